@@ -1,0 +1,102 @@
+# fsdpd build.  `make` builds everything into build/; `make test` runs the test suite;
+# `make test-asan` runs the unit tests under AddressSanitizer + UBSan (build-asan/);
+# `make fuzz` builds the libFuzzer targets (build-fuzz/, clang); `make check-fuzz` runs
+# each briefly.  CUDA objects are built whenever nvcc is found (CUDA=0 forces CPU-only).
+
+BUILD    ?= build
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA     ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= /usr/local/cuda
+SAN      ?= 0
+
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) -MMD -MP
+LDLIBS   := -levent -levent_pthreads -ljansson $(BLAS_LIBS) -lpthread -lm
+ifeq ($(SAN),1)
+CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=address,undefined
+endif
+
+# CUDA: sm_80 (A100), sm_86 (3090), sm_89 (4090/L40), sm_90 (H100/H200) + PTX for newer.
+CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 \
+              -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+NVCCFLAGS  ?= -O3 -g -std=c++17 $(CUDA_ARCHS) -I. -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+ifeq ($(CUDA),1)
+CFLAGS   += -DFSDP_HAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+endif
+
+PROTO_SRC   := $(wildcard proto/*.c)
+KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
+WORKER_SRC  := $(filter-out %_main.c,$(wildcard worker/*.c))
+DAEMON_SRC  := $(filter-out %_main.c,$(wildcard daemon/*.c))
+LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(KERNELS_SRC) $(PROTO_SRC)
+LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB         := $(BUILD)/libfsdp.a
+
+# A program is built once its main file exists.
+PROGRAMS    := $(BUILD)/fsdpctl $(if $(wildcard daemon/fsdpd_main.c),$(BUILD)/fsdpd) \
+               $(if $(wildcard worker/worker_main.c),$(BUILD)/fsdp-worker)
+TEST_SRC    := $(wildcard tests/unit/test_*.c)
+TESTS       := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
+
+.PHONY: all test test-unit test-asan fuzz check-fuzz clean
+all: $(PROGRAMS) $(TESTS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fsdpd: $(BUILD)/daemon/fsdpd_main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/fsdpctl: $(BUILD)/daemon/fsdpctl_main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/fsdp-worker: $(BUILD)/worker/worker_main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+
+# Unit tests, then integration scripts; the last line is "N passed, N failed".
+test: all
+	tests/run.sh $(BUILD) all
+
+test-unit: all
+	tests/run.sh $(BUILD) unit
+
+test-asan:
+	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 CFLAGS="-O1 -g" all
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  tests/run.sh build-asan unit
+
+# libFuzzer targets link the library sources compiled with clang.
+FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
+fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC)
+	@mkdir -p build-fuzz
+	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) -ljansson -lm -o $@
+
+FUZZ_SECONDS ?= 20
+check-fuzz: fuzz
+	tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,36 @@
+/* fsdpctl: offline tools and (later) the client of a running job's status socket. */
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/fsdpctl.h"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    {"inspect", ctl_inspect, "inspect MODEL_DIR"},
+    {"init", ctl_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
+    {"reference", ctl_reference,
+     "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: fsdpctl COMMAND [ARGS]\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  fsdpctl %s\n", subcommands[i].usage);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (!strcmp(argv[1], subcommands[i].name)) return subcommands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "fsdpctl: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,67 @@
+/* model_config: the Hugging Face Llama config.json, read and written.
+ *
+ * RoPE comes in two spellings: older files carry top-level "rope_theta" and an optional
+ * "rope_scaling" object; newer ones (transformers >= 5) carry "rope_parameters"
+ * {"rope_theta", "rope_type", ...}.  Both are accepted; rope types "default" and "llama3"
+ * are supported and anything else is an error naming the type. */
+#ifndef FSDP_MODEL_CONFIG_H
+#define FSDP_MODEL_CONFIG_H
+
+#include <stdint.h>
+
+#include "errbuf.h"
+
+typedef enum rope_type { ROPE_DEFAULT, ROPE_LLAMA3 } rope_type;
+
+typedef struct rope_config {
+    rope_type type;
+    double theta;
+    /* llama3 scaling (used when type == ROPE_LLAMA3) */
+    double factor;
+    double low_freq_factor;
+    double high_freq_factor;
+    int original_max_position_embeddings;
+} rope_config;
+
+typedef struct llama_config {
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads; /* defaults to num_attention_heads */
+    int head_dim;            /* defaults to hidden_size / num_attention_heads */
+    int vocab_size;
+    int max_position_embeddings;
+    double rms_norm_eps;
+    double initializer_range; /* default 0.02 */
+    int tie_word_embeddings;  /* default false */
+    int bos_token_id, eos_token_id; /* -1 when absent or null */
+    rope_config rope;
+} llama_config;
+
+/* Parses config.json text; `name` is used in messages.  Checks model_type "llama" (or
+ * absent), positive sizes, heads dividing evenly (num_attention_heads % num_key_value_heads
+ * == 0), no attention/mlp bias, hidden_act silu. */
+int llama_config_parse(llama_config *c, const char *json, size_t len, const char *name,
+                       errbuf *err);
+/* Reads DIR/config.json (or a path to a .json file). */
+int llama_config_load(llama_config *c, const char *path, errbuf *err);
+/* Writes config.json in the newer spelling (rope_parameters), atomically. */
+int llama_config_save(const llama_config *c, const char *path, errbuf *err);
+
+/* Parameter counting (HF names: model.embed_tokens.weight, model.layers.N.*, model.norm.weight,
+ * lm_head.weight unless tied). */
+uint64_t llama_config_num_params(const llama_config *c);
+
+/* The HF parameter list of the model, in checkpoint order.  Fills up to max entries and
+ * returns the total count (call with max 0 to size).  Shapes are [rows, cols] or [n]. */
+typedef struct llama_param_info {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    int layer;    /* -1 for embedding / final norm / head */
+    int is_norm;  /* RMSNorm weights: initialised to 1, no weight decay in training */
+} llama_param_info;
+int llama_config_params(const llama_config *c, llama_param_info *out, int max);
+
+#endif

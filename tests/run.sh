@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs the test suite: every unit-test binary in BUILD/tests (cmocka; each case counted),
+# then, for "all", every tests/integration/*.sh (each counted as one test).
+# Ends with the line "N passed, N failed"; exits non-zero when anything failed.
+set -u
+build=${1:-build}
+what=${2:-all}
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here" || exit 2
+export FSDP_BUILD="$here/$build"
+passed=0 failed=0 failures=()
+
+for t in "$build"/tests/test_*; do
+    [ -x "$t" ] || continue
+    out=$("$t" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    p=${p:-0} f=${f:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed before its summary
+    passed=$((passed + p)) failed=$((failed + f))
+    [ "$f" -eq 0 ] || failures+=("$t")
+done
+
+if [ "$what" = all ]; then
+    for s in tests/integration/*.sh; do
+        [ -f "$s" ] || continue
+        echo "[ RUN      ] $s"
+        start=$(date +%s)
+        if bash "$s" > "/tmp/fsdp-it-$$.log" 2>&1; then
+            echo "[       OK ] $s ($(( $(date +%s) - start )) s)"
+            passed=$((passed + 1))
+        else
+            cat "/tmp/fsdp-it-$$.log"
+            echo "[  FAILED  ] $s"
+            failed=$((failed + 1)); failures+=("$s")
+        fi
+        rm -f "/tmp/fsdp-it-$$.log"
+    done
+fi
+
+for f in "${failures[@]+"${failures[@]}"}"; do echo "failed: $f"; done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
