@@ -15,13 +15,20 @@ int errf(errbuf *e, const char *fmt, ...) {
 
 int errprefix(errbuf *e, const char *fmt, ...) {
     if (!e) return -1;
-    char prefix[sizeof e->msg];
+    char prefix[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    char old[sizeof e->msg];
-    memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", prefix, old);
+    if (n < 0) return -1;
+    size_t plen = strlen(prefix) + 2; /* "prefix: " */
+    size_t cap = sizeof e->msg - 1;
+    if (plen >= cap) plen = cap;
+    size_t keep = strnlen(e->msg, cap);
+    if (keep > cap - plen) keep = cap - plen;
+    memmove(e->msg + plen, e->msg, keep);
+    memcpy(e->msg, prefix, plen - 2);
+    memcpy(e->msg + plen - 2, ": ", 2);
+    e->msg[plen + keep] = '\0';
     return -1;
 }

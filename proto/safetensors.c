@@ -1,0 +1,875 @@
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_INDEX_NAME "model.safetensors.index.json"
+#define ST_SINGLE_NAME "model.safetensors"
+
+/* ---------- dtypes ---------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_info[ST_DTYPE_COUNT] = {
+    [ST_F64] = {"F64", 8}, [ST_F32] = {"F32", 4}, [ST_F16] = {"F16", 2},  [ST_BF16] = {"BF16", 2},
+    [ST_I64] = {"I64", 8}, [ST_I32] = {"I32", 4}, [ST_I16] = {"I16", 2},  [ST_I8] = {"I8", 1},
+    [ST_U8] = {"U8", 1},   [ST_BOOL] = {"BOOL", 1},
+};
+
+static int dtype_valid(st_dtype d) { return (unsigned)d < ST_DTYPE_COUNT; }
+
+size_t st_dtype_size(st_dtype d) { return dtype_valid(d) ? dtype_info[d].size : 0; }
+
+const char *st_dtype_name(st_dtype d) { return dtype_valid(d) ? dtype_info[d].name : "?"; }
+
+int st_dtype_parse(const char *s, st_dtype *out) {
+    for (int d = 0; d < ST_DTYPE_COUNT; d++) {
+        if (strcmp(s, dtype_info[d].name) == 0) {
+            *out = (st_dtype)d;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* numel and byte size of a shape; -1 when a dimension is negative or the product overflows. */
+static int shape_bytes(const int64_t *shape, int ndim, st_dtype dtype, uint64_t *numel,
+                       uint64_t *nbytes) {
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n)) return -1;
+    }
+    if (__builtin_mul_overflow(n, (uint64_t)st_dtype_size(dtype), nbytes)) return -1;
+    *numel = n;
+    return 0;
+}
+
+/* ---------- reader ---------- */
+
+/* Where a tensor's bytes lie in the data area, for the coverage check. */
+typedef struct span {
+    uint64_t begin, end;
+    int index;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+/* A JSON integer >= 0, or -1. */
+static int64_t json_uint(const json_t *v) {
+    if (!json_is_integer(v)) return -1;
+    json_int_t i = json_integer_value(v);
+    return i < 0 ? -1 : (int64_t)i;
+}
+
+static int parse_meta(st_file *f, const json_t *obj, const char *name, errbuf *err) {
+    if (!json_is_object(obj)) return errf(err, "%s: __metadata__ is not an object", name);
+    size_t n = json_object_size(obj);
+    f->meta = calloc(n ? n : 1, sizeof *f->meta);
+    if (!f->meta) return errf(err, "%s: out of memory for metadata", name);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        if (!json_is_string(v))
+            return errf(err, "%s: __metadata__ value of '%s' is not a string", name, key);
+        st_meta *m = &f->meta[f->n_meta];
+        m->key = strdup(key);
+        m->value = strdup(json_string_value(v));
+        f->n_meta++;
+        if (!m->key || !m->value) return errf(err, "%s: out of memory for metadata", name);
+    }
+    return 0;
+}
+
+/* Fills t from one header entry and returns its [begin, end) in *s. */
+static int parse_entry(st_tensor *t, span *s, const char *key, const json_t *v,
+                       uint64_t data_len, const char *name, errbuf *err) {
+    size_t key_len = strlen(key);
+    if (key_len == 0) return errf(err, "%s: tensor with an empty name", name);
+    if (key_len >= ST_MAX_NAME)
+        return errf(err, "%s: tensor name '%.64s...' longer than %d bytes", name, key,
+                    ST_MAX_NAME - 1);
+    memcpy(t->name, key, key_len + 1);
+    if (!json_is_object(v)) return errf(err, "%s: tensor '%s': entry is not an object", name, key);
+
+    const json_t *dtype = json_object_get(v, "dtype");
+    const json_t *shape = json_object_get(v, "shape");
+    const json_t *offsets = json_object_get(v, "data_offsets");
+    if (!dtype) return errf(err, "%s: tensor '%s': missing dtype", name, key);
+    if (!shape) return errf(err, "%s: tensor '%s': missing shape", name, key);
+    if (!offsets) return errf(err, "%s: tensor '%s': missing data_offsets", name, key);
+    if (!json_is_string(dtype) || st_dtype_parse(json_string_value(dtype), &t->dtype) < 0)
+        return errf(err, "%s: tensor '%s': unknown dtype %s", name, key,
+                    json_is_string(dtype) ? json_string_value(dtype) : "(not a string)");
+
+    if (!json_is_array(shape)) return errf(err, "%s: tensor '%s': shape is not an array", name, key);
+    if (json_array_size(shape) > ST_MAX_DIMS)
+        return errf(err, "%s: tensor '%s': shape has %zu dimensions, more than %d", name, key,
+                    json_array_size(shape), ST_MAX_DIMS);
+    t->ndim = (int)json_array_size(shape);
+    for (int i = 0; i < t->ndim; i++) {
+        t->shape[i] = json_uint(json_array_get(shape, i));
+        if (t->shape[i] < 0)
+            return errf(err, "%s: tensor '%s': shape[%d] is not a non-negative integer", name,
+                        key, i);
+    }
+    if (shape_bytes(t->shape, t->ndim, t->dtype, &t->numel, &t->nbytes) < 0)
+        return errf(err, "%s: tensor '%s': shape size overflows", name, key);
+
+    int64_t begin = json_uint(json_array_get(offsets, 0));
+    int64_t end = json_uint(json_array_get(offsets, 1));
+    if (!json_is_array(offsets) || json_array_size(offsets) != 2 || begin < 0 || end < 0)
+        return errf(err, "%s: tensor '%s': data_offsets is not [begin, end] of non-negative integers",
+                    name, key);
+    if (begin > end)
+        return errf(err, "%s: tensor '%s': data_offsets begin %lld > end %lld", name, key,
+                    (long long)begin, (long long)end);
+    if ((uint64_t)end > data_len)
+        return errf(err, "%s: tensor '%s': data_offsets [%lld, %lld] out of range (data is %llu bytes)",
+                    name, key, (long long)begin, (long long)end, (unsigned long long)data_len);
+    if ((uint64_t)(end - begin) != t->nbytes)
+        return errf(err, "%s: tensor '%s': %s shape needs %llu bytes but data_offsets span %lld",
+                    name, key, st_dtype_name(t->dtype), (unsigned long long)t->nbytes,
+                    (long long)(end - begin));
+    s->begin = (uint64_t)begin;
+    s->end = (uint64_t)end;
+    return 0;
+}
+
+/* Sorts the tensors by offset and checks they tile the data area exactly. */
+static int order_tensors(st_file *f, st_tensor *parsed, span *spans, const uint8_t *data,
+                         uint64_t data_len, const char *name, errbuf *err) {
+    qsort(spans, (size_t)f->n_tensors, sizeof *spans, span_cmp);
+    uint64_t expected = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const char *tname = parsed[spans[i].index].name;
+        if (spans[i].begin < expected)
+            return errf(err, "%s: tensor '%s' overlaps tensor '%s'", name, tname,
+                        parsed[spans[i - 1].index].name);
+        if (spans[i].begin > expected)
+            return errf(err, "%s: gap of %llu bytes before tensor '%s'", name,
+                        (unsigned long long)(spans[i].begin - expected), tname);
+        expected = spans[i].end;
+    }
+    if (expected != data_len)
+        return errf(err, "%s: %llu trailing bytes after the last tensor", name,
+                    (unsigned long long)(data_len - expected));
+    for (int i = 0; i < f->n_tensors; i++) {
+        f->tensors[i] = parsed[spans[i].index];
+        f->tensors[i].data = data + spans[i].begin;
+    }
+    return 0;
+}
+
+static int parse_header(st_file *f, const json_t *root, const uint8_t *data, uint64_t data_len,
+                        const char *name, errbuf *err) {
+    size_t n = json_object_size(root);
+    st_tensor *parsed = calloc(n ? n : 1, sizeof *parsed);
+    span *spans = calloc(n ? n : 1, sizeof *spans);
+    f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+    int rc = -1;
+    if (!parsed || !spans || !f->tensors) {
+        errf(err, "%s: out of memory for %zu tensors", name, n);
+        goto out;
+    }
+    int count = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)root, key, v) {
+        if (strcmp(key, "__metadata__") == 0) {
+            if (parse_meta(f, v, name, err) < 0) goto out;
+            continue;
+        }
+        if (parse_entry(&parsed[count], &spans[count], key, v, data_len, name, err) < 0) goto out;
+        spans[count].index = count;
+        count++;
+    }
+    f->n_tensors = count;
+    rc = order_tensors(f, parsed, spans, data, data_len, name, err);
+out:
+    free(parsed);
+    free(spans);
+    return rc;
+}
+
+static uint64_t load_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+int st_parse(st_file *f, const void *buf, size_t len, const char *name, errbuf *err) {
+    memset(f, 0, sizeof *f);
+    const uint8_t *p = buf;
+    if (len < 8) return errf(err, "%s: file is %zu bytes, shorter than the 8-byte header length", name, len);
+    uint64_t n = load_le64(p);
+    if (n == 0) return errf(err, "%s: header length is 0", name);
+    if (n > ST_MAX_HEADER)
+        return errf(err, "%s: header length %llu larger than the %u byte limit", name,
+                    (unsigned long long)n, ST_MAX_HEADER);
+    if (n > len - 8)
+        return errf(err, "%s: header length %llu past end of file (%zu bytes)", name,
+                    (unsigned long long)n, len);
+    if (p[8] != '{') return errf(err, "%s: header does not start with '{'", name);
+
+    f->path = strdup(name);
+    if (!f->path) return errf(err, "%s: out of memory", name);
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)p + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        errf(err, "%s: bad header JSON at byte %d: %s", name, jerr.position, jerr.text);
+        st_close(f);
+        return -1;
+    }
+    int rc = json_is_object(root)
+                 ? parse_header(f, root, p + 8 + n, len - 8 - n, name, err)
+                 : errf(err, "%s: header is not a JSON object", name);
+    json_decref(root);
+    if (rc < 0) st_close(f);
+    return rc;
+}
+
+int st_open(st_file *f, const char *path, errbuf *err) {
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        errf(err, "%s: fstat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return errf(err, "%s: not a regular file", path);
+    }
+    size_t len = (size_t)st.st_size;
+    if (len < 8) {
+        close(fd);
+        return errf(err, "%s: file is %zu bytes, shorter than the 8-byte header length", path, len);
+    }
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    close(fd); /* the mapping keeps the file open */
+    if (map == MAP_FAILED) return errf(err, "%s: mmap: %s", path, strerror(map_errno));
+    if (st_parse(f, map, len, path, err) < 0) {
+        munmap(map, len);
+        return -1;
+    }
+    f->map = map;
+    f->map_len = len;
+    return 0;
+}
+
+void st_close(st_file *f) {
+    if (f->map) munmap(f->map, f->map_len);
+    for (int i = 0; i < f->n_meta; i++) {
+        free(f->meta[i].key);
+        free(f->meta[i].value);
+    }
+    free(f->meta);
+    free(f->tensors);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+const st_tensor *st_find(const st_file *f, const char *name) {
+    for (int i = 0; i < f->n_tensors; i++)
+        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+    return NULL;
+}
+
+const char *st_meta_get(const st_file *f, const char *key) {
+    for (int i = 0; i < f->n_meta; i++)
+        if (strcmp(f->meta[i].key, key) == 0) return f->meta[i].value;
+    return NULL;
+}
+
+/* ---------- atomic file writing ---------- */
+
+static int write_all(int fd, const void *buf, size_t len, const char *path, errbuf *err) {
+    const char *p = buf;
+    while (len > 0) {
+        size_t chunk = len < (1u << 30) ? len : (1u << 30);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errf(err, "%s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* fsyncs the directory holding path, so a rename into it survives a crash. */
+static int fsync_parent(const char *path, errbuf *err) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return errf(err, "%s: out of memory", path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    if (fd < 0) {
+        rc = errf(err, "%s: open directory: %s", dir, strerror(errno));
+    } else {
+        if (fsync(fd) < 0) rc = errf(err, "%s: fsync directory: %s", dir, strerror(errno));
+        close(fd);
+    }
+    free(dir);
+    return rc;
+}
+
+/* A file being written as path.tmp, renamed over path by atomic_commit. */
+typedef struct atomic_file {
+    int fd;
+    char *tmp;
+} atomic_file;
+
+static int atomic_open(atomic_file *a, const char *path, errbuf *err) {
+    a->fd = -1;
+    if (asprintf(&a->tmp, "%s.tmp", path) < 0) {
+        a->tmp = NULL;
+        return errf(err, "%s: out of memory", path);
+    }
+    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (a->fd < 0) {
+        errf(err, "%s: open: %s", a->tmp, strerror(errno));
+        free(a->tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void atomic_abort(atomic_file *a) {
+    if (a->fd >= 0) close(a->fd);
+    unlink(a->tmp);
+    free(a->tmp);
+}
+
+static int atomic_commit(atomic_file *a, const char *path, errbuf *err) {
+    if (fsync(a->fd) < 0) {
+        errf(err, "%s: fsync: %s", a->tmp, strerror(errno));
+        atomic_abort(a);
+        return -1;
+    }
+    int rc = close(a->fd);
+    a->fd = -1;
+    if (rc < 0) {
+        errf(err, "%s: close: %s", a->tmp, strerror(errno));
+        atomic_abort(a);
+        return -1;
+    }
+    if (rename(a->tmp, path) < 0) {
+        errf(err, "%s: rename to %s: %s", a->tmp, path, strerror(errno));
+        atomic_abort(a);
+        return -1;
+    }
+    free(a->tmp);
+    return fsync_parent(path, err);
+}
+
+/* Writes buf to path atomically. */
+static int write_file_atomic(const char *path, const void *buf, size_t len, errbuf *err) {
+    atomic_file a;
+    if (atomic_open(&a, path, err) < 0) return -1;
+    if (write_all(a.fd, buf, len, a.tmp, err) < 0) {
+        atomic_abort(&a);
+        return -1;
+    }
+    return atomic_commit(&a, path, err);
+}
+
+/* ---------- writer ---------- */
+
+/* Checks one tensor to write and returns its byte size. */
+static int check_wtensor(const st_wtensor *t, uint64_t *nbytes, const char *path, errbuf *err) {
+    if (!t->name || !t->name[0]) return errf(err, "%s: tensor with an empty name", path);
+    if (strlen(t->name) >= ST_MAX_NAME)
+        return errf(err, "%s: tensor name '%.64s...' longer than %d bytes", path, t->name,
+                    ST_MAX_NAME - 1);
+    if (strcmp(t->name, "__metadata__") == 0)
+        return errf(err, "%s: tensor name __metadata__ is reserved", path);
+    if (!dtype_valid(t->dtype))
+        return errf(err, "%s: tensor '%s': bad dtype %d", path, t->name, (int)t->dtype);
+    if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
+        return errf(err, "%s: tensor '%s': ndim %d not in 0..%d", path, t->name, t->ndim,
+                    ST_MAX_DIMS);
+    uint64_t numel;
+    if (shape_bytes(t->shape, t->ndim, t->dtype, &numel, nbytes) < 0)
+        return errf(err, "%s: tensor '%s': negative dimension or size overflow", path, t->name);
+    if (*nbytes > 0 && !t->data) return errf(err, "%s: tensor '%s': no data", path, t->name);
+    return 0;
+}
+
+static json_t *meta_json(const st_meta *meta, int n_meta, const char *path, errbuf *err) {
+    json_t *m = json_object();
+    if (!m || json_object_set_new(m, "format", json_string("pt")) < 0) {
+        json_decref(m);
+        errf(err, "%s: out of memory", path);
+        return NULL;
+    }
+    for (int i = 0; i < n_meta; i++) {
+        const char *k = meta[i].key, *v = meta[i].value;
+        /* "format" may be overridden; any other repeated key is a caller bug */
+        if (!k || !v || (strcmp(k, "format") != 0 && json_object_get(m, k))) {
+            errf(err, "%s: metadata entry %d is NULL or a duplicate ('%s')", path, i, k ? k : "");
+            json_decref(m);
+            return NULL;
+        }
+        json_t *s = json_string(v);
+        if (!s || json_object_set_new(m, k, s) < 0) {
+            errf(err, "%s: metadata '%s' is not valid UTF-8", path, k);
+            json_decref(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+static json_t *tensor_json(const st_wtensor *t, uint64_t begin, uint64_t end) {
+    json_t *shape = json_array();
+    if (!shape) return NULL;
+    for (int d = 0; d < t->ndim; d++)
+        if (json_array_append_new(shape, json_integer(t->shape[d])) < 0) {
+            json_decref(shape);
+            return NULL;
+        }
+    return json_pack("{s:s, s:o, s:[I,I]}", "dtype", st_dtype_name(t->dtype), "shape", shape,
+                     "data_offsets", (json_int_t)begin, (json_int_t)end);
+}
+
+/* Builds the JSON header text, padded with spaces to a multiple of 8 bytes, after the
+ * 8-byte length; fills each tensor's byte size into nbytes. */
+static char *build_header(const st_wtensor *t, int n, const st_meta *meta, int n_meta,
+                          uint64_t *nbytes, size_t *len, const char *path, errbuf *err) {
+    json_t *root = json_object(), *m = meta_json(meta, n_meta, path, err);
+    char *text = NULL;
+    if (!m) goto out;
+    if (!root || json_object_set_new(root, "__metadata__", m) < 0) {
+        if (!root) json_decref(m);
+        errf(err, "%s: out of memory", path);
+        goto out;
+    }
+    uint64_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        if (check_wtensor(&t[i], &nbytes[i], path, err) < 0) goto out;
+        if (json_object_get(root, t[i].name)) {
+            errf(err, "%s: duplicate tensor name '%s'", path, t[i].name);
+            goto out;
+        }
+        if (__builtin_add_overflow(offset, nbytes[i], &offset) || offset > INT64_MAX) {
+            errf(err, "%s: total size overflows at tensor '%s'", path, t[i].name);
+            goto out;
+        }
+        json_t *e = tensor_json(&t[i], offset - nbytes[i], offset);
+        if (!e || json_object_set_new(root, t[i].name, e) < 0) {
+            errf(err, "%s: tensor '%s': name is not valid UTF-8 (or out of memory)", path,
+                 t[i].name);
+            goto out;
+        }
+    }
+    char *json = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!json) {
+        errf(err, "%s: out of memory for the header", path);
+        goto out;
+    }
+    size_t raw = strlen(json), padded = (raw + 7) & ~(size_t)7;
+    text = malloc(8 + padded);
+    if (!text) {
+        errf(err, "%s: out of memory for the header", path);
+    } else {
+        for (int i = 0; i < 8; i++) text[i] = (char)((uint64_t)padded >> (8 * i));
+        memcpy(text + 8, json, raw);
+        memset(text + 8 + raw, ' ', padded - raw);
+        *len = 8 + padded;
+    }
+    free(json);
+out:
+    json_decref(root);
+    return text;
+}
+
+int st_write(const char *path, const st_wtensor *t, int n, const st_meta *meta, int n_meta,
+             errbuf *err) {
+    if (n < 0 || n_meta < 0) return errf(err, "%s: negative tensor or metadata count", path);
+    uint64_t *nbytes = calloc(n ? (size_t)n : 1, sizeof *nbytes);
+    if (!nbytes) return errf(err, "%s: out of memory", path);
+    size_t header_len;
+    char *header = build_header(t, n, meta, n_meta, nbytes, &header_len, path, err);
+    atomic_file a;
+    if (!header || atomic_open(&a, path, err) < 0) {
+        free(header);
+        free(nbytes);
+        return -1;
+    }
+    int rc = write_all(a.fd, header, header_len, a.tmp, err);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = write_all(a.fd, t[i].data, (size_t)nbytes[i], a.tmp, err);
+    free(header);
+    free(nbytes);
+    if (rc < 0) {
+        atomic_abort(&a);
+        return -1;
+    }
+    return atomic_commit(&a, path, err);
+}
+
+/* ---------- model directories ---------- */
+
+static int cmp_tensor_ptr(const void *a, const void *b) {
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_name_to_tensor(const void *key, const void *elem) {
+    return strcmp(key, (*(const st_tensor *const *)elem)->name);
+}
+
+const st_tensor *st_model_find(const st_model *m, const char *name) {
+    if (m->n_tensors == 0) return NULL;
+    const st_tensor **p = bsearch(name, m->tensors, (size_t)m->n_tensors, sizeof *m->tensors,
+                                  cmp_name_to_tensor);
+    return p ? *p : NULL;
+}
+
+/* Index of the file holding t. */
+static int file_of(const st_model *m, const st_tensor *t) {
+    for (int i = 0; i < m->n_files; i++)
+        if (t >= m->files[i].tensors && t < m->files[i].tensors + m->files[i].n_tensors) return i;
+    return -1;
+}
+
+static int open_shard(st_model *m, const char *file, errbuf *err) {
+    char *path;
+    if (asprintf(&path, "%s/%s", m->dir, file) < 0) return errf(err, "%s: out of memory", m->dir);
+    int rc = st_open(&m->files[m->n_files], path, err);
+    free(path);
+    if (rc == 0) m->n_files++;
+    return rc;
+}
+
+/* Sorts every file's tensors into m->tensors and rejects names found in two files. */
+static int collect_tensors(st_model *m, errbuf *err) {
+    size_t total = 0;
+    for (int i = 0; i < m->n_files; i++) total += (size_t)m->files[i].n_tensors;
+    if (total > INT32_MAX) return errf(err, "%s: too many tensors", m->dir);
+    m->tensors = calloc(total ? total : 1, sizeof *m->tensors);
+    if (!m->tensors) return errf(err, "%s: out of memory for %zu tensors", m->dir, total);
+    for (int i = 0; i < m->n_files; i++)
+        for (int j = 0; j < m->files[i].n_tensors; j++)
+            m->tensors[m->n_tensors++] = &m->files[i].tensors[j];
+    qsort(m->tensors, total, sizeof *m->tensors, cmp_tensor_ptr);
+    for (int i = 1; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i - 1]->name, m->tensors[i]->name) == 0)
+            return errf(err, "%s: tensor '%s' is in both %s and %s", m->dir, m->tensors[i]->name,
+                        m->files[file_of(m, m->tensors[i - 1])].path,
+                        m->files[file_of(m, m->tensors[i])].path);
+    return 0;
+}
+
+/* A shard name from the index must stay inside the model directory. */
+static int plain_file_name(const char *s) {
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+/* Opens each distinct file named in weight_map once. */
+static int open_indexed_files(st_model *m, const json_t *map, const char *index, errbuf *err) {
+    size_t n = json_object_size(map);
+    m->files = calloc(n ? n : 1, sizeof *m->files);
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    int rc = -1;
+    if (!m->files || !names) {
+        errf(err, "%s: out of memory", index);
+        goto out;
+    }
+    int n_names = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)map, key, v) {
+        const char *file = json_string_value(v);
+        if (!file || !plain_file_name(file)) {
+            errf(err, "%s: weight_map['%s'] is not a plain file name", index, key);
+            goto out;
+        }
+        int seen = 0;
+        for (int i = 0; i < n_names && !seen; i++) seen = strcmp(names[i], file) == 0;
+        if (seen) continue;
+        names[n_names++] = file;
+        if (open_shard(m, file, err) < 0) goto out;
+    }
+    rc = 0;
+out:
+    free(names);
+    return rc;
+}
+
+/* weight_map and the files' contents must agree both ways. */
+static int check_weight_map(const st_model *m, const json_t *map, const char *index, errbuf *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)map, key, v) {
+        const st_tensor *t = st_model_find(m, key);
+        if (!t)
+            return errf(err, "%s: tensor '%s' is not in %s", index, key, json_string_value(v));
+        const st_file *f = &m->files[file_of(m, t)];
+        const char *base = f->path + strlen(m->dir) + 1;
+        if (strcmp(base, json_string_value(v)) != 0)
+            return errf(err, "%s: tensor '%s' is in %s, not %s", index, key, f->path,
+                        json_string_value(v));
+    }
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!json_object_get(map, m->tensors[i]->name))
+            return errf(err, "%s: tensor '%s' of %s is missing from weight_map", index,
+                        m->tensors[i]->name, m->files[file_of(m, m->tensors[i])].path);
+    return 0;
+}
+
+static int open_sharded(st_model *m, const char *index, errbuf *err) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return errf(err, "%s: line %d: %s", index, jerr.line, jerr.text);
+    const json_t *map = json_object_get(root, "weight_map");
+    int rc;
+    if (!json_is_object(map))
+        rc = errf(err, "%s: missing weight_map object", index);
+    else
+        rc = open_indexed_files(m, map, index, err) < 0 || collect_tensors(m, err) < 0 ||
+                     check_weight_map(m, map, index, err) < 0
+                 ? -1
+                 : 0;
+    json_decref(root);
+    return rc;
+}
+
+static int open_single(st_model *m, errbuf *err) {
+    m->files = calloc(1, sizeof *m->files);
+    if (!m->files) return errf(err, "%s: out of memory", m->dir);
+    if (open_shard(m, ST_SINGLE_NAME, err) < 0) return -1;
+    return collect_tensors(m, err);
+}
+
+int st_model_open(st_model *m, const char *dir, errbuf *err) {
+    memset(m, 0, sizeof *m);
+    m->dir = strdup(dir);
+    char *index = NULL;
+    if (!m->dir || asprintf(&index, "%s/" ST_INDEX_NAME, dir) < 0) {
+        free(m->dir);
+        m->dir = NULL;
+        return errf(err, "%s: out of memory", dir);
+    }
+    struct stat st;
+    int rc;
+    if (stat(index, &st) == 0)
+        rc = open_sharded(m, index, err);
+    else if (errno == ENOENT)
+        rc = open_single(m, err);
+    else
+        rc = errf(err, "%s: stat: %s", index, strerror(errno));
+    free(index);
+    if (rc < 0) st_model_close(m);
+    return rc;
+}
+
+void st_model_close(st_model *m) {
+    for (int i = 0; i < m->n_files; i++) st_close(&m->files[i]);
+    free(m->files);
+    free(m->tensors);
+    free(m->dir);
+    memset(m, 0, sizeof *m);
+}
+
+/* Removes dir/name if present: a stale single file or index would shadow what we wrote. */
+static int remove_stale(const char *dir, const char *name, errbuf *err) {
+    char *path;
+    if (asprintf(&path, "%s/%s", dir, name) < 0) return errf(err, "%s: out of memory", dir);
+    int rc = 0;
+    if (unlink(path) < 0 && errno != ENOENT) rc = errf(err, "%s: unlink: %s", path, strerror(errno));
+    free(path);
+    return rc;
+}
+
+static int write_index(const char *dir, const st_wtensor *t, const int *shard_of, int n,
+                       int n_shards, uint64_t total, errbuf *err) {
+    char *path, name[64];
+    if (asprintf(&path, "%s/" ST_INDEX_NAME, dir) < 0) return errf(err, "%s: out of memory", dir);
+    json_t *map = json_object();
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", map);
+    int rc = -1;
+    if (!root) {
+        errf(err, "%s: out of memory", path);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", shard_of[i] + 1, n_shards);
+        if (json_object_set_new(map, t[i].name, json_string(name)) < 0) {
+            errf(err, "%s: out of memory", path);
+            goto out;
+        }
+    }
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (!text) {
+        errf(err, "%s: out of memory", path);
+        goto out;
+    }
+    rc = write_file_atomic(path, text, strlen(text), err);
+    free(text);
+out:
+    json_decref(root);
+    free(path);
+    return rc;
+}
+
+/* Writes the shards (greedy, in order) and the index. */
+static int write_shards(const char *dir, const st_wtensor *t, int n, const uint64_t *nbytes,
+                        uint64_t shard_bytes, uint64_t total, errbuf *err) {
+    int *shard_of = malloc((size_t)n * sizeof *shard_of);
+    if (!shard_of) return errf(err, "%s: out of memory", dir);
+    int n_shards = 0;
+    uint64_t used = 0;
+    for (int i = 0; i < n; i++) {
+        if (n_shards == 0 || (used > 0 && used + nbytes[i] > shard_bytes)) {
+            n_shards++;
+            used = 0;
+        }
+        used += nbytes[i];
+        shard_of[i] = n_shards - 1;
+    }
+    int rc = 0;
+    for (int s = 0, first = 0; rc == 0 && s < n_shards; s++) {
+        int last = first;
+        while (last < n && shard_of[last] == s) last++;
+        char *path;
+        if (asprintf(&path, "%s/model-%05d-of-%05d.safetensors", dir, s + 1, n_shards) < 0) {
+            rc = errf(err, "%s: out of memory", dir);
+            break;
+        }
+        rc = st_write(path, t + first, last - first, NULL, 0, err);
+        free(path);
+        first = last;
+    }
+    if (rc == 0) rc = write_index(dir, t, shard_of, n, n_shards, total, err);
+    if (rc == 0) rc = remove_stale(dir, ST_SINGLE_NAME, err);
+    free(shard_of);
+    return rc;
+}
+
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* st_write checks names within one file; shards need the check across all of them. */
+static int check_unique_names(const st_wtensor *t, int n, const char *dir, errbuf *err) {
+    const char **names = malloc((n ? (size_t)n : 1) * sizeof *names);
+    if (!names) return errf(err, "%s: out of memory", dir);
+    for (int i = 0; i < n; i++) names[i] = t[i].name;
+    qsort(names, (size_t)n, sizeof *names, cmp_str_ptr);
+    int rc = 0;
+    for (int i = 1; i < n && rc == 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            rc = errf(err, "%s: duplicate tensor name '%s'", dir, names[i]);
+    free(names);
+    return rc;
+}
+
+int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_bytes,
+                   errbuf *err) {
+    if (n < 0) return errf(err, "%s: negative tensor count", dir);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return errf(err, "%s: mkdir: %s", dir, strerror(errno));
+    uint64_t *nbytes = calloc(n ? (size_t)n : 1, sizeof *nbytes), total = 0;
+    if (!nbytes) return errf(err, "%s: out of memory", dir);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = check_wtensor(&t[i], &nbytes[i], dir, err);
+        if (rc == 0 && __builtin_add_overflow(total, nbytes[i], &total))
+            rc = errf(err, "%s: total size overflows", dir);
+    }
+    if (rc == 0) rc = check_unique_names(t, n, dir, err);
+    if (rc == 0 && total <= shard_bytes) {
+        char *path;
+        if (asprintf(&path, "%s/" ST_SINGLE_NAME, dir) < 0) {
+            rc = errf(err, "%s: out of memory", dir);
+        } else {
+            rc = st_write(path, t, n, NULL, 0, err);
+            free(path);
+        }
+        if (rc == 0) rc = remove_stale(dir, ST_INDEX_NAME, err);
+    } else if (rc == 0) {
+        rc = write_shards(dir, t, n, nbytes, shard_bytes, total, err);
+    }
+    free(nbytes);
+    return rc;
+}
+
+/* ---------- bf16 / f16 ---------- */
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t st_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+float st_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+float st_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | mant << 13); /* inf, NaN */
+    if (exp == 0) {
+        if (mant == 0) return bits_f32(sign);
+        /* subnormal: normalize so the leading 1 moves into the implicit bit */
+        int e = -1;
+        do {
+            mant <<= 1;
+            e++;
+        } while (!(mant & 0x400));
+        return bits_f32(sign | (uint32_t)(127 - 15 - e) << 23 | (mant & 0x3ff) << 13);
+    }
+    return bits_f32(sign | (exp + 127 - 15) << 23 | mant << 13);
+}
+
+/* Shifts m right by s bits, rounding to nearest, ties to even. */
+static uint32_t shift_round_even(uint32_t m, int s) {
+    uint32_t q = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
+    return q + (rem > half || (rem == half && (q & 1)));
+}
+
+uint16_t st_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((abs >> 13) & 0x3ff); /* NaN */
+    int exp = (int)(abs >> 23) - 127 + 15;
+    uint32_t mant = (abs & 0x7fffffu) | 0x800000u; /* with the implicit bit */
+    if (exp >= 31) return sign | 0x7c00; /* overflow and inf */
+    if (exp <= 0) { /* subnormal half, or zero */
+        if (exp < -10) return sign;
+        return sign | (uint16_t)shift_round_even(mant, 14 - exp);
+    }
+    /* a mantissa carry rolls into the exponent, up to inf: both are right */
+    return sign | (uint16_t)(((uint32_t)exp << 10) + shift_round_even(mant & 0x7fffffu, 13));
+}
