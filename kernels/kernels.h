@@ -65,6 +65,7 @@ void k_f32_to_compute(kctx *c, void *dst, const float *src, size_t n);
 void k_compute_to_f32(kctx *c, float *dst, const void *src, size_t n);
 void k_add(kctx *c, void *out, const void *a, const void *b, size_t n); /* out = a + b */
 void k_accumulate(kctx *c, void *dst, const void *src, size_t n);       /* dst += src */
+void k_add_f32(kctx *c, float *dst, const float *src, size_t n);        /* dst += src, fp32 */
 void k_scale_f32(kctx *c, float *x, float s, size_t n);                 /* x *= s */
 /* *out += sum(x^2), accumulated in double on the CPU; out is one fp32 in context memory. */
 void k_sumsq_f32(kctx *c, float *out, const float *x, size_t n);

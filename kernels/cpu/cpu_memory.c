@@ -1,0 +1,36 @@
+/* CPU backend: host memory, copies and casts (the compute dtype is fp32, so casts copy). */
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void *cpu_alloc(kctx *c, size_t bytes, errbuf *err) {
+    (void)c;
+    /* calloc(0) may return NULL, which would read as a failure. */
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) errf(err, "k_alloc: out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void cpu_free(kctx *c, void *p) {
+    (void)c;
+    free(p);
+}
+
+void cpu_copy(kctx *c, void *dst, const void *src, size_t bytes) {
+    (void)c;
+    if (bytes) memmove(dst, src, bytes);
+}
+
+void cpu_zero(kctx *c, void *p, size_t bytes) {
+    (void)c;
+    if (bytes) memset(p, 0, bytes);
+}
+
+void cpu_f32_to_compute(kctx *c, void *dst, const float *src, size_t n) {
+    cpu_copy(c, dst, src, n * sizeof(float));
+}
+
+void cpu_compute_to_f32(kctx *c, float *dst, const void *src, size_t n) {
+    cpu_copy(c, dst, src, n * sizeof(float));
+}

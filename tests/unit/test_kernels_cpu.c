@@ -1,0 +1,844 @@
+/* Tests for the CPU (fp32 reference) backend of kernels.h.
+ *
+ * Every op with a backward pass is checked against numerical derivatives of the scalar
+ * L = sum(out * R) for a fixed random R: the analytic gradient is the op's backward pass
+ * applied to dout = R, the numerical one is a fourth-order central difference over the
+ * fp32 inputs.  Both are compared as whole tensors (||a - b|| / ||b||) with a tolerance of
+ * 1e-4: well above the finite-difference noise (about 1e-6 here) and far below what a
+ * wrong sign or a missing term gives. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/kernels.h"
+
+#define GRAD_TOL 1e-4
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1DULL;
+
+static void seed(uint64_t s) {
+    rng_state = s * 0x9E3779B97F4A7C15ULL + 1;
+}
+
+static float *floats(size_t n) {
+    float *x = calloc(n, sizeof(float));
+    assert_non_null(x);
+    return x;
+}
+
+/* uniform in [-1, 1) */
+static float frand(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545F4914F6CDD1DULL;
+    return (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *random_floats(size_t n, float scale) {
+    float *x = floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
+    return x;
+}
+
+static float *filled(size_t n, float value) {
+    float *x = floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = value;
+    return x;
+}
+
+static double *doubles(size_t n) {
+    double *x = calloc(n, sizeof(double));
+    assert_non_null(x);
+    return x;
+}
+
+static void init_cpu(kctx *c) {
+    errbuf err;
+    assert_int_equal(kctx_init(c, K_CPU, 0, &err), 0);
+}
+
+/* No failure may be pending in c. */
+static void expect_ok(kctx *c) {
+    errbuf err = {{0}};
+    if (k_check(c, &err) != 0) fail_msg("unexpected kernel failure: %s", err.msg);
+}
+
+static double dot_f32(const float *a, const float *r, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * r[i];
+    return s;
+}
+
+/* ||a - b|| / ||b||, where b is the reference; fails unless below tol.  b must be nonzero
+ * or the comparison would prove nothing. */
+static void expect_close(const char *what, const float *a, const double *b, size_t n,
+                         double tol) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        ref += b[i] * b[i];
+    }
+    if (!(ref > 0.0)) fail_msg("%s: reference is all zero", what);
+    double rel = sqrt(diff / ref);
+    if (!(rel < tol)) fail_msg("%s: relative error %.3g (tolerance %.3g)", what, rel, tol);
+}
+
+/* Runs the forward pass on the current inputs and returns sum(out * R). */
+typedef double (*loss_fn)(void *arg);
+
+/* dL/dx[i] for every i by the fourth-order central difference
+ * (L(x-2h) - 8 L(x-h) + 8 L(x+h) - L(x+2h)) / 12h, perturbing x in place. */
+static void numeric_grad(float *x, size_t n, loss_fn loss, void *arg, double h, double *grad) {
+    static const double steps[4] = {-2.0, -1.0, 1.0, 2.0};
+    static const double weights[4] = {1.0, -8.0, 8.0, -1.0};
+    for (size_t i = 0; i < n; i++) {
+        float x0 = x[i];
+        double g = 0.0;
+        for (int s = 0; s < 4; s++) {
+            x[i] = (float)(x0 + steps[s] * h);
+            g += weights[s] * loss(arg);
+        }
+        x[i] = x0;
+        grad[i] = g / (12.0 * h);
+    }
+}
+
+/* Numerical gradient of loss with respect to x, compared with the analytic one. */
+static void check_grad(const char *what, float *x, size_t n, loss_fn loss, void *arg,
+                       const float *analytic, double h) {
+    double *num = doubles(n);
+    numeric_grad(x, n, loss, arg, h, num);
+    expect_close(what, analytic, num, n, GRAD_TOL);
+    free(num);
+}
+
+/* ---- context, memory, elementwise ---- */
+
+static void test_context(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err = {{0}};
+    init_cpu(&c);
+    assert_int_equal(c.backend, K_CPU);
+    assert_int_equal(c.compute, K_F32);
+    assert_int_equal(k_compute_size(&c), sizeof(float));
+    assert_int_equal(c.failed, 0);
+    kctx_destroy(&c);
+
+    if (k_cuda_available() == 0) {
+        kctx cuda;
+        assert_int_equal(kctx_init(&cuda, K_CUDA, 0, &err), -1);
+        assert_non_null(strstr(err.msg, "CUDA backend"));
+    }
+    kctx bad;
+    assert_int_equal(kctx_init(&bad, (k_backend)7, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "unknown backend 7"));
+}
+
+static void test_memory(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    float host[5] = {1, -2, 3.5f, 4, 5}, back[5];
+    float *a = k_alloc(&c, sizeof host, &err), *b = k_alloc(&c, sizeof host, &err);
+    for (int i = 0; i < 5; i++) assert_true(a[i] == 0.0f); /* zeroed */
+    k_copy_h2d(&c, a, host, sizeof host);
+    k_copy_d2d(&c, b, a, sizeof host);
+    k_copy_d2h(&c, back, b, sizeof host);
+    assert_memory_equal(back, host, sizeof host);
+    k_f32_to_compute(&c, a, host, 5);
+    k_compute_to_f32(&c, back, a, 5);
+    assert_memory_equal(back, host, sizeof host);
+    k_zero(&c, b, sizeof host);
+    for (int i = 0; i < 5; i++) assert_true(b[i] == 0.0f);
+    k_free(&c, a);
+    k_free(&c, b);
+    k_free(&c, NULL);
+    expect_ok(&c);
+    kctx_destroy(&c);
+}
+
+static void test_elementwise(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    float a[4] = {1, 2, 3, 4}, b[4] = {0.5f, -1, 2, -8}, out[4];
+    k_add(&c, out, a, b, 4);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == a[i] + b[i]);
+    k_accumulate(&c, out, a, 4);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == 2 * a[i] + b[i]);
+    k_scale_f32(&c, out, 0.5f, 4);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == (2 * a[i] + b[i]) * 0.5f);
+    float sum = 1.0f;
+    k_sumsq_f32(&c, &sum, a, 4); /* adds into *out */
+    assert_true(sum == 31.0f);
+    k_sumsq_f32(&c, &sum, b, 4);
+    assert_true(sum == 31.0f + 69.25f);
+    expect_ok(&c);
+    kctx_destroy(&c);
+}
+
+/* ---- sticky failures ---- */
+
+static void test_sticky_failure(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err = {{0}};
+    init_cpu(&c);
+    const int V = 7, C = 3;
+    int32_t tokens[3] = {1, 9, 2};
+    float *wte = random_floats((size_t)V * C, 1.0f), out[9];
+    k_embedding_fwd(&c, out, tokens, wte, 3, C, V);
+    assert_int_equal(c.failed, 1);
+    int32_t worse[2] = {-5, 0};
+    k_embedding_fwd(&c, out, worse, wte, 2, C, V); /* the first failure wins */
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "token 9"));
+    assert_non_null(strstr(err.msg, "row 1"));
+    assert_null(strstr(err.msg, "-5"));
+    assert_int_equal(k_check(&c, &err), 0); /* reported once, then cleared */
+
+    k_embedding_fwd(&c, out, worse, wte, 2, C, V);
+    assert_int_equal(k_sync(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "token -5"));
+    assert_int_equal(k_sync(&c, &err), 0);
+    free(wte);
+    kctx_destroy(&c);
+}
+
+/* ---- embedding ---- */
+
+typedef struct {
+    kctx *c;
+    const int32_t *tokens;
+    float *wte, *out;
+    const float *R;
+    int N, C, V;
+} embed_case;
+
+static double embed_loss(void *arg) {
+    embed_case *e = arg;
+    k_embedding_fwd(e->c, e->out, e->tokens, e->wte, e->N, e->C, e->V);
+    return dot_f32(e->out, e->R, (size_t)e->N * e->C);
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(1);
+    enum { N = 6, C = 4, V = 5 };
+    int32_t tokens[N] = {3, 0, 3, 4, 3, 1}; /* repeats: gradients must add up */
+    float *wte = random_floats(V * C, 1.0f), *R = random_floats(N * C, 1.0f);
+    float out[N * C];
+    k_embedding_fwd(&c, out, tokens, wte, N, C, V);
+    for (int n = 0; n < N; n++)
+        assert_memory_equal(out + n * C, wte + tokens[n] * C, C * sizeof(float));
+
+    float *base = random_floats(V * C, 1.0f), *dwte = floats(V * C);
+    memcpy(dwte, base, V * C * sizeof(float));
+    k_embedding_bwd(&c, dwte, R, tokens, N, C, V);
+    for (int i = 0; i < V * C; i++) dwte[i] -= base[i]; /* it accumulates */
+    embed_case e = {&c, tokens, wte, out, R, N, C, V};
+    check_grad("embedding dwte", wte, V * C, embed_loss, &e, dwte, 0.05);
+    for (int i = 0; i < C; i++) assert_true(dwte[2 * C + i] == 0.0f); /* token 2 unused */
+    expect_ok(&c);
+    free(wte), free(R), free(base), free(dwte);
+    kctx_destroy(&c);
+}
+
+/* ---- RMSNorm ---- */
+
+typedef struct {
+    kctx *c;
+    float *in, *w, *out, *rstd;
+    const float *R;
+    int N, C;
+    float eps;
+} norm_case;
+
+static double norm_loss(void *arg) {
+    norm_case *e = arg;
+    k_rmsnorm_fwd(e->c, e->out, e->rstd, e->in, e->w, e->N, e->C, e->eps);
+    return dot_f32(e->out, e->R, (size_t)e->N * e->C);
+}
+
+static void test_rmsnorm_forward(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(2);
+    enum { N = 3, C = 16 };
+    float *in = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), out[N * C], rstd[N];
+    double *ref = doubles(N * C);
+    const float eps = 1e-5f;
+    k_rmsnorm_fwd(&c, out, rstd, in, w, N, C, eps);
+    for (int n = 0; n < N; n++) {
+        double ms = 0.0;
+        for (int i = 0; i < C; i++) ms += (double)in[n * C + i] * in[n * C + i] / C;
+        double r = 1.0 / sqrt(ms + eps);
+        assert_true(fabs(rstd[n] - r) <= 1e-6 * r);
+        for (int i = 0; i < C; i++) ref[n * C + i] = in[n * C + i] * r * w[i];
+    }
+    expect_close("rmsnorm out", out, ref, N * C, 1e-6);
+    expect_ok(&c);
+    free(in), free(w), free(ref);
+    kctx_destroy(&c);
+}
+
+static void test_rmsnorm_grad(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(3);
+    enum { N = 4, C = 8 };
+    float *in = random_floats(N * C, 1.5f), *w = random_floats(C, 1.0f);
+    float *R = random_floats(N * C, 1.0f), out[N * C], rstd[N];
+    float *din_base = random_floats(N * C, 1.0f), *dw_base = random_floats(C, 1.0f);
+    float din[N * C], dw[C];
+    memcpy(din, din_base, sizeof din);
+    memcpy(dw, dw_base, sizeof dw);
+    norm_case e = {&c, in, w, out, rstd, R, N, C, 1e-5f};
+    norm_loss(&e);
+    k_rmsnorm_bwd(&c, din, dw, R, in, w, rstd, N, C);
+    for (int i = 0; i < N * C; i++) din[i] -= din_base[i]; /* both accumulate */
+    for (int i = 0; i < C; i++) dw[i] -= dw_base[i];
+    check_grad("rmsnorm din", in, N * C, norm_loss, &e, din, 0.02);
+    check_grad("rmsnorm dw", w, C, norm_loss, &e, dw, 0.05);
+    expect_ok(&c);
+    free(in), free(w), free(R), free(din_base), free(dw_base);
+    kctx_destroy(&c);
+}
+
+/* ---- RoPE ---- */
+
+static void test_rope_inv_freq_default(void **state) {
+    (void)state;
+    k_rope_params p = {.theta = 10000.0};
+    float f[4];
+    k_rope_inv_freq(&p, 8, f);
+    const double expect[4] = {1.0, 0.1, 0.01, 0.001}; /* 10000^(-2i/8) */
+    for (int i = 0; i < 4; i++) assert_true(fabs(f[i] - expect[i]) <= 1e-7 * expect[i]);
+}
+
+/* Llama 3.1 scaling: theta 500000, factor 8, low 1, high 4, original 8192, hd 128, so
+ * wavelengths above 8192 are divided by 8 and those below 2048 kept. */
+static void test_rope_inv_freq_llama3(void **state) {
+    (void)state;
+    k_rope_params p = {.theta = 500000.0,
+                       .llama3 = 1,
+                       .factor = 8.0,
+                       .low_freq_factor = 1.0,
+                       .high_freq_factor = 4.0,
+                       .original_max_position_embeddings = 8192};
+    float f[64];
+    k_rope_inv_freq(&p, 128, f);
+    /* i = 0: inv_freq 1, wavelength 2 pi: high frequency, unchanged */
+    assert_true(f[0] == 1.0f);
+    /* i = 63: inv_freq 500000^(-126/128) = 2.455140791e-6, wavelength 2.56e6 > 8192: / 8 */
+    assert_true(fabs(f[63] - 3.068925988914511e-07) <= 1e-6 * 3.068925988914511e-07);
+    /* i = 32: inv_freq 1/sqrt(500000) = 1.414213562e-3, wavelength 4442.88 (in between);
+     * smooth = (8192 / 4442.88 - 1) / 3 = 0.2812826, so
+     * (1 - smooth) * 1.414213562e-3 / 8 + smooth * 1.414213562e-3 = 5.248461610e-4 */
+    assert_true(fabs(f[32] - 5.248461609929547e-4) <= 1e-6 * 5.248461609929547e-4);
+    /* i = 28 is still high frequency (wavelength 1923 < 2048): unchanged */
+    double f28 = pow(500000.0, -56.0 / 128.0);
+    assert_true(fabs(f[28] - f28) <= 1e-6 * f28);
+}
+
+static void test_rope_forward(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(4);
+    enum { B = 2, T = 5, H = 3, hd = 8 };
+    const size_t n = B * T * H * hd;
+    k_rope_params p = {.theta = 10000.0};
+    float inv_freq[hd / 2];
+    k_rope_inv_freq(&p, hd, inv_freq);
+    float *x = random_floats(n, 1.0f), *y = floats(n);
+    memcpy(y, x, n * sizeof(float));
+    k_rope(&c, y, inv_freq, B, T, H, hd, 0);
+    /* position 0 is not rotated */
+    for (int b = 0; b < B; b++)
+        assert_memory_equal(y + (size_t)b * T * H * hd, x + (size_t)b * T * H * hd,
+                            H * hd * sizeof(float));
+    /* b = 1, t = 3, h = 2, pair i = 1: angle 3 * 0.1 */
+    size_t o = ((size_t)(1 * T + 3) * H + 2) * hd;
+    double cs = cos(0.3), sn = sin(0.3);
+    assert_true(fabs(y[o + 1] - (x[o + 1] * cs - x[o + 5] * sn)) < 1e-6);
+    assert_true(fabs(y[o + 5] - (x[o + 5] * cs + x[o + 1] * sn)) < 1e-6);
+    /* the inverse undoes it */
+    k_rope(&c, y, inv_freq, B, T, H, hd, 1);
+    for (size_t i = 0; i < n; i++) assert_true(fabs(y[i] - x[i]) < 1e-6);
+    expect_ok(&c);
+    free(x), free(y);
+    kctx_destroy(&c);
+}
+
+typedef struct {
+    kctx *c;
+    float *x, *y;
+    const float *inv_freq, *R;
+    int B, T, H, hd;
+} rope_case;
+
+static double rope_loss(void *arg) {
+    rope_case *e = arg;
+    size_t n = (size_t)e->B * e->T * e->H * e->hd;
+    memcpy(e->y, e->x, n * sizeof(float));
+    k_rope(e->c, e->y, e->inv_freq, e->B, e->T, e->H, e->hd, 0);
+    return dot_f32(e->y, e->R, n);
+}
+
+static void test_rope_grad(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(5);
+    enum { B = 2, T = 5, H = 2, hd = 8 };
+    const size_t n = B * T * H * hd;
+    k_rope_params p = {.theta = 10.0}; /* low theta: large angles in every pair */
+    float inv_freq[hd / 2];
+    k_rope_inv_freq(&p, hd, inv_freq);
+    float *x = random_floats(n, 1.0f), *R = random_floats(n, 1.0f), *y = floats(n);
+    float *dx = floats(n);
+    memcpy(dx, R, n * sizeof(float));
+    k_rope(&c, dx, inv_freq, B, T, H, hd, 1); /* backward = inverse rotation of dout */
+    rope_case e = {&c, x, y, inv_freq, R, B, T, H, hd};
+    check_grad("rope dx", x, n, rope_loss, &e, dx, 0.05);
+    expect_ok(&c);
+    free(x), free(R), free(y), free(dx);
+    kctx_destroy(&c);
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    int B, T, Hq, Hkv, hd;
+} attn_shape;
+
+static size_t attn_at(const attn_shape *s, int b, int t, int h, int H) {
+    return (((size_t)b * s->T + t) * H + h) * s->hd;
+}
+
+/* Naive causal softmax attention in double: out and lse. */
+static void naive_attention(const attn_shape *s, const float *q, const float *k, const float *v,
+                            double *out, double *lse) {
+    double *w = doubles(s->T);
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->Hq; h++) {
+            int g = h / (s->Hq / s->Hkv);
+            for (int t = 0; t < s->T; t++) {
+                const float *qr = q + attn_at(s, b, t, h, s->Hq);
+                double sum = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    const float *kr = k + attn_at(s, b, j, g, s->Hkv);
+                    double score = 0.0;
+                    for (int d = 0; d < s->hd; d++) score += (double)qr[d] * kr[d];
+                    w[j] = exp(score / sqrt(s->hd));
+                    sum += w[j];
+                }
+                double *o = out + attn_at(s, b, t, h, s->Hq);
+                for (int d = 0; d < s->hd; d++) {
+                    o[d] = 0.0;
+                    for (int j = 0; j <= t; j++)
+                        o[d] += w[j] / sum * v[attn_at(s, b, j, g, s->Hkv) + d];
+                }
+                lse[((size_t)b * s->Hq + h) * s->T + t] = log(sum);
+            }
+        }
+    free(w);
+}
+
+static void check_attention_forward(attn_shape s) {
+    kctx c;
+    init_cpu(&c);
+    seed(6 + s.Hq);
+    size_t nq = (size_t)s.B * s.T * s.Hq * s.hd, nkv = (size_t)s.B * s.T * s.Hkv * s.hd;
+    size_t nl = (size_t)s.B * s.Hq * s.T;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
+    float *v = random_floats(nkv, 1.0f), *out = floats(nq), *lse = floats(nl);
+    double *ref = doubles(nq), *ref_lse = doubles(nl);
+    k_attention_fwd(&c, out, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    naive_attention(&s, q, k, v, ref, ref_lse);
+    expect_close("attention out", out, ref, nq, 1e-6);
+    expect_close("attention lse", lse, ref_lse, nl, 1e-6);
+    expect_ok(&c);
+    free(q), free(k), free(v), free(out), free(lse), free(ref), free(ref_lse);
+    kctx_destroy(&c);
+}
+
+static void test_attention_forward(void **state) {
+    (void)state;
+    check_attention_forward((attn_shape){2, 5, 2, 2, 8});
+    check_attention_forward((attn_shape){2, 5, 4, 2, 8});
+    check_attention_forward((attn_shape){1, 7, 6, 1, 4});
+}
+
+/* Changing the key and value at position p changes no output before p, and changes p. */
+static void test_attention_causal(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(7);
+    attn_shape s = {2, 5, 4, 2, 8};
+    size_t nq = (size_t)s.B * s.T * s.Hq * s.hd, nkv = (size_t)s.B * s.T * s.Hkv * s.hd;
+    float *q = random_floats(nq, 1.0f), *k = random_floats(nkv, 1.0f);
+    float *v = random_floats(nkv, 1.0f), *a = floats(nq), *b = floats(nq);
+    float lse[2 * 4 * 5];
+    k_attention_fwd(&c, a, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    const int p = 3;
+    for (int bb = 0; bb < s.B; bb++)
+        for (int g = 0; g < s.Hkv; g++)
+            for (int d = 0; d < s.hd; d++) {
+                k[attn_at(&s, bb, p, g, s.Hkv) + d] += 1.0f;
+                v[attn_at(&s, bb, p, g, s.Hkv) + d] -= 2.0f;
+            }
+    k_attention_fwd(&c, b, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    for (int bb = 0; bb < s.B; bb++) {
+        size_t row = (size_t)s.Hq * s.hd; /* one position, all heads */
+        size_t t0 = (size_t)bb * s.T * row;
+        assert_memory_equal(a + t0, b + t0, p * row * sizeof(float));
+        assert_memory_not_equal(a + t0 + p * row, b + t0 + p * row, row * sizeof(float));
+    }
+    expect_ok(&c);
+    free(q), free(k), free(v), free(a), free(b);
+    kctx_destroy(&c);
+}
+
+typedef struct {
+    kctx *c;
+    attn_shape s;
+    float *q, *k, *v, *out, *lse;
+    const float *R;
+} attn_case;
+
+static double attn_loss(void *arg) {
+    attn_case *e = arg;
+    attn_shape s = e->s;
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
+}
+
+static void check_attention_grad(attn_shape s) {
+    kctx c;
+    init_cpu(&c);
+    seed(8 + s.Hq);
+    size_t nq = (size_t)s.B * s.T * s.Hq * s.hd, nkv = (size_t)s.B * s.T * s.Hkv * s.hd;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
+    float *v = random_floats(nkv, 1.0f), *R = random_floats(nq, 1.0f);
+    float *out = floats(nq), *lse = floats((size_t)s.B * s.Hq * s.T);
+    /* dq, dk, dv are overwritten: start them from garbage */
+    float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
+    attn_case e = {&c, s, q, k, v, out, lse, R};
+    attn_loss(&e);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    expect_ok(&c);
+    check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
+    check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
+    check_grad("attention dv", v, nkv, attn_loss, &e, dv, 0.05);
+    free(q), free(k), free(v), free(R), free(out), free(lse), free(dq), free(dk), free(dv);
+    kctx_destroy(&c);
+}
+
+static void test_attention_grad_mha(void **state) {
+    (void)state;
+    check_attention_grad((attn_shape){2, 5, 2, 2, 8});
+}
+
+static void test_attention_grad_gqa(void **state) {
+    (void)state;
+    check_attention_grad((attn_shape){2, 5, 4, 2, 8});
+    check_attention_grad((attn_shape){1, 3, 3, 1, 4}); /* one kv head for all */
+}
+
+static void test_attention_bad_heads(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    float x[2 * 3 * 4] = {0}, lse[6];
+    k_attention_fwd(&c, x, lse, x, x, x, 1, 2, 3, 2, 4);
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "3 query heads"));
+    kctx_destroy(&c);
+}
+
+/* ---- SwiGLU ---- */
+
+typedef struct {
+    kctx *c;
+    float *gate, *up, *out;
+    const float *R;
+    size_t n;
+} swiglu_case;
+
+static double swiglu_loss(void *arg) {
+    swiglu_case *e = arg;
+    k_swiglu_fwd(e->c, e->out, e->gate, e->up, e->n);
+    return dot_f32(e->out, e->R, e->n);
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(9);
+    enum { n = 40 };
+    float *gate = random_floats(n, 4.0f), *up = random_floats(n, 1.0f);
+    float *R = random_floats(n, 1.0f), out[n];
+    float *dgate = filled(n, 9.0f), *dup = filled(n, 9.0f);
+    double ref[n];
+    k_swiglu_fwd(&c, out, gate, up, n);
+    for (int i = 0; i < n; i++) ref[i] = gate[i] / (1.0 + exp(-gate[i])) * up[i];
+    expect_close("swiglu out", out, ref, n, 1e-6);
+    k_swiglu_bwd(&c, dgate, dup, R, gate, up, n);
+    swiglu_case e = {&c, gate, up, out, R, n};
+    check_grad("swiglu dgate", gate, n, swiglu_loss, &e, dgate, 0.05);
+    check_grad("swiglu dup", up, n, swiglu_loss, &e, dup, 0.05);
+    expect_ok(&c);
+    free(gate), free(up), free(R), free(dgate), free(dup);
+    kctx_destroy(&c);
+}
+
+/* ---- linear ---- */
+
+typedef struct {
+    kctx *c;
+    float *in, *w, *out;
+    const float *R;
+    int N, I, O;
+} linear_case;
+
+static double linear_loss(void *arg) {
+    linear_case *e = arg;
+    k_linear_fwd(e->c, e->out, e->in, e->w, e->N, e->I, e->O);
+    return dot_f32(e->out, e->R, (size_t)e->N * e->O);
+}
+
+static void test_linear(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(10);
+    enum { N = 5, I = 6, O = 3 };
+    float *in = random_floats(N * I, 1.0f), *w = random_floats(O * I, 1.0f);
+    float *R = random_floats(N * O, 1.0f), out[N * O];
+    double ref[N * O];
+    k_linear_fwd(&c, out, in, w, N, I, O);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            ref[n * O + o] = 0.0;
+            for (int i = 0; i < I; i++) ref[n * O + o] += (double)in[n * I + i] * w[o * I + i];
+        }
+    expect_close("linear out", out, ref, N * O, 1e-6);
+
+    linear_case e = {&c, in, w, out, R, N, I, O};
+    float *din_base = random_floats(N * I, 1.0f), *dw_base = random_floats(O * I, 1.0f);
+    float din[N * I], dw[O * I];
+    /* accumulate_din = 0 overwrites din; dw always accumulates */
+    memcpy(din, din_base, sizeof din);
+    memcpy(dw, dw_base, sizeof dw);
+    k_linear_bwd(&c, din, dw, R, in, w, N, I, O, 0);
+    for (int i = 0; i < O * I; i++) dw[i] -= dw_base[i];
+    check_grad("linear din", in, N * I, linear_loss, &e, din, 0.05);
+    check_grad("linear dw", w, O * I, linear_loss, &e, dw, 0.05);
+
+    /* accumulate_din = 1 adds to din */
+    float din2[N * I];
+    memcpy(din2, din_base, sizeof din2);
+    k_linear_bwd(&c, din2, NULL, R, in, w, N, I, O, 1);
+    for (int i = 0; i < N * I; i++) assert_true(fabsf(din2[i] - (din_base[i] + din[i])) < 1e-5f);
+
+    /* NULL din: only dw, added once more */
+    float dw2[O * I];
+    memcpy(dw2, dw_base, sizeof dw2);
+    k_linear_bwd(&c, NULL, dw2, R, in, w, N, I, O, 0);
+    k_linear_bwd(&c, NULL, dw2, R, in, w, N, I, O, 0);
+    for (int i = 0; i < O * I; i++) assert_true(fabsf(dw2[i] - (dw_base[i] + 2 * dw[i])) < 1e-5f);
+    expect_ok(&c);
+    free(in), free(w), free(R), free(din_base), free(dw_base);
+    kctx_destroy(&c);
+}
+
+/* ---- cross-entropy ---- */
+
+static void test_cross_entropy_value(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    /* row 0: logits (1, 2, 3), target 2: loss = log(1 + e^-1 + e^-2) = 0.40760596444438;
+     * row 1 is masked; row 2: equal logits, target 0: loss = log 3. */
+    float logits[9] = {1, 2, 3, 50, -50, 7, 0.5f, 0.5f, 0.5f};
+    int32_t targets[3] = {2, K_IGNORE_INDEX, 0};
+    float loss = 1.0f; /* added into */
+    float dl[9];
+    k_cross_entropy(&c, &loss, dl, logits, targets, 3, 3, 1.0f);
+    assert_true(fabs(loss - (1.0 + 0.40760596444438 + log(3.0))) < 1e-6);
+    for (int i = 3; i < 6; i++) assert_true(dl[i] == 0.0f); /* masked row: zero gradient */
+    assert_true(fabs(dl[6] - (1.0 / 3 - 1.0)) < 1e-6);
+    assert_true(fabs(dl[7] - 1.0 / 3) < 1e-6);
+
+    /* large logits stay finite (max subtraction) */
+    float big[3] = {1000, 0, -1000};
+    int32_t t1[1] = {1};
+    loss = 0.0f;
+    k_cross_entropy(&c, &loss, NULL, big, t1, 1, 3, 1.0f);
+    assert_true(fabs(loss - 1000.0) < 1e-3);
+
+    /* every row masked: nothing added, dlogits all zero */
+    int32_t none[3] = {K_IGNORE_INDEX, K_IGNORE_INDEX, K_IGNORE_INDEX};
+    loss = 2.5f;
+    k_cross_entropy(&c, &loss, logits, logits, none, 3, 3, 1.0f);
+    assert_true(loss == 2.5f);
+    for (int i = 0; i < 9; i++) assert_true(logits[i] == 0.0f);
+    expect_ok(&c);
+    kctx_destroy(&c);
+}
+
+typedef struct {
+    kctx *c;
+    float *logits;
+    const int32_t *targets;
+    int N, V;
+} ce_case;
+
+static double ce_loss(void *arg) {
+    ce_case *e = arg;
+    float loss = 0.0f;
+    k_cross_entropy(e->c, &loss, NULL, e->logits, e->targets, e->N, e->V, 1.0f);
+    return loss;
+}
+
+static void test_cross_entropy_grad(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(11);
+    enum { N = 6, V = 7 };
+    int32_t targets[N] = {3, K_IGNORE_INDEX, 0, 6, K_IGNORE_INDEX, 3};
+    float *logits = random_floats(N * V, 3.0f), dl[N * V], loss = 0.0f;
+    const float dscale = 0.25f;
+    k_cross_entropy(&c, &loss, dl, logits, targets, N, V, dscale);
+    for (int i = 0; i < N * V; i++) dl[i] /= dscale;
+    ce_case e = {&c, logits, targets, N, V};
+    check_grad("cross_entropy dlogits", logits, N * V, ce_loss, &e, dl, 0.1);
+
+    /* in place: dlogits = logits gives the same numbers */
+    float inplace[N * V], loss2 = 0.0f;
+    memcpy(inplace, logits, sizeof inplace);
+    k_cross_entropy(&c, &loss2, inplace, inplace, targets, N, V, dscale);
+    assert_true(loss2 == loss);
+    for (int i = 0; i < N * V; i++) assert_true(inplace[i] == dl[i] * dscale);
+    expect_ok(&c);
+    free(logits);
+    kctx_destroy(&c);
+}
+
+static void test_cross_entropy_bad_target(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    float logits[6] = {0}, loss = 0.0f;
+    int32_t targets[2] = {1, 3};
+    k_cross_entropy(&c, &loss, NULL, logits, targets, 2, 3, 1.0f);
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "target 3"));
+    assert_non_null(strstr(err.msg, "row 1"));
+    kctx_destroy(&c);
+}
+
+static void test_shift_labels(void **state) {
+    (void)state;
+    int32_t labels[2 * 4] = {5, 6, K_IGNORE_INDEX, 8, K_IGNORE_INDEX, 1, 2, K_IGNORE_INDEX};
+    int32_t targets[2 * 4];
+    int32_t expect[2 * 4] = {6, K_IGNORE_INDEX, 8, K_IGNORE_INDEX,
+                             1, 2, K_IGNORE_INDEX, K_IGNORE_INDEX};
+    assert_int_equal(k_shift_labels(labels, targets, 2, 4), 4);
+    assert_memory_equal(targets, expect, sizeof expect);
+}
+
+/* ---- AdamW ---- */
+
+/* torch.optim.AdamW written out in double. */
+static void adamw_reference(double *p, const float *grad, double *m, double *v, size_t n,
+                            double lr, double b1, double b2, double eps, double wd, int step,
+                            double grad_scale) {
+    for (size_t i = 0; i < n; i++) {
+        double g = grad[i] * grad_scale;
+        p[i] -= lr * wd * p[i];
+        m[i] = b1 * m[i] + (1 - b1) * g;
+        v[i] = b2 * v[i] + (1 - b2) * g * g;
+        double denom = sqrt(v[i]) / sqrt(1 - pow(b2, step)) + eps;
+        p[i] -= lr / (1 - pow(b1, step)) * m[i] / denom;
+    }
+}
+
+static void test_adamw(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(12);
+    enum { n = 32 };
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    float *p = random_floats(n, 1.0f), m[n] = {0}, v[n] = {0};
+    double rp[n], rm[n] = {0}, rv[n] = {0};
+    for (int i = 0; i < n; i++) rp[i] = p[i];
+    for (int step = 1; step <= 2; step++) {
+        float *grad = random_floats(n, 1.0f);
+        k_adamw(&c, p, grad, m, v, n, lr, b1, b2, eps, wd, step, gs);
+        adamw_reference(rp, grad, rm, rv, n, lr, b1, b2, eps, wd, step, gs);
+        expect_close(step == 1 ? "adamw p, step 1" : "adamw p, step 2", p, rp, n, 1e-6);
+        expect_close("adamw m", m, rm, n, 1e-6);
+        expect_close("adamw v", v, rv, n, 1e-6);
+        free(grad);
+    }
+    /* the first step moves each parameter by about lr (m / sqrt(v) = sign(g)) */
+    float q[1] = {1.0f}, g1[1] = {-4.0f}, m1[1] = {0}, v1[1] = {0};
+    k_adamw(&c, q, g1, m1, v1, 1, lr, b1, b2, eps, 0.0f, 1, 1.0f);
+    assert_true(fabsf(q[0] - (1.0f + lr)) < 1e-6f);
+    expect_ok(&c);
+    free(p);
+    kctx_destroy(&c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_context),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_sticky_failure),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm_forward),
+        cmocka_unit_test(test_rmsnorm_grad),
+        cmocka_unit_test(test_rope_inv_freq_default),
+        cmocka_unit_test(test_rope_inv_freq_llama3),
+        cmocka_unit_test(test_rope_forward),
+        cmocka_unit_test(test_rope_grad),
+        cmocka_unit_test(test_attention_forward),
+        cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_grad_mha),
+        cmocka_unit_test(test_attention_grad_gqa),
+        cmocka_unit_test(test_attention_bad_heads),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_cross_entropy_value),
+        cmocka_unit_test(test_cross_entropy_grad),
+        cmocka_unit_test(test_cross_entropy_bad_target),
+        cmocka_unit_test(test_shift_labels),
+        cmocka_unit_test(test_adamw),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
