@@ -6,5 +6,7 @@
 int ctl_inspect(int argc, char **argv);
 int ctl_init(int argc, char **argv);
 int ctl_reference(int argc, char **argv);
+int ctl_compare(int argc, char **argv);
+int ctl_synth(int argc, char **argv);
 
 #endif

@@ -15,6 +15,9 @@ static const subcommand subcommands[] = {
     {"init", ctl_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
     {"reference", ctl_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]"},
+    {"compare", ctl_compare, "compare A.safetensors B.safetensors [--rtol R]"},
+    {"synth", ctl_synth,
+     "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
 };
 
 static void usage(FILE *f) {

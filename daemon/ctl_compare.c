@@ -1,0 +1,193 @@
+/* fsdpctl compare: tensor by tensor relative error ||a-b|| / ||b|| between two safetensors
+ * files (or model directories), B being the reference.  Prints one line per tensor and
+ * exits 1 when a tensor is missing on either side, shapes differ, or an error exceeds the
+ * tolerance. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "daemon/fsdpctl.h"
+#include "proto/safetensors.h"
+
+static const char compare_usage[] =
+    "usage: fsdpctl compare A.safetensors B.safetensors [--rtol R]\n"
+    "  (A and B may also be model directories; default R 1e-4)\n";
+
+/* A file or a model directory, seen as one list of tensors. */
+typedef struct source {
+    int is_dir;
+    st_file file;
+    st_model model;
+} source;
+
+static int source_open(source *s, const char *path, errbuf *err) {
+    struct stat sb;
+    if (stat(path, &sb)) return errf(err, "%s: %s", path, strerror(errno));
+    s->is_dir = S_ISDIR(sb.st_mode);
+    return s->is_dir ? st_model_open(&s->model, path, err) : st_open(&s->file, path, err);
+}
+
+static void source_close(source *s) {
+    if (s->is_dir) st_model_close(&s->model);
+    else st_close(&s->file);
+}
+
+static int source_count(const source *s) {
+    return s->is_dir ? s->model.n_tensors : s->file.n_tensors;
+}
+
+static const st_tensor *source_tensor(const source *s, int i) {
+    return s->is_dir ? s->model.tensors[i] : &s->file.tensors[i];
+}
+
+static const st_tensor *source_find(const source *s, const char *name) {
+    return s->is_dir ? st_model_find(&s->model, name) : st_find(&s->file, name);
+}
+
+/* Element i of a tensor of any dtype, as a double (data may be unaligned). */
+static double element(const st_tensor *t, uint64_t i) {
+    const unsigned char *p = (const unsigned char *)t->data + i * st_dtype_size(t->dtype);
+    union {
+        double f64;
+        float f32;
+        uint16_t u16;
+        int64_t i64;
+        int32_t i32;
+        int16_t i16;
+        int8_t i8;
+        uint8_t u8;
+    } v;
+    memcpy(&v, p, st_dtype_size(t->dtype));
+    switch (t->dtype) {
+    case ST_F64: return v.f64;
+    case ST_F32: return v.f32;
+    case ST_F16: return st_f16_to_f32(v.u16);
+    case ST_BF16: return st_bf16_to_f32(v.u16);
+    case ST_I64: return (double)v.i64;
+    case ST_I32: return v.i32;
+    case ST_I16: return v.i16;
+    case ST_I8: return v.i8;
+    case ST_U8:
+    case ST_BOOL: return v.u8;
+    default: return NAN;
+    }
+}
+
+static void format_shape(const st_tensor *t, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < t->ndim && at < len; d++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", d ? ", " : "",
+                               (long long)t->shape[d]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+}
+
+static int same_shape(const st_tensor *a, const st_tensor *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+/* ||a-b|| / ||b||, or ||a-b|| when b is all zeros (then *absolute is set). */
+static double relative_error(const st_tensor *a, const st_tensor *b, int *absolute) {
+    double diff = 0.0, ref = 0.0;
+    for (uint64_t i = 0; i < a->numel; i++) {
+        double x = element(a, i), y = element(b, i);
+        diff += (x - y) * (x - y);
+        ref += y * y;
+    }
+    *absolute = ref == 0.0;
+    return *absolute ? sqrt(diff) : sqrt(diff / ref);
+}
+
+/* Prints the comparison; *problems counts missing tensors, shape mismatches and errors over
+ * rtol. */
+static int compare(const char *path_a, const char *path_b, double rtol, int *problems_out,
+                   errbuf *err) {
+    source a = {0}, b = {0};
+    if (source_open(&a, path_a, err)) return -1;
+    if (source_open(&b, path_b, err)) {
+        source_close(&a);
+        return -1;
+    }
+    int problems = 0, n_compared = 0;
+    double worst = 0.0;
+    const char *worst_name = "";
+    for (int i = 0; i < source_count(&a); i++) {
+        const st_tensor *ta = source_tensor(&a, i), *tb = source_find(&b, ta->name);
+        char sa[96], sb[96];
+        format_shape(ta, sa, sizeof sa);
+        if (!tb) {
+            printf("%-56s %s only in %s\n", ta->name, sa, path_a);
+            problems++;
+            continue;
+        }
+        format_shape(tb, sb, sizeof sb);
+        if (!same_shape(ta, tb)) {
+            printf("%-56s shape %s vs %s\n", ta->name, sa, sb);
+            problems++;
+            continue;
+        }
+        int absolute;
+        double e = relative_error(ta, tb, &absolute);
+        int bad = !(e <= rtol); /* NaN is bad */
+        printf("%-56s %-16s %s%s %.3e%s\n", ta->name, sa,
+               absolute ? "abs" : "rel",
+               ta->dtype == tb->dtype ? "" : " (dtypes differ)", e, bad ? "  > rtol" : "");
+        problems += bad;
+        n_compared++;
+        if (!(e <= worst)) {
+            worst = e;
+            worst_name = ta->name;
+        }
+    }
+    for (int i = 0; i < source_count(&b); i++) {
+        const st_tensor *tb = source_tensor(&b, i);
+        if (!source_find(&a, tb->name)) {
+            printf("%-56s only in %s\n", tb->name, path_b);
+            problems++;
+        }
+    }
+    printf("%d tensors compared, worst error %.3e (%s), rtol %.1e: %d problem%s\n", n_compared,
+           worst, worst_name, rtol, problems, problems == 1 ? "" : "s");
+    source_close(&a);
+    source_close(&b);
+    *problems_out = problems;
+    return 0;
+}
+
+int ctl_compare(int argc, char **argv) {
+    const char *paths[2];
+    int n_paths = 0;
+    double rtol = 1e-4;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--rtol") && i + 1 < argc) {
+            char *end;
+            rtol = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(rtol >= 0)) {
+                fprintf(stderr, "fsdpctl compare: bad --rtol '%s'\n%s", argv[i], compare_usage);
+                return 2;
+            }
+        } else if (argv[i][0] != '-' && n_paths < 2) {
+            paths[n_paths++] = argv[i];
+        } else {
+            fprintf(stderr, "fsdpctl compare: unexpected argument '%s'\n%s", argv[i],
+                    compare_usage);
+            return 2;
+        }
+    }
+    if (n_paths != 2) {
+        fputs(compare_usage, stderr);
+        return 2;
+    }
+    errbuf err = {{0}};
+    int problems;
+    if (compare(paths[0], paths[1], rtol, &problems, &err)) {
+        fprintf(stderr, "fsdpctl compare: %s\n", err.msg);
+        return 1;
+    }
+    return problems ? 1 : 0;
+}

@@ -1,0 +1,266 @@
+/* fsdpctl reference: one forward and backward pass of a Hugging Face Llama on the CPU
+ * backend, written out the way the golden files are (logits, loss, grad.<name> and, with
+ * --adamw, adamw.<name> = the parameters after one AdamW step), so that this
+ * implementation can be checked against transformers' outputs with `fsdpctl compare`.
+ * OpenBLAS runs with its default thread count (OPENBLAS_NUM_THREADS, else every core). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/fsdpctl.h"
+#include "worker/llama.h"
+
+static const char reference_usage[] =
+    "usage: fsdpctl reference MODEL_DIR BATCH.safetensors --out OUT.safetensors "
+    "[--adamw lr,beta1,beta2,eps,wd]\n";
+
+typedef struct adamw_settings {
+    int on;
+    float lr, beta1, beta2, eps, weight_decay;
+} adamw_settings;
+
+typedef struct batch {
+    int B, T;
+    int32_t *input_ids, *labels;
+} batch;
+
+/* One int32 [B,T] tensor of the batch file (I32, or I64 within int32's range). */
+static int read_ids(const st_file *f, const char *name, int32_t **out, int *B, int *T,
+                    errbuf *err) {
+    const st_tensor *t = st_find(f, name);
+    if (!t) return errf(err, "%s: tensor %s is missing", f->path, name);
+    if (t->ndim != 2 || t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX ||
+        t->shape[1] > INT32_MAX)
+        return errf(err, "%s: tensor %s must be a non-empty [B, T] matrix", f->path, name);
+    if (t->dtype != ST_I32 && t->dtype != ST_I64)
+        return errf(err, "%s: tensor %s has dtype %s, expected I32 or I64", f->path, name,
+                    st_dtype_name(t->dtype));
+    *B = (int)t->shape[0];
+    *T = (int)t->shape[1];
+    int32_t *ids = malloc(t->numel * sizeof *ids);
+    if (!ids) return errf(err, "%s: out of memory reading %s", f->path, name);
+    const unsigned char *p = t->data;
+    for (uint64_t i = 0; i < t->numel; i++) {
+        if (t->dtype == ST_I32) {
+            memcpy(&ids[i], p + 4 * i, 4);
+            continue;
+        }
+        int64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        if (v < INT32_MIN || v > INT32_MAX) {
+            free(ids);
+            return errf(err, "%s: %s[%llu] = %lld does not fit in int32", f->path, name,
+                        (unsigned long long)i, (long long)v);
+        }
+        ids[i] = (int32_t)v;
+    }
+    *out = ids;
+    return 0;
+}
+
+static int read_batch(const char *path, batch *b, errbuf *err) {
+    st_file f;
+    if (st_open(&f, path, err)) return -1;
+    int lb, lt;
+    int rc = read_ids(&f, "input_ids", &b->input_ids, &b->B, &b->T, err);
+    if (!rc) rc = read_ids(&f, "labels", &b->labels, &lb, &lt, err);
+    if (!rc && (lb != b->B || lt != b->T))
+        rc = errf(err, "%s: labels [%d, %d] and input_ids [%d, %d] differ in shape", path, lb, lt,
+                  b->B, b->T);
+    st_close(&f);
+    if (rc) {
+        free(b->input_ids);
+        free(b->labels);
+        b->input_ids = b->labels = NULL;
+    }
+    return rc;
+}
+
+static int parse_adamw(const char *s, adamw_settings *a) {
+    char tail;
+    if (sscanf(s, "%f,%f,%f,%f,%f%c", &a->lr, &a->beta1, &a->beta2, &a->eps, &a->weight_decay,
+               &tail) != 5)
+        return -1;
+    a->on = 1;
+    return 0;
+}
+
+/* The output: tensors with names and host buffers it owns. */
+typedef struct output {
+    int n, cap;
+    st_wtensor *t;
+    char (*names)[ST_MAX_NAME];
+    float **data;
+} output;
+
+static float *output_add(output *o, const char *prefix, const char *name, int ndim,
+                         const int64_t *shape, errbuf *err) {
+    if (o->n == o->cap) return errf(err, "reference: too many output tensors"), NULL;
+    size_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= (size_t)shape[d];
+    float *data = calloc(numel, sizeof *data);
+    if (!data) return errf(err, "reference: out of memory for %s%s", prefix, name), NULL;
+    int i = o->n++;
+    snprintf(o->names[i], ST_MAX_NAME, "%s%s", prefix, name);
+    o->data[i] = data;
+    o->t[i] = (st_wtensor){.name = o->names[i], .dtype = ST_F32, .ndim = ndim, .data = data};
+    memcpy(o->t[i].shape, shape, (size_t)ndim * sizeof *shape);
+    return data;
+}
+
+static void output_free(output *o) {
+    for (int i = 0; i < o->n; i++) free(o->data[i]);
+    free(o->t);
+    free(o->names);
+    free(o->data);
+}
+
+static int compare_wtensor_names(const void *a, const void *b) {
+    return strcmp(((const st_wtensor *)a)->name, ((const st_wtensor *)b)->name);
+}
+
+/* Writes adamw.<name> for every parameter: one AdamW step (step 1, zero moments, weight
+ * decay on every parameter) applied unit by unit to fp32 copies of the parameters. */
+static int adamw_step(llama_model *m, const adamw_settings *a, output *o, errbuf *err) {
+    const llama_layout *lo = &m->layout;
+    kctx *c = m->ctx;
+    for (int u = 0; u < lo->n_units; u++) {
+        size_t n = lo->units[u].numel;
+        float *p = k_alloc(c, n * sizeof(float), err);
+        float *mom = p ? k_alloc(c, n * sizeof(float), err) : NULL;
+        float *var = mom ? k_alloc(c, n * sizeof(float), err) : NULL;
+        int rc = var ? 0 : -1;
+        if (!rc) {
+            k_compute_to_f32(c, p, m->params[u], n);
+            k_adamw(c, p, m->grads[u], mom, var, n, a->lr, a->beta1, a->beta2, a->eps,
+                    a->weight_decay, 1, 1.0f);
+        }
+        for (int i = 0; !rc && i < lo->units[u].count; i++) {
+            const llama_tensor_slot *s = &lo->tensors[lo->units[u].first + i];
+            float *dst = output_add(o, "adamw.", s->name, s->ndim, s->shape, err);
+            if (!dst) rc = -1;
+            else k_copy_d2h(c, dst, p + s->offset, s->numel * sizeof(float));
+        }
+        if (!rc) rc = k_sync(c, err);
+        if (var) k_free(c, var);
+        if (mom) k_free(c, mom);
+        if (p) k_free(c, p);
+        if (rc) return errprefix(err, "adamw");
+    }
+    return 0;
+}
+
+/* Runs the model on the batch and writes every output tensor to out_path. */
+static int forward_backward_and_write(llama_model *m, const batch *b, const char *batch_path,
+                                      const char *out_path, const adamw_settings *adamw,
+                                      errbuf *err) {
+    /* The loss is HF's mean over unmasked (shifted) targets: gradients of sum / count. */
+    int32_t *shifted = malloc((size_t)b->B * b->T * sizeof *shifted);
+    if (!shifted) return errf(err, "reference: out of memory");
+    int64_t count = k_shift_labels(b->labels, shifted, b->B, b->T);
+    free(shifted);
+    if (count == 0)
+        return errf(err, "%s: every label is masked (-100) after the shift: the loss is undefined",
+                    batch_path);
+
+    const llama_layout *lo = &m->layout;
+    output o = {.cap = 2 + 2 * lo->n_tensors};
+    o.t = calloc((size_t)o.cap, sizeof *o.t);
+    o.names = calloc((size_t)o.cap, sizeof *o.names);
+    o.data = calloc((size_t)o.cap, sizeof *o.data);
+    int rc = -1;
+    if (!o.t || !o.names || !o.data) {
+        errf(err, "reference: out of memory");
+        goto done;
+    }
+    int64_t logits_shape[3] = {b->B, b->T, lo->cfg.vocab_size}, loss_shape[1] = {1};
+    float *logits = output_add(&o, "", "logits", 3, logits_shape, err);
+    float *loss = logits ? output_add(&o, "", "loss", 1, loss_shape, err) : NULL;
+    float loss_sum;
+    int64_t n_targets;
+    if (!loss || llama_model_forward_backward(m, b->input_ids, b->labels, b->B, b->T,
+                                              (float)(1.0 / (double)count), &loss_sum,
+                                              &n_targets, logits, err))
+        goto done;
+    *loss = (float)((double)loss_sum / (double)n_targets);
+
+    for (int i = 0; i < lo->n_tensors; i++) {
+        const llama_tensor_slot *s = &lo->tensors[i];
+        float *g = output_add(&o, "grad.", s->name, s->ndim, s->shape, err);
+        if (!g || llama_model_get_grad(m, s->name, g, s->numel, err)) goto done;
+    }
+    if (adamw->on && adamw_step(m, adamw, &o, err)) goto done;
+
+    /* Sorted by name, as the golden file (written by the Python safetensors package) is. */
+    qsort(o.t, (size_t)o.n, sizeof *o.t, compare_wtensor_names);
+    if (st_write(out_path, o.t, o.n, NULL, 0, err)) goto done;
+    printf("loss %.7f over %lld tokens; wrote %d tensors to %s\n", (double)*loss,
+           (long long)n_targets, o.n, out_path);
+    rc = 0;
+done:
+    output_free(&o);
+    return rc;
+}
+
+static int run_reference(const char *model_dir, const char *batch_path, const char *out_path,
+                         const adamw_settings *adamw, errbuf *err) {
+    llama_config cfg;
+    batch b = {0};
+    if (llama_config_load(&cfg, model_dir, err) || read_batch(batch_path, &b, err)) return -1;
+    int rc = -1;
+    if (llama_check_batch(&cfg, b.input_ids, b.labels, b.B, b.T, err)) {
+        errprefix(err, "%s", batch_path);
+        goto free_batch;
+    }
+    st_model st;
+    if (st_model_open(&st, model_dir, err)) goto free_batch;
+    kctx ctx;
+    if (kctx_init(&ctx, K_CPU, 0, err)) goto close_model;
+    llama_model m;
+    if (llama_model_init(&m, &cfg, &ctx, 0, err)) goto destroy_ctx;
+    if (!llama_model_load_hf(&m, &st, err))
+        rc = forward_backward_and_write(&m, &b, batch_path, out_path, adamw, err);
+    llama_model_destroy(&m);
+destroy_ctx:
+    kctx_destroy(&ctx);
+close_model:
+    st_model_close(&st);
+free_batch:
+    free(b.input_ids);
+    free(b.labels);
+    return rc;
+}
+
+int ctl_reference(int argc, char **argv) {
+    const char *positional[2], *out = NULL;
+    int n_positional = 0;
+    adamw_settings adamw = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!strcmp(argv[i], "--adamw") && i + 1 < argc) {
+            if (parse_adamw(argv[++i], &adamw)) {
+                fprintf(stderr,
+                        "fsdpctl reference: --adamw wants lr,beta1,beta2,eps,wd, not '%s'\n%s",
+                        argv[i], reference_usage);
+                return 2;
+            }
+        } else if (argv[i][0] != '-' && n_positional < 2) {
+            positional[n_positional++] = argv[i];
+        } else {
+            fprintf(stderr, "fsdpctl reference: unexpected argument '%s'\n%s", argv[i],
+                    reference_usage);
+            return 2;
+        }
+    }
+    if (n_positional != 2 || !out) {
+        fputs(reference_usage, stderr);
+        return 2;
+    }
+    errbuf err = {{0}};
+    if (run_reference(positional[0], positional[1], out, &adamw, &err)) {
+        fprintf(stderr, "fsdpctl reference: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,207 @@
+/* llama: per-unit forward and backward of the Llama model (see llama.h), every op through
+ * kernels.h. */
+#include "worker/llama.h"
+
+#include <stddef.h>
+
+/* ---- carving activation structs out of one allocation ---- */
+
+/* Sub-buffers start on 256-byte boundaries (what CUDA allocations guarantee). */
+#define CARVE_ALIGN 256
+
+typedef struct carver {
+    char *base; /* NULL: only measure */
+    size_t used;
+} carver;
+
+static void *carve(carver *cv, size_t bytes) {
+    void *p = cv->base ? cv->base + cv->used : NULL;
+    cv->used += (bytes + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN;
+    return p;
+}
+
+typedef struct dims {
+    size_t N, C, I, Q, KV, V, heads;
+} dims;
+
+static dims dims_of(const llama_layout *lo, int B, int T) {
+    const llama_config *c = &lo->cfg;
+    return (dims){
+        .N = (size_t)B * (size_t)T,
+        .C = (size_t)c->hidden_size,
+        .I = (size_t)c->intermediate_size,
+        .Q = (size_t)c->num_attention_heads * (size_t)c->head_dim,
+        .KV = (size_t)c->num_key_value_heads * (size_t)c->head_dim,
+        .V = (size_t)c->vocab_size,
+        .heads = (size_t)c->num_attention_heads,
+    };
+}
+
+size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
+                              size_t elem_size, int B, int T) {
+    dims d = dims_of(lo, B, T);
+    size_t e = elem_size;
+    carver cv = {mem, 0};
+    a->ln1 = carve(&cv, d.N * d.C * e);
+    a->q = carve(&cv, d.N * d.Q * e);
+    a->k = carve(&cv, d.N * d.KV * e);
+    a->v = carve(&cv, d.N * d.KV * e);
+    a->att = carve(&cv, d.N * d.Q * e);
+    a->h = carve(&cv, d.N * d.C * e);
+    a->ln2 = carve(&cv, d.N * d.C * e);
+    a->gate = carve(&cv, d.N * d.I * e);
+    a->up = carve(&cv, d.N * d.I * e);
+    a->sw = carve(&cv, d.N * d.I * e);
+    a->rstd1 = carve(&cv, d.N * sizeof(float));
+    a->rstd2 = carve(&cv, d.N * sizeof(float));
+    a->lse = carve(&cv, d.N * d.heads * sizeof(float));
+    return cv.used;
+}
+
+size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
+                             size_t elem_size, int B, int T) {
+    dims d = dims_of(lo, B, T);
+    carver cv = {mem, 0};
+    a->lnf = carve(&cv, d.N * d.C * elem_size);
+    a->rstd = carve(&cv, d.N * sizeof(float));
+    a->logits = carve(&cv, d.N * d.V * elem_size);
+    return cv.used;
+}
+
+size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo, size_t elem_size,
+                           int B, int T) {
+    dims d = dims_of(lo, B, T);
+    size_t e = elem_size;
+    carver cv = {mem, 0};
+    s->dsw = carve(&cv, d.N * d.I * e);
+    s->dgate = carve(&cv, d.N * d.I * e);
+    s->dup = carve(&cv, d.N * d.I * e);
+    s->dln = carve(&cv, d.N * d.C * e);
+    s->datt = carve(&cv, d.N * d.Q * e);
+    s->dq = carve(&cv, d.N * d.Q * e);
+    s->dk = carve(&cv, d.N * d.KV * e);
+    s->dv = carve(&cv, d.N * d.KV * e);
+    return cv.used;
+}
+
+/* ---- tensors inside a unit's flat buffers ---- */
+
+static const llama_tensor_slot *unit_slot(const llama_layout *lo, int unit, int index) {
+    return &lo->tensors[lo->units[unit].first + index];
+}
+
+/* A tensor of a unit's parameter buffer (compute dtype). */
+static const void *param_at(kctx *c, const llama_layout *lo, const void *params, int unit,
+                            int index) {
+    return (const char *)params + unit_slot(lo, unit, index)->offset * k_compute_size(c);
+}
+
+static float *grad_at(const llama_layout *lo, float *grads, int unit, int index) {
+    return grads + unit_slot(lo, unit, index)->offset;
+}
+
+/* Every decoder layer has the same offsets: layer 0's slots describe them all. */
+#define LAYER_W(t) param_at(c, lo, params, llama_layer_unit(0), (t))
+#define LAYER_DW(t) grad_at(lo, grads, llama_layer_unit(0), (t))
+
+/* ---- embedding ---- */
+
+void llama_embed_forward(kctx *c, const llama_layout *lo, const void *params,
+                         const int32_t *tokens, void *out, int N) {
+    k_embedding_fwd(c, out, tokens, params, N, lo->cfg.hidden_size, lo->cfg.vocab_size);
+}
+
+void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const int32_t *tokens,
+                          const void *dresid, int N) {
+    k_embedding_bwd(c, grads, dresid, tokens, N, lo->cfg.hidden_size, lo->cfg.vocab_size);
+}
+
+/* ---- decoder layer ---- */
+
+void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
+                         const float *inv_freq, const void *x, void *out, llama_layer_acts *a,
+                         int B, int T) {
+    const llama_config *cfg = &lo->cfg;
+    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
+    int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
+    float eps = (float)cfg->rms_norm_eps;
+
+    /* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
+    k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, eps);
+    k_linear_fwd(c, a->q, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd);
+    k_linear_fwd(c, a->k, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd);
+    k_linear_fwd(c, a->v, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd);
+    k_rope(c, a->q, inv_freq, B, T, Hq, hd, 0);
+    k_rope(c, a->k, inv_freq, B, T, Hkv, hd, 0);
+    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, hd);
+    k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
+    k_accumulate(c, a->h, x, (size_t)N * C);
+
+    /* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h) */
+    k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, eps);
+    k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I);
+    k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), N, C, I);
+    k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)N * I);
+    k_linear_fwd(c, out, a->sw, LAYER_W(LLAMA_DOWN), N, I, C);
+    k_accumulate(c, out, a->h, (size_t)N * C);
+}
+
+void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
+                          const float *inv_freq, const void *x, const llama_layer_acts *a,
+                          llama_scratch *s, void *dresid, int B, int T) {
+    const llama_config *cfg = &lo->cfg;
+    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
+    int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
+
+    /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
+    k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dresid, a->sw, LAYER_W(LLAMA_DOWN), N, I, C, 0);
+    k_swiglu_bwd(c, s->dgate, s->dup, s->dsw, a->gate, a->up, (size_t)N * I);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_GATE), s->dgate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I,
+                 0);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_UP), s->dup, a->ln2, LAYER_W(LLAMA_UP), N, C, I, 1);
+    k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
+                  C);
+
+    /* Attention: dresid now holds d/d(h), which also passes to x unchanged. */
+    k_linear_bwd(c, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C,
+                 0);
+    k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, B, T, Hq,
+                    Hkv, hd);
+    k_rope(c, s->dq, inv_freq, B, T, Hq, hd, 1);
+    k_rope(c, s->dk, inv_freq, B, T, Hkv, hd, 1);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_Q), s->dq, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd, 0);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_K), s->dk, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd, 1);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_V), s->dv, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd, 1);
+    k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN1), s->dln, x, LAYER_W(LLAMA_LN1), a->rstd1, N, C);
+}
+
+/* ---- head ---- */
+
+void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *head_params,
+                                 float *head_grads, const void *embed_params, float *embed_grads,
+                                 const void *x, llama_head_acts *a, llama_scratch *s,
+                                 const int32_t *targets, int B, int T, float dscale,
+                                 float *loss_sum, float *logits_f32, void *dresid) {
+    const llama_config *cfg = &lo->cfg;
+    int N = B * T, C = cfg->hidden_size, V = cfg->vocab_size, hu = llama_head_unit(lo);
+    const void *norm_w = param_at(c, lo, head_params, hu, LLAMA_NORM);
+    float *dnorm_w = grad_at(lo, head_grads, hu, LLAMA_NORM);
+    const void *head_w;
+    float *dhead_w;
+    if (cfg->tie_word_embeddings) {
+        head_w = embed_params;
+        dhead_w = embed_grads;
+    } else {
+        head_w = param_at(c, lo, head_params, hu, LLAMA_LM_HEAD);
+        dhead_w = grad_at(lo, head_grads, hu, LLAMA_LM_HEAD);
+    }
+
+    k_rmsnorm_fwd(c, a->lnf, a->rstd, x, norm_w, N, C, (float)cfg->rms_norm_eps);
+    k_linear_fwd(c, a->logits, a->lnf, head_w, N, C, V);
+    if (logits_f32) k_compute_to_f32(c, logits_f32, a->logits, (size_t)N * V);
+    k_cross_entropy(c, loss_sum, a->logits, a->logits, targets, N, V, dscale);
+
+    k_linear_bwd(c, s->dln, dhead_w, a->logits, a->lnf, head_w, N, C, V, 0);
+    k_zero(c, dresid, (size_t)N * C * k_compute_size(c));
+    k_rmsnorm_bwd(c, dresid, dnorm_w, s->dln, x, norm_w, a->rstd, N, C);
+}

@@ -1,0 +1,220 @@
+/* llama: the Llama model's forward and backward pass, organised in FSDP units.
+ *
+ * Parameters are grouped in units (DESIGN.md, Sharding model):
+ *   unit 0       model.embed_tokens.weight
+ *   unit 1+l     decoder layer l: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+ *                down_proj, input_layernorm, post_attention_layernorm (in this order)
+ *   unit L+1     model.norm.weight, then lm_head.weight (absent with tied embeddings: the
+ *                head then reads unit 0's embedding and accumulates its gradient there)
+ * A unit's parameters live in one contiguous flat buffer of the context's compute dtype,
+ * the buffer FSDP all-gathers into; its gradients in one contiguous fp32 buffer of the same
+ * element layout, accumulated (+=) by every backward call.
+ *
+ * Three levels:
+ *   - the layout (llama_layout): which tensor sits where in which unit;
+ *   - per-unit compute (llama_embed_*, llama_layer_*, llama_head_forward_backward), which
+ *     FSDP calls one unit at a time with that unit's gathered buffer;
+ *   - a whole-model driver for one process (llama_model) that owns every unit.
+ *
+ * Activations: a decoder layer's input is kept apart from its internals
+ * (llama_layer_acts), so activation checkpointing is "keep only the inputs, re-run
+ * llama_layer_forward into one reusable llama_layer_acts, then llama_layer_backward".
+ * Every op goes through kernels.h, so the same code runs on the CPU and CUDA backends. */
+#ifndef FSDP_LLAMA_H
+#define FSDP_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "proto/errbuf.h"
+#include "proto/model_config.h"
+#include "proto/safetensors.h"
+
+/* ---- layout ---- */
+
+/* Index of each tensor inside a decoder layer's unit, in flat-parameter order. */
+enum llama_layer_tensor {
+    LLAMA_Q, LLAMA_K, LLAMA_V, LLAMA_O, LLAMA_GATE, LLAMA_UP, LLAMA_DOWN, LLAMA_LN1, LLAMA_LN2,
+    LLAMA_LAYER_TENSORS
+};
+/* Inside the head unit: the final norm, then lm_head (untied only). */
+enum llama_head_tensor { LLAMA_NORM, LLAMA_LM_HEAD };
+
+#define LLAMA_EMBED_UNIT 0
+
+typedef struct llama_tensor_slot {
+    char name[96];  /* Hugging Face name */
+    int unit;
+    size_t offset;  /* in elements, from the start of the unit's flat buffer */
+    size_t numel;
+    int ndim;       /* 2 for matrices [rows, cols], 1 for norm weights */
+    int64_t shape[2];
+    int is_norm;    /* RMSNorm weight: no weight decay in training */
+} llama_tensor_slot;
+
+typedef struct llama_unit {
+    size_t numel; /* elements of the flat buffer (no padding: FSDP pads to the world size) */
+    int first;    /* its tensors are layout.tensors[first .. first + count) */
+    int count;
+} llama_unit;
+
+typedef struct llama_layout {
+    llama_config cfg;
+    int n_layers;
+    int n_units; /* n_layers + 2 */
+    llama_unit *units;
+    int n_tensors;
+    llama_tensor_slot *tensors; /* unit by unit, each unit's in flat order */
+    size_t max_tensor_numel;
+} llama_layout;
+
+int llama_layout_init(llama_layout *lo, const llama_config *cfg, errbuf *err);
+void llama_layout_free(llama_layout *lo);
+static inline int llama_layer_unit(int layer) { return 1 + layer; }
+static inline int llama_head_unit(const llama_layout *lo) { return lo->n_layers + 1; }
+/* The slot of a Hugging Face tensor name, or NULL. */
+const llama_tensor_slot *llama_layout_find(const llama_layout *lo, const char *name);
+
+/* Reads the checkpoint tensor of `slot` from st into host fp32 dst[slot->numel], converting
+ * F32/BF16/F16/F64; errors name the tensor when it is missing or has another shape. */
+int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, float *dst,
+                          errbuf *err);
+
+/* Checks a batch: token ids in [0, vocab), labels in [0, vocab) or -100, 0 < T <=
+ * max_position_embeddings, B > 0; errors name the offending position.  labels may be NULL. */
+int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
+                      int B, int T, errbuf *err);
+
+/* RoPE inverse frequencies [head_dim/2] on the host from the config's rope parameters. */
+void llama_rope_inv_freq(const llama_config *cfg, float *host_inv_freq);
+
+/* ---- activations ----
+ * Buffers are in context memory; `void *` ones hold the compute dtype.  Each *_carve
+ * function lays its struct out in mem and returns the bytes it needs; called with mem NULL
+ * it only returns the size (and sets the pointers to NULL), so a caller can size one
+ * allocation for many structs.  N = B*T rows, Q = heads*head_dim, KV = kv_heads*head_dim. */
+
+/* What a decoder layer's backward needs besides its input: reusable across layers. */
+typedef struct llama_layer_acts {
+    void *ln1;   /* [N,C]  input_layernorm(x) */
+    void *q;     /* [N,Q]  after RoPE */
+    void *k;     /* [N,KV] after RoPE */
+    void *v;     /* [N,KV] */
+    void *att;   /* [N,Q]  attention output, before o_proj */
+    void *h;     /* [N,C]  x + o_proj(att) */
+    void *ln2;   /* [N,C]  post_attention_layernorm(h) */
+    void *gate;  /* [N,I] */
+    void *up;    /* [N,I] */
+    void *sw;    /* [N,I]  silu(gate) * up */
+    float *rstd1, *rstd2; /* [N] */
+    float *lse;           /* [B,heads,T] */
+} llama_layer_acts;
+
+typedef struct llama_head_acts {
+    void *lnf;    /* [N,C] model.norm(x) */
+    float *rstd;  /* [N] */
+    void *logits; /* [N,V]; the backward turns it into dlogits in place */
+} llama_head_acts;
+
+/* Backward scratch, shared by every unit's backward. */
+typedef struct llama_scratch {
+    void *dsw, *dgate, *dup; /* [N,I] */
+    void *dln;               /* [N,C] gradient of a norm's output */
+    void *datt, *dq;         /* [N,Q] */
+    void *dk, *dv;           /* [N,KV] */
+} llama_scratch;
+
+size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
+                              size_t elem_size, int B, int T);
+size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
+                             size_t elem_size, int B, int T);
+size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo, size_t elem_size,
+                           int B, int T);
+
+/* ---- per-unit compute ----
+ * `params` is a unit's flat buffer (compute dtype), `grads` its fp32 gradient buffer
+ * (accumulated).  Tokens and targets are int32 in context memory, already checked.
+ * The residual stream: x [N,C] (compute dtype) flows forward unit to unit; backward, one
+ * buffer `dresid` [N,C] carries d(loss)/d(residual) from unit to unit, updated in place. */
+
+/* out[N,C] = embedding of tokens. */
+void llama_embed_forward(kctx *c, const llama_layout *lo, const void *params,
+                         const int32_t *tokens, void *out, int N);
+/* grads += scatter of dresid into the embedding rows of tokens. */
+void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const int32_t *tokens,
+                          const void *dresid, int N);
+
+/* One decoder layer: out = h + mlp(h), h = x + attn(x).  inv_freq: [head_dim/2] fp32 in
+ * context memory.  out must not alias x (x stays the layer's saved input). */
+void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
+                         const float *inv_freq, const void *x, void *out, llama_layer_acts *a,
+                         int B, int T);
+/* On entry dresid = d/d(out), on return d/d(x); grads += d/d(params).  a must hold this
+ * layer's forward on input x (a recomputation counts). */
+void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
+                          const float *inv_freq, const void *x, const llama_layer_acts *a,
+                          llama_scratch *s, void *dresid, int B, int T);
+
+/* The head: final RMSNorm, lm_head, cross entropy against targets (already shifted, see
+ * k_shift_labels), and its backward.  *loss_sum (fp32, context memory) += the summed token
+ * losses; gradients are those of dscale * loss_sum.  head_params/head_grads are the head
+ * unit's; embed_params/embed_grads unit 0's, used (and then required) only with tied
+ * embeddings.  logits_f32 (fp32 [N,V] in context memory) receives the logits when not NULL.
+ * On return dresid = d/d(x). */
+void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *head_params,
+                                 float *head_grads, const void *embed_params, float *embed_grads,
+                                 const void *x, llama_head_acts *a, llama_scratch *s,
+                                 const int32_t *targets, int B, int T, float dscale,
+                                 float *loss_sum, float *logits_f32, void *dresid);
+
+/* ---- the whole model in one process ---- */
+
+typedef struct llama_model {
+    llama_layout layout;
+    kctx *ctx;
+    int checkpoint_activations; /* keep only layer inputs; recompute in backward */
+
+    void *param_memory;  /* every unit's flat parameters, one allocation */
+    void **params;       /* [n_units] into param_memory */
+    void *grad_memory;
+    float **grads;       /* [n_units] into grad_memory, fp32 */
+    float *inv_freq;     /* [head_dim/2] */
+
+    /* Activations, sized for the last (B, T). */
+    int B, T;
+    void *act_memory;
+    void **resid;                 /* [n_layers+1]: layer l's input; resid[L] the head's */
+    llama_layer_acts *layer_acts; /* [n_layers], or [1] with checkpointing */
+    llama_head_acts head;
+    llama_scratch scratch;
+    void *dresid;                 /* [N,C] */
+    int32_t *tokens, *targets;    /* [N] */
+    float *loss_sum;              /* [1] */
+    float *logits_f32;            /* [N,V], allocated when logits are first asked for */
+} llama_model;
+
+/* Allocates the units' parameters (zero) and gradients (zero) through k_alloc. */
+int llama_model_init(llama_model *m, const llama_config *cfg, kctx *ctx,
+                     int checkpoint_activations, errbuf *err);
+void llama_model_destroy(llama_model *m);
+/* Copies every parameter from a Hugging Face checkpoint (F32/BF16/F16), checking that each
+ * expected tensor exists with the expected shape (extra tensors are ignored). */
+int llama_model_load_hf(llama_model *m, const st_model *st, errbuf *err);
+/* One parameter or its gradient by Hugging Face name, as host fp32 [n]; n must be its
+ * element count. */
+int llama_model_set_param(llama_model *m, const char *name, const float *src, size_t n,
+                          errbuf *err);
+int llama_model_get_param(llama_model *m, const char *name, float *dst, size_t n, errbuf *err);
+int llama_model_get_grad(llama_model *m, const char *name, float *dst, size_t n, errbuf *err);
+void llama_model_zero_grad(llama_model *m);
+/* Forward and backward on host int32 input_ids and labels [B,T] (both required; labels
+ * unshifted, -100 = masked), checked with llama_check_batch.  Gradients of dscale * (sum of
+ * token losses) are accumulated into the grads; *loss_sum gets that sum (unscaled) and
+ * *count the number of unmasked targets after the shift.  logits (host fp32 [B,T,V])
+ * receives the logits when not NULL. */
+int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
+                                 const int32_t *labels, int B, int T, float dscale,
+                                 float *loss_sum, int64_t *count, float *logits, errbuf *err);
+
+#endif
