@@ -37,6 +37,7 @@ typedef struct llama_config {
     int tie_word_embeddings;  /* default false */
     int bos_token_id, eos_token_id; /* -1 when absent or null */
     rope_config rope;
+    char dtype[16]; /* "dtype" (or older "torch_dtype"), e.g. "bfloat16"; "" when absent */
 } llama_config;
 
 /* Parses config.json text; `name` is used in messages.  Checks model_type "llama" (or

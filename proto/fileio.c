@@ -1,0 +1,150 @@
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return errf(err, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return errf(err, "%s: mmap: %s", path, strerror(e));
+        }
+        *map = p;
+        *len = (size_t)st.st_size;
+    }
+    close(fd);
+    return 0;
+}
+
+int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return errf(err, "%s: %s", path, strerror(errno));
+    char *buf = malloc(max + 1);
+    if (!buf) {
+        fclose(f);
+        return errf(err, "%s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, max + 1, f);
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return errf(err, "%s: read error", path);
+    }
+    if (n > max) {
+        free(buf);
+        return errf(err, "%s: larger than %zu bytes", path, max);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errf(err, "%s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char *path,
+                     errbuf *err) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len > (1u << 30) ? (1u << 30) : len, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errf(err, "%s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        off += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int file_fsync_dir(const char *path, int is_dir, errbuf *err) {
+    char *copy = strdup(path);
+    if (!copy) return errf(err, "%s: out of memory", path);
+    const char *dir = is_dir ? copy : dirname(copy);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    if (fd < 0) {
+        rc = errf(err, "%s: %s", dir, strerror(errno));
+    } else {
+        if (fsync(fd) != 0 && errno != EINVAL) rc = errf(err, "%s: fsync: %s", dir, strerror(errno));
+        close(fd);
+    }
+    free(copy);
+    return rc;
+}
+
+int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return errf(err, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return errf(err, "%s: %s", tmp, strerror(errno));
+    for (size_t i = 0; i < n; i++) {
+        if (chunks[i].len && file_write_full(fd, chunks[i].data, chunks[i].len, tmp, err) != 0)
+            goto fail;
+    }
+    if (fsync(fd) != 0) {
+        errf(err, "%s: fsync: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        errf(err, "%s: close: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        errf(err, "%s: rename: %s", path, strerror(errno));
+        goto fail;
+    }
+    return file_fsync_dir(path, 0, err);
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+int file_mkdir(const char *path, errbuf *err) {
+    if (mkdir(path, 0755) == 0) return 0;
+    struct stat st;
+    if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+    return errf(err, "%s: mkdir: %s", path, strerror(errno));
+}

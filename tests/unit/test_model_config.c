@@ -1,0 +1,518 @@
+/* Tests of proto/model_config: the golden model's config against its checkpoint, every
+ * file in configs/models, both RoPE spellings, defaults, save -> load round trips, and
+ * every rejection path.  Run from the repository root (tests/run.sh does). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/model_config.h"
+#include "proto/safetensors.h"
+
+/* ---------- helpers ---------- */
+
+static const char *shared_dir(void) {
+    const char *s = getenv("FSDP_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+static void load_ok(llama_config *c, const char *path) {
+    errbuf err = {{0}};
+    if (llama_config_load(c, path, &err) < 0) fail_msg("%s", err.msg);
+}
+
+static int parse_text(llama_config *c, const char *json, errbuf *err) {
+    return llama_config_parse(c, json, strlen(json), "test.json", err);
+}
+
+/* A small valid config. */
+static const char *base_json =
+    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 172,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+    " \"vocab_size\": 211, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5}";
+
+/* Parses base_json with key set to value (JSON text), or removed when value is NULL. */
+static int parse_with(llama_config *c, const char *key, const char *value, errbuf *err) {
+    json_t *root = json_loads(base_json, 0, NULL);
+    assert_non_null(root);
+    if (value) {
+        json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+        assert_non_null(v);
+        assert_int_equal(json_object_set_new(root, key, v), 0);
+    } else {
+        assert_int_equal(json_object_del(root, key), 0);
+    }
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    assert_non_null(text);
+    int rc = parse_text(c, text, err);
+    free(text);
+    return rc;
+}
+
+static void assert_configs_equal(const llama_config *a, const llama_config *b) {
+    assert_int_equal(a->hidden_size, b->hidden_size);
+    assert_int_equal(a->intermediate_size, b->intermediate_size);
+    assert_int_equal(a->num_hidden_layers, b->num_hidden_layers);
+    assert_int_equal(a->num_attention_heads, b->num_attention_heads);
+    assert_int_equal(a->num_key_value_heads, b->num_key_value_heads);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_int_equal(a->vocab_size, b->vocab_size);
+    assert_int_equal(a->max_position_embeddings, b->max_position_embeddings);
+    assert_true(a->rms_norm_eps == b->rms_norm_eps);
+    assert_true(a->initializer_range == b->initializer_range);
+    assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
+    assert_int_equal(a->bos_token_id, b->bos_token_id);
+    assert_int_equal(a->eos_token_id, b->eos_token_id);
+    assert_string_equal(a->dtype, b->dtype);
+    assert_int_equal(a->rope.type, b->rope.type);
+    assert_true(a->rope.theta == b->rope.theta);
+    if (a->rope.type == ROPE_LLAMA3) {
+        assert_true(a->rope.factor == b->rope.factor);
+        assert_true(a->rope.low_freq_factor == b->rope.low_freq_factor);
+        assert_true(a->rope.high_freq_factor == b->rope.high_freq_factor);
+        assert_int_equal(a->rope.original_max_position_embeddings,
+                         b->rope.original_max_position_embeddings);
+    }
+}
+
+/* ---------- the golden model ---------- */
+
+static void test_golden_config_matches_checkpoint(void **state) {
+    (void)state;
+    char dir[4096], file[4200];
+    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    llama_config c;
+    load_ok(&c, dir); /* a directory: reads dir/config.json */
+    assert_int_equal(c.hidden_size, 64);
+    assert_int_equal(c.intermediate_size, 172);
+    assert_int_equal(c.num_hidden_layers, 2);
+    assert_int_equal(c.num_attention_heads, 4);
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.vocab_size, 211);
+    assert_int_equal(c.max_position_embeddings, 64);
+    assert_true(c.rms_norm_eps == 1e-5);
+    assert_true(c.initializer_range == 0.02);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.bos_token_id, 1);
+    assert_int_equal(c.eos_token_id, 2);
+    assert_string_equal(c.dtype, "float32");
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 10000.0);
+
+    /* Every parameter the config lists is in the checkpoint with that shape, and nothing
+     * else is: the counts agree with the file. */
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    st_file f;
+    errbuf err = {{0}};
+    if (st_open(&f, file, &err) < 0) fail_msg("%s", err.msg);
+    int n = llama_config_params(&c, NULL, 0);
+    assert_int_equal(n, 21);
+    assert_int_equal(n, f.n_tensors);
+    llama_param_info *p = calloc((size_t)n, sizeof *p);
+    assert_non_null(p);
+    assert_int_equal(llama_config_params(&c, p, n), n);
+    uint64_t numel = 0;
+    for (int i = 0; i < f.n_tensors; i++) numel += f.tensors[i].numel;
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = st_find(&f, p[i].name);
+        if (!t) fail_msg("%s not in the golden checkpoint", p[i].name);
+        assert_int_equal(t->ndim, p[i].ndim);
+        for (int d = 0; d < p[i].ndim; d++) assert_int_equal(t->shape[d], p[i].shape[d]);
+    }
+    assert_int_equal(llama_config_num_params(&c), numel);
+    assert_int_equal(numel, 126144);
+    free(p);
+    st_close(&f);
+}
+
+/* ---------- configs/models ---------- */
+
+static void test_every_model_file_parses(void **state) {
+    (void)state;
+    DIR *d = opendir("configs/models");
+    assert_non_null(d);
+    int files = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".json")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "configs/models/%s", e->d_name);
+        llama_config c;
+        load_ok(&c, path);
+        assert_true(llama_config_num_params(&c) > 0);
+        files++;
+    }
+    closedir(d);
+    assert_true(files >= 7);
+}
+
+static void test_model_file_values(void **state) {
+    (void)state;
+    static const struct {
+        const char *file;
+        uint64_t params; /* the published counts */
+        int kv_heads, head_dim;
+    } models[] = {
+        {"configs/models/tiny.json", 19286272, 4, 32},
+        {"configs/models/llama-1.1b.json", 1100048384, 4, 64},
+        {"configs/models/llama2-7b.json", 6738415616, 32, 128},
+        {"configs/models/llama2-13b.json", 13015864320, 40, 128},
+        {"configs/models/llama2-70b.json", 68976648192, 8, 128},
+        {"configs/models/llama3.1-8b.json", 8030261248, 8, 128},
+        {"configs/models/llama3.1-70b.json", 70553706496, 8, 128},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        llama_config c;
+        load_ok(&c, models[i].file);
+        if (llama_config_num_params(&c) != models[i].params)
+            fail_msg("%s: %llu parameters, expected %llu", models[i].file,
+                     (unsigned long long)llama_config_num_params(&c),
+                     (unsigned long long)models[i].params);
+        assert_int_equal(c.num_key_value_heads, models[i].kv_heads);
+        assert_int_equal(c.head_dim, models[i].head_dim);
+    }
+
+    llama_config c;
+    load_ok(&c, "configs/models/llama3.1-8b.json"); /* older spelling, llama3 scaling */
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_true(c.rope.theta == 500000.0);
+    assert_true(c.rope.factor == 8.0);
+    assert_true(c.rope.low_freq_factor == 1.0);
+    assert_true(c.rope.high_freq_factor == 4.0);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.bos_token_id, 128000);
+    assert_int_equal(c.eos_token_id, 128001); /* the first of the list */
+    assert_string_equal(c.dtype, "bfloat16"); /* from "torch_dtype" */
+
+    load_ok(&c, "configs/models/llama2-7b.json"); /* no rope_theta, rope_scaling null */
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 10000.0);
+
+    load_ok(&c, "configs/models/tiny.json"); /* newer spelling */
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_true(c.rope.theta == 10000.0);
+    assert_int_equal(c.num_attention_heads, 8);
+}
+
+static void test_param_list_order_and_shapes(void **state) {
+    (void)state;
+    llama_config c;
+    load_ok(&c, "configs/models/llama3.1-8b.json");
+    llama_param_info p[16];
+    int n = llama_config_params(&c, p, 16); /* fills only the first 16 */
+    assert_int_equal(n, 1 + 32 * 9 + 2);
+    static const char *first_layer[] = {
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",    "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",    "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+    };
+    assert_string_equal(p[0].name, "model.embed_tokens.weight");
+    assert_int_equal(p[0].shape[0], 128256);
+    assert_int_equal(p[0].shape[1], 4096);
+    assert_int_equal(p[0].layer, -1);
+    for (int i = 0; i < 9; i++) {
+        assert_string_equal(p[1 + i].name, first_layer[i]);
+        assert_int_equal(p[1 + i].layer, 0);
+    }
+    assert_int_equal(p[2].shape[0], 8 * 128); /* k_proj: kv heads x head_dim */
+    assert_int_equal(p[4].shape[0], 4096);    /* o_proj [C, Hq*hd] */
+    assert_int_equal(p[4].shape[1], 32 * 128);
+    assert_int_equal(p[7].shape[0], 4096); /* down_proj [C, F] */
+    assert_int_equal(p[7].shape[1], 14336);
+    assert_int_equal(p[8].ndim, 1);
+    assert_true(p[8].is_norm && p[9].is_norm && !p[7].is_norm);
+    assert_string_equal(p[10].name, "model.layers.1.self_attn.q_proj.weight");
+
+    llama_param_info all[300];
+    assert_int_equal(llama_config_params(&c, all, 300), n);
+    assert_string_equal(all[n - 2].name, "model.norm.weight");
+    assert_string_equal(all[n - 1].name, "lm_head.weight");
+    assert_int_equal(all[n - 1].ndim, 2);
+
+    c.tie_word_embeddings = 1; /* tied: no lm_head, one embedding fewer */
+    assert_int_equal(llama_config_params(&c, all, 300), n - 1);
+    assert_string_equal(all[n - 2].name, "model.norm.weight");
+    assert_int_equal(llama_config_num_params(&c), 8030261248 - 128256ull * 4096);
+}
+
+/* ---------- spellings and defaults ---------- */
+
+static void test_rope_spellings(void **state) {
+    (void)state;
+    llama_config c;
+    errbuf err = {{0}};
+    static const char *llama3_newer =
+        "{\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", \"factor\": 32.0,"
+        " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+        " \"original_max_position_embeddings\": 8192}";
+    static const char *llama3_older_type =
+        "{\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1,"
+        " \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}";
+
+    if (parse_with(&c, "rope_parameters", llama3_newer, &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_true(c.rope.theta == 500000.0);
+    assert_true(c.rope.factor == 32.0);
+
+    if (parse_with(&c, "rope_scaling", llama3_older_type, &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_true(c.rope.theta == 10000.0); /* no top-level rope_theta: the default */
+    assert_true(c.rope.high_freq_factor == 4.0);
+
+    if (parse_with(&c, "rope_scaling", "{\"rope_type\": \"default\"}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+
+    if (parse_with(&c, "rope_theta", "1000000", &err) < 0) fail_msg("%s", err.msg);
+    assert_true(c.rope.theta == 1e6);
+
+    if (parse_with(&c, "rope_parameters", "{\"rope_type\": \"default\"}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_true(c.rope.theta == 10000.0);
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    llama_config c;
+    errbuf err = {{0}};
+    if (parse_with(&c, "num_key_value_heads", NULL, &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.num_key_value_heads, 4); /* = heads */
+    assert_int_equal(c.head_dim, 16);           /* = hidden / heads */
+    assert_true(c.initializer_range == 0.02);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.eos_token_id, -1);
+    assert_string_equal(c.dtype, "");
+
+    if (parse_with(&c, "head_dim", "null", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.head_dim, 16);
+    if (parse_with(&c, "head_dim", "128", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.head_dim, 128); /* need not equal hidden / heads */
+    if (parse_with(&c, "eos_token_id", "null", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.eos_token_id, -1);
+    if (parse_with(&c, "eos_token_id", "[7, 8]", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.eos_token_id, 7);
+    if (parse_with(&c, "eos_token_id", "[]", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.eos_token_id, -1);
+    if (parse_with(&c, "tie_word_embeddings", "true", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    if (parse_with(&c, "model_type", NULL, &err) < 0) fail_msg("%s", err.msg);
+    if (parse_with(&c, "attention_bias", "false", &err) < 0) fail_msg("%s", err.msg);
+    if (parse_with(&c, "hidden_act", "\"silu\"", &err) < 0) fail_msg("%s", err.msg);
+}
+
+/* ---------- save -> load ---------- */
+
+static void round_trip(const char *dir, const llama_config *c) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    errbuf err = {{0}};
+    if (llama_config_save(c, path, &err) < 0) fail_msg("%s", err.msg);
+    llama_config back;
+    load_ok(&back, dir);
+    assert_configs_equal(c, &back);
+    assert_int_equal(access(path, F_OK), 0);
+}
+
+static void test_save_round_trip(void **state) {
+    (void)state;
+    char dir[] = "/tmp/test_model_config.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char golden[4096];
+    snprintf(golden, sizeof golden, "%s/golden/tiny-mha", shared_dir());
+    const char *sources[] = {golden, "configs/models/tiny.json", "configs/models/llama2-70b.json",
+                             "configs/models/llama3.1-8b.json"};
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+        llama_config c;
+        load_ok(&c, sources[i]);
+        round_trip(dir, &c);
+    }
+    /* Odd values survive exactly; -1 token ids come back as -1 (written as null). */
+    llama_config c;
+    load_ok(&c, "configs/models/tiny.json");
+    c.rms_norm_eps = 1.0 / 3.0;
+    c.initializer_range = 0.1;
+    c.bos_token_id = -1;
+    c.tie_word_embeddings = 1;
+    c.dtype[0] = '\0';
+    round_trip(dir, &c);
+
+    /* The file is what transformers expects: the newer RoPE spelling and the fixed keys. */
+    load_ok(&c, "configs/models/llama3.1-8b.json");
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    errbuf err = {{0}};
+    if (llama_config_save(&c, path, &err) < 0) fail_msg("%s", err.msg);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    assert_non_null(root);
+    json_t *arch = json_array_get(json_object_get(root, "architectures"), 0);
+    assert_string_equal(json_string_value(arch), "LlamaForCausalLM");
+    assert_string_equal(json_string_value(json_object_get(root, "model_type")), "llama");
+    assert_string_equal(json_string_value(json_object_get(root, "hidden_act")), "silu");
+    assert_string_equal(json_string_value(json_object_get(root, "dtype")), "bfloat16");
+    assert_string_equal(json_string_value(json_object_get(root, "torch_dtype")), "bfloat16");
+    assert_true(json_is_false(json_object_get(root, "attention_bias")));
+    assert_true(json_is_false(json_object_get(root, "mlp_bias")));
+    assert_true(json_is_false(json_object_get(root, "use_cache")));
+    assert_null(json_object_get(root, "rope_scaling"));
+    assert_null(json_object_get(root, "rope_theta"));
+    json_t *rope = json_object_get(root, "rope_parameters");
+    assert_string_equal(json_string_value(json_object_get(rope, "rope_type")), "llama3");
+    assert_true(json_number_value(json_object_get(rope, "rope_theta")) == 500000.0);
+    assert_int_equal(json_integer_value(json_object_get(rope, "original_max_position_embeddings")),
+                     8192);
+    json_decref(root);
+    /* Reals in their shortest exact form, as Python writes them. */
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[len] = '\0';
+    assert_non_null(strstr(text, "\"rms_norm_eps\": 1e-5,"));
+    assert_non_null(strstr(text, "\"rope_theta\": 500000.0,"));
+    assert_int_equal(text[len - 1], '\n');
+    /* No temporary file is left behind. */
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') assert_string_equal(e->d_name, "config.json");
+    closedir(d);
+
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* ---------- rejections ---------- */
+
+static void expect_error(int rc, const errbuf *err, const char *needle) {
+    assert_int_equal(rc, -1);
+    if (!strstr(err->msg, needle))
+        fail_msg("message \"%s\" does not name \"%s\"", err->msg, needle);
+}
+
+static void test_rejects_bad_json(void **state) {
+    (void)state;
+    llama_config c;
+    errbuf err = {{0}};
+    expect_error(parse_text(&c, "{\"hidden_size\": 64,", &err), &err, "test.json");
+    expect_error(parse_text(&c, "", &err), &err, "invalid JSON");
+    expect_error(parse_text(&c, "[1, 2]", &err), &err, "object");
+    expect_error(parse_text(&c, "{\"hidden_size\": 1, \"hidden_size\": 2}", &err), &err,
+                 "hidden_size");
+    /* Length is honoured: the text past len is not read. */
+    const char *two = "{}{\"x\": 1}";
+    expect_error(llama_config_parse(&c, two, 1, "cut.json", &err), &err, "cut.json");
+
+    expect_error(llama_config_load(&c, "/nonexistent/config.json", &err), &err,
+                 "/nonexistent/config.json");
+    expect_error(llama_config_load(&c, "configs", &err), &err, "configs/config.json");
+}
+
+static void test_rejects_bad_values(void **state) {
+    (void)state;
+    static const struct {
+        const char *key, *value; /* value NULL: key removed */
+        const char *needle;      /* the message must contain it */
+    } cases[] = {
+        {"hidden_size", NULL, "hidden_size"},
+        {"vocab_size", NULL, "vocab_size"},
+        {"rms_norm_eps", NULL, "rms_norm_eps"},
+        {"hidden_size", "\"64\"", "hidden_size"},
+        {"hidden_size", "64.0", "integer"},
+        {"hidden_size", "null", "hidden_size"},
+        {"num_hidden_layers", "[2]", "num_hidden_layers"},
+        {"rms_norm_eps", "\"1e-5\"", "rms_norm_eps"},
+        {"tie_word_embeddings", "0", "tie_word_embeddings"},
+        {"bos_token_id", "\"<s>\"", "bos_token_id"},
+        {"eos_token_id", "[\"</s>\"]", "eos_token_id"},
+        {"eos_token_id", "-2", "eos_token_id"},
+        {"model_type", "\"mistral\"", "mistral"},
+        {"model_type", "7", "model_type"},
+        {"hidden_act", "\"gelu\"", "gelu"},
+        {"attention_bias", "true", "attention_bias"},
+        {"mlp_bias", "true", "mlp_bias"},
+        {"num_key_value_heads", "3", "num_key_value_heads"},
+        {"num_attention_heads", "5", "not a multiple"}, /* 64 % 5 and 5 % 2 */
+        {"hidden_size", "-64", "hidden_size"},
+        {"intermediate_size", "0", "intermediate_size"},
+        {"vocab_size", "-1", "vocab_size"},
+        {"num_hidden_layers", "4294967296", "num_hidden_layers"},
+        {"num_hidden_layers", "1000000", "num_hidden_layers"},
+        {"head_dim", "-16", "head_dim"},
+        {"rms_norm_eps", "0", "rms_norm_eps"},
+        {"rms_norm_eps", "-1e-5", "rms_norm_eps"},
+        {"initializer_range", "-0.02", "initializer_range"},
+        {"dtype", "\"a-very-long-dtype-name\"", "dtype"},
+        {"torch_dtype", "16", "torch_dtype"},
+        {"rope_theta", "0", "rope_theta"},
+        {"rope_theta", "\"10000\"", "rope_theta"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "yarn"},
+        {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", "linear"},
+        {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "dynamic"},
+        {"rope_scaling", "{\"factor\": 2.0}", "rope_scaling.rope_type"},
+        {"rope_scaling", "[]", "rope_scaling"},
+        {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}", "yarn"},
+        {"rope_parameters", "\"default\"", "rope_parameters"},
+        {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": -1}", "rope_theta"},
+        {"rope_parameters",
+         "{\"rope_type\": \"llama3\", \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+         " \"original_max_position_embeddings\": 8192}",
+         "rope_parameters.factor"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+         " \"high_freq_factor\": 4.0}",
+         "original_max_position_embeddings"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0,"
+         " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}",
+         "high_freq_factor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        llama_config c;
+        memset(&c, 0x5a, sizeof c);
+        llama_config before = c;
+        errbuf err = {{0}};
+        int rc = parse_with(&c, cases[i].key, cases[i].value, &err);
+        if (rc != -1)
+            fail_msg("case %zu (%s = %s) was accepted", i, cases[i].key,
+                     cases[i].value ? cases[i].value : "absent");
+        expect_error(rc, &err, cases[i].needle);
+        expect_error(rc, &err, "test.json");
+        assert_memory_equal(&c, &before, sizeof c); /* untouched on error */
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_config_matches_checkpoint),
+        cmocka_unit_test(test_every_model_file_parses),
+        cmocka_unit_test(test_model_file_values),
+        cmocka_unit_test(test_param_list_order_and_shapes),
+        cmocka_unit_test(test_rope_spellings),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_save_round_trip),
+        cmocka_unit_test(test_rejects_bad_json),
+        cmocka_unit_test(test_rejects_bad_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
