@@ -1,0 +1,172 @@
+#include "tokens.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fileio.h"
+
+typedef struct tok_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t vocab_size;
+    uint64_t n_records;
+    uint64_t n_tokens;
+    uint32_t crc;
+    uint8_t reserved[28];
+} tok_header;
+_Static_assert(sizeof(tok_header) == TOK_HEADER_BYTES, "token-cache header is 64 bytes");
+
+static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+/* Total file size for a cache of this shape, or 0 when it would overflow. */
+static uint64_t tok_file_size(uint64_t n_records, uint64_t n_tokens) {
+    if (n_records > (UINT64_MAX - 64) / 8 - 1 || n_tokens > UINT64_MAX / 8) return 0;
+    return TOK_HEADER_BYTES + (n_records + 1) * 8 + n_tokens * 4 + pad8(n_tokens);
+}
+
+int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbuf *err) {
+    memset(c, 0, sizeof *c);
+    if (len < TOK_HEADER_BYTES)
+        return errf(err, "%s: %zu bytes is too short for a token cache header", name, len);
+    tok_header h;
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, TOK_MAGIC, 8) != 0)
+        return errf(err, "%s: not a token cache (bad magic)", name);
+    if (h.version != 1) return errf(err, "%s: token cache version %u is not supported", name, h.version);
+    if (h.vocab_size == 0 || h.vocab_size > INT32_MAX)
+        return errf(err, "%s: vocab_size %u out of range", name, h.vocab_size);
+    uint64_t want = tok_file_size(h.n_records, h.n_tokens);
+    if (want == 0 || want != len)
+        return errf(err, "%s: size %zu does not match %llu records / %llu tokens (expected %llu)",
+                    name, len, (unsigned long long)h.n_records, (unsigned long long)h.n_tokens,
+                    (unsigned long long)want);
+    const unsigned char *base = buf;
+    uint32_t crc = crc32c(0, base + TOK_HEADER_BYTES, len - TOK_HEADER_BYTES);
+    if (crc != h.crc) return errf(err, "%s: checksum mismatch (file corrupt)", name);
+
+    c->vocab_size = h.vocab_size;
+    c->n_records = h.n_records;
+    c->n_tokens = h.n_tokens;
+    c->offsets = (const uint64_t *)(base + TOK_HEADER_BYTES);
+    c->tokens = (const int32_t *)(base + TOK_HEADER_BYTES + (h.n_records + 1) * 8);
+    c->mask = (const uint8_t *)(c->tokens + h.n_tokens);
+    if (c->offsets[0] != 0 || c->offsets[h.n_records] != h.n_tokens)
+        return errf(err, "%s: record offsets do not span the tokens", name);
+    for (uint64_t r = 0; r < h.n_records; r++)
+        if (c->offsets[r + 1] < c->offsets[r])
+            return errf(err, "%s: record %llu has a negative length", name, (unsigned long long)r);
+    for (uint64_t i = 0; i < h.n_tokens; i++) {
+        if (c->tokens[i] < 0 || (uint32_t)c->tokens[i] >= h.vocab_size)
+            return errf(err, "%s: token %llu has id %d outside [0, %u)", name,
+                        (unsigned long long)i, c->tokens[i], h.vocab_size);
+        if (c->mask[i] > 1)
+            return errf(err, "%s: mask of token %llu is %u, not 0 or 1", name,
+                        (unsigned long long)i, c->mask[i]);
+    }
+    return 0;
+}
+
+int tok_open(tok_cache *c, const char *path, errbuf *err) {
+    void *map;
+    size_t len;
+    if (file_map_readonly(path, &map, &len, err) != 0) return -1;
+    if (tok_parse(c, map, len, path, err) != 0) {
+        if (len) munmap(map, len);
+        return -1;
+    }
+    c->map = map;
+    c->map_len = len;
+    c->path = strdup(path);
+    if (!c->path) {
+        tok_close(c);
+        return errf(err, "%s: out of memory", path);
+    }
+    return 0;
+}
+
+void tok_close(tok_cache *c) {
+    if (c->map && c->map_len) munmap(c->map, c->map_len);
+    free(c->path);
+    memset(c, 0, sizeof *c);
+}
+
+void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids, int32_t *labels) {
+    uint64_t begin = c->offsets[r], n = tok_record_len(c, r);
+    for (int t = 0; t < seq_len; t++) {
+        if ((uint64_t)t < n) {
+            input_ids[t] = c->tokens[begin + t];
+            labels[t] = c->mask[begin + t] ? c->tokens[begin + t] : -100;
+        } else {
+            input_ids[t] = 0;
+            labels[t] = -100;
+        }
+    }
+}
+
+void tok_writer_init(tok_writer *w, uint32_t vocab_size) {
+    memset(w, 0, sizeof *w);
+    w->vocab_size = vocab_size;
+}
+
+static int grow(void **p, uint64_t *cap, uint64_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    uint64_t n = *cap ? *cap : 1024;
+    while (n < need) n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+int tok_writer_add(tok_writer *w, const int32_t *tokens, const uint8_t *mask, uint64_t n,
+                   errbuf *err) {
+    for (uint64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= w->vocab_size)
+            return errf(err, "record %llu: token id %d outside [0, %u)",
+                        (unsigned long long)w->n_records, tokens[i], w->vocab_size);
+    uint64_t cap_mask = w->cap_tokens;
+    if (grow((void **)&w->offsets, &w->cap_records, w->n_records + 2, sizeof *w->offsets) ||
+        grow((void **)&w->tokens, &w->cap_tokens, w->n_tokens + n, sizeof *w->tokens) ||
+        grow((void **)&w->mask, &cap_mask, w->n_tokens + n, sizeof *w->mask))
+        return errf(err, "token cache: out of memory at %llu tokens",
+                    (unsigned long long)(w->n_tokens + n));
+    if (w->n_records == 0) w->offsets[0] = 0;
+    if (n) memcpy(w->tokens + w->n_tokens, tokens, n * sizeof *tokens);
+    for (uint64_t i = 0; i < n; i++) w->mask[w->n_tokens + i] = mask[i] ? 1 : 0;
+    w->n_tokens += n;
+    w->offsets[++w->n_records] = w->n_tokens;
+    return 0;
+}
+
+int tok_writer_save(const tok_writer *w, const char *path, errbuf *err) {
+    uint64_t zero_offset = 0;
+    const uint64_t *offsets = w->n_records ? w->offsets : &zero_offset;
+    static const unsigned char zeros[8];
+    size_t pad = pad8(w->n_tokens) - w->n_tokens;
+    const file_chunk body[] = {
+        {offsets, (w->n_records + 1) * sizeof *offsets},
+        {w->tokens, w->n_tokens * sizeof *w->tokens},
+        {w->mask, w->n_tokens},
+        {zeros, pad},
+    };
+    tok_header h = {.version = 1, .vocab_size = w->vocab_size, .n_records = w->n_records,
+                    .n_tokens = w->n_tokens};
+    memcpy(h.magic, TOK_MAGIC, 8);
+    for (size_t i = 0; i < sizeof body / sizeof body[0]; i++)
+        h.crc = crc32c(h.crc, body[i].data, body[i].len);
+    const file_chunk all[] = {{&h, sizeof h}, body[0], body[1], body[2], body[3]};
+    return file_write_atomic(path, all, sizeof all / sizeof all[0], err);
+}
+
+void tok_writer_free(tok_writer *w) {
+    free(w->offsets);
+    free(w->tokens);
+    free(w->mask);
+    memset(w, 0, sizeof *w);
+}

@@ -1,0 +1,77 @@
+/* tokens: the token-cache file, a tokenized dataset that fsdpd maps once per node.
+ *
+ * A cache holds records (documents or prompt/answer pairs): each a run of int32 token ids
+ * with a loss mask (1 = the token is a training target, 0 = context only, e.g. a prompt).
+ * Layout, all little-endian, every section 8-byte aligned:
+ *
+ *   offset 0   header (64 bytes)
+ *                char     magic[8]      "FSDPTOK1"
+ *                uint32   version       1
+ *                uint32   vocab_size    every token id is < vocab_size
+ *                uint64   n_records
+ *                uint64   n_tokens
+ *                uint32   crc32c        of everything after the header
+ *                uint8    reserved[28]  zero
+ *   64         uint64   offsets[n_records + 1]   record r is tokens[offsets[r] .. offsets[r+1])
+ *              int32    tokens[n_tokens]
+ *              uint8    mask[n_tokens], then zero padding to a multiple of 8
+ *
+ * Files are written atomically (tmp, fsync, rename) and validated on open: sizes, monotone
+ * offsets, token ids below vocab_size, checksum. */
+#ifndef FSDP_TOKENS_H
+#define FSDP_TOKENS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "crc32c.h"
+#include "errbuf.h"
+
+#define TOK_MAGIC "FSDPTOK1"
+#define TOK_HEADER_BYTES 64
+
+typedef struct tok_cache {
+    char *path;
+    void *map;
+    size_t map_len;
+    uint32_t vocab_size;
+    uint64_t n_records;
+    uint64_t n_tokens;
+    const uint64_t *offsets;
+    const int32_t *tokens;
+    const uint8_t *mask;
+} tok_cache;
+
+int tok_open(tok_cache *c, const char *path, errbuf *err);
+/* Validates a whole file image held in memory (the fuzzing entry point); views point
+ * into buf.  tok_close on such a cache frees only what tok_parse allocated. */
+int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbuf *err);
+void tok_close(tok_cache *c);
+
+/* A record's tokens and mask. */
+static inline uint64_t tok_record_len(const tok_cache *c, uint64_t r) {
+    return c->offsets[r + 1] - c->offsets[r];
+}
+
+/* Builds a cache in memory, then writes it. */
+typedef struct tok_writer {
+    uint32_t vocab_size;
+    uint64_t n_records, cap_records;
+    uint64_t *offsets;
+    uint64_t n_tokens, cap_tokens;
+    int32_t *tokens;
+    uint8_t *mask;
+} tok_writer;
+
+void tok_writer_init(tok_writer *w, uint32_t vocab_size);
+int tok_writer_add(tok_writer *w, const int32_t *tokens, const uint8_t *mask, uint64_t n,
+                   errbuf *err);
+int tok_writer_save(const tok_writer *w, const char *path, errbuf *err);
+void tok_writer_free(tok_writer *w);
+
+/* One training sample of seq_len positions from record r: its tokens, truncated or padded
+ * (pad id 0), and labels: the token where the mask is 1, else -100 (padding is -100).  The
+ * Hugging Face shift (position t predicts label t+1) happens in the loss, not here. */
+void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids, int32_t *labels);
+
+#endif

@@ -1,0 +1,160 @@
+/* Token cache and CRC32C. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto/crc32c.h"
+#include "proto/fileio.h"
+#include "proto/tokens.h"
+
+static char tmpdir[] = "/tmp/fsdp-test-tokens-XXXXXX";
+
+static void path_in_tmp(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", tmpdir, name);
+}
+
+static void test_crc32c_known_values(void **state) {
+    (void)state;
+    /* The standard check value of CRC-32C. */
+    assert_int_equal(crc32c(0, "123456789", 9), 0xE3069283u);
+    assert_int_equal(crc32c_portable(0, "123456789", 9), 0xE3069283u);
+    unsigned char buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 7 + 3);
+    for (size_t len = 0; len < sizeof buf; len += 37) {
+        assert_int_equal(crc32c(0, buf, len), crc32c_portable(0, buf, len));
+        /* chaining equals one pass */
+        uint32_t a = crc32c(crc32c(0, buf, len / 3), buf + len / 3, len - len / 3);
+        assert_int_equal(a, crc32c(0, buf, len));
+    }
+}
+
+/* Three records: a prompt/answer pair, a plain run, an empty record. */
+static void write_sample_cache(const char *path, tok_writer *w) {
+    errbuf err;
+    tok_writer_init(w, 100);
+    int32_t a[] = {1, 5, 6, 3, 7, 8, 2};
+    uint8_t am[] = {0, 0, 0, 0, 1, 1, 1};
+    int32_t b[] = {9, 10, 11};
+    uint8_t bm[] = {1, 1, 1};
+    assert_int_equal(tok_writer_add(w, a, am, 7, &err), 0);
+    assert_int_equal(tok_writer_add(w, b, bm, 3, &err), 0);
+    assert_int_equal(tok_writer_add(w, NULL, NULL, 0, &err), 0);
+    assert_int_equal(tok_writer_save(w, path, &err), 0);
+}
+
+static void test_round_trip_and_samples(void **state) {
+    (void)state;
+    char path[512];
+    path_in_tmp(path, sizeof path, "a.tok");
+    tok_writer w;
+    write_sample_cache(path, &w);
+    tok_writer_free(&w);
+
+    tok_cache c;
+    errbuf err;
+    assert_int_equal(tok_open(&c, path, &err), 0);
+    assert_int_equal(c.n_records, 3);
+    assert_int_equal(c.n_tokens, 10);
+    assert_int_equal(c.vocab_size, 100);
+    assert_int_equal(tok_record_len(&c, 0), 7);
+    assert_int_equal(tok_record_len(&c, 2), 0);
+
+    int32_t ids[9], labels[9];
+    tok_sample(&c, 0, 9, ids, labels);
+    int32_t want_ids[] = {1, 5, 6, 3, 7, 8, 2, 0, 0};
+    int32_t want_labels[] = {-100, -100, -100, -100, 7, 8, 2, -100, -100};
+    assert_memory_equal(ids, want_ids, sizeof ids);
+    assert_memory_equal(labels, want_labels, sizeof labels);
+    tok_sample(&c, 1, 2, ids, labels); /* truncated */
+    assert_int_equal(ids[0], 9);
+    assert_int_equal(ids[1], 10);
+    assert_int_equal(labels[1], 10);
+    tok_close(&c);
+}
+
+static void test_writer_rejects_bad_token(void **state) {
+    (void)state;
+    tok_writer w;
+    errbuf err;
+    tok_writer_init(&w, 50);
+    int32_t t[] = {3, 50};
+    uint8_t m[] = {1, 1};
+    assert_int_equal(tok_writer_add(&w, t, m, 2, &err), -1);
+    assert_non_null(strstr(err.msg, "50"));
+    tok_writer_free(&w);
+}
+
+/* Loads the sample file into memory for corruption tests. */
+static unsigned char *load_sample(size_t *len) {
+    char path[512];
+    path_in_tmp(path, sizeof path, "b.tok");
+    tok_writer w;
+    write_sample_cache(path, &w);
+    tok_writer_free(&w);
+    char *buf;
+    errbuf err;
+    assert_int_equal(file_read_all(path, 1 << 20, &buf, len, &err), 0);
+    return (unsigned char *)buf;
+}
+
+static void expect_reject(const unsigned char *buf, size_t len, const char *needle) {
+    tok_cache c;
+    errbuf err;
+    assert_int_equal(tok_parse(&c, buf, len, "bad.tok", &err), -1);
+    if (!strstr(err.msg, needle)) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    assert_non_null(strstr(err.msg, "bad.tok"));
+}
+
+static void test_rejects_corruption(void **state) {
+    (void)state;
+    size_t len;
+    unsigned char *buf = load_sample(&len);
+    tok_cache c;
+    errbuf err;
+    assert_int_equal(tok_parse(&c, buf, len, "ok.tok", &err), 0);
+    tok_close(&c);
+
+    expect_reject(buf, 10, "too short");
+    expect_reject(buf, len - 8, "size");
+    unsigned char *copy = malloc(len);
+    memcpy(copy, buf, len);
+    copy[0] = 'X';
+    expect_reject(copy, len, "magic");
+    memcpy(copy, buf, len);
+    copy[len - 20] ^= 1; /* a token's bits */
+    expect_reject(copy, len, "checksum");
+    memcpy(copy, buf, len);
+    copy[8] = 2; /* version */
+    expect_reject(copy, len, "version");
+    free(copy);
+    free(buf);
+}
+
+static int setup(void **state) {
+    (void)state;
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc32c_known_values),
+        cmocka_unit_test(test_round_trip_and_samples),
+        cmocka_unit_test(test_writer_rejects_bad_token),
+        cmocka_unit_test(test_rejects_corruption),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
