@@ -1,0 +1,1122 @@
+#include "job.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+/* Choice keys are stored through an int pointer. */
+_Static_assert(sizeof(job_init) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_dtype) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_data_format) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_bad_record) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_train_type) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_schedule) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_sharding) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_act_ckpt) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
+
+/* Values the job file accepts whose feature is not built yet; they are rejected with
+ * "<key>: '<value>' is not built yet".  A NULL value means any value but the default (and
+ * makes the key's recipe alias, if any, unavailable).  Delete a line when its feature
+ * lands. */
+static const struct not_built {
+    const char *key, *value;
+} not_built[] = {
+    {"data.format", "alpaca"},
+    {"data.format", "chat"},
+    {"data.format", "text"},
+    {"data.template", NULL},
+    {"train.type", "lora"},
+    {"train.type", "qlora"},
+    {"lora.rank", NULL},
+    {"lora.alpha", NULL},
+    {"lora.dropout", NULL},
+    {"lora.targets", NULL},
+    {"fsdp.sharding", "shard_grad_op"},
+    {"fsdp.sharding", "hybrid_shard"},
+    {"fsdp.activation_checkpointing", "selective"},
+    {"fsdp.cpu_offload", "true"},
+    {"output.consolidate", "true"},
+    {"runtime.backend", "cuda"},
+};
+
+typedef enum key_type {
+    K_INT,     /* int, range [min, max] */
+    K_I64,     /* int64_t, range [min, max] */
+    K_DOUBLE,  /* double, range with open or closed ends */
+    K_BOOL,    /* bool */
+    K_STRING,  /* char[size]; min is the minimum length */
+    K_CHOICE,  /* an enum stored as int, named by `choices` */
+    K_SIZE,    /* int64_t bytes: an integer, or a string such as "5GB" or "512MiB" */
+    K_BETAS,   /* double[2], each in [0, 1) */
+    K_TARGETS, /* lora.targets: a list of projection names */
+    K_RESUME,  /* checkpoint.resume and checkpoint.resume_step */
+} key_type;
+
+typedef struct choice {
+    const char *name;
+    int value;
+} choice;
+
+typedef struct job_key {
+    const char *section, *name;
+    key_type type;
+    size_t offset, size;
+    double min, max;
+    bool open_min, open_max;
+    const choice *choices; /* K_CHOICE: ended by a NULL name */
+} job_key;
+
+#define FIELD(f) offsetof(job_config, f), sizeof(((job_config *)0)->f)
+#define RANGE(s, k, t, f, lo, hi, open_lo, open_hi) \
+    {s, k, t, FIELD(f), lo, hi, open_lo, open_hi, NULL}
+#define NUM(s, k, t, f, lo, hi) RANGE(s, k, t, f, lo, hi, false, false)
+#define STR(s, k, f, min_len) RANGE(s, k, K_STRING, f, min_len, 0, false, false)
+#define CHOICE(s, k, f, list) {s, k, K_CHOICE, FIELD(f), 0, 0, false, false, list}
+#define OTHER(s, k, t, f) RANGE(s, k, t, f, 0, 0, false, false)
+
+static const choice init_choices[] = {
+    {"", JOB_INIT_PRETRAINED}, {"random", JOB_INIT_RANDOM}, {NULL, 0}};
+static const choice model_dtype_choices[] = {
+    {"auto", JOB_DTYPE_AUTO}, {"f32", JOB_DTYPE_F32}, {"bf16", JOB_DTYPE_BF16}, {NULL, 0}};
+static const choice output_dtype_choices[] = {
+    {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
+static const choice format_choices[] = {
+    {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
+    {"tokens", JOB_DATA_TOKENS}, {NULL, 0}};
+static const choice bad_record_choices[] = {
+    {"skip", JOB_BAD_RECORD_SKIP}, {"fail", JOB_BAD_RECORD_FAIL}, {NULL, 0}};
+static const choice train_type_choices[] = {
+    {"full", JOB_TRAIN_FULL}, {"lora", JOB_TRAIN_LORA}, {"qlora", JOB_TRAIN_QLORA}, {NULL, 0}};
+static const choice schedule_choices[] = {
+    {"constant", JOB_SCHEDULE_CONSTANT}, {"linear", JOB_SCHEDULE_LINEAR},
+    {"cosine", JOB_SCHEDULE_COSINE}, {NULL, 0}};
+static const choice sharding_choices[] = {
+    {"full_shard", JOB_SHARD_FULL}, {"shard_grad_op", JOB_SHARD_GRAD_OP},
+    {"no_shard", JOB_SHARD_NONE}, {"hybrid_shard", JOB_SHARD_HYBRID}, {NULL, 0}};
+static const choice act_ckpt_choices[] = {
+    {"none", JOB_ACT_CKPT_NONE}, {"full", JOB_ACT_CKPT_FULL},
+    {"selective", JOB_ACT_CKPT_SELECTIVE}, {NULL, 0}};
+static const choice backend_choices[] = {
+    {"auto", JOB_BACKEND_AUTO}, {"cuda", JOB_BACKEND_CUDA}, {"cpu", JOB_BACKEND_CPU}, {NULL, 0}};
+
+static const char *const lora_modules[] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+static const char *const sections[] = {
+    "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime"};
+
+/* Every key of the job file, in the order job_to_json writes them. */
+static const job_key keys[] = {
+    STR("model", "path", model.path, 0),
+    CHOICE("model", "init", model.init, init_choices),
+    STR("model", "config", model.config, 0),
+    CHOICE("model", "dtype", model.dtype, model_dtype_choices),
+
+    STR("data", "path", data.path, 0),
+    CHOICE("data", "format", data.format, format_choices),
+    STR("data", "template", data.template_name, 0),
+    NUM("data", "seq_len", K_INT, data.seq_len, 2, 1 << 20),
+    OTHER("data", "packing", K_BOOL, data.packing),
+    RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
+    CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
+
+    CHOICE("train", "type", train.type, train_type_choices),
+    NUM("train", "global_batch", K_INT, train.global_batch, 1, INT_MAX),
+    NUM("train", "micro_batch", K_INT, train.micro_batch, 1, 1 << 20),
+    NUM("train", "max_steps", K_INT, train.max_steps, 0, INT_MAX),
+    NUM("train", "epochs", K_INT, train.epochs, 1, 1000000),
+    NUM("train", "lr", K_DOUBLE, train.lr, 0, INFINITY),
+    CHOICE("train", "schedule", train.schedule, schedule_choices),
+    NUM("train", "warmup_steps", K_INT, train.warmup_steps, 0, INT_MAX),
+    NUM("train", "min_lr", K_DOUBLE, train.min_lr, 0, INFINITY),
+    NUM("train", "weight_decay", K_DOUBLE, train.weight_decay, 0, INFINITY),
+    RANGE("train", "betas", K_BETAS, train.betas, 0, 1, false, true),
+    RANGE("train", "eps", K_DOUBLE, train.eps, 0, INFINITY, true, false),
+    NUM("train", "clip_norm", K_DOUBLE, train.clip_norm, 0, INFINITY),
+    NUM("train", "seed", K_I64, train.seed, 0, INFINITY),
+
+    NUM("lora", "rank", K_INT, lora.rank, 1, 65536),
+    RANGE("lora", "alpha", K_DOUBLE, lora.alpha, 0, INFINITY, true, false),
+    RANGE("lora", "dropout", K_DOUBLE, lora.dropout, 0, 1, false, true),
+    OTHER("lora", "targets", K_TARGETS, lora.targets),
+
+    CHOICE("fsdp", "sharding", fsdp.sharding, sharding_choices),
+    CHOICE("fsdp", "activation_checkpointing", fsdp.activation_checkpointing, act_ckpt_choices),
+    OTHER("fsdp", "cpu_offload", K_BOOL, fsdp.cpu_offload),
+    OTHER("fsdp", "forward_prefetch", K_BOOL, fsdp.forward_prefetch),
+    OTHER("fsdp", "backward_prefetch", K_BOOL, fsdp.backward_prefetch),
+
+    STR("checkpoint", "dir", checkpoint.dir, 1),
+    NUM("checkpoint", "interval_steps", K_INT, checkpoint.interval_steps, 0, INT_MAX),
+    NUM("checkpoint", "keep", K_INT, checkpoint.keep, 1, INT_MAX),
+    OTHER("checkpoint", "async", K_BOOL, checkpoint.async),
+    NUM("checkpoint", "timeout_s", K_INT, checkpoint.timeout_s, 1, INT_MAX),
+    OTHER("checkpoint", "resume", K_RESUME, checkpoint.resume),
+
+    STR("output", "dir", output.dir, 1),
+    CHOICE("output", "dtype", output.dtype, output_dtype_choices),
+    OTHER("output", "shard_size", K_SIZE, output.shard_size),
+    OTHER("output", "consolidate", K_BOOL, output.consolidate),
+
+    CHOICE("runtime", "backend", runtime.backend, backend_choices),
+    NUM("runtime", "workers_per_node", K_INT, runtime.workers_per_node, 0, 1024),
+    NUM("runtime", "heartbeat_s", K_INT, runtime.heartbeat_s, 1, INT_MAX),
+    NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
+    NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
+    STR("runtime", "status_socket", runtime.status_socket, 0),
+    STR("runtime", "metrics", runtime.metrics, 0),
+    NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The recipe flags users know; key NULL is --gradient_accumulation_steps. */
+static const struct alias {
+    const char *name, *key;
+} aliases[] = {
+    {"train_type", "train.type"},
+    {"batch_size", "train.micro_batch"},
+    {"gradient_accumulation_steps", NULL},
+    {"output_dir", "output.dir"},
+    {"lr", "train.lr"},
+    {"lora_rank", "lora.rank"},
+    {"lora_alpha", "lora.alpha"},
+    {"context_length", "data.seq_len"},
+    {"num_epochs", "train.epochs"},
+    {"max_steps", "train.max_steps"},
+    {"dataset", "data.path"},
+};
+
+void job_defaults(job_config *j) {
+    memset(j, 0, sizeof *j);
+    j->model.init = JOB_INIT_PRETRAINED;
+    j->model.dtype = JOB_DTYPE_AUTO;
+
+    j->data.format = JOB_DATA_TOKENS;
+    j->data.seq_len = 512;
+    j->data.packing = true;
+    j->data.eval_fraction = 0;
+    j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
+
+    j->train.type = JOB_TRAIN_FULL;
+    j->train.global_batch = 8;
+    j->train.micro_batch = 1;
+    j->train.max_steps = 0;
+    j->train.epochs = 1;
+    j->train.lr = 2e-5;
+    j->train.schedule = JOB_SCHEDULE_COSINE;
+    j->train.warmup_steps = 0;
+    j->train.min_lr = 0;
+    j->train.weight_decay = 0;
+    j->train.betas[0] = 0.9;
+    j->train.betas[1] = 0.999;
+    j->train.eps = 1e-8;
+    j->train.clip_norm = 1.0;
+    j->train.seed = 42;
+
+    j->lora.rank = 8;
+    j->lora.alpha = 16;
+    j->lora.dropout = 0.05;
+    j->lora.n_targets = 4;
+    for (int i = 0; i < 4; i++) strcpy(j->lora.targets[i], lora_modules[i]);
+
+    j->fsdp.sharding = JOB_SHARD_FULL;
+    j->fsdp.activation_checkpointing = JOB_ACT_CKPT_NONE;
+    j->fsdp.cpu_offload = false;
+    j->fsdp.forward_prefetch = true;
+    j->fsdp.backward_prefetch = true;
+
+    strcpy(j->checkpoint.dir, "checkpoints");
+    j->checkpoint.interval_steps = 0;
+    j->checkpoint.keep = 2;
+    j->checkpoint.async = true;
+    j->checkpoint.timeout_s = 600;
+    j->checkpoint.resume = JOB_RESUME_AUTO;
+
+    strcpy(j->output.dir, "output");
+    j->output.dtype = JOB_DTYPE_BF16;
+    j->output.shard_size = 5000000000LL;
+    j->output.consolidate = false; /* becomes true when consolidation is built */
+
+    j->runtime.backend = JOB_BACKEND_AUTO;
+    j->runtime.workers_per_node = 0;
+    j->runtime.heartbeat_s = 10;
+    j->runtime.max_restarts = 0;
+    j->runtime.stop_grace_s = 30;
+    j->runtime.comm_timeout_s = 600;
+}
+
+/* ---- looking keys up, and suggesting the one that was meant ---- */
+
+static bool is_section(const char *name) {
+    for (size_t i = 0; i < COUNT(sections); i++)
+        if (strcmp(sections[i], name) == 0) return true;
+    return false;
+}
+
+static const job_key *find_key(const char *section, const char *name) {
+    for (size_t i = 0; i < COUNT(keys); i++)
+        if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].name, name) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+/* "section.key" */
+static const job_key *find_full_key(const char *full) {
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        size_t n = strlen(keys[i].section);
+        if (strncmp(full, keys[i].section, n) == 0 && full[n] == '.' &&
+            strcmp(full + n + 1, keys[i].name) == 0)
+            return &keys[i];
+    }
+    return NULL;
+}
+
+/* Levenshtein distance; names longer than 63 bytes are never close to ours. */
+static int edit_distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 63 || nb > 63) return INT_MAX;
+    int prev[64], cur[64];
+    for (size_t j = 0; j <= nb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof prev);
+    }
+    return prev[nb];
+}
+
+/* Keeps `candidate` in *best when it is the closest to `word` so far and close enough to
+ * be a typo of it (about one edit per three characters). */
+static void consider(const char *word, const char *candidate, const char **best, int *best_d) {
+    int d = edit_distance(word, candidate);
+    if (d <= (int)strlen(candidate) / 3 + 1 && d < *best_d) {
+        *best = candidate;
+        *best_d = d;
+    }
+}
+
+static int unknown_section(const char *name, errbuf *err) {
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (size_t i = 0; i < COUNT(sections); i++) consider(name, sections[i], &best, &best_d);
+    if (best) return errf(err, "%s: unknown section (did you mean %s?)", name, best);
+    return errf(err, "%s: unknown section (sections: model, data, train, lora, fsdp, "
+                     "checkpoint, output, runtime)", name);
+}
+
+static int unknown_key(const char *section, const char *name, errbuf *err) {
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    char list[512] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        if (strcmp(keys[i].section, section) != 0) continue;
+        consider(name, keys[i].name, &best, &best_d);
+        int n = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", keys[i].name);
+        if (n > 0 && (size_t)n < sizeof list - used) used += (size_t)n;
+    }
+    if (best)
+        return errf(err, "%s.%s: unknown key (did you mean %s.%s?)", section, name, section,
+                    best);
+    return errf(err, "%s.%s: unknown key (%s has: %s)", section, name, section, list);
+}
+
+/* ---- reading one value ---- */
+
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "a list";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "an unknown value";
+}
+
+static int wrong_type(const job_key *k, const char *expected, const json_t *v, errbuf *err) {
+    return errf(err, "%s.%s: expected %s, got %s", k->section, k->name, expected, json_kind(v));
+}
+
+static bool in_range(const job_key *k, double x) {
+    if (isnan(x)) return false;
+    if (k->open_min ? x <= k->min : x < k->min) return false;
+    if (k->open_max ? x >= k->max : x > k->max) return false;
+    return true;
+}
+
+/* "must be >= 0", "must be in [0, 1)" */
+static void describe_range(const job_key *k, char *buf, size_t size) {
+    if (isinf(k->max))
+        snprintf(buf, size, "must be %s %.15g", k->open_min ? ">" : ">=", k->min);
+    else
+        snprintf(buf, size, "must be in %c%.15g, %.15g%c", k->open_min ? '(' : '[', k->min,
+                 k->max, k->open_max ? ')' : ']');
+}
+
+static int set_integer(void *field, const job_key *k, const json_t *v, errbuf *err) {
+    if (!json_is_integer(v)) return wrong_type(k, "an integer", v, err);
+    json_int_t x = json_integer_value(v);
+    if (!in_range(k, (double)x)) {
+        char range[96];
+        describe_range(k, range, sizeof range);
+        return errf(err, "%s.%s: %lld is out of range (%s)", k->section, k->name, (long long)x,
+                    range);
+    }
+    if (k->type == K_INT) *(int *)field = (int)x;
+    else *(int64_t *)field = x;
+    return 0;
+}
+
+/* `what` names the key, or an element of it ("train.betas[1]"). */
+static int read_real(const job_key *k, const char *what, const json_t *v, double *out,
+                     errbuf *err) {
+    if (!json_is_number(v)) return wrong_type(k, "a number", v, err);
+    double x = json_number_value(v);
+    if (!in_range(k, x)) {
+        char range[96];
+        describe_range(k, range, sizeof range);
+        return errf(err, "%s: %.15g is out of range (%s)", what, x, range);
+    }
+    *out = x;
+    return 0;
+}
+
+static int set_string(char *field, const job_key *k, const json_t *v, errbuf *err) {
+    if (!json_is_string(v)) return wrong_type(k, "a string", v, err);
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (strlen(s) != n) return errf(err, "%s.%s: contains a NUL character", k->section, k->name);
+    if (n >= k->size)
+        return errf(err, "%s.%s: %zu bytes is too long (at most %zu)", k->section, k->name, n,
+                    k->size - 1);
+    if ((double)n < k->min) return errf(err, "%s.%s: must not be empty", k->section, k->name);
+    memset(field, 0, k->size);
+    memcpy(field, s, n);
+    return 0;
+}
+
+static void choice_list(const choice *c, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (; c->name; c++) {
+        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "",
+                         c->name[0] ? c->name : "\"\"");
+        if (n < 0 || (size_t)n >= size - used) return;
+        used += (size_t)n;
+    }
+}
+
+static int set_choice(int *field, const job_key *k, const json_t *v, errbuf *err) {
+    if (!json_is_string(v)) return wrong_type(k, "a string", v, err);
+    const char *s = json_string_value(v);
+    for (const choice *c = k->choices; c->name; c++) {
+        if (strcmp(c->name, s) == 0) {
+            *field = c->value;
+            return 0;
+        }
+    }
+    char list[256];
+    choice_list(k->choices, list, sizeof list);
+    return errf(err, "%s.%s: unknown choice '%s' (valid: %s)", k->section, k->name, s, list);
+}
+
+/* "5GB" = 5 * 1000^3 bytes, "5GiB" = 5 * 1024^3; the suffix is case-insensitive and a bare
+ * number is bytes. */
+static int parse_size(const char *s, int64_t *out) {
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
+        {"TB", 1000000000000LL}, {"KiB", 1LL << 10}, {"MiB", 1LL << 20}, {"GiB", 1LL << 30},
+        {"TiB", 1LL << 40},
+    };
+    int64_t n = 0;
+    const char *p = s;
+    if (!isdigit((unsigned char)*p)) return -1;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (n > (INT64_MAX - 9) / 10) return -1;
+        n = n * 10 + (*p - '0');
+    }
+    for (size_t i = 0; i < COUNT(units); i++) {
+        if (strcasecmp(p, units[i].suffix) != 0) continue;
+        if (n > INT64_MAX / units[i].mult) return -1;
+        *out = n * units[i].mult;
+        return 0;
+    }
+    return -1;
+}
+
+static int set_size(int64_t *field, const job_key *k, const json_t *v, errbuf *err) {
+    int64_t bytes;
+    if (json_is_integer(v)) {
+        bytes = json_integer_value(v);
+    } else if (json_is_string(v)) {
+        if (parse_size(json_string_value(v), &bytes) != 0)
+            return errf(err, "%s.%s: '%s' is not a size (bytes, or a number followed by KB, MB, "
+                             "GB, TB, KiB, MiB, GiB or TiB)", k->section, k->name,
+                        json_string_value(v));
+    } else {
+        return wrong_type(k, "a size (bytes, or a string such as \"5GB\")", v, err);
+    }
+    if (bytes < 1)
+        return errf(err, "%s.%s: %lld is out of range (must be >= 1 byte)", k->section, k->name,
+                    (long long)bytes);
+    *field = bytes;
+    return 0;
+}
+
+static int set_betas(double *field, const job_key *k, const json_t *v, errbuf *err) {
+    if (!json_is_array(v) || json_array_size(v) != 2)
+        return errf(err, "%s.%s: expected a list of two numbers, got %s%s", k->section, k->name,
+                    json_kind(v), json_is_array(v) ? " of another length" : "");
+    double b[2];
+    for (size_t i = 0; i < 2; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s.%s[%zu]", k->section, k->name, i);
+        if (read_real(k, what, json_array_get(v, i), &b[i], err)) return -1;
+    }
+    field[0] = b[0];
+    field[1] = b[1];
+    return 0;
+}
+
+static int set_targets(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    size_t n = json_is_array(v) ? json_array_size(v) : 0;
+    if (!json_is_array(v) || n == 0 || n > JOB_MAX_TARGETS)
+        return errf(err, "%s.%s: expected a list of 1 to %d module names, got %s", k->section,
+                    k->name, JOB_MAX_TARGETS, json_is_array(v) ? "an empty list" : json_kind(v));
+    char names[JOB_MAX_TARGETS][JOB_NAME_MAX];
+    memset(names, 0, sizeof names);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_string(e))
+            return errf(err, "%s.%s[%zu]: expected a string, got %s", k->section, k->name, i,
+                        json_kind(e));
+        const char *s = json_string_value(e);
+        bool known = false;
+        for (size_t m = 0; m < COUNT(lora_modules); m++) known |= strcmp(s, lora_modules[m]) == 0;
+        if (!known)
+            return errf(err, "%s.%s[%zu]: unknown module '%s' (valid: q_proj, k_proj, v_proj, "
+                             "o_proj, gate_proj, up_proj, down_proj)", k->section, k->name, i, s);
+        for (size_t p = 0; p < i; p++)
+            if (strcmp(names[p], s) == 0)
+                return errf(err, "%s.%s[%zu]: '%s' is listed twice", k->section, k->name, i, s);
+        snprintf(names[i], JOB_NAME_MAX, "%s", s);
+    }
+    memcpy(j->lora.targets, names, sizeof names);
+    j->lora.n_targets = (int)n;
+    return 0;
+}
+
+static int set_resume(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    if (!json_is_string(v)) return wrong_type(k, "a string", v, err);
+    const char *s = json_string_value(v);
+    static const choice modes[] = {
+        {"auto", JOB_RESUME_AUTO}, {"never", JOB_RESUME_NEVER}, {"latest", JOB_RESUME_LATEST}};
+    for (size_t i = 0; i < COUNT(modes); i++) {
+        if (strcmp(s, modes[i].name) == 0) {
+            j->checkpoint.resume = (job_resume)modes[i].value;
+            j->checkpoint.resume_step = 0;
+            return 0;
+        }
+    }
+    int64_t step = 0;
+    const char *p = s + 5;
+    bool ok = strncmp(s, "step-", 5) == 0 && isdigit((unsigned char)*p);
+    for (; ok && *p; p++) {
+        ok = isdigit((unsigned char)*p) && step <= (INT64_MAX - 9) / 10;
+        step = step * 10 + (*p - '0');
+    }
+    if (!ok)
+        return errf(err, "%s.%s: unknown choice '%s' (valid: auto, never, latest, step-N)",
+                    k->section, k->name, s);
+    j->checkpoint.resume = JOB_RESUME_STEP;
+    j->checkpoint.resume_step = step;
+    return 0;
+}
+
+static int set_key(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    char *field = (char *)j + k->offset;
+    char what[128];
+    snprintf(what, sizeof what, "%s.%s", k->section, k->name);
+    switch (k->type) {
+    case K_INT:
+    case K_I64: return set_integer(field, k, v, err);
+    case K_DOUBLE: return read_real(k, what, v, (double *)field, err);
+    case K_BOOL:
+        if (!json_is_boolean(v)) return wrong_type(k, "true or false", v, err);
+        *(bool *)field = json_is_true(v);
+        return 0;
+    case K_STRING: return set_string(field, k, v, err);
+    case K_CHOICE: return set_choice((int *)field, k, v, err);
+    case K_SIZE: return set_size((int64_t *)field, k, v, err);
+    case K_BETAS: return set_betas((double *)field, k, v, err);
+    case K_TARGETS: return set_targets(j, k, v, err);
+    case K_RESUME: return set_resume(j, k, v, err);
+    }
+    return errf(err, "%s: unknown key type %d", what, (int)k->type);
+}
+
+/* ---- writing one value ---- */
+
+static json_t *oom(errbuf *err) {
+    errf(err, "out of memory");
+    return NULL;
+}
+
+static json_t *get_real(const job_key *k, double x, errbuf *err) {
+    if (!isfinite(x)) {
+        errf(err, "%s.%s: %g is not a finite number", k->section, k->name, x);
+        return NULL;
+    }
+    json_t *v = json_real(x);
+    return v ? v : oom(err);
+}
+
+/* The key's value as JSON (a new reference), or NULL when the struct holds something no
+ * job file could express. */
+static json_t *get_key(const job_config *j, const job_key *k, errbuf *err) {
+    const char *field = (const char *)j + k->offset;
+    json_t *v = NULL;
+    switch (k->type) {
+    case K_INT: v = json_integer(*(const int *)field); break;
+    case K_I64:
+    case K_SIZE: v = json_integer(*(const int64_t *)field); break;
+    case K_DOUBLE: return get_real(k, *(const double *)field, err);
+    case K_BOOL: v = json_boolean(*(const bool *)field); break;
+    case K_STRING:
+        v = json_stringn(field, strnlen(field, k->size));
+        if (!v) {
+            errf(err, "%s.%s: not valid UTF-8", k->section, k->name);
+            return NULL;
+        }
+        return v;
+    case K_CHOICE:
+        for (const choice *c = k->choices; c->name; c++)
+            if (c->value == *(const int *)field) v = json_string(c->name);
+        if (!v) {
+            errf(err, "%s.%s: invalid value %d", k->section, k->name, *(const int *)field);
+            return NULL;
+        }
+        return v;
+    case K_BETAS:
+        v = json_array();
+        for (int i = 0; v && i < 2; i++) {
+            json_t *b = get_real(k, ((const double *)field)[i], err);
+            if (!b || json_array_append_new(v, b)) {
+                json_decref(v);
+                return NULL;
+            }
+        }
+        break;
+    case K_TARGETS:
+        v = json_array();
+        for (int i = 0; v && i < j->lora.n_targets && i < JOB_MAX_TARGETS; i++) {
+            const char *name = j->lora.targets[i];
+            if (json_array_append_new(v, json_stringn(name, strnlen(name, JOB_NAME_MAX)))) {
+                json_decref(v);
+                v = NULL;
+            }
+        }
+        break;
+    case K_RESUME: {
+        static const char *const names[] = {"auto", "never", "latest"};
+        char buf[32];
+        if (j->checkpoint.resume == JOB_RESUME_STEP)
+            snprintf(buf, sizeof buf, "step-%lld", (long long)j->checkpoint.resume_step);
+        else if ((unsigned)j->checkpoint.resume < COUNT(names))
+            snprintf(buf, sizeof buf, "%s", names[j->checkpoint.resume]);
+        else {
+            errf(err, "%s.%s: invalid value %d", k->section, k->name, (int)j->checkpoint.resume);
+            return NULL;
+        }
+        v = json_string(buf);
+        break;
+    }
+    }
+    return v ? v : oom(err);
+}
+
+/* ---- features not built yet ---- */
+
+static bool key_is(const job_key *k, const char *full) {
+    size_t n = strlen(k->section);
+    return strncmp(full, k->section, n) == 0 && full[n] == '.' &&
+           strcmp(full + n + 1, k->name) == 0;
+}
+
+/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd. */
+static char *value_text(const json_t *v) {
+    if (json_is_string(v)) return strdup(json_string_value(v));
+    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+}
+
+static int check_built(const job_config *j, const job_key *k, errbuf *err) {
+    for (size_t i = 0; i < COUNT(not_built); i++) {
+        if (!key_is(k, not_built[i].key)) continue;
+        json_t *v = get_key(j, k, err);
+        if (!v) return -1;
+        char *text = value_text(v);
+        bool hit;
+        if (!text) {
+            json_decref(v);
+            return errf(err, "out of memory");
+        }
+        if (not_built[i].value) {
+            hit = strcmp(text, not_built[i].value) == 0;
+        } else {
+            job_config d;
+            job_defaults(&d);
+            json_t *dv = get_key(&d, k, err);
+            hit = !json_equal(v, dv);
+            json_decref(dv);
+        }
+        json_decref(v);
+        if (hit) {
+            errf(err, "%s.%s: '%s' is not built yet", k->section, k->name, text);
+            free(text);
+            return -1;
+        }
+        free(text);
+    }
+    return 0;
+}
+
+/* Sets a key from JSON: type, range, choice and not-built checks.  On error *j is left
+ * as it was. */
+static int assign(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    json_t *old = get_key(j, k, err);
+    if (!old) return -1;
+    int rc = set_key(j, k, v, err);
+    if (rc == 0 && check_built(j, k, err) != 0) {
+        errbuf ignored;
+        set_key(j, k, old, &ignored); /* the value it had passed these checks before */
+        rc = -1;
+    }
+    json_decref(old);
+    return rc;
+}
+
+/* ---- job files ---- */
+
+static int apply_object(job_config *j, const json_t *root, bool strict, errbuf *err) {
+    if (!json_is_object(root))
+        return errf(err, "expected a JSON object at the top level, got %s", json_kind(root));
+    const char *sname, *kname;
+    json_t *section, *value;
+    json_object_foreach((json_t *)root, sname, section) {
+        if (!is_section(sname)) return unknown_section(sname, err);
+        if (!json_is_object(section))
+            return errf(err, "%s: expected an object, got %s", sname, json_kind(section));
+        json_object_foreach(section, kname, value) {
+            const job_key *k = find_key(sname, kname);
+            if (!k) return unknown_key(sname, kname, err);
+            if (assign(j, k, value, err)) return -1;
+        }
+    }
+    for (size_t i = 0; strict && i < COUNT(keys); i++) {
+        const json_t *s = json_object_get(root, keys[i].section);
+        if (!json_object_get(s, keys[i].name))
+            return errf(err, "%s.%s: missing (a resolved config carries every key)",
+                        keys[i].section, keys[i].name);
+    }
+    return 0;
+}
+
+static int parse(job_config *j, const char *json, size_t len, const char *name, bool strict,
+                 errbuf *err) {
+    job_defaults(j);
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return errf(err, "%s:%d:%d: %s", name, je.line, je.column, je.text);
+    int rc = apply_object(j, root, strict, err);
+    json_decref(root);
+    if (rc) return errprefix(err, "%s", name);
+    return 0;
+}
+
+int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
+                   errbuf *err) {
+    return parse(j, json, len, name, false, err);
+}
+
+int job_parse(job_config *j, const char *json, size_t len, errbuf *err) {
+    return parse(j, json, len, "CONFIG", true, err);
+}
+
+static int read_file(const char *path, char **out, size_t *out_len, errbuf *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return errf(err, "%s: %s", path, strerror(errno));
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    int rc = 0;
+    for (;;) {
+        if (n == cap) {
+            if (cap > JOB_FILE_MAX) {
+                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
+                break;
+            }
+            char *bigger = realloc(buf, cap ? cap * 2 : 4096);
+            if (!bigger) {
+                rc = errf(err, "%s: out of memory", path);
+                break;
+            }
+            buf = bigger;
+            cap = cap ? cap * 2 : 4096;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) rc = errf(err, "%s: read error", path);
+            else if (n > JOB_FILE_MAX)
+                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *out_len = n;
+    return 0;
+}
+
+int job_load(job_config *j, const char *path, errbuf *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (read_file(path, &text, &len, err)) return -1;
+    int rc = job_parse_text(j, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+/* ---- command-line overrides ---- */
+
+static bool parse_integer(const char *s, long long *out) {
+    char *end;
+    if (!*s || isspace((unsigned char)*s)) return false;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || *end) return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_real(const char *s, double *out) {
+    char *end;
+    if (!*s || isspace((unsigned char)*s)) return false;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || *end || !isfinite(x)) return false;
+    *out = x;
+    return true;
+}
+
+/* One item of a comma-separated list. */
+static json_t *list_item(const job_key *k, const char *p, size_t n, errbuf *err) {
+    char item[64];
+    if (n >= sizeof item) {
+        errf(err, "%s.%s: list item '%.*s' is too long", k->section, k->name, (int)n, p);
+        return NULL;
+    }
+    memcpy(item, p, n);
+    item[n] = '\0';
+    if (k->type == K_TARGETS) {
+        json_t *e = json_string(item);
+        if (!e) errf(err, "%s.%s: '%s' is not valid UTF-8", k->section, k->name, item);
+        return e;
+    }
+    double x;
+    if (!parse_real(item, &x)) {
+        errf(err, "%s.%s: '%s' is not a number", k->section, k->name, item);
+        return NULL;
+    }
+    json_t *e = json_real(x);
+    return e ? e : oom(err);
+}
+
+/* A list value: JSON text ("[0.9, 0.95]") or comma separated ("0.9,0.95"). */
+static json_t *list_from_text(const job_key *k, const char *text, errbuf *err) {
+    if (text[0] == '[') {
+        json_error_t je;
+        json_t *v = json_loads(text, 0, &je);
+        if (!v) errf(err, "%s.%s: '%s' is not a JSON list: %s", k->section, k->name, text, je.text);
+        return v;
+    }
+    json_t *list = json_array();
+    if (!list) return oom(err);
+    for (const char *p = text;; p++) {
+        size_t n = strcspn(p, ",");
+        json_t *e = list_item(k, p, n, err);
+        if (!e) {
+            json_decref(list);
+            return NULL;
+        }
+        if (json_array_append_new(list, e)) {
+            json_decref(list);
+            return oom(err);
+        }
+        p += n;
+        if (!*p) return list;
+    }
+}
+
+/* An override's value text as the JSON a job file would hold for the key. */
+static json_t *value_from_text(const job_key *k, const char *text, errbuf *err) {
+    long long i;
+    double x;
+    json_t *v = NULL;
+    switch (k->type) {
+    case K_INT:
+    case K_I64:
+        if (!parse_integer(text, &i)) {
+            errf(err, "%s.%s: '%s' is not an integer", k->section, k->name, text);
+            return NULL;
+        }
+        v = json_integer(i);
+        break;
+    case K_DOUBLE:
+        if (!parse_real(text, &x)) {
+            errf(err, "%s.%s: '%s' is not a number", k->section, k->name, text);
+            return NULL;
+        }
+        v = json_real(x);
+        break;
+    case K_BOOL:
+        if (strcmp(text, "true") != 0 && strcmp(text, "false") != 0) {
+            errf(err, "%s.%s: '%s' is not true or false", k->section, k->name, text);
+            return NULL;
+        }
+        v = json_boolean(text[0] == 't');
+        break;
+    case K_STRING:
+    case K_CHOICE:
+    case K_SIZE:
+    case K_RESUME:
+        v = json_string(text);
+        if (!v) errf(err, "%s.%s: '%s' is not valid UTF-8", k->section, k->name, text);
+        return v;
+    case K_BETAS:
+    case K_TARGETS: return list_from_text(k, text, err);
+    }
+    return v ? v : oom(err);
+}
+
+static int set_from_text(job_config *j, const job_key *k, const char *text, errbuf *err) {
+    json_t *v = value_from_text(k, text, err);
+    if (!v) return -1;
+    int rc = assign(j, k, v, err);
+    json_decref(v);
+    return rc;
+}
+
+/* The key's feature is not built at all (a NULL-valued not_built entry). */
+static bool feature_not_built(const job_key *k) {
+    for (size_t i = 0; i < COUNT(not_built); i++)
+        if (!not_built[i].value && key_is(k, not_built[i].key)) return true;
+    return false;
+}
+
+static int unknown_option(const char *name, errbuf *err) {
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (size_t i = 0; i < COUNT(aliases); i++) consider(name, aliases[i].name, &best, &best_d);
+    if (best) return errf(err, "--%s: unknown option (did you mean --%s?)", name, best);
+    for (size_t i = 0; i < COUNT(keys); i++)
+        if (strcmp(keys[i].name, name) == 0)
+            return errf(err, "--%s: unknown option (did you mean --%s.%s?)", name,
+                        keys[i].section, keys[i].name);
+    return errf(err, "--%s: unknown option (overrides look like --section.key=value)", name);
+}
+
+static int apply_alias(job_config *j, const char *name, const char *text, errbuf *err) {
+    const struct alias *a = NULL;
+    for (size_t i = 0; i < COUNT(aliases); i++)
+        if (strcmp(aliases[i].name, name) == 0) a = &aliases[i];
+    if (!a) return unknown_option(name, err);
+    if (!a->key) {
+        long long steps;
+        if (!parse_integer(text, &steps) || steps < 1 || steps > INT_MAX)
+            return errf(err, "--%s: '%s' is not a positive integer", name, text);
+        j->train.grad_accum_request = (int)steps;
+        return 0;
+    }
+    const job_key *k = find_full_key(a->key);
+    if (feature_not_built(k)) return errf(err, "--%s: '%s' is not built yet", name, text);
+    if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
+    return 0;
+}
+
+int job_apply_override(job_config *j, const char *arg, errbuf *err) {
+    if (strncmp(arg, "--", 2) != 0)
+        return errf(err, "'%s': an override looks like --section.key=value", arg);
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    if (!eq)
+        return errf(err, "'%s': missing '=value' (an override looks like --section.key=value)",
+                    arg);
+    char key[128];
+    size_t n = (size_t)(eq - name);
+    if (n == 0 || n >= sizeof key)
+        return errf(err, "'%s': an override looks like --section.key=value", arg);
+    memcpy(key, name, n);
+    key[n] = '\0';
+    char *dot = strchr(key, '.');
+    if (!dot) return apply_alias(j, key, eq + 1, err);
+    *dot = '\0';
+    if (!is_section(key)) return unknown_section(key, err);
+    const job_key *k = find_key(key, dot + 1);
+    if (!k) return unknown_key(key, dot + 1, err);
+    return set_from_text(j, k, eq + 1, err);
+}
+
+/* ---- resolution and cross-field rules ---- */
+
+int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err) {
+    if (gpus_on_node < 0) return errf(err, "GPUs on this node: %d is negative", gpus_on_node);
+    /* auto would pick cuda when there is a GPU, but the CUDA backend is not built yet. */
+    if (j->runtime.backend == JOB_BACKEND_AUTO) j->runtime.backend = JOB_BACKEND_CPU;
+    bool cuda = j->runtime.backend == JOB_BACKEND_CUDA;
+    if (cuda && gpus_on_node == 0)
+        return errf(err, "runtime.backend: 'cuda' but this node has no GPU");
+    if (j->runtime.workers_per_node == 0)
+        j->runtime.workers_per_node = cuda ? gpus_on_node : 2;
+    else if (cuda && j->runtime.workers_per_node > gpus_on_node)
+        return errf(err, "runtime.workers_per_node: %d workers but this node has %d GPUs",
+                    j->runtime.workers_per_node, gpus_on_node);
+    if (j->model.dtype == JOB_DTYPE_AUTO) j->model.dtype = cuda ? JOB_DTYPE_BF16 : JOB_DTYPE_F32;
+    return 0;
+}
+
+/* Runs every key through the same checks as a job file value. */
+static int check_keys(job_config *j, errbuf *err) {
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        json_t *v = get_key(j, &keys[i], err);
+        if (!v) return -1;
+        int rc = assign(j, &keys[i], v, err);
+        json_decref(v);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int check_model(const job_config *j, errbuf *err) {
+    if (j->model.init == JOB_INIT_RANDOM) {
+        if (!j->model.config[0])
+            return errf(err, "model.config: required with model.init \"random\" (a config.json, "
+                             "e.g. configs/models/tiny.json)");
+        if (j->model.path[0])
+            return errf(err, "model.path: set together with model.init \"random\" (use one or "
+                             "the other)");
+        return 0;
+    }
+    if (!j->model.path[0])
+        return errf(err, "model.path: required (a Hugging Face model directory), or set "
+                         "model.init to \"random\" and model.config");
+    if (j->model.config[0])
+        return errf(err, "model.config: only used with model.init \"random\" (a pretrained "
+                         "model's config is model.path/config.json)");
+    return 0;
+}
+
+static int check_batch(job_config *j, int world_size, errbuf *err) {
+    long long micro = j->train.micro_batch;
+    if (j->train.grad_accum_request > 0) {
+        long long gb = micro * j->train.grad_accum_request * world_size;
+        if (gb > INT_MAX)
+            return errf(err, "--gradient_accumulation_steps: %d x train.micro_batch (%lld) x "
+                             "world size (%d) = %lld is too large",
+                        j->train.grad_accum_request, micro, world_size, gb);
+        j->train.global_batch = (int)gb;
+        j->train.grad_accum_request = 0;
+    }
+    long long unit = micro * world_size, gb = j->train.global_batch;
+    if (gb % unit != 0) {
+        long long lower = gb / unit * unit;
+        if (lower == 0)
+            return errf(err, "train.global_batch: %lld is smaller than train.micro_batch (%lld) x "
+                             "world size (%d) = %lld; use %lld or a multiple of it", gb, micro,
+                        world_size, unit, unit);
+        return errf(err, "train.global_batch: %lld is not a multiple of train.micro_batch (%lld) "
+                         "x world size (%d) = %lld; use %lld or %lld", gb, micro, world_size,
+                    unit, lower, lower + unit);
+    }
+    j->train.grad_accum = (int)(gb / unit);
+    return 0;
+}
+
+static int check_schedule(const job_config *j, errbuf *err) {
+    if (j->train.min_lr > j->train.lr)
+        return errf(err, "train.min_lr: %.15g is above train.lr (%.15g)", j->train.min_lr,
+                    j->train.lr);
+    if (j->train.max_steps > 0 && j->train.warmup_steps > j->train.max_steps)
+        return errf(err, "train.warmup_steps: %d is more than train.max_steps (%d)",
+                    j->train.warmup_steps, j->train.max_steps);
+    return 0;
+}
+
+int job_validate(job_config *j, int world_size, errbuf *err) {
+    if (world_size < 1) return errf(err, "world size %d: must be at least 1", world_size);
+    if (check_keys(j, err) || check_model(j, err) || check_batch(j, world_size, err) ||
+        check_schedule(j, err))
+        return -1;
+    if (!j->data.path[0])
+        return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize)");
+    if (!j->runtime.metrics[0]) {
+        int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
+                         j->output.dir);
+        if (n < 0 || (size_t)n >= sizeof j->runtime.metrics) {
+            j->runtime.metrics[0] = '\0';
+            return errf(err, "runtime.metrics: output.dir/metrics.jsonl is longer than %d bytes",
+                        JOB_PATH_MAX - 1);
+        }
+    }
+    return 0;
+}
+
+int job_to_json(const job_config *j, char **json, errbuf *err) {
+    json_t *root = json_object();
+    if (!root) return errf(err, "out of memory");
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        json_t *section = json_object_get(root, keys[i].section);
+        if (!section) {
+            section = json_object();
+            if (json_object_set_new(root, keys[i].section, section)) {
+                json_decref(root);
+                return errf(err, "out of memory");
+            }
+        }
+        json_t *v = get_key(j, &keys[i], err);
+        if (!v) {
+            json_decref(root);
+            return -1;
+        }
+        if (json_object_set_new(section, keys[i].name, v)) {
+            json_decref(root);
+            return errf(err, "out of memory");
+        }
+    }
+    *json = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!*json) return errf(err, "out of memory");
+    return 0;
+}

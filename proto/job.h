@@ -1,0 +1,171 @@
+/* job: the job file (what to train, on what, how) and its command-line overrides.
+ *
+ * A job file is a JSON object with up to eight sections: model, data, train, lora, fsdp,
+ * checkpoint, output, runtime.  Every key has a default (configs/jobs/README.md lists them
+ * all); an unknown section or key, a wrong JSON type, a value out of range or an unknown
+ * choice is an error naming the key as "section.key".  A value whose feature is not built
+ * yet is rejected ("fsdp.sharding: 'hybrid_shard' is not built yet"), never ignored.
+ *
+ * How the daemon uses it:
+ *   job_load(&j, path)                      file over the defaults
+ *   job_apply_override(&j, "--train.lr=1e-4") for each command-line override
+ *   job_resolve_runtime(&j, gpus_on_node)   backend, model dtype, workers per node
+ *   job_validate(&j, world_size)            cross-field rules; fills the derived fields
+ *   job_to_json(&j, &text)                  sent to each worker as the CONFIG message,
+ *                                           which reads it back with job_parse.
+ *
+ * job_config is a plain struct (strings are fixed arrays), so it can be copied by value. */
+#ifndef FSDP_JOB_H
+#define FSDP_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errbuf.h"
+
+#define JOB_PATH_MAX 4096
+#define JOB_SOCKET_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), terminating NUL included */
+#define JOB_NAME_MAX 32
+#define JOB_MAX_TARGETS 16
+#define JOB_FILE_MAX (1u << 20) /* job_load refuses larger files */
+
+typedef enum job_init { JOB_INIT_PRETRAINED, JOB_INIT_RANDOM } job_init;
+typedef enum job_dtype { JOB_DTYPE_AUTO, JOB_DTYPE_F32, JOB_DTYPE_BF16 } job_dtype;
+typedef enum job_data_format {
+    JOB_DATA_TOKENS, JOB_DATA_ALPACA, JOB_DATA_CHAT, JOB_DATA_TEXT
+} job_data_format;
+typedef enum job_bad_record { JOB_BAD_RECORD_FAIL, JOB_BAD_RECORD_SKIP } job_bad_record;
+typedef enum job_train_type { JOB_TRAIN_FULL, JOB_TRAIN_LORA, JOB_TRAIN_QLORA } job_train_type;
+typedef enum job_schedule {
+    JOB_SCHEDULE_CONSTANT, JOB_SCHEDULE_LINEAR, JOB_SCHEDULE_COSINE
+} job_schedule;
+typedef enum job_sharding {
+    JOB_SHARD_FULL, JOB_SHARD_GRAD_OP, JOB_SHARD_NONE, JOB_SHARD_HYBRID
+} job_sharding;
+typedef enum job_act_ckpt {
+    JOB_ACT_CKPT_NONE, JOB_ACT_CKPT_FULL, JOB_ACT_CKPT_SELECTIVE
+} job_act_ckpt;
+typedef enum job_resume {
+    JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP
+} job_resume;
+typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA } job_backend;
+
+typedef struct job_config {
+    struct {
+        char path[JOB_PATH_MAX];   /* Hugging Face model directory */
+        job_init init;             /* "" (load model.path) or "random" */
+        char config[JOB_PATH_MAX]; /* config.json for init "random" */
+        job_dtype dtype;           /* parameter storage; auto: f32 on cpu, bf16 on cuda */
+    } model;
+    struct {
+        char path[JOB_PATH_MAX];
+        job_data_format format;
+        char template_name[JOB_NAME_MAX]; /* key "template" */
+        int seq_len;
+        bool packing;
+        double eval_fraction;
+        job_bad_record on_bad_record;
+    } data;
+    struct {
+        job_train_type type;
+        int global_batch; /* sequences per optimizer step, whole job */
+        int micro_batch;  /* sequences per forward/backward, per rank */
+        int max_steps;    /* 0: run train.epochs epochs */
+        int epochs;
+        double lr;
+        job_schedule schedule;
+        int warmup_steps;
+        double min_lr;
+        double weight_decay;
+        double betas[2];
+        double eps;
+        double clip_norm; /* 0: no clipping */
+        int64_t seed;
+        /* Not job-file keys.  grad_accum_request is set by --gradient_accumulation_steps
+         * and turned into global_batch by job_validate; grad_accum is derived by
+         * job_validate: global_batch / (micro_batch * world_size). */
+        int grad_accum_request;
+        int grad_accum;
+    } train;
+    struct {
+        int rank;
+        double alpha;
+        double dropout;
+        int n_targets;
+        char targets[JOB_MAX_TARGETS][JOB_NAME_MAX];
+    } lora;
+    struct {
+        job_sharding sharding;
+        job_act_ckpt activation_checkpointing;
+        bool cpu_offload;
+        bool forward_prefetch;
+        bool backward_prefetch;
+    } fsdp;
+    struct {
+        char dir[JOB_PATH_MAX];
+        int interval_steps; /* 0: only at the end */
+        int keep;
+        bool async;
+        int timeout_s;
+        job_resume resume;
+        int64_t resume_step; /* for JOB_RESUME_STEP ("step-N") */
+    } checkpoint;
+    struct {
+        char dir[JOB_PATH_MAX];
+        job_dtype dtype; /* bf16 or f32 */
+        int64_t shard_size; /* bytes */
+        bool consolidate;
+    } output;
+    struct {
+        job_backend backend;
+        int workers_per_node; /* 0: one per GPU, or 2 on the CPU backend */
+        int heartbeat_s;
+        int max_restarts;
+        int stop_grace_s;
+        char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */
+        char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
+        int comm_timeout_s;
+    } runtime;
+} job_config;
+
+/* Sets every key to its default (the whole struct is zeroed first, so two configs built
+ * the same way compare equal with memcmp). */
+void job_defaults(job_config *j);
+
+/* Reads a job file over the defaults; messages start with the path. */
+int job_load(job_config *j, const char *path, errbuf *err);
+/* Parses job-file text over the defaults; `name` starts every message.  Per-key checks
+ * (type, range, choices, not built yet) happen here; cross-field rules in job_validate. */
+int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
+                   errbuf *err);
+
+/* Applies one command-line override: "--section.key=value" (the value is read according
+ * to the key's type: a number, true/false, a string, a list as JSON text or comma
+ * separated) or a recipe alias: --train_type, --batch_size (train.micro_batch),
+ * --gradient_accumulation_steps (global_batch = micro_batch x steps x world size, resolved
+ * by job_validate, overriding train.global_batch), --output_dir, --lr, --lora_rank,
+ * --lora_alpha, --context_length (data.seq_len), --num_epochs, --max_steps, --dataset
+ * (data.path).  An alias whose feature is not built yet is rejected. */
+int job_apply_override(job_config *j, const char *arg, errbuf *err);
+
+/* Resolves what depends on the machine: runtime.backend auto (cpu until the CUDA backend
+ * is built), runtime.workers_per_node 0 (gpus_on_node on cuda, 2 on cpu) and model.dtype
+ * auto (bf16 on cuda, f32 on cpu). */
+int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
+
+/* Checks every key again (a config may have been filled in by code) and the cross-field
+ * rules for a job of world_size ranks: global_batch divisible by micro_batch x world_size,
+ * min_lr <= lr, model.path or init "random" with model.config, data.path set, ...
+ * Resolves train.grad_accum_request into train.global_batch, fills train.grad_accum and
+ * an empty runtime.metrics (output.dir/metrics.jsonl). */
+int job_validate(job_config *j, int world_size, errbuf *err);
+
+/* The whole config (every key) as compact JSON, in *json (malloc'd; free() it).  Derived
+ * fields are not included: job_validate recomputes them. */
+int job_to_json(const job_config *j, char **json, errbuf *err);
+/* Reads job_to_json's output (the CONFIG message): like job_parse_text, but every key
+ * must be present, so a daemon and a worker that disagree on the keys fail loudly. */
+int job_parse(job_config *j, const char *json, size_t len, errbuf *err);
+
+#endif

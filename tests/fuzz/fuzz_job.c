@@ -1,0 +1,49 @@
+/* Fuzzes proto/job: input starting with "--" is a list of overrides (one per line) applied
+ * to the defaults, anything else is job-file text.  Whatever parses is validated, and a
+ * valid config must survive job_to_json -> job_parse unchanged. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/job.h"
+
+static void apply_overrides(job_config *j, const uint8_t *data, size_t size) {
+    char *text = malloc(size + 1);
+    if (!text) return;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    errbuf err;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        job_apply_override(j, line, &err);
+    free(text);
+}
+
+/* A config that validated must come back identical from its JSON. */
+static void check_round_trip(const job_config *j, int world) {
+    static job_config back;
+    errbuf err;
+    char *json, *again;
+    if (job_to_json(j, &json, &err)) abort();
+    if (job_parse(&back, json, strlen(json), &err) || job_validate(&back, world, &err)) abort();
+    if (job_to_json(&back, &again, &err)) abort();
+    if (strcmp(json, again) != 0) abort();
+    free(json);
+    free(again);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static job_config j;
+    errbuf err;
+    if (size >= 2 && data[0] == '-' && data[1] == '-') {
+        job_defaults(&j);
+        apply_overrides(&j, data, size);
+        strcpy(j.model.path, "m");
+        strcpy(j.data.path, "d");
+    } else if (job_parse_text(&j, (const char *)data, size, "fuzz", &err)) {
+        return 0;
+    }
+    int world = 1 + (int)(size % 4);
+    if (job_resolve_runtime(&j, (int)(size % 9), &err) == 0 && job_validate(&j, world, &err) == 0)
+        check_round_trip(&j, world);
+    return 0;
+}

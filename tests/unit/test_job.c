@@ -1,0 +1,497 @@
+/* Unit tests for proto/job: defaults, the example job, bad job files, overrides and aliases,
+ * validation, sizes, runtime resolution and the job_to_json / job_parse round trip.
+ * Run from the repository root (tests/run.sh does). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto/job.h"
+
+#define EXAMPLE "configs/jobs/example-full.json"
+
+static int parse(job_config *j, const char *text, errbuf *err) {
+    return job_parse_text(j, text, strlen(text), "test.json", err);
+}
+
+static void assert_contains(const char *msg, const char *part) {
+    if (!strstr(msg, part)) fail_msg("message \"%s\" lacks \"%s\"", msg, part);
+}
+
+static void must_override(job_config *j, const char *arg) {
+    errbuf err = {""};
+    if (job_apply_override(j, arg, &err) != 0) fail_msg("%s: %s", arg, err.msg);
+}
+
+static void override_fails(job_config *j, const char *arg, const char *part) {
+    errbuf err = {""};
+    if (job_apply_override(j, arg, &err) == 0) fail_msg("%s was accepted", arg);
+    assert_contains(err.msg, part);
+}
+
+static void test_defaults_are_valid(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    job_defaults(&j);
+    assert_int_equal(j.data.seq_len, 512);
+    assert_int_equal(j.train.global_batch, 8);
+    assert_true(j.train.lr == 2e-5);
+    assert_int_equal(j.train.schedule, JOB_SCHEDULE_COSINE);
+    assert_int_equal(j.lora.n_targets, 4);
+    assert_string_equal(j.lora.targets[3], "o_proj");
+    assert_int_equal(j.output.shard_size, 5000000000LL);
+    assert_false(j.output.consolidate);
+    assert_string_equal(j.checkpoint.dir, "checkpoints");
+
+    /* The only keys without a usable default are the model and the data. */
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "model.path: required");
+    strcpy(j.model.path, "models/llama");
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "data.path: required");
+    strcpy(j.data.path, "data/train.tokens");
+    if (job_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.grad_accum, 8);
+    assert_string_equal(j.runtime.metrics, "output/metrics.jsonl");
+    if (job_validate(&j, 8, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.grad_accum, 1);
+}
+
+static void test_example_full_parses(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    if (job_load(&j, EXAMPLE, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.model.init, JOB_INIT_RANDOM);
+    assert_string_equal(j.model.config, "configs/models/tiny.json");
+    assert_int_equal(j.model.dtype, JOB_DTYPE_F32);
+    assert_int_equal(j.data.seq_len, 128);
+    assert_true(j.data.eval_fraction == 0.05);
+    assert_int_equal(j.train.micro_batch, 2);
+    assert_int_equal(j.train.max_steps, 100);
+    assert_true(j.train.lr == 3e-4);
+    assert_true(j.train.betas[1] == 0.95);
+    assert_int_equal(j.train.seed, 1234);
+    assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_FULL);
+    assert_int_equal(j.checkpoint.keep, 3);
+    assert_int_equal(j.output.shard_size, 5000000000LL);
+    assert_int_equal(j.runtime.backend, JOB_BACKEND_CPU);
+    assert_string_equal(j.runtime.metrics, "runs/example/metrics.jsonl");
+    if (job_validate(&j, 2, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.grad_accum, 2);
+
+    /* It sets every key: the strict reader (which requires them all) accepts it too. */
+    FILE *f = fopen(EXAMPLE, "rb");
+    assert_non_null(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    assert_true(n > 0 && n < sizeof text);
+    job_config strict;
+    if (job_parse(&strict, text, n, &err)) fail_msg("%s", err.msg);
+}
+
+/* A job file that must be rejected (by job_parse_text, or by job_validate with `world`
+ * ranks when it parses), with a message holding both parts. */
+typedef struct bad_case {
+    const char *json;
+    int world;
+    const char *part1, *part2;
+} bad_case;
+
+#define MD "\"model\":{\"path\":\"m\"},\"data\":{\"path\":\"d\"}"
+
+static const bad_case bad_cases[] = {
+    {"{\"trian\":{\"lr\":1}}", 1, "trian: unknown section", "did you mean train?"},
+    {"{\"optimizer\":{}}", 1, "optimizer: unknown section", "sections: model, data"},
+    {"{\"train\":{\"lrr\":1}}", 1, "train.lrr: unknown key", "did you mean train.lr?"},
+    {"{\"train\":{\"foo\":1}}", 1, "train.foo: unknown key", "train has: type, global_batch"},
+    {"{\"train\":{\"lr\":\"fast\"}}", 1, "train.lr: expected a number, got a string", NULL},
+    {"{\"train\":{\"lr\":-1e-4}}", 1, "train.lr: -0.0001 is out of range", "must be >= 0"},
+    {"{\"train\":{\"global_batch\":-4}}", 1, "train.global_batch: -4 is out of range", NULL},
+    {"{\"train\":{\"global_batch\":2.5}}", 1, "train.global_batch: expected an integer", NULL},
+    {"{\"train\":{\"global_batch\":4294967296}}", 1, "train.global_batch: 4294967296 is out", NULL},
+    {"{\"train\":{\"betas\":[0.9,1.0]}}", 1, "train.betas[1]: 1 is out of range", "[0, 1)"},
+    {"{\"train\":{\"betas\":[-0.1,0.9]}}", 1, "train.betas[0]: -0.1 is out of range", NULL},
+    {"{\"train\":{\"betas\":[0.9]}}", 1, "train.betas: expected a list of two numbers", NULL},
+    {"{\"train\":{\"betas\":0.9}}", 1, "train.betas: expected a list of two numbers", NULL},
+    {"{\"train\":{\"eps\":0}}", 1, "train.eps: 0 is out of range", "must be > 0"},
+    {"{\"train\":{\"schedule\":\"cosine_with_restarts\"}}", 1,
+     "train.schedule: unknown choice 'cosine_with_restarts'", "constant, linear, cosine"},
+    {"{\"train\":{\"type\":\"lora\"}}", 1, "train.type: 'lora' is not built yet", NULL},
+    {"{\"train\":{\"type\":\"qlora\"}}", 1, "train.type: 'qlora' is not built yet", NULL},
+    {"{\"lora\":{\"rank\":16}}", 1, "lora.rank: '16' is not built yet", NULL},
+    {"{\"lora\":{\"targets\":[\"q_proj\"]}}", 1, "lora.targets: '[\"q_proj\"]' is not built", NULL},
+    {"{\"lora\":{\"targets\":[\"q_proj\",\"x\"]}}", 1, "lora.targets[1]: unknown module 'x'", NULL},
+    {"{\"fsdp\":{\"sharding\":\"hybrid_shard\"}}", 1, "fsdp.sharding: 'hybrid_shard' is not built yet", NULL},
+    {"{\"fsdp\":{\"sharding\":\"shard_grad_op\"}}", 1, "'shard_grad_op' is not built yet", NULL},
+    {"{\"fsdp\":{\"sharding\":\"zero3\"}}", 1, "fsdp.sharding: unknown choice 'zero3'",
+     "full_shard, shard_grad_op, no_shard, hybrid_shard"},
+    {"{\"fsdp\":{\"activation_checkpointing\":\"selective\"}}", 1,
+     "fsdp.activation_checkpointing: 'selective' is not built yet", NULL},
+    {"{\"fsdp\":{\"cpu_offload\":true}}", 1, "fsdp.cpu_offload: 'true' is not built yet", NULL},
+    {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
+     "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
+    {"{\"data\":{\"format\":\"alpaca\"}}", 1, "data.format: 'alpaca' is not built yet", NULL},
+    {"{\"data\":{\"template\":\"llama2\"}}", 1, "data.template: 'llama2' is not built yet", NULL},
+    {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
+    {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
+    {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
+    {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
+    {"{\"model\":{\"init\":\"zeros\"}}", 1, "model.init: unknown choice 'zeros'", "\"\", random"},
+    {"{\"model\":{\"path\":7}}", 1, "model.path: expected a string, got an integer", NULL},
+    {"{\"checkpoint\":{\"keep\":0}}", 1, "checkpoint.keep: 0 is out of range", NULL},
+    {"{\"checkpoint\":{\"timeout_s\":0}}", 1, "checkpoint.timeout_s: 0 is out of range", NULL},
+    {"{\"checkpoint\":{\"dir\":\"\"}}", 1, "checkpoint.dir: must not be empty", NULL},
+    {"{\"checkpoint\":{\"resume\":\"step-x\"}}", 1, "checkpoint.resume: unknown choice 'step-x'",
+     "auto, never, latest, step-N"},
+    {"{\"output\":{\"shard_size\":\"5XB\"}}", 1, "output.shard_size: '5XB' is not a size", NULL},
+    {"{\"output\":{\"shard_size\":0}}", 1, "output.shard_size: 0 is out of range", NULL},
+    {"{\"output\":{\"consolidate\":true}}", 1, "output.consolidate: 'true' is not built yet", NULL},
+    {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
+    {"{\"runtime\":{\"backend\":\"cuda\"}}", 1, "runtime.backend: 'cuda' is not built yet", NULL},
+    {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
+    {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"}}", 1,
+     "runtime.status_socket: ", "is too long (at most 107)"},
+    {"{\"train\":[]}", 1, "train: expected an object, got a list", NULL},
+    {"[]", 1, "expected a JSON object at the top level, got a list", NULL},
+    {"{\"train\":{\"lr\":1,\"lr\":2}}", 1, "duplicate", NULL},
+    {"{\"train\":{\"lr\":}}", 1, "test.json:1:", NULL},
+    /* cross-field rules, found by job_validate */
+    {"{" MD "}", 3, "train.global_batch: 8 is not a multiple of train.micro_batch (1) x world "
+                    "size (3) = 3", "use 6 or 9"},
+    {"{" MD ",\"train\":{\"global_batch\":2,\"micro_batch\":2}}", 2,
+     "train.global_batch: 2 is smaller than train.micro_batch (2) x world size (2) = 4", NULL},
+    {"{" MD ",\"train\":{\"lr\":1e-5,\"min_lr\":1e-4}}", 1, "train.min_lr: 0.0001 is above "
+                                                           "train.lr", NULL},
+    {"{" MD ",\"train\":{\"max_steps\":5,\"warmup_steps\":10}}", 1,
+     "train.warmup_steps: 10 is more than train.max_steps (5)", NULL},
+    {"{\"data\":{\"path\":\"d\"}}", 1, "model.path: required", "model.init"},
+    {"{\"model\":{\"init\":\"random\"},\"data\":{\"path\":\"d\"}}", 1,
+     "model.config: required with model.init \"random\"", NULL},
+    {"{\"model\":{\"init\":\"random\",\"config\":\"c.json\",\"path\":\"m\"},\"data\":{\"path\":"
+     "\"d\"}}", 1, "model.path: set together with model.init \"random\"", NULL},
+    {"{\"model\":{\"path\":\"m\",\"config\":\"c.json\"},\"data\":{\"path\":\"d\"}}", 1,
+     "model.config: only used with model.init \"random\"", NULL},
+    {"{\"model\":{\"path\":\"m\"}}", 1, "data.path: required", NULL},
+};
+
+static void test_bad_job_files(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const bad_case *c = &bad_cases[i];
+        job_config j;
+        errbuf err = {""};
+        int rc = parse(&j, c->json, &err);
+        if (rc == 0) {
+            rc = job_validate(&j, c->world, &err);
+            if (rc == 0) fail_msg("case %zu accepted: %s", i, c->json);
+        } else if (strncmp(err.msg, "test.json", 9) != 0) {
+            fail_msg("case %zu: message \"%s\" does not start with the file name", i, err.msg);
+        }
+        assert_contains(err.msg, c->part1);
+        if (c->part2) assert_contains(err.msg, c->part2);
+    }
+}
+
+static void test_malformed_json_has_position(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    assert_int_equal(parse(&j, "{\n  \"train\": {\n    \"lr\": 1e-4,\n  }\n}", &err), -1);
+    assert_contains(err.msg, "test.json:4:3:"); /* line 4, column 3: the '}' after the comma */
+    assert_int_equal(parse(&j, "", &err), -1);
+    assert_contains(err.msg, "test.json:");
+    assert_int_equal(job_parse_text(&j, "{\"a\":\0}", 7, "nul.json", &err), -1);
+    assert_contains(err.msg, "nul.json:1:");
+}
+
+static void test_job_load_errors(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    assert_int_equal(job_load(&j, "/nonexistent/job.json", &err), -1);
+    assert_contains(err.msg, "/nonexistent/job.json: No such file");
+
+    char path[] = "/tmp/test_job_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\"train\": {\"lr\": \"x\"}}";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    assert_int_equal(job_load(&j, path, &err), -1);
+    assert_contains(err.msg, path);
+    assert_contains(err.msg, "train.lr: expected a number");
+
+    /* A file over JOB_FILE_MAX is refused before parsing. */
+    assert_int_equal(ftruncate(fd, JOB_FILE_MAX + 1), 0);
+    assert_int_equal(job_load(&j, path, &err), -1);
+    assert_contains(err.msg, "larger than");
+    close(fd);
+    unlink(path);
+}
+
+static void test_overrides(void **state) {
+    (void)state;
+    job_config j;
+    job_defaults(&j);
+    must_override(&j, "--train.lr=1e-4");
+    assert_true(j.train.lr == 1e-4);
+    must_override(&j, "--fsdp.sharding=no_shard");
+    assert_int_equal(j.fsdp.sharding, JOB_SHARD_NONE);
+    must_override(&j, "--train.betas=0.9,0.95");
+    assert_true(j.train.betas[0] == 0.9 && j.train.betas[1] == 0.95);
+    must_override(&j, "--train.betas=[0.8, 0.99]");
+    assert_true(j.train.betas[0] == 0.8 && j.train.betas[1] == 0.99);
+    must_override(&j, "--data.packing=false");
+    assert_false(j.data.packing);
+    must_override(&j, "--train.seed=7");
+    assert_int_equal(j.train.seed, 7);
+    must_override(&j, "--checkpoint.resume=step-400");
+    assert_int_equal(j.checkpoint.resume, JOB_RESUME_STEP);
+    assert_int_equal(j.checkpoint.resume_step, 400);
+    must_override(&j, "--checkpoint.resume=latest");
+    assert_int_equal(j.checkpoint.resume, JOB_RESUME_LATEST);
+    must_override(&j, "--output.shard_size=512MiB");
+    assert_int_equal(j.output.shard_size, 512LL << 20);
+    must_override(&j, "--model.path=/models/llama-2-7b");
+    assert_string_equal(j.model.path, "/models/llama-2-7b");
+    must_override(&j, "--runtime.status_socket=");
+    assert_string_equal(j.runtime.status_socket, "");
+    must_override(&j, "--lora.targets=q_proj,k_proj,v_proj,o_proj"); /* the default: allowed */
+
+    override_fails(&j, "train.lr=1", "an override looks like --section.key=value");
+    override_fails(&j, "--train.lr", "missing '=value'");
+    override_fails(&j, "--=1", "an override looks like");
+    override_fails(&j, "--train.lr=abc", "train.lr: 'abc' is not a number");
+    override_fails(&j, "--train.lr=", "train.lr: '' is not a number");
+    override_fails(&j, "--train.lr=nan", "not a number");
+    override_fails(&j, "--train.seed=12x", "train.seed: '12x' is not an integer");
+    override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
+    override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
+    override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");
+    override_fails(&j, "--train.betas=0.9,x", "train.betas: 'x' is not a number");
+    override_fails(&j, "--train.betas=[0.9,", "train.betas: '[0.9,' is not a JSON list");
+    override_fails(&j, "--train.lrr=1", "train.lrr: unknown key (did you mean train.lr?)");
+    override_fails(&j, "--trian.lr=1", "trian: unknown section (did you mean train?)");
+    override_fails(&j, "--fsdp.sharding=hybrid_shard", "fsdp.sharding: 'hybrid_shard' is not built");
+    override_fails(&j, "--lora.targets=q_proj,v_proj", "lora.targets: '[\"q_proj\",\"v_proj\"]' is "
+                                                       "not built yet");
+    /* A failed override leaves the key as it was. */
+    assert_true(j.train.lr == 1e-4);
+    assert_int_equal(j.fsdp.sharding, JOB_SHARD_NONE);
+}
+
+static void test_aliases(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    job_defaults(&j);
+    must_override(&j, "--lr=3e-4");
+    assert_true(j.train.lr == 3e-4);
+    must_override(&j, "--max_steps=7");
+    assert_int_equal(j.train.max_steps, 7);
+    must_override(&j, "--batch_size=2");
+    assert_int_equal(j.train.micro_batch, 2);
+    must_override(&j, "--context_length=1024");
+    assert_int_equal(j.data.seq_len, 1024);
+    must_override(&j, "--num_epochs=3");
+    assert_int_equal(j.train.epochs, 3);
+    must_override(&j, "--output_dir=out2");
+    assert_string_equal(j.output.dir, "out2");
+    must_override(&j, "--dataset=data/alpaca.tokens");
+    assert_string_equal(j.data.path, "data/alpaca.tokens");
+    must_override(&j, "--train_type=full");
+    assert_int_equal(j.train.type, JOB_TRAIN_FULL);
+    must_override(&j, "--model.path=m");
+
+    /* global_batch = micro_batch 2 x 4 steps x world size 2. */
+    must_override(&j, "--gradient_accumulation_steps=4");
+    assert_int_equal(j.train.global_batch, 8); /* not resolved before the world size is known */
+    if (job_validate(&j, 2, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.global_batch, 16);
+    assert_int_equal(j.train.grad_accum, 4);
+    assert_int_equal(j.train.grad_accum_request, 0);
+
+    override_fails(&j, "--lora_rank=16", "--lora_rank: '16' is not built yet");
+    override_fails(&j, "--lora_rank=8", "--lora_rank: '8' is not built yet");
+    override_fails(&j, "--lora_alpha=32", "--lora_alpha: '32' is not built yet");
+    override_fails(&j, "--train_type=qlora", "--train_type: train.type: 'qlora' is not built yet");
+    override_fails(&j, "--lr=fast", "--lr: train.lr: 'fast' is not a number");
+    override_fails(&j, "--gradient_accumulation_steps=0", "is not a positive integer");
+    override_fails(&j, "--learning_rat=1", "--learning_rat: unknown option");
+    override_fails(&j, "--max_step=1", "did you mean --max_steps?");
+    override_fails(&j, "--seq_len=64", "did you mean --data.seq_len?");
+}
+
+static void test_gradient_accumulation_too_large(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    job_defaults(&j);
+    strcpy(j.model.path, "m");
+    strcpy(j.data.path, "d");
+    must_override(&j, "--batch_size=1048576");
+    must_override(&j, "--gradient_accumulation_steps=100000");
+    assert_int_equal(job_validate(&j, 8, &err), -1);
+    assert_contains(err.msg, "is too large");
+}
+
+static void test_sizes(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        long long bytes;
+    } ok[] = {
+        {"5GB", 5000000000LL}, {"5GiB", 5LL << 30}, {"512MiB", 512LL << 20},
+        {"100KB", 100000},     {"1kib", 1024},      {"2MB", 2000000},
+        {"12", 12},            {"7B", 7},           {"1TiB", 1LL << 40},
+    };
+    job_config j;
+    errbuf err = {""};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"output\":{\"shard_size\":\"%s\"}}", ok[i].text);
+        if (parse(&j, json, &err)) fail_msg("%s: %s", ok[i].text, err.msg);
+        assert_int_equal(j.output.shard_size, ok[i].bytes);
+    }
+    assert_int_equal(parse(&j, "{\"output\":{\"shard_size\":123}}", &err), 0);
+    assert_int_equal(j.output.shard_size, 123);
+    static const char *const bad[] = {"", "GB", "5 GB", "5.5GB", "-5GB", "5PB",
+                                      "99999999999999999999", "9999999999999GB"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"output\":{\"shard_size\":\"%s\"}}", bad[i]);
+        if (parse(&j, json, &err) == 0) fail_msg("size '%s' was accepted", bad[i]);
+        assert_contains(err.msg, "output.shard_size");
+    }
+    assert_int_equal(parse(&j, "{\"output\":{\"shard_size\":true}}", &err), -1);
+    assert_contains(err.msg, "output.shard_size: expected a size");
+}
+
+static void test_resolve_runtime(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    job_defaults(&j);
+    assert_int_equal(job_resolve_runtime(&j, 8, &err), 0); /* auto is cpu until CUDA is built */
+    assert_int_equal(j.runtime.backend, JOB_BACKEND_CPU);
+    assert_int_equal(j.runtime.workers_per_node, 2);
+    assert_int_equal(j.model.dtype, JOB_DTYPE_F32);
+
+    job_defaults(&j);
+    j.runtime.backend = JOB_BACKEND_CUDA;
+    assert_int_equal(job_resolve_runtime(&j, 0, &err), -1);
+    assert_contains(err.msg, "runtime.backend: 'cuda' but this node has no GPU");
+    assert_int_equal(job_resolve_runtime(&j, 8, &err), 0);
+    assert_int_equal(j.runtime.workers_per_node, 8);
+    assert_int_equal(j.model.dtype, JOB_DTYPE_BF16);
+    j.runtime.workers_per_node = 9;
+    assert_int_equal(job_resolve_runtime(&j, 8, &err), -1);
+    assert_contains(err.msg, "runtime.workers_per_node: 9 workers but this node has 8 GPUs");
+    /* and job_validate still refuses the unbuilt backend */
+    strcpy(j.model.path, "m");
+    strcpy(j.data.path, "d");
+    j.runtime.workers_per_node = 8;
+    assert_int_equal(job_validate(&j, 8, &err), -1);
+    assert_contains(err.msg, "runtime.backend: 'cuda' is not built yet");
+    assert_int_equal(job_resolve_runtime(&j, -1, &err), -1);
+}
+
+/* A config filled in by code goes through the same per-key checks. */
+static void test_validate_rechecks_keys(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    job_defaults(&j);
+    strcpy(j.model.path, "m");
+    strcpy(j.data.path, "d");
+    assert_int_equal(job_validate(&j, 1, &err), 0);
+    j.train.lr = -1;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "train.lr: -1 is out of range");
+    j.train.lr = NAN;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "train.lr: nan is not a finite number");
+    j.train.lr = 1e-3;
+    j.train.schedule = (job_schedule)99;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "train.schedule: invalid value 99");
+    j.train.schedule = JOB_SCHEDULE_LINEAR;
+    j.fsdp.sharding = JOB_SHARD_HYBRID;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "fsdp.sharding: 'hybrid_shard' is not built yet");
+    j.fsdp.sharding = JOB_SHARD_FULL;
+    j.lora.rank = 4;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "lora.rank: '4' is not built yet");
+    j.lora.rank = 8;
+    assert_int_equal(job_validate(&j, 0, &err), -1);
+    assert_contains(err.msg, "world size 0");
+    assert_int_equal(job_validate(&j, 1, &err), 0);
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    job_config a, b;
+    errbuf err = {""};
+    if (job_load(&a, EXAMPLE, &err)) fail_msg("%s", err.msg);
+    must_override(&a, "--checkpoint.resume=step-1200");
+    must_override(&a, "--train.lr=1.2345678901234567e-4");
+    must_override(&a, "--data.packing=false");
+    must_override(&a, "--model.dtype=auto");
+    if (job_resolve_runtime(&a, 0, &err) || job_validate(&a, 4, &err)) fail_msg("%s", err.msg);
+
+    char *text;
+    if (job_to_json(&a, &text, &err)) fail_msg("%s", err.msg);
+    assert_null(strchr(text, '\n'));
+    assert_null(strstr(text, ": "));
+    assert_non_null(strstr(text, "\"resume\":\"step-1200\""));
+    assert_non_null(strstr(text, "\"shard_size\":5000000000"));
+    assert_non_null(strstr(text, "\"dtype\":\"f32\"")); /* model.dtype auto resolved */
+
+    if (job_parse(&b, text, strlen(text), &err)) fail_msg("%s", err.msg);
+    if (job_validate(&b, 4, &err)) fail_msg("%s", err.msg);
+    assert_memory_equal(&a, &b, sizeof a);
+    char *again;
+    if (job_to_json(&b, &again, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(text, again);
+    free(again);
+
+    /* The strict reader wants every key; a job file may leave any out. */
+    char *cut = strstr(text, "\"lr\":");
+    assert_non_null(cut);
+    memcpy(cut, "\"xx\"", 4);
+    assert_int_equal(job_parse(&b, text, strlen(text), &err), -1);
+    assert_contains(err.msg, "CONFIG: train.xx: unknown key");
+    free(text);
+    assert_int_equal(job_parse(&b, "{\"train\":{\"lr\":1e-4}}", 21, &err), -1);
+    assert_contains(err.msg, "CONFIG: model.path: missing");
+    assert_int_equal(job_parse_text(&b, "{\"train\":{\"lr\":1e-4}}", 21, "job.json", &err), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_are_valid),
+        cmocka_unit_test(test_example_full_parses),
+        cmocka_unit_test(test_bad_job_files),
+        cmocka_unit_test(test_malformed_json_has_position),
+        cmocka_unit_test(test_job_load_errors),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_aliases),
+        cmocka_unit_test(test_gradient_accumulation_too_large),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_resolve_runtime),
+        cmocka_unit_test(test_validate_rechecks_keys),
+        cmocka_unit_test(test_round_trip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
