@@ -1,0 +1,195 @@
+/* comm: the backend-neutral half of comm.h -- argument checks, dead state, deadlines,
+ * test hooks -- in front of a backend's comm_ops. */
+#include "worker/comm.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/comm_backend.h"
+
+double comm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for CLOCK_MONOTONIC */
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void comm_sleep(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Reads an optional numeric environment variable; returns 0 (value or dflt) or -1. */
+static int env_number(const char *name, double lo, double hi, double dflt, double *out,
+                      errbuf *err) {
+    const char *s = getenv(name);
+    *out = dflt;
+    if (!s || !*s) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi))
+        return errf(err, "%s=%s: expected a number in [%g, %g]", name, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
+               errbuf *err) {
+    if (!(opt->timeout_s > 0 && isfinite(opt->timeout_s)))
+        return errf(err, "comm timeout_s %g must be a positive number of seconds", opt->timeout_s);
+    if (!(opt->init_timeout_s > 0 && isfinite(opt->init_timeout_s)))
+        return errf(err, "comm init_timeout_s %g must be a positive number of seconds",
+                    opt->init_timeout_s);
+    c->ops = ops;
+    c->rank = rank;
+    c->world = world;
+    c->timeout_s = opt->timeout_s;
+    atomic_init(&c->aborted, 0);
+    c->dead = 0;
+    c->ncalls = 0;
+
+    /* Test hooks (see comm.h). */
+    double stall_rank, stall_at, stall_s;
+    if (env_number("FSDP_TEST_COMM_STALL_RANK", 0, COMM_MAX_WORLD, -1, &stall_rank, err) ||
+        env_number("FSDP_TEST_COMM_STALL_AT", 1, 1e15, 1, &stall_at, err) ||
+        env_number("FSDP_TEST_COMM_STALL_S", 0, 1e6, 3600, &stall_s, err))
+        return -1;
+    c->stall_rank = (int)stall_rank;
+    c->stall_at = (uint64_t)stall_at;
+    c->stall_s = stall_s;
+    return 0;
+}
+
+int comm_rank(const comm *c) { return c->rank; }
+int comm_world(const comm *c) { return c->world; }
+
+size_t comm_dtype_size(comm_dtype dt) {
+    switch (dt) {
+    case COMM_F32: return 4;
+    case COMM_BF16: return 2;
+    case COMM_BYTE: return 1;
+    }
+    return 0;
+}
+
+/* Every collective starts here: refuses a dead communicator, runs the stall hook, sets
+ * the deadline. */
+static int begin(comm *c, const char *name, errbuf *err) {
+    if (!c) return errf(err, "%s: no communicator", name);
+    if (atomic_load(&c->aborted)) return errf(err, "%s: the communicator was aborted", name);
+    if (c->dead)
+        return errf(err, "%s: the communicator is dead after an earlier error (%s)", name,
+                    c->dead_reason);
+    c->ncalls++;
+    if (c->stall_rank == c->rank && c->ncalls == c->stall_at) comm_sleep(c->stall_s);
+    c->deadline = comm_now() + c->timeout_s;
+    return 0;
+}
+
+/* Every failure ends here: names the collective, kills the communicator (which wakes the
+ * peers up) and remembers why, for the calls that come after. */
+static int fail(comm *c, const char *name, errbuf *err) {
+    if (atomic_load(&c->aborted))
+        errf(err, "%s: the communicator was aborted", name); /* our own shutdown, not a peer's */
+    else
+        errprefix(err, "%s", name);
+    c->dead = 1;
+    memcpy(c->dead_reason, err->msg, sizeof c->dead_reason);
+    c->ops->abort(c);
+    return -1;
+}
+
+/* Checks a buffer of count elements of dt, times `per` (world for the gathered side). */
+static int check_buffer(const void *p, size_t count, comm_dtype dt, size_t per, const char *what,
+                        errbuf *err) {
+    size_t es = comm_dtype_size(dt);
+    if (es == 0) return errf(err, "unknown dtype %d", (int)dt);
+    if (count > SIZE_MAX / 8 / es / per)
+        return errf(err, "count %zu is too large", count);
+    if (!p && count > 0) return errf(err, "%s buffer is NULL", what);
+    return 0;
+}
+
+static int check_reduction(comm_dtype dt, comm_op op, errbuf *err) {
+    if (dt != COMM_F32 && dt != COMM_BF16)
+        return errf(err, "dtype %d cannot be reduced (only COMM_F32 and COMM_BF16)", (int)dt);
+    if (op != COMM_SUM && op != COMM_AVG) return errf(err, "unknown op %d", (int)op);
+    return 0;
+}
+
+int comm_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                    errbuf *err) {
+    const char *name = "all_gather";
+    errbuf local;
+    if (!err) err = &local; /* the cause is kept for the calls that come after */
+    if (begin(c, name, err)) return -1;
+    if (check_buffer(send, count, dt, 1, "send", err) ||
+        check_buffer(recv, count, dt, (size_t)c->world, "recv", err) ||
+        (count > 0 && c->ops->all_gather(c, send, recv, count, dt, err)))
+        return fail(c, name, err);
+    return 0;
+}
+
+int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                        comm_op op, errbuf *err) {
+    const char *name = "reduce_scatter";
+    errbuf local;
+    if (!err) err = &local; /* the cause is kept for the calls that come after */
+    if (begin(c, name, err)) return -1;
+    if (check_reduction(dt, op, err) ||
+        check_buffer(send, count, dt, (size_t)c->world, "send", err) ||
+        check_buffer(recv, count, dt, 1, "recv", err) ||
+        (count > 0 && c->ops->reduce_scatter(c, send, recv, count, dt, op, err)))
+        return fail(c, name, err);
+    return 0;
+}
+
+int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err) {
+    const char *name = "all_reduce";
+    errbuf local;
+    if (!err) err = &local; /* the cause is kept for the calls that come after */
+    if (begin(c, name, err)) return -1;
+    if (check_reduction(dt, op, err) || check_buffer(buf, count, dt, 1, "data", err) ||
+        (count > 0 && c->ops->all_reduce(c, buf, count, dt, op, err)))
+        return fail(c, name, err);
+    return 0;
+}
+
+int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err) {
+    const char *name = "broadcast";
+    errbuf local;
+    if (!err) err = &local; /* the cause is kept for the calls that come after */
+    if (begin(c, name, err)) return -1;
+    if (root < 0 || root >= c->world) {
+        errf(err, "root %d is not a rank of a world of %d", root, c->world);
+        return fail(c, name, err);
+    }
+    if (check_buffer(buf, count, dt, 1, "data", err) ||
+        (count > 0 && c->ops->broadcast(c, buf, count, dt, root, err)))
+        return fail(c, name, err);
+    return 0;
+}
+
+int comm_barrier(comm *c, errbuf *err) {
+    const char *name = "barrier";
+    errbuf local;
+    if (!err) err = &local; /* the cause is kept for the calls that come after */
+    if (begin(c, name, err)) return -1;
+    if (c->ops->barrier(c, err)) return fail(c, name, err);
+    return 0;
+}
+
+void comm_abort(comm *c) {
+    if (!c) return;
+    atomic_store(&c->aborted, 1);
+    c->ops->abort(c);
+}
+
+void comm_destroy(comm *c) {
+    if (c) c->ops->destroy(c);
+}

@@ -1,0 +1,118 @@
+/* comm: collectives between the workers of a job, backend-neutral.
+ *
+ * A communicator joins `world` ranks (one per worker).  Every call below is collective: all
+ * ranks make the same calls in the same order with the same count, dtype, op and root.
+ * Buffers are contiguous (host memory on the CPU backend).  The CPU backend (comm_tcp.c)
+ * runs rings over TCP; a GPU backend (NCCL) will build the same `comm` with its own
+ * constructor, and everything from comm_rank() down stays the same.
+ *
+ *   comm_listener l;
+ *   comm_tcp_listen(&l, "10.0.0.7", err);        publish l.addr ("10.0.0.7:41234") to the job
+ *   ... every rank's address gathered into a comm_rank_table ...
+ *   comm_init(&c, &opt, rank, &table, &l, err);   connect; l is closed from here on
+ *   comm_all_gather(c, shard, full, shard_count, COMM_BF16, err); ...
+ *   comm_destroy(c);
+ *
+ * Counts are per rank: all_gather and reduce_scatter move world*count elements in total.
+ * Sizes that do not divide by the world size are the CALLER's job: pad the flat buffer to a
+ * multiple of the world size (FSDP pads every flat parameter that way anyway).  A count of 0
+ * is a no-op.
+ *
+ * Reductions (SUM, AVG) work on COMM_F32 and COMM_BF16; COMM_BYTE can only be gathered or
+ * broadcast.  bf16 is accumulated in fp32 and rounded (to nearest even) once, at the end;
+ * AVG is the fp32 sum divided by the world size.  The reduction order is fixed for a given
+ * world size, so the same inputs give the same bits on every run.
+ *
+ * Errors: every call returns 0, or -1 with `err` naming the collective, the peer rank and
+ * the cause ("all_reduce: rank 1 closed the connection", "reduce_scatter: timed out after
+ * 30 s waiting for rank 2").  No call waits longer than the timeout (comm_options.timeout_s
+ * per collective).  After any error -- a bad argument included -- or comm_abort(), the
+ * communicator is dead: its connections are shut down, which makes the peers fail at once
+ * instead of waiting for their own timeout, and every later call fails immediately.
+ * The only way on is comm_destroy() and a new communicator.
+ *
+ * Threads: one thread at a time makes the collective calls; comm_abort() may be called
+ * from any thread at any time before comm_destroy() (a watchdog's way out).
+ *
+ * Test-only fault hooks (environment variables, read by comm_init; never set them in a job):
+ *   FSDP_TEST_COMM_STALL_RANK=r   rank r sleeps before one of its collectives, so that the
+ *   FSDP_TEST_COMM_STALL_AT=n     others time out: before its n-th collective (default 1),
+ *   FSDP_TEST_COMM_STALL_S=s      for s seconds (default 3600). */
+#ifndef FSDP_COMM_H
+#define FSDP_COMM_H
+
+#include <stddef.h>
+
+#include "proto/errbuf.h"
+
+#define COMM_SECRET_BYTES 32
+#define COMM_ADDR_MAX 80 /* room for "[ipv6%scope]:port" */
+#define COMM_MAX_WORLD 65536
+
+typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_BYTE } comm_dtype;
+typedef enum comm_op { COMM_SUM, COMM_AVG } comm_op;
+
+typedef struct comm comm;
+
+typedef struct comm_options {
+    /* The job secret: a connection that does not present it is refused.  It travels in
+     * clear: it keeps other jobs and stray clients out, not an eavesdropper. */
+    unsigned char secret[COMM_SECRET_BYTES];
+    double timeout_s;      /* deadline of each collective (runtime.comm_timeout_s); > 0 */
+    double init_timeout_s; /* deadline for comm_init to connect to its peers; > 0 */
+} comm_options;
+
+/* Every rank's listener address, as reported by comm_tcp_listen() and relayed by the daemons. */
+typedef struct comm_rank_table {
+    int world;
+    const char **addr; /* addr[r]: "host:port" or "[v6addr]:port" of rank r */
+} comm_rank_table;
+
+typedef struct comm_listener {
+    int fd;                   /* -1 once closed */
+    char addr[COMM_ADDR_MAX]; /* "host:port" to publish, numeric */
+} comm_listener;
+
+/* Binds a TCP listener on an ephemeral port of bind_host (an address or name of this node
+ * that the peers can reach; a wildcard such as 0.0.0.0 is refused, since it cannot be
+ * published) and fills l->addr. */
+int comm_tcp_listen(comm_listener *l, const char *bind_host, errbuf *err);
+/* Closes the listener (no-op when already closed). */
+void comm_listener_close(comm_listener *l);
+
+/* CPU backend: connects rank `rank` into the ring described by `table` (it connects to
+ * rank+1 and accepts rank-1 on its listener, retrying refused connections until
+ * opt->init_timeout_s), with a handshake that checks the secret, the world size and both
+ * rank numbers both ways.  Strangers connecting to the listener are turned away without
+ * disturbing the setup.  `l` is this rank's listener (may be NULL when world is 1); it is
+ * closed on return, success or not. */
+int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,
+              comm_listener *l, errbuf *err);
+
+int comm_rank(const comm *c);
+int comm_world(const comm *c);
+size_t comm_dtype_size(comm_dtype dt); /* 4, 2, 1; 0 for an unknown dtype */
+
+/* recv[r*count .. (r+1)*count) = rank r's send.  In place when send == recv + rank*count;
+ * otherwise the buffers must not overlap. */
+int comm_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                    errbuf *err);
+/* recv = op over all ranks of send[rank*count .. (rank+1)*count).  In place when
+ * recv == send + rank*count; otherwise the buffers must not overlap. */
+int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                        comm_op op, errbuf *err);
+/* buf = op over all ranks of buf, in place; every rank ends with the same bits. */
+int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err);
+/* buf = root's buf on every rank. */
+int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err);
+/* Returns once every rank has entered the barrier. */
+int comm_barrier(comm *c, errbuf *err);
+
+/* Kills the communicator: shuts its connections down (waking the peers and a collective in
+ * progress on another thread, which then fail).  Thread-safe; frees nothing. */
+void comm_abort(comm *c);
+/* Closes every connection and frees the communicator (NULL is fine).  Not concurrent with
+ * a collective: abort first, let that call return, then destroy. */
+void comm_destroy(comm *c);
+
+#endif

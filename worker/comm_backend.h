@@ -1,0 +1,51 @@
+/* comm_backend: what a comm backend (comm_tcp.c, later NCCL) implements behind comm.h.
+ * Private to the comm_* files.
+ *
+ * comm.c checks the arguments and the communicator's state, runs the test hooks, sets the
+ * deadline of the collective, then calls the backend.  A backend returns -1 with the cause
+ * only ("rank 2 closed the connection"); comm.c prefixes the collective's name, marks the
+ * communicator dead and calls ops->abort so that the peers learn at once. */
+#ifndef FSDP_COMM_BACKEND_H
+#define FSDP_COMM_BACKEND_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "worker/comm.h"
+
+typedef struct comm_ops {
+    int (*all_gather)(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                      errbuf *err);
+    int (*reduce_scatter)(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                          comm_op op, errbuf *err);
+    int (*all_reduce)(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err);
+    int (*broadcast)(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err);
+    int (*barrier)(comm *c, errbuf *err);
+    void (*abort)(comm *c);   /* thread-safe: shut connections down, free nothing */
+    void (*destroy)(comm *c); /* close and free everything, the comm included */
+} comm_ops;
+
+/* The common part; a backend's struct starts with it. */
+struct comm {
+    const comm_ops *ops;
+    int rank, world;
+    double timeout_s;
+    double deadline;  /* comm_now() by which the collective in progress must end */
+    atomic_int aborted;
+    int dead;
+    char dead_reason[sizeof(errbuf)]; /* the error that killed it */
+    uint64_t ncalls;  /* collectives started */
+    int stall_rank;   /* test hook: -1 when off */
+    uint64_t stall_at;
+    double stall_s;
+};
+
+/* Fills the common part (checks the options, reads the test hooks). */
+int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
+               errbuf *err);
+/* Seconds on CLOCK_MONOTONIC. */
+double comm_now(void);
+/* Sleeps s seconds (through signals). */
+void comm_sleep(double s);
+
+#endif
