@@ -1,0 +1,81 @@
+/* fsdpd: the node daemon.  Reads the job, spawns one fsdp-worker per GPU (or
+ * runtime.workers_per_node on the CPU backend), supervises them to the end of the job and
+ * exits 0 only when the job succeeded.  Local mode (one node, no SLURM) for now. */
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/supervisor.h"
+#include "kernels/kernels.h"
+#include "proto/fileio.h"
+#include "proto/job.h"
+
+static int usage(void) {
+    fprintf(stderr, "usage: fsdpd --job JOB.json [--section.key=value ...]\n"
+                    "       (recipe aliases such as --lr, --max_steps, --dataset also work)\n");
+    return 2;
+}
+
+/* fsdp-worker sits beside fsdpd unless FSDP_WORKER names another. */
+static int find_worker(char *out, size_t n) {
+    const char *env = getenv("FSDP_WORKER");
+    if (env) return snprintf(out, n, "%s", env) < (int)n ? 0 : -1;
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len < 0) return -1;
+    self[len] = '\0';
+    return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    const char *job_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+            return 0;
+        }
+        if (!strcmp(argv[i], "--job") && i + 1 < argc) job_path = argv[++i];
+        else if (strncmp(argv[i], "--", 2) != 0) return usage();
+    }
+    if (!job_path) return usage();
+
+    static job_config job;
+    errbuf err;
+    if (job_load(&job, job_path, &err)) goto bad_job;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--job")) i++;
+        else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
+    }
+    if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
+    int workers = job.runtime.workers_per_node;
+    if (job_validate(&job, workers, &err)) goto bad_job;
+    if (file_mkdir(job.output.dir, &err)) goto bad_job;
+
+    char worker_path[PATH_MAX];
+    if (find_worker(worker_path, sizeof worker_path) || access(worker_path, X_OK) != 0) {
+        fprintf(stderr, "fsdpd: cannot find the fsdp-worker executable (%s)\n", worker_path);
+        return 1;
+    }
+    /* Workers compute with one BLAS thread each (reproducible, and no oversubscription);
+     * OpenBLAS reads this when it loads, so it must be in the environment they inherit. */
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+
+    log_event(0, -1, "job %s: %d workers, backend cpu", job_path, workers);
+    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
+                              .bind_host = "127.0.0.1"};
+    if (supervisor_run(&opt, &err)) {
+        fprintf(stderr, "fsdpd: job failed: %s\n", err.msg);
+        return 1;
+    }
+    log_event(0, -1, "job finished");
+    return 0;
+
+bad_job:
+    fprintf(stderr, "fsdpd: %s\n", err.msg);
+    return 2;
+}

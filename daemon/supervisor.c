@@ -1,0 +1,436 @@
+#include "daemon/supervisor.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "proto/ctl.h"
+#include "worker/comm.h"
+
+#define WORKER_CTL_FD 3
+
+typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase;
+
+typedef struct supervisor supervisor;
+
+typedef struct worker {
+    supervisor *sup;
+    int rank;
+    pid_t pid;
+    struct bufferevent *bev; /* NULL once the connection is closed */
+    ctl_decoder dec;
+    int exited, status;      /* from waitpid */
+    int finished;            /* exited and connection closed: judged */
+    int ready;
+    int reported;            /* sent FATAL: its exit status is the consequence, not the cause */
+    char addr[COMM_ADDR_MAX];
+    double last_seen;
+} worker;
+
+struct supervisor {
+    const supervisor_options *opt;
+    struct event_base *base;
+    worker *workers;
+    int n_finished, n_addr, n_ready;
+    phase phase;
+    int failed;
+    int reason_reported; /* the reason came from a worker's FATAL */
+    errbuf reason;
+    int sigint_count;
+    char secret_hex[2 * COMM_SECRET_BYTES + 1];
+    char *job_json;
+    FILE *metrics;
+    struct event *sigchld, *sigint, *sigterm, *grace, *heartbeat;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- stopping ---- */
+
+static void kill_all(supervisor *s) {
+    for (int r = 0; r < s->opt->workers; r++)
+        if (s->workers[r].pid > 0 && !s->workers[r].exited) kill(s->workers[r].pid, SIGKILL);
+}
+
+static void send_msg(worker *w, ctl_type type, json_t *body);
+
+/* Sends STOP to every worker still running and gives them stop_grace_s to exit. */
+static void begin_stop(supervisor *s, const char *reason) {
+    if (s->phase == PHASE_STOPPING) return;
+    s->phase = PHASE_STOPPING;
+    log_event(0, -1, "stopping the workers: %s", reason);
+    for (int r = 0; r < s->opt->workers; r++)
+        if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
+    struct timeval grace = {s->opt->job->runtime.stop_grace_s, 0};
+    evtimer_add(s->grace, &grace);
+}
+
+/* Records a failure and stops the others.  The first one is the job's reason, except that
+ * a worker dying without a word (a crash, a kill, an exit without FATAL) outranks a FATAL
+ * report: the reports that follow such a death are usually its consequence ("rank 0 closed
+ * the connection"), and may arrive before the death is noticed. */
+static void record_failure(supervisor *s, int silent_death, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void record_failure(supervisor *s, int silent_death, const char *fmt, ...) {
+    char msg[sizeof s->reason.msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_event(0, -1, "%s", msg);
+    if (!s->failed || (silent_death && s->reason_reported)) {
+        s->failed = 1;
+        s->reason_reported = !silent_death;
+        errf(&s->reason, "%s", msg);
+    }
+    begin_stop(s, msg);
+}
+#define fail(s, ...) record_failure(s, 0, __VA_ARGS__)
+
+static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    supervisor *s = arg;
+    log_event(0, -1, "workers still running after %d s of grace: killing them",
+              s->opt->job->runtime.stop_grace_s);
+    kill_all(s);
+}
+
+/* ---- one worker ---- */
+
+static void close_connection(worker *w) {
+    if (w->bev) bufferevent_free(w->bev);
+    w->bev = NULL;
+}
+
+/* A worker is judged once it has exited and its connection is drained, so a FATAL sent
+ * just before exiting is read before the exit status speaks. */
+static void maybe_finish(worker *w) {
+    supervisor *s = w->sup;
+    if (w->finished || !w->exited || w->bev) return;
+    w->finished = 1;
+    s->n_finished++;
+    if (WIFSIGNALED(w->status)) {
+        if (s->phase != PHASE_STOPPING || !s->failed)
+            record_failure(s, !w->reported, "rank %d was killed by signal %d (%s)", w->rank,
+                           WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
+        else
+            log_event(0, w->rank, "killed by signal %d", WTERMSIG(w->status));
+    } else if (WEXITSTATUS(w->status) != 0) {
+        record_failure(s, !w->reported, "rank %d exited with status %d", w->rank,
+                       WEXITSTATUS(w->status));
+    } else {
+        log_event(0, w->rank, "exited");
+    }
+    if (s->n_finished == s->opt->workers) event_base_loopbreak(s->base);
+}
+
+static void send_msg(worker *w, ctl_type type, json_t *body) {
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    uint8_t header[CTL_HEADER_SIZE];
+    errbuf err;
+    if (!text) {
+        fail(w->sup, "rank %d: out of memory encoding %s", w->rank, ctl_type_name(type));
+        return;
+    }
+    size_t len = strlen(text);
+    if (w->bev && ctl_encode_header(header, type, len, &err) == 0) {
+        bufferevent_write(w->bev, header, sizeof header);
+        bufferevent_write(w->bev, text, len);
+    }
+    free(text);
+}
+
+static void broadcast_peers(supervisor *s) {
+    json_t *addrs = json_array();
+    for (int r = 0; r < s->opt->workers; r++) json_array_append_new(addrs, json_string(s->workers[r].addr));
+    for (int r = 0; r < s->opt->workers; r++)
+        send_msg(&s->workers[r], CTL_PEERS, json_pack("{s:O}", "addrs", addrs));
+    json_decref(addrs);
+}
+
+static void on_metrics(supervisor *s, worker *w, json_t *m) {
+    long step = (long)json_integer_value(json_object_get(m, "step"));
+    long total = (long)json_integer_value(json_object_get(m, "total_steps"));
+    double loss = json_number_value(json_object_get(m, "loss"));
+    double lr = json_number_value(json_object_get(m, "lr"));
+    double norm = json_number_value(json_object_get(m, "grad_norm"));
+    double tokens = json_number_value(json_object_get(m, "tokens"));
+    double secs = json_number_value(json_object_get(m, "seconds"));
+    printf("step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", step, total, loss,
+           lr, norm, secs > 0 ? tokens / secs : 0.0);
+    fflush(stdout);
+    if (!s->metrics) return;
+    json_object_set_new(m, "rank", json_integer(w->rank));
+    json_object_set_new(m, "time", json_real((double)time(NULL)));
+    char *line = json_dumps(m, JSON_COMPACT);
+    if (!line || fprintf(s->metrics, "%s\n", line) < 0 || fflush(s->metrics) != 0)
+        log_event(0, -1, "cannot append to the metrics file: %s", strerror(errno));
+    free(line);
+}
+
+static void handle_message(worker *w, const ctl_msg *msg) {
+    supervisor *s = w->sup;
+    json_t *body = NULL;
+    errbuf err;
+    if (ctl_msg_json(msg, &body, &err)) {
+        fail(s, "rank %d: bad %s message: %s", w->rank, ctl_type_name(msg->type), err.msg);
+        return;
+    }
+    switch (msg->type) {
+    case CTL_HELLO:
+        send_msg(w, CTL_CONFIG,
+                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s}", "rank", w->rank, "world",
+                           s->opt->workers, "local_rank", w->rank, "node", 0, "bind_host",
+                           s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json));
+        break;
+    case CTL_ADDR: {
+        const char *addr = json_string_value(json_object_get(body, "addr"));
+        if (!addr || strlen(addr) >= sizeof w->addr || w->addr[0]) {
+            fail(s, "rank %d: bad ADDR message", w->rank);
+            break;
+        }
+        strcpy(w->addr, addr);
+        if (++s->n_addr == s->opt->workers) broadcast_peers(s);
+        break;
+    }
+    case CTL_HEARTBEAT:
+        if (json_is_true(json_object_get(body, "ready")) && !w->ready) {
+            w->ready = 1;
+            if (++s->n_ready == s->opt->workers && s->phase == PHASE_SETUP) {
+                s->phase = PHASE_TRAINING;
+                log_event(0, -1, "all %d workers ready: training", s->opt->workers);
+                for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], CTL_START, json_object());
+            }
+        }
+        break;
+    case CTL_METRICS:
+        on_metrics(s, w, body);
+        break;
+    case CTL_FATAL: {
+        const char *what = json_string_value(json_object_get(body, "message"));
+        w->reported = 1;
+        fail(s, "rank %d failed: %s", w->rank, what ? what : "(no message)");
+        break;
+    }
+    default:
+        fail(s, "rank %d sent an unexpected %s message", w->rank, ctl_type_name(msg->type));
+    }
+    json_decref(body);
+}
+
+static void on_readable(struct bufferevent *bev, void *arg) {
+    worker *w = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    unsigned char chunk[65536];
+    errbuf err;
+    int n;
+    w->last_seen = now_s();
+    while ((n = evbuffer_remove(in, chunk, sizeof chunk)) > 0) {
+        if (ctl_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
+            fail(w->sup, "rank %d: %s", w->rank, err.msg);
+            close_connection(w);
+            maybe_finish(w);
+            return;
+        }
+    }
+    ctl_msg msg;
+    int got;
+    while (w->bev && (got = ctl_decoder_next(&w->dec, &msg, &err)) == 1) {
+        handle_message(w, &msg);
+        ctl_msg_free(&msg);
+    }
+    if (w->bev && got < 0) {
+        fail(w->sup, "rank %d: protocol error: %s", w->rank, err.msg);
+        close_connection(w);
+        maybe_finish(w);
+    }
+}
+
+static void on_connection_event(struct bufferevent *bev, short events, void *arg) {
+    (void)bev;
+    worker *w = arg;
+    if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+    on_readable(w->bev, w);
+    if (!w->bev) return;
+    if (ctl_decoder_buffered(&w->dec))
+        log_event(0, w->rank, "connection closed in the middle of a message");
+    close_connection(w);
+    maybe_finish(w);
+}
+
+/* Forks one worker with its end of a socketpair as WORKER_CTL_FD.  Only the main thread
+ * forks: PR_SET_PDEATHSIG follows the thread that forked. */
+static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return errf(err, "socketpair: %s", strerror(errno));
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        return errf(err, "fork: %s", strerror(e));
+    }
+    if (pid == 0) {
+        /* The child: die with the daemon, even if it died before the next line. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (sv[1] == WORKER_CTL_FD) {
+            if (fcntl(sv[1], F_SETFD, 0) != 0) _exit(126);
+        } else if (dup2(sv[1], WORKER_CTL_FD) < 0) {
+            _exit(126);
+        }
+        execl(s->opt->worker_path, "fsdp-worker", "--ctl-fd", "3", (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    w->pid = pid;
+    w->last_seen = now_s();
+    ctl_decoder_init(&w->dec);
+    evutil_make_socket_nonblocking(sv[0]);
+    w->bev = bufferevent_socket_new(s->base, sv[0], BEV_OPT_CLOSE_ON_FREE);
+    if (!w->bev) {
+        close(sv[0]);
+        return errf(err, "rank %d: cannot create its connection", w->rank);
+    }
+    bufferevent_setcb(w->bev, on_readable, NULL, on_connection_event, w);
+    bufferevent_enable(w->bev, EV_READ | EV_WRITE);
+    log_event(0, w->rank, "started, pid %d", (int)pid);
+    return 0;
+}
+
+/* ---- signals and timers ---- */
+
+static void on_sigchld(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    supervisor *s = arg;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int r = 0; r < s->opt->workers; r++) {
+            worker *w = &s->workers[r];
+            if (w->pid != pid) continue;
+            w->exited = 1;
+            w->status = status;
+            maybe_finish(w);
+        }
+    }
+}
+
+static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
+    (void)what;
+    supervisor *s = arg;
+    if (sig == SIGINT && ++s->sigint_count >= 2) {
+        log_event(0, -1, "second SIGINT: stopping at once");
+        kill_all(s);
+        return;
+    }
+    fail(s, "stopped by signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    supervisor *s = arg;
+    int hb = s->opt->job->runtime.heartbeat_s;
+    double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = now_s();
+    for (int r = 0; r < s->opt->workers; r++) {
+        worker *w = &s->workers[r];
+        if (!w->exited && w->bev && now - w->last_seen > limit)
+            fail(s, "rank %d sent nothing for %.0f s (heartbeat every %d s)", r, now - w->last_seen, hb);
+    }
+}
+
+/* ---- set-up and tear-down ---- */
+
+static int make_secret(supervisor *s, errbuf *err) {
+    unsigned char secret[COMM_SECRET_BYTES];
+    if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
+        return errf(err, "getrandom: %s", strerror(errno));
+    for (int i = 0; i < COMM_SECRET_BYTES; i++) sprintf(s->secret_hex + 2 * i, "%02x", secret[i]);
+    return 0;
+}
+
+static int open_metrics(supervisor *s, errbuf *err) {
+    const char *path = s->opt->job->runtime.metrics;
+    s->metrics = fopen(path, "ae");
+    if (!s->metrics) return errf(err, "%s: %s", path, strerror(errno));
+    return 0;
+}
+
+static int setup_events(supervisor *s, errbuf *err) {
+    s->base = event_base_new();
+    if (!s->base) return errf(err, "cannot create the event loop");
+    s->sigchld = evsignal_new(s->base, SIGCHLD, on_sigchld, s);
+    s->sigint = evsignal_new(s->base, SIGINT, on_stop_signal, s);
+    s->sigterm = evsignal_new(s->base, SIGTERM, on_stop_signal, s);
+    s->grace = evtimer_new(s->base, on_grace_expired, s);
+    s->heartbeat = event_new(s->base, -1, EV_PERSIST, on_heartbeat_check, s);
+    struct timeval every = {s->opt->job->runtime.heartbeat_s, 0};
+    if (!s->sigchld || !s->sigint || !s->sigterm || !s->grace || !s->heartbeat ||
+        evsignal_add(s->sigchld, NULL) || evsignal_add(s->sigint, NULL) ||
+        evsignal_add(s->sigterm, NULL) || event_add(s->heartbeat, &every))
+        return errf(err, "cannot set up the event loop's signals and timers");
+    return 0;
+}
+
+static void teardown(supervisor *s) {
+    for (int r = 0; s->workers && r < s->opt->workers; r++) {
+        close_connection(&s->workers[r]);
+        ctl_decoder_free(&s->workers[r].dec);
+    }
+    struct event *events[] = {s->sigchld, s->sigint, s->sigterm, s->grace, s->heartbeat};
+    for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
+        if (events[i]) event_free(events[i]);
+    if (s->base) event_base_free(s->base);
+    if (s->metrics) fclose(s->metrics);
+    free(s->workers);
+    free(s->job_json);
+}
+
+int supervisor_run(const supervisor_options *opt, errbuf *err) {
+    supervisor s = {.opt = opt};
+    s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
+    int rc = s.workers ? 0 : errf(err, "out of memory");
+    if (rc == 0) rc = make_secret(&s, err);
+    if (rc == 0) rc = job_to_json(opt->job, &s.job_json, err);
+    if (rc == 0) rc = open_metrics(&s, err);
+    if (rc == 0) rc = setup_events(&s, err);
+    for (int r = 0; rc == 0 && r < opt->workers; r++) {
+        s.workers[r] = (worker){.sup = &s, .rank = r};
+        rc = spawn_worker(&s, &s.workers[r], err);
+        if (rc) {
+            fail(&s, "cannot start rank %d: %s", r, err->msg);
+            /* The ones already running are stopped by the loop below. */
+            s.n_finished += opt->workers - r;
+            rc = 0;
+            break;
+        }
+    }
+    if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
+    if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
+    teardown(&s);
+    return rc;
+}

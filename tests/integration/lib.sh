@@ -1,0 +1,81 @@
+# Shared helpers for the integration tests (sourced).  Each test gets a temporary directory
+# $tmp (removed on exit, with any process the test left behind killed) and these tools.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+build=${FSDP_BUILD:-build}
+fsdpd=$build/fsdpd
+fsdpctl=$build/fsdpctl
+shared=${FSDP_SHARED:-../shared}
+tmp=$(mktemp -d)
+bg_pids=()
+cleanup() {
+    for p in "${bg_pids[@]+"${bg_pids[@]}"}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output contains NEEDLE.
+expect_status() {
+    local want=$1 needle=$2 status=0
+    shift 2
+    "$@" > "$tmp/cmd.out" 2>&1 || status=$?
+    [ "$status" -eq "$want" ] || { cat "$tmp/cmd.out" >&2; fail "'$*' exited $status, expected $want"; }
+    grep -qF -- "$needle" "$tmp/cmd.out" || { cat "$tmp/cmd.out" >&2; fail "'$*': output does not mention '$needle'"; }
+}
+
+# A small model (flat sizes that divide by neither 3 nor 4) and a copy-task data set.
+make_small_model() { # DIR [tie]
+    local tie=${2:-false}
+    mkdir -p "$1"
+    cat > "$1/model.json" <<JSON
+{"model_type": "llama", "hidden_size": 36, "intermediate_size": 70, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 10, "vocab_size": 61,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": $tie,
+ "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+JSON
+}
+make_small_data() { # FILE [RECORDS] [SEQ]
+    "$fsdpctl" synth --out "$1" --records "${2:-96}" --seq-len "${3:-20}" --vocab 61 --alphabet 12 --seed 7 >/dev/null
+}
+
+# write_job FILE MODEL_JSON DATA [extra top-level JSON members]: a CPU job over the small model.
+write_job() {
+    local file=$1 model=$2 data=$3 dir
+    dir=$(dirname "$file")
+    cat > "$file" <<JSON
+{
+  "model": {"init": "random", "config": "$model"},
+  "data": {"path": "$data", "format": "tokens", "seq_len": 20},
+  "train": {"global_batch": 12, "micro_batch": 3, "max_steps": 4, "lr": 1e-2,
+            "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 1.0,
+            "seed": 3},
+  "checkpoint": {"dir": "$dir/ckpt"},
+  "output": {"dir": "$dir/out"},
+  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
+              "comm_timeout_s": 20}
+}
+JSON
+}
+
+# The worker pids fsdpd logged ("rank R: started, pid N").
+worker_pids() { sed -n 's/.*rank [0-9]*: started, pid \([0-9]*\).*/\1/p' "$1"; }
+
+# assert_gone PIDS...: none of them is still running (zombies of a dead parent included).
+assert_gone() {
+    local p
+    for p in "$@"; do
+        if kill -0 "$p" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; then
+            fail "process $p is still running"
+        fi
+    done
+}
+
+# wait_for SECONDS CMD...: polls CMD every 0.1 s until it succeeds; fails after SECONDS.
+wait_for() {
+    local limit=$1 i
+    shift
+    for ((i = 0; i < limit * 10; i++)); do "$@" && return 0; sleep 0.1; done
+    fail "timed out after ${limit}s waiting for: $*"
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# fsdpd spawning and stopping its workers (F3): a job that succeeds; bad job files; a worker
+# that exits non-zero, one killed by SIGKILL, one that hangs when told to stop: fsdpd exits
+# non-zero within 10 s naming the cause and leaves no process behind; SIGKILL to fsdpd: its
+# workers are gone within 5 s.
+source "$(dirname "$0")/lib.sh"
+
+make_small_model "$tmp"
+make_small_data "$tmp/data.tokens"
+write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
+
+# --- a job that succeeds, with its metrics file --------------------------------------------
+"$fsdpd" --job "$tmp/job.json" > "$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "the job failed"; }
+grep -q "step 4/4" "$tmp/ok.log" || fail "no progress line for the last step"
+[ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 4 ] || fail "metrics.jsonl should hold 4 lines"
+grep -q '"loss"' "$tmp/out/metrics.jsonl" || fail "metrics lines carry no loss"
+assert_gone $(worker_pids "$tmp/ok.log")
+
+# --- bad job files: exit 2, the key named ----------------------------------------------------
+echo '{"train": {"lr": "fast"}}' > "$tmp/bad1.json"
+expect_status 2 "train.lr" "$fsdpd" --job "$tmp/bad1.json"
+echo '{"trian": {}}' > "$tmp/bad2.json"
+expect_status 2 "trian" "$fsdpd" --job "$tmp/bad2.json"
+echo '{"model": {"init": "random"' > "$tmp/bad3.json"
+expect_status 2 "bad3.json" "$fsdpd" --job "$tmp/bad3.json"
+expect_status 2 "global_batch" "$fsdpd" --job "$tmp/job.json" --train.global_batch=7
+expect_status 2 "not built yet" "$fsdpd" --job "$tmp/job.json" --fsdp.sharding=hybrid_shard
+expect_status 2 "usage" "$fsdpd"
+
+# --- a worker's own error reaches fsdpd's message ------------------------------------------
+expect_status 1 "rank 0 failed" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/missing.tokens"
+grep -q "missing.tokens" "$tmp/cmd.out" || fail "the worker's error does not name the missing file"
+
+# run_timed NAME ENV...: runs the job in the background with the given environment, returns
+# once fsdpd has exited (or fails after 10 s); sets $status and $elapsed.
+run_timed() {
+    local name=$1
+    shift
+    local start=$(date +%s%N)
+    env "$@" "$fsdpd" --job "$tmp/job.json" --train.max_steps=1000 > "$tmp/$name.log" 2>&1 &
+    local pid=$!
+    bg_pids+=("$pid")
+    wait_for 10 sh -c "! kill -0 $pid 2>/dev/null"
+    status=0
+    wait "$pid" || status=$?
+    elapsed=$(( ($(date +%s%N) - start) / 1000000 ))
+}
+
+# --- a worker that exits non-zero ------------------------------------------------------------
+run_timed exit FSDP_TEST_WORKER_FAULT=1:exit:2
+[ "$status" -ne 0 ] || fail "fsdpd exited 0 after a worker failed"
+grep -q "rank 1 exited with status 3" "$tmp/exit.log" || { cat "$tmp/exit.log"; fail "no reason given"; }
+assert_gone $(worker_pids "$tmp/exit.log")
+echo "worker exit: fsdpd stopped in ${elapsed} ms"
+
+# --- a worker that hangs when told to stop: killed after stop_grace_s ------------------------
+run_timed hang FSDP_TEST_WORKER_FAULT=0:exit:2,1:hang_on_stop
+[ "$status" -ne 0 ] || fail "fsdpd exited 0"
+grep -q "rank 0 exited with status 3" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "wrong reason"; }
+grep -q "killing them" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "the hung worker was not killed"; }
+assert_gone $(worker_pids "$tmp/hang.log")
+echo "hung worker: fsdpd stopped in ${elapsed} ms"
+
+# --- a worker killed by SIGKILL ------------------------------------------------------------
+env "$fsdpd" --job "$tmp/job.json" --train.max_steps=1000 > "$tmp/kill.log" 2>&1 &
+pid=$!
+bg_pids+=("$pid")
+wait_for 10 grep -qs "step 2/" "$tmp/kill.log"
+victim=$(worker_pids "$tmp/kill.log" | tail -1)
+kill -9 "$victim"
+wait_for 10 sh -c "! kill -0 $pid 2>/dev/null"
+status=0
+wait "$pid" || status=$?
+[ "$status" -ne 0 ] || fail "fsdpd exited 0 after a worker was killed"
+grep -q "killed by signal 9" "$tmp/kill.log" || { cat "$tmp/kill.log"; fail "no reason given"; }
+assert_gone $(worker_pids "$tmp/kill.log")
+
+# --- SIGKILL to fsdpd: every worker dies with it ----------------------------------------------
+"$fsdpd" --job "$tmp/job.json" --train.max_steps=1000 > "$tmp/daemon.log" 2>&1 &
+pid=$!
+bg_pids+=("$pid")
+wait_for 10 grep -qs "step 1/" "$tmp/daemon.log"
+pids=$(worker_pids "$tmp/daemon.log")
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+gone() { for p in $pids; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
+wait_for 5 gone
+echo "ok"

@@ -1,0 +1,111 @@
+/* Learning-rate schedules against the Hugging Face formulas, and the data order. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "worker/data.h"
+#include "worker/schedule.h"
+
+static job_config job_with(job_schedule s, double lr, double min_lr, int warmup) {
+    job_config j;
+    job_defaults(&j);
+    j.train.schedule = s;
+    j.train.lr = lr;
+    j.train.min_lr = min_lr;
+    j.train.warmup_steps = warmup;
+    return j;
+}
+
+static void test_warmup_is_linear_from_zero(void **state) {
+    (void)state;
+    job_config j = job_with(JOB_SCHEDULE_COSINE, 1e-3, 0, 10);
+    assert_float_equal(schedule_lr(&j, 0, 100), 0.0, 1e-15);
+    assert_float_equal(schedule_lr(&j, 5, 100), 5e-4, 1e-15);
+    assert_float_equal(schedule_lr(&j, 10, 100), 1e-3, 1e-15); /* decay starts at full lr */
+}
+
+static void test_cosine_matches_hf(void **state) {
+    (void)state;
+    job_config j = job_with(JOB_SCHEDULE_COSINE, 2e-3, 0, 10);
+    /* get_cosine_schedule_with_warmup: 0.5 * (1 + cos(pi * (s - w) / (T - w))) */
+    for (long s = 10; s <= 100; s += 7) {
+        double want = 2e-3 * 0.5 * (1 + cos(M_PI * (double)(s - 10) / 90.0));
+        assert_float_equal(schedule_lr(&j, s, 100), want, 1e-15);
+    }
+    assert_float_equal(schedule_lr(&j, 100, 100), 0.0, 1e-15);
+}
+
+static void test_linear_and_constant_and_floor(void **state) {
+    (void)state;
+    job_config lin = job_with(JOB_SCHEDULE_LINEAR, 1e-3, 0, 0);
+    assert_float_equal(schedule_lr(&lin, 25, 100), 0.75e-3, 1e-15);
+    job_config cst = job_with(JOB_SCHEDULE_CONSTANT, 1e-3, 0, 4);
+    assert_float_equal(schedule_lr(&cst, 2, 100), 0.5e-3, 1e-15);
+    assert_float_equal(schedule_lr(&cst, 90, 100), 1e-3, 1e-15);
+    job_config floor = job_with(JOB_SCHEDULE_COSINE, 1e-3, 1e-4, 0);
+    assert_float_equal(schedule_lr(&floor, 100, 100), 1e-4, 1e-15);
+    assert_float_equal(schedule_lr(&floor, 50, 100), 1e-4 + 0.9e-3 * 0.5, 1e-15);
+}
+
+/* The data order: each epoch is a permutation, different epochs differ, and the same
+ * position gives the same sample whatever batch of positions it is read in. */
+static void test_data_order(void **state) {
+    (void)state;
+    char path[] = "/tmp/fsdp-test-data-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tok_writer w;
+    errbuf err;
+    tok_writer_init(&w, 1000);
+    for (int32_t r = 0; r < 50; r++) {
+        int32_t t[2] = {r, r + 100};
+        uint8_t m[2] = {1, 1};
+        assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
+    }
+    assert_int_equal(tok_writer_save(&w, path, &err), 0);
+    tok_writer_free(&w);
+
+    data_loader d;
+    assert_int_equal(data_open(&d, path, 2, 8, 42, 1000, &err), 0);
+    assert_int_equal(d.epoch_len, 48);
+    assert_int_equal(data_steps_per_epoch(&d), 6);
+    int32_t ids[96 * 2], labels[96 * 2];
+    data_fill(&d, 0, 96, ids, labels);
+    int seen[50] = {0}, same_order = 1;
+    for (int i = 0; i < 48; i++) {
+        seen[ids[2 * i]]++;
+        same_order &= ids[2 * i] == ids[2 * (48 + i)];
+        assert_int_equal(ids[2 * i + 1], ids[2 * i] + 100);
+    }
+    for (int r = 0; r < 50; r++) assert_true(seen[r] <= 1);
+    assert_false(same_order); /* epoch 1 is shuffled differently */
+    int32_t one[2], one_labels[2];
+    data_fill(&d, 57, 1, one, one_labels);
+    assert_int_equal(one[0], ids[2 * 57]);
+    data_close(&d);
+
+    assert_int_equal(data_open(&d, path, 2, 64, 42, 1000, &err), -1);
+    assert_non_null(strstr(err.msg, "fewer than one global batch"));
+    assert_int_equal(data_open(&d, path, 2, 8, 42, 500, &err), -1);
+    assert_non_null(strstr(err.msg, "vocabulary"));
+    unlink(path);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_warmup_is_linear_from_zero),
+        cmocka_unit_test(test_cosine_matches_hf),
+        cmocka_unit_test(test_linear_and_constant_and_floor),
+        cmocka_unit_test(test_data_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

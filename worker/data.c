@@ -1,0 +1,65 @@
+#include "worker/data.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/rng.h"
+
+int data_open(data_loader *d, const char *path, int seq_len, int global_batch, uint64_t seed,
+              int vocab_size, errbuf *err) {
+    memset(d, 0, sizeof *d);
+    d->perm_epoch = -1;
+    if (tok_open(&d->cache, path, err)) return -1;
+    if (d->cache.vocab_size > (uint32_t)vocab_size) {
+        uint32_t v = d->cache.vocab_size;
+        data_close(d);
+        return errf(err, "%s: token ids up to %u do not fit the model's vocabulary of %d", path,
+                    v - 1, vocab_size);
+    }
+    if (d->cache.n_records < (uint64_t)global_batch) {
+        uint64_t n = d->cache.n_records;
+        data_close(d);
+        return errf(err, "%s: %llu records, fewer than one global batch (%d)", path,
+                    (unsigned long long)n, global_batch);
+    }
+    d->seq_len = seq_len;
+    d->global_batch = global_batch;
+    d->seed = seed;
+    d->epoch_len = d->cache.n_records / (uint64_t)global_batch * (uint64_t)global_batch;
+    d->perm = malloc(d->cache.n_records * sizeof *d->perm);
+    if (!d->perm) {
+        data_close(d);
+        return errf(err, "%s: out of memory for the sample order", path);
+    }
+    return 0;
+}
+
+void data_close(data_loader *d) {
+    tok_close(&d->cache);
+    free(d->perm);
+    memset(d, 0, sizeof *d);
+}
+
+/* Fisher-Yates over every record, driven by the (seed, epoch) stream. */
+static void shuffle_epoch(data_loader *d, int64_t epoch) {
+    uint64_t n = d->cache.n_records, stream = rng_stream(RNG_PURPOSE_SHUFFLE, (uint64_t)epoch);
+    for (uint64_t i = 0; i < n; i++) d->perm[i] = i;
+    for (uint64_t i = n - 1; i > 0; i--) {
+        uint64_t j = rng_u64(d->seed, stream, i) % (i + 1);
+        uint64_t t = d->perm[i];
+        d->perm[i] = d->perm[j];
+        d->perm[j] = t;
+    }
+    d->perm_epoch = epoch;
+}
+
+void data_fill(data_loader *d, uint64_t first, int n, int32_t *input_ids, int32_t *labels) {
+    for (int i = 0; i < n; i++) {
+        uint64_t pos = first + (uint64_t)i;
+        int64_t epoch = (int64_t)(pos / d->epoch_len);
+        if (epoch != d->perm_epoch) shuffle_epoch(d, epoch);
+        uint64_t record = d->perm[pos % d->epoch_len];
+        tok_sample(&d->cache, record, d->seq_len, input_ids + (size_t)i * d->seq_len,
+                   labels + (size_t)i * d->seq_len);
+    }
+}

@@ -1,0 +1,446 @@
+/* fsdp: sharded parameters, the gather/compute/reduce order of a step, and AdamW on the
+ * shards.  See fsdp.h. */
+#include "worker/fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/rng.h"
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+static int is_tied(const fsdp *f) { return f->layout.cfg.tie_word_embeddings; }
+
+static comm_dtype compute_comm_dtype(const kctx *c) {
+    return c->compute == K_BF16 ? COMM_BF16 : COMM_F32;
+}
+
+/* ---- set-up ---- */
+
+static int alloc_shards(fsdp *f, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    size_t total = 0, max_shard = 0, max_padded = 0;
+    for (int u = 0; u < lo->n_units; u++) {
+        fsdp_unit *U = &f->units[u];
+        U->numel = lo->units[u].numel;
+        U->padded = round_up(U->numel, (size_t)f->group);
+        U->shard = U->padded / (size_t)f->group;
+        U->shard_off = (size_t)f->group_rank * U->shard;
+        total += 4 * U->shard;
+        if (U->shard > max_shard) max_shard = U->shard;
+        if (U->padded > max_padded) max_padded = U->padded;
+    }
+    float *mem = k_alloc(f->ctx, total * sizeof(float), err);
+    if (!mem) return -1;
+    for (int u = 0; u < lo->n_units; u++) {
+        fsdp_unit *U = &f->units[u];
+        U->master = mem, mem += U->shard;
+        U->m = mem, mem += U->shard;
+        U->v = mem, mem += U->shard;
+        U->grad = mem, mem += U->shard;
+    }
+    size_t cs = k_compute_size(f->ctx), embed_padded = f->units[LLAMA_EMBED_UNIT].padded;
+    f->send = k_alloc(f->ctx, max_shard * cs, err);
+    f->gathered[0] = f->send ? k_alloc(f->ctx, max_padded * cs, err) : NULL;
+    f->full_grad[0] = f->gathered[0] ? k_alloc(f->ctx, max_padded * sizeof(float), err) : NULL;
+    if (!f->full_grad[0]) return -1;
+    if (is_tied(f)) {
+        f->gathered[1] = k_alloc(f->ctx, embed_padded * cs, err);
+        f->full_grad[1] = f->gathered[1] ? k_alloc(f->ctx, embed_padded * sizeof(float), err) : NULL;
+        if (!f->full_grad[1]) return -1;
+    }
+    f->scalars = k_alloc(f->ctx, 2 * sizeof(float), err);
+    return f->scalars ? 0 : -1;
+}
+
+int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
+              const fsdp_options *opt, errbuf *err) {
+    memset(f, 0, sizeof *f);
+    f->ctx = ctx;
+    f->comm = comm;
+    f->rank = rank;
+    f->world = world;
+    f->sharding = opt->sharding;
+    f->checkpoint_activations = opt->checkpoint_activations;
+    if (opt->sharding != JOB_SHARD_FULL && opt->sharding != JOB_SHARD_NONE)
+        return errf(err, "fsdp: only full_shard and no_shard are built");
+    if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
+    f->group = opt->sharding == JOB_SHARD_FULL ? world : 1;
+    f->group_rank = opt->sharding == JOB_SHARD_FULL ? rank : 0;
+    if (llama_layout_init(&f->layout, cfg, err)) return -1;
+    size_t half = (size_t)cfg->head_dim / 2;
+    float *inv_freq = malloc(half * sizeof *inv_freq);
+    f->units = calloc((size_t)f->layout.n_units, sizeof *f->units);
+    if (!inv_freq || !f->units) {
+        free(inv_freq);
+        fsdp_destroy(f);
+        return errf(err, "fsdp: out of host memory");
+    }
+    int rc = alloc_shards(f, err);
+    if (rc == 0) f->inv_freq = k_alloc(ctx, half * sizeof(float), err);
+    if (rc == 0 && f->inv_freq) {
+        llama_rope_inv_freq(cfg, inv_freq);
+        k_copy_h2d(ctx, f->inv_freq, inv_freq, half * sizeof(float));
+    }
+    free(inv_freq);
+    if (rc != 0 || !f->inv_freq || k_sync(ctx, err)) {
+        fsdp_destroy(f);
+        return errprefix(err, "fsdp");
+    }
+    return 0;
+}
+
+static void free_activations(fsdp *f) {
+    if (f->act_memory) k_free(f->ctx, f->act_memory);
+    free(f->resid);
+    free(f->layer_acts);
+    f->act_memory = NULL;
+    f->resid = NULL;
+    f->layer_acts = NULL;
+    f->B = f->T = 0;
+}
+
+void fsdp_destroy(fsdp *f) {
+    if (f->ctx) {
+        free_activations(f);
+        if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
+        void *bufs[] = {f->send, f->gathered[0], f->gathered[1], f->full_grad[0],
+                        f->full_grad[1], f->inv_freq, f->scalars};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) k_free(f->ctx, bufs[i]);
+    }
+    free(f->units);
+    llama_layout_free(&f->layout);
+    memset(f, 0, sizeof *f);
+}
+
+/* Activations of one micro-batch of B sequences of T tokens, in one allocation. */
+static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
+    if (f->B == B && f->T == T) return 0;
+    free_activations(f);
+    const llama_layout *lo = &f->layout;
+    int L = lo->n_layers, n_acts = f->checkpoint_activations ? 1 : L;
+    size_t cs = k_compute_size(f->ctx), N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size;
+    size_t resid_bytes = round_up(N * C * cs, 256);
+    size_t acts_bytes = round_up(llama_layer_acts_carve(&(llama_layer_acts){0}, NULL, lo, cs, B, T), 256);
+    size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
+    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, cs, B, T), 256);
+    size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
+    size_t total = (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes +
+                   scratch_bytes + 2 * ids_bytes;
+    f->resid = calloc((size_t)L + 1, sizeof *f->resid);
+    f->layer_acts = calloc((size_t)n_acts, sizeof *f->layer_acts);
+    if (!f->resid || !f->layer_acts) {
+        free_activations(f);
+        return errf(err, "fsdp: out of host memory for activations");
+    }
+    char *mem = k_alloc(f->ctx, total, err);
+    if (!mem) {
+        free_activations(f);
+        return errprefix(err, "fsdp: activations for micro-batch %d x %d", B, T);
+    }
+    f->act_memory = mem;
+    for (int l = 0; l <= L; l++) f->resid[l] = mem, mem += resid_bytes;
+    f->dresid = mem, mem += resid_bytes;
+    for (int a = 0; a < n_acts; a++)
+        llama_layer_acts_carve(&f->layer_acts[a], mem, lo, cs, B, T), mem += acts_bytes;
+    llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
+    llama_scratch_carve(&f->scratch, mem, lo, cs, B, T), mem += scratch_bytes;
+    f->tokens = (int32_t *)mem, mem += ids_bytes;
+    f->targets = (int32_t *)mem;
+    f->B = B;
+    f->T = T;
+    return 0;
+}
+
+/* ---- initial parameters ---- */
+
+/* Converts elements [first, first+n) of a checkpoint tensor to fp32. */
+static int read_slice_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err) {
+    const unsigned char *src = (const unsigned char *)t->data + first * st_dtype_size(t->dtype);
+    for (size_t i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case ST_F32: memcpy(&dst[i], src + 4 * i, 4); break;
+        case ST_F64: { double d; memcpy(&d, src + 8 * i, 8); dst[i] = (float)d; break; }
+        case ST_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = st_bf16_to_f32(h); break; }
+        case ST_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = st_f16_to_f32(h); break; }
+        default: return errf(err, "%s: dtype %s is not a floating-point type", t->name, st_dtype_name(t->dtype));
+        }
+    }
+    return 0;
+}
+
+/* Fills host[shard] with this rank's part of unit u, element by element from fill(). */
+typedef int (*slice_fill_fn)(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
+                             const void *arg, errbuf *err);
+
+static int fill_master_shards(fsdp *f, slice_fill_fn fill, const void *arg, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    size_t max_shard = 0;
+    for (int u = 0; u < lo->n_units; u++)
+        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
+    float *host = malloc(max_shard * sizeof *host);
+    if (!host) return errf(err, "fsdp: out of host memory");
+    int rc = 0;
+    for (int u = 0; u < lo->n_units && rc == 0; u++) {
+        const fsdp_unit *U = &f->units[u];
+        memset(host, 0, U->shard * sizeof *host);
+        for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count && rc == 0; i++) {
+            const llama_tensor_slot *s = &lo->tensors[i];
+            size_t lo_el = s->offset > U->shard_off ? s->offset : U->shard_off;
+            size_t hi_el = s->offset + s->numel;
+            if (hi_el > U->shard_off + U->shard) hi_el = U->shard_off + U->shard;
+            if (lo_el < hi_el)
+                rc = fill(f, i, lo_el - s->offset, hi_el - lo_el, host + (lo_el - U->shard_off), arg, err);
+        }
+        if (rc == 0) k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
+    }
+    free(host);
+    if (rc == 0) rc = k_sync(f->ctx, err);
+    return rc;
+}
+
+static int fill_from_checkpoint(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
+                                const void *arg, errbuf *err) {
+    const llama_tensor_slot *s = &f->layout.tensors[slot_index];
+    const st_tensor *t = st_model_find(arg, s->name);
+    if (!t) return errf(err, "checkpoint has no tensor %s", s->name);
+    if (t->ndim != s->ndim || t->shape[0] != s->shape[0] || (s->ndim == 2 && t->shape[1] != s->shape[1]))
+        return errf(err, "tensor %s has another shape than the config gives", s->name);
+    return read_slice_f32(t, first, n, dst, err);
+}
+
+int fsdp_load_hf(fsdp *f, const st_model *st, errbuf *err) {
+    return fill_master_shards(f, fill_from_checkpoint, st, err);
+}
+
+/* Parameter p of checkpoint order draws from stream (INIT, p), element i at counter i. */
+static int fill_random(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
+                       const void *arg, errbuf *err) {
+    (void)err;
+    const llama_tensor_slot *s = &f->layout.tensors[slot_index];
+    if (s->is_norm) {
+        for (size_t i = 0; i < n; i++) dst[i] = 1.0f;
+    } else {
+        rng_fill_normal(dst, n, (float)f->layout.cfg.initializer_range, *(const uint64_t *)arg,
+                        rng_stream(RNG_PURPOSE_INIT, (uint64_t)slot_index), first);
+    }
+    return 0;
+}
+
+int fsdp_init_random(fsdp *f, uint64_t seed, errbuf *err) {
+    return fill_master_shards(f, fill_random, &seed, err);
+}
+
+/* ---- communication of one unit ---- */
+
+/* dst[padded] (compute dtype) = the whole of unit u. */
+static int gather_unit(fsdp *f, int u, void *dst, errbuf *err) {
+    const fsdp_unit *U = &f->units[u];
+    if (f->group == 1) {
+        k_f32_to_compute(f->ctx, dst, U->master, U->shard);
+        return 0;
+    }
+    k_f32_to_compute(f->ctx, f->send, U->master, U->shard);
+    if (k_sync(f->ctx, err)) return -1;
+    return comm_all_gather(f->comm, f->send, dst, U->shard, compute_comm_dtype(f->ctx), err);
+}
+
+/* Sums unit u's full gradient `full` over the ranks and adds this rank's part to its grad
+ * shard.  full is clobbered. */
+static int reduce_unit(fsdp *f, int u, float *full, errbuf *err) {
+    const fsdp_unit *U = &f->units[u];
+    if (k_sync(f->ctx, err)) return -1;
+    float *mine = full;
+    if (f->world > 1 && f->group == 1) {
+        if (comm_all_reduce(f->comm, full, U->padded, COMM_F32, COMM_SUM, err)) return -1;
+    } else if (f->group > 1) {
+        mine = full + U->shard_off;
+        if (comm_reduce_scatter(f->comm, full, mine, U->shard, COMM_F32, COMM_SUM, err)) return -1;
+    }
+    k_add_f32(f->ctx, U->grad, mine, U->shard);
+    return 0;
+}
+
+/* ---- a step ---- */
+
+static llama_layer_acts *acts_of(fsdp *f, int layer) {
+    return &f->layer_acts[f->checkpoint_activations ? 0 : layer];
+}
+
+static int forward_backward(fsdp *f, float dscale, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    kctx *c = f->ctx;
+    int L = lo->n_layers, B = f->B, T = f->T, N = B * T, head = llama_head_unit(lo);
+    void *g = f->gathered[0];
+
+    if (gather_unit(f, LLAMA_EMBED_UNIT, g, err)) return -1;
+    llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
+    for (int l = 0; l < L; l++) {
+        if (gather_unit(f, llama_layer_unit(l), g, err)) return -1;
+        llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+        f->layer_forwards++;
+    }
+
+    if (gather_unit(f, head, g, err)) return -1;
+    if (is_tied(f)) {
+        if (gather_unit(f, LLAMA_EMBED_UNIT, f->gathered[1], err)) return -1;
+        k_zero(c, f->full_grad[1], f->units[LLAMA_EMBED_UNIT].padded * sizeof(float));
+    }
+    k_zero(c, f->full_grad[0], f->units[head].padded * sizeof(float));
+    llama_head_forward_backward(c, lo, g, f->full_grad[0], f->gathered[1], f->full_grad[1],
+                                f->resid[L], &f->head, &f->scratch, f->targets, B, T, dscale,
+                                &f->scalars[0], NULL, f->dresid);
+    if (reduce_unit(f, head, f->full_grad[0], err)) return -1;
+
+    for (int l = L - 1; l >= 0; l--) {
+        int u = llama_layer_unit(l);
+        if (gather_unit(f, u, g, err)) return -1;
+        if (f->checkpoint_activations) {
+            /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
+            llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+            f->layer_forwards++;
+        }
+        k_zero(c, f->full_grad[0], f->units[u].padded * sizeof(float));
+        llama_layer_backward(c, lo, g, f->full_grad[0], f->inv_freq, f->resid[l], acts_of(f, l),
+                             &f->scratch, f->dresid, B, T);
+        if (reduce_unit(f, u, f->full_grad[0], err)) return -1;
+    }
+
+    float *embed_grad = is_tied(f) ? f->full_grad[1] : f->full_grad[0];
+    if (!is_tied(f)) k_zero(c, embed_grad, f->units[LLAMA_EMBED_UNIT].padded * sizeof(float));
+    llama_embed_backward(c, lo, embed_grad, f->tokens, f->dresid, N);
+    return reduce_unit(f, LLAMA_EMBED_UNIT, embed_grad, err);
+}
+
+/* Every rank's (a, b) pair, summed in rank order so every rank gets the same bits. */
+typedef struct rank_stats {
+    double loss_sum, sumsq;
+    int64_t count;
+} rank_stats;
+
+static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf *err) {
+    if (f->world == 1) {
+        all[0] = *mine;
+        return 0;
+    }
+    memcpy(&all[f->rank], mine, sizeof *mine);
+    return comm_all_gather(f->comm, &all[f->rank], all, sizeof *mine, COMM_BYTE, err);
+}
+
+static int64_t count_targets(const int32_t *labels, int rows, int T) {
+    int64_t n = 0;
+    for (int b = 0; b < rows; b++)
+        for (int t = 1; t < T; t++) n += labels[(size_t)b * T + t] != K_IGNORE_INDEX;
+    return n;
+}
+
+/* AdamW on unit u's shard, tensor by tensor so norm weights skip weight decay; the
+ * padding past the last tensor is left alone (its gradient is zero). */
+static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale) {
+    const llama_layout *lo = &f->layout;
+    const fsdp_unit *U = &f->units[u];
+    for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count; i++) {
+        const llama_tensor_slot *s = &lo->tensors[i];
+        size_t a = s->offset > U->shard_off ? s->offset : U->shard_off;
+        size_t b = s->offset + s->numel < U->shard_off + U->shard ? s->offset + s->numel
+                                                                  : U->shard_off + U->shard;
+        if (a >= b) continue;
+        size_t at = a - U->shard_off;
+        k_adamw(f->ctx, U->master + at, U->grad + at, U->m + at, U->v + at, b - a, (float)hp->lr,
+                (float)hp->beta1, (float)hp->beta2, (float)hp->eps,
+                s->is_norm ? 0.0f : (float)hp->weight_decay, f->step, grad_scale);
+    }
+}
+
+int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
+                    int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
+                    errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    kctx *c = f->ctx;
+    int rows = n_micro * micro_batch;
+    if (llama_check_batch(&lo->cfg, input_ids, labels, rows, T, err)) return -1;
+    if (ensure_activations(f, micro_batch, T, err)) return -1;
+
+    rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
+    if (!all) return errf(err, "fsdp: out of host memory");
+    int rc = gather_stats(f, &mine, all, err);
+    int64_t count = 0;
+    for (int r = 0; r < f->world; r++) count += all[r].count;
+    float dscale = count > 0 ? 1.0f / (float)count : 0.0f;
+
+    for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+    k_zero(c, f->scalars, 2 * sizeof(float));
+    size_t N = (size_t)micro_batch * T;
+    int32_t *targets = malloc(N * sizeof *targets);
+    if (!targets) rc = errf(err, "fsdp: out of host memory");
+    for (int mb = 0; mb < n_micro && rc == 0; mb++) {
+        k_shift_labels(labels + mb * N, targets, micro_batch, T);
+        k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
+        k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
+        rc = forward_backward(f, dscale, err);
+    }
+    free(targets);
+    for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
+    float scalars[2];
+    if (rc == 0) k_copy_d2h(c, scalars, f->scalars, sizeof scalars);
+    if (rc == 0) rc = k_sync(c, err);
+    if (rc == 0 && f->poison_step == f->step + 1) scalars[0] = NAN;
+    if (rc == 0) {
+        mine.loss_sum = scalars[0];
+        mine.sumsq = scalars[1];
+        rc = gather_stats(f, &mine, all, err);
+    }
+    if (rc != 0) {
+        free(all);
+        return errprefix(err, "step %d, rank %d", f->step + 1, f->rank);
+    }
+
+    double loss_sum = 0, sumsq = 0;
+    for (int r = 0; r < f->world; r++) {
+        if (!isfinite(all[r].loss_sum) || !isfinite(all[r].sumsq)) {
+            int bad_loss = !isfinite(all[r].loss_sum);
+            free(all);
+            return errf(err, "step %d: non-finite %s on rank %d", f->step + 1,
+                        bad_loss ? "loss" : "gradient norm", r);
+        }
+        loss_sum += all[r].loss_sum;
+        sumsq += all[r].sumsq;
+    }
+    /* With no_shard every rank holds the whole gradient: its own sum is the norm. */
+    if (f->group == 1) sumsq = all[f->rank].sumsq;
+    free(all);
+
+    double norm = sqrt(sumsq);
+    float grad_scale = 1.0f;
+    if (hp->clip_norm > 0 && norm > hp->clip_norm) grad_scale = (float)(hp->clip_norm / (norm + 1e-6));
+    f->step++;
+    for (int u = 0; u < lo->n_units; u++) adamw_unit(f, u, hp, grad_scale);
+    if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
+    res->loss = count > 0 ? loss_sum / (double)count : 0.0;
+    res->tokens = count;
+    res->grad_norm = norm;
+    return 0;
+}
+
+int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    size_t max_padded = 0;
+    for (int u = 0; u < lo->n_units; u++)
+        if (f->units[u].padded > max_padded) max_padded = f->units[u].padded;
+    float *host = malloc(max_padded * sizeof *host);
+    if (!host) return errf(err, "fsdp: out of host memory");
+    int rc = 0;
+    for (int u = 0; u < lo->n_units && rc == 0; u++) {
+        rc = gather_unit(f, u, f->gathered[0], err);
+        if (rc) break;
+        k_compute_to_f32(f->ctx, f->full_grad[0], f->gathered[0], f->units[u].padded);
+        k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);
+        rc = k_sync(f->ctx, err);
+        for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count && rc == 0; i++)
+            rc = fn(&lo->tensors[i], host + lo->tensors[i].offset, arg, err);
+    }
+    free(host);
+    return rc;
+}

@@ -1,0 +1,114 @@
+/* fsdp: fully sharded data parallelism over the units of worker/llama (DESIGN.md, Sharding
+ * model).
+ *
+ * Each unit's flat parameter (numel elements) is padded to a multiple of the shard group
+ * size W and cut into W equal shards; rank r owns elements [r*S, (r+1)*S).  Per rank and
+ * unit: an fp32 master shard, AdamW m and v shards and an fp32 gradient shard.  A step
+ * all-gathers a unit's parameters (compute dtype) just before use and drops them after;
+ * backward re-gathers, recomputes the layer when activation checkpointing is on, and
+ * reduce-scatters the unit's gradients into the gradient shards.
+ *
+ * Strategies: full_shard (W = world) and no_shard (W = 1: every rank keeps the whole model
+ * and the gradients are all-reduced, i.e. DDP).  Padding elements stay zero: their
+ * gradients are zero, so AdamW leaves them at zero.
+ *
+ * Loss normalisation (DESIGN.md, Numerics): a step's loss is the sum of token losses over
+ * every unmasked target of the global batch divided by the global count of those targets,
+ * so the result does not depend on how the batch is split across ranks and micro-batches. */
+#ifndef FSDP_FSDP_H
+#define FSDP_FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "proto/errbuf.h"
+#include "proto/job.h"
+#include "proto/safetensors.h"
+#include "worker/comm.h"
+#include "worker/llama.h"
+
+typedef struct fsdp_unit {
+    size_t numel;     /* elements of the unit's flat parameter */
+    size_t padded;    /* numel rounded up to a multiple of the shard group size */
+    size_t shard;     /* padded / group size */
+    size_t shard_off; /* this rank's first element */
+    float *master, *m, *v, *grad; /* [shard] fp32, context memory */
+} fsdp_unit;
+
+typedef struct fsdp {
+    kctx *ctx;
+    comm *comm;
+    int rank, world;
+    int group;  /* shard group size: world (full_shard) or 1 (no_shard) */
+    int group_rank;
+    job_sharding sharding;
+    int checkpoint_activations;
+    llama_layout layout;
+    fsdp_unit *units;
+    int step; /* optimizer steps taken */
+
+    /* Working memory, sized for the largest unit and one micro-batch. */
+    void *send;          /* [max shard] compute dtype: this rank's shard, cast */
+    void *gathered[2];   /* [max padded] compute dtype: [0] the unit in use, [1] the embedding
+                            while the tied head needs it */
+    float *full_grad[2]; /* [max padded] fp32: [0] the unit in backward, [1] the tied embedding */
+    float *inv_freq;
+    int B, T;
+    void *act_memory;
+    void **resid;        /* [L+1] layer inputs, then the head's input */
+    llama_layer_acts *layer_acts; /* [L], or [1] with activation checkpointing */
+    llama_head_acts head;
+    llama_scratch scratch;
+    void *dresid;
+    int32_t *tokens, *targets;
+    float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
+
+    long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
+    int poison_step;     /* test hook: this rank's loss turns NaN at this step (0: never) */
+} fsdp;
+
+typedef struct fsdp_options {
+    job_sharding sharding;
+    int checkpoint_activations;
+} fsdp_options;
+
+/* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when
+ * world is 1) and allocates the fp32 shards, zeroed. */
+int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
+              const fsdp_options *opt, errbuf *err);
+void fsdp_destroy(fsdp *f);
+
+/* Fills this rank's master shards from a Hugging Face checkpoint, reading only its slice of
+ * each tensor. */
+int fsdp_load_hf(fsdp *f, const st_model *st, errbuf *err);
+/* Fills this rank's master shards with Hugging Face's init (normal(0, initializer_range),
+ * norms 1), drawn as `fsdpctl init` draws them, so both give the same model for a seed. */
+int fsdp_init_random(fsdp *f, uint64_t seed, errbuf *err);
+
+typedef struct fsdp_hparams {
+    double lr, beta1, beta2, eps, weight_decay; /* weight decay skips norm weights */
+    double clip_norm;                           /* 0: no clipping */
+} fsdp_hparams;
+
+typedef struct fsdp_step_result {
+    double loss;       /* global: summed token losses / global count */
+    int64_t tokens;    /* global count of unmasked targets */
+    double grad_norm;  /* global, before clipping */
+} fsdp_step_result;
+
+/* One optimizer step on this rank's share of the global batch: n_micro micro-batches of
+ * micro_batch sequences of T tokens, input_ids/labels host int32 [n_micro*micro_batch, T]
+ * (labels unshifted, -100 masked).  A non-finite loss or gradient norm fails the step
+ * (parameters untouched) with the step and the first rank where it appeared. */
+int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
+                    int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
+                    errbuf *err);
+
+/* Gathers the full parameters of every tensor as host fp32 (collective: every rank calls it);
+ * calls fn for each tensor in layout order.  For tests and small models. */
+typedef int (*fsdp_tensor_fn)(const llama_tensor_slot *slot, const float *data, void *arg,
+                              errbuf *err);
+int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err);
+
+#endif

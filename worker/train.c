@@ -1,0 +1,122 @@
+#include "worker/train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "proto/model_config.h"
+#include "proto/safetensors.h"
+#include "worker/data.h"
+#include "worker/fsdp.h"
+#include "worker/schedule.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The model's config and this rank's initial parameter shards. */
+static int load_model(fsdp *f, const train_env *env, errbuf *err) {
+    const job_config *j = env->job;
+    llama_config cfg;
+    int random = j->model.init == JOB_INIT_RANDOM;
+    if (llama_config_load(&cfg, random ? j->model.config : j->model.path, err)) return -1;
+    fsdp_options opt = {.sharding = j->fsdp.sharding,
+                        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL};
+    if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+    if (random) return fsdp_init_random(f, (uint64_t)j->train.seed, err);
+    st_model st;
+    if (st_model_open(&st, j->model.path, err)) return -1;
+    int rc = fsdp_load_hf(f, &st, err);
+    st_model_close(&st);
+    return rc;
+}
+
+typedef struct params_writer {
+    st_wtensor *tensors;
+    float **copies;
+    int n;
+} params_writer;
+
+static int collect_tensor(const llama_tensor_slot *slot, const float *data, void *arg, errbuf *err) {
+    params_writer *w = arg;
+    float *copy = malloc(slot->numel * sizeof *copy);
+    if (!copy) return errf(err, "out of memory copying %s", slot->name);
+    memcpy(copy, data, slot->numel * sizeof *copy);
+    st_wtensor *t = &w->tensors[w->n];
+    *t = (st_wtensor){.name = slot->name, .dtype = ST_F32, .ndim = slot->ndim, .data = copy};
+    memcpy(t->shape, slot->shape, sizeof slot->shape);
+    w->copies[w->n++] = copy;
+    return 0;
+}
+
+/* Test hook: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
+static int write_final_params(fsdp *f, int rank, const char *path, errbuf *err) {
+    int n = f->layout.n_tensors;
+    params_writer w = {calloc((size_t)n, sizeof *w.tensors), calloc((size_t)n, sizeof *w.copies), 0};
+    int rc = (w.tensors && w.copies) ? fsdp_gather_params(f, collect_tensor, &w, err)
+                                     : errf(err, "out of memory");
+    if (rc == 0 && rank == 0) rc = st_write(path, w.tensors, w.n, NULL, 0, err);
+    for (int i = 0; i < w.n; i++) free(w.copies[i]);
+    free(w.tensors);
+    free(w.copies);
+    return rc;
+}
+
+static long total_steps(const job_config *j, const data_loader *d) {
+    if (j->train.max_steps > 0) return j->train.max_steps;
+    return (long)data_steps_per_epoch(d) * j->train.epochs;
+}
+
+static int run_steps(fsdp *f, data_loader *d, const train_env *env, errbuf *err) {
+    const job_config *j = env->job;
+    int T = j->data.seq_len, rows = j->train.global_batch / env->world;
+    int micro = j->train.micro_batch, n_micro = rows / micro;
+    long total = total_steps(j, d);
+    int32_t *ids = malloc((size_t)rows * T * sizeof *ids);
+    int32_t *labels = malloc((size_t)rows * T * sizeof *labels);
+    int rc = (ids && labels) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
+    fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
+                       .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
+    for (long step = f->step; rc == 0 && step < total; step++) {
+        if (env->hooks.should_stop && env->hooks.should_stop(env->hooks.arg)) break;
+        double t0 = now_s();
+        uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
+        data_fill(d, first, rows, ids, labels);
+        hp.lr = schedule_lr(j, step, total);
+        fsdp_step_result res;
+        rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
+        if (rc == 0 && env->hooks.on_step) {
+            train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
+                                    .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
+                                    .seconds = now_s() - t0, .layer_forwards = f->layer_forwards};
+            env->hooks.on_step(env->hooks.arg, &info);
+        }
+    }
+    free(ids);
+    free(labels);
+    return rc;
+}
+
+int train_run(const train_env *env, errbuf *err) {
+    const job_config *j = env->job;
+    fsdp f;
+    data_loader d;
+    if (load_model(&f, env, err)) return -1;
+    const char *nan_at = getenv("FSDP_TEST_NAN_AT");
+    int nan_step, nan_rank;
+    if (nan_at && sscanf(nan_at, "%d:%d", &nan_step, &nan_rank) == 2 && nan_rank == env->rank)
+        f.poison_step = nan_step;
+    int rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
+                       (uint64_t)j->train.seed, f.layout.cfg.vocab_size, err);
+    if (rc == 0) {
+        rc = run_steps(&f, &d, env, err);
+        data_close(&d);
+    }
+    const char *final_path = getenv("FSDP_TEST_FINAL_PARAMS");
+    if (rc == 0 && final_path) rc = write_final_params(&f, env->rank, final_path, err);
+    fsdp_destroy(&f);
+    return rc;
+}

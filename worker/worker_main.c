@@ -1,0 +1,241 @@
+/* fsdp-worker: one rank of a job.  fsdpd starts it with its end of a socketpair as a file
+ * descriptor (--ctl-fd); everything else — the job, the rank, the peers — comes over that
+ * connection (proto/ctl.h).
+ *
+ * Signals: SLURM signals every process of a step, but the daemon decides, so SIGTERM,
+ * SIGINT and SIGUSR1 are ignored here; the worker stops on a STOP message, dies with its
+ * daemon (PR_SET_PDEATHSIG, set by fsdpd before exec) and exits when its connection closes.
+ *
+ * Test-only fault hook: FSDP_TEST_WORKER_FAULT="RANK:ACTION:STEP[,...]" with ACTION
+ *   exit          exit with status 3 after step STEP;
+ *   hang_on_stop  when asked to stop (or when training ends), hang instead: fsdpd must
+ *                 kill it. */
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "proto/ctl.h"
+#include "proto/job.h"
+#include "worker/comm.h"
+#include "worker/train.h"
+
+#define SETUP_TIMEOUT_MS 120000
+
+typedef struct worker {
+    int fd;
+    pthread_mutex_t send_lock;
+    int rank, world;
+    char bind_host[256];
+    unsigned char secret[COMM_SECRET_BYTES];
+    job_config job;
+    atomic_int stop_requested;
+    atomic_long step;
+    int fault_step;
+    char fault_action[32];
+} worker;
+
+static int send_json(worker *w, ctl_type type, json_t *body, errbuf *err) {
+    if (!body) return errf(err, "out of memory building %s", ctl_type_name(type));
+    pthread_mutex_lock(&w->send_lock);
+    int rc = ctl_send_json(w->fd, type, body, err);
+    pthread_mutex_unlock(&w->send_lock);
+    json_decref(body);
+    return rc;
+}
+
+/* Receives a message of the expected type; a STOP instead means the job ended first. */
+static int expect(worker *w, ctl_type type, json_t **body, errbuf *err) {
+    ctl_msg m;
+    if (ctl_recv(w->fd, &m, SETUP_TIMEOUT_MS, err)) return errprefix(err, "waiting for %s", ctl_type_name(type));
+    if (m.type != type) {
+        int stopped = m.type == CTL_STOP;
+        errf(err, "expected %s, got %s", ctl_type_name(type), ctl_type_name(m.type));
+        ctl_msg_free(&m);
+        return stopped ? 1 : -1;
+    }
+    int rc = ctl_msg_json(&m, body, err);
+    ctl_msg_free(&m);
+    return rc;
+}
+
+static int parse_hex(const char *hex, unsigned char *out, size_t n) {
+    if (!hex || strlen(hex) != 2 * n) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+static int read_config(worker *w, errbuf *err) {
+    json_t *cfg;
+    int rc = expect(w, CTL_CONFIG, &cfg, err);
+    if (rc) return rc;
+    const char *job_text = json_string_value(json_object_get(cfg, "job"));
+    const char *host = json_string_value(json_object_get(cfg, "bind_host"));
+    w->rank = (int)json_integer_value(json_object_get(cfg, "rank"));
+    w->world = (int)json_integer_value(json_object_get(cfg, "world"));
+    rc = -1;
+    if (!job_text || !host || strlen(host) >= sizeof w->bind_host || w->world < 1 ||
+        w->rank < 0 || w->rank >= w->world ||
+        parse_hex(json_string_value(json_object_get(cfg, "secret")), w->secret, COMM_SECRET_BYTES))
+        errf(err, "malformed CONFIG message");
+    else if (job_parse(&w->job, job_text, strlen(job_text), err) == 0 &&
+             job_validate(&w->job, w->world, err) == 0)
+        rc = 0;
+    if (host) snprintf(w->bind_host, sizeof w->bind_host, "%s", host);
+    json_decref(cfg);
+    return rc;
+}
+
+/* Joins the peers: publish our address, learn theirs, connect. */
+static int connect_peers(worker *w, comm **out, errbuf *err) {
+    *out = NULL;
+    if (w->world == 1) return 0;
+    comm_listener l;
+    if (comm_tcp_listen(&l, w->bind_host, err)) return -1;
+    json_t *peers = NULL;
+    int rc = send_json(w, CTL_ADDR, json_pack("{s:s}", "addr", l.addr), err);
+    if (rc == 0) rc = expect(w, CTL_PEERS, &peers, err);
+    json_t *addrs = json_object_get(peers, "addrs");
+    if (rc == 0 && (!json_is_array(addrs) || json_array_size(addrs) != (size_t)w->world))
+        rc = errf(err, "malformed PEERS message");
+    const char **table = calloc((size_t)w->world, sizeof *table);
+    if (rc == 0 && !table) rc = errf(err, "out of memory");
+    for (int r = 0; rc == 0 && r < w->world; r++)
+        if (!(table[r] = json_string_value(json_array_get(addrs, (size_t)r))))
+            rc = errf(err, "malformed PEERS message");
+    if (rc == 0) {
+        comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60};
+        memcpy(opt.secret, w->secret, sizeof opt.secret);
+        comm_rank_table t = {.world = w->world, .addr = table};
+        rc = comm_init(out, &opt, w->rank, &t, &l, err);
+    }
+    comm_listener_close(&l);
+    free(table);
+    json_decref(peers);
+    return rc;
+}
+
+static void *heartbeat_loop(void *arg) {
+    worker *w = arg;
+    for (;;) {
+        sleep((unsigned)w->job.runtime.heartbeat_s);
+        errbuf err;
+        if (send_json(w, CTL_HEARTBEAT, json_pack("{s:I}", "step", (json_int_t)atomic_load(&w->step)), &err))
+            _exit(1); /* the daemon is gone */
+    }
+    return NULL;
+}
+
+/* Reads the daemon's messages while training runs. */
+static void *control_loop(void *arg) {
+    worker *w = arg;
+    for (;;) {
+        ctl_msg m;
+        errbuf err;
+        if (ctl_recv(w->fd, &m, -1, &err)) _exit(1); /* connection closed: the job is over */
+        if (m.type == CTL_STOP) atomic_store(&w->stop_requested, 1);
+        ctl_msg_free(&m);
+    }
+    return NULL;
+}
+
+static void on_step(void *arg, const train_step_info *s) {
+    worker *w = arg;
+    atomic_store(&w->step, s->step);
+    if (w->rank == 0) {
+        errbuf err;
+        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:f, s:I}", "step", (json_int_t)s->step,
+                              "total_steps", (json_int_t)s->total_steps, "loss", s->loss, "lr", s->lr,
+                              "grad_norm", s->grad_norm, "tokens", (json_int_t)s->tokens, "seconds",
+                              s->seconds, "layer_forwards", (json_int_t)s->layer_forwards);
+        if (send_json(w, CTL_METRICS, m, &err)) _exit(1);
+    }
+    if (!strcmp(w->fault_action, "exit") && s->step == w->fault_step) _exit(3);
+}
+
+static int should_stop(void *arg) {
+    worker *w = arg;
+    if (!atomic_load(&w->stop_requested)) return 0;
+    if (!strcmp(w->fault_action, "hang_on_stop"))
+        for (;;) pause();
+    return 1;
+}
+
+/* FSDP_TEST_WORKER_FAULT is a comma-separated list of RANK:ACTION[:STEP]; the first entry
+ * for this rank applies. */
+static void read_fault_hook(worker *w) {
+    const char *spec = getenv("FSDP_TEST_WORKER_FAULT");
+    while (spec && *spec) {
+        int rank, step = 0;
+        char action[32];
+        if (sscanf(spec, "%d:%31[a-z_]:%d", &rank, action, &step) >= 2 && rank == w->rank) {
+            snprintf(w->fault_action, sizeof w->fault_action, "%s", action);
+            w->fault_step = step;
+            return;
+        }
+        spec = strchr(spec, ',');
+        if (spec) spec++;
+    }
+}
+
+static int run(worker *w, errbuf *err) {
+    if (send_json(w, CTL_HELLO, json_pack("{s:i}", "pid", (int)getpid()), err)) return -1;
+    int rc = read_config(w, err);
+    if (rc) return rc;
+    read_fault_hook(w);
+    pthread_t hb, ctl;
+    if (pthread_create(&hb, NULL, heartbeat_loop, w) != 0) return errf(err, "cannot start the heartbeat thread");
+    kctx ctx;
+    comm *c = NULL;
+    if (kctx_init(&ctx, K_CPU, 0, err)) return -1;
+    rc = connect_peers(w, &c, err);
+    json_t *start = NULL;
+    if (rc == 0) rc = send_json(w, CTL_HEARTBEAT, json_pack("{s:b}", "ready", 1), err);
+    if (rc == 0) rc = expect(w, CTL_START, &start, err);
+    json_decref(start);
+    if (rc == 0 && pthread_create(&ctl, NULL, control_loop, w) != 0)
+        rc = errf(err, "cannot start the control thread");
+    if (rc == 0) {
+        train_env env = {.job = &w->job, .rank = w->rank, .world = w->world, .comm = c, .ctx = &ctx,
+                         .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop}};
+        rc = train_run(&env, err);
+    }
+    comm_destroy(c);
+    kctx_destroy(&ctx);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    static worker w = {.fd = -1, .send_lock = PTHREAD_MUTEX_INITIALIZER};
+    if (argc == 3 && !strcmp(argv[1], "--ctl-fd")) w.fd = atoi(argv[2]);
+    if (w.fd < 0) {
+        fprintf(stderr, "usage: fsdp-worker --ctl-fd FD (fsdpd starts workers; run fsdpd)\n");
+        return 2;
+    }
+    errbuf err;
+    int rc = run(&w, &err);
+    if (rc == 1) return 0; /* stopped before training began */
+    if (!strcmp(w.fault_action, "hang_on_stop"))
+        for (;;) pause(); /* the job is over for this worker, but it will not exit */
+    if (rc != 0) {
+        errbuf ignored;
+        fprintf(stderr, "fsdp-worker rank %d: %s\n", w.rank, err.msg);
+        send_json(&w, CTL_FATAL, json_pack("{s:s}", "message", err.msg), &ignored);
+        return 1;
+    }
+    return 0;
+}
