@@ -47,7 +47,7 @@ TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TESTS       := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test test-unit test-asan fuzz check-fuzz clean
+.PHONY: all test test-unit test-asan fuzz check-fuzz tiny clean
 all: $(PROGRAMS) $(TESTS)
 
 $(BUILD)/%.o: %.c
@@ -95,6 +95,13 @@ build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC)
 FUZZ_SECONDS ?= 20
 check-fuzz: fuzz
 	tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+
+# The embedded default: a copy-task data set and the tiny model trained by fsdpd on this
+# machine (CPU backend, 2 workers); progress on stdout, metrics in runs/tiny-cpu/output/.
+tiny: all
+	@mkdir -p runs/tiny-cpu
+	$(BUILD)/fsdpctl synth --out runs/tiny-cpu/copy.tokens --seq-len 32 --records 4096
+	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json
 
 clean:
 	rm -rf build build-asan build-fuzz
