@@ -106,4 +106,7 @@ tiny: all
 clean:
 	rm -rf build build-asan build-fuzz
 
+# Keep the test objects (they are intermediate files to make).
+.SECONDARY:
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

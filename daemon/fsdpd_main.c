@@ -3,6 +3,7 @@
  * exits 0 only when the job succeeded.  Local mode (one node, no SLURM) for now. */
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,9 @@ int main(int argc, char **argv) {
     if (job_validate(&job, workers, &err)) goto bad_job;
     if (file_mkdir(job.output.dir, &err)) goto bad_job;
 
+    /* A worker that dies leaves a closed socket behind: writing to it must be an error the
+     * loop handles, not a SIGPIPE that kills the daemon. */
+    signal(SIGPIPE, SIG_IGN);
     char worker_path[PATH_MAX];
     if (find_worker(worker_path, sizeof worker_path) || access(worker_path, X_OK) != 0) {
         fprintf(stderr, "fsdpd: cannot find the fsdp-worker executable (%s)\n", worker_path);
