@@ -13,8 +13,8 @@ SAN      ?= 0
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 
-CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) -MMD -MP
+OPT      ?= -O2 -g
+CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) -MMD -MP
 LDLIBS   := -levent -levent_pthreads -ljansson $(BLAS_LIBS) -lpthread -lm
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -81,7 +81,7 @@ test-unit: all
 	tests/run.sh $(BUILD) unit
 
 test-asan:
-	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 CFLAGS="-O1 -g" all
+	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 OPT="-O1 -g" all
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tests/run.sh build-asan unit
 

@@ -91,10 +91,47 @@ static const k_ops cpu_ops = {
     .adamw = cpu_adamw,
 };
 
+#ifdef FSDP_HAVE_CUDA
+static const k_ops cuda_ops = {
+    .sync = kcuda_sync,
+    .destroy = kcuda_destroy,
+    .alloc = kcuda_alloc,
+    .free = kcuda_free,
+    .copy_h2d = kcuda_copy_h2d,
+    .copy_d2h = kcuda_copy_d2h,
+    .copy_d2d = kcuda_copy_d2d,
+    .zero = kcuda_zero,
+    .f32_to_compute = kcuda_f32_to_compute,
+    .compute_to_f32 = kcuda_compute_to_f32,
+    .add = kcuda_add,
+    .accumulate = kcuda_accumulate,
+    .add_f32 = kcuda_add_f32,
+    .scale_f32 = kcuda_scale_f32,
+    .sumsq_f32 = kcuda_sumsq_f32,
+    .embedding_fwd = kcuda_embedding_fwd,
+    .embedding_bwd = kcuda_embedding_bwd,
+    .rmsnorm_fwd = kcuda_rmsnorm_fwd,
+    .rmsnorm_bwd = kcuda_rmsnorm_bwd,
+    .rope = kcuda_rope,
+    .attention_fwd = kcuda_attention_fwd,
+    .attention_bwd = kcuda_attention_bwd,
+    .swiglu_fwd = kcuda_swiglu_fwd,
+    .swiglu_bwd = kcuda_swiglu_bwd,
+    .linear_fwd = kcuda_linear_fwd,
+    .linear_bwd = kcuda_linear_bwd,
+    .cross_entropy = kcuda_cross_entropy,
+    .adamw = kcuda_adamw,
+};
+#endif
+
 /* The table of a context's backend.  kctx_init only accepts backends that have one, and a
  * zeroed kctx is a CPU context, so this never fails for a context in use. */
 static const k_ops *ops(const kctx *c) {
-    (void)c; /* only the CPU backend has kernels so far */
+#ifdef FSDP_HAVE_CUDA
+    if (c->backend == K_CUDA) return &cuda_ops;
+#else
+    (void)c;
+#endif
     return &cpu_ops;
 }
 
@@ -118,7 +155,14 @@ int kctx_init(kctx *c, k_backend backend, int device, errbuf *err) {
         return 0;
     case K_CUDA:
 #ifdef FSDP_HAVE_CUDA
-        return errf(err, "CUDA backend: kernels not built yet");
+        /* stream, cuBLASLt handle and workspace, error report; bf16 compute */
+        c->backend = K_CUDA;
+        c->compute = K_BF16;
+        if (kcuda_init(c, device, err)) {
+            memset(c, 0, sizeof *c);
+            return -1;
+        }
+        return 0;
 #else
         return errf(err, "CUDA backend: this build has no CUDA (nvcc was not found at build time)");
 #endif
