@@ -254,7 +254,7 @@ static void on_readable(struct bufferevent *bev, void *arg) {
         }
     }
     ctl_msg msg;
-    int got;
+    int got = 0;
     while (w->bev && (got = ctl_decoder_next(&w->dec, &msg, &err)) == 1) {
         handle_message(w, &msg);
         ctl_msg_free(&msg);
