@@ -14,12 +14,12 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
     *map = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return errf(err, "%s: %s", path, strerror(e));
+        return errf(err, "%s: fstat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -42,7 +42,7 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
 int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return errf(err, "%s: %s", path, strerror(errno));
+    if (!f) return errf(err, "%s: open: %s", path, strerror(errno));
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
+
 #define ST_INDEX_NAME "model.safetensors.index.json"
 #define ST_SINGLE_NAME "model.safetensors"
 
@@ -243,29 +245,11 @@ int st_parse(st_file *f, const void *buf, size_t len, const char *name, errbuf *
 
 int st_open(st_file *f, const char *path, errbuf *err) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        errf(err, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return errf(err, "%s: not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
-    if (len < 8) {
-        close(fd);
-        return errf(err, "%s: file is %zu bytes, shorter than the 8-byte header length", path, len);
-    }
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file open */
-    if (map == MAP_FAILED) return errf(err, "%s: mmap: %s", path, strerror(map_errno));
+    void *map;
+    size_t len;
+    if (file_map_readonly(path, &map, &len, err) < 0) return -1;
     if (st_parse(f, map, len, path, err) < 0) {
-        munmap(map, len);
+        if (map) munmap(map, len);
         return -1;
     }
     f->map = map;
@@ -297,98 +281,10 @@ const char *st_meta_get(const st_file *f, const char *key) {
     return NULL;
 }
 
-/* ---------- atomic file writing ---------- */
-
-static int write_all(int fd, const void *buf, size_t len, const char *path, errbuf *err) {
-    const char *p = buf;
-    while (len > 0) {
-        size_t chunk = len < (1u << 30) ? len : (1u << 30);
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return errf(err, "%s: write: %s", path, strerror(errno));
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsyncs the directory holding path, so a rename into it survives a crash. */
-static int fsync_parent(const char *path, errbuf *err) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return errf(err, "%s: out of memory", path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = 0;
-    if (fd < 0) {
-        rc = errf(err, "%s: open directory: %s", dir, strerror(errno));
-    } else {
-        if (fsync(fd) < 0) rc = errf(err, "%s: fsync directory: %s", dir, strerror(errno));
-        close(fd);
-    }
-    free(dir);
-    return rc;
-}
-
-/* A file being written as path.tmp, renamed over path by atomic_commit. */
-typedef struct atomic_file {
-    int fd;
-    char *tmp;
-} atomic_file;
-
-static int atomic_open(atomic_file *a, const char *path, errbuf *err) {
-    a->fd = -1;
-    if (asprintf(&a->tmp, "%s.tmp", path) < 0) {
-        a->tmp = NULL;
-        return errf(err, "%s: out of memory", path);
-    }
-    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (a->fd < 0) {
-        errf(err, "%s: open: %s", a->tmp, strerror(errno));
-        free(a->tmp);
-        return -1;
-    }
-    return 0;
-}
-
-static void atomic_abort(atomic_file *a) {
-    if (a->fd >= 0) close(a->fd);
-    unlink(a->tmp);
-    free(a->tmp);
-}
-
-static int atomic_commit(atomic_file *a, const char *path, errbuf *err) {
-    if (fsync(a->fd) < 0) {
-        errf(err, "%s: fsync: %s", a->tmp, strerror(errno));
-        atomic_abort(a);
-        return -1;
-    }
-    int rc = close(a->fd);
-    a->fd = -1;
-    if (rc < 0) {
-        errf(err, "%s: close: %s", a->tmp, strerror(errno));
-        atomic_abort(a);
-        return -1;
-    }
-    if (rename(a->tmp, path) < 0) {
-        errf(err, "%s: rename to %s: %s", a->tmp, path, strerror(errno));
-        atomic_abort(a);
-        return -1;
-    }
-    free(a->tmp);
-    return fsync_parent(path, err);
-}
-
 /* Writes buf to path atomically. */
 static int write_file_atomic(const char *path, const void *buf, size_t len, errbuf *err) {
-    atomic_file a;
-    if (atomic_open(&a, path, err) < 0) return -1;
-    if (write_all(a.fd, buf, len, a.tmp, err) < 0) {
-        atomic_abort(&a);
-        return -1;
-    }
-    return atomic_commit(&a, path, err);
+    const file_chunk chunk = {buf, len};
+    return file_write_atomic(path, &chunk, 1, err);
 }
 
 /* ---------- writer ---------- */
@@ -508,22 +404,18 @@ int st_write(const char *path, const st_wtensor *t, int n, const st_meta *meta, 
     if (!nbytes) return errf(err, "%s: out of memory", path);
     size_t header_len;
     char *header = build_header(t, n, meta, n_meta, nbytes, &header_len, path, err);
-    atomic_file a;
-    if (!header || atomic_open(&a, path, err) < 0) {
-        free(header);
-        free(nbytes);
-        return -1;
+    file_chunk *chunks = header ? malloc(((size_t)n + 1) * sizeof *chunks) : NULL;
+    int rc = -1;
+    if (header && !chunks) errf(err, "%s: out of memory", path);
+    if (chunks) {
+        chunks[0] = (file_chunk){header, header_len};
+        for (int i = 0; i < n; i++) chunks[i + 1] = (file_chunk){t[i].data, (size_t)nbytes[i]};
+        rc = file_write_atomic(path, chunks, (size_t)n + 1, err);
     }
-    int rc = write_all(a.fd, header, header_len, a.tmp, err);
-    for (int i = 0; rc == 0 && i < n; i++)
-        rc = write_all(a.fd, t[i].data, (size_t)nbytes[i], a.tmp, err);
+    free(chunks);
     free(header);
     free(nbytes);
-    if (rc < 0) {
-        atomic_abort(&a);
-        return -1;
-    }
-    return atomic_commit(&a, path, err);
+    return rc;
 }
 
 /* ---------- model directories ---------- */

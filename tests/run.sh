@@ -7,7 +7,8 @@ build=${1:-build}
 what=${2:-all}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 2
-export FSDP_BUILD="$here/$build"
+case "$build" in /*) ;; *) build="$here/$build" ;; esac
+export FSDP_BUILD="$build"
 export FSDP_SHARED="${FSDP_SHARED:-$here/../shared}"
 [ -d "$FSDP_SHARED/golden" ] || { echo "tests/run.sh: no golden data under $FSDP_SHARED (set FSDP_SHARED)"; exit 2; }
 passed=0 failed=0 failures=()
