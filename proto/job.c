@@ -11,6 +11,8 @@
 
 #include <jansson.h>
 
+#include "json_kind.h"
+
 /* Choice keys are stored through an int pointer. */
 _Static_assert(sizeof(job_init) == sizeof(int), "enum size");
 _Static_assert(sizeof(job_dtype) == sizeof(int), "enum size");
@@ -335,20 +337,6 @@ static int unknown_key(const char *section, const char *name, errbuf *err) {
 }
 
 /* ---- reading one value ---- */
-
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "a list";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown value";
-}
 
 static int wrong_type(const job_key *k, const char *expected, const json_t *v, errbuf *err) {
     return errf(err, "%s.%s: expected %s, got %s", k->section, k->name, expected, json_kind(v));

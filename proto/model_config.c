@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "proto/fileio.h"
+#include "proto/json_kind.h"
 
 #define MAX_CONFIG_BYTES (16u << 20)
 /* Bounds the parameter list (9 per layer + 3) well inside an int. */
@@ -23,20 +24,6 @@ typedef struct reader {
     errbuf *err;
 } reader;
 
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
-}
-
 /* Looks key up.  Returns 1 with *v set when present and not null, 0 when absent or null
  * (an error when required), -1 on error. */
 static int lookup(const reader *r, json_t *obj, const char *key, int required, json_t **v) {
@@ -50,7 +37,7 @@ static int lookup(const reader *r, json_t *obj, const char *key, int required, j
 
 static int type_error(const reader *r, const char *key, const char *want, const json_t *v) {
     return errf(r->err, "%s: \"%s%s\" must be %s, got %s", r->name, r->section, key, want,
-                json_type_name(v));
+                json_kind(v));
 }
 
 /* An integer key that must be positive; *out keeps its default when absent. */
@@ -210,7 +197,7 @@ static int read_dtype(const reader *r, json_t *root, char *out, size_t size) {
 static int read_config(llama_config *c, json_t *root, const reader *r) {
     if (!json_is_object(root))
         return errf(r->err, "%s: top level must be a JSON object, got %s", r->name,
-                    json_type_name(root));
+                    json_kind(root));
     if (check_string_is(r, root, "model_type", "llama") < 0 ||
         check_string_is(r, root, "hidden_act", "silu") < 0 ||
         check_false(r, root, "attention_bias") < 0 || check_false(r, root, "mlp_bias") < 0)
