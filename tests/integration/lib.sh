@@ -16,13 +16,23 @@ trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output contains NEEDLE.
+# expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output (stdout and
+# stderr, kept in $tmp/cmd.out) contains NEEDLE.
 expect_status() {
     local want=$1 needle=$2 status=0
     shift 2
     "$@" > "$tmp/cmd.out" 2>&1 || status=$?
     [ "$status" -eq "$want" ] || { cat "$tmp/cmd.out" >&2; fail "'$*' exited $status, expected $want"; }
     grep -qF -- "$needle" "$tmp/cmd.out" || { cat "$tmp/cmd.out" >&2; fail "'$*': output does not mention '$needle'"; }
+}
+
+# expect_error STATUS NEEDLE CMD...: the same, but NEEDLE must be in stderr ($tmp/cmd.err).
+expect_error() {
+    local want=$1 needle=$2 status=0
+    shift 2
+    "$@" > "$tmp/cmd.out" 2> "$tmp/cmd.err" || status=$?
+    [ "$status" -eq "$want" ] || { cat "$tmp/cmd.err" >&2; fail "'$*' exited $status, expected $want"; }
+    grep -qF -- "$needle" "$tmp/cmd.err" || { cat "$tmp/cmd.err" >&2; fail "'$*': stderr does not mention '$needle'"; }
 }
 
 # A small model (flat sizes that divide by neither 3 nor 4) and a copy-task data set.

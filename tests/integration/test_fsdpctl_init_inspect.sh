@@ -3,31 +3,8 @@
 # tiny.json in f32 and bf16, single-file and sharded, and check every refusal.  With
 # FSDP_PY_INTEROP=1 the written models are also read back with the Python safetensors
 # package (a venv at ${FSDP_VENV:-/tmp/fsdp-venv}, created on first use).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-
-fsdpctl=${FSDP_BUILD:-build}/fsdpctl
-shared=${FSDP_SHARED:-../shared}
+source "$(dirname "$0")/lib.sh"
 golden=$shared/golden/tiny-mha
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-# expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its stderr contains NEEDLE.
-expect_status() {
-    local want=$1 needle=$2 status=0
-    shift 2
-    "$@" > "$tmp/out" 2> "$tmp/err" || status=$?
-    if [ "$status" -ne "$want" ]; then
-        cat "$tmp/err" >&2
-        fail "'$*' exited $status, expected $want"
-    fi
-    if ! grep -qF -- "$needle" "$tmp/err"; then
-        cat "$tmp/err" >&2
-        fail "'$*': stderr does not mention '$needle'"
-    fi
-}
 
 # field FILE NAME: the value of an inspect summary line ("tensors           21").
 field() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
@@ -79,40 +56,40 @@ cmp -s "$tmp/f32/model.safetensors" "$tmp/seed8/model.safetensors" &&
 
 # --- refusals -------------------------------------------------------------------------
 tiny=configs/models/tiny.json
-expect_status 1 "already exists" "$fsdpctl" init --model-config $tiny --out "$tmp/f32"
-expect_status 1 "yarn" "$fsdpctl" init --model-config <(sed 's/"default"/"yarn"/' $tiny) \
+expect_error 1 "already exists" "$fsdpctl" init --model-config $tiny --out "$tmp/f32"
+expect_error 1 "yarn" "$fsdpctl" init --model-config <(sed 's/"default"/"yarn"/' $tiny) \
     --out "$tmp/x"
 [ ! -e "$tmp/x" ] || fail "a refused init left $tmp/x"
-expect_status 2 "usage" "$fsdpctl" init --out "$tmp/y"
-expect_status 2 "--dtype" "$fsdpctl" init --model-config $tiny --out "$tmp/y" --dtype f16
-expect_status 2 "--shard-size" "$fsdpctl" init --model-config $tiny --out "$tmp/y" --shard-size 5XB
+expect_error 2 "usage" "$fsdpctl" init --out "$tmp/y"
+expect_error 2 "--dtype" "$fsdpctl" init --model-config $tiny --out "$tmp/y" --dtype f16
+expect_error 2 "--shard-size" "$fsdpctl" init --model-config $tiny --out "$tmp/y" --shard-size 5XB
 [ ! -e "$tmp/y" ] || fail "a refused init left $tmp/y"
-expect_status 2 "usage" "$fsdpctl" inspect
-expect_status 1 "$tmp/none" "$fsdpctl" inspect "$tmp/none"
+expect_error 2 "usage" "$fsdpctl" inspect
+expect_error 1 "$tmp/none" "$fsdpctl" inspect "$tmp/none"
 
 # The config expects a third layer the weights lack.
 mkdir "$tmp/missing"
 cp "$golden/model.safetensors" "$tmp/missing/"
 sed 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$golden/config.json" \
     > "$tmp/missing/config.json"
-expect_status 1 "model.layers.2.self_attn.q_proj.weight" "$fsdpctl" inspect "$tmp/missing"
+expect_error 1 "model.layers.2.self_attn.q_proj.weight" "$fsdpctl" inspect "$tmp/missing"
 
 # The config's intermediate size disagrees with the weights.
 mkdir "$tmp/shape"
 cp "$golden/model.safetensors" "$tmp/shape/"
 sed 's/"intermediate_size": 172/"intermediate_size": 170/' "$golden/config.json" \
     > "$tmp/shape/config.json"
-expect_status 1 "model.layers.0.mlp.gate_proj.weight has shape [172, 64]" \
+expect_error 1 "model.layers.0.mlp.gate_proj.weight has shape [172, 64]" \
     "$fsdpctl" inspect "$tmp/shape"
 
 # A truncated weights file, and a shard deleted from a sharded model.
 mkdir "$tmp/corrupt"
 cp "$golden/config.json" "$tmp/corrupt/"
 head -c 100000 "$golden/model.safetensors" > "$tmp/corrupt/model.safetensors"
-expect_status 1 "model.safetensors" "$fsdpctl" inspect "$tmp/corrupt"
+expect_error 1 "model.safetensors" "$fsdpctl" inspect "$tmp/corrupt"
 cp -r "$tmp/bf16" "$tmp/noshard"
 rm "$tmp/noshard/model-00002-of-0000$shards.safetensors"
-expect_status 1 "model-00002-of-0000$shards.safetensors" "$fsdpctl" inspect "$tmp/noshard"
+expect_error 1 "model-00002-of-0000$shards.safetensors" "$fsdpctl" inspect "$tmp/noshard"
 
 # --- Python interop ---------------------------------------------------------------------
 if [ "${FSDP_PY_INTEROP:-0}" = 1 ]; then

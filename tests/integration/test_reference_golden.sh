@@ -2,25 +2,8 @@
 # fsdpctl reference against transformers' golden outputs: logits, loss, every gradient and
 # one AdamW step of the tiny golden Llama must match expected.safetensors to 1e-4 relative
 # per tensor (checked with fsdpctl compare); then compare's and reference's refusals.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-
-fsdpctl=${FSDP_BUILD:-build}/fsdpctl
-shared=${FSDP_SHARED:-../shared}
+source "$(dirname "$0")/lib.sh"
 golden=$shared/golden/tiny-mha
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-# expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output contains NEEDLE.
-expect_status() {
-    local want=$1 needle=$2 status=0
-    shift 2
-    "$@" > "$tmp/out" 2>&1 || status=$?
-    [ "$status" -eq "$want" ] || { cat "$tmp/out" >&2; fail "'$*' exited $status, expected $want"; }
-    grep -qF -- "$needle" "$tmp/out" || { cat "$tmp/out" >&2; fail "'$*': output does not mention '$needle'"; }
-}
 
 # --- the golden comparison --------------------------------------------------------------
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --out "$tmp/out.safetensors" \
@@ -42,7 +25,7 @@ expect_status 1 "$tmp/missing.safetensors" "$fsdpctl" compare "$tmp/missing.safe
 # Without --adamw there are no adamw.* tensors.
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --out "$tmp/plain.safetensors" > /dev/null
 expect_status 1 "adamw.lm_head.weight" "$fsdpctl" compare "$tmp/plain.safetensors" "$golden/expected.safetensors"
-grep -q '^23 tensors compared, .*: 21 problems$' "$tmp/out" || fail "plain reference: $(tail -1 "$tmp/out")"
+grep -q '^23 tensors compared, .*: 21 problems$' "$tmp/cmd.out" || fail "plain reference: $(tail -1 "$tmp/cmd.out")"
 
 # --- reference's refusals -----------------------------------------------------------------
 expect_status 2 "usage" "$fsdpctl" reference "$golden"
