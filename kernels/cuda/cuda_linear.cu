@@ -1,0 +1,165 @@
+// The CUDA backend: linear layers through cuBLASLt (bf16 inputs, fp32 accumulation).
+//
+// cuBLASLt is column-major; a row-major matrix X[r, c] is the column-major matrix X^T with
+// leading dimension c, so every product below is written for the transposes:
+//   forward  out[N,O] = in[N,I] W[O,I]^T   is  out^T (O x N) = W^T^T (O x I) . in^T (I x N)
+//   din      din[N,I] = dout[N,O] W[O,I]   is  din^T (I x N) = W^T (I x O) . dout^T (O x N)
+//   dw       dw[O,I] += dout^T[O,N] in[N,I] is  dw^T (I x O) += in^T (I x N) . dout (N x O)
+// dw is fp32 (C = D, beta = 1); out and din are bf16.  Each shape's descriptors and the
+// heuristic's algorithm are cached in the context (kc_gemm).
+#include <string.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+// Largest power of two (up to 256) that divides the address: what cuBLASLt may assume.
+static int alignment_of(const void *p) {
+    int a = 256;
+    while (a > 1 && !kc_aligned(p, (size_t)a)) a /= 2;
+    return a;
+}
+
+static void destroy_gemm(kc_gemm *g) {
+    if (g->layout_a) (void)cublasLtMatrixLayoutDestroy(g->layout_a);
+    if (g->layout_b) (void)cublasLtMatrixLayoutDestroy(g->layout_b);
+    if (g->layout_c) (void)cublasLtMatrixLayoutDestroy(g->layout_c);
+    if (g->desc) (void)cublasLtMatmulDescDestroy(g->desc);
+    memset(g, 0, sizeof *g);
+}
+
+void kc_gemm_cache_clear(kc_impl *s) {
+    for (int i = 0; i < KC_GEMM_CACHE; i++)
+        if (s->gemms[i].used) destroy_gemm(&s->gemms[i]);
+}
+
+static int lt_failed(kctx *c, const char *what, const char *call, cublasStatus_t st) {
+    k_fail(c, "%s: cuBLASLt %s failed: %s", what, call, cublasLtGetStatusString(st));
+    return -1;
+}
+
+#define LT_CHECK(call, name)                                      \
+    do {                                                          \
+        cublasStatus_t st_ = (call);                              \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                       \
+            destroy_gemm(g);                                      \
+            lt_failed(c, what, name, st_);                        \
+            return NULL;                                          \
+        }                                                         \
+    } while (0)
+
+// Builds g for D (m x n) = op(A) op(B) (+ beta D): bf16 A and B, D of out_type.
+static kc_gemm *build_gemm(kctx *c, kc_gemm *g, const char *what) {
+    kc_impl *s = kc_state(c);
+    cublasOperation_t ta = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+             "set TRANSA");
+    LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+             "set TRANSB");
+    // Stored shapes: A is (k x m) when transposed else (m x k); B is (n x k) or (k x n).
+    int a_rows = g->trans_a ? g->k : g->m, a_cols = g->trans_a ? g->m : g->k;
+    int b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_a, CUDA_R_16BF, a_rows, a_cols, a_rows),
+             "MatrixLayoutCreate(A)");
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_b, CUDA_R_16BF, b_rows, b_cols, b_rows),
+             "MatrixLayoutCreate(B)");
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_c, g->out_type, g->m, g->n, g->m),
+             "MatrixLayoutCreate(C)");
+
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), "MatmulPreferenceCreate");
+    uint32_t align_a = g->align_a, align_b = g->align_b, align_c = g->align_c;
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s->workspace_bytes,
+        sizeof s->workspace_bytes);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_a, sizeof align_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_b, sizeof align_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &align_c, sizeof align_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &align_c, sizeof align_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(s->lt, g->desc, g->layout_a, g->layout_b,
+                                            g->layout_c, g->layout_c, pref, 1, &result, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    LT_CHECK(st, "AlgoGetHeuristic");
+    if (found == 0) {
+        destroy_gemm(g);
+        k_fail(c, "%s: cuBLASLt has no algorithm for m=%d n=%d k=%d", what, g->m, g->n, g->k);
+        return NULL;
+    }
+    g->algo = result.algo;
+    g->used = 1;
+    return g;
+}
+
+// The cached configuration for this product, built on first use (evicting round-robin).
+static kc_gemm *find_gemm(kctx *c, const kc_gemm *key, const char *what) {
+    kc_impl *s = kc_state(c);
+    for (int i = 0; i < KC_GEMM_CACHE; i++) {
+        kc_gemm *g = &s->gemms[i];
+        if (g->used && g->m == key->m && g->n == key->n && g->k == key->k &&
+            g->trans_a == key->trans_a && g->trans_b == key->trans_b &&
+            g->out_type == key->out_type && g->align_a == key->align_a &&
+            g->align_b == key->align_b && g->align_c == key->align_c)
+            return g;
+    }
+    kc_gemm *slot = NULL;
+    for (int i = 0; i < KC_GEMM_CACHE && !slot; i++)
+        if (!s->gemms[i].used) slot = &s->gemms[i];
+    if (!slot) {
+        slot = &s->gemms[s->next_evict];
+        s->next_evict = (s->next_evict + 1) % KC_GEMM_CACHE;
+        destroy_gemm(slot);
+    }
+    *slot = *key;
+    return build_gemm(c, slot, what);
+}
+
+// D (m x n, column-major, leading dimension m) = op(A) op(B) + beta D.
+static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, const void *a,
+                   int trans_a, const void *b, int trans_b, int m, int n, int k, float beta) {
+    kc_gemm key;
+    memset(&key, 0, sizeof key);
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.trans_a = trans_a;
+    key.trans_b = trans_b;
+    key.out_type = out_type;
+    key.align_a = alignment_of(a);
+    key.align_b = alignment_of(b);
+    key.align_c = alignment_of(d);
+    kc_gemm *g = find_gemm(c, &key, what);
+    if (!g) return;
+    kc_impl *s = kc_state(c);
+    float alpha = 1.0f;
+    cublasStatus_t st =
+        cublasLtMatmul(s->lt, g->desc, &alpha, a, g->layout_a, b, g->layout_b, &beta, d,
+                       g->layout_c, d, g->layout_c, &g->algo, s->workspace, s->workspace_bytes,
+                       s->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) lt_failed(c, what, "Matmul", st);
+}
+
+extern "C" void kcuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
+                                 int O) {
+    if (N <= 0 || I <= 0 || O <= 0) return;
+    matmul(c, "linear_fwd", out, CUDA_R_16BF, w, 1, in, 0, O, N, I, 0.0f);
+}
+
+extern "C" void kcuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
+                                 const void *w, int N, int I, int O, int accumulate_din) {
+    if (N <= 0 || I <= 0 || O <= 0) return;
+    if (din)
+        matmul(c, "linear_bwd (din)", din, CUDA_R_16BF, w, 0, dout, 0, I, N, O,
+               accumulate_din ? 1.0f : 0.0f);
+    if (dw) matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f);
+}

@@ -1,0 +1,1046 @@
+/* check_kernels: the CUDA backend of kernels.h against the CPU reference, op by op, at real
+ * Llama shapes; with --bench, each CUDA kernel timed at Llama-2-7B shapes.
+ *
+ * Checks: inputs are drawn fresh for every check (fixed seeds) and rounded to bf16, so the
+ * CPU (fp32, reductions in double) and the GPU (bf16 storage, fp32 math) see the same values.
+ * GPU outputs are poisoned (every bit set: NaN in bf16 and fp32) before each run unless the
+ * op accumulates into them; any NaN fails.  The error is ||gpu - cpu|| / ||cpu|| over the
+ * whole tensor, against a tolerance for what the op does: 0 for copies, casts and gathers,
+ * 1e-5 for fp32 math, 1e-4 for fp32 sums, 1e-2 for bf16 outputs, 2e-2 for bf16 GEMMs.
+ * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
+ *
+ * --cpu runs every check with the CPU backend standing in for CUDA (compute buffers are then
+ * fp32): a test of this program itself on a machine without a GPU.
+ *
+ * Bench: per op the median of 20 timed runs (CUDA events, after 3 warm-up runs) on random
+ * data, the bytes it must move or the FLOPs it must do, and its floor on an H200: bytes at
+ * 4.27 TB/s or FLOPs at 785 TFLOP/s (the copy and bf16-GEMM rates measured on one). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "kernels/kernels.h"
+
+#define TOL_EXACT 0.0
+#define TOL_F32 1e-5
+#define TOL_SUM 1e-4
+#define TOL_BF16 1e-2
+#define TOL_GEMM 2e-2
+
+static kctx cpu, gpu;
+static int n_passed, n_failed;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "check_kernels: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(2);
+}
+
+/* ---- random numbers (xorshift64*), bf16 rounding ---- */
+
+static uint64_t rng_state = 1;
+
+static void seed(uint64_t s) {
+    rng_state = s * 0x9E3779B97F4A7C15ULL + 1;
+}
+
+static uint64_t next_u64(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static float frand(void) { /* uniform in [-1, 1) */
+    return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int irand(int n) {
+    return (int)(next_u64() % (uint64_t)n);
+}
+
+/* The bf16 bits of f, rounded to nearest even (what __float2bfloat16_rn does). */
+static uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float round_bf16(float f) {
+    return bf16_value(bf16_bits(f));
+}
+
+/* ---- allocations of one check, released together by release_all() ---- */
+
+#define MAX_ALLOCS 128
+static void *host_allocs[MAX_ALLOCS], *dev_allocs[MAX_ALLOCS];
+static int n_host_allocs, n_dev_allocs;
+/* 1: device buffers start one element past an aligned address (exercises the unaligned,
+ * one-element-per-thread paths and cuBLASLt's small-alignment algorithms). */
+static int misalign;
+
+static void *host_bytes(size_t bytes) {
+    if (n_host_allocs == MAX_ALLOCS) die("too many host allocations in one check");
+    void *p = calloc(bytes ? bytes : 1, 1); /* calloc: untouched pages of huge tables stay free */
+    if (!p) die("out of host memory (%zu bytes)", bytes);
+    return host_allocs[n_host_allocs++] = p;
+}
+
+static float *hfloats(size_t n) {
+    return host_bytes(n * sizeof(float));
+}
+
+/* scale * U(-1, 1), rounded to bf16 */
+static float *hrandom(size_t n, float scale) {
+    float *p = hfloats(n);
+    for (size_t i = 0; i < n; i++) p[i] = round_bf16(scale * frand());
+    return p;
+}
+
+static float *hcopy(const float *src, size_t n) {
+    float *p = hfloats(n);
+    memcpy(p, src, n * sizeof(float));
+    return p;
+}
+
+static int32_t *hints(size_t n) {
+    return host_bytes(n * sizeof(int32_t));
+}
+
+static void *dev_bytes(size_t bytes, size_t elem) {
+    if (n_dev_allocs == MAX_ALLOCS) die("too many device allocations in one check");
+    errbuf err;
+    size_t offset = misalign ? elem : 0;
+    char *base = k_alloc(&gpu, bytes + offset, &err);
+    if (!base) die("%s", err.msg);
+    dev_allocs[n_dev_allocs++] = base;
+    return base + offset;
+}
+
+static void release_all(void) {
+    for (int i = 0; i < n_host_allocs; i++) free(host_allocs[i]);
+    for (int i = 0; i < n_dev_allocs; i++) k_free(&gpu, dev_allocs[i]);
+    n_host_allocs = n_dev_allocs = 0;
+}
+
+/* Buffers of the compute dtype: bf16 on CUDA; fp32 when the CPU backend stands in (--cpu).
+ * Host values given to them are already bf16 values, so both sides hold the same numbers. */
+static size_t esize; /* k_compute_size(&gpu) */
+
+static void put_comp(void *dev, const float *host, size_t n) {
+    if (esize == sizeof(float)) {
+        k_copy_h2d(&gpu, dev, host, n * sizeof(float));
+        return;
+    }
+    uint16_t *bits = malloc(n * sizeof *bits + 1);
+    if (!bits) die("out of host memory");
+    for (size_t i = 0; i < n; i++) bits[i] = bf16_bits(host[i]);
+    k_copy_h2d(&gpu, dev, bits, n * sizeof *bits); /* pageable: consumed on return */
+    free(bits);
+}
+
+static void *dcomp(const float *host, size_t n) {
+    void *d = dev_bytes(n * esize, esize);
+    put_comp(d, host, n);
+    return d;
+}
+
+static float *df32(const float *host, size_t n) {
+    float *d = dev_bytes(n * sizeof(float), sizeof(float));
+    k_copy_h2d(&gpu, d, host, n * sizeof(float));
+    return d;
+}
+
+static int32_t *dints(const int32_t *host, size_t n) {
+    int32_t *d = dev_bytes(n * sizeof(int32_t), sizeof(int32_t));
+    k_copy_h2d(&gpu, d, host, n * sizeof(int32_t));
+    return d;
+}
+
+/* Every bit set: NaN as bf16 and as fp32. */
+static void poison(void *dev, size_t bytes) {
+    static unsigned char *ones;
+    const size_t chunk = (size_t)64 << 20;
+    if (!ones) {
+        if (!(ones = malloc(chunk))) die("out of host memory");
+        memset(ones, 0xff, chunk);
+    }
+    for (size_t at = 0; at < bytes; at += chunk)
+        k_copy_h2d(&gpu, (char *)dev + at, ones, bytes - at < chunk ? bytes - at : chunk);
+}
+
+static void *dpoison_comp(size_t n) {
+    void *d = dev_bytes(n * esize, esize);
+    poison(d, n * esize);
+    return d;
+}
+
+static float *dpoison_f32(size_t n) {
+    float *d = dev_bytes(n * sizeof(float), sizeof(float));
+    poison(d, n * sizeof(float));
+    return d;
+}
+
+static float *get_comp(const void *dev, size_t n) {
+    float *out = hfloats(n);
+    if (esize == sizeof(float)) {
+        k_copy_d2h(&gpu, out, dev, n * sizeof(float));
+        return out;
+    }
+    uint16_t *bits = malloc(n * sizeof *bits + 1);
+    if (!bits) die("out of host memory");
+    k_copy_d2h(&gpu, bits, dev, n * sizeof *bits);
+    for (size_t i = 0; i < n; i++) out[i] = bf16_value(bits[i]);
+    free(bits);
+    return out;
+}
+
+static float *get_f32(const float *dev, size_t n) {
+    float *out = hfloats(n);
+    k_copy_d2h(&gpu, out, dev, n * sizeof(float));
+    return out;
+}
+
+/* ---- reporting ---- */
+
+static const char *shape(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *shape(const char *fmt, ...) {
+    static char buf[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (misalign && n > 0 && (size_t)n < sizeof buf)
+        snprintf(buf + n, sizeof buf - (size_t)n, " unaligned");
+    return buf;
+}
+
+/* A pending failure in either context (reported and cleared), or NULL. */
+static const char *pending_failure(void) {
+    static errbuf err;
+    if (k_sync(&gpu, &err)) return err.msg;
+    if (k_sync(&cpu, &err)) return err.msg;
+    return NULL;
+}
+
+/* One line: op, shape, what was measured, PASS or FAIL, then any note. */
+static void verdict(const char *op, const char *shp, const char *measure, int ok,
+                    const char *note) {
+    printf("%-27s %-40s %-26s %s%s%s\n", op, shp, measure, ok ? "PASS" : "FAIL",
+           note[0] ? "  " : "", note);
+    fflush(stdout);
+    if (ok)
+        n_passed++;
+    else
+        n_failed++;
+}
+
+/* ||got - want|| / ||want|| (the plain norm of the difference when want is all zeros). */
+static void report(const char *op, const char *shp, const float *got, const float *want,
+                   size_t n, double tol) {
+    const char *failure = pending_failure();
+    double diff = 0.0, norm = 0.0;
+    size_t nans = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i])) {
+            nans++;
+            continue;
+        }
+        double d = (double)got[i] - want[i];
+        diff += d * d;
+        norm += (double)want[i] * want[i];
+    }
+    double rel = norm > 0.0 ? sqrt(diff / norm) : sqrt(diff);
+    char measure[64], note[64] = "";
+    snprintf(measure, sizeof measure, "rel %.2e (tol %.0e)", rel, tol);
+    if (nans) snprintf(note, sizeof note, "%zu of %zu NaN (unwritten?)", nans, n);
+    verdict(op, shp, measure, !failure && nans == 0 && rel <= tol, failure ? failure : note);
+}
+
+/* A check with a yes/no outcome; measure says what was compared. */
+static void report_bool(const char *op, const char *shp, int ok, const char *measure) {
+    const char *failure = pending_failure();
+    verdict(op, shp, measure, ok && !failure, failure ? failure : "");
+}
+
+/* ---- memory and casts ---- */
+
+static void check_memory(size_t n) {
+    seed(1);
+    float *fresh = dev_bytes(n * sizeof(float), sizeof(float));
+    float *got = get_f32(fresh, n);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++) nonzero += got[i] != 0.0f;
+    report_bool("k_alloc (zeroed)", shape("n=%zu", n), nonzero == 0, "all zero");
+
+    poison(fresh, n * sizeof(float));
+    k_zero(&gpu, fresh, n * sizeof(float));
+    got = get_f32(fresh, n);
+    nonzero = 0;
+    for (size_t i = 0; i < n; i++) nonzero += got[i] != 0.0f;
+    report_bool("k_zero", shape("n=%zu", n), nonzero == 0, "all zero");
+
+    float *src = hrandom(n, 1.0f);
+    float *dst = dpoison_f32(n);
+    k_copy_d2d(&gpu, dst, df32(src, n), n * sizeof(float));
+    got = get_f32(dst, n);
+    report_bool("k_copy_d2d", shape("n=%zu", n), memcmp(got, src, n * sizeof(float)) == 0,
+                "same bits");
+    release_all();
+}
+
+static size_t count_different(const float *a, const float *b, size_t n) {
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) count += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return count;
+}
+
+/* f32 -> compute rounds to nearest even, ties included (a copy on the CPU backend);
+ * compute -> f32 is exact. */
+static void check_casts(size_t n) {
+    seed(2);
+    float *src = hfloats(n), *want = hfloats(n);
+    for (size_t i = 0; i < n; i++) {
+        src[i] = 100.0f * frand();
+        if (i % 7 == 0) { /* exactly half-way between two bf16 values */
+            uint32_t u = ((uint32_t)bf16_bits(src[i]) << 16) | 0x8000u;
+            memcpy(&src[i], &u, sizeof u);
+        }
+        want[i] = esize == sizeof(float) ? src[i] : round_bf16(src[i]);
+    }
+    void *comp = dpoison_comp(n);
+    k_f32_to_compute(&gpu, comp, df32(src, n), n);
+    char measure[64];
+    size_t wrong = count_different(get_comp(comp, n), want, n);
+    snprintf(measure, sizeof measure, "%zu of %zu wrong", wrong, n);
+    report_bool("f32_to_compute", shape("n=%zu", n), wrong == 0, measure);
+
+    float *back = dpoison_f32(n);
+    k_compute_to_f32(&gpu, back, comp, n);
+    wrong = count_different(get_f32(back, n), want, n);
+    snprintf(measure, sizeof measure, "%zu of %zu wrong", wrong, n);
+    report_bool("compute_to_f32", shape("n=%zu", n), wrong == 0, measure);
+    release_all();
+}
+
+/* ---- elementwise ---- */
+
+static void check_elementwise(size_t n) {
+    seed(3);
+    float *a = hrandom(n, 1.0f), *b = hrandom(n, 1.0f);
+
+    float *want = hfloats(n);
+    k_add(&cpu, want, a, b, n);
+    void *out = dpoison_comp(n);
+    k_add(&gpu, out, dcomp(a, n), dcomp(b, n), n);
+    report("add", shape("n=%zu", n), get_comp(out, n), want, n, TOL_BF16);
+
+    want = hcopy(a, n);
+    k_accumulate(&cpu, want, b, n);
+    void *acc = dcomp(a, n);
+    k_accumulate(&gpu, acc, dcomp(b, n), n);
+    report("accumulate", shape("n=%zu", n), get_comp(acc, n), want, n, TOL_BF16);
+
+    want = hcopy(a, n);
+    k_add_f32(&cpu, want, b, n);
+    float *acc32 = df32(a, n);
+    k_add_f32(&gpu, acc32, df32(b, n), n);
+    report("add_f32", shape("n=%zu", n), get_f32(acc32, n), want, n, TOL_F32);
+
+    want = hcopy(a, n);
+    k_scale_f32(&cpu, want, 0.37f, n);
+    float *scaled = df32(a, n);
+    k_scale_f32(&gpu, scaled, 0.37f, n);
+    report("scale_f32", shape("n=%zu", n), get_f32(scaled, n), want, n, TOL_F32);
+
+    float want_sum = 2.0f;
+    k_sumsq_f32(&cpu, &want_sum, a, n);
+    float *sum = df32(&(float){2.0f}, 1);
+    k_sumsq_f32(&gpu, sum, df32(a, n), n);
+    report("sumsq_f32", shape("n=%zu", n), get_f32(sum, 1), &want_sum, 1, TOL_F32);
+    release_all();
+}
+
+static void check_swiglu(size_t n) {
+    seed(4);
+    float *gate = hrandom(n, 4.0f), *up = hrandom(n, 1.0f), *dout = hrandom(n, 1.0f);
+    void *dgate_in = dcomp(gate, n), *dup_in = dcomp(up, n), *ddout = dcomp(dout, n);
+
+    float *want = hfloats(n);
+    k_swiglu_fwd(&cpu, want, gate, up, n);
+    void *out = dpoison_comp(n);
+    k_swiglu_fwd(&gpu, out, dgate_in, dup_in, n);
+    report("swiglu_fwd", shape("n=%zu", n), get_comp(out, n), want, n, TOL_BF16);
+
+    float *want_dg = hfloats(n), *want_du = hfloats(n);
+    k_swiglu_bwd(&cpu, want_dg, want_du, dout, gate, up, n);
+    void *dg = dpoison_comp(n), *du = dpoison_comp(n);
+    k_swiglu_bwd(&gpu, dg, du, ddout, dgate_in, dup_in, n);
+    report("swiglu_bwd dgate", shape("n=%zu", n), get_comp(dg, n), want_dg, n, TOL_BF16);
+    report("swiglu_bwd dup", shape("n=%zu", n), get_comp(du, n), want_du, n, TOL_BF16);
+
+    /* in place: dgate over gate, dup over up */
+    k_swiglu_bwd(&gpu, dgate_in, dup_in, ddout, dgate_in, dup_in, n);
+    report("swiglu_bwd in place dgate", shape("n=%zu", n), get_comp(dgate_in, n), want_dg, n,
+           TOL_BF16);
+    report("swiglu_bwd in place dup", shape("n=%zu", n), get_comp(dup_in, n), want_du, n,
+           TOL_BF16);
+    release_all();
+}
+
+/* ---- embedding ---- */
+
+/* Tokens with long runs of repeats: 40% one token, 30% from 64 values, 30% anywhere. */
+static int32_t *repeating_tokens(int N, int V) {
+    int32_t *tok = hints((size_t)N);
+    for (int n = 0; n < N; n++) {
+        int kind = irand(10);
+        tok[n] = kind < 4 ? 7 % V : kind < 7 ? irand(64 < V ? 64 : V) : irand(V);
+    }
+    tok[0] = 0;
+    tok[N - 1] = V - 1;
+    return tok;
+}
+
+static void check_embedding_fwd(int N, int C, int V) {
+    seed(5);
+    size_t nc = (size_t)N * C;
+    int32_t *tok = hints((size_t)N);
+    for (int n = 0; n < N; n++) tok[n] = irand(V);
+    tok[0] = 0;
+    tok[N - 1] = V - 1;
+    /* Only the rows the tokens use get values: the tables can be gigabytes. */
+    float *table = hfloats((size_t)V * C);
+    void *dtable = dev_bytes((size_t)V * C * esize, esize);
+    for (int n = 0; n < N; n++) {
+        float *row = table + (size_t)tok[n] * C;
+        for (int i = 0; i < C; i++) row[i] = round_bf16(frand());
+        put_comp((char *)dtable + (size_t)tok[n] * C * esize, row, (size_t)C);
+    }
+    float *want = hfloats(nc);
+    k_embedding_fwd(&cpu, want, tok, table, N, C, V);
+    void *out = dpoison_comp(nc);
+    k_embedding_fwd(&gpu, out, dints(tok, (size_t)N), dtable, N, C, V);
+    report("embedding_fwd", shape("N=%d C=%d V=%d", N, C, V), get_comp(out, nc), want, nc,
+           TOL_EXACT);
+    release_all();
+}
+
+/* dwte starts random in the rows the tokens use and zero elsewhere; the whole table is
+ * compared, so a write to any other row shows. */
+static void check_embedding_bwd(int N, int C, int V) {
+    seed(6);
+    size_t nc = (size_t)N * C, vc = (size_t)V * C;
+    int32_t *tok = repeating_tokens(N, V);
+    float *dout = hrandom(nc, 1.0f);
+    float *want = hfloats(vc);
+    float *dwte = dev_bytes(vc * sizeof(float), sizeof(float));
+    for (int n = 0; n < N; n++) {
+        float *row = want + (size_t)tok[n] * C;
+        for (int i = 0; i < C; i++) row[i] = frand();
+        k_copy_h2d(&gpu, dwte + (size_t)tok[n] * C, row, (size_t)C * sizeof(float));
+    }
+    k_embedding_bwd(&cpu, want, dout, tok, N, C, V);
+    k_embedding_bwd(&gpu, dwte, dcomp(dout, nc), dints(tok, (size_t)N), N, C, V);
+    report("embedding_bwd", shape("N=%d C=%d V=%d repeats", N, C, V), get_f32(dwte, vc), want,
+           vc, TOL_F32);
+    release_all();
+}
+
+/* ---- RMSNorm, RoPE ---- */
+
+static void check_rmsnorm(int N, int C) {
+    seed(7);
+    size_t nc = (size_t)N * C;
+    float eps = 1e-5f;
+    float *x = hrandom(nc, 2.0f), *w = hfloats((size_t)C);
+    for (int i = 0; i < C; i++) w[i] = round_bf16(1.0f + 0.2f * frand());
+    void *dx = dcomp(x, nc), *dw_in = dcomp(w, (size_t)C);
+
+    float *want = hfloats(nc), *want_rstd = hfloats((size_t)N);
+    k_rmsnorm_fwd(&cpu, want, want_rstd, x, w, N, C, eps);
+    void *out = dpoison_comp(nc);
+    float *rstd = dpoison_f32((size_t)N);
+    k_rmsnorm_fwd(&gpu, out, rstd, dx, dw_in, N, C, eps);
+    report("rmsnorm_fwd out", shape("N=%d C=%d", N, C), get_comp(out, nc), want, nc, TOL_BF16);
+    report("rmsnorm_fwd rstd", shape("N=%d C=%d", N, C), get_f32(rstd, (size_t)N), want_rstd,
+           (size_t)N, TOL_F32);
+
+    /* backward from the CPU's rstd (both sides see the same), accumulating into din and dw */
+    float *dout = hrandom(nc, 1.0f), *din0 = hrandom(nc, 1.0f);
+    float *dw0 = hrandom((size_t)C, sqrtf((float)N) / 3.0f);
+    float *want_din = hcopy(din0, nc), *want_dw = hcopy(dw0, (size_t)C);
+    k_rmsnorm_bwd(&cpu, want_din, want_dw, dout, x, w, want_rstd, N, C);
+    void *din = dcomp(din0, nc);
+    float *dw = df32(dw0, (size_t)C);
+    k_rmsnorm_bwd(&gpu, din, dw, dcomp(dout, nc), dx, dw_in, df32(want_rstd, (size_t)N), N, C);
+    report("rmsnorm_bwd din", shape("N=%d C=%d", N, C), get_comp(din, nc), want_din, nc,
+           TOL_BF16);
+    report("rmsnorm_bwd dw", shape("N=%d C=%d", N, C), get_f32(dw, (size_t)C), want_dw,
+           (size_t)C, TOL_SUM);
+    release_all();
+}
+
+static const k_rope_params llama2_rope = {.theta = 10000.0};
+static const k_rope_params llama3_rope = {.theta = 500000.0,
+                                          .llama3 = 1,
+                                          .factor = 8.0,
+                                          .low_freq_factor = 1.0,
+                                          .high_freq_factor = 4.0,
+                                          .original_max_position_embeddings = 8192};
+
+static void check_rope(int B, int T, int H, int hd, const k_rope_params *p, const char *name) {
+    seed(8);
+    size_t n = (size_t)B * T * H * hd;
+    float *inv_freq = hfloats((size_t)hd / 2);
+    k_rope_inv_freq(p, hd, inv_freq);
+    float *dinv = df32(inv_freq, (size_t)hd / 2);
+    float *x = hrandom(n, 1.0f);
+    for (int inverse = 0; inverse <= 1; inverse++) {
+        float *want = hcopy(x, n);
+        k_rope(&cpu, want, inv_freq, B, T, H, hd, inverse);
+        void *dx = dcomp(x, n);
+        k_rope(&gpu, dx, dinv, B, T, H, hd, inverse);
+        report(inverse ? "rope inverse" : "rope",
+               shape("B=%d T=%d H=%d hd=%d %s", B, T, H, hd, name), get_comp(dx, n), want, n,
+               TOL_BF16);
+    }
+    release_all();
+}
+
+/* ---- linear ---- */
+
+static void check_linear(int N, int I, int O) {
+    seed(9);
+    size_t ni = (size_t)N * I, no = (size_t)N * O, oi = (size_t)O * I;
+    float *in = hrandom(ni, 1.0f), *w = hrandom(oi, 1.0f), *dout = hrandom(no, 1.0f);
+    void *din_ = dcomp(in, ni), *dw_ = dcomp(w, oi), *ddout = dcomp(dout, no);
+    const char *shp = shape("N=%d I=%d O=%d", N, I, O);
+    char shp_copy[128];
+    snprintf(shp_copy, sizeof shp_copy, "%s", shp);
+
+    float *want = hfloats(no);
+    k_linear_fwd(&cpu, want, in, w, N, I, O);
+    void *out = dpoison_comp(no);
+    k_linear_fwd(&gpu, out, din_, dw_, N, I, O);
+    report("linear_fwd", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
+
+    /* accumulating: din += dout W, dw += dout^T in, both from random starting values */
+    float *din0 = hrandom(ni, sqrtf((float)O) / 3.0f), *dw0 = hrandom(oi, sqrtf((float)N) / 3.0f);
+    float *want_din = hcopy(din0, ni), *want_dw = hcopy(dw0, oi);
+    k_linear_bwd(&cpu, want_din, want_dw, dout, in, w, N, I, O, 1);
+    void *din = dcomp(din0, ni);
+    float *dw = df32(dw0, oi);
+    k_linear_bwd(&gpu, din, dw, ddout, din_, dw_, N, I, O, 1);
+    report("linear_bwd din (+=)", shp_copy, get_comp(din, ni), want_din, ni, TOL_GEMM);
+    report("linear_bwd dw (+=)", shp_copy, get_f32(dw, oi), want_dw, oi, TOL_GEMM);
+
+    /* overwriting din, no dw */
+    float *want_din2 = hfloats(ni);
+    k_linear_bwd(&cpu, want_din2, NULL, dout, in, w, N, I, O, 0);
+    void *din2 = dpoison_comp(ni);
+    k_linear_bwd(&gpu, din2, NULL, ddout, din_, dw_, N, I, O, 0);
+    report("linear_bwd din (=)", shp_copy, get_comp(din2, ni), want_din2, ni, TOL_GEMM);
+    release_all();
+}
+
+/* ---- cross-entropy, AdamW ---- */
+
+/* Zeroes each unmasked row's target entry, leaving the softmax part of dlogits. */
+static void drop_targets(float *d, const int32_t *targets, int N, int V) {
+    for (int n = 0; n < N; n++)
+        if (targets[n] != K_IGNORE_INDEX) d[(size_t)n * V + targets[n]] = 0.0f;
+}
+
+static void check_cross_entropy(int N, int V) {
+    seed(10);
+    size_t nv = (size_t)N * V;
+    float *logits = hrandom(nv, 4.0f);
+    int32_t *targets = hints((size_t)N);
+    int count = 0;
+    for (int n = 0; n < N; n++) {
+        targets[n] = irand(10) == 0 ? K_IGNORE_INDEX : irand(V);
+        count += targets[n] != K_IGNORE_INDEX;
+    }
+    targets[0] = V - 1;
+    targets[N - 1] = 0;
+    float dscale = 1.0f / (float)(count + 2);
+    const char *shp = shape("N=%d V=%d", N, V);
+    char shp_copy[128];
+    snprintf(shp_copy, sizeof shp_copy, "%s", shp);
+    int32_t *dtargets = dints(targets, (size_t)N);
+    void *dlogits_in = dcomp(logits, nv);
+
+    float want_loss = 1.25f, *want = hfloats(nv);
+    k_cross_entropy(&cpu, &want_loss, want, logits, targets, N, V, dscale);
+    float *loss = df32(&(float){1.25f}, 1);
+    void *d = dpoison_comp(nv);
+    k_cross_entropy(&gpu, loss, d, dlogits_in, dtargets, N, V, dscale);
+    report("cross_entropy loss", shp_copy, get_f32(loss, 1), &want_loss, 1, TOL_F32);
+    float *got = get_comp(d, nv);
+    report("cross_entropy dlogits", shp_copy, got, want, nv, TOL_BF16);
+    float *want_soft = hcopy(want, nv);
+    drop_targets(got, targets, N, V);
+    drop_targets(want_soft, targets, N, V);
+    report("cross_entropy dlogits soft", shp_copy, got, want_soft, nv, TOL_BF16);
+
+    /* in place, as the model does it */
+    float *loss2 = df32(&(float){1.25f}, 1);
+    k_cross_entropy(&gpu, loss2, dlogits_in, dlogits_in, dtargets, N, V, dscale);
+    report("cross_entropy in place loss", shp_copy, get_f32(loss2, 1), &want_loss, 1, TOL_F32);
+    report("cross_entropy in place dlog", shp_copy, get_comp(dlogits_in, nv), want, nv,
+           TOL_BF16);
+
+    /* loss only */
+    float *loss3 = df32(&(float){1.25f}, 1);
+    k_cross_entropy(&gpu, loss3, NULL, dcomp(logits, nv), dtargets, N, V, dscale);
+    report("cross_entropy loss only", shp_copy, get_f32(loss3, 1), &want_loss, 1, TOL_F32);
+    release_all();
+}
+
+static void check_adamw(size_t n, int step) {
+    seed(11);
+    float *p = hfloats(n), *g = hfloats(n), *m = hfloats(n), *v = hfloats(n);
+    for (size_t i = 0; i < n; i++) {
+        p[i] = frand();
+        g[i] = frand();
+        m[i] = 0.1f * frand();
+        float r = frand();
+        v[i] = 0.01f * r * r;
+    }
+    float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    float *dp = df32(p, n), *dg = df32(g, n), *dm = df32(m, n), *dv = df32(v, n);
+    k_adamw(&cpu, p, g, m, v, n, lr, b1, b2, eps, wd, step, gs);
+    k_adamw(&gpu, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, step, gs);
+    const char *shp = shape("n=%zu step=%d", n, step);
+    char shp_copy[128];
+    snprintf(shp_copy, sizeof shp_copy, "%s", shp);
+    report("adamw p", shp_copy, get_f32(dp, n), p, n, TOL_F32);
+    report("adamw m", shp_copy, get_f32(dm, n), m, n, TOL_F32);
+    report("adamw v", shp_copy, get_f32(dv, n), v, n, TOL_F32);
+    release_all();
+}
+
+/* ---- determinism: the same inputs twice give the same bits ---- */
+
+static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
+    unsigned char *a = host_bytes(bytes), *b = host_bytes(bytes);
+    k_copy_d2h(&gpu, a, dev_a, bytes);
+    k_copy_d2h(&gpu, b, dev_b, bytes);
+    return memcmp(a, b, bytes) == 0;
+}
+
+static void check_determinism(void) {
+    seed(12);
+    int N = 2046, C = 4096, V = 32000;
+    size_t nc = (size_t)N * C, vc = (size_t)V * C, nv = (size_t)N * V;
+
+    int32_t *tok = dints(repeating_tokens(N, V), (size_t)N);
+    void *dout = dcomp(hrandom(nc, 1.0f), nc);
+    float *dwte0 = hrandom(vc, 1.0f);
+    float *dwte_a = df32(dwte0, vc), *dwte_b = df32(dwte0, vc);
+    k_embedding_bwd(&gpu, dwte_a, dout, tok, N, C, V);
+    k_embedding_bwd(&gpu, dwte_b, dout, tok, N, C, V);
+    report_bool("deterministic embedding_bwd", shape("N=%d C=%d V=%d", N, C, V),
+                same_bits(dwte_a, dwte_b, vc * sizeof(float)), "same bits twice");
+
+    float *x = hrandom(nc, 1.0f), *din0 = hrandom(nc, 1.0f), *dw0 = hrandom((size_t)C, 10.0f);
+    float *rstd0 = hfloats((size_t)N);
+    for (int n = 0; n < N; n++) rstd0[n] = 1.0f + 0.1f * frand();
+    void *dx = dcomp(x, nc), *w = dcomp(hrandom((size_t)C, 1.0f), (size_t)C);
+    float *rstd = df32(rstd0, (size_t)N);
+    void *din_a = dcomp(din0, nc), *din_b = dcomp(din0, nc);
+    float *dw_a = df32(dw0, (size_t)C), *dw_b = df32(dw0, (size_t)C);
+    k_rmsnorm_bwd(&gpu, din_a, dw_a, dout, dx, w, rstd, N, C);
+    k_rmsnorm_bwd(&gpu, din_b, dw_b, dout, dx, w, rstd, N, C);
+    report_bool("deterministic rmsnorm_bwd", shape("N=%d C=%d", N, C),
+                same_bits(din_a, din_b, nc * esize) && same_bits(dw_a, dw_b, (size_t)C * 4),
+                "same bits twice");
+
+    float *logits = hrandom(nv, 4.0f);
+    int32_t *targets = hints((size_t)N);
+    for (int n = 0; n < N; n++) targets[n] = irand(V);
+    int32_t *dtargets = dints(targets, (size_t)N);
+    void *log_a = dcomp(logits, nv), *log_b = dcomp(logits, nv);
+    float *loss_a = df32(&(float){0.0f}, 1), *loss_b = df32(&(float){0.0f}, 1);
+    k_cross_entropy(&gpu, loss_a, log_a, log_a, dtargets, N, V, 1.0f / N);
+    k_cross_entropy(&gpu, loss_b, log_b, log_b, dtargets, N, V, 1.0f / N);
+    report_bool("deterministic cross_entropy", shape("N=%d V=%d", N, V),
+                same_bits(loss_a, loss_b, 4) && same_bits(log_a, log_b, nv * esize),
+                "same bits twice");
+
+    size_t n = (size_t)50 << 20;
+    float *big = df32(hrandom(n, 1.0f), n);
+    float *sum_a = df32(&(float){0.0f}, 1), *sum_b = df32(&(float){0.0f}, 1);
+    k_sumsq_f32(&gpu, sum_a, big, n);
+    k_sumsq_f32(&gpu, sum_b, big, n);
+    report_bool("deterministic sumsq_f32", shape("n=%zu", n), same_bits(sum_a, sum_b, 4),
+                "same bits twice");
+
+    int I = 4096, O = 4096;
+    void *in = dcomp(hrandom((size_t)N * I, 1.0f), (size_t)N * I);
+    void *g = dcomp(hrandom((size_t)N * O, 1.0f), (size_t)N * O);
+    float *w0 = hrandom((size_t)O * I, 1.0f);
+    float *gw_a = df32(w0, (size_t)O * I), *gw_b = df32(w0, (size_t)O * I);
+    k_linear_bwd(&gpu, NULL, gw_a, g, in, NULL, N, I, O, 0);
+    k_linear_bwd(&gpu, NULL, gw_b, g, in, NULL, N, I, O, 0);
+    report_bool("deterministic linear_bwd dw", shape("N=%d I=%d O=%d", N, I, O),
+                same_bits(gw_a, gw_b, (size_t)O * I * 4), "same bits twice");
+    release_all();
+}
+
+/* ---- bad input: reported by k_sync with the CPU backend's wording, then cleared ---- */
+
+static void expect_failure(const char *op, const char *wanted) {
+    errbuf err = {{0}}, again = {{0}};
+    int failed = k_sync(&gpu, &err) != 0;
+    int cleared = k_sync(&gpu, &again) == 0;
+    char note[1200];
+    if (!failed)
+        snprintf(note, sizeof note, "no failure reported (wanted \"%s\")", wanted);
+    else if (!cleared)
+        snprintf(note, sizeof note, "failure not cleared: %s", again.msg);
+    else
+        snprintf(note, sizeof note, "\"%s\"", err.msg);
+    verdict(op, "bad input", "reported by k_sync", failed && strstr(err.msg, wanted) && cleared,
+            note);
+}
+
+static void check_failures(void) {
+    int N = 16, C = 64, V = 1000;
+    int32_t tok[16] = {0};
+    tok[5] = V;
+    void *table = dev_bytes((size_t)V * C * esize, esize);
+    void *out = dev_bytes((size_t)N * C * esize, esize);
+    k_embedding_fwd(&gpu, out, dints(tok, 16), table, N, C, V);
+    expect_failure("embedding_fwd", "token 1000 at row 5 is outside the vocabulary [0, 1000)");
+
+    tok[5] = 0;
+    tok[2] = -3;
+    float *dwte = dev_bytes((size_t)V * C * 4, 4);
+    k_embedding_bwd(&gpu, dwte, out, dints(tok, 16), N, C, V);
+    expect_failure("embedding_bwd", "embedding backward: token -3 at row 2");
+
+    int32_t targets[16];
+    for (int n = 0; n < N; n++) targets[n] = n % 2 ? K_IGNORE_INDEX : n;
+    targets[4] = V + 1;
+    void *logits = dev_bytes((size_t)N * V * esize, esize);
+    float *loss = dev_bytes(4, 4);
+    k_cross_entropy(&gpu, loss, logits, logits, dints(targets, 16), N, V, 1.0f);
+    expect_failure("cross_entropy", "target 1001 at row 4 is outside the vocabulary");
+
+    float *p = dev_bytes(64 * 4, 4);
+    k_adamw(&gpu, p, p, p, p, 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f);
+    expect_failure("adamw", "step 0 must count from 1");
+
+    k_rope(&gpu, out, p, 1, 2, 2, 127, 0);
+    expect_failure("rope", "head dim 127 is odd");
+
+    if (gpu.backend == K_CUDA) {
+        k_attention_fwd(&gpu, out, p, out, out, out, 1, 4, 2, 1, 16);
+        expect_failure("attention_fwd", "CUDA attention: not built yet (F10)");
+        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, 1, 4, 2, 1, 16);
+        expect_failure("attention_bwd", "CUDA attention: not built yet (F10)");
+    }
+    release_all();
+}
+
+/* ---- bench ---- */
+
+#define REPS 20
+#define WARMUP 3
+#define HBM_BYTES_PER_S 4.27e12
+#define BF16_FLOPS_PER_S 785e12
+
+static cudaEvent_t events[REPS + 1];
+
+static void cuda_or_die(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) die("%s: %s", what, cudaGetErrorString(e));
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reads the events of the last timed runs and prints the op's line. */
+static void bench_line(const char *op, const char *shp, double bytes, double flops) {
+    float ms[REPS];
+    cuda_or_die(cudaEventSynchronize(events[REPS]), "cudaEventSynchronize");
+    errbuf err;
+    if (k_sync(&gpu, &err)) die("%s: %s", op, err.msg);
+    for (int r = 0; r < REPS; r++)
+        cuda_or_die(cudaEventElapsedTime(&ms[r], events[r], events[r + 1]), "cudaEventElapsedTime");
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    double s = (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2.0 / 1e3; /* median */
+    double floor_bytes = bytes / HBM_BYTES_PER_S, floor_flops = flops / BF16_FLOPS_PER_S;
+    double floor = floor_bytes > floor_flops ? floor_bytes : floor_flops;
+    char rate[32];
+    if (flops > 0)
+        snprintf(rate, sizeof rate, "%7.1f TFLOP/s", flops / s / 1e12);
+    else
+        snprintf(rate, sizeof rate, "%7.0f GB/s", bytes / s / 1e9);
+    printf("%-22s %-28s %10.1f us %16s %10.1f us %6.2fx\n", op, shp, s * 1e6, rate, floor * 1e6,
+           s / floor);
+    fflush(stdout);
+}
+
+/* Runs `...` WARMUP times, then REPS times between events, and prints its line. */
+#define BENCH(op, shp, bytes, flops, ...)                                         \
+    do {                                                                          \
+        for (int w_ = 0; w_ < WARMUP; w_++) {                                     \
+            __VA_ARGS__;                                                          \
+        }                                                                         \
+        for (int r_ = 0; r_ < REPS; r_++) {                                       \
+            cuda_or_die(cudaEventRecord(events[r_], stream), "cudaEventRecord"); \
+            __VA_ARGS__;                                                          \
+        }                                                                         \
+        cuda_or_die(cudaEventRecord(events[REPS], stream), "cudaEventRecord");   \
+        bench_line(op, shp, (double)(bytes), (double)(flops));                   \
+    } while (0)
+
+/* Random device data from a host pool (never zeros: they can run faster than real data). */
+#define POOL (16u << 20)
+static float *pool;
+
+static void fill(void *dev, size_t n, int bf16, float scale, int positive) {
+    static uint16_t *bits;
+    static float *vals;
+    if (!pool) {
+        pool = malloc(POOL * sizeof *pool);
+        bits = malloc(POOL * sizeof *bits);
+        vals = malloc(POOL * sizeof *vals);
+        if (!pool || !bits || !vals) die("out of host memory");
+        for (size_t i = 0; i < POOL; i++) pool[i] = frand();
+    }
+    size_t elem = bf16 ? 2 : 4;
+    for (size_t at = 0; at < n; at += POOL) {
+        size_t chunk = n - at < POOL ? n - at : POOL;
+        for (size_t i = 0; i < chunk; i++) {
+            float v = pool[(i + at / 7) % POOL] * scale; /* each chunk starts elsewhere */
+            if (positive) v = fabsf(v);
+            if (bf16)
+                bits[i] = bf16_bits(v);
+            else
+                vals[i] = v;
+        }
+        k_copy_h2d(&gpu, (char *)dev + at * elem, bf16 ? (void *)bits : (void *)vals,
+                   chunk * elem);
+    }
+}
+
+static void *bench_bf16(size_t n, float scale) {
+    void *d = dev_bytes(n * 2, 2);
+    fill(d, n, 1, scale, 0);
+    return d;
+}
+
+static float *bench_f32(size_t n, float scale, int positive) {
+    float *d = dev_bytes(n * 4, 4);
+    fill(d, n, 0, scale, positive);
+    return d;
+}
+
+static void run_bench(void) {
+    const int N = 4 * 2048, C = 4096, I = 11008, V = 32000, H = 32, hd = 128;
+    const size_t nc = (size_t)N * C, ni = (size_t)N * I, nv = (size_t)N * V;
+    const size_t layer = 4 * (size_t)C * C + 3 * (size_t)C * I + 2 * (size_t)C; /* 7B layer */
+    cudaStream_t stream = (cudaStream_t)gpu.stream;
+    struct cudaDeviceProp prop;
+    cuda_or_die(cudaGetDeviceProperties(&prop, gpu.device), "cudaGetDeviceProperties");
+    for (int i = 0; i <= REPS; i++) cuda_or_die(cudaEventCreate(&events[i]), "cudaEventCreate");
+    seed(13);
+    printf("bench: %s, %d SMs; Llama-2-7B shapes N=%d C=%d I=%d V=%d; median of %d runs\n",
+           prop.name, prop.multiProcessorCount, N, C, I, V, REPS);
+    printf("%-22s %-28s %13s %16s %13s %7s\n", "op", "shape", "time", "achieved", "floor",
+           "/floor");
+
+    /* parameters of one layer (fp32 master, grad, m, v and the bf16 copy) */
+    float *p = bench_f32(layer, 1.0f, 0), *g = bench_f32(layer, 1.0f, 0);
+    float *m = bench_f32(layer, 0.1f, 0), *v = bench_f32(layer, 0.01f, 1);
+    void *p16 = dev_bytes(layer * 2, 2);
+    float *sum = bench_f32(1, 1.0f, 1);
+    char ls[32];
+    snprintf(ls, sizeof ls, "n=%zu (7B layer)", layer);
+    BENCH("f32_to_compute", ls, 6.0 * layer, 0, k_f32_to_compute(&gpu, p16, p, layer));
+    BENCH("compute_to_f32", ls, 6.0 * layer, 0, k_compute_to_f32(&gpu, g, p16, layer));
+    fill(g, layer, 0, 1.0f, 0);
+    BENCH("add_f32", ls, 12.0 * layer, 0, k_add_f32(&gpu, m, g, layer));
+    BENCH("scale_f32", ls, 8.0 * layer, 0, k_scale_f32(&gpu, g, 1.0f, layer));
+    BENCH("sumsq_f32", ls, 4.0 * layer, 0, k_sumsq_f32(&gpu, sum, g, layer));
+    fill(m, layer, 0, 0.1f, 0);
+    BENCH("adamw", ls, 28.0 * layer, 0,
+          k_adamw(&gpu, p, g, m, v, layer, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f));
+
+    /* activations [N, C] */
+    void *a = bench_bf16(nc, 1.0f), *b = bench_bf16(nc, 1.0f), *out = bench_bf16(nc, 1.0f);
+    char sh[64];
+    snprintf(sh, sizeof sh, "N=%d C=%d", N, C);
+    BENCH("add", sh, 6.0 * nc, 0, k_add(&gpu, out, a, b, nc));
+    BENCH("accumulate", sh, 6.0 * nc, 0, k_accumulate(&gpu, out, a, nc));
+
+    int32_t *tok_host = hints((size_t)N);
+    for (int n = 0; n < N; n++) tok_host[n] = irand(V);
+    int32_t *tok = dints(tok_host, (size_t)N);
+    void *wte = bench_bf16((size_t)V * C, 1.0f);
+    float *dwte = bench_f32((size_t)V * C, 1.0f, 0);
+    snprintf(sh, sizeof sh, "N=%d C=%d V=%d", N, C, V);
+    BENCH("embedding_fwd", sh, 4.0 * nc + 4.0 * N, 0, k_embedding_fwd(&gpu, out, tok, wte, N, C, V));
+    BENCH("embedding_bwd", sh, 2.0 * nc + 8.0 * nc + 4.0 * N, 0,
+          k_embedding_bwd(&gpu, dwte, a, tok, N, C, V));
+
+    void *w = bench_bf16((size_t)C, 1.0f);
+    float *rstd = bench_f32((size_t)N, 1.0f, 1), *dw = bench_f32((size_t)C, 1.0f, 0);
+    snprintf(sh, sizeof sh, "N=%d C=%d", N, C);
+    BENCH("rmsnorm_fwd", sh, 4.0 * nc + 2.0 * C + 4.0 * N, 0,
+          k_rmsnorm_fwd(&gpu, out, rstd, a, w, N, C, 1e-5f));
+    BENCH("rmsnorm_bwd", sh, 8.0 * nc + 2.0 * C + 4.0 * N + 8.0 * C, 0,
+          k_rmsnorm_bwd(&gpu, out, dw, a, b, w, rstd, N, C));
+
+    float inv_host[64];
+    k_rope_inv_freq(&llama2_rope, hd, inv_host);
+    float *inv = df32(inv_host, (size_t)hd / 2);
+    snprintf(sh, sizeof sh, "B=4 T=2048 H=%d hd=%d", H, hd);
+    BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 0));
+    BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 1));
+
+    /* MLP activations [N, I] */
+    void *gate = bench_bf16(ni, 2.0f), *up = bench_bf16(ni, 1.0f), *sw = bench_bf16(ni, 1.0f);
+    void *dgate = bench_bf16(ni, 1.0f), *dup = bench_bf16(ni, 1.0f);
+    snprintf(sh, sizeof sh, "N=%d I=%d", N, I);
+    BENCH("swiglu_fwd", sh, 6.0 * ni, 0, k_swiglu_fwd(&gpu, sw, gate, up, ni));
+    BENCH("swiglu_bwd", sh, 10.0 * ni, 0, k_swiglu_bwd(&gpu, dgate, dup, sw, gate, up, ni));
+
+    /* linear layers: q/o (C -> C), gate/up (C -> I), down (I -> C), lm_head (C -> V) */
+    struct {
+        const char *name;
+        int in, out;
+    } lin[] = {{"q_proj", C, C}, {"gate_proj", C, I}, {"down_proj", I, C}, {"lm_head", C, V}};
+    void *logits = bench_bf16(nv, 2.0f);
+    for (size_t k = 0; k < sizeof lin / sizeof lin[0]; k++) {
+        int li = lin[k].in, lo = lin[k].out;
+        size_t wi = (size_t)li * lo;
+        void *W = bench_bf16(wi, 0.02f);
+        float *dW = bench_f32(wi, 0.01f, 0);
+        void *x = li == C ? a : sw, *y = lo == C ? out : lo == I ? gate : logits;
+        void *dx = li == C ? b : dup;
+        double flops = 2.0 * N * li * lo;
+        snprintf(sh, sizeof sh, "%s N=%d %d->%d", lin[k].name, N, li, lo);
+        BENCH("linear_fwd", sh, 2.0 * ((double)N * li + wi + (double)N * lo), flops,
+              k_linear_fwd(&gpu, y, x, W, N, li, lo));
+        BENCH("linear_bwd", sh,
+              2.0 * ((double)N * lo + wi + (double)N * li) + 2.0 * ((double)N * lo + (double)N * li) +
+                  8.0 * wi,
+              2.0 * flops, k_linear_bwd(&gpu, dx, dW, y, x, W, N, li, lo, 0));
+    }
+
+    int32_t *targets = dints(tok_host, (size_t)N);
+    float *loss = bench_f32(1, 1.0f, 1);
+    snprintf(sh, sizeof sh, "N=%d V=%d in place", N, V);
+    BENCH("cross_entropy", sh, 4.0 * nv + 8.0 * N, 0,
+          k_cross_entropy(&gpu, loss, logits, logits, targets, N, V, 1.0f / N));
+    release_all();
+    for (int i = 0; i <= REPS; i++) cudaEventDestroy(events[i]);
+}
+
+/* ---- main ---- */
+
+int main(int argc, char **argv) {
+    const char *mode = argc == 2 ? argv[1] : "";
+    int bench = strcmp(mode, "--bench") == 0, self_test = strcmp(mode, "--cpu") == 0;
+    if (argc > 2 || (argc == 2 && !bench && !self_test)) {
+        fprintf(stderr, "usage: %s [--bench | --cpu]\n", argv[0]);
+        return 2;
+    }
+    errbuf err;
+    if (self_test) { /* the CPU backend stands in for CUDA: checks this program itself */
+        if (kctx_init(&gpu, K_CPU, 0, &err)) die("%s", err.msg);
+    } else {
+        if (!k_cuda_available()) die("no CUDA device visible (k_cuda_available() is 0)");
+        if (kctx_init(&gpu, K_CUDA, 0, &err)) die("%s", err.msg);
+    }
+    esize = k_compute_size(&gpu);
+    if (bench) {
+        run_bench();
+        kctx_destroy(&gpu);
+        return 0;
+    }
+    if (kctx_init(&cpu, K_CPU, 0, &err)) die("%s", err.msg);
+    time_t start = time(NULL);
+
+    check_memory(((size_t)1 << 20) + 3);
+    check_failures();
+    for (misalign = 0; misalign <= 1; misalign++) {
+        size_t n = misalign ? 12345 : (size_t)2046 * 4096;
+        check_casts(n);
+        check_elementwise(n);
+        check_swiglu(misalign ? n : (size_t)2046 * 11008);
+    }
+    misalign = 0;
+
+    check_embedding_fwd(2046, 4096, 32000);
+    check_embedding_fwd(2046, 8192, 128256); /* offsets past 2^31 bytes */
+    check_embedding_bwd(2046, 4096, 32000);
+    check_embedding_bwd(2046, 4096, 128256); /* fp32 offsets past 2^31 bytes */
+    check_embedding_fwd(33, 100, 1001);      /* rows of odd length: one element per thread */
+    check_embedding_bwd(33, 100, 1001);
+
+    check_rmsnorm(2046, 4096);
+    check_rmsnorm(257, 8192);
+    check_rmsnorm(33, 4100); /* C % 8 != 0 */
+
+    check_rope(2, 1023, 64, 128, &llama3_rope, "llama3 q");
+    check_rope(2, 1023, 8, 128, &llama3_rope, "llama3 kv");
+    check_rope(1, 4096, 32, 128, &llama2_rope, "llama2");
+    check_rope(1, 131072, 1, 128, &llama3_rope, "llama3 long");
+
+    check_linear(2046, 4096, 4096);
+    check_linear(2046, 4096, 1024);   /* GQA k/v */
+    check_linear(1023, 4096, 11008);  /* gate/up */
+    check_linear(1023, 11008, 4096);  /* down */
+    check_linear(257, 8192, 8192);    /* 70B q/o */
+    check_linear(257, 4096, 32000);   /* Llama 2 head */
+    check_linear(129, 4096, 128256);  /* Llama 3 head */
+    check_linear(65, 4096, 32001);    /* a vocabulary with an added token */
+    misalign = 1;
+    check_linear(33, 100, 77);
+    misalign = 0;
+
+    check_cross_entropy(2046, 32000);
+    check_cross_entropy(257, 128256);
+    check_cross_entropy(65, 32001); /* V % 8 != 0 */
+
+    check_adamw((size_t)16 << 20, 1);
+    check_adamw((size_t)16 << 20, 1000);
+    misalign = 1;
+    check_adamw(1000003, 7);
+    misalign = 0;
+
+    check_determinism();
+
+    printf("(%ld s)\n", (long)(time(NULL) - start));
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    kctx_destroy(&gpu);
+    kctx_destroy(&cpu);
+    return n_failed ? 1 : 0;
+}
