@@ -21,6 +21,8 @@ typedef struct k_ops {
     void (*destroy)(kctx *c); /* NULL: no backend state */
     void *(*alloc)(kctx *c, size_t bytes, errbuf *err);
     void (*free)(kctx *c, void *p);
+    void *(*host_alloc)(kctx *c, size_t bytes, errbuf *err);
+    void (*host_free)(kctx *c, void *p);
     void (*copy_h2d)(kctx *c, void *dst, const void *host_src, size_t bytes);
     void (*copy_d2h)(kctx *c, void *host_dst, const void *src, size_t bytes);
     void (*copy_d2d)(kctx *c, void *dst, const void *src, size_t bytes);
@@ -65,6 +67,8 @@ static const k_ops cpu_ops = {
     .destroy = NULL,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,
     .copy_d2d = cpu_copy,
@@ -97,6 +101,8 @@ static const k_ops cuda_ops = {
     .destroy = kcuda_destroy,
     .alloc = kcuda_alloc,
     .free = kcuda_free,
+    .host_alloc = kcuda_host_alloc,
+    .host_free = kcuda_host_free,
     .copy_h2d = kcuda_copy_h2d,
     .copy_d2h = kcuda_copy_d2h,
     .copy_d2d = kcuda_copy_d2d,
@@ -243,6 +249,12 @@ void *k_alloc(kctx *c, size_t bytes, errbuf *err) {
 }
 void k_free(kctx *c, void *p) {
     if (p) ops(c)->free(c, p);
+}
+void *k_host_alloc(kctx *c, size_t bytes, errbuf *err) {
+    return ops(c)->host_alloc(c, bytes, err);
+}
+void k_host_free(kctx *c, void *p) {
+    if (p) ops(c)->host_free(c, p);
 }
 void k_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     ops(c)->copy_h2d(c, dst, host_src, bytes);

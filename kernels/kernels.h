@@ -55,6 +55,9 @@ int k_sync(kctx *c, errbuf *err);
 /* ---- memory (in the context's memory space) ---- */
 void *k_alloc(kctx *c, size_t bytes, errbuf *err); /* zeroed */
 void k_free(kctx *c, void *p);
+/* Host memory the backend copies fastest from and to (pinned on CUDA), zeroed. */
+void *k_host_alloc(kctx *c, size_t bytes, errbuf *err);
+void k_host_free(kctx *c, void *p);
 void k_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes);
 void k_copy_d2h(kctx *c, void *host_dst, const void *src, size_t bytes); /* synchronous */
 void k_copy_d2d(kctx *c, void *dst, const void *src, size_t bytes);

@@ -89,6 +89,14 @@ void comm_listener_close(comm_listener *l);
 int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,
               comm_listener *l, errbuf *err);
 
+/* Makes *c (a host-memory backend such as TCP) accept buffers in ctx's memory (device
+ * memory on CUDA): each collective copies its input to pinned host memory, runs there and
+ * copies the result back, synchronously.  For several workers sharing one GPU, where NCCL
+ * refuses two ranks per device.  On success *c is the wrapper, which owns the original; on
+ * failure *c is left as it was. */
+typedef struct kctx kctx;
+int comm_stage_through_host(comm **c, kctx *ctx, errbuf *err);
+
 int comm_rank(const comm *c);
 int comm_world(const comm *c);
 size_t comm_dtype_size(comm_dtype dt); /* 4, 2, 1; 0 for an unknown dtype */

@@ -164,6 +164,27 @@ extern "C" void kcuda_free(kctx *c, void *p) {
     kc_check_call(c, cudaFree(p), "cudaFree");
 }
 
+// Pinned host memory: copies from and to it run at full PCIe/NVLink speed, asynchronously.
+extern "C" void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err) {
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    cudaError_t e = cudaMallocHost(&p, n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        errf(err, "k_host_alloc: cudaMallocHost of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    (void)c;
+    memset(p, 0, n);
+    return p;
+}
+
+extern "C" void kcuda_host_free(kctx *c, void *p) {
+    // Queued copies may still read or write p.
+    kc_check_call(c, cudaStreamSynchronize(kc_stream(c)), "host free: stream synchronize");
+    kc_check_call(c, cudaFreeHost(p), "cudaFreeHost");
+}
+
 extern "C" void kcuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     if (!bytes) return;
     kc_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, kc_stream(c)),

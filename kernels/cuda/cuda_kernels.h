@@ -32,6 +32,8 @@ void kcuda_destroy(kctx *c);
 void kcuda_sync(kctx *c);
 void *kcuda_alloc(kctx *c, size_t bytes, errbuf *err);
 void kcuda_free(kctx *c, void *p);
+void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err);
+void kcuda_host_free(kctx *c, void *p);
 /* From pageable host memory the copy has consumed the source when it returns; from pinned
  * memory it has not (keep the source until k_sync). */
 void kcuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes);

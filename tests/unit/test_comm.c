@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/kernels.h"
 #include "worker/comm.h"
 
 #define MAX_PROCS 8
@@ -361,8 +362,9 @@ static int reduce_cases(comm *c, report *r, size_t count, comm_dtype dt, uint64_
     return 0;
 }
 
+/* arg != NULL: the communicator is wrapped by comm_stage_through_host over a CPU kernels
+ * context, so every collective goes through the staging copies. */
 static int collectives_child(job *j, int rank, void *arg, report *r) {
-    (void)arg;
     static const size_t counts[] = {1, 7, 1001, BIG_COUNT};
     static const comm_dtype dts[] = {COMM_F32, COMM_BF16, COMM_BYTE};
     int fds = count_fds();
@@ -370,6 +372,11 @@ static int collectives_child(job *j, int rank, void *arg, report *r) {
     comm *c;
     EXPECT(r, comm_init(&c, &j->opt, rank, &j->table[0], &j->lis[0][rank], &err) == 0, "%s",
            err.msg);
+    kctx ctx;
+    if (arg) {
+        EXPECT(r, kctx_init(&ctx, K_CPU, 0, &err) == 0, "%s", err.msg);
+        EXPECT(r, comm_stage_through_host(&c, &ctx, &err) == 0, "%s", err.msg);
+    }
     EXPECT(r, comm_rank(c) == rank && comm_world(c) == j->world, "rank/world mismatch");
     size_t bytes = (size_t)j->world * BIG_COUNT * 4;
     char *a = malloc(bytes), *b = malloc(bytes);
@@ -387,22 +394,30 @@ static int collectives_child(job *j, int rank, void *arg, report *r) {
     free(a);
     free(b);
     comm_destroy(c);
+    if (arg) kctx_destroy(&ctx);
     if (rc) return rc;
     EXPECT(r, count_fds() == fds - 1, "%d fds open after comm_destroy, %d before (+ listener)",
            count_fds(), fds);
     return 0;
 }
 
-static void run_collectives(int world) {
+static void run_collectives_with(int world, void *staged) {
     int fds = count_fds();
     job j;
     job_init(&j, world, world, 1);
-    job_run(&j, collectives_child, NULL, 50);
+    job_run(&j, collectives_child, staged, 50);
     for (int i = 0; i < world; i++) expect_child_ok(&j, i);
     assert_int_equal(count_fds(), fds); /* the parent closed every listener and pipe */
 }
 
+static void run_collectives(int world) { run_collectives_with(world, NULL); }
+
 static void test_collectives_world1(void **state) { (void)state; run_collectives(1); }
+static void test_collectives_staged_world3(void **state) {
+    (void)state;
+    static int staged = 1;
+    run_collectives_with(3, &staged);
+}
 static void test_collectives_world2(void **state) { (void)state; run_collectives(2); }
 static void test_collectives_world3(void **state) { (void)state; run_collectives(3); }
 static void test_collectives_world4(void **state) { (void)state; run_collectives(4); }
@@ -898,6 +913,7 @@ int main(void) {
         cmocka_unit_test(test_bad_init),
         cmocka_unit_test(test_bad_arguments_kill_the_communicator),
         cmocka_unit_test(test_collectives_world1),
+        cmocka_unit_test(test_collectives_staged_world3),
         cmocka_unit_test(test_collectives_world2),
         cmocka_unit_test(test_collectives_world3),
         cmocka_unit_test(test_collectives_world4),
