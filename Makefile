@@ -28,7 +28,7 @@ CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=
 NVCCFLAGS  ?= -O3 -g -std=c++17 $(CUDA_ARCHS) -I. -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 ifeq ($(CUDA),1)
 CFLAGS   += -DFSDP_HAVE_CUDA -I$(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 endif
 

@@ -164,6 +164,17 @@ extern "C" void kcuda_free(kctx *c, void *p) {
     kc_check_call(c, cudaFree(p), "cudaFree");
 }
 
+// The comm watchdog's test: park a stream until the host releases the flag.
+__global__ void spin_until_set(volatile int *flag) {
+    while (*flag == 0) __nanosleep(1000);
+}
+
+extern "C" void kcuda_test_spin(void *stream, int *flag) {
+    int *device_view = NULL;
+    if (cudaHostGetDevicePointer((void **)&device_view, flag, 0) != cudaSuccess) return;
+    spin_until_set<<<1, 1, 0, (cudaStream_t)stream>>>(device_view);
+}
+
 // Pinned host memory: copies from and to it run at full PCIe/NVLink speed, asynchronously.
 extern "C" void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err) {
     void *p = NULL;

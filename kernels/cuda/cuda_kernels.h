@@ -34,6 +34,9 @@ void *kcuda_alloc(kctx *c, size_t bytes, errbuf *err);
 void kcuda_free(kctx *c, void *p);
 void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err);
 void kcuda_host_free(kctx *c, void *p);
+/* Test hook for the comm watchdog: a kernel on `stream` (a cudaStream_t) that spins until
+ * *flag (mapped pinned memory) becomes non-zero. */
+void kcuda_test_spin(void *stream, int *flag);
 /* From pageable host memory the copy has consumed the source when it returns; from pinned
  * memory it has not (keep the source until k_sync). */
 void kcuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes);

@@ -1,0 +1,18 @@
+/* comm_nccl: the NCCL backend of comm.h (CUDA builds only).  Global rank 0 makes the unique
+ * id, fsdpd relays it to every rank (NCCL_ID message), each rank joins with it. */
+#ifndef FSDP_COMM_NCCL_H
+#define FSDP_COMM_NCCL_H
+
+#include "kernels/kernels.h"
+#include "worker/comm.h"
+
+#define COMM_NCCL_ID_BYTES 128
+
+int comm_nccl_make_id(unsigned char id[COMM_NCCL_ID_BYTES], errbuf *err);
+/* Joins rank `rank` of `world` on ctx's device; collectives run on ctx's stream with
+ * buffers in its memory.  opt->init_timeout_s bounds the set-up, opt->timeout_s each
+ * collective (past it the communicator is aborted). */
+int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
+                   const unsigned char id[COMM_NCCL_ID_BYTES], kctx *ctx, errbuf *err);
+
+#endif
