@@ -12,7 +12,7 @@
 
 static const char reference_usage[] =
     "usage: fsdpctl reference MODEL_DIR BATCH.safetensors --out OUT.safetensors "
-    "[--adamw lr,beta1,beta2,eps,wd]\n";
+    "[--adamw lr,beta1,beta2,eps,wd] [--backend cpu|cuda]\n";
 
 typedef struct adamw_settings {
     int on;
@@ -203,7 +203,7 @@ done:
 }
 
 static int run_reference(const char *model_dir, const char *batch_path, const char *out_path,
-                         const adamw_settings *adamw, errbuf *err) {
+                         const adamw_settings *adamw, k_backend backend, errbuf *err) {
     llama_config cfg;
     batch b = {0};
     if (llama_config_load(&cfg, model_dir, err) || read_batch(batch_path, &b, err)) return -1;
@@ -215,7 +215,7 @@ static int run_reference(const char *model_dir, const char *batch_path, const ch
     st_model st;
     if (st_model_open(&st, model_dir, err)) goto free_batch;
     kctx ctx;
-    if (kctx_init(&ctx, K_CPU, 0, err)) goto close_model;
+    if (kctx_init(&ctx, backend, 0, err)) goto close_model;
     llama_model m;
     if (llama_model_init(&m, &cfg, &ctx, 0, err)) goto destroy_ctx;
     if (!llama_model_load_hf(&m, &st, err))
@@ -235,9 +235,18 @@ int ctl_reference(int argc, char **argv) {
     const char *positional[2], *out = NULL;
     int n_positional = 0;
     adamw_settings adamw = {0};
+    k_backend backend = K_CPU;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            const char *b = argv[++i];
+            if (strcmp(b, "cpu") != 0 && strcmp(b, "cuda") != 0) {
+                fprintf(stderr, "fsdpctl reference: --backend is cpu or cuda, not '%s'\n%s", b,
+                        reference_usage);
+                return 2;
+            }
+            backend = !strcmp(b, "cuda") ? K_CUDA : K_CPU;
         } else if (!strcmp(argv[i], "--adamw") && i + 1 < argc) {
             if (parse_adamw(argv[++i], &adamw)) {
                 fprintf(stderr,
@@ -258,7 +267,7 @@ int ctl_reference(int argc, char **argv) {
         return 2;
     }
     errbuf err = {{0}};
-    if (run_reference(positional[0], positional[1], out, &adamw, &err)) {
+    if (run_reference(positional[0], positional[1], out, &adamw, backend, &err)) {
         fprintf(stderr, "fsdpctl reference: %s\n", err.msg);
         return 1;
     }
