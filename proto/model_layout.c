@@ -92,3 +92,34 @@ const llama_tensor_slot *llama_layout_find(const llama_layout *lo, const char *n
         if (!strcmp(lo->tensors[i].name, name)) return &lo->tensors[i];
     return NULL;
 }
+
+const st_tensor *llama_checkpoint_tensor(const llama_tensor_slot *slot, const st_model *st,
+                                         errbuf *err) {
+    const st_tensor *t = st_model_find(st, slot->name);
+    if (!t) {
+        errf(err, "%s: tensor %s is missing", st->dir, slot->name);
+        return NULL;
+    }
+    int shape_ok = t->ndim == slot->ndim && t->shape[0] == slot->shape[0] &&
+                   (slot->ndim == 1 || t->shape[1] == slot->shape[1]);
+    if (!shape_ok) {
+        char want[64], have[128] = "";
+        if (slot->ndim == 1)
+            snprintf(want, sizeof want, "[%lld]", (long long)slot->shape[0]);
+        else
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)slot->shape[0],
+                     (long long)slot->shape[1]);
+        size_t len = 0;
+        for (int d = 0; d < t->ndim && len < sizeof have - 24; d++)
+            len += (size_t)snprintf(have + len, sizeof have - len, "%s%lld", d ? ", " : "",
+                                    (long long)t->shape[d]);
+        errf(err, "%s: tensor %s has shape [%s], expected %s", st->dir, slot->name, have, want);
+        return NULL;
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
+        errf(err, "%s: tensor %s has dtype %s, expected a float type", st->dir, slot->name,
+             st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}

@@ -14,6 +14,7 @@
 
 #include "errbuf.h"
 #include "model_config.h"
+#include "safetensors.h"
 
 /* Index of each tensor inside a decoder layer's unit, in flat-parameter order. */
 enum llama_layer_tensor {
@@ -57,5 +58,10 @@ static inline int llama_layer_unit(int layer) { return 1 + layer; }
 static inline int llama_head_unit(const llama_layout *lo) { return lo->n_layers + 1; }
 /* The slot of a Hugging Face tensor name, or NULL. */
 const llama_tensor_slot *llama_layout_find(const llama_layout *lo, const char *name);
+
+/* The checkpoint tensor of `slot` in st: present, of the slot's shape and a floating-point
+ * dtype; else NULL with an error naming the tensor. */
+const st_tensor *llama_checkpoint_tensor(const llama_tensor_slot *slot, const st_model *st,
+                                         errbuf *err);
 
 #endif

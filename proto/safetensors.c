@@ -765,3 +765,33 @@ uint16_t st_f32_to_f16(float f) {
     /* a mantissa carry rolls into the exponent, up to inf: both are right */
     return sign | (uint16_t)(((uint32_t)exp << 10) + shift_round_even(mant & 0x7fffffu, 13));
 }
+
+/* ---------- reading values ---------- */
+
+int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err) {
+    size_t es = st_dtype_size(t->dtype);
+    const unsigned char *p = (const unsigned char *)t->data + first * es;
+    switch (t->dtype) {
+    case ST_F32:
+        memcpy(dst, p, n * sizeof *dst); /* a mapped tensor need not be aligned */
+        return 0;
+    case ST_F64:
+        for (size_t i = 0; i < n; i++) {
+            double d;
+            memcpy(&d, p + 8 * i, sizeof d);
+            dst[i] = (float)d;
+        }
+        return 0;
+    case ST_BF16:
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, sizeof h);
+            dst[i] = t->dtype == ST_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+        }
+        return 0;
+    default:
+        return errf(err, "tensor %s: dtype %s is not a floating-point type", t->name,
+                    st_dtype_name(t->dtype));
+    }
+}

@@ -97,6 +97,10 @@ const st_tensor *st_model_find(const st_model *m, const char *name);
 int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_bytes,
                    errbuf *err);
 
+/* dst[n] = elements [first, first+n) of a floating-point tensor (F32, F64, BF16, F16) as
+ * fp32; any other dtype is an error naming the tensor.  The caller keeps first+n <= numel. */
+int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err);
+
 /* bf16 <-> f32 (round to nearest even; NaN stays NaN). */
 uint16_t st_f32_to_bf16(float f);
 float st_bf16_to_f32(uint16_t h);
