@@ -70,7 +70,7 @@ void kcuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout, const vo
 void kcuda_rope(kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd,
                 int inverse);
 
-/* cuda_attention.cu (not built yet: fails the context) */
+/* cuda_attention.cu (head dim 64 or 128; buffers 16-byte aligned) */
 void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
                          const void *v, int B, int T, int Hq, int Hkv, int hd);
 void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,

@@ -1,0 +1,585 @@
+/* check_attention: the CUDA attention op of kernels.h (causal, grouped-query heads; forward
+ * and backward) against the CPU reference; with --bench, its speed at Llama shapes.
+ *
+ * Checks: fresh random inputs (fixed seeds) rounded to bf16, so both sides see the same values;
+ * the backward of both sides gets the CPU forward's output (rounded to bf16) and lse.  GPU
+ * outputs are poisoned (every bit set: NaN) before each run; any NaN fails.  The error is
+ * ||gpu - cpu|| / ||cpu|| over a whole tensor: at most 2e-2 for out, dq, dk and dv (bf16
+ * storage, bf16 probabilities in the products), and for the lse 1e-3 (or every element within
+ * 1e-2).  Shapes: T = 1, 17, 300, 2048, 4097; head dim 64 and 128; Llama-2-7B (32 heads),
+ * 70B (64 query heads, 8 kv heads) and GQA 8:1 and 3:1.  Determinism: the same inputs twice
+ * give the same bits.  Bad arguments fail the context with a message.  One line per check; the
+ * last line is "N passed, N failed"; exit status 1 on any failure.
+ *
+ * The CPU reference is O(T^2) in double, so it runs one query head per task on every core
+ * (dK and dV, which sum over the heads of a group, are summed afterwards in a fixed order).
+ *
+ * --quick: the small shapes only (for compute-sanitizer).  --cpu: the CPU backend stands in
+ * for CUDA (a test of this program on any machine; the quick shapes).
+ * --bench: forward, backward and forward+backward at Llama-2-7B and 70B shapes, the median of
+ * 10 timed runs (CUDA events, after 3 warm-up runs) on random data.  FLOPs of the causal
+ * forward: 4 B Hq T^2 hd / 2 (two products, half the scores); backward 2.5x that (five
+ * products); forward+backward 3.5x. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "kernels/kernels.h"
+
+#define TOL_BF16 2e-2
+#define TOL_LSE_REL 1e-3
+#define TOL_LSE_ABS 1e-2
+
+static kctx gpu;
+static size_t esize; /* k_compute_size(&gpu): 2 (bf16) on CUDA, 4 with --cpu */
+static int n_passed, n_failed;
+static double reference_seconds;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "check_attention: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(2);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- random numbers (xorshift64*), bf16 rounding ---- */
+
+static uint64_t rng_state = 1;
+
+static void seed(uint64_t s) {
+    rng_state = s * 0x9E3779B97F4A7C15ULL + 1;
+}
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545F4914F6CDD1DULL;
+    return (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static uint16_t bf16_bits(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float round_bf16(float f) {
+    return bf16_value(bf16_bits(f));
+}
+
+/* ---- host and device buffers of one check, released together ---- */
+
+#define MAX_ALLOCS 64
+static void *host_allocs[MAX_ALLOCS], *dev_allocs[MAX_ALLOCS];
+static int n_host, n_dev;
+
+static float *hfloats(size_t n) {
+    if (n_host == MAX_ALLOCS) die("too many host allocations in one check");
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) die("out of host memory (%zu floats)", n);
+    return host_allocs[n_host++] = p;
+}
+
+/* scale * U(-1, 1), rounded to bf16 */
+static float *hrandom(size_t n, float scale) {
+    float *p = hfloats(n);
+    for (size_t i = 0; i < n; i++) p[i] = round_bf16(scale * frand());
+    return p;
+}
+
+static void *dev_bytes(size_t bytes) {
+    if (n_dev == MAX_ALLOCS) die("too many device allocations in one check");
+    errbuf err;
+    void *p = k_alloc(&gpu, bytes, &err);
+    if (!p) die("%s", err.msg);
+    return dev_allocs[n_dev++] = p;
+}
+
+static void release_all(void) {
+    for (int i = 0; i < n_host; i++) free(host_allocs[i]);
+    for (int i = 0; i < n_dev; i++) k_free(&gpu, dev_allocs[i]);
+    n_host = n_dev = 0;
+}
+
+/* Host values (already bf16 values) into a compute-dtype device buffer. */
+static void put_comp(void *dev, const float *host, size_t n) {
+    if (esize == sizeof(float)) {
+        k_copy_h2d(&gpu, dev, host, n * sizeof(float));
+        return;
+    }
+    uint16_t *bits = malloc(n * sizeof *bits + 1);
+    if (!bits) die("out of host memory");
+    for (size_t i = 0; i < n; i++) bits[i] = bf16_bits(host[i]);
+    k_copy_h2d(&gpu, dev, bits, n * sizeof *bits); /* pageable: consumed on return */
+    free(bits);
+}
+
+static void *dcomp(const float *host, size_t n) {
+    void *d = dev_bytes(n * esize);
+    put_comp(d, host, n);
+    return d;
+}
+
+static float *df32(const float *host, size_t n) {
+    float *d = dev_bytes(n * sizeof(float));
+    k_copy_h2d(&gpu, d, host, n * sizeof(float));
+    return d;
+}
+
+/* Every bit set: NaN as bf16 and as fp32. */
+static void poison(void *dev, size_t bytes) {
+    static unsigned char *ones;
+    const size_t chunk = (size_t)64 << 20;
+    if (!ones) {
+        if (!(ones = malloc(chunk))) die("out of host memory");
+        memset(ones, 0xff, chunk);
+    }
+    for (size_t at = 0; at < bytes; at += chunk)
+        k_copy_h2d(&gpu, (char *)dev + at, ones, bytes - at < chunk ? bytes - at : chunk);
+}
+
+static void *dpoisoned(size_t bytes) {
+    void *d = dev_bytes(bytes);
+    poison(d, bytes);
+    return d;
+}
+
+static float *get_comp(const void *dev, size_t n) {
+    float *out = hfloats(n);
+    if (esize == sizeof(float)) {
+        k_copy_d2h(&gpu, out, dev, n * sizeof(float));
+        return out;
+    }
+    uint16_t *bits = malloc(n * sizeof *bits + 1);
+    if (!bits) die("out of host memory");
+    k_copy_d2h(&gpu, bits, dev, n * sizeof *bits);
+    for (size_t i = 0; i < n; i++) out[i] = bf16_value(bits[i]);
+    free(bits);
+    return out;
+}
+
+static float *get_f32(const float *dev, size_t n) {
+    float *out = hfloats(n);
+    k_copy_d2h(&gpu, out, dev, n * sizeof(float));
+    return out;
+}
+
+static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
+    unsigned char *a = malloc(bytes + 1), *b = malloc(bytes + 1);
+    if (!a || !b) die("out of host memory");
+    k_copy_d2h(&gpu, a, dev_a, bytes);
+    k_copy_d2h(&gpu, b, dev_b, bytes);
+    int same = memcmp(a, b, bytes) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+/* ---- reporting ---- */
+
+/* A pending failure of the GPU context (reported and cleared), or NULL. */
+static const char *pending_failure(void) {
+    static errbuf err;
+    return k_sync(&gpu, &err) ? err.msg : NULL;
+}
+
+static void verdict(const char *op, const char *shp, const char *measure, int ok,
+                    const char *note) {
+    printf("%-22s %-34s %-32s %s%s%s\n", op, shp, measure, ok ? "PASS" : "FAIL",
+           note[0] ? "  " : "", note);
+    fflush(stdout);
+    if (ok)
+        n_passed++;
+    else
+        n_failed++;
+}
+
+/* ||got - want|| / ||want||, passing at rel_tol, or where every element is within abs_tol
+ * (abs_tol 0: relative only). */
+static void report(const char *op, const char *shp, const float *got, const float *want,
+                   size_t n, double rel_tol, double abs_tol) {
+    const char *failure = pending_failure();
+    double diff = 0.0, norm = 0.0, max_abs = 0.0;
+    size_t nans = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i])) {
+            nans++;
+            continue;
+        }
+        double d = fabs((double)got[i] - want[i]);
+        diff += d * d;
+        norm += (double)want[i] * want[i];
+        if (d > max_abs) max_abs = d;
+    }
+    double rel = norm > 0.0 ? sqrt(diff / norm) : sqrt(diff);
+    char measure[64], note[64] = "";
+    snprintf(measure, sizeof measure, "rel %.2e max %.1e (tol %.0e)", rel, max_abs, rel_tol);
+    if (nans) snprintf(note, sizeof note, "%zu of %zu NaN (unwritten?)", nans, n);
+    int ok = !failure && nans == 0 && (rel <= rel_tol || (abs_tol > 0 && max_abs <= abs_tol));
+    verdict(op, shp, measure, ok, failure ? failure : note);
+}
+
+static void report_bool(const char *op, const char *shp, int ok, const char *measure) {
+    const char *failure = pending_failure();
+    verdict(op, shp, measure, ok && !failure, failure ? failure : "");
+}
+
+/* ---- the CPU reference, one query head per task, on every core ---- */
+
+typedef struct reference {
+    int B, T, Hq, Hkv, hd;
+    const float *q, *k, *v, *dout;
+    float *out, *lse, *dq;
+    float *dk_part, *dv_part; /* [B, Hq, T, hd]: each query head's share of dK and dV */
+    pthread_mutex_t lock;
+    int next_task; /* (b, h) = (task / Hq, task % Hq) */
+    errbuf failure; /* the first worker's failure, if any */
+    int failed;
+} reference;
+
+/* Row t of head h of a [B, T, H, hd] tensor. */
+static size_t at(int b, int t, int h, int T, int H, int hd) {
+    return (((size_t)b * T + t) * H + h) * hd;
+}
+
+static void gather_head(float *dst, const float *src, int b, int h, int T, int H, int hd) {
+    for (int t = 0; t < T; t++)
+        memcpy(dst + (size_t)t * hd, src + at(b, t, h, T, H, hd), (size_t)hd * sizeof(float));
+}
+
+static void *reference_worker(void *arg) {
+    reference *r = arg;
+    int T = r->T, hd = r->hd, group = r->Hq / r->Hkv;
+    size_t th = (size_t)T * hd;
+    float *buf = malloc((10 * th + 2 * (size_t)T) * sizeof(float));
+    kctx cpu;
+    errbuf err;
+    if (!buf || kctx_init(&cpu, K_CPU, 0, &err)) die("reference: out of memory");
+    float *q = buf, *k = q + th, *v = k + th, *dout = v + th, *out = dout + th, *out16 = out + th;
+    float *dq = out16 + th, *dk = dq + th, *dv = dk + th, *lse = dv + th;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        int task = r->next_task++;
+        pthread_mutex_unlock(&r->lock);
+        if (task >= r->B * r->Hq) break;
+        int b = task / r->Hq, h = task % r->Hq, g = h / group;
+        gather_head(q, r->q, b, h, T, r->Hq, hd);
+        gather_head(k, r->k, b, g, T, r->Hkv, hd);
+        gather_head(v, r->v, b, g, T, r->Hkv, hd);
+        gather_head(dout, r->dout, b, h, T, r->Hq, hd);
+        k_attention_fwd(&cpu, out, lse, q, k, v, 1, T, 1, 1, hd);
+        for (size_t i = 0; i < th; i++) out16[i] = round_bf16(out[i]); /* bf16 on the GPU */
+        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, 1, T, 1, 1, hd);
+        if (k_check(&cpu, &err)) {
+            pthread_mutex_lock(&r->lock);
+            if (!r->failed) r->failure = err;
+            r->failed = 1;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+        for (int t = 0; t < T; t++) {
+            memcpy(r->out + at(b, t, h, T, r->Hq, hd), out + (size_t)t * hd, hd * sizeof(float));
+            memcpy(r->dq + at(b, t, h, T, r->Hq, hd), dq + (size_t)t * hd, hd * sizeof(float));
+        }
+        memcpy(r->lse + ((size_t)b * r->Hq + h) * T, lse, (size_t)T * sizeof(float));
+        memcpy(r->dk_part + ((size_t)b * r->Hq + h) * th, dk, th * sizeof(float));
+        memcpy(r->dv_part + ((size_t)b * r->Hq + h) * th, dv, th * sizeof(float));
+    }
+    kctx_destroy(&cpu);
+    free(buf);
+    return NULL;
+}
+
+/* out, lse and dq of every query head; dk, dv summed over each group in head order. */
+static void run_reference(reference *r, float *dk, float *dv) {
+    double start = now();
+    int B = r->B, T = r->T, Hq = r->Hq, Hkv = r->Hkv, hd = r->hd, group = Hq / Hkv;
+    size_t th = (size_t)T * hd;
+    r->dk_part = hfloats((size_t)B * Hq * th);
+    r->dv_part = hfloats((size_t)B * Hq * th);
+    r->next_task = 0;
+    r->failed = 0;
+    if (pthread_mutex_init(&r->lock, NULL)) die("pthread_mutex_init failed");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+    if (n > B * Hq) n = B * Hq;
+    pthread_t threads[64];
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&threads[i], NULL, reference_worker, r)) die("pthread_create failed");
+    for (int i = 0; i < n; i++) pthread_join(threads[i], NULL);
+    pthread_mutex_destroy(&r->lock);
+    if (r->failed) die("CPU reference: %s", r->failure.msg);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++)
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hd; d++) {
+                    double sk = 0.0, sv = 0.0;
+                    for (int h = g * group; h < (g + 1) * group; h++) {
+                        size_t i = ((size_t)b * Hq + h) * th + (size_t)t * hd + d;
+                        sk += r->dk_part[i];
+                        sv += r->dv_part[i];
+                    }
+                    dk[at(b, t, g, T, Hkv, hd) + d] = (float)sk;
+                    dv[at(b, t, g, T, Hkv, hd) + d] = (float)sv;
+                }
+    reference_seconds += now() - start;
+}
+
+/* ---- checks ---- */
+
+static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determinism) {
+    seed((uint64_t)T * 1000003u + (uint64_t)Hq * 101u + (uint64_t)hd);
+    size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
+    char shp[64];
+    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d", B, T, Hq, Hkv, hd);
+    /* scores q.k/sqrt(hd) with a spread of a few units: peaked rows, the online rescaling
+     * exercised */
+    float *q = hrandom(nq, 4.0f), *k = hrandom(nkv, 2.0f), *v = hrandom(nkv, 1.0f);
+    float *dout = hrandom(nq, 1.0f);
+    reference r = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .q = q, .k = k, .v = v,
+                   .dout = dout, .out = hfloats(nq), .lse = hfloats(nl), .dq = hfloats(nq)};
+    float *want_dk = hfloats(nkv), *want_dv = hfloats(nkv);
+    run_reference(&r, want_dk, want_dv);
+
+    void *dq_in = dcomp(q, nq), *dk_in = dcomp(k, nkv), *dv_in = dcomp(v, nkv);
+    void *ddout = dcomp(dout, nq);
+    void *out = dpoisoned(nq * esize);
+    float *lse = dpoisoned(nl * sizeof(float));
+    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+    report("attention_fwd out", shp, get_comp(out, nq), r.out, nq, TOL_BF16, 0.0);
+    report("attention_fwd lse", shp, get_f32(lse, nl), r.lse, nl, TOL_LSE_REL, TOL_LSE_ABS);
+
+    /* the backward of both sides starts from the CPU's forward: out as bf16, lse */
+    float *out16 = hfloats(nq);
+    for (size_t i = 0; i < nq; i++) out16[i] = round_bf16(r.out[i]);
+    void *dout_in = dcomp(out16, nq);
+    float *dlse = df32(r.lse, nl);
+    void *gq = dpoisoned(nq * esize), *gk = dpoisoned(nkv * esize), *gv = dpoisoned(nkv * esize);
+    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq, Hkv,
+                    hd);
+    report("attention_bwd dq", shp, get_comp(gq, nq), r.dq, nq, TOL_BF16, 0.0);
+    report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
+    report("attention_bwd dv", shp, get_comp(gv, nkv), want_dv, nkv, TOL_BF16, 0.0);
+
+    if (determinism) {
+        void *out2 = dpoisoned(nq * esize);
+        float *lse2 = dpoisoned(nl * sizeof(float));
+        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+        report_bool("deterministic fwd", shp,
+                    same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
+                    "out, lse: same bits twice");
+        void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
+        void *gv2 = dpoisoned(nkv * esize);
+        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq,
+                        Hkv, hd);
+        report_bool("deterministic bwd", shp,
+                    same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
+                        same_bits(gv, gv2, nkv * esize),
+                    "dq, dk, dv: same bits twice");
+    }
+    release_all();
+}
+
+/* Bad arguments: k_sync reports the wanted message, then the context is clear again. */
+static void expect_failure(const char *what, const char *wanted) {
+    errbuf err = {{0}}, again = {{0}};
+    int failed = k_sync(&gpu, &err) != 0, cleared = k_sync(&gpu, &again) == 0;
+    char note[1200];
+    snprintf(note, sizeof note, "\"%s\"", failed ? err.msg : "no failure reported");
+    verdict("attention bad input", what, "reported by k_sync",
+            failed && cleared && strstr(err.msg, wanted) != NULL, note);
+}
+
+static void check_failures(void) {
+    char *buf = dev_bytes(1 << 20);
+    float *lse = dev_bytes(4096);
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, 1, 4, 2, 1, 96);
+    expect_failure("head dim 96", "head dim 96 is not supported");
+    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, 1, 4, 6, 4, 64);
+    expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
+    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, 1, 4, 2, 1, 64);
+    expect_failure("unaligned out", "16-byte aligned");
+    release_all();
+}
+
+/* ---- bench ---- */
+
+#define REPS 10
+#define WARMUP 3
+
+static void cuda_or_die(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) die("%s: %s", what, cudaGetErrorString(e));
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Random bf16 device data from a host pool (never zeros: they can run faster). */
+static void *bench_bf16(size_t n, float scale) {
+    enum { POOL = 1 << 22 };
+    static uint16_t *pool;
+    if (!pool) {
+        if (!(pool = malloc(2 * POOL * sizeof *pool))) die("out of host memory");
+        for (size_t i = 0; i < 2 * (size_t)POOL; i++) pool[i] = bf16_bits(frand());
+    }
+    uint16_t *bits = malloc(POOL * sizeof *bits);
+    if (!bits) die("out of host memory");
+    void *d = dev_bytes(n * 2);
+    for (size_t at = 0; at < n; at += POOL) {
+        size_t chunk = n - at < POOL ? n - at : POOL, start = (at / POOL * 7919) % POOL;
+        for (size_t i = 0; i < chunk; i++) bits[i] = bf16_bits(bf16_value(pool[start + i]) * scale);
+        k_copy_h2d(&gpu, (char *)d + at * 2, bits, chunk * 2);
+    }
+    free(bits);
+    return d;
+}
+
+typedef enum { BENCH_FWD, BENCH_BWD, BENCH_FWD_BWD } bench_kind;
+
+typedef struct bench_case {
+    void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float *lse;
+    int B, T, Hq, Hkv, hd;
+} bench_case;
+
+static void bench_run(const bench_case *c, bench_kind kind) {
+    if (kind != BENCH_BWD)
+        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->hd);
+    if (kind != BENCH_FWD)
+        k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
+                        c->B, c->T, c->Hq, c->Hkv, c->hd);
+}
+
+/* Median milliseconds of REPS runs after WARMUP. */
+static double bench_ms(const bench_case *c, bench_kind kind) {
+    cudaStream_t stream = (cudaStream_t)gpu.stream;
+    cudaEvent_t ev[REPS + 1];
+    for (int i = 0; i <= REPS; i++) cuda_or_die(cudaEventCreate(&ev[i]), "cudaEventCreate");
+    for (int w = 0; w < WARMUP; w++) bench_run(c, kind);
+    for (int r = 0; r < REPS; r++) {
+        cuda_or_die(cudaEventRecord(ev[r], stream), "cudaEventRecord");
+        bench_run(c, kind);
+    }
+    cuda_or_die(cudaEventRecord(ev[REPS], stream), "cudaEventRecord");
+    cuda_or_die(cudaEventSynchronize(ev[REPS]), "cudaEventSynchronize");
+    errbuf err;
+    if (k_sync(&gpu, &err)) die("bench: %s", err.msg);
+    float ms[REPS];
+    for (int r = 0; r < REPS; r++)
+        cuda_or_die(cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]), "cudaEventElapsedTime");
+    for (int i = 0; i <= REPS; i++) cudaEventDestroy(ev[i]);
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    return (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2.0;
+}
+
+static void bench_shape(const char *model, int B, int T, int Hq, int Hkv, int hd) {
+    size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd;
+    bench_case c = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
+    c.q = bench_bf16(nq, 2.0f);
+    c.k = bench_bf16(nkv, 2.0f);
+    c.v = bench_bf16(nkv, 1.0f);
+    c.dout = bench_bf16(nq, 1.0f);
+    c.out = dev_bytes(nq * 2);
+    c.dq = dev_bytes(nq * 2);
+    c.dk = dev_bytes(nkv * 2);
+    c.dv = dev_bytes(nkv * 2);
+    c.lse = dev_bytes((size_t)B * Hq * T * sizeof(float));
+    bench_run(&c, BENCH_FWD); /* out and lse for the backward-only runs */
+    double fwd_flops = 4.0 * B * Hq * (double)T * T * hd / 2.0;
+    double f = bench_ms(&c, BENCH_FWD), b = bench_ms(&c, BENCH_BWD);
+    double fb = bench_ms(&c, BENCH_FWD_BWD);
+    printf("%-5s %3d %6d %4d %4d %4d %10.3f %8.1f %10.3f %8.1f %10.3f %8.1f\n", model, B, T, Hq,
+           Hkv, hd, f, fwd_flops / f / 1e9, b, 2.5 * fwd_flops / b / 1e9, fb,
+           3.5 * fwd_flops / fb / 1e9);
+    fflush(stdout);
+    release_all();
+}
+
+static void run_bench(void) {
+    struct cudaDeviceProp prop;
+    cuda_or_die(cudaGetDeviceProperties(&prop, gpu.device), "cudaGetDeviceProperties");
+    seed(99);
+    printf("bench: %s, %d SMs; causal attention, bf16; median of %d runs after %d warm-ups\n",
+           prop.name, prop.multiProcessorCount, REPS, WARMUP);
+    printf("FLOPs: fwd 4*B*Hq*T^2*hd/2, bwd 2.5x fwd, fwd+bwd 3.5x fwd\n");
+    printf("%-5s %3s %6s %4s %4s %4s %10s %8s %10s %8s %10s %8s\n", "model", "B", "T", "Hq",
+           "Hkv", "hd", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "f+b ms", "TFLOP/s");
+    bench_shape("7B", 4, 2048, 32, 32, 128);
+    bench_shape("7B", 4, 8192, 32, 32, 128);
+    bench_shape("70B", 4, 2048, 64, 8, 128);
+    bench_shape("70B", 4, 8192, 64, 8, 128);
+    bench_shape("hd64", 4, 2048, 32, 8, 64);
+}
+
+/* ---- main ---- */
+
+int main(int argc, char **argv) {
+    const char *mode = argc == 2 ? argv[1] : "";
+    int bench = !strcmp(mode, "--bench"), self_test = !strcmp(mode, "--cpu");
+    int quick = self_test || !strcmp(mode, "--quick");
+    if (argc > 2 || (argc == 2 && !bench && !quick)) {
+        fprintf(stderr, "usage: %s [--quick | --bench | --cpu]\n", argv[0]);
+        return 2;
+    }
+    errbuf err;
+    if (self_test) {
+        if (kctx_init(&gpu, K_CPU, 0, &err)) die("%s", err.msg);
+    } else {
+        if (!k_cuda_available()) die("no CUDA device visible (k_cuda_available() is 0)");
+        if (kctx_init(&gpu, K_CUDA, 0, &err)) die("%s", err.msg);
+    }
+    esize = k_compute_size(&gpu);
+    if (bench) {
+        run_bench();
+        kctx_destroy(&gpu);
+        return 0;
+    }
+    double start = now();
+    if (gpu.backend == K_CUDA) check_failures();
+    check_attention(2, 1, 4, 2, 128, 0);
+    check_attention(2, 17, 4, 1, 128, 1);
+    check_attention(2, 17, 6, 3, 64, 0);
+    check_attention(1, 300, 12, 4, 128, 1); /* GQA 3:1, partial tiles */
+    check_attention(2, 300, 6, 2, 64, 0);
+    if (!quick) {
+        check_attention(1, 2048, 32, 32, 128, 0); /* Llama-2-7B */
+        check_attention(1, 2048, 64, 8, 128, 1);  /* Llama-2-70B, GQA 8:1 */
+        check_attention(1, 4097, 8, 1, 128, 0);
+        check_attention(2, 2048, 8, 2, 64, 0);
+        check_attention(1, 4097, 4, 1, 64, 1);
+    }
+    printf("(%.0f s, %.0f s of it the CPU reference)\n", now() - start, reference_seconds);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    kctx_destroy(&gpu);
+    return n_failed ? 1 : 0;
+}
