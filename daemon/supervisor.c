@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
 #include "proto/ctl.h"
 #include "worker/comm.h"
@@ -25,8 +26,6 @@
 #define WORKER_CTL_FD 3
 
 typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase;
-
-typedef struct supervisor supervisor;
 
 typedef struct worker {
     supervisor *sup;
@@ -38,12 +37,17 @@ typedef struct worker {
     int finished;            /* exited and connection closed: judged */
     int ready;
     int reported;            /* sent FATAL: its exit status is the consequence, not the cause */
+    int killed;              /* fsdpd sent it SIGKILL */
     char addr[COMM_ADDR_MAX];
     double last_seen;
 } worker;
 
 struct supervisor {
     const supervisor_options *opt;
+    job_config job;      /* opt->job with the resumed checkpoint's global_batch and seed */
+    ckpt_start ckpt_start;
+    ckpt_coord *ckpt;
+    long request_at_step; /* test hook: request a checkpoint at this step (0: never) */
     struct event_base *base;
     worker *workers;
     int n_finished, n_addr, n_ready;
@@ -68,7 +72,10 @@ static double now_s(void) {
 
 static void kill_all(supervisor *s) {
     for (int r = 0; r < s->opt->workers; r++)
-        if (s->workers[r].pid > 0 && !s->workers[r].exited) kill(s->workers[r].pid, SIGKILL);
+        if (s->workers[r].pid > 0 && !s->workers[r].exited) {
+            s->workers[r].killed = 1;
+            kill(s->workers[r].pid, SIGKILL);
+        }
 }
 
 static void send_msg(worker *w, ctl_type type, json_t *body);
@@ -80,7 +87,7 @@ static void begin_stop(supervisor *s, const char *reason) {
     log_event(0, -1, "stopping the workers: %s", reason);
     for (int r = 0; r < s->opt->workers; r++)
         if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
-    struct timeval grace = {s->opt->job->runtime.stop_grace_s, 0};
+    struct timeval grace = {s->job.runtime.stop_grace_s, 0};
     evtimer_add(s->grace, &grace);
 }
 
@@ -110,7 +117,7 @@ static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
     log_event(0, -1, "workers still running after %d s of grace: killing them",
-              s->opt->job->runtime.stop_grace_s);
+              s->job.runtime.stop_grace_s);
     kill_all(s);
 }
 
@@ -129,7 +136,9 @@ static void maybe_finish(worker *w) {
     w->finished = 1;
     s->n_finished++;
     if (WIFSIGNALED(w->status)) {
-        if (s->phase != PHASE_STOPPING || !s->failed)
+        /* A signal fsdpd did not send is a failure, even while stopping: it may be the cause
+         * of failures reported before it was noticed.  fsdpd's own SIGKILL is no news. */
+        if (!w->killed)
             record_failure(s, !w->reported, "rank %d was killed by signal %d (%s)", w->rank,
                            WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
         else
@@ -170,6 +179,10 @@ static void broadcast_peers(supervisor *s) {
 
 static void on_metrics(supervisor *s, worker *w, json_t *m) {
     long step = (long)json_integer_value(json_object_get(m, "step"));
+    if (s->request_at_step && step >= s->request_at_step) {
+        s->request_at_step = 0;
+        supervisor_request_checkpoint(s, "FSDP_TEST_CKPT_REQUEST_AT");
+    }
     long total = (long)json_integer_value(json_object_get(m, "total_steps"));
     double loss = json_number_value(json_object_get(m, "loss"));
     double lr = json_number_value(json_object_get(m, "lr"));
@@ -188,6 +201,22 @@ static void on_metrics(supervisor *s, worker *w, json_t *m) {
     free(line);
 }
 
+/* ---- checkpoints ---- */
+
+static void ckpt_send(void *arg, int rank, ctl_type type, json_t *body) {
+    supervisor *s = arg;
+    send_msg(&s->workers[rank], type, body);
+}
+
+static void ckpt_fatal(void *arg, const char *reason) {
+    fail((supervisor *)arg, "%s", reason);
+}
+
+long long supervisor_request_checkpoint(supervisor *s, const char *why) {
+    if (s->phase != PHASE_TRAINING) return 0;
+    return ckpt_coord_request(s->ckpt, why);
+}
+
 static void handle_message(worker *w, const ctl_msg *msg) {
     supervisor *s = w->sup;
     json_t *body = NULL;
@@ -199,9 +228,11 @@ static void handle_message(worker *w, const ctl_msg *msg) {
     switch (msg->type) {
     case CTL_HELLO:
         send_msg(w, CTL_CONFIG,
-                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s}", "rank", w->rank, "world",
+                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:s}", "rank", w->rank, "world",
                            s->opt->workers, "local_rank", w->rank, "node", 0, "bind_host",
-                           s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json));
+                           s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json,
+                           "ckpt_attempt", s->ckpt_start.attempt, "resume_dir",
+                           s->ckpt_start.resume_dir));
         break;
     case CTL_ADDR: {
         const char *addr = json_string_value(json_object_get(body, "addr"));
@@ -224,7 +255,11 @@ static void handle_message(worker *w, const ctl_msg *msg) {
         }
         break;
     case CTL_METRICS:
+        if (w->rank == 0) ckpt_coord_on_metrics(s->ckpt, body);
         on_metrics(s, w, body);
+        break;
+    case CTL_CKPT_DONE:
+        ckpt_coord_on_done(s->ckpt, w->rank, body);
         break;
     case CTL_FATAL: {
         const char *what = json_string_value(json_object_get(body, "message"));
@@ -354,7 +389,7 @@ static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
-    int hb = s->opt->job->runtime.heartbeat_s;
+    int hb = s->job.runtime.heartbeat_s;
     double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = now_s();
     for (int r = 0; r < s->opt->workers; r++) {
         worker *w = &s->workers[r];
@@ -374,7 +409,7 @@ static int make_secret(supervisor *s, errbuf *err) {
 }
 
 static int open_metrics(supervisor *s, errbuf *err) {
-    const char *path = s->opt->job->runtime.metrics;
+    const char *path = s->job.runtime.metrics;
     s->metrics = fopen(path, "ae");
     if (!s->metrics) return errf(err, "%s: %s", path, strerror(errno));
     return 0;
@@ -388,7 +423,7 @@ static int setup_events(supervisor *s, errbuf *err) {
     s->sigterm = evsignal_new(s->base, SIGTERM, on_stop_signal, s);
     s->grace = evtimer_new(s->base, on_grace_expired, s);
     s->heartbeat = event_new(s->base, -1, EV_PERSIST, on_heartbeat_check, s);
-    struct timeval every = {s->opt->job->runtime.heartbeat_s, 0};
+    struct timeval every = {s->job.runtime.heartbeat_s, 0};
     if (!s->sigchld || !s->sigint || !s->sigterm || !s->grace || !s->heartbeat ||
         evsignal_add(s->sigchld, NULL) || evsignal_add(s->sigint, NULL) ||
         evsignal_add(s->sigterm, NULL) || event_add(s->heartbeat, &every))
@@ -397,6 +432,8 @@ static int setup_events(supervisor *s, errbuf *err) {
 }
 
 static void teardown(supervisor *s) {
+    ckpt_coord_free(s->ckpt);
+    json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {
         close_connection(&s->workers[r]);
         ctl_decoder_free(&s->workers[r].dec);
@@ -410,14 +447,27 @@ static void teardown(supervisor *s) {
     free(s->job_json);
 }
 
+/* The checkpoint directory, the resume, and the coordinator. */
+static int setup_checkpoints(supervisor *s, errbuf *err) {
+    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_validate(&s->job, s->opt->workers, err))
+        return -1;
+    ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
+                               .model_config = s->ckpt_start.model_config, .base = s->base,
+                               .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal}};
+    const char *at = getenv("FSDP_TEST_CKPT_REQUEST_AT");
+    s->request_at_step = at ? atol(at) : 0;
+    return ckpt_coord_new(&s->ckpt, &copt, err);
+}
+
 int supervisor_run(const supervisor_options *opt, errbuf *err) {
-    supervisor s = {.opt = opt};
+    supervisor s = {.opt = opt, .job = *opt->job};
     s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
     int rc = s.workers ? 0 : errf(err, "out of memory");
     if (rc == 0) rc = make_secret(&s, err);
-    if (rc == 0) rc = job_to_json(opt->job, &s.job_json, err);
-    if (rc == 0) rc = open_metrics(&s, err);
     if (rc == 0) rc = setup_events(&s, err);
+    if (rc == 0) rc = setup_checkpoints(&s, err);
+    if (rc == 0) rc = job_to_json(&s.job, &s.job_json, err);
+    if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {
         s.workers[r] = (worker){.sup = &s, .rank = r};
         rc = spawn_worker(&s, &s.workers[r], err);
@@ -430,7 +480,9 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
         }
     }
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
+    int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
     if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
+    else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
     teardown(&s);
     return rc;
 }

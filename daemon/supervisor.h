@@ -6,7 +6,16 @@
  * runtime.stop_grace_s).  The job ends when every worker has exited.  It succeeded when
  * each exited with status 0 and nothing failed; the first failure (a worker's FATAL, a
  * non-zero exit or a death by signal, missed heartbeats, a signal to fsdpd) stops the
- * others and is the reason fsdpd gives. */
+ * others and is the reason fsdpd gives.
+ *
+ * Checkpoints (daemon/ckpt_commit.h): before spawning, checkpoint.dir is prepared and the
+ * checkpoint to resume from (checkpoint.resume) is found and checked — a bad one stops the
+ * job before any worker starts; its global_batch and seed replace the job's.  During
+ * training the coordinator commits the workers' saves.  A job whose workers all exited 0
+ * still fails when its final checkpoint did not commit.
+ *
+ * Test-only hook: FSDP_TEST_CKPT_REQUEST_AT=STEP requests a checkpoint (as SIGUSR1 or the
+ * status socket will) once rank 0 reports step STEP. */
 #ifndef FSDP_SUPERVISOR_H
 #define FSDP_SUPERVISOR_H
 
@@ -20,7 +29,14 @@ typedef struct supervisor_options {
     const char *bind_host;   /* where workers listen for their peers */
 } supervisor_options;
 
+typedef struct supervisor supervisor;
+
 /* Runs the job to its end.  Returns 0 when it succeeded, -1 with the reason otherwise. */
 int supervisor_run(const supervisor_options *opt, errbuf *err);
+
+/* Asks the workers for a checkpoint at the next step boundary where no save is still being
+ * written (the ranks agree on the step among themselves); for SIGUSR1 and the status socket,
+ * from the supervisor's event loop.  Returns the request's id, 0 when not training. */
+long long supervisor_request_checkpoint(supervisor *s, const char *why);
 
 #endif

@@ -3,6 +3,7 @@
 #include "worker/fsdp.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -318,6 +319,7 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
 typedef struct rank_stats {
     double loss_sum, sumsq;
     int64_t count;
+    int64_t vote[FSDP_VOTES];
 } rank_stats;
 
 static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf *err) {
@@ -365,9 +367,15 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
 
     rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
     if (!all) return errf(err, "fsdp: out of host memory");
+    memcpy(mine.vote, f->vote, sizeof mine.vote);
     int rc = gather_stats(f, &mine, all, err);
-    int64_t count = 0;
-    for (int r = 0; r < f->world; r++) count += all[r].count;
+    int64_t count = 0, vote_max[FSDP_VOTES];
+    memcpy(vote_max, all[0].vote, sizeof vote_max);
+    for (int r = 0; r < f->world; r++) {
+        count += all[r].count;
+        for (int v = 0; v < FSDP_VOTES; v++)
+            if (all[r].vote[v] > vote_max[v]) vote_max[v] = all[r].vote[v];
+    }
     float dscale = count > 0 ? 1.0f / (float)count : 0.0f;
 
     for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
@@ -421,7 +429,78 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
     res->loss = count > 0 ? loss_sum / (double)count : 0.0;
     res->tokens = count;
     res->grad_norm = norm;
+    memcpy(res->vote_max, vote_max, sizeof vote_max);
     return 0;
+}
+
+/* ---- checkpoints ---- */
+
+int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err) {
+    const llama_layout *L = &f->layout;
+    if (ckpt_layout_alloc(lo, f->group, L->n_units, L->n_tensors, err)) return -1;
+    for (int u = 0; u < L->n_units; u++)
+        lo->units[u] = (ckpt_unit){.numel = f->units[u].numel, .padded = f->units[u].padded,
+                                   .shard = f->units[u].shard, .first = L->units[u].first,
+                                   .count = L->units[u].count};
+    for (int i = 0; i < L->n_tensors; i++) {
+        const llama_tensor_slot *s = &L->tensors[i];
+        ckpt_tensor *t = &lo->tensors[i];
+        snprintf(t->name, sizeof t->name, "%s", s->name);
+        t->offset = s->offset;
+        t->numel = s->numel;
+        t->ndim = s->ndim;
+        t->shape[0] = s->shape[0];
+        t->shape[1] = s->ndim == 2 ? s->shape[1] : 0;
+        t->is_norm = s->is_norm;
+    }
+    return 0;
+}
+
+/* The checkpoint's units and tensors are this model's (the shard sizes may differ). */
+static int same_tensors(const fsdp *f, const ckpt_layout *saved, const char *dir, errbuf *err) {
+    const llama_layout *L = &f->layout;
+    if (saved->n_units != L->n_units || saved->n_tensors != L->n_tensors)
+        return errf(err, "%s: %d units and %d tensors; this model has %d and %d", dir, saved->n_units,
+                    saved->n_tensors, L->n_units, L->n_tensors);
+    for (int i = 0; i < L->n_tensors; i++) {
+        const ckpt_tensor *t = &saved->tensors[i];
+        const llama_tensor_slot *s = &L->tensors[i];
+        if (strcmp(t->name, s->name) || t->offset != s->offset || t->numel != s->numel)
+            return errf(err, "%s: tensor %d is %s (offset %llu, %llu elements); this model has %s "
+                             "(offset %zu, %zu elements)", dir, i, t->name,
+                        (unsigned long long)t->offset, (unsigned long long)t->numel, s->name,
+                        s->offset, s->numel);
+    }
+    return 0;
+}
+
+int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err) {
+    if (same_tensors(f, &m->layout, dir, err)) return -1;
+    if (m->optimizer_step > INT32_MAX) return errf(err, "%s: optimizer step out of range", dir);
+    size_t max_shard = 0;
+    for (int u = 0; u < f->layout.n_units; u++)
+        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
+    float *host = malloc(max_shard * sizeof *host);
+    ckpt_reader r;
+    if (!host) return errf(err, "fsdp: out of host memory");
+    if (ckpt_reader_open(&r, dir, m, err)) {
+        free(host);
+        return -1;
+    }
+    int rc = 0;
+    for (int u = 0; u < f->layout.n_units && rc == 0; u++) {
+        fsdp_unit *U = &f->units[u];
+        float *dst[CKPT_KINDS] = {U->master, U->m, U->v};
+        for (int kind = CKPT_MASTER; kind <= CKPT_KINDS && rc == 0; kind++) {
+            rc = ckpt_read_range(&r, kind, u, U->shard_off, U->shard, host, err);
+            if (rc == 0) k_copy_h2d(f->ctx, dst[kind - 1], host, U->shard * sizeof *host);
+            if (rc == 0) rc = k_sync(f->ctx, err); /* host is reused for the next section */
+        }
+    }
+    ckpt_reader_close(&r);
+    free(host);
+    if (rc == 0) f->step = (int)m->optimizer_step;
+    return rc;
 }
 
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {

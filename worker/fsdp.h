@@ -22,11 +22,18 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "proto/ckpt.h"
 #include "proto/errbuf.h"
 #include "proto/job.h"
 #include "proto/safetensors.h"
 #include "worker/comm.h"
 #include "worker/llama.h"
+
+/* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
+ * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a
+ * decision together, at the same step, without another collective.  The checkpoint trigger
+ * uses them (worker/train.c). */
+#define FSDP_VOTES 2
 
 typedef struct fsdp_unit {
     size_t numel;     /* elements of the unit's flat parameter */
@@ -47,6 +54,7 @@ typedef struct fsdp {
     llama_layout layout;
     fsdp_unit *units;
     int step; /* optimizer steps taken */
+    int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
     /* Working memory, sized for the largest unit and one micro-batch. */
     void *send;          /* [max shard] compute dtype: this rank's shard, cast */
@@ -95,6 +103,7 @@ typedef struct fsdp_step_result {
     double loss;       /* global: summed token losses / global count */
     int64_t tokens;    /* global count of unmasked targets */
     double grad_norm;  /* global, before clipping */
+    int64_t vote_max[FSDP_VOTES]; /* the maximum of every rank's fsdp.vote */
 } fsdp_step_result;
 
 /* One optimizer step on this rank's share of the global batch: n_micro micro-batches of
@@ -104,6 +113,15 @@ typedef struct fsdp_step_result {
 int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
                     int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
                     errbuf *err);
+
+/* The checkpoint layout of this rank's state (proto/ckpt.h): one shard file per member of the
+ * shard group, units and tensors as in f->layout. */
+int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err);
+/* Fills this rank's master, m and v shards from the committed checkpoint in dir (manifest m,
+ * written at any world size: re-sliced through ckpt_read_range, every section it touches
+ * CRC-checked) and sets f->step to its optimizer step.  The checkpoint must hold this model:
+ * the same units and tensors. */
+int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err);
 
 /* Gathers the full parameters of every tensor as host fp32 (collective: every rank calls it);
  * calls fn for each tensor in layout order.  For tests and small models. */

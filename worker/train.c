@@ -5,8 +5,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "proto/ckpt.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
+#include "worker/ckpt_writer.h"
 #include "worker/data.h"
 #include "worker/fsdp.h"
 #include "worker/schedule.h"
@@ -17,15 +19,43 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The model's config and this rank's initial parameter shards. */
-static int load_model(fsdp *f, const train_env *env, errbuf *err) {
+/* Votes every rank casts before a step (fsdp.vote). */
+enum { VOTE_REQUEST, VOTE_WRITING };
+
+/* This rank's state from a committed checkpoint: parameters, AdamW state, step, tokens. */
+static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_t *tokens_seen,
+                  errbuf *err) {
+    const job_config *j = env->job;
+    ckpt_manifest m;
+    char name[4200];
+    snprintf(name, sizeof name, "%s/%s", env->resume_dir, CKPT_MANIFEST);
+    if (ckpt_manifest_load(&m, env->resume_dir, err)) return -1;
+    int rc = ckpt_manifest_check_model(&m, cfg, name, err);
+    if (rc == 0 && (m.global_batch != j->train.global_batch || m.seed != j->train.seed))
+        rc = errf(err, "%s: global_batch %d and seed %lld, but the job has %d and %lld", name,
+                  m.global_batch, (long long)m.seed, j->train.global_batch, (long long)j->train.seed);
+    if (rc == 0) rc = fsdp_load_checkpoint(f, &m, env->resume_dir, err);
+    if (rc == 0 && f->step != m.step)
+        rc = errf(err, "%s: optimizer step %lld differs from step %lld", name,
+                  (long long)m.optimizer_step, (long long)m.step);
+    *tokens_seen = m.tokens_seen;
+    ckpt_manifest_free(&m);
+    return rc;
+}
+
+/* The model's config and this rank's initial state: from the checkpoint when resuming, else
+ * the initial parameters. */
+static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     llama_config cfg;
     int random = j->model.init == JOB_INIT_RANDOM;
+    memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
+    *tokens_seen = 0;
     if (llama_config_load(&cfg, random ? j->model.config : j->model.path, err)) return -1;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL};
     if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+    if (env->resume_dir) return resume(f, env, &cfg, tokens_seen, err);
     if (random) return fsdp_init_random(f, (uint64_t)j->train.seed, err);
     st_model st;
     if (st_model_open(&st, j->model.path, err)) return -1;
@@ -70,30 +100,59 @@ static long total_steps(const job_config *j, const data_loader *d) {
     return (long)data_steps_per_epoch(d) * j->train.epochs;
 }
 
-static int run_steps(fsdp *f, data_loader *d, const train_env *env, errbuf *err) {
+/* Whether a checkpoint follows step `done` (see train.h), from the votes every rank cast. */
+static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
+                                  const fsdp_step_result *res, int64_t *served) {
     const job_config *j = env->job;
+    if (!env->writer) return TRAIN_CKPT_NONE;
+    int requested = res->vote_max[VOTE_REQUEST] > *served;
+    int interval = j->checkpoint.interval_steps > 0 && done % j->checkpoint.interval_steps == 0;
+    if (done == total) {
+        *served = res->vote_max[VOTE_REQUEST];
+        return TRAIN_CKPT_SYNC;
+    }
+    if (!requested && !interval) return TRAIN_CKPT_NONE;
+    if (res->vote_max[VOTE_WRITING]) return TRAIN_CKPT_SKIPPED;
+    if (requested) *served = res->vote_max[VOTE_REQUEST];
+    return j->checkpoint.async ? TRAIN_CKPT_ASYNC : TRAIN_CKPT_SYNC;
+}
+
+static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
+    const job_config *j = env->job;
+    const train_hooks *h = &env->hooks;
     int T = j->data.seq_len, rows = j->train.global_batch / env->world;
     int micro = j->train.micro_batch, n_micro = rows / micro;
     long total = total_steps(j, d);
+    int64_t served = 0; /* checkpoint requests served so far */
     int32_t *ids = malloc((size_t)rows * T * sizeof *ids);
     int32_t *labels = malloc((size_t)rows * T * sizeof *labels);
     int rc = (ids && labels) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     for (long step = f->step; rc == 0 && step < total; step++) {
-        if (env->hooks.should_stop && env->hooks.should_stop(env->hooks.arg)) break;
+        if (h->should_stop && h->should_stop(h->arg)) break;
         double t0 = now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);
         hp.lr = schedule_lr(j, step, total);
+        f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
+        f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
         fsdp_step_result res;
         rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
-        if (rc == 0 && env->hooks.on_step) {
+        if (rc) break;
+        tokens_seen += res.tokens;
+        train_ckpt_action ckpt = ckpt_due(env, step + 1, total, &res, &served);
+        if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
-                                    .seconds = now_s() - t0, .layer_forwards = f->layer_forwards};
-            env->hooks.on_step(env->hooks.arg, &info);
+                                    .seconds = now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .tokens_seen = tokens_seen, .ckpt = ckpt,
+                                    .ckpt_attempt = env->ckpt_attempt, .ckpt_request = served};
+            h->on_step(h->arg, &info);
         }
+        if (ckpt == TRAIN_CKPT_ASYNC || ckpt == TRAIN_CKPT_SYNC)
+            rc = ckpt_writer_save(env->writer, f, step + 1, env->ckpt_attempt, ckpt == TRAIN_CKPT_SYNC,
+                                  tokens_seen, err);
     }
     free(ids);
     free(labels);
@@ -104,15 +163,21 @@ int train_run(const train_env *env, errbuf *err) {
     const job_config *j = env->job;
     fsdp f;
     data_loader d;
-    if (load_model(&f, env, err)) return -1;
+    int64_t tokens_seen;
+    if (load_model(&f, env, &tokens_seen, err)) {
+        fsdp_destroy(&f);
+        return -1;
+    }
     const char *nan_at = getenv("FSDP_TEST_NAN_AT");
     int nan_step, nan_rank;
     if (nan_at && sscanf(nan_at, "%d:%d", &nan_step, &nan_rank) == 2 && nan_rank == env->rank)
         f.poison_step = nan_step;
-    int rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
+    int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
+    if (rc == 0)
+        rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
                        (uint64_t)j->train.seed, f.layout.cfg.vocab_size, err);
     if (rc == 0) {
-        rc = run_steps(&f, &d, env, err);
+        rc = run_steps(&f, &d, env, tokens_seen, err);
         data_close(&d);
     }
     const char *final_path = getenv("FSDP_TEST_FINAL_PARAMS");

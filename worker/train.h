@@ -1,5 +1,15 @@
 /* train: the training loop of one worker — data, model, FSDP steps, learning-rate
- * schedule — independent of how the worker talks to its daemon (hooks carry that). */
+ * schedule, checkpoint triggers — independent of how the worker talks to its daemon (hooks
+ * carry that).
+ *
+ * Checkpoints (with a writer): a save follows the optimizer step `s` when
+ *   - s is the last step (synchronous: it first waits for a save still being written), or
+ *   - s is a multiple of checkpoint.interval_steps, or
+ *   - a checkpoint was requested (hooks.ckpt_request returned a new id) on any rank,
+ * decided by every rank alike from the votes all-gathered with the step's statistics
+ * (fsdp.vote).  While a rank still writes an async save, a save due is skipped on every rank:
+ * an interval save is lost (the next interval tries again), a request stays pending until a
+ * step where no rank writes.  A job resumed from a checkpoint starts after its step. */
 #ifndef FSDP_TRAIN_H
 #define FSDP_TRAIN_H
 
@@ -15,7 +25,16 @@ typedef struct train_step_info {
     int64_t tokens;           /* unmasked targets of the global batch */
     double seconds;           /* wall time of the step */
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
+    int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
+    /* The checkpoint this step triggers, announced before it is written: */
+    int ckpt;                 /* train_ckpt_action */
+    int ckpt_attempt;
+    int64_t ckpt_request;     /* requests up to this id are served by it */
 } train_step_info;
+
+typedef enum train_ckpt_action {
+    TRAIN_CKPT_NONE, TRAIN_CKPT_ASYNC, TRAIN_CKPT_SYNC, TRAIN_CKPT_SKIPPED
+} train_ckpt_action;
 
 typedef struct train_hooks {
     void *arg;
@@ -23,7 +42,12 @@ typedef struct train_hooks {
     void (*on_step)(void *arg, const train_step_info *info);
     /* Polled between steps: non-zero stops the loop cleanly. */
     int (*should_stop)(void *arg);
+    /* Polled before every step: the newest checkpoint request this rank has received (ids
+     * increase; 0: none).  NULL: never. */
+    int64_t (*ckpt_request)(void *arg);
 } train_hooks;
+
+struct ckpt_writer;
 
 typedef struct train_env {
     const job_config *job; /* validated */
@@ -31,10 +55,15 @@ typedef struct train_env {
     comm *comm;            /* NULL when world is 1 */
     kctx *ctx;
     train_hooks hooks;
+    struct ckpt_writer *writer; /* NULL: no checkpoints */
+    int ckpt_attempt;           /* in partial directory names (proto/ckpt.h) */
+    const char *resume_dir;     /* a committed checkpoint to start from, or NULL */
 } train_env;
 
 /* Runs the job's steps.  Returns 0 when every step ran (or a stop was requested), -1 with
- * the reason (naming the step and rank for a non-finite loss) otherwise.
+ * the reason (naming the step and rank for a non-finite loss) otherwise.  With resume_dir the
+ * model, optimizer state, step and token count come from that checkpoint (its global_batch
+ * and seed must be the job's: fsdpd sets them from the manifest).
  *
  * Test-only hooks (environment): FSDP_TEST_NAN_AT="STEP:RANK" makes that rank's loss NaN at
  * that step; FSDP_TEST_FINAL_PARAMS=PATH makes rank 0 write the final parameters (gathered,

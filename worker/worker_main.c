@@ -6,10 +6,20 @@
  * SIGINT and SIGUSR1 are ignored here; the worker stops on a STOP message, dies with its
  * daemon (PR_SET_PDEATHSIG, set by fsdpd before exec) and exits when its connection closes.
  *
- * Test-only fault hook: FSDP_TEST_WORKER_FAULT="RANK:ACTION:STEP[,...]" with ACTION
+ * Checkpoints: CKPT_BEGIN {"request": id} asks for a checkpoint at the next step boundary
+ * (worker/train.h says how the ranks agree on the step); CKPT_ABORT {"step", "attempt"} stops
+ * that save's writing; each written (or failed, or aborted) shard file is reported with
+ * CKPT_DONE {"step", "attempt", "rank", "sync", "ok", "aborted", "error", "file", "bytes",
+ * "header_crc32c", "stage_s", "write_s"}, rank 0's also with "optimizer_step", "tokens_seen"
+ * and the layout ("units") for the manifest.  A METRICS message announces each save before
+ * its files are written: "checkpoint": {"step", "attempt", "mode": async|sync|skipped,
+ * "request"}.
+ *
+ * Test-only fault hooks: FSDP_TEST_WORKER_FAULT="RANK:ACTION:STEP[,...]" with ACTION
  *   exit          exit with status 3 after step STEP;
  *   hang_on_stop  when asked to stop (or when training ends), hang instead: fsdpd must
- *                 kill it. */
+ *                 kill it;
+ * and FSDP_TEST_CKPT_FAULT (worker/ckpt_writer.h). */
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -23,6 +33,7 @@
 #include "kernels/kernels.h"
 #include "proto/ctl.h"
 #include "proto/job.h"
+#include "worker/ckpt_writer.h"
 #include "worker/comm.h"
 #include "worker/train.h"
 
@@ -37,6 +48,12 @@ typedef struct worker {
     job_config job;
     atomic_int stop_requested;
     atomic_long step;
+    atomic_llong ckpt_request; /* the newest checkpoint request received */
+    int ckpt_attempt;
+    char resume_dir[JOB_PATH_MAX];
+    ckpt_writer writer;
+    pthread_mutex_t writer_lock; /* the control thread uses the writer only while writer_live */
+    int writer_live;
     int fault_step;
     char fault_action[32];
 } worker;
@@ -81,17 +98,21 @@ static int read_config(worker *w, errbuf *err) {
     if (rc) return rc;
     const char *job_text = json_string_value(json_object_get(cfg, "job"));
     const char *host = json_string_value(json_object_get(cfg, "bind_host"));
+    const char *resume = json_string_value(json_object_get(cfg, "resume_dir"));
     w->rank = (int)json_integer_value(json_object_get(cfg, "rank"));
     w->world = (int)json_integer_value(json_object_get(cfg, "world"));
+    w->ckpt_attempt = (int)json_integer_value(json_object_get(cfg, "ckpt_attempt"));
     rc = -1;
     if (!job_text || !host || strlen(host) >= sizeof w->bind_host || w->world < 1 ||
-        w->rank < 0 || w->rank >= w->world ||
+        w->rank < 0 || w->rank >= w->world || w->ckpt_attempt < 1 || !resume ||
+        strlen(resume) >= sizeof w->resume_dir ||
         parse_hex(json_string_value(json_object_get(cfg, "secret")), w->secret, COMM_SECRET_BYTES))
         errf(err, "malformed CONFIG message");
     else if (job_parse(&w->job, job_text, strlen(job_text), err) == 0 &&
              job_validate(&w->job, w->world, err) == 0)
         rc = 0;
     if (host) snprintf(w->bind_host, sizeof w->bind_host, "%s", host);
+    if (rc == 0) strcpy(w->resume_dir, resume);
     json_decref(cfg);
     return rc;
 }
@@ -136,6 +157,25 @@ static void *heartbeat_loop(void *arg) {
     return NULL;
 }
 
+static void on_ckpt_message(worker *w, const ctl_msg *m) {
+    json_t *body;
+    errbuf err;
+    if (ctl_msg_json(m, &body, &err)) return;
+    if (m->type == CTL_CKPT_BEGIN) {
+        long long id = (long long)json_integer_value(json_object_get(body, "request"));
+        long long seen = atomic_load(&w->ckpt_request);
+        while (id > seen && !atomic_compare_exchange_weak(&w->ckpt_request, &seen, id)) {
+        }
+    } else {
+        pthread_mutex_lock(&w->writer_lock);
+        if (w->writer_live)
+            ckpt_writer_abort(&w->writer, (int64_t)json_integer_value(json_object_get(body, "step")),
+                              (int)json_integer_value(json_object_get(body, "attempt")));
+        pthread_mutex_unlock(&w->writer_lock);
+    }
+    json_decref(body);
+}
+
 /* Reads the daemon's messages while training runs. */
 static void *control_loop(void *arg) {
     worker *w = arg;
@@ -144,9 +184,33 @@ static void *control_loop(void *arg) {
         errbuf err;
         if (ctl_recv(w->fd, &m, -1, &err)) _exit(1); /* connection closed: the job is over */
         if (m.type == CTL_STOP) atomic_store(&w->stop_requested, 1);
+        if (m.type == CTL_CKPT_BEGIN || m.type == CTL_CKPT_ABORT) on_ckpt_message(w, &m);
         ctl_msg_free(&m);
     }
     return NULL;
+}
+
+static int64_t ckpt_request(void *arg) {
+    worker *w = arg;
+    return atomic_load(&w->ckpt_request);
+}
+
+/* Called by the thread that wrote (or failed to write) a shard file. */
+static void report_ckpt(void *arg, const ckpt_report *r) {
+    worker *w = arg;
+    errbuf err;
+    json_t *m = json_pack("{s:I, s:i, s:i, s:b, s:b, s:b, s:s, s:s, s:I, s:I, s:f, s:f}", "step",
+                          (json_int_t)r->step, "attempt", r->attempt, "rank", r->rank, "sync", r->sync,
+                          "ok", r->ok, "aborted", r->aborted, "error", r->error, "file", r->file, "bytes",
+                          (json_int_t)r->bytes, "header_crc32c", (json_int_t)r->header_crc,
+                          "stage_s", r->stage_s, "write_s", r->write_s);
+    if (m && r->rank == 0 && r->ok) {
+        json_object_set_new(m, "optimizer_step", json_integer(r->optimizer_step));
+        json_object_set_new(m, "tokens_seen", json_integer(r->tokens_seen));
+        json_t *units = ckpt_layout_to_json(r->layout);
+        if (!units || json_object_set_new(m, "units", units)) m = (json_decref(m), NULL);
+    }
+    if (send_json(w, CTL_CKPT_DONE, m, &err)) _exit(1);
 }
 
 static void on_step(void *arg, const train_step_info *s) {
@@ -154,10 +218,18 @@ static void on_step(void *arg, const train_step_info *s) {
     atomic_store(&w->step, s->step);
     if (w->rank == 0) {
         errbuf err;
-        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:f, s:I}", "step", (json_int_t)s->step,
+        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I}", "step", (json_int_t)s->step,
                               "total_steps", (json_int_t)s->total_steps, "loss", s->loss, "lr", s->lr,
-                              "grad_norm", s->grad_norm, "tokens", (json_int_t)s->tokens, "seconds",
-                              s->seconds, "layer_forwards", (json_int_t)s->layer_forwards);
+                              "grad_norm", s->grad_norm, "tokens", (json_int_t)s->tokens,
+                              "tokens_seen", (json_int_t)s->tokens_seen, "seconds", s->seconds,
+                              "layer_forwards", (json_int_t)s->layer_forwards);
+        static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",
+                                            [TRAIN_CKPT_SKIPPED] = "skipped"};
+        if (m && s->ckpt != TRAIN_CKPT_NONE)
+            json_object_set_new(m, "checkpoint",
+                                json_pack("{s:I, s:i, s:s, s:I}", "step", (json_int_t)s->step, "attempt",
+                                          s->ckpt_attempt, "mode", modes[s->ckpt], "request",
+                                          (json_int_t)s->ckpt_request));
         if (send_json(w, CTL_METRICS, m, &err)) _exit(1);
     }
     if (!strcmp(w->fault_action, "exit") && s->step == w->fault_step) _exit(3);
@@ -203,13 +275,26 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0) rc = send_json(w, CTL_HEARTBEAT, json_pack("{s:b}", "ready", 1), err);
     if (rc == 0) rc = expect(w, CTL_START, &start, err);
     json_decref(start);
+    ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .rank = w->rank,
+                                .timeout_s = w->job.checkpoint.timeout_s, .report = report_ckpt, .arg = w};
+    int have_writer = rc == 0 && ckpt_writer_init(&w->writer, &wopt, err) == 0;
+    if (rc == 0 && !have_writer) rc = -1;
+    w->writer_live = have_writer;
     if (rc == 0 && pthread_create(&ctl, NULL, control_loop, w) != 0)
         rc = errf(err, "cannot start the control thread");
     if (rc == 0) {
         train_env env = {.job = &w->job, .rank = w->rank, .world = w->world, .comm = c, .ctx = &ctx,
-                         .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop}};
+                         .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
+                                   .ckpt_request = ckpt_request},
+                         .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
+                         .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL};
         rc = train_run(&env, err);
     }
+    /* A save still being written after a stop or a failure is of no use: abandon it. */
+    pthread_mutex_lock(&w->writer_lock);
+    w->writer_live = 0;
+    pthread_mutex_unlock(&w->writer_lock);
+    if (have_writer) ckpt_writer_destroy(&w->writer, rc != 0 || atomic_load(&w->stop_requested));
     comm_destroy(c);
     kctx_destroy(&ctx);
     return rc;
@@ -220,7 +305,8 @@ int main(int argc, char **argv) {
     signal(SIGINT, SIG_IGN);
     signal(SIGUSR1, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
-    static worker w = {.fd = -1, .send_lock = PTHREAD_MUTEX_INITIALIZER};
+    static worker w = {.fd = -1, .send_lock = PTHREAD_MUTEX_INITIALIZER,
+                       .writer_lock = PTHREAD_MUTEX_INITIALIZER};
     if (argc == 3 && !strcmp(argv[1], "--ctl-fd")) w.fd = atoi(argv[2]);
     if (w.fd < 0) {
         fprintf(stderr, "usage: fsdp-worker --ctl-fd FD (fsdpd starts workers; run fsdpd)\n");

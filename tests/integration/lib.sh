@@ -61,7 +61,7 @@ write_job() {
   "train": {"global_batch": 12, "micro_batch": 3, "max_steps": 4, "lr": 1e-2,
             "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 1.0,
             "seed": 3},
-  "checkpoint": {"dir": "$dir/ckpt"},
+  "checkpoint": {"dir": "$dir/ckpt", "resume": "never"},
   "output": {"dir": "$dir/out"},
   "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
               "comm_timeout_s": 20}

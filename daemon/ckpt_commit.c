@@ -1,0 +1,575 @@
+/* ckpt_commit: the checkpoint coordinator.  See ckpt_commit.h. */
+#include "daemon/ckpt_commit.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "proto/ckpt.h"
+#include "proto/fileio.h"
+#include "proto/model_config.h"
+
+#define CONFIG_MAX (1u << 20)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- file system helpers ---- */
+
+static int path_join(char *out, size_t n, const char *dir, const char *name, errbuf *err) {
+    int len = snprintf(out, n, "%s/%s", dir, name);
+    if (len < 0 || (size_t)len >= n) return errf(err, "%s/%s: path too long", dir, name);
+    return 0;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path, errbuf *err) {
+    char buf[JOB_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return errf(err, "%s: path too long", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        int rc = file_mkdir(buf, err);
+        *p = '/';
+        if (rc) return -1;
+    }
+    return file_mkdir(buf, err);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* rm -rf; a missing path is fine. */
+static int remove_tree(const char *path, errbuf *err) {
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return errf(err, "%s: cannot remove: %s", path, strerror(errno));
+    return 0;
+}
+
+/* ---- before the workers start ---- */
+
+/* The job's config.json, as JSON (for the manifest) and parsed (to check a checkpoint). */
+static int load_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
+    const char *src = job->model.init == JOB_INIT_RANDOM ? job->model.config : job->model.path;
+    char path[JOB_PATH_MAX + 16];
+    struct stat st;
+    int is_dir = stat(src, &st) == 0 && S_ISDIR(st.st_mode);
+    if (snprintf(path, sizeof path, is_dir ? "%s/config.json" : "%s", src) >= (int)sizeof path)
+        return errf(err, "%s: path too long", src);
+    char *text;
+    size_t len;
+    if (file_read_all(path, CONFIG_MAX, &text, &len, err)) return -1;
+    int rc = llama_config_parse(cfg, text, len, path, err);
+    json_error_t je;
+    *obj = rc == 0 ? json_loadb(text, len, 0, &je) : NULL;
+    free(text);
+    if (rc == 0 && !*obj) rc = errf(err, "%s: %s", path, je.text);
+    return rc;
+}
+
+/* Removes the partial directories earlier runs left; *attempt is one above theirs. */
+static int clear_partials(const char *dir, int *attempt, errbuf *err) {
+    *attempt = 1;
+    DIR *d = opendir(dir);
+    if (!d) return errf(err, "%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        int64_t step;
+        int a;
+        char path[JOB_PATH_MAX + 300];
+        if (!ckpt_parse_partial_name(e->d_name, &step, &a)) continue;
+        if (a >= *attempt) *attempt = a < INT_MAX - 1 ? a + 1 : a;
+        rc = path_join(path, sizeof path, dir, e->d_name, err);
+        if (rc == 0) {
+            log_event(0, -1, "removing %s, left by an earlier run", path);
+            rc = remove_tree(path, err);
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Checks the checkpoint at path fits the job, and takes its global_batch and seed. */
+static int check_resume(job_config *job, const char *path, const llama_config *cfg,
+                        long long *step, errbuf *err) {
+    ckpt_manifest m;
+    char name[JOB_PATH_MAX + 32];
+    snprintf(name, sizeof name, "%s/%s", path, CKPT_MANIFEST);
+    if (ckpt_manifest_load(&m, path, err)) return -1;
+    int rc = ckpt_manifest_check_model(&m, cfg, name, err);
+    if (rc == 0) rc = ckpt_verify(path, &m, 0, err);
+    if (rc == 0 && strcmp(m.sharding, "full_shard") && strcmp(m.sharding, "no_shard"))
+        rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
+    if (rc == 0) {
+        if (m.global_batch != job->train.global_batch)
+            log_event(0, -1, "train.global_batch is %d, as in %s (the job says %d)", m.global_batch,
+                      name, job->train.global_batch);
+        if (m.seed != job->train.seed)
+            log_event(0, -1, "train.seed is %lld, as in %s (the job says %lld)", (long long)m.seed,
+                      name, (long long)job->train.seed);
+        job->train.global_batch = m.global_batch;
+        job->train.seed = m.seed;
+        *step = m.step;
+        log_event(0, -1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
+                  (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
+    }
+    ckpt_manifest_free(&m);
+    return rc;
+}
+
+int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
+    memset(out, 0, sizeof *out);
+    const char *dir = job->checkpoint.dir;
+    llama_config cfg;
+    if (load_model_config(job, &out->model_config, &cfg, err)) return -1;
+    int rc = make_dirs(dir, err);
+    if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
+    int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
+                                       out->resume_dir, sizeof out->resume_dir, err)
+                        : -1;
+    if (found < 0) rc = -1;
+    if (found == 0) out->resume_dir[0] = '\0';
+    if (found == 1) rc = check_resume(job, out->resume_dir, &cfg, &out->resume_step, err);
+    if (rc) {
+        json_decref(out->model_config);
+        out->model_config = NULL;
+    }
+    return rc;
+}
+
+/* ---- commits ---- */
+
+typedef struct rank_report {
+    int reported, ok;
+    char file[CKPT_NAME_MAX];
+    uint64_t bytes;
+    uint32_t header_crc;
+} rank_report;
+
+typedef struct commit {
+    struct commit *next; /* the next newer one */
+    ckpt_coord *coord;
+    long long step;
+    int attempt, sync;
+    int armed;           /* its deadline runs */
+    int abandoned;
+    int stuck;           /* abandoned, and its writers did not stop within timeout_s of the abort */
+    char partial[JOB_PATH_MAX + 64];
+    double started;
+    struct event *deadline;
+    int n_reported;
+    rank_report *ranks; /* [n_files] */
+    json_t *units;      /* rank 0's layout */
+    long long optimizer_step, tokens_seen;
+} commit;
+
+struct ckpt_coord {
+    ckpt_coord_options opt;
+    const job_config *job;
+    int n_files;
+    commit *commits;         /* oldest first */
+    long long requests;      /* request ids handed out */
+    long long latest_step;   /* what `latest` points to, -1 for nothing yet */
+    long long total_steps;   /* of the training run, from rank 0's METRICS */
+};
+
+int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err) {
+    ckpt_coord *c = calloc(1, sizeof *c);
+    if (!c) return errf(err, "out of memory");
+    c->opt = *opt;
+    c->job = opt->job;
+    c->n_files = opt->job->fsdp.sharding == JOB_SHARD_NONE ? 1 : opt->world;
+    c->latest_step = -1;
+    *out = c;
+    return 0;
+}
+
+static void free_commit(commit *m) {
+    ckpt_coord *c = m->coord;
+    for (commit **p = &c->commits; *p; p = &(*p)->next)
+        if (*p == m) {
+            *p = m->next;
+            break;
+        }
+    if (m->deadline) event_free(m->deadline);
+    json_decref(m->units);
+    free(m->ranks);
+    free(m);
+}
+
+void ckpt_coord_free(ckpt_coord *c) {
+    if (!c) return;
+    while (c->commits) free_commit(c->commits);
+    free(c);
+}
+
+static void remove_partial(commit *m) {
+    errbuf err;
+    if (remove_tree(m->partial, &err)) log_event(0, -1, "%s", err.msg);
+}
+
+/* "rank 1", "ranks 1, 3": the writers that have not reported. */
+static void late_ranks(const commit *m, char *out, size_t n) {
+    int count = 0;
+    size_t at = 0;
+    out[0] = '\0';
+    for (int r = 0; r < m->coord->n_files; r++)
+        if (!m->ranks[r].reported) count++;
+    at += (size_t)snprintf(out, n, count == 1 ? "rank" : "ranks");
+    for (int r = 0, i = 0; r < m->coord->n_files && at < n; r++)
+        if (!m->ranks[r].reported) at += (size_t)snprintf(out + at, n - at, "%s %d", i++ ? "," : "", r);
+}
+
+/* Whether the saves after m wait for it before their deadlines start: a rank writes one save
+ * at a time, so a later save cannot begin on a rank still writing m. */
+static int holds_writers(const commit *m) {
+    return !m->abandoned || (m->n_reported < m->coord->n_files && !m->stuck);
+}
+
+static void start_timer(commit *m) {
+    struct timeval limit = {m->coord->job->checkpoint.timeout_s, 0};
+    evtimer_del(m->deadline);
+    evtimer_add(m->deadline, &limit);
+}
+
+/* Starts the deadline of every save that no earlier save holds up. */
+static void arm_ready(ckpt_coord *c) {
+    for (commit *m = c->commits; m; m = m->next) {
+        if (!m->armed) {
+            m->armed = 1;
+            start_timer(m);
+        }
+        if (holds_writers(m)) return;
+    }
+}
+
+/* The commit cannot finish: an async save is abandoned (its writers are told to stop, the
+ * directory goes once they have), a sync one stops the job.  The writers get timeout_s to
+ * honour the abort before later saves stop waiting for them. */
+static void give_up(commit *m, const char *why) {
+    ckpt_coord *c = m->coord;
+    char msg[1024];
+    if (m->sync) {
+        snprintf(msg, sizeof msg, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
+        c->opt.hooks.fatal(c->opt.hooks.arg, msg); /* which logs it */
+    } else {
+        log_event(0, -1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
+    }
+    m->abandoned = 1;
+    m->armed = 1;
+    start_timer(m);
+    for (int r = 0; r < c->n_files; r++)
+        if (!m->ranks[r].reported)
+            c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_ABORT,
+                              json_pack("{s:I, s:i}", "step", (json_int_t)m->step, "attempt", m->attempt));
+    if (m->n_reported == c->n_files) {
+        remove_partial(m);
+        free_commit(m);
+    }
+    arm_ready(c);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    commit *m = arg;
+    char late[256], why[512];
+    late_ranks(m, late, sizeof late);
+    if (m->abandoned) {
+        log_event(0, -1, "checkpoint of step %lld: %s still writing %d s after it was abandoned; later "
+                         "saves no longer wait for it", m->step, late, m->coord->job->checkpoint.timeout_s);
+        m->stuck = 1;
+        arm_ready(m->coord);
+        return;
+    }
+    snprintf(why, sizeof why, "%s did not finish writing within checkpoint.timeout_s = %d s", late,
+             m->coord->job->checkpoint.timeout_s);
+    give_up(m, why);
+}
+
+static commit *find_commit(ckpt_coord *c, long long step, int attempt) {
+    for (commit *m = c->commits; m; m = m->next)
+        if (m->step == step && m->attempt == attempt) return m;
+    return NULL;
+}
+
+static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync) {
+    commit *m = find_commit(c, step, attempt);
+    if (m) return m;
+    char name[128];
+    m = calloc(1, sizeof *m);
+    if (m) m->ranks = calloc((size_t)c->n_files, sizeof *m->ranks);
+    if (m && m->ranks) m->deadline = evtimer_new(c->opt.base, on_deadline, m);
+    if (!m || !m->deadline || ckpt_partial_name(name, sizeof name, step, attempt) ||
+        path_join(m->partial, sizeof m->partial, c->job->checkpoint.dir, name, NULL)) {
+        if (m && m->deadline) event_free(m->deadline);
+        if (m) free(m->ranks);
+        free(m);
+        c->opt.hooks.fatal(c->opt.hooks.arg, "checkpoint coordinator: out of memory");
+        return NULL;
+    }
+    m->coord = c;
+    m->step = step;
+    m->attempt = attempt;
+    m->sync = sync;
+    m->started = now_s();
+    commit **tail = &c->commits;
+    while (*tail) tail = &(*tail)->next;
+    *tail = m;
+    arm_ready(c);
+    log_event(0, -1, "checkpoint of step %lld (%s) into %s%s", step, sync ? "sync" : "async", m->partial,
+              m->armed ? "" : "; its deadline starts once the save before it is written");
+    return m;
+}
+
+/* The manifest of a commit whose files are all in. */
+static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
+    const ckpt_coord *c = m->coord;
+    const job_config *j = c->job;
+    static const char *const schedules[] = {[JOB_SCHEDULE_CONSTANT] = "constant",
+                                            [JOB_SCHEDULE_LINEAR] = "linear",
+                                            [JOB_SCHEDULE_COSINE] = "cosine"};
+    memset(man, 0, sizeof *man);
+    man->step = m->step;
+    man->optimizer_step = m->optimizer_step;
+    man->global_sample = m->step * j->train.global_batch;
+    man->tokens_seen = m->tokens_seen;
+    man->seed = j->train.seed;
+    man->global_batch = j->train.global_batch;
+    man->world_size = c->opt.world;
+    snprintf(man->sharding, sizeof man->sharding, "%s",
+             j->fsdp.sharding == JOB_SHARD_NONE ? "no_shard" : "full_shard");
+    man->train = (ckpt_train_settings){.lr = j->train.lr, .min_lr = j->train.min_lr,
+                                       .weight_decay = j->train.weight_decay,
+                                       .betas = {j->train.betas[0], j->train.betas[1]},
+                                       .eps = j->train.eps, .clip_norm = j->train.clip_norm,
+                                       .warmup_steps = j->train.warmup_steps,
+                                       .total_steps = c->total_steps};
+    snprintf(man->train.schedule, sizeof man->train.schedule, "%s", schedules[j->train.schedule]);
+    man->model_config = json_incref(c->opt.model_config);
+    if (!m->units) return errf(err, "rank 0 sent no layout");
+    if (ckpt_layout_from_json(&man->layout, m->units, c->n_files, "rank 0's layout", err)) return -1;
+    man->files = calloc((size_t)c->n_files, sizeof *man->files);
+    if (!man->files) return errf(err, "out of memory");
+    for (int r = 0; r < c->n_files; r++) {
+        ckpt_file_entry *f = &man->files[r];
+        snprintf(f->name, sizeof f->name, "%s", m->ranks[r].file);
+        f->rank = r;
+        f->bytes = m->ranks[r].bytes;
+        f->header_crc = m->ranks[r].header_crc;
+    }
+    return 0;
+}
+
+/* Writes the manifest (checked by reading it back and against every file's header). */
+static int write_manifest(const commit *m, errbuf *err) {
+    ckpt_manifest man, check;
+    char *text = NULL, path[JOB_PATH_MAX + 128];
+    int rc = build_manifest(m, &man, err);
+    if (rc == 0) rc = ckpt_manifest_to_json(&man, &text, err);
+    ckpt_manifest_free(&man);
+    if (rc == 0) rc = path_join(path, sizeof path, m->partial, CKPT_MANIFEST, err);
+    if (rc == 0 && (rc = ckpt_manifest_parse(&check, text, strlen(text), path, err)) == 0) {
+        rc = ckpt_verify(m->partial, &check, 0, err);
+        ckpt_manifest_free(&check);
+    }
+    if (rc == 0) {
+        file_chunk chunks[] = {{text, strlen(text)}, {"\n", 1}};
+        rc = file_write_atomic(path, chunks, 2, err);
+    }
+    free(text);
+    return rc;
+}
+
+/* Puts the committed directory in place of step-N (an existing one is swapped out
+ * atomically, then removed). */
+static int move_into_place(const char *partial, const char *final, errbuf *err) {
+    if (rename(partial, final) == 0) return 0;
+    if (errno != EEXIST && errno != ENOTEMPTY) return errf(err, "rename %s -> %s: %s", partial, final, strerror(errno));
+    if (renameat2(AT_FDCWD, partial, AT_FDCWD, final, RENAME_EXCHANGE) == 0) return remove_tree(partial, err);
+    if (errno != EINVAL && errno != ENOSYS)
+        return errf(err, "exchange %s <-> %s: %s", partial, final, strerror(errno));
+    /* A file system without RENAME_EXCHANGE: a short window without step-N. */
+    if (remove_tree(final, err)) return -1;
+    if (rename(partial, final) != 0) return errf(err, "rename %s -> %s: %s", partial, final, strerror(errno));
+    return 0;
+}
+
+/* latest -> name, by renaming a new symlink over it. */
+static int point_latest(const char *dir, const char *name, errbuf *err) {
+    char tmp[JOB_PATH_MAX + 64], latest[JOB_PATH_MAX + 16];
+    if (snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, CKPT_LATEST, (int)getpid()) >= (int)sizeof tmp ||
+        path_join(latest, sizeof latest, dir, CKPT_LATEST, err))
+        return errf(err, "%s: path too long", dir);
+    unlink(tmp);
+    if (symlink(name, tmp) != 0) return errf(err, "%s: symlink: %s", tmp, strerror(errno));
+    if (rename(tmp, latest) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return errf(err, "%s: rename: %s", latest, strerror(e));
+    }
+    return file_fsync_dir(dir, 1, err);
+}
+
+/* Removes the oldest committed checkpoints beyond checkpoint.keep (never `latest`'s). */
+static void prune(ckpt_coord *c) {
+    const char *dir = c->job->checkpoint.dir;
+    int64_t *steps;
+    int n;
+    errbuf err;
+    if (ckpt_list(dir, &steps, &n, &err)) {
+        log_event(0, -1, "cannot list the checkpoints: %s", err.msg);
+        return;
+    }
+    for (int i = 0; i < n - c->job->checkpoint.keep; i++) {
+        char name[64], path[JOB_PATH_MAX + 80];
+        if (steps[i] == c->latest_step || ckpt_step_name(name, sizeof name, steps[i]) ||
+            path_join(path, sizeof path, dir, name, &err))
+            continue;
+        if (remove_tree(path, &err)) log_event(0, -1, "%s", err.msg);
+        else log_event(0, -1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
+    }
+    free(steps);
+    if (file_fsync_dir(dir, 1, &err)) log_event(0, -1, "%s", err.msg);
+}
+
+static int commit_files(commit *m, errbuf *err) {
+    ckpt_coord *c = m->coord;
+    const char *dir = c->job->checkpoint.dir;
+    char name[64], final[JOB_PATH_MAX + 80];
+    if (write_manifest(m, err) || ckpt_step_name(name, sizeof name, m->step) ||
+        path_join(final, sizeof final, dir, name, err) || move_into_place(m->partial, final, err) ||
+        file_fsync_dir(dir, 1, err))
+        return -1;
+    if (m->step >= c->latest_step) {
+        if (point_latest(dir, name, err)) return -1;
+        c->latest_step = m->step;
+    }
+    uint64_t bytes = 0;
+    for (int r = 0; r < c->n_files; r++) bytes += m->ranks[r].bytes;
+    log_event(0, -1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
+              c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, now_s() - m->started);
+    prune(c);
+    return 0;
+}
+
+void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics) {
+    const json_t *ck = json_object_get(metrics, "checkpoint");
+    if (json_is_integer(json_object_get(metrics, "total_steps")))
+        c->total_steps = (long long)json_integer_value(json_object_get(metrics, "total_steps"));
+    if (!ck) return;
+    const char *mode = json_string_value(json_object_get(ck, "mode"));
+    long long step = (long long)json_integer_value(json_object_get(ck, "step"));
+    int attempt = (int)json_integer_value(json_object_get(ck, "attempt"));
+    if (!mode || attempt != c->opt.attempt) {
+        log_event(0, 0, "ignoring a malformed checkpoint announcement");
+        return;
+    }
+    if (!strcmp(mode, "skipped")) {
+        log_event(0, -1, "checkpoint of step %lld skipped: a previous save is still being written", step);
+        return;
+    }
+    open_commit(c, step, attempt, !strcmp(mode, "sync"));
+}
+
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
+    long long step = (long long)json_integer_value(json_object_get(b, "step"));
+    int attempt = (int)json_integer_value(json_object_get(b, "attempt"));
+    const char *file = json_string_value(json_object_get(b, "file"));
+    const char *error = json_string_value(json_object_get(b, "error"));
+    if (attempt != c->opt.attempt || rank >= c->n_files || !file || !error) {
+        log_event(0, rank, "ignoring a malformed CKPT_DONE (attempt %d, this run's is %d; %d shard files)",
+                  attempt, c->opt.attempt, c->n_files);
+        return;
+    }
+    commit *m = open_commit(c, step, attempt, json_is_true(json_object_get(b, "sync")));
+    if (!m) return;
+    rank_report *r = &m->ranks[rank];
+    if (r->reported) {
+        log_event(0, rank, "ignoring a second CKPT_DONE for step %lld", step);
+        return;
+    }
+    r->reported = 1;
+    m->n_reported++;
+    r->ok = json_is_true(json_object_get(b, "ok"));
+    snprintf(r->file, sizeof r->file, "%s", file);
+    r->bytes = (uint64_t)json_integer_value(json_object_get(b, "bytes"));
+    r->header_crc = (uint32_t)json_integer_value(json_object_get(b, "header_crc32c"));
+    if (r->ok)
+        log_event(0, rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", file, step,
+                  (double)r->bytes / 1e6, json_number_value(json_object_get(b, "stage_s")),
+                  json_number_value(json_object_get(b, "write_s")));
+    if (rank == 0 && r->ok) {
+        m->units = json_incref(json_object_get(b, "units"));
+        m->optimizer_step = (long long)json_integer_value(json_object_get(b, "optimizer_step"));
+        m->tokens_seen = (long long)json_integer_value(json_object_get(b, "tokens_seen"));
+    }
+    if (m->abandoned) {
+        if (m->n_reported == c->n_files) {
+            log_event(0, -1, "removing %s: its writers have stopped", m->partial);
+            remove_partial(m);
+            free_commit(m);
+            arm_ready(c);
+        }
+        return;
+    }
+    if (!r->ok) {
+        char why[1200];
+        snprintf(why, sizeof why, "rank %d %s: %s", rank,
+                 json_is_true(json_object_get(b, "aborted")) ? "stopped writing" : "could not write its shard",
+                 error);
+        give_up(m, why);
+        return;
+    }
+    if (m->n_reported < c->n_files) return;
+    errbuf err;
+    if (commit_files(m, &err)) {
+        char why[1200];
+        snprintf(why, sizeof why, "commit failed: %s", err.msg);
+        m->n_reported = c->n_files; /* nobody is writing any more */
+        give_up(m, why);
+        return;
+    }
+    free_commit(m);
+    arm_ready(c);
+}
+
+long long ckpt_coord_request(ckpt_coord *c, const char *why) {
+    long long id = ++c->requests;
+    log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld)", why, id);
+    for (int r = 0; r < c->opt.world; r++)
+        c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_BEGIN, json_pack("{s:I}", "request", (json_int_t)id));
+    return id;
+}
+
+int ckpt_coord_finish(ckpt_coord *c) {
+    int open = 0;
+    while (c->commits) {
+        commit *m = c->commits;
+        if (!m->abandoned) {
+            char late[256];
+            late_ranks(m, late, sizeof late);
+            log_event(0, -1, "checkpoint of step %lld never committed: %s did not report", m->step, late);
+            open++;
+        }
+        remove_partial(m);
+        free_commit(m);
+    }
+    return open;
+}

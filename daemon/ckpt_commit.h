@@ -1,0 +1,88 @@
+/* ckpt_commit: fsdpd's checkpoint coordinator (DESIGN.md, Checkpoints; format in
+ * proto/ckpt.h).
+ *
+ * Before the workers start, ckpt_prepare creates checkpoint.dir, removes partial directories
+ * left by earlier runs (their writers are gone) and picks this run's attempt number above
+ * theirs, then resolves checkpoint.resume: the checkpoint's manifest is read and checked
+ * (the job's model, every file present with its size and a header matching the manifest)
+ * and its global_batch and seed replace the job's (they are fixed for a job's life; a
+ * change is logged).  The workers then load their own byte ranges, checking every section's
+ * CRC32C.
+ *
+ * During training the workers decide when to save (worker/train.h) and rank 0 announces
+ * each save in its METRICS ("checkpoint": {"step", "attempt", "mode"}).  A save's deadline
+ * starts when it is announced, or once the saves before it are written (a rank writes one
+ * at a time).  The coordinator
+ * opens a commit for it with a deadline of checkpoint.timeout_s and collects one CKPT_DONE
+ * per shard file (ranks 0 .. n_files-1).  When all are in it writes manifest.json (tmp +
+ * fsync + rename) into step-N.partial.A, checks every file's header against it, renames the
+ * directory to step-N (swapping atomically with an existing step-N), fsyncs the parent,
+ * points `latest` at it (a temporary symlink renamed over `latest`) and removes the oldest
+ * committed checkpoints beyond checkpoint.keep.
+ *
+ * A commit that cannot finish — the deadline passes, or a rank reports a failed write — is
+ * handled by the save's mode.  Async: abandoned; the ranks still writing get CKPT_ABORT, the
+ * log names the late ranks, training goes on, and the partial directory is removed once
+ * every writer has reported (aborted or not) or the job is over.  Sync: a rank stuck in its
+ * write would stall the next collective, so the job is stopped (the `fatal` hook) with the
+ * reason.
+ *
+ * On request (ckpt_coord_request: SIGUSR1, the status socket) every worker gets CKPT_BEGIN
+ * {"request": id}; the ranks save at the next step boundary where no rank is still writing. */
+#ifndef FSDP_CKPT_COMMIT_H
+#define FSDP_CKPT_COMMIT_H
+
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "proto/ctl.h"
+#include "proto/errbuf.h"
+#include "proto/job.h"
+
+/* What ckpt_prepare found. */
+typedef struct ckpt_start {
+    int attempt;                  /* this run's attempt number (partial directory names) */
+    char resume_dir[JOB_PATH_MAX]; /* the checkpoint to resume from, "" for none */
+    long long resume_step;
+    json_t *model_config;         /* the job's config.json object (new reference) */
+} ckpt_start;
+
+/* Prepares checkpoint.dir and resolves the resume (see above); job's global_batch and seed
+ * are set from the checkpoint's manifest.  The caller validates the job again. */
+int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
+
+typedef struct ckpt_coord_hooks {
+    void *arg;
+    /* Sends a message (body owned by the callee) to rank `rank`. */
+    void (*send)(void *arg, int rank, ctl_type type, json_t *body);
+    /* The job cannot go on (a sync save failed or missed its deadline). */
+    void (*fatal)(void *arg, const char *reason);
+} ckpt_coord_hooks;
+
+typedef struct ckpt_coord_options {
+    const job_config *job;  /* validated; outlives the coordinator */
+    int world;
+    int attempt;
+    json_t *model_config;   /* borrowed */
+    struct event_base *base;
+    ckpt_coord_hooks hooks;
+} ckpt_coord_options;
+
+typedef struct ckpt_coord ckpt_coord;
+
+int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err);
+void ckpt_coord_free(ckpt_coord *c);
+
+/* Rank 0's METRICS message: its "checkpoint" object announces a save (or a skipped one);
+ * "total_steps" goes into the manifests. */
+void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics);
+/* A CKPT_DONE message from `rank`. */
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *body);
+/* Asks every worker for a checkpoint; returns the request's id. */
+long long ckpt_coord_request(ckpt_coord *c, const char *why);
+/* The job is over (every worker has exited): removes the partial directories of commits
+ * still open or abandoned.  Returns how many were still open (not abandoned): a save every
+ * rank finished training for but that never committed. */
+int ckpt_coord_finish(ckpt_coord *c);
+
+#endif

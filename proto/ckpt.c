@@ -1,0 +1,933 @@
+/* ckpt: the sharded checkpoint format.  See ckpt.h. */
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "fileio.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "checkpoint sections are little-endian fp32, copied as they are");
+
+#define MAX_UNITS (1 << 16)        /* bounds what a header may claim */
+#define MAX_ELEMENTS (1ull << 50)  /* per unit */
+#define WRITE_CHUNK (64u << 20)
+#define READ_CHUNK (8u << 20)
+
+static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+const char *ckpt_kind_name(int kind) {
+    switch (kind) {
+    case CKPT_MASTER: return "master";
+    case CKPT_EXP_AVG: return "exp_avg";
+    case CKPT_EXP_AVG_SQ: return "exp_avg_sq";
+    default: return "unknown";
+    }
+}
+
+/* ---- names ---- */
+
+static int fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap ? 0 : -1; }
+
+int ckpt_step_name(char *out, size_t n, int64_t step) {
+    return fits(snprintf(out, n, "step-%06lld", (long long)step), n);
+}
+
+int ckpt_partial_name(char *out, size_t n, int64_t step, int attempt) {
+    return fits(snprintf(out, n, "step-%06lld.partial.%d", (long long)step, attempt), n);
+}
+
+int ckpt_file_name(char *out, size_t n, int rank, int n_files) {
+    return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n);
+}
+
+/* Reads a run of 1..18 decimal digits at *p; advances *p past it. */
+static int read_digits(const char **p, int64_t *value) {
+    const char *s = *p;
+    int64_t v = 0;
+    int n = 0;
+    while (*s >= '0' && *s <= '9' && n < 18) v = v * 10 + (*s++ - '0'), n++;
+    if (n == 0 || (*s >= '0' && *s <= '9')) return -1;
+    *p = s;
+    *value = v;
+    return 0;
+}
+
+int ckpt_parse_step_name(const char *name, int64_t *step) {
+    const char *p = name;
+    if (strncmp(p, "step-", 5) != 0) return 0;
+    p += 5;
+    return read_digits(&p, step) == 0 && *p == '\0';
+}
+
+int ckpt_parse_partial_name(const char *name, int64_t *step, int *attempt) {
+    const char *p = name;
+    int64_t a;
+    if (strncmp(p, "step-", 5) != 0) return 0;
+    p += 5;
+    if (read_digits(&p, step) || strncmp(p, ".partial.", 9) != 0) return 0;
+    p += 9;
+    if (read_digits(&p, &a) || *p != '\0' || a > 2147483647) return 0;
+    *attempt = (int)a;
+    return 1;
+}
+
+/* ---- layout ---- */
+
+int ckpt_layout_alloc(ckpt_layout *lo, int n_files, int n_units, int n_tensors, errbuf *err) {
+    memset(lo, 0, sizeof *lo);
+    if (n_files < 1 || n_units < 1 || n_units > MAX_UNITS || n_tensors < 1 || n_tensors > 64 * MAX_UNITS)
+        return errf(err, "checkpoint layout: %d files, %d units, %d tensors is not a layout", n_files,
+                    n_units, n_tensors);
+    lo->units = calloc((size_t)n_units, sizeof *lo->units);
+    lo->tensors = calloc((size_t)n_tensors, sizeof *lo->tensors);
+    if (!lo->units || !lo->tensors) {
+        ckpt_layout_free(lo);
+        return errf(err, "checkpoint layout: out of memory");
+    }
+    lo->n_files = n_files;
+    lo->n_units = n_units;
+    lo->n_tensors = n_tensors;
+    return 0;
+}
+
+void ckpt_layout_free(ckpt_layout *lo) {
+    free(lo->units);
+    free(lo->tensors);
+    memset(lo, 0, sizeof *lo);
+}
+
+int ckpt_layout_check(const ckpt_layout *lo, errbuf *err) {
+    if (lo->n_files < 1 || lo->n_units < 1 || lo->n_tensors < 1)
+        return errf(err, "layout: no files, units or tensors");
+    int next = 0;
+    for (int u = 0; u < lo->n_units; u++) {
+        const ckpt_unit *U = &lo->units[u];
+        if (U->numel < 1 || U->numel > MAX_ELEMENTS)
+            return errf(err, "unit %d: numel %llu out of range", u, (unsigned long long)U->numel);
+        if (U->padded != round_up(U->numel, (uint64_t)lo->n_files) ||
+            U->shard != U->padded / (uint64_t)lo->n_files)
+            return errf(err, "unit %d: padded %llu and shard %llu do not follow from numel %llu and "
+                             "%d files", u, (unsigned long long)U->padded,
+                        (unsigned long long)U->shard, (unsigned long long)U->numel, lo->n_files);
+        if (U->first != next || U->count < 1 || U->count > lo->n_tensors - next)
+            return errf(err, "unit %d: tensors %d..%d are not the next ones", u, U->first,
+                        U->first + U->count - 1);
+        uint64_t at = 0;
+        for (int i = U->first; i < U->first + U->count; i++) {
+            const ckpt_tensor *t = &lo->tensors[i];
+            if (t->ndim < 1 || t->ndim > 2 || t->shape[0] < 1 || (t->ndim == 2 && t->shape[1] < 1))
+                return errf(err, "tensor %s: bad shape", t->name);
+            uint64_t numel = (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1);
+            if (t->numel != numel || t->offset != at || numel > U->numel - at)
+                return errf(err, "tensor %s: offset %llu, %llu elements do not fit unit %d after "
+                                 "%llu elements", t->name, (unsigned long long)t->offset,
+                            (unsigned long long)t->numel, u, (unsigned long long)at);
+            at += numel;
+        }
+        if (at != U->numel)
+            return errf(err, "unit %d: tensors hold %llu of its %llu elements", u,
+                        (unsigned long long)at, (unsigned long long)U->numel);
+        next += U->count;
+    }
+    if (next != lo->n_tensors) return errf(err, "layout: %d tensors belong to no unit", lo->n_tensors - next);
+    return 0;
+}
+
+json_t *ckpt_layout_to_json(const ckpt_layout *lo) {
+    json_t *units = json_array();
+    for (int u = 0; units && u < lo->n_units; u++) {
+        const ckpt_unit *U = &lo->units[u];
+        json_t *tensors = json_array();
+        for (int i = U->first; tensors && i < U->first + U->count; i++) {
+            const ckpt_tensor *t = &lo->tensors[i];
+            json_t *shape = t->ndim == 2 ? json_pack("[I, I]", (json_int_t)t->shape[0], (json_int_t)t->shape[1])
+                                         : json_pack("[I]", (json_int_t)t->shape[0]);
+            if (json_array_append_new(tensors, json_pack("{s:s, s:I, s:o, s:b}", "name", t->name, "offset",
+                                                         (json_int_t)t->offset, "shape", shape,
+                                                         "is_norm", t->is_norm)))
+                tensors = (json_decref(tensors), NULL);
+        }
+        json_t *unit = tensors ? json_pack("{s:I, s:I, s:I, s:o}", "numel", (json_int_t)U->numel, "padded",
+                                           (json_int_t)U->padded, "shard", (json_int_t)U->shard,
+                                           "tensors", tensors)
+                               : NULL;
+        if (json_array_append_new(units, unit)) units = (json_decref(units), NULL);
+    }
+    return units;
+}
+
+/* ---- JSON readers: errors name the key ---- */
+
+static int get_int(const json_t *obj, const char *key, int64_t min, int64_t *out, const char *name,
+                   errbuf *err) {
+    const json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v)) return errf(err, "%s: \"%s\": missing or not an integer", name, key);
+    if (json_integer_value(v) < min)
+        return errf(err, "%s: \"%s\": %lld is below %lld", name, key, (long long)json_integer_value(v),
+                    (long long)min);
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int get_int32(const json_t *obj, const char *key, int64_t min, int *out, const char *name,
+                     errbuf *err) {
+    int64_t v;
+    if (get_int(obj, key, min, &v, name, err)) return -1;
+    if (v > 2147483647) return errf(err, "%s: \"%s\": %lld is too large", name, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_u64(const json_t *obj, const char *key, uint64_t *out, const char *name, errbuf *err) {
+    int64_t v;
+    if (get_int(obj, key, 0, &v, name, err)) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int get_real(const json_t *obj, const char *key, double *out, const char *name, errbuf *err) {
+    const json_t *v = json_object_get(obj, key);
+    if (!json_is_number(v)) return errf(err, "%s: \"%s\": missing or not a number", name, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int get_str(const json_t *obj, const char *key, char *out, size_t n, const char *name,
+                   errbuf *err) {
+    const char *s = json_string_value(json_object_get(obj, key));
+    if (!s) return errf(err, "%s: \"%s\": missing or not a string", name, key);
+    if (strlen(s) >= n) return errf(err, "%s: \"%s\": longer than %zu bytes", name, key, n - 1);
+    strcpy(out, s);
+    return 0;
+}
+
+static int read_tensor(ckpt_tensor *t, const json_t *jt, const char *name, errbuf *err) {
+    const json_t *shape = json_object_get(jt, "shape");
+    const json_t *is_norm = json_object_get(jt, "is_norm");
+    if (!json_is_object(jt)) return errf(err, "%s: a tensor is not an object", name);
+    if (get_str(jt, "name", t->name, sizeof t->name, name, err) ||
+        get_u64(jt, "offset", &t->offset, name, err))
+        return -1;
+    if (!json_is_array(shape) || json_array_size(shape) < 1 || json_array_size(shape) > 2)
+        return errf(err, "%s: tensor %s: \"shape\" is not a list of 1 or 2 sizes", name, t->name);
+    t->ndim = (int)json_array_size(shape);
+    for (int d = 0; d < t->ndim; d++) {
+        const json_t *s = json_array_get(shape, (size_t)d);
+        if (!json_is_integer(s) || json_integer_value(s) < 1 || json_integer_value(s) > (1ll << 40))
+            return errf(err, "%s: tensor %s: bad shape", name, t->name);
+        t->shape[d] = json_integer_value(s);
+    }
+    t->numel = (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1);
+    if (!json_is_boolean(is_norm)) return errf(err, "%s: tensor %s: \"is_norm\" is not a boolean", name, t->name);
+    t->is_norm = json_is_true(is_norm);
+    return 0;
+}
+
+int ckpt_layout_from_json(ckpt_layout *lo, const json_t *units, int n_files, const char *name,
+                          errbuf *err) {
+    memset(lo, 0, sizeof *lo);
+    if (!json_is_array(units) || json_array_size(units) < 1)
+        return errf(err, "%s: \"units\": missing or not a list", name);
+    size_t n_tensors = 0, n_units = json_array_size(units);
+    for (size_t u = 0; u < n_units; u++) {
+        const json_t *t = json_object_get(json_array_get(units, u), "tensors");
+        if (!json_is_array(t) || json_array_size(t) < 1)
+            return errf(err, "%s: unit %zu: \"tensors\": missing or empty", name, u);
+        n_tensors += json_array_size(t);
+    }
+    if (n_units > MAX_UNITS || n_tensors > 64 * (size_t)MAX_UNITS)
+        return errf(err, "%s: %zu units, %zu tensors: too many", name, n_units, n_tensors);
+    if (ckpt_layout_alloc(lo, n_files, (int)n_units, (int)n_tensors, err)) return errprefix(err, "%s", name);
+    int next = 0;
+    for (size_t u = 0; u < n_units; u++) {
+        const json_t *ju = json_array_get(units, u), *jt = json_object_get(ju, "tensors");
+        ckpt_unit *U = &lo->units[u];
+        if (get_u64(ju, "numel", &U->numel, name, err) || get_u64(ju, "padded", &U->padded, name, err) ||
+            get_u64(ju, "shard", &U->shard, name, err))
+            goto fail;
+        U->first = next;
+        U->count = (int)json_array_size(jt);
+        for (int i = 0; i < U->count; i++)
+            if (read_tensor(&lo->tensors[next++], json_array_get(jt, (size_t)i), name, err)) goto fail;
+    }
+    if (ckpt_layout_check(lo, err) == 0) return 0;
+    errprefix(err, "%s", name);
+fail:
+    ckpt_layout_free(lo);
+    return -1;
+}
+
+/* ---- shard files ---- */
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t rd_u64(const uint8_t *p) { return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32; }
+
+uint64_t ckpt_header_block_bytes(int n_units) {
+    return round_up(CKPT_FIXED_HEADER + (uint64_t)CKPT_SECTION_ENTRY * CKPT_KINDS * (uint64_t)n_units,
+                    CKPT_ALIGN);
+}
+
+static uint32_t header_bytes(int n_sections) {
+    return CKPT_FIXED_HEADER + CKPT_SECTION_ENTRY * (uint32_t)n_sections;
+}
+
+/* CRC32C of the header's bytes with the CRC field (60..63) read as zero. */
+static uint32_t header_crc(const uint8_t *p, uint32_t len) {
+    static const uint8_t zero[4];
+    uint32_t c = crc32c(0, p, 60);
+    c = crc32c(c, zero, 4);
+    return crc32c(c, p + CKPT_FIXED_HEADER, len - CKPT_FIXED_HEADER);
+}
+
+int ckpt_plan(ckpt_file_header *h, const ckpt_layout *lo, int rank, int64_t step, errbuf *err) {
+    memset(h, 0, sizeof *h);
+    if (rank < 0 || rank >= lo->n_files) return errf(err, "checkpoint: rank %d of %d files", rank, lo->n_files);
+    h->rank = (uint32_t)rank;
+    h->n_files = (uint32_t)lo->n_files;
+    h->n_units = (uint32_t)lo->n_units;
+    h->step = (uint64_t)step;
+    h->n_sections = CKPT_KINDS * lo->n_units;
+    h->header_block = ckpt_header_block_bytes(lo->n_units);
+    h->sections = calloc((size_t)h->n_sections, sizeof *h->sections);
+    if (!h->sections) return errf(err, "checkpoint: out of memory");
+    uint64_t at = h->header_block;
+    for (int kind = 1; kind <= CKPT_KINDS; kind++)
+        for (int u = 0; u < lo->n_units; u++) {
+            ckpt_section *s = &h->sections[ckpt_section_index(lo->n_units, kind, u)];
+            at = round_up(at, CKPT_ALIGN);
+            *s = (ckpt_section){.kind = (uint32_t)kind, .unit = (uint32_t)u, .offset = at,
+                                .bytes = lo->units[u].shard * sizeof(float)};
+            at += s->bytes;
+        }
+    h->file_bytes = at;
+    return 0;
+}
+
+void ckpt_file_header_free(ckpt_file_header *h) {
+    free(h->sections);
+    memset(h, 0, sizeof *h);
+}
+
+void ckpt_encode_header(ckpt_file_header *h, void *block) {
+    uint8_t *p = block;
+    memset(p, 0, h->header_block);
+    memcpy(p, CKPT_MAGIC, 8);
+    uint32_t len = header_bytes(h->n_sections);
+    put_u32(p + 8, CKPT_VERSION);
+    put_u32(p + 12, len);
+    put_u32(p + 16, h->rank);
+    put_u32(p + 20, h->n_files);
+    put_u32(p + 24, h->n_units);
+    put_u32(p + 28, (uint32_t)h->n_sections);
+    put_u64(p + 32, h->step);
+    put_u64(p + 40, h->file_bytes);
+    put_u32(p + 48, CKPT_DTYPE_F32);
+    for (int i = 0; i < h->n_sections; i++) {
+        uint8_t *e = p + CKPT_FIXED_HEADER + (size_t)CKPT_SECTION_ENTRY * (size_t)i;
+        const ckpt_section *s = &h->sections[i];
+        put_u32(e, s->kind);
+        put_u32(e + 4, s->unit);
+        put_u64(e + 8, s->offset);
+        put_u64(e + 16, s->bytes);
+        put_u32(e + 24, s->crc);
+    }
+    h->crc = header_crc(p, len);
+    put_u32(p + 60, h->crc);
+}
+
+int ckpt_decode_header(ckpt_file_header *h, const void *buf, size_t len, const char *name,
+                       errbuf *err) {
+    const uint8_t *p = buf;
+    memset(h, 0, sizeof *h);
+    if (len < CKPT_FIXED_HEADER) return errf(err, "%s: %zu bytes: too short for a checkpoint header", name, len);
+    if (memcmp(p, CKPT_MAGIC, 8) != 0) return errf(err, "%s: not a checkpoint shard file (bad magic)", name);
+    uint32_t version = rd_u32(p + 8), hb = rd_u32(p + 12), n_units = rd_u32(p + 24);
+    uint32_t n_sections = rd_u32(p + 28);
+    if (version != CKPT_VERSION)
+        return errf(err, "%s: format version %u (this build reads version %d)", name, version, CKPT_VERSION);
+    if (n_units < 1 || n_units > MAX_UNITS || n_sections != CKPT_KINDS * n_units ||
+        hb != header_bytes((int)n_sections))
+        return errf(err, "%s: header claims %u units, %u sections, %u header bytes: inconsistent", name,
+                    n_units, n_sections, hb);
+    if (len < hb) return errf(err, "%s: header of %u bytes is truncated at %zu", name, hb, len);
+    uint32_t crc = rd_u32(p + 60);
+    if (header_crc(p, hb) != crc)
+        return errf(err, "%s: header CRC32C mismatch (stored %08x, computed %08x): the file is corrupt",
+                    name, crc, header_crc(p, hb));
+    h->rank = rd_u32(p + 16);
+    h->n_files = rd_u32(p + 20);
+    h->n_units = n_units;
+    h->step = rd_u64(p + 32);
+    h->file_bytes = rd_u64(p + 40);
+    h->header_block = ckpt_header_block_bytes((int)n_units);
+    h->crc = crc;
+    h->n_sections = (int)n_sections;
+    if (h->n_files < 1 || h->rank >= h->n_files)
+        return errf(err, "%s: rank %u of %u files", name, h->rank, h->n_files);
+    if (rd_u32(p + 48) != CKPT_DTYPE_F32) return errf(err, "%s: unknown dtype %u", name, rd_u32(p + 48));
+    h->sections = calloc(n_sections, sizeof *h->sections);
+    if (!h->sections) return errf(err, "%s: out of memory", name);
+    uint64_t end = h->header_block;
+    for (uint32_t i = 0; i < n_sections; i++) {
+        const uint8_t *e = p + CKPT_FIXED_HEADER + (size_t)CKPT_SECTION_ENTRY * i;
+        ckpt_section *s = &h->sections[i];
+        *s = (ckpt_section){.kind = rd_u32(e), .unit = rd_u32(e + 4), .offset = rd_u64(e + 8),
+                            .bytes = rd_u64(e + 16), .crc = rd_u32(e + 24)};
+        if (ckpt_section_index((int)n_units, (int)s->kind, (int)s->unit) != (int)i || s->kind < 1 ||
+            s->kind > CKPT_KINDS || s->unit >= n_units || s->offset < end || s->offset % CKPT_ALIGN ||
+            s->bytes % sizeof(float) || s->bytes > h->file_bytes || s->offset > h->file_bytes - s->bytes) {
+            ckpt_file_header_free(h);
+            return errf(err, "%s: section %u is out of place", name, i);
+        }
+        end = s->offset + s->bytes;
+    }
+    return 0;
+}
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errf(err, "%s: read: %s", path, strerror(errno));
+        if (r == 0) return errf(err, "%s: truncated (ends before byte %llu)", path, (unsigned long long)off);
+        p += r;
+        off += (uint64_t)r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+int ckpt_read_header(ckpt_file_header *h, int fd, const char *path, errbuf *err) {
+    memset(h, 0, sizeof *h);
+    struct stat st;
+    uint8_t fixed[CKPT_FIXED_HEADER];
+    if (fstat(fd, &st) != 0) return errf(err, "%s: %s", path, strerror(errno));
+    if ((uint64_t)st.st_size < sizeof fixed)
+        return errf(err, "%s: %lld bytes: truncated (no header)", path, (long long)st.st_size);
+    if (pread_full(fd, fixed, sizeof fixed, 0, path, err)) return -1;
+    uint32_t hb = rd_u32(fixed + 12);
+    if (hb < CKPT_FIXED_HEADER || hb > header_bytes(CKPT_KINDS * MAX_UNITS))
+        hb = CKPT_FIXED_HEADER; /* let the decoder name the problem */
+    if ((uint64_t)st.st_size < hb) return errf(err, "%s: truncated inside its header", path);
+    uint8_t *buf = malloc(hb);
+    if (!buf) return errf(err, "%s: out of memory", path);
+    int rc = pread_full(fd, buf, hb, 0, path, err);
+    if (rc == 0) rc = ckpt_decode_header(h, buf, hb, path, err);
+    free(buf);
+    if (rc == 0 && (uint64_t)st.st_size != h->file_bytes) {
+        rc = errf(err, "%s: %lld bytes, but its header says %llu: %s", path, (long long)st.st_size,
+                  (unsigned long long)h->file_bytes,
+                  (uint64_t)st.st_size < h->file_bytes ? "truncated" : "trailing bytes");
+        ckpt_file_header_free(h);
+    }
+    return rc;
+}
+
+/* Write-behind: starts the disk writing bytes [started, written) and waits for bytes
+ * [waited, started), started the time before, so the disk works while the next chunk is
+ * CRC'd and copied and the final fsync has little left to do (about two chunks of the file
+ * are dirty at a time).  Only a hint: an error here shows again in fsync, which counts. */
+static void write_behind(int fd, uint64_t waited, uint64_t started, uint64_t written) {
+    if (sync_file_range(fd, (off_t)started, (off_t)(written - started), SYNC_FILE_RANGE_WRITE) != 0)
+        return;
+    if (started > waited)
+        sync_file_range(fd, (off_t)waited, (off_t)(started - waited),
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+}
+
+int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
+                     ckpt_progress_fn progress, void *arg, errbuf *err) {
+    uint8_t *img = image;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    uint64_t written = h->header_block, started = written, waited = written;
+    int rc = 0;
+    /* Sections (and the zero gaps between them) in file order, each CRC'd just before its
+     * bytes are written, while they are in cache; the header, which holds the CRCs, last. */
+    for (int i = 0; i < h->n_sections && rc == 0; i++) {
+        ckpt_section *s = &h->sections[i];
+        if (s->offset > written)
+            rc = file_pwrite_full(fd, img + written, s->offset - written, (off_t)written, path, err);
+        written = s->offset;
+        s->crc = 0;
+        for (uint64_t at = 0; at < s->bytes && rc == 0; at += WRITE_CHUNK) {
+            size_t n = s->bytes - at < WRITE_CHUNK ? (size_t)(s->bytes - at) : WRITE_CHUNK;
+            if (progress && progress(arg, written, h->file_bytes)) {
+                rc = errf(err, "%s: abandoned after %llu of %llu bytes", path,
+                          (unsigned long long)written, (unsigned long long)h->file_bytes);
+                break;
+            }
+            s->crc = crc32c(s->crc, img + s->offset + at, n);
+            rc = file_pwrite_full(fd, img + s->offset + at, n, (off_t)(s->offset + at), path, err);
+            written += n;
+            if (rc == 0 && written - started >= WRITE_CHUNK) {
+                write_behind(fd, waited, started, written);
+                waited = started;
+                started = written;
+            }
+        }
+    }
+    if (rc == 0 && progress && progress(arg, written, h->file_bytes))
+        rc = errf(err, "%s: abandoned after %llu of %llu bytes", path, (unsigned long long)written,
+                  (unsigned long long)h->file_bytes);
+    if (rc == 0) {
+        ckpt_encode_header(h, img);
+        rc = file_pwrite_full(fd, img, h->header_block, 0, path, err);
+    }
+    if (rc == 0 && fsync(fd) != 0) rc = errf(err, "%s: fsync: %s", path, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = errf(err, "%s: close: %s", path, strerror(errno));
+    if (rc != 0) unlink(path);
+    return rc;
+}
+
+/* ---- manifest ---- */
+
+static json_t *train_json(const ckpt_train_settings *t) {
+    return json_pack("{s:f, s:f, s:s, s:i, s:I, s:f, s:[f, f], s:f, s:f}", "lr", t->lr, "min_lr",
+                     t->min_lr, "schedule", t->schedule, "warmup_steps", t->warmup_steps,
+                     "total_steps", (json_int_t)t->total_steps, "weight_decay", t->weight_decay,
+                     "betas", t->betas[0], t->betas[1], "eps", t->eps, "clip_norm", t->clip_norm);
+}
+
+int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
+    *text = NULL;
+    json_t *files = json_array();
+    for (int r = 0; files && r < m->layout.n_files; r++) {
+        const ckpt_file_entry *f = &m->files[r];
+        if (json_array_append_new(files, json_pack("{s:s, s:i, s:I, s:I}", "name", f->name, "rank",
+                                                   f->rank, "bytes", (json_int_t)f->bytes,
+                                                   "header_crc32c", (json_int_t)f->header_crc)))
+            files = (json_decref(files), NULL);
+    }
+    json_t *root = json_pack(
+        "{s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:s, s:i, s:s, s:o, s:O, s:o, s:o}",
+        "format", CKPT_FORMAT, "version", CKPT_VERSION, "step", (json_int_t)m->step,
+        "optimizer_step", (json_int_t)m->optimizer_step, "global_sample",
+        (json_int_t)m->global_sample, "tokens_seen", (json_int_t)m->tokens_seen, "global_batch",
+        m->global_batch, "seed", (json_int_t)m->seed, "world_size", m->world_size, "sharding",
+        m->sharding, "n_files", m->layout.n_files, "dtype", "f32", "train", train_json(&m->train),
+        "model_config", m->model_config ? m->model_config : json_null(), "units",
+        ckpt_layout_to_json(&m->layout), "files", files);
+    if (!root) return errf(err, "manifest: out of memory building the JSON");
+    *text = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    return *text ? 0 : errf(err, "manifest: out of memory formatting the JSON");
+}
+
+static int read_train(ckpt_train_settings *t, const json_t *jt, const char *name, errbuf *err) {
+    const json_t *betas = json_object_get(jt, "betas");
+    if (!json_is_object(jt)) return errf(err, "%s: \"train\": missing or not an object", name);
+    if (get_real(jt, "lr", &t->lr, name, err) || get_real(jt, "min_lr", &t->min_lr, name, err) ||
+        get_str(jt, "schedule", t->schedule, sizeof t->schedule, name, err) ||
+        get_int32(jt, "warmup_steps", 0, &t->warmup_steps, name, err) ||
+        get_int(jt, "total_steps", 0, &t->total_steps, name, err) ||
+        get_real(jt, "weight_decay", &t->weight_decay, name, err) ||
+        get_real(jt, "eps", &t->eps, name, err) || get_real(jt, "clip_norm", &t->clip_norm, name, err))
+        return -1;
+    if (!json_is_array(betas) || json_array_size(betas) != 2 ||
+        !json_is_number(json_array_get(betas, 0)) || !json_is_number(json_array_get(betas, 1)))
+        return errf(err, "%s: \"train.betas\": not a pair of numbers", name);
+    t->betas[0] = json_number_value(json_array_get(betas, 0));
+    t->betas[1] = json_number_value(json_array_get(betas, 1));
+    return 0;
+}
+
+static int read_files(ckpt_manifest *m, const json_t *files, const char *name, errbuf *err) {
+    int n = m->layout.n_files;
+    if (!json_is_array(files) || json_array_size(files) != (size_t)n)
+        return errf(err, "%s: \"files\": not a list of %d files", name, n);
+    m->files = calloc((size_t)n, sizeof *m->files);
+    if (!m->files) return errf(err, "%s: out of memory", name);
+    ckpt_file_header plan;
+    if (ckpt_plan(&plan, &m->layout, 0, m->step, err)) return -1;
+    uint64_t planned = plan.file_bytes;
+    ckpt_file_header_free(&plan);
+    for (int r = 0; r < n; r++) {
+        const json_t *jf = json_array_get(files, (size_t)r);
+        ckpt_file_entry *f = &m->files[r];
+        uint64_t crc;
+        char want[CKPT_NAME_MAX];
+        if (get_str(jf, "name", f->name, sizeof f->name, name, err) ||
+            get_int32(jf, "rank", 0, &f->rank, name, err) || get_u64(jf, "bytes", &f->bytes, name, err) ||
+            get_u64(jf, "header_crc32c", &crc, name, err))
+            return -1;
+        if (crc > 0xffffffffu) return errf(err, "%s: file %s: header_crc32c out of range", name, f->name);
+        f->header_crc = (uint32_t)crc;
+        ckpt_file_name(want, sizeof want, r, n);
+        if (f->rank != r || strcmp(f->name, want) != 0)
+            return errf(err, "%s: files[%d] is %s (rank %d), expected %s", name, r, f->name, f->rank, want);
+        if (f->bytes != planned)
+            return errf(err, "%s: file %s: %llu bytes, but the layout gives %llu", name, f->name,
+                        (unsigned long long)f->bytes, (unsigned long long)planned);
+    }
+    return 0;
+}
+
+int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const char *name,
+                        errbuf *err) {
+    memset(m, 0, sizeof *m);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) return errf(err, "%s: not JSON (line %d: %s)", name, je.line, je.text);
+    const char *format = json_string_value(json_object_get(root, "format"));
+    int64_t version = 0;
+    int n_files = 0, rc = -1;
+    if (!json_is_object(root) || !format || strcmp(format, CKPT_FORMAT) != 0) {
+        errf(err, "%s: not a checkpoint manifest (\"format\" is not \"%s\")", name, CKPT_FORMAT);
+        goto out;
+    }
+    if (get_int(root, "version", 0, &version, name, err)) goto out;
+    if (version != CKPT_VERSION) {
+        errf(err, "%s: manifest version %lld (this build reads version %d)", name, (long long)version,
+             CKPT_VERSION);
+        goto out;
+    }
+    char dtype[8];
+    if (get_int(root, "step", 0, &m->step, name, err) ||
+        get_int(root, "optimizer_step", 0, &m->optimizer_step, name, err) ||
+        get_int(root, "global_sample", 0, &m->global_sample, name, err) ||
+        get_int(root, "tokens_seen", 0, &m->tokens_seen, name, err) ||
+        get_int(root, "seed", 0, &m->seed, name, err) ||
+        get_int32(root, "global_batch", 1, &m->global_batch, name, err) ||
+        get_int32(root, "world_size", 1, &m->world_size, name, err) ||
+        get_int32(root, "n_files", 1, &n_files, name, err) ||
+        get_str(root, "sharding", m->sharding, sizeof m->sharding, name, err) ||
+        get_str(root, "dtype", dtype, sizeof dtype, name, err) ||
+        read_train(&m->train, json_object_get(root, "train"), name, err))
+        goto out;
+    if (strcmp(dtype, "f32") != 0) {
+        errf(err, "%s: dtype \"%s\" (only f32 is written)", name, dtype);
+        goto out;
+    }
+    if (n_files > m->world_size) {
+        errf(err, "%s: %d files from %d ranks", name, n_files, m->world_size);
+        goto out;
+    }
+    if (m->global_sample != m->step * m->global_batch) {
+        errf(err, "%s: global_sample %lld is not step %lld x global_batch %d", name,
+             (long long)m->global_sample, (long long)m->step, m->global_batch);
+        goto out;
+    }
+    m->model_config = json_incref(json_object_get(root, "model_config"));
+    if (!json_is_object(m->model_config)) {
+        errf(err, "%s: \"model_config\": missing or not an object", name);
+        goto out;
+    }
+    if (ckpt_layout_from_json(&m->layout, json_object_get(root, "units"), n_files, name, err) ||
+        read_files(m, json_object_get(root, "files"), name, err))
+        goto out;
+    rc = 0;
+out:
+    json_decref(root);
+    if (rc) ckpt_manifest_free(m);
+    return rc;
+}
+
+static int join_path(char *out, size_t n, const char *dir, const char *name, errbuf *err) {
+    if (fits(snprintf(out, n, "%s/%s", dir, name), n)) return errf(err, "%s/%s: path too long", dir, name);
+    return 0;
+}
+
+int ckpt_manifest_load(ckpt_manifest *m, const char *ckpt_path, errbuf *err) {
+    char path[4096];
+    char *text;
+    size_t len;
+    memset(m, 0, sizeof *m);
+    if (join_path(path, sizeof path, ckpt_path, CKPT_MANIFEST, err) ||
+        file_read_all(path, CKPT_MANIFEST_MAX, &text, &len, err))
+        return -1;
+    int rc = ckpt_manifest_parse(m, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+void ckpt_manifest_free(ckpt_manifest *m) {
+    json_decref(m->model_config);
+    ckpt_layout_free(&m->layout);
+    free(m->files);
+    memset(m, 0, sizeof *m);
+}
+
+int ckpt_manifest_check_model(const ckpt_manifest *m, const llama_config *cfg, const char *name,
+                              errbuf *err) {
+    char *text = json_dumps(m->model_config, JSON_COMPACT);
+    if (!text) return errf(err, "%s: out of memory", name);
+    llama_config c;
+    int rc = llama_config_parse(&c, text, strlen(text), name, err);
+    free(text);
+    if (rc) return -1;
+    const struct {
+        const char *key;
+        double have, want;
+    } fields[] = {
+        {"hidden_size", c.hidden_size, cfg->hidden_size},
+        {"intermediate_size", c.intermediate_size, cfg->intermediate_size},
+        {"num_hidden_layers", c.num_hidden_layers, cfg->num_hidden_layers},
+        {"num_attention_heads", c.num_attention_heads, cfg->num_attention_heads},
+        {"num_key_value_heads", c.num_key_value_heads, cfg->num_key_value_heads},
+        {"head_dim", c.head_dim, cfg->head_dim},
+        {"vocab_size", c.vocab_size, cfg->vocab_size},
+        {"max_position_embeddings", c.max_position_embeddings, cfg->max_position_embeddings},
+        {"rms_norm_eps", c.rms_norm_eps, cfg->rms_norm_eps},
+        {"tie_word_embeddings", c.tie_word_embeddings, cfg->tie_word_embeddings},
+        {"rope type", c.rope.type, cfg->rope.type},
+        {"rope_theta", c.rope.theta, cfg->rope.theta},
+        {"rope factor", c.rope.factor, cfg->rope.factor},
+        {"rope low_freq_factor", c.rope.low_freq_factor, cfg->rope.low_freq_factor},
+        {"rope high_freq_factor", c.rope.high_freq_factor, cfg->rope.high_freq_factor},
+        {"rope original_max_position_embeddings", c.rope.original_max_position_embeddings,
+         cfg->rope.original_max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].have != fields[i].want)
+            return errf(err, "%s: the checkpoint is of another model: %s %.17g, the job's model has %.17g",
+                        name, fields[i].key, fields[i].have, fields[i].want);
+    return 0;
+}
+
+/* ---- verification and reading ---- */
+
+/* Opens file `file` and checks its header against the manifest and the planned layout. */
+static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file, int *fd_out,
+                        ckpt_file_header *h, errbuf *err) {
+    const ckpt_file_entry *f = &m->files[file];
+    char path[4096];
+    *fd_out = -1;
+    if (join_path(path, sizeof path, ckpt_path, f->name, err)) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errf(err, "%s: %s", path, errno == ENOENT ? "missing" : strerror(errno));
+    ckpt_file_header plan;
+    if (ckpt_read_header(h, fd, path, err)) {
+        close(fd);
+        return -1;
+    }
+    int rc = ckpt_plan(&plan, &m->layout, file, m->step, err);
+    if (rc == 0 && (h->rank != plan.rank || h->n_files != plan.n_files || h->n_units != plan.n_units))
+        rc = errf(err, "%s: header says rank %u of %u files, %u units; the manifest says rank %d of %d, "
+                       "%d units", path, h->rank, h->n_files, h->n_units, file, m->layout.n_files,
+                  m->layout.n_units);
+    if (rc == 0 && (h->step != plan.step || h->file_bytes != f->bytes))
+        rc = errf(err, "%s: header says step %llu, %llu bytes; the manifest says step %lld, %llu bytes",
+                  path, (unsigned long long)h->step, (unsigned long long)h->file_bytes,
+                  (long long)m->step, (unsigned long long)f->bytes);
+    for (int i = 0; rc == 0 && i < h->n_sections; i++)
+        if (h->sections[i].offset != plan.sections[i].offset || h->sections[i].bytes != plan.sections[i].bytes)
+            rc = errf(err, "%s: section %d is not where the manifest's layout puts it", path, i);
+    if (rc == 0 && h->crc != f->header_crc)
+        rc = errf(err, "%s: header CRC32C %08x, the manifest says %08x", path, h->crc, f->header_crc);
+    ckpt_file_header_free(&plan);
+    if (rc) {
+        ckpt_file_header_free(h);
+        close(fd);
+        return -1;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* Reads section s of fd whole in chunks, checking its CRC; for each chunk calls copy (when
+ * not NULL) with the chunk's byte offset inside the section. */
+typedef void (*chunk_fn)(void *arg, const void *chunk, uint64_t at, size_t n);
+
+static int read_section(int fd, const char *path, const ckpt_section *s, void *buf, size_t buf_bytes,
+                        chunk_fn fn, void *arg, errbuf *err) {
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < s->bytes; at += buf_bytes) {
+        size_t n = s->bytes - at < buf_bytes ? (size_t)(s->bytes - at) : buf_bytes;
+        if (pread_full(fd, buf, n, s->offset + at, path, err)) return -1;
+        crc = crc32c(crc, buf, n);
+        if (fn) fn(arg, buf, at, n);
+    }
+    if (crc != s->crc)
+        return errf(err, "%s: section %s of unit %u: CRC32C mismatch (stored %08x, computed %08x): the "
+                         "file is corrupt", path, ckpt_kind_name((int)s->kind), s->unit, s->crc, crc);
+    return 0;
+}
+
+int ckpt_verify_file(const char *ckpt_path, const ckpt_manifest *m, int file, int check_data,
+                     errbuf *err) {
+    int fd;
+    ckpt_file_header h;
+    if (open_checked(ckpt_path, m, file, &fd, &h, err)) return -1;
+    char path[4096];
+    int rc = join_path(path, sizeof path, ckpt_path, m->files[file].name, err);
+    void *buf = check_data && rc == 0 ? malloc(READ_CHUNK) : NULL;
+    if (check_data && rc == 0 && !buf) rc = errf(err, "%s: out of memory", path);
+    for (int i = 0; check_data && rc == 0 && i < h.n_sections; i++)
+        rc = read_section(fd, path, &h.sections[i], buf, READ_CHUNK, NULL, NULL, err);
+    free(buf);
+    ckpt_file_header_free(&h);
+    close(fd);
+    return rc;
+}
+
+int ckpt_verify(const char *ckpt_path, const ckpt_manifest *m, int check_data, errbuf *err) {
+    for (int f = 0; f < m->layout.n_files; f++)
+        if (ckpt_verify_file(ckpt_path, m, f, check_data, err)) return -1;
+    return 0;
+}
+
+int ckpt_reader_open(ckpt_reader *r, const char *ckpt_path, const ckpt_manifest *m, errbuf *err) {
+    memset(r, 0, sizeof *r);
+    int n = m->layout.n_files, ns = CKPT_KINDS * m->layout.n_units;
+    r->m = m;
+    r->path = strdup(ckpt_path);
+    r->fds = malloc((size_t)n * sizeof *r->fds);
+    r->headers = calloc((size_t)n, sizeof *r->headers);
+    r->verified = calloc((size_t)n * (size_t)ns, 1);
+    r->chunk_bytes = READ_CHUNK;
+    r->chunk = malloc(r->chunk_bytes);
+    if (!r->path || !r->fds || !r->headers || !r->verified || !r->chunk) {
+        ckpt_reader_close(r);
+        return errf(err, "%s: out of memory", ckpt_path);
+    }
+    for (int f = 0; f < n; f++) r->fds[f] = -1;
+    return 0;
+}
+
+void ckpt_reader_close(ckpt_reader *r) {
+    for (int f = 0; r->fds && r->headers && f < r->m->layout.n_files; f++) {
+        if (r->fds[f] >= 0) close(r->fds[f]);
+        ckpt_file_header_free(&r->headers[f]);
+    }
+    free(r->path);
+    free(r->fds);
+    free(r->headers);
+    free(r->verified);
+    free(r->chunk);
+    memset(r, 0, sizeof *r);
+}
+
+/* Copies the part of a section chunk that falls in the wanted byte range [lo, hi) of the
+ * section to dst (which starts at section byte lo). */
+typedef struct range_copy {
+    uint64_t lo, hi;
+    uint8_t *dst;
+} range_copy;
+
+static void copy_overlap(void *arg, const void *chunk, uint64_t at, size_t n) {
+    const range_copy *c = arg;
+    uint64_t a = at > c->lo ? at : c->lo, b = at + n < c->hi ? at + n : c->hi;
+    if (a < b) memcpy(c->dst + (a - c->lo), (const uint8_t *)chunk + (a - at), (size_t)(b - a));
+}
+
+int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t n, float *dst,
+                    errbuf *err) {
+    const ckpt_layout *lo = &r->m->layout;
+    if (kind < 1 || kind > CKPT_KINDS || unit < 0 || unit >= lo->n_units)
+        return errf(err, "%s: no section %s of unit %d", r->path, ckpt_kind_name(kind), unit);
+    const ckpt_unit *U = &lo->units[unit];
+    uint64_t end = first + n, stop = end < U->numel ? end : U->numel;
+    for (uint64_t i = first > stop ? first : stop; i < end; i++) dst[i - first] = 0.0f;
+    int ns = CKPT_KINDS * lo->n_units, idx = ckpt_section_index(lo->n_units, kind, unit);
+    for (uint64_t at = first; at < stop;) {
+        int f = (int)(at / U->shard);
+        uint64_t base = (uint64_t)f * U->shard, upto = base + U->shard < stop ? base + U->shard : stop;
+        char path[4096];
+        if (join_path(path, sizeof path, r->path, r->m->files[f].name, err)) return -1;
+        if (r->fds[f] < 0 && open_checked(r->path, r->m, f, &r->fds[f], &r->headers[f], err)) return -1;
+        const ckpt_section *s = &r->headers[f].sections[idx];
+        range_copy c = {(at - base) * sizeof(float), (upto - base) * sizeof(float), (uint8_t *)(dst + (at - first))};
+        uint8_t *seen = &r->verified[(size_t)f * (size_t)ns + (size_t)idx];
+        if (!*seen) {
+            if (read_section(r->fds[f], path, s, r->chunk, r->chunk_bytes, copy_overlap, &c, err)) return -1;
+            *seen = 1;
+        } else if (pread_full(r->fds[f], c.dst, (size_t)(c.hi - c.lo), s->offset + c.lo, path, err)) {
+            return -1;
+        }
+        at = upto;
+    }
+    return 0;
+}
+
+/* ---- the checkpoint directory ---- */
+
+/* dir/name is a committed checkpoint: it holds a manifest. */
+static int is_committed(const char *dir, const char *name) {
+    char path[4096];
+    struct stat st;
+    return !fits(snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_MANIFEST), sizeof path) &&
+           stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *out, size_t n,
+                 errbuf *err) {
+    char name[256];
+    if (mode == JOB_RESUME_NEVER) return 0;
+    if (mode == JOB_RESUME_STEP) {
+        if (ckpt_step_name(name, sizeof name, resume_step)) return errf(err, "step %lld: bad step", (long long)resume_step);
+    } else {
+        char link[4096];
+        if (join_path(link, sizeof link, dir, CKPT_LATEST, err)) return -1;
+        ssize_t len = readlink(link, name, sizeof name - 1);
+        if (len < 0 && errno == ENOENT && mode == JOB_RESUME_AUTO) return 0;
+        if (len < 0 && errno == ENOENT) return errf(err, "%s: no checkpoint to resume from", link);
+        if (len < 0) return errf(err, "%s: %s", link, strerror(errno));
+        name[len] = '\0';
+        int64_t step;
+        if (!ckpt_parse_step_name(name, &step))
+            return errf(err, "%s: points to '%s', not a step-N directory", link, name);
+    }
+    if (join_path(out, n, dir, name, err)) return -1;
+    if (!is_committed(dir, name))
+        return errf(err, "%s: not a committed checkpoint (no %s)", out, CKPT_MANIFEST);
+    return 1;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int ckpt_list(const char *dir, int64_t **steps, int *n, errbuf *err) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : errf(err, "%s: %s", dir, strerror(errno));
+    size_t cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t step;
+        if (!ckpt_parse_step_name(e->d_name, &step) || !is_committed(dir, e->d_name)) continue;
+        if ((size_t)*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *bigger = realloc(*steps, cap * sizeof *bigger);
+            if (!bigger) {
+                rc = errf(err, "%s: out of memory", dir);
+                break;
+            }
+            *steps = bigger;
+        }
+        (*steps)[(*n)++] = step;
+    }
+    closedir(d);
+    if (rc) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n > 1) qsort(*steps, (size_t)*n, sizeof **steps, cmp_i64);
+    return 0;
+}

@@ -1,0 +1,524 @@
+/* The checkpoint format (proto/ckpt): names, the shard-file header, writing and verifying
+ * files, the manifest, re-slicing reads across files, and the checkpoint directory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "proto/ckpt.h"
+#include "proto/crc32c.h"
+#include "proto/fileio.h"
+
+static char tmpdir[] = "/tmp/fsdp-test-ckpt-XXXXXX";
+
+static const char *in_tmp(const char *name) {
+    static char buf[4][512];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", tmpdir, name);
+    return buf[i];
+}
+
+/* ---- a small layout: unit 0 one 5x3 matrix; unit 1 a 4x2 matrix and a norm of 3 ---- */
+
+static void make_layout(ckpt_layout *lo, int n_files) {
+    errbuf err;
+    assert_int_equal(ckpt_layout_alloc(lo, n_files, 2, 3, &err), 0);
+    ckpt_tensor t[3] = {
+        {.name = "a.weight", .offset = 0, .numel = 15, .ndim = 2, .shape = {5, 3}},
+        {.name = "b.weight", .offset = 0, .numel = 8, .ndim = 2, .shape = {4, 2}},
+        {.name = "b.norm", .offset = 8, .numel = 3, .ndim = 1, .shape = {3, 0}, .is_norm = 1},
+    };
+    memcpy(lo->tensors, t, sizeof t);
+    uint64_t numel[2] = {15, 11};
+    for (int u = 0; u < 2; u++) {
+        uint64_t padded = (numel[u] + (uint64_t)n_files - 1) / (uint64_t)n_files * (uint64_t)n_files;
+        lo->units[u] = (ckpt_unit){.numel = numel[u], .padded = padded,
+                                   .shard = padded / (uint64_t)n_files, .first = u, .count = u + 1};
+    }
+    assert_int_equal(ckpt_layout_check(lo, &err), 0);
+}
+
+/* The value a test checkpoint holds at element i of (kind, unit): padding is zero. */
+static float value_at(const ckpt_layout *lo, int kind, int unit, uint64_t i) {
+    if (i >= lo->units[unit].numel) return 0.0f;
+    return (float)(kind * 1000 + unit * 100) + (float)i * 0.25f;
+}
+
+/* Writes every file of a checkpoint of step 7 into dir and fills the manifest. */
+static void write_checkpoint(const char *dir, const ckpt_layout *lo, ckpt_manifest *m) {
+    errbuf err;
+    mkdir(dir, 0755);
+    memset(m, 0, sizeof *m);
+    m->step = m->optimizer_step = 7;
+    m->global_batch = 4;
+    m->global_sample = 28;
+    m->tokens_seen = 1234;
+    m->seed = 9;
+    m->world_size = lo->n_files;
+    strcpy(m->sharding, "full_shard");
+    m->train = (ckpt_train_settings){.lr = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1,
+                                     .betas = {0.9, 0.95}, .eps = 1e-8, .clip_norm = 1.0,
+                                     .schedule = "cosine", .warmup_steps = 2, .total_steps = 20};
+    m->model_config = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "model_type",
+                                "llama", "hidden_size", 8, "intermediate_size", 16,
+                                "num_hidden_layers", 1, "num_attention_heads", 2,
+                                "num_key_value_heads", 2, "vocab_size", 32,
+                                "max_position_embeddings", 64, "rms_norm_eps", 1e-5, "rope_theta",
+                                10000.0);
+    assert_int_equal(ckpt_layout_alloc(&m->layout, lo->n_files, lo->n_units, lo->n_tensors, &err), 0);
+    memcpy(m->layout.units, lo->units, (size_t)lo->n_units * sizeof *lo->units);
+    memcpy(m->layout.tensors, lo->tensors, (size_t)lo->n_tensors * sizeof *lo->tensors);
+    m->files = calloc((size_t)lo->n_files, sizeof *m->files);
+    assert_non_null(m->files);
+    for (int r = 0; r < lo->n_files; r++) {
+        ckpt_file_header h;
+        assert_int_equal(ckpt_plan(&h, lo, r, 7, &err), 0);
+        uint8_t *image = calloc(1, h.file_bytes);
+        assert_non_null(image);
+        for (int i = 0; i < h.n_sections; i++) {
+            const ckpt_section *s = &h.sections[i];
+            const ckpt_unit *U = &lo->units[s->unit];
+            float *dst = (float *)(image + s->offset);
+            for (uint64_t e = 0; e < U->shard; e++)
+                dst[e] = value_at(lo, (int)s->kind, (int)s->unit, (uint64_t)r * U->shard + e);
+        }
+        char path[600];
+        ckpt_file_name(m->files[r].name, sizeof m->files[r].name, r, lo->n_files);
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[r].name);
+        assert_int_equal(ckpt_write_image(path, image, &h, NULL, NULL, &err), 0);
+        m->files[r].rank = r;
+        m->files[r].bytes = h.file_bytes;
+        m->files[r].header_crc = h.crc;
+        free(image);
+        ckpt_file_header_free(&h);
+    }
+    char *text;
+    char path[600];
+    assert_int_equal(ckpt_manifest_to_json(m, &text, &err), 0);
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+    file_chunk c = {text, strlen(text)};
+    assert_int_equal(file_write_atomic(path, &c, 1, &err), 0);
+    free(text);
+}
+
+/* Flips one byte of a file at off. */
+static void flip_byte(const char *path, off_t off) {
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* ---- tests ---- */
+
+static void test_names(void **state) {
+    (void)state;
+    char buf[64];
+    int64_t step;
+    int attempt;
+    assert_int_equal(ckpt_step_name(buf, sizeof buf, 400), 0);
+    assert_string_equal(buf, "step-000400");
+    assert_int_equal(ckpt_step_name(buf, sizeof buf, 12345678), 0);
+    assert_string_equal(buf, "step-12345678");
+    assert_int_equal(ckpt_partial_name(buf, sizeof buf, 400, 3), 0);
+    assert_string_equal(buf, "step-000400.partial.3");
+    assert_int_equal(ckpt_file_name(buf, sizeof buf, 1, 16), 0);
+    assert_string_equal(buf, "rank-00001-of-00016.bin");
+    assert_int_equal(ckpt_step_name(buf, 5, 400), -1);
+
+    assert_int_equal(ckpt_parse_step_name("step-000400", &step), 1);
+    assert_int_equal(step, 400);
+    assert_int_equal(ckpt_parse_step_name("step-000400.partial.3", &step), 0);
+    assert_int_equal(ckpt_parse_step_name("step-", &step), 0);
+    assert_int_equal(ckpt_parse_step_name("step-12a", &step), 0);
+    assert_int_equal(ckpt_parse_step_name("latest", &step), 0);
+    assert_int_equal(ckpt_parse_partial_name("step-000400.partial.3", &step, &attempt), 1);
+    assert_int_equal(step, 400);
+    assert_int_equal(attempt, 3);
+    assert_int_equal(ckpt_parse_partial_name("step-000400", &step, &attempt), 0);
+    assert_int_equal(ckpt_parse_partial_name("step-000400.partial.", &step, &attempt), 0);
+    assert_int_equal(ckpt_parse_partial_name("step-1.partial.2x", &step, &attempt), 0);
+}
+
+static void test_layout_check_and_json(void **state) {
+    (void)state;
+    ckpt_layout lo, back;
+    errbuf err;
+    make_layout(&lo, 3);
+    assert_int_equal(lo.units[1].padded, 12);
+    assert_int_equal(lo.units[1].shard, 4);
+    json_t *j = ckpt_layout_to_json(&lo);
+    assert_non_null(j);
+    assert_int_equal(ckpt_layout_from_json(&back, j, 3, "t", &err), 0);
+    assert_int_equal(back.n_tensors, 3);
+    assert_string_equal(back.tensors[2].name, "b.norm");
+    assert_int_equal(back.tensors[2].is_norm, 1);
+    assert_int_equal(back.tensors[1].shape[1], 2);
+    assert_memory_equal(back.units, lo.units, sizeof *lo.units * 2);
+    ckpt_layout_free(&back);
+    /* the same units read for another file count do not add up */
+    assert_int_equal(ckpt_layout_from_json(&back, j, 4, "t", &err), -1);
+    assert_non_null(strstr(err.msg, "padded"));
+    json_decref(j);
+    /* a tensor that does not start where the one before ended */
+    lo.tensors[2].offset = 9;
+    assert_int_equal(ckpt_layout_check(&lo, &err), -1);
+    assert_non_null(strstr(err.msg, "b.norm"));
+    ckpt_layout_free(&lo);
+}
+
+static void test_plan_and_header(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_file_header h, back;
+    errbuf err;
+    make_layout(&lo, 2);
+    assert_int_equal(ckpt_plan(&h, &lo, 1, 42, &err), 0);
+    assert_int_equal(h.n_sections, 6);
+    assert_int_equal(h.header_block, 4096);
+    /* kind-major order, every section aligned, back to back */
+    for (int i = 0; i < h.n_sections; i++) {
+        assert_int_equal(h.sections[i].kind, 1 + i / 2);
+        assert_int_equal(h.sections[i].unit, i % 2);
+        assert_int_equal(h.sections[i].offset % CKPT_ALIGN, 0);
+        assert_int_equal(h.sections[i].bytes, lo.units[i % 2].shard * 4);
+        h.sections[i].crc = 0x1000u + (uint32_t)i;
+    }
+    assert_int_equal(h.file_bytes, h.sections[5].offset + h.sections[5].bytes);
+    uint8_t block[4096];
+    ckpt_encode_header(&h, block);
+    assert_memory_equal(block, "FSDPCKPT", 8);
+    assert_int_equal(ckpt_decode_header(&back, block, sizeof block, "f", &err), 0);
+    assert_int_equal(back.rank, 1);
+    assert_int_equal(back.n_files, 2);
+    assert_int_equal(back.step, 42);
+    assert_int_equal(back.crc, h.crc);
+    assert_int_equal(back.sections[4].crc, 0x1004u);
+    assert_int_equal(back.sections[3].offset, h.sections[3].offset);
+    ckpt_file_header_free(&back);
+
+    block[70] ^= 1; /* inside the section table */
+    assert_int_equal(ckpt_decode_header(&back, block, sizeof block, "f.bin", &err), -1);
+    assert_non_null(strstr(err.msg, "f.bin: header CRC32C mismatch"));
+    block[70] ^= 1;
+    block[8] = 9; /* version */
+    assert_int_equal(ckpt_decode_header(&back, block, sizeof block, "f", &err), -1);
+    assert_non_null(strstr(err.msg, "version 9"));
+    block[0] = 'X';
+    assert_int_equal(ckpt_decode_header(&back, block, sizeof block, "f", &err), -1);
+    assert_non_null(strstr(err.msg, "bad magic"));
+    assert_int_equal(ckpt_decode_header(&back, block, 10, "f", &err), -1);
+    ckpt_file_header_free(&h);
+    ckpt_layout_free(&lo);
+}
+
+static void test_write_verify_and_manifest(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m, back;
+    errbuf err;
+    make_layout(&lo, 2);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", in_tmp("wv"));
+    write_checkpoint(dir, &lo, &m);
+    assert_int_equal(ckpt_manifest_load(&back, dir, &err), 0);
+    assert_int_equal(back.step, 7);
+    assert_int_equal(back.global_sample, 28);
+    assert_int_equal(back.tokens_seen, 1234);
+    assert_int_equal(back.seed, 9);
+    assert_float_equal(back.train.betas[1], 0.95, 0);
+    assert_float_equal(back.train.lr, 1e-3, 0);
+    assert_string_equal(back.train.schedule, "cosine");
+    assert_int_equal(back.files[1].header_crc, m.files[1].header_crc);
+    assert_int_equal(back.layout.units[1].shard, 6);
+    assert_int_equal(ckpt_verify(dir, &back, 1, &err), 0);
+
+    /* every section's CRC is in the header, the header's in the manifest */
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, m.files[1].name);
+    ckpt_file_header h;
+    int fd = open(path, O_RDONLY);
+    assert_int_equal(ckpt_read_header(&h, fd, path, &err), 0);
+    close(fd);
+    float expect[6];
+    for (int e = 0; e < 6; e++) expect[e] = value_at(&lo, CKPT_EXP_AVG, 1, 6 + (uint64_t)e);
+    assert_int_equal(h.sections[3].crc, crc32c(0, expect, sizeof expect));
+
+    /* a flipped data byte: the header still checks out, the section does not */
+    flip_byte(path, (off_t)h.sections[3].offset + 5);
+    assert_int_equal(ckpt_verify(dir, &back, 0, &err), 0);
+    assert_int_equal(ckpt_verify(dir, &back, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00001-of-00002.bin"));
+    assert_non_null(strstr(err.msg, "section exp_avg of unit 1: CRC32C mismatch"));
+    flip_byte(path, (off_t)h.sections[3].offset + 5);
+    assert_int_equal(ckpt_verify(dir, &back, 1, &err), 0);
+
+    /* a flipped header byte, a truncated file, a missing file */
+    flip_byte(path, 33);
+    assert_int_equal(ckpt_verify(dir, &back, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00001-of-00002.bin: header CRC32C mismatch"));
+    flip_byte(path, 33);
+    assert_int_equal(truncate(path, (off_t)h.file_bytes - 1), 0);
+    assert_int_equal(ckpt_verify(dir, &back, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "truncated"));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(ckpt_verify(dir, &back, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00001-of-00002.bin: missing"));
+    ckpt_file_header_free(&h);
+
+    ckpt_manifest_free(&back);
+    ckpt_manifest_free(&m);
+    ckpt_layout_free(&lo);
+}
+
+static void test_manifest_errors(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m, back;
+    errbuf err;
+    make_layout(&lo, 2);
+    write_checkpoint(in_tmp("me"), &lo, &m);
+    char *text;
+    assert_int_equal(ckpt_manifest_to_json(&m, &text, &err), 0);
+    json_t *root = json_loads(text, 0, NULL);
+    free(text);
+    struct {
+        const char *key;
+        json_t *value;
+        const char *want;
+    } cases[] = {
+        {"format", json_string("other"), "not a checkpoint manifest"},
+        {"version", json_integer(2), "manifest version 2"},
+        {"global_sample", json_integer(27), "global_sample"},
+        {"step", json_string("7"), "\"step\""},
+        {"n_files", json_integer(3), "3 files from 2 ranks"},
+        {"world_size", json_integer(1), "2 files from 1 ranks"},
+        {"model_config", json_null(), "model_config"},
+        {"files", json_array(), "\"files\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *copy = json_deep_copy(root);
+        json_object_set_new(copy, cases[i].key, cases[i].value);
+        char *t = json_dumps(copy, 0);
+        assert_int_equal(ckpt_manifest_parse(&back, t, strlen(t), "m.json", &err), -1);
+        if (!strstr(err.msg, cases[i].want)) fail_msg("%s: got '%s'", cases[i].key, err.msg);
+        free(t);
+        json_decref(copy);
+    }
+    /* a file of the wrong size */
+    json_t *copy = json_deep_copy(root);
+    json_object_set_new(json_array_get(json_object_get(copy, "files"), 1), "bytes", json_integer(5));
+    char *t = json_dumps(copy, 0);
+    assert_int_equal(ckpt_manifest_parse(&back, t, strlen(t), "m.json", &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00001-of-00002.bin: 5 bytes"));
+    free(t);
+    json_decref(copy);
+    assert_int_equal(ckpt_manifest_parse(&back, "{", 1, "m.json", &err), -1);
+    assert_non_null(strstr(err.msg, "m.json: not JSON"));
+    json_decref(root);
+    ckpt_manifest_free(&m);
+    ckpt_layout_free(&lo);
+}
+
+static void test_check_model(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m;
+    errbuf err;
+    make_layout(&lo, 1);
+    write_checkpoint(in_tmp("cm"), &lo, &m);
+    char *text = json_dumps(m.model_config, 0);
+    llama_config cfg;
+    assert_int_equal(llama_config_parse(&cfg, text, strlen(text), "c", &err), 0);
+    free(text);
+    assert_int_equal(ckpt_manifest_check_model(&m, &cfg, "m.json", &err), 0);
+    cfg.hidden_size = 16;
+    assert_int_equal(ckpt_manifest_check_model(&m, &cfg, "m.json", &err), -1);
+    assert_non_null(strstr(err.msg, "another model: hidden_size 8"));
+    cfg.hidden_size = 8;
+    cfg.tie_word_embeddings = 1;
+    assert_int_equal(ckpt_manifest_check_model(&m, &cfg, "m.json", &err), -1);
+    assert_non_null(strstr(err.msg, "tie_word_embeddings"));
+    ckpt_manifest_free(&m);
+    ckpt_layout_free(&lo);
+}
+
+/* Checkpoints of 1, 2 and 3 files read back through every range, across file boundaries
+ * and into the padding. */
+static void test_read_range_reslices(void **state) {
+    (void)state;
+    for (int n_files = 1; n_files <= 3; n_files++) {
+        ckpt_layout lo;
+        ckpt_manifest m;
+        ckpt_reader r;
+        errbuf err;
+        char name[32];
+        make_layout(&lo, n_files);
+        snprintf(name, sizeof name, "rr%d", n_files);
+        write_checkpoint(in_tmp(name), &lo, &m);
+        assert_int_equal(ckpt_reader_open(&r, in_tmp(name), &m, &err), 0);
+        for (int kind = 1; kind <= CKPT_KINDS; kind++)
+            for (int u = 0; u < 2; u++)
+                for (uint64_t first = 0; first < 17; first++)
+                    for (uint64_t n = 1; first + n <= 17; n += 3) {
+                        float got[17];
+                        assert_int_equal(ckpt_read_range(&r, kind, u, first, n, got, &err), 0);
+                        for (uint64_t i = 0; i < n; i++)
+                            assert_true(got[i] == value_at(&lo, kind, u, first + i));
+                    }
+        ckpt_reader_close(&r);
+        ckpt_manifest_free(&m);
+        ckpt_layout_free(&lo);
+    }
+}
+
+static void test_read_range_checks_crc(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m;
+    ckpt_reader r;
+    errbuf err;
+    make_layout(&lo, 3);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", in_tmp("rc"));
+    write_checkpoint(dir, &lo, &m);
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, m.files[2].name);
+    ckpt_file_header plan;
+    assert_int_equal(ckpt_plan(&plan, &lo, 2, 7, &err), 0);
+    /* the master section of unit 0 in file 2: elements 10..14 */
+    flip_byte(path, (off_t)plan.sections[0].offset + 2);
+    assert_int_equal(ckpt_reader_open(&r, dir, &m, &err), 0);
+    float got[15];
+    assert_int_equal(ckpt_read_range(&r, CKPT_MASTER, 0, 0, 10, got, &err), 0); /* files 0, 1 */
+    assert_int_equal(ckpt_read_range(&r, CKPT_MASTER, 0, 12, 1, got, &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00002-of-00003.bin: section master of unit 0: CRC32C mismatch"));
+    ckpt_reader_close(&r);
+    /* a missing file is named when first needed */
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(ckpt_reader_open(&r, dir, &m, &err), 0);
+    assert_int_equal(ckpt_read_range(&r, CKPT_EXP_AVG, 1, 11, 1, got, &err), 0); /* padding */
+    assert_true(got[0] == 0.0f);
+    assert_int_equal(ckpt_read_range(&r, CKPT_EXP_AVG, 1, 10, 1, got, &err), -1);
+    assert_non_null(strstr(err.msg, "rank-00002-of-00003.bin: missing"));
+    ckpt_reader_close(&r);
+    ckpt_file_header_free(&plan);
+    ckpt_manifest_free(&m);
+    ckpt_layout_free(&lo);
+}
+
+static int stop_at_half(void *arg, uint64_t written, uint64_t total) {
+    (*(int *)arg)++;
+    return written >= total / 2;
+}
+
+static void test_write_abandoned(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_file_header h;
+    errbuf err;
+    make_layout(&lo, 1);
+    assert_int_equal(ckpt_plan(&h, &lo, 0, 1, &err), 0);
+    uint8_t *image = calloc(1, h.file_bytes);
+    int calls = 0;
+    const char *path = in_tmp("abandoned.bin");
+    assert_int_equal(ckpt_write_image(path, image, &h, stop_at_half, &calls, &err), -1);
+    assert_non_null(strstr(err.msg, "abandoned"));
+    assert_true(calls >= 2);
+    assert_int_equal(access(path, F_OK), -1); /* removed */
+    /* written once, the file exists: the second attempt does not overwrite it */
+    assert_int_equal(ckpt_write_image(path, image, &h, NULL, NULL, &err), 0);
+    assert_int_equal(ckpt_write_image(path, image, &h, NULL, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "exists"));
+    free(image);
+    ckpt_file_header_free(&h);
+    ckpt_layout_free(&lo);
+}
+
+static void test_resolve_and_list(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m;
+    errbuf err;
+    char out[600];
+    int64_t *steps;
+    int n;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", in_tmp("dir"));
+    mkdir(dir, 0755);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), 0);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_LATEST, 0, out, sizeof out, &err), -1);
+    assert_non_null(strstr(err.msg, "latest: no checkpoint to resume from"));
+    assert_int_equal(ckpt_resolve(in_tmp("nothing"), JOB_RESUME_AUTO, 0, out, sizeof out, &err), 0);
+
+    make_layout(&lo, 1);
+    write_checkpoint(in_tmp("dir/step-000003"), &lo, &m);
+    ckpt_manifest_free(&m);
+    write_checkpoint(in_tmp("dir/step-000010"), &lo, &m);
+    ckpt_manifest_free(&m);
+    mkdir(in_tmp("dir/step-000012"), 0755);          /* no manifest */
+    mkdir(in_tmp("dir/step-000011.partial.1"), 0755); /* being written */
+    assert_int_equal(symlink("step-000010", in_tmp("dir/latest")), 0);
+
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), 1);
+    assert_string_equal(out, in_tmp("dir/step-000010"));
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_NEVER, 0, out, sizeof out, &err), 0);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_STEP, 3, out, sizeof out, &err), 1);
+    assert_string_equal(out, in_tmp("dir/step-000003"));
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_STEP, 12, out, sizeof out, &err), -1);
+    assert_non_null(strstr(err.msg, "step-000012: not a committed checkpoint"));
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_STEP, 4, out, sizeof out, &err), -1);
+
+    assert_int_equal(ckpt_list(dir, &steps, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(steps[0], 3);
+    assert_int_equal(steps[1], 10);
+    free(steps);
+
+    /* latest pointing at something that is not a checkpoint */
+    assert_int_equal(unlink(in_tmp("dir/latest")), 0);
+    assert_int_equal(symlink("step-000012", in_tmp("dir/latest")), 0);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), -1);
+    assert_non_null(strstr(err.msg, "not a committed checkpoint"));
+    ckpt_layout_free(&lo);
+}
+
+static int setup(void **state) {
+    (void)state;
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_layout_check_and_json),
+        cmocka_unit_test(test_plan_and_header),
+        cmocka_unit_test(test_write_verify_and_manifest),
+        cmocka_unit_test(test_manifest_errors),
+        cmocka_unit_test(test_check_model),
+        cmocka_unit_test(test_read_range_reslices),
+        cmocka_unit_test(test_read_range_checks_crc),
+        cmocka_unit_test(test_write_abandoned),
+        cmocka_unit_test(test_resolve_and_list),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,111 @@
+/* ckpt_writer: a worker's side of a checkpoint save (DESIGN.md, Checkpoints).
+ *
+ * A save stages this rank's master, m and v shards into a host image laid out as its shard
+ * file (proto/ckpt.h) — the only part that holds up training — and writes the image into
+ * CKPT/step-N.partial.A/rank-R-of-F.bin: on the writer thread for an async save (training goes
+ * on), in the caller for a sync one.  Either way the result (file, size, header CRC, or the
+ * error) goes to the report callback, from the thread that wrote.  At most one save is in
+ * flight: ckpt_writer_busy says whether the thread still writes, and the caller decides
+ * (worker/train.c skips or waits).  An abort request for the save in flight stops its write
+ * at the next 64 MiB chunk; the file is removed and the report says "aborted".
+ *
+ * Only ranks below the shard group size write (with no_shard every rank holds the same
+ * state: rank 0 writes it); for the others every call is a no-op.
+ *
+ * Test-only fault hook (environment): FSDP_TEST_CKPT_FAULT="RANK:ACTION[:STEP]" makes RANK,
+ * halfway through writing its first save at or after step STEP (its first save when STEP is
+ * absent), once:
+ *   stall  sleep for checkpoint.timeout_s + 2 s (a stuck disk: not interrupted by an
+ *          abort), then go on;
+ *   die    kill itself with SIGKILL. */
+#ifndef FSDP_CKPT_WRITER_H
+#define FSDP_CKPT_WRITER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "proto/ckpt.h"
+#include "proto/errbuf.h"
+#include "worker/fsdp.h"
+
+/* What a save reports when its writing is over. */
+typedef struct ckpt_report {
+    int64_t step;
+    int attempt;
+    int rank;
+    int sync;
+    int ok;            /* the file is written and fsynced */
+    int aborted;       /* stopped by ckpt_writer_abort (ok is 0) */
+    char error[1024];  /* why not ok */
+    char file[CKPT_NAME_MAX];
+    uint64_t bytes;
+    uint32_t header_crc;
+    double stage_s, write_s; /* staging (training stalled) and writing times */
+    /* Carried from the save request for the manifest: */
+    int64_t optimizer_step, tokens_seen;
+    const ckpt_layout *layout;
+} ckpt_report;
+
+typedef void (*ckpt_report_fn)(void *arg, const ckpt_report *r);
+
+typedef struct ckpt_writer_options {
+    const char *dir;  /* checkpoint.dir */
+    int rank;         /* this rank; it writes file `rank` when rank < the shard group size */
+    int timeout_s;    /* checkpoint.timeout_s (for the stall fault) */
+    ckpt_report_fn report;
+    void *arg;
+} ckpt_writer_options;
+
+typedef struct ckpt_writer {
+    char dir[4096];
+    int rank;
+    int timeout_s;
+    ckpt_report_fn report;
+    void *arg;
+
+    int fault_stall, fault_die; /* the test hook, for save fault_step (0: the first) */
+    int64_t fault_step;
+    int saves;                  /* saves started */
+
+    ckpt_layout layout;         /* built at the first save */
+    ckpt_file_header plan;
+    uint8_t *image;             /* plan.file_bytes bytes */
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int pending;                /* a staged save waits for the thread */
+    int busy;                   /* a save is staged or being written */
+    int quit;
+    atomic_int abort;           /* stop the save in flight */
+    ckpt_report job;            /* the save in flight */
+    char path[4096];            /* its file */
+} ckpt_writer;
+
+int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err);
+/* Waits for a save in flight to finish (or aborts it first when abort is set), then frees
+ * everything. */
+void ckpt_writer_destroy(ckpt_writer *w, int abort);
+
+/* Whether an async save is still being written. */
+int ckpt_writer_busy(ckpt_writer *w);
+/* Waits until no save is in flight. */
+void ckpt_writer_wait(ckpt_writer *w);
+/* Asks the save of (step, attempt), if it is the one in flight, to stop. */
+void ckpt_writer_abort(ckpt_writer *w, int64_t step, int attempt);
+
+/* Builds the file layout and allocates the staging image (touching every page), so that the
+ * first save does not pay for it; ckpt_writer_save does it if it was not done. */
+int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err);
+
+/* Saves f's state as of optimizer step `step` into attempt `attempt`'s partial directory
+ * (created if needed), first waiting for a save in flight.  Returns once the state is staged
+ * (async) or written (sync).  A save that fails (no memory for the image, a write error)
+ * says so in its report; -1 only when copying the state off the device fails, which training
+ * cannot survive either. */
+int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int sync,
+                     int64_t tokens_seen, errbuf *err);
+
+#endif
