@@ -8,5 +8,6 @@ int ctl_init(int argc, char **argv);
 int ctl_reference(int argc, char **argv);
 int ctl_compare(int argc, char **argv);
 int ctl_synth(int argc, char **argv);
+int ctl_consolidate(int argc, char **argv);
 
 #endif

@@ -14,10 +14,14 @@ static const subcommand subcommands[] = {
     {"inspect", ctl_inspect, "inspect MODEL_DIR"},
     {"init", ctl_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
     {"reference", ctl_reference,
-     "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]"},
+     "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
+     "                    [--backend cpu|cuda]"},
     {"compare", ctl_compare, "compare A.safetensors B.safetensors [--rtol R]"},
     {"synth", ctl_synth,
      "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
+    {"consolidate", ctl_consolidate,
+     "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
+     "[--tokenizer-from MODEL_DIR]"},
 };
 
 static void usage(FILE *f) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/consolidate.h"
 #include "daemon/log.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
@@ -30,6 +31,23 @@ static int find_worker(char *out, size_t n) {
     if (len < 0) return -1;
     self[len] = '\0';
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
+}
+
+/* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
+ * training) into output.dir as Hugging Face safetensors, with the source model's tokenizer. */
+static int consolidate_output(const job_config *job, errbuf *err) {
+    consolidate_result r;
+    consolidate_options o = {
+        .ckpt = job->checkpoint.dir, .out = job->output.dir,
+        .dtype = job->output.dtype == JOB_DTYPE_F32 ? ST_F32 : ST_BF16,
+        .shard_bytes = (uint64_t)job->output.shard_size, .threads = 4,
+        .tokenizer_from = job->model.init == JOB_INIT_PRETRAINED ? job->model.path : NULL,
+        .result = &r};
+    if (consolidate(&o, err)) return -1;
+    log_event(0, -1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
+              (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
+              st_dtype_name(o.dtype), r.seconds);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -77,6 +95,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     log_event(0, -1, "job finished");
+    if (job.output.consolidate && consolidate_output(&job, &err)) {
+        fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
+        return 1;
+    }
     return 0;
 
 bad_job:

@@ -45,7 +45,6 @@ static const struct not_built {
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
     {"fsdp.cpu_offload", "true"},
-    {"output.consolidate", "true"},
     {"runtime.backend", "cuda"},
 };
 
@@ -246,7 +245,7 @@ void job_defaults(job_config *j) {
     strcpy(j->output.dir, "output");
     j->output.dtype = JOB_DTYPE_BF16;
     j->output.shard_size = 5000000000LL;
-    j->output.consolidate = false; /* becomes true when consolidation is built */
+    j->output.consolidate = true;
 
     j->runtime.backend = JOB_BACKEND_AUTO;
     j->runtime.workers_per_node = 0;

@@ -48,7 +48,7 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.lora.n_targets, 4);
     assert_string_equal(j.lora.targets[3], "o_proj");
     assert_int_equal(j.output.shard_size, 5000000000LL);
-    assert_false(j.output.consolidate);
+    assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
 
     /* The only keys without a usable default are the model and the data. */
@@ -155,7 +155,6 @@ static const bad_case bad_cases[] = {
      "auto, never, latest, step-N"},
     {"{\"output\":{\"shard_size\":\"5XB\"}}", 1, "output.shard_size: '5XB' is not a size", NULL},
     {"{\"output\":{\"shard_size\":0}}", 1, "output.shard_size: 0 is out of range", NULL},
-    {"{\"output\":{\"consolidate\":true}}", 1, "output.consolidate: 'true' is not built yet", NULL},
     {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
     {"{\"runtime\":{\"backend\":\"cuda\"}}", 1, "runtime.backend: 'cuda' is not built yet", NULL},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},

@@ -1,0 +1,71 @@
+/* consolidate: a sharded checkpoint (proto/ckpt.h) into a Hugging Face model directory,
+ * streaming, in bounded memory (DESIGN.md, Checkpoints).  `fsdpctl consolidate` and fsdpd
+ * (at the end of a job, into output.dir) call it.
+ *
+ * What it writes into OUT:
+ *   model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json
+ *     ({"metadata": {"total_size"}, "weight_map"}) when the weights exceed shard_bytes:
+ *     tensors split in checkpoint order (transformers' state-dict order), a new file when the
+ *     next tensor would not fit; inside a file, tensors sorted by name as the safetensors
+ *     package writes them, back to back after a header padded with spaces to a multiple of
+ *     8, metadata {"format": "pt"};
+ *   config.json: the manifest's model_config with "dtype" set to the output dtype;
+ *   generation_config.json: copied from tokenizer_from when it has one, else derived from
+ *     the config (bos/eos/pad token ids), as transformers does;
+ *   the tokenizer files tokenizer_from has (tokenizer.json, tokenizer_config.json,
+ *     special_tokens_map.json, tokenizer.model, chat_template.jinja).
+ *
+ * How: only the master sections are read.  Each of `threads` threads takes whole output files
+ * and streams each tensor through one buffer of buffer_bytes: pread from the shard files,
+ * fp32 -> bf16 in place (or f32 as is), pwrite at the tensor's offset in the output file.
+ * Memory is threads x buffer_bytes plus a few bytes per (tensor, chunk): it does not grow
+ * with the model.  Every byte of every master section is read once; the CRC32C of each piece
+ * read is kept and, once all files are written, the pieces of each section (and its padding,
+ * read apart) are combined into the section's CRC32C and checked against the header's.
+ *
+ * Everything is written into OUT.partial/ (a stale one from an interrupted run is removed
+ * first), each file fsynced, and then committed: renamed to OUT when OUT does not exist;
+ * when OUT is an existing directory (fsdpd's output.dir, which holds metrics.jsonl), its
+ * config.json is removed, stale weight files (model.safetensors, the index,
+ * model-*-of-*.safetensors) are removed, the new files are moved in one by one and
+ * config.json last, so a directory with a config.json holds a whole model.  On failure
+ * OUT.partial is removed and OUT is left as it was (or, if the failure hit while moving
+ * files in, without a config.json). */
+#ifndef FSDP_CONSOLIDATE_H
+#define FSDP_CONSOLIDATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/errbuf.h"
+#include "proto/safetensors.h"
+
+#define CONSOLIDATE_BUFFER (64u << 20)         /* bytes per thread */
+#define CONSOLIDATE_SHARD_SIZE UINT64_C(5000000000) /* "5GB", transformers' default */
+
+/* What was done (filled by consolidate when options.result is not NULL). */
+typedef struct consolidate_result {
+    char ckpt[4096];     /* the step directory read */
+    int64_t step;
+    int files;           /* safetensors files written */
+    int tensors;
+    int tokenizer_files; /* copied from tokenizer_from */
+    uint64_t bytes;      /* tensor bytes written (the index's total_size) */
+    double seconds;      /* the whole consolidation, commit included */
+} consolidate_result;
+
+typedef struct consolidate_options {
+    const char *ckpt;           /* a checkpoint directory (its `latest` is used) or a step-N
+                                 * directory (one with a manifest.json) */
+    const char *out;            /* the model directory to write */
+    st_dtype dtype;             /* ST_BF16 or ST_F32 */
+    uint64_t shard_bytes;       /* largest safetensors file, as transformers' max_shard_size */
+    int threads;                /* output files written at once, >= 1 */
+    const char *tokenizer_from; /* the source model directory, or NULL */
+    size_t buffer_bytes;        /* per thread, a multiple of 4; 0: CONSOLIDATE_BUFFER */
+    consolidate_result *result; /* may be NULL */
+} consolidate_options;
+
+int consolidate(const consolidate_options *o, errbuf *err);
+
+#endif

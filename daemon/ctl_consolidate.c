@@ -1,0 +1,111 @@
+/* fsdpctl consolidate: a sharded checkpoint into a Hugging Face model directory
+ * (daemon/consolidate.h says what is written and how). */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/consolidate.h"
+#include "daemon/fsdpctl.h"
+#include "proto/job.h"
+
+static void consolidate_usage(FILE *f) {
+    fprintf(f, "usage: fsdpctl consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] "
+               "[--threads N] [--tokenizer-from MODEL_DIR]\n"
+               "  CKPT: a checkpoint directory (its latest checkpoint) or one step-N directory\n");
+}
+
+/* A size as the job's output.shard_size takes it ("5GB", "500MiB", bytes). */
+static int parse_shard_size(const char *text, uint64_t *out) {
+    static job_config scratch;
+    char arg[256];
+    errbuf err;
+    job_defaults(&scratch);
+    if (snprintf(arg, sizeof arg, "--output.shard_size=%s", text) >= (int)sizeof arg ||
+        job_apply_override(&scratch, arg, &err))
+        return -1;
+    *out = (uint64_t)scratch.output.shard_size;
+    return 0;
+}
+
+static int parse_threads(const char *text, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || errno || v < 1 || v > 256) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Returns 0 to go on, or -1 to stop with *status (0 after --help, 2 for bad usage). */
+static int parse_options(int argc, char **argv, consolidate_options *o, int *status) {
+    static const struct option longopts[] = {
+        {"dtype", required_argument, 0, 'd'},   {"shard-size", required_argument, 0, 'z'},
+        {"threads", required_argument, 0, 't'}, {"tokenizer-from", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    *o = (consolidate_options){.dtype = ST_BF16, .shard_bytes = CONSOLIDATE_SHARD_SIZE, .threads = 4};
+    int opt;
+    optind = 1;
+    opterr = 0;
+    *status = 2;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'd':
+            if (!strcmp(optarg, "bf16") || !strcmp(optarg, "bfloat16")) o->dtype = ST_BF16;
+            else if (!strcmp(optarg, "f32") || !strcmp(optarg, "float32")) o->dtype = ST_F32;
+            else {
+                fprintf(stderr, "fsdpctl consolidate: --dtype '%s' is not bf16 or f32\n", optarg);
+                return -1;
+            }
+            break;
+        case 'z':
+            if (parse_shard_size(optarg, &o->shard_bytes)) {
+                fprintf(stderr, "fsdpctl consolidate: --shard-size '%s' is not a size such as 5GB\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 't':
+            if (parse_threads(optarg, &o->threads)) {
+                fprintf(stderr, "fsdpctl consolidate: --threads '%s' is not a number from 1 to 256\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'k': o->tokenizer_from = optarg; break;
+        case 'h':
+            consolidate_usage(stdout);
+            *status = 0;
+            return -1;
+        default: consolidate_usage(stderr); return -1;
+        }
+    }
+    if (argc - optind != 2) {
+        consolidate_usage(stderr);
+        return -1;
+    }
+    o->ckpt = argv[optind];
+    o->out = argv[optind + 1];
+    return 0;
+}
+
+int ctl_consolidate(int argc, char **argv) {
+    consolidate_options o;
+    consolidate_result r;
+    int status;
+    if (parse_options(argc, argv, &o, &status)) return status;
+    o.result = &r;
+    errbuf err = {{0}};
+    if (consolidate(&o, &err)) {
+        fprintf(stderr, "fsdpctl consolidate: %s\n", err.msg);
+        return 1;
+    }
+    printf("%s: step %" PRId64 " (%s): %d tensors in %d file%s, %" PRIu64 " bytes %s, %d tokenizer "
+           "file%s, %.2f s (%.2f GB/s)\n",
+           o.out, r.step, r.ckpt, r.tensors, r.files, r.files == 1 ? "" : "s", r.bytes,
+           st_dtype_name(o.dtype), r.tokenizer_files, r.tokenizer_files == 1 ? "" : "s", r.seconds,
+           r.seconds > 0 ? (double)r.bytes / r.seconds / 1e9 : 0.0);
+    return 0;
+}
