@@ -101,7 +101,7 @@ check-fuzz: fuzz
 tiny: all
 	@mkdir -p runs/tiny-cpu
 	$(BUILD)/fsdpctl synth --out runs/tiny-cpu/copy.tokens --seq-len 32 --records 4096
-	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json
+	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json --checkpoint.resume=never
 
 clean:
 	rm -rf build build-asan build-fuzz
