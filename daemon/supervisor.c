@@ -20,10 +20,12 @@
 
 #include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
+#include "daemon/model_shm.h"
 #include "proto/ctl.h"
 #include "worker/comm.h"
 
 #define WORKER_CTL_FD 3
+#define WORKER_MODEL_FD 4
 
 typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase;
 
@@ -46,6 +48,7 @@ struct supervisor {
     const supervisor_options *opt;
     job_config job;      /* opt->job with the resumed checkpoint's global_batch and seed */
     ckpt_start ckpt_start;
+    int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
     long request_at_step; /* test hook: request a checkpoint at this step (0: never) */
     struct event_base *base;
@@ -152,21 +155,33 @@ static void maybe_finish(worker *w) {
     if (s->n_finished == s->opt->workers) event_base_loopbreak(s->base);
 }
 
+static void send_raw(worker *w, ctl_type type, const void *body, size_t len) {
+    uint8_t header[CTL_HEADER_SIZE];
+    errbuf err;
+    if (w->bev && ctl_encode_header(header, type, len, &err) == 0) {
+        bufferevent_write(w->bev, header, sizeof header);
+        bufferevent_write(w->bev, body, len);
+    }
+}
+
 static void send_msg(worker *w, ctl_type type, json_t *body) {
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    uint8_t header[CTL_HEADER_SIZE];
-    errbuf err;
     if (!text) {
         fail(w->sup, "rank %d: out of memory encoding %s", w->rank, ctl_type_name(type));
         return;
     }
-    size_t len = strlen(text);
-    if (w->bev && ctl_encode_header(header, type, len, &err) == 0) {
-        bufferevent_write(w->bev, header, sizeof header);
-        bufferevent_write(w->bev, text, len);
-    }
+    send_raw(w, type, text, strlen(text));
     free(text);
+}
+
+/* Global rank 0 made the NCCL unique id: every rank (itself included) gets it. */
+static void relay_nccl_id(supervisor *s, worker *from, const ctl_msg *msg) {
+    if (from->rank != 0 || msg->len == 0) {
+        fail(s, "rank %d sent an unexpected NCCL_ID message", from->rank);
+        return;
+    }
+    for (int r = 0; r < s->opt->workers; r++) send_raw(&s->workers[r], CTL_NCCL_ID, msg->body, msg->len);
 }
 
 static void broadcast_peers(supervisor *s) {
@@ -221,6 +236,10 @@ static void handle_message(worker *w, const ctl_msg *msg) {
     supervisor *s = w->sup;
     json_t *body = NULL;
     errbuf err;
+    if (msg->type == CTL_NCCL_ID) { /* the one message whose body is raw bytes */
+        relay_nccl_id(s, w, msg);
+        return;
+    }
     if (ctl_msg_json(msg, &body, &err)) {
         fail(s, "rank %d: bad %s message: %s", w->rank, ctl_type_name(msg->type), err.msg);
         return;
@@ -228,11 +247,12 @@ static void handle_message(worker *w, const ctl_msg *msg) {
     switch (msg->type) {
     case CTL_HELLO:
         send_msg(w, CTL_CONFIG,
-                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:s}", "rank", w->rank, "world",
+                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:s, s:i}", "rank", w->rank, "world",
                            s->opt->workers, "local_rank", w->rank, "node", 0, "bind_host",
                            s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json,
                            "ckpt_attempt", s->ckpt_start.attempt, "resume_dir",
-                           s->ckpt_start.resume_dir));
+                           s->ckpt_start.resume_dir, "model_fd",
+                           s->model_fd >= 0 ? WORKER_MODEL_FD : -1));
         break;
     case CTL_ADDR: {
         const char *addr = json_string_value(json_object_get(body, "addr"));
@@ -333,11 +353,13 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        if (sv[1] == WORKER_CTL_FD) {
-            if (fcntl(sv[1], F_SETFD, 0) != 0) _exit(126);
-        } else if (dup2(sv[1], WORKER_CTL_FD) < 0) {
+        /* Park both descriptors above the targets first, so neither placement can clobber
+         * the other; dup2 leaves the placed copies open across exec. */
+        int ctl = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+        int model = s->model_fd >= 0 ? fcntl(s->model_fd, F_DUPFD_CLOEXEC, 10) : -1;
+        if (ctl < 0 || dup2(ctl, WORKER_CTL_FD) < 0 || (s->model_fd >= 0 && model < 0) ||
+            (model >= 0 && dup2(model, WORKER_MODEL_FD) < 0))
             _exit(126);
-        }
         execl(s->opt->worker_path, "fsdp-worker", "--ctl-fd", "3", (char *)NULL);
         _exit(127);
     }
@@ -443,6 +465,7 @@ static void teardown(supervisor *s) {
         if (events[i]) event_free(events[i]);
     if (s->base) event_base_free(s->base);
     if (s->metrics) fclose(s->metrics);
+    if (s->model_fd >= 0) close(s->model_fd);
     free(s->workers);
     free(s->job_json);
 }
@@ -459,13 +482,40 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 
+/* The model, once for the node, in sealed shared memory the workers copy their slices from;
+ * not needed when the workers resume from a checkpoint.  Named after the job, the restart
+ * and the node, as DESIGN.md asks of everything a requeued job could meet again. */
+static int setup_model(supervisor *s, errbuf *err) {
+    s->model_fd = -1;
+    if (s->ckpt_start.resume_dir[0]) return 0;
+    const job_config *j = &s->job;
+    llama_config cfg;
+    llama_layout lo;
+    if (llama_config_load(&cfg, j->model.init == JOB_INIT_RANDOM ? j->model.config : j->model.path, err) ||
+        llama_layout_init(&lo, &cfg, err))
+        return -1;
+    const char *job_id = getenv("SLURM_JOB_ID"), *restart = getenv("SLURM_RESTART_COUNT");
+    char name[128];
+    if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n0", job_id, restart ? restart : "0");
+    else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n0", (int)getpid());
+    size_t bytes;
+    double t0 = now_s();
+    int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
+    llama_layout_free(&lo);
+    if (rc) return errprefix(err, "loading the model");
+    log_event(0, -1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
+              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, now_s() - t0);
+    return 0;
+}
+
 int supervisor_run(const supervisor_options *opt, errbuf *err) {
-    supervisor s = {.opt = opt, .job = *opt->job};
+    supervisor s = {.opt = opt, .job = *opt->job, .model_fd = -1};
     s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
     int rc = s.workers ? 0 : errf(err, "out of memory");
     if (rc == 0) rc = make_secret(&s, err);
     if (rc == 0) rc = setup_events(&s, err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
+    if (rc == 0) rc = setup_model(&s, err);
     if (rc == 0) rc = job_to_json(&s.job, &s.job_json, err);
     if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {

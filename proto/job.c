@@ -45,7 +45,6 @@ static const struct not_built {
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
     {"fsdp.cpu_offload", "true"},
-    {"runtime.backend", "cuda"},
 };
 
 typedef enum key_type {
@@ -980,15 +979,18 @@ int job_apply_override(job_config *j, const char *arg, errbuf *err) {
 
 int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err) {
     if (gpus_on_node < 0) return errf(err, "GPUs on this node: %d is negative", gpus_on_node);
-    /* auto would pick cuda when there is a GPU, but the CUDA backend is not built yet. */
-    if (j->runtime.backend == JOB_BACKEND_AUTO) j->runtime.backend = JOB_BACKEND_CPU;
+    if (j->runtime.backend == JOB_BACKEND_AUTO)
+        j->runtime.backend = gpus_on_node > 0 ? JOB_BACKEND_CUDA : JOB_BACKEND_CPU;
     bool cuda = j->runtime.backend == JOB_BACKEND_CUDA;
     if (cuda && gpus_on_node == 0)
         return errf(err, "runtime.backend: 'cuda' but this node has no GPU");
     if (j->runtime.workers_per_node == 0)
         j->runtime.workers_per_node = cuda ? gpus_on_node : 2;
-    else if (cuda && j->runtime.workers_per_node > gpus_on_node)
-        return errf(err, "runtime.workers_per_node: %d workers but this node has %d GPUs",
+    /* More workers than GPUs share them evenly (collectives then go through host memory:
+     * a way to run several ranks on one GPU, not a way to train fast). */
+    else if (cuda && j->runtime.workers_per_node > gpus_on_node &&
+             j->runtime.workers_per_node % gpus_on_node != 0)
+        return errf(err, "runtime.workers_per_node: %d workers cannot share %d GPUs evenly",
                     j->runtime.workers_per_node, gpus_on_node);
     if (j->model.dtype == JOB_DTYPE_AUTO) j->model.dtype = cuda ? JOB_DTYPE_BF16 : JOB_DTYPE_F32;
     return 0;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/rng.h"
+#include "proto/model_image.h"
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -107,7 +107,7 @@ void fsdp_destroy(fsdp *f) {
         free_activations(f);
         if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
         void *bufs[] = {f->send, f->gathered[0], f->gathered[1], f->full_grad[0],
-                        f->full_grad[1], f->inv_freq, f->scalars};
+                        f->full_grad[1], f->inv_freq, f->scalars, f->stats};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
@@ -157,26 +157,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
 
 /* ---- initial parameters ---- */
 
-/* Converts elements [first, first+n) of a checkpoint tensor to fp32. */
-static int read_slice_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err) {
-    const unsigned char *src = (const unsigned char *)t->data + first * st_dtype_size(t->dtype);
-    for (size_t i = 0; i < n; i++) {
-        switch (t->dtype) {
-        case ST_F32: memcpy(&dst[i], src + 4 * i, 4); break;
-        case ST_F64: { double d; memcpy(&d, src + 8 * i, 8); dst[i] = (float)d; break; }
-        case ST_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = st_bf16_to_f32(h); break; }
-        case ST_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = st_f16_to_f32(h); break; }
-        default: return errf(err, "%s: dtype %s is not a floating-point type", t->name, st_dtype_name(t->dtype));
-        }
-    }
-    return 0;
-}
-
-/* Fills host[shard] with this rank's part of unit u, element by element from fill(). */
-typedef int (*slice_fill_fn)(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
-                             const void *arg, errbuf *err);
-
-static int fill_master_shards(fsdp *f, slice_fill_fn fill, const void *arg, errbuf *err) {
+int fsdp_load_image(fsdp *f, const void *image, errbuf *err) {
     const llama_layout *lo = &f->layout;
     size_t max_shard = 0;
     for (int u = 0; u < lo->n_units; u++)
@@ -186,52 +167,16 @@ static int fill_master_shards(fsdp *f, slice_fill_fn fill, const void *arg, errb
     int rc = 0;
     for (int u = 0; u < lo->n_units && rc == 0; u++) {
         const fsdp_unit *U = &f->units[u];
-        memset(host, 0, U->shard * sizeof *host);
-        for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count && rc == 0; i++) {
-            const llama_tensor_slot *s = &lo->tensors[i];
-            size_t lo_el = s->offset > U->shard_off ? s->offset : U->shard_off;
-            size_t hi_el = s->offset + s->numel;
-            if (hi_el > U->shard_off + U->shard) hi_el = U->shard_off + U->shard;
-            if (lo_el < hi_el)
-                rc = fill(f, i, lo_el - s->offset, hi_el - lo_el, host + (lo_el - U->shard_off), arg, err);
-        }
-        if (rc == 0) k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
+        /* This rank's elements [shard_off, shard_off + shard); past numel is padding. */
+        size_t n = U->shard_off >= U->numel ? 0
+                 : U->numel - U->shard_off < U->shard ? U->numel - U->shard_off : U->shard;
+        memset(host + n, 0, (U->shard - n) * sizeof *host);
+        model_image_read_f32(image, lo, u, U->shard_off, n, host);
+        k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
+        rc = k_sync(f->ctx, err); /* the host buffer is reused for the next unit */
     }
     free(host);
-    if (rc == 0) rc = k_sync(f->ctx, err);
     return rc;
-}
-
-static int fill_from_checkpoint(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
-                                const void *arg, errbuf *err) {
-    const llama_tensor_slot *s = &f->layout.tensors[slot_index];
-    const st_tensor *t = st_model_find(arg, s->name);
-    if (!t) return errf(err, "checkpoint has no tensor %s", s->name);
-    if (t->ndim != s->ndim || t->shape[0] != s->shape[0] || (s->ndim == 2 && t->shape[1] != s->shape[1]))
-        return errf(err, "tensor %s has another shape than the config gives", s->name);
-    return read_slice_f32(t, first, n, dst, err);
-}
-
-int fsdp_load_hf(fsdp *f, const st_model *st, errbuf *err) {
-    return fill_master_shards(f, fill_from_checkpoint, st, err);
-}
-
-/* Parameter p of checkpoint order draws from stream (INIT, p), element i at counter i. */
-static int fill_random(const fsdp *f, int slot_index, size_t first, size_t n, float *dst,
-                       const void *arg, errbuf *err) {
-    (void)err;
-    const llama_tensor_slot *s = &f->layout.tensors[slot_index];
-    if (s->is_norm) {
-        for (size_t i = 0; i < n; i++) dst[i] = 1.0f;
-    } else {
-        rng_fill_normal(dst, n, (float)f->layout.cfg.initializer_range, *(const uint64_t *)arg,
-                        rng_stream(RNG_PURPOSE_INIT, (uint64_t)slot_index), first);
-    }
-    return 0;
-}
-
-int fsdp_init_random(fsdp *f, uint64_t seed, errbuf *err) {
-    return fill_master_shards(f, fill_random, &seed, err);
 }
 
 /* ---- communication of one unit ---- */
@@ -327,8 +272,16 @@ static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf
         all[0] = *mine;
         return 0;
     }
-    memcpy(&all[f->rank], mine, sizeof *mine);
-    return comm_all_gather(f->comm, &all[f->rank], all, sizeof *mine, COMM_BYTE, err);
+    /* Through the context's memory: NCCL reads and writes device buffers only. */
+    size_t bytes = (size_t)f->world * sizeof *mine;
+    if (!f->stats && !(f->stats = k_alloc(f->ctx, bytes, err))) return -1;
+    char *dev = f->stats;
+    k_copy_h2d(f->ctx, dev + (size_t)f->rank * sizeof *mine, mine, sizeof *mine);
+    if (k_sync(f->ctx, err) ||
+        comm_all_gather(f->comm, dev + (size_t)f->rank * sizeof *mine, dev, sizeof *mine, COMM_BYTE, err))
+        return -1;
+    k_copy_d2h(f->ctx, all, dev, bytes);
+    return k_check(f->ctx, err);
 }
 
 static int64_t count_targets(const int32_t *labels, int rows, int T) {

@@ -25,7 +25,6 @@
 #include "proto/ckpt.h"
 #include "proto/errbuf.h"
 #include "proto/job.h"
-#include "proto/safetensors.h"
 #include "worker/comm.h"
 #include "worker/llama.h"
 
@@ -70,6 +69,7 @@ typedef struct fsdp {
     llama_scratch scratch;
     void *dresid;
     int32_t *tokens, *targets;
+    void *stats;         /* [world] per-rank step statistics, gathered (context memory) */
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
     long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
@@ -87,12 +87,9 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
               const fsdp_options *opt, errbuf *err);
 void fsdp_destroy(fsdp *f);
 
-/* Fills this rank's master shards from a Hugging Face checkpoint, reading only its slice of
- * each tensor. */
-int fsdp_load_hf(fsdp *f, const st_model *st, errbuf *err);
-/* Fills this rank's master shards with Hugging Face's init (normal(0, initializer_range),
- * norms 1), drawn as `fsdpctl init` draws them, so both give the same model for a seed. */
-int fsdp_init_random(fsdp *f, uint64_t seed, errbuf *err);
+/* Fills this rank's master shards from the node's model image (proto/model_image.h, checked
+ * against this model's layout), copying only this rank's slices. */
+int fsdp_load_image(fsdp *f, const void *image, errbuf *err);
 
 typedef struct fsdp_hparams {
     double lr, beta1, beta2, eps, weight_decay; /* weight decay skips norm weights */

@@ -3,10 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
+#include "proto/model_image.h"
 #include "proto/safetensors.h"
 #include "worker/ckpt_writer.h"
 #include "worker/data.h"
@@ -56,11 +58,13 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL};
     if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
     if (env->resume_dir) return resume(f, env, &cfg, tokens_seen, err);
-    if (random) return fsdp_init_random(f, (uint64_t)j->train.seed, err);
-    st_model st;
-    if (st_model_open(&st, j->model.path, err)) return -1;
-    int rc = fsdp_load_hf(f, &st, err);
-    st_model_close(&st);
+    if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
+    const void *image;
+    size_t bytes;
+    if (model_image_map(env->model_fd, &f->layout, &image, &bytes, err))
+        return errprefix(err, "the model memory from fsdpd");
+    int rc = fsdp_load_image(f, image, err);
+    munmap((void *)image, bytes);
     return rc;
 }
 

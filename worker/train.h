@@ -58,6 +58,7 @@ typedef struct train_env {
     struct ckpt_writer *writer; /* NULL: no checkpoints */
     int ckpt_attempt;           /* in partial directory names (proto/ckpt.h) */
     const char *resume_dir;     /* a committed checkpoint to start from, or NULL */
+    int model_fd;               /* fsdpd's model image (proto/model_image.h), when not resuming */
 } train_env;
 
 /* Runs the job's steps.  Returns 0 when every step ran (or a stop was requested), -1 with

@@ -35,6 +35,7 @@
 #include "proto/job.h"
 #include "worker/ckpt_writer.h"
 #include "worker/comm.h"
+#include "worker/comm_nccl.h"
 #include "worker/train.h"
 
 #define SETUP_TIMEOUT_MS 120000
@@ -42,7 +43,8 @@
 typedef struct worker {
     int fd;
     pthread_mutex_t send_lock;
-    int rank, world;
+    int rank, world, local_rank;
+    int model_fd; /* fsdpd's model image, inherited; -1 when resuming from a checkpoint */
     char bind_host[256];
     unsigned char secret[COMM_SECRET_BYTES];
     job_config job;
@@ -100,11 +102,15 @@ static int read_config(worker *w, errbuf *err) {
     const char *host = json_string_value(json_object_get(cfg, "bind_host"));
     const char *resume = json_string_value(json_object_get(cfg, "resume_dir"));
     w->rank = (int)json_integer_value(json_object_get(cfg, "rank"));
+    w->local_rank = (int)json_integer_value(json_object_get(cfg, "local_rank"));
+    json_t *model_fd = json_object_get(cfg, "model_fd");
+    w->model_fd = json_is_integer(model_fd) ? (int)json_integer_value(model_fd) : -2;
     w->world = (int)json_integer_value(json_object_get(cfg, "world"));
     w->ckpt_attempt = (int)json_integer_value(json_object_get(cfg, "ckpt_attempt"));
     rc = -1;
     if (!job_text || !host || strlen(host) >= sizeof w->bind_host || w->world < 1 ||
-        w->rank < 0 || w->rank >= w->world || w->ckpt_attempt < 1 || !resume ||
+        w->rank < 0 || w->rank >= w->world || w->local_rank < 0 || w->model_fd < -1 ||
+        w->ckpt_attempt < 1 || !resume ||
         strlen(resume) >= sizeof w->resume_dir ||
         parse_hex(json_string_value(json_object_get(cfg, "secret")), w->secret, COMM_SECRET_BYTES))
         errf(err, "malformed CONFIG message");
@@ -117,10 +123,8 @@ static int read_config(worker *w, errbuf *err) {
     return rc;
 }
 
-/* Joins the peers: publish our address, learn theirs, connect. */
-static int connect_peers(worker *w, comm **out, errbuf *err) {
-    *out = NULL;
-    if (w->world == 1) return 0;
+/* TCP rings: publish our address, learn theirs, connect. */
+static int connect_tcp(worker *w, comm **out, errbuf *err) {
     comm_listener l;
     if (comm_tcp_listen(&l, w->bind_host, err)) return -1;
     json_t *peers = NULL;
@@ -144,6 +148,58 @@ static int connect_peers(worker *w, comm **out, errbuf *err) {
     free(table);
     json_decref(peers);
     return rc;
+}
+
+#ifdef FSDP_HAVE_CUDA
+static int send_raw(worker *w, ctl_type type, const void *body, size_t len, errbuf *err) {
+    pthread_mutex_lock(&w->send_lock);
+    int rc = ctl_send(w->fd, type, body, len, err);
+    pthread_mutex_unlock(&w->send_lock);
+    return rc;
+}
+
+/* NCCL: global rank 0 makes the unique id, fsdpd relays it to every rank. */
+static int connect_nccl(worker *w, kctx *ctx, comm **out, errbuf *err) {
+    unsigned char id[COMM_NCCL_ID_BYTES];
+    if (w->rank == 0 && (comm_nccl_make_id(id, err) || send_raw(w, CTL_NCCL_ID, id, sizeof id, err)))
+        return -1;
+    ctl_msg m;
+    if (ctl_recv(w->fd, &m, SETUP_TIMEOUT_MS, err)) return errprefix(err, "waiting for NCCL_ID");
+    int ok = m.type == CTL_NCCL_ID && m.len == sizeof id;
+    if (ok) memcpy(id, m.body, sizeof id);
+    else errf(err, "expected a %zu-byte NCCL_ID, got %s (%u bytes)", sizeof id, ctl_type_name(m.type), m.len);
+    ctl_msg_free(&m);
+    if (!ok) return -1;
+    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120};
+    return comm_nccl_init(out, &opt, w->rank, w->world, id, ctx, err);
+}
+#endif
+
+/* Joins the peers: NCCL when every rank has a GPU of its own, else TCP rings (through host
+ * memory when the buffers are on a GPU). */
+static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err) {
+    *out = NULL;
+    if (w->world == 1) return 0;
+#ifdef FSDP_HAVE_CUDA
+    if (ctx->backend == K_CUDA && w->world <= gpus) return connect_nccl(w, ctx, out, err);
+#else
+    (void)gpus;
+#endif
+    if (connect_tcp(w, out, err)) return -1;
+    if (ctx->backend == K_CUDA && comm_stage_through_host(out, ctx, err)) {
+        comm_destroy(*out);
+        *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* The kernels context: the CPU, or GPU local_rank mod the visible GPUs. */
+static int open_context(worker *w, kctx *ctx, int *gpus, errbuf *err) {
+    *gpus = k_cuda_available();
+    if (w->job.runtime.backend != JOB_BACKEND_CUDA) return kctx_init(ctx, K_CPU, 0, err);
+    if (*gpus < 1) return errf(err, "runtime.backend is cuda but this worker sees no GPU");
+    return kctx_init(ctx, K_CUDA, w->local_rank % *gpus, err);
 }
 
 static void *heartbeat_loop(void *arg) {
@@ -269,8 +325,9 @@ static int run(worker *w, errbuf *err) {
     if (pthread_create(&hb, NULL, heartbeat_loop, w) != 0) return errf(err, "cannot start the heartbeat thread");
     kctx ctx;
     comm *c = NULL;
-    if (kctx_init(&ctx, K_CPU, 0, err)) return -1;
-    rc = connect_peers(w, &c, err);
+    int gpus;
+    if (open_context(w, &ctx, &gpus, err)) return -1;
+    rc = connect_peers(w, &ctx, gpus, &c, err);
     json_t *start = NULL;
     if (rc == 0) rc = send_json(w, CTL_HEARTBEAT, json_pack("{s:b}", "ready", 1), err);
     if (rc == 0) rc = expect(w, CTL_START, &start, err);
@@ -287,7 +344,8 @@ static int run(worker *w, errbuf *err) {
                          .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
                                    .ckpt_request = ckpt_request},
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
-                         .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL};
+                         .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
+                         .model_fd = w->model_fd};
         rc = train_run(&env, err);
     }
     /* A save still being written after a stop or a failure is of no use: abandon it. */

@@ -156,7 +156,6 @@ static const bad_case bad_cases[] = {
     {"{\"output\":{\"shard_size\":\"5XB\"}}", 1, "output.shard_size: '5XB' is not a size", NULL},
     {"{\"output\":{\"shard_size\":0}}", 1, "output.shard_size: 0 is out of range", NULL},
     {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
-    {"{\"runtime\":{\"backend\":\"cuda\"}}", 1, "runtime.backend: 'cuda' is not built yet", NULL},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
     {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"}}", 1,
@@ -381,10 +380,14 @@ static void test_resolve_runtime(void **state) {
     job_config j;
     errbuf err = {""};
     job_defaults(&j);
-    assert_int_equal(job_resolve_runtime(&j, 8, &err), 0); /* auto is cpu until CUDA is built */
+    assert_int_equal(job_resolve_runtime(&j, 0, &err), 0); /* auto: cpu without a GPU */
     assert_int_equal(j.runtime.backend, JOB_BACKEND_CPU);
     assert_int_equal(j.runtime.workers_per_node, 2);
     assert_int_equal(j.model.dtype, JOB_DTYPE_F32);
+    job_defaults(&j);
+    assert_int_equal(job_resolve_runtime(&j, 8, &err), 0); /* ... cuda with one */
+    assert_int_equal(j.runtime.backend, JOB_BACKEND_CUDA);
+    assert_int_equal(j.runtime.workers_per_node, 8);
 
     job_defaults(&j);
     j.runtime.backend = JOB_BACKEND_CUDA;
@@ -395,13 +398,13 @@ static void test_resolve_runtime(void **state) {
     assert_int_equal(j.model.dtype, JOB_DTYPE_BF16);
     j.runtime.workers_per_node = 9;
     assert_int_equal(job_resolve_runtime(&j, 8, &err), -1);
-    assert_contains(err.msg, "runtime.workers_per_node: 9 workers but this node has 8 GPUs");
-    /* and job_validate still refuses the unbuilt backend */
+    assert_contains(err.msg, "runtime.workers_per_node: 9 workers cannot share 8 GPUs evenly");
+    j.runtime.workers_per_node = 3; /* three ranks on one GPU */
+    assert_int_equal(job_resolve_runtime(&j, 1, &err), 0);
     strcpy(j.model.path, "m");
     strcpy(j.data.path, "d");
-    j.runtime.workers_per_node = 8;
-    assert_int_equal(job_validate(&j, 8, &err), -1);
-    assert_contains(err.msg, "runtime.backend: 'cuda' is not built yet");
+    j.train.global_batch = 3;
+    assert_int_equal(job_validate(&j, 3, &err), 0);
     assert_int_equal(job_resolve_runtime(&j, -1, &err), -1);
 }
 
