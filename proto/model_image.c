@@ -1,10 +1,13 @@
 #include "model_image.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "rng.h"
 
@@ -12,6 +15,7 @@
 #define IMAGE_ALIGN 4096
 #define IMAGE_FIXED 32
 #define IMAGE_CHUNK (1u << 20) /* elements converted at a time */
+#define IMAGE_MAX_THREADS 64
 
 static size_t align_up(size_t n) { return (n + IMAGE_ALIGN - 1) / IMAGE_ALIGN * IMAGE_ALIGN; }
 static size_t elem_bytes(model_image_dtype dt) { return dt == MODEL_IMAGE_BF16 ? 2 : 4; }
@@ -59,35 +63,87 @@ static void store(unsigned char *unit_data, model_image_dtype dt, size_t at, con
     }
 }
 
-/* Fills every tensor chunk by chunk from fill(slot index, first, n, dst). */
+/* Fills every tensor chunk by chunk from fill(slot index, first, n, dst), on every core: a
+ * 70B model is 70 billion draws or conversions. */
 typedef int (*tensor_fill)(const llama_layout *lo, int slot, size_t first, size_t n, float *dst,
                            const void *arg, errbuf *err);
+
+typedef struct fill_chunk {
+    int slot;
+    size_t first, n;
+} fill_chunk;
+
+typedef struct fill_job {
+    unsigned char *image;
+    const llama_layout *lo;
+    model_image_dtype dt;
+    tensor_fill fill;
+    const void *fill_arg;
+    fill_chunk *chunks;
+    size_t n_chunks;
+    atomic_size_t next, done_bytes;
+    atomic_int failed;
+    pthread_mutex_t lock; /* guards err */
+    errbuf *err;
+} fill_job;
+
+/* Takes chunks until none is left; only the calling thread is given `progress`. */
+static void fill_chunks(fill_job *job, model_image_progress progress, void *arg) {
+    float *buf = malloc(IMAGE_CHUNK * sizeof *buf);
+    errbuf err;
+    int rc = buf ? 0 : errf(&err, "model image: out of memory");
+    size_t total = model_image_bytes(job->lo, job->dt);
+    for (size_t i; rc == 0 && !atomic_load(&job->failed) && (i = atomic_fetch_add(&job->next, 1)) < job->n_chunks;) {
+        const fill_chunk *c = &job->chunks[i];
+        const llama_tensor_slot *s = &job->lo->tensors[c->slot];
+        rc = job->fill(job->lo, c->slot, c->first, c->n, buf, job->fill_arg, &err);
+        if (rc == 0) store(job->image + unit_offset(job->lo, job->dt, s->unit), job->dt, s->offset + c->first, buf, c->n);
+        size_t done = atomic_fetch_add(&job->done_bytes, c->n * elem_bytes(job->dt)) + c->n * elem_bytes(job->dt);
+        if (progress) progress(arg, done, total);
+    }
+    if (rc) {
+        pthread_mutex_lock(&job->lock);
+        if (!atomic_exchange(&job->failed, 1) && job->err) *job->err = err;
+        pthread_mutex_unlock(&job->lock);
+    }
+    free(buf);
+}
+
+static void *fill_thread(void *arg) {
+    fill_chunks(arg, NULL, NULL);
+    return NULL;
+}
 
 static int fill_image(void *image, const llama_layout *lo, model_image_dtype dt, tensor_fill fill,
                       const void *fill_arg, model_image_progress progress, void *arg,
                       errbuf *err) {
-    float *chunk = malloc(IMAGE_CHUNK * sizeof *chunk);
-    if (!chunk) return errf(err, "model image: out of memory");
+    size_t n_chunks = 0;
+    for (int i = 0; i < lo->n_tensors; i++) n_chunks += (lo->tensors[i].numel + IMAGE_CHUNK - 1) / IMAGE_CHUNK;
+    fill_job job = {.image = image, .lo = lo, .dt = dt, .fill = fill, .fill_arg = fill_arg,
+                    .n_chunks = n_chunks, .err = err, .lock = PTHREAD_MUTEX_INITIALIZER};
+    job.chunks = malloc((n_chunks ? n_chunks : 1) * sizeof *job.chunks);
+    if (!job.chunks) return errf(err, "model image: out of memory");
+    size_t k = 0;
+    for (int i = 0; i < lo->n_tensors; i++)
+        for (size_t first = 0; first < lo->tensors[i].numel; first += IMAGE_CHUNK) {
+            size_t left = lo->tensors[i].numel - first;
+            job.chunks[k++] = (fill_chunk){i, first, left < IMAGE_CHUNK ? left : IMAGE_CHUNK};
+        }
     write_header(image, lo, dt);
     for (int u = 0; u < lo->n_units; u++) { /* the alignment padding after each unit */
         size_t end = unit_offset(lo, dt, u) + lo->units[u].numel * elem_bytes(dt);
         memset((unsigned char *)image + end, 0, unit_offset(lo, dt, u + 1) - end);
     }
-    size_t total = model_image_bytes(lo, dt), done = 0;
-    int rc = 0;
-    for (int i = 0; i < lo->n_tensors && rc == 0; i++) {
-        const llama_tensor_slot *s = &lo->tensors[i];
-        unsigned char *data = (unsigned char *)image + unit_offset(lo, dt, s->unit);
-        for (size_t first = 0; first < s->numel && rc == 0; first += IMAGE_CHUNK) {
-            size_t n = s->numel - first < IMAGE_CHUNK ? s->numel - first : IMAGE_CHUNK;
-            rc = fill(lo, i, first, n, chunk, fill_arg, err);
-            if (rc == 0) store(data, dt, s->offset + first, chunk, n);
-            done += n * elem_bytes(dt);
-            if (progress) progress(arg, done, total);
-        }
-    }
-    free(chunk);
-    return rc;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) - 1 : 0;
+    if ((size_t)n_threads > n_chunks) n_threads = (int)n_chunks;
+    pthread_t threads[IMAGE_MAX_THREADS];
+    int started = 0;
+    while (started < n_threads && pthread_create(&threads[started], NULL, fill_thread, &job) == 0) started++;
+    fill_chunks(&job, progress, arg); /* fewer threads than asked for only makes it slower */
+    for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+    free(job.chunks);
+    return atomic_load(&job.failed) ? -1 : 0;
 }
 
 static int fill_from_checkpoint(const llama_layout *lo, int slot, size_t first, size_t n,
