@@ -34,20 +34,6 @@ static int path_join(char *out, size_t n, const char *dir, const char *name, err
     return 0;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path, errbuf *err) {
-    char buf[JOB_PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return errf(err, "%s: path too long", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        int rc = file_mkdir(buf, err);
-        *p = '/';
-        if (rc) return -1;
-    }
-    return file_mkdir(buf, err);
-}
-
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)ftw;
     return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
@@ -139,7 +125,7 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     const char *dir = job->checkpoint.dir;
     llama_config cfg;
     if (load_model_config(job, &out->model_config, &cfg, err)) return -1;
-    int rc = make_dirs(dir, err);
+    int rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
                                        out->resume_dir, sizeof out->resume_dir, err)
@@ -279,11 +265,13 @@ static void give_up(commit *m, const char *why) {
         if (!m->ranks[r].reported)
             c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_ABORT,
                               json_pack("{s:I, s:i}", "step", (json_int_t)m->step, "attempt", m->attempt));
+    long long step = m->step;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
         free_commit(m);
     }
     arm_ready(c);
+    if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 0);
 }
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg) {
@@ -548,6 +536,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     }
     free_commit(m);
     arm_ready(c);
+    if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 1);
 }
 
 long long ckpt_coord_request(ckpt_coord *c, const char *why) {

@@ -148,3 +148,18 @@ int file_mkdir(const char *path, errbuf *err) {
     if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
     return errf(err, "%s: mkdir: %s", path, strerror(errno));
 }
+
+int file_mkdir_p(const char *path, errbuf *err) {
+    char *buf = strdup(path);
+    if (!buf) return errf(err, "%s: out of memory", path);
+    int rc = 0;
+    for (char *p = buf + 1; *p && rc == 0; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        rc = file_mkdir(buf, err);
+        *p = '/';
+    }
+    if (rc == 0) rc = file_mkdir(buf, err);
+    free(buf);
+    return rc;
+}

@@ -28,5 +28,7 @@ int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char
 int file_fsync_dir(const char *path, int is_dir, errbuf *err);
 /* mkdir that accepts an existing directory. */
 int file_mkdir(const char *path, errbuf *err);
+/* mkdir -p: the directory and any missing parents. */
+int file_mkdir_p(const char *path, errbuf *err);
 
 #endif

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The F12/F13 runs on one GPU, each bounded by a timeout so a failure costs little device
+# time; every log lands in $OUT.  From the repository root:
+#
+#   tests/gpu/run_h200.sh BUILD CARRY
+#
+# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds golden/tiny-mha
+# (a copy of ../shared/golden/tiny-mha) and peer_torch.py (../shared/bench/peer_torch.py).
+# BIG_MODEL (default configs/models/llama-1.1b.json), BIG_SEQ (2048), BIG_STEPS (20) and
+# BACKEND (cuda) can be changed, e.g. to try the script on a CPU with a small model.
+set -u
+build=${1:-build} carry=${2:-dev-carry}
+out=${OUT:-/tmp/fsdp-gpu-out}
+backend=${BACKEND:-cuda}
+big_model=${BIG_MODEL:-configs/models/llama-1.1b.json}
+big_seq=${BIG_SEQ:-2048} big_steps=${BIG_STEPS:-20}
+work=$(mktemp -d /tmp/fsdp-gpu.XXXXXX)
+mkdir -p "$out"
+fsdpd="$build/fsdpd" fsdpctl="$build/fsdpctl"
+section() { echo; echo "=== $* ($(date +%T))"; }
+
+# job NAME WORKERS [overrides...]: a fsdpd run with its log in $out/NAME.log.
+job() {
+    local name=$1 workers=$2
+    shift 2
+    timeout "${JOB_TIMEOUT:-300}" "$fsdpd" --job configs/jobs/tiny-cpu.json --runtime.backend="$backend" \
+        --runtime.workers_per_node="$workers" --checkpoint.dir="$work/$name/ckpt" \
+        --output.dir="$work/$name/out" --runtime.metrics="$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc; $(grep -c '"loss"' "$out/$name.jsonl" 2>/dev/null) steps;" \
+         "first/last loss $(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$name.jsonl" 2>/dev/null | sed -n '1p;$p' | tr '\n' ' ')"
+    [ $rc -eq 0 ] || tail -5 "$out/$name.log"
+    return $rc
+}
+
+# losses A B: the largest relative difference of the per-step losses of two runs.
+losses() {
+    paste <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$1.jsonl") \
+          <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$2.jsonl") |
+        awk -v a="$1" -v b="$2" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+            END { printf "%s vs %s: %d steps, largest relative loss difference %.2e (%s 2e-2)\n", a, b, n, m, m <= 2e-2 ? "<=" : "> FAIL" }'
+}
+
+section "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+
+section "F12: GPU golden (fsdpctl reference --backend cuda vs transformers, rtol 2e-2)"
+g=$carry/golden/tiny-mha
+timeout 120 "$fsdpctl" reference --backend "$backend" "$g" "$g/batch.safetensors" --out "$work/golden.safetensors" \
+    --adamw 1e-3,0.9,0.95,1e-8,0.1 > "$out/golden.log" 2>&1 &&
+    timeout 60 "$fsdpctl" compare "$work/golden.safetensors" "$g/expected.safetensors" --rtol 2e-2 > "$out/golden_compare.txt" 2>&1
+echo "golden: exit $?; $(tail -1 "$out/golden_compare.txt" 2>/dev/null)"
+
+section "F12/F13: the tiny job on the GPU, 1 worker and 2 sharing it (TCP through pinned memory)"
+"$fsdpctl" synth --out "$work/copy.tokens" --seq-len 32 --records 4096 > /dev/null
+job tiny1 1 --data.path="$work/copy.tokens" --checkpoint.resume=never --train.micro_batch=8
+job tiny2 2 --data.path="$work/copy.tokens" --checkpoint.resume=never
+
+section "F13: a GPU checkpoint resumed on the CPU backend, and the reverse"
+job gpu_first 1 --data.path="$work/copy.tokens" --checkpoint.resume=never --train.max_steps=10 --train.micro_batch=8 &&
+    cp -r "$work/gpu_first/ckpt" "$work/to_cpu_ckpt" &&
+    BACKEND=cpu job cpu_resume 2 --data.path="$work/copy.tokens" --checkpoint.dir="$work/to_cpu_ckpt" \
+        --checkpoint.resume=latest --train.max_steps=20
+grep -o "resum[a-z]* from [^ ]*" "$out/cpu_resume.log" | head -1
+BACKEND=cpu job cpu_first 2 --data.path="$work/copy.tokens" --checkpoint.resume=never --train.max_steps=10 &&
+    cp -r "$work/cpu_first/ckpt" "$work/to_gpu_ckpt" &&
+    job gpu_resume 1 --data.path="$work/copy.tokens" --checkpoint.dir="$work/to_gpu_ckpt" \
+        --checkpoint.resume=latest --train.max_steps=20 --train.micro_batch=8
+grep -o "resum[a-z]* from [^ ]*" "$out/gpu_resume.log" | head -1
+
+section "F13: $big_model, seq $big_seq, $big_steps steps, activation checkpointing: 1 worker, then 2 sharing the GPU"
+"$fsdpctl" synth --out "$work/big.tokens" --seq-len "$big_seq" --records 512 --alphabet 64 > /dev/null
+big=(--model.init=random --model.config="$big_model" --data.path="$work/big.tokens" --data.seq_len="$big_seq"
+     --train.global_batch=8 --train.max_steps="$big_steps" --train.lr=3e-4 --train.warmup_steps=2
+     --fsdp.activation_checkpointing=full --checkpoint.resume=never --runtime.heartbeat_s=30)
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/big1_mem.txt" 2>/dev/null &
+mon=$!
+JOB_TIMEOUT=400 job big1 1 "${big[@]}" --train.micro_batch=8
+kill $mon 2>/dev/null
+echo "big1: peak GPU memory $(sort -n "$out/big1_mem.txt" 2>/dev/null | tail -1) MiB (nvidia-smi, whole device)"
+sed -n 's/.*"step":\([0-9]*\).*"tokens":\([0-9]*\).*"seconds":\([0-9.e+-]*\).*/\1 \2 \3/p' "$out/big1.jsonl" |
+    awk -v seq="$big_seq" 'NR > 3 { t += $3; n++ } END { if (n) printf "big1: %.3f s/step over steps 4..%d = %.0f tokens/s (8 x %d tokens a step)\n", t / n, n + 3, 8 * seq / (t / n), seq }'
+JOB_TIMEOUT=400 job big2 2 "${big[@]}" --train.micro_batch=4
+losses big1 big2
+
+section "F13: consolidation of the big run, then fsdpctl reference --backend cuda on it"
+python3 - "$work/batch.safetensors" <<'PY'
+import sys, numpy as np
+from safetensors.numpy import save_file
+ids = (np.arange(2 * 64, dtype=np.int32).reshape(2, 64) * 7919) % 32000
+save_file({"input_ids": ids, "labels": ids.copy()}, sys.argv[1])
+PY
+timeout 120 "$fsdpctl" reference --backend "$backend" "$work/big1/out" "$work/batch.safetensors" \
+    --out "$work/big_ref_gpu.safetensors" > "$out/big_ref_gpu.log" 2>&1
+echo "reference on the consolidated output ($backend): exit $?; $(tail -1 "$out/big_ref_gpu.log")"
+timeout 200 "$fsdpctl" reference --backend cpu "$work/big1/out" "$work/batch.safetensors" \
+    --out "$work/big_ref_cpu.safetensors" > "$out/big_ref_cpu.log" 2>&1
+echo "reference on the consolidated output (cpu): exit $?; $(tail -1 "$out/big_ref_cpu.log")"
+"$fsdpctl" compare "$work/big_ref_gpu.safetensors" "$work/big_ref_cpu.safetensors" --rtol 2e-2 2>&1 | grep -E "^logits|^loss|compared"
+
+section "the PyTorch peer, same device call (peer_torch.py, its 1.1B mixed-precision configuration only)"
+if [ -f "$carry/peer_torch.py" ]; then
+    sed 's/^for args in \[.*\]:$/for args in [("llama-1.1b","mixed",8,2048)]:/' "$carry/peer_torch.py" > "$work/peer.py"
+    PYTHONUNBUFFERED=1 timeout 240 python3 "$work/peer.py" 2>&1 | grep -v Warning | tee "$out/peer.log"
+fi
+rm -rf "$work"
