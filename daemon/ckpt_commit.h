@@ -57,6 +57,8 @@ typedef struct ckpt_coord_hooks {
     void (*send)(void *arg, int rank, ctl_type type, json_t *body);
     /* The job cannot go on (a sync save failed or missed its deadline). */
     void (*fatal)(void *arg, const char *reason);
+    /* Optional: the commit of step's save is over, committed (1) or given up (0). */
+    void (*settled)(void *arg, long long step, int committed);
 } ckpt_coord_hooks;
 
 typedef struct ckpt_coord_options {
