@@ -578,8 +578,8 @@ static int check_args(kctx *c, const char *op, const void *const *bufs, int n_bu
         k_fail(c, "%s: %d query heads are not a multiple of %d key/value heads", op, Hq, Hkv);
         return -1;
     }
-    if (hd != 64 && hd != 128) {
-        k_fail(c, "CUDA %s: head dim %d is not supported (64 and 128 are)", op, hd);
+    if (hd != 64 && hd != 128 && !kcuda_attention_generic_supports(hd)) {
+        k_fail(c, "CUDA %s: head dim %d is not supported (even, at most 256)", op, hd);
         return -1;
     }
     if (B > 65535 || (T + 15) / 16 > 65535) {
@@ -651,6 +651,10 @@ extern "C" void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *
                                     const void *v, int B, int T, int Hq, int Hkv, int hd) {
     const void *bufs[] = {out, lse, q, k, v};
     if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) || B == 0 || T == 0) return;
+    if (hd != 64 && hd != 128) {
+        kcuda_attention_generic_fwd(c, out, lse, q, k, v, B, T, Hq, Hkv, hd);
+        return;
+    }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     B, T, Hq, Hkv, LOG2E / sqrtf((float)hd)};
     if (hd == 64)
@@ -665,6 +669,10 @@ extern "C" void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const
     const void *bufs[] = {dq, dk, dv, dout, q, k, v, out, lse};
     if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) || B == 0 || T == 0)
         return;
+    if (hd != 64 && hd != 128) {
+        kcuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd);
+        return;
+    }
     const int Tp = (T + STATS_PAD - 1) / STATS_PAD * STATS_PAD;
     const size_t rows = (size_t)B * Hq * Tp;
     float *scratch = (float *)kc_scratch(c, 2 * rows * sizeof(float), "attention backward");

@@ -76,6 +76,14 @@ void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const vo
 void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                          const void *q, const void *k, const void *v, const void *out,
                          const float *lse, int B, int T, int Hq, int Hkv, int hd);
+/* The plain path for head dims the tensor-core kernels do not take (cuda_attention_generic.cu):
+ * any even head dim up to 256. */
+int kcuda_attention_generic_supports(int hd);
+void kcuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
+                                 const void *v, int B, int T, int Hq, int Hkv, int hd);
+void kcuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
+                                 const void *q, const void *k, const void *v, const void *out,
+                                 const float *lse, int B, int T, int Hq, int Hkv, int hd);
 
 /* cuda_linear.cu (cuBLASLt) */
 void kcuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I, int O);

@@ -421,8 +421,8 @@ static void expect_failure(const char *what, const char *wanted) {
 static void check_failures(void) {
     char *buf = dev_bytes(1 << 20);
     float *lse = dev_bytes(4096);
-    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, 1, 4, 2, 1, 96);
-    expect_failure("head dim 96", "head dim 96 is not supported");
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, 1, 4, 2, 1, 300);
+    expect_failure("head dim 300", "head dim 300 is not supported");
     k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, 1, 4, 6, 4, 64);
     expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
     k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, 1, 4, 2, 1, 64);
@@ -571,6 +571,10 @@ int main(int argc, char **argv) {
     check_attention(2, 17, 6, 3, 64, 0);
     check_attention(1, 300, 12, 4, 128, 1); /* GQA 3:1, partial tiles */
     check_attention(2, 300, 6, 2, 64, 0);
+    /* the plain path (cuda_attention_generic.cu) for other head dims */
+    check_attention(2, 33, 4, 4, 16, 1);
+    check_attention(2, 65, 8, 4, 32, 1);
+    check_attention(1, 129, 6, 2, 96, 0);
     if (!quick) {
         check_attention(1, 2048, 32, 32, 128, 0); /* Llama-2-7B */
         check_attention(1, 2048, 64, 8, 128, 1);  /* Llama-2-70B, GQA 8:1 */

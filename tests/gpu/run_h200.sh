@@ -7,7 +7,8 @@
 # BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds golden/tiny-mha
 # (a copy of ../shared/golden/tiny-mha) and peer_torch.py (../shared/bench/peer_torch.py).
 # BIG_MODEL (default configs/models/llama-1.1b.json), BIG_SEQ (2048), BIG_STEPS (20) and
-# BACKEND (cuda) can be changed, e.g. to try the script on a CPU with a small model.
+# BACKEND (cuda) can be changed, e.g. to try the script on a CPU with a small model;
+# SKIP_BIG=1 leaves out the big model and the peer.
 set -u
 build=${1:-build} carry=${2:-dev-carry}
 out=${OUT:-/tmp/fsdp-gpu-out}
@@ -68,6 +69,7 @@ BACKEND=cpu job cpu_first 2 --data.path="$work/copy.tokens" --checkpoint.resume=
         --checkpoint.resume=latest --train.max_steps=20 --train.micro_batch=8
 grep -o "resum[a-z]* from [^ ]*" "$out/gpu_resume.log" | head -1
 
+if [ -z "${SKIP_BIG:-}" ]; then
 section "F13: $big_model, seq $big_seq, $big_steps steps, activation checkpointing: 1 worker, then 2 sharing the GPU"
 "$fsdpctl" synth --out "$work/big.tokens" --seq-len "$big_seq" --records 512 --alphabet 64 > /dev/null
 big=(--model.init=random --model.config="$big_model" --data.path="$work/big.tokens" --data.seq_len="$big_seq"
@@ -98,8 +100,10 @@ timeout 200 "$fsdpctl" reference --backend cpu "$work/big1/out" "$work/batch.saf
 echo "reference on the consolidated output (cpu): exit $?; $(tail -1 "$out/big_ref_cpu.log")"
 "$fsdpctl" compare "$work/big_ref_gpu.safetensors" "$work/big_ref_cpu.safetensors" --rtol 2e-2 2>&1 | grep -E "^logits|^loss|compared"
 
+fi
+
 section "the PyTorch peer, same device call (peer_torch.py, its 1.1B mixed-precision configuration only)"
-if [ -f "$carry/peer_torch.py" ]; then
+if [ -f "$carry/peer_torch.py" ] && [ -z "${SKIP_BIG:-}" ]; then
     sed 's/^for args in \[.*\]:$/for args in [("llama-1.1b","mixed",8,2048)]:/' "$carry/peer_torch.py" > "$work/peer.py"
     PYTHONUNBUFFERED=1 timeout 240 python3 "$work/peer.py" 2>&1 | grep -v Warning | tee "$out/peer.log"
 fi

@@ -460,4 +460,18 @@ void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout
                          const float *lse, int B, int T, int Hq, int Hkv, int hd);
 }
 
+/* The plain path for other head dims is CUDA-only (cuda_attention_generic.cu); the emulation
+ * covers the tensor-core kernels, so head dims 64 and 128 only. */
+static inline int kcuda_attention_generic_supports(int) { return 0; }
+static inline void kcuda_attention_generic_fwd(kctx *, void *, float *, const void *, const void *,
+                                               const void *, int, int, int, int, int) {
+    emu_die("generic attention is not emulated");
+}
+static inline void kcuda_attention_generic_bwd(kctx *, void *, void *, void *, const void *,
+                                               const void *, const void *, const void *,
+                                               const void *, const float *, int, int, int, int,
+                                               int) {
+    emu_die("generic attention is not emulated");
+}
+
 #endif
