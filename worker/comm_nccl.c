@@ -5,9 +5,10 @@
  * event recorded after the collective) until they finish or the collective's deadline
  * (runtime.comm_timeout_s) passes; then the communicator is aborted (ncclCommAbort), which
  * makes the peers' collectives fail too, and the error names the collective and the time.
- * Collectives run on the kernels context's stream, so they are ordered with the compute
- * around them without any device-wide synchronisation; each call returns once its result
- * is in the buffer.
+ * Collectives run on a stream of their own, ordered after the compute that produced their
+ * input and before the compute that reads their output by events on the device (no
+ * device-wide or host synchronisation of the compute stream); each call returns once its
+ * result is in the buffer.
  *
  * Test-only hook (environment): FSDP_TEST_NCCL_HANG_AT=n makes this rank's n-th collective
  * wait behind a kernel that spins on a host flag, as a hung peer or a wedged kernel would;
@@ -28,8 +29,9 @@
 typedef struct nccl_comm {
     comm base;
     ncclComm_t nccl;
-    cudaStream_t stream;
-    cudaEvent_t done;
+    cudaStream_t compute; /* the kernels context's stream */
+    cudaStream_t stream;  /* the collectives' own */
+    cudaEvent_t ready, done;
     uint64_t hang_at;   /* test hook: 0 when off */
     int *hang_flag;     /* mapped pinned memory the spinning kernel reads */
 } nccl_comm;
@@ -77,11 +79,16 @@ static int finish(nccl_comm *n, ncclResult_t enqueued, errbuf *err) {
         sched_yield();
     }
     if (e != cudaSuccess) return errf(err, "CUDA: %s", cudaGetErrorString(e));
-    return 0;
+    /* Compute queued from now on reads the result only after the collective. */
+    e = cudaStreamWaitEvent(n->compute, n->done, 0);
+    return e == cudaSuccess ? 0 : errf(err, "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
 }
 
-/* The test hook: park the stream behind a spinning kernel before this collective. */
+/* Before each collective: its stream waits for the compute queued so far (the input's
+ * producer); and the test hook may park it behind a spinning kernel. */
 static void maybe_hang(nccl_comm *n) {
+    cudaEventRecord(n->ready, n->compute);
+    cudaStreamWaitEvent(n->stream, n->ready, 0);
     if (n->hang_at && n->base.ncalls == n->hang_at) kcuda_test_spin(n->stream, n->hang_flag);
 }
 
@@ -124,6 +131,7 @@ static int nccl_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int r
 /* A one-byte all-reduce on a scratch byte: returns once every rank has reached it. */
 static int nccl_barrier(comm *c, errbuf *err) {
     nccl_comm *n = as_nccl(c);
+    maybe_hang(n);
     return finish(n, ncclAllReduce(n->hang_flag + 1, n->hang_flag + 1, 1, ncclUint8, ncclSum,
                                    n->nccl, n->stream), err);
 }
@@ -140,6 +148,8 @@ static void nccl_destroy(comm *c) {
     nccl_comm *n = as_nccl(c);
     nccl_abort(c); /* collectives are synchronous: nothing is in flight here */
     if (n->done) cudaEventDestroy(n->done);
+    if (n->ready) cudaEventDestroy(n->ready);
+    if (n->stream) cudaStreamDestroy(n->stream);
     if (n->hang_flag) cudaFreeHost(n->hang_flag);
     free(n);
 }
@@ -164,10 +174,12 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         free(n);
         return -1;
     }
-    n->stream = (cudaStream_t)ctx->stream;
+    n->compute = (cudaStream_t)ctx->stream;
     const char *hang = getenv("FSDP_TEST_NCCL_HANG_AT");
     n->hang_at = hang ? strtoull(hang, NULL, 10) : 0;
     cudaError_t e = cudaSetDevice(ctx->device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
     /* Mapped pinned memory: [0] the test hang flag, [1] the barrier's byte (device-visible). */
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&n->hang_flag, 2 * sizeof(int), cudaHostAllocMapped);

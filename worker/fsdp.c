@@ -189,21 +189,27 @@ static int gather_unit(fsdp *f, int u, void *dst, errbuf *err) {
         return 0;
     }
     k_f32_to_compute(f->ctx, f->send, U->master, U->shard);
-    if (k_sync(f->ctx, err)) return -1;
-    return comm_all_gather(f->comm, f->send, dst, U->shard, compute_comm_dtype(f->ctx), err);
+    /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
+     * device event, the host-memory backends by their synchronous copies). */
+    if (k_check(f->ctx, err) ||
+        comm_all_gather(f->comm, f->send, dst, U->shard, compute_comm_dtype(f->ctx), err))
+        return errprefix(err, "unit %d", u);
+    return 0;
 }
 
 /* Sums unit u's full gradient `full` over the ranks and adds this rank's part to its grad
  * shard.  full is clobbered. */
 static int reduce_unit(fsdp *f, int u, float *full, errbuf *err) {
     const fsdp_unit *U = &f->units[u];
-    if (k_sync(f->ctx, err)) return -1;
+    if (k_check(f->ctx, err)) return -1;
     float *mine = full;
     if (f->world > 1 && f->group == 1) {
-        if (comm_all_reduce(f->comm, full, U->padded, COMM_F32, COMM_SUM, err)) return -1;
+        if (comm_all_reduce(f->comm, full, U->padded, COMM_F32, COMM_SUM, err))
+            return errprefix(err, "unit %d", u);
     } else if (f->group > 1) {
         mine = full + U->shard_off;
-        if (comm_reduce_scatter(f->comm, full, mine, U->shard, COMM_F32, COMM_SUM, err)) return -1;
+        if (comm_reduce_scatter(f->comm, full, mine, U->shard, COMM_F32, COMM_SUM, err))
+            return errprefix(err, "unit %d", u);
     }
     k_add_f32(f->ctx, U->grad, mine, U->shard);
     return 0;
