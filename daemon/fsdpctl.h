@@ -9,5 +9,9 @@ int ctl_reference(int argc, char **argv);
 int ctl_compare(int argc, char **argv);
 int ctl_synth(int argc, char **argv);
 int ctl_consolidate(int argc, char **argv);
+int ctl_status(int argc, char **argv);     /* daemon/ctl_status.c */
+int ctl_checkpoint(int argc, char **argv);
+int ctl_stop(int argc, char **argv);
+int ctl_plot(int argc, char **argv);       /* daemon/plot.c */
 
 #endif

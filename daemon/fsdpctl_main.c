@@ -1,4 +1,4 @@
-/* fsdpctl: offline tools and (later) the client of a running job's status socket. */
+/* fsdpctl: offline tools and the client of a running job's status socket. */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,6 +22,10 @@ static const subcommand subcommands[] = {
     {"consolidate", ctl_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
      "[--tokenizer-from MODEL_DIR]"},
+    {"status", ctl_status, "status [--socket PATH | --job-id ID] [--json]"},
+    {"checkpoint", ctl_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
+    {"stop", ctl_stop, "stop [--socket PATH | --job-id ID] [--json]"},
+    {"plot", ctl_plot, "plot METRICS.jsonl --out FILE.svg"},
 };
 
 static void usage(FILE *f) {

@@ -21,6 +21,7 @@
 #include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
+#include "daemon/status_server.h"
 #include "proto/ctl.h"
 #include "worker/comm.h"
 
@@ -62,6 +63,11 @@ struct supervisor {
     char secret_hex[2 * COMM_SECRET_BYTES + 1];
     char *job_json;
     FILE *metrics;
+    status_server *status;
+    json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
+    long long stop_request; /* a graceful stop waits for this checkpoint request (0: none) */
+    long long stop_step;    /* and for the commit of this step's save, which serves it */
+    char stop_why[256];
     struct event *sigchld, *sigint, *sigterm, *grace, *heartbeat;
 };
 
@@ -232,6 +238,58 @@ long long supervisor_request_checkpoint(supervisor *s, const char *why) {
     return ckpt_coord_request(s->ckpt, why);
 }
 
+/* ---- graceful stop and status ---- */
+
+long long supervisor_request_stop(supervisor *s, const char *why) {
+    if (s->phase == PHASE_STOPPING) return -1;
+    if (s->stop_request) return s->stop_request;
+    long long id = supervisor_request_checkpoint(s, why);
+    if (id == 0) {
+        begin_stop(s, why);
+        return 0;
+    }
+    s->stop_request = id;
+    snprintf(s->stop_why, sizeof s->stop_why, "%s", why);
+    log_event(0, -1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
+    return id;
+}
+
+/* Kept for the status socket; a save that serves the stop's request names the step whose
+ * commit the stop waits for. */
+static void note_rank0_metrics(supervisor *s, json_t *m) {
+    json_decref(s->last_metrics);
+    s->last_metrics = json_incref(m);
+    const json_t *ck = json_object_get(m, "checkpoint");
+    const char *mode = json_string_value(json_object_get(ck, "mode"));
+    if (s->stop_request && !s->stop_step && mode && strcmp(mode, "skipped") != 0 &&
+        json_integer_value(json_object_get(ck, "request")) >= s->stop_request)
+        s->stop_step = (long long)json_integer_value(json_object_get(ck, "step"));
+}
+
+static void ckpt_settled(void *arg, long long step, int committed) {
+    supervisor *s = arg;
+    if (!s->stop_step || step != s->stop_step) return;
+    log_event(0, -1, "checkpoint of step %lld %s: stopping", step,
+              committed ? "committed" : "not committed (latest is the one before)");
+    begin_stop(s, s->stop_why);
+}
+
+void supervisor_status(const supervisor *s, json_t *out) {
+    static const char *const phases[] = {[PHASE_SETUP] = "setup", [PHASE_TRAINING] = "training",
+                                         [PHASE_STOPPING] = "stopping"};
+    json_t *ranks = json_array();
+    for (int r = 0; r < s->opt->workers; r++) {
+        const worker *w = &s->workers[r];
+        json_array_append_new(ranks, json_pack("{s:i, s:i, s:b}", "rank", r, "pid", (int)w->pid, "running",
+                                               w->pid > 0 && !w->exited));
+    }
+    json_object_set_new(out, "state", json_string(phases[s->phase]));
+    json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
+    json_object_set_new(out, "ranks", ranks);
+    json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
+    json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
+}
+
 static void handle_message(worker *w, const ctl_msg *msg) {
     supervisor *s = w->sup;
     json_t *body = NULL;
@@ -275,7 +333,10 @@ static void handle_message(worker *w, const ctl_msg *msg) {
         }
         break;
     case CTL_METRICS:
-        if (w->rank == 0) ckpt_coord_on_metrics(s->ckpt, body);
+        if (w->rank == 0) {
+            ckpt_coord_on_metrics(s->ckpt, body);
+            note_rank0_metrics(s, body);
+        }
         on_metrics(s, w, body);
         break;
     case CTL_CKPT_DONE:
@@ -454,6 +515,8 @@ static int setup_events(supervisor *s, errbuf *err) {
 }
 
 static void teardown(supervisor *s) {
+    status_server_free(s->status);
+    json_decref(s->last_metrics);
     ckpt_coord_free(s->ckpt);
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {
@@ -476,7 +539,8 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
         return -1;
     ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config, .base = s->base,
-                               .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal}};
+                               .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal,
+                                         .settled = ckpt_settled}};
     const char *at = getenv("FSDP_TEST_CKPT_REQUEST_AT");
     s->request_at_step = at ? atol(at) : 0;
     return ckpt_coord_new(&s->ckpt, &copt, err);
@@ -514,6 +578,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     int rc = s.workers ? 0 : errf(err, "out of memory");
     if (rc == 0) rc = make_secret(&s, err);
     if (rc == 0) rc = setup_events(&s, err);
+    if (rc == 0) rc = status_server_open(&s.status, s.base, &s, &s.job, 0, err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
     if (rc == 0) rc = job_to_json(&s.job, &s.job_json, err);

@@ -31,8 +31,8 @@
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a
  * decision together, at the same step, without another collective.  The checkpoint trigger
- * uses them (worker/train.c). */
-#define FSDP_VOTES 2
+ * and the stop use them (worker/train.c). */
+#define FSDP_VOTES 3
 
 typedef struct fsdp_unit {
     size_t numel;     /* elements of the unit's flat parameter */

@@ -22,7 +22,7 @@ static double now_s(void) {
 }
 
 /* Votes every rank casts before a step (fsdp.vote). */
-enum { VOTE_REQUEST, VOTE_WRITING };
+enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP };
 
 /* This rank's state from a committed checkpoint: parameters, AdamW state, step, tokens. */
 static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_t *tokens_seen,
@@ -133,17 +133,21 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     int rc = (ids && labels) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
-    for (long step = f->step; rc == 0 && step < total; step++) {
-        if (h->should_stop && h->should_stop(h->arg)) break;
+    int stop = 0;
+    for (long step = f->step; rc == 0 && !stop && step < total; step++) {
         double t0 = now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);
         hp.lr = schedule_lr(j, step, total);
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
+        /* Stopping is voted too: every rank leaves after the same step (one leaving alone
+         * would leave the others waiting in a collective). */
+        f->vote[VOTE_STOP] = h->should_stop && h->should_stop(h->arg);
         fsdp_step_result res;
         rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
         if (rc) break;
+        stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
         train_ckpt_action ckpt = ckpt_due(env, step + 1, total, &res, &served);
         if (h->on_step) {

@@ -40,7 +40,8 @@ typedef struct train_hooks {
     void *arg;
     /* After every optimizer step. */
     void (*on_step)(void *arg, const train_step_info *info);
-    /* Polled between steps: non-zero stops the loop cleanly. */
+    /* Polled before every step and voted: when it is non-zero on any rank, every rank stops
+     * cleanly after that step. */
     int (*should_stop)(void *arg);
     /* Polled before every step: the newest checkpoint request this rank has received (ids
      * increase; 0: none).  NULL: never. */

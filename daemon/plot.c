@@ -1,0 +1,295 @@
+/* fsdpctl plot METRICS --out FILE.svg: loss, learning rate and tokens/s over the steps of a
+ * metrics file (runtime.metrics: one JSON object per step with "step", "loss", "lr",
+ * "tokens", "seconds"), drawn as an SVG written here: three panels over a shared step axis,
+ * each with ticks, grid lines and labels, one polyline point per step.
+ *
+ * A metrics file is appended to by every run of a job: a step seen again (a resumed or
+ * restarted run) replaces the earlier record.  A last line without its '\n' is a record
+ * being written and is left out; any other line that is not a metrics record is an error. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/fsdpctl.h"
+#include "proto/errbuf.h"
+#include "proto/fileio.h"
+
+typedef struct point {
+    long step;
+    long line;       /* where it was read: the later record of a step wins */
+    double value[3]; /* loss, lr, tokens/s (NAN when not known) */
+} point;
+
+enum { SERIES_LOSS, SERIES_LR, SERIES_TPS, N_SERIES };
+
+static const struct {
+    const char *name, *label, *color;
+} series[N_SERIES] = {
+    [SERIES_LOSS] = {"loss", "loss", "#1f77b4"},
+    [SERIES_LR] = {"lr", "learning rate", "#d62728"},
+    [SERIES_TPS] = {"tokens_per_s", "tokens/s", "#2ca02c"},
+};
+
+/* The page: three panels stacked over one step axis. */
+#define WIDTH 900
+#define LEFT 90
+#define RIGHT 30
+#define TOP 50
+#define PANEL_H 160
+#define PANEL_GAP 70
+#define HEIGHT (TOP + N_SERIES * (PANEL_H + PANEL_GAP) + 10)
+
+/* ---- reading ---- */
+
+static int parse_record(const char *text, size_t len, point *p, const char *where, errbuf *err) {
+    json_error_t je;
+    json_t *m = json_loadb(text, len, 0, &je);
+    if (!m) return errf(err, "%s: not JSON: %s", where, je.text);
+    const json_t *step = json_object_get(m, "step"), *loss = json_object_get(m, "loss"),
+                 *lr = json_object_get(m, "lr"), *tokens = json_object_get(m, "tokens"),
+                 *secs = json_object_get(m, "seconds");
+    int rc = 0;
+    if (!json_is_integer(step) || json_integer_value(step) < 1)
+        rc = errf(err, "%s: no \"step\" (a metrics record has a step from 1)", where);
+    else if (!json_is_number(loss) || !json_is_number(lr))
+        rc = errf(err, "%s: a metrics record has numbers \"loss\" and \"lr\"", where);
+    if (rc == 0) {
+        p->step = (long)json_integer_value(step);
+        p->value[SERIES_LOSS] = json_number_value(loss);
+        p->value[SERIES_LR] = json_number_value(lr);
+        p->value[SERIES_TPS] = json_is_number(tokens) && json_is_number(secs) && json_number_value(secs) > 0
+                                   ? json_number_value(tokens) / json_number_value(secs)
+                                   : NAN;
+    }
+    json_decref(m);
+    return rc;
+}
+
+static int by_step_then_line(const void *a, const void *b) {
+    const point *p = a, *q = b;
+    if (p->step != q->step) return p->step < q->step ? -1 : 1;
+    return (p->line > q->line) - (p->line < q->line);
+}
+
+/* The records of path, by step, one per step. */
+static int read_metrics(const char *path, point **out, size_t *n_out, errbuf *err) {
+    FILE *f = fopen(path, "re");
+    if (!f) return errf(err, "%s: %s", path, strerror(errno));
+    point *pts = NULL;
+    size_t n = 0, cap = 0, linecap = 0;
+    char *line = NULL;
+    ssize_t len;
+    int rc = 0;
+    for (long lineno = 1; rc == 0 && (len = getline(&line, &linecap, f)) > 0; lineno++) {
+        if (line[len - 1] != '\n') break; /* being written */
+        if (len == 1) continue;
+        if (n == cap) {
+            point *bigger = realloc(pts, (cap = cap ? 2 * cap : 256) * sizeof *pts);
+            if (!bigger) {
+                rc = errf(err, "out of memory");
+                break;
+            }
+            pts = bigger;
+        }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%ld", path, lineno);
+        pts[n].line = lineno;
+        if ((rc = parse_record(line, (size_t)len, &pts[n], where, err)) == 0) n++;
+    }
+    if (rc == 0 && ferror(f)) rc = errf(err, "%s: %s", path, strerror(errno));
+    free(line);
+    fclose(f);
+    if (rc == 0 && n == 0) rc = errf(err, "%s: no metrics records", path);
+    if (rc) {
+        free(pts);
+        return -1;
+    }
+    qsort(pts, n, sizeof *pts, by_step_then_line);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (kept && pts[kept - 1].step == pts[i].step) kept--;
+        pts[kept++] = pts[i];
+    }
+    *out = pts;
+    *n_out = kept;
+    return 0;
+}
+
+/* ---- drawing ---- */
+
+typedef struct axis {
+    double lo, hi, tick; /* the range shown and the distance between ticks */
+} axis;
+
+/* Ticks at 1, 2 or 5 times a power of ten, about `target` of them over [lo, hi]. */
+static axis nice_axis(double lo, double hi, int target, int integer) {
+    if (!(hi > lo)) {
+        double pad = fabs(lo) > 0 ? fabs(lo) * 0.1 : 1.0;
+        lo -= pad;
+        hi += pad;
+    }
+    double raw = (hi - lo) / target, mag = pow(10, floor(log10(raw))), f = raw / mag;
+    double tick = (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
+    if (integer && tick < 1) tick = 1;
+    return (axis){floor(lo / tick) * tick, ceil(hi / tick) * tick, tick};
+}
+
+static double scale(const axis *a, double v, double from, double to) {
+    return from + (v - a->lo) / (a->hi - a->lo) * (to - from);
+}
+
+static void xml_text(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '<') fputs("&lt;", f);
+        else if (*s == '>') fputs("&gt;", f);
+        else if (*s == '&') fputs("&amp;", f);
+        else if (*s == '"') fputs("&quot;", f);
+        else if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f);
+    }
+}
+
+/* A tick label: short, and 0 rather than -1e-17. */
+static void tick_label(char *out, size_t n, double v, double tick) {
+    if (fabs(v) < tick * 1e-6) v = 0;
+    snprintf(out, n, "%.6g", v);
+}
+
+/* Over the grid lines, under the data. */
+static void draw_frame(FILE *f, double top, double left, double right) {
+    fprintf(f, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%d\" class=\"frame\"/>\n", left, top, right - left,
+            PANEL_H);
+}
+
+static void draw_panel(FILE *f, int s, const point *pts, size_t n, const axis *x) {
+    double top = TOP + s * (PANEL_H + PANEL_GAP), bottom = top + PANEL_H, left = LEFT, right = WIDTH - RIGHT;
+    double lo = INFINITY, hi = -INFINITY;
+    size_t shown = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = pts[i].value[s];
+        if (!isfinite(v)) continue;
+        lo = fmin(lo, v);
+        hi = fmax(hi, v);
+        shown++;
+    }
+    fprintf(f, "<g class=\"panel\" id=\"%s\">\n", series[s].name);
+    fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"title\">%s</text>\n", left, top - 8, series[s].label);
+    char label[64];
+    /* The step axis: grid lines and labels under every panel. */
+    for (double t = x->lo; t <= x->hi + x->tick * 1e-9; t += x->tick) {
+        double px = scale(x, t, left, right);
+        tick_label(label, sizeof label, t, x->tick);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%g\" x2=\"%.2f\" y2=\"%g\" class=\"grid\"/>\n", px, top, px, bottom);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%g\" x2=\"%.2f\" y2=\"%g\" class=\"tick\"/>\n", px, bottom, px, bottom + 5);
+        fprintf(f, "<text x=\"%.2f\" y=\"%g\" class=\"xlabel\">%s</text>\n", px, bottom + 18, label);
+    }
+    fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"xtitle\">step</text>\n", (left + right) / 2, bottom + 36);
+    fprintf(f, "<text transform=\"translate(%g %g) rotate(-90)\" class=\"ytitle\">%s</text>\n", left - 62,
+            (top + bottom) / 2, series[s].label);
+    if (shown == 0) {
+        draw_frame(f, top, left, right);
+        fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"empty\">no data</text>\n</g>\n", (left + right) / 2,
+                (top + bottom) / 2);
+        return;
+    }
+    axis y = nice_axis(lo, hi, 5, 0);
+    for (double t = y.lo; t <= y.hi + y.tick * 1e-9; t += y.tick) {
+        double py = scale(&y, t, bottom, top);
+        tick_label(label, sizeof label, t, y.tick);
+        fprintf(f, "<line x1=\"%g\" y1=\"%.2f\" x2=\"%g\" y2=\"%.2f\" class=\"grid\"/>\n", left, py, right, py);
+        fprintf(f, "<line x1=\"%g\" y1=\"%.2f\" x2=\"%g\" y2=\"%.2f\" class=\"tick\"/>\n", left - 5, py, left, py);
+        fprintf(f, "<text x=\"%g\" y=\"%.2f\" class=\"ylabel\">%s</text>\n", left - 8, py + 4, label);
+    }
+    draw_frame(f, top, left, right);
+    fprintf(f, "<polyline class=\"series\" data-series=\"%s\" stroke=\"%s\" points=\"", series[s].name,
+            series[s].color);
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (isfinite(pts[i].value[s]))
+            fprintf(f, "%s%.2f,%.2f", k++ ? " " : "", scale(x, (double)pts[i].step, left, right),
+                    scale(&y, pts[i].value[s], bottom, top));
+    fprintf(f, "\"/>\n</g>\n");
+}
+
+static void draw(FILE *f, const char *source, const point *pts, size_t n) {
+    axis x = nice_axis((double)pts[0].step, (double)pts[n - 1].step, 10, 1);
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
+               "<style>\n"
+               "text { font-family: sans-serif; font-size: 12px; fill: #222; }\n"
+               ".title { font-size: 14px; font-weight: bold; }\n"
+               ".heading { font-size: 15px; }\n"
+               ".xlabel, .xtitle, .ytitle, .empty { text-anchor: middle; }\n"
+               ".ylabel { text-anchor: end; }\n"
+               ".frame { fill: none; stroke: #444; }\n"
+               ".grid { stroke: #e4e4e4; }\n"
+               ".tick { stroke: #444; }\n"
+               ".series { fill: none; stroke-width: 1.5; }\n"
+               "</style>\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            WIDTH, HEIGHT, WIDTH, HEIGHT);
+    fprintf(f, "<text x=\"%d\" y=\"22\" class=\"heading\">", LEFT);
+    xml_text(f, source);
+    fprintf(f, ": steps %ld to %ld (%zu points)</text>\n", pts[0].step, pts[n - 1].step, n);
+    for (int s = 0; s < N_SERIES; s++) draw_panel(f, s, pts, n, &x);
+    fprintf(f, "</svg>\n");
+}
+
+static int write_svg(const char *out, const char *source, const point *pts, size_t n, errbuf *err) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return errf(err, "out of memory");
+    draw(f, source, pts, n);
+    if (fclose(f) != 0) {
+        free(text);
+        return errf(err, "out of memory");
+    }
+    file_chunk chunk = {text, len};
+    int rc = file_write_atomic(out, &chunk, 1, err);
+    free(text);
+    return rc;
+}
+
+static void plot_usage(FILE *f) {
+    fprintf(f, "usage: fsdpctl plot METRICS.jsonl --out FILE.svg\n"
+               "  loss, learning rate and tokens/s over the steps of a job's metrics file\n");
+}
+
+int ctl_plot(int argc, char **argv) {
+    static const struct option longopts[] = {{"out", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *out = NULL;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (opt == 'o') out = optarg;
+        else if (opt == 'h') {
+            plot_usage(stdout);
+            return 0;
+        } else {
+            plot_usage(stderr);
+            return 2;
+        }
+    }
+    if (!out || argc - optind != 1) {
+        plot_usage(stderr);
+        return 2;
+    }
+    const char *metrics = argv[optind];
+    point *pts = NULL;
+    size_t n = 0;
+    errbuf err;
+    if (read_metrics(metrics, &pts, &n, &err)) {
+        fprintf(stderr, "fsdpctl plot: %s\n", err.msg);
+        return 1;
+    }
+    int rc = write_svg(out, metrics, pts, n, &err);
+    if (rc) fprintf(stderr, "fsdpctl plot: %s\n", err.msg);
+    else printf("%s: %zu steps (%ld to %ld)\n", out, n, pts[0].step, pts[n - 1].step);
+    free(pts);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,77 @@
+/* status: the protocol of a running job's status socket (DESIGN.md, Control and status
+ * protocols) and where that socket lives.  fsdpd serves it (daemon/status_server.h),
+ * `fsdpctl status|checkpoint|stop` is its client.
+ *
+ * A Unix stream socket per job and node speaking JSON lines.  A request is one line of at
+ * most STATUS_LINE_MAX bytes (its '\n' included), a JSON object with one key:
+ *     {"cmd":"status"}      the job's state and numbers
+ *     {"cmd":"checkpoint"}  request a checkpoint at the next step boundary
+ *     {"cmd":"stop"}        graceful stop: a checkpoint, then the workers stop
+ * Each request gets one reply line: {"ok":true,"cmd":...,...} or {"ok":false,"error":"..."}.
+ * A connection may carry several requests, one after the other.
+ *
+ * The socket path: runtime.status_socket when the job sets it, else
+ *     DIR/fsdpd-JOBID-rRESTART-nNODE.sock
+ * JOBID is SLURM_JOB_ID (or "local-PID" outside SLURM), RESTART is SLURM_RESTART_COUNT (0
+ * when unset), NODE the node index.  DIR is $XDG_RUNTIME_DIR outside SLURM when it is set
+ * (under SLURM it belongs to the login host), else $TMPDIR, else /tmp. */
+#ifndef FSDP_STATUS_H
+#define FSDP_STATUS_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "proto/errbuf.h"
+#include "proto/job.h"
+
+#define STATUS_LINE_MAX 4096            /* a request line, '\n' included */
+#define STATUS_JOB_ID_MAX 64            /* a job id, NUL included */
+#define STATUS_SOCKET_MAX JOB_SOCKET_PATH_MAX /* sizeof(sockaddr_un.sun_path) */
+
+typedef enum status_cmd { STATUS_CMD_STATUS, STATUS_CMD_CHECKPOINT, STATUS_CMD_STOP } status_cmd;
+
+/* "status", "checkpoint", "stop". */
+const char *status_cmd_name(status_cmd cmd);
+
+/* Parses one request line (the trailing '\n' or "\r\n" may be left on or off).  A line that
+ * is too long, holds a NUL byte, is not a JSON object, or whose object is not exactly
+ * {"cmd": one of the commands} is an error saying what is wrong. */
+int status_request_parse(const char *line, size_t len, status_cmd *cmd, errbuf *err);
+
+/* Parses one reply line into *reply (a new reference, "ok" true).  A reply with "ok" false
+ * is an error carrying its "error" text; anything else that is not such an object is an
+ * error saying so. */
+int status_reply_parse(const char *line, size_t len, json_t **reply, errbuf *err);
+
+/* Whether `id` can name a job in a socket file name: 1 to STATUS_JOB_ID_MAX - 1 characters
+ * from [A-Za-z0-9_.-], not starting with '.' or '-'. */
+int status_job_id_valid(const char *id);
+
+/* Where default sockets live (see above); returns one of the arguments or "/tmp".  Empty
+ * strings count as unset. */
+const char *status_socket_dir(int under_slurm, const char *xdg_runtime_dir, const char *tmpdir);
+
+/* DIR/fsdpd-JOBID-rRESTART-nNODE.sock into out; an invalid job id, a negative number or a
+ * path longer than a Unix socket address allows is an error. */
+int status_socket_path(char *out, size_t n, const char *dir, const char *job_id, int restart,
+                       int node, errbuf *err);
+
+/* Reads a socket file name ("fsdpd-JOBID-rR-nN.sock", no directory).  Returns 1 and fills
+ * the parts when it is one, 0 otherwise. */
+int status_socket_name_parse(const char *name, char job_id[STATUS_JOB_ID_MAX], int *restart,
+                             int *node);
+
+/* Where this process's job is: the job id, restart count and socket directory from the
+ * environment (SLURM_JOB_ID, SLURM_RESTART_COUNT, XDG_RUNTIME_DIR, TMPDIR).  A malformed
+ * SLURM_JOB_ID or SLURM_RESTART_COUNT is an error naming it. */
+typedef struct status_place {
+    int under_slurm;
+    char job_id[STATUS_JOB_ID_MAX]; /* SLURM_JOB_ID, or "local-PID" (this process's pid) */
+    int restart;
+    char dir[JOB_PATH_MAX];
+} status_place;
+
+int status_place_from_env(status_place *p, errbuf *err);
+
+#endif
