@@ -87,11 +87,23 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(0, -1, "job %s: %d workers, backend cpu", job_path, workers);
+    log_event(0, -1, "job %s: %d workers, backend %s", job_path, workers,
+              job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .bind_host = "127.0.0.1"};
-    if (supervisor_run(&opt, &err)) {
-        fprintf(stderr, "fsdpd: job failed: %s\n", err.msg);
+    /* A failed run starts again from the newest committed checkpoint, up to max_restarts
+     * times; a run stopped on request (a signal, `fsdpctl stop`) does not. */
+    int rc;
+    for (int restarts = 0; (rc = supervisor_run(&opt, &err)) < 0; restarts++) {
+        if (restarts == job.runtime.max_restarts) {
+            fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
+            return 1;
+        }
+        log_event(0, -1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
+        job.checkpoint.resume = JOB_RESUME_AUTO;
+    }
+    if (rc > 0) {
+        fprintf(stderr, "fsdpd: %s\n", err.msg);
         return 1;
     }
     log_event(0, -1, "job finished");

@@ -68,7 +68,8 @@ struct supervisor {
     long long stop_request; /* a graceful stop waits for this checkpoint request (0: none) */
     long long stop_step;    /* and for the commit of this step's save, which serves it */
     char stop_why[256];
-    struct event *sigchld, *sigint, *sigterm, *grace, *heartbeat;
+    int signalled; /* the signal that stopped the job, 0 when none */
+    struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
 
 static double now_s(void) {
@@ -466,7 +467,32 @@ static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
         kill_all(s);
         return;
     }
+    if (!s->signalled) s->signalled = (int)sig;
+    if (sig == SIGTERM && s->phase == PHASE_TRAINING && !s->stop_request) {
+        /* Preemption (DESIGN.md, Signals and SLURM): a checkpoint if it commits within
+         * stop_grace_s, then stop; past that, stop without it. */
+        log_event(0, -1, "SIGTERM: checkpointing, then stopping (at most %d s)", s->job.runtime.stop_grace_s);
+        supervisor_request_stop(s, "SIGTERM");
+        struct timeval grace = {s->job.runtime.stop_grace_s, 0};
+        evtimer_add(s->term_deadline, &grace);
+        return;
+    }
     fail(s, "stopped by signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    supervisor *s = arg;
+    begin_stop(s, "SIGTERM: the checkpoint did not commit within runtime.stop_grace_s");
+}
+
+/* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now; training goes on. */
+static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    supervisor *s = arg;
+    long long id = supervisor_request_checkpoint(s, "SIGUSR1");
+    if (id > 0) log_event(0, -1, "SIGUSR1: checkpoint requested (request %lld)", id);
+    else log_event(0, -1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
@@ -504,12 +530,15 @@ static int setup_events(supervisor *s, errbuf *err) {
     s->sigchld = evsignal_new(s->base, SIGCHLD, on_sigchld, s);
     s->sigint = evsignal_new(s->base, SIGINT, on_stop_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_stop_signal, s);
+    s->sigusr1 = evsignal_new(s->base, SIGUSR1, on_checkpoint_signal, s);
+    s->term_deadline = evtimer_new(s->base, on_term_deadline, s);
     s->grace = evtimer_new(s->base, on_grace_expired, s);
     s->heartbeat = event_new(s->base, -1, EV_PERSIST, on_heartbeat_check, s);
     struct timeval every = {s->job.runtime.heartbeat_s, 0};
-    if (!s->sigchld || !s->sigint || !s->sigterm || !s->grace || !s->heartbeat ||
-        evsignal_add(s->sigchld, NULL) || evsignal_add(s->sigint, NULL) ||
-        evsignal_add(s->sigterm, NULL) || event_add(s->heartbeat, &every))
+    if (!s->sigchld || !s->sigint || !s->sigterm || !s->sigusr1 || !s->term_deadline ||
+        !s->grace || !s->heartbeat || evsignal_add(s->sigchld, NULL) ||
+        evsignal_add(s->sigint, NULL) || evsignal_add(s->sigterm, NULL) ||
+        evsignal_add(s->sigusr1, NULL) || event_add(s->heartbeat, &every))
         return errf(err, "cannot set up the event loop's signals and timers");
     return 0;
 }
@@ -523,7 +552,8 @@ static void teardown(supervisor *s) {
         close_connection(&s->workers[r]);
         ctl_decoder_free(&s->workers[r].dec);
     }
-    struct event *events[] = {s->sigchld, s->sigint, s->sigterm, s->grace, s->heartbeat};
+    struct event *events[] = {s->sigchld, s->sigint,        s->sigterm,  s->sigusr1,
+                              s->term_deadline, s->grace, s->heartbeat};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
         if (events[i]) event_free(events[i]);
     if (s->base) event_base_free(s->base);
@@ -596,7 +626,10 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     }
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
     int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
-    if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
+    if (rc == 0 && s.signalled) {
+        errf(err, "stopped by signal %s", s.signalled == SIGINT ? "SIGINT" : "SIGTERM");
+        rc = 1;
+    } else if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
     else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
     teardown(&s);
     return rc;

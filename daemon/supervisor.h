@@ -33,7 +33,10 @@ typedef struct supervisor_options {
 
 typedef struct supervisor supervisor;
 
-/* Runs the job to its end.  Returns 0 when it succeeded, -1 with the reason otherwise. */
+/* Runs the job to its end.  Returns 0 when it succeeded (or stopped on `fsdpctl stop`), 1
+ * when a signal stopped it (SIGTERM: after a checkpoint when one commits within
+ * runtime.stop_grace_s; SIGINT: at once, a second one kills the workers) and -1 when it
+ * failed, with the reason in err.  SIGUSR1 takes a checkpoint and training goes on. */
 int supervisor_run(const supervisor_options *opt, errbuf *err);
 
 /* Asks the workers for a checkpoint at the next step boundary where no save is still being

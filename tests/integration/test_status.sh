@@ -100,7 +100,7 @@ kill -0 "$pid" || fail "fsdpd is gone"
 
 # --- checkpoint: one appears ------------------------------------------------------------------
 expect_status 0 "checkpoint requested" "$fsdpctl" checkpoint --socket "$sock"
-wait_for 10 sh -c "ls '$ck' | grep -q '^step-'"
+wait_for 10 sh -c "ls '$ck' | grep -q '^step-[0-9]*$'"  # committed, not partial
 requested=$(steps_of "$ck")
 wait_for 5 sh -c "'$fsdpctl' status --socket '$sock' | grep -q 'last step ${requested% }'"
 
