@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# fsdpd as a node daemon (F11): one shared-memory copy of the model for all workers (summed
+# Pss of fsdpd and 3 workers within the model bytes + the workers' own state + 10%; each
+# worker reads far less than the model with read()); a worker SIGKILLed mid-run with
+# max_restarts 1: the job restarts from the last checkpoint, says from which step, and ends
+# with the parameters of a run without the kill; SIGKILL to fsdpd: every worker and the
+# shared memory are gone within 5 s; SIGUSR1 to every process of the job (as SLURM sends
+# it): a checkpoint appears and training goes on; SIGTERM to every process: a clean stop
+# after a checkpoint.
+source "$(dirname "$0")/lib.sh"
+
+make_small_data "$tmp/data.tokens" 600
+# A model of ~100 MB in fp32 (vocab 8000 x hidden 512 embeddings and head, 4 layers).
+cat > "$tmp/model.json" <<JSON
+{"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
+ "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8000,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+JSON
+write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
+
+# start NAME [overrides...]: fsdpd in the background; sets $pid.
+start() {
+    local name=$1
+    shift
+    "$fsdpd" --job "$tmp/job.json" --runtime.metrics="$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 &
+    pid=$!
+    bg_pids+=("$pid")
+}
+finish() { # NAME: waits for $pid; sets $status
+    status=0
+    wait_for 60 sh -c "! kill -0 $pid 2>/dev/null"
+    wait "$pid" || status=$?
+}
+job_pids() { echo "$pid" $(worker_pids "$tmp/$1.log"); }
+memfd_holders() { for p in "$@"; do ls -l "/proc/$p/fd" 2>/dev/null; done | grep -c "memfd:fsdpd-model" || true; }
+
+# --- one copy of the model for the node ------------------------------------------------------
+start pss --runtime.workers_per_node=3 --train.global_batch=3 --train.micro_batch=1 \
+    --train.max_steps=1000 --checkpoint.resume=never --checkpoint.dir="$tmp/pss-ckpt"
+wait_for 60 grep -qs "step 2/" "$tmp/pss.log"
+model_mb=$(sed -n 's/.*model in shared memory: \([0-9.]*\) MB.*/\1/p' "$tmp/pss.log")
+pss_kb=0
+for p in $(job_pids pss); do pss_kb=$((pss_kb + $(awk '/^Pss:/ { print $2 }' "/proc/$p/smaps_rollup"))); done
+# Each worker's own state: fp32 master, m, v and gradient shards (16 bytes a parameter over
+# the 3 workers in all) plus its gathered unit and unit gradient (the largest unit is the
+# embedding, 8000 x 512, in fp32, twice) and activations: ~70 MB a worker here.
+params=$(awk -v mb="$model_mb" 'BEGIN { printf "%d", mb * 1e6 / 4 }')
+allowed_kb=$(awk -v mb="$model_mb" -v n="$params" 'BEGIN { printf "%d", (mb * 1e6 + 16 * n + 3 * 70e6) * 1.10 / 1024 }')
+echo "model ${model_mb} MB; summed Pss $((pss_kb / 1024)) MB; allowed $((allowed_kb / 1024)) MB"
+[ "$pss_kb" -le "$allowed_kb" ] || fail "summed Pss ${pss_kb} kB exceeds ${allowed_kb} kB"
+for p in $(worker_pids "$tmp/pss.log"); do
+    rchar=$(awk '/^rchar:/ { print $2 }' "/proc/$p/io")
+    slice=$(awk -v mb="$model_mb" 'BEGIN { printf "%d", mb * 1e6 / 3 }')
+    [ "$rchar" -lt $((2 * slice)) ] || fail "worker $p read $rchar bytes, more than twice its slice ($slice)"
+done
+[ "$(memfd_holders $(job_pids pss))" -ge 1 ] || fail "fsdpd holds no memfd:fsdpd-model"
+
+# --- SIGKILL to fsdpd: workers and the shared memory go with it -----------------------------
+victims=$(job_pids pss)
+kill -9 "$pid"
+gone() { for p in $victims; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
+wait_for 5 gone
+[ "$(memfd_holders $victims)" -eq 0 ] || fail "a process still holds the model memory"
+wait "$pid" 2>/dev/null || true
+
+# --- a worker killed mid-run: restart from the last checkpoint, same result -----------------
+FSDP_TEST_FINAL_PARAMS="$tmp/straight.safetensors" "$fsdpd" --job "$tmp/job.json" \
+    --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
+    --checkpoint.dir="$tmp/straight-ckpt" > "$tmp/straight.log" 2>&1 || { cat "$tmp/straight.log"; fail "straight run"; }
+FSDP_TEST_FINAL_PARAMS="$tmp/restarted.safetensors" "$fsdpd" --job "$tmp/job.json" \
+    --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
+    --checkpoint.dir="$tmp/restart-ckpt" --runtime.max_restarts=1 --runtime.metrics="$tmp/restarted.jsonl" \
+    > "$tmp/restarted.log" 2>&1 &
+pid=$!
+bg_pids+=("$pid")
+wait_for 60 sh -c "ls '$tmp/restart-ckpt' 2>/dev/null | grep -q '^step-000004$'"
+kill -9 $(worker_pids "$tmp/restarted.log" | tail -1)
+finish restarted
+[ "$status" -eq 0 ] || { cat "$tmp/restarted.log"; fail "the restarted run failed"; }
+grep -q "restart 1 of 1 after: rank 1 was killed by signal 9" "$tmp/restarted.log" || { cat "$tmp/restarted.log"; fail "no restart logged"; }
+grep -q "resuming from .*step-0000[0-9]*: step [0-9]*" "$tmp/restarted.log" || { cat "$tmp/restarted.log"; fail "the restart does not say from which step"; }
+cmp "$tmp/straight.safetensors" "$tmp/restarted.safetensors" || fail "the restarted run ends with other parameters"
+# A fault that fires again after the restart, with no restarts left: the job fails.
+status=0
+FSDP_TEST_WORKER_FAULT=1:exit:3 "$fsdpd" --job "$tmp/job.json" --train.max_steps=8 \
+    --checkpoint.interval_steps=2 --checkpoint.resume=never --checkpoint.dir="$tmp/fail-ckpt" \
+    --runtime.max_restarts=1 > "$tmp/fail.log" 2>&1 || status=$?
+[ "$status" -eq 1 ] && grep -q "job failed after its restarts" "$tmp/fail.log" || { cat "$tmp/fail.log"; fail "max_restarts not enforced"; }
+
+# --- SIGUSR1 to every process: a checkpoint, and training goes on ----------------------------
+start usr1 --train.max_steps=100000 --checkpoint.resume=never --checkpoint.dir="$tmp/usr1-ckpt"
+wait_for 30 grep -qs "step 3/" "$tmp/usr1.log"
+kill -USR1 $(job_pids usr1)
+wait_for 20 sh -c "ls '$tmp/usr1-ckpt' 2>/dev/null | grep -q '^step-[0-9]*$'"
+step_then=$(tail -1 "$tmp/usr1.jsonl" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+wait_for 20 sh -c "[ \$(tail -1 '$tmp/usr1.jsonl' | sed -n 's/.*\"step\":\([0-9]*\).*/\1/p') -gt $((step_then + 2)) ]"
+kill -0 "$pid" || fail "fsdpd did not survive SIGUSR1"
+for p in $(worker_pids "$tmp/usr1.log"); do kill -0 "$p" || fail "a worker died of SIGUSR1"; done
+
+# --- SIGTERM to every process: checkpoint, then a clean stop ---------------------------------
+before=$(ls "$tmp/usr1-ckpt" | grep -c '^step-[0-9]*$')
+kill -TERM $(job_pids usr1)
+finish usr1
+[ "$status" -eq 1 ] || { cat "$tmp/usr1.log"; fail "fsdpd exited $status after SIGTERM (expected 1)"; }
+grep -q "stopped by signal SIGTERM" "$tmp/usr1.log" || fail "no reason given"
+after=$(ls "$tmp/usr1-ckpt" | grep -c '^step-[0-9]*$')
+[ "$after" -gt "$before" ] || { ls "$tmp/usr1-ckpt"; cat "$tmp/usr1.log"; fail "no checkpoint at SIGTERM"; }
+! ls "$tmp/usr1-ckpt" | grep -q partial || fail "partial checkpoint left"
+assert_gone $(worker_pids "$tmp/usr1.log")
+echo ok
