@@ -97,11 +97,13 @@ check-fuzz: fuzz
 	tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 
 # The embedded default: a copy-task data set and the tiny model trained by fsdpd on this
-# machine (CPU backend, 2 workers); progress on stdout, metrics in runs/tiny-cpu/output/.
+# machine (its GPUs, one worker each, when it has some; else 2 CPU workers); progress on
+# stdout, metrics and the consolidated model in runs/tiny-cpu/output/.
 tiny: all
 	@mkdir -p runs/tiny-cpu
 	$(BUILD)/fsdpctl synth --out runs/tiny-cpu/copy.tokens --seq-len 32 --records 4096
-	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json --checkpoint.resume=never
+	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json --checkpoint.resume=never \
+	    --runtime.backend=auto --runtime.workers_per_node=0 --train.micro_batch=1
 
 clean:
 	rm -rf build build-asan build-fuzz

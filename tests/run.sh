@@ -26,7 +26,7 @@ for t in "$build"/tests/test_*; do
 done
 
 if [ "$what" = all ]; then
-    for s in tests/integration/*.sh; do
+    for s in tests/integration/test_*.sh; do
         [ -f "$s" ] || continue
         echo "[ RUN      ] $s"
         start=$(date +%s)

@@ -194,10 +194,12 @@ static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err
     return 0;
 }
 
-/* The kernels context: the CPU, or GPU local_rank mod the visible GPUs. */
+/* The kernels context: the CPU, or GPU local_rank mod the visible GPUs.  A CPU worker does
+ * not touch CUDA at all (its runtime costs ~80 MB of memory even without a device). */
 static int open_context(worker *w, kctx *ctx, int *gpus, errbuf *err) {
-    *gpus = k_cuda_available();
+    *gpus = 0;
     if (w->job.runtime.backend != JOB_BACKEND_CUDA) return kctx_init(ctx, K_CPU, 0, err);
+    *gpus = k_cuda_available();
     if (*gpus < 1) return errf(err, "runtime.backend is cuda but this worker sees no GPU");
     return kctx_init(ctx, K_CUDA, w->local_rank % *gpus, err);
 }
