@@ -129,20 +129,6 @@ fail:
     return -1;
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err) {
-    unsigned char *p = buf;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, len, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return errf(err, "%s: read: %s", path, strerror(errno));
-        if (r == 0) return errf(err, "%s: truncated (ends before byte %llu)", path, (unsigned long long)off);
-        p += r;
-        off += (uint64_t)r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
 /* ---- pieces read, for the CRC check ---- */
 
 typedef struct piece {
@@ -181,7 +167,7 @@ static int read_master(const source *s, int unit, uint64_t first, uint64_t n, fl
         uint64_t off = (at - base) * sizeof(float), bytes = (upto - at) * sizeof(float);
         float *into = dst + (at - first);
         char path[PATH_BYTES];
-        if (shard_path(path, s, f, err) || pread_full(s->fds[f], into, (size_t)bytes, sec->offset + off, path, err))
+        if (shard_path(path, s, f, err) || file_pread_full(s->fds[f], into, (size_t)bytes, sec->offset + off, path, err))
             return -1;
         piece p = {(uint32_t)f, (uint32_t)unit, off, bytes, crc32c(0, into, (size_t)bytes)};
         if (piece_add(pieces, p, err)) return -1;
@@ -203,7 +189,7 @@ static int fold_unread(const source *s, int f, const ckpt_section *sec, uint64_t
                        uint32_t *crc, void *buf, const char *path, errbuf *err) {
     while (at < end) {
         size_t n = end - at < COPY_BUFFER ? (size_t)(end - at) : COPY_BUFFER;
-        if (pread_full(s->fds[f], buf, n, sec->offset + at, path, err)) return -1;
+        if (file_pread_full(s->fds[f], buf, n, sec->offset + at, path, err)) return -1;
         *crc = crc32c_concat(*crc, crc32c(0, buf, n), n);
         at += n;
     }

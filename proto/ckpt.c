@@ -403,20 +403,6 @@ int ckpt_decode_header(ckpt_file_header *h, const void *buf, size_t len, const c
     return 0;
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err) {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return errf(err, "%s: read: %s", path, strerror(errno));
-        if (r == 0) return errf(err, "%s: truncated (ends before byte %llu)", path, (unsigned long long)off);
-        p += r;
-        off += (uint64_t)r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
 int ckpt_read_header(ckpt_file_header *h, int fd, const char *path, errbuf *err) {
     memset(h, 0, sizeof *h);
     struct stat st;
@@ -424,14 +410,14 @@ int ckpt_read_header(ckpt_file_header *h, int fd, const char *path, errbuf *err)
     if (fstat(fd, &st) != 0) return errf(err, "%s: %s", path, strerror(errno));
     if ((uint64_t)st.st_size < sizeof fixed)
         return errf(err, "%s: %lld bytes: truncated (no header)", path, (long long)st.st_size);
-    if (pread_full(fd, fixed, sizeof fixed, 0, path, err)) return -1;
+    if (file_pread_full(fd, fixed, sizeof fixed, 0, path, err)) return -1;
     uint32_t hb = rd_u32(fixed + 12);
     if (hb < CKPT_FIXED_HEADER || hb > header_bytes(CKPT_KINDS * MAX_UNITS))
         hb = CKPT_FIXED_HEADER; /* let the decoder name the problem */
     if ((uint64_t)st.st_size < hb) return errf(err, "%s: truncated inside its header", path);
     uint8_t *buf = malloc(hb);
     if (!buf) return errf(err, "%s: out of memory", path);
-    int rc = pread_full(fd, buf, hb, 0, path, err);
+    int rc = file_pread_full(fd, buf, hb, 0, path, err);
     if (rc == 0) rc = ckpt_decode_header(h, buf, hb, path, err);
     free(buf);
     if (rc == 0 && (uint64_t)st.st_size != h->file_bytes) {
@@ -754,7 +740,7 @@ static int read_section(int fd, const char *path, const ckpt_section *s, void *b
     uint32_t crc = 0;
     for (uint64_t at = 0; at < s->bytes; at += buf_bytes) {
         size_t n = s->bytes - at < buf_bytes ? (size_t)(s->bytes - at) : buf_bytes;
-        if (pread_full(fd, buf, n, s->offset + at, path, err)) return -1;
+        if (file_pread_full(fd, buf, n, s->offset + at, path, err)) return -1;
         crc = crc32c(crc, buf, n);
         if (fn) fn(arg, buf, at, n);
     }
@@ -852,7 +838,7 @@ int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t
         if (!*seen) {
             if (read_section(r->fds[f], path, s, r->chunk, r->chunk_bytes, copy_overlap, &c, err)) return -1;
             *seen = 1;
-        } else if (pread_full(r->fds[f], c.dst, (size_t)(c.hi - c.lo), s->offset + c.lo, path, err)) {
+        } else if (file_pread_full(r->fds[f], c.dst, (size_t)(c.hi - c.lo), s->offset + c.lo, path, err)) {
             return -1;
         }
         at = upto;

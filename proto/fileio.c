@@ -95,6 +95,21 @@ int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char
     return 0;
 }
 
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errf(err, "%s: read: %s", path, strerror(errno));
+        if (r == 0)
+            return errf(err, "%s: truncated (ends before byte %llu)", path, (unsigned long long)off);
+        p += r;
+        off += (uint64_t)r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
 int file_fsync_dir(const char *path, int is_dir, errbuf *err) {
     char *copy = strdup(path);
     if (!copy) return errf(err, "%s: out of memory", path);

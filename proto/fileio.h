@@ -5,6 +5,7 @@
 #define FSDP_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "errbuf.h"
@@ -24,6 +25,9 @@ int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errb
 int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err);
 int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char *path,
                      errbuf *err);
+/* pread() exactly len bytes at off, retrying on EINTR and short reads; the end of the file
+ * first is the error "truncated". */
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err);
 /* fsync the directory holding path (or the directory itself when is_dir). */
 int file_fsync_dir(const char *path, int is_dir, errbuf *err);
 /* mkdir that accepts an existing directory. */
