@@ -158,6 +158,7 @@ static const job_key keys[] = {
     NUM("checkpoint", "interval_steps", K_INT, checkpoint.interval_steps, 0, INT_MAX),
     NUM("checkpoint", "keep", K_INT, checkpoint.keep, 1, INT_MAX),
     OTHER("checkpoint", "async", K_BOOL, checkpoint.async),
+    OTHER("checkpoint", "save_final", K_BOOL, checkpoint.save_final),
     NUM("checkpoint", "timeout_s", K_INT, checkpoint.timeout_s, 1, INT_MAX),
     OTHER("checkpoint", "resume", K_RESUME, checkpoint.resume),
 
@@ -238,6 +239,7 @@ void job_defaults(job_config *j) {
     j->checkpoint.interval_steps = 0;
     j->checkpoint.keep = 2;
     j->checkpoint.async = true;
+    j->checkpoint.save_final = true;
     j->checkpoint.timeout_s = 600;
     j->checkpoint.resume = JOB_RESUME_AUTO;
 
@@ -1070,6 +1072,9 @@ int job_validate(job_config *j, int world_size, errbuf *err) {
         return -1;
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize)");
+    if (j->output.consolidate && !j->checkpoint.save_final)
+        return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
+                         "final checkpoint, consolidated); set one of them to false");
     if (!j->runtime.metrics[0]) {
         int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
                          j->output.dir);

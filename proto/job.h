@@ -105,6 +105,7 @@ typedef struct job_config {
     struct {
         char dir[JOB_PATH_MAX];
         int interval_steps; /* 0: only at the end */
+        bool save_final;    /* save after the last step (synchronously) */
         int keep;
         bool async;
         int timeout_s;

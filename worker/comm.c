@@ -91,12 +91,12 @@ static int begin(comm *c, const char *name, errbuf *err) {
     return 0;
 }
 
-/* Every failure ends here: names the collective, kills the communicator (which wakes the
- * peers up) and remembers why, for the calls that come after. */
+/* Every failure ends here: names the collective (NULL: the backend named it), kills the
+ * communicator (which wakes the peers up) and remembers why, for the calls that come after. */
 static int fail(comm *c, const char *name, errbuf *err) {
     if (atomic_load(&c->aborted))
-        errf(err, "%s: the communicator was aborted", name); /* our own shutdown, not a peer's */
-    else
+        errf(err, "%s: the communicator was aborted", name ? name : "wait"); /* our own shutdown */
+    else if (name)
         errprefix(err, "%s", name);
     c->dead = 1;
     memcpy(c->dead_reason, err->msg, sizeof c->dead_reason);
@@ -122,41 +122,96 @@ static int check_reduction(comm_dtype dt, comm_op op, errbuf *err) {
     return 0;
 }
 
-int comm_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
-                    errbuf *err) {
+/* The plain and split-phase forms share these: t is NULL for a plain call. */
+static int all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                      comm_ticket *t, errbuf *err) {
     const char *name = "all_gather";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
     if (begin(c, name, err)) return -1;
+    if (t) *t = c->ncalls;
+    int split = t && c->ops->all_gather_start;
     if (check_buffer(send, count, dt, 1, "send", err) ||
         check_buffer(recv, count, dt, (size_t)c->world, "recv", err) ||
-        (count > 0 && c->ops->all_gather(c, send, recv, count, dt, err)))
+        (count > 0 && (split ? c->ops->all_gather_start(c, send, recv, count, dt, err)
+                             : c->ops->all_gather(c, send, recv, count, dt, err))))
         return fail(c, name, err);
     return 0;
 }
 
-int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
-                        comm_op op, errbuf *err) {
+static int reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                          comm_op op, comm_ticket *t, errbuf *err) {
     const char *name = "reduce_scatter";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
     if (begin(c, name, err)) return -1;
+    if (t) *t = c->ncalls;
+    int split = t && c->ops->reduce_scatter_start;
     if (check_reduction(dt, op, err) ||
         check_buffer(send, count, dt, (size_t)c->world, "send", err) ||
         check_buffer(recv, count, dt, 1, "recv", err) ||
-        (count > 0 && c->ops->reduce_scatter(c, send, recv, count, dt, op, err)))
+        (count > 0 && (split ? c->ops->reduce_scatter_start(c, send, recv, count, dt, op, err)
+                             : c->ops->reduce_scatter(c, send, recv, count, dt, op, err))))
         return fail(c, name, err);
     return 0;
 }
 
-int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err) {
+static int all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
+                      comm_ticket *t, errbuf *err) {
     const char *name = "all_reduce";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
     if (begin(c, name, err)) return -1;
+    if (t) *t = c->ncalls;
+    int split = t && c->ops->all_reduce_start;
     if (check_reduction(dt, op, err) || check_buffer(buf, count, dt, 1, "data", err) ||
-        (count > 0 && c->ops->all_reduce(c, buf, count, dt, op, err)))
+        (count > 0 && (split ? c->ops->all_reduce_start(c, buf, count, dt, op, err)
+                             : c->ops->all_reduce(c, buf, count, dt, op, err))))
         return fail(c, name, err);
+    return 0;
+}
+
+int comm_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                    errbuf *err) {
+    return all_gather(c, send, recv, count, dt, NULL, err);
+}
+
+int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                        comm_op op, errbuf *err) {
+    return reduce_scatter(c, send, recv, count, dt, op, NULL, err);
+}
+
+int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err) {
+    return all_reduce(c, buf, count, dt, op, NULL, err);
+}
+
+int comm_all_gather_start(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                          comm_ticket *t, errbuf *err) {
+    return all_gather(c, send, recv, count, dt, t, err);
+}
+
+int comm_reduce_scatter_start(comm *c, const void *send, void *recv, size_t count,
+                              comm_dtype dt, comm_op op, comm_ticket *t, errbuf *err) {
+    return reduce_scatter(c, send, recv, count, dt, op, t, err);
+}
+
+int comm_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
+                          comm_ticket *t, errbuf *err) {
+    return all_reduce(c, buf, count, dt, op, t, err);
+}
+
+int comm_wait(comm *c, comm_ticket t, errbuf *err) {
+    errbuf local;
+    if (!err) err = &local;
+    if (!c) return errf(err, "wait: no communicator");
+    if (atomic_load(&c->aborted)) return errf(err, "wait: the communicator was aborted");
+    if (c->dead)
+        return errf(err, "wait: the communicator is dead after an earlier error (%s)", c->dead_reason);
+    if (t > c->ncalls) return errf(err, "wait: collective %llu was never started", t);
+    if (!c->ops->wait) return 0;
+    c->deadline = comm_now() + c->timeout_s;
+    /* The backend names the collective that failed ("all_gather: timed out ..."). */
+    if (c->ops->wait(c, t, err)) return fail(c, NULL, err);
     return 0;
 }
 

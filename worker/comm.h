@@ -113,6 +113,27 @@ int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, com
 int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err);
 /* buf = root's buf on every rank. */
 int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err);
+/* Split-phase collectives, to overlap communication with compute (worker/fsdp.c).
+ *
+ * A *_start call queues the collective behind the compute already queued in the kernels
+ * context (its input's producer) and returns a ticket at once; comm_wait(c, t) returns
+ * once that collective, and every collective started before it, has finished -- or fails
+ * after comm_options.timeout_s from the call -- and the compute queued after comm_wait
+ * reads the results.  Until comm_wait, the buffers belong to the collective: neither the
+ * host nor newly queued compute may touch them.  Tickets grow with every collective
+ * (plain calls included), and a plain call finishes every collective started before it.
+ * Backends with no queue of their own (TCP, staged) run the collective inside *_start;
+ * comm_wait is then immediate.  Errors are reported as by the plain calls, by _start or
+ * by comm_wait. */
+typedef unsigned long long comm_ticket;
+int comm_all_gather_start(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
+                          comm_ticket *t, errbuf *err);
+int comm_reduce_scatter_start(comm *c, const void *send, void *recv, size_t count,
+                              comm_dtype dt, comm_op op, comm_ticket *t, errbuf *err);
+int comm_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
+                          comm_ticket *t, errbuf *err);
+int comm_wait(comm *c, comm_ticket t, errbuf *err);
+
 /* Returns once every rank has entered the barrier. */
 int comm_barrier(comm *c, errbuf *err);
 

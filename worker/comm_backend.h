@@ -21,6 +21,16 @@ typedef struct comm_ops {
     int (*all_reduce)(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err);
     int (*broadcast)(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err);
     int (*barrier)(comm *c, errbuf *err);
+    /* Optional split phase (comm.h): queue the collective numbered c->ncalls and return;
+     * wait until collective number t has finished.  A backend without them runs the
+     * plain call inside *_start. */
+    int (*all_gather_start)(comm *c, const void *send, void *recv, size_t count,
+                            comm_dtype dt, errbuf *err);
+    int (*reduce_scatter_start)(comm *c, const void *send, void *recv, size_t count,
+                                comm_dtype dt, comm_op op, errbuf *err);
+    int (*all_reduce_start)(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
+                            errbuf *err);
+    int (*wait)(comm *c, uint64_t t, errbuf *err);
     void (*abort)(comm *c);   /* thread-safe: shut connections down, free nothing */
     void (*destroy)(comm *c); /* close and free everything, the comm included */
 } comm_ops;

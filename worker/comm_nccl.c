@@ -7,8 +7,9 @@
  * makes the peers' collectives fail too, and the error names the collective and the time.
  * Collectives run on a stream of their own, ordered after the compute that produced their
  * input and before the compute that reads their output by events on the device (no
- * device-wide or host synchronisation of the compute stream); each call returns once its
- * result is in the buffer.
+ * device-wide or host synchronisation of the compute stream).  A plain call returns once its
+ * result is in the buffer; a split-phase one (*_start) returns once it is queued, and
+ * comm_wait polls its event (up to NCCL_INFLIGHT of them in flight) against the deadline.
  *
  * Test-only hook (environment): FSDP_TEST_NCCL_HANG_AT=n makes this rank's n-th collective
  * wait behind a kernel that spins on a host flag, as a hung peer or a wedged kernel would;
@@ -18,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,15 @@
 #include "kernels/kernels.h"
 #include "worker/comm_backend.h"
 #include "worker/comm_nccl.h"
+
+/* At most this many split-phase collectives in flight; one more waits for the oldest. */
+#define NCCL_INFLIGHT 8
+
+typedef struct nccl_pending {
+    uint64_t ticket;  /* comm.ncalls of the collective */
+    const char *name; /* for errors: "all_gather" ... */
+    cudaEvent_t done; /* recorded on the comm stream after it */
+} nccl_pending;
 
 typedef struct nccl_comm {
     comm base;
@@ -34,6 +45,8 @@ typedef struct nccl_comm {
     cudaEvent_t ready, done;
     uint64_t hang_at;   /* test hook: 0 when off */
     int *hang_flag;     /* mapped pinned memory the spinning kernel reads */
+    nccl_pending pending[NCCL_INFLIGHT]; /* a ring, oldest at [head] */
+    int head, inflight;
 } nccl_comm;
 
 _Static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "NCCL unique id size");
@@ -61,32 +74,75 @@ static int wait_settled(nccl_comm *n, double deadline, errbuf *err) {
     }
 }
 
-/* After a collective was enqueued: waits until it has run, or fails at the deadline. */
-static int finish(nccl_comm *n, ncclResult_t enqueued, errbuf *err) {
-    double deadline = n->base.deadline;
-    if (enqueued != ncclSuccess && enqueued != ncclInProgress)
-        return errf(err, "NCCL: %s", ncclGetErrorString(enqueued));
-    if (wait_settled(n, deadline, err)) return -1;
-    cudaError_t e = cudaEventRecord(n->done, n->stream);
-    if (e != cudaSuccess) return errf(err, "cudaEventRecord: %s", cudaGetErrorString(e));
-    while ((e = cudaEventQuery(n->done)) == cudaErrorNotReady) {
+/* Polls `ev` (recorded on the comm stream) until it has happened, NCCL reports an error or
+ * the deadline passes; then the compute queued from now on waits for it on the device. */
+static int wait_event(nccl_comm *n, cudaEvent_t ev, const char *name, errbuf *err) {
+    cudaError_t e;
+    while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
         ncclResult_t state;
         if (ncclCommGetAsyncError(n->nccl, &state) == ncclSuccess && state != ncclSuccess &&
             state != ncclInProgress)
-            return errf(err, "NCCL: %s", ncclGetErrorString(state));
-        if (comm_now() > deadline)
-            return errf(err, "timed out after %.0f s (rank %d)", n->base.timeout_s, n->base.rank);
+            return errf(err, "%sNCCL: %s", name, ncclGetErrorString(state));
+        if (comm_now() > n->base.deadline)
+            return errf(err, "%stimed out after %.0f s (rank %d)", name, n->base.timeout_s,
+                        n->base.rank);
         sched_yield();
     }
-    if (e != cudaSuccess) return errf(err, "CUDA: %s", cudaGetErrorString(e));
-    /* Compute queued from now on reads the result only after the collective. */
-    e = cudaStreamWaitEvent(n->compute, n->done, 0);
+    if (e != cudaSuccess) return errf(err, "%sCUDA: %s", name, cudaGetErrorString(e));
+    e = cudaStreamWaitEvent(n->compute, ev, 0);
     return e == cudaSuccess ? 0 : errf(err, "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+}
+
+/* Checks what NCCL said when the collective was enqueued and waits until it is queued. */
+static int enqueued(nccl_comm *n, ncclResult_t r, errbuf *err) {
+    if (r != ncclSuccess && r != ncclInProgress) return errf(err, "NCCL: %s", ncclGetErrorString(r));
+    return wait_settled(n, n->base.deadline, err);
+}
+
+/* After a plain collective was enqueued: waits until it has run, or fails at the deadline.
+ * The stream runs in order, so every split-phase collective before it has finished too. */
+static int finish(nccl_comm *n, ncclResult_t r, errbuf *err) {
+    if (enqueued(n, r, err)) return -1;
+    cudaError_t e = cudaEventRecord(n->done, n->stream);
+    if (e != cudaSuccess) return errf(err, "cudaEventRecord: %s", cudaGetErrorString(e));
+    if (wait_event(n, n->done, "", err)) return -1;
+    n->inflight = 0;
+    return 0;
+}
+
+/* Waits for the oldest split-phase collective in flight. */
+static int retire_oldest(nccl_comm *n, errbuf *err) {
+    nccl_pending *p = &n->pending[n->head];
+    char name[40];
+    snprintf(name, sizeof name, "%s: ", p->name);
+    if (wait_event(n, p->done, name, err)) return -1;
+    n->head = (n->head + 1) % NCCL_INFLIGHT;
+    n->inflight--;
+    return 0;
+}
+
+/* After a split-phase collective was enqueued: marks its end with an event. */
+static int started(nccl_comm *n, const char *name, ncclResult_t r, errbuf *err) {
+    if (enqueued(n, r, err)) return -1;
+    nccl_pending *p = &n->pending[(n->head + n->inflight) % NCCL_INFLIGHT];
+    cudaError_t e = cudaEventRecord(p->done, n->stream);
+    if (e != cudaSuccess) return errf(err, "cudaEventRecord: %s", cudaGetErrorString(e));
+    p->ticket = n->base.ncalls;
+    p->name = name;
+    n->inflight++;
+    return 0;
+}
+
+static int nccl_wait(comm *c, uint64_t t, errbuf *err) {
+    nccl_comm *n = as_nccl(c);
+    while (n->inflight > 0 && n->pending[n->head].ticket <= t)
+        if (retire_oldest(n, err)) return -1;
+    return 0;
 }
 
 /* Before each collective: its stream waits for the compute queued so far (the input's
  * producer); and the test hook may park it behind a spinning kernel. */
-static void maybe_hang(nccl_comm *n) {
+static void before_collective(nccl_comm *n) {
     cudaEventRecord(n->ready, n->compute);
     cudaStreamWaitEvent(n->stream, n->ready, 0);
     if (n->hang_at && n->base.ncalls == n->hang_at) kcuda_test_spin(n->stream, n->hang_flag);
@@ -101,14 +157,45 @@ static ncclRedOp_t nccl_op(comm_op op) { return op == COMM_AVG ? ncclAvg : ncclS
 static int nccl_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    maybe_hang(n);
+    before_collective(n);
     return finish(n, ncclAllGather(send, recv, count, nccl_type(dt), n->nccl, n->stream), err);
+}
+
+/* A split-phase start first makes room in the ring of events. */
+static int make_room(nccl_comm *n, errbuf *err) {
+    if (n->inflight == NCCL_INFLIGHT && retire_oldest(n, err)) return -1;
+    before_collective(n);
+    return 0;
+}
+
+static int nccl_all_gather_start(comm *c, const void *send, void *recv, size_t count,
+                                 comm_dtype dt, errbuf *err) {
+    nccl_comm *n = as_nccl(c);
+    if (make_room(n, err)) return -1;
+    return started(n, "all_gather", ncclAllGather(send, recv, count, nccl_type(dt), n->nccl,
+                                                  n->stream), err);
+}
+
+static int nccl_reduce_scatter_start(comm *c, const void *send, void *recv, size_t count,
+                                     comm_dtype dt, comm_op op, errbuf *err) {
+    nccl_comm *n = as_nccl(c);
+    if (make_room(n, err)) return -1;
+    return started(n, "reduce_scatter", ncclReduceScatter(send, recv, count, nccl_type(dt),
+                                                          nccl_op(op), n->nccl, n->stream), err);
+}
+
+static int nccl_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
+                                 errbuf *err) {
+    nccl_comm *n = as_nccl(c);
+    if (make_room(n, err)) return -1;
+    return started(n, "all_reduce", ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op),
+                                                  n->nccl, n->stream), err);
 }
 
 static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t count,
                                comm_dtype dt, comm_op op, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    maybe_hang(n);
+    before_collective(n);
     return finish(n, ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->nccl,
                                        n->stream), err);
 }
@@ -116,7 +203,7 @@ static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t cou
 static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    maybe_hang(n);
+    before_collective(n);
     return finish(n, ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->nccl,
                                    n->stream), err);
 }
@@ -124,14 +211,14 @@ static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm
 static int nccl_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root,
                           errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    maybe_hang(n);
+    before_collective(n);
     return finish(n, ncclBroadcast(buf, buf, count, nccl_type(dt), root, n->nccl, n->stream), err);
 }
 
 /* A one-byte all-reduce on a scratch byte: returns once every rank has reached it. */
 static int nccl_barrier(comm *c, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    maybe_hang(n);
+    before_collective(n);
     return finish(n, ncclAllReduce(n->hang_flag + 1, n->hang_flag + 1, 1, ncclUint8, ncclSum,
                                    n->nccl, n->stream), err);
 }
@@ -146,7 +233,9 @@ static void nccl_abort(comm *c) {
 
 static void nccl_destroy(comm *c) {
     nccl_comm *n = as_nccl(c);
-    nccl_abort(c); /* collectives are synchronous: nothing is in flight here */
+    nccl_abort(c); /* ends whatever split-phase collective is still in flight */
+    for (int i = 0; i < NCCL_INFLIGHT; i++)
+        if (n->pending[i].done) cudaEventDestroy(n->pending[i].done);
     if (n->done) cudaEventDestroy(n->done);
     if (n->ready) cudaEventDestroy(n->ready);
     if (n->stream) cudaStreamDestroy(n->stream);
@@ -160,6 +249,10 @@ static const comm_ops nccl_ops = {
     .all_reduce = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
+    .all_gather_start = nccl_all_gather_start,
+    .reduce_scatter_start = nccl_reduce_scatter_start,
+    .all_reduce_start = nccl_all_reduce_start,
+    .wait = nccl_wait,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
 };
@@ -181,6 +274,8 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
+    for (int i = 0; i < NCCL_INFLIGHT && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&n->pending[i].done, cudaEventDisableTiming);
     /* Mapped pinned memory: [0] the test hang flag, [1] the barrier's byte (device-visible). */
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&n->hang_flag, 2 * sizeof(int), cudaHostAllocMapped);
     if (e != cudaSuccess) {

@@ -9,6 +9,8 @@
 
 #include "proto/model_image.h"
 
+static void build_plan(fsdp *f);
+
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 static int is_tied(const fsdp *f) { return f->layout.cfg.tie_word_embeddings; }
@@ -21,7 +23,7 @@ static comm_dtype compute_comm_dtype(const kctx *c) {
 
 static int alloc_shards(fsdp *f, errbuf *err) {
     const llama_layout *lo = &f->layout;
-    size_t total = 0, max_shard = 0, max_padded = 0;
+    size_t total = 0, max_padded = 0;
     for (int u = 0; u < lo->n_units; u++) {
         fsdp_unit *U = &f->units[u];
         U->numel = lo->units[u].numel;
@@ -29,7 +31,6 @@ static int alloc_shards(fsdp *f, errbuf *err) {
         U->shard = U->padded / (size_t)f->group;
         U->shard_off = (size_t)f->group_rank * U->shard;
         total += 4 * U->shard;
-        if (U->shard > max_shard) max_shard = U->shard;
         if (U->padded > max_padded) max_padded = U->padded;
     }
     float *mem = k_alloc(f->ctx, total * sizeof(float), err);
@@ -42,14 +43,12 @@ static int alloc_shards(fsdp *f, errbuf *err) {
         U->grad = mem, mem += U->shard;
     }
     size_t cs = k_compute_size(f->ctx), embed_padded = f->units[LLAMA_EMBED_UNIT].padded;
-    f->send = k_alloc(f->ctx, max_shard * cs, err);
-    f->gathered[0] = f->send ? k_alloc(f->ctx, max_padded * cs, err) : NULL;
-    f->full_grad[0] = f->gathered[0] ? k_alloc(f->ctx, max_padded * sizeof(float), err) : NULL;
-    if (!f->full_grad[0]) return -1;
-    if (is_tied(f)) {
-        f->gathered[1] = k_alloc(f->ctx, embed_padded * cs, err);
-        f->full_grad[1] = f->gathered[1] ? k_alloc(f->ctx, embed_padded * sizeof(float), err) : NULL;
-        if (!f->full_grad[1]) return -1;
+    for (int slot = 0; slot < 3; slot++) {
+        size_t n = slot < 2 ? max_padded : is_tied(f) ? embed_padded : 0;
+        if (n == 0) continue;
+        f->gathered[slot] = k_alloc(f->ctx, n * cs, err);
+        f->full_grad[slot] = f->gathered[slot] ? k_alloc(f->ctx, n * sizeof(float), err) : NULL;
+        if (!f->full_grad[slot]) return -1;
     }
     f->scalars = k_alloc(f->ctx, 2 * sizeof(float), err);
     return f->scalars ? 0 : -1;
@@ -64,6 +63,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->world = world;
     f->sharding = opt->sharding;
     f->checkpoint_activations = opt->checkpoint_activations;
+    f->forward_prefetch = opt->forward_prefetch;
+    f->backward_prefetch = opt->backward_prefetch;
     if (opt->sharding != JOB_SHARD_FULL && opt->sharding != JOB_SHARD_NONE)
         return errf(err, "fsdp: only full_shard and no_shard are built");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
@@ -73,11 +74,13 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
     f->units = calloc((size_t)f->layout.n_units, sizeof *f->units);
-    if (!inv_freq || !f->units) {
+    f->plan = calloc(2 * (size_t)f->layout.n_layers + 3, sizeof *f->plan);
+    if (!inv_freq || !f->units || !f->plan) {
         free(inv_freq);
         fsdp_destroy(f);
         return errf(err, "fsdp: out of host memory");
     }
+    build_plan(f);
     int rc = alloc_shards(f, err);
     if (rc == 0) f->inv_freq = k_alloc(ctx, half * sizeof(float), err);
     if (rc == 0 && f->inv_freq) {
@@ -106,12 +109,13 @@ void fsdp_destroy(fsdp *f) {
     if (f->ctx) {
         free_activations(f);
         if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
-        void *bufs[] = {f->send, f->gathered[0], f->gathered[1], f->full_grad[0],
-                        f->full_grad[1], f->inv_freq, f->scalars, f->stats};
+        void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
+                        f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
     free(f->units);
+    free(f->plan);
     llama_layout_free(&f->layout);
     memset(f, 0, sizeof *f);
 }
@@ -179,39 +183,123 @@ int fsdp_load_image(fsdp *f, const void *image, errbuf *err) {
     return rc;
 }
 
-/* ---- communication of one unit ---- */
+/* ---- communication ----
+ *
+ * A micro-batch all-gathers units in a fixed order, the plan: the embedding, the layers,
+ * the embedding again for a tied head, the head, then the layers backwards for the
+ * backward pass.  Gathered units live in slots: the tied head's embedding in slot 2, the
+ * others alternating between slots 0 and 1.  With prefetching, gather k+1 starts when
+ * gather k is about to be used.  The compute of every earlier gather is queued by then,
+ * and the collective is ordered after it, while gather k+1's slot differs from gather k's:
+ * so a prefetch never overwrites a unit that compute still has to read, and at most two
+ * gathered units (three with a tied head) exist at a time.
+ *
+ * Gradients take the same shape: each unit's full gradient is computed into a slot of its
+ * own (the tied embedding's in slot 2, the others alternating), its reduction starts right
+ * after its backward and runs during the next unit's; a slot's reduction is finished (and
+ * this rank's part added to its grad shard) before compute writes that slot again. */
 
-/* dst[padded] (compute dtype) = the whole of unit u. */
-static int gather_unit(fsdp *f, int u, void *dst, errbuf *err) {
+static void add_gather(fsdp *f, int unit, int slot, int *alternate) {
+    if (slot < 0) slot = (*alternate)++ % 2;
+    f->plan[f->n_plan++] = (fsdp_gather){.unit = unit, .slot = slot};
+}
+
+static void build_plan(fsdp *f) {
+    int L = f->layout.n_layers, alternate = 0;
+    f->n_plan = 0;
+    add_gather(f, LLAMA_EMBED_UNIT, -1, &alternate);
+    for (int l = 0; l < L; l++) add_gather(f, llama_layer_unit(l), -1, &alternate);
+    if (is_tied(f)) add_gather(f, LLAMA_EMBED_UNIT, 2, &alternate);
+    add_gather(f, llama_head_unit(&f->layout), -1, &alternate);
+    f->n_forward_plan = f->n_plan;
+    for (int l = L - 1; l >= 0; l--) add_gather(f, llama_layer_unit(l), -1, &alternate);
+}
+
+/* Starts gathering the whole of unit u into slot `slot` (compute dtype, in place: this
+ * rank's shard is cast into its own place of the slot). */
+static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     const fsdp_unit *U = &f->units[u];
+    char *dst = f->gathered[slot];
+    f->gather_ticket[slot] = 0;
     if (f->group == 1) {
         k_f32_to_compute(f->ctx, dst, U->master, U->shard);
         return 0;
     }
-    k_f32_to_compute(f->ctx, f->send, U->master, U->shard);
+    char *mine = dst + U->shard_off * k_compute_size(f->ctx);
+    k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
     if (k_check(f->ctx, err) ||
-        comm_all_gather(f->comm, f->send, dst, U->shard, compute_comm_dtype(f->ctx), err))
+        comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx),
+                              &f->gather_ticket[slot], err))
         return errprefix(err, "unit %d", u);
     return 0;
 }
 
-/* Sums unit u's full gradient `full` over the ranks and adds this rank's part to its grad
- * shard.  full is clobbered. */
-static int reduce_unit(fsdp *f, int u, float *full, errbuf *err) {
-    const fsdp_unit *U = &f->units[u];
-    if (k_check(f->ctx, err)) return -1;
-    float *mine = full;
-    if (f->world > 1 && f->group == 1) {
-        if (comm_all_reduce(f->comm, full, U->padded, COMM_F32, COMM_SUM, err))
-            return errprefix(err, "unit %d", u);
-    } else if (f->group > 1) {
-        mine = full + U->shard_off;
-        if (comm_reduce_scatter(f->comm, full, mine, U->shard, COMM_F32, COMM_SUM, err))
-            return errprefix(err, "unit %d", u);
+/* Waits for slot's all-gather (of unit u); compute queued from here on reads the unit. */
+static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
+    comm_ticket t = f->gather_ticket[slot];
+    f->gather_ticket[slot] = 0;
+    if (t && comm_wait(f->comm, t, err)) return errprefix(err, "unit %d", u);
+    return 0;
+}
+
+/* The slot holding plan entry k, gathered, for the compute queued next; starts entry k+1
+ * when prefetching is on for its pass. */
+static void *gather_use(fsdp *f, int k, errbuf *err) {
+    const fsdp_gather *g = &f->plan[k];
+    if (f->next_gather <= k) {
+        if (gather_start(f, g->unit, g->slot, err)) return NULL;
+        f->next_gather = k + 1;
     }
-    k_add_f32(f->ctx, U->grad, mine, U->shard);
+    if (gather_wait(f, g->unit, g->slot, err)) return NULL;
+    int next = k + 1;
+    int prefetch = next < f->n_plan &&
+                   (next < f->n_forward_plan ? f->forward_prefetch : f->backward_prefetch);
+    if (prefetch) {
+        if (gather_start(f, f->plan[next].unit, f->plan[next].slot, err)) return NULL;
+        f->next_gather = next + 1;
+    }
+    return f->gathered[g->slot];
+}
+
+/* Finishes the reduction reading full_grad[slot], if one is in flight: this rank's part of
+ * the summed gradient joins its grad shard. */
+static int reduce_finish(fsdp *f, int slot, errbuf *err) {
+    fsdp_reduce *r = &f->reducing[slot];
+    if (!r->pending) return 0;
+    r->pending = 0;
+    if (r->ticket && comm_wait(f->comm, r->ticket, err)) return errprefix(err, "unit %d", r->unit);
+    const fsdp_unit *U = &f->units[r->unit];
+    float *full = f->full_grad[slot];
+    k_add_f32(f->ctx, U->grad, f->group > 1 ? full + U->shard_off : full, U->shard);
+    return 0;
+}
+
+/* Starts summing unit u's full gradient, in full_grad[slot], over the ranks (in place);
+ * finishes it at once unless backward overlap is on. */
+static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
+    const fsdp_unit *U = &f->units[u];
+    float *full = f->full_grad[slot];
+    fsdp_reduce *r = &f->reducing[slot];
+    *r = (fsdp_reduce){.pending = 1, .unit = u};
+    int rc = k_check(f->ctx, err);
+    if (rc == 0 && f->world > 1 && f->group == 1)
+        rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
+    else if (rc == 0 && f->group > 1)
+        rc = comm_reduce_scatter_start(f->comm, full, full + U->shard_off, U->shard, COMM_F32,
+                                       COMM_SUM, &r->ticket, err);
+    if (rc) {
+        r->pending = 0;
+        return errprefix(err, "unit %d", u);
+    }
+    return f->backward_prefetch ? 0 : reduce_finish(f, slot, err);
+}
+
+/* Before compute writes full_grad[slot] (n elements) afresh. */
+static int grad_slot_ready(fsdp *f, int slot, size_t n, errbuf *err) {
+    if (reduce_finish(f, slot, err)) return -1;
+    k_zero(f->ctx, f->full_grad[slot], n * sizeof(float));
     return 0;
 }
 
@@ -221,49 +309,67 @@ static llama_layer_acts *acts_of(fsdp *f, int layer) {
     return &f->layer_acts[f->checkpoint_activations ? 0 : layer];
 }
 
+/* Forward and backward of the head; returns the plan entry that comes next, or -1. */
+static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    int head = llama_head_unit(lo), B = f->B, T = f->T;
+    void *embed = NULL;
+    float *embed_grad = NULL;
+    if (is_tied(f)) {
+        if (!(embed = gather_use(f, k++, err)) ||
+            grad_slot_ready(f, 2, f->units[LLAMA_EMBED_UNIT].padded, err))
+            return -1;
+        embed_grad = f->full_grad[2];
+    }
+    void *g = gather_use(f, k++, err);
+    if (!g || grad_slot_ready(f, 0, f->units[head].padded, err)) return -1;
+    llama_head_forward_backward(f->ctx, lo, g, f->full_grad[0], embed, embed_grad, f->resid[lo->n_layers],
+                                &f->head, &f->scratch, f->targets, B, T, dscale, &f->scalars[0],
+                                NULL, f->dresid);
+    return reduce_start(f, head, 0, err) ? -1 : k;
+}
+
 static int forward_backward(fsdp *f, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
-    int L = lo->n_layers, B = f->B, T = f->T, N = B * T, head = llama_head_unit(lo);
-    void *g = f->gathered[0];
+    int L = lo->n_layers, B = f->B, T = f->T, N = B * T, k = 0;
+    void *g;
 
-    if (gather_unit(f, LLAMA_EMBED_UNIT, g, err)) return -1;
+    f->next_gather = 0;
+    if (!(g = gather_use(f, k++, err))) return -1;
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
     for (int l = 0; l < L; l++) {
-        if (gather_unit(f, llama_layer_unit(l), g, err)) return -1;
+        if (!(g = gather_use(f, k++, err))) return -1;
         llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
         f->layer_forwards++;
     }
+    if ((k = head_pass(f, k, dscale, err)) < 0) return -1;
 
-    if (gather_unit(f, head, g, err)) return -1;
-    if (is_tied(f)) {
-        if (gather_unit(f, LLAMA_EMBED_UNIT, f->gathered[1], err)) return -1;
-        k_zero(c, f->full_grad[1], f->units[LLAMA_EMBED_UNIT].padded * sizeof(float));
-    }
-    k_zero(c, f->full_grad[0], f->units[head].padded * sizeof(float));
-    llama_head_forward_backward(c, lo, g, f->full_grad[0], f->gathered[1], f->full_grad[1],
-                                f->resid[L], &f->head, &f->scratch, f->targets, B, T, dscale,
-                                &f->scalars[0], NULL, f->dresid);
-    if (reduce_unit(f, head, f->full_grad[0], err)) return -1;
-
+    int slot = 0; /* the head's gradient slot */
     for (int l = L - 1; l >= 0; l--) {
         int u = llama_layer_unit(l);
-        if (gather_unit(f, u, g, err)) return -1;
+        slot ^= 1;
+        if (!(g = gather_use(f, k++, err))) return -1;
         if (f->checkpoint_activations) {
             /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
             llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
             f->layer_forwards++;
         }
-        k_zero(c, f->full_grad[0], f->units[u].padded * sizeof(float));
-        llama_layer_backward(c, lo, g, f->full_grad[0], f->inv_freq, f->resid[l], acts_of(f, l),
+        if (grad_slot_ready(f, slot, f->units[u].padded, err)) return -1;
+        llama_layer_backward(c, lo, g, f->full_grad[slot], f->inv_freq, f->resid[l], acts_of(f, l),
                              &f->scratch, f->dresid, B, T);
-        if (reduce_unit(f, u, f->full_grad[0], err)) return -1;
+        if (reduce_start(f, u, slot, err)) return -1;
     }
 
-    float *embed_grad = is_tied(f) ? f->full_grad[1] : f->full_grad[0];
-    if (!is_tied(f)) k_zero(c, embed_grad, f->units[LLAMA_EMBED_UNIT].padded * sizeof(float));
-    llama_embed_backward(c, lo, embed_grad, f->tokens, f->dresid, N);
-    return reduce_unit(f, LLAMA_EMBED_UNIT, embed_grad, err);
+    /* The embedding's backward reads no parameters: nothing to gather. */
+    int embed_slot = is_tied(f) ? 2 : slot ^ 1;
+    if (!is_tied(f) && grad_slot_ready(f, embed_slot, f->units[LLAMA_EMBED_UNIT].padded, err))
+        return -1;
+    llama_embed_backward(c, lo, f->full_grad[embed_slot], f->tokens, f->dresid, N);
+    if (reduce_start(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
+    for (int s = 0; s < 3; s++)
+        if (reduce_finish(f, s, err)) return -1;
+    return 0;
 }
 
 /* Every rank's (a, b) pair, summed in rank order so every rank gets the same bits. */
@@ -471,7 +577,8 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     if (!host) return errf(err, "fsdp: out of host memory");
     int rc = 0;
     for (int u = 0; u < lo->n_units && rc == 0; u++) {
-        rc = gather_unit(f, u, f->gathered[0], err);
+        rc = gather_start(f, u, 0, err);
+        if (rc == 0) rc = gather_wait(f, u, 0, err);
         if (rc) break;
         k_compute_to_f32(f->ctx, f->full_grad[0], f->gathered[0], f->units[u].padded);
         k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);

@@ -42,6 +42,17 @@ typedef struct fsdp_unit {
     float *master, *m, *v, *grad; /* [shard] fp32, context memory */
 } fsdp_unit;
 
+/* One all-gather of a micro-batch's schedule: which unit, into which slot of fsdp.gathered. */
+typedef struct fsdp_gather {
+    int unit, slot;
+} fsdp_gather;
+
+/* A gradient reduction in flight, reading fsdp.full_grad[its slot]. */
+typedef struct fsdp_reduce {
+    int pending, unit;
+    comm_ticket ticket; /* 0: nothing to wait for (one rank) */
+} fsdp_reduce;
+
 typedef struct fsdp {
     kctx *ctx;
     comm *comm;
@@ -50,16 +61,24 @@ typedef struct fsdp {
     int group_rank;
     job_sharding sharding;
     int checkpoint_activations;
+    int forward_prefetch, backward_prefetch; /* see fsdp_options */
     llama_layout layout;
     fsdp_unit *units;
     int step; /* optimizer steps taken */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
+    /* Communication schedule of a micro-batch (fsdp.c explains the slots). */
+    fsdp_gather *plan;   /* the all-gathers in the order their units are used */
+    int n_plan, n_forward_plan; /* all of them; those before the first backward re-gather */
+    int next_gather;     /* the first plan entry not started yet */
+    comm_ticket gather_ticket[3]; /* per slot: its all-gather in flight (0: none) */
+    fsdp_reduce reducing[3];      /* per full_grad slot */
+
     /* Working memory, sized for the largest unit and one micro-batch. */
-    void *send;          /* [max shard] compute dtype: this rank's shard, cast */
-    void *gathered[2];   /* [max padded] compute dtype: [0] the unit in use, [1] the embedding
-                            while the tied head needs it */
-    float *full_grad[2]; /* [max padded] fp32: [0] the unit in backward, [1] the tied embedding */
+    void *gathered[3];   /* [max padded] compute dtype: [0], [1] alternate between the units
+                            in use and prefetched; [2] the embedding for the tied head */
+    float *full_grad[3]; /* [max padded] fp32: [0], [1] alternate between the unit in backward
+                            and the one being reduced; [2] the tied embedding's */
     float *inv_freq;
     int B, T;
     void *act_memory;
@@ -79,6 +98,11 @@ typedef struct fsdp {
 typedef struct fsdp_options {
     job_sharding sharding;
     int checkpoint_activations;
+    /* Overlap (fsdp.forward_prefetch / backward_prefetch in the job): all-gather the next
+     * unit while the current one computes, in forward / in backward, where the latter also
+     * lets each unit's gradient reduction run during the next unit's backward.  Off, every
+     * collective finishes before the compute that follows it is queued. */
+    int forward_prefetch, backward_prefetch;
 } fsdp_options;
 
 /* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when

@@ -55,7 +55,9 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
     *tokens_seen = 0;
     if (llama_config_load(&cfg, random ? j->model.config : j->model.path, err)) return -1;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
-                        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL};
+                        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
+                        .forward_prefetch = j->fsdp.forward_prefetch,
+                        .backward_prefetch = j->fsdp.backward_prefetch};
     if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
     if (env->resume_dir) return resume(f, env, &cfg, tokens_seen, err);
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
@@ -111,11 +113,15 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
     if (!env->writer) return TRAIN_CKPT_NONE;
     int requested = res->vote_max[VOTE_REQUEST] > *served;
     int interval = j->checkpoint.interval_steps > 0 && done % j->checkpoint.interval_steps == 0;
-    if (done == total) {
+    if (done == total && j->checkpoint.save_final) {
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
     }
     if (!requested && !interval) return TRAIN_CKPT_NONE;
+    if (done == total) { /* the process ends after this step: no save in the background */
+        *served = res->vote_max[VOTE_REQUEST];
+        return TRAIN_CKPT_SYNC;
+    }
     if (res->vote_max[VOTE_WRITING]) return TRAIN_CKPT_SKIPPED;
     if (requested) *served = res->vote_max[VOTE_REQUEST];
     return j->checkpoint.async ? TRAIN_CKPT_ASYNC : TRAIN_CKPT_SYNC;

@@ -4,6 +4,9 @@
  *   2. Its watchdog: a kernel spinning on a host flag in the comm stream (the test hook
  *      FSDP_TEST_NCCL_HANG_AT) makes a collective time out; the call fails within the timeout
  *      + 2 s naming the time-out, the communicator is dead, and the GPU is usable afterwards.
+ *   2b. Split-phase collectives (comm_*_start, comm_wait): more in flight than the backend's
+ *      ring of events, all finished by waiting for the last ticket; and the watchdog on a
+ *      started collective (comm_wait times out).
  *   3. Several ranks sharing the GPU: 3 processes, TCP comm staged through pinned host memory
  *      (comm_stage_through_host), collectives on device buffers.
  * Prints one line per check and "N passed, N failed". */
@@ -105,6 +108,40 @@ static int run_collectives(kctx *k, comm *c, char *detail, size_t dn) {
     return h ? wrong : 1000;
 }
 
+/* 12 collectives started (more than NCCL_INFLIGHT), each from its own input to its own
+ * output, then one comm_wait for the last ticket: every output must be there. */
+static void check_split_phase(kctx *k, comm *c) {
+    enum { N_OPS = 12, COUNT = 1 << 20 };
+    errbuf err;
+    float *dev = k_alloc(k, 2 * N_OPS * (size_t)COUNT * sizeof(float), &err);
+    float *h = malloc((size_t)COUNT * sizeof *h);
+    int ok = dev && h, wrong = 0;
+    comm_ticket t = 0;
+    for (int o = 0; o < N_OPS && ok; o++) {
+        for (size_t i = 0; i < COUNT; i++) h[i] = input(o, i);
+        k_copy_h2d(k, dev + (size_t)o * COUNT, h, (size_t)COUNT * sizeof *h);
+        ok = k_sync(k, &err) == 0;
+    }
+    for (int o = 0; o < N_OPS && ok; o++) {
+        float *in = dev + (size_t)o * COUNT, *out = dev + (size_t)(N_OPS + o) * COUNT;
+        ok = (o % 3 == 0   ? comm_all_gather_start(c, in, out, COUNT, COMM_F32, &t, &err)
+              : o % 3 == 1 ? comm_reduce_scatter_start(c, in, out, COUNT, COMM_F32, COMM_SUM, &t, &err)
+                           : comm_all_reduce_start(c, in, COUNT, COMM_F32, COMM_SUM, &t, &err)) == 0;
+    }
+    if (ok) ok = comm_wait(c, t, &err) == 0;
+    for (int o = 0; o < N_OPS && ok; o++) {
+        float *res = dev + (size_t)((o % 3 == 2 ? 0 : N_OPS) + o) * COUNT;
+        k_copy_d2h(k, h, res, (size_t)COUNT * sizeof *h);
+        ok = k_sync(k, &err) == 0;
+        for (size_t i = 0; i < COUNT && ok; i++) wrong += h[i] != input(o, i);
+    }
+    char detail[1100];
+    snprintf(detail, sizeof detail, "%s%d wrong", ok ? "" : err.msg, wrong);
+    check(ok && wrong == 0, "12 split-phase collectives, one wait", detail);
+    free(h);
+    if (dev) k_free(k, dev);
+}
+
 static void check_nccl_world1(void) {
     fprintf(stderr, "check_nccl: NCCL world 1...\n");
     kctx k;
@@ -119,6 +156,7 @@ static void check_nccl_world1(void) {
     if (!ok) return;
     check(run_collectives(&k, c, detail, sizeof detail) == 0, "nccl collectives on device buffers", detail);
     check(comm_barrier(c, &err) == 0, "nccl barrier", err.msg);
+    check_split_phase(&k, c);
     comm_destroy(c);
 
     /* The watchdog: the 2nd collective waits behind a spinning kernel. */
@@ -144,6 +182,27 @@ static void check_nccl_world1(void) {
     k_zero(&k, dev, 1024 * sizeof(float));
     rc = k_sync(&k, &err);
     check(rc == 0, "the GPU is usable after the abort", rc ? err.msg : NULL);
+
+    /* The same for a started collective: comm_wait is where it times out. */
+    setenv("FSDP_TEST_NCCL_HANG_AT", "1", 1);
+    ok = comm_nccl_make_id(id, &err) == 0 && comm_nccl_init(&c, &opt, 0, 1, id, &k, &err) == 0;
+    unsetenv("FSDP_TEST_NCCL_HANG_AT");
+    comm_ticket t = 0;
+    if (ok) ok = comm_all_gather_start(c, dev, dev, 1024, COMM_F32, &t, &err) == 0;
+    check(ok, "split-phase start behind the hang returns", ok ? NULL : err.msg);
+    if (ok) {
+        t0 = now_s();
+        rc = comm_wait(c, t, &err);
+        took = now_s() - t0;
+        snprintf(detail, sizeof detail, "%.2f s: %s", took, rc ? err.msg : "(succeeded)");
+        check(rc != 0 && strstr(err.msg, "all_gather") && strstr(err.msg, "timed out") &&
+                  took < opt.timeout_s + 2,
+              "comm_wait on a hung collective times out", detail);
+        comm_destroy(c);
+        k_zero(&k, dev, 1024 * sizeof(float));
+        rc = k_sync(&k, &err);
+        check(rc == 0, "the GPU is usable after that abort", rc ? err.msg : NULL);
+    }
     k_free(&k, dev);
     kctx_destroy(&k);
 }

@@ -18,29 +18,7 @@ big_seq=${BIG_SEQ:-2048} big_steps=${BIG_STEPS:-20}
 work=$(mktemp -d /tmp/fsdp-gpu.XXXXXX)
 mkdir -p "$out"
 fsdpd="$build/fsdpd" fsdpctl="$build/fsdpctl"
-section() { echo; echo "=== $* ($(date +%T))"; }
-
-# job NAME WORKERS [overrides...]: a fsdpd run with its log in $out/NAME.log.
-job() {
-    local name=$1 workers=$2
-    shift 2
-    timeout "${JOB_TIMEOUT:-300}" "$fsdpd" --job configs/jobs/tiny-cpu.json --runtime.backend="$backend" \
-        --runtime.workers_per_node="$workers" --checkpoint.dir="$work/$name/ckpt" \
-        --output.dir="$work/$name/out" --runtime.metrics="$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-    local rc=$?
-    echo "$name: exit $rc; $(grep -c '"loss"' "$out/$name.jsonl" 2>/dev/null) steps;" \
-         "first/last loss $(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$name.jsonl" 2>/dev/null | sed -n '1p;$p' | tr '\n' ' ')"
-    [ $rc -eq 0 ] || tail -5 "$out/$name.log"
-    return $rc
-}
-
-# losses A B: the largest relative difference of the per-step losses of two runs.
-losses() {
-    paste <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$1.jsonl") \
-          <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$2.jsonl") |
-        awk -v a="$1" -v b="$2" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-            END { printf "%s vs %s: %d steps, largest relative loss difference %.2e (%s 2e-2)\n", a, b, n, m, m <= 2e-2 ? "<=" : "> FAIL" }'
-}
+. tests/gpu/lib.sh
 
 section "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
@@ -80,8 +58,7 @@ mon=$!
 JOB_TIMEOUT=400 job big1 1 "${big[@]}" --train.micro_batch=8
 kill $mon 2>/dev/null
 echo "big1: peak GPU memory $(sort -n "$out/big1_mem.txt" 2>/dev/null | tail -1) MiB (nvidia-smi, whole device)"
-sed -n 's/.*"step":\([0-9]*\).*"tokens":\([0-9]*\).*"seconds":\([0-9.e+-]*\).*/\1 \2 \3/p' "$out/big1.jsonl" |
-    awk -v seq="$big_seq" 'NR > 3 { t += $3; n++ } END { if (n) printf "big1: %.3f s/step over steps 4..%d = %.0f tokens/s (8 x %d tokens a step)\n", t / n, n + 3, 8 * seq / (t / n), seq }'
+rate big1 $((8 * big_seq)) 1
 JOB_TIMEOUT=400 job big2 2 "${big[@]}" --train.micro_batch=4
 losses big1 big2
 

@@ -331,6 +331,17 @@ static int gather_cases(comm *c, report *r, size_t count, comm_dtype dt, uint64_
         if (check_input(r, "all_gather in place", b + q * count * es, dt, tag + 1, q, 0, count))
             return -1;
 
+    /* Split phase, in place, as worker/fsdp.c prefetches; the ticket orders the calls. */
+    comm_ticket t;
+    gen(own, dt, tag + 3, rank, 0, count);
+    EXPECT(r, comm_all_gather_start(c, own, b, count, dt, &t, &err) == 0, "%s", err.msg);
+    EXPECT(r, t > 0, "ticket %llu", t);
+    EXPECT(r, comm_wait(c, t, &err) == 0, "%s", err.msg);
+    EXPECT(r, comm_wait(c, t, &err) == 0, "second wait: %s", err.msg);
+    for (int q = 0; q < world; q++)
+        if (check_input(r, "all_gather_start", b + q * count * es, dt, tag + 3, q, 0, count))
+            return -1;
+
     int root = world - 1; /* not 0 once there is more than one rank */
     gen(a, dt, tag + 2, rank, 0, count);
     EXPECT(r, comm_broadcast(c, a, count, dt, root, &err) == 0, "%s", err.msg);
@@ -358,6 +369,20 @@ static int reduce_cases(comm *c, report *r, size_t count, comm_dtype dt, uint64_
         gen(a, dt, t + 2, rank, 0, count);
         EXPECT(r, comm_all_reduce(c, a, count, dt, op, &err) == 0, "%s", err.msg);
         if (check_reduced(r, "all_reduce", a, dt, op, world, t + 2, 0, count)) return -1;
+
+        /* Split phase: two in flight, waited for by the later ticket alone. */
+        comm_ticket t1, t2;
+        gen(a, dt, t + 3, rank, 0, (size_t)world * count);
+        gen(b, dt, t + 4, rank, 0, count);
+        EXPECT(r, comm_reduce_scatter_start(c, a, a + mine * es, count, dt, op, &t1, &err) == 0,
+               "%s", err.msg);
+        EXPECT(r, comm_all_reduce_start(c, b, count, dt, op, &t2, &err) == 0, "%s", err.msg);
+        EXPECT(r, t2 > t1, "tickets %llu then %llu", t1, t2);
+        EXPECT(r, comm_wait(c, t2, &err) == 0, "%s", err.msg);
+        if (check_reduced(r, "reduce_scatter_start", a + mine * es, dt, op, world, t + 3, mine,
+                          count) ||
+            check_reduced(r, "all_reduce_start", b, dt, op, world, t + 4, 0, count))
+            return -1;
     }
     return 0;
 }
@@ -838,8 +863,20 @@ static void test_bad_arguments_kill_the_communicator(void **state) {
     comm_abort(c);
     assert_int_equal(comm_barrier(c, &err), -1);
     assert_non_null(strstr(err.msg, "aborted"));
+    assert_int_equal(comm_wait(c, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "aborted"));
     comm_destroy(c);
     comm_destroy(NULL);
+
+    c = world1();
+    comm_ticket t;
+    assert_int_equal(comm_wait(c, 5, &err), -1);
+    assert_non_null(strstr(err.msg, "never started"));
+    assert_int_equal(comm_all_reduce_start(c, bytes, 4, COMM_BYTE, COMM_SUM, &t, &err), -1);
+    assert_non_null(strstr(err.msg, "cannot be reduced"));
+    assert_int_equal(comm_wait(c, t, &err), -1); /* the communicator died with the bad call */
+    assert_non_null(strstr(err.msg, "dead"));
+    comm_destroy(c);
 }
 
 static void test_bad_init(void **state) {

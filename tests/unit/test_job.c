@@ -63,6 +63,14 @@ static void test_defaults_are_valid(void **state) {
     assert_string_equal(j.runtime.metrics, "output/metrics.jsonl");
     if (job_validate(&j, 8, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 1);
+
+    /* No final save leaves nothing to consolidate. */
+    assert_true(j.checkpoint.save_final);
+    j.checkpoint.save_final = false;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "checkpoint.save_final");
+    j.output.consolidate = false;
+    if (job_validate(&j, 1, &err)) fail_msg("%s", err.msg);
 }
 
 static void test_example_full_parses(void **state) {

@@ -1,0 +1,102 @@
+# The PyTorch FSDP2 peer of fsdpd's multi-GPU figures (F15): transformers' LlamaForCausalLM
+# sharded with fully_shard (one unit per decoder layer, the rest in the root), bf16
+# parameters for compute and fp32 gradient reduction (MixedPrecisionPolicy), fp32 master
+# weights and AdamW state, activation checkpointing, SDPA attention: the precision and
+# sharding fsdpd uses.  Each rank trains on its own random batch of --batch sequences.
+#
+#   torchrun --standalone --nproc_per_node=N bench/peer_fsdp.py --model llama2-7b --batch 4 --seq 2048
+#
+# Rank 0 prints one JSON line: step time, tokens/s in all and per GPU, MFU (the formula of
+# ../shared/bench/peer_torch.py), peak memory of rank 0 (max_memory_allocated).
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import LlamaConfig, LlamaForCausalLM
+
+CFG = {  # the shapes of configs/models/*.json
+    "llama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                       num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000),
+}
+
+
+def build(name, seq):
+    cfg = LlamaConfig(**CFG[name], max_position_embeddings=seq, attn_implementation="sdpa",
+                      use_cache=False, tie_word_embeddings=False)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)  # fp32, initialised on the GPU, then sharded
+    n_total = sum(p.numel() for p in model.parameters())
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return cfg, model, n_total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama2-7b", choices=sorted(CFG))
+    ap.add_argument("--batch", type=int, default=4, help="sequences per GPU")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warm", type=int, default=3)
+    a = ap.parse_args()
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cfg, model, n_total = build(a.model, a.seq)
+    opt_kind = "fused"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
+
+    def step():
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    try:
+        step()
+    except RuntimeError:  # fused AdamW over DTensors missing in this torch: the foreach one
+        opt_kind = "foreach"
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(a.warm - 1):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.time()
+    for _ in range(a.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    dt = (time.time() - t0) / a.steps
+    tok = world * a.batch * a.seq / dt
+    L, d = cfg.num_hidden_layers, cfg.hidden_size
+    flops_tok = 6 * (n_total - cfg.vocab_size * d) + 12 * L * d * a.seq
+    if rank == 0:
+        print(json.dumps(dict(peer="torch fully_shard", model=a.model, gpus=world, batch_per_gpu=a.batch,
+                              seq=a.seq, optimizer=opt_kind, params_b=n_total / 1e9, step_s=dt,
+                              tokens_per_s=tok, tokens_per_s_per_gpu=tok / world,
+                              mfu=flops_tok * tok / world / 989e12,
+                              peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+                              loss=float(loss))), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
