@@ -90,14 +90,28 @@ static void kill_all(supervisor *s) {
 
 static void send_msg(worker *w, ctl_type type, json_t *body);
 
-/* Sends STOP to every worker still running and gives them stop_grace_s to exit. */
+/* A failed job's survivors get at most this long before SIGKILL: nothing they could still
+ * do commits (a checkpoint needs every rank), and a rank waiting in an NCCL collective for
+ * the dead one cannot read STOP before its comm timeout (runtime.comm_timeout_s). */
+#define FAILURE_GRACE_S 2
+
+/* Sends STOP to every worker still running and gives them stop_grace_s to exit (after a
+ * failure, FAILURE_GRACE_S at most). */
 static void begin_stop(supervisor *s, const char *reason) {
-    if (s->phase == PHASE_STOPPING) return;
+    if (s->phase == PHASE_STOPPING) {
+        if (s->failed && s->job.runtime.stop_grace_s > FAILURE_GRACE_S) {
+            struct timeval shorter = {FAILURE_GRACE_S, 0}; /* a failure during a graceful stop */
+            evtimer_add(s->grace, &shorter);
+        }
+        return;
+    }
     s->phase = PHASE_STOPPING;
     log_event(0, -1, "stopping the workers: %s", reason);
     for (int r = 0; r < s->opt->workers; r++)
         if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
-    struct timeval grace = {s->job.runtime.stop_grace_s, 0};
+    int grace_s = s->job.runtime.stop_grace_s;
+    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
+    struct timeval grace = {grace_s, 0};
     evtimer_add(s->grace, &grace);
 }
 
@@ -126,8 +140,7 @@ static void record_failure(supervisor *s, int silent_death, const char *fmt, ...
 static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
-    log_event(0, -1, "workers still running after %d s of grace: killing them",
-              s->job.runtime.stop_grace_s);
+    log_event(0, -1, "workers still running after the grace of their stop: killing them");
     kill_all(s);
 }
 

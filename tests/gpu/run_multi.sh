@@ -13,7 +13,9 @@
 #   scale    tokens/s per GPU of 7B (SCALE_MODEL) at 1 and N GPUs: full_shard with and without
 #            overlap, no_shard; the PyTorch FSDP2 peer at 1 and N GPUs in the same call;
 #   all      all three; or a comma-separated list ("correct,fault").
-# N = GPUS (default: every GPU nvidia-smi lists).  BACKEND=cpu with small models tries the
+# N = GPUS (default: every GPU nvidia-smi lists).  SCALE_MODEL (configs/models/llama2-7b.json),
+# SCALE_BATCH (4 sequences per GPU), SCALE_SEQ, SCALE_STEPS (10) change the scaling runs;
+# SKIP_ONE=1 leaves out their 1-GPU runs (a model that does not fit one GPU).  BACKEND=cpu with small models tries the
 # script itself on a machine without GPUs (the peer is skipped there).
 set -u
 build=${1:-build} carry=${2:-dev-carry} phase=${3:-all}
@@ -100,20 +102,25 @@ tok1=$((scale_batch * scale_seq)) tokN=$((n * scale_batch * scale_seq))
 # mem NAME ... peak NAME: the most memory any GPU had in use meanwhile (nvidia-smi, MiB).
 mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$out/$1_mem.txt" 2>/dev/null & monitor=$!; }
 peak() { kill "$monitor" 2>/dev/null; sort -n "$out/$1_mem.txt" 2>/dev/null | tail -1; }
-mem s1; JOB_TIMEOUT=300 one_gpu job s1 1 "${scale[@]}" --train.global_batch="$scale_batch"; echo "s1 peak $(peak s1) MiB"
+gpu_counts="1 $n"
+[ -n "${SKIP_ONE:-}" ] && gpu_counts=$n # a model too big for one GPU
+[ -n "${SKIP_ONE:-}" ] || { mem s1; JOB_TIMEOUT=300 one_gpu job s1 1 "${scale[@]}" --train.global_batch="$scale_batch"; echo "s1 peak $(peak s1) MiB"; }
 mem sN; JOB_TIMEOUT=300 job sN "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)); echo "sN peak $(peak sN) MiB"
+rate s1 "$tok1" 1; rate sN "$tokN" "$n"
+if [ "$backend" = cuda ] && [ -f "$carry/peer_fsdp.py" ]; then
+    section "PyTorch FSDP2 peer (fully_shard, bf16 params, fp32 reduce), same call"
+    name=$(basename "$scale_model" .json)
+    for g in $gpu_counts; do
+        PYTHONUNBUFFERED=1 timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$g" "$carry/peer_fsdp.py" \
+            --model "$name" --batch "$scale_batch" --seq "$scale_seq" > "$out/peer_fsdp_$g.log" 2>&1
+        grep '^{' "$out/peer_fsdp_$g.log" || tail -5 "$out/peer_fsdp_$g.log"
+    done
+fi
+section "$scale_model on $n GPUs: without overlap, and no_shard"
 JOB_TIMEOUT=300 job sN_sync "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)) \
     --fsdp.forward_prefetch=false --fsdp.backward_prefetch=false
 mem sN_noshard; JOB_TIMEOUT=300 job sN_noshard "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)) \
     --fsdp.sharding=no_shard; echo "sN_noshard peak $(peak sN_noshard) MiB"
 rate s1 "$tok1" 1; rate sN "$tokN" "$n"; rate sN_sync "$tokN" "$n"; rate sN_noshard "$tokN" "$n"
-if [ "$backend" = cuda ] && [ -f "$carry/peer_fsdp.py" ]; then
-    section "PyTorch FSDP2 peer (fully_shard, bf16 params, fp32 reduce), same call"
-    name=$(basename "$scale_model" .json)
-    for g in 1 "$n"; do
-        PYTHONUNBUFFERED=1 timeout 300 torchrun --standalone --nproc_per_node="$g" "$carry/peer_fsdp.py" \
-            --model "$name" --batch "$scale_batch" --seq "$scale_seq" 2>&1 | grep -v -i warn | tail -3 | tee -a "$out/peer_fsdp.log"
-    done
-fi
 fi
 rm -rf "$work"

@@ -53,7 +53,7 @@ grep -q "rank 1 exited with status 3" "$tmp/exit.log" || { cat "$tmp/exit.log"; 
 assert_gone $(worker_pids "$tmp/exit.log")
 echo "worker exit: fsdpd stopped in ${elapsed} ms"
 
-# --- a worker that hangs when told to stop: killed after stop_grace_s ------------------------
+# --- a worker that hangs when told to stop: killed after the grace (at most 2 s after a failure)
 run_timed hang FSDP_TEST_WORKER_FAULT=0:exit:2,1:hang_on_stop
 [ "$status" -ne 0 ] || fail "fsdpd exited 0"
 grep -q "rank 0 exited with status 3" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "wrong reason"; }
