@@ -28,13 +28,14 @@ CFG = {  # the shapes of configs/models/*.json
 }
 
 
-def build(name, seq):
+def build(name, seq, ckpt):
     cfg = LlamaConfig(**CFG[name], max_position_embeddings=seq, attn_implementation="sdpa",
                       use_cache=False, tie_word_embeddings=False)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)  # fp32, initialised on the GPU, then sharded
     n_total = sum(p.numel() for p in model.parameters())
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
@@ -49,6 +50,7 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing")
     a = ap.parse_args()
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -56,7 +58,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg, model, n_total = build(a.model, a.seq)
+    cfg, model, n_total = build(a.model, a.seq, not a.no_ckpt)
     opt_kind = "fused"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
@@ -90,11 +92,11 @@ def main():
     flops_tok = 6 * (n_total - cfg.vocab_size * d) + 12 * L * d * a.seq
     if rank == 0:
         print(json.dumps(dict(peer="torch fully_shard", model=a.model, gpus=world, batch_per_gpu=a.batch,
-                              seq=a.seq, optimizer=opt_kind, params_b=n_total / 1e9, step_s=dt,
+                              seq=a.seq, activation_checkpointing=not a.no_ckpt, optimizer=opt_kind, params_b=n_total / 1e9, step_s=dt,
                               tokens_per_s=tok, tokens_per_s_per_gpu=tok / world,
                               mfu=flops_tok * tok / world / 989e12,
                               peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
-                              loss=float(loss))), flush=True)
+                              loss=loss.item())), flush=True)
     dist.destroy_process_group()
 
 

@@ -271,7 +271,11 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
     const char *hang = getenv("FSDP_TEST_NCCL_HANG_AT");
     n->hang_at = hang ? strtoull(hang, NULL, 10) : 0;
     cudaError_t e = cudaSetDevice(ctx->device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+    /* The highest priority: the block scheduler starts a collective's blocks as soon as SMs
+     * free up, instead of queueing them behind the compute kernels it overlaps with. */
+    int least, greatest;
+    if (e == cudaSuccess) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
     for (int i = 0; i < NCCL_INFLIGHT && e == cudaSuccess; i++)

@@ -272,23 +272,25 @@ static int reduce_finish(fsdp *f, int slot, errbuf *err) {
     if (r->ticket && comm_wait(f->comm, r->ticket, err)) return errprefix(err, "unit %d", r->unit);
     const fsdp_unit *U = &f->units[r->unit];
     float *full = f->full_grad[slot];
-    k_add_f32(f->ctx, U->grad, f->group > 1 ? full + U->shard_off : full, U->shard);
+    if (!r->into_grad)
+        k_add_f32(f->ctx, U->grad, f->group > 1 ? full + U->shard_off : full, U->shard);
     return 0;
 }
 
-/* Starts summing unit u's full gradient, in full_grad[slot], over the ranks (in place);
- * finishes it at once unless backward overlap is on. */
+/* Starts summing unit u's full gradient, in full_grad[slot], over the ranks; finishes it at
+ * once unless backward overlap is on.  Sharded, the first micro-batch's sum is scattered
+ * straight into the grad shards (nothing to zero or add); later ones in place, then added. */
 static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     const fsdp_unit *U = &f->units[u];
     float *full = f->full_grad[slot];
     fsdp_reduce *r = &f->reducing[slot];
-    *r = (fsdp_reduce){.pending = 1, .unit = u};
+    *r = (fsdp_reduce){.pending = 1, .unit = u, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
     if (rc == 0 && f->world > 1 && f->group == 1)
         rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
     else if (rc == 0 && f->group > 1)
-        rc = comm_reduce_scatter_start(f->comm, full, full + U->shard_off, U->shard, COMM_F32,
-                                       COMM_SUM, &r->ticket, err);
+        rc = comm_reduce_scatter_start(f->comm, full, r->into_grad ? U->grad : full + U->shard_off,
+                                       U->shard, COMM_F32, COMM_SUM, &r->ticket, err);
     if (rc) {
         r->pending = 0;
         return errprefix(err, "unit %d", u);
@@ -443,12 +445,14 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
     }
     float dscale = count > 0 ? 1.0f / (float)count : 0.0f;
 
-    for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+    if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
+        for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
     k_zero(c, f->scalars, 2 * sizeof(float));
     size_t N = (size_t)micro_batch * T;
     int32_t *targets = malloc(N * sizeof *targets);
     if (!targets) rc = errf(err, "fsdp: out of host memory");
     for (int mb = 0; mb < n_micro && rc == 0; mb++) {
+        f->first_micro = mb == 0;
         k_shift_labels(labels + mb * N, targets, micro_batch, T);
         k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));

@@ -50,6 +50,7 @@ typedef struct fsdp_gather {
 /* A gradient reduction in flight, reading fsdp.full_grad[its slot]. */
 typedef struct fsdp_reduce {
     int pending, unit;
+    int into_grad;      /* the result lands in the grad shard itself (the first micro-batch) */
     comm_ticket ticket; /* 0: nothing to wait for (one rank) */
 } fsdp_reduce;
 
@@ -73,6 +74,7 @@ typedef struct fsdp {
     int next_gather;     /* the first plan entry not started yet */
     comm_ticket gather_ticket[3]; /* per slot: its all-gather in flight (0: none) */
     fsdp_reduce reducing[3];      /* per full_grad slot */
+    int first_micro;     /* the micro-batch in progress is the step's first */
 
     /* Working memory, sized for the largest unit and one micro-batch. */
     void *gathered[3];   /* [max padded] compute dtype: [0], [1] alternate between the units

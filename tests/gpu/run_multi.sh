@@ -15,7 +15,9 @@
 #   all      all three; or a comma-separated list ("correct,fault").
 # N = GPUS (default: every GPU nvidia-smi lists).  SCALE_MODEL (configs/models/llama2-7b.json),
 # SCALE_BATCH (4 sequences per GPU), SCALE_SEQ, SCALE_STEPS (10) change the scaling runs;
-# SKIP_ONE=1 leaves out their 1-GPU runs (a model that does not fit one GPU).  BACKEND=cpu with small models tries the
+# SCALE_ACT (full; none: no activation checkpointing, for both sides); SKIP_ONE=1 leaves out
+# their 1-GPU runs (a model that does not fit one GPU); SCALE_EXTRA=0 leaves out the runs
+# without overlap and with no_shard; PEER=0 leaves out the PyTorch peer.  BACKEND=cpu with small models tries the
 # script itself on a machine without GPUs (the peer is skipped there).
 set -u
 build=${1:-build} carry=${2:-dev-carry} phase=${3:-all}
@@ -25,7 +27,7 @@ n=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$n" -ge 2 ] || { echo "run_multi.sh: needs 2 or more GPUs (GPUS=$n)"; exit 1; }
 big_model=${BIG_MODEL:-configs/models/llama-1.1b.json} big_seq=${BIG_SEQ:-2048}
 scale_model=${SCALE_MODEL:-configs/models/llama2-7b.json} scale_seq=${SCALE_SEQ:-2048}
-scale_batch=${SCALE_BATCH:-4} scale_steps=${SCALE_STEPS:-10}
+scale_batch=${SCALE_BATCH:-4} scale_steps=${SCALE_STEPS:-10} scale_act=${SCALE_ACT:-full}
 work=$(mktemp -d /tmp/fsdp-multi.XXXXXX)
 mkdir -p "$out"
 fsdpd="$build/fsdpd" fsdpctl="$build/fsdpctl"
@@ -91,11 +93,11 @@ echo "restart logged $(awk -v a="$killed_at" -v b="$(date -d "$(echo "$restart_l
 fi
 
 if has scale; then
-section "F15 scaling: $scale_model, seq $scale_seq, $scale_batch sequences per GPU, $scale_steps steps, activation checkpointing"
+section "F15 scaling: $scale_model, seq $scale_seq, $scale_batch sequences per GPU, $scale_steps steps, activation checkpointing $scale_act"
 "$fsdpctl" synth --out "$work/scale.tokens" --seq-len "$scale_seq" --records 256 --alphabet 64 > /dev/null
 scale=(--model.init=random --model.config="$scale_model" --data.path="$work/scale.tokens"
        --data.seq_len="$scale_seq" --train.micro_batch="$scale_batch" --train.max_steps="$scale_steps"
-       --train.lr=1e-4 --train.min_lr=1e-5 --train.warmup_steps=2 --fsdp.activation_checkpointing=full
+       --train.lr=1e-4 --train.min_lr=1e-5 --train.warmup_steps=2 --fsdp.activation_checkpointing="$scale_act"
        --checkpoint.resume=never --checkpoint.save_final=false --output.consolidate=false
        --runtime.heartbeat_s=60)
 tok1=$((scale_batch * scale_seq)) tokN=$((n * scale_batch * scale_seq))
@@ -107,20 +109,23 @@ gpu_counts="1 $n"
 [ -n "${SKIP_ONE:-}" ] || { mem s1; JOB_TIMEOUT=300 one_gpu job s1 1 "${scale[@]}" --train.global_batch="$scale_batch"; echo "s1 peak $(peak s1) MiB"; }
 mem sN; JOB_TIMEOUT=300 job sN "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)); echo "sN peak $(peak sN) MiB"
 rate s1 "$tok1" 1; rate sN "$tokN" "$n"
-if [ "$backend" = cuda ] && [ -f "$carry/peer_fsdp.py" ]; then
+if [ "$backend" = cuda ] && [ -f "$carry/peer_fsdp.py" ] && [ "${PEER:-1}" = 1 ]; then
     section "PyTorch FSDP2 peer (fully_shard, bf16 params, fp32 reduce), same call"
-    name=$(basename "$scale_model" .json)
+    name=$(basename "$scale_model" .json) peer_act=
+    [ "$scale_act" = none ] && peer_act=--no-ckpt
     for g in $gpu_counts; do
         PYTHONUNBUFFERED=1 timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$g" "$carry/peer_fsdp.py" \
-            --model "$name" --batch "$scale_batch" --seq "$scale_seq" > "$out/peer_fsdp_$g.log" 2>&1
+            --model "$name" --batch "$scale_batch" --seq "$scale_seq" ${peer_act} > "$out/peer_fsdp_$g.log" 2>&1
         grep '^{' "$out/peer_fsdp_$g.log" || tail -5 "$out/peer_fsdp_$g.log"
     done
 fi
+[ "${SCALE_EXTRA:-1}" = 0 ] || {
 section "$scale_model on $n GPUs: without overlap, and no_shard"
 JOB_TIMEOUT=300 job sN_sync "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)) \
     --fsdp.forward_prefetch=false --fsdp.backward_prefetch=false
 mem sN_noshard; JOB_TIMEOUT=300 job sN_noshard "$n" "${scale[@]}" --train.global_batch=$((n * scale_batch)) \
     --fsdp.sharding=no_shard; echo "sN_noshard peak $(peak sN_noshard) MiB"
-rate s1 "$tok1" 1; rate sN "$tokN" "$n"; rate sN_sync "$tokN" "$n"; rate sN_noshard "$tokN" "$n"
+rate sN_sync "$tokN" "$n"; rate sN_noshard "$tokN" "$n"
+}
 fi
 rm -rf "$work"
