@@ -43,11 +43,15 @@ static int alloc_shards(fsdp *f, errbuf *err) {
         U->grad = mem, mem += U->shard;
     }
     size_t cs = k_compute_size(f->ctx), embed_padded = f->units[LLAMA_EMBED_UNIT].padded;
+    /* One rank accumulates gradients straight into its grad shards (grad_buffer), so it
+     * needs full_grad[0] only, as fsdp_gather_params' scratch. */
     for (int slot = 0; slot < 3; slot++) {
         size_t n = slot < 2 ? max_padded : is_tied(f) ? embed_padded : 0;
         if (n == 0) continue;
         f->gathered[slot] = k_alloc(f->ctx, n * cs, err);
-        f->full_grad[slot] = f->gathered[slot] ? k_alloc(f->ctx, n * sizeof(float), err) : NULL;
+        if (!f->gathered[slot]) return -1;
+        if (slot > 0 && f->world == 1) continue;
+        f->full_grad[slot] = k_alloc(f->ctx, n * sizeof(float), err);
         if (!f->full_grad[slot]) return -1;
     }
     f->scalars = k_alloc(f->ctx, 2 * sizeof(float), err);
@@ -281,6 +285,7 @@ static int reduce_finish(fsdp *f, int slot, errbuf *err) {
  * once unless backward overlap is on.  Sharded, the first micro-batch's sum is scattered
  * straight into the grad shards (nothing to zero or add); later ones in place, then added. */
 static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
+    if (f->world == 1) return 0; /* already in the grad shard (grad_buffer) */
     const fsdp_unit *U = &f->units[u];
     float *full = f->full_grad[slot];
     fsdp_reduce *r = &f->reducing[slot];
@@ -298,10 +303,19 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     return f->backward_prefetch ? 0 : reduce_finish(f, slot, err);
 }
 
-/* Before compute writes full_grad[slot] (n elements) afresh. */
-static int grad_slot_ready(fsdp *f, int slot, size_t n, errbuf *err) {
+/* Where unit u's backward accumulates (+=) its gradient: full_grad[slot], or with one
+ * rank, whose grad shard is the whole unit, the shard itself (zeroed at the step's start:
+ * nothing to zero, reduce or add per micro-batch). */
+static float *grad_buffer(fsdp *f, int u, int slot) {
+    return f->world == 1 ? f->units[u].grad : f->full_grad[slot];
+}
+
+/* Before unit u's backward accumulates into full_grad[slot]: the slot's previous reduction
+ * is finished and the slot zeroed. */
+static int grad_slot_ready(fsdp *f, int u, int slot, errbuf *err) {
+    if (f->world == 1) return 0;
     if (reduce_finish(f, slot, err)) return -1;
-    k_zero(f->ctx, f->full_grad[slot], n * sizeof(float));
+    k_zero(f->ctx, f->full_grad[slot], f->units[u].padded * sizeof(float));
     return 0;
 }
 
@@ -318,16 +332,15 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     void *embed = NULL;
     float *embed_grad = NULL;
     if (is_tied(f)) {
-        if (!(embed = gather_use(f, k++, err)) ||
-            grad_slot_ready(f, 2, f->units[LLAMA_EMBED_UNIT].padded, err))
+        if (!(embed = gather_use(f, k++, err)) || grad_slot_ready(f, LLAMA_EMBED_UNIT, 2, err))
             return -1;
-        embed_grad = f->full_grad[2];
+        embed_grad = grad_buffer(f, LLAMA_EMBED_UNIT, 2);
     }
     void *g = gather_use(f, k++, err);
-    if (!g || grad_slot_ready(f, 0, f->units[head].padded, err)) return -1;
-    llama_head_forward_backward(f->ctx, lo, g, f->full_grad[0], embed, embed_grad, f->resid[lo->n_layers],
-                                &f->head, &f->scratch, f->targets, B, T, dscale, &f->scalars[0],
-                                NULL, f->dresid);
+    if (!g || grad_slot_ready(f, head, 0, err)) return -1;
+    llama_head_forward_backward(f->ctx, lo, g, grad_buffer(f, head, 0), embed, embed_grad,
+                                f->resid[lo->n_layers], &f->head, &f->scratch, f->targets, B, T,
+                                dscale, &f->scalars[0], NULL, f->dresid);
     return reduce_start(f, head, 0, err) ? -1 : k;
 }
 
@@ -357,17 +370,16 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
             llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
             f->layer_forwards++;
         }
-        if (grad_slot_ready(f, slot, f->units[u].padded, err)) return -1;
-        llama_layer_backward(c, lo, g, f->full_grad[slot], f->inv_freq, f->resid[l], acts_of(f, l),
+        if (grad_slot_ready(f, u, slot, err)) return -1;
+        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, f->resid[l], acts_of(f, l),
                              &f->scratch, f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
     }
 
     /* The embedding's backward reads no parameters: nothing to gather. */
     int embed_slot = is_tied(f) ? 2 : slot ^ 1;
-    if (!is_tied(f) && grad_slot_ready(f, embed_slot, f->units[LLAMA_EMBED_UNIT].padded, err))
-        return -1;
-    llama_embed_backward(c, lo, f->full_grad[embed_slot], f->tokens, f->dresid, N);
+    if (!is_tied(f) && grad_slot_ready(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
+    llama_embed_backward(c, lo, grad_buffer(f, LLAMA_EMBED_UNIT, embed_slot), f->tokens, f->dresid, N);
     if (reduce_start(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
     for (int s = 0; s < 3; s++)
         if (reduce_finish(f, s, err)) return -1;

@@ -80,7 +80,8 @@ typedef struct fsdp {
     void *gathered[3];   /* [max padded] compute dtype: [0], [1] alternate between the units
                             in use and prefetched; [2] the embedding for the tied head */
     float *full_grad[3]; /* [max padded] fp32: [0], [1] alternate between the unit in backward
-                            and the one being reduced; [2] the tied embedding's */
+                            and the one being reduced; [2] the tied embedding's.  One rank
+                            has [0] only (as scratch): its grads go straight to the shards */
     float *inv_freq;
     int B, T;
     void *act_memory;
