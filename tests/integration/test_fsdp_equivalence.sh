@@ -4,7 +4,8 @@
 # 3 nor 4), gives the same loss at every step and the same final parameters (relative
 # difference <= 1e-5); no_shard agrees too; activation checkpointing gives the same result
 # and runs every layer's forward twice; tied embeddings train; an injected NaN stops the
-# job naming the step and the rank.
+# job naming the step and the rank.  Overlap off gives the same bits; save_final=false
+# writes no checkpoint.
 source "$(dirname "$0")/lib.sh"
 
 make_small_model "$tmp"
@@ -49,6 +50,16 @@ done
 echo "losses: $(tr '\n' ' ' < "$tmp/w1m1.loss")"
 awk 'NR == 1 { first = $1 } END { if (!($1 < first)) exit 1 }' "$tmp/w1m1.loss" || fail "the loss did not fall"
 
+# Overlap off (every collective finished before the compute after it is queued) computes
+# the same bits as on: only the order of queueing changes.
+run w3m2_sync 3 2 --fsdp.forward_prefetch=false --fsdp.backward_prefetch=false
+cmp "$tmp/w3m2.safetensors" "$tmp/w3m2_sync.safetensors" || fail "overlap off changed the parameters"
+cmp "$tmp/w3m2.loss" "$tmp/w3m2_sync.loss" || fail "overlap off changed the losses"
+
+# checkpoint.save_final=false: no checkpoint at the end (nothing to consolidate either).
+run nosave 2 6 --checkpoint.save_final=false --output.consolidate=false --checkpoint.dir="$tmp/nosave-ckpt"
+[ -z "$(ls "$tmp/nosave-ckpt" 2>/dev/null)" ] || fail "save_final=false still wrote $(ls "$tmp/nosave-ckpt")"
+
 # no_shard (DDP) is the same computation with replicated parameters.
 run ns3 3 2 --fsdp.sharding=no_shard
 same_losses w1m1 ns3
@@ -69,6 +80,8 @@ run t1 1 12 --model.config="$tmp/tied/model.json"
 run t3 3 2 --model.config="$tmp/tied/model.json"
 same_losses t1 t3
 same_params t1 t3
+run t3_sync 3 2 --model.config="$tmp/tied/model.json" --fsdp.forward_prefetch=false --fsdp.backward_prefetch=false
+cmp "$tmp/t3.safetensors" "$tmp/t3_sync.safetensors" || fail "overlap off changed the tied model's parameters"
 
 # An injected NaN stops the job, naming the step and the rank.
 status=0
