@@ -393,8 +393,10 @@ static json_t *json_count_or_null(long long v) {
     return v < 0 ? json_null() : json_integer(v);
 }
 
-/* The ranks as the supervisor lists them, with their host memory. */
-static json_t *rank_table(const json_t *ranks) {
+/* The ranks as the supervisor lists them, with their host memory, and on the CUDA backend
+ * the device memory each last reported (its allocations: fsdp's shards, buffers and
+ * activations; not the CUDA runtime's own). */
+static json_t *rank_table(const json_t *ranks, int cuda) {
     json_t *out = json_array();
     size_t i;
     const json_t *r;
@@ -403,7 +405,10 @@ static json_t *rank_table(const json_t *ranks) {
         int pid = (int)json_integer_value(json_object_get(r, "pid"));
         int running = json_is_true(json_object_get(r, "running"));
         json_object_set_new(row, "host_rss_bytes", json_count_or_null(running && pid > 0 ? rss_bytes(pid) : -1));
-        json_object_set_new(row, "gpu_bytes", json_null());
+        const json_t *mem = json_object_get(r, "mem_bytes");
+        json_object_set_new(row, "gpu_bytes", cuda && running && json_is_integer(mem) ? json_integer(json_integer_value(mem))
+                                                                                     : json_null());
+        json_object_del(row, "mem_bytes");
         json_array_append_new(out, row);
     }
     return out;
@@ -466,7 +471,8 @@ static json_t *job_status(job_binding *b) {
                               json_object_get(sup, "stop_requested"));
     if (reply) {
         add_progress(reply, json_object_get(sup, "metrics"));
-        json_object_set_new(reply, "ranks", rank_table(json_object_get(sup, "ranks")));
+        json_object_set_new(reply, "ranks", rank_table(json_object_get(sup, "ranks"),
+                                                       b->job->runtime.backend == JOB_BACKEND_CUDA));
         json_object_set_new(reply, "checkpoint", checkpoint_table(b->job->checkpoint.dir));
         json_object_set_new(reply, "restarts", json_integer(b->place.restart));
         json_object_set(reply, "last_error", json_object_get(sup, "last_error"));

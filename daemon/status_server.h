@@ -52,7 +52,9 @@ const char *status_server_path(const status_server *s);
  *                "total_steps", "loss", "lr", "grad_norm", "tokens_per_s", "eta_s",
  *                "tokens_seen" (the numbers of rank 0's last step, null before the first),
  *                "ranks": [{"rank", "pid", "running", "host_rss_bytes" (VmRSS of
- *                /proc/PID/status), "gpu_bytes" (null: not reported by the workers)}],
+ *                /proc/PID/status), "gpu_bytes" (CUDA: the device memory its
+ *                allocations held at its last heartbeat; null on the CPU backend and
+ *                before the first report)}],
  *                "checkpoint": {"dir", "last": {"step", "path"} or null, "in_flight":
  *                [{"step", "path"}]}, "restarts", "last_error", "backend", "fabric",
  *                "socket"}

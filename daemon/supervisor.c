@@ -43,6 +43,7 @@ typedef struct worker {
     int killed;              /* fsdpd sent it SIGKILL */
     char addr[COMM_ADDR_MAX];
     double last_seen;
+    long long mem_bytes;     /* its context memory, from its heartbeats (-1: not reported) */
 } worker;
 
 struct supervisor {
@@ -294,8 +295,10 @@ void supervisor_status(const supervisor *s, json_t *out) {
     json_t *ranks = json_array();
     for (int r = 0; r < s->opt->workers; r++) {
         const worker *w = &s->workers[r];
-        json_array_append_new(ranks, json_pack("{s:i, s:i, s:b}", "rank", r, "pid", (int)w->pid, "running",
-                                               w->pid > 0 && !w->exited));
+        json_t *row = json_pack("{s:i, s:i, s:b}", "rank", r, "pid", (int)w->pid, "running",
+                                w->pid > 0 && !w->exited);
+        if (row && w->mem_bytes >= 0) json_object_set_new(row, "mem_bytes", json_integer(w->mem_bytes));
+        json_array_append_new(ranks, row);
     }
     json_object_set_new(out, "state", json_string(phases[s->phase]));
     json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
@@ -337,6 +340,8 @@ static void handle_message(worker *w, const ctl_msg *msg) {
         break;
     }
     case CTL_HEARTBEAT:
+        if (json_is_integer(json_object_get(body, "mem_bytes")))
+            w->mem_bytes = (long long)json_integer_value(json_object_get(body, "mem_bytes"));
         if (json_is_true(json_object_get(body, "ready")) && !w->ready) {
             w->ready = 1;
             if (++s->n_ready == s->opt->workers && s->phase == PHASE_SETUP) {
@@ -441,6 +446,7 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     close(sv[1]);
     w->pid = pid;
     w->last_seen = now_s();
+    w->mem_bytes = -1;
     ctl_decoder_init(&w->dec);
     evutil_make_socket_nonblocking(sv[0]);
     w->bev = bufferevent_socket_new(s->base, sv[0], BEV_OPT_CLOSE_ON_FREE);

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -178,6 +179,7 @@ int kctx_init(kctx *c, k_backend backend, int device, errbuf *err) {
 
 void kctx_destroy(kctx *c) {
     if (ops(c)->destroy) ops(c)->destroy(c);
+    free(c->blocks);
     memset(c, 0, sizeof *c);
 }
 
@@ -244,12 +246,53 @@ int64_t k_shift_labels(const int32_t *labels, int32_t *targets, int B, int T) {
 
 /* ---- dispatch ---- */
 
+/* ---- context memory, and the count of it ---- */
+
+struct k_block {
+    void *p;
+    size_t bytes;
+};
+
+/* Remembers block p of `bytes` (a job makes a few dozen, long-lived: a list will do). */
+static int remember_block(kctx *c, void *p, size_t bytes) {
+    if (c->n_blocks == c->cap_blocks) {
+        int cap = c->cap_blocks ? 2 * c->cap_blocks : 32;
+        k_block *grown = realloc(c->blocks, (size_t)cap * sizeof *grown);
+        if (!grown) return -1;
+        c->blocks = grown;
+        c->cap_blocks = cap;
+    }
+    c->blocks[c->n_blocks++] = (k_block){p, bytes};
+    c->bytes_in_use += bytes;
+    if (c->bytes_in_use > c->peak_bytes) c->peak_bytes = c->bytes_in_use;
+    return 0;
+}
+
+static void forget_block(kctx *c, void *p) {
+    for (int i = c->n_blocks - 1; i >= 0; i--)
+        if (c->blocks[i].p == p) {
+            c->bytes_in_use -= c->blocks[i].bytes;
+            c->blocks[i] = c->blocks[--c->n_blocks];
+            return;
+        }
+}
+
 void *k_alloc(kctx *c, size_t bytes, errbuf *err) {
-    return ops(c)->alloc(c, bytes, err);
+    void *p = ops(c)->alloc(c, bytes, err);
+    if (p && remember_block(c, p, bytes)) {
+        ops(c)->free(c, p);
+        errf(err, "out of host memory counting context memory");
+        return NULL;
+    }
+    return p;
 }
 void k_free(kctx *c, void *p) {
-    if (p) ops(c)->free(c, p);
+    if (!p) return;
+    forget_block(c, p);
+    ops(c)->free(c, p);
 }
+size_t k_bytes_in_use(const kctx *c) { return c->bytes_in_use; }
+size_t k_peak_bytes(const kctx *c) { return c->peak_bytes; }
 void *k_host_alloc(kctx *c, size_t bytes, errbuf *err) {
     return ops(c)->host_alloc(c, bytes, err);
 }

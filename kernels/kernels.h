@@ -28,6 +28,8 @@ typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 
 #define K_IGNORE_INDEX (-100)
 
+typedef struct k_block k_block;
+
 typedef struct kctx {
     k_backend backend;
     k_dtype compute;
@@ -36,6 +38,11 @@ typedef struct kctx {
     void *impl;      /* backend state (cuBLASLt handle, workspace, ...) */
     int failed;      /* sticky: the first failure since the last k_check */
     char failure[512];
+    /* What k_alloc handed out and k_free did not take back (the backend's own workspace
+     * not counted), and the most at any time; read them with k_bytes_in_use/k_peak_bytes. */
+    size_t bytes_in_use, peak_bytes;
+    k_block *blocks; /* each live block and its size */
+    int n_blocks, cap_blocks;
 } kctx;
 
 /* Whether this build has the CUDA backend, and how many devices it sees (0 without). */
@@ -55,6 +62,8 @@ int k_sync(kctx *c, errbuf *err);
 /* ---- memory (in the context's memory space) ---- */
 void *k_alloc(kctx *c, size_t bytes, errbuf *err); /* zeroed */
 void k_free(kctx *c, void *p);
+size_t k_bytes_in_use(const kctx *c); /* context memory allocated now (k_alloc, not freed) */
+size_t k_peak_bytes(const kctx *c);   /* the most of it at any time since kctx_init */
 /* Host memory the backend copies fastest from and to (pinned on CUDA), zeroed. */
 void *k_host_alloc(kctx *c, size_t bytes, errbuf *err);
 void k_host_free(kctx *c, void *p);

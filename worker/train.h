@@ -25,6 +25,7 @@ typedef struct train_step_info {
     int64_t tokens;           /* unmasked targets of the global batch */
     double seconds;           /* wall time of the step */
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
+    int64_t mem_bytes, mem_peak_bytes; /* this rank's context memory (k_bytes_in_use, k_peak_bytes) */
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
     /* The checkpoint this step triggers, announced before it is written: */
     int ckpt;                 /* train_ckpt_action */

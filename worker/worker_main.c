@@ -50,6 +50,7 @@ typedef struct worker {
     job_config job;
     atomic_int stop_requested;
     atomic_long step;
+    atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];
@@ -209,7 +210,10 @@ static void *heartbeat_loop(void *arg) {
     for (;;) {
         sleep((unsigned)w->job.runtime.heartbeat_s);
         errbuf err;
-        if (send_json(w, CTL_HEARTBEAT, json_pack("{s:I}", "step", (json_int_t)atomic_load(&w->step)), &err))
+        long long mem = atomic_load(&w->mem_bytes);
+        json_t *beat = json_pack("{s:I}", "step", (json_int_t)atomic_load(&w->step));
+        if (beat && mem >= 0) json_object_set_new(beat, "mem_bytes", json_integer(mem));
+        if (send_json(w, CTL_HEARTBEAT, beat, &err))
             _exit(1); /* the daemon is gone */
     }
     return NULL;
@@ -274,13 +278,16 @@ static void report_ckpt(void *arg, const ckpt_report *r) {
 static void on_step(void *arg, const train_step_info *s) {
     worker *w = arg;
     atomic_store(&w->step, s->step);
+    atomic_store(&w->mem_bytes, s->mem_bytes);
     if (w->rank == 0) {
         errbuf err;
-        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I}", "step", (json_int_t)s->step,
-                              "total_steps", (json_int_t)s->total_steps, "loss", s->loss, "lr", s->lr,
-                              "grad_norm", s->grad_norm, "tokens", (json_int_t)s->tokens,
-                              "tokens_seen", (json_int_t)s->tokens_seen, "seconds", s->seconds,
-                              "layer_forwards", (json_int_t)s->layer_forwards);
+        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I, s:I, s:I}", "step",
+                              (json_int_t)s->step, "total_steps", (json_int_t)s->total_steps, "loss",
+                              s->loss, "lr", s->lr, "grad_norm", s->grad_norm, "tokens",
+                              (json_int_t)s->tokens, "tokens_seen", (json_int_t)s->tokens_seen,
+                              "seconds", s->seconds, "layer_forwards", (json_int_t)s->layer_forwards,
+                              "mem_bytes", (json_int_t)s->mem_bytes, "mem_peak_bytes",
+                              (json_int_t)s->mem_peak_bytes);
         static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",
                                             [TRAIN_CKPT_SKIPPED] = "skipped"};
         if (m && s->ckpt != TRAIN_CKPT_NONE)
@@ -366,7 +373,7 @@ int main(int argc, char **argv) {
     signal(SIGUSR1, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
     static worker w = {.fd = -1, .send_lock = PTHREAD_MUTEX_INITIALIZER,
-                       .writer_lock = PTHREAD_MUTEX_INITIALIZER};
+                       .writer_lock = PTHREAD_MUTEX_INITIALIZER, .mem_bytes = -1};
     if (argc == 3 && !strcmp(argv[1], "--ctl-fd")) w.fd = atoi(argv[2]);
     if (w.fd < 0) {
         fprintf(stderr, "usage: fsdp-worker --ctl-fd FD (fsdpd starts workers; run fsdpd)\n");

@@ -48,6 +48,13 @@ for r in w1m2 w2m1 w2m2 w3m1 w3m2 w4m1; do
     same_params w1m1 "$r"
 done
 echo "losses: $(tr '\n' ' ' < "$tmp/w1m1.loss")"
+# Each step reports rank 0's context memory; sharded over 2 ranks (half the micro-batch too)
+# it holds less than alone.
+mem() { tail -1 "$tmp/$1.jsonl" | sed -n "s/.*\"$2\": *\([0-9]*\).*/\1/p"; }
+[ "$(mem w1m1 mem_bytes)" -gt 0 ] && [ "$(mem w1m1 mem_peak_bytes)" -ge "$(mem w1m1 mem_bytes)" ] ||
+    fail "w1m1: memory $(mem w1m1 mem_bytes), peak $(mem w1m1 mem_peak_bytes)"
+[ "$(mem w2m1 mem_bytes)" -lt "$(mem w1m1 mem_bytes)" ] ||
+    fail "2 ranks hold $(mem w2m1 mem_bytes) bytes each, 1 rank $(mem w1m1 mem_bytes)"
 awk 'NR == 1 { first = $1 } END { if (!($1 < first)) exit 1 }' "$tmp/w1m1.loss" || fail "the loss did not fall"
 
 # Overlap off (every collective finished before the compute after it is queued) computes

@@ -161,10 +161,43 @@ static void test_memory(void **state) {
     assert_memory_equal(back, host, sizeof host);
     k_zero(&c, b, sizeof host);
     for (int i = 0; i < 5; i++) assert_true(b[i] == 0.0f);
+    assert_int_equal(k_bytes_in_use(&c), 2 * sizeof host);
     k_free(&c, a);
     k_free(&c, b);
     k_free(&c, NULL);
+    assert_int_equal(k_bytes_in_use(&c), 0);
+    assert_int_equal(k_peak_bytes(&c), 2 * sizeof host);
     expect_ok(&c);
+    kctx_destroy(&c);
+}
+
+/* The count of context memory follows every block, in any order of frees, past the list's
+ * first growth; the peak stays at the most ever held. */
+static void test_memory_count(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    enum { N = 100 };
+    void *p[N];
+    size_t total = 0;
+    for (int i = 0; i < N; i++) {
+        p[i] = k_alloc(&c, (size_t)(i + 1) * 64, &err);
+        assert_non_null(p[i]);
+        total += (size_t)(i + 1) * 64;
+    }
+    assert_int_equal(k_bytes_in_use(&c), total);
+    for (int i = 0; i < N; i += 2) k_free(&c, p[i]); /* every other one */
+    size_t left = 0;
+    for (int i = 1; i < N; i += 2) left += (size_t)(i + 1) * 64;
+    assert_int_equal(k_bytes_in_use(&c), left);
+    void *q = k_alloc(&c, 10, &err);
+    assert_int_equal(k_bytes_in_use(&c), left + 10);
+    assert_int_equal(k_peak_bytes(&c), total);
+    k_free(&c, q);
+    for (int i = N - 1; i >= 1; i -= 2) k_free(&c, p[i]);
+    assert_int_equal(k_bytes_in_use(&c), 0);
+    assert_int_equal(k_peak_bytes(&c), total);
     kctx_destroy(&c);
 }
 
@@ -818,6 +851,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_context),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_memory_count),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_sticky_failure),
         cmocka_unit_test(test_embedding),
