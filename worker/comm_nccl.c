@@ -142,10 +142,12 @@ static int nccl_wait(comm *c, uint64_t t, errbuf *err) {
 
 /* Before each collective: its stream waits for the compute queued so far (the input's
  * producer); and the test hook may park it behind a spinning kernel. */
-static void before_collective(nccl_comm *n) {
-    cudaEventRecord(n->ready, n->compute);
-    cudaStreamWaitEvent(n->stream, n->ready, 0);
+static int before_collective(nccl_comm *n, errbuf *err) {
+    cudaError_t e = cudaEventRecord(n->ready, n->compute);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
+    if (e != cudaSuccess) return errf(err, "ordering after the compute: %s", cudaGetErrorString(e));
     if (n->hang_at && n->base.ncalls == n->hang_at) kcuda_test_spin(n->stream, n->hang_flag);
+    return 0;
 }
 
 static ncclDataType_t nccl_type(comm_dtype dt) {
@@ -157,15 +159,14 @@ static ncclRedOp_t nccl_op(comm_op op) { return op == COMM_AVG ? ncclAvg : ncclS
 static int nccl_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    before_collective(n);
+    if (before_collective(n, err)) return -1;
     return finish(n, ncclAllGather(send, recv, count, nccl_type(dt), n->nccl, n->stream), err);
 }
 
 /* A split-phase start first makes room in the ring of events. */
 static int make_room(nccl_comm *n, errbuf *err) {
     if (n->inflight == NCCL_INFLIGHT && retire_oldest(n, err)) return -1;
-    before_collective(n);
-    return 0;
+    return before_collective(n, err);
 }
 
 static int nccl_all_gather_start(comm *c, const void *send, void *recv, size_t count,
@@ -195,7 +196,7 @@ static int nccl_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt
 static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t count,
                                comm_dtype dt, comm_op op, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    before_collective(n);
+    if (before_collective(n, err)) return -1;
     return finish(n, ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->nccl,
                                        n->stream), err);
 }
@@ -203,7 +204,7 @@ static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t cou
 static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    before_collective(n);
+    if (before_collective(n, err)) return -1;
     return finish(n, ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->nccl,
                                    n->stream), err);
 }
@@ -211,14 +212,14 @@ static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm
 static int nccl_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root,
                           errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    before_collective(n);
+    if (before_collective(n, err)) return -1;
     return finish(n, ncclBroadcast(buf, buf, count, nccl_type(dt), root, n->nccl, n->stream), err);
 }
 
 /* A one-byte all-reduce on a scratch byte: returns once every rank has reached it. */
 static int nccl_barrier(comm *c, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    before_collective(n);
+    if (before_collective(n, err)) return -1;
     return finish(n, ncclAllReduce(n->hang_flag + 1, n->hang_flag + 1, 1, ncclUint8, ncclSum,
                                    n->nccl, n->stream), err);
 }
