@@ -56,6 +56,7 @@ struct supervisor {
     struct event_base *base;
     worker *workers;
     int n_finished, n_addr, n_ready;
+    const char *fabric; /* how the ranks talk, once they were told: "nccl", "tcp"; NULL before */
     phase phase;
     int failed;
     int reason_reported; /* the reason came from a worker's FATAL */
@@ -203,11 +204,13 @@ static void relay_nccl_id(supervisor *s, worker *from, const ctl_msg *msg) {
         return;
     }
     for (int r = 0; r < s->opt->workers; r++) send_raw(&s->workers[r], CTL_NCCL_ID, msg->body, msg->len);
+    s->fabric = "nccl";
 }
 
 static void broadcast_peers(supervisor *s) {
     json_t *addrs = json_array();
     for (int r = 0; r < s->opt->workers; r++) json_array_append_new(addrs, json_string(s->workers[r].addr));
+    s->fabric = "tcp";
     for (int r = 0; r < s->opt->workers; r++)
         send_msg(&s->workers[r], CTL_PEERS, json_pack("{s:O}", "addrs", addrs));
     json_decref(addrs);
@@ -305,6 +308,7 @@ void supervisor_status(const supervisor *s, json_t *out) {
     json_object_set_new(out, "ranks", ranks);
     json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
+    json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
 }
 
 static void handle_message(worker *w, const ctl_msg *msg) {
