@@ -477,11 +477,7 @@ static json_t *job_status(job_binding *b) {
         json_object_set_new(reply, "restarts", json_integer(b->place.restart));
         json_object_set(reply, "last_error", json_object_get(sup, "last_error"));
         json_object_set_new(reply, "backend", json_string(backend_name(b->job->runtime.backend)));
-        /* What the workers were set up with; a lone CPU worker has no peers, but is "tcp". */
-        const json_t *fabric = json_object_get(sup, "fabric");
-        json_object_set_new(reply, "fabric", json_is_string(fabric) ? json_deep_copy(fabric)
-                                             : b->job->runtime.backend == JOB_BACKEND_CPU ? json_string("tcp")
-                                                                                          : json_null());
+        json_object_set(reply, "fabric", json_object_get(sup, "fabric"));
         json_object_set_new(reply, "socket", json_string(b->path));
     }
     json_decref(sup);

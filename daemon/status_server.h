@@ -57,7 +57,7 @@ const char *status_server_path(const status_server *s);
  *                before the first report)}],
  *                "checkpoint": {"dir", "last": {"step", "path"} or null, "in_flight":
  *                [{"step", "path"}]}, "restarts", "last_error", "backend", "fabric"
- *                ("nccl" or "tcp": how the workers were connected; null before), "socket"}
+ *                ("nccl" or "tcp": how the workers were connected; "none" for one worker; null before), "socket"}
  *   checkpoint  supervisor_request_checkpoint: {"request": id, "message"}
  *   stop        supervisor_request_stop: {"checkpoint_request": id or null, "message"}
  * job (the supervisor's resolved copy) must outlive the server. */

@@ -56,7 +56,8 @@ struct supervisor {
     struct event_base *base;
     worker *workers;
     int n_finished, n_addr, n_ready;
-    const char *fabric; /* how the ranks talk, once they were told: "nccl", "tcp"; NULL before */
+    const char *fabric; /* how the ranks talk, once they were told: "nccl", "tcp"; "none" for a
+                         * lone worker; NULL before */
     phase phase;
     int failed;
     int reason_reported; /* the reason came from a worker's FATAL */
@@ -626,7 +627,8 @@ static int setup_model(supervisor *s, errbuf *err) {
 }
 
 int supervisor_run(const supervisor_options *opt, errbuf *err) {
-    supervisor s = {.opt = opt, .job = *opt->job, .model_fd = -1};
+    supervisor s = {.opt = opt, .job = *opt->job, .model_fd = -1,
+                    .fabric = opt->workers == 1 ? "none" : NULL};
     s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
     int rc = s.workers ? 0 : errf(err, "out of memory");
     if (rc == 0) rc = make_secret(&s, err);
