@@ -2,9 +2,9 @@
  *
  * A communicator joins `world` ranks (one per worker).  Every call below is collective: all
  * ranks make the same calls in the same order with the same count, dtype, op and root.
- * Buffers are contiguous (host memory on the CPU backend).  The CPU backend (comm_tcp.c)
- * runs rings over TCP; a GPU backend (NCCL) will build the same `comm` with its own
- * constructor, and everything from comm_rank() down stays the same.
+ * Buffers are contiguous (host memory on the CPU backend, device memory on NCCL).  The CPU
+ * backend (comm_tcp.c) runs rings over TCP; the GPU backend (comm_nccl.h) builds the same
+ * `comm` with its own constructor, and everything from comm_rank() down stays the same.
  *
  *   comm_listener l;
  *   comm_tcp_listen(&l, "10.0.0.7", err);        publish l.addr ("10.0.0.7:41234") to the job
