@@ -36,3 +36,8 @@ rate() {
         awk -v name="$1" -v tok="$2" -v g="$3" 'NR > 3 { t += $2; n++ }
             END { if (n) printf "%s: %.4f s/step over %d steps = %.0f tokens/s, %.0f per GPU (%d GPUs)\n", name, t / n, n, tok / (t / n), tok / (t / n) / g, g }'
 }
+
+# mem NAME ... peak NAME: the most memory any GPU had in use meanwhile (nvidia-smi, MiB),
+# sampled every 250 ms into $out/NAME_mem.txt.
+mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$out/$1_mem.txt" 2>/dev/null & monitor=$!; }
+peak() { kill "$monitor" 2>/dev/null; sort -n "$out/$1_mem.txt" 2>/dev/null | tail -1; }

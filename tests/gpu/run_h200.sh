@@ -53,11 +53,9 @@ section "F13: $big_model, seq $big_seq, $big_steps steps, activation checkpointi
 big=(--model.init=random --model.config="$big_model" --data.path="$work/big.tokens" --data.seq_len="$big_seq"
      --train.global_batch=8 --train.max_steps="$big_steps" --train.lr=3e-4 --train.warmup_steps=2
      --fsdp.activation_checkpointing=full --checkpoint.resume=never --runtime.heartbeat_s=30)
-nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/big1_mem.txt" 2>/dev/null &
-mon=$!
+mem big1
 JOB_TIMEOUT=400 job big1 1 "${big[@]}" --train.micro_batch=8
-kill $mon 2>/dev/null
-echo "big1: peak GPU memory $(sort -n "$out/big1_mem.txt" 2>/dev/null | tail -1) MiB (nvidia-smi, whole device)"
+echo "big1: peak GPU memory $(peak big1) MiB (nvidia-smi, whole device)"
 rate big1 $((8 * big_seq)) 1
 JOB_TIMEOUT=400 job big2 2 "${big[@]}" --train.micro_batch=4
 losses big1 big2

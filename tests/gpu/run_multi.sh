@@ -101,9 +101,6 @@ scale=(--model.init=random --model.config="$scale_model" --data.path="$work/scal
        --checkpoint.resume=never --checkpoint.save_final=false --output.consolidate=false
        --runtime.heartbeat_s=60)
 tok1=$((scale_batch * scale_seq)) tokN=$((n * scale_batch * scale_seq))
-# mem NAME ... peak NAME: the most memory any GPU had in use meanwhile (nvidia-smi, MiB).
-mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$out/$1_mem.txt" 2>/dev/null & monitor=$!; }
-peak() { kill "$monitor" 2>/dev/null; sort -n "$out/$1_mem.txt" 2>/dev/null | tail -1; }
 gpu_counts="1 $n"
 [ -n "${SKIP_ONE:-}" ] && gpu_counts=$n # a model too big for one GPU
 [ -n "${SKIP_ONE:-}" ] || { mem s1; JOB_TIMEOUT=300 one_gpu job s1 1 "${scale[@]}" --train.global_batch="$scale_batch"; echo "s1 peak $(peak s1) MiB"; }
