@@ -1,7 +1,10 @@
 /* fsdpctl compare: tensor by tensor relative error ||a-b|| / ||b|| between two safetensors
  * files (or model directories), B being the reference.  Prints one line per tensor and
  * exits 1 when a tensor is missing on either side, shapes differ, or an error exceeds the
- * tolerance. */
+ * tolerance.  With --prefix P, A's tensor N is B's tensor P+N, and B's tensors without
+ * the prefix are not compared (the golden files keep several sets side by side:
+ * param.*, grad.*); --total-rtol R also bounds the error over all compared tensors
+ * together, as one vector. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,8 +16,8 @@
 #include "proto/safetensors.h"
 
 static const char compare_usage[] =
-    "usage: fsdpctl compare A.safetensors B.safetensors [--rtol R]\n"
-    "  (A and B may also be model directories; default R 1e-4)\n";
+    "usage: fsdpctl compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]\n"
+    "  (A and B may also be model directories; default rtol 1e-4, no total bound)\n";
 
 /* A file or a model directory, seen as one list of tensors. */
 typedef struct source {
@@ -91,22 +94,36 @@ static int same_shape(const st_tensor *a, const st_tensor *b) {
     return 1;
 }
 
-/* ||a-b|| / ||b||, or ||a-b|| when b is all zeros (then *absolute is set). */
-static double relative_error(const st_tensor *a, const st_tensor *b, int *absolute) {
-    double diff = 0.0, ref = 0.0;
+/* Sums of squares of a-b and of b. */
+typedef struct error_sums {
+    double diff, ref;
+} error_sums;
+
+static error_sums error_of(const st_tensor *a, const st_tensor *b) {
+    error_sums e = {0.0, 0.0};
     for (uint64_t i = 0; i < a->numel; i++) {
         double x = element(a, i), y = element(b, i);
-        diff += (x - y) * (x - y);
-        ref += y * y;
+        e.diff += (x - y) * (x - y);
+        e.ref += y * y;
     }
-    *absolute = ref == 0.0;
-    return *absolute ? sqrt(diff) : sqrt(diff / ref);
+    return e;
 }
+
+/* ||a-b|| / ||b||, or ||a-b|| when b is all zeros (then *absolute is set). */
+static double relative_error(error_sums e, int *absolute) {
+    *absolute = e.ref == 0.0;
+    return *absolute ? sqrt(e.diff) : sqrt(e.diff / e.ref);
+}
+
+typedef struct compare_options {
+    double rtol, total_rtol; /* total_rtol < 0: no bound */
+    const char *prefix;      /* "" for none */
+} compare_options;
 
 /* Prints the comparison; *problems counts missing tensors, shape mismatches and errors over
  * rtol. */
-static int compare(const char *path_a, const char *path_b, double rtol, int *problems_out,
-                   errbuf *err) {
+static int compare(const char *path_a, const char *path_b, const compare_options *o,
+                   int *problems_out, errbuf *err) {
     source a = {0}, b = {0};
     if (source_open(&a, path_a, err)) return -1;
     if (source_open(&b, path_b, err)) {
@@ -114,10 +131,15 @@ static int compare(const char *path_a, const char *path_b, double rtol, int *pro
         return -1;
     }
     int problems = 0, n_compared = 0;
-    double worst = 0.0;
+    double worst = 0.0, rtol = o->rtol;
     const char *worst_name = "";
+    size_t plen = strlen(o->prefix);
+    error_sums total = {0.0, 0.0};
     for (int i = 0; i < source_count(&a); i++) {
-        const st_tensor *ta = source_tensor(&a, i), *tb = source_find(&b, ta->name);
+        const st_tensor *ta = source_tensor(&a, i);
+        char name_b[ST_MAX_NAME + 64];
+        snprintf(name_b, sizeof name_b, "%s%s", o->prefix, ta->name);
+        const st_tensor *tb = source_find(&b, name_b);
         char sa[96], sb[96];
         format_shape(ta, sa, sizeof sa);
         if (!tb) {
@@ -132,7 +154,10 @@ static int compare(const char *path_a, const char *path_b, double rtol, int *pro
             continue;
         }
         int absolute;
-        double e = relative_error(ta, tb, &absolute);
+        error_sums sums = error_of(ta, tb);
+        double e = relative_error(sums, &absolute);
+        total.diff += sums.diff;
+        total.ref += sums.ref;
         int bad = !(e <= rtol); /* NaN is bad */
         printf("%-56s %-16s %s%s %.3e%s\n", ta->name, sa,
                absolute ? "abs" : "rel",
@@ -146,10 +171,19 @@ static int compare(const char *path_a, const char *path_b, double rtol, int *pro
     }
     for (int i = 0; i < source_count(&b); i++) {
         const st_tensor *tb = source_tensor(&b, i);
-        if (!source_find(&a, tb->name)) {
+        if (strncmp(tb->name, o->prefix, plen) != 0) continue;
+        if (!source_find(&a, tb->name + plen)) {
             printf("%-56s only in %s\n", tb->name, path_b);
             problems++;
         }
+    }
+    int absolute;
+    double e_total = relative_error(total, &absolute);
+    if (o->total_rtol >= 0) {
+        int bad = !(e_total <= o->total_rtol);
+        printf("all tensors together: %s %.3e, total rtol %.1e%s\n", absolute ? "abs" : "rel",
+               e_total, o->total_rtol, bad ? "  > total rtol" : "");
+        problems += bad;
     }
     printf("%d tensors compared, worst error %.3e (%s), rtol %.1e: %d problem%s\n", n_compared,
            worst, worst_name, rtol, problems, problems == 1 ? "" : "s");
@@ -162,15 +196,20 @@ static int compare(const char *path_a, const char *path_b, double rtol, int *pro
 int ctl_compare(int argc, char **argv) {
     const char *paths[2];
     int n_paths = 0;
-    double rtol = 1e-4;
+    compare_options o = {.rtol = 1e-4, .total_rtol = -1, .prefix = ""};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--rtol") && i + 1 < argc) {
+        int is_rtol = !strcmp(argv[i], "--rtol"), is_total = !strcmp(argv[i], "--total-rtol");
+        if ((is_rtol || is_total) && i + 1 < argc) {
             char *end;
-            rtol = strtod(argv[++i], &end);
-            if (*end || end == argv[i] || !(rtol >= 0)) {
-                fprintf(stderr, "fsdpctl compare: bad --rtol '%s'\n%s", argv[i], compare_usage);
+            double v = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(v >= 0)) {
+                fprintf(stderr, "fsdpctl compare: bad %s '%s'\n%s", argv[i - 1], argv[i],
+                        compare_usage);
                 return 2;
             }
+            *(is_rtol ? &o.rtol : &o.total_rtol) = v;
+        } else if (!strcmp(argv[i], "--prefix") && i + 1 < argc) {
+            o.prefix = argv[++i];
         } else if (argv[i][0] != '-' && n_paths < 2) {
             paths[n_paths++] = argv[i];
         } else {
@@ -185,7 +224,7 @@ int ctl_compare(int argc, char **argv) {
     }
     errbuf err = {{0}};
     int problems;
-    if (compare(paths[0], paths[1], rtol, &problems, &err)) {
+    if (compare(paths[0], paths[1], &o, &problems, &err)) {
         fprintf(stderr, "fsdpctl compare: %s\n", err.msg);
         return 1;
     }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "daemon/fsdpctl.h"
+#include "proto/batch.h"
 #include "worker/llama.h"
 
 static const char reference_usage[] =
@@ -18,63 +19,6 @@ typedef struct adamw_settings {
     int on;
     float lr, beta1, beta2, eps, weight_decay;
 } adamw_settings;
-
-typedef struct batch {
-    int B, T;
-    int32_t *input_ids, *labels;
-} batch;
-
-/* One int32 [B,T] tensor of the batch file (I32, or I64 within int32's range). */
-static int read_ids(const st_file *f, const char *name, int32_t **out, int *B, int *T,
-                    errbuf *err) {
-    const st_tensor *t = st_find(f, name);
-    if (!t) return errf(err, "%s: tensor %s is missing", f->path, name);
-    if (t->ndim != 2 || t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX ||
-        t->shape[1] > INT32_MAX)
-        return errf(err, "%s: tensor %s must be a non-empty [B, T] matrix", f->path, name);
-    if (t->dtype != ST_I32 && t->dtype != ST_I64)
-        return errf(err, "%s: tensor %s has dtype %s, expected I32 or I64", f->path, name,
-                    st_dtype_name(t->dtype));
-    *B = (int)t->shape[0];
-    *T = (int)t->shape[1];
-    int32_t *ids = malloc(t->numel * sizeof *ids);
-    if (!ids) return errf(err, "%s: out of memory reading %s", f->path, name);
-    const unsigned char *p = t->data;
-    for (uint64_t i = 0; i < t->numel; i++) {
-        if (t->dtype == ST_I32) {
-            memcpy(&ids[i], p + 4 * i, 4);
-            continue;
-        }
-        int64_t v;
-        memcpy(&v, p + 8 * i, 8);
-        if (v < INT32_MIN || v > INT32_MAX) {
-            free(ids);
-            return errf(err, "%s: %s[%llu] = %lld does not fit in int32", f->path, name,
-                        (unsigned long long)i, (long long)v);
-        }
-        ids[i] = (int32_t)v;
-    }
-    *out = ids;
-    return 0;
-}
-
-static int read_batch(const char *path, batch *b, errbuf *err) {
-    st_file f;
-    if (st_open(&f, path, err)) return -1;
-    int lb, lt;
-    int rc = read_ids(&f, "input_ids", &b->input_ids, &b->B, &b->T, err);
-    if (!rc) rc = read_ids(&f, "labels", &b->labels, &lb, &lt, err);
-    if (!rc && (lb != b->B || lt != b->T))
-        rc = errf(err, "%s: labels [%d, %d] and input_ids [%d, %d] differ in shape", path, lb, lt,
-                  b->B, b->T);
-    st_close(&f);
-    if (rc) {
-        free(b->input_ids);
-        free(b->labels);
-        b->input_ids = b->labels = NULL;
-    }
-    return rc;
-}
 
 static int parse_adamw(const char *s, adamw_settings *a) {
     char tail;
@@ -151,7 +95,7 @@ static int adamw_step(llama_model *m, const adamw_settings *a, output *o, errbuf
 }
 
 /* Runs the model on the batch and writes every output tensor to out_path. */
-static int forward_backward_and_write(llama_model *m, const batch *b, const char *batch_path,
+static int forward_backward_and_write(llama_model *m, const batch_file *b, const char *batch_path,
                                       const char *out_path, const adamw_settings *adamw,
                                       errbuf *err) {
     /* The loss is HF's mean over unmasked (shifted) targets: gradients of sum / count. */
@@ -205,8 +149,8 @@ done:
 static int run_reference(const char *model_dir, const char *batch_path, const char *out_path,
                          const adamw_settings *adamw, k_backend backend, errbuf *err) {
     llama_config cfg;
-    batch b = {0};
-    if (llama_config_load(&cfg, model_dir, err) || read_batch(batch_path, &b, err)) return -1;
+    batch_file b = {0};
+    if (llama_config_load(&cfg, model_dir, err) || batch_read(&b, batch_path, err)) return -1;
     int rc = -1;
     if (llama_check_batch(&cfg, b.input_ids, b.labels, b.B, b.T, err)) {
         errprefix(err, "%s", batch_path);
@@ -226,8 +170,7 @@ destroy_ctx:
 close_model:
     st_model_close(&st);
 free_batch:
-    free(b.input_ids);
-    free(b.labels);
+    batch_free(&b);
     return rc;
 }
 

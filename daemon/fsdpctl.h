@@ -8,6 +8,7 @@ int ctl_init(int argc, char **argv);
 int ctl_reference(int argc, char **argv);
 int ctl_compare(int argc, char **argv);
 int ctl_synth(int argc, char **argv);
+int ctl_tokenize(int argc, char **argv);
 int ctl_consolidate(int argc, char **argv);
 int ctl_status(int argc, char **argv);     /* daemon/ctl_status.c */
 int ctl_checkpoint(int argc, char **argv);

@@ -16,9 +16,11 @@ static const subcommand subcommands[] = {
     {"reference", ctl_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
      "                    [--backend cpu|cuda]"},
-    {"compare", ctl_compare, "compare A.safetensors B.safetensors [--rtol R]"},
+    {"compare", ctl_compare,
+     "compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]"},
     {"synth", ctl_synth,
      "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
+    {"tokenize", ctl_tokenize, "tokenize --from-safetensors FILE --out CACHE [--vocab V]"},
     {"consolidate", ctl_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
      "[--tokenizer-from MODEL_DIR]"},

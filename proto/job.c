@@ -124,6 +124,7 @@ static const job_key keys[] = {
     CHOICE("data", "format", data.format, format_choices),
     STR("data", "template", data.template_name, 0),
     NUM("data", "seq_len", K_INT, data.seq_len, 2, 1 << 20),
+    OTHER("data", "shuffle", K_BOOL, data.shuffle),
     OTHER("data", "packing", K_BOOL, data.packing),
     RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
@@ -203,6 +204,7 @@ void job_defaults(job_config *j) {
 
     j->data.format = JOB_DATA_TOKENS;
     j->data.seq_len = 512;
+    j->data.shuffle = true;
     j->data.packing = true;
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;

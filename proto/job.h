@@ -63,6 +63,7 @@ typedef struct job_config {
         job_data_format format;
         char template_name[JOB_NAME_MAX]; /* key "template" */
         int seq_len;
+        bool shuffle;              /* false: records in file order */
         bool packing;
         double eval_fraction;
         job_bad_record on_bad_record;

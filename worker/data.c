@@ -6,7 +6,7 @@
 #include "proto/rng.h"
 
 int data_open(data_loader *d, const char *path, int seq_len, int global_batch, uint64_t seed,
-              int vocab_size, errbuf *err) {
+              bool shuffle, int vocab_size, errbuf *err) {
     memset(d, 0, sizeof *d);
     d->perm_epoch = -1;
     if (tok_open(&d->cache, path, err)) return -1;
@@ -25,6 +25,7 @@ int data_open(data_loader *d, const char *path, int seq_len, int global_batch, u
     d->seq_len = seq_len;
     d->global_batch = global_batch;
     d->seed = seed;
+    d->shuffle = shuffle;
     d->epoch_len = d->cache.n_records / (uint64_t)global_batch * (uint64_t)global_batch;
     d->perm = malloc(d->cache.n_records * sizeof *d->perm);
     if (!d->perm) {
@@ -40,11 +41,12 @@ void data_close(data_loader *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* Fisher-Yates over every record, driven by the (seed, epoch) stream. */
+/* Fisher-Yates over every record, driven by the (seed, epoch) stream; without shuffling,
+ * file order. */
 static void shuffle_epoch(data_loader *d, int64_t epoch) {
     uint64_t n = d->cache.n_records, stream = rng_stream(RNG_PURPOSE_SHUFFLE, (uint64_t)epoch);
     for (uint64_t i = 0; i < n; i++) d->perm[i] = i;
-    for (uint64_t i = n - 1; i > 0; i--) {
+    for (uint64_t i = n - 1; d->shuffle && i > 0; i--) {
         uint64_t j = rng_u64(d->seed, stream, i) % (i + 1);
         uint64_t t = d->perm[i];
         d->perm[i] = d->perm[j];

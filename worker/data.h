@@ -4,11 +4,12 @@
  * (samples consumed by the whole job): step s takes positions [s*G, (s+1)*G) for the global
  * batch G, and rank r of W takes the r-th G/W of them.  An epoch is the largest multiple of
  * G that fits in the records; each epoch visits them in an order shuffled by a seeded
- * permutation keyed by (seed, epoch), so every rank, any world size and a resumed run see
- * the same samples at the same positions. */
+ * permutation keyed by (seed, epoch) (or in file order, without data.shuffle), so every
+ * rank, any world size and a resumed run see the same samples at the same positions. */
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/errbuf.h"
@@ -19,6 +20,7 @@ typedef struct data_loader {
     int seq_len;
     int global_batch;
     uint64_t seed;
+    bool shuffle;       /* false: every epoch in file order */
     uint64_t epoch_len; /* samples per epoch: a multiple of global_batch */
     int64_t perm_epoch; /* the epoch perm holds, -1 for none */
     uint64_t *perm;     /* [n_records] */
@@ -27,7 +29,7 @@ typedef struct data_loader {
 /* Opens the cache and checks it fits the model (ids below vocab) and holds at least one
  * global batch. */
 int data_open(data_loader *d, const char *path, int seq_len, int global_batch, uint64_t seed,
-              int vocab_size, errbuf *err);
+              bool shuffle, int vocab_size, errbuf *err);
 void data_close(data_loader *d);
 static inline uint64_t data_steps_per_epoch(const data_loader *d) {
     return d->epoch_len / (uint64_t)d->global_batch;

@@ -502,8 +502,9 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
     free(all);
 
     double norm = sqrt(sumsq);
-    float grad_scale = 1.0f;
-    if (hp->clip_norm > 0 && norm > hp->clip_norm) grad_scale = (float)(hp->clip_norm / (norm + 1e-6));
+    /* torch's clip_grad_norm_: scaled by max_norm / (norm + 1e-6) wherever that is below 1. */
+    double clip_coef = hp->clip_norm / (norm + 1e-6);
+    float grad_scale = hp->clip_norm > 0 && clip_coef < 1.0 ? (float)clip_coef : 1.0f;
     f->step++;
     for (int u = 0; u < lo->n_units; u++) adamw_unit(f, u, hp, grad_scale);
     if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);

@@ -191,7 +191,7 @@ int train_run(const train_env *env, errbuf *err) {
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
-                       (uint64_t)j->train.seed, f.layout.cfg.vocab_size, err);
+                       (uint64_t)j->train.seed, j->data.shuffle, f.layout.cfg.vocab_size, err);
     if (rc == 0) {
         rc = run_steps(&f, &d, env, tokens_seen, err);
         data_close(&d);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The F12/F13 runs on one GPU, each bounded by a timeout so a failure costs little device
+# The F12/F13/F16 runs on one GPU, each bounded by a timeout so a failure costs little device
 # time; every log lands in $OUT.  From the repository root:
 #
 #   tests/gpu/run_h200.sh BUILD CARRY
@@ -29,6 +29,11 @@ timeout 120 "$fsdpctl" reference --backend "$backend" "$g" "$g/batch.safetensors
     --adamw 1e-3,0.9,0.95,1e-8,0.1 > "$out/golden.log" 2>&1 &&
     timeout 60 "$fsdpctl" compare "$work/golden.safetensors" "$g/expected.safetensors" --rtol 2e-2 > "$out/golden_compare.txt" 2>&1
 echo "golden: exit $?; $(tail -1 "$out/golden_compare.txt" 2>/dev/null)"
+
+section "F16: the Trainer golden on the GPU (bf16 compute, fp32 masters: loss 2e-3, grad norm 2e-2, parameters 2e-2)"
+FSDP_BUILD="$build" FSDP_SHARED="$carry" FSDP_GOLDEN_BACKEND="$backend" timeout 240 \
+    bash tests/integration/test_train_golden.sh > "$out/train_golden.log" 2>&1
+echo "train golden: exit $?"; grep -E "^---|^step|together|compared|FAIL|ok$" "$out/train_golden.log"
 
 section "F12/F13: the tiny job on the GPU, 1 worker and 2 sharing it (TCP through pinned memory)"
 "$fsdpctl" synth --out "$work/copy.tokens" --seq-len 32 --records 4096 > /dev/null

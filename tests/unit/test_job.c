@@ -259,6 +259,9 @@ static void test_overrides(void **state) {
     assert_true(j.train.betas[0] == 0.8 && j.train.betas[1] == 0.99);
     must_override(&j, "--data.packing=false");
     assert_false(j.data.packing);
+    assert_true(j.data.shuffle); /* the default */
+    must_override(&j, "--data.shuffle=false");
+    assert_false(j.data.shuffle);
     must_override(&j, "--train.seed=7");
     assert_int_equal(j.train.seed, 7);
     must_override(&j, "--checkpoint.resume=step-400");
