@@ -1089,28 +1089,39 @@ int job_validate(job_config *j, int world_size, errbuf *err) {
     return 0;
 }
 
-int job_to_json(const job_config *j, char **json, errbuf *err) {
+json_t *job_to_object(const job_config *j, errbuf *err) {
     json_t *root = json_object();
-    if (!root) return errf(err, "out of memory");
+    if (!root) return errf(err, "out of memory"), NULL;
     for (size_t i = 0; i < COUNT(keys); i++) {
         json_t *section = json_object_get(root, keys[i].section);
         if (!section) {
             section = json_object();
             if (json_object_set_new(root, keys[i].section, section)) {
                 json_decref(root);
-                return errf(err, "out of memory");
+                return errf(err, "out of memory"), NULL;
             }
         }
         json_t *v = get_key(j, &keys[i], err);
         if (!v) {
             json_decref(root);
-            return -1;
+            return NULL;
         }
         if (json_object_set_new(section, keys[i].name, v)) {
             json_decref(root);
-            return errf(err, "out of memory");
+            return errf(err, "out of memory"), NULL;
         }
     }
+    return root;
+}
+
+int job_from_object(job_config *j, const json_t *root, errbuf *err) {
+    job_defaults(j);
+    return apply_object(j, root, true, err) ? errprefix(err, "CONFIG") : 0;
+}
+
+int job_to_json(const job_config *j, char **json, errbuf *err) {
+    json_t *root = job_to_object(j, err);
+    if (!root) return -1;
     *json = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!*json) return errf(err, "out of memory");

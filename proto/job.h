@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "errbuf.h"
 
 #define JOB_PATH_MAX 4096
@@ -169,5 +171,9 @@ int job_to_json(const job_config *j, char **json, errbuf *err);
 /* Reads job_to_json's output (the CONFIG message): like job_parse_text, but every key
  * must be present, so a daemon and a worker that disagree on the keys fail loudly. */
 int job_parse(job_config *j, const char *json, size_t len, errbuf *err);
+/* The same as a JSON object (a new reference; NULL with the reason), and read back from
+ * one, strictly (the CONFIG message carries the job this way). */
+json_t *job_to_object(const job_config *j, errbuf *err);
+int job_from_object(job_config *j, const json_t *root, errbuf *err);
 
 #endif

@@ -248,6 +248,14 @@ static int validate(llama_config *c, const char *name, errbuf *err) {
     return 0;
 }
 
+int llama_config_from_json(llama_config *c, const json_t *root, const char *name, errbuf *err) {
+    llama_config parsed = {0};
+    reader r = {name, "", err};
+    if (read_config(&parsed, (json_t *)root, &r) < 0 || validate(&parsed, name, err) < 0) return -1;
+    *c = parsed;
+    return 0;
+}
+
 int llama_config_parse(llama_config *c, const char *json, size_t len, const char *name,
                        errbuf *err) {
     json_error_t jerr;
@@ -255,13 +263,9 @@ int llama_config_parse(llama_config *c, const char *json, size_t len, const char
     if (!root)
         return errf(err, "%s: invalid JSON at line %d column %d: %s", name, jerr.line,
                     jerr.column, jerr.text);
-    llama_config parsed = {0};
-    reader r = {name, "", err};
-    int rc = read_config(&parsed, root, &r);
+    int rc = llama_config_from_json(c, root, name, err);
     json_decref(root);
-    if (rc < 0 || validate(&parsed, name, err) < 0) return -1;
-    *c = parsed;
-    return 0;
+    return rc;
 }
 
 int llama_config_load(llama_config *c, const char *path, errbuf *err) {
@@ -304,7 +308,7 @@ static json_t *rope_json(const rope_config *rope) {
 }
 
 /* The keys transformers' LlamaConfig writes, so AutoConfig/AutoModel load the file. */
-static json_t *config_json(const llama_config *c) {
+json_t *llama_config_to_json(const llama_config *c) {
     json_t *o = json_object();
     if (!o) return NULL;
     int failed = 0;
@@ -363,7 +367,7 @@ static int real_precision(const llama_config *c) {
 }
 
 int llama_config_save(const llama_config *c, const char *path, errbuf *err) {
-    json_t *root = config_json(c);
+    json_t *root = llama_config_to_json(c);
     if (!root) return errf(err, "%s: out of memory building config.json", path);
     size_t flags = JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(real_precision(c));
     char *text = json_dumps(root, flags);

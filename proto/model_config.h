@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "errbuf.h"
 
 typedef enum rope_type { ROPE_DEFAULT, ROPE_LLAMA3 } rope_type;
@@ -45,6 +47,11 @@ typedef struct llama_config {
  * == 0), no attention/mlp bias, hidden_act silu. */
 int llama_config_parse(llama_config *c, const char *json, size_t len, const char *name,
                        errbuf *err);
+/* The same from a parsed JSON object (a config sent in a message). */
+int llama_config_from_json(llama_config *c, const json_t *root, const char *name, errbuf *err);
+/* config.json as transformers' LlamaConfig writes it (a new reference; NULL when out of
+ * memory); llama_config_from_json reads it back unchanged. */
+json_t *llama_config_to_json(const llama_config *c);
 /* Reads DIR/config.json (or a path to a .json file). */
 int llama_config_load(llama_config *c, const char *path, errbuf *err);
 /* Writes config.json in the newer spelling (rope_parameters), atomically. */

@@ -1,0 +1,475 @@
+/* msg bodies: the table of every message's fields, the encoder and the strict decoder.
+ * See msg.h. */
+#include "msg.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_kind.h"
+
+typedef enum field_kind {
+    F_INT,    /* int, in [lo, hi] */
+    F_I64,    /* int64_t, in [lo, hi] */
+    F_F64,    /* double, finite */
+    F_BOOL,   /* bool */
+    F_STR,    /* char[size], NUL-terminated */
+    F_JSON,   /* json_t *, an array or object checked by its own decoder */
+    F_SUB,    /* a nested struct of `sub`'s fields */
+    F_JOB,    /* job_config */
+    F_MODEL,  /* llama_config */
+    F_ADDRS,  /* msg_peers: a list of addresses */
+} field_kind;
+
+typedef struct body_info body_info;
+
+/* One field of a body: its JSON name, kind, place and size in the struct, bounds, and for
+ * an optional field the place of the bool that says whether it is present. */
+typedef struct field {
+    const char *name;
+    field_kind kind;
+    size_t off, size;
+    long long lo, hi;
+    bool optional;
+    size_t has;
+    const body_info *sub;
+} field;
+
+struct body_info {
+    const field *fields;
+    int n;
+    /* Cross-field rules, after every field decoded (NULL: none). */
+    int (*check)(void *body, const char *type, errbuf *err);
+};
+
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
+#define SIZE(T, m) sizeof(((T *)0)->m)
+#define INT(T, name, m, lo, hi) {name, F_INT, offsetof(T, m), SIZE(T, m), lo, hi, false, 0, NULL}
+#define I64(T, name, m, lo) {name, F_I64, offsetof(T, m), SIZE(T, m), lo, LLONG_MAX, false, 0, NULL}
+#define F64(T, name, m) {name, F_F64, offsetof(T, m), SIZE(T, m), 0, 0, false, 0, NULL}
+#define BOOL(T, name, m) {name, F_BOOL, offsetof(T, m), SIZE(T, m), 0, 0, false, 0, NULL}
+#define STR(T, name, m) {name, F_STR, offsetof(T, m), SIZE(T, m), 0, 0, false, 0, NULL}
+#define OF(T, name, m, kind) {name, kind, offsetof(T, m), SIZE(T, m), 0, 0, false, 0, NULL}
+/* Optional: the struct has a bool has_<m>. */
+#define OPT_I64(T, name, m, lo) \
+    {name, F_I64, offsetof(T, m), SIZE(T, m), lo, LLONG_MAX, true, offsetof(T, has_##m), NULL}
+#define OPT_SUB(T, name, m, info) \
+    {name, F_SUB, offsetof(T, m), SIZE(T, m), 0, 0, true, offsetof(T, has_##m), &info}
+
+static const field hello_fields[] = {INT(msg_hello, "pid", pid, 1, INT_MAX)};
+
+static int check_config(void *body, const char *type, errbuf *err);
+static const field config_fields[] = {
+    INT(msg_config, "rank", rank, 0, INT_MAX),
+    INT(msg_config, "world", world, 1, INT_MAX),
+    INT(msg_config, "local_rank", local_rank, 0, INT_MAX),
+    INT(msg_config, "node", node, 0, INT_MAX),
+    STR(msg_config, "bind_host", bind_host),
+    STR(msg_config, "secret", secret),
+    OF(msg_config, "job", job, F_JOB),
+    OF(msg_config, "model", model, F_MODEL),
+    INT(msg_config, "ckpt_attempt", ckpt_attempt, 1, INT_MAX),
+    STR(msg_config, "resume_dir", resume_dir),
+    INT(msg_config, "model_fd", model_fd, -1, INT_MAX),
+};
+
+static const field heartbeat_fields[] = {
+    BOOL(msg_heartbeat, "ready", ready),
+    OPT_I64(msg_heartbeat, "step", step, 0),
+    OPT_I64(msg_heartbeat, "mem_bytes", mem_bytes, 0),
+};
+
+static int check_ckpt_mode(void *body, const char *type, errbuf *err);
+static const field ckpt_note_fields[] = {
+    I64(msg_ckpt_note, "step", step, 1),
+    INT(msg_ckpt_note, "attempt", attempt, 1, INT_MAX),
+    STR(msg_ckpt_note, "mode", mode),
+    I64(msg_ckpt_note, "request", request, 0),
+};
+static const body_info ckpt_note_info = {ckpt_note_fields, COUNT(ckpt_note_fields), check_ckpt_mode};
+
+static const field metrics_fields[] = {
+    I64(msg_metrics, "step", step, 1),
+    I64(msg_metrics, "total_steps", total_steps, 0),
+    F64(msg_metrics, "loss", loss),
+    F64(msg_metrics, "lr", lr),
+    F64(msg_metrics, "grad_norm", grad_norm),
+    I64(msg_metrics, "tokens", tokens, 0),
+    I64(msg_metrics, "tokens_seen", tokens_seen, 0),
+    F64(msg_metrics, "seconds", seconds),
+    I64(msg_metrics, "layer_forwards", layer_forwards, 0),
+    I64(msg_metrics, "mem_bytes", mem_bytes, 0),
+    I64(msg_metrics, "mem_peak_bytes", mem_peak_bytes, 0),
+    OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
+};
+
+static const field ckpt_begin_fields[] = {I64(msg_ckpt_begin, "request", request, 1)};
+
+static const field ckpt_done_fields[] = {
+    I64(msg_ckpt_done, "step", step, 1),
+    INT(msg_ckpt_done, "attempt", attempt, 1, INT_MAX),
+    INT(msg_ckpt_done, "rank", rank, 0, INT_MAX),
+    BOOL(msg_ckpt_done, "sync", sync),
+    BOOL(msg_ckpt_done, "ok", ok),
+    BOOL(msg_ckpt_done, "aborted", aborted),
+    STR(msg_ckpt_done, "error", error),
+    STR(msg_ckpt_done, "file", file),
+    I64(msg_ckpt_done, "bytes", bytes, 0),
+    {"header_crc32c", F_I64, offsetof(msg_ckpt_done, header_crc32c), 8, 0, UINT32_MAX, false, 0, NULL},
+    F64(msg_ckpt_done, "stage_s", stage_s),
+    F64(msg_ckpt_done, "write_s", write_s),
+    OPT_I64(msg_ckpt_done, "optimizer_step", optimizer_step, 0),
+    OPT_I64(msg_ckpt_done, "tokens_seen", tokens_seen, 0),
+    {"units", F_JSON, offsetof(msg_ckpt_done, units), sizeof(json_t *), 0, 0, true, 0, NULL},
+};
+
+static const field ckpt_abort_fields[] = {
+    I64(msg_ckpt_abort, "step", step, 1),
+    INT(msg_ckpt_abort, "attempt", attempt, 1, INT_MAX),
+};
+
+static const field stop_fields[] = {STR(msg_text, "reason", text)};
+static const field fatal_fields[] = {STR(msg_text, "message", text)};
+static const field addr_fields[] = {STR(msg_addr, "addr", addr)};
+static const field peers_fields[] = {OF(msg_peers, "addrs", n, F_ADDRS)};
+
+static const field join_fields[] = {
+    INT(msg_join, "node", node, 0, INT_MAX),
+    INT(msg_join, "nodes", nodes, 1, INT_MAX),
+    STR(msg_join, "host", host),
+    INT(msg_join, "workers", workers, 1, INT_MAX),
+};
+
+static const field node_ckpt_done_fields[] = {
+    INT(msg_node_ckpt_done, "node", node, 0, INT_MAX),
+    I64(msg_node_ckpt_done, "step", step, 1),
+    INT(msg_node_ckpt_done, "attempt", attempt, 1, INT_MAX),
+    BOOL(msg_node_ckpt_done, "ok", ok),
+    STR(msg_node_ckpt_done, "error", error),
+};
+
+static const field commit_fields[] = {
+    I64(msg_step_attempt, "step", step, 1),
+    INT(msg_step_attempt, "attempt", attempt, 1, INT_MAX),
+};
+
+static const field abort_fields[] = {
+    I64(msg_node_abort, "step", step, 1),
+    INT(msg_node_abort, "attempt", attempt, 1, INT_MAX),
+    STR(msg_node_abort, "reason", reason),
+};
+
+#define BODY(f) {f, COUNT(f), NULL}
+/* Every type's body; NCCL_ID's is raw bytes (n < 0). */
+static const body_info bodies[MSG_TYPE_END] = {
+    [MSG_HELLO] = BODY(hello_fields),
+    [MSG_CONFIG] = {config_fields, COUNT(config_fields), check_config},
+    [MSG_NCCL_ID] = {NULL, -1, NULL},
+    [MSG_START] = {NULL, 0, NULL},
+    [MSG_HEARTBEAT] = BODY(heartbeat_fields),
+    [MSG_METRICS] = BODY(metrics_fields),
+    [MSG_CKPT_BEGIN] = BODY(ckpt_begin_fields),
+    [MSG_CKPT_DONE] = BODY(ckpt_done_fields),
+    [MSG_CKPT_ABORT] = BODY(ckpt_abort_fields),
+    [MSG_STOP] = BODY(stop_fields),
+    [MSG_FATAL] = BODY(fatal_fields),
+    [MSG_ADDR] = BODY(addr_fields),
+    [MSG_PEERS] = BODY(peers_fields),
+    [MSG_JOIN] = BODY(join_fields),
+    [MSG_NODE_CKPT_DONE] = BODY(node_ckpt_done_fields),
+    [MSG_COMMIT] = BODY(commit_fields),
+    [MSG_ABORT] = BODY(abort_fields),
+};
+
+static int check_config(void *body, const char *type, errbuf *err) {
+    msg_config *c = body;
+    if (c->rank >= c->world)
+        return errf(err, "%s: rank %d is not below world %d", type, c->rank, c->world);
+    if (strlen(c->secret) != 2 * MSG_SECRET_BYTES || strspn(c->secret, "0123456789abcdef") != 2 * MSG_SECRET_BYTES)
+        return errf(err, "%s: field 'secret' must be %d lower-case hex digits", type, 2 * MSG_SECRET_BYTES);
+    return job_validate(&c->job, c->world, err) ? errprefix(err, "%s: field 'job'", type) : 0;
+}
+
+static int check_ckpt_mode(void *body, const char *type, errbuf *err) {
+    const char *mode = ((msg_ckpt_note *)body)->mode;
+    if (strcmp(mode, "async") && strcmp(mode, "sync") && strcmp(mode, "skipped"))
+        return errf(err, "%s: field 'checkpoint.mode' is \"%s\", not async, sync or skipped", type, mode);
+    return 0;
+}
+
+/* ---- freeing ---- */
+
+static void free_body(const body_info *info, void *body) {
+    for (int i = 0; i < info->n; i++) {
+        const field *f = &info->fields[i];
+        char *at = (char *)body + f->off;
+        if (f->kind == F_JSON) {
+            json_decref(*(json_t **)at);
+            *(json_t **)at = NULL;
+        } else if (f->kind == F_ADDRS) {
+            msg_peers *p = (msg_peers *)at;
+            free(p->addrs);
+            p->addrs = NULL;
+            p->n = 0;
+        } else if (f->kind == F_SUB) {
+            free_body(f->sub, at);
+        }
+    }
+}
+
+void msg_free(msg *m) {
+    if (m->type > 0 && m->type < MSG_TYPE_END && bodies[m->type].n > 0) free_body(&bodies[m->type], &m->u);
+}
+
+/* ---- encoding ---- */
+
+static json_t *addrs_json(const msg_peers *p) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < p->n; i++)
+        if (json_array_append_new(a, json_string(p->addrs[i]))) a = (json_decref(a), NULL);
+    return a;
+}
+
+static json_t *body_json(const body_info *info, const void *body, errbuf *err);
+
+static json_t *field_json(const field *f, const void *body, errbuf *err) {
+    const char *at = (const char *)body + f->off;
+    switch (f->kind) {
+    case F_INT: return json_integer(*(const int *)at);
+    case F_I64: return json_integer(*(const int64_t *)at);
+    case F_F64: return json_real(*(const double *)at); /* NULL for a non-finite value */
+    case F_BOOL: return json_boolean(*(const bool *)at);
+    case F_STR: return json_string(at);
+    case F_JSON: return json_incref(*(json_t *const *)at);
+    case F_SUB: return body_json(f->sub, at, err);
+    case F_JOB: return job_to_object((const job_config *)at, err);
+    case F_MODEL: return llama_config_to_json((const llama_config *)at);
+    case F_ADDRS: return addrs_json((const msg_peers *)at);
+    }
+    return NULL;
+}
+
+static bool present(const field *f, const void *body) {
+    if (f->kind == F_JSON) return *(json_t *const *)((const char *)body + f->off) != NULL;
+    return !f->optional || *(const bool *)((const char *)body + f->has);
+}
+
+static json_t *body_json(const body_info *info, const void *body, errbuf *err) {
+    json_t *o = json_object();
+    if (!o) return errf(err, "out of memory"), NULL;
+    for (int i = 0; i < info->n; i++) {
+        const field *f = &info->fields[i];
+        if (!present(f, body)) continue;
+        json_t *v = field_json(f, body, err);
+        if (!v) {
+            if (f->kind != F_JOB && f->kind != F_SUB)
+                errf(err, "field '%s': cannot encode it (out of memory, or not a finite number)", f->name);
+            json_decref(o);
+            return NULL;
+        }
+        if (json_object_set_new(o, f->name, v)) {
+            json_decref(o);
+            return errf(err, "out of memory"), NULL;
+        }
+    }
+    return o;
+}
+
+json_t *msg_to_json(const msg *m, errbuf *err) {
+    if (m->type <= 0 || m->type >= MSG_TYPE_END || bodies[m->type].n < 0)
+        return errf(err, "%s: no JSON body", msg_type_name(m->type)), NULL;
+    json_t *o = body_json(&bodies[m->type], &m->u, err);
+    if (!o) errprefix(err, "%s", msg_type_name(m->type));
+    return o;
+}
+
+/* The body's bytes: NCCL_ID's id in place, else JSON text in *owned (free it). */
+static int body_bytes(const msg *m, char **owned, const void **body, size_t *len, errbuf *err) {
+    *owned = NULL;
+    if (m->type == MSG_NCCL_ID) {
+        *body = m->u.nccl_id.id;
+        *len = MSG_NCCL_ID_BYTES;
+        return 0;
+    }
+    json_t *o = msg_to_json(m, err);
+    if (!o) return -1;
+    *owned = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!*owned) return errf(err, "%s: out of memory", msg_type_name(m->type));
+    *body = *owned;
+    *len = strlen(*owned);
+    return 0;
+}
+
+int msg_encode(const msg *m, uint8_t **out, size_t *len, errbuf *err) {
+    char *owned;
+    const void *body;
+    size_t n;
+    if (body_bytes(m, &owned, &body, &n, err)) return -1;
+    int rc = msg_frame_encode(m->type, body, n, out, len, err);
+    free(owned);
+    return rc;
+}
+
+/* ---- decoding ---- */
+
+static int body_from_json(const body_info *info, void *body, const json_t *o, const char *type,
+                          const char *prefix, errbuf *err);
+
+static int field_error(const char *type, const char *prefix, const field *f, const char *want,
+                       const json_t *v, errbuf *err) {
+    return errf(err, "%s: field '%s%s' must be %s, got %s", type, prefix, f->name, want, json_kind(v));
+}
+
+static int read_integer(const field *f, const json_t *v, long long *out, const char *type,
+                        const char *prefix, errbuf *err) {
+    if (!json_is_integer(v)) return field_error(type, prefix, f, "an integer", v, err);
+    long long x = (long long)json_integer_value(v);
+    if (x < f->lo || x > f->hi)
+        return errf(err, "%s: field '%s%s' = %lld is out of range [%lld, %lld]", type, prefix,
+                    f->name, x, f->lo, f->hi);
+    *out = x;
+    return 0;
+}
+
+static int read_addrs(msg_peers *p, const json_t *v, const char *type, errbuf *err) {
+    if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > INT_MAX / 2)
+        return errf(err, "%s: field 'addrs' must be a non-empty array of strings", type);
+    size_t n = json_array_size(v);
+    p->addrs = calloc(n, sizeof *p->addrs);
+    if (!p->addrs) return errf(err, "%s: out of memory", type);
+    p->n = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        const char *s = json_string_value(json_array_get(v, i));
+        if (!s || strlen(s) >= MSG_ADDR_MAX)
+            return errf(err, "%s: addrs[%zu] must be a string shorter than %d bytes", type, i, MSG_ADDR_MAX);
+        strcpy(p->addrs[i], s);
+    }
+    return 0;
+}
+
+static int field_from_json(const field *f, void *body, const json_t *v, const char *type,
+                           const char *prefix, errbuf *err) {
+    char *at = (char *)body + f->off;
+    long long x;
+    switch (f->kind) {
+    case F_INT:
+        if (read_integer(f, v, &x, type, prefix, err)) return -1;
+        *(int *)at = (int)x;
+        return 0;
+    case F_I64:
+        if (read_integer(f, v, &x, type, prefix, err)) return -1;
+        *(int64_t *)at = x;
+        return 0;
+    case F_F64:
+        if (!json_is_number(v)) return field_error(type, prefix, f, "a number", v, err);
+        *(double *)at = json_number_value(v);
+        return 0;
+    case F_BOOL:
+        if (!json_is_boolean(v)) return field_error(type, prefix, f, "true or false", v, err);
+        *(bool *)at = json_is_true(v);
+        return 0;
+    case F_STR: {
+        const char *s = json_string_value(v);
+        if (!s) return field_error(type, prefix, f, "a string", v, err);
+        if (strlen(s) >= f->size || strlen(s) != json_string_length(v))
+            return errf(err, "%s: field '%s%s' must be a string of fewer than %zu bytes, without NUL",
+                        type, prefix, f->name, f->size);
+        strcpy(at, s);
+        return 0;
+    }
+    case F_JSON:
+        if (!json_is_array(v) && !json_is_object(v)) return field_error(type, prefix, f, "an array or object", v, err);
+        *(json_t **)at = json_incref((json_t *)v);
+        return 0;
+    case F_SUB: {
+        char sub_prefix[64];
+        snprintf(sub_prefix, sizeof sub_prefix, "%s%s.", prefix, f->name);
+        return body_from_json(f->sub, at, v, type, sub_prefix, err);
+    }
+    case F_JOB:
+        return job_from_object((job_config *)at, v, err) ? errprefix(err, "%s: field 'job'", type) : 0;
+    case F_MODEL:
+        return llama_config_from_json((llama_config *)at, v, "field 'model'", err) ? errprefix(err, "%s", type) : 0;
+    case F_ADDRS:
+        return read_addrs((msg_peers *)at, v, type, err);
+    }
+    return errf(err, "%s: field '%s%s' has no decoder", type, prefix, f->name);
+}
+
+static const field *find_field(const body_info *info, const char *name) {
+    for (int i = 0; i < info->n; i++)
+        if (!strcmp(info->fields[i].name, name)) return &info->fields[i];
+    return NULL;
+}
+
+static int body_from_json(const body_info *info, void *body, const json_t *o, const char *type,
+                          const char *prefix, errbuf *err) {
+    if (!json_is_object(o)) return errf(err, "%s: %sbody must be a JSON object, got %s", type, prefix, json_kind(o));
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v) {
+        if (!find_field(info, key)) return errf(err, "%s: unknown field '%s%s'", type, prefix, key);
+    }
+    for (int i = 0; i < info->n; i++) {
+        const field *f = &info->fields[i];
+        v = json_object_get(o, f->name);
+        if (!v) {
+            if (!f->optional) return errf(err, "%s: field '%s%s' is missing", type, prefix, f->name);
+            continue;
+        }
+        if (field_from_json(f, body, v, type, prefix, err)) return -1;
+        if (f->optional && f->kind != F_JSON) *(bool *)((char *)body + f->has) = true;
+    }
+    return info->check ? info->check(body, type, err) : 0;
+}
+
+int msg_from_json(msg *m, msg_type type, const json_t *body, errbuf *err) {
+    memset(m, 0, sizeof *m);
+    if (type <= 0 || type >= MSG_TYPE_END || bodies[type].n < 0)
+        return errf(err, "%s: no JSON body", msg_type_name(type));
+    m->type = type;
+    if (body_from_json(&bodies[type], &m->u, body, msg_type_name(type), "", err) == 0) return 0;
+    msg_free(m);
+    return -1;
+}
+
+int msg_decode(const msg_frame *f, msg *m, errbuf *err) {
+    memset(m, 0, sizeof *m);
+    if (f->type == MSG_NCCL_ID) {
+        if (f->len != MSG_NCCL_ID_BYTES)
+            return errf(err, "NCCL_ID: %u bytes, expected %d", f->len, MSG_NCCL_ID_BYTES);
+        m->type = MSG_NCCL_ID;
+        memcpy(m->u.nccl_id.id, f->body, MSG_NCCL_ID_BYTES);
+        return 0;
+    }
+    json_error_t je;
+    json_t *o = json_loadb(f->body, f->len, JSON_REJECT_DUPLICATES, &je);
+    if (!o)
+        return errf(err, "%s: body is not JSON (line %d, column %d: %s)", msg_type_name(f->type),
+                    je.line, je.column, je.text);
+    int rc = msg_from_json(m, f->type, o, err);
+    json_decref(o);
+    return rc;
+}
+
+/* ---- blocking I/O ---- */
+
+int msg_send(int fd, const msg *m, errbuf *err) {
+    char *owned;
+    const void *body;
+    size_t n;
+    if (body_bytes(m, &owned, &body, &n, err)) return -1;
+    int rc = msg_send_frame(fd, m->type, body, n, err);
+    free(owned);
+    return rc;
+}
+
+int msg_recv(int fd, msg *m, int timeout_ms, errbuf *err) {
+    msg_frame f;
+    if (msg_recv_frame(fd, &f, timeout_ms, err)) return -1;
+    int rc = msg_decode(&f, m, err);
+    msg_frame_free(&f);
+    return rc;
+}

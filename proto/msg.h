@@ -1,0 +1,267 @@
+/* msg: every message two fsdp processes exchange (fsdpd <-> its workers over a socketpair;
+ * fsdpd <-> fsdpd over TCP), as typed structs, with the framing, one table of their
+ * fields, an encoder and a strict decoder.
+ *
+ * Framing.  A stream of frames, each a 12-byte header, all little-endian:
+ *
+ *     offset 0  magic    4 bytes "FSDP"
+ *     offset 4  version  u16 (MSG_VERSION)
+ *     offset 6  type     u16 (msg_type)
+ *     offset 8  length   u32 body bytes, at most MSG_MAX_BODY
+ *
+ * then the body: a JSON object for every type but NCCL_ID, whose body is the raw bytes of
+ * the NCCL unique id.  A bad magic, version, type or length makes the whole stream invalid:
+ * the reader drops the peer, it never tries to resynchronise.
+ *
+ * Bodies.  Each type's fields are one row of the table in msg.c (name, JSON kind, place in
+ * the struct, bounds, optional or not); adding a message is a struct here and a row there.
+ * The decoder refuses a body with an unknown, missing, mistyped or out-of-range field,
+ * naming the message and the field.
+ *
+ * The daemon reads with the incremental decoder (fed whatever bytes libevent hands it);
+ * a worker uses the blocking msg_send / msg_recv. */
+#ifndef FSDP_MSG_H
+#define FSDP_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "errbuf.h"
+#include "job.h"
+#include "model_config.h"
+
+#define MSG_MAGIC "FSDP"
+#define MSG_VERSION 1
+#define MSG_HEADER_SIZE 12
+#define MSG_MAX_BODY (16u << 20) /* enough for a CONFIG or a rank table */
+
+/* Sizes both ends must agree on. */
+#define MSG_SECRET_BYTES 32    /* the job secret every connection proves */
+#define MSG_NCCL_ID_BYTES 128  /* sizeof(ncclUniqueId) */
+#define MSG_ADDR_MAX 64        /* "host:port" of a listener */
+#define MSG_TEXT_MAX 1024      /* reasons and error messages */
+
+/* w = worker, d = daemon, D = another node's daemon.  The numbers are on the wire: new
+ * types go at the end. */
+typedef enum msg_type {
+    MSG_HELLO = 1,       /* w->d: first message: who the worker is */
+    MSG_CONFIG = 2,      /* d->w: the resolved job and the worker's place in it */
+    MSG_NCCL_ID = 3,     /* w->d from global rank 0, then d->w: the NCCL unique id (raw bytes) */
+    MSG_START = 4,       /* d->w: begin training */
+    MSG_HEARTBEAT = 5,   /* w->d: still alive (and where it is) */
+    MSG_METRICS = 6,     /* w->d: one optimizer step's figures (rank 0) */
+    MSG_CKPT_BEGIN = 7,  /* d->w: a checkpoint is requested */
+    MSG_CKPT_DONE = 8,   /* w->d: shard written and fsynced, or why not */
+    MSG_CKPT_ABORT = 9,  /* d->w: abandon the save of this step */
+    MSG_STOP = 10,       /* d->w: stop (reason) */
+    MSG_FATAL = 11,      /* w->d: the worker cannot go on (message) */
+    MSG_ADDR = 12,       /* w->d: the address the worker listens on, for the rank table */
+    MSG_PEERS = 13,      /* d->w: the rank table (every rank's address) */
+    MSG_JOIN = 14,       /* D->d (leader): a node joins the job */
+    MSG_NODE_CKPT_DONE = 15, /* D->d (leader): a node's shards of a step are written */
+    MSG_COMMIT = 16,     /* d->D: the leader committed a step */
+    MSG_ABORT = 17,      /* d->D: the leader abandoned a step's checkpoint */
+    MSG_TYPE_END         /* one past the last type */
+} msg_type;
+
+/* "HELLO", ...; "UNKNOWN" for a value that is not a type. */
+const char *msg_type_name(int type);
+
+/* ---- typed bodies ---- */
+
+typedef struct msg_hello {
+    int pid;
+} msg_hello;
+
+typedef struct msg_config {
+    int rank, world, local_rank, node;
+    char bind_host[MSG_ADDR_MAX];
+    char secret[2 * MSG_SECRET_BYTES + 1]; /* hex */
+    job_config job;                        /* resolved and validated for `world` */
+    llama_config model;                    /* the model's config.json, as fsdpd read it */
+    int ckpt_attempt;
+    char resume_dir[JOB_PATH_MAX];         /* "" to start afresh */
+    int model_fd;                          /* fsdpd's model memory, -1 for none */
+} msg_config;
+
+typedef struct msg_nccl_id {
+    unsigned char id[MSG_NCCL_ID_BYTES];
+} msg_nccl_id;
+
+typedef struct msg_heartbeat {
+    bool ready;         /* set once: connected to the peers, ready to START */
+    bool has_step;
+    int64_t step;       /* optimizer steps done */
+    bool has_mem_bytes;
+    int64_t mem_bytes;  /* context memory in use after the last step */
+} msg_heartbeat;
+
+/* The checkpoint a step triggers, announced before it is written. */
+typedef struct msg_ckpt_note {
+    int64_t step;
+    int attempt;
+    char mode[8];       /* "async", "sync", "skipped" */
+    int64_t request;    /* checkpoint requests up to this id are served by it */
+} msg_ckpt_note;
+
+typedef struct msg_metrics {
+    int64_t step, total_steps;
+    double loss, lr, grad_norm;
+    int64_t tokens, tokens_seen;
+    double seconds;
+    int64_t layer_forwards, mem_bytes, mem_peak_bytes;
+    bool has_checkpoint;
+    msg_ckpt_note checkpoint;
+} msg_metrics;
+
+typedef struct msg_ckpt_begin {
+    int64_t request;
+} msg_ckpt_begin;
+
+typedef struct msg_ckpt_done {
+    int64_t step;
+    int attempt, rank;
+    bool sync, ok, aborted;
+    char error[MSG_TEXT_MAX]; /* "" when ok */
+    char file[JOB_PATH_MAX];
+    int64_t bytes;
+    int64_t header_crc32c;
+    double stage_s, write_s;
+    /* rank 0, when ok: */
+    bool has_optimizer_step;
+    int64_t optimizer_step;
+    bool has_tokens_seen;
+    int64_t tokens_seen;
+    json_t *units;      /* the flat layouts (ckpt_layout_to_json); NULL when absent */
+} msg_ckpt_done;
+
+typedef struct msg_ckpt_abort {
+    int64_t step;
+    int attempt;
+} msg_ckpt_abort;
+
+typedef struct msg_text {
+    char text[MSG_TEXT_MAX];
+} msg_text;             /* STOP's "reason", FATAL's "message" */
+
+typedef struct msg_addr {
+    char addr[MSG_ADDR_MAX];
+} msg_addr;
+
+typedef struct msg_peers {
+    int n;
+    char (*addrs)[MSG_ADDR_MAX]; /* [n], malloc'd */
+} msg_peers;
+
+typedef struct msg_join {
+    int node, nodes;    /* this node's index and the node count it was told */
+    char host[MSG_ADDR_MAX];
+    int workers;
+} msg_join;
+
+typedef struct msg_node_ckpt_done {
+    int node;
+    int64_t step;
+    int attempt;
+    bool ok;
+    char error[MSG_TEXT_MAX];
+} msg_node_ckpt_done;
+
+typedef struct msg_step_attempt {
+    int64_t step;
+    int attempt;
+} msg_step_attempt;     /* COMMIT */
+
+typedef struct msg_node_abort {
+    int64_t step;
+    int attempt;
+    char reason[MSG_TEXT_MAX];
+} msg_node_abort;       /* ABORT */
+
+/* One message: its type and the body of that type (START has none). */
+typedef struct msg {
+    msg_type type;
+    union {
+        msg_hello hello;
+        msg_config config;
+        msg_nccl_id nccl_id;
+        msg_heartbeat heartbeat;
+        msg_metrics metrics;
+        msg_ckpt_begin ckpt_begin;
+        msg_ckpt_done ckpt_done;
+        msg_ckpt_abort ckpt_abort;
+        msg_text stop, fatal;
+        msg_addr addr;
+        msg_peers peers;
+        msg_join join;
+        msg_node_ckpt_done node_ckpt_done;
+        msg_step_attempt commit;
+        msg_node_abort abort;
+    } u;
+} msg;
+
+/* Releases what a decoded or built message owns (json references, the rank table). */
+void msg_free(msg *m);
+
+/* The body as JSON (a new reference; NULL when out of memory).  Also what fsdpd writes to
+ * metrics.jsonl for METRICS.  Not for NCCL_ID. */
+json_t *msg_to_json(const msg *m, errbuf *err);
+/* A body of `type` from its JSON object, strictly (see above).  On failure *m holds
+ * nothing to free.  A CONFIG's job is parsed and validated for its world (job_parse). */
+int msg_from_json(msg *m, msg_type type, const json_t *body, errbuf *err);
+
+/* ---- frames ---- */
+
+/* A received frame.  body is malloc'd and NUL-terminated (body[len] == 0). */
+typedef struct msg_frame {
+    msg_type type;
+    uint32_t len;
+    char *body;
+} msg_frame;
+
+void msg_frame_free(msg_frame *f);
+
+/* Writes the header of a frame whose body is body_len bytes. */
+int msg_encode_header(uint8_t header[MSG_HEADER_SIZE], int type, size_t body_len, errbuf *err);
+/* A whole frame (header + body), malloc'd into *out. */
+int msg_frame_encode(int type, const void *body, size_t len, uint8_t **out, size_t *frame_len,
+                     errbuf *err);
+/* The whole frame of m (header and body), malloc'd into *out. */
+int msg_encode(const msg *m, uint8_t **out, size_t *len, errbuf *err);
+/* The typed message a frame carries. */
+int msg_decode(const msg_frame *f, msg *m, errbuf *err);
+
+/* Incremental reader for a non-blocking socket.  Feed it bytes as they arrive and take
+ * whole frames out with msg_decoder_next until it returns 0.  Once it has returned -1 the
+ * stream is broken and it keeps returning -1. */
+typedef struct msg_decoder {
+    uint8_t *buf;
+    size_t start, end, cap; /* unread bytes are buf[start, end) */
+    int broken;             /* why is in `error` */
+    errbuf error;
+} msg_decoder;
+
+void msg_decoder_init(msg_decoder *d);
+void msg_decoder_free(msg_decoder *d);
+/* Appends bytes (copied); fails only when out of memory.  Bytes fed to a broken stream are
+ * dropped. */
+int msg_decoder_feed(msg_decoder *d, const void *data, size_t len, errbuf *err);
+/* 1: *out holds the next frame (the caller frees it with msg_frame_free); 0: more bytes are
+ * needed; -1: the stream is malformed (bad magic, version, type or length). */
+int msg_decoder_next(msg_decoder *d, msg_frame *out, errbuf *err);
+/* Bytes received but not yet returned as a frame (non-zero at EOF: a truncated frame). */
+size_t msg_decoder_buffered(const msg_decoder *d);
+
+/* Blocking I/O for workers.  msg_send writes the whole frame (retrying partial writes and
+ * EINTR; MSG_NOSIGNAL, so a closed peer is an error, not SIGPIPE).  msg_recv reads exactly
+ * one message; timeout_ms < 0 waits forever.  The end of the stream is the error "peer
+ * closed".  msg_recv_frame is the same without decoding the body. */
+int msg_send(int fd, const msg *m, errbuf *err);
+int msg_recv(int fd, msg *m, int timeout_ms, errbuf *err);
+int msg_send_frame(int fd, int type, const void *body, size_t len, errbuf *err);
+int msg_recv_frame(int fd, msg_frame *out, int timeout_ms, errbuf *err);
+
+#endif
