@@ -326,6 +326,16 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
     return m;
 }
 
+/* The manifest's model_path: the job's model directory, absolute so that a consolidation
+ * run from another directory finds it ("" for init random).  realpath fails only when the
+ * directory went away after the model was loaded: then the path as the job gave it. */
+static void record_model_path(const job_config *j, char *out, size_t n) {
+    char abs[PATH_MAX];
+    const char *path = j->model.init == JOB_INIT_RANDOM ? "" : j->model.path;
+    if (path[0] && realpath(path, abs)) path = abs;
+    snprintf(out, n, "%s", path);
+}
+
 /* The manifest of a commit whose files are all in. */
 static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     const ckpt_coord *c = m->coord;
@@ -351,6 +361,7 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
                                        .total_steps = c->total_steps};
     snprintf(man->train.schedule, sizeof man->train.schedule, "%s", schedules[j->train.schedule]);
     man->model_config = json_incref(c->opt.model_config);
+    record_model_path(j, man->model_path, sizeof man->model_path);
     if (!m->units) return errf(err, "rank 0 sent no layout");
     if (ckpt_layout_from_json(&man->layout, m->units, c->n_files, "rank 0's layout", err)) return -1;
     man->files = calloc((size_t)c->n_files, sizeof *man->files);
