@@ -105,11 +105,13 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         if (m.global_batch != job->train.global_batch)
-            log_event(0, -1, "train.global_batch is %d, as in %s (the job says %d)", m.global_batch,
-                      name, job->train.global_batch);
+            log_event(0, -1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
+                      "a checkpoint fixes it for the job's life)", m.global_batch, name,
+                      job->train.global_batch);
         if (m.seed != job->train.seed)
-            log_event(0, -1, "train.seed is %lld, as in %s (the job says %lld)", (long long)m.seed,
-                      name, (long long)job->train.seed);
+            log_event(0, -1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
+                      "a checkpoint fixes it for the job's life)", (long long)m.seed, name,
+                      (long long)job->train.seed);
         job->train.global_batch = m.global_batch;
         job->train.seed = m.seed;
         *step = m.step;
