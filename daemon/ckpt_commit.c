@@ -105,11 +105,13 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         if (m.global_batch != job->train.global_batch)
-            log_event(0, -1, "train.global_batch is %d, as in %s (the job says %d)", m.global_batch,
-                      name, job->train.global_batch);
+            log_event(0, -1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
+                      "a checkpoint fixes it for the job's life)", m.global_batch, name,
+                      job->train.global_batch);
         if (m.seed != job->train.seed)
-            log_event(0, -1, "train.seed is %lld, as in %s (the job says %lld)", (long long)m.seed,
-                      name, (long long)job->train.seed);
+            log_event(0, -1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
+                      "a checkpoint fixes it for the job's life)", (long long)m.seed, name,
+                      (long long)job->train.seed);
         job->train.global_batch = m.global_batch;
         job->train.seed = m.seed;
         *step = m.step;
@@ -326,6 +328,16 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
     return m;
 }
 
+/* The manifest's model_path: the job's model directory, absolute so that a consolidation
+ * run from another directory finds it ("" for init random).  realpath fails only when the
+ * directory went away after the model was loaded: then the path as the job gave it. */
+static void record_model_path(const job_config *j, char *out, size_t n) {
+    char abs[PATH_MAX];
+    const char *path = j->model.init == JOB_INIT_RANDOM ? "" : j->model.path;
+    if (path[0] && realpath(path, abs)) path = abs;
+    snprintf(out, n, "%s", path);
+}
+
 /* The manifest of a commit whose files are all in. */
 static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     const ckpt_coord *c = m->coord;
@@ -351,6 +363,7 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
                                        .total_steps = c->total_steps};
     snprintf(man->train.schedule, sizeof man->train.schedule, "%s", schedules[j->train.schedule]);
     man->model_config = json_incref(c->opt.model_config);
+    record_model_path(j, man->model_path, sizeof man->model_path);
     if (!m->units) return errf(err, "rank 0 sent no layout");
     if (ckpt_layout_from_json(&man->layout, m->units, c->n_files, "rank 0's layout", err)) return -1;
     man->files = calloc((size_t)c->n_files, sizeof *man->files);

@@ -652,11 +652,30 @@ static int output_paths(const char *out, char *final, char *partial, errbuf *err
     return 0;
 }
 
+/* Where the tokenizer files and generation_config.json come from: tokenizer_from, else the
+ * model directory the manifest records (none for a job of init random).  A recorded
+ * directory that is no longer there is a warning, not an error: the weights need nothing
+ * from it, and tokenizer_from can name another copy. */
+static const char *model_source(const consolidate_options *o, const ckpt_manifest *m) {
+    struct stat st;
+    if (o->tokenizer_from) return o->tokenizer_from;
+    if (!m->model_path[0]) return NULL;
+    int found = stat(m->model_path, &st) == 0;
+    if (found && S_ISDIR(st.st_mode)) return m->model_path;
+    if (o->result)
+        snprintf(o->result->warning, sizeof o->result->warning,
+                 "%s (the checkpoint's model directory): %s: no tokenizer files copied "
+                 "(--tokenizer-from names another copy)",
+                 m->model_path, found ? "not a directory" : strerror(errno));
+    return NULL;
+}
+
 /* Everything but the commit, into the partial directory. */
 static int write_all(const consolidate_options *o, const ckpt_manifest *m, const source *s,
                      const plan *p, const char *partial, name_list *names, errbuf *err) {
     size_t buf_bytes = o->buffer_bytes ? o->buffer_bytes : CONSOLIDATE_BUFFER;
     int copied = 0;
+    const char *from = model_source(o, m);
     if (remove_partial(partial, err) || file_mkdir(partial, err) ||
         write_weights(p, s, partial, o->threads, buf_bytes, err))
         return -1;
@@ -664,14 +683,18 @@ static int write_all(const consolidate_options *o, const ckpt_manifest *m, const
         if (name_add(names, p->files[f].name, err)) return -1;
     if (strcmp(p->files[0].name, SINGLE_NAME) != 0 && write_index(p, partial, names, err))
         return -1;
-    if (o->tokenizer_from && copy_tokenizer(o->tokenizer_from, partial, names, &copied, err)) return -1;
-    if (o->result) o->result->tokenizer_files = copied;
-    if (write_generation_config(m->model_config, o->tokenizer_from, partial, names, err)) return -1;
+    if (from && copy_tokenizer(from, partial, names, &copied, err)) return -1;
+    if (o->result) {
+        o->result->tokenizer_files = copied;
+        snprintf(o->result->tokenizer_source, sizeof o->result->tokenizer_source, "%s", from ? from : "");
+    }
+    if (write_generation_config(m->model_config, from, partial, names, err)) return -1;
     return write_config(m->model_config, o->dtype, partial, names, err);
 }
 
 int consolidate(const consolidate_options *o, errbuf *err) {
     double start = now_s();
+    if (o->result) memset(o->result, 0, sizeof *o->result);
     char step_dir[PATH_BYTES], out[PATH_BYTES], partial[PATH_BYTES];
     if (check_options(o, err) || resolve_checkpoint(o->ckpt, step_dir, err) ||
         output_paths(o->out, out, partial, err))

@@ -10,10 +10,14 @@
  *     package writes them, back to back after a header padded with spaces to a multiple of
  *     8, metadata {"format": "pt"};
  *   config.json: the manifest's model_config with "dtype" set to the output dtype;
- *   generation_config.json: copied from tokenizer_from when it has one, else derived from
- *     the config (bos/eos/pad token ids), as transformers does;
- *   the tokenizer files tokenizer_from has (tokenizer.json, tokenizer_config.json,
- *     special_tokens_map.json, tokenizer.model, chat_template.jinja).
+ *   generation_config.json: copied from the source model directory when it has one, else
+ *     derived from the config (bos/eos/pad token ids, an eos list kept a list), as
+ *     transformers does;
+ *   the tokenizer files the source model directory has (tokenizer.json,
+ *     tokenizer_config.json, special_tokens_map.json, tokenizer.model, chat_template.jinja).
+ * The source model directory is tokenizer_from when given, else the manifest's model_path
+ * (the model.path the job started from; none for init random).  A model_path that is no
+ * longer a directory only sets result->warning: the weights are written without it.
  *
  * How: only the master sections are read.  Each of `threads` threads takes whole output files
  * and streams each tensor through one buffer of buffer_bytes: pread from the shard files,
@@ -49,7 +53,9 @@ typedef struct consolidate_result {
     int64_t step;
     int files;           /* safetensors files written */
     int tensors;
-    int tokenizer_files; /* copied from tokenizer_from */
+    int tokenizer_files; /* copied from the source model directory */
+    char tokenizer_source[4096]; /* that directory, "" for none */
+    char warning[4400];  /* "" or why the manifest's model_path was not used */
     uint64_t bytes;      /* tensor bytes written (the index's total_size) */
     double seconds;      /* the whole consolidation, commit included */
 } consolidate_result;
@@ -61,7 +67,8 @@ typedef struct consolidate_options {
     st_dtype dtype;             /* ST_BF16 or ST_F32 */
     uint64_t shard_bytes;       /* largest safetensors file, as transformers' max_shard_size */
     int threads;                /* output files written at once, >= 1 */
-    const char *tokenizer_from; /* the source model directory, or NULL */
+    const char *tokenizer_from; /* the source model directory, or NULL for the manifest's
+                                 * model_path */
     size_t buffer_bytes;        /* per thread, a multiple of 4; 0: CONSOLIDATE_BUFFER */
     consolidate_result *result; /* may be NULL */
 } consolidate_options;

@@ -14,7 +14,9 @@
 static void consolidate_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] "
                "[--threads N] [--tokenizer-from MODEL_DIR]\n"
-               "  CKPT: a checkpoint directory (its latest checkpoint) or one step-N directory\n");
+               "  CKPT: a checkpoint directory (its latest checkpoint) or one step-N directory\n"
+               "  the tokenizer files and generation_config.json come from MODEL_DIR, else from\n"
+               "  the model directory the checkpoint's job started from (if any)\n");
 }
 
 /* A size as the job's output.shard_size takes it ("5GB", "500MiB", bytes). */
@@ -102,10 +104,12 @@ int ctl_consolidate(int argc, char **argv) {
         fprintf(stderr, "fsdpctl consolidate: %s\n", err.msg);
         return 1;
     }
+    if (r.warning[0]) fprintf(stderr, "fsdpctl consolidate: warning: %s\n", r.warning);
     printf("%s: step %" PRId64 " (%s): %d tensors in %d file%s, %" PRIu64 " bytes %s, %d tokenizer "
-           "file%s, %.2f s (%.2f GB/s)\n",
+           "file%s%s%s, %.2f s (%.2f GB/s)\n",
            o.out, r.step, r.ckpt, r.tensors, r.files, r.files == 1 ? "" : "s", r.bytes,
-           st_dtype_name(o.dtype), r.tokenizer_files, r.tokenizer_files == 1 ? "" : "s", r.seconds,
+           st_dtype_name(o.dtype), r.tokenizer_files, r.tokenizer_files == 1 ? "" : "s",
+           r.tokenizer_source[0] ? " from " : "", r.tokenizer_source, r.seconds,
            r.seconds > 0 ? (double)r.bytes / r.seconds / 1e9 : 0.0);
     return 0;
 }

@@ -195,8 +195,8 @@ static int write_generation_config(const char *dir, const llama_config *c, errbu
     int failed = !root;
     if (!failed && c->bos_token_id >= 0)
         failed = json_object_set_new(root, "bos_token_id", json_integer(c->bos_token_id));
-    if (!failed && c->eos_token_id >= 0)
-        failed = json_object_set_new(root, "eos_token_id", json_integer(c->eos_token_id));
+    if (!failed && (c->eos_token_id >= 0 || c->eos_is_list)) /* a list stays a list */
+        failed = json_object_set_new(root, "eos_token_id", llama_config_eos_json(c));
     char *text = failed ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     if (!text) return errf(err, "%s: out of memory", path);

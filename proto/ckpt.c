@@ -506,13 +506,14 @@ int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
             files = (json_decref(files), NULL);
     }
     json_t *root = json_pack(
-        "{s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:s, s:i, s:s, s:o, s:O, s:o, s:o}",
+        "{s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:s, s:i, s:s, s:o, s:O, s:s, s:o, s:o}",
         "format", CKPT_FORMAT, "version", CKPT_VERSION, "step", (json_int_t)m->step,
         "optimizer_step", (json_int_t)m->optimizer_step, "global_sample",
         (json_int_t)m->global_sample, "tokens_seen", (json_int_t)m->tokens_seen, "global_batch",
         m->global_batch, "seed", (json_int_t)m->seed, "world_size", m->world_size, "sharding",
         m->sharding, "n_files", m->layout.n_files, "dtype", "f32", "train", train_json(&m->train),
-        "model_config", m->model_config ? m->model_config : json_null(), "units",
+        "model_config", m->model_config ? m->model_config : json_null(), "model_path",
+        m->model_path, "units",
         ckpt_layout_to_json(&m->layout), "files", files);
     if (!root) return errf(err, "manifest: out of memory building the JSON");
     *text = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
@@ -599,6 +600,7 @@ int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const ch
         get_int32(root, "n_files", 1, &n_files, name, err) ||
         get_str(root, "sharding", m->sharding, sizeof m->sharding, name, err) ||
         get_str(root, "dtype", dtype, sizeof dtype, name, err) ||
+        get_str(root, "model_path", m->model_path, sizeof m->model_path, name, err) ||
         read_train(&m->train, json_object_get(root, "train"), name, err))
         goto out;
     if (strcmp(dtype, "f32") != 0) {

@@ -59,10 +59,18 @@
  *     "train": {"lr", "min_lr", "schedule", "warmup_steps", "total_steps", "weight_decay",
  *               "betas": [b1, b2], "eps", "clip_norm"},
  *     "model_config": the model's Hugging Face config.json object,
+ *     "model_path": the Hugging Face model directory the job started from (model.path, made
+ *               absolute), "" for a job of model.init "random"; consolidation copies the
+ *               tokenizer files and generation_config.json from it,
  *     "units": [{"numel", "padded", "shard",
  *                "tensors": [{"name", "offset", "shape": [..], "is_norm"}, ...]}, ...]
  *              (unit 0 = embedding, 1..L = decoder layers, L+1 = final norm + lm_head),
  *     "files": [{"name": "rank-00000-of-00002.bin", "rank", "bytes", "header_crc32c"}, ...]
+ *
+ * Every key is required and of its type: a manifest without one is refused, naming the key.
+ * model_path came in with F17 within version 1: a manifest written before it is refused
+ * ("model_path": missing); such a checkpoint is made readable again by adding
+ * "model_path": "" (or the model directory) to its manifest.json.
  *
  * A file's header_crc32c covers its section table, which holds each section's CRC32C: the
  * manifest thus pins every byte of every section.
@@ -228,6 +236,7 @@ typedef struct ckpt_manifest {
     char sharding[16];      /* "full_shard" or "no_shard" */
     ckpt_train_settings train;
     json_t *model_config;   /* owned reference: the Hugging Face config.json object */
+    char model_path[JOB_PATH_MAX]; /* the job's model directory, "" for init random */
     ckpt_layout layout;     /* layout.n_files files */
     ckpt_file_entry *files; /* [layout.n_files], files[r].rank == r */
 } ckpt_manifest;

@@ -86,23 +86,47 @@ static int read_string(const reader *r, json_t *obj, const char *key, int requir
     return 0;
 }
 
-/* bos/eos: an integer, null, or a list of integers (Llama 3.1's eos), of which the first
- * is taken.  -1 when absent, null or an empty list. */
-static int read_token_id(const reader *r, json_t *obj, const char *key, int *out) {
-    json_t *v;
-    *out = -1;
-    int found = lookup(r, obj, key, 0, &v);
-    if (found <= 0) return found;
-    if (json_is_array(v)) {
-        if (json_array_size(v) == 0) return 0;
-        v = json_array_get(v, 0);
-    }
+/* One token id: an integer from 0 to INT_MAX. */
+static int read_id(const reader *r, const char *key, json_t *v, int *out) {
     if (!json_is_integer(v)) return type_error(r, key, "an integer or a list of integers", v);
     json_int_t id = json_integer_value(v);
     if (id < 0 || id > INT_MAX)
         return errf(r->err, "%s: \"%s\" token id %" JSON_INTEGER_FORMAT " out of range", r->name,
                     key, id);
     *out = (int)id;
+    return 0;
+}
+
+/* bos: an integer or null; -1 when absent or null. */
+static int read_token_id(const reader *r, json_t *obj, const char *key, int *out) {
+    json_t *v;
+    *out = -1;
+    int found = lookup(r, obj, key, 0, &v);
+    if (found <= 0) return found;
+    return read_id(r, key, v, out);
+}
+
+/* eos: an integer, null, or a list of integers (Llama 3.1), every one kept (see the header). */
+static int read_eos_ids(const reader *r, json_t *obj, llama_config *c) {
+    json_t *v;
+    c->eos_token_id = -1;
+    c->eos_is_list = 0;
+    c->n_eos_token_ids = 0;
+    int found = lookup(r, obj, "eos_token_id", 0, &v);
+    if (found <= 0) return found;
+    if (!json_is_array(v)) {
+        if (read_id(r, "eos_token_id", v, &c->eos_token_id) < 0) return -1;
+        c->eos_token_ids[c->n_eos_token_ids++] = c->eos_token_id;
+        return 0;
+    }
+    c->eos_is_list = 1;
+    if (json_array_size(v) > LLAMA_MAX_EOS_IDS)
+        return errf(r->err, "%s: \"eos_token_id\" lists %zu ids, more than %d", r->name,
+                    json_array_size(v), LLAMA_MAX_EOS_IDS);
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (read_id(r, "eos_token_id", json_array_get(v, i), &c->eos_token_ids[c->n_eos_token_ids++]) < 0)
+            return -1;
+    if (c->n_eos_token_ids > 0) c->eos_token_id = c->eos_token_ids[0];
     return 0;
 }
 
@@ -218,7 +242,7 @@ static int read_config(llama_config *c, json_t *root, const reader *r) {
         read_number(r, root, "initializer_range", 0, &c->initializer_range) < 0 ||
         read_bool(r, root, "tie_word_embeddings", &c->tie_word_embeddings) < 0 ||
         read_token_id(r, root, "bos_token_id", &c->bos_token_id) < 0 ||
-        read_token_id(r, root, "eos_token_id", &c->eos_token_id) < 0 ||
+        read_eos_ids(r, root, c) < 0 ||
         read_dtype(r, root, c->dtype, sizeof c->dtype) < 0 || read_rope(r, root, &c->rope) < 0)
         return -1;
     return 0;
@@ -286,6 +310,15 @@ int llama_config_load(llama_config *c, const char *path, errbuf *err) {
 
 static json_t *token_json(int id) { return id < 0 ? json_null() : json_integer(id); }
 
+json_t *llama_config_eos_json(const llama_config *c) {
+    if (!c->eos_is_list) return token_json(c->eos_token_id);
+    json_t *list = json_array();
+    for (int i = 0; list && i < c->n_eos_token_ids; i++)
+        if (json_array_append_new(list, json_integer(c->eos_token_ids[i])))
+            list = (json_decref(list), NULL);
+    return list;
+}
+
 static json_t *rope_json(const rope_config *rope) {
     json_t *o = json_object();
     if (!o) return NULL;
@@ -334,7 +367,7 @@ json_t *llama_config_to_json(const llama_config *c) {
     failed |= json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
     failed |= json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     failed |= json_object_set_new(o, "bos_token_id", token_json(c->bos_token_id));
-    failed |= json_object_set_new(o, "eos_token_id", token_json(c->eos_token_id));
+    failed |= json_object_set_new(o, "eos_token_id", llama_config_eos_json(c));
     failed |= json_object_set_new(o, "rope_parameters", rope_json(&c->rope));
     if (c->dtype[0]) { /* "dtype" for transformers >= 4.56, "torch_dtype" for older */
         failed |= json_object_set_new(o, "dtype", json_string(c->dtype));

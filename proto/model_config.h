@@ -13,6 +13,8 @@
 
 #include "errbuf.h"
 
+#define LLAMA_MAX_EOS_IDS 16 /* a longer "eos_token_id" list is refused */
+
 typedef enum rope_type { ROPE_DEFAULT, ROPE_LLAMA3 } rope_type;
 
 typedef struct rope_config {
@@ -37,7 +39,16 @@ typedef struct llama_config {
     double rms_norm_eps;
     double initializer_range; /* default 0.02 */
     int tie_word_embeddings;  /* default false */
-    int bos_token_id, eos_token_id; /* -1 when absent or null */
+    int bos_token_id; /* -1 when absent or null */
+    /* "eos_token_id" is an integer, null, or a list (Llama 3.1: [128001, 128008, 128009]).
+     * eos_token_ids holds all of them (one for an integer, none for null or []),
+     * eos_token_id the first (-1 when none), and eos_is_list says the file gave a list, so
+     * llama_config_save writes back what was read: an integer stays an integer, a list a
+     * list.  Code that sets eos_token_id by hand with eos_is_list 0 needs nothing else. */
+    int eos_token_id;
+    int eos_is_list;
+    int n_eos_token_ids;
+    int eos_token_ids[LLAMA_MAX_EOS_IDS];
     rope_config rope;
     char dtype[16]; /* "dtype" (or older "torch_dtype"), e.g. "bfloat16"; "" when absent */
 } llama_config;
@@ -56,6 +67,10 @@ json_t *llama_config_to_json(const llama_config *c);
 int llama_config_load(llama_config *c, const char *path, errbuf *err);
 /* Writes config.json in the newer spelling (rope_parameters), atomically. */
 int llama_config_save(const llama_config *c, const char *path, errbuf *err);
+
+/* The "eos_token_id" value to write: the list when the config gave one, else the integer
+ * (null when -1).  New reference; NULL when out of memory. */
+json_t *llama_config_eos_json(const llama_config *c);
 
 /* Parameter counting (HF names: model.embed_tokens.weight, model.layers.N.*, model.norm.weight,
  * lm_head.weight unless tied). */

@@ -1,4 +1,6 @@
-/* tokens: the token-cache file, a tokenized dataset that fsdpd maps once per node.
+/* tokens: the token-cache file, a tokenized dataset.  Each worker maps it read-only
+ * (tok_open, worker/data.c), so a node's workers share its pages in the page cache; fsdpd
+ * itself does not open it.  `fsdpctl synth` writes one.
  *
  * A cache holds records (documents or prompt/answer pairs): each a run of int32 token ids
  * with a loss mask (1 = the token is a training target, 0 = context only, e.g. a prompt).

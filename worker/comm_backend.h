@@ -1,5 +1,5 @@
-/* comm_backend: what a comm backend (comm_tcp.c, later NCCL) implements behind comm.h.
- * Private to the comm_* files.
+/* comm_backend: what a comm backend (comm_tcp.c, comm_nccl.c, comm_staged.c) implements behind
+ * comm.h.  Private to the comm_* files.
  *
  * comm.c checks the arguments and the communicator's state, runs the test hooks, sets the
  * deadline of the collective, then calls the backend.  A backend returns -1 with the cause

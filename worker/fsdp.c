@@ -435,6 +435,13 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
     }
 }
 
+/* Test hook: the first element of this rank's gradient shard of unit 0 becomes NaN, after
+ * the reductions, as a bad kernel or an overflow would leave it; the loss stays finite. */
+static void poison_gradient(fsdp *f) {
+    static const float nan = NAN;
+    k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
+}
+
 int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
                     int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
                     errbuf *err) {
@@ -471,6 +478,7 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
         rc = forward_backward(f, dscale, err);
     }
     free(targets);
+    if (rc == 0 && f->poison_grad_step == f->step + 1) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
     if (rc == 0) k_copy_d2h(c, scalars, f->scalars, sizeof scalars);

@@ -175,6 +175,14 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     return rc;
 }
 
+/* Test hooks: the step that environment variable `name` ("STEP:RANK") names for this rank,
+ * 0 when it is unset or names another rank. */
+static int test_poison_step(const char *name, int rank) {
+    const char *at = getenv(name);
+    int step, at_rank;
+    return at && sscanf(at, "%d:%d", &step, &at_rank) == 2 && at_rank == rank ? step : 0;
+}
+
 int train_run(const train_env *env, errbuf *err) {
     const job_config *j = env->job;
     fsdp f;
@@ -184,10 +192,8 @@ int train_run(const train_env *env, errbuf *err) {
         fsdp_destroy(&f);
         return -1;
     }
-    const char *nan_at = getenv("FSDP_TEST_NAN_AT");
-    int nan_step, nan_rank;
-    if (nan_at && sscanf(nan_at, "%d:%d", &nan_step, &nan_rank) == 2 && nan_rank == env->rank)
-        f.poison_step = nan_step;
+    f.poison_step = test_poison_step("FSDP_TEST_NAN_AT", env->rank);
+    f.poison_grad_step = test_poison_step("FSDP_TEST_NAN_GRAD_AT", env->rank);
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,

@@ -64,12 +64,14 @@ typedef struct train_env {
 } train_env;
 
 /* Runs the job's steps.  Returns 0 when every step ran (or a stop was requested), -1 with
- * the reason (naming the step and rank for a non-finite loss) otherwise.  With resume_dir the
- * model, optimizer state, step and token count come from that checkpoint (its global_batch
- * and seed must be the job's: fsdpd sets them from the manifest).
+ * the reason (naming the step and rank for a non-finite loss or gradient norm) otherwise.
+ * With resume_dir the model, optimizer state, step and token count come from that
+ * checkpoint (its global_batch and seed must be the job's: fsdpd sets them from the
+ * manifest).
  *
  * Test-only hooks (environment): FSDP_TEST_NAN_AT="STEP:RANK" makes that rank's loss NaN at
- * that step; FSDP_TEST_FINAL_PARAMS=PATH makes rank 0 write the final parameters (gathered,
+ * that step; FSDP_TEST_NAN_GRAD_AT="STEP:RANK" makes one element of that rank's gradient NaN
+ * at that step (the loss stays finite: the gradient norm is what stops the job); FSDP_TEST_FINAL_PARAMS=PATH makes rank 0 write the final parameters (gathered,
  * fp32) to PATH as safetensors. */
 int train_run(const train_env *env, errbuf *err);
 

@@ -77,15 +77,46 @@ expect_error 2 "--threads" "$fsdpctl" consolidate "$tmp/ckpt" "$tmp/refused" --t
     > "$tmp/train2.log" 2>&1 || { cat "$tmp/train2.log"; fail "second run failed"; }
 [ -f "$tmp/out2/metrics.jsonl" ] && [ ! -e "$tmp/out2/config.json" ] || fail "consolidate=false wrote a model"
 
-# A job that starts from a model directory: its tokenizer files come along.
-"$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/pretrained" --seed 5 > /dev/null
+# An integer eos stays an integer.
+grep -q '"eos_token_id": 2,' "$tmp/f32/config.json" || fail "f32: config.json eos_token_id is not the integer 2"
+grep -q '"eos_token_id": 2' "$tmp/f32/generation_config.json" || fail "f32: generation_config.json eos_token_id"
+# The manifest of a job of init random records no model directory.
+grep -q '"model_path": ""' "$tmp/ckpt/step-000004/manifest.json" || fail "init random: model_path is not empty"
+
+# A job that starts from a model directory whose config has Llama 3.1's list of eos ids: the
+# manifest records the directory; its tokenizer files come along, into output.dir and into
+# an offline `fsdpctl consolidate` without --tokenizer-from; the list is kept throughout.
+sed 's/"eos_token_id": 2/"eos_token_id": [2, 5, 7]/' "$tmp/model.json" > "$tmp/model31.json"
+"$fsdpctl" init --model-config "$tmp/model31.json" --out "$tmp/pretrained" --seed 5 > /dev/null
 echo '{"version": "1.0", "model": {"type": "BPE"}}' > "$tmp/pretrained/tokenizer.json"
 echo '{"bos_token": "<s>"}' > "$tmp/pretrained/tokenizer_config.json"
-"$fsdpd" --job "$tmp/job.json" --model.init= --model.config= --model.path="$tmp/pretrained" \
-    --output.dir="$tmp/out3" > "$tmp/train3.log" 2>&1 || { cat "$tmp/train3.log"; fail "third run failed"; }
-for f in tokenizer.json tokenizer_config.json generation_config.json; do
-    cmp "$tmp/pretrained/$f" "$tmp/out3/$f" || fail "out3: $f not copied from the model directory"
+fsdpd_abs=$(realpath "$fsdpd") # run from $tmp, with a relative model.path
+(cd "$tmp" && "$fsdpd_abs" --job "$tmp/job.json" --model.init= --model.config= --model.path=pretrained \
+    --checkpoint.dir="$tmp/ckpt3" --output.dir="$tmp/out3") > "$tmp/train3.log" 2>&1 ||
+    { cat "$tmp/train3.log"; fail "third run failed"; }
+grep -q "\"model_path\": \"$tmp/pretrained\"" "$tmp/ckpt3/step-000004/manifest.json" ||
+    fail "the manifest does not record the model directory as an absolute path"
+"$fsdpctl" consolidate "$tmp/ckpt3" "$tmp/c3" > "$tmp/c3.txt" || { cat "$tmp/c3.txt"; fail "c3: consolidate failed"; }
+grep -q "2 tokenizer files from $tmp/pretrained" "$tmp/c3.txt" || { cat "$tmp/c3.txt"; fail "c3: summary"; }
+for d in out3 c3; do
+    for f in tokenizer.json tokenizer_config.json generation_config.json; do
+        cmp "$tmp/pretrained/$f" "$tmp/$d/$f" || fail "$d: $f not copied from the model directory"
+    done
+    for f in config.json generation_config.json; do
+        tr -d ' \n' < "$tmp/$d/$f" | grep -q '"eos_token_id":\[2,5,7\]' ||
+            { cat "$tmp/$d/$f"; fail "$d: $f lost the list of eos ids"; }
+    done
 done
+# --tokenizer-from still overrides; a recorded directory that is gone is a warning.
+mkdir "$tmp/tok2"
+echo '{"other": true}' > "$tmp/tok2/tokenizer.json"
+"$fsdpctl" consolidate "$tmp/ckpt3" "$tmp/c4" --tokenizer-from "$tmp/tok2" > /dev/null
+cmp "$tmp/tok2/tokenizer.json" "$tmp/c4/tokenizer.json" || fail "c4: --tokenizer-from did not override"
+[ ! -e "$tmp/c4/tokenizer_config.json" ] || fail "c4: a file of the recorded directory was copied"
+mv "$tmp/pretrained" "$tmp/moved"
+expect_error 0 "warning: $tmp/pretrained (the checkpoint's model directory): No such file" \
+    "$fsdpctl" consolidate "$tmp/ckpt3" "$tmp/c5"
+[ -f "$tmp/c5/model.safetensors" ] && [ ! -e "$tmp/c5/tokenizer.json" ] || fail "c5: wrong files"
 
 # --- several GB in bounded memory -------------------------------------------------------------
 cat > "$tmp/big.json" <<JSON

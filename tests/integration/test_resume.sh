@@ -3,8 +3,9 @@
 # after step 4, a resume for the rest: the same losses (all 17 digits) and the same final
 # parameters, bit for bit, with the same worker count; resharded 2 -> 3 and 3 -> 1 workers:
 # within 1e-5 relative.  A flipped byte, a truncated or missing file, another model's
-# checkpoint, a missing latest or step-N: refused with the file named, no step runs.  After a
-# save that was abandoned (and fsdpd killed), the job resumes from the checkpoint before it.
+# checkpoint, a missing latest or step-N: refused with the file named, no step runs.  A resume
+# asking for another global_batch runs with the checkpoint's (logged).  After a save that was
+# abandoned (and fsdpd killed), the job resumes from the checkpoint before it.
 source "$(dirname "$0")/lib.sh"
 
 make_small_model "$tmp"
@@ -71,6 +72,19 @@ must_succeed again
 grep -q "checkpoint $tmp/ck/step-000006 committed" "$tmp/again.log" || fail "step 6 was not committed again"
 same_losses straight again 0
 [ "$(ls "$tmp/ck" | tr '\n' ' ')" = "latest step-000003 step-000006 " ] || fail "unexpected entries: $(ls "$tmp/ck")"
+
+# --- global_batch is the manifest's: a job asking for 6 resumes with the checkpoint's 12 -----
+cp -a "$tmp/ck-copy" "$tmp/ckgb"
+run gb "$tmp/ckgb" 2 3 -- --checkpoint.resume=latest --train.global_batch=6
+must_succeed gb
+grep -qF "train.global_batch is 12, from the checkpoint $tmp/ckgb/step-000003/manifest.json (the job says 6" \
+    "$tmp/gb.log" || { cat "$tmp/gb.log"; fail "no log line says global_batch comes from the checkpoint"; }
+same_losses straight gb 0
+cmp -s "$tmp/straight.safetensors" "$tmp/gb.safetensors" || fail "global_batch 6 asked: final parameters differ"
+grep -q '"global_batch": 12,' "$tmp/ckgb/step-000006/manifest.json" &&
+    grep -q '"global_sample": 72,' "$tmp/ckgb/step-000006/manifest.json" ||
+    fail "the resumed run's checkpoint does not keep global_batch 12"
+echo "global_batch 6 asked on resume: the checkpoint's 12 used"
 
 # --- resharding: 2 -> 3 workers, and 3 -> 1 ---------------------------------------------------
 cp -a "$tmp/ck-copy" "$tmp/ck23"

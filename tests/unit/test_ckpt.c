@@ -65,6 +65,7 @@ static void write_checkpoint(const char *dir, const ckpt_layout *lo, ckpt_manife
     m->seed = 9;
     m->world_size = lo->n_files;
     strcpy(m->sharding, "full_shard");
+    strcpy(m->model_path, "/models/llama \"3.1\" 8B");
     m->train = (ckpt_train_settings){.lr = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1,
                                      .betas = {0.9, 0.95}, .eps = 1e-8, .clip_norm = 1.0,
                                      .schedule = "cosine", .warmup_steps = 2, .total_steps = 20};
@@ -241,6 +242,7 @@ static void test_write_verify_and_manifest(void **state) {
     assert_float_equal(back.train.betas[1], 0.95, 0);
     assert_float_equal(back.train.lr, 1e-3, 0);
     assert_string_equal(back.train.schedule, "cosine");
+    assert_string_equal(back.model_path, "/models/llama \"3.1\" 8B");
     assert_int_equal(back.files[1].header_crc, m.files[1].header_crc);
     assert_int_equal(back.layout.units[1].shard, 6);
     assert_int_equal(ckpt_verify(dir, &back, 1, &err), 0);
@@ -307,6 +309,8 @@ static void test_manifest_errors(void **state) {
         {"world_size", json_integer(1), "2 files from 1 ranks"},
         {"model_config", json_null(), "model_config"},
         {"files", json_array(), "\"files\""},
+        {"model_path", json_null(), "\"model_path\": missing or not a string"},
+        {"model_path", json_integer(3), "\"model_path\": missing or not a string"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *copy = json_deep_copy(root);
@@ -317,6 +321,23 @@ static void test_manifest_errors(void **state) {
         free(t);
         json_decref(copy);
     }
+    /* a manifest without model_path (as written before F17) is refused, naming it */
+    json_t *old = json_deep_copy(root);
+    assert_int_equal(json_object_del(old, "model_path"), 0);
+    char *old_text = json_dumps(old, 0);
+    assert_int_equal(ckpt_manifest_parse(&back, old_text, strlen(old_text), "m.json", &err), -1);
+    assert_non_null(strstr(err.msg, "m.json: \"model_path\": missing"));
+    free(old_text);
+    json_decref(old);
+    /* "" (a job of init random) is a model_path */
+    json_t *random_init = json_deep_copy(root);
+    json_object_set_new(random_init, "model_path", json_string(""));
+    char *random_text = json_dumps(random_init, 0);
+    assert_int_equal(ckpt_manifest_parse(&back, random_text, strlen(random_text), "m.json", &err), 0);
+    assert_string_equal(back.model_path, "");
+    ckpt_manifest_free(&back);
+    free(random_text);
+    json_decref(random_init);
     /* a file of the wrong size */
     json_t *copy = json_deep_copy(root);
     json_object_set_new(json_array_get(json_object_get(copy, "files"), 1), "bytes", json_integer(5));

@@ -41,7 +41,7 @@ static const char small_config[] =
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
     " \"head_dim\": 10, \"vocab_size\": 61, \"max_position_embeddings\": 64,"
     " \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": %s, \"rope_theta\": 10000.0,"
-    " \"bos_token_id\": 1, \"eos_token_id\": 2}";
+    " \"bos_token_id\": 1, \"eos_token_id\": %s}";
 
 #define STEP 7
 
@@ -179,7 +179,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 
 static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static fixture *fixture_new(const char *tie, int n_files) {
+static fixture *fixture_new(const char *tie, const char *eos, int n_files) {
     fixture *f = calloc(1, sizeof *f);
     assert_non_null(f);
     snprintf(f->root, sizeof f->root, "/tmp/test_consolidate.XXXXXX");
@@ -187,7 +187,7 @@ static fixture *fixture_new(const char *tie, int n_files) {
     snprintf(f->ckpt, sizeof f->ckpt, "%s/ckpt", f->root);
     snprintf(f->out, sizeof f->out, "%s/out", f->root);
     char config[1024], step_dir[512];
-    snprintf(config, sizeof config, small_config, tie);
+    snprintf(config, sizeof config, small_config, tie, eos);
     write_checkpoint(f->ckpt, config, n_files);
     snprintf(step_dir, sizeof step_dir, "%s/step-%06d", f->ckpt, STEP);
     errbuf err;
@@ -196,17 +196,22 @@ static fixture *fixture_new(const char *tie, int n_files) {
 }
 
 static int setup_untied(void **state) {
-    *state = fixture_new("false", 3);
+    *state = fixture_new("false", "2", 3);
     return 0;
 }
 
 static int setup_padded(void **state) {
-    *state = fixture_new("false", 5);
+    *state = fixture_new("false", "2", 5);
     return 0;
 }
 
 static int setup_tied(void **state) {
-    *state = fixture_new("true", 2);
+    *state = fixture_new("true", "2", 2);
+    return 0;
+}
+
+static int setup_eos_list(void **state) { /* Llama 3.1 style: several eos ids */
+    *state = fixture_new("false", "[2, 5, 7]", 3);
     return 0;
 }
 
@@ -351,6 +356,7 @@ static void test_f32_sharded_exact(void **state) {
     json_decref(config);
     json_t *gen = load_json(f->out, "generation_config.json");
     assert_int_equal(json_integer_value(json_object_get(gen, "bos_token_id")), 1);
+    assert_true(json_is_integer(json_object_get(gen, "eos_token_id"))); /* an int stays an int */
     assert_int_equal(json_integer_value(json_object_get(gen, "eos_token_id")), 2);
     json_decref(gen);
 }
@@ -542,6 +548,84 @@ static void test_tokenizer_copied(void **state) {
     assert_non_null(strstr(err.msg, src));
 }
 
+/* The manifest's model_path becomes path (rewritten in the step directory). */
+static void set_model_path(fixture *f, const char *path) {
+    char step_dir[512], file[600], *text;
+    errbuf err = {{0}};
+    snprintf(f->m.model_path, sizeof f->m.model_path, "%s", path);
+    snprintf(step_dir, sizeof step_dir, "%s/step-%06d", f->ckpt, STEP);
+    snprintf(file, sizeof file, "%s/%s", step_dir, CKPT_MANIFEST);
+    assert_int_equal(ckpt_manifest_to_json(&f->m, &text, &err), 0);
+    file_chunk chunk = {text, strlen(text)};
+    assert_int_equal(file_write_atomic(file, &chunk, 1, &err), 0);
+    free(text);
+}
+
+/* Without tokenizer_from, the files come from the model directory the manifest records;
+ * tokenizer_from still overrides it; a recorded directory that is gone is a warning. */
+static void test_tokenizer_from_manifest(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    consolidate_result r;
+    char model[512], other[512];
+    snprintf(model, sizeof model, "%s/model", f->root);
+    snprintf(other, sizeof other, "%s/other", f->root);
+    assert_int_equal(mkdir(model, 0755), 0);
+    assert_int_equal(mkdir(other, 0755), 0);
+    write_text(model, "tokenizer.json", "{\"model\": \"recorded\"}");
+    write_text(model, "special_tokens_map.json", "{}");
+    write_text(model, "generation_config.json", "{\"top_p\": 0.9}");
+    write_text(other, "tokenizer.json", "{\"model\": \"other\"}");
+    set_model_path(f, model);
+    consolidate_options o = options(f, ST_BF16, &r);
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(r.tokenizer_files, 2);
+    assert_string_equal(r.tokenizer_source, model);
+    assert_string_equal(r.warning, "");
+    assert_true(file_equals(f->out, "tokenizer.json", "{\"model\": \"recorded\"}"));
+    assert_true(file_equals(f->out, "special_tokens_map.json", "{}"));
+    assert_true(file_equals(f->out, "generation_config.json", "{\"top_p\": 0.9}"));
+    assert_false(exists(f->out, "tokenizer_config.json"));
+    remove_tree(f->out);
+
+    o.tokenizer_from = other; /* overrides the manifest's */
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(r.tokenizer_files, 1);
+    assert_true(file_equals(f->out, "tokenizer.json", "{\"model\": \"other\"}"));
+    assert_false(exists(f->out, "special_tokens_map.json"));
+    remove_tree(f->out);
+
+    o.tokenizer_from = NULL;
+    remove_tree(model);
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(r.tokenizer_files, 0);
+    assert_non_null(strstr(r.warning, model));
+    assert_non_null(strstr(r.warning, "No such file or directory"));
+    assert_false(exists(f->out, "tokenizer.json"));
+    assert_true(exists(f->out, "model.safetensors"));
+}
+
+/* Llama 3.1's list of eos ids: config.json and generation_config.json keep the whole list. */
+static void test_eos_list_kept(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    consolidate_options o = options(f, ST_BF16, NULL);
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    const char *files[] = {"config.json", "generation_config.json"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *j = load_json(f->out, files[i]);
+        json_t *eos = json_object_get(j, "eos_token_id");
+        if (!json_is_array(eos) || json_array_size(eos) != 3) fail_msg("%s: eos_token_id is not the list", files[i]);
+        assert_int_equal(json_integer_value(json_array_get(eos, 0)), 2);
+        assert_int_equal(json_integer_value(json_array_get(eos, 1)), 5);
+        assert_int_equal(json_integer_value(json_array_get(eos, 2)), 7);
+        json_decref(j);
+    }
+    llama_config c;
+    assert_int_equal(llama_config_load(&c, f->out, &err), 0);
+    assert_int_equal(c.n_eos_token_ids, 3);
+}
+
 /* Tied embeddings: no lm_head.weight. */
 static void test_tied(void **state) {
     fixture *f = *state;
@@ -688,6 +772,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_truncated_file, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_existing_output, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_copied, setup_untied, teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_from_manifest, setup_untied, teardown),
+        cmocka_unit_test_setup_teardown(test_eos_list_kept, setup_eos_list, teardown),
         cmocka_unit_test_setup_teardown(test_tied, setup_tied, teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup_untied, teardown),
     };

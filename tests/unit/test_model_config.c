@@ -73,6 +73,10 @@ static void assert_configs_equal(const llama_config *a, const llama_config *b) {
     assert_int_equal(a->tie_word_embeddings, b->tie_word_embeddings);
     assert_int_equal(a->bos_token_id, b->bos_token_id);
     assert_int_equal(a->eos_token_id, b->eos_token_id);
+    assert_int_equal(a->eos_is_list, b->eos_is_list);
+    assert_int_equal(a->n_eos_token_ids, b->n_eos_token_ids);
+    for (int i = 0; i < a->n_eos_token_ids; i++)
+        assert_int_equal(a->eos_token_ids[i], b->eos_token_ids[i]);
     assert_string_equal(a->dtype, b->dtype);
     assert_int_equal(a->rope.type, b->rope.type);
     assert_true(a->rope.theta == b->rope.theta);
@@ -196,6 +200,11 @@ static void test_model_file_values(void **state) {
     assert_int_equal(c.vocab_size, 128256);
     assert_int_equal(c.bos_token_id, 128000);
     assert_int_equal(c.eos_token_id, 128001); /* the first of the list */
+    assert_true(c.eos_is_list);               /* and the whole list is kept */
+    assert_int_equal(c.n_eos_token_ids, 3);
+    assert_int_equal(c.eos_token_ids[0], 128001);
+    assert_int_equal(c.eos_token_ids[1], 128008);
+    assert_int_equal(c.eos_token_ids[2], 128009);
     assert_string_equal(c.dtype, "bfloat16"); /* from "torch_dtype" */
 
     load_ok(&c, "configs/models/llama2-7b.json"); /* no rope_theta, rope_scaling null */
@@ -306,10 +315,22 @@ static void test_defaults(void **state) {
     assert_int_equal(c.head_dim, 128); /* need not equal hidden / heads */
     if (parse_with(&c, "eos_token_id", "null", &err) < 0) fail_msg("%s", err.msg);
     assert_int_equal(c.eos_token_id, -1);
+    assert_int_equal(c.n_eos_token_ids, 0);
+    assert_false(c.eos_is_list);
     if (parse_with(&c, "eos_token_id", "[7, 8]", &err) < 0) fail_msg("%s", err.msg);
     assert_int_equal(c.eos_token_id, 7);
+    assert_true(c.eos_is_list);
+    assert_int_equal(c.n_eos_token_ids, 2);
+    assert_int_equal(c.eos_token_ids[1], 8);
     if (parse_with(&c, "eos_token_id", "[]", &err) < 0) fail_msg("%s", err.msg);
     assert_int_equal(c.eos_token_id, -1);
+    assert_true(c.eos_is_list);
+    assert_int_equal(c.n_eos_token_ids, 0);
+    if (parse_with(&c, "eos_token_id", "5", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.eos_token_id, 5);
+    assert_false(c.eos_is_list);
+    assert_int_equal(c.n_eos_token_ids, 1);
+    assert_int_equal(c.eos_token_ids[0], 5);
     if (parse_with(&c, "tie_word_embeddings", "true", &err) < 0) fail_msg("%s", err.msg);
     assert_int_equal(c.tie_word_embeddings, 1);
     if (parse_with(&c, "model_type", NULL, &err) < 0) fail_msg("%s", err.msg);
@@ -379,7 +400,25 @@ static void test_save_round_trip(void **state) {
     assert_true(json_number_value(json_object_get(rope, "rope_theta")) == 500000.0);
     assert_int_equal(json_integer_value(json_object_get(rope, "original_max_position_embeddings")),
                      8192);
+    /* Llama 3.1's three eos ids, written back as the list they were. */
+    json_t *eos = json_object_get(root, "eos_token_id");
+    assert_true(json_is_array(eos));
+    assert_int_equal(json_array_size(eos), 3);
+    assert_int_equal(json_integer_value(json_array_get(eos, 0)), 128001);
+    assert_int_equal(json_integer_value(json_array_get(eos, 1)), 128008);
+    assert_int_equal(json_integer_value(json_array_get(eos, 2)), 128009);
     json_decref(root);
+    /* An integer eos stays an integer. */
+    load_ok(&c, "configs/models/tiny.json");
+    if (llama_config_save(&c, path, &err) < 0) fail_msg("%s", err.msg);
+    root = json_load_file(path, 0, &jerr);
+    assert_non_null(root);
+    assert_true(json_is_integer(json_object_get(root, "eos_token_id")));
+    assert_int_equal(json_integer_value(json_object_get(root, "eos_token_id")), 2);
+    json_decref(root);
+    load_ok(&c, "configs/models/llama3.1-8b.json");
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    if (llama_config_save(&c, path, &err) < 0) fail_msg("%s", err.msg);
     /* Reals in their shortest exact form, as Python writes them. */
     FILE *fp = fopen(path, "r");
     assert_non_null(fp);
@@ -446,6 +485,9 @@ static void test_rejects_bad_values(void **state) {
         {"bos_token_id", "\"<s>\"", "bos_token_id"},
         {"eos_token_id", "[\"</s>\"]", "eos_token_id"},
         {"eos_token_id", "-2", "eos_token_id"},
+        {"eos_token_id", "[1, -2]", "eos_token_id"},
+        {"eos_token_id", "[1, null]", "eos_token_id"},
+        {"eos_token_id", "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "more than 16"},
         {"model_type", "\"mistral\"", "mistral"},
         {"model_type", "7", "model_type"},
         {"hidden_act", "\"gelu\"", "gelu"},
