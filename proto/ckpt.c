@@ -600,7 +600,9 @@ int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const ch
         get_int32(root, "n_files", 1, &n_files, name, err) ||
         get_str(root, "sharding", m->sharding, sizeof m->sharding, name, err) ||
         get_str(root, "dtype", dtype, sizeof dtype, name, err) ||
-        get_str(root, "model_path", m->model_path, sizeof m->model_path, name, err) ||
+        /* absent in manifests written before it existed: the model directory is unknown */
+        (json_object_get(root, "model_path") &&
+         get_str(root, "model_path", m->model_path, sizeof m->model_path, name, err)) ||
         read_train(&m->train, json_object_get(root, "train"), name, err))
         goto out;
     if (strcmp(dtype, "f32") != 0) {

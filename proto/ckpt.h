@@ -67,10 +67,10 @@
  *              (unit 0 = embedding, 1..L = decoder layers, L+1 = final norm + lm_head),
  *     "files": [{"name": "rank-00000-of-00002.bin", "rank", "bytes", "header_crc32c"}, ...]
  *
- * Every key is required and of its type: a manifest without one is refused, naming the key.
- * model_path came in with F17 within version 1: a manifest written before it is refused
- * ("model_path": missing); such a checkpoint is made readable again by adding
- * "model_path": "" (or the model directory) to its manifest.json.
+ * Every key is required and of its type: a manifest without one is refused, naming the key;
+ * but model_path, which came in with F17 within version 1, may be absent (a manifest written
+ * before it: the model directory is unknown, read as "", and consolidation copies tokenizer
+ * files only with --tokenizer-from), so older checkpoints still resume.
  *
  * A file's header_crc32c covers its section table, which holds each section's CRC32C: the
  * manifest thus pins every byte of every section.
