@@ -34,9 +34,10 @@ endif
 
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
+MODEL_SRC   := $(wildcard model/*.c)
 WORKER_SRC  := $(filter-out %_main.c,$(wildcard worker/*.c))
 DAEMON_SRC  := $(filter-out %_main.c,$(wildcard daemon/*.c))
-LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(KERNELS_SRC) $(PROTO_SRC)
+LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(KERNELS_SRC) $(PROTO_SRC)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB         := $(BUILD)/libfsdp.a
 

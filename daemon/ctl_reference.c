@@ -9,7 +9,7 @@
 
 #include "daemon/fsdpctl.h"
 #include "proto/batch.h"
-#include "worker/llama.h"
+#include "model/llama.h"
 
 static const char reference_usage[] =
     "usage: fsdpctl reference MODEL_DIR BATCH.safetensors --out OUT.safetensors "

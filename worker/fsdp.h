@@ -26,7 +26,7 @@
 #include "proto/errbuf.h"
 #include "proto/job.h"
 #include "worker/comm.h"
-#include "worker/llama.h"
+#include "model/llama.h"
 
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a

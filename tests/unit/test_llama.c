@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "proto/rng.h"
-#include "worker/llama.h"
+#include "model/llama.h"
 
 static const char *shared_dir(void) {
     const char *s = getenv("FSDP_SHARED");

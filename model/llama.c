@@ -1,6 +1,6 @@
 /* llama: per-unit forward and backward of the Llama model (see llama.h), every op through
  * kernels.h. */
-#include "worker/llama.h"
+#include "model/llama.h"
 
 #include <stddef.h>
 

@@ -1,6 +1,6 @@
 /* llama_model: the whole Llama model in one process (llm.c style): one struct owning every
  * unit's parameters and gradients and the activations of one forward/backward. */
-#include "worker/llama.h"
+#include "model/llama.h"
 
 #include <stdlib.h>
 #include <string.h>

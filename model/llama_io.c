@@ -1,6 +1,6 @@
 /* llama_io: reading checkpoint tensors into the unit layout, checking a batch, RoPE
  * frequencies from the config. */
-#include "worker/llama.h"
+#include "model/llama.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The layering check (tests/check_layers.py): the tree holds DESIGN.md's floors, and the
+# check itself fails on an upward include and on an include loop.
+source "$(dirname "$0")/lib.sh"
+
+python3 tests/check_layers.py . || fail "the tree breaks the layering rule"
+
+# A copy of the tree with one upward include, then with a loop, must fail, naming them.
+mkdir -p "$tmp/tree"
+cp -r base model data proto kernels worker daemon "$tmp/tree/" 2>/dev/null || true
+echo '#include "daemon/log.h"' >> "$tmp/tree/proto/rng.c"
+expect_status 1 "proto/rng.c includes daemon/log.h: proto/ may use only base" python3 tests/check_layers.py "$tmp/tree"
+sed -i '$d' "$tmp/tree/proto/rng.c"
+echo '#include "proto/rng.h"' >> "$tmp/tree/proto/tokens.h"
+echo '#include "proto/tokens.h"' >> "$tmp/tree/proto/rng.h"
+expect_status 1 "include loop between the modules proto/rng, proto/tokens" python3 tests/check_layers.py "$tmp/tree"
+echo "layers: ok"
