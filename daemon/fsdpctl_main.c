@@ -11,23 +11,23 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand subcommands[] = {
-    {"inspect", ctl_inspect, "inspect MODEL_DIR"},
-    {"init", ctl_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
-    {"reference", ctl_reference,
+    {"inspect", cmd_inspect, "inspect MODEL_DIR"},
+    {"init", cmd_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
+    {"reference", cmd_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
      "                    [--backend cpu|cuda]"},
-    {"compare", ctl_compare,
+    {"compare", cmd_compare,
      "compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]"},
-    {"synth", ctl_synth,
+    {"synth", cmd_synth,
      "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
-    {"tokenize", ctl_tokenize, "tokenize --from-safetensors FILE --out CACHE [--vocab V]"},
-    {"consolidate", ctl_consolidate,
+    {"tokenize", cmd_tokenize, "tokenize --from-safetensors FILE --out CACHE [--vocab V]"},
+    {"consolidate", cmd_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
      "[--tokenizer-from MODEL_DIR]"},
-    {"status", ctl_status, "status [--socket PATH | --job-id ID] [--json]"},
-    {"checkpoint", ctl_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
-    {"stop", ctl_stop, "stop [--socket PATH | --job-id ID] [--json]"},
-    {"plot", ctl_plot, "plot METRICS.jsonl --out FILE.svg"},
+    {"status", cmd_status, "status [--socket PATH | --job-id ID] [--json]"},
+    {"checkpoint", cmd_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
+    {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},
+    {"plot", cmd_plot, "plot METRICS.jsonl --out FILE.svg"},
 };
 
 static void usage(FILE *f) {

@@ -52,7 +52,7 @@ static void test_random_image_equals_fsdpctl_init(void **state) {
     fputs(small_config, f);
     fclose(f);
     char *argv[] = {"init", "--model-config", cfg_path, "--out", out, "--seed", seed_arg, NULL};
-    assert_int_equal(ctl_init(7, argv), 0);
+    assert_int_equal(cmd_init(7, argv), 0);
 
     llama_layout lo;
     layout_of(&lo, small_config);

@@ -93,7 +93,7 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
     return 0;
 }
 
-int ctl_consolidate(int argc, char **argv) {
+int cmd_consolidate(int argc, char **argv) {
     consolidate_options o;
     consolidate_result r;
     int status;

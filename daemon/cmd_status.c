@@ -355,14 +355,14 @@ static int run(status_cmd cmd, int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
-int ctl_status(int argc, char **argv) {
+int cmd_status(int argc, char **argv) {
     return run(STATUS_CMD_STATUS, argc, argv);
 }
 
-int ctl_checkpoint(int argc, char **argv) {
+int cmd_checkpoint(int argc, char **argv) {
     return run(STATUS_CMD_CHECKPOINT, argc, argv);
 }
 
-int ctl_stop(int argc, char **argv) {
+int cmd_stop(int argc, char **argv) {
     return run(STATUS_CMD_STOP, argc, argv);
 }

@@ -193,7 +193,7 @@ static int compare(const char *path_a, const char *path_b, const compare_options
     return 0;
 }
 
-int ctl_compare(int argc, char **argv) {
+int cmd_compare(int argc, char **argv) {
     const char *paths[2];
     int n_paths = 0;
     compare_options o = {.rtol = 1e-4, .total_rtol = -1, .prefix = ""};

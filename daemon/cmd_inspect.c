@@ -120,7 +120,7 @@ static int inspect(const char *dir, errbuf *err) {
     return rc;
 }
 
-int ctl_inspect(int argc, char **argv) {
+int cmd_inspect(int argc, char **argv) {
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         printf("usage: fsdpctl inspect MODEL_DIR\n");
         return 0;

@@ -174,7 +174,7 @@ free_batch:
     return rc;
 }
 
-int ctl_reference(int argc, char **argv) {
+int cmd_reference(int argc, char **argv) {
     const char *positional[2], *out = NULL;
     int n_positional = 0;
     adamw_settings adamw = {0};

@@ -55,7 +55,7 @@ static int parse_long(const char *s, long min, long *out) {
     return 0;
 }
 
-int ctl_synth(int argc, char **argv) {
+int cmd_synth(int argc, char **argv) {
     synth_options o = {NULL, 4096, 64, 32000, 32, 1};
     static const struct option longopts[] = {
         {"out", required_argument, 0, 'o'},      {"records", required_argument, 0, 'n'},

@@ -264,7 +264,7 @@ static int init_model(const init_options *o, errbuf *err) {
     return llama_config_save(&c, config_path, err);
 }
 
-int ctl_init(int argc, char **argv) {
+int cmd_init(int argc, char **argv) {
     init_options o;
     int status;
     if (parse_options(argc, argv, &o, &status) < 0) return status;

@@ -258,7 +258,7 @@ static void plot_usage(FILE *f) {
                "  loss, learning rate and tokens/s over the steps of a job's metrics file\n");
 }
 
-int ctl_plot(int argc, char **argv) {
+int cmd_plot(int argc, char **argv) {
     static const struct option longopts[] = {{"out", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *out = NULL;

@@ -62,7 +62,7 @@ static int tokenize_batch_file(const char *path, const char *out, long vocab, er
     return rc;
 }
 
-int ctl_tokenize(int argc, char **argv) {
+int cmd_tokenize(int argc, char **argv) {
     const char *from = NULL, *out = NULL;
     long vocab = 0;
     static const struct option longopts[] = {{"from-safetensors", required_argument, 0, 'f'},
