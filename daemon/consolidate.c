@@ -20,8 +20,6 @@
 
 #define PATH_BYTES 4096
 #define NAME_BYTES 64
-#define SINGLE_NAME "model.safetensors"
-#define INDEX_NAME "model.safetensors.index.json"
 #define CONFIG_NAME "config.json"
 #define GENERATION_NAME "generation_config.json"
 #define COPY_BUFFER (1u << 20) /* tokenizer copies and section padding */
@@ -41,36 +39,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- CRC32C of a concatenation ----
- * Sections are read in pieces, in whatever order the output files need them; the CRC of a
- * whole section follows from the pieces' CRCs and lengths (as zlib's crc32_combine does):
- * crc(A B) = crc(A) * x^(8 |B|) + crc(B), in GF(2)[x] modulo the CRC polynomial. */
-
-#define CRC32C_POLY 0x82F63B78u /* reflected: bit 31 is x^0 */
-
-static uint32_t gf2_multiply(uint32_t a, uint32_t b) {
-    uint32_t product = 0;
-    for (uint32_t bit = 1u << 31; bit; bit >>= 1) {
-        if (a & bit) product ^= b;
-        b = b & 1 ? (b >> 1) ^ CRC32C_POLY : b >> 1; /* b *= x */
-    }
-    return product;
-}
-
-/* x^(8 len) modulo the polynomial, by squaring. */
-static uint32_t byte_shift(uint64_t len) {
-    uint32_t result = 1u << 31, power = 1u << 23; /* x^0, x^8 */
-    for (; len; len >>= 1) {
-        if (len & 1) result = gf2_multiply(power, result);
-        power = gf2_multiply(power, power);
-    }
-    return result;
-}
-
-static uint32_t crc32c_concat(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
-    return gf2_multiply(byte_shift(len_b), crc_a) ^ crc_b;
 }
 
 /* ---- the checkpoint's shard files ---- */
@@ -190,7 +158,7 @@ static int fold_unread(const source *s, int f, const ckpt_section *sec, uint64_t
     while (at < end) {
         size_t n = end - at < COPY_BUFFER ? (size_t)(end - at) : COPY_BUFFER;
         if (file_pread_full(s->fds[f], buf, n, sec->offset + at, path, err)) return -1;
-        *crc = crc32c_concat(*crc, crc32c(0, buf, n), n);
+        *crc = crc32c_combine(*crc, crc32c(0, buf, n), n);
         at += n;
     }
     return 0;
@@ -215,7 +183,7 @@ static int check_master_crcs(const source *s, piece *v, size_t n, errbuf *err) {
                 if (v[i].at < at)
                     rc = errf(err, "%s: unit %d: bytes %llu.. read twice", path, u, (unsigned long long)v[i].at);
                 else if ((rc = fold_unread(s, f, sec, at, v[i].at, &crc, buf, path, err)) == 0)
-                    crc = crc32c_concat(crc, v[i].crc, v[i].bytes);
+                    crc = crc32c_combine(crc, v[i].crc, v[i].bytes);
                 at = v[i].at + v[i].bytes;
             }
             if (rc == 0) rc = fold_unread(s, f, sec, at, sec->bytes, &crc, buf, path, err);
@@ -286,7 +254,7 @@ static int plan_build(plan *p, const ckpt_layout *lo, st_dtype dtype, uint64_t s
         }
     for (int f = 0; f < p->n_files; f++) {
         out_file *F = &p->files[f];
-        if (p->total_bytes <= shard_bytes) snprintf(F->name, sizeof F->name, SINGLE_NAME);
+        if (p->total_bytes <= shard_bytes) snprintf(F->name, sizeof F->name, ST_SINGLE_NAME);
         else snprintf(F->name, sizeof F->name, "model-%05d-of-%05d.safetensors", f + 1, p->n_files);
         qsort(p->tensors + F->first, (size_t)F->count, sizeof *p->tensors, out_tensor_name_cmp);
         uint64_t at = 0;
@@ -298,32 +266,18 @@ static int plan_build(plan *p, const ckpt_layout *lo, st_dtype dtype, uint64_t s
     return 0;
 }
 
-/* The file's safetensors header: 8-byte length, JSON padded with spaces to a multiple of 8. */
+/* The file's safetensors header, as proto's writer makes it (data offsets in file order). */
 static char *file_header(const plan *p, const out_file *F, size_t *len, errbuf *err) {
-    json_t *root = json_pack("{s:{s:s}}", "__metadata__", "format", "pt");
-    for (int i = F->first; root && i < F->first + F->count; i++) {
-        const out_tensor *o = &p->tensors[i];
-        json_t *shape = o->t->ndim == 2 ? json_pack("[I,I]", (json_int_t)o->t->shape[0], (json_int_t)o->t->shape[1])
-                                        : json_pack("[I]", (json_int_t)o->t->shape[0]);
-        json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", st_dtype_name(p->dtype), "shape", shape,
-                              "data_offsets", (json_int_t)o->begin,
-                              (json_int_t)(o->begin + o->t->numel * p->elem));
-        if (json_object_set_new(root, o->t->name, e)) root = (json_decref(root), NULL);
+    st_wtensor *t = calloc((size_t)F->count, sizeof *t);
+    if (!t) return errf(err, "%s: out of memory building the header", F->name), NULL;
+    for (int i = 0; i < F->count; i++) {
+        const ckpt_tensor *c = p->tensors[F->first + i].t;
+        t[i] = (st_wtensor){.name = c->name, .dtype = p->dtype, .ndim = c->ndim};
+        for (int d = 0; d < c->ndim; d++) t[i].shape[d] = c->shape[d];
     }
-    char *json = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(root);
-    size_t raw = json ? strlen(json) : 0, padded = (raw + 7) & ~(size_t)7;
-    char *text = json ? malloc(8 + padded) : NULL;
-    if (text) {
-        for (int i = 0; i < 8; i++) text[i] = (char)((uint64_t)padded >> (8 * i));
-        memcpy(text + 8, json, raw);
-        memset(text + 8 + raw, ' ', padded - raw);
-        *len = 8 + padded;
-    } else {
-        errf(err, "%s: out of memory building the header", F->name);
-    }
-    free(json);
-    return text;
+    char *header = st_header(t, F->count, NULL, 0, len, F->name, err);
+    free(t);
+    return header;
 }
 
 /* fp32 -> bf16 over the buffer's first n floats, the results packed at its start (each
@@ -459,15 +413,19 @@ static int write_json(const char *dir, const char *name, json_t *root, name_list
 }
 
 static int write_index(const plan *p, const char *dir, name_list *names, errbuf *err) {
-    json_t *map = json_object();
-    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)p->total_bytes,
-                             "weight_map", map);
-    for (int f = 0; root && f < p->n_files; f++)
-        for (int i = p->files[f].first; root && i < p->files[f].first + p->files[f].count; i++)
-            if (json_object_set_new(map, p->tensors[i].t->name, json_string(p->files[f].name)))
-                root = (json_decref(root), NULL);
-    int rc = write_json(dir, INDEX_NAME, root, names, err);
+    int n = 0;
+    for (int f = 0; f < p->n_files; f++) n += p->files[f].count;
+    const char **tensor_names = calloc((size_t)n, sizeof *tensor_names);
+    const char **file_names = calloc((size_t)n, sizeof *file_names);
+    json_t *root = NULL;
+    for (int f = 0, k = 0; tensor_names && file_names && f < p->n_files; f++)
+        for (int i = p->files[f].first; i < p->files[f].first + p->files[f].count; i++, k++)
+            tensor_names[k] = p->tensors[i].t->name, file_names[k] = p->files[f].name;
+    if (tensor_names && file_names) root = st_index_json(tensor_names, file_names, n, p->total_bytes);
+    int rc = write_json(dir, ST_INDEX_NAME, root, names, err);
     json_decref(root);
+    free(tensor_names);
+    free(file_names);
     return rc;
 }
 
@@ -565,7 +523,7 @@ static int remove_partial(const char *dir, errbuf *err) {
 /* model.safetensors, its index, or a model-NNNNN-of-NNNNN.safetensors shard. */
 static int is_weight_name(const char *name) {
     int a, b, end = 0;
-    if (!strcmp(name, SINGLE_NAME) || !strcmp(name, INDEX_NAME)) return 1;
+    if (!strcmp(name, ST_SINGLE_NAME) || !strcmp(name, ST_INDEX_NAME)) return 1;
     return sscanf(name, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 &&
            (size_t)end == strlen(name);
 }
@@ -681,7 +639,7 @@ static int write_all(const consolidate_options *o, const ckpt_manifest *m, const
         return -1;
     for (int f = 0; f < p->n_files; f++)
         if (name_add(names, p->files[f].name, err)) return -1;
-    if (strcmp(p->files[0].name, SINGLE_NAME) != 0 && write_index(p, partial, names, err))
+    if (strcmp(p->files[0].name, ST_SINGLE_NAME) != 0 && write_index(p, partial, names, err))
         return -1;
     if (from && copy_tokenizer(from, partial, names, &copied, err)) return -1;
     if (o->result) {

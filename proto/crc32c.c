@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#define CRC32C_POLY 0x82F63B78u /* reflected Castagnoli polynomial */
+#define CRC32C_POLY 0x82F63B78u /* reflected Castagnoli polynomial: bit 31 is x^0 */
 
 static uint32_t crc_table[8][256];
 static int crc_table_ready;
@@ -62,4 +62,29 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
     if (__builtin_cpu_supports("sse4.2")) return crc32c_sse42(crc, data, len);
 #endif
     return crc32c_portable(crc, data, len);
+}
+
+/* crc(A B) = crc(A) * x^(8 |B|) + crc(B), in GF(2)[x] modulo the CRC polynomial (as zlib's
+ * crc32_combine does). */
+static uint32_t gf2_multiply(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t bit = 1u << 31; bit; bit >>= 1) {
+        if (a & bit) product ^= b;
+        b = b & 1 ? (b >> 1) ^ CRC32C_POLY : b >> 1; /* b *= x */
+    }
+    return product;
+}
+
+/* x^(8 len) modulo the polynomial, by squaring. */
+static uint32_t byte_shift(uint64_t len) {
+    uint32_t result = 1u << 31, power = 1u << 23; /* x^0, x^8 */
+    for (; len; len >>= 1) {
+        if (len & 1) result = gf2_multiply(power, result);
+        power = gf2_multiply(power, power);
+    }
+    return result;
+}
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+    return gf2_multiply(byte_shift(len_b), crc_a) ^ crc_b;
 }

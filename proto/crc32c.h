@@ -8,6 +8,9 @@
 #include <stdint.h>
 
 uint32_t crc32c(uint32_t crc, const void *data, size_t len);
+/* The CRC of A followed by B from crc(A), crc(B) and B's length: sections read in pieces,
+ * in any order, still get their CRC. */
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 /* The table implementation alone (tests compare the two). */
 uint32_t crc32c_portable(uint32_t crc, const void *data, size_t len);
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -12,8 +13,6 @@
 
 #include "fileio.h"
 
-#define ST_INDEX_NAME "model.safetensors.index.json"
-#define ST_SINGLE_NAME "model.safetensors"
 
 /* ---------- dtypes ---------- */
 
@@ -290,7 +289,8 @@ static int write_file_atomic(const char *path, const void *buf, size_t len, errb
 /* ---------- writer ---------- */
 
 /* Checks one tensor to write and returns its byte size. */
-static int check_wtensor(const st_wtensor *t, uint64_t *nbytes, const char *path, errbuf *err) {
+static int check_wtensor(const st_wtensor *t, bool need_data, uint64_t *nbytes, const char *path,
+                         errbuf *err) {
     if (!t->name || !t->name[0]) return errf(err, "%s: tensor with an empty name", path);
     if (strlen(t->name) >= ST_MAX_NAME)
         return errf(err, "%s: tensor name '%.64s...' longer than %d bytes", path, t->name,
@@ -305,7 +305,7 @@ static int check_wtensor(const st_wtensor *t, uint64_t *nbytes, const char *path
     uint64_t numel;
     if (shape_bytes(t->shape, t->ndim, t->dtype, &numel, nbytes) < 0)
         return errf(err, "%s: tensor '%s': negative dimension or size overflow", path, t->name);
-    if (*nbytes > 0 && !t->data) return errf(err, "%s: tensor '%s': no data", path, t->name);
+    if (need_data && *nbytes > 0 && !t->data) return errf(err, "%s: tensor '%s': no data", path, t->name);
     return 0;
 }
 
@@ -348,8 +348,8 @@ static json_t *tensor_json(const st_wtensor *t, uint64_t begin, uint64_t end) {
 
 /* Builds the JSON header text, padded with spaces to a multiple of 8 bytes, after the
  * 8-byte length; fills each tensor's byte size into nbytes. */
-static char *build_header(const st_wtensor *t, int n, const st_meta *meta, int n_meta,
-                          uint64_t *nbytes, size_t *len, const char *path, errbuf *err) {
+static char *build_header(const st_wtensor *t, int n, bool need_data, const st_meta *meta,
+                          int n_meta, uint64_t *nbytes, size_t *len, const char *path, errbuf *err) {
     json_t *root = json_object(), *m = meta_json(meta, n_meta, path, err);
     char *text = NULL;
     if (!m) goto out;
@@ -360,7 +360,7 @@ static char *build_header(const st_wtensor *t, int n, const st_meta *meta, int n
     }
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
-        if (check_wtensor(&t[i], &nbytes[i], path, err) < 0) goto out;
+        if (check_wtensor(&t[i], need_data, &nbytes[i], path, err) < 0) goto out;
         if (json_object_get(root, t[i].name)) {
             errf(err, "%s: duplicate tensor name '%s'", path, t[i].name);
             goto out;
@@ -397,13 +397,22 @@ out:
     return text;
 }
 
+char *st_header(const st_wtensor *t, int n, const st_meta *meta, int n_meta, size_t *len,
+                const char *path, errbuf *err) {
+    uint64_t *nbytes = calloc(n > 0 ? (size_t)n : 1, sizeof *nbytes);
+    char *header = nbytes ? build_header(t, n, false, meta, n_meta, nbytes, len, path, err)
+                          : (errf(err, "%s: out of memory", path), NULL);
+    free(nbytes);
+    return header;
+}
+
 int st_write(const char *path, const st_wtensor *t, int n, const st_meta *meta, int n_meta,
              errbuf *err) {
     if (n < 0 || n_meta < 0) return errf(err, "%s: negative tensor or metadata count", path);
     uint64_t *nbytes = calloc(n ? (size_t)n : 1, sizeof *nbytes);
     if (!nbytes) return errf(err, "%s: out of memory", path);
     size_t header_len;
-    char *header = build_header(t, n, meta, n_meta, nbytes, &header_len, path, err);
+    char *header = build_header(t, n, true, meta, n_meta, nbytes, &header_len, path, err);
     file_chunk *chunks = header ? malloc(((size_t)n + 1) * sizeof *chunks) : NULL;
     int rc = -1;
     if (header && !chunks) errf(err, "%s: out of memory", path);
@@ -592,34 +601,38 @@ static int remove_stale(const char *dir, const char *name, errbuf *err) {
     return rc;
 }
 
+json_t *st_index_json(const char *const *names, const char *const *files, int n, uint64_t total_size) {
+    json_t *map = json_object();
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total_size,
+                             "weight_map", map);
+    for (int i = 0; root && i < n; i++)
+        if (json_object_set_new(map, names[i], json_string(files[i])) < 0) root = (json_decref(root), NULL);
+    return root;
+}
+
 static int write_index(const char *dir, const st_wtensor *t, const int *shard_of, int n,
                        int n_shards, uint64_t total, errbuf *err) {
-    char *path, name[64];
+    char *path;
     if (asprintf(&path, "%s/" ST_INDEX_NAME, dir) < 0) return errf(err, "%s: out of memory", dir);
-    json_t *map = json_object();
-    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
-                             "weight_map", map);
+    const char **names = calloc((size_t)n, sizeof *names), **files = calloc((size_t)n, sizeof *files);
+    char (*shard_names)[64] = calloc((size_t)n_shards, sizeof *shard_names);
+    json_t *root = NULL;
+    char *text = NULL;
     int rc = -1;
-    if (!root) {
-        errf(err, "%s: out of memory", path);
-        goto out;
+    if (names && files && shard_names) {
+        for (int k = 0; k < n_shards; k++)
+            snprintf(shard_names[k], sizeof shard_names[k], "model-%05d-of-%05d.safetensors", k + 1, n_shards);
+        for (int i = 0; i < n; i++) names[i] = t[i].name, files[i] = shard_names[shard_of[i]];
+        root = st_index_json(names, files, n, total);
     }
-    for (int i = 0; i < n; i++) {
-        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", shard_of[i] + 1, n_shards);
-        if (json_object_set_new(map, t[i].name, json_string(name)) < 0) {
-            errf(err, "%s: out of memory", path);
-            goto out;
-        }
-    }
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-    if (!text) {
-        errf(err, "%s: out of memory", path);
-        goto out;
-    }
-    rc = write_file_atomic(path, text, strlen(text), err);
+    if (root) text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (text) rc = write_file_atomic(path, text, strlen(text), err);
+    else errf(err, "%s: out of memory", path);
     free(text);
-out:
     json_decref(root);
+    free(names);
+    free(files);
+    free(shard_names);
     free(path);
     return rc;
 }
@@ -684,7 +697,7 @@ int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_b
     if (!nbytes) return errf(err, "%s: out of memory", dir);
     int rc = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
-        rc = check_wtensor(&t[i], &nbytes[i], dir, err);
+        rc = check_wtensor(&t[i], true, &nbytes[i], dir, err);
         if (rc == 0 && __builtin_add_overflow(total, nbytes[i], &total))
             rc = errf(err, "%s: total size overflows", dir);
     }

@@ -13,11 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "errbuf.h"
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_NAME 256
 #define ST_MAX_HEADER (100u << 20) /* the reference reader's bound: 100 MB */
+#define ST_SINGLE_NAME "model.safetensors"
+#define ST_INDEX_NAME "model.safetensors.index.json"
 
 typedef enum st_dtype {
     ST_F64, ST_F32, ST_F16, ST_BF16, ST_I64, ST_I32, ST_I16, ST_I8, ST_U8, ST_BOOL,
@@ -76,6 +80,15 @@ typedef struct st_wtensor {
  * __metadata__ {"format":"pt"} plus the given extra pairs (may be NULL/0). */
 int st_write(const char *path, const st_wtensor *t, int n, const st_meta *meta, int n_meta,
              errbuf *err);
+
+/* The header st_write writes (the 8-byte length, then the JSON padded with spaces to a
+ * multiple of 8), data offsets in the given order; the tensors' data is not needed, for a
+ * writer that streams it after the header.  malloc'd, *len bytes. */
+char *st_header(const st_wtensor *t, int n, const st_meta *meta, int n_meta, size_t *len,
+                const char *path, errbuf *err);
+/* model.safetensors.index.json: {"metadata": {"total_size"}, "weight_map": {name: file}}
+ * (a new reference; NULL when out of memory). */
+json_t *st_index_json(const char *const *names, const char *const *files, int n, uint64_t total_size);
 
 /* A model directory: model.safetensors, or model.safetensors.index.json and its shards.
  * Tensor names are unique across shards. */

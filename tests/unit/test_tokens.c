@@ -32,6 +32,9 @@ static void test_crc32c_known_values(void **state) {
         /* chaining equals one pass */
         uint32_t a = crc32c(crc32c(0, buf, len / 3), buf + len / 3, len - len / 3);
         assert_int_equal(a, crc32c(0, buf, len));
+        /* and so does combining the two pieces' own CRCs */
+        uint32_t head = crc32c(0, buf, len / 3), tail = crc32c(0, buf + len / 3, len - len / 3);
+        assert_int_equal(crc32c_combine(head, tail, len - len / 3), crc32c(0, buf, len));
     }
 }
 
