@@ -62,6 +62,7 @@ struct supervisor {
     int failed;
     int reason_reported; /* the reason came from a worker's FATAL */
     errbuf reason;
+    double grace_at;     /* when the grace timer fires (0: not armed) */
     int sigint_count;
     char secret_hex[2 * COMM_SECRET_BYTES + 1];
     char *job_json;
@@ -98,24 +99,30 @@ static void send_msg(worker *w, ctl_type type, json_t *body);
  * the dead one cannot read STOP before its comm timeout (runtime.comm_timeout_s). */
 #define FAILURE_GRACE_S 2
 
+/* Arms the grace timer to fire in `seconds`, unless it already fires as soon: a failure seen
+ * again (a stalled rank, at every heartbeat check) must not push the kill back forever. */
+static void arm_grace(supervisor *s, int seconds) {
+    double at = now_s() + seconds;
+    if (s->grace_at > 0 && s->grace_at <= at) return;
+    s->grace_at = at;
+    struct timeval grace = {seconds, 0};
+    evtimer_add(s->grace, &grace);
+}
+
 /* Sends STOP to every worker still running and gives them stop_grace_s to exit (after a
  * failure, FAILURE_GRACE_S at most). */
 static void begin_stop(supervisor *s, const char *reason) {
+    int grace_s = s->job.runtime.stop_grace_s;
+    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
     if (s->phase == PHASE_STOPPING) {
-        if (s->failed && s->job.runtime.stop_grace_s > FAILURE_GRACE_S) {
-            struct timeval shorter = {FAILURE_GRACE_S, 0}; /* a failure during a graceful stop */
-            evtimer_add(s->grace, &shorter);
-        }
+        if (s->failed) arm_grace(s, grace_s); /* a failure during a graceful stop: sooner */
         return;
     }
     s->phase = PHASE_STOPPING;
     log_event(0, -1, "stopping the workers: %s", reason);
     for (int r = 0; r < s->opt->workers; r++)
         if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
-    int grace_s = s->job.runtime.stop_grace_s;
-    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
-    struct timeval grace = {grace_s, 0};
-    evtimer_add(s->grace, &grace);
+    arm_grace(s, grace_s);
 }
 
 /* Records a failure and stops the others.  The first one is the job's reason, except that
@@ -143,6 +150,7 @@ static void record_failure(supervisor *s, int silent_death, const char *fmt, ...
 static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
+    s->grace_at = 0;
     log_event(0, -1, "workers still running after the grace of their stop: killing them");
     kill_all(s);
 }
