@@ -112,10 +112,15 @@ int main(int argc, char **argv) {
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .bind_host = "127.0.0.1"};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
-     * times; a run stopped on request (a signal, `fsdpctl stop`) does not. */
+     * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
+     * error no restart can cure (a corrupt checkpoint, a missing file). */
     int rc;
     for (int restarts = 0; (rc = supervisor_run(&opt, &err)) < 0; restarts++) {
-        if (restarts == job.runtime.max_restarts) {
+        if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
+            fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
+            return 1;
+        }
+        if (restarts >= job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
             return 1;
         }
