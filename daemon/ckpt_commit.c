@@ -552,11 +552,13 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 1);
 }
 
-long long ckpt_coord_request(ckpt_coord *c, const char *why) {
+long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
     long long id = ++c->requests;
-    log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld)", why, id);
+    log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
+              stop ? ", synchronous, then stop" : "");
     for (int r = 0; r < c->opt.world; r++)
-        c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_BEGIN, json_pack("{s:I}", "request", (json_int_t)id));
+        c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_BEGIN,
+                          json_pack("{s:I, s:b}", "request", (json_int_t)id, "stop", stop));
     return id;
 }
 

@@ -28,7 +28,9 @@
  * reason.
  *
  * On request (ckpt_coord_request: SIGUSR1, the status socket) every worker gets CKPT_BEGIN
- * {"request": id}; the ranks save at the next step boundary where no rank is still writing. */
+ * {"request": id}; the ranks save at the next step boundary where no rank is still writing.
+ * A request to stop (SIGTERM) adds "stop": true: the ranks save synchronously after the step
+ * they are in (once a save still being written is done) and stop after it. */
 #ifndef FSDP_CKPT_COMMIT_H
 #define FSDP_CKPT_COMMIT_H
 
@@ -80,8 +82,9 @@ void ckpt_coord_free(ckpt_coord *c);
 void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics);
 /* A CKPT_DONE message from `rank`. */
 void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *body);
-/* Asks every worker for a checkpoint; returns the request's id. */
-long long ckpt_coord_request(ckpt_coord *c, const char *why);
+/* Asks every worker for a checkpoint (stop: a synchronous one, then a stop); returns the
+ * request's id. */
+long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop);
 /* The job is over (every worker has exited): removes the partial directories of commits
  * still open or abandoned.  Returns how many were still open (not abandoned): a save every
  * rank finished training for but that never committed. */

@@ -1,6 +1,8 @@
 /* fsdpd: the node daemon.  Reads the job, spawns one fsdp-worker per GPU (or
  * runtime.workers_per_node on the CPU backend), supervises them to the end of the job and
- * exits 0 only when the job succeeded.  Local mode (one node, no SLURM) for now. */
+ * exits 0 only when the job succeeded.  One node for now: under SLURM with more nodes it
+ * refuses to start. */
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -31,6 +33,24 @@ static int find_worker(char *out, size_t n) {
     if (len < 0) return -1;
     self[len] = '\0';
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
+}
+
+/* Under SLURM every node would run a world of its own (and `latest` would be written by all of
+ * them): a job on more than one node is refused until fsdpd joins the nodes. */
+static int check_one_node(errbuf *err) {
+    static const char *const vars[] = {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v) continue;
+        char *end;
+        errno = 0;
+        long n = strtol(v, &end, 10);
+        if (end == v || *end || errno || n < 1) return errf(err, "%s is '%s', not a node count", vars[i], v);
+        if (n > 1)
+            return errf(err, "%s = %ld: a job on more than one node is not built yet (fsdpd runs one node)",
+                        vars[i], n);
+    }
+    return 0;
 }
 
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
@@ -64,7 +84,7 @@ int main(int argc, char **argv) {
 
     static job_config job;
     errbuf err;
-    if (job_load(&job, job_path, &err)) goto bad_job;
+    if (check_one_node(&err) || job_load(&job, job_path, &err)) goto bad_job;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job")) i++;
         else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
@@ -92,10 +112,15 @@ int main(int argc, char **argv) {
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .bind_host = "127.0.0.1"};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
-     * times; a run stopped on request (a signal, `fsdpctl stop`) does not. */
+     * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
+     * error no restart can cure (a corrupt checkpoint, a missing file). */
     int rc;
     for (int restarts = 0; (rc = supervisor_run(&opt, &err)) < 0; restarts++) {
-        if (restarts == job.runtime.max_restarts) {
+        if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
+            fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
+            return 1;
+        }
+        if (restarts >= job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
             return 1;
         }

@@ -60,8 +60,10 @@ struct supervisor {
                          * lone worker; NULL before */
     phase phase;
     int failed;
-    int reason_reported; /* the reason came from a worker's FATAL */
+    int reason_reported;  /* the reason came from a worker's FATAL */
+    int reason_permanent; /* and no restart can cure it */
     errbuf reason;
+    double grace_at;      /* when the grace timer fires (0: not armed) */
     int sigint_count;
     char secret_hex[2 * COMM_SECRET_BYTES + 1];
     char *job_json;
@@ -70,6 +72,8 @@ struct supervisor {
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
     long long stop_request; /* a graceful stop waits for this checkpoint request (0: none) */
     long long stop_step;    /* and for the commit of this step's save, which serves it */
+    int stop_sync;          /* the workers save at once and stop by themselves (SIGTERM) */
+    int stop_settled;       /* the stop's save is committed or given up */
     char stop_why[256];
     int signalled; /* the signal that stopped the job, 0 when none */
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
@@ -98,51 +102,66 @@ static void send_msg(worker *w, ctl_type type, json_t *body);
  * the dead one cannot read STOP before its comm timeout (runtime.comm_timeout_s). */
 #define FAILURE_GRACE_S 2
 
+/* Arms the grace timer to fire in `seconds`, unless it already fires as soon: a failure seen
+ * again (a stalled rank, at every heartbeat check) must not push the kill back forever. */
+static void arm_grace(supervisor *s, int seconds) {
+    double at = now_s() + seconds;
+    if (s->grace_at > 0 && s->grace_at <= at) return;
+    s->grace_at = at;
+    struct timeval grace = {seconds, 0};
+    evtimer_add(s->grace, &grace);
+}
+
 /* Sends STOP to every worker still running and gives them stop_grace_s to exit (after a
  * failure, FAILURE_GRACE_S at most). */
 static void begin_stop(supervisor *s, const char *reason) {
+    int grace_s = s->job.runtime.stop_grace_s;
+    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
     if (s->phase == PHASE_STOPPING) {
-        if (s->failed && s->job.runtime.stop_grace_s > FAILURE_GRACE_S) {
-            struct timeval shorter = {FAILURE_GRACE_S, 0}; /* a failure during a graceful stop */
-            evtimer_add(s->grace, &shorter);
-        }
+        if (s->failed) arm_grace(s, grace_s); /* a failure during a graceful stop: sooner */
         return;
     }
     s->phase = PHASE_STOPPING;
     log_event(0, -1, "stopping the workers: %s", reason);
     for (int r = 0; r < s->opt->workers; r++)
         if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
-    int grace_s = s->job.runtime.stop_grace_s;
-    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
-    struct timeval grace = {grace_s, 0};
-    evtimer_add(s->grace, &grace);
+    arm_grace(s, grace_s);
 }
+
+typedef enum failure_kind {
+    FAILURE_REPORTED,     /* a worker's FATAL, or fsdpd's own finding */
+    FAILURE_SILENT_DEATH, /* a worker died without a word */
+    FAILURE_PERMANENT,    /* a worker's FATAL that no restart can cure (loading, validating) */
+} failure_kind;
 
 /* Records a failure and stops the others.  The first one is the job's reason, except that
  * a worker dying without a word (a crash, a kill, an exit without FATAL) outranks a FATAL
  * report: the reports that follow such a death are usually its consequence ("rank 0 closed
  * the connection"), and may arrive before the death is noticed. */
-static void record_failure(supervisor *s, int silent_death, const char *fmt, ...)
+static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void record_failure(supervisor *s, int silent_death, const char *fmt, ...) {
+static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ...) {
     char msg[sizeof s->reason.msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     log_event(0, -1, "%s", msg);
+    int silent_death = kind == FAILURE_SILENT_DEATH;
     if (!s->failed || (silent_death && s->reason_reported)) {
         s->failed = 1;
         s->reason_reported = !silent_death;
+        s->reason_permanent = kind == FAILURE_PERMANENT;
         errf(&s->reason, "%s", msg);
     }
     begin_stop(s, msg);
 }
-#define fail(s, ...) record_failure(s, 0, __VA_ARGS__)
+#define fail(s, ...) record_failure(s, FAILURE_REPORTED, __VA_ARGS__)
 
 static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
+    s->grace_at = 0;
     log_event(0, -1, "workers still running after the grace of their stop: killing them");
     kill_all(s);
 }
@@ -152,6 +171,11 @@ static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
 static void close_connection(worker *w) {
     if (w->bev) bufferevent_free(w->bev);
     w->bev = NULL;
+}
+
+/* A worker's death: news unless it said why (FATAL) before. */
+static failure_kind death_kind(const worker *w) {
+    return w->reported ? FAILURE_REPORTED : FAILURE_SILENT_DEATH;
 }
 
 /* A worker is judged once it has exited and its connection is drained, so a FATAL sent
@@ -165,12 +189,12 @@ static void maybe_finish(worker *w) {
         /* A signal fsdpd did not send is a failure, even while stopping: it may be the cause
          * of failures reported before it was noticed.  fsdpd's own SIGKILL is no news. */
         if (!w->killed)
-            record_failure(s, !w->reported, "rank %d was killed by signal %d (%s)", w->rank,
+            record_failure(s, death_kind(w), "rank %d was killed by signal %d (%s)", w->rank,
                            WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
         else
             log_event(0, w->rank, "killed by signal %d", WTERMSIG(w->status));
     } else if (WEXITSTATUS(w->status) != 0) {
-        record_failure(s, !w->reported, "rank %d exited with status %d", w->rank,
+        record_failure(s, death_kind(w), "rank %d exited with status %d", w->rank,
                        WEXITSTATUS(w->status));
     } else {
         log_event(0, w->rank, "exited");
@@ -254,23 +278,33 @@ static void ckpt_fatal(void *arg, const char *reason) {
 
 long long supervisor_request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
-    return ckpt_coord_request(s->ckpt, why);
+    return ckpt_coord_request(s->ckpt, why, 0);
 }
 
 /* ---- graceful stop and status ---- */
 
-long long supervisor_request_stop(supervisor *s, const char *why) {
+/* A stop after a checkpoint.  sync: the workers save synchronously after the step they are in
+ * and stop by themselves (SIGTERM: no step after the save, nothing left to write); else they
+ * save at the next step where no save is being written, train on, and get STOP once the
+ * commit is over.  A synchronous stop replaces a pending plain one. */
+static long long request_stop(supervisor *s, const char *why, int sync) {
     if (s->phase == PHASE_STOPPING) return -1;
-    if (s->stop_request) return s->stop_request;
-    long long id = supervisor_request_checkpoint(s, why);
-    if (id == 0) {
+    if (s->stop_request && (s->stop_sync || !sync)) return s->stop_request;
+    if (s->phase != PHASE_TRAINING) {
         begin_stop(s, why);
         return 0;
     }
+    long long id = ckpt_coord_request(s->ckpt, why, sync);
     s->stop_request = id;
+    s->stop_step = 0;
+    s->stop_sync = sync;
     snprintf(s->stop_why, sizeof s->stop_why, "%s", why);
     log_event(0, -1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
     return id;
+}
+
+long long supervisor_request_stop(supervisor *s, const char *why) {
+    return request_stop(s, why, 0);
 }
 
 /* Kept for the status socket; a save that serves the stop's request names the step whose
@@ -288,6 +322,7 @@ static void note_rank0_metrics(supervisor *s, json_t *m) {
 static void ckpt_settled(void *arg, long long step, int committed) {
     supervisor *s = arg;
     if (!s->stop_step || step != s->stop_step) return;
+    s->stop_settled = 1;
     log_event(0, -1, "checkpoint of step %lld %s: stopping", step,
               committed ? "committed" : "not committed (latest is the one before)");
     begin_stop(s, s->stop_why);
@@ -369,7 +404,9 @@ static void handle_message(worker *w, const ctl_msg *msg) {
     case CTL_FATAL: {
         const char *what = json_string_value(json_object_get(body, "message"));
         w->reported = 1;
-        fail(s, "rank %d failed: %s", w->rank, what ? what : "(no message)");
+        int permanent = json_is_true(json_object_get(body, "permanent"));
+        record_failure(s, permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "rank %d failed: %s", w->rank,
+                       what ? what : "(no message)");
         break;
     }
     default:
@@ -483,31 +520,49 @@ static void on_sigchld(evutil_socket_t sig, short what, void *arg) {
     }
 }
 
-static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
-    (void)what;
+/* SIGINT: a stop (STOP, then SIGKILL after stop_grace_s); a second one: SIGKILL now. */
+static void on_sigint(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
     supervisor *s = arg;
-    if (sig == SIGINT && ++s->sigint_count >= 2) {
+    if (++s->sigint_count >= 2) {
         log_event(0, -1, "second SIGINT: stopping at once");
         kill_all(s);
         return;
     }
-    if (!s->signalled) s->signalled = (int)sig;
-    if (sig == SIGTERM && s->phase == PHASE_TRAINING && !s->stop_request) {
-        /* Preemption (DESIGN.md, Signals and SLURM): a checkpoint if it commits within
-         * stop_grace_s, then stop; past that, stop without it. */
-        log_event(0, -1, "SIGTERM: checkpointing, then stopping (at most %d s)", s->job.runtime.stop_grace_s);
-        supervisor_request_stop(s, "SIGTERM");
-        struct timeval grace = {s->job.runtime.stop_grace_s, 0};
-        evtimer_add(s->term_deadline, &grace);
+    if (!s->signalled) s->signalled = SIGINT;
+    begin_stop(s, "SIGINT");
+}
+
+/* SIGTERM (preemption, DESIGN.md: Signals and SLURM): a synchronous checkpoint of the step in
+ * progress, then stop; whatever is still running runtime.stop_grace_s after it is killed (SLURM's
+ * GraceTime ends in SIGKILL anyway).  A SIGTERM again changes nothing: the commit goes on. */
+static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    supervisor *s = arg;
+    if (s->signalled == SIGTERM) {
+        log_event(0, -1, "SIGTERM again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)",
+                  s->job.runtime.stop_grace_s);
         return;
     }
-    fail(s, "stopped by signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (!s->signalled) s->signalled = SIGTERM;
+    struct timeval grace = {s->job.runtime.stop_grace_s, 0};
+    evtimer_add(s->term_deadline, &grace);
+    if (s->phase == PHASE_TRAINING) {
+        log_event(0, -1, "SIGTERM: a synchronous checkpoint, then stopping (at most %d s)",
+                  s->job.runtime.stop_grace_s);
+        request_stop(s, "SIGTERM", 1);
+        return;
+    }
+    begin_stop(s, "SIGTERM");
 }
 
 static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
-    begin_stop(s, "SIGTERM: the checkpoint did not commit within runtime.stop_grace_s");
+    int unsaved = s->stop_request && !s->stop_settled;
+    log_event(0, -1, "SIGTERM: runtime.stop_grace_s = %d s are over%s: killing the workers",
+              s->job.runtime.stop_grace_s, unsaved ? " before the checkpoint committed" : "");
+    kill_all(s);
 }
 
 /* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now; training goes on. */
@@ -552,8 +607,8 @@ static int setup_events(supervisor *s, errbuf *err) {
     s->base = event_base_new();
     if (!s->base) return errf(err, "cannot create the event loop");
     s->sigchld = evsignal_new(s->base, SIGCHLD, on_sigchld, s);
-    s->sigint = evsignal_new(s->base, SIGINT, on_stop_signal, s);
-    s->sigterm = evsignal_new(s->base, SIGTERM, on_stop_signal, s);
+    s->sigint = evsignal_new(s->base, SIGINT, on_sigint, s);
+    s->sigterm = evsignal_new(s->base, SIGTERM, on_sigterm, s);
     s->sigusr1 = evsignal_new(s->base, SIGUSR1, on_checkpoint_signal, s);
     s->term_deadline = evtimer_new(s->base, on_term_deadline, s);
     s->grace = evtimer_new(s->base, on_grace_expired, s);
@@ -649,13 +704,18 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
             break;
         }
     }
+    /* Nothing before the workers (the job, the checkpoint to resume, the model, the metrics
+     * file) gets better by trying again. */
+    if (rc) rc = SUPERVISOR_FAILED_PERMANENTLY;
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
     int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
     if (rc == 0 && s.signalled) {
         errf(err, "stopped by signal %s", s.signalled == SIGINT ? "SIGINT" : "SIGTERM");
-        rc = 1;
-    } else if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
-    else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
+        rc = SUPERVISOR_SIGNALLED;
+    } else if (rc == 0 && s.failed) {
+        errf(err, "%s", s.reason.msg);
+        rc = s.reason_permanent ? SUPERVISOR_FAILED_PERMANENTLY : SUPERVISOR_FAILED;
+    } else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
     teardown(&s);
     return rc;
 }

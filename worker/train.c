@@ -113,7 +113,7 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
     if (!env->writer) return TRAIN_CKPT_NONE;
     int requested = res->vote_max[VOTE_REQUEST] > *served;
     int interval = j->checkpoint.interval_steps > 0 && done % j->checkpoint.interval_steps == 0;
-    if (done == total && j->checkpoint.save_final) {
+    if ((done == total && j->checkpoint.save_final) || res->vote_max[VOTE_STOP] == TRAIN_STOP_SAVE) {
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
     }
@@ -145,11 +145,12 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);
         hp.lr = schedule_lr(j, step, total);
+        /* Stopping is voted too: every rank leaves after the same step (one leaving alone
+         * would leave the others waiting in a collective).  Polled before the request: a
+         * stop that comes with a checkpoint request (TRAIN_STOP_SAVE) is set after it. */
+        f->vote[VOTE_STOP] = h->should_stop ? h->should_stop(h->arg) : 0;
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
-        /* Stopping is voted too: every rank leaves after the same step (one leaving alone
-         * would leave the others waiting in a collective). */
-        f->vote[VOTE_STOP] = h->should_stop && h->should_stop(h->arg);
         fsdp_step_result res;
         rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
         if (rc) break;
@@ -190,7 +191,7 @@ int train_run(const train_env *env, errbuf *err) {
     int64_t tokens_seen;
     if (load_model(&f, env, &tokens_seen, err)) {
         fsdp_destroy(&f);
-        return -1;
+        return TRAIN_ERR_SETUP;
     }
     f.poison_step = test_poison_step("FSDP_TEST_NAN_AT", env->rank);
     f.poison_grad_step = test_poison_step("FSDP_TEST_NAN_GRAD_AT", env->rank);
@@ -198,7 +199,8 @@ int train_run(const train_env *env, errbuf *err) {
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
                        (uint64_t)j->train.seed, j->data.shuffle, f.layout.cfg.vocab_size, err);
-    if (rc == 0) {
+    if (rc) rc = TRAIN_ERR_SETUP;
+    else {
         rc = run_steps(&f, &d, env, tokens_seen, err);
         data_close(&d);
     }

@@ -7,13 +7,17 @@
  * daemon (PR_SET_PDEATHSIG, set by fsdpd before exec) and exits when its connection closes.
  *
  * Checkpoints: CKPT_BEGIN {"request": id} asks for a checkpoint at the next step boundary
- * (worker/train.h says how the ranks agree on the step); CKPT_ABORT {"step", "attempt"} stops
- * that save's writing; each written (or failed, or aborted) shard file is reported with
+ * (worker/train.h says how the ranks agree on the step); with "stop": true (SIGTERM) for a
+ * synchronous one after the step in progress, and a stop after it.  CKPT_ABORT {"step",
+ * "attempt"} stops that save's writing; each written (or failed, or aborted) shard file is reported with
  * CKPT_DONE {"step", "attempt", "rank", "sync", "ok", "aborted", "error", "file", "bytes",
  * "header_crc32c", "stage_s", "write_s"}, rank 0's also with "optimizer_step", "tokens_seen"
  * and the layout ("units") for the manifest.  A METRICS message announces each save before
  * its files are written: "checkpoint": {"step", "attempt", "mode": async|sync|skipped,
  * "request"}.
+ *
+ * A FATAL {"message"} carries "permanent": true when no restart can cure the error: the job
+ * (CONFIG) does not validate, or loading the model, the checkpoint or the data failed.
  *
  * Test-only fault hooks: FSDP_TEST_WORKER_FAULT="RANK:ACTION:STEP[,...]" with ACTION
  *   exit          exit with status 3 after step STEP;
@@ -48,7 +52,7 @@ typedef struct worker {
     char bind_host[256];
     unsigned char secret[COMM_SECRET_BYTES];
     job_config job;
-    atomic_int stop_requested;
+    atomic_int stop_requested; /* 0, TRAIN_STOP or TRAIN_STOP_SAVE */
     atomic_long step;
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
@@ -59,6 +63,7 @@ typedef struct worker {
     int writer_live;
     int fault_step;
     char fault_action[32];
+    int permanent; /* the error is one no restart can cure */
 } worker;
 
 static int send_json(worker *w, ctl_type type, json_t *body, errbuf *err) {
@@ -228,6 +233,8 @@ static void on_ckpt_message(worker *w, const ctl_msg *m) {
         long long seen = atomic_load(&w->ckpt_request);
         while (id > seen && !atomic_compare_exchange_weak(&w->ckpt_request, &seen, id)) {
         }
+        /* After the request: the training thread reads the stop first (train.c). */
+        if (json_is_true(json_object_get(body, "stop"))) atomic_store(&w->stop_requested, TRAIN_STOP_SAVE);
     } else {
         pthread_mutex_lock(&w->writer_lock);
         if (w->writer_live)
@@ -245,7 +252,8 @@ static void *control_loop(void *arg) {
         ctl_msg m;
         errbuf err;
         if (ctl_recv(w->fd, &m, -1, &err)) _exit(1); /* connection closed: the job is over */
-        if (m.type == CTL_STOP) atomic_store(&w->stop_requested, 1);
+        int none = 0; /* a STOP does not cancel the save of a stop that asked for one */
+        if (m.type == CTL_STOP) atomic_compare_exchange_strong(&w->stop_requested, &none, TRAIN_STOP);
         if (m.type == CTL_CKPT_BEGIN || m.type == CTL_CKPT_ABORT) on_ckpt_message(w, &m);
         ctl_msg_free(&m);
     }
@@ -302,10 +310,10 @@ static void on_step(void *arg, const train_step_info *s) {
 
 static int should_stop(void *arg) {
     worker *w = arg;
-    if (!atomic_load(&w->stop_requested)) return 0;
-    if (!strcmp(w->fault_action, "hang_on_stop"))
+    int stop = atomic_load(&w->stop_requested);
+    if (stop && !strcmp(w->fault_action, "hang_on_stop"))
         for (;;) pause();
-    return 1;
+    return stop;
 }
 
 /* FSDP_TEST_WORKER_FAULT is a comma-separated list of RANK:ACTION[:STEP]; the first entry
@@ -328,6 +336,7 @@ static void read_fault_hook(worker *w) {
 static int run(worker *w, errbuf *err) {
     if (send_json(w, CTL_HELLO, json_pack("{s:i}", "pid", (int)getpid()), err)) return -1;
     int rc = read_config(w, err);
+    w->permanent = rc < 0;
     if (rc) return rc;
     read_fault_hook(w);
     pthread_t hb, ctl;
@@ -356,6 +365,7 @@ static int run(worker *w, errbuf *err) {
                          .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
                          .model_fd = w->model_fd};
         rc = train_run(&env, err);
+        w->permanent = rc == TRAIN_ERR_SETUP;
     }
     /* A save still being written after a stop or a failure is of no use: abandon it. */
     pthread_mutex_lock(&w->writer_lock);
@@ -387,7 +397,8 @@ int main(int argc, char **argv) {
     if (rc != 0) {
         errbuf ignored;
         fprintf(stderr, "fsdp-worker rank %d: %s\n", w.rank, err.msg);
-        send_json(&w, CTL_FATAL, json_pack("{s:s}", "message", err.msg), &ignored);
+        json_t *fatal = json_pack("{s:s, s:b}", "message", err.msg, "permanent", w.permanent);
+        send_json(&w, CTL_FATAL, fatal, &ignored);
         return 1;
     }
     return 0;

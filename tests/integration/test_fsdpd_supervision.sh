@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# fsdpd spawning and stopping its workers (F3): a job that succeeds; bad job files; a worker
+# fsdpd spawning and stopping its workers (F3): a job that succeeds (under SLURM on one node
+# too); bad job files; more than one SLURM node (not built yet, F17); a worker
 # that exits non-zero, one killed by SIGKILL, one that hangs when told to stop: fsdpd exits
 # non-zero within 10 s naming the cause and leaves no process behind; SIGKILL to fsdpd: its
 # workers are gone within 5 s.
@@ -10,7 +11,7 @@ make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
 # --- a job that succeeds, with its metrics file --------------------------------------------
-"$fsdpd" --job "$tmp/job.json" > "$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "the job failed"; }
+SLURM_NNODES=1 SLURM_JOB_NUM_NODES=1 "$fsdpd" --job "$tmp/job.json" > "$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "the job failed"; }
 grep -q "step 4/4" "$tmp/ok.log" || fail "no progress line for the last step"
 [ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 4 ] || fail "metrics.jsonl should hold 4 lines"
 grep -q '"loss"' "$tmp/out/metrics.jsonl" || fail "metrics lines carry no loss"
@@ -26,6 +27,12 @@ expect_status 2 "bad3.json" "$fsdpd" --job "$tmp/bad3.json"
 expect_status 2 "global_batch" "$fsdpd" --job "$tmp/job.json" --train.global_batch=7
 expect_status 2 "not built yet" "$fsdpd" --job "$tmp/job.json" --fsdp.sharding=hybrid_shard
 expect_status 2 "usage" "$fsdpd"
+
+# --- under SLURM on more than one node: refused, not one independent world a node ------------
+expect_status 2 "not built yet" env SLURM_NNODES=2 "$fsdpd" --job "$tmp/job.json"
+expect_status 2 "SLURM_JOB_NUM_NODES = 4: a job on more than one node is not built yet" \
+    env -u SLURM_NNODES SLURM_JOB_NUM_NODES=4 "$fsdpd" --job "$tmp/job.json"
+expect_status 2 "SLURM_NNODES is 'two', not a node count" env SLURM_NNODES=two "$fsdpd" --job "$tmp/job.json"
 
 # --- a worker's own error reaches fsdpd's message ------------------------------------------
 expect_status 1 "rank 0 failed" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/missing.tokens"
