@@ -125,8 +125,7 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
-    llama_config cfg;
-    if (load_model_config(job, &out->model_config, &cfg, err)) return -1;
+    if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
     int rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
@@ -134,7 +133,7 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
                         : -1;
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
-    if (found == 1) rc = check_resume(job, out->resume_dir, &cfg, &out->resume_step, err);
+    if (found == 1) rc = check_resume(job, out->resume_dir, &out->model, &out->resume_step, err);
     if (rc) {
         json_decref(out->model_config);
         out->model_config = NULL;
@@ -253,20 +252,19 @@ static void arm_ready(ckpt_coord *c) {
  * honour the abort before later saves stop waiting for them. */
 static void give_up(commit *m, const char *why) {
     ckpt_coord *c = m->coord;
-    char msg[1024];
+    char reason[1024];
     if (m->sync) {
-        snprintf(msg, sizeof msg, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
-        c->opt.hooks.fatal(c->opt.hooks.arg, msg); /* which logs it */
+        snprintf(reason, sizeof reason, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
+        c->opt.hooks.fatal(c->opt.hooks.arg, reason); /* which logs it */
     } else {
         log_event(0, -1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
     }
     m->abandoned = 1;
     m->armed = 1;
     start_timer(m);
+    msg abort = {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = m->step, .attempt = m->attempt}};
     for (int r = 0; r < c->n_files; r++)
-        if (!m->ranks[r].reported)
-            c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_ABORT,
-                              json_pack("{s:I, s:i}", "step", (json_int_t)m->step, "attempt", m->attempt));
+        if (!m->ranks[r].reported) c->opt.hooks.send(c->opt.hooks.arg, r, &abort);
     long long step = m->step;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
@@ -470,36 +468,31 @@ static int commit_files(commit *m, errbuf *err) {
     return 0;
 }
 
-void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics) {
-    const json_t *ck = json_object_get(metrics, "checkpoint");
-    if (json_is_integer(json_object_get(metrics, "total_steps")))
-        c->total_steps = (long long)json_integer_value(json_object_get(metrics, "total_steps"));
-    if (!ck) return;
-    const char *mode = json_string_value(json_object_get(ck, "mode"));
-    long long step = (long long)json_integer_value(json_object_get(ck, "step"));
-    int attempt = (int)json_integer_value(json_object_get(ck, "attempt"));
-    if (!mode || attempt != c->opt.attempt) {
-        log_event(0, 0, "ignoring a malformed checkpoint announcement");
+void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics) {
+    c->total_steps = metrics->total_steps;
+    if (!metrics->has_checkpoint) return;
+    const msg_ckpt_note *ck = &metrics->checkpoint;
+    if (ck->attempt != c->opt.attempt) {
+        log_event(0, 0, "ignoring a checkpoint announcement of attempt %d (this run's is %d)", ck->attempt,
+                  c->opt.attempt);
         return;
     }
-    if (!strcmp(mode, "skipped")) {
-        log_event(0, -1, "checkpoint of step %lld skipped: a previous save is still being written", step);
+    if (!strcmp(ck->mode, "skipped")) {
+        log_event(0, -1, "checkpoint of step %lld skipped: a previous save is still being written",
+                  (long long)ck->step);
         return;
     }
-    open_commit(c, step, attempt, !strcmp(mode, "sync"));
+    open_commit(c, ck->step, ck->attempt, !strcmp(ck->mode, "sync"));
 }
 
-void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
-    long long step = (long long)json_integer_value(json_object_get(b, "step"));
-    int attempt = (int)json_integer_value(json_object_get(b, "attempt"));
-    const char *file = json_string_value(json_object_get(b, "file"));
-    const char *error = json_string_value(json_object_get(b, "error"));
-    if (attempt != c->opt.attempt || rank >= c->n_files || !file || !error) {
-        log_event(0, rank, "ignoring a malformed CKPT_DONE (attempt %d, this run's is %d; %d shard files)",
-                  attempt, c->opt.attempt, c->n_files);
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
+    long long step = b->step;
+    if (b->attempt != c->opt.attempt || rank >= c->n_files) {
+        log_event(0, rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
+                  b->attempt, c->opt.attempt, c->n_files);
         return;
     }
-    commit *m = open_commit(c, step, attempt, json_is_true(json_object_get(b, "sync")));
+    commit *m = open_commit(c, step, b->attempt, b->sync);
     if (!m) return;
     rank_report *r = &m->ranks[rank];
     if (r->reported) {
@@ -508,18 +501,17 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     }
     r->reported = 1;
     m->n_reported++;
-    r->ok = json_is_true(json_object_get(b, "ok"));
-    snprintf(r->file, sizeof r->file, "%s", file);
-    r->bytes = (uint64_t)json_integer_value(json_object_get(b, "bytes"));
-    r->header_crc = (uint32_t)json_integer_value(json_object_get(b, "header_crc32c"));
+    r->ok = b->ok;
+    snprintf(r->file, sizeof r->file, "%s", b->file);
+    r->bytes = (uint64_t)b->bytes;
+    r->header_crc = (uint32_t)b->header_crc32c;
     if (r->ok)
-        log_event(0, rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", file, step,
-                  (double)r->bytes / 1e6, json_number_value(json_object_get(b, "stage_s")),
-                  json_number_value(json_object_get(b, "write_s")));
+        log_event(0, rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
+                  (double)r->bytes / 1e6, b->stage_s, b->write_s);
     if (rank == 0 && r->ok) {
-        m->units = json_incref(json_object_get(b, "units"));
-        m->optimizer_step = (long long)json_integer_value(json_object_get(b, "optimizer_step"));
-        m->tokens_seen = (long long)json_integer_value(json_object_get(b, "tokens_seen"));
+        m->units = json_incref(b->units);
+        m->optimizer_step = b->optimizer_step;
+        m->tokens_seen = b->tokens_seen;
     }
     if (m->abandoned) {
         if (m->n_reported == c->n_files) {
@@ -533,8 +525,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     if (!r->ok) {
         char why[1200];
         snprintf(why, sizeof why, "rank %d %s: %s", rank,
-                 json_is_true(json_object_get(b, "aborted")) ? "stopped writing" : "could not write its shard",
-                 error);
+                 b->aborted ? "stopped writing" : "could not write its shard", b->error);
         give_up(m, why);
         return;
     }
@@ -556,9 +547,8 @@ long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
     long long id = ++c->requests;
     log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
               stop ? ", synchronous, then stop" : "");
-    for (int r = 0; r < c->opt.world; r++)
-        c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_BEGIN,
-                          json_pack("{s:I, s:b}", "request", (json_int_t)id, "stop", stop));
+    msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0}};
+    for (int r = 0; r < c->opt.world; r++) c->opt.hooks.send(c->opt.hooks.arg, r, &begin);
     return id;
 }
 

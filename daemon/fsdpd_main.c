@@ -15,6 +15,7 @@
 #include "daemon/log.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
+#include "proto/fault.h"
 #include "proto/fileio.h"
 #include "proto/job.h"
 
@@ -84,7 +85,7 @@ int main(int argc, char **argv) {
 
     static job_config job;
     errbuf err;
-    if (check_one_node(&err) || job_load(&job, job_path, &err)) goto bad_job;
+    if (fault_init(&err) || check_one_node(&err) || job_load(&job, job_path, &err)) goto bad_job;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job")) i++;
         else if (job_apply_override(&job, argv[i], &err)) goto bad_job;

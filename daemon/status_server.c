@@ -369,7 +369,7 @@ void status_server_free(status_server *s) {
 /* ---- fsdpd's answers ---- */
 
 typedef struct job_binding {
-    supervisor *sup;
+    status_job_hooks hooks;
     const job_config *job;
     status_place place;
     int node;
@@ -464,7 +464,7 @@ static void add_progress(json_t *reply, const json_t *m) {
 
 static json_t *job_status(job_binding *b) {
     json_t *sup = json_object();
-    supervisor_status(b->sup, sup);
+    b->hooks.status(b->hooks.arg, sup);
     json_t *reply = json_pack("{s:{s:s, s:i, s:i, s:i}, s:O, s:O}", "job", "id", b->place.job_id, "node",
                               b->node, "restart", b->place.restart, "pid", (int)getpid(), "state",
                               json_object_get(sup, "state"), "stop_requested",
@@ -491,7 +491,7 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
     switch (cmd) {
     case STATUS_CMD_STATUS: reply = job_status(b); break;
     case STATUS_CMD_CHECKPOINT:
-        id = supervisor_request_checkpoint(b->sup, "status socket");
+        id = b->hooks.request_checkpoint(b->hooks.arg, "status socket");
         if (id == 0) {
             errf(err, "the job is not training (starting or stopping): no checkpoint to take");
             return NULL;
@@ -501,7 +501,7 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
                           "still being written");
         break;
     case STATUS_CMD_STOP:
-        id = supervisor_request_stop(b->sup, "stop requested on the status socket");
+        id = b->hooks.request_stop(b->hooks.arg, "stop requested on the status socket");
         if (id < 0) {
             errf(err, "the job is already stopping");
             return NULL;
@@ -515,11 +515,11 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
     return reply;
 }
 
-int status_server_open(status_server **out, struct event_base *base, supervisor *sup,
+int status_server_open(status_server **out, struct event_base *base, const status_job_hooks *hooks,
                        const job_config *job, int node, errbuf *err) {
     job_binding *b = calloc(1, sizeof *b);
     if (!b) return errf(err, "out of memory");
-    *b = (job_binding){.sup = sup, .job = job, .node = node};
+    *b = (job_binding){.hooks = *hooks, .job = job, .node = node};
     int rc = status_place_from_env(&b->place, err);
     if (rc == 0 && job->runtime.status_socket[0])
         snprintf(b->path, sizeof b->path, "%s", job->runtime.status_socket);

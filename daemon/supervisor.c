@@ -22,8 +22,8 @@
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/status_server.h"
-#include "proto/ctl.h"
-#include "worker/comm.h"
+#include "proto/fault.h"
+#include "proto/msg.h"
 
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
@@ -35,13 +35,13 @@ typedef struct worker {
     int rank;
     pid_t pid;
     struct bufferevent *bev; /* NULL once the connection is closed */
-    ctl_decoder dec;
+    msg_decoder dec;
     int exited, status;      /* from waitpid */
     int finished;            /* exited and connection closed: judged */
     int ready;
     int reported;            /* sent FATAL: its exit status is the consequence, not the cause */
     int killed;              /* fsdpd sent it SIGKILL */
-    char addr[COMM_ADDR_MAX];
+    char addr[MSG_ADDR_MAX];
     double last_seen;
     long long mem_bytes;     /* its context memory, from its heartbeats (-1: not reported) */
 } worker;
@@ -52,7 +52,6 @@ struct supervisor {
     ckpt_start ckpt_start;
     int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
-    long request_at_step; /* test hook: request a checkpoint at this step (0: never) */
     struct event_base *base;
     worker *workers;
     int n_finished, n_addr, n_ready;
@@ -65,8 +64,7 @@ struct supervisor {
     errbuf reason;
     double grace_at;      /* when the grace timer fires (0: not armed) */
     int sigint_count;
-    char secret_hex[2 * COMM_SECRET_BYTES + 1];
-    char *job_json;
+    char secret_hex[2 * MSG_SECRET_BYTES + 1];
     FILE *metrics;
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
@@ -95,7 +93,8 @@ static void kill_all(supervisor *s) {
         }
 }
 
-static void send_msg(worker *w, ctl_type type, json_t *body);
+static void send_msg(worker *w, const msg *m);
+static long long request_checkpoint(supervisor *s, const char *why);
 
 /* A failed job's survivors get at most this long before SIGKILL: nothing they could still
  * do commits (a checkpoint needs every rank), and a rank waiting in an NCCL collective for
@@ -123,8 +122,10 @@ static void begin_stop(supervisor *s, const char *reason) {
     }
     s->phase = PHASE_STOPPING;
     log_event(0, -1, "stopping the workers: %s", reason);
+    msg stop = {.type = MSG_STOP};
+    snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     for (int r = 0; r < s->opt->workers; r++)
-        if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
+        if (!s->workers[r].exited) send_msg(&s->workers[r], &stop);
     arm_grace(s, grace_s);
 }
 
@@ -202,81 +203,76 @@ static void maybe_finish(worker *w) {
     if (s->n_finished == s->opt->workers) event_base_loopbreak(s->base);
 }
 
-static void send_raw(worker *w, ctl_type type, const void *body, size_t len) {
-    uint8_t header[CTL_HEADER_SIZE];
+static void send_msg(worker *w, const msg *m) {
+    uint8_t *frame;
+    size_t len;
     errbuf err;
-    if (w->bev && ctl_encode_header(header, type, len, &err) == 0) {
-        bufferevent_write(w->bev, header, sizeof header);
-        bufferevent_write(w->bev, body, len);
-    }
-}
-
-static void send_msg(worker *w, ctl_type type, json_t *body) {
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    if (!text) {
-        fail(w->sup, "rank %d: out of memory encoding %s", w->rank, ctl_type_name(type));
+    if (!w->bev) return;
+    if (msg_encode(m, &frame, &len, &err)) {
+        fail(w->sup, "rank %d: %s", w->rank, err.msg);
         return;
     }
-    send_raw(w, type, text, strlen(text));
-    free(text);
+    bufferevent_write(w->bev, frame, len);
+    free(frame);
 }
 
 /* Global rank 0 made the NCCL unique id: every rank (itself included) gets it. */
-static void relay_nccl_id(supervisor *s, worker *from, const ctl_msg *msg) {
-    if (from->rank != 0 || msg->len == 0) {
+static void relay_nccl_id(supervisor *s, worker *from, const msg *id) {
+    if (from->rank != 0) {
         fail(s, "rank %d sent an unexpected NCCL_ID message", from->rank);
         return;
     }
-    for (int r = 0; r < s->opt->workers; r++) send_raw(&s->workers[r], CTL_NCCL_ID, msg->body, msg->len);
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], id);
     s->fabric = "nccl";
 }
 
 static void broadcast_peers(supervisor *s) {
-    json_t *addrs = json_array();
-    for (int r = 0; r < s->opt->workers; r++) json_array_append_new(addrs, json_string(s->workers[r].addr));
+    char (*addrs)[MSG_ADDR_MAX] = calloc((size_t)s->opt->workers, sizeof *addrs);
+    if (!addrs) {
+        fail(s, "out of memory for the rank table");
+        return;
+    }
+    for (int r = 0; r < s->opt->workers; r++) strcpy(addrs[r], s->workers[r].addr);
+    msg peers = {.type = MSG_PEERS, .u.peers = {.n = s->opt->workers, .addrs = addrs}};
     s->fabric = "tcp";
-    for (int r = 0; r < s->opt->workers; r++)
-        send_msg(&s->workers[r], CTL_PEERS, json_pack("{s:O}", "addrs", addrs));
-    json_decref(addrs);
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &peers);
+    msg_free(&peers);
 }
 
-static void on_metrics(supervisor *s, worker *w, json_t *m) {
-    long step = (long)json_integer_value(json_object_get(m, "step"));
-    if (s->request_at_step && step >= s->request_at_step) {
-        s->request_at_step = 0;
-        supervisor_request_checkpoint(s, "FSDP_TEST_CKPT_REQUEST_AT");
-    }
-    long total = (long)json_integer_value(json_object_get(m, "total_steps"));
-    double loss = json_number_value(json_object_get(m, "loss"));
-    double lr = json_number_value(json_object_get(m, "lr"));
-    double norm = json_number_value(json_object_get(m, "grad_norm"));
-    double tokens = json_number_value(json_object_get(m, "tokens"));
-    double secs = json_number_value(json_object_get(m, "seconds"));
-    printf("step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", step, total, loss,
-           lr, norm, secs > 0 ? tokens / secs : 0.0);
+/* Prints the step and appends the metrics line: the METRICS message, its rank and the time. */
+static void on_metrics(supervisor *s, worker *w, const msg *m) {
+    const msg_metrics *x = &m->u.metrics;
+    const fault *request = fault_get(FAULT_CKPT_REQUEST, -1);
+    if (request && x->step >= request->n && fault_once(request)) request_checkpoint(s, "fault ckpt_request");
+    printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", (long long)x->step,
+           (long long)x->total_steps, x->loss, x->lr, x->grad_norm,
+           x->seconds > 0 ? (double)x->tokens / x->seconds : 0.0);
     fflush(stdout);
     if (!s->metrics) return;
-    json_object_set_new(m, "rank", json_integer(w->rank));
-    json_object_set_new(m, "time", json_real((double)time(NULL)));
-    char *line = json_dumps(m, JSON_COMPACT);
-    if (!line || fprintf(s->metrics, "%s\n", line) < 0 || fflush(s->metrics) != 0)
-        log_event(0, -1, "cannot append to the metrics file: %s", strerror(errno));
-    free(line);
+    errbuf err;
+    json_t *line = msg_to_json(m, &err);
+    char *text = NULL;
+    if (line && !json_object_set_new(line, "rank", json_integer(w->rank)) &&
+        !json_object_set_new(line, "time", json_real((double)time(NULL))))
+        text = json_dumps(line, JSON_COMPACT);
+    if (!text || fprintf(s->metrics, "%s\n", text) < 0 || fflush(s->metrics) != 0)
+        log_event(0, -1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
+    free(text);
+    json_decref(line);
 }
 
 /* ---- checkpoints ---- */
 
-static void ckpt_send(void *arg, int rank, ctl_type type, json_t *body) {
+static void ckpt_send(void *arg, int rank, const msg *m) {
     supervisor *s = arg;
-    send_msg(&s->workers[rank], type, body);
+    send_msg(&s->workers[rank], m);
 }
 
 static void ckpt_fatal(void *arg, const char *reason) {
     fail((supervisor *)arg, "%s", reason);
 }
 
-long long supervisor_request_checkpoint(supervisor *s, const char *why) {
+static long long request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
     return ckpt_coord_request(s->ckpt, why, 0);
 }
@@ -303,20 +299,27 @@ static long long request_stop(supervisor *s, const char *why, int sync) {
     return id;
 }
 
-long long supervisor_request_stop(supervisor *s, const char *why) {
-    return request_stop(s, why, 0);
+/* ---- the status socket's hooks ---- */
+
+static long long status_request_checkpoint(void *arg, const char *why) {
+    return request_checkpoint(arg, why);
+}
+
+/* A graceful stop: the workers save, train on, and get STOP once the commit is over. */
+static long long status_request_stop(void *arg, const char *why) {
+    return request_stop(arg, why, 0);
 }
 
 /* Kept for the status socket; a save that serves the stop's request names the step whose
  * commit the stop waits for. */
-static void note_rank0_metrics(supervisor *s, json_t *m) {
+static void note_rank0_metrics(supervisor *s, const msg *m) {
+    errbuf err;
     json_decref(s->last_metrics);
-    s->last_metrics = json_incref(m);
-    const json_t *ck = json_object_get(m, "checkpoint");
-    const char *mode = json_string_value(json_object_get(ck, "mode"));
-    if (s->stop_request && !s->stop_step && mode && strcmp(mode, "skipped") != 0 &&
-        json_integer_value(json_object_get(ck, "request")) >= s->stop_request)
-        s->stop_step = (long long)json_integer_value(json_object_get(ck, "step"));
+    s->last_metrics = msg_to_json(m, &err);
+    const msg_metrics *x = &m->u.metrics;
+    if (s->stop_request && !s->stop_step && x->has_checkpoint && strcmp(x->checkpoint.mode, "skipped") != 0 &&
+        x->checkpoint.request >= s->stop_request)
+        s->stop_step = x->checkpoint.step;
 }
 
 static void ckpt_settled(void *arg, long long step, int committed) {
@@ -328,7 +331,8 @@ static void ckpt_settled(void *arg, long long step, int committed) {
     begin_stop(s, s->stop_why);
 }
 
-void supervisor_status(const supervisor *s, json_t *out) {
+static void status_of(void *arg, json_t *out) {
+    const supervisor *s = arg;
     static const char *const phases[] = {[PHASE_SETUP] = "setup", [PHASE_TRAINING] = "training",
                                          [PHASE_STOPPING] = "stopping"};
     json_t *ranks = json_array();
@@ -347,72 +351,69 @@ void supervisor_status(const supervisor *s, json_t *out) {
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
 }
 
-static void handle_message(worker *w, const ctl_msg *msg) {
+/* CONFIG: the worker's place, the resolved job and the model's config. */
+static void send_config(supervisor *s, worker *w) {
+    static msg m; /* one job config at a time, from the event loop */
+    memset(&m, 0, sizeof m);
+    m.type = MSG_CONFIG;
+    msg_config *c = &m.u.config;
+    *c = (msg_config){.rank = w->rank, .world = s->opt->workers, .local_rank = w->rank, .node = 0,
+                      .job = s->job, .model = s->ckpt_start.model, .ckpt_attempt = s->ckpt_start.attempt,
+                      .model_fd = s->model_fd >= 0 ? WORKER_MODEL_FD : -1};
+    snprintf(c->bind_host, sizeof c->bind_host, "%s", s->opt->bind_host);
+    strcpy(c->secret, s->secret_hex);
+    strcpy(c->resume_dir, s->ckpt_start.resume_dir);
+    send_msg(w, &m);
+}
+
+static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
+    if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
+    if (!h->ready || w->ready) return;
+    w->ready = 1;
+    if (++s->n_ready < s->opt->workers || s->phase != PHASE_SETUP) return;
+    s->phase = PHASE_TRAINING;
+    log_event(0, -1, "all %d workers ready: training", s->opt->workers);
+    msg start = {.type = MSG_START};
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &start);
+}
+
+static void handle_message(worker *w, const msg_frame *frame) {
     supervisor *s = w->sup;
-    json_t *body = NULL;
+    static msg m;
     errbuf err;
-    if (msg->type == CTL_NCCL_ID) { /* the one message whose body is raw bytes */
-        relay_nccl_id(s, w, msg);
+    if (msg_decode(frame, &m, &err)) {
+        fail(s, "rank %d: bad message: %s", w->rank, err.msg);
         return;
     }
-    if (ctl_msg_json(msg, &body, &err)) {
-        fail(s, "rank %d: bad %s message: %s", w->rank, ctl_type_name(msg->type), err.msg);
-        return;
-    }
-    switch (msg->type) {
-    case CTL_HELLO:
-        send_msg(w, CTL_CONFIG,
-                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:s, s:i}", "rank", w->rank, "world",
-                           s->opt->workers, "local_rank", w->rank, "node", 0, "bind_host",
-                           s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json,
-                           "ckpt_attempt", s->ckpt_start.attempt, "resume_dir",
-                           s->ckpt_start.resume_dir, "model_fd",
-                           s->model_fd >= 0 ? WORKER_MODEL_FD : -1));
-        break;
-    case CTL_ADDR: {
-        const char *addr = json_string_value(json_object_get(body, "addr"));
-        if (!addr || strlen(addr) >= sizeof w->addr || w->addr[0]) {
-            fail(s, "rank %d: bad ADDR message", w->rank);
+    switch (m.type) {
+    case MSG_HELLO: send_config(s, w); break;
+    case MSG_NCCL_ID: relay_nccl_id(s, w, &m); break;
+    case MSG_ADDR:
+        if (w->addr[0]) {
+            fail(s, "rank %d sent a second ADDR message", w->rank);
             break;
         }
-        strcpy(w->addr, addr);
+        strcpy(w->addr, m.u.addr.addr);
         if (++s->n_addr == s->opt->workers) broadcast_peers(s);
         break;
-    }
-    case CTL_HEARTBEAT:
-        if (json_is_integer(json_object_get(body, "mem_bytes")))
-            w->mem_bytes = (long long)json_integer_value(json_object_get(body, "mem_bytes"));
-        if (json_is_true(json_object_get(body, "ready")) && !w->ready) {
-            w->ready = 1;
-            if (++s->n_ready == s->opt->workers && s->phase == PHASE_SETUP) {
-                s->phase = PHASE_TRAINING;
-                log_event(0, -1, "all %d workers ready: training", s->opt->workers);
-                for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], CTL_START, json_object());
-            }
-        }
-        break;
-    case CTL_METRICS:
+    case MSG_HEARTBEAT: on_heartbeat(s, w, &m.u.heartbeat); break;
+    case MSG_METRICS:
         if (w->rank == 0) {
-            ckpt_coord_on_metrics(s->ckpt, body);
-            note_rank0_metrics(s, body);
+            ckpt_coord_on_metrics(s->ckpt, &m.u.metrics);
+            note_rank0_metrics(s, &m);
         }
-        on_metrics(s, w, body);
+        on_metrics(s, w, &m);
         break;
-    case CTL_CKPT_DONE:
-        ckpt_coord_on_done(s->ckpt, w->rank, body);
-        break;
-    case CTL_FATAL: {
-        const char *what = json_string_value(json_object_get(body, "message"));
+    case MSG_CKPT_DONE: ckpt_coord_on_done(s->ckpt, w->rank, &m.u.ckpt_done); break;
+    case MSG_FATAL:
         w->reported = 1;
-        int permanent = json_is_true(json_object_get(body, "permanent"));
-        record_failure(s, permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "rank %d failed: %s", w->rank,
-                       what ? what : "(no message)");
+        record_failure(s, m.u.fatal.permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "rank %d failed: %s",
+                       w->rank, m.u.fatal.message);
         break;
-    }
     default:
-        fail(s, "rank %d sent an unexpected %s message", w->rank, ctl_type_name(msg->type));
+        fail(s, "rank %d sent an unexpected %s message", w->rank, msg_type_name(m.type));
     }
-    json_decref(body);
+    msg_free(&m);
 }
 
 static void on_readable(struct bufferevent *bev, void *arg) {
@@ -423,18 +424,18 @@ static void on_readable(struct bufferevent *bev, void *arg) {
     int n;
     w->last_seen = now_s();
     while ((n = evbuffer_remove(in, chunk, sizeof chunk)) > 0) {
-        if (ctl_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
+        if (msg_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
             fail(w->sup, "rank %d: %s", w->rank, err.msg);
             close_connection(w);
             maybe_finish(w);
             return;
         }
     }
-    ctl_msg msg;
+    msg_frame frame;
     int got = 0;
-    while (w->bev && (got = ctl_decoder_next(&w->dec, &msg, &err)) == 1) {
-        handle_message(w, &msg);
-        ctl_msg_free(&msg);
+    while (w->bev && (got = msg_decoder_next(&w->dec, &frame, &err)) == 1) {
+        handle_message(w, &frame);
+        msg_frame_free(&frame);
     }
     if (w->bev && got < 0) {
         fail(w->sup, "rank %d: protocol error: %s", w->rank, err.msg);
@@ -449,7 +450,7 @@ static void on_connection_event(struct bufferevent *bev, short events, void *arg
     if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
     on_readable(w->bev, w);
     if (!w->bev) return;
-    if (ctl_decoder_buffered(&w->dec))
+    if (msg_decoder_buffered(&w->dec))
         log_event(0, w->rank, "connection closed in the middle of a message");
     close_connection(w);
     maybe_finish(w);
@@ -489,7 +490,7 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     w->pid = pid;
     w->last_seen = now_s();
     w->mem_bytes = -1;
-    ctl_decoder_init(&w->dec);
+    msg_decoder_init(&w->dec);
     evutil_make_socket_nonblocking(sv[0]);
     w->bev = bufferevent_socket_new(s->base, sv[0], BEV_OPT_CLOSE_ON_FREE);
     if (!w->bev) {
@@ -569,7 +570,7 @@ static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
 static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
-    long long id = supervisor_request_checkpoint(s, "SIGUSR1");
+    long long id = request_checkpoint(s, "SIGUSR1");
     if (id > 0) log_event(0, -1, "SIGUSR1: checkpoint requested (request %lld)", id);
     else log_event(0, -1, "SIGUSR1: not training yet, no checkpoint to take");
 }
@@ -589,10 +590,10 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
 /* ---- set-up and tear-down ---- */
 
 static int make_secret(supervisor *s, errbuf *err) {
-    unsigned char secret[COMM_SECRET_BYTES];
+    unsigned char secret[MSG_SECRET_BYTES];
     if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
         return errf(err, "getrandom: %s", strerror(errno));
-    for (int i = 0; i < COMM_SECRET_BYTES; i++) sprintf(s->secret_hex + 2 * i, "%02x", secret[i]);
+    for (int i = 0; i < MSG_SECRET_BYTES; i++) sprintf(s->secret_hex + 2 * i, "%02x", secret[i]);
     return 0;
 }
 
@@ -629,7 +630,7 @@ static void teardown(supervisor *s) {
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {
         close_connection(&s->workers[r]);
-        ctl_decoder_free(&s->workers[r].dec);
+        msg_decoder_free(&s->workers[r].dec);
     }
     struct event *events[] = {s->sigchld, s->sigint,        s->sigterm,  s->sigusr1,
                               s->term_deadline, s->grace, s->heartbeat};
@@ -639,7 +640,6 @@ static void teardown(supervisor *s) {
     if (s->metrics) fclose(s->metrics);
     if (s->model_fd >= 0) close(s->model_fd);
     free(s->workers);
-    free(s->job_json);
 }
 
 /* The checkpoint directory, the resume, and the coordinator. */
@@ -650,8 +650,6 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
                                .model_config = s->ckpt_start.model_config, .base = s->base,
                                .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal,
                                          .settled = ckpt_settled}};
-    const char *at = getenv("FSDP_TEST_CKPT_REQUEST_AT");
-    s->request_at_step = at ? atol(at) : 0;
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 
@@ -662,11 +660,8 @@ static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
     if (s->ckpt_start.resume_dir[0]) return 0;
     const job_config *j = &s->job;
-    llama_config cfg;
     llama_layout lo;
-    if (llama_config_load(&cfg, j->model.init == JOB_INIT_RANDOM ? j->model.config : j->model.path, err) ||
-        llama_layout_init(&lo, &cfg, err))
-        return -1;
+    if (llama_layout_init(&lo, &s->ckpt_start.model, err)) return -1;
     const char *job_id = getenv("SLURM_JOB_ID"), *restart = getenv("SLURM_RESTART_COUNT");
     char name[128];
     if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n0", job_id, restart ? restart : "0");
@@ -688,10 +683,11 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     int rc = s.workers ? 0 : errf(err, "out of memory");
     if (rc == 0) rc = make_secret(&s, err);
     if (rc == 0) rc = setup_events(&s, err);
-    if (rc == 0) rc = status_server_open(&s.status, s.base, &s, &s.job, 0, err);
+    status_job_hooks hooks = {.arg = &s, .status = status_of, .request_checkpoint = status_request_checkpoint,
+                              .request_stop = status_request_stop};
+    if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, 0, err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
-    if (rc == 0) rc = job_to_json(&s.job, &s.job_json, err);
     if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {
         s.workers[r] = (worker){.sup = &s, .rank = r};

@@ -15,12 +15,10 @@
  * training the coordinator commits the workers' saves.  A job whose workers all exited 0
  * still fails when its final checkpoint did not commit.
  *
- * Test-only hook: FSDP_TEST_CKPT_REQUEST_AT=STEP requests a checkpoint (as SIGUSR1 or the
+ * Fault point ckpt_request=STEP (proto/fault.h) requests a checkpoint (as SIGUSR1 or the
  * status socket will) once rank 0 reports step STEP. */
 #ifndef FSDP_SUPERVISOR_H
 #define FSDP_SUPERVISOR_H
-
-#include <jansson.h>
 
 #include "proto/errbuf.h"
 #include "proto/job.h"
@@ -52,23 +50,5 @@ enum {
  * load), SUPERVISOR_FAILED otherwise (a worker that crashed, was killed, missed heartbeats).
  * SIGUSR1 takes a checkpoint and training goes on. */
 int supervisor_run(const supervisor_options *opt, errbuf *err);
-
-/* Asks the workers for a checkpoint at the next step boundary where no save is still being
- * written (the ranks agree on the step among themselves); for SIGUSR1 and the status socket,
- * from the supervisor's event loop.  Returns the request's id, 0 when not training. */
-long long supervisor_request_checkpoint(supervisor *s, const char *why);
-
-/* A graceful stop (the status socket's "stop"): asks for a checkpoint and, once its commit is
- * over (committed or given up), stops the workers with STOP; the job then ends as a success
- * when nothing failed.  Returns the checkpoint request's id (the same one when a stop is
- * already waiting for its checkpoint), 0 when it stopped at once because the job is not
- * training (nothing to save), -1 when the job is already stopping. */
-long long supervisor_request_stop(supervisor *s, const char *why);
-
-/* The supervisor's state for the status socket, set as members of `out`: "state" (setup,
- * training, stopping), "stop_requested" (a stop waits for its checkpoint), "ranks" ([{"rank",
- * "pid", "running"}]), "metrics" (rank 0's last METRICS message, or null) and "last_error"
- * (the job's failure, or null). */
-void supervisor_status(const supervisor *s, json_t *out);
 
 #endif

@@ -1,8 +1,10 @@
 #include "fault.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_FAULTS 16
@@ -123,6 +125,16 @@ const fault *fault_get(fault_point p, int rank) {
     for (int i = 0; i < n_faults; i++)
         if (table[i].point == p && (table[i].rank < 0 || table[i].rank == rank)) return &table[i];
     return NULL;
+}
+
+int fault_once(const fault *f) {
+    return __atomic_exchange_n(&((fault *)f)->fired, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
+void fault_stall(double seconds) {
+    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
 }
 
 void fault_hang(void) {

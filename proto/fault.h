@@ -41,6 +41,7 @@ typedef struct fault {
     long long n;       /* STEP or CALL; 0 when not given */
     double seconds;    /* comm_stall */
     char path[4096];   /* final_params */
+    int fired;         /* for fault_once */
 } fault;
 
 /* Reads FSDP_FAULTS (unset or empty: no faults).  A malformed value is an error naming the
@@ -51,7 +52,12 @@ int fault_init(errbuf *err);
 int fault_configure(const char *spec, errbuf *err);
 /* The first entry of point p for this rank (entries without a rank match any), or NULL. */
 const fault *fault_get(fault_point p, int rank);
-/* For a hang fault: never returns (the process stays alive, doing nothing). */
+/* True the first time it is asked for f (from any thread), false after: a fault that acts
+ * once. */
+int fault_once(const fault *f);
+/* A stall fault: sleeps `seconds`, whatever signals arrive. */
+void fault_stall(double seconds);
+/* A hang fault: never returns (the process stays alive, doing nothing). */
 void fault_hang(void) __attribute__((noreturn));
 
 #endif

@@ -104,7 +104,10 @@ static const field metrics_fields[] = {
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
 };
 
-static const field ckpt_begin_fields[] = {I64(msg_ckpt_begin, "request", request, 1)};
+static const field ckpt_begin_fields[] = {
+    I64(msg_ckpt_begin, "request", request, 1),
+    BOOL(msg_ckpt_begin, "stop", stop),
+};
 
 static const field ckpt_done_fields[] = {
     I64(msg_ckpt_done, "step", step, 1),
@@ -129,8 +132,11 @@ static const field ckpt_abort_fields[] = {
     INT(msg_ckpt_abort, "attempt", attempt, 1, INT_MAX),
 };
 
-static const field stop_fields[] = {STR(msg_text, "reason", text)};
-static const field fatal_fields[] = {STR(msg_text, "message", text)};
+static const field stop_fields[] = {STR(msg_stop, "reason", reason)};
+static const field fatal_fields[] = {
+    STR(msg_fatal, "message", message),
+    BOOL(msg_fatal, "permanent", permanent),
+};
 static const field addr_fields[] = {STR(msg_addr, "addr", addr)};
 static const field peers_fields[] = {OF(msg_peers, "addrs", n, F_ADDRS)};
 

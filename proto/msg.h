@@ -29,6 +29,7 @@
 
 #include <jansson.h>
 
+#include "ckpt.h"
 #include "errbuf.h"
 #include "job.h"
 #include "model_config.h"
@@ -41,7 +42,7 @@
 /* Sizes both ends must agree on. */
 #define MSG_SECRET_BYTES 32    /* the job secret every connection proves */
 #define MSG_NCCL_ID_BYTES 128  /* sizeof(ncclUniqueId) */
-#define MSG_ADDR_MAX 64        /* "host:port" of a listener */
+#define MSG_ADDR_MAX 80        /* "host:port" of a listener, room for "[ipv6%scope]:port" */
 #define MSG_TEXT_MAX 1024      /* reasons and error messages */
 
 /* w = worker, d = daemon, D = another node's daemon.  The numbers are on the wire: new
@@ -119,6 +120,7 @@ typedef struct msg_metrics {
 
 typedef struct msg_ckpt_begin {
     int64_t request;
+    bool stop;          /* SIGTERM: a synchronous save after the step in progress, then stop */
 } msg_ckpt_begin;
 
 typedef struct msg_ckpt_done {
@@ -126,7 +128,7 @@ typedef struct msg_ckpt_done {
     int attempt, rank;
     bool sync, ok, aborted;
     char error[MSG_TEXT_MAX]; /* "" when ok */
-    char file[JOB_PATH_MAX];
+    char file[CKPT_NAME_MAX]; /* the shard file's name in the checkpoint directory */
     int64_t bytes;
     int64_t header_crc32c;
     double stage_s, write_s;
@@ -143,9 +145,14 @@ typedef struct msg_ckpt_abort {
     int attempt;
 } msg_ckpt_abort;
 
-typedef struct msg_text {
-    char text[MSG_TEXT_MAX];
-} msg_text;             /* STOP's "reason", FATAL's "message" */
+typedef struct msg_stop {
+    char reason[MSG_TEXT_MAX];
+} msg_stop;
+
+typedef struct msg_fatal {
+    char message[MSG_TEXT_MAX];
+    bool permanent;     /* no restart can cure it: the job, model, checkpoint or data */
+} msg_fatal;
 
 typedef struct msg_addr {
     char addr[MSG_ADDR_MAX];
@@ -193,7 +200,8 @@ typedef struct msg {
         msg_ckpt_begin ckpt_begin;
         msg_ckpt_done ckpt_done;
         msg_ckpt_abort ckpt_abort;
-        msg_text stop, fatal;
+        msg_stop stop;
+        msg_fatal fatal;
         msg_addr addr;
         msg_peers peers;
         msg_join join;
@@ -210,7 +218,8 @@ void msg_free(msg *m);
  * metrics.jsonl for METRICS.  Not for NCCL_ID. */
 json_t *msg_to_json(const msg *m, errbuf *err);
 /* A body of `type` from its JSON object, strictly (see above).  On failure *m holds
- * nothing to free.  A CONFIG's job is parsed and validated for its world (job_parse). */
+ * nothing to free.  A CONFIG's job is read strictly and validated for its world
+ * (job_from_object, job_validate). */
 int msg_from_json(msg *m, msg_type type, const json_t *body, errbuf *err);
 
 /* ---- frames ---- */

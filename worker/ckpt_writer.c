@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto/fault.h"
 #include "proto/fileio.h"
 
 static double now_s(void) {
@@ -17,44 +18,22 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Sleeps the whole time, whatever signals arrive. */
-static void sleep_s(double seconds) {
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
-    }
-}
-
-/* FSDP_TEST_CKPT_FAULT: comma-separated RANK:ACTION[:STEP]; the first entry for this rank. */
-static void read_fault_hook(ckpt_writer *w) {
-    const char *spec = getenv("FSDP_TEST_CKPT_FAULT");
-    while (spec && *spec) {
-        int rank;
-        long long step = 0;
-        char action[16];
-        if (sscanf(spec, "%d:%15[a-z]:%lld", &rank, action, &step) >= 2 && rank == w->rank) {
-            w->fault_stall = !strcmp(action, "stall");
-            w->fault_die = !strcmp(action, "die");
-            w->fault_step = step;
-            return;
-        }
-        spec = strchr(spec, ',');
-        if (spec) spec++;
-    }
-}
-
-/* Runs the fault hook halfway through the file, and says whether to stop writing. */
+/* Runs the ckpt_write fault halfway through the file (the save of its STEP, else the first),
+ * and says whether to stop writing. */
 static int on_progress(void *arg, uint64_t written, uint64_t total) {
     ckpt_writer *w = arg;
-    int this_save = w->fault_step ? w->job.step >= w->fault_step : w->saves == 1;
-    if ((w->fault_stall || w->fault_die) && this_save && written >= total / 2) {
-        if (w->fault_die) {
+    const fault *f = fault_get(FAULT_CKPT_WRITE, w->rank);
+    int this_save = f && (f->n ? w->job.step >= f->n : w->saves == 1);
+    if (this_save && written >= total / 2) {
+        if (!strcmp(f->action, "die")) {
             fprintf(stderr, "fsdp-worker rank %d: test fault: dying while writing %s\n", w->rank, w->path);
             raise(SIGKILL);
         }
-        fprintf(stderr, "fsdp-worker rank %d: test fault: stalling %d s while writing %s\n", w->rank,
-                w->timeout_s + 2, w->path);
-        w->fault_stall = 0; /* once */
-        sleep_s(w->timeout_s + 2.0);
+        if (fault_once(f)) {
+            fprintf(stderr, "fsdp-worker rank %d: test fault: stalling %d s while writing %s\n", w->rank,
+                    w->timeout_s + 2, w->path);
+            fault_stall(w->timeout_s + 2.0);
+        }
     }
     return atomic_load(&w->abort);
 }
@@ -103,7 +82,6 @@ int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err
     w->report = opt->report;
     w->arg = opt->arg;
     atomic_init(&w->abort, 0);
-    read_fault_hook(w);
     if (pthread_mutex_init(&w->lock, NULL) != 0) return errf(err, "checkpoint writer: cannot create a mutex");
     if (pthread_cond_init(&w->cond, NULL) != 0) {
         pthread_mutex_destroy(&w->lock);

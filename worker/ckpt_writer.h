@@ -12,11 +12,10 @@
  * Only ranks below the shard group size write (with no_shard every rank holds the same
  * state: rank 0 writes it); for the others every call is a no-op.
  *
- * Test-only fault hook (environment): FSDP_TEST_CKPT_FAULT="RANK:ACTION[:STEP]" makes RANK,
- * halfway through writing its first save at or after step STEP (its first save when STEP is
- * absent), once:
- *   stall  sleep for checkpoint.timeout_s + 2 s (a stuck disk: not interrupted by an
- *          abort), then go on;
+ * Fault point ckpt_write=RANK:ACTION[:STEP] (proto/fault.h) makes RANK, halfway through
+ * writing its first save at or after step STEP (its first save when STEP is absent):
+ *   stall  sleep for checkpoint.timeout_s + 2 s, once (a stuck disk: not interrupted by
+ *          an abort), then go on;
  *   die    kill itself with SIGKILL. */
 #ifndef FSDP_CKPT_WRITER_H
 #define FSDP_CKPT_WRITER_H
@@ -64,8 +63,6 @@ typedef struct ckpt_writer {
     ckpt_report_fn report;
     void *arg;
 
-    int fault_stall, fault_die; /* the test hook, for save fault_step (0: the first) */
-    int64_t fault_step;
     int saves;                  /* saves started */
 
     ckpt_layout layout;         /* built at the first save */

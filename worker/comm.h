@@ -34,19 +34,18 @@
  * Threads: one thread at a time makes the collective calls; comm_abort() may be called
  * from any thread at any time before comm_destroy() (a watchdog's way out).
  *
- * Test-only fault hooks (environment variables, read by comm_init; never set them in a job):
- *   FSDP_TEST_COMM_STALL_RANK=r   rank r sleeps before one of its collectives, so that the
- *   FSDP_TEST_COMM_STALL_AT=n     others time out: before its n-th collective (default 1),
- *   FSDP_TEST_COMM_STALL_S=s      for s seconds (default 3600). */
+ * Fault point comm_stall=RANK:CALL:SECONDS (proto/fault.h): that rank
+ * sleeps SECONDS before its CALL-th collective, so that the others time out. */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 
 #include <stddef.h>
 
 #include "proto/errbuf.h"
+#include "proto/msg.h"
 
-#define COMM_SECRET_BYTES 32
-#define COMM_ADDR_MAX 80 /* room for "[ipv6%scope]:port" */
+#define COMM_SECRET_BYTES MSG_SECRET_BYTES /* the sizes both ends agree on live in proto/msg.h */
+#define COMM_ADDR_MAX MSG_ADDR_MAX
 #define COMM_MAX_WORLD 65536
 
 typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_BYTE } comm_dtype;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fault.h"
 #include "proto/model_image.h"
 
 static void build_plan(fsdp *f);
@@ -435,8 +436,14 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
     }
 }
 
-/* Test hook: the first element of this rank's gradient shard of unit 0 becomes NaN, after
- * the reductions, as a bad kernel or an overflow would leave it; the loss stays finite. */
+/* Whether fault point p (nan_loss, nan_grad: RANK:STEP) hits this rank's step in progress. */
+static int fault_now(const fsdp *f, fault_point p) {
+    const fault *x = fault_get(p, f->rank);
+    return x && x->n == f->step + 1;
+}
+
+/* Fault nan_grad: the first element of this rank's gradient shard of unit 0 becomes NaN,
+ * after the reductions, as a bad kernel or an overflow would leave it; the loss stays finite. */
 static void poison_gradient(fsdp *f) {
     static const float nan = NAN;
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
@@ -478,12 +485,12 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
         rc = forward_backward(f, dscale, err);
     }
     free(targets);
-    if (rc == 0 && f->poison_grad_step == f->step + 1) poison_gradient(f);
+    if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
     if (rc == 0) k_copy_d2h(c, scalars, f->scalars, sizeof scalars);
     if (rc == 0) rc = k_sync(c, err);
-    if (rc == 0 && f->poison_step == f->step + 1) scalars[0] = NAN;
+    if (rc == 0 && fault_now(f, FAULT_NAN_LOSS)) scalars[0] = NAN; /* fault nan_loss */
     if (rc == 0) {
         mine.loss_sum = scalars[0];
         mine.sumsq = scalars[1];

@@ -95,8 +95,6 @@ typedef struct fsdp {
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
     long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
-    int poison_step;     /* test hook: this rank's loss turns NaN at this step (0: never) */
-    int poison_grad_step; /* test hook: one element of this rank's gradient turns NaN (0: never) */
 } fsdp;
 
 typedef struct fsdp_options {

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "proto/ckpt.h"
+#include "proto/fault.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
 #include "proto/safetensors.h"
@@ -45,21 +46,19 @@ static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_
     return rc;
 }
 
-/* The model's config and this rank's initial state: from the checkpoint when resuming, else
- * the initial parameters. */
+/* This rank's initial state: from the checkpoint when resuming, else the initial
+ * parameters. */
 static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbuf *err) {
     const job_config *j = env->job;
-    llama_config cfg;
-    int random = j->model.init == JOB_INIT_RANDOM;
+    const llama_config *cfg = env->model;
     memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
     *tokens_seen = 0;
-    if (llama_config_load(&cfg, random ? j->model.config : j->model.path, err)) return -1;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch};
-    if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
-    if (env->resume_dir) return resume(f, env, &cfg, tokens_seen, err);
+    if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+    if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
     const void *image;
     size_t bytes;
@@ -88,7 +87,7 @@ static int collect_tensor(const llama_tensor_slot *slot, const float *data, void
     return 0;
 }
 
-/* Test hook: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
+/* Fault final_params: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
 static int write_final_params(fsdp *f, int rank, const char *path, errbuf *err) {
     int n = f->layout.n_tensors;
     params_writer w = {calloc((size_t)n, sizeof *w.tensors), calloc((size_t)n, sizeof *w.copies), 0};
@@ -176,14 +175,6 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     return rc;
 }
 
-/* Test hooks: the step that environment variable `name` ("STEP:RANK") names for this rank,
- * 0 when it is unset or names another rank. */
-static int test_poison_step(const char *name, int rank) {
-    const char *at = getenv(name);
-    int step, at_rank;
-    return at && sscanf(at, "%d:%d", &step, &at_rank) == 2 && at_rank == rank ? step : 0;
-}
-
 int train_run(const train_env *env, errbuf *err) {
     const job_config *j = env->job;
     fsdp f;
@@ -193,8 +184,6 @@ int train_run(const train_env *env, errbuf *err) {
         fsdp_destroy(&f);
         return TRAIN_ERR_SETUP;
     }
-    f.poison_step = test_poison_step("FSDP_TEST_NAN_AT", env->rank);
-    f.poison_grad_step = test_poison_step("FSDP_TEST_NAN_GRAD_AT", env->rank);
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
@@ -204,8 +193,8 @@ int train_run(const train_env *env, errbuf *err) {
         rc = run_steps(&f, &d, env, tokens_seen, err);
         data_close(&d);
     }
-    const char *final_path = getenv("FSDP_TEST_FINAL_PARAMS");
-    if (rc == 0 && final_path) rc = write_final_params(&f, env->rank, final_path, err);
+    const fault *final = fault_get(FAULT_FINAL_PARAMS, env->rank);
+    if (rc == 0 && final) rc = write_final_params(&f, env->rank, final->path, err);
     fsdp_destroy(&f);
     return rc;
 }

@@ -17,6 +17,7 @@
 
 #include "kernels/kernels.h"
 #include "proto/job.h"
+#include "proto/model_config.h"
 #include "worker/comm.h"
 
 typedef struct train_step_info {
@@ -56,6 +57,7 @@ struct ckpt_writer;
 
 typedef struct train_env {
     const job_config *job; /* validated */
+    const llama_config *model; /* the model's config, as fsdpd read it */
     int rank, world;
     comm *comm;            /* NULL when world is 1 */
     kctx *ctx;
@@ -76,10 +78,10 @@ typedef struct train_env {
  * count come from that checkpoint (its global_batch and seed must be the job's: fsdpd sets
  * them from the manifest).
  *
- * Test-only hooks (environment): FSDP_TEST_NAN_AT="STEP:RANK" makes that rank's loss NaN at
- * that step; FSDP_TEST_NAN_GRAD_AT="STEP:RANK" makes one element of that rank's gradient NaN
- * at that step (the loss stays finite: the gradient norm is what stops the job); FSDP_TEST_FINAL_PARAMS=PATH makes rank 0 write the final parameters (gathered,
- * fp32) to PATH as safetensors. */
+ * Fault points (proto/fault.h): nan_loss=RANK:STEP makes that rank's loss NaN at that step;
+ * nan_grad=RANK:STEP makes one element of its gradient NaN (the loss stays finite: the
+ * gradient norm is what stops the job); final_params=PATH makes rank 0 write the final
+ * parameters (gathered, fp32) to PATH as safetensors. */
 int train_run(const train_env *env, errbuf *err);
 
 #endif

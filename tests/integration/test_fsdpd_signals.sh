@@ -48,7 +48,7 @@ echo "SIGTERM: step $saved saved synchronously, the last step run"
 # --- a second SIGTERM while the first one's checkpoint is being made: the commit goes on -----
 # Rank 1 sleeps 4 s in its first collective, so the step (and the save after it) is still to
 # come when both signals arrive; a stop treated as a failure would kill them after 2 s.
-run_env=(FSDP_TEST_COMM_STALL_RANK=1 FSDP_TEST_COMM_STALL_AT=1 FSDP_TEST_COMM_STALL_S=4)
+run_env=(FSDP_FAULTS=comm_stall=1:1:4)
 start term2 --runtime.stop_grace_s=15
 run_env=()
 wait_for 20 grep -qs "workers ready: training" "$tmp/term2.log"
@@ -72,7 +72,7 @@ finish int 10
 ! grep -q "killing" "$tmp/int.log" || { cat "$tmp/int.log"; fail "SIGINT: the workers had to be killed"; }
 
 # --- a worker that hangs in the stop: killed after runtime.stop_grace_s (3 s) ----------------
-run_env=(FSDP_TEST_WORKER_FAULT=1:hang_on_stop)
+run_env=(FSDP_FAULTS=worker=1:hang_on_stop)
 start hang --runtime.stop_grace_s=3
 wait_for 20 grep -qs "step 2/" "$tmp/hang.log"
 signal INT

@@ -54,14 +54,14 @@ run_timed() {
 }
 
 # --- a worker that exits non-zero ------------------------------------------------------------
-run_timed exit FSDP_TEST_WORKER_FAULT=1:exit:2
+run_timed exit FSDP_FAULTS=worker=1:exit:2
 [ "$status" -ne 0 ] || fail "fsdpd exited 0 after a worker failed"
 grep -q "rank 1 exited with status 3" "$tmp/exit.log" || { cat "$tmp/exit.log"; fail "no reason given"; }
 assert_gone $(worker_pids "$tmp/exit.log")
 echo "worker exit: fsdpd stopped in ${elapsed} ms"
 
 # --- a worker that hangs when told to stop: killed after the grace (at most 2 s after a failure)
-run_timed hang FSDP_TEST_WORKER_FAULT=0:exit:2,1:hang_on_stop
+run_timed hang "FSDP_FAULTS=worker=0:exit:2;worker=1:hang_on_stop"
 [ "$status" -ne 0 ] || fail "fsdpd exited 0"
 grep -q "rank 0 exited with status 3" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "wrong reason"; }
 grep -q "killing them" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "the hung worker was not killed"; }

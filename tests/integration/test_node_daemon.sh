@@ -103,10 +103,10 @@ wait_for 5 no_memfd_holder "$memfd"
 wait "$pid" 2>/dev/null || true
 
 # --- a worker killed mid-run: restart from the last checkpoint, same result -----------------
-FSDP_TEST_FINAL_PARAMS="$tmp/straight.safetensors" "$fsdpd" --job "$tmp/job.json" \
+FSDP_FAULTS=final_params="$tmp/straight.safetensors" "$fsdpd" --job "$tmp/job.json" \
     --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
     --checkpoint.dir="$tmp/straight-ckpt" > "$tmp/straight.log" 2>&1 || { cat "$tmp/straight.log"; fail "straight run"; }
-FSDP_TEST_FINAL_PARAMS="$tmp/restarted.safetensors" "$fsdpd" --job "$tmp/job.json" \
+FSDP_FAULTS=final_params="$tmp/restarted.safetensors" "$fsdpd" --job "$tmp/job.json" \
     --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
     --checkpoint.dir="$tmp/restart-ckpt" --runtime.max_restarts=1 --runtime.metrics="$tmp/restarted.jsonl" \
     > "$tmp/restarted.log" 2>&1 &
@@ -121,7 +121,7 @@ grep -q "resuming from .*step-0000[0-9]*: step [0-9]*" "$tmp/restarted.log" || {
 cmp "$tmp/straight.safetensors" "$tmp/restarted.safetensors" || fail "the restarted run ends with other parameters"
 # A fault that fires again after the restart, with no restarts left: the job fails.
 status=0
-FSDP_TEST_WORKER_FAULT=1:exit:3 "$fsdpd" --job "$tmp/job.json" --train.max_steps=8 \
+FSDP_FAULTS=worker=1:exit:3 "$fsdpd" --job "$tmp/job.json" --train.max_steps=8 \
     --checkpoint.interval_steps=2 --checkpoint.resume=never --checkpoint.dir="$tmp/fail-ckpt" \
     --runtime.max_restarts=1 > "$tmp/fail.log" 2>&1 || status=$?
 [ "$status" -eq 1 ] && grep -q "job failed after its restarts" "$tmp/fail.log" || { cat "$tmp/fail.log"; fail "max_restarts not enforced"; }

@@ -473,6 +473,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_METRICS, .u.metrics = {.step = 4, .has_checkpoint = true,
                                             .checkpoint = {.step = 4, .attempt = 2, .mode = "sync", .request = 1}}},
         {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 3}},
+        {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 4, .stop = true}},
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 0, .ok = true, .file = "rank-0.bin",
                                                 .bytes = 4096, .header_crc32c = 0xfffffffful, .stage_s = 0.5,
                                                 .has_optimizer_step = true, .optimizer_step = 4,
@@ -480,7 +481,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 1, .aborted = true, .error = "disk full"}},
         {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1}},
         {.type = MSG_STOP, .u.stop = {"done"}},
-        {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over"}},
+        {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
         {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8}},
@@ -507,7 +508,7 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[13], &back);
+    through_wire(&all[14], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
@@ -534,9 +535,10 @@ static void test_strict_decoder(void **state) {
     refused(MSG_HEARTBEAT, "{\"ready\":1}", "HEARTBEAT: field 'ready' must be true or false, got an integer");
     refused(MSG_HEARTBEAT, "{\"ready\":false,\"step\":-1}", "field 'step' = -1 is out of range");
     refused(MSG_METRICS, "{\"step\":1}", "METRICS: field 'total_steps' is missing");
-    refused(MSG_CKPT_BEGIN, "{\"request\":1.5}", "field 'request' must be an integer, got a real number");
-    refused(MSG_ADDR, "{\"addr\":\"0123456789012345678901234567890123456789012345678901234567890123456789\"}",
-            "ADDR: field 'addr' must be a string of fewer than 64 bytes");
+    refused(MSG_CKPT_BEGIN, "{\"request\":1.5,\"stop\":false}", "field 'request' must be an integer, got a real number");
+    refused(MSG_ADDR, "{\"addr\":\"0123456789012345678901234567890123456789012345678901234567890123456789"
+                      "0123456789\"}",
+            "ADDR: field 'addr' must be a string of fewer than 80 bytes");
     refused(MSG_STOP, "{\"reason\":\"a\\u0000b\"}", "STOP: body is not JSON");
     refused(MSG_PEERS, "{\"addrs\":[]}", "PEERS: field 'addrs' must be a non-empty array of strings");
     refused(MSG_PEERS, "{\"addrs\":[\"a\",2]}", "PEERS: addrs[1] must be a string");
