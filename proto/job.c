@@ -35,6 +35,9 @@ static const struct not_built {
     {"data.format", "chat"},
     {"data.format", "text"},
     {"data.template", NULL},
+    {"data.packing", "true"},
+    {"data.eval_fraction", NULL},
+    {"data.on_bad_record", "skip"},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -203,7 +206,7 @@ void job_defaults(job_config *j) {
 
     j->data.format = JOB_DATA_TOKENS;
     j->data.seq_len = 512;
-    j->data.packing = true;
+    j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
 
@@ -651,10 +654,11 @@ static bool key_is(const job_key *k, const char *full) {
            strcmp(full + n + 1, k->name) == 0;
 }
 
-/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd. */
+/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd.
+ * Reals get 15 significant digits, as in the range messages: 0.05, not 0.050000000000000003. */
 static char *value_text(const json_t *v) {
     if (json_is_string(v)) return strdup(json_string_value(v));
-    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
 }
 
 static int check_built(const job_config *j, const job_key *k, errbuf *err) {
