@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "fileio.h"
 #include "json_kind.h"
 
 /* Choice keys are stored through an int pointer. */
@@ -754,49 +755,10 @@ int job_parse(job_config *j, const char *json, size_t len, errbuf *err) {
     return parse(j, json, len, "CONFIG", true, err);
 }
 
-static int read_file(const char *path, char **out, size_t *out_len, errbuf *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errf(err, "%s: %s", path, strerror(errno));
-    size_t cap = 0, n = 0;
-    char *buf = NULL;
-    int rc = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap > JOB_FILE_MAX) {
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-                break;
-            }
-            char *bigger = realloc(buf, cap ? cap * 2 : 4096);
-            if (!bigger) {
-                rc = errf(err, "%s: out of memory", path);
-                break;
-            }
-            buf = bigger;
-            cap = cap ? cap * 2 : 4096;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) {
-            if (ferror(f)) rc = errf(err, "%s: read error", path);
-            else if (n > JOB_FILE_MAX)
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc) {
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *out_len = n;
-    return 0;
-}
-
 int job_load(job_config *j, const char *path, errbuf *err) {
     char *text = NULL;
     size_t len = 0;
-    if (read_file(path, &text, &len, err)) return -1;
+    if (file_read_all(path, JOB_FILE_MAX, &text, &len, err)) return -1;
     int rc = job_parse_text(j, text, len, path, err);
     free(text);
     return rc;

@@ -529,8 +529,13 @@ static int check_weight_map(const st_model *m, const json_t *map, const char *in
 }
 
 static int open_sharded(st_model *m, const char *index, errbuf *err) {
+    /* Read through fileio, not json_load_file: a FIFO in its place is refused, not waited on. */
+    char *text;
+    size_t len;
+    if (file_read_all(index, ST_MAX_HEADER, &text, &len, err) < 0) return -1;
     json_error_t jerr;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) return errf(err, "%s: line %d: %s", index, jerr.line, jerr.text);
     const json_t *map = json_object_get(root, "weight_map");
     int rc;

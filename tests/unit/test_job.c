@@ -238,7 +238,7 @@ static void test_job_load_errors(void **state) {
     job_config j;
     errbuf err = {""};
     assert_int_equal(job_load(&j, "/nonexistent/job.json", &err), -1);
-    assert_contains(err.msg, "/nonexistent/job.json: No such file");
+    assert_contains(err.msg, "/nonexistent/job.json: open: No such file");
 
     char path[] = "/tmp/test_job_XXXXXX";
     int fd = mkstemp(path);
