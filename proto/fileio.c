@@ -10,14 +10,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* "a FIFO", "a directory", ...: what a path that is not a regular file is. */
-static const char *file_type_name(mode_t mode) {
+const char *file_type_name(mode_t mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISLNK(mode)) return "a symbolic link";
     if (S_ISDIR(mode)) return "a directory";
     if (S_ISFIFO(mode)) return "a FIFO";
     if (S_ISCHR(mode)) return "a character device";
     if (S_ISBLK(mode)) return "a block device";
     if (S_ISSOCK(mode)) return "a socket";
-    return "not a regular file";
+    return "of an unknown file type";
 }
 
 int file_open_regular(const char *path, errbuf *err) {

@@ -15,6 +15,8 @@ typedef struct file_chunk {
     size_t len;
 } file_chunk;
 
+/* What a file of this st_mode is, for messages: "a regular file", "a FIFO", "a directory"... */
+const char *file_type_name(mode_t mode);
 /* Opens a regular file for reading; anything else (a FIFO, a directory, a device) is refused
  * with a message naming the path and what it is, without blocking: a FIFO with no writer
  * would block open() and read() forever.  Returns the fd (blocking again), or -1. */
