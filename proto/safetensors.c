@@ -12,6 +12,8 @@
 
 #include "fileio.h"
 
+#define ST_MAX_INDEX (16u << 20) /* model.safetensors.index.json: a 405B model's is ~100 KB */
+
 #define ST_INDEX_NAME "model.safetensors.index.json"
 #define ST_SINGLE_NAME "model.safetensors"
 
@@ -532,7 +534,7 @@ static int open_sharded(st_model *m, const char *index, errbuf *err) {
     /* Read through fileio, not json_load_file: a FIFO in its place is refused, not waited on. */
     char *text;
     size_t len;
-    if (file_read_all(index, ST_MAX_HEADER, &text, &len, err) < 0) return -1;
+    if (file_read_all(index, ST_MAX_INDEX, &text, &len, err) < 0) return -1;
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
