@@ -74,7 +74,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-# Unit tests, then integration scripts; the last line is "N passed, N failed".
+# Unit tests, then integration scripts; the last line is "N passed, N failed, N skipped".
 test: all
 	tests/run.sh $(BUILD) all
 

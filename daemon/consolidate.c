@@ -446,10 +446,13 @@ static int write_config(const json_t *model_config, st_dtype dtype, const char *
     return rc;
 }
 
-/* Copies src to dst (created); 1 when src does not exist. */
+/* Copies src to dst (created); 1 when src does not exist.  src must be a regular file (a FIFO
+ * in the source model directory is refused, not waited on). */
 static int copy_file(const char *src, const char *dst, errbuf *err) {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0) return errno == ENOENT ? 1 : errf(err, "%s: %s", src, strerror(errno));
+    struct stat st;
+    if (stat(src, &st) != 0 && errno == ENOENT) return 1;
+    int in = file_open_regular(src, err);
+    if (in < 0) return -1;
     int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     char *buf = malloc(COPY_BUFFER);
     int rc = out < 0 ? errf(err, "%s: %s", dst, strerror(errno)) : !buf ? errf(err, "%s: out of memory", dst) : 0;

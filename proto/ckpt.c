@@ -860,6 +860,16 @@ static int is_committed(const char *dir, const char *name) {
            stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* readlink said EINVAL: latest exists but is not a symbolic link (a file copied in place of it,
+ * say); say what it is and what it should be. */
+static int not_a_link(const char *link, errbuf *err) {
+    struct stat st;
+    const char *what = lstat(link, &st) == 0 ? file_type_name(st.st_mode) : "not a symbolic link";
+    return errf(err, "%s: is %s; it should be a symbolic link to a step-N directory (fsdpd "
+                     "makes it: remove it, or make it one with ln -sfn step-N %s)", link, what,
+                link);
+}
+
 int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *out, size_t n,
                  errbuf *err) {
     char name[256];
@@ -872,6 +882,7 @@ int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *ou
         ssize_t len = readlink(link, name, sizeof name - 1);
         if (len < 0 && errno == ENOENT && mode == JOB_RESUME_AUTO) return 0;
         if (len < 0 && errno == ENOENT) return errf(err, "%s: no checkpoint to resume from", link);
+        if (len < 0 && errno == EINVAL) return not_a_link(link, err);
         if (len < 0) return errf(err, "%s: %s", link, strerror(errno));
         name[len] = '\0';
         int64_t step;

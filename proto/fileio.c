@@ -10,10 +10,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
-    *map = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+const char *file_type_name(mode_t mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "of an unknown file type";
+}
+
+int file_open_regular(const char *path, errbuf *err) {
+    /* O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -23,7 +33,27 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return errf(err, "%s: not a regular file", path);
+        return errf(err, "%s: is %s, not a regular file", path, file_type_name(st.st_mode));
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fcntl: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
+    *map = NULL;
+    *len = 0;
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fstat: %s", path, strerror(e));
     }
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -41,8 +71,14 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
 
 int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return errf(err, "%s: open: %s", path, strerror(errno));
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fdopen: %s", path, strerror(e));
+    }
     char *buf = malloc(max + 1);
     if (!buf) {
         fclose(f);

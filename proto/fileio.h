@@ -15,9 +15,15 @@ typedef struct file_chunk {
     size_t len;
 } file_chunk;
 
-/* Maps a whole file read-only.  An empty file gives *map = NULL, *len = 0. */
+/* What a file of this st_mode is, for messages: "a regular file", "a FIFO", "a directory"... */
+const char *file_type_name(mode_t mode);
+/* Opens a regular file for reading; anything else (a FIFO, a directory, a device) is refused
+ * with a message naming the path and what it is, without blocking: a FIFO with no writer
+ * would block open() and read() forever.  Returns the fd (blocking again), or -1. */
+int file_open_regular(const char *path, errbuf *err);
+/* Maps a whole regular file read-only.  An empty file gives *map = NULL, *len = 0. */
 int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err);
-/* Reads a whole (small) file into a NUL-terminated malloc'd buffer of at most max bytes. */
+/* Reads a whole (small) regular file into a NUL-terminated malloc'd buffer of at most max bytes. */
 int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err);
 /* Writes the chunks back to back into path atomically (path.tmp.PID, fsync, rename, fsync dir). */
 int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err);

@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "fileio.h"
 #include "json_kind.h"
 
 /* Choice keys are stored through an int pointer. */
@@ -35,6 +36,9 @@ static const struct not_built {
     {"data.format", "chat"},
     {"data.format", "text"},
     {"data.template", NULL},
+    {"data.packing", "true"},
+    {"data.eval_fraction", NULL},
+    {"data.on_bad_record", "skip"},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -205,7 +209,7 @@ void job_defaults(job_config *j) {
     j->data.format = JOB_DATA_TOKENS;
     j->data.seq_len = 512;
     j->data.shuffle = true;
-    j->data.packing = true;
+    j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
 
@@ -653,10 +657,11 @@ static bool key_is(const job_key *k, const char *full) {
            strcmp(full + n + 1, k->name) == 0;
 }
 
-/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd. */
+/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd.
+ * Reals get 15 significant digits, as in the range messages: 0.05, not 0.050000000000000003. */
 static char *value_text(const json_t *v) {
     if (json_is_string(v)) return strdup(json_string_value(v));
-    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
 }
 
 static int check_built(const job_config *j, const job_key *k, errbuf *err) {
@@ -752,49 +757,10 @@ int job_parse(job_config *j, const char *json, size_t len, errbuf *err) {
     return parse(j, json, len, "CONFIG", true, err);
 }
 
-static int read_file(const char *path, char **out, size_t *out_len, errbuf *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errf(err, "%s: %s", path, strerror(errno));
-    size_t cap = 0, n = 0;
-    char *buf = NULL;
-    int rc = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap > JOB_FILE_MAX) {
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-                break;
-            }
-            char *bigger = realloc(buf, cap ? cap * 2 : 4096);
-            if (!bigger) {
-                rc = errf(err, "%s: out of memory", path);
-                break;
-            }
-            buf = bigger;
-            cap = cap ? cap * 2 : 4096;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) {
-            if (ferror(f)) rc = errf(err, "%s: read error", path);
-            else if (n > JOB_FILE_MAX)
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc) {
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *out_len = n;
-    return 0;
-}
-
 int job_load(job_config *j, const char *path, errbuf *err) {
     char *text = NULL;
     size_t len = 0;
-    if (read_file(path, &text, &len, err)) return -1;
+    if (file_read_all(path, JOB_FILE_MAX, &text, &len, err)) return -1;
     int rc = job_parse_text(j, text, len, path, err);
     free(text);
     return rc;

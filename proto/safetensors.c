@@ -13,6 +13,7 @@
 
 #include "fileio.h"
 
+#define ST_MAX_INDEX (16u << 20) /* model.safetensors.index.json: a 405B model's is ~100 KB */
 
 /* ---------- dtypes ---------- */
 
@@ -538,8 +539,13 @@ static int check_weight_map(const st_model *m, const json_t *map, const char *in
 }
 
 static int open_sharded(st_model *m, const char *index, errbuf *err) {
+    /* Read through fileio, not json_load_file: a FIFO in its place is refused, not waited on. */
+    char *text;
+    size_t len;
+    if (file_read_all(index, ST_MAX_INDEX, &text, &len, err) < 0) return -1;
     json_error_t jerr;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) return errf(err, "%s: line %d: %s", index, jerr.line, jerr.text);
     const json_t *map = json_object_get(root, "weight_map");
     int rc;

@@ -515,6 +515,25 @@ static void test_resolve_and_list(void **state) {
     assert_int_equal(symlink("step-000012", in_tmp("dir/latest")), 0);
     assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), -1);
     assert_non_null(strstr(err.msg, "not a committed checkpoint"));
+
+    /* latest that is not a symbolic link (a copied checkpoint dir, a file): named, and what it
+     * should be said (readlink alone says "Invalid argument") */
+    assert_int_equal(unlink(in_tmp("dir/latest")), 0);
+    FILE *f = fopen(in_tmp("dir/latest"), "w");
+    assert_non_null(f);
+    assert_int_equal(fputs("step-000010\n", f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    static const job_resume modes[] = {JOB_RESUME_AUTO, JOB_RESUME_LATEST};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        assert_int_equal(ckpt_resolve(dir, modes[i], 0, out, sizeof out, &err), -1);
+        assert_non_null(strstr(err.msg, in_tmp("dir/latest: is a regular file")));
+        assert_non_null(strstr(err.msg, "should be a symbolic link to a step-N directory"));
+    }
+    assert_int_equal(unlink(in_tmp("dir/latest")), 0);
+    assert_int_equal(mkdir(in_tmp("dir/latest"), 0755), 0);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), -1);
+    assert_non_null(strstr(err.msg, in_tmp("dir/latest: is a directory")));
+    assert_null(strstr(err.msg, "Invalid argument"));
     ckpt_layout_free(&lo);
 }
 

@@ -50,6 +50,13 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
+    /* Until packing, evaluation splits and skipping bad records are built, their defaults are
+     * the only values accepted. */
+    assert_false(j.data.packing);
+    assert_true(j.data.eval_fraction == 0);
+    assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
+    assert_int_equal(parse(&j, "{\"data\":{\"packing\":false,\"eval_fraction\":0,"
+                               "\"on_bad_record\":\"fail\"}}", &err), 0);
 
     /* The only keys without a usable default are the model and the data. */
     assert_int_equal(job_validate(&j, 1, &err), -1);
@@ -82,7 +89,9 @@ static void test_example_full_parses(void **state) {
     assert_string_equal(j.model.config, "configs/models/tiny.json");
     assert_int_equal(j.model.dtype, JOB_DTYPE_F32);
     assert_int_equal(j.data.seq_len, 128);
-    assert_true(j.data.eval_fraction == 0.05);
+    assert_true(j.data.eval_fraction == 0);
+    assert_false(j.data.packing);
+    assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
     assert_int_equal(j.train.micro_batch, 2);
     assert_int_equal(j.train.max_steps, 100);
     assert_true(j.train.lr == 3e-4);
@@ -153,6 +162,9 @@ static const bad_case bad_cases[] = {
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
     {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
     {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
+    {"{\"data\":{\"on_bad_record\":\"skip\"}}", 1, "data.on_bad_record: 'skip' is not built yet", NULL},
+    {"{\"data\":{\"packing\":true}}", 1, "data.packing: 'true' is not built yet", NULL},
+    {"{\"data\":{\"eval_fraction\":0.05}}", 1, "data.eval_fraction: '0.05' is not built yet", NULL},
     {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
     {"{\"model\":{\"init\":\"zeros\"}}", 1, "model.init: unknown choice 'zeros'", "\"\", random"},
     {"{\"model\":{\"path\":7}}", 1, "model.path: expected a string, got an integer", NULL},
@@ -226,7 +238,7 @@ static void test_job_load_errors(void **state) {
     job_config j;
     errbuf err = {""};
     assert_int_equal(job_load(&j, "/nonexistent/job.json", &err), -1);
-    assert_contains(err.msg, "/nonexistent/job.json: No such file");
+    assert_contains(err.msg, "/nonexistent/job.json: open: No such file");
 
     char path[] = "/tmp/test_job_XXXXXX";
     int fd = mkstemp(path);
@@ -285,6 +297,9 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.lr=nan", "not a number");
     override_fails(&j, "--train.seed=12x", "train.seed: '12x' is not an integer");
     override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
+    override_fails(&j, "--data.packing=true", "data.packing: 'true' is not built yet");
+    override_fails(&j, "--data.eval_fraction=0.1", "data.eval_fraction: '0.1' is not built yet");
+    override_fails(&j, "--data.on_bad_record=skip", "data.on_bad_record: 'skip' is not built yet");
     override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
     override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");
     override_fails(&j, "--train.betas=0.9,x", "train.betas: 'x' is not a number");
