@@ -736,13 +736,12 @@ static int apply_object(job_config *j, const json_t *root, bool strict, errbuf *
     return 0;
 }
 
-static int parse(job_config *j, const char *json, size_t len, const char *name, bool strict,
-                 errbuf *err) {
+static int parse(job_config *j, const char *json, size_t len, const char *name, errbuf *err) {
     job_defaults(j);
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return errf(err, "%s:%d:%d: %s", name, je.line, je.column, je.text);
-    int rc = apply_object(j, root, strict, err);
+    int rc = apply_object(j, root, false, err);
     json_decref(root);
     if (rc) return errprefix(err, "%s", name);
     return 0;
@@ -750,12 +749,9 @@ static int parse(job_config *j, const char *json, size_t len, const char *name, 
 
 int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
                    errbuf *err) {
-    return parse(j, json, len, name, false, err);
+    return parse(j, json, len, name, err);
 }
 
-int job_parse(job_config *j, const char *json, size_t len, errbuf *err) {
-    return parse(j, json, len, "CONFIG", true, err);
-}
 
 int job_load(job_config *j, const char *path, errbuf *err) {
     char *text = NULL;
@@ -1085,11 +1081,3 @@ int job_from_object(job_config *j, const json_t *root, errbuf *err) {
     return apply_object(j, root, true, err) ? errprefix(err, "CONFIG") : 0;
 }
 
-int job_to_json(const job_config *j, char **json, errbuf *err) {
-    json_t *root = job_to_object(j, err);
-    if (!root) return -1;
-    *json = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (!*json) return errf(err, "out of memory");
-    return 0;
-}

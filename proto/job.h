@@ -11,8 +11,8 @@
  *   job_apply_override(&j, "--train.lr=1e-4") for each command-line override
  *   job_resolve_runtime(&j, gpus_on_node)   backend, model dtype, workers per node
  *   job_validate(&j, world_size)            cross-field rules; fills the derived fields
- *   job_to_json(&j, &text)                  sent to each worker as the CONFIG message,
- *                                           which reads it back with job_parse.
+ *   job_to_object(&j)                       sent to each worker inside CONFIG (proto/msg.h),
+ *                                           which reads it back with job_from_object.
  *
  * job_config is a plain struct (strings are fixed arrays), so it can be copied by value. */
 #ifndef FSDP_JOB_H
@@ -165,14 +165,10 @@ int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
  * an empty runtime.metrics (output.dir/metrics.jsonl). */
 int job_validate(job_config *j, int world_size, errbuf *err);
 
-/* The whole config (every key) as compact JSON, in *json (malloc'd; free() it).  Derived
- * fields are not included: job_validate recomputes them. */
-int job_to_json(const job_config *j, char **json, errbuf *err);
-/* Reads job_to_json's output (the CONFIG message): like job_parse_text, but every key
- * must be present, so a daemon and a worker that disagree on the keys fail loudly. */
-int job_parse(job_config *j, const char *json, size_t len, errbuf *err);
-/* The same as a JSON object (a new reference; NULL with the reason), and read back from
- * one, strictly (the CONFIG message carries the job this way). */
+/* The whole config (every key) as a JSON object (a new reference; NULL with the reason):
+ * derived fields are not included, job_validate recomputes them.  job_from_object reads it
+ * back like job_parse_text, but every key must be present, so a daemon and a worker that
+ * disagree on the keys fail loudly (the CONFIG message carries the job this way). */
 json_t *job_to_object(const job_config *j, errbuf *err);
 int job_from_object(job_config *j, const json_t *root, errbuf *err);
 
