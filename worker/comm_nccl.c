@@ -147,7 +147,7 @@ static int before_collective(nccl_comm *n, errbuf *err) {
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
     if (e != cudaSuccess) return errf(err, "ordering after the compute: %s", cudaGetErrorString(e));
     const fault *hang = fault_get(FAULT_NCCL_HANG, n->base.rank);
-    if (hang && n->base.ncalls == (uint64_t)hang->n) kcuda_test_spin(n->stream, n->hang_flag);
+    if (hang && n->base.ncalls == (uint64_t)hang->n) cuda_test_spin(n->stream, n->hang_flag);
     return 0;
 }
 

@@ -33,8 +33,6 @@ void cuda_sync(kctx *c);
 /* Test hook for the comm watchdog: a kernel on `stream` (a cudaStream_t) that spins until
  * *flag (mapped pinned memory) becomes non-zero. */
 void cuda_test_spin(void *stream, int *flag);
-/* The old name, until worker/comm_nccl.c calls cuda_test_spin (F19: kernels/ may not edit it). */
-#define kcuda_test_spin cuda_test_spin
 
 /* cuda_<name> for every op of kernels_ops.h.  Where they are: cuda_device.cu (memory and
  * copies), cuda_elementwise.cu (casts, accumulate, add_f32, sumsq_f32, SwiGLU),
