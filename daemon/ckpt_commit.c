@@ -1,4 +1,5 @@
 /* ckpt_commit: the checkpoint coordinator.  See ckpt_commit.h. */
+#include "base/path.h"
 #include "daemon/ckpt_commit.h"
 
 #include <dirent.h>
@@ -13,26 +14,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/fileio.h"
 #include "daemon/log.h"
 #include "proto/ckpt.h"
-#include "proto/fileio.h"
 #include "proto/model_config.h"
 
 #define CONFIG_MAX (1u << 20)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- file system helpers ---- */
-
-static int path_join(char *out, size_t n, const char *dir, const char *name, errbuf *err) {
-    int len = snprintf(out, n, "%s/%s", dir, name);
-    if (len < 0 || (size_t)len >= n) return errf(err, "%s/%s: path too long", dir, name);
-    return 0;
-}
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)ftw;
@@ -53,7 +43,7 @@ static int remove_tree(const char *path, errbuf *err) {
 /* The job's config.json, as JSON (for the manifest) and parsed (to check a checkpoint). */
 static int load_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
     const char *src = job->model.init == JOB_INIT_RANDOM ? job->model.config : job->model.path;
-    char path[JOB_PATH_MAX + 16];
+    char path[PATH_BYTES];
     struct stat st;
     int is_dir = stat(src, &st) == 0 && S_ISDIR(st.st_mode);
     if (snprintf(path, sizeof path, is_dir ? "%s/config.json" : "%s", src) >= (int)sizeof path)
@@ -79,7 +69,7 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
     while (rc == 0 && (e = readdir(d)) != NULL) {
         int64_t step;
         int a;
-        char path[JOB_PATH_MAX + 300];
+        char path[PATH_BYTES];
         if (!ckpt_parse_partial_name(e->d_name, &step, &a)) continue;
         if (a >= *attempt) *attempt = a < INT_MAX - 1 ? a + 1 : a;
         rc = path_join(path, sizeof path, dir, e->d_name, err);
@@ -96,7 +86,7 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
 static int check_resume(job_config *job, const char *path, const llama_config *cfg,
                         long long *step, errbuf *err) {
     ckpt_manifest m;
-    char name[JOB_PATH_MAX + 32];
+    char name[PATH_BYTES];
     snprintf(name, sizeof name, "%s/%s", path, CKPT_MANIFEST);
     if (ckpt_manifest_load(&m, path, err)) return -1;
     int rc = ckpt_manifest_check_model(&m, cfg, name, err);
@@ -158,7 +148,7 @@ typedef struct commit {
     int armed;           /* its deadline runs */
     int abandoned;
     int stuck;           /* abandoned, and its writers did not stop within timeout_s of the abort */
-    char partial[JOB_PATH_MAX + 64];
+    char partial[PATH_BYTES];
     double started;
     struct event *deadline;
     int n_reported;
@@ -316,7 +306,7 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
     m->step = step;
     m->attempt = attempt;
     m->sync = sync;
-    m->started = now_s();
+    m->started = clock_now_s();
     commit **tail = &c->commits;
     while (*tail) tail = &(*tail)->next;
     *tail = m;
@@ -330,7 +320,7 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
  * run from another directory finds it ("" for init random).  realpath fails only when the
  * directory went away after the model was loaded: then the path as the job gave it. */
 static void record_model_path(const job_config *j, char *out, size_t n) {
-    char abs[PATH_MAX];
+    char abs[PATH_BYTES];
     const char *path = j->model.init == JOB_INIT_RANDOM ? "" : j->model.path;
     if (path[0] && realpath(path, abs)) path = abs;
     snprintf(out, n, "%s", path);
@@ -379,7 +369,7 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
 /* Writes the manifest (checked by reading it back and against every file's header). */
 static int write_manifest(const commit *m, errbuf *err) {
     ckpt_manifest man, check;
-    char *text = NULL, path[JOB_PATH_MAX + 128];
+    char *text = NULL, path[PATH_BYTES];
     int rc = build_manifest(m, &man, err);
     if (rc == 0) rc = ckpt_manifest_to_json(&man, &text, err);
     ckpt_manifest_free(&man);
@@ -412,7 +402,7 @@ static int move_into_place(const char *partial, const char *final, errbuf *err) 
 
 /* latest -> name, by renaming a new symlink over it. */
 static int point_latest(const char *dir, const char *name, errbuf *err) {
-    char tmp[JOB_PATH_MAX + 64], latest[JOB_PATH_MAX + 16];
+    char tmp[PATH_BYTES], latest[PATH_BYTES];
     if (snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, CKPT_LATEST, (int)getpid()) >= (int)sizeof tmp ||
         path_join(latest, sizeof latest, dir, CKPT_LATEST, err))
         return errf(err, "%s: path too long", dir);
@@ -437,7 +427,7 @@ static void prune(ckpt_coord *c) {
         return;
     }
     for (int i = 0; i < n - c->job->checkpoint.keep; i++) {
-        char name[64], path[JOB_PATH_MAX + 80];
+        char name[64], path[PATH_BYTES];
         if (steps[i] == c->latest_step || ckpt_step_name(name, sizeof name, steps[i]) ||
             path_join(path, sizeof path, dir, name, &err))
             continue;
@@ -451,7 +441,7 @@ static void prune(ckpt_coord *c) {
 static int commit_files(commit *m, errbuf *err) {
     ckpt_coord *c = m->coord;
     const char *dir = c->job->checkpoint.dir;
-    char name[64], final[JOB_PATH_MAX + 80];
+    char name[64], final[PATH_BYTES];
     if (write_manifest(m, err) || ckpt_step_name(name, sizeof name, m->step) ||
         path_join(final, sizeof final, dir, name, err) || move_into_place(m->partial, final, err) ||
         file_fsync_dir(dir, 1, err))
@@ -463,7 +453,7 @@ static int commit_files(commit *m, errbuf *err) {
     uint64_t bytes = 0;
     for (int r = 0; r < c->n_files; r++) bytes += m->ranks[r].bytes;
     log_event(0, -1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
-              c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, now_s() - m->started);
+              c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, clock_now_s() - m->started);
     prune(c);
     return 0;
 }

@@ -11,12 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/fault.h"
+#include "base/fileio.h"
+#include "base/path.h"
 #include "daemon/consolidate.h"
 #include "daemon/log.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
-#include "proto/fault.h"
-#include "proto/fileio.h"
 #include "proto/job.h"
 
 static int usage(void) {
@@ -29,7 +30,7 @@ static int usage(void) {
 static int find_worker(char *out, size_t n) {
     const char *env = getenv("FSDP_WORKER");
     if (env) return snprintf(out, n, "%s", env) < (int)n ? 0 : -1;
-    char self[PATH_MAX];
+    char self[PATH_BYTES];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len < 0) return -1;
     self[len] = '\0';
@@ -98,7 +99,7 @@ int main(int argc, char **argv) {
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */
     signal(SIGPIPE, SIG_IGN);
-    char worker_path[PATH_MAX];
+    char worker_path[PATH_BYTES];
     if (find_worker(worker_path, sizeof worker_path) || access(worker_path, X_OK) != 0) {
         fprintf(stderr, "fsdpd: cannot find the fsdp-worker executable (%s)\n", worker_path);
         return 1;

@@ -16,7 +16,7 @@
 
 #include <stdbool.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 
 #define SLURM_HOST_MAX 256       /* a host name, with its NUL */
 #define SLURM_MAX_HOSTS 65536    /* SLURM's own bound on one range */

@@ -1,4 +1,5 @@
 /* status_server: the status socket on fsdpd's event loop.  See status_server.h. */
+#include "base/path.h"
 #include "daemon/status_server.h"
 
 #include <dirent.h>
@@ -417,7 +418,7 @@ static json_t *rank_table(const json_t *ranks, int cuda) {
 /* The last committed checkpoint (what `latest` names) and the saves being written (partial
  * directories; those of earlier runs were removed when this one started). */
 static json_t *checkpoint_table(const char *dir) {
-    char path[JOB_PATH_MAX + 64];
+    char path[PATH_BYTES];
     errbuf err;
     json_t *last = json_null(), *in_flight = json_array();
     if (ckpt_resolve(dir, JOB_RESUME_AUTO, 0, path, sizeof path, &err) == 1) {

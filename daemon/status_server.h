@@ -19,7 +19,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 #include "proto/status.h"
 

@@ -18,11 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/status_server.h"
-#include "proto/fault.h"
 #include "proto/msg.h"
 
 #define WORKER_CTL_FD 3
@@ -77,12 +78,6 @@ struct supervisor {
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- stopping ---- */
 
 static void kill_all(supervisor *s) {
@@ -104,7 +99,7 @@ static long long request_checkpoint(supervisor *s, const char *why);
 /* Arms the grace timer to fire in `seconds`, unless it already fires as soon: a failure seen
  * again (a stalled rank, at every heartbeat check) must not push the kill back forever. */
 static void arm_grace(supervisor *s, int seconds) {
-    double at = now_s() + seconds;
+    double at = clock_now_s() + seconds;
     if (s->grace_at > 0 && s->grace_at <= at) return;
     s->grace_at = at;
     struct timeval grace = {seconds, 0};
@@ -422,7 +417,7 @@ static void on_readable(struct bufferevent *bev, void *arg) {
     unsigned char chunk[65536];
     errbuf err;
     int n;
-    w->last_seen = now_s();
+    w->last_seen = clock_now_s();
     while ((n = evbuffer_remove(in, chunk, sizeof chunk)) > 0) {
         if (msg_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
             fail(w->sup, "rank %d: %s", w->rank, err.msg);
@@ -488,7 +483,7 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     }
     close(sv[1]);
     w->pid = pid;
-    w->last_seen = now_s();
+    w->last_seen = clock_now_s();
     w->mem_bytes = -1;
     msg_decoder_init(&w->dec);
     evutil_make_socket_nonblocking(sv[0]);
@@ -579,7 +574,7 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
     int hb = s->job.runtime.heartbeat_s;
-    double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = now_s();
+    double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = clock_now_s();
     for (int r = 0; r < s->opt->workers; r++) {
         worker *w = &s->workers[r];
         if (!w->exited && w->bev && now - w->last_seen > limit)
@@ -667,12 +662,12 @@ static int setup_model(supervisor *s, errbuf *err) {
     if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n0", job_id, restart ? restart : "0");
     else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n0", (int)getpid());
     size_t bytes;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
     llama_layout_free(&lo);
     if (rc) return errprefix(err, "loading the model");
     log_event(0, -1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
-              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, now_s() - t0);
+              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, clock_now_s() - t0);
     return 0;
 }
 

@@ -20,7 +20,7 @@
 #ifndef FSDP_SUPERVISOR_H
 #define FSDP_SUPERVISOR_H
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 
 typedef struct supervisor_options {

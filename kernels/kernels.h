@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../proto/errbuf.h"
+#include "base/errbuf.h"
 
 typedef enum k_backend { K_CPU = 0, K_CUDA = 1 } k_backend;
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;

@@ -88,7 +88,7 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "job.h"
 #include "model_config.h"
 

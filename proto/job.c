@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "fileio.h"
+#include "base/fileio.h"
 #include "json_kind.h"
 
 /* Choice keys are stored through an int pointer. */

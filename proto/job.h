@@ -24,9 +24,10 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
+#include "base/path.h"
 
-#define JOB_PATH_MAX 4096
+#define JOB_PATH_MAX PATH_BYTES
 #define JOB_SOCKET_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), terminating NUL included */
 #define JOB_NAME_MAX 32
 #define JOB_MAX_TARGETS 16

@@ -29,8 +29,8 @@
 
 #include <jansson.h>
 
+#include "base/errbuf.h"
 #include "ckpt.h"
-#include "errbuf.h"
 #include "job.h"
 #include "model_config.h"
 

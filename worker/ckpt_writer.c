@@ -9,14 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/fault.h"
-#include "proto/fileio.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/fileio.h"
 
 /* Runs the ckpt_write fault halfway through the file (the save of its STEP, else the first),
  * and says whether to stop writing. */
@@ -32,7 +27,7 @@ static int on_progress(void *arg, uint64_t written, uint64_t total) {
         if (fault_once(f)) {
             fprintf(stderr, "fsdp-worker rank %d: test fault: stalling %d s while writing %s\n", w->rank,
                     w->timeout_s + 2, w->path);
-            fault_stall(w->timeout_s + 2.0);
+            clock_sleep_s(w->timeout_s + 2.0);
         }
     }
     return atomic_load(&w->abort);
@@ -42,7 +37,7 @@ static int on_progress(void *arg, uint64_t written, uint64_t total) {
 static void write_staged(ckpt_writer *w) {
     ckpt_report *job = &w->job;
     errbuf err;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     w->plan.step = (uint64_t)job->step;
     if (ckpt_write_image(w->path, w->image, &w->plan, on_progress, w, &err) == 0) {
         job->ok = 1;
@@ -52,7 +47,7 @@ static void write_staged(ckpt_writer *w) {
         job->aborted = atomic_load(&w->abort);
         snprintf(job->error, sizeof job->error, "%s", err.msg);
     }
-    job->write_s = now_s() - t0;
+    job->write_s = clock_now_s() - t0;
     w->report(w->arg, job);
 }
 
@@ -166,7 +161,7 @@ int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int syn
                      int64_t tokens_seen, errbuf *err) {
     if (w->rank >= f->group) return 0; /* another rank writes this state */
     ckpt_writer_wait(w);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     ckpt_report *job = &w->job;
     *job = (ckpt_report){.step = step, .attempt = attempt, .rank = w->rank, .sync = sync,
                          .optimizer_step = f->step, .tokens_seen = tokens_seen, .layout = &w->layout};
@@ -191,7 +186,7 @@ int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int syn
         return 0;
     }
     if (stage(w, f, err)) return errprefix(err, "staging the checkpoint of step %lld", (long long)step);
-    job->stage_s = now_s() - t0;
+    job->stage_s = clock_now_s() - t0;
     pthread_mutex_lock(&w->lock);
     w->busy = 1; /* from here on ckpt_writer_abort may stop it */
     w->pending = !sync;

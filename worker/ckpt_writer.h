@@ -24,8 +24,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
+#include "base/path.h"
 #include "proto/ckpt.h"
-#include "proto/errbuf.h"
 #include "worker/fsdp.h"
 
 /* What a save reports when its writing is over. */
@@ -57,7 +58,7 @@ typedef struct ckpt_writer_options {
 } ckpt_writer_options;
 
 typedef struct ckpt_writer {
-    char dir[4096];
+    char dir[PATH_BYTES];
     int rank;
     int timeout_s;
     ckpt_report_fn report;
@@ -78,7 +79,7 @@ typedef struct ckpt_writer {
     int quit;
     atomic_int abort;           /* stop the save in flight */
     ckpt_report job;            /* the save in flight */
-    char path[4096];            /* its file */
+    char path[PATH_BYTES];            /* its file */
 } ckpt_writer;
 
 int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err);

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "proto/fault.h"
+#include "base/fault.h"
 #include "worker/comm_backend.h"
 
 double comm_now(void) {
@@ -63,7 +63,7 @@ static int begin(comm *c, const char *name, errbuf *err) {
                     c->dead_reason);
     c->ncalls++;
     const fault *stall = fault_get(FAULT_COMM_STALL, c->rank);
-    if (stall && c->ncalls == (uint64_t)stall->n) fault_stall(stall->seconds);
+    if (stall && c->ncalls == (uint64_t)stall->n) comm_sleep(stall->seconds);
     c->deadline = comm_now() + c->timeout_s;
     return 0;
 }

@@ -41,7 +41,7 @@
 
 #include <stddef.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/msg.h"
 
 #define COMM_SECRET_BYTES MSG_SECRET_BYTES /* the sizes both ends agree on live in proto/msg.h */

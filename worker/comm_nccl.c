@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fault.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
-#include "proto/fault.h"
 #include "worker/comm_backend.h"
 #include "worker/comm_nccl.h"
 

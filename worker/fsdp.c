@@ -1,5 +1,6 @@
 /* fsdp: sharded parameters, the gather/compute/reduce order of a step, and AdamW on the
  * shards.  See fsdp.h. */
+#include "base/bytes.h"
 #include "worker/fsdp.h"
 
 #include <math.h>
@@ -7,12 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/fault.h"
+#include "base/fault.h"
 #include "proto/model_image.h"
 
 static void build_plan(fsdp *f);
-
-static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 static int is_tied(const fsdp *f) { return f->layout.cfg.tie_word_embeddings; }
 

@@ -21,12 +21,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
 #include "kernels/kernels.h"
+#include "model/llama.h"
 #include "proto/ckpt.h"
-#include "proto/errbuf.h"
 #include "proto/job.h"
 #include "worker/comm.h"
-#include "model/llama.h"
 
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a

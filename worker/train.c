@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/path.h"
 #include "proto/ckpt.h"
-#include "proto/fault.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
 #include "proto/safetensors.h"
@@ -15,12 +17,6 @@
 #include "worker/data.h"
 #include "worker/fsdp.h"
 #include "worker/schedule.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Votes every rank casts before a step (fsdp.vote). */
 enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP };
@@ -30,7 +26,7 @@ static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_
                   errbuf *err) {
     const job_config *j = env->job;
     ckpt_manifest m;
-    char name[4200];
+    char name[PATH_BYTES];
     snprintf(name, sizeof name, "%s/%s", env->resume_dir, CKPT_MANIFEST);
     if (ckpt_manifest_load(&m, env->resume_dir, err)) return -1;
     int rc = ckpt_manifest_check_model(&m, cfg, name, err);
@@ -140,7 +136,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);
         hp.lr = schedule_lr(j, step, total);
@@ -159,7 +155,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
-                                    .seconds = now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt,

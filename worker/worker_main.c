@@ -28,8 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/fault.h"
 #include "kernels/kernels.h"
-#include "proto/fault.h"
 #include "proto/job.h"
 #include "proto/msg.h"
 #include "worker/ckpt_writer.h"

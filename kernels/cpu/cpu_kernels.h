@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
 #include "kernels/kernels.h"
-#include "proto/errbuf.h"
 
 /* cpu_<name> for every op of kernels_ops.h.  Where they are: cpu_memory.c (memory, copies,
  * the fp32 -> fp32 casts), cpu_elementwise.c (accumulate, add_f32, sumsq_f32, SwiGLU),

@@ -19,8 +19,8 @@
 extern "C" {
 #endif
 
+#include "base/errbuf.h"
 #include "kernels/kernels.h"
-#include "proto/errbuf.h"
 
 /* cuda_device.cu: devices and contexts (what kctx_init, kctx_destroy and k_sync call) */
 int cuda_device_count(void); /* usable devices; 0 when there is no driver or no device */

@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/fault.h"
 #include "kernels/kernels.h"
-#include "proto/fault.h"
 #include "worker/comm.h"
 #include "worker/comm_nccl.h"
 

@@ -13,9 +13,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
 
 static char tmpdir[] = "/tmp/fsdp-test-ckpt-XXXXXX";
 

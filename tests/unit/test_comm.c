@@ -27,8 +27,8 @@
 
 #include <cmocka.h>
 
+#include "base/fault.h"
 #include "kernels/kernels.h"
-#include "proto/fault.h"
 #include "worker/comm.h"
 
 #define MAX_PROCS 8

@@ -28,10 +28,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/bf16.h"
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "daemon/consolidate.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
 
@@ -269,9 +270,9 @@ static void assert_model_matches(const fixture *f, const char *dir, st_dtype dty
                 } else {
                     uint16_t have;
                     memcpy(&have, (const unsigned char *)s->data + 2 * j, 2);
-                    if (have != st_f32_to_bf16(want))
+                    if (have != bf16_from_f32(want))
                         fail_msg("%s[%llu]: %04x, want %04x", t->name, (unsigned long long)j, have,
-                                 st_f32_to_bf16(want));
+                                 bf16_from_f32(want));
                 }
             }
         }

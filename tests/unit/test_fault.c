@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "proto/fault.h"
+#include "base/fault.h"
 
 static void must(const char *spec) {
     errbuf err = {""};

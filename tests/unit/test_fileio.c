@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "proto/fileio.h"
+#include "base/fileio.h"
 #include "proto/job.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"

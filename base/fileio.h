@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 typedef struct file_chunk {
     const void *data;

@@ -1,4 +1,4 @@
-#include "fault.h"
+#include "base/fault.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -129,12 +129,6 @@ const fault *fault_get(fault_point p, int rank) {
 
 int fault_once(const fault *f) {
     return __atomic_exchange_n(&((fault *)f)->fired, 1, __ATOMIC_ACQ_REL) == 0;
-}
-
-void fault_stall(double seconds) {
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
-    }
 }
 
 void fault_hang(void) {

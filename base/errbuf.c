@@ -1,4 +1,4 @@
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "fileio.h"
+#include "base/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +9,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "base/path.h"
 
 const char *file_type_name(mode_t mode) {
     if (S_ISREG(mode)) return "a regular file";
@@ -163,7 +165,7 @@ int file_fsync_dir(const char *path, int is_dir, errbuf *err) {
 }
 
 int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err) {
-    char tmp[4096];
+    char tmp[PATH_BYTES];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return errf(err, "%s: path too long", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

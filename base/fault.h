@@ -20,7 +20,8 @@
 #ifndef FSDP_FAULT_H
 #define FSDP_FAULT_H
 
-#include "errbuf.h"
+#include "base/errbuf.h"
+#include "base/path.h"
 
 typedef enum fault_point {
     FAULT_NAN_LOSS,
@@ -40,7 +41,7 @@ typedef struct fault {
     char action[24];   /* worker, ckpt_write */
     long long n;       /* STEP or CALL; 0 when not given */
     double seconds;    /* comm_stall */
-    char path[4096];   /* final_params */
+    char path[PATH_BYTES];   /* final_params */
     int fired;         /* for fault_once */
 } fault;
 
@@ -55,8 +56,6 @@ const fault *fault_get(fault_point p, int rank);
 /* True the first time it is asked for f (from any thread), false after: a fault that acts
  * once. */
 int fault_once(const fault *f);
-/* A stall fault: sleeps `seconds`, whatever signals arrive. */
-void fault_stall(double seconds);
 /* A hang fault: never returns (the process stays alive, doing nothing). */
 void fault_hang(void) __attribute__((noreturn));
 

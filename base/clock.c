@@ -1,0 +1,17 @@
+#include "base/clock.h"
+
+#include <errno.h>
+#include <time.h>
+
+double clock_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void clock_sleep_s(double seconds) {
+    if (!(seconds > 0)) return;
+    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+}
