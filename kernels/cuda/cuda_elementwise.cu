@@ -48,8 +48,8 @@ extern "C" void cuda_compute_to_f32(kctx *c, float *dst, const void *src, size_t
 
 // ---- bf16 elementwise ----
 
-// dst += src
-template <int VEC> __global__ void accumulate_kernel(bf16 *dst, const bf16 *src, size_t packs) {
+// dst += src, added in fp32 (T: bf16 or float)
+template <int VEC, typename T> __global__ void accumulate_kernel(T *dst, const T *src, size_t packs) {
     CUDA_FOR_EACH_PACK(p, packs) {
         float x[VEC], y[VEC];
         load_floats<VEC>(x, dst + p * VEC);
@@ -77,24 +77,12 @@ extern "C" void cuda_accumulate(kctx *c, void *dst, const void *src, size_t n) {
 
 // ---- fp32 elementwise ----
 
-// dst += src
-template <int VEC> __global__ void add_f32_kernel(float *dst, const float *src, size_t packs) {
-    CUDA_FOR_EACH_PACK(p, packs) {
-        float x[VEC], y[VEC];
-        load_floats<VEC>(x, dst + p * VEC);
-        load_floats<VEC>(y, src + p * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) x[j] += y[j];
-        store_floats<VEC>(dst + p * VEC, x);
-    }
-}
-
 extern "C" void cuda_add_f32(kctx *c, float *dst, const float *src, size_t n) {
     if (!n) return;
     if (n % 4 == 0 && cuda_aligned(dst, 16) && cuda_aligned(src, 16))
-        CUDA_LAUNCH_PACKS(add_f32_kernel, 4, n, dst, src);
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 4, n, dst, src);
     else
-        CUDA_LAUNCH_PACKS(add_f32_kernel, 1, n, dst, src);
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 1, n, dst, src);
     cuda_check_launch(c, "add_f32");
 }
 
