@@ -165,10 +165,15 @@ int file_fsync_dir(const char *path, int is_dir, errbuf *err) {
 }
 
 int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err) {
+    return file_write_atomic_mode(path, chunks, n, 0644, err);
+}
+
+int file_write_atomic_mode(const char *path, const file_chunk *chunks, size_t n, mode_t mode, errbuf *err) {
     char tmp[PATH_BYTES];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return errf(err, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unlink(tmp); /* O_EXCL below: the mode is the one asked for, never an older file's */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0) return errf(err, "%s: %s", tmp, strerror(errno));
     for (size_t i = 0; i < n; i++) {
         if (chunks[i].len && file_write_full(fd, chunks[i].data, chunks[i].len, tmp, err) != 0)

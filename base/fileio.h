@@ -27,6 +27,8 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err);
 int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err);
 /* Writes the chunks back to back into path atomically (path.tmp.PID, fsync, rename, fsync dir). */
 int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err);
+/* The same with the file created with `mode` (0600 for a secret), not 0644. */
+int file_write_atomic_mode(const char *path, const file_chunk *chunks, size_t n, mode_t mode, errbuf *err);
 /* write()/pwrite() every byte, retrying on EINTR and short writes. */
 int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err);
 int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char *path,

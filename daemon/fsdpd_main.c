@@ -1,7 +1,7 @@
-/* fsdpd: the node daemon.  Reads the job, spawns one fsdp-worker per GPU (or
+/* fsdpd: the node daemon.  Reads the job, joins the other nodes' daemons (daemon/cluster.h:
+ * under SLURM, one fsdpd per node), spawns one fsdp-worker per GPU (or
  * runtime.workers_per_node on the CPU backend), supervises them to the end of the job and
- * exits 0 only when the job succeeded.  One node for now: under SLURM with more nodes it
- * refuses to start. */
+ * exits 0 only when the job succeeded. */
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -14,8 +14,10 @@
 #include "base/fault.h"
 #include "base/fileio.h"
 #include "base/path.h"
+#include "daemon/cluster.h"
 #include "daemon/consolidate.h"
 #include "daemon/log.h"
+#include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
 #include "proto/job.h"
@@ -37,22 +39,19 @@ static int find_worker(char *out, size_t n) {
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
 }
 
-/* Under SLURM every node would run a world of its own (and `latest` would be written by all of
- * them): a job on more than one node is refused until fsdpd joins the nodes. */
-static int check_one_node(errbuf *err) {
-    static const char *const vars[] = {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (!v) continue;
-        char *end;
-        errno = 0;
-        long n = strtol(v, &end, 10);
-        if (end == v || *end || errno || n < 1) return errf(err, "%s is '%s', not a node count", vars[i], v);
-        if (n > 1)
-            return errf(err, "%s = %ld: a job on more than one node is not built yet (fsdpd runs one node)",
-                        vars[i], n);
-    }
-    return 0;
+/* What several nodes cannot do yet (F21 builds checkpoints and restarts across nodes): a
+ * job on several nodes asks for none of it, or is refused. */
+static int check_multi_node(const job_config *j, int nodes, errbuf *err) {
+    if (nodes == 1) return 0;
+    const char *what = j->checkpoint.save_final ? "checkpoint.save_final"
+                     : j->checkpoint.interval_steps ? "checkpoint.interval_steps"
+                     : j->output.consolidate ? "output.consolidate"
+                     : j->runtime.max_restarts ? "runtime.max_restarts"
+                     : j->checkpoint.resume != JOB_RESUME_NEVER ? "checkpoint.resume" : NULL;
+    if (!what) return 0;
+    return errf(err, "%s: checkpoints and restarts across nodes are not built yet (a job on %d nodes needs "
+                "checkpoint.save_final=false, checkpoint.interval_steps=0, output.consolidate=false, "
+                "runtime.max_restarts=0, checkpoint.resume=never)", what, nodes);
 }
 
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
@@ -72,6 +71,15 @@ static int consolidate_output(const job_config *job, errbuf *err) {
     return 0;
 }
 
+/* One run: the nodes joined, then the workers supervised to the end. */
+static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
+    if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
+    int rc = supervisor_run(opt, err);
+    cluster_free(opt->cluster);
+    opt->cluster = NULL;
+    return rc;
+}
+
 int main(int argc, char **argv) {
     const char *job_path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -86,14 +94,16 @@ int main(int argc, char **argv) {
 
     static job_config job;
     errbuf err;
-    if (fault_init(&err) || check_one_node(&err) || job_load(&job, job_path, &err)) goto bad_job;
+    static slurm_env slurm;
+    if (fault_init(&err) || slurm_env_read(&slurm, &err) || job_load(&job, job_path, &err)) goto bad_job;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job")) i++;
         else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
     }
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_validate(&job, workers, &err)) goto bad_job;
+    if (job_validate(&job, workers * slurm.nnodes, &err) || check_multi_node(&job, slurm.nnodes, &err))
+        goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
@@ -111,13 +121,12 @@ int main(int argc, char **argv) {
 
     log_event(0, -1, "job %s: %d workers, backend %s", job_path, workers,
               job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
-    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
-                              .bind_host = "127.0.0.1"};
+    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */
     int rc;
-    for (int restarts = 0; (rc = supervisor_run(&opt, &err)) < 0; restarts++) {
+    for (int restarts = 0; (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
             return 1;

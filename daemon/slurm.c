@@ -194,7 +194,14 @@ int slurm_env_read(slurm_env *e, errbuf *err) {
     e->nnodes = 1;
     e->gpus_on_node = -1;
     const char *job = getenv("SLURM_JOB_ID");
-    if (!job) return 0;
+    if (!job) {
+        /* srun always sets the job id: node counts without it are a broken environment, and
+         * running one world per node on it would be worse. */
+        static const char *const counts[] = {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"};
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            if (getenv(counts[i])) return errf(err, "%s is set but SLURM_JOB_ID is not", counts[i]);
+        return 0;
+    }
     e->in_slurm = true;
     int rc = env_str("SLURM_JOB_ID", e->job_id, sizeof e->job_id, err);
     if (rc == 0) rc = env_int("SLURM_RESTART_COUNT", 0, &e->restart_count, &e->restarted, err);

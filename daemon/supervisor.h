@@ -23,11 +23,14 @@
 #include "base/errbuf.h"
 #include "proto/job.h"
 
+struct cluster;
+
 typedef struct supervisor_options {
-    const job_config *job; /* validated for `workers` ranks */
-    int workers;
+    const job_config *job; /* validated for every node's ranks */
+    int workers;             /* on this node */
     const char *worker_path; /* the fsdp-worker executable */
-    const char *bind_host;   /* where workers listen for their peers */
+    struct cluster *cluster; /* the job's nodes (daemon/cluster.h): the secret, this node's
+                              * index and address (where workers listen for their peers) */
 } supervisor_options;
 
 typedef struct supervisor supervisor;

@@ -178,6 +178,8 @@ static const job_key keys[] = {
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
     STR("runtime", "status_socket", runtime.status_socket, 0),
+    STR("runtime", "bind_addr", runtime.bind_addr, 0),
+    NUM("runtime", "join_timeout_s", K_INT, runtime.join_timeout_s, 1, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
 };
@@ -260,6 +262,7 @@ void job_defaults(job_config *j) {
     j->runtime.max_restarts = 0;
     j->runtime.stop_grace_s = 30;
     j->runtime.comm_timeout_s = 600;
+    j->runtime.join_timeout_s = 300;
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */

@@ -30,6 +30,7 @@
 #define JOB_PATH_MAX PATH_BYTES
 #define JOB_SOCKET_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), terminating NUL included */
 #define JOB_NAME_MAX 32
+#define JOB_HOST_MAX 256
 #define JOB_MAX_TARGETS 16
 #define JOB_FILE_MAX (1u << 20) /* job_load refuses larger files */
 
@@ -129,6 +130,8 @@ typedef struct job_config {
         int max_restarts;
         int stop_grace_s;
         char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */
+        char bind_addr[JOB_HOST_MAX]; /* this node's address for the other nodes; "": its name's */
+        int join_timeout_s;           /* how long the nodes wait for each other */
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
     } runtime;

@@ -145,6 +145,31 @@ static const field join_fields[] = {
     INT(msg_join, "nodes", nodes, 1, INT_MAX),
     STR(msg_join, "host", host),
     INT(msg_join, "workers", workers, 1, INT_MAX),
+    STR(msg_join, "nonce", nonce),
+};
+
+static const field rendezvous_fields[] = {
+    STR(msg_rendezvous, "host", host),
+    INT(msg_rendezvous, "port", port, 1, 65535),
+    INT(msg_rendezvous, "nodes", nodes, 1, INT_MAX),
+    STR(msg_rendezvous, "job_id", job_id),
+    INT(msg_rendezvous, "restart", restart, 0, INT_MAX),
+    INT(msg_rendezvous, "attempt", attempt, 0, INT_MAX),
+    STR(msg_rendezvous, "secret", secret),
+    STR(msg_rendezvous, "nonce", nonce),
+};
+
+static const field node_addrs_fields[] = {
+    INT(msg_node_addrs, "node", node, 0, INT_MAX),
+    OF(msg_node_addrs, "addrs", list, F_ADDRS),
+};
+
+static const field node_ready_fields[] = {INT(msg_node, "node", node, 0, INT_MAX)};
+
+static const field node_done_fields[] = {
+    INT(msg_node_done, "node", node, 0, INT_MAX),
+    BOOL(msg_node_done, "ok", ok),
+    STR(msg_node_done, "error", error),
 };
 
 static const field node_ckpt_done_fields[] = {
@@ -186,6 +211,10 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_NODE_CKPT_DONE] = BODY(node_ckpt_done_fields),
     [MSG_COMMIT] = BODY(commit_fields),
     [MSG_ABORT] = BODY(abort_fields),
+    [MSG_RENDEZVOUS] = BODY(rendezvous_fields),
+    [MSG_NODE_ADDRS] = BODY(node_addrs_fields),
+    [MSG_NODE_READY] = BODY(node_ready_fields),
+    [MSG_NODE_DONE] = BODY(node_done_fields),
 };
 
 static int check_config(void *body, const char *type, errbuf *err) {

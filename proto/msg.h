@@ -44,6 +44,7 @@
 #define MSG_NCCL_ID_BYTES 128  /* sizeof(ncclUniqueId) */
 #define MSG_ADDR_MAX 80        /* "host:port" of a listener, room for "[ipv6%scope]:port" */
 #define MSG_TEXT_MAX 1024      /* reasons and error messages */
+#define MSG_NONCE_HEX 33       /* 16 random bytes as hex, with the NUL */
 
 /* w = worker, d = daemon, D = another node's daemon.  The numbers are on the wire: new
  * types go at the end. */
@@ -65,6 +66,10 @@ typedef enum msg_type {
     MSG_NODE_CKPT_DONE = 15, /* D->d (leader): a node's shards of a step are written */
     MSG_COMMIT = 16,     /* d->D: the leader committed a step */
     MSG_ABORT = 17,      /* d->D: the leader abandoned a step's checkpoint */
+    MSG_RENDEZVOUS = 18, /* the leader's rendezvous file in checkpoint.dir (not sent) */
+    MSG_NODE_ADDRS = 19, /* D->d: a node's workers' addresses, for the rank table */
+    MSG_NODE_READY = 20, /* D->d: every worker of a node is connected and ready */
+    MSG_NODE_DONE = 21,  /* D->d: a node's workers have exited (ok, or why not) */
     MSG_TYPE_END         /* one past the last type */
 } msg_type;
 
@@ -167,7 +172,33 @@ typedef struct msg_join {
     int node, nodes;    /* this node's index and the node count it was told */
     char host[MSG_ADDR_MAX];
     int workers;
+    char nonce[MSG_NONCE_HEX]; /* the rendezvous file's: proof that checkpoint.dir is shared */
 } msg_join;
+
+typedef struct msg_rendezvous {
+    char host[MSG_ADDR_MAX];  /* the leader's address and port */
+    int port;
+    int nodes;
+    char job_id[64];
+    int restart, attempt;     /* SLURM_RESTART_COUNT and fsdpd's own run attempt */
+    char secret[2 * MSG_SECRET_BYTES + 1]; /* hex; the file is 0600 */
+    char nonce[MSG_NONCE_HEX];
+} msg_rendezvous;
+
+typedef struct msg_node_addrs {
+    int node;
+    msg_peers list;     /* that node's workers in local-rank order */
+} msg_node_addrs;
+
+typedef struct msg_node {
+    int node;
+} msg_node;             /* NODE_READY */
+
+typedef struct msg_node_done {
+    int node;
+    bool ok;
+    char error[MSG_TEXT_MAX];
+} msg_node_done;
 
 typedef struct msg_node_ckpt_done {
     int node;
@@ -208,6 +239,10 @@ typedef struct msg {
         msg_node_ckpt_done node_ckpt_done;
         msg_step_attempt commit;
         msg_node_abort abort;
+        msg_rendezvous rendezvous;
+        msg_node_addrs node_addrs;
+        msg_node node_ready;
+        msg_node_done node_done;
     } u;
 } msg;
 

@@ -29,6 +29,10 @@ static const char *const type_names[MSG_TYPE_END] = {
     [MSG_NODE_CKPT_DONE] = "NODE_CKPT_DONE",
     [MSG_COMMIT] = "COMMIT",
     [MSG_ABORT] = "ABORT",
+    [MSG_RENDEZVOUS] = "RENDEZVOUS",
+    [MSG_NODE_ADDRS] = "NODE_ADDRS",
+    [MSG_NODE_READY] = "NODE_READY",
+    [MSG_NODE_DONE] = "NODE_DONE",
 };
 
 /* A decoder keeps at most this much buffer around while idle. */
