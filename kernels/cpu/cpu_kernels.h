@@ -1,4 +1,5 @@
-/* The CPU backend of kernels.h: the fp32 reference implementation.
+/* The CPU backend of kernels.h (built on kctx.h, never including kernels.h): the fp32
+ * reference implementation.
  *
  * Compute dtype is K_F32, so every `void *` buffer of kernels.h is a float array in host
  * memory.  Reductions (norms, softmax sums, losses) accumulate in double so that this
@@ -13,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kernels.h"
+#include "kernels/kctx.h"
 #include "proto/errbuf.h"
 
 /* cpu_<name> for every op of kernels_ops.h.  Where they are: cpu_memory.c (memory, copies,
