@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     }
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_validate(&job, workers, &err)) goto bad_job;
+    if (job_resolve(&job, workers, &err) || job_validate(&job, workers, &err)) goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the

@@ -644,7 +644,9 @@ static void teardown(supervisor *s) {
 
 /* The checkpoint directory, the resume, and the coordinator. */
 static int setup_checkpoints(supervisor *s, errbuf *err) {
-    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_validate(&s->job, s->opt->workers, err))
+    /* A resume takes global_batch from the checkpoint: grad_accum follows it. */
+    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_resolve(&s->job, s->opt->workers, err) ||
+        job_validate(&s->job, s->opt->workers, err))
         return -1;
     ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config, .base = s->base,
