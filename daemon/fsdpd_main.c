@@ -102,7 +102,8 @@ int main(int argc, char **argv) {
     }
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_validate(&job, workers * slurm.nnodes, &err) || check_multi_node(&job, slurm.nnodes, &err))
+    if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err) ||
+        check_multi_node(&job, slurm.nnodes, &err))
         goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
 

@@ -666,8 +666,10 @@ static void teardown(supervisor *s) {
 
 /* The checkpoint directory, the resume, and the coordinator. */
 static int setup_checkpoints(supervisor *s, errbuf *err) {
+    /* A resume takes global_batch from the checkpoint: grad_accum follows it. */
     int world = s->opt->workers * cluster_nodes(s->opt->cluster);
-    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_validate(&s->job, world, err))
+    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_resolve(&s->job, world, err) ||
+        job_validate(&s->job, world, err))
         return -1;
     ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config, .base = s->base,

@@ -15,7 +15,7 @@
  * training the coordinator commits the workers' saves.  A job whose workers all exited 0
  * still fails when its final checkpoint did not commit.
  *
- * Fault point ckpt_request=STEP (proto/fault.h) requests a checkpoint (as SIGUSR1 or the
+ * Fault point ckpt_request=STEP (base/fault.h) requests a checkpoint (as SIGUSR1 or the
  * status socket will) once rank 0 reports step STEP. */
 #ifndef FSDP_SUPERVISOR_H
 #define FSDP_SUPERVISOR_H

@@ -9,8 +9,6 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,25 +94,6 @@ void kctx_destroy(kctx *c) {
     if (ops(c)->destroy) ops(c)->destroy(c);
     free(c->blocks);
     memset(c, 0, sizeof *c);
-}
-
-size_t k_compute_size(const kctx *c) {
-    return c->compute == K_BF16 ? 2 : 4;
-}
-
-void k_fail(kctx *c, const char *fmt, ...) {
-    if (c->failed) return; /* the first failure is the one worth reporting */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->failure, sizeof c->failure, fmt, ap);
-    va_end(ap);
-    c->failed = 1;
-}
-
-int k_check(kctx *c, errbuf *err) {
-    if (!c->failed) return 0;
-    c->failed = 0;
-    return errf(err, "%s", c->failure);
 }
 
 int k_sync(kctx *c, errbuf *err) {

@@ -9,8 +9,7 @@
  *     weights, optimizer state and small statistics (RMSNorm rstd, attention log-sum-exp).
  * Accumulation is always in fp32.
  *
- * Ops return nothing: like CUDA launches they may fail asynchronously, so a failure is
- * recorded in the context (the first one wins) and reported by k_sync()/k_check().
+ * The context type and its failure record (k_fail, k_check) are in kctx.h.
  *
  * Shapes: N = B*T token rows; C = hidden size; row-major throughout.  Linear weights use
  * the Hugging Face layout W[out, in], so y = x W^T.  Attention tensors are [B, T, H, hd]
@@ -21,41 +20,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/errbuf.h"
-
-typedef enum k_backend { K_CPU = 0, K_CUDA = 1 } k_backend;
-typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
-
-#define K_IGNORE_INDEX (-100)
-
-typedef struct k_block k_block;
-
-typedef struct kctx {
-    k_backend backend;
-    k_dtype compute;
-    int device;      /* CUDA device ordinal */
-    void *stream;    /* cudaStream_t for CUDA */
-    void *impl;      /* backend state (cuBLASLt handle, workspace, ...) */
-    int failed;      /* sticky: the first failure since the last k_check */
-    char failure[512];
-    /* What k_alloc handed out and k_free did not take back (the backend's own workspace
-     * not counted), and the most at any time; read them with k_bytes_in_use/k_peak_bytes. */
-    size_t bytes_in_use, peak_bytes;
-    k_block *blocks; /* each live block and its size */
-    int n_blocks, cap_blocks;
-} kctx;
+#include "kernels/kctx.h" /* kctx, k_backend, k_dtype, K_IGNORE_INDEX, k_fail, k_check */
 
 /* Whether this build has the CUDA backend, and how many devices it sees (0 without). */
 int k_cuda_available(void);
 
 int kctx_init(kctx *c, k_backend backend, int device, errbuf *err);
 void kctx_destroy(kctx *c);
-size_t k_compute_size(const kctx *c); /* bytes per element of the compute dtype */
-
-/* Records a failure in c (first wins).  For backends, not for callers. */
-void k_fail(kctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Reports and clears the sticky failure: 0 when none. */
-int k_check(kctx *c, errbuf *err);
 /* Waits for queued work, then k_check. */
 int k_sync(kctx *c, errbuf *err);
 

@@ -35,18 +35,19 @@ const char *ckpt_kind_name(int kind) {
 
 /* ---- names ---- */
 
-static int fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap ? 0 : -1; }
+/* Whether snprintf's result n says that what it wrote fits a buffer of cap bytes. */
+static bool fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap; }
 
 int ckpt_step_name(char *out, size_t n, int64_t step) {
-    return fits(snprintf(out, n, "step-%06lld", (long long)step), n);
+    return fits(snprintf(out, n, "step-%06lld", (long long)step), n) ? 0 : -1;
 }
 
 int ckpt_partial_name(char *out, size_t n, int64_t step, int attempt) {
-    return fits(snprintf(out, n, "step-%06lld.partial.%d", (long long)step, attempt), n);
+    return fits(snprintf(out, n, "step-%06lld.partial.%d", (long long)step, attempt), n) ? 0 : -1;
 }
 
 int ckpt_file_name(char *out, size_t n, int rank, int n_files) {
-    return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n);
+    return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n) ? 0 : -1;
 }
 
 /* Reads a run of 1..18 decimal digits at *p; advances *p past it. */
@@ -838,7 +839,7 @@ int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t
 static int is_committed(const char *dir, const char *name) {
     char path[PATH_BYTES];
     struct stat st;
-    return !fits(snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_MANIFEST), sizeof path) &&
+    return fits(snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_MANIFEST), sizeof path) &&
            stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 

@@ -965,16 +965,24 @@ int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err) {
     return 0;
 }
 
-/* Runs every key through the same checks as a job file value. */
-static int check_keys(job_config *j, errbuf *err) {
-    for (size_t i = 0; i < COUNT(keys); i++) {
+/* Runs every key through the same checks as a job file value (on a copy: assigning a key
+ * writes it). */
+static int check_keys(const job_config *j, errbuf *err) {
+    job_config *scratch = malloc(sizeof *scratch);
+    if (!scratch) return errf(err, "out of memory checking the job's keys");
+    *scratch = *j;
+    int rc = 0;
+    for (size_t i = 0; i < COUNT(keys) && rc == 0; i++) {
         json_t *v = get_key(j, &keys[i], err);
-        if (!v) return -1;
-        int rc = assign(j, &keys[i], v, err);
+        if (!v) {
+            rc = -1;
+            break;
+        }
+        rc = assign(scratch, &keys[i], v, err);
         json_decref(v);
-        if (rc) return -1;
     }
-    return 0;
+    free(scratch);
+    return rc;
 }
 
 static int check_model(const job_config *j, errbuf *err) {
@@ -996,7 +1004,33 @@ static int check_model(const job_config *j, errbuf *err) {
     return 0;
 }
 
-static int check_batch(job_config *j, int world_size, errbuf *err) {
+static int check_world(int world_size, errbuf *err) {
+    return world_size < 1 ? errf(err, "world size %d: must be at least 1", world_size) : 0;
+}
+
+/* global_batch must divide into micro_batch x world_size; the quotient is grad_accum. */
+static int check_batch_divides(const job_config *j, int world_size, errbuf *err) {
+    long long micro = j->train.micro_batch;
+    if (micro < 1) /* job_resolve may run before check_keys has seen it */
+        return errf(err, "train.micro_batch: %lld is below 1", micro);
+    long long unit = micro * world_size, gb = j->train.global_batch;
+    if (gb % unit == 0) return 0;
+    long long lower = gb / unit * unit;
+    if (lower == 0)
+        return errf(err, "train.global_batch: %lld is smaller than train.micro_batch (%lld) x "
+                         "world size (%d) = %lld; use %lld or a multiple of it", gb, micro,
+                    world_size, unit, unit);
+    return errf(err, "train.global_batch: %lld is not a multiple of train.micro_batch (%lld) "
+                     "x world size (%d) = %lld; use %lld or %lld", gb, micro, world_size,
+                unit, lower, lower + unit);
+}
+
+static int grad_accum_of(const job_config *j, int world_size) {
+    return (int)(j->train.global_batch / ((long long)j->train.micro_batch * world_size));
+}
+
+/* --gradient_accumulation_steps into global_batch, then grad_accum. */
+static int resolve_batch(job_config *j, int world_size, errbuf *err) {
     long long micro = j->train.micro_batch;
     if (j->train.grad_accum_request > 0) {
         long long gb = micro * j->train.grad_accum_request * world_size;
@@ -1007,18 +1041,38 @@ static int check_batch(job_config *j, int world_size, errbuf *err) {
         j->train.global_batch = (int)gb;
         j->train.grad_accum_request = 0;
     }
-    long long unit = micro * world_size, gb = j->train.global_batch;
-    if (gb % unit != 0) {
-        long long lower = gb / unit * unit;
-        if (lower == 0)
-            return errf(err, "train.global_batch: %lld is smaller than train.micro_batch (%lld) x "
-                             "world size (%d) = %lld; use %lld or a multiple of it", gb, micro,
-                        world_size, unit, unit);
-        return errf(err, "train.global_batch: %lld is not a multiple of train.micro_batch (%lld) "
-                         "x world size (%d) = %lld; use %lld or %lld", gb, micro, world_size,
-                    unit, lower, lower + unit);
+    if (check_batch_divides(j, world_size, err)) return -1;
+    j->train.grad_accum = grad_accum_of(j, world_size);
+    return 0;
+}
+
+/* An empty runtime.metrics becomes output.dir/metrics.jsonl. */
+static int resolve_metrics(job_config *j, errbuf *err) {
+    if (j->runtime.metrics[0]) return 0;
+    int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
+                     j->output.dir);
+    if (n < 0 || (size_t)n >= sizeof j->runtime.metrics) {
+        j->runtime.metrics[0] = '\0';
+        return errf(err, "runtime.metrics: output.dir/metrics.jsonl is longer than %d bytes",
+                    JOB_PATH_MAX - 1);
     }
-    j->train.grad_accum = (int)(gb / unit);
+    return 0;
+}
+
+int job_resolve(job_config *j, int world_size, errbuf *err) {
+    if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
+        resolve_metrics(j, err))
+        return -1;
+    return 0;
+}
+
+/* What job_resolve fills must be filled, and agree with what it derives from. */
+static int check_resolved(const job_config *j, int world_size, errbuf *err) {
+    if (j->train.grad_accum_request > 0 || j->train.grad_accum != grad_accum_of(j, world_size))
+        return errf(err, "train.grad_accum: not resolved for world size %d (job_resolve first)",
+                    world_size);
+    if (!j->runtime.metrics[0])
+        return errf(err, "runtime.metrics: not resolved (job_resolve first)");
     return 0;
 }
 
@@ -1032,9 +1086,9 @@ static int check_schedule(const job_config *j, errbuf *err) {
     return 0;
 }
 
-int job_validate(job_config *j, int world_size, errbuf *err) {
-    if (world_size < 1) return errf(err, "world size %d: must be at least 1", world_size);
-    if (check_keys(j, err) || check_model(j, err) || check_batch(j, world_size, err) ||
+int job_validate(const job_config *j, int world_size, errbuf *err) {
+    if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
+        check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
     if (!j->data.path[0])
@@ -1042,15 +1096,6 @@ int job_validate(job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    if (!j->runtime.metrics[0]) {
-        int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
-                         j->output.dir);
-        if (n < 0 || (size_t)n >= sizeof j->runtime.metrics) {
-            j->runtime.metrics[0] = '\0';
-            return errf(err, "runtime.metrics: output.dir/metrics.jsonl is longer than %d bytes",
-                        JOB_PATH_MAX - 1);
-        }
-    }
     return 0;
 }
 

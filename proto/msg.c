@@ -223,7 +223,11 @@ static int check_config(void *body, const char *type, errbuf *err) {
         return errf(err, "%s: rank %d is not below world %d", type, c->rank, c->world);
     if (strlen(c->secret) != 2 * MSG_SECRET_BYTES || strspn(c->secret, "0123456789abcdef") != 2 * MSG_SECRET_BYTES)
         return errf(err, "%s: field 'secret' must be %d lower-case hex digits", type, 2 * MSG_SECRET_BYTES);
-    return job_validate(&c->job, c->world, err) ? errprefix(err, "%s: field 'job'", type) : 0;
+    /* The job arrives resolved, but without grad_accum (job_to_object leaves derived fields
+     * out): job_resolve recomputes it, and fills nothing else of a resolved job. */
+    return job_resolve(&c->job, c->world, err) || job_validate(&c->job, c->world, err)
+               ? errprefix(err, "%s: field 'job'", type)
+               : 0;
 }
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err) {

@@ -253,8 +253,8 @@ void msg_free(msg *m);
  * metrics.jsonl for METRICS.  Not for NCCL_ID. */
 json_t *msg_to_json(const msg *m, errbuf *err);
 /* A body of `type` from its JSON object, strictly (see above).  On failure *m holds
- * nothing to free.  A CONFIG's job is read strictly and validated for its world
- * (job_from_object, job_validate). */
+ * nothing to free.  A CONFIG's job is read strictly, its grad_accum recomputed and validated
+ * for its world (job_from_object, job_resolve, job_validate). */
 int msg_from_json(msg *m, msg_type type, const json_t *body, errbuf *err);
 
 /* ---- frames ---- */

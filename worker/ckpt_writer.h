@@ -12,7 +12,7 @@
  * Only ranks below the shard group size write (with no_shard every rank holds the same
  * state: rank 0 writes it); for the others every call is a no-op.
  *
- * Fault point ckpt_write=RANK:ACTION[:STEP] (proto/fault.h) makes RANK, halfway through
+ * Fault point ckpt_write=RANK:ACTION[:STEP] (base/fault.h) makes RANK, halfway through
  * writing its first save at or after step STEP (its first save when STEP is absent):
  *   stall  sleep for checkpoint.timeout_s + 2 s, once (a stuck disk: not interrupted by
  *          an abort), then go on;

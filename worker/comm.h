@@ -34,7 +34,7 @@
  * Threads: one thread at a time makes the collective calls; comm_abort() may be called
  * from any thread at any time before comm_destroy() (a watchdog's way out).
  *
- * Fault point comm_stall=RANK:CALL:SECONDS (proto/fault.h): that rank
+ * Fault point comm_stall=RANK:CALL:SECONDS (base/fault.h): that rank
  * sleeps SECONDS before its CALL-th collective, so that the others time out. */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
@@ -42,24 +42,7 @@
 #include <stddef.h>
 
 #include "base/errbuf.h"
-#include "proto/msg.h"
-
-#define COMM_SECRET_BYTES MSG_SECRET_BYTES /* the sizes both ends agree on live in proto/msg.h */
-#define COMM_ADDR_MAX MSG_ADDR_MAX
-#define COMM_MAX_WORLD 65536
-
-typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_BYTE } comm_dtype;
-typedef enum comm_op { COMM_SUM, COMM_AVG } comm_op;
-
-typedef struct comm comm;
-
-typedef struct comm_options {
-    /* The job secret: a connection that does not present it is refused.  It travels in
-     * clear: it keeps other jobs and stray clients out, not an eavesdropper. */
-    unsigned char secret[COMM_SECRET_BYTES];
-    double timeout_s;      /* deadline of each collective (runtime.comm_timeout_s); > 0 */
-    double init_timeout_s; /* deadline for comm_init to connect to its peers; > 0 */
-} comm_options;
+#include "worker/comm_types.h" /* comm, comm_dtype, comm_op, comm_options, the sizes */
 
 /* Every rank's listener address, as reported by comm_tcp_listen() and relayed by the daemons. */
 typedef struct comm_rank_table {

@@ -11,7 +11,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "worker/comm.h"
+#include "base/errbuf.h"
+#include "worker/comm_types.h" /* not comm.h: comm.c includes this file */
 
 typedef struct comm_ops {
     int (*all_gather)(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,

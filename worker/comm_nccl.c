@@ -11,7 +11,7 @@
  * result is in the buffer; a split-phase one (*_start) returns once it is queued, and
  * comm_wait polls its event (up to NCCL_INFLIGHT of them in flight) against the deadline.
  *
- * Fault point nccl_hang=N (proto/fault.h) makes this rank's N-th collective
+ * Fault point nccl_hang=N (base/fault.h) makes this rank's N-th collective
  * wait behind a kernel that spins on a host flag, as a hung peer or a wedged kernel would;
  * the flag is released once the communicator has been aborted. */
 #ifdef FSDP_HAVE_CUDA

@@ -78,7 +78,7 @@ typedef struct train_env {
  * count come from that checkpoint (its global_batch and seed must be the job's: fsdpd sets
  * them from the manifest).
  *
- * Fault points (proto/fault.h): nan_loss=RANK:STEP makes that rank's loss NaN at that step;
+ * Fault points (base/fault.h): nan_loss=RANK:STEP makes that rank's loss NaN at that step;
  * nan_grad=RANK:STEP makes one element of its gradient NaN (the loss stays finite: the
  * gradient norm is what stops the job); final_params=PATH makes rank 0 write the final
  * parameters (gathered, fp32) to PATH as safetensors. */

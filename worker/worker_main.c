@@ -16,7 +16,7 @@
  * A FATAL is permanent when no restart can cure the error: the job (CONFIG) does not
  * validate, or loading the model, the checkpoint or the data failed.
  *
- * Fault points (proto/fault.h): worker=RANK:exit:STEP exits with status 3 after that step;
+ * Fault points (base/fault.h): worker=RANK:exit:STEP exits with status 3 after that step;
  * worker=RANK:hang_on_stop hangs when asked to stop (or when training ends): fsdpd must kill
  * it. */
 #include <errno.h>

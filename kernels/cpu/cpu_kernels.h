@@ -1,4 +1,5 @@
-/* The CPU backend of kernels.h: the fp32 reference implementation.
+/* The CPU backend of kernels.h (built on kctx.h, never including kernels.h): the fp32
+ * reference implementation.
  *
  * Compute dtype is K_F32, so every `void *` buffer of kernels.h is a float array in host
  * memory.  Reductions (norms, softmax sums, losses) accumulate in double so that this
@@ -14,7 +15,7 @@
 #include <stdint.h>
 
 #include "base/errbuf.h"
-#include "kernels/kernels.h"
+#include "kernels/kctx.h"
 
 /* cpu_<name> for every op of kernels_ops.h.  Where they are: cpu_memory.c (memory, copies,
  * the fp32 -> fp32 casts), cpu_elementwise.c (accumulate, add_f32, sumsq_f32, SwiGLU),

@@ -1,4 +1,5 @@
-/* The CUDA backend of kernels.h: bf16 storage, fp32 accumulation.
+/* The CUDA backend of kernels.h (built on kctx.h, never including kernels.h): bf16 storage,
+ * fp32 accumulation.
  *
  * Compute dtype is K_BF16, so every `void *` buffer of kernels.h is a __nv_bfloat16 array in
  * device memory; `float *` buffers are fp32 device memory.  Every op is queued on the
@@ -20,7 +21,7 @@ extern "C" {
 #endif
 
 #include "base/errbuf.h"
-#include "kernels/kernels.h"
+#include "kernels/kctx.h"
 
 /* cuda_device.cu: devices and contexts (what kctx_init, kctx_destroy and k_sync call) */
 int cuda_device_count(void); /* usable devices; 0 when there is no driver or no device */

@@ -24,7 +24,9 @@ static void check_round_trip(const job_config *j, int world) {
     errbuf err;
     json_t *obj = job_to_object(j, &err), *again;
     if (!obj) abort();
-    if (job_from_object(&back, obj, &err) || job_validate(&back, world, &err)) abort();
+    if (job_from_object(&back, obj, &err) || job_resolve(&back, world, &err) ||
+        job_validate(&back, world, &err))
+        abort();
     if (!(again = job_to_object(&back, &err)) || !json_equal(obj, again)) abort();
     json_decref(obj);
     json_decref(again);
@@ -42,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     int world = 1 + (int)(size % 4);
-    if (job_resolve_runtime(&j, (int)(size % 9), &err) == 0 && job_validate(&j, world, &err) == 0)
+    if (job_resolve_runtime(&j, (int)(size % 9), &err) == 0 && job_resolve(&j, world, &err) == 0 &&
+        job_validate(&j, world, &err) == 0)
         check_round_trip(&j, world);
     return 0;
 }

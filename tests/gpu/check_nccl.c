@@ -2,7 +2,7 @@
  *   1. The NCCL backend (world 1: NCCL refuses two ranks on one device): every collective on
  *      device buffers, in f32 and bf16, against the expected values.
  *   2. Its watchdog: a kernel spinning on a host flag in the comm stream (the fault point
- *      nccl_hang, proto/fault.h) makes a collective time out; the call fails within the timeout
+ *      nccl_hang, base/fault.h) makes a collective time out; the call fails within the timeout
  *      + 2 s naming the time-out, the communicator is dead, and the GPU is usable afterwards.
  *   2b. Split-phase collectives (comm_*_start, comm_wait): more in flight than the backend's
  *      ring of events, all finished by waiting for the last ticket; and the watchdog on a

@@ -19,7 +19,7 @@ extern "C" {
 
 static int n_passed, n_failed;
 
-/* The CPU reference's k_fail (kernels/kernels.c is not linked in). */
+/* The CPU reference's k_fail (kernels/kctx.c is not linked in: its k_check needs errbuf). */
 extern "C" void k_fail(kctx *c, const char *fmt, ...) {
     if (c->failed) return;
     va_list ap;

@@ -14,7 +14,7 @@ write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
 # run NAME CKPT_DIR WORKERS MICRO [FAULT ...] -- [overrides...]: sets $status; the final
 # parameters go to $tmp/NAME.safetensors, the losses to $tmp/NAME.loss ("step loss" lines);
-# each FAULT is an FSDP_FAULTS entry (proto/fault.h).
+# each FAULT is an FSDP_FAULTS entry (base/fault.h).
 run() {
     local name=$1 dir=$2 workers=$3 micro=$4
     shift 4

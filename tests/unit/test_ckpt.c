@@ -138,6 +138,19 @@ static void test_names(void **state) {
     assert_int_equal(ckpt_file_name(buf, sizeof buf, 1, 16), 0);
     assert_string_equal(buf, "rank-00001-of-00016.bin");
     assert_int_equal(ckpt_step_name(buf, 5, 400), -1);
+    assert_int_equal(ckpt_step_name(buf, 12, 400), 0); /* exactly fits: 11 chars and the NUL */
+    assert_int_equal(ckpt_step_name(buf, 11, 400), -1);
+    assert_int_equal(ckpt_partial_name(buf, 21, 400, 3), -1);
+    assert_int_equal(ckpt_file_name(buf, 23, 1, 16), -1);
+
+    /* A path that does not fit is an error naming it, not a truncated file name. */
+    static char long_dir[5000];
+    memset(long_dir, 'd', sizeof long_dir - 1);
+    ckpt_manifest m;
+    errbuf err = {""};
+    assert_int_equal(ckpt_manifest_load(&m, long_dir, &err), -1);
+    assert_non_null(strstr(err.msg, "path too long (more than 4095 bytes): ddd"));
+    assert_non_null(strstr(err.msg, ".../manifest.json"));
 
     assert_int_equal(ckpt_parse_step_name("step-000400", &step), 1);
     assert_int_equal(step, 400);

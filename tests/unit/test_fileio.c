@@ -1,4 +1,4 @@
-/* Unit tests for proto/fileio's refusal of files that are not regular files, through every
+/* Unit tests for base/fileio's refusal of files that are not regular files, through every
  * reader of a user-given path: the job file, a model's config.json and safetensors files, a
  * token cache.  A FIFO with no writer used to block open() forever; an alarm turns such a
  * regression into a failure instead of a hang. */

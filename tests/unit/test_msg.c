@@ -582,7 +582,7 @@ static void test_config(void **state) {
     c->job.model.init = JOB_INIT_RANDOM;
     strcpy(c->job.model.config, "tiny.json");
     c->job.train.global_batch = 4;
-    if (job_validate(&c->job, 2, &err)) fail_msg("%s", err.msg);
+    if (job_resolve(&c->job, 2, &err) || job_validate(&c->job, 2, &err)) fail_msg("%s", err.msg);
     static const char tiny[] = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":172,"
                                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":211,"
                                "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-5}";
@@ -591,6 +591,7 @@ static void test_config(void **state) {
     assert_same_body(&m, &back);
     assert_memory_equal(&back.u.config.model, &c->model, sizeof c->model);
     assert_int_equal(back.u.config.job.train.global_batch, 4);
+    assert_int_equal(back.u.config.job.train.grad_accum, 2); /* not carried: recomputed */
     assert_string_equal(back.u.config.job.data.path, "data.tokens");
 
     /* Each part is checked: the rank, the secret, the job (all keys, valid for the world),

@@ -26,7 +26,7 @@
 #include <vector>
 
 extern "C" {
-#include "kernels/kernels.h"
+#include "kernels/kctx.h"
 }
 
 /* ---- the language ---- */
