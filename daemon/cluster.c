@@ -3,7 +3,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <netdb.h>
@@ -200,6 +199,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     char nonce[MSG_NONCE_HEX];
     int rc = random_bytes(raw, sizeof raw, err);
     to_hex(raw, sizeof raw, nonce);
+    if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
     if (rc == 0) log_event(0, -1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
@@ -298,13 +298,19 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
     return 0;
 }
 
+void cluster_detach(cluster *c) {
+    for (int i = 0; c->links && i < c->nodes; i++) {
+        if (c->links[i].bev) bufferevent_free(c->links[i].bev);
+        c->links[i].bev = NULL;
+        msg_decoder_free(&c->links[i].dec);
+    }
+}
+
 void cluster_free(cluster *c) {
     if (!c) return;
-    for (int i = 0; i < c->nodes; i++) {
-        if (c->links && c->links[i].bev) bufferevent_free(c->links[i].bev);
-        else if (c->fds && c->fds[i] >= 0) close(c->fds[i]);
-        if (c->links) msg_decoder_free(&c->links[i].dec);
-    }
+    cluster_detach(c);
+    for (int i = 0; c->fds && i < c->nodes; i++)
+        if (c->fds[i] >= 0) close(c->fds[i]);
     if (c->file[0]) unlink(c->file);
     free(c->fds);
     free(c->links);
@@ -329,16 +335,27 @@ static void to_followers(cluster *c, const msg *m) {
 
 static node_link *to_leader(cluster *c) { return &c->links[0]; }
 
-/* Writes what the node_link still holds, blocking: a follower about to exit owes the leader its
- * last report. */
-static void flush_link(node_link *l) {
-    if (!l->bev) return;
+/* Sends m on the link now, waiting up to 5 s for the socket, past the bufferevent (which
+ * would write it only from the loop that is ending): a follower about to exit owes the
+ * leader its last report.  The link has nothing else queued by then. */
+static void send_now(node_link *l, const msg *m) {
+    uint8_t *frame;
+    size_t len, sent = 0;
+    errbuf err;
+    if (!l->bev || msg_encode(m, &frame, &len, &err)) return;
     int fd = bufferevent_getfd(l->bev);
-    struct evbuffer *out = bufferevent_get_output(l->bev);
-    int flags = fcntl(fd, F_GETFL);
-    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    while (evbuffer_get_length(out) > 0 && evbuffer_write(out, fd) > 0) {
+    double deadline = clock_now_s() + 5;
+    while (sent < len && clock_now_s() < deadline) {
+        ssize_t n = send(fd, frame + sent, len - sent, MSG_NOSIGNAL);
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, clock_poll_ms(deadline));
     }
+    free(frame);
 }
 
 /* A failure of the job seen by the cluster: the others are stopped (the leader tells them). */
@@ -418,21 +435,23 @@ static void on_link_readable(struct bufferevent *bev, void *arg) {
     unsigned char chunk[65536];
     errbuf err;
     int n, got;
-    while ((n = evbuffer_remove(in, chunk, sizeof chunk)) > 0)
-        if (msg_decoder_feed(&l->dec, chunk, (size_t)n, &err)) break;
+    int bad = 0;
+    while (!bad && (n = evbuffer_remove(in, chunk, sizeof chunk)) > 0)
+        bad = msg_decoder_feed(&l->dec, chunk, (size_t)n, &err);
     msg_frame f;
-    while (l->bev && (got = msg_decoder_next(&l->dec, &f, &err)) == 1) {
+    while (!bad && l->bev && (got = msg_decoder_next(&l->dec, &f, &err)) != 0) {
         msg m;
-        int rc = msg_decode(&f, &m, &err);
-        msg_frame_free(&f);
-        if (rc) break;
+        bad = got < 0 || msg_decode(&f, &m, &err);
+        if (got > 0) msg_frame_free(&f);
+        if (bad) break;
         if (is_leader(c)) leader_on(c, l, &m);
         else follower_on(c, &m);
         msg_free(&m);
     }
-    if (l->bev && l->dec.broken) {
+    if (bad && l->bev) {
         char why[MSG_TEXT_MAX + 64];
-        snprintf(why, sizeof why, "%s: protocol error: %s", is_leader(c) ? "a node" : "the leader", l->dec.error.msg);
+        if (is_leader(c)) snprintf(why, sizeof why, "node %d: protocol error: %s", l->node, err.msg);
+        else snprintf(why, sizeof why, "the leader: protocol error: %s", err.msg);
         close_link(l);
         cluster_stop(c, why);
     }
@@ -525,9 +544,8 @@ int cluster_done(cluster *c) {
     if (!is_leader(c)) {
         if (!c->failed) {
             msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = true}};
-            send_to(to_leader(c), &m);
+            send_now(to_leader(c), &m);
         }
-        flush_link(to_leader(c));
         return 1;
     }
     return c->n_done == c->nodes;

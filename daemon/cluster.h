@@ -48,8 +48,10 @@ int cluster_nodes(const cluster *c);
 const char *cluster_host(const cluster *c);          /* where this node's workers listen */
 const char *cluster_secret_hex(const cluster *c);    /* the job secret, hex */
 
-/* From here on the links live on base's loop and report through hooks. */
+/* From here on the links live on base's loop and report through hooks; cluster_detach
+ * closes them (before base is freed). */
 int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hooks, errbuf *err);
+void cluster_detach(cluster *c);
 
 /* This node's workers' addresses (local-rank order): the leader's rank table grows. */
 void cluster_addrs(cluster *c, const msg_peers *local);

@@ -654,6 +654,7 @@ static void teardown(supervisor *s) {
         close_connection(&s->workers[r]);
         msg_decoder_free(&s->workers[r].dec);
     }
+    cluster_detach(s->opt->cluster);
     struct event *events[] = {s->sigchld, s->sigint,        s->sigterm,  s->sigusr1,
                               s->term_deadline, s->grace, s->heartbeat};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
@@ -689,8 +690,9 @@ static int setup_model(supervisor *s, errbuf *err) {
     if (llama_layout_init(&lo, &s->ckpt_start.model, err)) return -1;
     const char *job_id = getenv("SLURM_JOB_ID"), *restart = getenv("SLURM_RESTART_COUNT");
     char name[128];
-    if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n0", job_id, restart ? restart : "0");
-    else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n0", (int)getpid());
+    int node = cluster_node(s->opt->cluster);
+    if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n%d", job_id, restart ? restart : "0", node);
+    else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n%d", (int)getpid(), node);
     size_t bytes;
     double t0 = clock_now_s();
     int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
@@ -712,7 +714,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0) rc = cluster_attach(opt->cluster, s.base, &links, err);
     status_job_hooks hooks = {.arg = &s, .status = status_of, .request_checkpoint = status_request_checkpoint,
                               .request_stop = status_request_stop};
-    if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, 0, err);
+    if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
     if (rc == 0) rc = open_metrics(&s, err);
