@@ -1,6 +1,7 @@
 #include "base/clock.h"
 
 #include <errno.h>
+#include <math.h>
 #include <time.h>
 
 double clock_now_s(void) {
@@ -14,4 +15,10 @@ void clock_sleep_s(double seconds) {
     struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     while (nanosleep(&left, &left) != 0 && errno == EINTR) {
     }
+}
+
+int clock_poll_ms(double deadline_s) {
+    double left = deadline_s - clock_now_s();
+    if (!(left > 0)) return 0;
+    return left > 1e6 ? 1000000000 : (int)ceil(left * 1000);
 }
