@@ -54,8 +54,9 @@ typedef enum comm_op { COMM_SUM, COMM_AVG } comm_op;
 typedef struct comm comm;
 
 typedef struct comm_options {
-    /* The job secret: a connection that does not present it is refused.  It travels in
-     * clear: it keeps other jobs and stray clients out, not an eavesdropper. */
+    /* The job secret: a connection whose peer cannot prove it (base/auth.h challenge and
+     * response; the secret never travels) is refused.  Nothing is encrypted: it keeps other
+     * jobs and stray clients out, not an eavesdropper. */
     unsigned char secret[COMM_SECRET_BYTES];
     double timeout_s;      /* deadline of each collective (runtime.comm_timeout_s); > 0 */
     double init_timeout_s; /* deadline for comm_init to connect to its peers; > 0 */
@@ -81,8 +82,8 @@ void comm_listener_close(comm_listener *l);
 
 /* CPU backend: connects rank `rank` into the ring described by `table` (it connects to
  * rank+1 and accepts rank-1 on its listener, retrying refused connections until
- * opt->init_timeout_s), with a handshake that checks the secret, the world size and both
- * rank numbers both ways.  Strangers connecting to the listener are turned away without
+ * opt->init_timeout_s), with a handshake that proves the secret (challenge and response),
+ * then checks the world size and both rank numbers both ways.  Strangers connecting to the listener are turned away without
  * disturbing the setup.  `l` is this rank's listener (may be NULL when world is 1); it is
  * closed on return, success or not. */
 int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,
