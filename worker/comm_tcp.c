@@ -495,7 +495,8 @@ static int finish_handshake(tcp_comm *t, const comm_options *opt, int listen_fd,
             inext = n++;
         }
         int ifirst = n;
-        for (int i = 0; i < npend; i++) pf[n++] = (struct pollfd){pend[i].fd, pending_events(&pend[i]), 0};
+        for (int i = 0; i < npend; i++)
+            pf[n++] = (struct pollfd){pend[i].fd, pending_events(&pend[i]), 0};
 
         int ms = clock_poll_ms(deadline);
         if (ms == 0) {
@@ -532,7 +533,8 @@ static int connect_ring(tcp_comm *t, const comm_options *opt, const char *next_a
     t->next_fd = connect_until(next_addr, ring_next(&t->base), deadline, opt->init_timeout_s, err);
     if (t->next_fd < 0) return -1;
     next_link link = {.authed = 0, .got = 0};
-    if (auth_start(&link.auth, opt->secret, COMM_SECRET_BYTES, 1, COMM_AUTH_CONTEXT, err)) return -1;
+    if (auth_start(&link.auth, opt->secret, COMM_SECRET_BYTES, 1, COMM_AUTH_CONTEXT, err))
+        return -1;
     return finish_handshake(t, opt, listen_fd, &link, next_addr, deadline, err);
 }
 
