@@ -65,6 +65,8 @@ static int flush_out(auth_session *a, int fd, errbuf *err) {
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        if (errno == EPIPE || errno == ECONNRESET)
+            return errf(err, "peer closed the connection during authentication");
         return errf(err, "authentication: sending: %s", strerror(errno));
     }
     return 0;
@@ -80,6 +82,8 @@ static int fill_in(auth_session *a, int fd, errbuf *err) {
         if (n == 0) return errf(err, "peer closed the connection during authentication");
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        if (errno == ECONNRESET)
+            return errf(err, "peer closed the connection during authentication");
         return errf(err, "authentication: receiving: %s", strerror(errno));
     }
     return 0;

@@ -64,8 +64,8 @@ void comm_listener_close(comm_listener *l);
 
 /* CPU backend: connects rank `rank` into the ring described by `table` (it connects to
  * rank+1 and accepts rank-1 on its listener, retrying refused connections until
- * opt->init_timeout_s), with a handshake that checks the secret, the world size and both
- * rank numbers both ways.  Strangers connecting to the listener are turned away without
+ * opt->init_timeout_s), with a handshake that proves the secret (challenge and response),
+ * then checks the world size and both rank numbers both ways.  Strangers connecting to the listener are turned away without
  * disturbing the setup.  `l` is this rank's listener (may be NULL when world is 1); it is
  * closed on return, success or not. */
 int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,

@@ -17,8 +17,9 @@ typedef enum comm_op { COMM_SUM, COMM_AVG } comm_op;
 typedef struct comm comm;
 
 typedef struct comm_options {
-    /* The job secret: a connection that does not present it is refused.  It travels in
-     * clear: it keeps other jobs and stray clients out, not an eavesdropper. */
+    /* The job secret: a connection whose peer cannot prove it (base/auth.h challenge and
+     * response; the secret never travels) is refused.  Nothing is encrypted: it keeps other
+     * jobs and stray clients out, not an eavesdropper. */
     unsigned char secret[COMM_SECRET_BYTES];
     double timeout_s;      /* deadline of each collective (runtime.comm_timeout_s); > 0 */
     double init_timeout_s; /* deadline for comm_init to connect to its peers; > 0 */

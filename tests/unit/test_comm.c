@@ -811,6 +811,48 @@ static void test_wrong_secret_refused(void **state) {
     assert_true(j.rep[3].elapsed < 3); /* refused, not timed out (20 s) */
 }
 
+/* Rank 0 of 2 in a thread of the test, with init_timeout_s = 1. */
+typedef struct lone_rank {
+    ranks *j;
+    int rc;
+    errbuf err;
+} lone_rank;
+
+static void *lone_rank_main(void *arg) {
+    lone_rank *l = arg;
+    comm *c = NULL;
+    l->rc = comm_init(&c, &l->j->opt, 0, &l->j->table[0], &l->j->lis[0][0], &l->err);
+    comm_destroy(c);
+    return NULL;
+}
+
+/* An eavesdropper posing as rank 1 records all that rank 0 sends it until rank 0 gives up:
+ * the job secret is not in it (the handshake proves the secret, it does not send it). */
+static void test_secret_never_sent(void **state) {
+    (void)state;
+    ranks j;
+    ranks_init(&j, 2, 2, 1);
+    j.opt.init_timeout_s = 1;
+    lone_rank l = {&j, 0, {""}};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, lone_rank_main, &l), 0);
+    struct pollfd p = {j.lis[0][1].fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 5000), 1);
+    int fd = accept(j.lis[0][1].fd, NULL, NULL);
+    assert_true(fd >= 0);
+    unsigned char heard[4096];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof heard && (n = recv(fd, heard + got, sizeof heard - got, 0)) > 0)
+        got += (size_t)n; /* ends when rank 0 times out and closes */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    close(fd);
+    comm_listener_close(&j.lis[0][1]);
+    assert_int_not_equal(l.rc, 0);
+    assert_true(got >= 8); /* it did speak */
+    assert_null(memmem(heard, got, j.opt.secret, 8));
+}
+
 /* ---- single process: arguments, dead state, listener ------------------------------------ */
 
 static comm *world1(void) {
@@ -948,6 +990,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_runs_same_bits),
         cmocka_unit_test(test_many_collectives_no_leak),
         cmocka_unit_test(test_wrong_secret_refused),
+        cmocka_unit_test(test_secret_never_sent),
         cmocka_unit_test(test_abort_wakes_everyone),
         cmocka_unit_test(test_dead_next_noticed_while_waiting),
         cmocka_unit_test(test_stalled_rank_times_out),
