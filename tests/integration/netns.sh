@@ -1,0 +1,171 @@
+# Several "hosts" on this one machine, for multi-node integration tests (sourced AFTER lib.sh).
+# Each host is a network namespace with its own loopback and one interface, eth0, cabled by a
+# veth pair to a bridge that lives in one more namespace (the "switch"); the root namespace's
+# network is never touched.  The hosts share everything else: the filesystem (/tmp, /dev/shm),
+# pathname Unix sockets and PIDs.  127.0.0.1 and abstract Unix sockets are per host, so a
+# daemon that falls back to localhost, or to an abstract socket, fails to reach its peers here
+# as it would on a real cluster.
+#
+#   netns_available || skip_test "$NETNS_WHY"
+#   netns_up 3                        # hosts 0..2, named n0 n1 n2
+#   netns_spawn 0 "$tmp/n0.log" "$fsdpd" ...; leader=$NETNS_PID
+#   netns_exec 1 getent hosts n0      # -> ${NETNS_ADDRS[0]}
+#   netns_exec_private_dir 2 "$tmp/shared" cmd...   # host 2 without the shared directory
+#
+# Set by netns_up (shell variables; arrays cannot cross into a child's environment):
+#   NETNS_NAMES[i]  the namespace of host i ("fsdp<pid>h<i>"); NETNS_SWITCH the switch's
+#   NETNS_HOSTS[i]  its host name, n<i>, resolvable in every host (/etc/netns/<ns>/hosts,
+#                   which `ip netns exec` bind-mounts over /etc/hosts)
+#   NETNS_ADDRS[i]  its address, 10.213.<$$ % 256>.<i+1>; NETNS_SUBNET that /24 ("10.213.X.0/24")
+# Set by netns_spawn*: NETNS_PID, the command's pid (also appended to lib.sh's bg_pids).
+# netns_down removes all of it (and kills what still runs in the hosts); it runs on EXIT too,
+# after whatever EXIT trap was set before this file was sourced (lib.sh's cleanup).
+
+NETNS_PREFIX="fsdp$$"
+NETNS_NAMES=()
+NETNS_HOSTS=()
+NETNS_ADDRS=()
+NETNS_SWITCH=""
+NETNS_SUBNET="10.213.$(($$ % 256)).0/24"
+NETNS_PID=""
+NETNS_WHY=""
+NETNS_MADE_ETC=""   # netns_up made /etc/netns, so netns_down removes it once it is empty
+
+# netns_available: 0 when namespaces, veth pairs and bridges can be made here (tried on a
+# throw-away namespace); otherwise 1 with the reason in $NETNS_WHY.
+netns_available() {
+    local probe="${NETNS_PREFIX}probe" tool
+    if [ "$(id -u)" -ne 0 ]; then NETNS_WHY="network namespaces need root"; return 1; fi
+    for tool in ip unshare mount; do
+        command -v "$tool" >/dev/null || { NETNS_WHY="no '$tool' command"; return 1; }
+    done
+    if ! ip netns add "$probe" 2>/dev/null; then
+        NETNS_WHY="'ip netns add' does not work here"; return 1
+    fi
+    if ! ip -n "$probe" link add br0 type bridge 2>/dev/null ||
+       ! ip -n "$probe" link add v0 type veth peer name v1 2>/dev/null; then
+        NETNS_WHY="no bridge or veth support in network namespaces"
+        ip netns del "$probe" 2>/dev/null || true
+        return 1
+    fi
+    ip netns del "$probe"
+}
+
+# netns_up N: makes hosts 0..N-1 (1 <= N <= 16) and the switch between them.
+netns_up() {
+    local n=${1:-} i
+    [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 16 ] ||
+        fail "netns_up: host count must be 1..16, got '$n'"
+    [ -z "$NETNS_SWITCH" ] || fail "netns_up: hosts are already up (${NETNS_NAMES[*]})"
+    [ -d /etc/netns ] || NETNS_MADE_ETC=1
+    # Names are recorded before each is made, so a failure half-way is still cleaned up.
+    NETNS_SWITCH="${NETNS_PREFIX}sw"
+    ip netns add "$NETNS_SWITCH" || fail "netns_up: cannot add namespace $NETNS_SWITCH"
+    ip -n "$NETNS_SWITCH" link set lo up
+    ip -n "$NETNS_SWITCH" link add br0 type bridge forward_delay 0
+    ip -n "$NETNS_SWITCH" link set br0 up
+    for ((i = 0; i < n; i++)); do
+        NETNS_NAMES+=("${NETNS_PREFIX}h$i")
+        NETNS_HOSTS+=("n$i")
+        NETNS_ADDRS+=("${NETNS_SUBNET%.0/24}.$((i + 1))")
+        netns_add_host "$i"
+    done
+    for ((i = 0; i < n; i++)); do netns_write_hosts "$i"; done
+}
+
+# netns_add_host I: host I's namespace, its eth0 with its address, cabled to the switch's
+# port h<I> (interface names are per namespace, so these short names never clash).
+netns_add_host() {
+    local ns=${NETNS_NAMES[$1]}
+    ip netns add "$ns" || fail "netns_up: cannot add namespace $ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add eth0 type veth peer name "h$1" netns "$NETNS_SWITCH"
+    ip -n "$NETNS_SWITCH" link set "h$1" master br0
+    ip -n "$NETNS_SWITCH" link set "h$1" up
+    ip -n "$ns" addr add "${NETNS_ADDRS[$1]}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+}
+
+# netns_write_hosts I: host I's /etc/hosts, naming every host.
+netns_write_hosts() {
+    local dir=/etc/netns/${NETNS_NAMES[$1]} i
+    mkdir -p "$dir"
+    {
+        printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n'
+        for i in "${!NETNS_HOSTS[@]}"; do printf '%s\t%s\n' "${NETNS_ADDRS[$i]}" "${NETNS_HOSTS[$i]}"; done
+    } > "$dir/hosts"
+}
+
+# netns_ns I: the namespace of host I (fails on an index that is not a host).
+netns_ns() {
+    [[ "${1:-}" =~ ^[0-9]+$ ]] && [ "$1" -lt "${#NETNS_NAMES[@]}" ] ||
+        fail "netns: no host '${1:-}' (hosts: 0..$((${#NETNS_NAMES[@]} - 1)))"
+    echo "${NETNS_NAMES[$1]}"
+}
+
+# netns_exec I CMD...: runs CMD in host I, in the foreground.
+netns_exec() {
+    local ns
+    ns=$(netns_ns "$1") || exit 1
+    shift
+    ip netns exec "$ns" "$@"
+}
+
+# netns_spawn I LOG CMD...: runs CMD in host I in the background, stdout and stderr to LOG;
+# its pid is $NETNS_PID (ip netns exec execs CMD, so it is CMD's own pid) and in bg_pids.
+netns_spawn() {
+    local ns log=$2
+    ns=$(netns_ns "$1") || exit 1
+    shift 2
+    ip netns exec "$ns" "$@" < /dev/null > "$log" 2>&1 &
+    NETNS_PID=$!
+    bg_pids+=("$NETNS_PID")
+}
+
+# The private-directory variants: CMD runs in its own mount namespace with an empty tmpfs
+# over DIR, so that host does not see the shared directory (nor its files, nor its pathname
+# sockets); what it writes there stays its own and goes away with it.
+NETNS_PRIVATE_DIR_SH='mount -t tmpfs fsdp-private "$1" || exit 1; shift; exec "$@"'
+
+# netns_exec_private_dir I DIR CMD...
+netns_exec_private_dir() {
+    local i=$1 dir=$2
+    shift 2
+    netns_exec "$i" unshare --mount --propagation private sh -c "$NETNS_PRIVATE_DIR_SH" netns-private "$dir" "$@"
+}
+
+# netns_spawn_private_dir I DIR LOG CMD...
+netns_spawn_private_dir() {
+    local i=$1 dir=$2 log=$3
+    shift 3
+    netns_spawn "$i" "$log" unshare --mount --propagation private sh -c "$NETNS_PRIVATE_DIR_SH" netns-private "$dir" "$@"
+}
+
+# netns_down: kills what still runs in the hosts, removes their namespaces, the switch and
+# /etc/netns/<ns>.  Safe to call twice.
+netns_down() {
+    local ns pids
+    for ns in "${NETNS_NAMES[@]+"${NETNS_NAMES[@]}"}" ${NETNS_SWITCH:+"$NETNS_SWITCH"}; do
+        if ip netns list | awk '{print $1}' | grep -qxF -- "$ns"; then
+            # a namespace outlives `ip netns del` while a process is still in it
+            pids=$(ip netns pids "$ns" 2>/dev/null || true)
+            [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+            ip netns del "$ns" || echo "netns_down: cannot remove namespace $ns" >&2
+        fi
+        rm -rf "/etc/netns/$ns"
+    done
+    [ -z "$NETNS_MADE_ETC" ] || rmdir --ignore-fail-on-non-empty /etc/netns 2>/dev/null || true
+    NETNS_NAMES=() NETNS_HOSTS=() NETNS_ADDRS=() NETNS_SWITCH=""
+}
+
+# Chain onto the EXIT trap already set (lib.sh's cleanup): it runs first (it kills bg_pids),
+# then netns_down.
+netns_previous_exit_trap=$(trap -p EXIT)
+if [ -n "$netns_previous_exit_trap" ]; then
+    eval "netns_previous_exit_trap=$(printf '%s' "$netns_previous_exit_trap" | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
+fi
+netns_on_exit() {
+    eval "$netns_previous_exit_trap" || true
+    netns_down
+}
+trap netns_on_exit EXIT
