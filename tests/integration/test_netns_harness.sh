@@ -49,7 +49,7 @@ netns_up 3
 # --- names: every host resolves every host, and localhost
 for i in 0 1 2; do
     for j in 0 1 2; do
-        got=$(netns_exec "$i" getent hosts "${NETNS_HOSTS[$j]}" | awk '{print $1}')
+        got=$(netns_exec "$i" getent hosts "${NETNS_HOSTS[$j]}" | awk '{print $1}') || got=""
         [ "$got" = "${NETNS_ADDRS[$j]}" ] ||
             fail "in host $i, ${NETNS_HOSTS[$j]} resolves to '$got', not ${NETNS_ADDRS[$j]}"
     done
