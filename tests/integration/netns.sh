@@ -11,6 +11,7 @@
 #   netns_spawn 0 "$tmp/n0.log" "$fsdpd" ...; leader=$NETNS_PID
 #   netns_exec 1 getent hosts n0      # -> ${NETNS_ADDRS[0]}
 #   netns_exec_private_dir 2 "$tmp/shared" cmd...   # host 2 without the shared directory
+# A command run in host i also has hostname n<i> (its own UTS namespace).
 #
 # Set by netns_up (shell variables; arrays cannot cross into a child's environment):
 #   NETNS_NAMES[i]  the namespace of host i ("fsdp<pid>h<i>"); NETNS_SWITCH the switch's
@@ -28,6 +29,7 @@ NETNS_ADDRS=()
 NETNS_SWITCH=""
 NETNS_SUBNET="10.213.$(($$ % 256)).0/24"
 NETNS_PID=""
+NETNS_ENTER=()
 NETNS_WHY=""
 NETNS_MADE_ETC=""   # netns_up made /etc/netns, so netns_down removes it once it is empty
 
@@ -103,43 +105,55 @@ netns_ns() {
     echo "${NETNS_NAMES[$1]}"
 }
 
-# netns_exec I CMD...: runs CMD in host I, in the foreground.
-netns_exec() {
+# Inside a host, a command also gets its own UTS namespace with the host's name, so that
+# gethostname() says n<i> as it would on node i, and its own mount namespace; with a DIR
+# (the private-directory variants) an empty tmpfs is mounted over DIR there, so that host does
+# not see the shared directory (nor its files, nor its pathname sockets): what it writes
+# there stays its own and goes away with it.  Every step execs, so the pid is CMD's own.
+# bash, not sh: dash would drop environment entries it cannot name (exported functions).
+NETNS_ENTER_SH='hostname "$1" || exit 1
+[ -z "$2" ] || mount -t tmpfs fsdp-private "$2" || exit 1
+shift 2
+exec "$@"'
+
+# netns_enter_argv I DIR: sets NETNS_ENTER to the command line that enters host I (DIR empty:
+# with the shared filesystem); CMD... goes after it.
+netns_enter_argv() {
     local ns
     ns=$(netns_ns "$1") || exit 1
-    shift
-    ip netns exec "$ns" "$@"
+    NETNS_ENTER=(ip netns exec "$ns" unshare --uts --mount --propagation private
+                 bash -c "$NETNS_ENTER_SH" netns-host "${NETNS_HOSTS[$1]}" "$2")
 }
 
-# netns_spawn I LOG CMD...: runs CMD in host I in the background, stdout and stderr to LOG;
-# its pid is $NETNS_PID (ip netns exec execs CMD, so it is CMD's own pid) and in bg_pids.
-netns_spawn() {
-    local ns log=$2
-    ns=$(netns_ns "$1") || exit 1
-    shift 2
-    ip netns exec "$ns" "$@" < /dev/null > "$log" 2>&1 &
+# netns_run I DIR CMD...: runs CMD in host I, in the foreground.
+netns_run() {
+    netns_enter_argv "$1" "$2"
+    "${NETNS_ENTER[@]}" "${@:3}"
+}
+
+# netns_run_bg I DIR LOG CMD...: runs CMD in host I in the background, stdout and stderr to
+# LOG; the pid is $NETNS_PID (CMD's own: `&` on a simple command forks once and everything
+# after execs), and in bg_pids (lib.sh's cleanup kills it).
+netns_run_bg() {
+    netns_enter_argv "$1" "$2"
+    "${NETNS_ENTER[@]}" "${@:4}" < /dev/null > "$3" 2>&1 &
     NETNS_PID=$!
     bg_pids+=("$NETNS_PID")
 }
 
-# The private-directory variants: CMD runs in its own mount namespace with an empty tmpfs
-# over DIR, so that host does not see the shared directory (nor its files, nor its pathname
-# sockets); what it writes there stays its own and goes away with it.
-NETNS_PRIVATE_DIR_SH='mount -t tmpfs fsdp-private "$1" || exit 1; shift; exec "$@"'
-
-# netns_exec_private_dir I DIR CMD...
-netns_exec_private_dir() {
-    local i=$1 dir=$2
-    shift 2
-    netns_exec "$i" unshare --mount --propagation private sh -c "$NETNS_PRIVATE_DIR_SH" netns-private "$dir" "$@"
+# netns_private_dir FUNCTION DIR: fails unless DIR is a directory to hide.
+netns_private_dir() {
+    [ -n "$2" ] && [ -d "$2" ] || fail "$1: '$2' is not a directory"
 }
 
-# netns_spawn_private_dir I DIR LOG CMD...
-netns_spawn_private_dir() {
-    local i=$1 dir=$2 log=$3
-    shift 3
-    netns_spawn "$i" "$log" unshare --mount --propagation private sh -c "$NETNS_PRIVATE_DIR_SH" netns-private "$dir" "$@"
-}
+# netns_exec I CMD...: runs CMD in host I, in the foreground.
+netns_exec() { netns_run "$1" "" "${@:2}"; }
+# netns_spawn I LOG CMD...: runs CMD in host I in the background (pid in $NETNS_PID).
+netns_spawn() { netns_run_bg "$1" "" "$2" "${@:3}"; }
+# netns_exec_private_dir I DIR CMD...: netns_exec, with an empty private DIR.
+netns_exec_private_dir() { netns_private_dir "${FUNCNAME[0]}" "$2"; netns_run "$1" "$2" "${@:3}"; }
+# netns_spawn_private_dir I DIR LOG CMD...: netns_spawn, with an empty private DIR.
+netns_spawn_private_dir() { netns_private_dir "${FUNCNAME[0]}" "$2"; netns_run_bg "$1" "$2" "$3" "${@:4}"; }
 
 # netns_down: kills what still runs in the hosts, removes their namespaces, the switch and
 # /etc/netns/<ns>.  Safe to call twice.

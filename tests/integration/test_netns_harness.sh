@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # netns.sh, the multi-host harness: hosts reach each other by address and by name, 127.0.0.1
-# is per host, the private-directory helpers hide the shared directory, the root namespace's
+# is per host, each host has its own host name, the private-directory helpers hide the shared directory, the root namespace's
 # network is left alone, and netns_down (run on EXIT too, even after a failure) removes it all.
 source "$(dirname "$0")/lib.sh"
 source tests/integration/netns.sh
@@ -54,6 +54,10 @@ for i in 0 1 2; do
             fail "in host $i, ${NETNS_HOSTS[$j]} resolves to '$got', not ${NETNS_ADDRS[$j]}"
     done
 done
+for i in 0 1 2; do
+    got=$(netns_exec "$i" hostname) || got=""
+    [ "$got" = "${NETNS_HOSTS[$i]}" ] || fail "host $i calls itself '$got', not ${NETNS_HOSTS[$i]}"
+done
 netns_exec 1 getent hosts localhost | grep -q '^127\.0\.0\.1\|^::1' || fail "localhost does not resolve in host 1"
 
 # --- TCP across hosts, and 127.0.0.1 per host
@@ -71,7 +75,17 @@ if netns_exec 1 bash -c 'ask 127.0.0.1' > "$tmp/loopback.out" 2>&1; then
 fi
 grep -q 'refused' "$tmp/loopback.out" || fail "127.0.0.1 in host 1: $(cat "$tmp/loopback.out")"
 
+# --- netns_spawn's pid is the command's own (so tests can wait on it and signal it)
+netns_spawn 2 "$tmp/sleep.log" sleep 30
+runs_sleep() { [ "$(cat "/proc/$1/comm" 2>/dev/null)" = sleep ]; }   # once the execs are done
+wait_for 3 runs_sleep "$NETNS_PID"
+kill "$NETNS_PID"
+status=0; wait "$NETNS_PID" || status=$?
+[ "$status" -eq 143 ] || fail "the spawned sleep exited $status after SIGTERM, not 143"
+
 # --- the shared directory, and a host without it
+if (netns_exec_private_dir 1 "" true) 2> "$tmp/nodir.err"; then fail "netns_exec_private_dir ran with no directory"; fi
+grep -q "is not a directory" "$tmp/nodir.err" || fail "netns_exec_private_dir with no directory: $(cat "$tmp/nodir.err")"
 mkdir "$tmp/shared"
 echo here > "$tmp/shared/marker"
 netns_exec 1 test -f "$tmp/shared/marker" || fail "host 1 does not see the shared directory"
