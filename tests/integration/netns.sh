@@ -60,26 +60,25 @@ netns_up() {
         fail "netns_up: host count must be 1..16, got '$n'"
     [ -z "$NETNS_SWITCH" ] || fail "netns_up: hosts are already up (${NETNS_NAMES[*]})"
     [ -d /etc/netns ] || NETNS_MADE_ETC=1
-    # Names are recorded before each is made, so a failure half-way is still cleaned up.
+    # Each name is recorded as soon as its namespace is made (never before: a name that was
+    # taken is not ours to remove), so a failure half-way is still cleaned up.
+    ip netns add "${NETNS_PREFIX}sw" || fail "netns_up: cannot add namespace ${NETNS_PREFIX}sw"
     NETNS_SWITCH="${NETNS_PREFIX}sw"
-    ip netns add "$NETNS_SWITCH" || fail "netns_up: cannot add namespace $NETNS_SWITCH"
     ip -n "$NETNS_SWITCH" link set lo up
     ip -n "$NETNS_SWITCH" link add br0 type bridge forward_delay 0
     ip -n "$NETNS_SWITCH" link set br0 up
-    for ((i = 0; i < n; i++)); do
-        NETNS_NAMES+=("${NETNS_PREFIX}h$i")
-        NETNS_HOSTS+=("n$i")
-        NETNS_ADDRS+=("${NETNS_SUBNET%.0/24}.$((i + 1))")
-        netns_add_host "$i"
-    done
+    for ((i = 0; i < n; i++)); do netns_add_host "$i"; done
     for ((i = 0; i < n; i++)); do netns_write_hosts "$i"; done
 }
 
 # netns_add_host I: host I's namespace, its eth0 with its address, cabled to the switch's
 # port h<I> (interface names are per namespace, so these short names never clash).
 netns_add_host() {
-    local ns=${NETNS_NAMES[$1]}
+    local ns="${NETNS_PREFIX}h$1"
     ip netns add "$ns" || fail "netns_up: cannot add namespace $ns"
+    NETNS_NAMES+=("$ns")
+    NETNS_HOSTS+=("n$1")
+    NETNS_ADDRS+=("${NETNS_SUBNET%.0/24}.$(($1 + 1))")
     ip -n "$ns" link set lo up
     ip -n "$ns" link add eth0 type veth peer name "h$1" netns "$NETNS_SWITCH"
     ip -n "$NETNS_SWITCH" link set "h$1" master br0

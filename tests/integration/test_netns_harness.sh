@@ -125,4 +125,17 @@ read -r -a names < <(head -1 "$tmp/failing")
 [ "${#names[@]}" -eq 3 ] || fail "the failing test recorded '${names[*]}'"
 why=$(gone "${names[@]}") || fail "after a failing test: $why"
 wait_for 3 stopped "$(tail -1 "$tmp/failing")"
+# --- a name already taken is refused, and is not removed by the failing test's cleanup
+status=0
+bash -c 'source tests/integration/lib.sh
+         source tests/integration/netns.sh
+         echo "${NETNS_PREFIX}sw" > "$1"
+         ip netns add "${NETNS_PREFIX}sw"
+         netns_up 1' taken "$tmp/taken" > "$tmp/taken.log" 2>&1 || status=$?
+taken=$(cat "$tmp/taken")
+kept=0; ip netns list | awk '{print $1}' | grep -qxF -- "$taken" || kept=$?
+ip netns del "$taken" 2>/dev/null || true
+[ "$status" -eq 1 ] && grep -q "cannot add namespace $taken" "$tmp/taken.log" ||
+    fail "netns_up over a taken name exited $status: $(cat "$tmp/taken.log")"
+[ "$kept" -eq 0 ] || fail "the failing test's cleanup removed namespace $taken, which it had not made"
 echo "netns harness: OK"
