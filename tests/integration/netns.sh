@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Several "hosts" on this one machine, for multi-node integration tests (sourced AFTER lib.sh).
 # Each host is a network namespace with its own loopback and one interface, eth0, cabled by a
 # veth pair to a bridge that lives in one more namespace (the "switch"); the root namespace's
@@ -161,8 +162,8 @@ netns_down() {
     for ns in "${NETNS_NAMES[@]+"${NETNS_NAMES[@]}"}" ${NETNS_SWITCH:+"$NETNS_SWITCH"}; do
         if ip netns list | awk '{print $1}' | grep -qxF -- "$ns"; then
             # a namespace outlives `ip netns del` while a process is still in it
-            pids=$(ip netns pids "$ns" 2>/dev/null || true)
-            [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+            mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
+            [ "${#pids[@]}" -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
             ip netns del "$ns" || echo "netns_down: cannot remove namespace $ns" >&2
         fi
         rm -rf "/etc/netns/$ns"
