@@ -39,8 +39,16 @@ export port
 # stopped PID: assert_gone's test, as a condition for wait_for.
 stopped() { (assert_gone "$1") 2>/dev/null; }
 
+# a namespace left by a test killed before its cleanup (its maker's pid is gone), with an
+# /etc/netns entry: netns_up sweeps it away
+true & dead=$!; wait "$dead"
+stale="fsdp${dead}h0"
+ip netns add "$stale" && mkdir -p "/etc/netns/$stale"
 root_links_before=$(ip -o link show | awk '{print $2}')
 netns_up 3
+swept=0; ip netns list | awk '{print $1}' | grep -qxF -- "$stale" || swept=1
+[ -e "/etc/netns/$stale" ] && swept=0
+[ "$swept" -eq 1 ] || { ip netns del "$stale" 2>/dev/null; rm -rf "/etc/netns/$stale"; fail "netns_up left the stale namespace $stale"; }
 [ "${#NETNS_NAMES[@]}" -eq 3 ] && [ "${#NETNS_HOSTS[@]}" -eq 3 ] && [ "${#NETNS_ADDRS[@]}" -eq 3 ] ||
     fail "netns_up 3 made ${#NETNS_NAMES[@]} namespaces, ${#NETNS_HOSTS[@]} names, ${#NETNS_ADDRS[@]} addresses"
 [ "$(ip -o link show | awk '{print $2}')" = "$root_links_before" ] ||
