@@ -21,7 +21,8 @@
 #   NETNS_ADDRS[i]  its address, 10.213.<$$ % 256>.<i+1>; NETNS_SUBNET that /24 ("10.213.X.0/24")
 # Set by netns_spawn*: NETNS_PID, the command's pid (also appended to lib.sh's bg_pids).
 # netns_down removes all of it (and kills what still runs in the hosts); it runs on EXIT too,
-# after whatever EXIT trap was set before this file was sourced (lib.sh's cleanup).
+# after whatever EXIT trap was set before this file was sourced (lib.sh's cleanup).  What a
+# test killed by SIGKILL leaves is removed by the next netns_up (netns_sweep_stale).
 
 NETNS_PREFIX="fsdp$$"
 NETNS_NAMES=()
@@ -54,12 +55,26 @@ netns_available() {
     ip netns del "$probe"
 }
 
+# netns_sweep_stale: removes what a test killed before its EXIT trap ran (SIGKILL) left:
+# namespaces named as netns_up names them whose maker (the pid in the name) is gone and in
+# which nothing runs, and their /etc/netns entries.  Nothing is killed.
+netns_sweep_stale() {
+    local ns pid
+    while read -r ns _; do
+        [[ "$ns" =~ ^fsdp([0-9]+)(sw|h[0-9]+)$ ]] || continue
+        pid=${BASH_REMATCH[1]}
+        [ ! -d "/proc/$pid" ] && [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] || continue
+        ip netns del "$ns" 2>/dev/null && rm -rf "/etc/netns/$ns"
+    done < <(ip netns list)
+}
+
 # netns_up N: makes hosts 0..N-1 (1 <= N <= 16) and the switch between them.
 netns_up() {
     local n=${1:-} i
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 16 ] ||
         fail "netns_up: host count must be 1..16, got '$n'"
     [ -z "$NETNS_SWITCH" ] || fail "netns_up: hosts are already up (${NETNS_NAMES[*]})"
+    netns_sweep_stale
     [ -d /etc/netns ] || NETNS_MADE_ETC=1
     # Each name is recorded as soon as its namespace is made (never before: a name that was
     # taken is not ours to remove), so a failure half-way is still cleaned up.
