@@ -74,7 +74,7 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
         if (a >= *attempt) *attempt = a < INT_MAX - 1 ? a + 1 : a;
         rc = path_join(path, sizeof path, dir, e->d_name, err);
         if (rc == 0) {
-            log_event(0, -1, "removing %s, left by an earlier run", path);
+            log_event(-1, "removing %s, left by an earlier run", path);
             rc = remove_tree(path, err);
         }
     }
@@ -95,17 +95,17 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         if (m.global_batch != job->train.global_batch)
-            log_event(0, -1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
+            log_event(-1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
                       "a checkpoint fixes it for the job's life)", m.global_batch, name,
                       job->train.global_batch);
         if (m.seed != job->train.seed)
-            log_event(0, -1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
+            log_event(-1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
                       "a checkpoint fixes it for the job's life)", (long long)m.seed, name,
                       (long long)job->train.seed);
         job->train.global_batch = m.global_batch;
         job->train.seed = m.seed;
         *step = m.step;
-        log_event(0, -1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
+        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
                   (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
     }
     ckpt_manifest_free(&m);
@@ -199,7 +199,7 @@ void ckpt_coord_free(ckpt_coord *c) {
 
 static void remove_partial(commit *m) {
     errbuf err;
-    if (remove_tree(m->partial, &err)) log_event(0, -1, "%s", err.msg);
+    if (remove_tree(m->partial, &err)) log_event(-1, "%s", err.msg);
 }
 
 /* "rank 1", "ranks 1, 3": the writers that have not reported. */
@@ -247,7 +247,7 @@ static void give_up(commit *m, const char *why) {
         snprintf(reason, sizeof reason, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
         c->opt.hooks.fatal(c->opt.hooks.arg, reason); /* which logs it */
     } else {
-        log_event(0, -1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
+        log_event(-1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
     }
     m->abandoned = 1;
     m->armed = 1;
@@ -270,7 +270,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     char late[256], why[512];
     late_ranks(m, late, sizeof late);
     if (m->abandoned) {
-        log_event(0, -1, "checkpoint of step %lld: %s still writing %d s after it was abandoned; later "
+        log_event(-1, "checkpoint of step %lld: %s still writing %d s after it was abandoned; later "
                          "saves no longer wait for it", m->step, late, m->coord->job->checkpoint.timeout_s);
         m->stuck = 1;
         arm_ready(m->coord);
@@ -311,7 +311,7 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
     while (*tail) tail = &(*tail)->next;
     *tail = m;
     arm_ready(c);
-    log_event(0, -1, "checkpoint of step %lld (%s) into %s%s", step, sync ? "sync" : "async", m->partial,
+    log_event(-1, "checkpoint of step %lld (%s) into %s%s", step, sync ? "sync" : "async", m->partial,
               m->armed ? "" : "; its deadline starts once the save before it is written");
     return m;
 }
@@ -423,7 +423,7 @@ static void prune(ckpt_coord *c) {
     int n;
     errbuf err;
     if (ckpt_list(dir, &steps, &n, &err)) {
-        log_event(0, -1, "cannot list the checkpoints: %s", err.msg);
+        log_event(-1, "cannot list the checkpoints: %s", err.msg);
         return;
     }
     for (int i = 0; i < n - c->job->checkpoint.keep; i++) {
@@ -431,11 +431,11 @@ static void prune(ckpt_coord *c) {
         if (steps[i] == c->latest_step || ckpt_step_name(name, sizeof name, steps[i]) ||
             path_join(path, sizeof path, dir, name, &err))
             continue;
-        if (remove_tree(path, &err)) log_event(0, -1, "%s", err.msg);
-        else log_event(0, -1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
+        if (remove_tree(path, &err)) log_event(-1, "%s", err.msg);
+        else log_event(-1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
     }
     free(steps);
-    if (file_fsync_dir(dir, 1, &err)) log_event(0, -1, "%s", err.msg);
+    if (file_fsync_dir(dir, 1, &err)) log_event(-1, "%s", err.msg);
 }
 
 static int commit_files(commit *m, errbuf *err) {
@@ -452,7 +452,7 @@ static int commit_files(commit *m, errbuf *err) {
     }
     uint64_t bytes = 0;
     for (int r = 0; r < c->n_files; r++) bytes += m->ranks[r].bytes;
-    log_event(0, -1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
+    log_event(-1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
               c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, clock_now_s() - m->started);
     prune(c);
     return 0;
@@ -463,12 +463,12 @@ void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics) {
     if (!metrics->has_checkpoint) return;
     const msg_ckpt_note *ck = &metrics->checkpoint;
     if (ck->attempt != c->opt.attempt) {
-        log_event(0, 0, "ignoring a checkpoint announcement of attempt %d (this run's is %d)", ck->attempt,
+        log_event(0, "ignoring a checkpoint announcement of attempt %d (this run's is %d)", ck->attempt,
                   c->opt.attempt);
         return;
     }
     if (!strcmp(ck->mode, "skipped")) {
-        log_event(0, -1, "checkpoint of step %lld skipped: a previous save is still being written",
+        log_event(-1, "checkpoint of step %lld skipped: a previous save is still being written",
                   (long long)ck->step);
         return;
     }
@@ -478,7 +478,7 @@ void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics) {
 void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     long long step = b->step;
     if (b->attempt != c->opt.attempt || rank >= c->n_files) {
-        log_event(0, rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
+        log_event(rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
                   b->attempt, c->opt.attempt, c->n_files);
         return;
     }
@@ -486,7 +486,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     if (!m) return;
     rank_report *r = &m->ranks[rank];
     if (r->reported) {
-        log_event(0, rank, "ignoring a second CKPT_DONE for step %lld", step);
+        log_event(rank, "ignoring a second CKPT_DONE for step %lld", step);
         return;
     }
     r->reported = 1;
@@ -496,7 +496,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     r->bytes = (uint64_t)b->bytes;
     r->header_crc = (uint32_t)b->header_crc32c;
     if (r->ok)
-        log_event(0, rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
+        log_event(rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
                   (double)r->bytes / 1e6, b->stage_s, b->write_s);
     if (rank == 0 && r->ok) {
         m->units = json_incref(b->units);
@@ -505,7 +505,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     }
     if (m->abandoned) {
         if (m->n_reported == c->n_files) {
-            log_event(0, -1, "removing %s: its writers have stopped", m->partial);
+            log_event(-1, "removing %s: its writers have stopped", m->partial);
             remove_partial(m);
             free_commit(m);
             arm_ready(c);
@@ -535,7 +535,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
 
 long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
     long long id = ++c->requests;
-    log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
+    log_event(-1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
               stop ? ", synchronous, then stop" : "");
     msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0}};
     for (int r = 0; r < c->opt.world; r++) c->opt.hooks.send(c->opt.hooks.arg, r, &begin);
@@ -549,7 +549,7 @@ int ckpt_coord_finish(ckpt_coord *c) {
         if (!m->abandoned) {
             char late[256];
             late_ranks(m, late, sizeof late);
-            log_event(0, -1, "checkpoint of step %lld never committed: %s did not report", m->step, late);
+            log_event(-1, "checkpoint of step %lld never committed: %s did not report", m->step, late);
             open++;
         }
         remove_partial(m);

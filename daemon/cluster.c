@@ -179,7 +179,7 @@ static int admit(cluster *c, int fd, const char *nonce, double deadline, errbuf 
         rc = errf(err, "JOIN from a second node %d", j->node);
     if (rc == 0) {
         c->fds[j->node] = fd;
-        log_event(0, -1, "node %d (%s) joined", j->node, j->host);
+        log_event(-1, "node %d (%s) joined", j->node, j->host);
     }
     msg_free(&m);
     return rc;
@@ -202,7 +202,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
-    if (rc == 0) log_event(0, -1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
+    if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
     for (int joined = 1; rc == 0 && joined < c->nodes;) {
         struct pollfd p = {.fd = lfd, .events = POLLIN};
         int left_ms = (int)((deadline - clock_now_s()) * 1000);
@@ -220,7 +220,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
         if (admit(c, fd, nonce, deadline, &why) == 0) {
             joined++;
         } else {
-            log_event(0, -1, "refused a connection: %s", why.msg); /* a stranger, or a node of another run */
+            log_event(-1, "refused a connection: %s", why.msg); /* a stranger, or a node of another run */
             close(fd);
         }
     }
@@ -263,7 +263,7 @@ static int follow(cluster *c, const slurm_env *env, const job_config *job, int a
         return errprefix(err, "joining the leader at %s:%d", r.host, r.port);
     }
     c->fds[0] = fd;
-    log_event(0, -1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
+    log_event(-1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
     return 0;
 }
 

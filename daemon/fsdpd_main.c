@@ -65,7 +65,7 @@ static int consolidate_output(const job_config *job, errbuf *err) {
         .tokenizer_from = job->model.init == JOB_INIT_PRETRAINED ? job->model.path : NULL,
         .result = &r};
     if (consolidate(&o, err)) return -1;
-    log_event(0, -1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
+    log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
               (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
               st_dtype_name(o.dtype), r.seconds);
     return 0;
@@ -96,6 +96,7 @@ int main(int argc, char **argv) {
     errbuf err;
     static slurm_env slurm;
     if (fault_init(&err) || slurm_env_read(&slurm, &err) || job_load(&job, job_path, &err)) goto bad_job;
+    log_set_node(slurm.node_id);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job")) i++;
         else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
@@ -120,7 +121,7 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(0, -1, "job %s: %d workers, backend %s", job_path, workers,
+    log_event(-1, "job %s: %d workers, backend %s", job_path, workers,
               job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
@@ -136,14 +137,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
             return 1;
         }
-        log_event(0, -1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
+        log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;
     }
     if (rc > 0) {
         fprintf(stderr, "fsdpd: %s\n", err.msg);
         return 1;
     }
-    log_event(0, -1, "job finished");
+    log_event(-1, "job finished");
     if (job.output.consolidate && consolidate_output(&job, &err)) {
         fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
         return 1;

@@ -102,7 +102,7 @@ static void answer(client *c, const char *line, size_t len) {
     errbuf err;
     char shown[256];
     if (status_request_parse(line, len, &cmd, &err)) {
-        log_event(0, -1, "status socket: bad request: %s", printable(err.msg, shown, sizeof shown));
+        log_event(-1, "status socket: bad request: %s", printable(err.msg, shown, sizeof shown));
         send_error(c, err.msg);
         return;
     }
@@ -131,7 +131,7 @@ static void answer_lines(client *c, int throttle) {
                 char msg[128];
                 snprintf(msg, sizeof msg, "a request line is at most %d bytes: closing the connection",
                          STATUS_LINE_MAX);
-                log_event(0, -1, "status socket: %s", msg);
+                log_event(-1, "status socket: %s", msg);
                 send_final_error(c, msg);
             }
             return;
@@ -185,7 +185,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     client *c = arg;
     if (!c->closing) {
         size_t pending = evbuffer_get_length(bufferevent_get_input(c->bev));
-        log_event(0, -1, "status socket: dropped a client that sent %s within %d ms",
+        log_event(-1, "status socket: dropped a client that sent %s within %d ms",
                   pending ? "half a request" : "no request", c->server->opt.timeout_ms);
         /* Best effort: the client may not be reading, and must not hold up the loop. */
         if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
@@ -210,7 +210,7 @@ static int check_peer(int fd, char *why, size_t n) {
     if (cred.uid != geteuid()) {
         snprintf(why, n, "permission denied: uid %u is not the job's owner (uid %u)", (unsigned)cred.uid,
                  (unsigned)geteuid());
-        log_event(0, -1, "status socket: refused pid %d (uid %u): not the job's owner", (int)cred.pid,
+        log_event(-1, "status socket: refused pid %d (uid %u): not the job's owner", (int)cred.pid,
                   (unsigned)cred.uid);
         return -1;
     }
@@ -232,7 +232,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (c) c->bev = bufferevent_socket_new(s->opt.base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (c && c->bev) c->deadline = evtimer_new(s->opt.base, on_deadline, c);
     if (!c || !c->bev || !c->deadline) {
-        log_event(0, -1, "status socket: out of memory for a client");
+        log_event(-1, "status socket: out of memory for a client");
         if (c && c->bev) bufferevent_free(c->bev);
         else evutil_closesocket(fd);
         free(c);
@@ -261,7 +261,7 @@ static void on_resume_accept(evutil_socket_t fd, short what, void *arg) {
 /* accept failed (out of file descriptors, say): pause for a second instead of spinning. */
 static void on_accept_error(struct evconnlistener *l, void *arg) {
     status_server *s = arg;
-    log_event(0, -1, "status socket: accept: %s; pausing for 1 s", strerror(EVUTIL_SOCKET_ERROR()));
+    log_event(-1, "status socket: accept: %s; pausing for 1 s", strerror(EVUTIL_SOCKET_ERROR()));
     evconnlistener_disable(l);
     struct timeval second = {1, 0};
     evtimer_add(s->resume_accept, &second);
@@ -286,7 +286,7 @@ static int clear_stale(const char *path, errbuf *err) {
     if (alive) return errf(err, "%s: another process serves this status socket", path);
     if (e != ECONNREFUSED) return errf(err, "%s: %s", path, strerror(e));
     if (unlink(path) != 0 && errno != ENOENT) return errf(err, "%s: cannot remove: %s", path, strerror(errno));
-    log_event(0, -1, "status socket %s: replaced a stale one (its daemon is gone)", path);
+    log_event(-1, "status socket %s: replaced a stale one (its daemon is gone)", path);
     return 0;
 }
 
@@ -362,7 +362,7 @@ void status_server_free(status_server *s) {
     /* Only the file this server made: another daemon may have replaced it since. */
     struct stat st;
     if (lstat(s->path, &st) == 0 && st.st_dev == s->dev && st.st_ino == s->ino && unlink(s->path) != 0)
-        log_event(0, -1, "%s: cannot remove: %s", s->path, strerror(errno));
+        log_event(-1, "%s: cannot remove: %s", s->path, strerror(errno));
     free(s->job);
     free(s);
 }
@@ -534,6 +534,6 @@ int status_server_open(status_server **out, struct event_base *base, const statu
         return errprefix(err, "status socket");
     }
     (*out)->job = b;
-    log_event(0, -1, "status socket %s (job %s): fsdpctl status --socket %s", b->path, b->place.job_id, b->path);
+    log_event(-1, "status socket %s (job %s): fsdpctl status --socket %s", b->path, b->place.job_id, b->path);
     return 0;
 }

@@ -117,7 +117,7 @@ static void begin_stop(supervisor *s, const char *reason) {
         return;
     }
     s->phase = PHASE_STOPPING;
-    log_event(0, -1, "stopping the workers: %s", reason);
+    log_event(-1, "stopping the workers: %s", reason);
     msg stop = {.type = MSG_STOP};
     snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     for (int r = 0; r < s->opt->workers; r++)
@@ -143,7 +143,7 @@ static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ..
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    log_event(0, -1, "%s", msg);
+    log_event(-1, "%s", msg);
     int silent_death = kind == FAILURE_SILENT_DEATH;
     if (!s->failed || (silent_death && s->reason_reported)) {
         s->failed = 1;
@@ -160,7 +160,7 @@ static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
     s->grace_at = 0;
-    log_event(0, -1, "workers still running after the grace of their stop: killing them");
+    log_event(-1, "workers still running after the grace of their stop: killing them");
     kill_all(s);
 }
 
@@ -190,12 +190,12 @@ static void maybe_finish(worker *w) {
             record_failure(s, death_kind(w), "rank %d was killed by signal %d (%s)", w->rank,
                            WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
         else
-            log_event(0, w->rank, "killed by signal %d", WTERMSIG(w->status));
+            log_event(w->rank, "killed by signal %d", WTERMSIG(w->status));
     } else if (WEXITSTATUS(w->status) != 0) {
         record_failure(s, death_kind(w), "rank %d exited with status %d", w->rank,
                        WEXITSTATUS(w->status));
     } else {
-        log_event(0, w->rank, "exited");
+        log_event(w->rank, "exited");
     }
     /* The leader's loop also waits for every other node's report; the cluster ends it. */
     if (s->n_finished == s->opt->workers && cluster_done(s->opt->cluster)) event_base_loopbreak(s->base);
@@ -269,7 +269,7 @@ static void on_metrics(supervisor *s, worker *w, const msg *m) {
         !json_object_set_new(line, "time", json_real((double)time(NULL))))
         text = json_dumps(line, JSON_COMPACT);
     if (!text || fprintf(s->metrics, "%s\n", text) < 0 || fflush(s->metrics) != 0)
-        log_event(0, -1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
+        log_event(-1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
     free(text);
     json_decref(line);
 }
@@ -288,7 +288,7 @@ static void ckpt_fatal(void *arg, const char *reason) {
 static long long request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
     if (multi_node(s)) {
-        log_event(0, -1, "%s: a checkpoint across nodes is not built yet (F21): none taken", why);
+        log_event(-1, "%s: a checkpoint across nodes is not built yet (F21): none taken", why);
         return 0;
     }
     return ckpt_coord_request(s->ckpt, why, 0);
@@ -312,7 +312,7 @@ static long long request_stop(supervisor *s, const char *why, int sync) {
     s->stop_step = 0;
     s->stop_sync = sync;
     snprintf(s->stop_why, sizeof s->stop_why, "%s", why);
-    log_event(0, -1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
+    log_event(-1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
     return id;
 }
 
@@ -343,7 +343,7 @@ static void ckpt_settled(void *arg, long long step, int committed) {
     supervisor *s = arg;
     if (!s->stop_step || step != s->stop_step) return;
     s->stop_settled = 1;
-    log_event(0, -1, "checkpoint of step %lld %s: stopping", step,
+    log_event(-1, "checkpoint of step %lld %s: stopping", step,
               committed ? "committed" : "not committed (latest is the one before)");
     begin_stop(s, s->stop_why);
 }
@@ -388,7 +388,7 @@ static void start_training(void *arg) {
     supervisor *s = arg;
     if (s->phase != PHASE_SETUP) return;
     s->phase = PHASE_TRAINING;
-    log_event(0, -1, "all %d workers ready: training", s->opt->workers * cluster_nodes(s->opt->cluster));
+    log_event(-1, "all %d workers ready: training", s->opt->workers * cluster_nodes(s->opt->cluster));
     msg start = {.type = MSG_START};
     for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &start);
 }
@@ -481,7 +481,7 @@ static void on_connection_event(struct bufferevent *bev, short events, void *arg
     on_readable(w->bev, w);
     if (!w->bev) return;
     if (msg_decoder_buffered(&w->dec))
-        log_event(0, w->rank, "connection closed in the middle of a message");
+        log_event(w->rank, "connection closed in the middle of a message");
     close_connection(w);
     maybe_finish(w);
 }
@@ -529,7 +529,7 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     }
     bufferevent_setcb(w->bev, on_readable, NULL, on_connection_event, w);
     bufferevent_enable(w->bev, EV_READ | EV_WRITE);
-    log_event(0, w->rank, "started, pid %d", (int)pid);
+    log_event(w->rank, "started, pid %d", (int)pid);
     return 0;
 }
 
@@ -556,7 +556,7 @@ static void on_sigint(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
     if (++s->sigint_count >= 2) {
-        log_event(0, -1, "second SIGINT: stopping at once");
+        log_event(-1, "second SIGINT: stopping at once");
         kill_all(s);
         return;
     }
@@ -571,7 +571,7 @@ static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
     if (s->signalled == SIGTERM) {
-        log_event(0, -1, "SIGTERM again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)",
+        log_event(-1, "SIGTERM again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)",
                   s->job.runtime.stop_grace_s);
         return;
     }
@@ -579,7 +579,7 @@ static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
     struct timeval grace = {s->job.runtime.stop_grace_s, 0};
     evtimer_add(s->term_deadline, &grace);
     if (s->phase == PHASE_TRAINING) {
-        log_event(0, -1, "SIGTERM: a synchronous checkpoint, then stopping (at most %d s)",
+        log_event(-1, "SIGTERM: a synchronous checkpoint, then stopping (at most %d s)",
                   s->job.runtime.stop_grace_s);
         request_stop(s, "SIGTERM", 1);
         return;
@@ -591,7 +591,7 @@ static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
     int unsaved = s->stop_request && !s->stop_settled;
-    log_event(0, -1, "SIGTERM: runtime.stop_grace_s = %d s are over%s: killing the workers",
+    log_event(-1, "SIGTERM: runtime.stop_grace_s = %d s are over%s: killing the workers",
               s->job.runtime.stop_grace_s, unsaved ? " before the checkpoint committed" : "");
     kill_all(s);
 }
@@ -601,8 +601,8 @@ static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
     long long id = request_checkpoint(s, "SIGUSR1");
-    if (id > 0) log_event(0, -1, "SIGUSR1: checkpoint requested (request %lld)", id);
-    else log_event(0, -1, "SIGUSR1: not training yet, no checkpoint to take");
+    if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
+    else log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
@@ -698,7 +698,7 @@ static int setup_model(supervisor *s, errbuf *err) {
     int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
     llama_layout_free(&lo);
     if (rc) return errprefix(err, "loading the model");
-    log_event(0, -1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
+    log_event(-1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
               j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, clock_now_s() - t0);
     return 0;
 }

@@ -9,20 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/fault.h"
 #include "worker/comm_backend.h"
-
-double comm_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for CLOCK_MONOTONIC */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void comm_sleep(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
                errbuf *err) {
@@ -63,8 +52,8 @@ static int begin(comm *c, const char *name, errbuf *err) {
                     c->dead_reason);
     c->ncalls++;
     const fault *stall = fault_get(FAULT_COMM_STALL, c->rank);
-    if (stall && c->ncalls == (uint64_t)stall->n) comm_sleep(stall->seconds);
-    c->deadline = comm_now() + c->timeout_s;
+    if (stall && c->ncalls == (uint64_t)stall->n) clock_sleep_s(stall->seconds);
+    c->deadline = clock_now_s() + c->timeout_s;
     return 0;
 }
 
@@ -186,7 +175,7 @@ int comm_wait(comm *c, comm_ticket t, errbuf *err) {
         return errf(err, "wait: the communicator is dead after an earlier error (%s)", c->dead_reason);
     if (t > c->ncalls) return errf(err, "wait: collective %llu was never started", t);
     if (!c->ops->wait) return 0;
-    c->deadline = comm_now() + c->timeout_s;
+    c->deadline = clock_now_s() + c->timeout_s;
     /* The backend names the collective that failed ("all_gather: timed out ..."). */
     if (c->ops->wait(c, t, err)) return fail(c, NULL, err);
     return 0;

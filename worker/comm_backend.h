@@ -41,7 +41,7 @@ struct comm {
     const comm_ops *ops;
     int rank, world;
     double timeout_s;
-    double deadline;  /* comm_now() by which the collective in progress must end */
+    double deadline;  /* clock_now_s() by which the collective in progress must end */
     atomic_int aborted;
     int dead;
     char dead_reason[sizeof(errbuf)]; /* the error that killed it */
@@ -51,9 +51,5 @@ struct comm {
 /* Fills the common part (checks the options). */
 int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
                errbuf *err);
-/* Seconds on CLOCK_MONOTONIC. */
-double comm_now(void);
-/* Sleeps s seconds (through signals). */
-void comm_sleep(double s);
 
 #endif

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/fault.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
@@ -69,7 +70,7 @@ static int wait_settled(nccl_comm *n, double deadline, errbuf *err) {
         if (r != ncclSuccess) return errf(err, "ncclCommGetAsyncError: %s", ncclGetErrorString(r));
         if (state == ncclSuccess) return 0;
         if (state != ncclInProgress) return errf(err, "NCCL: %s", ncclGetErrorString(state));
-        if (comm_now() > deadline) return errf(err, "NCCL did not finish within the deadline");
+        if (clock_now_s() > deadline) return errf(err, "NCCL did not finish within the deadline");
         sched_yield();
     }
 }
@@ -83,7 +84,7 @@ static int wait_event(nccl_comm *n, cudaEvent_t ev, const char *name, errbuf *er
         if (ncclCommGetAsyncError(n->nccl, &state) == ncclSuccess && state != ncclSuccess &&
             state != ncclInProgress)
             return errf(err, "%sNCCL: %s", name, ncclGetErrorString(state));
-        if (comm_now() > n->base.deadline)
+        if (clock_now_s() > n->base.deadline)
             return errf(err, "%stimed out after %.0f s (rank %d)", name, n->base.timeout_s,
                         n->base.rank);
         sched_yield();
@@ -297,7 +298,7 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         nccl_destroy(&n->base);
         return errf(err, "ncclCommInitRankConfig (rank %d of %d): %s", rank, world, ncclGetErrorString(r));
     }
-    if (wait_settled(n, comm_now() + opt->init_timeout_s, err)) {
+    if (wait_settled(n, clock_now_s() + opt->init_timeout_s, err)) {
         nccl_destroy(&n->base);
         return errprefix(err, "NCCL init (rank %d of %d)", rank, world);
     }

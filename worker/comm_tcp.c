@@ -13,6 +13,8 @@
  *   all_reduce      reduce_scatter on ceil(n/W) chunks, then all_gather
  *   broadcast       pipelined along the ring from the root
  *   barrier         a 1-byte all_gather */
+#include "base/bf16.h"
+#include "base/bytes.h"
 #include "worker/comm.h"
 
 #include <errno.h>
@@ -48,23 +50,6 @@ static int ring_mod(const comm *c, int i) { return ((i % c->world) + c->world) %
 static int set_nodelay(int fd) {
     int one = 1;
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-/* ---- bf16 ------------------------------------------------------------------------------ */
-
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
 }
 
 /* ---- addresses and the listener -------------------------------------------------------- */
@@ -179,33 +164,22 @@ typedef struct handshake {
     uint32_t kind, status, from, to, world;
 } handshake;
 
-static void put_u32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 static void hs_encode(const handshake *h, unsigned char *out) {
     memcpy(out, hs_magic, 8);
-    put_u32(out + 8, h->kind);
-    put_u32(out + 12, h->status);
-    put_u32(out + 16, h->from);
-    put_u32(out + 20, h->to);
-    put_u32(out + 24, h->world);
+    le_put_u32(out + 8, h->kind);
+    le_put_u32(out + 12, h->status);
+    le_put_u32(out + 16, h->from);
+    le_put_u32(out + 20, h->to);
+    le_put_u32(out + 24, h->world);
 }
 
 static int hs_decode(handshake *h, const unsigned char *in, uint32_t kind) {
-    if (memcmp(in, hs_magic, 8) != 0 || get_u32(in + 8) != kind) return -1;
+    if (memcmp(in, hs_magic, 8) != 0 || le_get_u32(in + 8) != kind) return -1;
     h->kind = kind;
-    h->status = get_u32(in + 12);
-    h->from = get_u32(in + 16);
-    h->to = get_u32(in + 20);
-    h->world = get_u32(in + 24);
+    h->status = le_get_u32(in + 12);
+    h->from = le_get_u32(in + 16);
+    h->to = le_get_u32(in + 20);
+    h->world = le_get_u32(in + 24);
     return 0;
 }
 
@@ -303,8 +277,8 @@ static int connect_until(const char *addr, int peer, double deadline, double tim
             fd = try_connect(ai, deadline);
             if (fd < 0) last = errno;
         }
-        if (fd >= 0 || comm_now() + backoff >= deadline) break;
-        comm_sleep(backoff);
+        if (fd >= 0 || clock_now_s() + backoff >= deadline) break;
+        clock_sleep_s(backoff);
         backoff = fmin(2 * backoff, 0.5);
     }
     freeaddrinfo(res);
@@ -529,7 +503,7 @@ static int finish_handshake(tcp_comm *t, const comm_options *opt, int listen_fd,
 
 static int connect_ring(tcp_comm *t, const comm_options *opt, const char *next_addr,
                         int listen_fd, errbuf *err) {
-    double deadline = comm_now() + opt->init_timeout_s;
+    double deadline = clock_now_s() + opt->init_timeout_s;
     t->next_fd = connect_until(next_addr, ring_next(&t->base), deadline, opt->init_timeout_s, err);
     if (t->next_fd < 0) return -1;
     next_link link = {.authed = 0, .got = 0};
@@ -708,7 +682,7 @@ static void store_result(void *dst, const float *acc, size_t len, comm_dtype dt,
         if (dt == COMM_F32)
             ((float *)dst)[i] = v;
         else
-            ((uint16_t *)dst)[i] = f32_to_bf16(v);
+            ((uint16_t *)dst)[i] = bf16_from_f32(v);
     }
 }
 

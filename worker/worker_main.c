@@ -151,7 +151,8 @@ static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err
     *out = NULL;
     if (w->world == 1) return 0;
 #ifdef FSDP_HAVE_CUDA
-    if (ctx->backend == K_CUDA && w->world <= gpus) return connect_nccl(w, ctx, out, err);
+    /* NCCL when every rank of this node has a GPU of its own (NCCL refuses two on one). */
+    if (ctx->backend == K_CUDA && w->job.runtime.workers_per_node <= gpus) return connect_nccl(w, ctx, out, err);
 #else
     (void)gpus;
 #endif
