@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/auth.h"
+#include "base/bytes.h"
 #include "base/clock.h"
 #include "base/fileio.h"
 #include "base/path.h"
@@ -53,20 +54,6 @@ int cluster_nodes(const cluster *c) { return c->nodes; }
 const char *cluster_host(const cluster *c) { return c->host; }
 const char *cluster_secret_hex(const cluster *c) { return c->secret_hex; }
 static int is_leader(const cluster *c) { return c->node == 0; }
-
-static void to_hex(const unsigned char *in, size_t n, char *out) {
-    for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", in[i]);
-}
-
-static int from_hex(const char *hex, unsigned char *out, size_t n) {
-    if (strlen(hex) != 2 * n) return -1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        out[i] = (unsigned char)v;
-    }
-    return 0;
-}
 
 static int random_bytes(unsigned char *out, size_t n, errbuf *err) {
     if (getrandom(out, n, 0) != (ssize_t)n) return errf(err, "getrandom: %s", strerror(errno));
@@ -198,7 +185,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     unsigned char raw[16];
     char nonce[MSG_NONCE_HEX];
     int rc = random_bytes(raw, sizeof raw, err);
-    to_hex(raw, sizeof raw, nonce);
+    hex_encode(raw, sizeof raw, nonce);
     if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
@@ -250,7 +237,7 @@ static int follow(cluster *c, const slurm_env *env, const job_config *job, int a
     if (rendezvous_path(path, env, job, attempt, err) || read_rendezvous(path, &r, deadline, err)) return -1;
     if (r.nodes != c->nodes)
         return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r.nodes, c->nodes);
-    if (from_hex(r.secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
+    if (hex_decode(r.secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
     strcpy(c->secret_hex, r.secret);
     int fd = connect_to(r.host, r.port, deadline, err);
     if (fd < 0) return -1;
@@ -285,7 +272,7 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
     }
     if (rc == 0 && is_leader(c)) {
         rc = random_bytes(c->secret, sizeof c->secret, err);
-        to_hex(c->secret, sizeof c->secret, c->secret_hex);
+        hex_encode(c->secret, sizeof c->secret, c->secret_hex);
     }
     double deadline = clock_now_s() + job->runtime.join_timeout_s;
     if (rc == 0 && c->nodes > 1)

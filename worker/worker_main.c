@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "base/fault.h"
 #include "kernels/kernels.h"
 #include "proto/job.h"
@@ -78,16 +79,6 @@ static int expect(worker *w, msg_type type, msg *m, errbuf *err) {
     return stopped ? 1 : -1;
 }
 
-static int parse_hex(const char *hex, unsigned char *out, size_t n) {
-    if (strlen(hex) != 2 * n) return -1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        out[i] = (unsigned char)v;
-    }
-    return 0;
-}
-
 /* CONFIG: the decoder has checked every field, the job (valid for the world) and the
  * model config. */
 static int read_config(worker *w, errbuf *err) {
@@ -104,7 +95,7 @@ static int read_config(worker *w, errbuf *err) {
     w->model = c->model;
     strcpy(w->bind_host, c->bind_host);
     strcpy(w->resume_dir, c->resume_dir);
-    rc = parse_hex(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
+    rc = hex_decode(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
     msg_free(&m);
     return rc;
 }
