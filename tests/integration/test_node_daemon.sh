@@ -112,7 +112,7 @@ FSDP_FAULTS=final_params="$tmp/restarted.safetensors" "$fsdpd" --job "$tmp/job.j
     > "$tmp/restarted.log" 2>&1 &
 pid=$!
 bg_pids+=("$pid")
-wait_for 60 sh -c "ls '$tmp/restart-ckpt' 2>/dev/null | grep -q '^step-000004$'"
+wait_for 180 sh -c "ls '$tmp/restart-ckpt' 2>/dev/null | grep -q '^step-000004$'"
 kill -9 $(worker_pids "$tmp/restarted.log" | tail -1)
 finish restarted
 [ "$status" -eq 0 ] || { cat "$tmp/restarted.log"; fail "the restarted run failed"; }
