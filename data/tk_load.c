@@ -129,7 +129,13 @@ static int read_merges(const reader *r, tokenizer *tk, json_t *merges) {
         return errf(r->err, "%s: model.merges must be a list, got %s", r->name, json_kind(merges));
     tk_buf joined = {0};
     int rc = 0;
+    int strings = json_is_string(json_array_get(merges, 0));
     for (size_t i = 0; rc == 0 && i < json_array_size(merges); i++) {
+        if (json_is_string(json_array_get(merges, i)) != strings) {
+            rc = errf(r->err, "%s: model.merges[%zu]: the list mixes \"a b\" strings and [a, b] "
+                      "pairs", r->name, i);
+            break;
+        }
         const char *a = NULL, *b = NULL;
         size_t alen = 0, blen = 0;
         if ((rc = merge_parts(r, json_array_get(merges, i), i, &a, &alen, &b, &blen))) break;
@@ -469,9 +475,26 @@ static int read_added_token(const reader *r, json_t *t, size_t i, tk_added *a) {
     if (get_bool(r, t, where, "special", &a->special)) return -1;
     a->normalized = !a->special; /* tokenizers' default */
     if (get_bool(r, t, where, "normalized", &a->normalized)) return -1;
-    a->id = (int32_t)json_integer_value(id);
+    a->id = (int32_t)json_integer_value(id); /* provisional: see assign_added_ids */
     a->len = len;
     return (a->content = dup_bytes(content, len)) ? 0 : oom(r);
+}
+
+/* tokenizers ignores the ids the file gives added tokens: a token in the model's vocab has its
+ * vocab id, a repeated one its first id, a new one the next id after the vocab (or after the
+ * last new one), as AddedVocabulary::add_tokens. */
+static void assign_added_ids(tokenizer *tk) {
+    int32_t vocab_size = (int32_t)tk->vocab.n, max = -1;
+    for (size_t i = 0; i < tk->nadded; i++) {
+        tk_added *a = &tk->added[i];
+        int32_t id = tk_strmap_get(&tk->vocab, a->content, a->len);
+        for (size_t j = 0; id < 0 && j < i; j++)
+            if (tk->added[j].len == a->len && memcmp(tk->added[j].content, a->content, a->len) == 0)
+                id = tk->added[j].id;
+        if (id < 0) id = max < 0 ? vocab_size : max >= vocab_size || vocab_size == 0 ? max + 1 : vocab_size;
+        a->id = id;
+        if (id > max) max = id;
+    }
 }
 
 static int read_added_tokens(const reader *r, tokenizer *tk, json_t *list) {
@@ -483,6 +506,7 @@ static int read_added_tokens(const reader *r, tokenizer *tk, json_t *list) {
         if (read_added_token(r, json_array_get(list, i), i, &tk->added[tk->nadded])) return -1;
         tk->nadded++;
     }
+    assign_added_ids(tk);
     return 0;
 }
 
