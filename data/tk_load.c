@@ -17,6 +17,9 @@ typedef struct reader {
     errbuf *err;
 } reader;
 
+/* json_kind, also for a missing value. */
+static const char *kind_of(const json_t *v) { return v ? json_kind(v) : "nothing"; }
+
 static int oom(const reader *r) { return errf(r->err, "%s: out of memory", r->name); }
 
 /* obj[key] when it is present and not null, else NULL. */
@@ -29,7 +32,7 @@ static int get_bool(const reader *r, json_t *obj, const char *where, const char 
     json_t *v = get(obj, key);
     if (!v) return 0;
     if (!json_is_boolean(v))
-        return errf(r->err, "%s: %s.%s must be a boolean, got %s", r->name, where, key, json_kind(v));
+        return errf(r->err, "%s: %s.%s must be a boolean, got %s", r->name, where, key, kind_of(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -40,7 +43,7 @@ static int get_string(const reader *r, json_t *obj, const char *where, const cha
     json_t *v = get(obj, key);
     if (!json_is_string(v))
         return errf(r->err, "%s: %s.%s must be a string, got %s", r->name, where, key,
-                    v ? json_kind(v) : "nothing");
+                    kind_of(v));
     *s = json_string_value(v);
     *len = json_string_length(v);
     return 0;
@@ -63,7 +66,7 @@ static const char *type_of(json_t *obj) {
 static int need_object(const reader *r, json_t *v, const char *where) {
     if (json_is_object(v) && type_of(v)) return 0;
     return errf(r->err, "%s: %s must be an object with a \"type\", got %s", r->name, where,
-                json_kind(v));
+                kind_of(v));
 }
 
 /* A {"String": s} pattern's text; a {"Regex": ...} one is *is_regex = 1. */
@@ -85,7 +88,7 @@ static int get_pattern(const reader *r, json_t *obj, const char *where, const ch
 
 static int read_vocab(const reader *r, tokenizer *tk, json_t *vocab) {
     if (!json_is_object(vocab))
-        return errf(r->err, "%s: model.vocab must be an object, got %s", r->name, json_kind(vocab));
+        return errf(r->err, "%s: model.vocab must be an object, got %s", r->name, kind_of(vocab));
     const char *key;
     json_t *v;
     json_object_foreach(vocab, key, v) {
@@ -121,12 +124,12 @@ static int merge_parts(const reader *r, json_t *m, size_t i, const char **a, siz
         return 0;
     }
     return errf(r->err, "%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"], got %s", r->name,
-                i, json_kind(m));
+                i, kind_of(m));
 }
 
 static int read_merges(const reader *r, tokenizer *tk, json_t *merges) {
     if (!json_is_array(merges))
-        return errf(r->err, "%s: model.merges must be a list, got %s", r->name, json_kind(merges));
+        return errf(r->err, "%s: model.merges must be a list, got %s", r->name, kind_of(merges));
     tk_buf joined = {0};
     int rc = 0;
     int strings = json_is_string(json_array_get(merges, 0));
@@ -500,7 +503,7 @@ static void assign_added_ids(tokenizer *tk) {
 static int read_added_tokens(const reader *r, tokenizer *tk, json_t *list) {
     if (!list) return 0;
     if (!json_is_array(list))
-        return errf(r->err, "%s: added_tokens must be a list, got %s", r->name, json_kind(list));
+        return errf(r->err, "%s: added_tokens must be a list, got %s", r->name, kind_of(list));
     if (!(tk->added = calloc(json_array_size(list) + 1, sizeof *tk->added))) return oom(r);
     for (size_t i = 0; i < json_array_size(list); i++) {
         if (read_added_token(r, json_array_get(list, i), i, &tk->added[tk->nadded])) return -1;

@@ -356,6 +356,10 @@ static void test_refuses_unsupported_parts(void **state) {
         {"model", "merges", "[[\"a\", \"b\"], \"b c\"]", "mixes"},
         {"model", "vocab", "{\"a\": -1}", "model.vocab[\"a\"]"},
         {"model", "byte_fallback", "\"yes\"", "model.byte_fallback must be a boolean"},
+        {"model", "vocab", NULL, "model.vocab must be an object, got nothing"},
+        {"model", "merges", NULL, "model.merges must be a list, got nothing"},
+        {"", "decoder", "{\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}", "decoder Strip needs one character"},
+        {"", "post_processor", "{\"type\": \"TemplateProcessing\"}", "needs a \"single\" list"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *j = tiny(), *at = cases[i].section[0] ? json_object_get(j, cases[i].section) : j;
