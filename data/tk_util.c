@@ -250,8 +250,12 @@ static uint64_t pair_key(int32_t a, int32_t b) {
 }
 
 static size_t pair_slot(uint64_t key, size_t nslots) {
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 17) & (nslots - 1);
+    /* splitmix64's finalizer: every key bit reaches the low bits the mask keeps */
+    uint64_t h = key;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return (size_t)h & (nslots - 1);
 }
 
 static int pairmap_rehash(tk_pairmap *m, size_t nslots) {
