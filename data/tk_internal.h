@@ -209,6 +209,9 @@ void tk_pieces_free(tk_pieces *p);
  * normalized by tk's normalizers when it is set). */
 int tk_matcher_build(const tokenizer *tk, tk_matcher *m, int normalized);
 void tk_matcher_free(tk_matcher *m);
+/* pattern with \p{L}, \p{N}, \s (and negations) as Oniguruma's code point ranges
+ * (tk_regex.c); out is NUL-terminated. */
+int tk_regex_rewrite(const char *pattern, size_t len, tk_buf *out);
 /* The GPT-2 byte <-> character maps of ByteLevel. */
 uint32_t tk_byte_to_char(unsigned char b);
 int tk_char_to_byte(uint32_t cp); /* -1 when cp is not one of the 256 */

@@ -269,6 +269,16 @@ static int compile(const reader *r, const char *pat, size_t len, int literal, pc
         return errf(r->err, "%s: pre_tokenizer Split pattern does not compile at offset %zu: %s",
                     r->name, (size_t)eo, (const char *)msg);
     }
+    if (!literal) { /* it compiles as written: now with Oniguruma's Unicode classes */
+        pcre2_code_free(*re);
+        tk_buf spelt = {0};
+        if (tk_regex_rewrite(pat, len, &spelt)) return oom(r);
+        *re = pcre2_compile((PCRE2_SPTR)spelt.p, spelt.n, opts, &ec, &eo, NULL);
+        tk_buf_free(&spelt);
+        if (!*re)
+            return errf(r->err, "%s: pre_tokenizer Split pattern does not compile with its "
+                        "Unicode classes spelt out (error %d)", r->name, ec);
+    }
     (void)pcre2_jit_compile(*re, PCRE2_JIT_COMPLETE); /* without JIT it still matches */
     return 0;
 }

@@ -144,6 +144,18 @@ static void test_split_special(void **state) {
     tokenizer_free(l3);
 }
 
+/* Letters, digits and spaces as tokenizers' regex engine (Unicode 16) knows them, not as
+ * PCRE2's tables (Unicode 14): CJK Extension H/I letters, Garay digits, U+180E not a space. */
+static void test_unicode_classes(void **state) {
+    (void)state;
+    tokenizer *tk = load_family("llama3");
+    EXPECT(tk, "\xf0\xb2\x81\xab'b", 0, 172, 110, 223, 104, 91953); /* U+3206B */
+    EXPECT(tk, "\xf0\xae\xaf\xb0!!", 0, 172, 106, 107, 108, 3001);  /* U+2EBF0 */
+    EXPECT(tk, " \xe1\xa0\x8ex", 0, 87189, 254, 236, 87);            /* U+180E */
+    EXPECT(tk, " \xf0\x90\xb5\x80x", 0, 220, 172, 238, 113, 222, 87); /* U+10D40 */
+    tokenizer_free(tk);
+}
+
 static void test_rejects_bad_text_and_ids(void **state) {
     (void)state;
     tokenizer *tk = load_family("llama3");
@@ -385,6 +397,7 @@ int main(void) {
         cmocka_unit_test(test_sp32k_expected),
         cmocka_unit_test(test_llama3_expected),
         cmocka_unit_test(test_split_special),
+        cmocka_unit_test(test_unicode_classes),
         cmocka_unit_test(test_rejects_bad_text_and_ids),
         cmocka_unit_test(test_tiny_bpe),
         cmocka_unit_test(test_tiny_options),
