@@ -72,6 +72,7 @@ static int byte_fallback_pass(const toklist *in, toklist *out) {
 
 static int fuse_pass(const toklist *in, toklist *out) {
     size_t at = out->buf.n;
+    if (tk_buf_put(&out->buf, "", 0)) return -1; /* a buffer even for no tokens */
     for (size_t i = 0; i < in->spans.n; i++)
         if (tk_buf_put(&out->buf, in->buf.p + in->spans.v[i].off, in->spans.v[i].len)) return -1;
     return tk_spans_push(&out->spans, at, out->buf.n - at);
