@@ -1,4 +1,5 @@
-/* The tokenizer's parts, shared by data/tk_*.c (not a public interface: use tokenizer.h). */
+/* The tokenizer's parts, shared by data/tk_*.c and tokenizer.c (not a public interface: use
+ * tokenizer.h). */
 #ifndef FSDP_DATA_TK_INTERNAL_H
 #define FSDP_DATA_TK_INTERNAL_H
 
@@ -7,7 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "data/tokenizer.h"
+#include "data/tk_ids.h"
+#include "proto/errbuf.h"
+
+/* data/tokenizer.h's types (not included here: it is the module built on this one). */
+typedef struct tokenizer tokenizer;
+typedef struct tk_state tk_state;
 
 /* ---- bytes: a growable buffer and a list of slices of one -------------------------- */
 typedef struct tk_buf {

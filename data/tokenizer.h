@@ -18,16 +18,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/tk_ids.h"
 #include "proto/errbuf.h"
 
 typedef struct tokenizer tokenizer;
 typedef struct tk_state tk_state;
 
-/* A growable id list. */
-typedef struct tk_ids {
-    int32_t *v;
-    size_t n, cap;
-} tk_ids;
 
 enum {
     TK_ADD_SPECIAL = 1,   /* run the post-processor (BOS/EOS), as add_special_tokens=True */
@@ -59,8 +55,5 @@ int tokenizer_encode(const tokenizer *tk, tk_state *st, const char *text, size_t
 /* The text of ids (special tokens kept), malloc'd and NUL-terminated, its length in *len. */
 char *tokenizer_decode(const tokenizer *tk, const int32_t *ids, size_t n, size_t *len,
                        errbuf *err);
-
-int tk_ids_push(tk_ids *a, int32_t id);
-void tk_ids_free(tk_ids *a);
 
 #endif
