@@ -32,13 +32,14 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 endif
 
+BASE_SRC    := $(wildcard base/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 MODEL_SRC   := $(wildcard model/*.c)
 DATA_SRC    := $(wildcard data/*.c)
 WORKER_SRC  := $(filter-out %_main.c,$(wildcard worker/*.c))
 DAEMON_SRC  := $(filter-out %_main.c,$(wildcard daemon/*.c))
-LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(DATA_SRC) $(KERNELS_SRC) $(PROTO_SRC)
+LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(DATA_SRC) $(KERNELS_SRC) $(PROTO_SRC) $(BASE_SRC)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB         := $(BUILD)/libfsdp.a
 
@@ -75,7 +76,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-# Unit tests, then integration scripts; the last line is "N passed, N failed".
+# Unit tests, then integration scripts; the last line is "N passed, N failed, N skipped".
 test: all
 	tests/run.sh $(BUILD) all
 
@@ -90,9 +91,9 @@ test-asan:
 # libFuzzer targets link the library sources compiled with clang.
 FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
 fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(DATA_SRC)
+build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC)
 	@mkdir -p build-fuzz
-	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) $(DATA_SRC) -ljansson -lpcre2-8 -lm -o $@
+	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC) -ljansson -lpcre2-8 -lm -o $@
 
 FUZZ_SECONDS ?= 20
 check-fuzz: fuzz

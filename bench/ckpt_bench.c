@@ -17,14 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "worker/ckpt_writer.h"
 #include "worker/fsdp.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static ckpt_report last;
 
@@ -42,10 +37,10 @@ static void compute_unit(void) {
 }
 
 static double compute_rate(double seconds) {
-    double t0 = now_s();
+    double t0 = clock_now_s();
     long n = 0;
-    while (now_s() - t0 < seconds) compute_unit(), n++;
-    return (double)n / (now_s() - t0);
+    while (clock_now_s() - t0 < seconds) compute_unit(), n++;
+    return (double)n / (clock_now_s() - t0);
 }
 
 /* A model of hidden 1024 whose layer count makes 12 bytes per parameter come to ~gb GB. */
@@ -80,15 +75,15 @@ static double median(const double *v) {
  * caller was held, *rate the stand-in's rate while the writer ran. */
 static int save(ckpt_writer *w, fsdp *f, int64_t step, int sync, double *held, double *rate) {
     errbuf err;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (ckpt_writer_save(w, f, step, 1, sync, 0, &err)) {
         fprintf(stderr, "ckpt_bench: %s\n", err.msg);
         return -1;
     }
-    *held = now_s() - t0;
+    *held = clock_now_s() - t0;
     long n = 0;
     while (ckpt_writer_busy(w)) compute_unit(), n++;
-    if (!sync) *rate = (double)n / (now_s() - t0 - *held);
+    if (!sync) *rate = (double)n / (clock_now_s() - t0 - *held);
     if (!last.ok) {
         fprintf(stderr, "ckpt_bench: save failed: %s\n", last.error);
         return -1;
@@ -150,12 +145,12 @@ int main(int argc, char **argv) {
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s/dd.bin' bs=1M count=1024 conv=fsync 2>/dev/null", dir);
     for (int round = 0; round < ROUNDS; round++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         if (system(cmd) != 0) {
             fprintf(stderr, "ckpt_bench: %s failed\n", cmd);
             return 1;
         }
-        dd_gbps[round] = 1073741824.0 / (now_s() - t0) / 1e9;
+        dd_gbps[round] = 1073741824.0 / (clock_now_s() - t0) / 1e9;
         snprintf(cmd + 8000, 300, "%s/dd.bin", dir);
         unlink(cmd + 8000);
         for (int sync = 1; sync >= 0; sync--) {

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "data/tokenizer.h"
-#include "proto/fileio.h"
+#include "base/fileio.h"
 
 static double now(void) {
     struct timespec ts;

@@ -1,4 +1,5 @@
 /* ckpt_commit: the checkpoint coordinator.  See ckpt_commit.h. */
+#include "base/path.h"
 #include "daemon/ckpt_commit.h"
 
 #include <dirent.h>
@@ -13,26 +14,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/fileio.h"
 #include "daemon/log.h"
 #include "proto/ckpt.h"
-#include "proto/fileio.h"
 #include "proto/model_config.h"
 
 #define CONFIG_MAX (1u << 20)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- file system helpers ---- */
-
-static int path_join(char *out, size_t n, const char *dir, const char *name, errbuf *err) {
-    int len = snprintf(out, n, "%s/%s", dir, name);
-    if (len < 0 || (size_t)len >= n) return errf(err, "%s/%s: path too long", dir, name);
-    return 0;
-}
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)ftw;
@@ -53,7 +43,7 @@ static int remove_tree(const char *path, errbuf *err) {
 /* The job's config.json, as JSON (for the manifest) and parsed (to check a checkpoint). */
 static int load_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
     const char *src = job->model.init == JOB_INIT_RANDOM ? job->model.config : job->model.path;
-    char path[JOB_PATH_MAX + 16];
+    char path[PATH_BYTES];
     struct stat st;
     int is_dir = stat(src, &st) == 0 && S_ISDIR(st.st_mode);
     if (snprintf(path, sizeof path, is_dir ? "%s/config.json" : "%s", src) >= (int)sizeof path)
@@ -79,12 +69,12 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
     while (rc == 0 && (e = readdir(d)) != NULL) {
         int64_t step;
         int a;
-        char path[JOB_PATH_MAX + 300];
+        char path[PATH_BYTES];
         if (!ckpt_parse_partial_name(e->d_name, &step, &a)) continue;
         if (a >= *attempt) *attempt = a < INT_MAX - 1 ? a + 1 : a;
         rc = path_join(path, sizeof path, dir, e->d_name, err);
         if (rc == 0) {
-            log_event(0, -1, "removing %s, left by an earlier run", path);
+            log_event(-1, "removing %s, left by an earlier run", path);
             rc = remove_tree(path, err);
         }
     }
@@ -96,7 +86,7 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
 static int check_resume(job_config *job, const char *path, const llama_config *cfg,
                         long long *step, errbuf *err) {
     ckpt_manifest m;
-    char name[JOB_PATH_MAX + 32];
+    char name[PATH_BYTES];
     snprintf(name, sizeof name, "%s/%s", path, CKPT_MANIFEST);
     if (ckpt_manifest_load(&m, path, err)) return -1;
     int rc = ckpt_manifest_check_model(&m, cfg, name, err);
@@ -105,17 +95,17 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         if (m.global_batch != job->train.global_batch)
-            log_event(0, -1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
+            log_event(-1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
                       "a checkpoint fixes it for the job's life)", m.global_batch, name,
                       job->train.global_batch);
         if (m.seed != job->train.seed)
-            log_event(0, -1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
+            log_event(-1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
                       "a checkpoint fixes it for the job's life)", (long long)m.seed, name,
                       (long long)job->train.seed);
         job->train.global_batch = m.global_batch;
         job->train.seed = m.seed;
         *step = m.step;
-        log_event(0, -1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
+        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
                   (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
     }
     ckpt_manifest_free(&m);
@@ -125,8 +115,7 @@ static int check_resume(job_config *job, const char *path, const llama_config *c
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
-    llama_config cfg;
-    if (load_model_config(job, &out->model_config, &cfg, err)) return -1;
+    if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
     int rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
@@ -134,7 +123,7 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
                         : -1;
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
-    if (found == 1) rc = check_resume(job, out->resume_dir, &cfg, &out->resume_step, err);
+    if (found == 1) rc = check_resume(job, out->resume_dir, &out->model, &out->resume_step, err);
     if (rc) {
         json_decref(out->model_config);
         out->model_config = NULL;
@@ -159,7 +148,7 @@ typedef struct commit {
     int armed;           /* its deadline runs */
     int abandoned;
     int stuck;           /* abandoned, and its writers did not stop within timeout_s of the abort */
-    char partial[JOB_PATH_MAX + 64];
+    char partial[PATH_BYTES];
     double started;
     struct event *deadline;
     int n_reported;
@@ -210,7 +199,7 @@ void ckpt_coord_free(ckpt_coord *c) {
 
 static void remove_partial(commit *m) {
     errbuf err;
-    if (remove_tree(m->partial, &err)) log_event(0, -1, "%s", err.msg);
+    if (remove_tree(m->partial, &err)) log_event(-1, "%s", err.msg);
 }
 
 /* "rank 1", "ranks 1, 3": the writers that have not reported. */
@@ -253,20 +242,19 @@ static void arm_ready(ckpt_coord *c) {
  * honour the abort before later saves stop waiting for them. */
 static void give_up(commit *m, const char *why) {
     ckpt_coord *c = m->coord;
-    char msg[1024];
+    char reason[1024];
     if (m->sync) {
-        snprintf(msg, sizeof msg, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
-        c->opt.hooks.fatal(c->opt.hooks.arg, msg); /* which logs it */
+        snprintf(reason, sizeof reason, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
+        c->opt.hooks.fatal(c->opt.hooks.arg, reason); /* which logs it */
     } else {
-        log_event(0, -1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
+        log_event(-1, "checkpoint of step %lld abandoned: %s; training goes on", m->step, why);
     }
     m->abandoned = 1;
     m->armed = 1;
     start_timer(m);
+    msg abort = {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = m->step, .attempt = m->attempt}};
     for (int r = 0; r < c->n_files; r++)
-        if (!m->ranks[r].reported)
-            c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_ABORT,
-                              json_pack("{s:I, s:i}", "step", (json_int_t)m->step, "attempt", m->attempt));
+        if (!m->ranks[r].reported) c->opt.hooks.send(c->opt.hooks.arg, r, &abort);
     long long step = m->step;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
@@ -282,7 +270,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     char late[256], why[512];
     late_ranks(m, late, sizeof late);
     if (m->abandoned) {
-        log_event(0, -1, "checkpoint of step %lld: %s still writing %d s after it was abandoned; later "
+        log_event(-1, "checkpoint of step %lld: %s still writing %d s after it was abandoned; later "
                          "saves no longer wait for it", m->step, late, m->coord->job->checkpoint.timeout_s);
         m->stuck = 1;
         arm_ready(m->coord);
@@ -318,12 +306,12 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
     m->step = step;
     m->attempt = attempt;
     m->sync = sync;
-    m->started = now_s();
+    m->started = clock_now_s();
     commit **tail = &c->commits;
     while (*tail) tail = &(*tail)->next;
     *tail = m;
     arm_ready(c);
-    log_event(0, -1, "checkpoint of step %lld (%s) into %s%s", step, sync ? "sync" : "async", m->partial,
+    log_event(-1, "checkpoint of step %lld (%s) into %s%s", step, sync ? "sync" : "async", m->partial,
               m->armed ? "" : "; its deadline starts once the save before it is written");
     return m;
 }
@@ -332,7 +320,7 @@ static commit *open_commit(ckpt_coord *c, long long step, int attempt, int sync)
  * run from another directory finds it ("" for init random).  realpath fails only when the
  * directory went away after the model was loaded: then the path as the job gave it. */
 static void record_model_path(const job_config *j, char *out, size_t n) {
-    char abs[PATH_MAX];
+    char abs[PATH_BYTES];
     const char *path = j->model.init == JOB_INIT_RANDOM ? "" : j->model.path;
     if (path[0] && realpath(path, abs)) path = abs;
     snprintf(out, n, "%s", path);
@@ -381,7 +369,7 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
 /* Writes the manifest (checked by reading it back and against every file's header). */
 static int write_manifest(const commit *m, errbuf *err) {
     ckpt_manifest man, check;
-    char *text = NULL, path[JOB_PATH_MAX + 128];
+    char *text = NULL, path[PATH_BYTES];
     int rc = build_manifest(m, &man, err);
     if (rc == 0) rc = ckpt_manifest_to_json(&man, &text, err);
     ckpt_manifest_free(&man);
@@ -414,7 +402,7 @@ static int move_into_place(const char *partial, const char *final, errbuf *err) 
 
 /* latest -> name, by renaming a new symlink over it. */
 static int point_latest(const char *dir, const char *name, errbuf *err) {
-    char tmp[JOB_PATH_MAX + 64], latest[JOB_PATH_MAX + 16];
+    char tmp[PATH_BYTES], latest[PATH_BYTES];
     if (snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, CKPT_LATEST, (int)getpid()) >= (int)sizeof tmp ||
         path_join(latest, sizeof latest, dir, CKPT_LATEST, err))
         return errf(err, "%s: path too long", dir);
@@ -435,25 +423,25 @@ static void prune(ckpt_coord *c) {
     int n;
     errbuf err;
     if (ckpt_list(dir, &steps, &n, &err)) {
-        log_event(0, -1, "cannot list the checkpoints: %s", err.msg);
+        log_event(-1, "cannot list the checkpoints: %s", err.msg);
         return;
     }
     for (int i = 0; i < n - c->job->checkpoint.keep; i++) {
-        char name[64], path[JOB_PATH_MAX + 80];
+        char name[64], path[PATH_BYTES];
         if (steps[i] == c->latest_step || ckpt_step_name(name, sizeof name, steps[i]) ||
             path_join(path, sizeof path, dir, name, &err))
             continue;
-        if (remove_tree(path, &err)) log_event(0, -1, "%s", err.msg);
-        else log_event(0, -1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
+        if (remove_tree(path, &err)) log_event(-1, "%s", err.msg);
+        else log_event(-1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
     }
     free(steps);
-    if (file_fsync_dir(dir, 1, &err)) log_event(0, -1, "%s", err.msg);
+    if (file_fsync_dir(dir, 1, &err)) log_event(-1, "%s", err.msg);
 }
 
 static int commit_files(commit *m, errbuf *err) {
     ckpt_coord *c = m->coord;
     const char *dir = c->job->checkpoint.dir;
-    char name[64], final[JOB_PATH_MAX + 80];
+    char name[64], final[PATH_BYTES];
     if (write_manifest(m, err) || ckpt_step_name(name, sizeof name, m->step) ||
         path_join(final, sizeof final, dir, name, err) || move_into_place(m->partial, final, err) ||
         file_fsync_dir(dir, 1, err))
@@ -464,66 +452,60 @@ static int commit_files(commit *m, errbuf *err) {
     }
     uint64_t bytes = 0;
     for (int r = 0; r < c->n_files; r++) bytes += m->ranks[r].bytes;
-    log_event(0, -1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
-              c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, now_s() - m->started);
+    log_event(-1, "checkpoint %s committed: %d file%s, %.1f MB, %.2f s after the step", final,
+              c->n_files, c->n_files == 1 ? "" : "s", (double)bytes / 1e6, clock_now_s() - m->started);
     prune(c);
     return 0;
 }
 
-void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics) {
-    const json_t *ck = json_object_get(metrics, "checkpoint");
-    if (json_is_integer(json_object_get(metrics, "total_steps")))
-        c->total_steps = (long long)json_integer_value(json_object_get(metrics, "total_steps"));
-    if (!ck) return;
-    const char *mode = json_string_value(json_object_get(ck, "mode"));
-    long long step = (long long)json_integer_value(json_object_get(ck, "step"));
-    int attempt = (int)json_integer_value(json_object_get(ck, "attempt"));
-    if (!mode || attempt != c->opt.attempt) {
-        log_event(0, 0, "ignoring a malformed checkpoint announcement");
+void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics) {
+    c->total_steps = metrics->total_steps;
+    if (!metrics->has_checkpoint) return;
+    const msg_ckpt_note *ck = &metrics->checkpoint;
+    if (ck->attempt != c->opt.attempt) {
+        log_event(0, "ignoring a checkpoint announcement of attempt %d (this run's is %d)", ck->attempt,
+                  c->opt.attempt);
         return;
     }
-    if (!strcmp(mode, "skipped")) {
-        log_event(0, -1, "checkpoint of step %lld skipped: a previous save is still being written", step);
+    if (!strcmp(ck->mode, "skipped")) {
+        log_event(-1, "checkpoint of step %lld skipped: a previous save is still being written",
+                  (long long)ck->step);
         return;
     }
-    open_commit(c, step, attempt, !strcmp(mode, "sync"));
+    open_commit(c, ck->step, ck->attempt, !strcmp(ck->mode, "sync"));
 }
 
-void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
-    long long step = (long long)json_integer_value(json_object_get(b, "step"));
-    int attempt = (int)json_integer_value(json_object_get(b, "attempt"));
-    const char *file = json_string_value(json_object_get(b, "file"));
-    const char *error = json_string_value(json_object_get(b, "error"));
-    if (attempt != c->opt.attempt || rank >= c->n_files || !file || !error) {
-        log_event(0, rank, "ignoring a malformed CKPT_DONE (attempt %d, this run's is %d; %d shard files)",
-                  attempt, c->opt.attempt, c->n_files);
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
+    long long step = b->step;
+    if (b->attempt != c->opt.attempt || rank >= c->n_files) {
+        log_event(rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
+                  b->attempt, c->opt.attempt, c->n_files);
         return;
     }
-    commit *m = open_commit(c, step, attempt, json_is_true(json_object_get(b, "sync")));
+    commit *m = open_commit(c, step, b->attempt, b->sync);
     if (!m) return;
     rank_report *r = &m->ranks[rank];
     if (r->reported) {
-        log_event(0, rank, "ignoring a second CKPT_DONE for step %lld", step);
+        log_event(rank, "ignoring a second CKPT_DONE for step %lld", step);
         return;
     }
     r->reported = 1;
     m->n_reported++;
-    r->ok = json_is_true(json_object_get(b, "ok"));
-    snprintf(r->file, sizeof r->file, "%s", file);
-    r->bytes = (uint64_t)json_integer_value(json_object_get(b, "bytes"));
-    r->header_crc = (uint32_t)json_integer_value(json_object_get(b, "header_crc32c"));
+    r->ok = b->ok;
+    snprintf(r->file, sizeof r->file, "%s", b->file);
+    r->bytes = (uint64_t)b->bytes;
+    r->header_crc = (uint32_t)b->header_crc32c;
     if (r->ok)
-        log_event(0, rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", file, step,
-                  (double)r->bytes / 1e6, json_number_value(json_object_get(b, "stage_s")),
-                  json_number_value(json_object_get(b, "write_s")));
+        log_event(rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
+                  (double)r->bytes / 1e6, b->stage_s, b->write_s);
     if (rank == 0 && r->ok) {
-        m->units = json_incref(json_object_get(b, "units"));
-        m->optimizer_step = (long long)json_integer_value(json_object_get(b, "optimizer_step"));
-        m->tokens_seen = (long long)json_integer_value(json_object_get(b, "tokens_seen"));
+        m->units = json_incref(b->units);
+        m->optimizer_step = b->optimizer_step;
+        m->tokens_seen = b->tokens_seen;
     }
     if (m->abandoned) {
         if (m->n_reported == c->n_files) {
-            log_event(0, -1, "removing %s: its writers have stopped", m->partial);
+            log_event(-1, "removing %s: its writers have stopped", m->partial);
             remove_partial(m);
             free_commit(m);
             arm_ready(c);
@@ -533,8 +515,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     if (!r->ok) {
         char why[1200];
         snprintf(why, sizeof why, "rank %d %s: %s", rank,
-                 json_is_true(json_object_get(b, "aborted")) ? "stopped writing" : "could not write its shard",
-                 error);
+                 b->aborted ? "stopped writing" : "could not write its shard", b->error);
         give_up(m, why);
         return;
     }
@@ -552,11 +533,12 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *b) {
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 1);
 }
 
-long long ckpt_coord_request(ckpt_coord *c, const char *why) {
+long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
     long long id = ++c->requests;
-    log_event(0, -1, "checkpoint requested (%s): asking the workers (request %lld)", why, id);
-    for (int r = 0; r < c->opt.world; r++)
-        c->opt.hooks.send(c->opt.hooks.arg, r, CTL_CKPT_BEGIN, json_pack("{s:I}", "request", (json_int_t)id));
+    log_event(-1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
+              stop ? ", synchronous, then stop" : "");
+    msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0}};
+    for (int r = 0; r < c->opt.world; r++) c->opt.hooks.send(c->opt.hooks.arg, r, &begin);
     return id;
 }
 
@@ -567,7 +549,7 @@ int ckpt_coord_finish(ckpt_coord *c) {
         if (!m->abandoned) {
             char late[256];
             late_ranks(m, late, sizeof late);
-            log_event(0, -1, "checkpoint of step %lld never committed: %s did not report", m->step, late);
+            log_event(-1, "checkpoint of step %lld never committed: %s did not report", m->step, late);
             open++;
         }
         remove_partial(m);

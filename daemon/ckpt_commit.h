@@ -28,16 +28,19 @@
  * reason.
  *
  * On request (ckpt_coord_request: SIGUSR1, the status socket) every worker gets CKPT_BEGIN
- * {"request": id}; the ranks save at the next step boundary where no rank is still writing. */
+ * {"request": id}; the ranks save at the next step boundary where no rank is still writing.
+ * A request to stop (SIGTERM) adds "stop": true: the ranks save synchronously after the step
+ * they are in (once a save still being written is done) and stop after it. */
 #ifndef FSDP_CKPT_COMMIT_H
 #define FSDP_CKPT_COMMIT_H
 
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "proto/ctl.h"
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
+#include "proto/model_config.h"
+#include "proto/msg.h"
 
 /* What ckpt_prepare found. */
 typedef struct ckpt_start {
@@ -45,6 +48,7 @@ typedef struct ckpt_start {
     char resume_dir[JOB_PATH_MAX]; /* the checkpoint to resume from, "" for none */
     long long resume_step;
     json_t *model_config;         /* the job's config.json object (new reference) */
+    llama_config model;           /* the same, parsed: config.json is read here only */
 } ckpt_start;
 
 /* Prepares checkpoint.dir and resolves the resume (see above); job's global_batch and seed
@@ -53,8 +57,8 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
 
 typedef struct ckpt_coord_hooks {
     void *arg;
-    /* Sends a message (body owned by the callee) to rank `rank`. */
-    void (*send)(void *arg, int rank, ctl_type type, json_t *body);
+    /* Sends a message to rank `rank`. */
+    void (*send)(void *arg, int rank, const msg *m);
     /* The job cannot go on (a sync save failed or missed its deadline). */
     void (*fatal)(void *arg, const char *reason);
     /* Optional: the commit of step's save is over, committed (1) or given up (0). */
@@ -75,13 +79,14 @@ typedef struct ckpt_coord ckpt_coord;
 int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err);
 void ckpt_coord_free(ckpt_coord *c);
 
-/* Rank 0's METRICS message: its "checkpoint" object announces a save (or a skipped one);
- * "total_steps" goes into the manifests. */
-void ckpt_coord_on_metrics(ckpt_coord *c, const json_t *metrics);
+/* Rank 0's METRICS message: its checkpoint note announces a save (or a skipped one);
+ * total_steps goes into the manifests. */
+void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics);
 /* A CKPT_DONE message from `rank`. */
-void ckpt_coord_on_done(ckpt_coord *c, int rank, const json_t *body);
-/* Asks every worker for a checkpoint; returns the request's id. */
-long long ckpt_coord_request(ckpt_coord *c, const char *why);
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *done);
+/* Asks every worker for a checkpoint (stop: a synchronous one, then a stop); returns the
+ * request's id. */
+long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop);
 /* The job is over (every worker has exited): removes the partial directories of commits
  * still open or abandoned.  Returns how many were still open (not abandoned): a save every
  * rank finished training for but that never committed. */

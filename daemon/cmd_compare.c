@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/bf16.h"
 #include "daemon/fsdpctl.h"
 #include "proto/safetensors.h"
 
@@ -67,8 +68,8 @@ static double element(const st_tensor *t, uint64_t i) {
     switch (t->dtype) {
     case ST_F64: return v.f64;
     case ST_F32: return v.f32;
-    case ST_F16: return st_f16_to_f32(v.u16);
-    case ST_BF16: return st_bf16_to_f32(v.u16);
+    case ST_F16: return f16_to_f32(v.u16);
+    case ST_BF16: return bf16_to_f32(v.u16);
     case ST_I64: return (double)v.i64;
     case ST_I32: return v.i32;
     case ST_I16: return v.i16;

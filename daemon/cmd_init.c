@@ -25,8 +25,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/bf16.h"
+#include "base/fileio.h"
+#include "base/path.h"
 #include "daemon/fsdpctl.h"
-#include "proto/fileio.h"
 #include "proto/model_config.h"
 #include "proto/rng.h"
 #include "proto/safetensors.h"
@@ -137,7 +139,7 @@ typedef struct scratch {
 } scratch;
 
 static int scratch_open(scratch *s, const char *dir, uint64_t bytes, errbuf *err) {
-    char path[4096];
+    char path[PATH_BYTES];
     if (snprintf(path, sizeof path, "%s/.init-scratch.XXXXXX", dir) >= (int)sizeof path)
         return errf(err, "%s: path too long", dir);
     int fd = mkstemp(path);
@@ -183,13 +185,13 @@ static void init_param(const llama_param_info *p, int index, const llama_config 
             for (size_t j = 0; j < n; j++) chunk[j] = 1.0f;
         else
             rng_fill_normal(chunk, n, std, seed, stream, first);
-        for (size_t j = 0; j < n; j++) out[first + j] = st_f32_to_bf16(chunk[j]);
+        for (size_t j = 0; j < n; j++) out[first + j] = bf16_from_f32(chunk[j]);
     }
 }
 
 /* generation_config.json, as transformers derives it from the model config. */
 static int write_generation_config(const char *dir, const llama_config *c, errbuf *err) {
-    char path[4096];
+    char path[PATH_BYTES];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     json_t *root = json_pack("{s:b}", "_from_model_config", 1);
     int failed = !root;
@@ -250,7 +252,7 @@ static int init_model(const init_options *o, errbuf *err) {
     snprintf(c.dtype, sizeof c.dtype, "%s", o->dtype == ST_BF16 ? "bfloat16" : "float32");
 
     /* config.json is written last: a directory with one is a finished model. */
-    char config_path[4096];
+    char config_path[PATH_BYTES];
     int len = snprintf(config_path, sizeof config_path, "%s/config.json", o->out);
     if (len < 0 || (size_t)len >= sizeof config_path) return errf(err, "%s: path too long", o->out);
     struct stat st;

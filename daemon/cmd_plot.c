@@ -14,9 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
+#include "base/fileio.h"
+#include "base/path.h"
 #include "daemon/fsdpctl.h"
-#include "proto/errbuf.h"
-#include "proto/fileio.h"
 
 typedef struct point {
     long step;
@@ -95,7 +96,7 @@ static int read_metrics(const char *path, point **out, size_t *n_out, errbuf *er
             }
             pts = bigger;
         }
-        char where[4200];
+        char where[PATH_BYTES];
         snprintf(where, sizeof where, "%s:%ld", path, lineno);
         pts[n].line = lineno;
         if ((rc = parse_record(line, (size_t)len, &pts[n], where, err)) == 0) n++;

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "daemon/fsdpctl.h"
 #include "proto/status.h"
 
@@ -82,12 +83,6 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
 
 /* ---- talking to the socket ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* A connected socket, or -1 with why no job answers at path. */
 static int connect_to(const char *path, errbuf *err) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -110,7 +105,7 @@ static int connect_to(const char *path, errbuf *err) {
 /* Waits for fd to be ready for `events` until the deadline. */
 static int wait_fd(int fd, short events, double deadline, const char *path, errbuf *err) {
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - clock_now_s();
         if (left <= 0) return errf(err, "no reply from %s in time: the job is not answering", path);
         struct pollfd p = {.fd = fd, .events = events};
         int n = poll(&p, 1, (int)(left * 1000) + 1);
@@ -121,7 +116,7 @@ static int wait_fd(int fd, short events, double deadline, const char *path, errb
 
 /* Sends one request and reads the reply line into *reply (malloc'd, without its '\n'). */
 static int exchange(int fd, const char *path, status_cmd cmd, int timeout_s, char **reply, errbuf *err) {
-    double deadline = now_s() + timeout_s;
+    double deadline = clock_now_s() + timeout_s;
     char request[64];
     int len = snprintf(request, sizeof request, "{\"cmd\":\"%s\"}\n", status_cmd_name(cmd));
     for (int sent = 0; sent < len;) {

@@ -1,4 +1,6 @@
 /* consolidate: a sharded checkpoint into a Hugging Face model directory.  See consolidate.h. */
+#include "base/bf16.h"
+#include "base/path.h"
 #include "daemon/consolidate.h"
 
 #include <dirent.h>
@@ -14,11 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
 
-#define PATH_BYTES 4096
 #define NAME_BYTES 64
 #define CONFIG_NAME "config.json"
 #define GENERATION_NAME "generation_config.json"
@@ -30,17 +32,6 @@ static const char *const tokenizer_names[] = {"tokenizer.json", "tokenizer_confi
                                               "chat_template.jinja"};
 #define N_TOKENIZER_NAMES (sizeof tokenizer_names / sizeof tokenizer_names[0])
 
-static int join(char *out, const char *dir, const char *name, errbuf *err) {
-    int n = snprintf(out, PATH_BYTES, "%s/%s", dir, name);
-    return n < 0 || n >= PATH_BYTES ? errf(err, "%s/%s: path too long", dir, name) : 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- the checkpoint's shard files ---- */
 
 typedef struct source {
@@ -51,7 +42,7 @@ typedef struct source {
 } source;
 
 static int shard_path(char *out, const source *s, int file, errbuf *err) {
-    return join(out, s->dir, s->m->files[file].name, err);
+    return path_join(out, PATH_BYTES, s->dir, s->m->files[file].name, err);
 }
 
 static void source_close(source *s) {
@@ -286,7 +277,7 @@ static void bf16_in_place(unsigned char *buf, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v;
         memcpy(&v, buf + 4 * i, 4);
-        uint16_t h = st_f32_to_bf16(v);
+        uint16_t h = bf16_from_f32(v);
         memcpy(buf + 2 * i, &h, 2);
     }
 }
@@ -296,7 +287,7 @@ static int write_file(const plan *p, const source *s, const out_file *F, const c
                       unsigned char *buf, size_t buf_bytes, piece_list *pieces, errbuf *err) {
     char path[PATH_BYTES];
     size_t header_len;
-    if (join(path, dir, F->name, err)) return -1;
+    if (path_join(path, PATH_BYTES, dir, F->name, err)) return -1;
     char *header = file_header(p, F, &header_len, err);
     if (!header) return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -403,7 +394,7 @@ static int name_add(name_list *l, const char *name, errbuf *err) {
 /* dir/name = root as indented JSON with sorted keys (as transformers writes its files). */
 static int write_json(const char *dir, const char *name, json_t *root, name_list *names, errbuf *err) {
     char path[PATH_BYTES];
-    if (join(path, dir, name, err)) return -1;
+    if (path_join(path, PATH_BYTES, dir, name, err)) return -1;
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     if (!text) return errf(err, "%s: out of memory", path);
     file_chunk chunks[] = {{text, strlen(text)}, {"\n", 1}};
@@ -446,10 +437,13 @@ static int write_config(const json_t *model_config, st_dtype dtype, const char *
     return rc;
 }
 
-/* Copies src to dst (created); 1 when src does not exist. */
+/* Copies src to dst (created); 1 when src does not exist.  src must be a regular file (a FIFO
+ * in the source model directory is refused, not waited on). */
 static int copy_file(const char *src, const char *dst, errbuf *err) {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0) return errno == ENOENT ? 1 : errf(err, "%s: %s", src, strerror(errno));
+    struct stat st;
+    if (stat(src, &st) != 0 && errno == ENOENT) return 1;
+    int in = file_open_regular(src, err);
+    if (in < 0) return -1;
     int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     char *buf = malloc(COPY_BUFFER);
     int rc = out < 0 ? errf(err, "%s: %s", dst, strerror(errno)) : !buf ? errf(err, "%s: out of memory", dst) : 0;
@@ -469,7 +463,7 @@ static int copy_file(const char *src, const char *dst, errbuf *err) {
 static int copy_from_source(const char *from, const char *name, const char *dir, name_list *names,
                             errbuf *err) {
     char src[PATH_BYTES], dst[PATH_BYTES];
-    if (join(src, from, name, err) || join(dst, dir, name, err)) return -1;
+    if (path_join(src, PATH_BYTES, from, name, err) || path_join(dst, PATH_BYTES, dir, name, err)) return -1;
     int rc = copy_file(src, dst, err);
     return rc == 0 ? name_add(names, name, err) : rc;
 }
@@ -530,7 +524,7 @@ static int is_weight_name(const char *name) {
 
 static int unlink_if_present(const char *dir, const char *name, errbuf *err) {
     char path[PATH_BYTES];
-    if (join(path, dir, name, err)) return -1;
+    if (path_join(path, PATH_BYTES, dir, name, err)) return -1;
     return unlink(path) != 0 && errno != ENOENT ? errf(err, "%s: unlink: %s", path, strerror(errno)) : 0;
 }
 
@@ -548,7 +542,7 @@ static int move_into(const char *partial, const char *out, const name_list *name
         for (int i = 0; rc == 0 && i < names->n; i++) {
             if ((strcmp(names->v[i], CONFIG_NAME) == 0) != (pass == 1)) continue;
             char from[PATH_BYTES], to[PATH_BYTES];
-            if (join(from, partial, names->v[i], err) || join(to, out, names->v[i], err)) return -1;
+            if (path_join(from, PATH_BYTES, partial, names->v[i], err) || path_join(to, PATH_BYTES, out, names->v[i], err)) return -1;
             if (rename(from, to) != 0) rc = errf(err, "%s: rename to %s: %s", from, to, strerror(errno));
         }
     if (rc == 0) rc = file_fsync_dir(out, 1, err);
@@ -577,9 +571,9 @@ static int resolve_checkpoint(const char *ckpt, char *step_dir, errbuf *err) {
     char path[PATH_BYTES];
     struct stat st;
     if (stat(ckpt, &st) != 0) return errf(err, "%s: %s", ckpt, strerror(errno));
-    if (join(path, ckpt, CKPT_MANIFEST, err)) return -1;
+    if (path_join(path, PATH_BYTES, ckpt, CKPT_MANIFEST, err)) return -1;
     if (stat(path, &st) == 0) return snprintf(step_dir, PATH_BYTES, "%s", ckpt) < 0 ? -1 : 0;
-    if (join(path, ckpt, CKPT_LATEST, err)) return -1;
+    if (path_join(path, PATH_BYTES, ckpt, CKPT_LATEST, err)) return -1;
     if (lstat(path, &st) != 0)
         return errf(err, "%s: not a checkpoint: no %s, and no %s to follow", ckpt, CKPT_MANIFEST,
                     CKPT_LATEST);
@@ -651,7 +645,7 @@ static int write_all(const consolidate_options *o, const ckpt_manifest *m, const
 }
 
 int consolidate(const consolidate_options *o, errbuf *err) {
-    double start = now_s();
+    double start = clock_now_s();
     if (o->result) memset(o->result, 0, sizeof *o->result);
     char step_dir[PATH_BYTES], out[PATH_BYTES], partial[PATH_BYTES];
     if (check_options(o, err) || resolve_checkpoint(o->ckpt, step_dir, err) ||
@@ -679,7 +673,7 @@ int consolidate(const consolidate_options *o, errbuf *err) {
             r->files = p.n_files;
             r->tensors = p.n_tensors;
             r->bytes = p.total_bytes;
-            r->seconds = now_s() - start;
+            r->seconds = clock_now_s() - start;
         }
         plan_free(&p);
     }

@@ -41,7 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
+#include "base/path.h"
 #include "proto/safetensors.h"
 
 #define CONSOLIDATE_BUFFER (64u << 20)         /* bytes per thread */
@@ -49,12 +50,12 @@
 
 /* What was done (filled by consolidate when options.result is not NULL). */
 typedef struct consolidate_result {
-    char ckpt[4096];     /* the step directory read */
+    char ckpt[PATH_BYTES];     /* the step directory read */
     int64_t step;
     int files;           /* safetensors files written */
     int tensors;
     int tokenizer_files; /* copied from the source model directory */
-    char tokenizer_source[4096]; /* that directory, "" for none */
+    char tokenizer_source[PATH_BYTES]; /* that directory, "" for none */
     char warning[4400];  /* "" or why the manifest's model_path was not used */
     uint64_t bytes;      /* tensor bytes written (the index's total_size) */
     double seconds;      /* the whole consolidation, commit included */

@@ -1,6 +1,8 @@
-/* fsdpd: the node daemon.  Reads the job, spawns one fsdp-worker per GPU (or
+/* fsdpd: the node daemon.  Reads the job, joins the other nodes' daemons (daemon/cluster.h:
+ * under SLURM, one fsdpd per node), spawns one fsdp-worker per GPU (or
  * runtime.workers_per_node on the CPU backend), supervises them to the end of the job and
- * exits 0 only when the job succeeded.  Local mode (one node, no SLURM) for now. */
+ * exits 0 only when the job succeeded. */
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -9,11 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/fault.h"
+#include "base/fileio.h"
+#include "base/path.h"
+#include "daemon/cluster.h"
 #include "daemon/consolidate.h"
 #include "daemon/log.h"
+#include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
-#include "proto/fileio.h"
 #include "proto/job.h"
 
 static int usage(void) {
@@ -26,11 +32,26 @@ static int usage(void) {
 static int find_worker(char *out, size_t n) {
     const char *env = getenv("FSDP_WORKER");
     if (env) return snprintf(out, n, "%s", env) < (int)n ? 0 : -1;
-    char self[PATH_MAX];
+    char self[PATH_BYTES];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len < 0) return -1;
     self[len] = '\0';
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
+}
+
+/* What several nodes cannot do yet (F21 builds checkpoints and restarts across nodes): a
+ * job on several nodes asks for none of it, or is refused. */
+static int check_multi_node(const job_config *j, int nodes, errbuf *err) {
+    if (nodes == 1) return 0;
+    const char *what = j->checkpoint.save_final ? "checkpoint.save_final"
+                     : j->checkpoint.interval_steps ? "checkpoint.interval_steps"
+                     : j->output.consolidate ? "output.consolidate"
+                     : j->runtime.max_restarts ? "runtime.max_restarts"
+                     : j->checkpoint.resume != JOB_RESUME_NEVER ? "checkpoint.resume" : NULL;
+    if (!what) return 0;
+    return errf(err, "%s: checkpoints and restarts across nodes are not built yet (a job on %d nodes needs "
+                "checkpoint.save_final=false, checkpoint.interval_steps=0, output.consolidate=false, "
+                "runtime.max_restarts=0, checkpoint.resume=never)", what, nodes);
 }
 
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
@@ -44,10 +65,19 @@ static int consolidate_output(const job_config *job, errbuf *err) {
         .tokenizer_from = job->model.init == JOB_INIT_PRETRAINED ? job->model.path : NULL,
         .result = &r};
     if (consolidate(&o, err)) return -1;
-    log_event(0, -1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
+    log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
               (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
               st_dtype_name(o.dtype), r.seconds);
     return 0;
+}
+
+/* One run: the nodes joined, then the workers supervised to the end. */
+static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
+    if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
+    int rc = supervisor_run(opt, err);
+    cluster_free(opt->cluster);
+    opt->cluster = NULL;
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -64,20 +94,24 @@ int main(int argc, char **argv) {
 
     static job_config job;
     errbuf err;
-    if (job_load(&job, job_path, &err)) goto bad_job;
+    static slurm_env slurm;
+    if (fault_init(&err) || slurm_env_read(&slurm, &err) || job_load(&job, job_path, &err)) goto bad_job;
+    log_set_node(slurm.node_id);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job")) i++;
         else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
     }
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_validate(&job, workers, &err)) goto bad_job;
+    if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err) ||
+        check_multi_node(&job, slurm.nnodes, &err))
+        goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */
     signal(SIGPIPE, SIG_IGN);
-    char worker_path[PATH_MAX];
+    char worker_path[PATH_BYTES];
     if (find_worker(worker_path, sizeof worker_path) || access(worker_path, X_OK) != 0) {
         fprintf(stderr, "fsdpd: cannot find the fsdp-worker executable (%s)\n", worker_path);
         return 1;
@@ -87,26 +121,30 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(0, -1, "job %s: %d workers, backend %s", job_path, workers,
+    log_event(-1, "job %s: %d workers, backend %s", job_path, workers,
               job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
-    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
-                              .bind_host = "127.0.0.1"};
+    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
-     * times; a run stopped on request (a signal, `fsdpctl stop`) does not. */
+     * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
+     * error no restart can cure (a corrupt checkpoint, a missing file). */
     int rc;
-    for (int restarts = 0; (rc = supervisor_run(&opt, &err)) < 0; restarts++) {
-        if (restarts == job.runtime.max_restarts) {
+    for (int restarts = 0; (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
+        if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
+            fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
+            return 1;
+        }
+        if (restarts >= job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
             return 1;
         }
-        log_event(0, -1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
+        log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;
     }
     if (rc > 0) {
         fprintf(stderr, "fsdpd: %s\n", err.msg);
         return 1;
     }
-    log_event(0, -1, "job finished");
+    log_event(-1, "job finished");
     if (job.output.consolidate && consolidate_output(&job, &err)) {
         fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
         return 1;

@@ -5,7 +5,12 @@
 #include <sys/time.h>
 #include <time.h>
 
-void log_event(int node, int rank, const char *fmt, ...) {
+static int log_node;
+
+void log_set_node(int node) { log_node = node; }
+
+void log_event(int rank, const char *fmt, ...) {
+    int node = log_node;
     struct timeval tv;
     gettimeofday(&tv, NULL);
     struct tm tm;

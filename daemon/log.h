@@ -2,7 +2,9 @@
 #ifndef FSDP_LOG_H
 #define FSDP_LOG_H
 
+/* The node index every line names (0 until set: one node, or before the nodes join). */
+void log_set_node(int node);
 /* rank < 0 for events of the daemon itself. */
-void log_event(int node, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void log_event(int rank, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "proto/model_image.h"
 
 #define PROGRESS_MIN_BYTES (256u << 20) /* smaller models load too fast to report */
@@ -16,15 +17,9 @@ typedef struct progress_state {
     double start, last;
 } progress_state;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void print_progress(void *arg, size_t done, size_t total) {
     progress_state *p = arg;
-    double t = now_s();
+    double t = clock_now_s();
     if (total < PROGRESS_MIN_BYTES || (t - p->last < 1.0 && done < total)) return;
     p->last = t;
     double rate = done / 1e9 / (t - p->start > 1e-9 ? t - p->start : 1e-9);
@@ -35,7 +30,7 @@ static void print_progress(void *arg, size_t done, size_t total) {
 
 static int fill(void *image, const job_config *job, const llama_layout *lo, model_image_dtype dt,
                 errbuf *err) {
-    progress_state p = {now_s(), 0};
+    progress_state p = {clock_now_s(), 0};
     if (job->model.init == JOB_INIT_RANDOM)
         return model_image_fill_random(image, lo, dt, (uint64_t)job->train.seed, print_progress,
                                        &p, err);

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 #include "proto/model_layout.h"
 

@@ -1,4 +1,5 @@
 /* status_server: the status socket on fsdpd's event loop.  See status_server.h. */
+#include "base/path.h"
 #include "daemon/status_server.h"
 
 #include <dirent.h>
@@ -101,7 +102,7 @@ static void answer(client *c, const char *line, size_t len) {
     errbuf err;
     char shown[256];
     if (status_request_parse(line, len, &cmd, &err)) {
-        log_event(0, -1, "status socket: bad request: %s", printable(err.msg, shown, sizeof shown));
+        log_event(-1, "status socket: bad request: %s", printable(err.msg, shown, sizeof shown));
         send_error(c, err.msg);
         return;
     }
@@ -130,7 +131,7 @@ static void answer_lines(client *c, int throttle) {
                 char msg[128];
                 snprintf(msg, sizeof msg, "a request line is at most %d bytes: closing the connection",
                          STATUS_LINE_MAX);
-                log_event(0, -1, "status socket: %s", msg);
+                log_event(-1, "status socket: %s", msg);
                 send_final_error(c, msg);
             }
             return;
@@ -184,7 +185,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     client *c = arg;
     if (!c->closing) {
         size_t pending = evbuffer_get_length(bufferevent_get_input(c->bev));
-        log_event(0, -1, "status socket: dropped a client that sent %s within %d ms",
+        log_event(-1, "status socket: dropped a client that sent %s within %d ms",
                   pending ? "half a request" : "no request", c->server->opt.timeout_ms);
         /* Best effort: the client may not be reading, and must not hold up the loop. */
         if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
@@ -209,7 +210,7 @@ static int check_peer(int fd, char *why, size_t n) {
     if (cred.uid != geteuid()) {
         snprintf(why, n, "permission denied: uid %u is not the job's owner (uid %u)", (unsigned)cred.uid,
                  (unsigned)geteuid());
-        log_event(0, -1, "status socket: refused pid %d (uid %u): not the job's owner", (int)cred.pid,
+        log_event(-1, "status socket: refused pid %d (uid %u): not the job's owner", (int)cred.pid,
                   (unsigned)cred.uid);
         return -1;
     }
@@ -231,7 +232,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (c) c->bev = bufferevent_socket_new(s->opt.base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (c && c->bev) c->deadline = evtimer_new(s->opt.base, on_deadline, c);
     if (!c || !c->bev || !c->deadline) {
-        log_event(0, -1, "status socket: out of memory for a client");
+        log_event(-1, "status socket: out of memory for a client");
         if (c && c->bev) bufferevent_free(c->bev);
         else evutil_closesocket(fd);
         free(c);
@@ -260,7 +261,7 @@ static void on_resume_accept(evutil_socket_t fd, short what, void *arg) {
 /* accept failed (out of file descriptors, say): pause for a second instead of spinning. */
 static void on_accept_error(struct evconnlistener *l, void *arg) {
     status_server *s = arg;
-    log_event(0, -1, "status socket: accept: %s; pausing for 1 s", strerror(EVUTIL_SOCKET_ERROR()));
+    log_event(-1, "status socket: accept: %s; pausing for 1 s", strerror(EVUTIL_SOCKET_ERROR()));
     evconnlistener_disable(l);
     struct timeval second = {1, 0};
     evtimer_add(s->resume_accept, &second);
@@ -285,7 +286,7 @@ static int clear_stale(const char *path, errbuf *err) {
     if (alive) return errf(err, "%s: another process serves this status socket", path);
     if (e != ECONNREFUSED) return errf(err, "%s: %s", path, strerror(e));
     if (unlink(path) != 0 && errno != ENOENT) return errf(err, "%s: cannot remove: %s", path, strerror(errno));
-    log_event(0, -1, "status socket %s: replaced a stale one (its daemon is gone)", path);
+    log_event(-1, "status socket %s: replaced a stale one (its daemon is gone)", path);
     return 0;
 }
 
@@ -361,7 +362,7 @@ void status_server_free(status_server *s) {
     /* Only the file this server made: another daemon may have replaced it since. */
     struct stat st;
     if (lstat(s->path, &st) == 0 && st.st_dev == s->dev && st.st_ino == s->ino && unlink(s->path) != 0)
-        log_event(0, -1, "%s: cannot remove: %s", s->path, strerror(errno));
+        log_event(-1, "%s: cannot remove: %s", s->path, strerror(errno));
     free(s->job);
     free(s);
 }
@@ -369,7 +370,7 @@ void status_server_free(status_server *s) {
 /* ---- fsdpd's answers ---- */
 
 typedef struct job_binding {
-    supervisor *sup;
+    status_job_hooks hooks;
     const job_config *job;
     status_place place;
     int node;
@@ -417,7 +418,7 @@ static json_t *rank_table(const json_t *ranks, int cuda) {
 /* The last committed checkpoint (what `latest` names) and the saves being written (partial
  * directories; those of earlier runs were removed when this one started). */
 static json_t *checkpoint_table(const char *dir) {
-    char path[JOB_PATH_MAX + 64];
+    char path[PATH_BYTES];
     errbuf err;
     json_t *last = json_null(), *in_flight = json_array();
     if (ckpt_resolve(dir, JOB_RESUME_AUTO, 0, path, sizeof path, &err) == 1) {
@@ -464,7 +465,7 @@ static void add_progress(json_t *reply, const json_t *m) {
 
 static json_t *job_status(job_binding *b) {
     json_t *sup = json_object();
-    supervisor_status(b->sup, sup);
+    b->hooks.status(b->hooks.arg, sup);
     json_t *reply = json_pack("{s:{s:s, s:i, s:i, s:i}, s:O, s:O}", "job", "id", b->place.job_id, "node",
                               b->node, "restart", b->place.restart, "pid", (int)getpid(), "state",
                               json_object_get(sup, "state"), "stop_requested",
@@ -491,7 +492,7 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
     switch (cmd) {
     case STATUS_CMD_STATUS: reply = job_status(b); break;
     case STATUS_CMD_CHECKPOINT:
-        id = supervisor_request_checkpoint(b->sup, "status socket");
+        id = b->hooks.request_checkpoint(b->hooks.arg, "status socket");
         if (id == 0) {
             errf(err, "the job is not training (starting or stopping): no checkpoint to take");
             return NULL;
@@ -501,7 +502,7 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
                           "still being written");
         break;
     case STATUS_CMD_STOP:
-        id = supervisor_request_stop(b->sup, "stop requested on the status socket");
+        id = b->hooks.request_stop(b->hooks.arg, "stop requested on the status socket");
         if (id < 0) {
             errf(err, "the job is already stopping");
             return NULL;
@@ -515,11 +516,11 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
     return reply;
 }
 
-int status_server_open(status_server **out, struct event_base *base, supervisor *sup,
+int status_server_open(status_server **out, struct event_base *base, const status_job_hooks *hooks,
                        const job_config *job, int node, errbuf *err) {
     job_binding *b = calloc(1, sizeof *b);
     if (!b) return errf(err, "out of memory");
-    *b = (job_binding){.sup = sup, .job = job, .node = node};
+    *b = (job_binding){.hooks = *hooks, .job = job, .node = node};
     int rc = status_place_from_env(&b->place, err);
     if (rc == 0 && job->runtime.status_socket[0])
         snprintf(b->path, sizeof b->path, "%s", job->runtime.status_socket);
@@ -533,6 +534,6 @@ int status_server_open(status_server **out, struct event_base *base, supervisor 
         return errprefix(err, "status socket");
     }
     (*out)->job = b;
-    log_event(0, -1, "status socket %s (job %s): fsdpctl status --socket %s", b->path, b->place.job_id, b->path);
+    log_event(-1, "status socket %s (job %s): fsdpctl status --socket %s", b->path, b->place.job_id, b->path);
     return 0;
 }

@@ -19,8 +19,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "daemon/supervisor.h"
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 #include "proto/status.h"
 
@@ -45,6 +44,21 @@ int status_server_new(status_server **out, const status_server_options *opt, err
 void status_server_free(status_server *s);
 const char *status_server_path(const status_server *s);
 
+/* What fsdpd's server asks of the job it serves (the supervisor answers; the server knows
+ * nothing else of it). */
+typedef struct status_job_hooks {
+    void *arg;
+    /* Sets "state" (setup, training, stopping), "stop_requested", "ranks" ([{"rank", "pid",
+     * "running", "mem_bytes"}]), "metrics" (rank 0's last METRICS, or null), "last_error" and
+     * "fabric" as members of out. */
+    void (*status)(void *arg, json_t *out);
+    /* A checkpoint at the next step boundary: the request's id, 0 when not training. */
+    long long (*request_checkpoint)(void *arg, const char *why);
+    /* A graceful stop: the checkpoint request it waits for, 0 when it stopped at once (not
+     * training), -1 when the job is already stopping. */
+    long long (*request_stop)(void *arg, const char *why);
+} status_job_hooks;
+
 /* fsdpd's server: the socket of this job and node (runtime.status_socket, or the default
  * path of proto/status.h from the environment), logged as "status socket PATH", answering
  * from the supervisor:
@@ -58,10 +72,10 @@ const char *status_server_path(const status_server *s);
  *                "checkpoint": {"dir", "last": {"step", "path"} or null, "in_flight":
  *                [{"step", "path"}]}, "restarts", "last_error", "backend", "fabric"
  *                ("nccl" or "tcp": how the workers were connected; "none" for one worker; null before), "socket"}
- *   checkpoint  supervisor_request_checkpoint: {"request": id, "message"}
- *   stop        supervisor_request_stop: {"checkpoint_request": id or null, "message"}
+ *   checkpoint  hooks->request_checkpoint: {"request": id, "message"}
+ *   stop        hooks->request_stop: {"checkpoint_request": id or null, "message"}
  * job (the supervisor's resolved copy) must outlive the server. */
-int status_server_open(status_server **out, struct event_base *base, supervisor *sup,
+int status_server_open(status_server **out, struct event_base *base, const status_job_hooks *hooks,
                        const job_config *job, int node, errbuf *err);
 
 #endif

@@ -18,12 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
 #include "daemon/ckpt_commit.h"
+#include "daemon/cluster.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/status_server.h"
-#include "proto/ctl.h"
-#include "worker/comm.h"
+#include "proto/msg.h"
 
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
@@ -35,13 +37,13 @@ typedef struct worker {
     int rank;
     pid_t pid;
     struct bufferevent *bev; /* NULL once the connection is closed */
-    ctl_decoder dec;
+    msg_decoder dec;
     int exited, status;      /* from waitpid */
     int finished;            /* exited and connection closed: judged */
     int ready;
     int reported;            /* sent FATAL: its exit status is the consequence, not the cause */
     int killed;              /* fsdpd sent it SIGKILL */
-    char addr[COMM_ADDR_MAX];
+    char addr[MSG_ADDR_MAX];
     double last_seen;
     long long mem_bytes;     /* its context memory, from its heartbeats (-1: not reported) */
 } worker;
@@ -52,7 +54,6 @@ struct supervisor {
     ckpt_start ckpt_start;
     int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
-    long request_at_step; /* test hook: request a checkpoint at this step (0: never) */
     struct event_base *base;
     worker *workers;
     int n_finished, n_addr, n_ready;
@@ -60,26 +61,22 @@ struct supervisor {
                          * lone worker; NULL before */
     phase phase;
     int failed;
-    int reason_reported; /* the reason came from a worker's FATAL */
+    int reason_reported;  /* the reason came from a worker's FATAL */
+    int reason_permanent; /* and no restart can cure it */
     errbuf reason;
+    double grace_at;      /* when the grace timer fires (0: not armed) */
     int sigint_count;
-    char secret_hex[2 * COMM_SECRET_BYTES + 1];
-    char *job_json;
     FILE *metrics;
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
     long long stop_request; /* a graceful stop waits for this checkpoint request (0: none) */
     long long stop_step;    /* and for the commit of this step's save, which serves it */
+    int stop_sync;          /* the workers save at once and stop by themselves (SIGTERM) */
+    int stop_settled;       /* the stop's save is committed or given up */
     char stop_why[256];
     int signalled; /* the signal that stopped the job, 0 when none */
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- stopping ---- */
 
@@ -91,59 +88,79 @@ static void kill_all(supervisor *s) {
         }
 }
 
-static void send_msg(worker *w, ctl_type type, json_t *body);
+static void send_msg(worker *w, const msg *m);
+static long long request_checkpoint(supervisor *s, const char *why);
+static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
 
 /* A failed job's survivors get at most this long before SIGKILL: nothing they could still
  * do commits (a checkpoint needs every rank), and a rank waiting in an NCCL collective for
  * the dead one cannot read STOP before its comm timeout (runtime.comm_timeout_s). */
 #define FAILURE_GRACE_S 2
 
+/* Arms the grace timer to fire in `seconds`, unless it already fires as soon: a failure seen
+ * again (a stalled rank, at every heartbeat check) must not push the kill back forever. */
+static void arm_grace(supervisor *s, int seconds) {
+    double at = clock_now_s() + seconds;
+    if (s->grace_at > 0 && s->grace_at <= at) return;
+    s->grace_at = at;
+    struct timeval grace = {seconds, 0};
+    evtimer_add(s->grace, &grace);
+}
+
 /* Sends STOP to every worker still running and gives them stop_grace_s to exit (after a
  * failure, FAILURE_GRACE_S at most). */
 static void begin_stop(supervisor *s, const char *reason) {
+    int grace_s = s->job.runtime.stop_grace_s;
+    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
     if (s->phase == PHASE_STOPPING) {
-        if (s->failed && s->job.runtime.stop_grace_s > FAILURE_GRACE_S) {
-            struct timeval shorter = {FAILURE_GRACE_S, 0}; /* a failure during a graceful stop */
-            evtimer_add(s->grace, &shorter);
-        }
+        if (s->failed) arm_grace(s, grace_s); /* a failure during a graceful stop: sooner */
         return;
     }
     s->phase = PHASE_STOPPING;
-    log_event(0, -1, "stopping the workers: %s", reason);
+    log_event(-1, "stopping the workers: %s", reason);
+    msg stop = {.type = MSG_STOP};
+    snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     for (int r = 0; r < s->opt->workers; r++)
-        if (!s->workers[r].exited) send_msg(&s->workers[r], CTL_STOP, json_pack("{s:s}", "reason", reason));
-    int grace_s = s->job.runtime.stop_grace_s;
-    if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
-    struct timeval grace = {grace_s, 0};
-    evtimer_add(s->grace, &grace);
+        if (!s->workers[r].exited) send_msg(&s->workers[r], &stop);
+    arm_grace(s, grace_s);
 }
+
+typedef enum failure_kind {
+    FAILURE_REPORTED,     /* a worker's FATAL, or fsdpd's own finding */
+    FAILURE_SILENT_DEATH, /* a worker died without a word */
+    FAILURE_PERMANENT,    /* a worker's FATAL that no restart can cure (loading, validating) */
+} failure_kind;
 
 /* Records a failure and stops the others.  The first one is the job's reason, except that
  * a worker dying without a word (a crash, a kill, an exit without FATAL) outranks a FATAL
  * report: the reports that follow such a death are usually its consequence ("rank 0 closed
  * the connection"), and may arrive before the death is noticed. */
-static void record_failure(supervisor *s, int silent_death, const char *fmt, ...)
+static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void record_failure(supervisor *s, int silent_death, const char *fmt, ...) {
+static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ...) {
     char msg[sizeof s->reason.msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    log_event(0, -1, "%s", msg);
+    log_event(-1, "%s", msg);
+    int silent_death = kind == FAILURE_SILENT_DEATH;
     if (!s->failed || (silent_death && s->reason_reported)) {
         s->failed = 1;
         s->reason_reported = !silent_death;
+        s->reason_permanent = kind == FAILURE_PERMANENT;
         errf(&s->reason, "%s", msg);
     }
+    if (multi_node(s)) cluster_fail(s->opt->cluster, msg); /* the leader stops every node */
     begin_stop(s, msg);
 }
-#define fail(s, ...) record_failure(s, 0, __VA_ARGS__)
+#define fail(s, ...) record_failure(s, FAILURE_REPORTED, __VA_ARGS__)
 
 static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
-    log_event(0, -1, "workers still running after the grace of their stop: killing them");
+    s->grace_at = 0;
+    log_event(-1, "workers still running after the grace of their stop: killing them");
     kill_all(s);
 }
 
@@ -152,6 +169,11 @@ static void on_grace_expired(evutil_socket_t fd, short what, void *arg) {
 static void close_connection(worker *w) {
     if (w->bev) bufferevent_free(w->bev);
     w->bev = NULL;
+}
+
+/* A worker's death: news unless it said why (FATAL) before. */
+static failure_kind death_kind(const worker *w) {
+    return w->reported ? FAILURE_REPORTED : FAILURE_SILENT_DEATH;
 }
 
 /* A worker is judged once it has exited and its connection is drained, so a FATAL sent
@@ -165,135 +187,169 @@ static void maybe_finish(worker *w) {
         /* A signal fsdpd did not send is a failure, even while stopping: it may be the cause
          * of failures reported before it was noticed.  fsdpd's own SIGKILL is no news. */
         if (!w->killed)
-            record_failure(s, !w->reported, "rank %d was killed by signal %d (%s)", w->rank,
+            record_failure(s, death_kind(w), "rank %d was killed by signal %d (%s)", w->rank,
                            WTERMSIG(w->status), strsignal(WTERMSIG(w->status)));
         else
-            log_event(0, w->rank, "killed by signal %d", WTERMSIG(w->status));
+            log_event(w->rank, "killed by signal %d", WTERMSIG(w->status));
     } else if (WEXITSTATUS(w->status) != 0) {
-        record_failure(s, !w->reported, "rank %d exited with status %d", w->rank,
+        record_failure(s, death_kind(w), "rank %d exited with status %d", w->rank,
                        WEXITSTATUS(w->status));
     } else {
-        log_event(0, w->rank, "exited");
+        log_event(w->rank, "exited");
     }
-    if (s->n_finished == s->opt->workers) event_base_loopbreak(s->base);
+    /* The leader's loop also waits for every other node's report; the cluster ends it. */
+    if (s->n_finished == s->opt->workers && cluster_done(s->opt->cluster)) event_base_loopbreak(s->base);
 }
 
-static void send_raw(worker *w, ctl_type type, const void *body, size_t len) {
-    uint8_t header[CTL_HEADER_SIZE];
+static void send_msg(worker *w, const msg *m) {
+    uint8_t *frame;
+    size_t len;
     errbuf err;
-    if (w->bev && ctl_encode_header(header, type, len, &err) == 0) {
-        bufferevent_write(w->bev, header, sizeof header);
-        bufferevent_write(w->bev, body, len);
-    }
-}
-
-static void send_msg(worker *w, ctl_type type, json_t *body) {
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    if (!text) {
-        fail(w->sup, "rank %d: out of memory encoding %s", w->rank, ctl_type_name(type));
+    if (!w->bev) return;
+    if (msg_encode(m, &frame, &len, &err)) {
+        fail(w->sup, "rank %d: %s", w->rank, err.msg);
         return;
     }
-    send_raw(w, type, text, strlen(text));
-    free(text);
+    bufferevent_write(w->bev, frame, len);
+    free(frame);
 }
 
-/* Global rank 0 made the NCCL unique id: every rank (itself included) gets it. */
-static void relay_nccl_id(supervisor *s, worker *from, const ctl_msg *msg) {
-    if (from->rank != 0 || msg->len == 0) {
-        fail(s, "rank %d sent an unexpected NCCL_ID message", from->rank);
-        return;
-    }
-    for (int r = 0; r < s->opt->workers; r++) send_raw(&s->workers[r], CTL_NCCL_ID, msg->body, msg->len);
+/* The NCCL unique id of global rank 0: every local rank (that one included) gets it. */
+static void send_nccl_id(void *arg, const msg *id) {
+    supervisor *s = arg;
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], id);
     s->fabric = "nccl";
 }
 
-static void broadcast_peers(supervisor *s) {
-    json_t *addrs = json_array();
-    for (int r = 0; r < s->opt->workers; r++) json_array_append_new(addrs, json_string(s->workers[r].addr));
-    s->fabric = "tcp";
-    for (int r = 0; r < s->opt->workers; r++)
-        send_msg(&s->workers[r], CTL_PEERS, json_pack("{s:O}", "addrs", addrs));
-    json_decref(addrs);
+static void relay_nccl_id(supervisor *s, worker *from, const msg *id) {
+    if (from->rank != 0) {
+        fail(s, "rank %d sent an unexpected NCCL_ID message", from->rank);
+        return;
+    }
+    if (multi_node(s)) cluster_relay_nccl_id(s->opt->cluster, id); /* every node's daemon */
+    else send_nccl_id(s, id);
 }
 
-static void on_metrics(supervisor *s, worker *w, json_t *m) {
-    long step = (long)json_integer_value(json_object_get(m, "step"));
-    if (s->request_at_step && step >= s->request_at_step) {
-        s->request_at_step = 0;
-        supervisor_request_checkpoint(s, "FSDP_TEST_CKPT_REQUEST_AT");
+/* Every rank's address (the whole job's rank table) to the local workers. */
+static void send_peers(void *arg, const msg_peers *table) {
+    supervisor *s = arg;
+    msg peers = {.type = MSG_PEERS, .u.peers = *table};
+    s->fabric = "tcp";
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &peers);
+}
+
+/* Every local worker has its address: the rank table, of this node or of every node. */
+static void collect_addrs(supervisor *s) {
+    char (*addrs)[MSG_ADDR_MAX] = calloc((size_t)s->opt->workers, sizeof *addrs);
+    if (!addrs) {
+        fail(s, "out of memory for the rank table");
+        return;
     }
-    long total = (long)json_integer_value(json_object_get(m, "total_steps"));
-    double loss = json_number_value(json_object_get(m, "loss"));
-    double lr = json_number_value(json_object_get(m, "lr"));
-    double norm = json_number_value(json_object_get(m, "grad_norm"));
-    double tokens = json_number_value(json_object_get(m, "tokens"));
-    double secs = json_number_value(json_object_get(m, "seconds"));
-    printf("step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", step, total, loss,
-           lr, norm, secs > 0 ? tokens / secs : 0.0);
+    for (int r = 0; r < s->opt->workers; r++) strcpy(addrs[r], s->workers[r].addr);
+    msg_peers local = {.n = s->opt->workers, .addrs = addrs};
+    if (multi_node(s)) cluster_addrs(s->opt->cluster, &local);
+    else send_peers(s, &local);
+    free(addrs);
+}
+
+/* Prints the step and appends the metrics line: the METRICS message, its rank and the time. */
+static void on_metrics(supervisor *s, worker *w, const msg *m) {
+    const msg_metrics *x = &m->u.metrics;
+    const fault *request = fault_get(FAULT_CKPT_REQUEST, -1);
+    if (request && x->step >= request->n && fault_once(request)) request_checkpoint(s, "fault ckpt_request");
+    printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", (long long)x->step,
+           (long long)x->total_steps, x->loss, x->lr, x->grad_norm,
+           x->seconds > 0 ? (double)x->tokens / x->seconds : 0.0);
     fflush(stdout);
     if (!s->metrics) return;
-    json_object_set_new(m, "rank", json_integer(w->rank));
-    json_object_set_new(m, "time", json_real((double)time(NULL)));
-    char *line = json_dumps(m, JSON_COMPACT);
-    if (!line || fprintf(s->metrics, "%s\n", line) < 0 || fflush(s->metrics) != 0)
-        log_event(0, -1, "cannot append to the metrics file: %s", strerror(errno));
-    free(line);
+    errbuf err;
+    json_t *line = msg_to_json(m, &err);
+    char *text = NULL;
+    if (line && !json_object_set_new(line, "rank", json_integer(w->rank)) &&
+        !json_object_set_new(line, "time", json_real((double)time(NULL))))
+        text = json_dumps(line, JSON_COMPACT);
+    if (!text || fprintf(s->metrics, "%s\n", text) < 0 || fflush(s->metrics) != 0)
+        log_event(-1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
+    free(text);
+    json_decref(line);
 }
 
 /* ---- checkpoints ---- */
 
-static void ckpt_send(void *arg, int rank, ctl_type type, json_t *body) {
+static void ckpt_send(void *arg, int rank, const msg *m) {
     supervisor *s = arg;
-    send_msg(&s->workers[rank], type, body);
+    send_msg(&s->workers[rank], m);
 }
 
 static void ckpt_fatal(void *arg, const char *reason) {
     fail((supervisor *)arg, "%s", reason);
 }
 
-long long supervisor_request_checkpoint(supervisor *s, const char *why) {
+static long long request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
-    return ckpt_coord_request(s->ckpt, why);
+    if (multi_node(s)) {
+        log_event(-1, "%s: a checkpoint across nodes is not built yet (F21): none taken", why);
+        return 0;
+    }
+    return ckpt_coord_request(s->ckpt, why, 0);
 }
 
 /* ---- graceful stop and status ---- */
 
-long long supervisor_request_stop(supervisor *s, const char *why) {
+/* A stop after a checkpoint.  sync: the workers save synchronously after the step they are in
+ * and stop by themselves (SIGTERM: no step after the save, nothing left to write); else they
+ * save at the next step where no save is being written, train on, and get STOP once the
+ * commit is over.  A synchronous stop replaces a pending plain one. */
+static long long request_stop(supervisor *s, const char *why, int sync) {
     if (s->phase == PHASE_STOPPING) return -1;
-    if (s->stop_request) return s->stop_request;
-    long long id = supervisor_request_checkpoint(s, why);
-    if (id == 0) {
+    if (s->stop_request && (s->stop_sync || !sync)) return s->stop_request;
+    if (s->phase != PHASE_TRAINING || multi_node(s)) { /* across nodes no checkpoint yet (F21) */
         begin_stop(s, why);
         return 0;
     }
+    long long id = ckpt_coord_request(s->ckpt, why, sync);
     s->stop_request = id;
+    s->stop_step = 0;
+    s->stop_sync = sync;
     snprintf(s->stop_why, sizeof s->stop_why, "%s", why);
-    log_event(0, -1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
+    log_event(-1, "%s: the workers stop once checkpoint request %lld is committed", why, id);
     return id;
+}
+
+/* ---- the status socket's hooks ---- */
+
+static long long status_request_checkpoint(void *arg, const char *why) {
+    return request_checkpoint(arg, why);
+}
+
+/* A graceful stop: the workers save, train on, and get STOP once the commit is over. */
+static long long status_request_stop(void *arg, const char *why) {
+    return request_stop(arg, why, 0);
 }
 
 /* Kept for the status socket; a save that serves the stop's request names the step whose
  * commit the stop waits for. */
-static void note_rank0_metrics(supervisor *s, json_t *m) {
+static void note_rank0_metrics(supervisor *s, const msg *m) {
+    errbuf err;
     json_decref(s->last_metrics);
-    s->last_metrics = json_incref(m);
-    const json_t *ck = json_object_get(m, "checkpoint");
-    const char *mode = json_string_value(json_object_get(ck, "mode"));
-    if (s->stop_request && !s->stop_step && mode && strcmp(mode, "skipped") != 0 &&
-        json_integer_value(json_object_get(ck, "request")) >= s->stop_request)
-        s->stop_step = (long long)json_integer_value(json_object_get(ck, "step"));
+    s->last_metrics = msg_to_json(m, &err);
+    const msg_metrics *x = &m->u.metrics;
+    if (s->stop_request && !s->stop_step && x->has_checkpoint && strcmp(x->checkpoint.mode, "skipped") != 0 &&
+        x->checkpoint.request >= s->stop_request)
+        s->stop_step = x->checkpoint.step;
 }
 
 static void ckpt_settled(void *arg, long long step, int committed) {
     supervisor *s = arg;
     if (!s->stop_step || step != s->stop_step) return;
-    log_event(0, -1, "checkpoint of step %lld %s: stopping", step,
+    s->stop_settled = 1;
+    log_event(-1, "checkpoint of step %lld %s: stopping", step,
               committed ? "committed" : "not committed (latest is the one before)");
     begin_stop(s, s->stop_why);
 }
 
-void supervisor_status(const supervisor *s, json_t *out) {
+static void status_of(void *arg, json_t *out) {
+    const supervisor *s = arg;
     static const char *const phases[] = {[PHASE_SETUP] = "setup", [PHASE_TRAINING] = "training",
                                          [PHASE_STOPPING] = "stopping"};
     json_t *ranks = json_array();
@@ -312,70 +368,82 @@ void supervisor_status(const supervisor *s, json_t *out) {
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
 }
 
-static void handle_message(worker *w, const ctl_msg *msg) {
+/* CONFIG: the worker's place, the resolved job and the model's config. */
+static void send_config(supervisor *s, worker *w) {
+    static msg m; /* one job config at a time, from the event loop */
+    memset(&m, 0, sizeof m);
+    m.type = MSG_CONFIG;
+    msg_config *c = &m.u.config;
+    *c = (msg_config){.rank = w->rank, .world = s->opt->workers * cluster_nodes(s->opt->cluster),
+                      .local_rank = (int)(w - s->workers), .node = cluster_node(s->opt->cluster),
+                      .job = s->job, .model = s->ckpt_start.model, .ckpt_attempt = s->ckpt_start.attempt,
+                      .model_fd = s->model_fd >= 0 ? WORKER_MODEL_FD : -1};
+    snprintf(c->bind_host, sizeof c->bind_host, "%s", cluster_host(s->opt->cluster));
+    strcpy(c->secret, cluster_secret_hex(s->opt->cluster));
+    strcpy(c->resume_dir, s->ckpt_start.resume_dir);
+    send_msg(w, &m);
+}
+
+static void start_training(void *arg) {
+    supervisor *s = arg;
+    if (s->phase != PHASE_SETUP) return;
+    s->phase = PHASE_TRAINING;
+    log_event(-1, "all %d workers ready: training", s->opt->workers * cluster_nodes(s->opt->cluster));
+    msg start = {.type = MSG_START};
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &start);
+}
+
+/* Another node failed, or the link to it: this node stops too. */
+static void cluster_stopped(void *arg, const char *reason) {
+    fail((supervisor *)arg, "%s", reason);
+}
+
+static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
+    if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
+    if (!h->ready || w->ready) return;
+    w->ready = 1;
+    if (++s->n_ready < s->opt->workers || s->phase != PHASE_SETUP) return;
+    if (multi_node(s)) cluster_ready(s->opt->cluster); /* the leader starts every node */
+    else start_training(s);
+}
+
+static void handle_message(worker *w, const msg_frame *frame) {
     supervisor *s = w->sup;
-    json_t *body = NULL;
+    static msg m;
     errbuf err;
-    if (msg->type == CTL_NCCL_ID) { /* the one message whose body is raw bytes */
-        relay_nccl_id(s, w, msg);
+    if (msg_decode(frame, &m, &err)) {
+        fail(s, "rank %d: bad message: %s", w->rank, err.msg);
         return;
     }
-    if (ctl_msg_json(msg, &body, &err)) {
-        fail(s, "rank %d: bad %s message: %s", w->rank, ctl_type_name(msg->type), err.msg);
-        return;
-    }
-    switch (msg->type) {
-    case CTL_HELLO:
-        send_msg(w, CTL_CONFIG,
-                 json_pack("{s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:s, s:i}", "rank", w->rank, "world",
-                           s->opt->workers, "local_rank", w->rank, "node", 0, "bind_host",
-                           s->opt->bind_host, "secret", s->secret_hex, "job", s->job_json,
-                           "ckpt_attempt", s->ckpt_start.attempt, "resume_dir",
-                           s->ckpt_start.resume_dir, "model_fd",
-                           s->model_fd >= 0 ? WORKER_MODEL_FD : -1));
-        break;
-    case CTL_ADDR: {
-        const char *addr = json_string_value(json_object_get(body, "addr"));
-        if (!addr || strlen(addr) >= sizeof w->addr || w->addr[0]) {
-            fail(s, "rank %d: bad ADDR message", w->rank);
+    switch (m.type) {
+    case MSG_HELLO: send_config(s, w); break;
+    case MSG_NCCL_ID: relay_nccl_id(s, w, &m); break;
+    case MSG_ADDR:
+        if (w->addr[0]) {
+            fail(s, "rank %d sent a second ADDR message", w->rank);
             break;
         }
-        strcpy(w->addr, addr);
-        if (++s->n_addr == s->opt->workers) broadcast_peers(s);
+        strcpy(w->addr, m.u.addr.addr);
+        if (++s->n_addr == s->opt->workers) collect_addrs(s);
         break;
-    }
-    case CTL_HEARTBEAT:
-        if (json_is_integer(json_object_get(body, "mem_bytes")))
-            w->mem_bytes = (long long)json_integer_value(json_object_get(body, "mem_bytes"));
-        if (json_is_true(json_object_get(body, "ready")) && !w->ready) {
-            w->ready = 1;
-            if (++s->n_ready == s->opt->workers && s->phase == PHASE_SETUP) {
-                s->phase = PHASE_TRAINING;
-                log_event(0, -1, "all %d workers ready: training", s->opt->workers);
-                for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], CTL_START, json_object());
-            }
-        }
-        break;
-    case CTL_METRICS:
+    case MSG_HEARTBEAT: on_heartbeat(s, w, &m.u.heartbeat); break;
+    case MSG_METRICS:
         if (w->rank == 0) {
-            ckpt_coord_on_metrics(s->ckpt, body);
-            note_rank0_metrics(s, body);
+            ckpt_coord_on_metrics(s->ckpt, &m.u.metrics);
+            note_rank0_metrics(s, &m);
         }
-        on_metrics(s, w, body);
+        on_metrics(s, w, &m);
         break;
-    case CTL_CKPT_DONE:
-        ckpt_coord_on_done(s->ckpt, w->rank, body);
-        break;
-    case CTL_FATAL: {
-        const char *what = json_string_value(json_object_get(body, "message"));
+    case MSG_CKPT_DONE: ckpt_coord_on_done(s->ckpt, w->rank, &m.u.ckpt_done); break;
+    case MSG_FATAL:
         w->reported = 1;
-        fail(s, "rank %d failed: %s", w->rank, what ? what : "(no message)");
+        record_failure(s, m.u.fatal.permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "rank %d failed: %s",
+                       w->rank, m.u.fatal.message);
         break;
-    }
     default:
-        fail(s, "rank %d sent an unexpected %s message", w->rank, ctl_type_name(msg->type));
+        fail(s, "rank %d sent an unexpected %s message", w->rank, msg_type_name(m.type));
     }
-    json_decref(body);
+    msg_free(&m);
 }
 
 static void on_readable(struct bufferevent *bev, void *arg) {
@@ -384,20 +452,20 @@ static void on_readable(struct bufferevent *bev, void *arg) {
     unsigned char chunk[65536];
     errbuf err;
     int n;
-    w->last_seen = now_s();
+    w->last_seen = clock_now_s();
     while ((n = evbuffer_remove(in, chunk, sizeof chunk)) > 0) {
-        if (ctl_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
+        if (msg_decoder_feed(&w->dec, chunk, (size_t)n, &err)) {
             fail(w->sup, "rank %d: %s", w->rank, err.msg);
             close_connection(w);
             maybe_finish(w);
             return;
         }
     }
-    ctl_msg msg;
+    msg_frame frame;
     int got = 0;
-    while (w->bev && (got = ctl_decoder_next(&w->dec, &msg, &err)) == 1) {
-        handle_message(w, &msg);
-        ctl_msg_free(&msg);
+    while (w->bev && (got = msg_decoder_next(&w->dec, &frame, &err)) == 1) {
+        handle_message(w, &frame);
+        msg_frame_free(&frame);
     }
     if (w->bev && got < 0) {
         fail(w->sup, "rank %d: protocol error: %s", w->rank, err.msg);
@@ -412,8 +480,8 @@ static void on_connection_event(struct bufferevent *bev, short events, void *arg
     if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
     on_readable(w->bev, w);
     if (!w->bev) return;
-    if (ctl_decoder_buffered(&w->dec))
-        log_event(0, w->rank, "connection closed in the middle of a message");
+    if (msg_decoder_buffered(&w->dec))
+        log_event(w->rank, "connection closed in the middle of a message");
     close_connection(w);
     maybe_finish(w);
 }
@@ -450,9 +518,9 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     }
     close(sv[1]);
     w->pid = pid;
-    w->last_seen = now_s();
+    w->last_seen = clock_now_s();
     w->mem_bytes = -1;
-    ctl_decoder_init(&w->dec);
+    msg_decoder_init(&w->dec);
     evutil_make_socket_nonblocking(sv[0]);
     w->bev = bufferevent_socket_new(s->base, sv[0], BEV_OPT_CLOSE_ON_FREE);
     if (!w->bev) {
@@ -461,7 +529,7 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     }
     bufferevent_setcb(w->bev, on_readable, NULL, on_connection_event, w);
     bufferevent_enable(w->bev, EV_READ | EV_WRITE);
-    log_event(0, w->rank, "started, pid %d", (int)pid);
+    log_event(w->rank, "started, pid %d", (int)pid);
     return 0;
 }
 
@@ -483,47 +551,65 @@ static void on_sigchld(evutil_socket_t sig, short what, void *arg) {
     }
 }
 
-static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
-    (void)what;
+/* SIGINT: a stop (STOP, then SIGKILL after stop_grace_s); a second one: SIGKILL now. */
+static void on_sigint(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
     supervisor *s = arg;
-    if (sig == SIGINT && ++s->sigint_count >= 2) {
-        log_event(0, -1, "second SIGINT: stopping at once");
+    if (++s->sigint_count >= 2) {
+        log_event(-1, "second SIGINT: stopping at once");
         kill_all(s);
         return;
     }
-    if (!s->signalled) s->signalled = (int)sig;
-    if (sig == SIGTERM && s->phase == PHASE_TRAINING && !s->stop_request) {
-        /* Preemption (DESIGN.md, Signals and SLURM): a checkpoint if it commits within
-         * stop_grace_s, then stop; past that, stop without it. */
-        log_event(0, -1, "SIGTERM: checkpointing, then stopping (at most %d s)", s->job.runtime.stop_grace_s);
-        supervisor_request_stop(s, "SIGTERM");
-        struct timeval grace = {s->job.runtime.stop_grace_s, 0};
-        evtimer_add(s->term_deadline, &grace);
+    if (!s->signalled) s->signalled = SIGINT;
+    begin_stop(s, "SIGINT");
+}
+
+/* SIGTERM (preemption, DESIGN.md: Signals and SLURM): a synchronous checkpoint of the step in
+ * progress, then stop; whatever is still running runtime.stop_grace_s after it is killed (SLURM's
+ * GraceTime ends in SIGKILL anyway).  A SIGTERM again changes nothing: the commit goes on. */
+static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    supervisor *s = arg;
+    if (s->signalled == SIGTERM) {
+        log_event(-1, "SIGTERM again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)",
+                  s->job.runtime.stop_grace_s);
         return;
     }
-    fail(s, "stopped by signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (!s->signalled) s->signalled = SIGTERM;
+    struct timeval grace = {s->job.runtime.stop_grace_s, 0};
+    evtimer_add(s->term_deadline, &grace);
+    if (s->phase == PHASE_TRAINING) {
+        log_event(-1, "SIGTERM: a synchronous checkpoint, then stopping (at most %d s)",
+                  s->job.runtime.stop_grace_s);
+        request_stop(s, "SIGTERM", 1);
+        return;
+    }
+    begin_stop(s, "SIGTERM");
 }
 
 static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
-    begin_stop(s, "SIGTERM: the checkpoint did not commit within runtime.stop_grace_s");
+    int unsaved = s->stop_request && !s->stop_settled;
+    log_event(-1, "SIGTERM: runtime.stop_grace_s = %d s are over%s: killing the workers",
+              s->job.runtime.stop_grace_s, unsaved ? " before the checkpoint committed" : "");
+    kill_all(s);
 }
 
 /* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now; training goes on. */
 static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
-    long long id = supervisor_request_checkpoint(s, "SIGUSR1");
-    if (id > 0) log_event(0, -1, "SIGUSR1: checkpoint requested (request %lld)", id);
-    else log_event(0, -1, "SIGUSR1: not training yet, no checkpoint to take");
+    long long id = request_checkpoint(s, "SIGUSR1");
+    if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
+    else log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
     int hb = s->job.runtime.heartbeat_s;
-    double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = now_s();
+    double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = clock_now_s();
     for (int r = 0; r < s->opt->workers; r++) {
         worker *w = &s->workers[r];
         if (!w->exited && w->bev && now - w->last_seen > limit)
@@ -532,14 +618,6 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
 }
 
 /* ---- set-up and tear-down ---- */
-
-static int make_secret(supervisor *s, errbuf *err) {
-    unsigned char secret[COMM_SECRET_BYTES];
-    if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
-        return errf(err, "getrandom: %s", strerror(errno));
-    for (int i = 0; i < COMM_SECRET_BYTES; i++) sprintf(s->secret_hex + 2 * i, "%02x", secret[i]);
-    return 0;
-}
 
 static int open_metrics(supervisor *s, errbuf *err) {
     const char *path = s->job.runtime.metrics;
@@ -552,8 +630,8 @@ static int setup_events(supervisor *s, errbuf *err) {
     s->base = event_base_new();
     if (!s->base) return errf(err, "cannot create the event loop");
     s->sigchld = evsignal_new(s->base, SIGCHLD, on_sigchld, s);
-    s->sigint = evsignal_new(s->base, SIGINT, on_stop_signal, s);
-    s->sigterm = evsignal_new(s->base, SIGTERM, on_stop_signal, s);
+    s->sigint = evsignal_new(s->base, SIGINT, on_sigint, s);
+    s->sigterm = evsignal_new(s->base, SIGTERM, on_sigterm, s);
     s->sigusr1 = evsignal_new(s->base, SIGUSR1, on_checkpoint_signal, s);
     s->term_deadline = evtimer_new(s->base, on_term_deadline, s);
     s->grace = evtimer_new(s->base, on_grace_expired, s);
@@ -574,8 +652,9 @@ static void teardown(supervisor *s) {
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {
         close_connection(&s->workers[r]);
-        ctl_decoder_free(&s->workers[r].dec);
+        msg_decoder_free(&s->workers[r].dec);
     }
+    cluster_detach(s->opt->cluster);
     struct event *events[] = {s->sigchld, s->sigint,        s->sigterm,  s->sigusr1,
                               s->term_deadline, s->grace, s->heartbeat};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
@@ -584,19 +663,19 @@ static void teardown(supervisor *s) {
     if (s->metrics) fclose(s->metrics);
     if (s->model_fd >= 0) close(s->model_fd);
     free(s->workers);
-    free(s->job_json);
 }
 
 /* The checkpoint directory, the resume, and the coordinator. */
 static int setup_checkpoints(supervisor *s, errbuf *err) {
-    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_validate(&s->job, s->opt->workers, err))
+    /* A resume takes global_batch from the checkpoint: grad_accum follows it. */
+    int world = s->opt->workers * cluster_nodes(s->opt->cluster);
+    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_resolve(&s->job, world, err) ||
+        job_validate(&s->job, world, err))
         return -1;
     ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config, .base = s->base,
                                .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal,
                                          .settled = ckpt_settled}};
-    const char *at = getenv("FSDP_TEST_CKPT_REQUEST_AT");
-    s->request_at_step = at ? atol(at) : 0;
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 
@@ -607,39 +686,40 @@ static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
     if (s->ckpt_start.resume_dir[0]) return 0;
     const job_config *j = &s->job;
-    llama_config cfg;
     llama_layout lo;
-    if (llama_config_load(&cfg, j->model.init == JOB_INIT_RANDOM ? j->model.config : j->model.path, err) ||
-        llama_layout_init(&lo, &cfg, err))
-        return -1;
+    if (llama_layout_init(&lo, &s->ckpt_start.model, err)) return -1;
     const char *job_id = getenv("SLURM_JOB_ID"), *restart = getenv("SLURM_RESTART_COUNT");
     char name[128];
-    if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n0", job_id, restart ? restart : "0");
-    else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n0", (int)getpid());
+    int node = cluster_node(s->opt->cluster);
+    if (job_id) snprintf(name, sizeof name, "fsdpd-model-%s-r%s-n%d", job_id, restart ? restart : "0", node);
+    else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n%d", (int)getpid(), node);
     size_t bytes;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
     llama_layout_free(&lo);
     if (rc) return errprefix(err, "loading the model");
-    log_event(0, -1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
-              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, now_s() - t0);
+    log_event(-1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
+              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, clock_now_s() - t0);
     return 0;
 }
 
 int supervisor_run(const supervisor_options *opt, errbuf *err) {
     supervisor s = {.opt = opt, .job = *opt->job, .model_fd = -1,
-                    .fabric = opt->workers == 1 ? "none" : NULL};
+                    .fabric = opt->workers * cluster_nodes(opt->cluster) == 1 ? "none" : NULL};
     s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
     int rc = s.workers ? 0 : errf(err, "out of memory");
-    if (rc == 0) rc = make_secret(&s, err);
+    cluster_hooks links = {.arg = &s, .peers = send_peers, .nccl_id = send_nccl_id, .start = start_training,
+                           .stop = cluster_stopped};
     if (rc == 0) rc = setup_events(&s, err);
-    if (rc == 0) rc = status_server_open(&s.status, s.base, &s, &s.job, 0, err);
+    if (rc == 0) rc = cluster_attach(opt->cluster, s.base, &links, err);
+    status_job_hooks hooks = {.arg = &s, .status = status_of, .request_checkpoint = status_request_checkpoint,
+                              .request_stop = status_request_stop};
+    if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
-    if (rc == 0) rc = job_to_json(&s.job, &s.job_json, err);
     if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {
-        s.workers[r] = (worker){.sup = &s, .rank = r};
+        s.workers[r] = (worker){.sup = &s, .rank = cluster_node(opt->cluster) * opt->workers + r};
         rc = spawn_worker(&s, &s.workers[r], err);
         if (rc) {
             fail(&s, "cannot start rank %d: %s", r, err->msg);
@@ -649,13 +729,18 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
             break;
         }
     }
+    /* Nothing before the workers (the job, the checkpoint to resume, the model, the metrics
+     * file) gets better by trying again. */
+    if (rc) rc = SUPERVISOR_FAILED_PERMANENTLY;
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
     int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
     if (rc == 0 && s.signalled) {
         errf(err, "stopped by signal %s", s.signalled == SIGINT ? "SIGINT" : "SIGTERM");
-        rc = 1;
-    } else if (rc == 0 && s.failed) rc = errf(err, "%s", s.reason.msg);
-    else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
+        rc = SUPERVISOR_SIGNALLED;
+    } else if (rc == 0 && s.failed) {
+        errf(err, "%s", s.reason.msg);
+        rc = s.reason_permanent ? SUPERVISOR_FAILED_PERMANENTLY : SUPERVISOR_FAILED;
+    } else if (rc == 0 && unfinished) rc = errf(err, "the final checkpoint was not committed");
     teardown(&s);
     return rc;
 }

@@ -5,8 +5,9 @@
  * are ready), TRAINING (METRICS, HEARTBEAT), STOPPING (STOP sent, then SIGKILL after
  * runtime.stop_grace_s).  The job ends when every worker has exited.  It succeeded when
  * each exited with status 0 and nothing failed; the first failure (a worker's FATAL, a
- * non-zero exit or a death by signal, missed heartbeats, a signal to fsdpd) stops the
- * others and is the reason fsdpd gives.
+ * non-zero exit or a death by signal, missed heartbeats) stops the others and is the reason
+ * fsdpd gives.  The grace of a stop is armed once: a failure seen again (a stalled rank, at
+ * every heartbeat check) may bring the SIGKILL closer, never push it back.
  *
  * Checkpoints (daemon/ckpt_commit.h): before spawning, checkpoint.dir is prepared and the
  * checkpoint to resume from (checkpoint.resume) is found and checked — a bad one stops the
@@ -14,47 +15,43 @@
  * training the coordinator commits the workers' saves.  A job whose workers all exited 0
  * still fails when its final checkpoint did not commit.
  *
- * Test-only hook: FSDP_TEST_CKPT_REQUEST_AT=STEP requests a checkpoint (as SIGUSR1 or the
+ * Fault point ckpt_request=STEP (base/fault.h) requests a checkpoint (as SIGUSR1 or the
  * status socket will) once rank 0 reports step STEP. */
 #ifndef FSDP_SUPERVISOR_H
 #define FSDP_SUPERVISOR_H
 
-#include <jansson.h>
-
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 
+struct cluster;
+
 typedef struct supervisor_options {
-    const job_config *job; /* validated for `workers` ranks */
-    int workers;
+    const job_config *job; /* validated for every node's ranks */
+    int workers;             /* on this node */
     const char *worker_path; /* the fsdp-worker executable */
-    const char *bind_host;   /* where workers listen for their peers */
+    struct cluster *cluster; /* the job's nodes (daemon/cluster.h): the secret, this node's
+                              * index and address (where workers listen for their peers) */
 } supervisor_options;
 
 typedef struct supervisor supervisor;
 
-/* Runs the job to its end.  Returns 0 when it succeeded (or stopped on `fsdpctl stop`), 1
- * when a signal stopped it (SIGTERM: after a checkpoint when one commits within
- * runtime.stop_grace_s; SIGINT: at once, a second one kills the workers) and -1 when it
- * failed, with the reason in err.  SIGUSR1 takes a checkpoint and training goes on. */
+enum {
+    SUPERVISOR_OK = 0,
+    SUPERVISOR_SIGNALLED = 1,
+    SUPERVISOR_FAILED = -1,             /* a restart from `latest` may cure it */
+    SUPERVISOR_FAILED_PERMANENTLY = -2, /* no restart can */
+};
+
+/* Runs the job to its end.  Returns SUPERVISOR_OK when it succeeded (or stopped on `fsdpctl
+ * stop`), SUPERVISOR_SIGNALLED when a signal stopped it (SIGTERM: a synchronous checkpoint of
+ * the step in progress, then a stop, everything killed runtime.stop_grace_s after the first
+ * SIGTERM, a second one changes nothing; SIGINT: STOP, then SIGKILL after stop_grace_s, a
+ * second one kills the workers at once), else a failure with the reason in err:
+ * SUPERVISOR_FAILED_PERMANENTLY when no restart can cure it (the set-up before the workers
+ * start — the checkpoint to resume, the model, the metrics file — failed, or the first
+ * failure was a worker's FATAL marked permanent: its job, model, checkpoint or data would not
+ * load), SUPERVISOR_FAILED otherwise (a worker that crashed, was killed, missed heartbeats).
+ * SIGUSR1 takes a checkpoint and training goes on. */
 int supervisor_run(const supervisor_options *opt, errbuf *err);
-
-/* Asks the workers for a checkpoint at the next step boundary where no save is still being
- * written (the ranks agree on the step among themselves); for SIGUSR1 and the status socket,
- * from the supervisor's event loop.  Returns the request's id, 0 when not training. */
-long long supervisor_request_checkpoint(supervisor *s, const char *why);
-
-/* A graceful stop (the status socket's "stop"): asks for a checkpoint and, once its commit is
- * over (committed or given up), stops the workers with STOP; the job then ends as a success
- * when nothing failed.  Returns the checkpoint request's id (the same one when a stop is
- * already waiting for its checkpoint), 0 when it stopped at once because the job is not
- * training (nothing to save), -1 when the job is already stopping. */
-long long supervisor_request_stop(supervisor *s, const char *why);
-
-/* The supervisor's state for the status socket, set as members of `out`: "state" (setup,
- * training, stopping), "stop_requested" (a stop waits for its checkpoint), "ranks" ([{"rank",
- * "pid", "running"}]), "metrics" (rank 0's last METRICS message, or null) and "last_error"
- * (the job's failure, or null). */
-void supervisor_status(const supervisor *s, json_t *out);
 
 #endif

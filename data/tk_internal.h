@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "data/tk_ids.h"
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 
 /* data/tokenizer.h's types (not included here: it is the module built on this one). */
 typedef struct tokenizer tokenizer;

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 #include "data/tk_internal.h"
-#include "proto/fileio.h"
+#include "base/fileio.h"
 
 #define MAX_TOKENIZER_BYTES (512u << 20)
 

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "data/tk_ids.h"
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 
 typedef struct tokenizer tokenizer;
 typedef struct tk_state tk_state;

@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
 #include "kernels/kernels.h"
-#include "proto/errbuf.h"
 #include "proto/model_config.h"
 #include "proto/model_layout.h"
 #include "proto/safetensors.h"

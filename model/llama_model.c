@@ -1,5 +1,6 @@
 /* llama_model: the whole Llama model in one process (llm.c style): one struct owning every
  * unit's parameters and gradients and the activations of one forward/backward. */
+#include "base/bytes.h"
 #include "model/llama.h"
 
 #include <stdlib.h>
@@ -7,7 +8,6 @@
 
 #define UNIT_ALIGN 256 /* bytes; every unit's buffer starts aligned like a CUDA allocation */
 
-static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 /* Units lie back to back in one allocation: unit u starts at byte offsets[u] (n_units + 1
  * entries, the last being the total). */

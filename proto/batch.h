@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 typedef struct batch_file {
     int B, T;

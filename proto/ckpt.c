@@ -1,4 +1,6 @@
 /* ckpt: the sharded checkpoint format.  See ckpt.h. */
+#include "base/bytes.h"
+#include "base/path.h"
 #include "ckpt.h"
 
 #include <dirent.h>
@@ -10,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "fileio.h"
+#include "base/crc32c.h"
+#include "base/fileio.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "checkpoint sections are little-endian fp32, copied as they are");
@@ -21,7 +23,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define WRITE_CHUNK (64u << 20)
 #define READ_CHUNK (8u << 20)
 
-static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
 const char *ckpt_kind_name(int kind) {
     switch (kind) {
@@ -34,18 +35,19 @@ const char *ckpt_kind_name(int kind) {
 
 /* ---- names ---- */
 
-static int fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap ? 0 : -1; }
+/* Whether snprintf's result n says that what it wrote fits a buffer of cap bytes. */
+static bool fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap; }
 
 int ckpt_step_name(char *out, size_t n, int64_t step) {
-    return fits(snprintf(out, n, "step-%06lld", (long long)step), n);
+    return fits(snprintf(out, n, "step-%06lld", (long long)step), n) ? 0 : -1;
 }
 
 int ckpt_partial_name(char *out, size_t n, int64_t step, int attempt) {
-    return fits(snprintf(out, n, "step-%06lld.partial.%d", (long long)step, attempt), n);
+    return fits(snprintf(out, n, "step-%06lld.partial.%d", (long long)step, attempt), n) ? 0 : -1;
 }
 
 int ckpt_file_name(char *out, size_t n, int rank, int n_files) {
-    return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n);
+    return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n) ? 0 : -1;
 }
 
 /* Reads a run of 1..18 decimal digits at *p; advances *p past it. */
@@ -267,20 +269,6 @@ fail:
 
 /* ---- shard files ---- */
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t rd_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t rd_u64(const uint8_t *p) { return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32; }
-
 uint64_t ckpt_header_block_bytes(int n_units) {
     return round_up(CKPT_FIXED_HEADER + (uint64_t)CKPT_SECTION_ENTRY * CKPT_KINDS * (uint64_t)n_units,
                     CKPT_ALIGN);
@@ -332,26 +320,26 @@ void ckpt_encode_header(ckpt_file_header *h, void *block) {
     memset(p, 0, h->header_block);
     memcpy(p, CKPT_MAGIC, 8);
     uint32_t len = header_bytes(h->n_sections);
-    put_u32(p + 8, CKPT_VERSION);
-    put_u32(p + 12, len);
-    put_u32(p + 16, h->rank);
-    put_u32(p + 20, h->n_files);
-    put_u32(p + 24, h->n_units);
-    put_u32(p + 28, (uint32_t)h->n_sections);
-    put_u64(p + 32, h->step);
-    put_u64(p + 40, h->file_bytes);
-    put_u32(p + 48, CKPT_DTYPE_F32);
+    le_put_u32(p + 8, CKPT_VERSION);
+    le_put_u32(p + 12, len);
+    le_put_u32(p + 16, h->rank);
+    le_put_u32(p + 20, h->n_files);
+    le_put_u32(p + 24, h->n_units);
+    le_put_u32(p + 28, (uint32_t)h->n_sections);
+    le_put_u64(p + 32, h->step);
+    le_put_u64(p + 40, h->file_bytes);
+    le_put_u32(p + 48, CKPT_DTYPE_F32);
     for (int i = 0; i < h->n_sections; i++) {
         uint8_t *e = p + CKPT_FIXED_HEADER + (size_t)CKPT_SECTION_ENTRY * (size_t)i;
         const ckpt_section *s = &h->sections[i];
-        put_u32(e, s->kind);
-        put_u32(e + 4, s->unit);
-        put_u64(e + 8, s->offset);
-        put_u64(e + 16, s->bytes);
-        put_u32(e + 24, s->crc);
+        le_put_u32(e, s->kind);
+        le_put_u32(e + 4, s->unit);
+        le_put_u64(e + 8, s->offset);
+        le_put_u64(e + 16, s->bytes);
+        le_put_u32(e + 24, s->crc);
     }
     h->crc = header_crc(p, len);
-    put_u32(p + 60, h->crc);
+    le_put_u32(p + 60, h->crc);
 }
 
 int ckpt_decode_header(ckpt_file_header *h, const void *buf, size_t len, const char *name,
@@ -360,8 +348,8 @@ int ckpt_decode_header(ckpt_file_header *h, const void *buf, size_t len, const c
     memset(h, 0, sizeof *h);
     if (len < CKPT_FIXED_HEADER) return errf(err, "%s: %zu bytes: too short for a checkpoint header", name, len);
     if (memcmp(p, CKPT_MAGIC, 8) != 0) return errf(err, "%s: not a checkpoint shard file (bad magic)", name);
-    uint32_t version = rd_u32(p + 8), hb = rd_u32(p + 12), n_units = rd_u32(p + 24);
-    uint32_t n_sections = rd_u32(p + 28);
+    uint32_t version = le_get_u32(p + 8), hb = le_get_u32(p + 12), n_units = le_get_u32(p + 24);
+    uint32_t n_sections = le_get_u32(p + 28);
     if (version != CKPT_VERSION)
         return errf(err, "%s: format version %u (this build reads version %d)", name, version, CKPT_VERSION);
     if (n_units < 1 || n_units > MAX_UNITS || n_sections != CKPT_KINDS * n_units ||
@@ -369,29 +357,29 @@ int ckpt_decode_header(ckpt_file_header *h, const void *buf, size_t len, const c
         return errf(err, "%s: header claims %u units, %u sections, %u header bytes: inconsistent", name,
                     n_units, n_sections, hb);
     if (len < hb) return errf(err, "%s: header of %u bytes is truncated at %zu", name, hb, len);
-    uint32_t crc = rd_u32(p + 60);
+    uint32_t crc = le_get_u32(p + 60);
     if (header_crc(p, hb) != crc)
         return errf(err, "%s: header CRC32C mismatch (stored %08x, computed %08x): the file is corrupt",
                     name, crc, header_crc(p, hb));
-    h->rank = rd_u32(p + 16);
-    h->n_files = rd_u32(p + 20);
+    h->rank = le_get_u32(p + 16);
+    h->n_files = le_get_u32(p + 20);
     h->n_units = n_units;
-    h->step = rd_u64(p + 32);
-    h->file_bytes = rd_u64(p + 40);
+    h->step = le_get_u64(p + 32);
+    h->file_bytes = le_get_u64(p + 40);
     h->header_block = ckpt_header_block_bytes((int)n_units);
     h->crc = crc;
     h->n_sections = (int)n_sections;
     if (h->n_files < 1 || h->rank >= h->n_files)
         return errf(err, "%s: rank %u of %u files", name, h->rank, h->n_files);
-    if (rd_u32(p + 48) != CKPT_DTYPE_F32) return errf(err, "%s: unknown dtype %u", name, rd_u32(p + 48));
+    if (le_get_u32(p + 48) != CKPT_DTYPE_F32) return errf(err, "%s: unknown dtype %u", name, le_get_u32(p + 48));
     h->sections = calloc(n_sections, sizeof *h->sections);
     if (!h->sections) return errf(err, "%s: out of memory", name);
     uint64_t end = h->header_block;
     for (uint32_t i = 0; i < n_sections; i++) {
         const uint8_t *e = p + CKPT_FIXED_HEADER + (size_t)CKPT_SECTION_ENTRY * i;
         ckpt_section *s = &h->sections[i];
-        *s = (ckpt_section){.kind = rd_u32(e), .unit = rd_u32(e + 4), .offset = rd_u64(e + 8),
-                            .bytes = rd_u64(e + 16), .crc = rd_u32(e + 24)};
+        *s = (ckpt_section){.kind = le_get_u32(e), .unit = le_get_u32(e + 4), .offset = le_get_u64(e + 8),
+                            .bytes = le_get_u64(e + 16), .crc = le_get_u32(e + 24)};
         if (ckpt_section_index((int)n_units, (int)s->kind, (int)s->unit) != (int)i || s->kind < 1 ||
             s->kind > CKPT_KINDS || s->unit >= n_units || s->offset < end || s->offset % CKPT_ALIGN ||
             s->bytes % sizeof(float) || s->bytes > h->file_bytes || s->offset > h->file_bytes - s->bytes) {
@@ -411,7 +399,7 @@ int ckpt_read_header(ckpt_file_header *h, int fd, const char *path, errbuf *err)
     if ((uint64_t)st.st_size < sizeof fixed)
         return errf(err, "%s: %lld bytes: truncated (no header)", path, (long long)st.st_size);
     if (file_pread_full(fd, fixed, sizeof fixed, 0, path, err)) return -1;
-    uint32_t hb = rd_u32(fixed + 12);
+    uint32_t hb = le_get_u32(fixed + 12);
     if (hb < CKPT_FIXED_HEADER || hb > header_bytes(CKPT_KINDS * MAX_UNITS))
         hb = CKPT_FIXED_HEADER; /* let the decoder name the problem */
     if ((uint64_t)st.st_size < hb) return errf(err, "%s: truncated inside its header", path);
@@ -633,17 +621,12 @@ out:
     return rc;
 }
 
-static int join_path(char *out, size_t n, const char *dir, const char *name, errbuf *err) {
-    if (fits(snprintf(out, n, "%s/%s", dir, name), n)) return errf(err, "%s/%s: path too long", dir, name);
-    return 0;
-}
-
 int ckpt_manifest_load(ckpt_manifest *m, const char *ckpt_path, errbuf *err) {
-    char path[4096];
+    char path[PATH_BYTES];
     char *text;
     size_t len;
     memset(m, 0, sizeof *m);
-    if (join_path(path, sizeof path, ckpt_path, CKPT_MANIFEST, err) ||
+    if (path_join(path, sizeof path, ckpt_path, CKPT_MANIFEST, err) ||
         file_read_all(path, CKPT_MANIFEST_MAX, &text, &len, err))
         return -1;
     int rc = ckpt_manifest_parse(m, text, len, path, err);
@@ -701,9 +684,9 @@ int ckpt_manifest_check_model(const ckpt_manifest *m, const llama_config *cfg, c
 static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file, int *fd_out,
                         ckpt_file_header *h, errbuf *err) {
     const ckpt_file_entry *f = &m->files[file];
-    char path[4096];
+    char path[PATH_BYTES];
     *fd_out = -1;
-    if (join_path(path, sizeof path, ckpt_path, f->name, err)) return -1;
+    if (path_join(path, sizeof path, ckpt_path, f->name, err)) return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errf(err, "%s: %s", path, errno == ENOENT ? "missing" : strerror(errno));
     ckpt_file_header plan;
@@ -759,8 +742,8 @@ int ckpt_verify_file(const char *ckpt_path, const ckpt_manifest *m, int file, in
     int fd;
     ckpt_file_header h;
     if (open_checked(ckpt_path, m, file, &fd, &h, err)) return -1;
-    char path[4096];
-    int rc = join_path(path, sizeof path, ckpt_path, m->files[file].name, err);
+    char path[PATH_BYTES];
+    int rc = path_join(path, sizeof path, ckpt_path, m->files[file].name, err);
     void *buf = check_data && rc == 0 ? malloc(READ_CHUNK) : NULL;
     if (check_data && rc == 0 && !buf) rc = errf(err, "%s: out of memory", path);
     for (int i = 0; check_data && rc == 0 && i < h.n_sections; i++)
@@ -833,8 +816,8 @@ int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t
     for (uint64_t at = first; at < stop;) {
         int f = (int)(at / U->shard);
         uint64_t base = (uint64_t)f * U->shard, upto = base + U->shard < stop ? base + U->shard : stop;
-        char path[4096];
-        if (join_path(path, sizeof path, r->path, r->m->files[f].name, err)) return -1;
+        char path[PATH_BYTES];
+        if (path_join(path, sizeof path, r->path, r->m->files[f].name, err)) return -1;
         if (r->fds[f] < 0 && open_checked(r->path, r->m, f, &r->fds[f], &r->headers[f], err)) return -1;
         const ckpt_section *s = &r->headers[f].sections[idx];
         range_copy c = {(at - base) * sizeof(float), (upto - base) * sizeof(float), (uint8_t *)(dst + (at - first))};
@@ -854,10 +837,20 @@ int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t
 
 /* dir/name is a committed checkpoint: it holds a manifest. */
 static int is_committed(const char *dir, const char *name) {
-    char path[4096];
+    char path[PATH_BYTES];
     struct stat st;
-    return !fits(snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_MANIFEST), sizeof path) &&
+    return fits(snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_MANIFEST), sizeof path) &&
            stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* readlink said EINVAL: latest exists but is not a symbolic link (a file copied in place of it,
+ * say); say what it is and what it should be. */
+static int not_a_link(const char *link, errbuf *err) {
+    struct stat st;
+    const char *what = lstat(link, &st) == 0 ? file_type_name(st.st_mode) : "not a symbolic link";
+    return errf(err, "%s: is %s; it should be a symbolic link to a step-N directory (fsdpd "
+                     "makes it: remove it, or make it one with ln -sfn step-N %s)", link, what,
+                link);
 }
 
 int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *out, size_t n,
@@ -867,18 +860,19 @@ int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *ou
     if (mode == JOB_RESUME_STEP) {
         if (ckpt_step_name(name, sizeof name, resume_step)) return errf(err, "step %lld: bad step", (long long)resume_step);
     } else {
-        char link[4096];
-        if (join_path(link, sizeof link, dir, CKPT_LATEST, err)) return -1;
+        char link[PATH_BYTES];
+        if (path_join(link, sizeof link, dir, CKPT_LATEST, err)) return -1;
         ssize_t len = readlink(link, name, sizeof name - 1);
         if (len < 0 && errno == ENOENT && mode == JOB_RESUME_AUTO) return 0;
         if (len < 0 && errno == ENOENT) return errf(err, "%s: no checkpoint to resume from", link);
+        if (len < 0 && errno == EINVAL) return not_a_link(link, err);
         if (len < 0) return errf(err, "%s: %s", link, strerror(errno));
         name[len] = '\0';
         int64_t step;
         if (!ckpt_parse_step_name(name, &step))
             return errf(err, "%s: points to '%s', not a step-N directory", link, name);
     }
-    if (join_path(out, n, dir, name, err)) return -1;
+    if (path_join(out, n, dir, name, err)) return -1;
     if (!is_committed(dir, name))
         return errf(err, "%s: not a committed checkpoint (no %s)", out, CKPT_MANIFEST);
     return 1;

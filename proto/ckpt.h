@@ -30,7 +30,7 @@
  *         40  u64 file_bytes: the file's size
  *         48  u32 dtype: 1 = fp32 (the only one)
  *         52  u32 0, 56 u32 0 (reserved)
- *         60  u32 header_crc: CRC32C (proto/crc32c.h) of bytes [0, header_bytes) with these
+ *         60  u32 header_crc: CRC32C (base/crc32c.h) of bytes [0, header_bytes) with these
  *             four bytes read as zero
  *         64  section table, n_sections entries of 32 bytes:
  *             0 u32 kind (ckpt_kind), 4 u32 unit, 8 u64 offset, 16 u64 bytes,
@@ -88,7 +88,7 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "job.h"
 #include "model_config.h"
 

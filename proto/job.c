@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "base/fileio.h"
 #include "json_kind.h"
 
 /* Choice keys are stored through an int pointer. */
@@ -35,6 +36,9 @@ static const struct not_built {
     {"data.format", "chat"},
     {"data.format", "text"},
     {"data.template", NULL},
+    {"data.packing", "true"},
+    {"data.eval_fraction", NULL},
+    {"data.on_bad_record", "skip"},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -174,6 +178,8 @@ static const job_key keys[] = {
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
     STR("runtime", "status_socket", runtime.status_socket, 0),
+    STR("runtime", "bind_addr", runtime.bind_addr, 0),
+    NUM("runtime", "join_timeout_s", K_INT, runtime.join_timeout_s, 1, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
 };
@@ -205,7 +211,7 @@ void job_defaults(job_config *j) {
     j->data.format = JOB_DATA_TOKENS;
     j->data.seq_len = 512;
     j->data.shuffle = true;
-    j->data.packing = true;
+    j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
 
@@ -256,6 +262,7 @@ void job_defaults(job_config *j) {
     j->runtime.max_restarts = 0;
     j->runtime.stop_grace_s = 30;
     j->runtime.comm_timeout_s = 600;
+    j->runtime.join_timeout_s = 300;
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */
@@ -653,10 +660,11 @@ static bool key_is(const job_key *k, const char *full) {
            strcmp(full + n + 1, k->name) == 0;
 }
 
-/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd. */
+/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd.
+ * Reals get 15 significant digits, as in the range messages: 0.05, not 0.050000000000000003. */
 static char *value_text(const json_t *v) {
     if (json_is_string(v)) return strdup(json_string_value(v));
-    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
 }
 
 static int check_built(const job_config *j, const job_key *k, errbuf *err) {
@@ -731,13 +739,12 @@ static int apply_object(job_config *j, const json_t *root, bool strict, errbuf *
     return 0;
 }
 
-static int parse(job_config *j, const char *json, size_t len, const char *name, bool strict,
-                 errbuf *err) {
+static int parse(job_config *j, const char *json, size_t len, const char *name, errbuf *err) {
     job_defaults(j);
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return errf(err, "%s:%d:%d: %s", name, je.line, je.column, je.text);
-    int rc = apply_object(j, root, strict, err);
+    int rc = apply_object(j, root, false, err);
     json_decref(root);
     if (rc) return errprefix(err, "%s", name);
     return 0;
@@ -745,56 +752,14 @@ static int parse(job_config *j, const char *json, size_t len, const char *name, 
 
 int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
                    errbuf *err) {
-    return parse(j, json, len, name, false, err);
+    return parse(j, json, len, name, err);
 }
 
-int job_parse(job_config *j, const char *json, size_t len, errbuf *err) {
-    return parse(j, json, len, "CONFIG", true, err);
-}
-
-static int read_file(const char *path, char **out, size_t *out_len, errbuf *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errf(err, "%s: %s", path, strerror(errno));
-    size_t cap = 0, n = 0;
-    char *buf = NULL;
-    int rc = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap > JOB_FILE_MAX) {
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-                break;
-            }
-            char *bigger = realloc(buf, cap ? cap * 2 : 4096);
-            if (!bigger) {
-                rc = errf(err, "%s: out of memory", path);
-                break;
-            }
-            buf = bigger;
-            cap = cap ? cap * 2 : 4096;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) {
-            if (ferror(f)) rc = errf(err, "%s: read error", path);
-            else if (n > JOB_FILE_MAX)
-                rc = errf(err, "%s: larger than %u bytes", path, JOB_FILE_MAX);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc) {
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *out_len = n;
-    return 0;
-}
 
 int job_load(job_config *j, const char *path, errbuf *err) {
     char *text = NULL;
     size_t len = 0;
-    if (read_file(path, &text, &len, err)) return -1;
+    if (file_read_all(path, JOB_FILE_MAX, &text, &len, err)) return -1;
     int rc = job_parse_text(j, text, len, path, err);
     free(text);
     return rc;
@@ -1000,16 +965,24 @@ int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err) {
     return 0;
 }
 
-/* Runs every key through the same checks as a job file value. */
-static int check_keys(job_config *j, errbuf *err) {
-    for (size_t i = 0; i < COUNT(keys); i++) {
+/* Runs every key through the same checks as a job file value (on a copy: assigning a key
+ * writes it). */
+static int check_keys(const job_config *j, errbuf *err) {
+    job_config *scratch = malloc(sizeof *scratch);
+    if (!scratch) return errf(err, "out of memory checking the job's keys");
+    *scratch = *j;
+    int rc = 0;
+    for (size_t i = 0; i < COUNT(keys) && rc == 0; i++) {
         json_t *v = get_key(j, &keys[i], err);
-        if (!v) return -1;
-        int rc = assign(j, &keys[i], v, err);
+        if (!v) {
+            rc = -1;
+            break;
+        }
+        rc = assign(scratch, &keys[i], v, err);
         json_decref(v);
-        if (rc) return -1;
     }
-    return 0;
+    free(scratch);
+    return rc;
 }
 
 static int check_model(const job_config *j, errbuf *err) {
@@ -1031,7 +1004,33 @@ static int check_model(const job_config *j, errbuf *err) {
     return 0;
 }
 
-static int check_batch(job_config *j, int world_size, errbuf *err) {
+static int check_world(int world_size, errbuf *err) {
+    return world_size < 1 ? errf(err, "world size %d: must be at least 1", world_size) : 0;
+}
+
+/* global_batch must divide into micro_batch x world_size; the quotient is grad_accum. */
+static int check_batch_divides(const job_config *j, int world_size, errbuf *err) {
+    long long micro = j->train.micro_batch;
+    if (micro < 1) /* job_resolve may run before check_keys has seen it */
+        return errf(err, "train.micro_batch: %lld is below 1", micro);
+    long long unit = micro * world_size, gb = j->train.global_batch;
+    if (gb % unit == 0) return 0;
+    long long lower = gb / unit * unit;
+    if (lower == 0)
+        return errf(err, "train.global_batch: %lld is smaller than train.micro_batch (%lld) x "
+                         "world size (%d) = %lld; use %lld or a multiple of it", gb, micro,
+                    world_size, unit, unit);
+    return errf(err, "train.global_batch: %lld is not a multiple of train.micro_batch (%lld) "
+                     "x world size (%d) = %lld; use %lld or %lld", gb, micro, world_size,
+                unit, lower, lower + unit);
+}
+
+static int grad_accum_of(const job_config *j, int world_size) {
+    return (int)(j->train.global_batch / ((long long)j->train.micro_batch * world_size));
+}
+
+/* --gradient_accumulation_steps into global_batch, then grad_accum. */
+static int resolve_batch(job_config *j, int world_size, errbuf *err) {
     long long micro = j->train.micro_batch;
     if (j->train.grad_accum_request > 0) {
         long long gb = micro * j->train.grad_accum_request * world_size;
@@ -1042,18 +1041,38 @@ static int check_batch(job_config *j, int world_size, errbuf *err) {
         j->train.global_batch = (int)gb;
         j->train.grad_accum_request = 0;
     }
-    long long unit = micro * world_size, gb = j->train.global_batch;
-    if (gb % unit != 0) {
-        long long lower = gb / unit * unit;
-        if (lower == 0)
-            return errf(err, "train.global_batch: %lld is smaller than train.micro_batch (%lld) x "
-                             "world size (%d) = %lld; use %lld or a multiple of it", gb, micro,
-                        world_size, unit, unit);
-        return errf(err, "train.global_batch: %lld is not a multiple of train.micro_batch (%lld) "
-                         "x world size (%d) = %lld; use %lld or %lld", gb, micro, world_size,
-                    unit, lower, lower + unit);
+    if (check_batch_divides(j, world_size, err)) return -1;
+    j->train.grad_accum = grad_accum_of(j, world_size);
+    return 0;
+}
+
+/* An empty runtime.metrics becomes output.dir/metrics.jsonl. */
+static int resolve_metrics(job_config *j, errbuf *err) {
+    if (j->runtime.metrics[0]) return 0;
+    int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
+                     j->output.dir);
+    if (n < 0 || (size_t)n >= sizeof j->runtime.metrics) {
+        j->runtime.metrics[0] = '\0';
+        return errf(err, "runtime.metrics: output.dir/metrics.jsonl is longer than %d bytes",
+                    JOB_PATH_MAX - 1);
     }
-    j->train.grad_accum = (int)(gb / unit);
+    return 0;
+}
+
+int job_resolve(job_config *j, int world_size, errbuf *err) {
+    if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
+        resolve_metrics(j, err))
+        return -1;
+    return 0;
+}
+
+/* What job_resolve fills must be filled, and agree with what it derives from. */
+static int check_resolved(const job_config *j, int world_size, errbuf *err) {
+    if (j->train.grad_accum_request > 0 || j->train.grad_accum != grad_accum_of(j, world_size))
+        return errf(err, "train.grad_accum: not resolved for world size %d (job_resolve first)",
+                    world_size);
+    if (!j->runtime.metrics[0])
+        return errf(err, "runtime.metrics: not resolved (job_resolve first)");
     return 0;
 }
 
@@ -1067,9 +1086,9 @@ static int check_schedule(const job_config *j, errbuf *err) {
     return 0;
 }
 
-int job_validate(job_config *j, int world_size, errbuf *err) {
-    if (world_size < 1) return errf(err, "world size %d: must be at least 1", world_size);
-    if (check_keys(j, err) || check_model(j, err) || check_batch(j, world_size, err) ||
+int job_validate(const job_config *j, int world_size, errbuf *err) {
+    if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
+        check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
     if (!j->data.path[0])
@@ -1077,15 +1096,6 @@ int job_validate(job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    if (!j->runtime.metrics[0]) {
-        int n = snprintf(j->runtime.metrics, sizeof j->runtime.metrics, "%s/metrics.jsonl",
-                         j->output.dir);
-        if (n < 0 || (size_t)n >= sizeof j->runtime.metrics) {
-            j->runtime.metrics[0] = '\0';
-            return errf(err, "runtime.metrics: output.dir/metrics.jsonl is longer than %d bytes",
-                        JOB_PATH_MAX - 1);
-        }
-    }
     return 0;
 }
 
@@ -1119,11 +1129,3 @@ int job_from_object(job_config *j, const json_t *root, errbuf *err) {
     return apply_object(j, root, true, err) ? errprefix(err, "CONFIG") : 0;
 }
 
-int job_to_json(const job_config *j, char **json, errbuf *err) {
-    json_t *root = job_to_object(j, err);
-    if (!root) return -1;
-    *json = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (!*json) return errf(err, "out of memory");
-    return 0;
-}

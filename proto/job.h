@@ -10,9 +10,10 @@
  *   job_load(&j, path)                      file over the defaults
  *   job_apply_override(&j, "--train.lr=1e-4") for each command-line override
  *   job_resolve_runtime(&j, gpus_on_node)   backend, model dtype, workers per node
- *   job_validate(&j, world_size)            cross-field rules; fills the derived fields
- *   job_to_json(&j, &text)                  sent to each worker as the CONFIG message,
- *                                           which reads it back with job_parse.
+ *   job_resolve(&j, world_size)             fills the derived fields
+ *   job_validate(&j, world_size)            checks (changes nothing)
+ *   job_to_object(&j)                       sent to each worker inside CONFIG (proto/msg.h),
+ *                                           which reads it back with job_from_object.
  *
  * job_config is a plain struct (strings are fixed arrays), so it can be copied by value. */
 #ifndef FSDP_JOB_H
@@ -24,11 +25,13 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
+#include "base/path.h"
 
-#define JOB_PATH_MAX 4096
+#define JOB_PATH_MAX PATH_BYTES
 #define JOB_SOCKET_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), terminating NUL included */
 #define JOB_NAME_MAX 32
+#define JOB_HOST_MAX 256
 #define JOB_MAX_TARGETS 16
 #define JOB_FILE_MAX (1u << 20) /* job_load refuses larger files */
 
@@ -86,8 +89,8 @@ typedef struct job_config {
         double clip_norm; /* 0: no clipping */
         int64_t seed;
         /* Not job-file keys.  grad_accum_request is set by --gradient_accumulation_steps
-         * and turned into global_batch by job_validate; grad_accum is derived by
-         * job_validate: global_batch / (micro_batch * world_size). */
+         * and turned into global_batch by job_resolve; grad_accum is derived by
+         * job_resolve: global_batch / (micro_batch * world_size). */
         int grad_accum_request;
         int grad_accum;
     } train;
@@ -128,6 +131,8 @@ typedef struct job_config {
         int max_restarts;
         int stop_grace_s;
         char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */
+        char bind_addr[JOB_HOST_MAX]; /* this node's address for the other nodes; "": its name's */
+        int join_timeout_s;           /* how long the nodes wait for each other */
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
     } runtime;
@@ -148,7 +153,7 @@ int job_parse_text(job_config *j, const char *json, size_t len, const char *name
  * to the key's type: a number, true/false, a string, a list as JSON text or comma
  * separated) or a recipe alias: --train_type, --batch_size (train.micro_batch),
  * --gradient_accumulation_steps (global_batch = micro_batch x steps x world size, resolved
- * by job_validate, overriding train.global_batch), --output_dir, --lr, --lora_rank,
+ * by job_resolve, overriding train.global_batch), --output_dir, --lr, --lora_rank,
  * --lora_alpha, --context_length (data.seq_len), --num_epochs, --max_steps, --dataset
  * (data.path).  An alias whose feature is not built yet is rejected. */
 int job_apply_override(job_config *j, const char *arg, errbuf *err);
@@ -158,21 +163,24 @@ int job_apply_override(job_config *j, const char *arg, errbuf *err);
  * auto (bf16 on cuda, f32 on cpu). */
 int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
 
-/* Checks every key again (a config may have been filled in by code) and the cross-field
- * rules for a job of world_size ranks: global_batch divisible by micro_batch x world_size,
- * min_lr <= lr, model.path or init "random" with model.config, data.path set, ...
- * Resolves train.grad_accum_request into train.global_batch, fills train.grad_accum and
- * an empty runtime.metrics (output.dir/metrics.jsonl). */
-int job_validate(job_config *j, int world_size, errbuf *err);
+/* Fills what a job of world_size ranks derives: train.grad_accum_request (from
+ * --gradient_accumulation_steps) into train.global_batch, train.grad_accum (global_batch /
+ * (micro_batch x world_size), which must divide) and an empty runtime.metrics
+ * (output.dir/metrics.jsonl).  Running it again changes nothing but grad_accum, which it
+ * recomputes (after a checkpoint's global_batch, or for a job read back with
+ * job_from_object, which does not carry it). */
+int job_resolve(job_config *j, int world_size, errbuf *err);
 
-/* The whole config (every key) as compact JSON, in *json (malloc'd; free() it).  Derived
- * fields are not included: job_validate recomputes them. */
-int job_to_json(const job_config *j, char **json, errbuf *err);
-/* Reads job_to_json's output (the CONFIG message): like job_parse_text, but every key
- * must be present, so a daemon and a worker that disagree on the keys fail loudly. */
-int job_parse(job_config *j, const char *json, size_t len, errbuf *err);
-/* The same as a JSON object (a new reference; NULL with the reason), and read back from
- * one, strictly (the CONFIG message carries the job this way). */
+/* Checks, changing nothing: every key again (a config may have been filled in by code), the
+ * cross-field rules for a job of world_size ranks (global_batch divisible by micro_batch x
+ * world_size, min_lr <= lr, model.path or init "random" with model.config, data.path set,
+ * ...) and that job_resolve has filled the derived fields for this world size. */
+int job_validate(const job_config *j, int world_size, errbuf *err);
+
+/* The whole config (every key) as a JSON object (a new reference; NULL with the reason):
+ * derived fields are not included, job_resolve recomputes them.  job_from_object reads it
+ * back like job_parse_text, but every key must be present, so a daemon and a worker that
+ * disagree on the keys fail loudly (the CONFIG message carries the job this way). */
 json_t *job_to_object(const job_config *j, errbuf *err);
 int job_from_object(job_config *j, const json_t *root, errbuf *err);
 

@@ -7,7 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "proto/fileio.h"
+#include "base/fileio.h"
+#include "base/path.h"
 #include "proto/json_kind.h"
 
 #define MAX_CONFIG_BYTES (16u << 20)
@@ -293,7 +294,7 @@ int llama_config_parse(llama_config *c, const char *json, size_t len, const char
 }
 
 int llama_config_load(llama_config *c, const char *path, errbuf *err) {
-    char file[PATH_MAX];
+    char file[PATH_BYTES];
     struct stat st;
     int is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
     int n = snprintf(file, sizeof file, is_dir ? "%s/config.json" : "%s", path);

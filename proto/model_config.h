@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 #define LLAMA_MAX_EOS_IDS 16 /* a longer "eos_token_id" list is refused */
 

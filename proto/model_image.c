@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/bf16.h"
+#include "base/bytes.h"
 #include "rng.h"
 
 #define IMAGE_MAGIC "FSDPMIMG"
@@ -32,21 +34,17 @@ size_t model_image_bytes(const llama_layout *lo, model_image_dtype dt) {
     return unit_offset(lo, dt, lo->n_units);
 }
 
-static void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 static void write_header(unsigned char *image, const llama_layout *lo, model_image_dtype dt) {
     memset(image, 0, header_bytes(lo->n_units));
     memcpy(image, IMAGE_MAGIC, 8);
-    put_u32(image + 8, 1);
-    put_u32(image + 12, dt);
-    put_u32(image + 16, (uint32_t)lo->n_units);
-    put_u64(image + 24, model_image_bytes(lo, dt));
+    le_put_u32(image + 8, 1);
+    le_put_u32(image + 12, dt);
+    le_put_u32(image + 16, (uint32_t)lo->n_units);
+    le_put_u64(image + 24, model_image_bytes(lo, dt));
     for (int u = 0; u < lo->n_units; u++) {
-        put_u64(image + IMAGE_FIXED + 16 * (size_t)u, unit_offset(lo, dt, u));
-        put_u64(image + IMAGE_FIXED + 16 * (size_t)u + 8, lo->units[u].numel);
+        le_put_u64(image + IMAGE_FIXED + 16 * (size_t)u, unit_offset(lo, dt, u));
+        le_put_u64(image + IMAGE_FIXED + 16 * (size_t)u + 8, lo->units[u].numel);
     }
 }
 
@@ -58,7 +56,7 @@ static void store(unsigned char *unit_data, model_image_dtype dt, size_t at, con
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = st_f32_to_bf16(src[i]);
+        uint16_t h = bf16_from_f32(src[i]);
         memcpy(unit_data + (at + i) * 2, &h, 2);
     }
 }
@@ -180,18 +178,18 @@ int model_image_check(const void *image, size_t len, const llama_layout *lo, err
     const unsigned char *p = image;
     size_t hb = header_bytes(lo->n_units);
     if (len < hb || memcmp(p, IMAGE_MAGIC, 8) != 0) return errf(err, "model image: bad header");
-    if (get_u32(p + 8) != 1) return errf(err, "model image: version %u", get_u32(p + 8));
-    model_image_dtype dt = (model_image_dtype)get_u32(p + 12);
+    if (le_get_u32(p + 8) != 1) return errf(err, "model image: version %u", le_get_u32(p + 8));
+    model_image_dtype dt = (model_image_dtype)le_get_u32(p + 12);
     if (dt != MODEL_IMAGE_F32 && dt != MODEL_IMAGE_BF16)
         return errf(err, "model image: unknown dtype %u", (unsigned)dt);
-    if (get_u32(p + 16) != (uint32_t)lo->n_units)
-        return errf(err, "model image: %u units, the model has %d", get_u32(p + 16), lo->n_units);
-    if (get_u64(p + 24) != model_image_bytes(lo, dt) || len < model_image_bytes(lo, dt))
+    if (le_get_u32(p + 16) != (uint32_t)lo->n_units)
+        return errf(err, "model image: %u units, the model has %d", le_get_u32(p + 16), lo->n_units);
+    if (le_get_u64(p + 24) != model_image_bytes(lo, dt) || len < model_image_bytes(lo, dt))
         return errf(err, "model image: %zu bytes, the model needs %zu", len,
                     model_image_bytes(lo, dt));
     for (int u = 0; u < lo->n_units; u++)
-        if (get_u64(p + IMAGE_FIXED + 16 * (size_t)u) != unit_offset(lo, dt, u) ||
-            get_u64(p + IMAGE_FIXED + 16 * (size_t)u + 8) != lo->units[u].numel)
+        if (le_get_u64(p + IMAGE_FIXED + 16 * (size_t)u) != unit_offset(lo, dt, u) ||
+            le_get_u64(p + IMAGE_FIXED + 16 * (size_t)u + 8) != lo->units[u].numel)
             return errf(err, "model image: unit %d does not match the model's layout", u);
     return 0;
 }
@@ -199,7 +197,7 @@ int model_image_check(const void *image, size_t len, const llama_layout *lo, err
 void model_image_read_f32(const void *image, const llama_layout *lo, int unit, size_t first,
                           size_t n, float *dst) {
     const unsigned char *p = image;
-    model_image_dtype dt = (model_image_dtype)get_u32(p + 12);
+    model_image_dtype dt = (model_image_dtype)le_get_u32(p + 12);
     const unsigned char *data = p + unit_offset(lo, dt, unit);
     if (dt == MODEL_IMAGE_F32) {
         memcpy(dst, data + first * 4, n * 4);
@@ -208,7 +206,7 @@ void model_image_read_f32(const void *image, const llama_layout *lo, int unit, s
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, data + (first + i) * 2, 2);
-        dst[i] = st_bf16_to_f32(h);
+        dst[i] = bf16_to_f32(h);
     }
 }
 

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "model_layout.h"
 #include "safetensors.h"
 

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "model_config.h"
 #include "safetensors.h"
 

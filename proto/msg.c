@@ -104,7 +104,10 @@ static const field metrics_fields[] = {
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
 };
 
-static const field ckpt_begin_fields[] = {I64(msg_ckpt_begin, "request", request, 1)};
+static const field ckpt_begin_fields[] = {
+    I64(msg_ckpt_begin, "request", request, 1),
+    BOOL(msg_ckpt_begin, "stop", stop),
+};
 
 static const field ckpt_done_fields[] = {
     I64(msg_ckpt_done, "step", step, 1),
@@ -129,8 +132,11 @@ static const field ckpt_abort_fields[] = {
     INT(msg_ckpt_abort, "attempt", attempt, 1, INT_MAX),
 };
 
-static const field stop_fields[] = {STR(msg_text, "reason", text)};
-static const field fatal_fields[] = {STR(msg_text, "message", text)};
+static const field stop_fields[] = {STR(msg_stop, "reason", reason)};
+static const field fatal_fields[] = {
+    STR(msg_fatal, "message", message),
+    BOOL(msg_fatal, "permanent", permanent),
+};
 static const field addr_fields[] = {STR(msg_addr, "addr", addr)};
 static const field peers_fields[] = {OF(msg_peers, "addrs", n, F_ADDRS)};
 
@@ -139,6 +145,31 @@ static const field join_fields[] = {
     INT(msg_join, "nodes", nodes, 1, INT_MAX),
     STR(msg_join, "host", host),
     INT(msg_join, "workers", workers, 1, INT_MAX),
+    STR(msg_join, "nonce", nonce),
+};
+
+static const field rendezvous_fields[] = {
+    STR(msg_rendezvous, "host", host),
+    INT(msg_rendezvous, "port", port, 1, 65535),
+    INT(msg_rendezvous, "nodes", nodes, 1, INT_MAX),
+    STR(msg_rendezvous, "job_id", job_id),
+    INT(msg_rendezvous, "restart", restart, 0, INT_MAX),
+    INT(msg_rendezvous, "attempt", attempt, 0, INT_MAX),
+    STR(msg_rendezvous, "secret", secret),
+    STR(msg_rendezvous, "nonce", nonce),
+};
+
+static const field node_addrs_fields[] = {
+    INT(msg_node_addrs, "node", node, 0, INT_MAX),
+    OF(msg_node_addrs, "addrs", list, F_ADDRS),
+};
+
+static const field node_ready_fields[] = {INT(msg_node, "node", node, 0, INT_MAX)};
+
+static const field node_done_fields[] = {
+    INT(msg_node_done, "node", node, 0, INT_MAX),
+    BOOL(msg_node_done, "ok", ok),
+    STR(msg_node_done, "error", error),
 };
 
 static const field node_ckpt_done_fields[] = {
@@ -180,6 +211,10 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_NODE_CKPT_DONE] = BODY(node_ckpt_done_fields),
     [MSG_COMMIT] = BODY(commit_fields),
     [MSG_ABORT] = BODY(abort_fields),
+    [MSG_RENDEZVOUS] = BODY(rendezvous_fields),
+    [MSG_NODE_ADDRS] = BODY(node_addrs_fields),
+    [MSG_NODE_READY] = BODY(node_ready_fields),
+    [MSG_NODE_DONE] = BODY(node_done_fields),
 };
 
 static int check_config(void *body, const char *type, errbuf *err) {
@@ -188,7 +223,11 @@ static int check_config(void *body, const char *type, errbuf *err) {
         return errf(err, "%s: rank %d is not below world %d", type, c->rank, c->world);
     if (strlen(c->secret) != 2 * MSG_SECRET_BYTES || strspn(c->secret, "0123456789abcdef") != 2 * MSG_SECRET_BYTES)
         return errf(err, "%s: field 'secret' must be %d lower-case hex digits", type, 2 * MSG_SECRET_BYTES);
-    return job_validate(&c->job, c->world, err) ? errprefix(err, "%s: field 'job'", type) : 0;
+    /* The job arrives resolved, but without grad_accum (job_to_object leaves derived fields
+     * out): job_resolve recomputes it, and fills nothing else of a resolved job. */
+    return job_resolve(&c->job, c->world, err) || job_validate(&c->job, c->world, err)
+               ? errprefix(err, "%s: field 'job'", type)
+               : 0;
 }
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err) {

@@ -29,7 +29,8 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
+#include "ckpt.h"
 #include "job.h"
 #include "model_config.h"
 
@@ -41,8 +42,9 @@
 /* Sizes both ends must agree on. */
 #define MSG_SECRET_BYTES 32    /* the job secret every connection proves */
 #define MSG_NCCL_ID_BYTES 128  /* sizeof(ncclUniqueId) */
-#define MSG_ADDR_MAX 64        /* "host:port" of a listener */
+#define MSG_ADDR_MAX 80        /* "host:port" of a listener, room for "[ipv6%scope]:port" */
 #define MSG_TEXT_MAX 1024      /* reasons and error messages */
+#define MSG_NONCE_HEX 33       /* 16 random bytes as hex, with the NUL */
 
 /* w = worker, d = daemon, D = another node's daemon.  The numbers are on the wire: new
  * types go at the end. */
@@ -64,6 +66,10 @@ typedef enum msg_type {
     MSG_NODE_CKPT_DONE = 15, /* D->d (leader): a node's shards of a step are written */
     MSG_COMMIT = 16,     /* d->D: the leader committed a step */
     MSG_ABORT = 17,      /* d->D: the leader abandoned a step's checkpoint */
+    MSG_RENDEZVOUS = 18, /* the leader's rendezvous file in checkpoint.dir (not sent) */
+    MSG_NODE_ADDRS = 19, /* D->d: a node's workers' addresses, for the rank table */
+    MSG_NODE_READY = 20, /* D->d: every worker of a node is connected and ready */
+    MSG_NODE_DONE = 21,  /* D->d: a node's workers have exited (ok, or why not) */
     MSG_TYPE_END         /* one past the last type */
 } msg_type;
 
@@ -119,6 +125,7 @@ typedef struct msg_metrics {
 
 typedef struct msg_ckpt_begin {
     int64_t request;
+    bool stop;          /* SIGTERM: a synchronous save after the step in progress, then stop */
 } msg_ckpt_begin;
 
 typedef struct msg_ckpt_done {
@@ -126,7 +133,7 @@ typedef struct msg_ckpt_done {
     int attempt, rank;
     bool sync, ok, aborted;
     char error[MSG_TEXT_MAX]; /* "" when ok */
-    char file[JOB_PATH_MAX];
+    char file[CKPT_NAME_MAX]; /* the shard file's name in the checkpoint directory */
     int64_t bytes;
     int64_t header_crc32c;
     double stage_s, write_s;
@@ -143,9 +150,14 @@ typedef struct msg_ckpt_abort {
     int attempt;
 } msg_ckpt_abort;
 
-typedef struct msg_text {
-    char text[MSG_TEXT_MAX];
-} msg_text;             /* STOP's "reason", FATAL's "message" */
+typedef struct msg_stop {
+    char reason[MSG_TEXT_MAX];
+} msg_stop;
+
+typedef struct msg_fatal {
+    char message[MSG_TEXT_MAX];
+    bool permanent;     /* no restart can cure it: the job, model, checkpoint or data */
+} msg_fatal;
 
 typedef struct msg_addr {
     char addr[MSG_ADDR_MAX];
@@ -160,7 +172,33 @@ typedef struct msg_join {
     int node, nodes;    /* this node's index and the node count it was told */
     char host[MSG_ADDR_MAX];
     int workers;
+    char nonce[MSG_NONCE_HEX]; /* the rendezvous file's: proof that checkpoint.dir is shared */
 } msg_join;
+
+typedef struct msg_rendezvous {
+    char host[MSG_ADDR_MAX];  /* the leader's address and port */
+    int port;
+    int nodes;
+    char job_id[64];
+    int restart, attempt;     /* SLURM_RESTART_COUNT and fsdpd's own run attempt */
+    char secret[2 * MSG_SECRET_BYTES + 1]; /* hex; the file is 0600 */
+    char nonce[MSG_NONCE_HEX];
+} msg_rendezvous;
+
+typedef struct msg_node_addrs {
+    int node;
+    msg_peers list;     /* that node's workers in local-rank order */
+} msg_node_addrs;
+
+typedef struct msg_node {
+    int node;
+} msg_node;             /* NODE_READY */
+
+typedef struct msg_node_done {
+    int node;
+    bool ok;
+    char error[MSG_TEXT_MAX];
+} msg_node_done;
 
 typedef struct msg_node_ckpt_done {
     int node;
@@ -193,13 +231,18 @@ typedef struct msg {
         msg_ckpt_begin ckpt_begin;
         msg_ckpt_done ckpt_done;
         msg_ckpt_abort ckpt_abort;
-        msg_text stop, fatal;
+        msg_stop stop;
+        msg_fatal fatal;
         msg_addr addr;
         msg_peers peers;
         msg_join join;
         msg_node_ckpt_done node_ckpt_done;
         msg_step_attempt commit;
         msg_node_abort abort;
+        msg_rendezvous rendezvous;
+        msg_node_addrs node_addrs;
+        msg_node node_ready;
+        msg_node_done node_done;
     } u;
 } msg;
 
@@ -210,7 +253,8 @@ void msg_free(msg *m);
  * metrics.jsonl for METRICS.  Not for NCCL_ID. */
 json_t *msg_to_json(const msg *m, errbuf *err);
 /* A body of `type` from its JSON object, strictly (see above).  On failure *m holds
- * nothing to free.  A CONFIG's job is parsed and validated for its world (job_parse). */
+ * nothing to free.  A CONFIG's job is read strictly, its grad_accum recomputed and validated
+ * for its world (job_from_object, job_resolve, job_validate). */
 int msg_from_json(msg *m, msg_type type, const json_t *body, errbuf *err);
 
 /* ---- frames ---- */

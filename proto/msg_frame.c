@@ -1,4 +1,5 @@
 /* msg framing: headers, the incremental decoder, blocking frame I/O.  See msg.h. */
+#include "base/bytes.h"
 #include "msg.h"
 
 #include <errno.h>
@@ -28,6 +29,10 @@ static const char *const type_names[MSG_TYPE_END] = {
     [MSG_NODE_CKPT_DONE] = "NODE_CKPT_DONE",
     [MSG_COMMIT] = "COMMIT",
     [MSG_ABORT] = "ABORT",
+    [MSG_RENDEZVOUS] = "RENDEZVOUS",
+    [MSG_NODE_ADDRS] = "NODE_ADDRS",
+    [MSG_NODE_READY] = "NODE_READY",
+    [MSG_NODE_DONE] = "NODE_DONE",
 };
 
 /* A decoder keeps at most this much buffer around while idle. */
@@ -44,30 +49,15 @@ void msg_frame_free(msg_frame *m) {
     m->len = 0;
 }
 
-static void put_u16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 int msg_encode_header(uint8_t header[MSG_HEADER_SIZE], int type, size_t body_len, errbuf *err) {
     if (type <= 0 || type >= MSG_TYPE_END) return errf(err, "message type %d: unknown", type);
     if (body_len > MSG_MAX_BODY)
         return errf(err, "%s: body of %zu bytes exceeds the %u-byte limit", msg_type_name(type),
                     body_len, MSG_MAX_BODY);
     memcpy(header, MSG_MAGIC, 4);
-    put_u16(header + 4, MSG_VERSION);
-    put_u16(header + 6, (uint16_t)type);
-    put_u32(header + 8, (uint32_t)body_len);
+    le_put_u16(header + 4, MSG_VERSION);
+    le_put_u16(header + 6, (uint16_t)type);
+    le_put_u32(header + 8, (uint32_t)body_len);
     return 0;
 }
 
@@ -95,8 +85,8 @@ static int bad_magic(const uint8_t *p, size_t n, errbuf *err) {
 /* Checks a whole header; fills *type and *len. */
 static int check_header(const uint8_t *h, msg_type *type, uint32_t *len, errbuf *err) {
     if (memcmp(h, MSG_MAGIC, 4) != 0) return bad_magic(h, 4, err);
-    uint16_t version = get_u16(h + 4), t = get_u16(h + 6);
-    uint32_t n = get_u32(h + 8);
+    uint16_t version = le_get_u16(h + 4), t = le_get_u16(h + 6);
+    uint32_t n = le_get_u32(h + 8);
     if (version != MSG_VERSION)
         return errf(err, "protocol version %u (this build speaks version %d)", version,
                     MSG_VERSION);

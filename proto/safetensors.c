@@ -11,8 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fileio.h"
+#include "base/bf16.h"
+#include "base/bytes.h"
+#include "base/fileio.h"
 
+#define ST_MAX_INDEX (16u << 20) /* model.safetensors.index.json: a 405B model's is ~100 KB */
 
 /* ---------- dtypes ---------- */
 
@@ -205,17 +208,11 @@ out:
     return rc;
 }
 
-static uint64_t load_le64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-
 int st_parse(st_file *f, const void *buf, size_t len, const char *name, errbuf *err) {
     memset(f, 0, sizeof *f);
     const uint8_t *p = buf;
     if (len < 8) return errf(err, "%s: file is %zu bytes, shorter than the 8-byte header length", name, len);
-    uint64_t n = load_le64(p);
+    uint64_t n = le_get_u64(p);
     if (n == 0) return errf(err, "%s: header length is 0", name);
     if (n > ST_MAX_HEADER)
         return errf(err, "%s: header length %llu larger than the %u byte limit", name,
@@ -538,8 +535,13 @@ static int check_weight_map(const st_model *m, const json_t *map, const char *in
 }
 
 static int open_sharded(st_model *m, const char *index, errbuf *err) {
+    /* Read through fileio, not json_load_file: a FIFO in its place is refused, not waited on. */
+    char *text;
+    size_t len;
+    if (file_read_all(index, ST_MAX_INDEX, &text, &len, err) < 0) return -1;
     json_error_t jerr;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) return errf(err, "%s: line %d: %s", index, jerr.line, jerr.text);
     const json_t *map = json_object_get(root, "weight_map");
     int rc;
@@ -718,67 +720,6 @@ int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_b
     return rc;
 }
 
-/* ---------- bf16 / f16 ---------- */
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t st_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest, ties to even */
-    return (uint16_t)(u >> 16);
-}
-
-float st_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-float st_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | mant << 13); /* inf, NaN */
-    if (exp == 0) {
-        if (mant == 0) return bits_f32(sign);
-        /* subnormal: normalize so the leading 1 moves into the implicit bit */
-        int e = -1;
-        do {
-            mant <<= 1;
-            e++;
-        } while (!(mant & 0x400));
-        return bits_f32(sign | (uint32_t)(127 - 15 - e) << 23 | (mant & 0x3ff) << 13);
-    }
-    return bits_f32(sign | (exp + 127 - 15) << 23 | mant << 13);
-}
-
-/* Shifts m right by s bits, rounding to nearest, ties to even. */
-static uint32_t shift_round_even(uint32_t m, int s) {
-    uint32_t q = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
-    return q + (rem > half || (rem == half && (q & 1)));
-}
-
-uint16_t st_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((abs >> 13) & 0x3ff); /* NaN */
-    int exp = (int)(abs >> 23) - 127 + 15;
-    uint32_t mant = (abs & 0x7fffffu) | 0x800000u; /* with the implicit bit */
-    if (exp >= 31) return sign | 0x7c00; /* overflow and inf */
-    if (exp <= 0) { /* subnormal half, or zero */
-        if (exp < -10) return sign;
-        return sign | (uint16_t)shift_round_even(mant, 14 - exp);
-    }
-    /* a mantissa carry rolls into the exponent, up to inf: both are right */
-    return sign | (uint16_t)(((uint32_t)exp << 10) + shift_round_even(mant & 0x7fffffu, 13));
-}
-
 /* ---------- reading values ---------- */
 
 int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err) {
@@ -800,7 +741,7 @@ int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, sizeof h);
-            dst[i] = t->dtype == ST_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+            dst[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
         }
         return 0;
     default:

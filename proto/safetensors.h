@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_NAME 256
@@ -114,10 +114,5 @@ int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_b
  * fp32; any other dtype is an error naming the tensor.  The caller keeps first+n <= numel. */
 int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err);
 
-/* bf16 <-> f32 (round to nearest even; NaN stays NaN). */
-uint16_t st_f32_to_bf16(float f);
-float st_bf16_to_f32(uint16_t h);
-float st_f16_to_f32(uint16_t h);
-uint16_t st_f32_to_f16(float f);
 
 #endif

@@ -22,7 +22,7 @@
 
 #include <jansson.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/job.h"
 
 #define STATUS_LINE_MAX 4096            /* a request line, '\n' included */

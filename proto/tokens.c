@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fileio.h"
+#include "base/fileio.h"
 
 typedef struct tok_header {
     char magic[8];

@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "crc32c.h"
-#include "errbuf.h"
+#include "base/crc32c.h"
+#include "base/errbuf.h"
 
 #define TOK_MAGIC "FSDPTOK1"
 #define TOK_HEADER_BYTES 64

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs the test suite: every unit-test binary in BUILD/tests (cmocka; each case counted),
-# then, for "all", every tests/integration/*.sh (each counted as one test; one that exits 77
-# is skipped: its reason is printed, and it counts as neither).
-# Ends with the line "N passed, N failed"; exits non-zero when anything failed.
+# then, for "all", every tests/integration/test_*.sh (each counted as one test; the folder
+# is $FSDP_INTEGRATION when set, for run.sh's own test).
+# A skipped test is counted, never silent: a cmocka case that calls skip() (print_message
+# says why), and an integration script that exits 77 after printing why on its last line
+# (lib.sh's skip_test does both); a script that exits 77 saying nothing has failed.
+# Ends with the line "N passed, N failed, N skipped" and lists what failed and what was
+# skipped above it; exits non-zero when anything failed.
 set -u
 build=${1:-build}
 what=${2:-all}
@@ -11,45 +15,57 @@ cd "$here" || exit 2
 case "$build" in /*) ;; *) build="$here/$build" ;; esac
 export FSDP_BUILD="$build"
 export FSDP_SHARED="${FSDP_SHARED:-$here/../shared}"
+integration=${FSDP_INTEGRATION:-tests/integration}
 [ -d "$FSDP_SHARED/golden" ] || { echo "tests/run.sh: no golden data under $FSDP_SHARED (set FSDP_SHARED)"; exit 2; }
-passed=0 failed=0 failures=() skipped=()
+passed=0 failed=0 skipped=0 failures=() skips=()
+
+# The count N of cmocka's summary line "[  WORD  ] N test(s)" in $out, 0 when absent.
+summary_count() {
+    local n
+    n=$(printf '%s\n' "$out" | sed -n "s/.*\[  $1 *\] \([0-9]*\) test(s).*/\1/p" | tail -1)
+    echo "${n:-0}"
+}
 
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     out=$("$t" 2>&1); rc=$?
     printf '%s\n' "$out"
-    p=$(printf '%s\n' "$out" | sed -n 's/.*\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
-    f=$(printf '%s\n' "$out" | sed -n 's/.*\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
-    p=${p:-0} f=${f:-0}
+    p=$(summary_count PASSED) f=$(summary_count FAILED) s=$(summary_count SKIPPED)
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed before its summary
-    passed=$((passed + p)) failed=$((failed + f))
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
     [ "$f" -eq 0 ] || failures+=("$t")
+    if [ "$s" -gt 0 ]; then
+        # the names cmocka lists after "[  SKIPPED ] N test(s), listed below:"
+        names=$(printf '%s\n' "$out" | sed -n '/\[  SKIPPED \] [0-9]* test(s), listed below/,$ s/^\[  SKIPPED \] \([^ ]*\)$/\1/p' | paste -sd ' ')
+        skips+=("$t: $names")
+    fi
 done
 
 if [ "$what" = all ]; then
-    for s in tests/integration/test_*.sh; do
+    for s in "$integration"/test_*.sh; do
         [ -f "$s" ] || continue
         echo "[ RUN      ] $s"
         start=$(date +%s)
-        rc=0
-        bash "$s" > "/tmp/fsdp-it-$$.log" 2>&1 || rc=$?
+        log="/tmp/fsdp-it-$$.log"
+        bash "$s" > "$log" 2>&1; rc=$?
+        reason=$(grep -v '^[[:space:]]*$' "$log" | tail -1)
         if [ "$rc" -eq 0 ]; then
             echo "[       OK ] $s ($(( $(date +%s) - start )) s)"
             passed=$((passed + 1))
-        elif [ "$rc" -eq 77 ]; then
-            tail -5 "/tmp/fsdp-it-$$.log"
-            echo "[ SKIPPED  ] $s"
-            skipped+=("$s")
+        elif [ "$rc" -eq 77 ] && [ -n "$reason" ]; then
+            echo "[  SKIPPED ] $s: $reason"
+            skipped=$((skipped + 1)); skips+=("$s: $reason")
         else
-            cat "/tmp/fsdp-it-$$.log"
+            cat "$log"
+            [ "$rc" -ne 77 ] || echo "$s: exited 77 (skipped) without saying why"
             echo "[  FAILED  ] $s"
             failed=$((failed + 1)); failures+=("$s")
         fi
-        rm -f "/tmp/fsdp-it-$$.log"
+        rm -f "$log"
     done
 fi
 
-for f in "${skipped[@]+"${skipped[@]}"}"; do echo "skipped: $f"; done
+for s in "${skips[@]+"${skips[@]}"}"; do echo "skipped: $s"; done
 for f in "${failures[@]+"${failures[@]}"}"; do echo "failed: $f"; done
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -9,52 +9,26 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/fileio.h"
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/fileio.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Sleeps the whole time, whatever signals arrive. */
-static void sleep_s(double seconds) {
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
-    }
-}
-
-/* FSDP_TEST_CKPT_FAULT: comma-separated RANK:ACTION[:STEP]; the first entry for this rank. */
-static void read_fault_hook(ckpt_writer *w) {
-    const char *spec = getenv("FSDP_TEST_CKPT_FAULT");
-    while (spec && *spec) {
-        int rank;
-        long long step = 0;
-        char action[16];
-        if (sscanf(spec, "%d:%15[a-z]:%lld", &rank, action, &step) >= 2 && rank == w->rank) {
-            w->fault_stall = !strcmp(action, "stall");
-            w->fault_die = !strcmp(action, "die");
-            w->fault_step = step;
-            return;
-        }
-        spec = strchr(spec, ',');
-        if (spec) spec++;
-    }
-}
-
-/* Runs the fault hook halfway through the file, and says whether to stop writing. */
+/* Runs the ckpt_write fault halfway through the file (the save of its STEP, else the first),
+ * and says whether to stop writing. */
 static int on_progress(void *arg, uint64_t written, uint64_t total) {
     ckpt_writer *w = arg;
-    int this_save = w->fault_step ? w->job.step >= w->fault_step : w->saves == 1;
-    if ((w->fault_stall || w->fault_die) && this_save && written >= total / 2) {
-        if (w->fault_die) {
+    const fault *f = fault_get(FAULT_CKPT_WRITE, w->rank);
+    int this_save = f && (f->n ? w->job.step >= f->n : w->saves == 1);
+    if (this_save && written >= total / 2) {
+        if (!strcmp(f->action, "die")) {
             fprintf(stderr, "fsdp-worker rank %d: test fault: dying while writing %s\n", w->rank, w->path);
             raise(SIGKILL);
         }
-        fprintf(stderr, "fsdp-worker rank %d: test fault: stalling %d s while writing %s\n", w->rank,
-                w->timeout_s + 2, w->path);
-        w->fault_stall = 0; /* once */
-        sleep_s(w->timeout_s + 2.0);
+        if (fault_once(f)) {
+            fprintf(stderr, "fsdp-worker rank %d: test fault: stalling %d s while writing %s\n", w->rank,
+                    w->timeout_s + 2, w->path);
+            clock_sleep_s(w->timeout_s + 2.0);
+        }
     }
     return atomic_load(&w->abort);
 }
@@ -63,7 +37,7 @@ static int on_progress(void *arg, uint64_t written, uint64_t total) {
 static void write_staged(ckpt_writer *w) {
     ckpt_report *job = &w->job;
     errbuf err;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     w->plan.step = (uint64_t)job->step;
     if (ckpt_write_image(w->path, w->image, &w->plan, on_progress, w, &err) == 0) {
         job->ok = 1;
@@ -73,7 +47,7 @@ static void write_staged(ckpt_writer *w) {
         job->aborted = atomic_load(&w->abort);
         snprintf(job->error, sizeof job->error, "%s", err.msg);
     }
-    job->write_s = now_s() - t0;
+    job->write_s = clock_now_s() - t0;
     w->report(w->arg, job);
 }
 
@@ -103,7 +77,6 @@ int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err
     w->report = opt->report;
     w->arg = opt->arg;
     atomic_init(&w->abort, 0);
-    read_fault_hook(w);
     if (pthread_mutex_init(&w->lock, NULL) != 0) return errf(err, "checkpoint writer: cannot create a mutex");
     if (pthread_cond_init(&w->cond, NULL) != 0) {
         pthread_mutex_destroy(&w->lock);
@@ -188,7 +161,7 @@ int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int syn
                      int64_t tokens_seen, errbuf *err) {
     if (w->rank >= f->group) return 0; /* another rank writes this state */
     ckpt_writer_wait(w);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     ckpt_report *job = &w->job;
     *job = (ckpt_report){.step = step, .attempt = attempt, .rank = w->rank, .sync = sync,
                          .optimizer_step = f->step, .tokens_seen = tokens_seen, .layout = &w->layout};
@@ -213,7 +186,7 @@ int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int syn
         return 0;
     }
     if (stage(w, f, err)) return errprefix(err, "staging the checkpoint of step %lld", (long long)step);
-    job->stage_s = now_s() - t0;
+    job->stage_s = clock_now_s() - t0;
     pthread_mutex_lock(&w->lock);
     w->busy = 1; /* from here on ckpt_writer_abort may stop it */
     w->pending = !sync;

@@ -12,11 +12,10 @@
  * Only ranks below the shard group size write (with no_shard every rank holds the same
  * state: rank 0 writes it); for the others every call is a no-op.
  *
- * Test-only fault hook (environment): FSDP_TEST_CKPT_FAULT="RANK:ACTION[:STEP]" makes RANK,
- * halfway through writing its first save at or after step STEP (its first save when STEP is
- * absent), once:
- *   stall  sleep for checkpoint.timeout_s + 2 s (a stuck disk: not interrupted by an
- *          abort), then go on;
+ * Fault point ckpt_write=RANK:ACTION[:STEP] (base/fault.h) makes RANK, halfway through
+ * writing its first save at or after step STEP (its first save when STEP is absent):
+ *   stall  sleep for checkpoint.timeout_s + 2 s, once (a stuck disk: not interrupted by
+ *          an abort), then go on;
  *   die    kill itself with SIGKILL. */
 #ifndef FSDP_CKPT_WRITER_H
 #define FSDP_CKPT_WRITER_H
@@ -25,8 +24,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
+#include "base/path.h"
 #include "proto/ckpt.h"
-#include "proto/errbuf.h"
 #include "worker/fsdp.h"
 
 /* What a save reports when its writing is over. */
@@ -58,14 +58,12 @@ typedef struct ckpt_writer_options {
 } ckpt_writer_options;
 
 typedef struct ckpt_writer {
-    char dir[4096];
+    char dir[PATH_BYTES];
     int rank;
     int timeout_s;
     ckpt_report_fn report;
     void *arg;
 
-    int fault_stall, fault_die; /* the test hook, for save fault_step (0: the first) */
-    int64_t fault_step;
     int saves;                  /* saves started */
 
     ckpt_layout layout;         /* built at the first save */
@@ -81,7 +79,7 @@ typedef struct ckpt_writer {
     int quit;
     atomic_int abort;           /* stop the save in flight */
     ckpt_report job;            /* the save in flight */
-    char path[4096];            /* its file */
+    char path[PATH_BYTES];            /* its file */
 } ckpt_writer;
 
 int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err);

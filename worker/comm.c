@@ -1,5 +1,5 @@
 /* comm: the backend-neutral half of comm.h -- argument checks, dead state, deadlines,
- * test hooks -- in front of a backend's comm_ops. */
+ * the comm_stall fault -- in front of a backend's comm_ops. */
 #include "worker/comm.h"
 
 #include <errno.h>
@@ -9,34 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
 #include "worker/comm_backend.h"
-
-double comm_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for CLOCK_MONOTONIC */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void comm_sleep(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* Reads an optional numeric environment variable; returns 0 (value or dflt) or -1. */
-static int env_number(const char *name, double lo, double hi, double dflt, double *out,
-                      errbuf *err) {
-    const char *s = getenv(name);
-    *out = dflt;
-    if (!s || !*s) return 0;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi))
-        return errf(err, "%s=%s: expected a number in [%g, %g]", name, s, lo, hi);
-    *out = v;
-    return 0;
-}
 
 int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
                errbuf *err) {
@@ -52,16 +27,6 @@ int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_opt
     atomic_init(&c->aborted, 0);
     c->dead = 0;
     c->ncalls = 0;
-
-    /* Test hooks (see comm.h). */
-    double stall_rank, stall_at, stall_s;
-    if (env_number("FSDP_TEST_COMM_STALL_RANK", 0, COMM_MAX_WORLD, -1, &stall_rank, err) ||
-        env_number("FSDP_TEST_COMM_STALL_AT", 1, 1e15, 1, &stall_at, err) ||
-        env_number("FSDP_TEST_COMM_STALL_S", 0, 1e6, 3600, &stall_s, err))
-        return -1;
-    c->stall_rank = (int)stall_rank;
-    c->stall_at = (uint64_t)stall_at;
-    c->stall_s = stall_s;
     return 0;
 }
 
@@ -86,8 +51,9 @@ static int begin(comm *c, const char *name, errbuf *err) {
         return errf(err, "%s: the communicator is dead after an earlier error (%s)", name,
                     c->dead_reason);
     c->ncalls++;
-    if (c->stall_rank == c->rank && c->ncalls == c->stall_at) comm_sleep(c->stall_s);
-    c->deadline = comm_now() + c->timeout_s;
+    const fault *stall = fault_get(FAULT_COMM_STALL, c->rank);
+    if (stall && c->ncalls == (uint64_t)stall->n) clock_sleep_s(stall->seconds);
+    c->deadline = clock_now_s() + c->timeout_s;
     return 0;
 }
 
@@ -209,7 +175,7 @@ int comm_wait(comm *c, comm_ticket t, errbuf *err) {
         return errf(err, "wait: the communicator is dead after an earlier error (%s)", c->dead_reason);
     if (t > c->ncalls) return errf(err, "wait: collective %llu was never started", t);
     if (!c->ops->wait) return 0;
-    c->deadline = comm_now() + c->timeout_s;
+    c->deadline = clock_now_s() + c->timeout_s;
     /* The backend names the collective that failed ("all_gather: timed out ..."). */
     if (c->ops->wait(c, t, err)) return fail(c, NULL, err);
     return 0;

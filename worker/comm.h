@@ -34,33 +34,15 @@
  * Threads: one thread at a time makes the collective calls; comm_abort() may be called
  * from any thread at any time before comm_destroy() (a watchdog's way out).
  *
- * Test-only fault hooks (environment variables, read by comm_init; never set them in a job):
- *   FSDP_TEST_COMM_STALL_RANK=r   rank r sleeps before one of its collectives, so that the
- *   FSDP_TEST_COMM_STALL_AT=n     others time out: before its n-th collective (default 1),
- *   FSDP_TEST_COMM_STALL_S=s      for s seconds (default 3600). */
+ * Fault point comm_stall=RANK:CALL:SECONDS (base/fault.h): that rank
+ * sleeps SECONDS before its CALL-th collective, so that the others time out. */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 
 #include <stddef.h>
 
-#include "proto/errbuf.h"
-
-#define COMM_SECRET_BYTES 32
-#define COMM_ADDR_MAX 80 /* room for "[ipv6%scope]:port" */
-#define COMM_MAX_WORLD 65536
-
-typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_BYTE } comm_dtype;
-typedef enum comm_op { COMM_SUM, COMM_AVG } comm_op;
-
-typedef struct comm comm;
-
-typedef struct comm_options {
-    /* The job secret: a connection that does not present it is refused.  It travels in
-     * clear: it keeps other jobs and stray clients out, not an eavesdropper. */
-    unsigned char secret[COMM_SECRET_BYTES];
-    double timeout_s;      /* deadline of each collective (runtime.comm_timeout_s); > 0 */
-    double init_timeout_s; /* deadline for comm_init to connect to its peers; > 0 */
-} comm_options;
+#include "base/errbuf.h"
+#include "worker/comm_types.h" /* comm, comm_dtype, comm_op, comm_options, the sizes */
 
 /* Every rank's listener address, as reported by comm_tcp_listen() and relayed by the daemons. */
 typedef struct comm_rank_table {
@@ -82,8 +64,8 @@ void comm_listener_close(comm_listener *l);
 
 /* CPU backend: connects rank `rank` into the ring described by `table` (it connects to
  * rank+1 and accepts rank-1 on its listener, retrying refused connections until
- * opt->init_timeout_s), with a handshake that checks the secret, the world size and both
- * rank numbers both ways.  Strangers connecting to the listener are turned away without
+ * opt->init_timeout_s), with a handshake that proves the secret (challenge and response),
+ * then checks the world size and both rank numbers both ways.  Strangers connecting to the listener are turned away without
  * disturbing the setup.  `l` is this rank's listener (may be NULL when world is 1); it is
  * closed on return, success or not. */
 int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,

@@ -1,7 +1,7 @@
 /* comm_backend: what a comm backend (comm_tcp.c, comm_nccl.c, comm_staged.c) implements behind
  * comm.h.  Private to the comm_* files.
  *
- * comm.c checks the arguments and the communicator's state, runs the test hooks, sets the
+ * comm.c checks the arguments and the communicator's state, runs the comm_stall fault, sets the
  * deadline of the collective, then calls the backend.  A backend returns -1 with the cause
  * only ("rank 2 closed the connection"); comm.c prefixes the collective's name, marks the
  * communicator dead and calls ops->abort so that the peers learn at once. */
@@ -11,7 +11,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "worker/comm.h"
+#include "base/errbuf.h"
+#include "worker/comm_types.h" /* not comm.h: comm.c includes this file */
 
 typedef struct comm_ops {
     int (*all_gather)(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
@@ -40,22 +41,15 @@ struct comm {
     const comm_ops *ops;
     int rank, world;
     double timeout_s;
-    double deadline;  /* comm_now() by which the collective in progress must end */
+    double deadline;  /* clock_now_s() by which the collective in progress must end */
     atomic_int aborted;
     int dead;
     char dead_reason[sizeof(errbuf)]; /* the error that killed it */
     uint64_t ncalls;  /* collectives started */
-    int stall_rank;   /* test hook: -1 when off */
-    uint64_t stall_at;
-    double stall_s;
 };
 
-/* Fills the common part (checks the options, reads the test hooks). */
+/* Fills the common part (checks the options). */
 int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_options *opt,
                errbuf *err);
-/* Seconds on CLOCK_MONOTONIC. */
-double comm_now(void);
-/* Sleeps s seconds (through signals). */
-void comm_sleep(double s);
 
 #endif

@@ -11,7 +11,7 @@
  * result is in the buffer; a split-phase one (*_start) returns once it is queued, and
  * comm_wait polls its event (up to NCCL_INFLIGHT of them in flight) against the deadline.
  *
- * Test-only hook (environment): FSDP_TEST_NCCL_HANG_AT=n makes this rank's n-th collective
+ * Fault point nccl_hang=N (base/fault.h) makes this rank's N-th collective
  * wait behind a kernel that spins on a host flag, as a hung peer or a wedged kernel would;
  * the flag is released once the communicator has been aborted. */
 #ifdef FSDP_HAVE_CUDA
@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 #include "worker/comm_backend.h"
@@ -43,7 +45,6 @@ typedef struct nccl_comm {
     cudaStream_t compute; /* the kernels context's stream */
     cudaStream_t stream;  /* the collectives' own */
     cudaEvent_t ready, done;
-    uint64_t hang_at;   /* test hook: 0 when off */
     int *hang_flag;     /* mapped pinned memory the spinning kernel reads */
     nccl_pending pending[NCCL_INFLIGHT]; /* a ring, oldest at [head] */
     int head, inflight;
@@ -69,7 +70,7 @@ static int wait_settled(nccl_comm *n, double deadline, errbuf *err) {
         if (r != ncclSuccess) return errf(err, "ncclCommGetAsyncError: %s", ncclGetErrorString(r));
         if (state == ncclSuccess) return 0;
         if (state != ncclInProgress) return errf(err, "NCCL: %s", ncclGetErrorString(state));
-        if (comm_now() > deadline) return errf(err, "NCCL did not finish within the deadline");
+        if (clock_now_s() > deadline) return errf(err, "NCCL did not finish within the deadline");
         sched_yield();
     }
 }
@@ -83,7 +84,7 @@ static int wait_event(nccl_comm *n, cudaEvent_t ev, const char *name, errbuf *er
         if (ncclCommGetAsyncError(n->nccl, &state) == ncclSuccess && state != ncclSuccess &&
             state != ncclInProgress)
             return errf(err, "%sNCCL: %s", name, ncclGetErrorString(state));
-        if (comm_now() > n->base.deadline)
+        if (clock_now_s() > n->base.deadline)
             return errf(err, "%stimed out after %.0f s (rank %d)", name, n->base.timeout_s,
                         n->base.rank);
         sched_yield();
@@ -141,12 +142,13 @@ static int nccl_wait(comm *c, uint64_t t, errbuf *err) {
 }
 
 /* Before each collective: its stream waits for the compute queued so far (the input's
- * producer); and the test hook may park it behind a spinning kernel. */
+ * producer); and the nccl_hang fault may park it behind a spinning kernel. */
 static int before_collective(nccl_comm *n, errbuf *err) {
     cudaError_t e = cudaEventRecord(n->ready, n->compute);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
     if (e != cudaSuccess) return errf(err, "ordering after the compute: %s", cudaGetErrorString(e));
-    if (n->hang_at && n->base.ncalls == n->hang_at) kcuda_test_spin(n->stream, n->hang_flag);
+    const fault *hang = fault_get(FAULT_NCCL_HANG, n->base.rank);
+    if (hang && n->base.ncalls == (uint64_t)hang->n) cuda_test_spin(n->stream, n->hang_flag);
     return 0;
 }
 
@@ -269,8 +271,6 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         return -1;
     }
     n->compute = (cudaStream_t)ctx->stream;
-    const char *hang = getenv("FSDP_TEST_NCCL_HANG_AT");
-    n->hang_at = hang ? strtoull(hang, NULL, 10) : 0;
     cudaError_t e = cudaSetDevice(ctx->device);
     /* The highest priority: the block scheduler starts a collective's blocks as soon as SMs
      * free up, instead of queueing them behind the compute kernels it overlaps with. */
@@ -298,7 +298,7 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         nccl_destroy(&n->base);
         return errf(err, "ncclCommInitRankConfig (rank %d of %d): %s", rank, world, ncclGetErrorString(r));
     }
-    if (wait_settled(n, comm_now() + opt->init_timeout_s, err)) {
+    if (wait_settled(n, clock_now_s() + opt->init_timeout_s, err)) {
         nccl_destroy(&n->base);
         return errprefix(err, "NCCL init (rank %d of %d)", rank, world);
     }

@@ -6,7 +6,7 @@
 #include "kernels/kernels.h"
 #include "worker/comm.h"
 
-#define COMM_NCCL_ID_BYTES 128
+#define COMM_NCCL_ID_BYTES MSG_NCCL_ID_BYTES
 
 int comm_nccl_make_id(unsigned char id[COMM_NCCL_ID_BYTES], errbuf *err);
 /* Joins rank `rank` of `world` on ctx's device; collectives run on ctx's stream with

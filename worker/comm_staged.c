@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "worker/comm.h"
 #include "worker/comm_backend.h"
 
 typedef struct staged_comm {

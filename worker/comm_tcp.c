@@ -13,6 +13,8 @@
  *   all_reduce      reduce_scatter on ceil(n/W) chunks, then all_gather
  *   broadcast       pipelined along the ring from the root
  *   barrier         a 1-byte all_gather */
+#include "base/bf16.h"
+#include "base/bytes.h"
 #include "worker/comm.h"
 
 #include <errno.h>
@@ -28,6 +30,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/auth.h"
+#include "base/clock.h"
 #include "worker/comm_backend.h"
 
 #define XFER_MAX ((size_t)4 << 20) /* bytes per send()/recv() call */
@@ -43,33 +47,9 @@ static int ring_next(const comm *c) { return (c->rank + 1) % c->world; }
 static int ring_prev(const comm *c) { return (c->rank + c->world - 1) % c->world; }
 static int ring_mod(const comm *c, int i) { return ((i % c->world) + c->world) % c->world; }
 
-/* Milliseconds left until the deadline, for poll(); 0 once it has passed. */
-static int poll_ms(double deadline) {
-    double left = deadline - comm_now();
-    if (left <= 0) return 0;
-    return left > 1e6 ? 1000000000 : (int)ceil(left * 1000);
-}
-
 static int set_nodelay(int fd) {
     int one = 1;
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-/* ---- bf16 ------------------------------------------------------------------------------ */
-
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
 }
 
 /* ---- addresses and the listener -------------------------------------------------------- */
@@ -170,53 +150,41 @@ void comm_listener_close(comm_listener *l) {
 
 /* ---- handshake ------------------------------------------------------------------------- */
 
-/* HELLO (connecting rank -> accepting rank) and ACK (the answer), fixed size, big-endian:
- * magic[8] kind status from to world secret[32]. */
+/* A connection first proves the job secret both ways (base/auth.h: challenge and response,
+ * the connecting rank initiates; the secret never travels), then the connecting rank sends
+ * HELLO and the accepting rank answers ACK, fixed size, big-endian:
+ * magic[8] kind status from to world.  A connection that fails either is dropped. */
+#define COMM_AUTH_CONTEXT "fsdp-comm ring"
 enum { HS_HELLO = 1, HS_ACK = 2 };
-enum { HS_OK, HS_BAD_SECRET, HS_BAD_WORLD, HS_BAD_RANK, HS_DUPLICATE };
-#define HS_SIZE (8 + 5 * 4 + COMM_SECRET_BYTES)
-static const unsigned char hs_magic[8] = {'F', 'S', 'D', 'P', 'C', 'O', 'M', '1'};
+enum { HS_OK, HS_BAD_WORLD, HS_BAD_RANK, HS_DUPLICATE };
+#define HS_SIZE (8 + 5 * 4)
+static const unsigned char hs_magic[8] = {'F', 'S', 'D', 'P', 'C', 'O', 'M', '2'};
 
 typedef struct handshake {
     uint32_t kind, status, from, to, world;
-    unsigned char secret[COMM_SECRET_BYTES];
 } handshake;
-
-static void put_u32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
 
 static void hs_encode(const handshake *h, unsigned char *out) {
     memcpy(out, hs_magic, 8);
-    put_u32(out + 8, h->kind);
-    put_u32(out + 12, h->status);
-    put_u32(out + 16, h->from);
-    put_u32(out + 20, h->to);
-    put_u32(out + 24, h->world);
-    memcpy(out + 28, h->secret, COMM_SECRET_BYTES);
+    le_put_u32(out + 8, h->kind);
+    le_put_u32(out + 12, h->status);
+    le_put_u32(out + 16, h->from);
+    le_put_u32(out + 20, h->to);
+    le_put_u32(out + 24, h->world);
 }
 
 static int hs_decode(handshake *h, const unsigned char *in, uint32_t kind) {
-    if (memcmp(in, hs_magic, 8) != 0 || get_u32(in + 8) != kind) return -1;
+    if (memcmp(in, hs_magic, 8) != 0 || le_get_u32(in + 8) != kind) return -1;
     h->kind = kind;
-    h->status = get_u32(in + 12);
-    h->from = get_u32(in + 16);
-    h->to = get_u32(in + 20);
-    h->world = get_u32(in + 24);
-    memcpy(h->secret, in + 28, COMM_SECRET_BYTES);
+    h->status = le_get_u32(in + 12);
+    h->from = le_get_u32(in + 16);
+    h->to = le_get_u32(in + 20);
+    h->world = le_get_u32(in + 24);
     return 0;
 }
 
 static const char *hs_status_name(uint32_t status) {
     switch (status) {
-    case HS_BAD_SECRET: return "wrong job secret";
     case HS_BAD_WORLD: return "different world size";
     case HS_BAD_RANK: return "unexpected rank";
     case HS_DUPLICATE: return "that rank is already connected";
@@ -224,22 +192,12 @@ static const char *hs_status_name(uint32_t status) {
     return "unknown reason";
 }
 
-/* Constant time, so that a stranger cannot guess the secret byte by byte. */
-static int secret_equal(const unsigned char *a, const unsigned char *b) {
-    unsigned char diff = 0;
-    for (int i = 0; i < COMM_SECRET_BYTES; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
-static void hs_make(handshake *h, uint32_t kind, uint32_t status, int from, int to, int world,
-                    const unsigned char *secret) {
-    memset(h, 0, sizeof *h);
+static void hs_make(handshake *h, uint32_t kind, uint32_t status, int from, int to, int world) {
     h->kind = kind;
     h->status = status;
     h->from = (uint32_t)from;
     h->to = (uint32_t)to;
     h->world = (uint32_t)world;
-    if (secret) memcpy(h->secret, secret, COMM_SECRET_BYTES);
 }
 
 /* Sends all of a small message by the deadline; -1 with errno. */
@@ -253,7 +211,7 @@ static int send_exact(int fd, const void *buf, size_t len, double deadline) {
         }
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        int ms = poll_ms(deadline);
+        int ms = clock_poll_ms(deadline);
         if (ms == 0) {
             errno = ETIMEDOUT;
             return -1;
@@ -268,7 +226,7 @@ static int send_exact(int fd, const void *buf, size_t len, double deadline) {
 static int wait_connected(int fd, double deadline) {
     struct pollfd p = {fd, POLLOUT, 0};
     for (;;) {
-        int ms = poll_ms(deadline);
+        int ms = clock_poll_ms(deadline);
         if (ms == 0) {
             errno = ETIMEDOUT;
             return -1;
@@ -319,8 +277,8 @@ static int connect_until(const char *addr, int peer, double deadline, double tim
             fd = try_connect(ai, deadline);
             if (fd < 0) last = errno;
         }
-        if (fd >= 0 || comm_now() + backoff >= deadline) break;
-        comm_sleep(backoff);
+        if (fd >= 0 || clock_now_s() + backoff >= deadline) break;
+        clock_sleep_s(backoff);
         backoff = fmin(2 * backoff, 0.5);
     }
     freeaddrinfo(res);
@@ -335,15 +293,24 @@ static int connect_until(const char *addr, int peer, double deadline, double tim
     return fd;
 }
 
-/* An accepted connection that has not finished its HELLO yet. */
+/* An accepted connection that has not finished its authentication and HELLO yet. */
 typedef struct pending {
     int fd;
-    size_t got;
+    auth_session auth;
+    int authed; /* the secret is proved both ways */
+    size_t got; /* bytes of its HELLO */
     unsigned char buf[HS_SIZE];
 } pending;
 
-static uint32_t check_hello(const tcp_comm *t, const comm_options *opt, const handshake *h) {
-    if (!secret_equal(h->secret, opt->secret)) return HS_BAD_SECRET;
+/* Our connection to rank+1 while its handshake is under way. */
+typedef struct next_link {
+    auth_session auth;
+    int authed; /* the secret is proved both ways and our HELLO is sent */
+    size_t got; /* bytes of its ACK */
+    unsigned char ack[HS_SIZE];
+} next_link;
+
+static uint32_t check_hello(const tcp_comm *t, const handshake *h) {
     if (h->world != (uint32_t)t->base.world) return HS_BAD_WORLD;
     if (h->to != (uint32_t)t->base.rank || h->from != (uint32_t)ring_prev(&t->base))
         return HS_BAD_RANK;
@@ -351,33 +318,43 @@ static uint32_t check_hello(const tcp_comm *t, const comm_options *opt, const ha
     return HS_OK;
 }
 
-/* Reads from an accepted connection; once its HELLO is complete, adopts it as the
- * connection from rank-1 or turns it away (p->fd = -1 either way). */
-static int read_hello(tcp_comm *t, const comm_options *opt, pending *p, double deadline,
-                      errbuf *err) {
+static void drop(pending *p) {
+    close(p->fd);
+    p->fd = -1;
+}
+
+/* Advances an accepted connection: authentication, then its HELLO; once that is complete,
+ * adopts it as the connection from rank-1 or turns it away (p->fd = -1 either way).  A
+ * stranger, a peer without the secret or one not speaking our protocol is dropped without
+ * a word (the library does not print; the connecting side reports its own refusal). */
+static int read_hello(tcp_comm *t, pending *p, double deadline, errbuf *err) {
+    if (!p->authed) {
+        errbuf ignored;
+        int rc = auth_step(&p->auth, p->fd, &ignored);
+        if (rc < 0) drop(p);
+        if (rc <= 0) return 0;
+        p->authed = 1; /* its HELLO may be here already */
+    }
     ssize_t n = recv(p->fd, p->buf + p->got, HS_SIZE - p->got, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n > 0) p->got += (size_t)n;
     handshake h;
     if (n <= 0 || (p->got == HS_SIZE && hs_decode(&h, p->buf, HS_HELLO))) {
-        close(p->fd); /* gone, or not speaking our protocol: drop it without a word */
-        p->fd = -1;
+        drop(p);
         return 0;
     }
     if (p->got < HS_SIZE) return 0;
 
     const comm *c = &t->base;
-    uint32_t status = check_hello(t, opt, &h);
+    uint32_t status = check_hello(t, &h);
     handshake ack;
     unsigned char buf[HS_SIZE];
-    hs_make(&ack, HS_ACK, status, c->rank, (int)h.from, c->world,
-            status == HS_OK ? opt->secret : NULL);
+    hs_make(&ack, HS_ACK, status, c->rank, (int)h.from, c->world);
     hs_encode(&ack, buf);
     if (status != HS_OK) {
-        /* Best effort: tell the stranger why; it is dropped whatever send() says. */
+        /* Best effort: tell the peer why; it is dropped whatever send() says. */
         (void)send(p->fd, buf, HS_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT);
-        close(p->fd);
-        p->fd = -1;
+        drop(p);
         return 0;
     }
     if (send_exact(p->fd, buf, HS_SIZE, deadline) || set_nodelay(p->fd))
@@ -387,34 +364,66 @@ static int read_hello(tcp_comm *t, const comm_options *opt, pending *p, double d
     return 0;
 }
 
-/* Reads rank+1's answer to our HELLO (complete once *got reaches HS_SIZE); fails unless it
- * is a valid acceptance. */
-static int read_ack(tcp_comm *t, const comm_options *opt, unsigned char *ack, size_t *got,
-                    const char *addr, errbuf *err) {
+static short pending_events(const pending *p) {
+    return p->authed ? POLLIN : auth_events(&p->auth);
+}
+
+/* Names the peer in an authentication failure; a wrong proof is the wrong job secret. */
+static int auth_refused(int peer, const char *addr, errbuf *err) {
+    if (err && strcmp(err->msg, AUTH_WRONG_SECRET) == 0) errprefix(err, "wrong job secret");
+    return errprefix(err, "rank %d at %s", peer, addr);
+}
+
+/* Reads rank+1's answer to our HELLO (complete once link->got reaches HS_SIZE); fails
+ * unless it is a valid acceptance. */
+static int read_ack(tcp_comm *t, next_link *link, const char *addr, errbuf *err) {
     const comm *c = &t->base;
     int next = ring_next(c);
-    ssize_t n = recv(t->next_fd, ack + *got, HS_SIZE - *got, MSG_DONTWAIT);
+    ssize_t n = recv(t->next_fd, link->ack + link->got, HS_SIZE - link->got, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n == 0) return errf(err, "rank %d at %s closed the connection during the handshake", next, addr);
     if (n < 0) return errf(err, "rank %d at %s: %s", next, addr, strerror(errno));
-    *got += (size_t)n;
-    if (*got < HS_SIZE) return 0;
+    link->got += (size_t)n;
+    if (link->got < HS_SIZE) return 0;
     handshake h;
-    if (hs_decode(&h, ack, HS_ACK))
+    if (hs_decode(&h, link->ack, HS_ACK))
         return errf(err, "rank %d at %s does not speak the comm handshake", next, addr);
     if (h.status != HS_OK)
         return errf(err, "rank %d at %s refused the connection: %s", next, addr,
                     hs_status_name(h.status));
-    if (!secret_equal(h.secret, opt->secret))
-        return errf(err, "rank %d at %s did not present the job secret", next, addr);
     if (h.world != (uint32_t)c->world || h.from != (uint32_t)next || h.to != (uint32_t)c->rank)
         return errf(err, "rank %d at %s answered as rank %u of %u", next, addr, h.from, h.world);
     return 0;
 }
 
-/* Takes every waiting connection off the listener; the oldest stranger makes room when
- * the table is full. */
-static int accept_pending(int listen_fd, pending *pend, int *npend, errbuf *err) {
+/* Advances our connection to rank+1: the secret proved both ways, then our HELLO, then its
+ * ACK. */
+static int step_next(tcp_comm *t, next_link *link, const char *addr, double deadline,
+                     errbuf *err) {
+    if (link->authed) return read_ack(t, link, addr, err);
+    const comm *c = &t->base;
+    int next = ring_next(c);
+    int rc = auth_step(&link->auth, t->next_fd, err);
+    if (rc < 0) return auth_refused(next, addr, err);
+    if (rc == 0) return 0;
+    link->authed = 1;
+    handshake hello;
+    unsigned char buf[HS_SIZE];
+    hs_make(&hello, HS_HELLO, HS_OK, c->rank, next, c->world);
+    hs_encode(&hello, buf);
+    if (send_exact(t->next_fd, buf, HS_SIZE, deadline))
+        return errf(err, "rank %d at %s: sending the handshake: %s", next, addr, strerror(errno));
+    return 0;
+}
+
+static short next_events(const next_link *link) {
+    return link->authed ? POLLIN : auth_events(&link->auth);
+}
+
+/* Takes every waiting connection off the listener and starts its authentication; the
+ * oldest stranger makes room when the table is full. */
+static int accept_pending(const comm_options *opt, int listen_fd, pending *pend, int *npend,
+                          errbuf *err) {
     for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -427,36 +436,43 @@ static int accept_pending(int listen_fd, pending *pend, int *npend, errbuf *err)
             memmove(pend, pend + 1, (MAX_PENDING - 1) * sizeof *pend);
             (*npend)--;
         }
-        pend[*npend].fd = fd;
-        pend[*npend].got = 0;
+        pending *p = &pend[*npend];
+        p->fd = fd;
+        p->authed = 0;
+        p->got = 0;
+        if (auth_start(&p->auth, opt->secret, COMM_SECRET_BYTES, 0, COMM_AUTH_CONTEXT, err)) {
+            close(fd);
+            return -1;
+        }
         (*npend)++;
     }
 }
 
-/* With our HELLO sent to rank+1: accepts rank-1's connection (turning strangers away) while
- * waiting for rank+1's answer. */
+/* With the connection to rank+1 made: completes its handshake while accepting rank-1's
+ * connection (turning strangers away), all from one poll() loop, since every rank of the
+ * ring does both at once. */
 static int finish_handshake(tcp_comm *t, const comm_options *opt, int listen_fd,
-                            const char *next_addr, double deadline, errbuf *err) {
+                            next_link *link, const char *next_addr, double deadline,
+                            errbuf *err) {
     const comm *c = &t->base;
     pending pend[MAX_PENDING];
     int npend = 0, rc = 0;
-    unsigned char ack[HS_SIZE];
-    size_t ack_got = 0;
-    while (rc == 0 && (t->prev_fd < 0 || ack_got < HS_SIZE)) {
+    while (rc == 0 && (t->prev_fd < 0 || link->got < HS_SIZE)) {
         struct pollfd pf[2 + MAX_PENDING];
         int n = 0, ilisten = -1, inext = -1;
         if (t->prev_fd < 0) {
             pf[n] = (struct pollfd){listen_fd, POLLIN, 0};
             ilisten = n++;
         }
-        if (ack_got < HS_SIZE) {
-            pf[n] = (struct pollfd){t->next_fd, POLLIN, 0};
+        if (link->got < HS_SIZE) {
+            pf[n] = (struct pollfd){t->next_fd, next_events(link), 0};
             inext = n++;
         }
         int ifirst = n;
-        for (int i = 0; i < npend; i++) pf[n++] = (struct pollfd){pend[i].fd, POLLIN, 0};
+        for (int i = 0; i < npend; i++)
+            pf[n++] = (struct pollfd){pend[i].fd, pending_events(&pend[i]), 0};
 
-        int ms = poll_ms(deadline);
+        int ms = clock_poll_ms(deadline);
         if (ms == 0) {
             rc = t->prev_fd < 0
                      ? errf(err, "timed out after %g s waiting for rank %d to connect",
@@ -471,15 +487,15 @@ static int finish_handshake(tcp_comm *t, const comm_options *opt, int listen_fd,
             break;
         }
         if (ready <= 0) continue;
-        if (inext >= 0 && pf[inext].revents) rc = read_ack(t, opt, ack, &ack_got, next_addr, err);
+        if (inext >= 0 && pf[inext].revents) rc = step_next(t, link, next_addr, deadline, err);
         for (int i = 0; rc == 0 && i < npend; i++)
-            if (pf[ifirst + i].revents) rc = read_hello(t, opt, &pend[i], deadline, err);
+            if (pf[ifirst + i].revents) rc = read_hello(t, &pend[i], deadline, err);
         int kept = 0; /* drop the connections read_hello closed or adopted */
         for (int i = 0; i < npend; i++)
             if (pend[i].fd >= 0) pend[kept++] = pend[i];
         npend = kept;
         if (rc == 0 && ilisten >= 0 && pf[ilisten].revents)
-            rc = accept_pending(listen_fd, pend, &npend, err);
+            rc = accept_pending(opt, listen_fd, pend, &npend, err);
     }
     for (int i = 0; i < npend; i++) close(pend[i].fd);
     return rc;
@@ -487,19 +503,13 @@ static int finish_handshake(tcp_comm *t, const comm_options *opt, int listen_fd,
 
 static int connect_ring(tcp_comm *t, const comm_options *opt, const char *next_addr,
                         int listen_fd, errbuf *err) {
-    const comm *c = &t->base;
-    double deadline = comm_now() + opt->init_timeout_s;
-    int next = ring_next(c);
-    t->next_fd = connect_until(next_addr, next, deadline, opt->init_timeout_s, err);
+    double deadline = clock_now_s() + opt->init_timeout_s;
+    t->next_fd = connect_until(next_addr, ring_next(&t->base), deadline, opt->init_timeout_s, err);
     if (t->next_fd < 0) return -1;
-    handshake hello;
-    unsigned char buf[HS_SIZE];
-    hs_make(&hello, HS_HELLO, HS_OK, c->rank, next, c->world, opt->secret);
-    hs_encode(&hello, buf);
-    if (send_exact(t->next_fd, buf, HS_SIZE, deadline))
-        return errf(err, "rank %d at %s: sending the handshake: %s", next, next_addr,
-                    strerror(errno));
-    return finish_handshake(t, opt, listen_fd, next_addr, deadline, err);
+    next_link link = {.authed = 0, .got = 0};
+    if (auth_start(&link.auth, opt->secret, COMM_SECRET_BYTES, 1, COMM_AUTH_CONTEXT, err))
+        return -1;
+    return finish_handshake(t, opt, listen_fd, &link, next_addr, deadline, err);
 }
 
 /* ---- data transfer --------------------------------------------------------------------- */
@@ -582,7 +592,7 @@ static int ring_xfer(tcp_comm *t, const void *sbuf, size_t slen, void *rbuf, siz
             pf[n] = (struct pollfd){t->prev_fd, POLLIN, 0};
             iprev = n++;
         }
-        int ms = poll_ms(t->base.deadline);
+        int ms = clock_poll_ms(t->base.deadline);
         if (ms == 0) return timed_out(&t->base, got < rlen, err);
         int ready = poll(pf, (nfds_t)n, ms);
         if (ready < 0 && errno != EINTR) return errf(err, "poll: %s", strerror(errno));
@@ -672,7 +682,7 @@ static void store_result(void *dst, const float *acc, size_t len, comm_dtype dt,
         if (dt == COMM_F32)
             ((float *)dst)[i] = v;
         else
-            ((uint16_t *)dst)[i] = f32_to_bf16(v);
+            ((uint16_t *)dst)[i] = bf16_from_f32(v);
     }
 }
 

@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "proto/errbuf.h"
+#include "base/errbuf.h"
 #include "proto/tokens.h"
 
 typedef struct data_loader {

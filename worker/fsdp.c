@@ -1,5 +1,6 @@
 /* fsdp: sharded parameters, the gather/compute/reduce order of a step, and AdamW on the
  * shards.  See fsdp.h. */
+#include "base/bytes.h"
 #include "worker/fsdp.h"
 
 #include <math.h>
@@ -7,11 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fault.h"
 #include "proto/model_image.h"
 
 static void build_plan(fsdp *f);
-
-static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 static int is_tied(const fsdp *f) { return f->layout.cfg.tie_word_embeddings; }
 
@@ -312,7 +312,7 @@ static float *grad_buffer(fsdp *f, int u, int slot) {
 
 /* Before unit u's backward accumulates into full_grad[slot]: the slot's previous reduction
  * is finished and the slot zeroed. */
-static int grad_slot_ready(fsdp *f, int u, int slot, errbuf *err) {
+static int prepare_grad_slot(fsdp *f, int u, int slot, errbuf *err) {
     if (f->world == 1) return 0;
     if (reduce_finish(f, slot, err)) return -1;
     k_zero(f->ctx, f->full_grad[slot], f->units[u].padded * sizeof(float));
@@ -332,12 +332,12 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     void *embed = NULL;
     float *embed_grad = NULL;
     if (is_tied(f)) {
-        if (!(embed = gather_use(f, k++, err)) || grad_slot_ready(f, LLAMA_EMBED_UNIT, 2, err))
+        if (!(embed = gather_use(f, k++, err)) || prepare_grad_slot(f, LLAMA_EMBED_UNIT, 2, err))
             return -1;
         embed_grad = grad_buffer(f, LLAMA_EMBED_UNIT, 2);
     }
     void *g = gather_use(f, k++, err);
-    if (!g || grad_slot_ready(f, head, 0, err)) return -1;
+    if (!g || prepare_grad_slot(f, head, 0, err)) return -1;
     llama_head_forward_backward(f->ctx, lo, g, grad_buffer(f, head, 0), embed, embed_grad,
                                 f->resid[lo->n_layers], &f->head, &f->scratch, f->targets, B, T,
                                 dscale, &f->scalars[0], NULL, f->dresid);
@@ -370,7 +370,7 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
             llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
             f->layer_forwards++;
         }
-        if (grad_slot_ready(f, u, slot, err)) return -1;
+        if (prepare_grad_slot(f, u, slot, err)) return -1;
         llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, f->resid[l], acts_of(f, l),
                              &f->scratch, f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
@@ -378,7 +378,7 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
 
     /* The embedding's backward reads no parameters: nothing to gather. */
     int embed_slot = is_tied(f) ? 2 : slot ^ 1;
-    if (!is_tied(f) && grad_slot_ready(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
+    if (!is_tied(f) && prepare_grad_slot(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
     llama_embed_backward(c, lo, grad_buffer(f, LLAMA_EMBED_UNIT, embed_slot), f->tokens, f->dresid, N);
     if (reduce_start(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
     for (int s = 0; s < 3; s++)
@@ -435,8 +435,14 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
     }
 }
 
-/* Test hook: the first element of this rank's gradient shard of unit 0 becomes NaN, after
- * the reductions, as a bad kernel or an overflow would leave it; the loss stays finite. */
+/* Whether fault point p (nan_loss, nan_grad: RANK:STEP) hits this rank's step in progress. */
+static int fault_now(const fsdp *f, fault_point p) {
+    const fault *x = fault_get(p, f->rank);
+    return x && x->n == f->step + 1;
+}
+
+/* Fault nan_grad: the first element of this rank's gradient shard of unit 0 becomes NaN,
+ * after the reductions, as a bad kernel or an overflow would leave it; the loss stays finite. */
 static void poison_gradient(fsdp *f) {
     static const float nan = NAN;
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
@@ -478,12 +484,12 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
         rc = forward_backward(f, dscale, err);
     }
     free(targets);
-    if (rc == 0 && f->poison_grad_step == f->step + 1) poison_gradient(f);
+    if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
     if (rc == 0) k_copy_d2h(c, scalars, f->scalars, sizeof scalars);
     if (rc == 0) rc = k_sync(c, err);
-    if (rc == 0 && f->poison_step == f->step + 1) scalars[0] = NAN;
+    if (rc == 0 && fault_now(f, FAULT_NAN_LOSS)) scalars[0] = NAN; /* fault nan_loss */
     if (rc == 0) {
         mine.loss_sum = scalars[0];
         mine.sumsq = scalars[1];
@@ -547,7 +553,7 @@ int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err) {
 }
 
 /* The checkpoint's units and tensors are this model's (the shard sizes may differ). */
-static int same_tensors(const fsdp *f, const ckpt_layout *saved, const char *dir, errbuf *err) {
+static int check_same_tensors(const fsdp *f, const ckpt_layout *saved, const char *dir, errbuf *err) {
     const llama_layout *L = &f->layout;
     if (saved->n_units != L->n_units || saved->n_tensors != L->n_tensors)
         return errf(err, "%s: %d units and %d tensors; this model has %d and %d", dir, saved->n_units,
@@ -565,7 +571,7 @@ static int same_tensors(const fsdp *f, const ckpt_layout *saved, const char *dir
 }
 
 int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err) {
-    if (same_tensors(f, &m->layout, dir, err)) return -1;
+    if (check_same_tensors(f, &m->layout, dir, err)) return -1;
     if (m->optimizer_step > INT32_MAX) return errf(err, "%s: optimizer step out of range", dir);
     size_t max_shard = 0;
     for (int u = 0; u < f->layout.n_units; u++)

@@ -21,12 +21,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
 #include "kernels/kernels.h"
+#include "model/llama.h"
 #include "proto/ckpt.h"
-#include "proto/errbuf.h"
 #include "proto/job.h"
 #include "worker/comm.h"
-#include "model/llama.h"
 
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a
@@ -95,8 +95,6 @@ typedef struct fsdp {
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
     long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
-    int poison_step;     /* test hook: this rank's loss turns NaN at this step (0: never) */
-    int poison_grad_step; /* test hook: one element of this rank's gradient turns NaN (0: never) */
 } fsdp;
 
 typedef struct fsdp_options {

@@ -6,6 +6,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/fault.h"
+#include "base/path.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
@@ -15,12 +18,6 @@
 #include "worker/fsdp.h"
 #include "worker/schedule.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Votes every rank casts before a step (fsdp.vote). */
 enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP };
 
@@ -29,7 +26,7 @@ static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_
                   errbuf *err) {
     const job_config *j = env->job;
     ckpt_manifest m;
-    char name[4200];
+    char name[PATH_BYTES];
     snprintf(name, sizeof name, "%s/%s", env->resume_dir, CKPT_MANIFEST);
     if (ckpt_manifest_load(&m, env->resume_dir, err)) return -1;
     int rc = ckpt_manifest_check_model(&m, cfg, name, err);
@@ -45,21 +42,19 @@ static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_
     return rc;
 }
 
-/* The model's config and this rank's initial state: from the checkpoint when resuming, else
- * the initial parameters. */
+/* This rank's initial state: from the checkpoint when resuming, else the initial
+ * parameters. */
 static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbuf *err) {
     const job_config *j = env->job;
-    llama_config cfg;
-    int random = j->model.init == JOB_INIT_RANDOM;
+    const llama_config *cfg = env->model;
     memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
     *tokens_seen = 0;
-    if (llama_config_load(&cfg, random ? j->model.config : j->model.path, err)) return -1;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch};
-    if (fsdp_init(f, &cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
-    if (env->resume_dir) return resume(f, env, &cfg, tokens_seen, err);
+    if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+    if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
     const void *image;
     size_t bytes;
@@ -88,7 +83,7 @@ static int collect_tensor(const llama_tensor_slot *slot, const float *data, void
     return 0;
 }
 
-/* Test hook: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
+/* Fault final_params: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
 static int write_final_params(fsdp *f, int rank, const char *path, errbuf *err) {
     int n = f->layout.n_tensors;
     params_writer w = {calloc((size_t)n, sizeof *w.tensors), calloc((size_t)n, sizeof *w.copies), 0};
@@ -113,7 +108,7 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
     if (!env->writer) return TRAIN_CKPT_NONE;
     int requested = res->vote_max[VOTE_REQUEST] > *served;
     int interval = j->checkpoint.interval_steps > 0 && done % j->checkpoint.interval_steps == 0;
-    if (done == total && j->checkpoint.save_final) {
+    if ((done == total && j->checkpoint.save_final) || res->vote_max[VOTE_STOP] == TRAIN_STOP_SAVE) {
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
     }
@@ -141,15 +136,16 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);
         hp.lr = schedule_lr(j, step, total);
+        /* Stopping is voted too: every rank leaves after the same step (one leaving alone
+         * would leave the others waiting in a collective).  Polled before the request: a
+         * stop that comes with a checkpoint request (TRAIN_STOP_SAVE) is set after it. */
+        f->vote[VOTE_STOP] = h->should_stop ? h->should_stop(h->arg) : 0;
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
-        /* Stopping is voted too: every rank leaves after the same step (one leaving alone
-         * would leave the others waiting in a collective). */
-        f->vote[VOTE_STOP] = h->should_stop && h->should_stop(h->arg);
         fsdp_step_result res;
         rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
         if (rc) break;
@@ -159,7 +155,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
-                                    .seconds = now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt,
@@ -175,14 +171,6 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     return rc;
 }
 
-/* Test hooks: the step that environment variable `name` ("STEP:RANK") names for this rank,
- * 0 when it is unset or names another rank. */
-static int test_poison_step(const char *name, int rank) {
-    const char *at = getenv(name);
-    int step, at_rank;
-    return at && sscanf(at, "%d:%d", &step, &at_rank) == 2 && at_rank == rank ? step : 0;
-}
-
 int train_run(const train_env *env, errbuf *err) {
     const job_config *j = env->job;
     fsdp f;
@@ -190,20 +178,19 @@ int train_run(const train_env *env, errbuf *err) {
     int64_t tokens_seen;
     if (load_model(&f, env, &tokens_seen, err)) {
         fsdp_destroy(&f);
-        return -1;
+        return TRAIN_ERR_SETUP;
     }
-    f.poison_step = test_poison_step("FSDP_TEST_NAN_AT", env->rank);
-    f.poison_grad_step = test_poison_step("FSDP_TEST_NAN_GRAD_AT", env->rank);
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
                        (uint64_t)j->train.seed, j->data.shuffle, f.layout.cfg.vocab_size, err);
-    if (rc == 0) {
+    if (rc) rc = TRAIN_ERR_SETUP;
+    else {
         rc = run_steps(&f, &d, env, tokens_seen, err);
         data_close(&d);
     }
-    const char *final_path = getenv("FSDP_TEST_FINAL_PARAMS");
-    if (rc == 0 && final_path) rc = write_final_params(&f, env->rank, final_path, err);
+    const fault *final = fault_get(FAULT_FINAL_PARAMS, env->rank);
+    if (rc == 0 && final) rc = write_final_params(&f, env->rank, final->path, err);
     fsdp_destroy(&f);
     return rc;
 }

@@ -17,6 +17,7 @@
 
 #include "kernels/kernels.h"
 #include "proto/job.h"
+#include "proto/model_config.h"
 #include "worker/comm.h"
 
 typedef struct train_step_info {
@@ -37,12 +38,15 @@ typedef enum train_ckpt_action {
     TRAIN_CKPT_NONE, TRAIN_CKPT_ASYNC, TRAIN_CKPT_SYNC, TRAIN_CKPT_SKIPPED
 } train_ckpt_action;
 
+enum { TRAIN_STOP = 1, TRAIN_STOP_SAVE = 2 }; /* should_stop's answers (0: go on) */
+
 typedef struct train_hooks {
     void *arg;
     /* After every optimizer step. */
     void (*on_step)(void *arg, const train_step_info *info);
     /* Polled before every step and voted: when it is non-zero on any rank, every rank stops
-     * cleanly after that step. */
+     * cleanly after that step; TRAIN_STOP_SAVE on any rank: after a synchronous checkpoint of
+     * that step (SIGTERM: no save left in the background, no step after it). */
     int (*should_stop)(void *arg);
     /* Polled before every step: the newest checkpoint request this rank has received (ids
      * increase; 0: none).  NULL: never. */
@@ -53,6 +57,7 @@ struct ckpt_writer;
 
 typedef struct train_env {
     const job_config *job; /* validated */
+    const llama_config *model; /* the model's config, as fsdpd read it */
     int rank, world;
     comm *comm;            /* NULL when world is 1 */
     kctx *ctx;
@@ -63,16 +68,20 @@ typedef struct train_env {
     int model_fd;               /* fsdpd's model image (proto/model_image.h), when not resuming */
 } train_env;
 
-/* Runs the job's steps.  Returns 0 when every step ran (or a stop was requested), -1 with
- * the reason (naming the step and rank for a non-finite loss or gradient norm) otherwise.
- * With resume_dir the model, optimizer state, step and token count come from that
- * checkpoint (its global_batch and seed must be the job's: fsdpd sets them from the
- * manifest).
+/* train_run's failure to load the model, the checkpoint or the data: a restart would fail
+ * alike. */
+#define TRAIN_ERR_SETUP (-2)
+
+/* Runs the job's steps.  Returns 0 when every step ran (or a stop was requested),
+ * TRAIN_ERR_SETUP or -1 with the reason (naming the step and rank for a non-finite loss or
+ * gradient norm) otherwise.  With resume_dir the model, optimizer state, step and token
+ * count come from that checkpoint (its global_batch and seed must be the job's: fsdpd sets
+ * them from the manifest).
  *
- * Test-only hooks (environment): FSDP_TEST_NAN_AT="STEP:RANK" makes that rank's loss NaN at
- * that step; FSDP_TEST_NAN_GRAD_AT="STEP:RANK" makes one element of that rank's gradient NaN
- * at that step (the loss stays finite: the gradient norm is what stops the job); FSDP_TEST_FINAL_PARAMS=PATH makes rank 0 write the final parameters (gathered,
- * fp32) to PATH as safetensors. */
+ * Fault points (base/fault.h): nan_loss=RANK:STEP makes that rank's loss NaN at that step;
+ * nan_grad=RANK:STEP makes one element of its gradient NaN (the loss stays finite: the
+ * gradient norm is what stops the job); final_params=PATH makes rank 0 write the final
+ * parameters (gathered, fp32) to PATH as safetensors. */
 int train_run(const train_env *env, errbuf *err);
 
 #endif

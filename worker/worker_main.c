@@ -1,27 +1,25 @@
 /* fsdp-worker: one rank of a job.  fsdpd starts it with its end of a socketpair as a file
  * descriptor (--ctl-fd); everything else — the job, the rank, the peers — comes over that
- * connection (proto/ctl.h).
+ * connection (proto/msg.h: every message and its fields).
  *
  * Signals: SLURM signals every process of a step, but the daemon decides, so SIGTERM,
  * SIGINT and SIGUSR1 are ignored here; the worker stops on a STOP message, dies with its
  * daemon (PR_SET_PDEATHSIG, set by fsdpd before exec) and exits when its connection closes.
  *
- * Checkpoints: CKPT_BEGIN {"request": id} asks for a checkpoint at the next step boundary
- * (worker/train.h says how the ranks agree on the step); CKPT_ABORT {"step", "attempt"} stops
- * that save's writing; each written (or failed, or aborted) shard file is reported with
- * CKPT_DONE {"step", "attempt", "rank", "sync", "ok", "aborted", "error", "file", "bytes",
- * "header_crc32c", "stage_s", "write_s"}, rank 0's also with "optimizer_step", "tokens_seen"
- * and the layout ("units") for the manifest.  A METRICS message announces each save before
- * its files are written: "checkpoint": {"step", "attempt", "mode": async|sync|skipped,
- * "request"}.
+ * Checkpoints: CKPT_BEGIN asks for a checkpoint at the next step boundary (worker/train.h
+ * says how the ranks agree on the step); with stop (SIGTERM) for a synchronous one after the
+ * step in progress, and a stop after it.  CKPT_ABORT stops that save's writing; each written
+ * (or failed, or aborted) shard file is reported with CKPT_DONE, rank 0's also with the
+ * optimizer step, tokens seen and the layout for the manifest.  A METRICS message announces
+ * each save before its files are written.
  *
- * Test-only fault hooks: FSDP_TEST_WORKER_FAULT="RANK:ACTION:STEP[,...]" with ACTION
- *   exit          exit with status 3 after step STEP;
- *   hang_on_stop  when asked to stop (or when training ends), hang instead: fsdpd must
- *                 kill it;
- * and FSDP_TEST_CKPT_FAULT (worker/ckpt_writer.h). */
+ * A FATAL is permanent when no restart can cure the error: the job (CONFIG) does not
+ * validate, or loading the model, the checkpoint or the data failed.
+ *
+ * Fault points (base/fault.h): worker=RANK:exit:STEP exits with status 3 after that step;
+ * worker=RANK:hang_on_stop hangs when asked to stop (or when training ends): fsdpd must kill
+ * it. */
 #include <errno.h>
-#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -30,9 +28,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
+#include "base/fault.h"
 #include "kernels/kernels.h"
-#include "proto/ctl.h"
 #include "proto/job.h"
+#include "proto/msg.h"
 #include "worker/ckpt_writer.h"
 #include "worker/comm.h"
 #include "worker/comm_nccl.h"
@@ -45,10 +45,11 @@ typedef struct worker {
     pthread_mutex_t send_lock;
     int rank, world, local_rank;
     int model_fd; /* fsdpd's model image, inherited; -1 when resuming from a checkpoint */
-    char bind_host[256];
-    unsigned char secret[COMM_SECRET_BYTES];
+    char bind_host[MSG_ADDR_MAX];
+    unsigned char secret[MSG_SECRET_BYTES];
     job_config job;
-    atomic_int stop_requested;
+    llama_config model;
+    atomic_int stop_requested; /* 0, TRAIN_STOP or TRAIN_STOP_SAVE */
     atomic_long step;
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
@@ -57,70 +58,45 @@ typedef struct worker {
     ckpt_writer writer;
     pthread_mutex_t writer_lock; /* the control thread uses the writer only while writer_live */
     int writer_live;
-    int fault_step;
-    char fault_action[32];
+    const fault *fault; /* this rank's worker fault, or NULL */
+    int permanent; /* the error is one no restart can cure */
 } worker;
 
-static int send_json(worker *w, ctl_type type, json_t *body, errbuf *err) {
-    if (!body) return errf(err, "out of memory building %s", ctl_type_name(type));
+static int send(worker *w, const msg *m, errbuf *err) {
     pthread_mutex_lock(&w->send_lock);
-    int rc = ctl_send_json(w->fd, type, body, err);
+    int rc = msg_send(w->fd, m, err);
     pthread_mutex_unlock(&w->send_lock);
-    json_decref(body);
     return rc;
 }
 
-/* Receives a message of the expected type; a STOP instead means the job ended first. */
-static int expect(worker *w, ctl_type type, json_t **body, errbuf *err) {
-    ctl_msg m;
-    if (ctl_recv(w->fd, &m, SETUP_TIMEOUT_MS, err)) return errprefix(err, "waiting for %s", ctl_type_name(type));
-    if (m.type != type) {
-        int stopped = m.type == CTL_STOP;
-        errf(err, "expected %s, got %s", ctl_type_name(type), ctl_type_name(m.type));
-        ctl_msg_free(&m);
-        return stopped ? 1 : -1;
-    }
-    int rc = ctl_msg_json(&m, body, err);
-    ctl_msg_free(&m);
-    return rc;
+/* Receives a message of the expected type; a STOP instead means the job ended first (1). */
+static int expect(worker *w, msg_type type, msg *m, errbuf *err) {
+    if (msg_recv(w->fd, m, SETUP_TIMEOUT_MS, err)) return errprefix(err, "waiting for %s", msg_type_name(type));
+    if (m->type == type) return 0;
+    int stopped = m->type == MSG_STOP;
+    errf(err, "expected %s, got %s", msg_type_name(type), msg_type_name(m->type));
+    msg_free(m);
+    return stopped ? 1 : -1;
 }
 
-static int parse_hex(const char *hex, unsigned char *out, size_t n) {
-    if (!hex || strlen(hex) != 2 * n) return -1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        out[i] = (unsigned char)v;
-    }
-    return 0;
-}
-
+/* CONFIG: the decoder has checked every field, the job (valid for the world) and the
+ * model config. */
 static int read_config(worker *w, errbuf *err) {
-    json_t *cfg;
-    int rc = expect(w, CTL_CONFIG, &cfg, err);
+    msg m;
+    int rc = expect(w, MSG_CONFIG, &m, err);
     if (rc) return rc;
-    const char *job_text = json_string_value(json_object_get(cfg, "job"));
-    const char *host = json_string_value(json_object_get(cfg, "bind_host"));
-    const char *resume = json_string_value(json_object_get(cfg, "resume_dir"));
-    w->rank = (int)json_integer_value(json_object_get(cfg, "rank"));
-    w->local_rank = (int)json_integer_value(json_object_get(cfg, "local_rank"));
-    json_t *model_fd = json_object_get(cfg, "model_fd");
-    w->model_fd = json_is_integer(model_fd) ? (int)json_integer_value(model_fd) : -2;
-    w->world = (int)json_integer_value(json_object_get(cfg, "world"));
-    w->ckpt_attempt = (int)json_integer_value(json_object_get(cfg, "ckpt_attempt"));
-    rc = -1;
-    if (!job_text || !host || strlen(host) >= sizeof w->bind_host || w->world < 1 ||
-        w->rank < 0 || w->rank >= w->world || w->local_rank < 0 || w->model_fd < -1 ||
-        w->ckpt_attempt < 1 || !resume ||
-        strlen(resume) >= sizeof w->resume_dir ||
-        parse_hex(json_string_value(json_object_get(cfg, "secret")), w->secret, COMM_SECRET_BYTES))
-        errf(err, "malformed CONFIG message");
-    else if (job_parse(&w->job, job_text, strlen(job_text), err) == 0 &&
-             job_validate(&w->job, w->world, err) == 0)
-        rc = 0;
-    if (host) snprintf(w->bind_host, sizeof w->bind_host, "%s", host);
-    if (rc == 0) strcpy(w->resume_dir, resume);
-    json_decref(cfg);
+    const msg_config *c = &m.u.config;
+    w->rank = c->rank;
+    w->local_rank = c->local_rank;
+    w->world = c->world;
+    w->model_fd = c->model_fd;
+    w->ckpt_attempt = c->ckpt_attempt;
+    w->job = c->job;
+    w->model = c->model;
+    strcpy(w->bind_host, c->bind_host);
+    strcpy(w->resume_dir, c->resume_dir);
+    rc = hex_decode(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
+    msg_free(&m);
     return rc;
 }
 
@@ -128,17 +104,15 @@ static int read_config(worker *w, errbuf *err) {
 static int connect_tcp(worker *w, comm **out, errbuf *err) {
     comm_listener l;
     if (comm_tcp_listen(&l, w->bind_host, err)) return -1;
-    json_t *peers = NULL;
-    int rc = send_json(w, CTL_ADDR, json_pack("{s:s}", "addr", l.addr), err);
-    if (rc == 0) rc = expect(w, CTL_PEERS, &peers, err);
-    json_t *addrs = json_object_get(peers, "addrs");
-    if (rc == 0 && (!json_is_array(addrs) || json_array_size(addrs) != (size_t)w->world))
-        rc = errf(err, "malformed PEERS message");
-    const char **table = calloc((size_t)w->world, sizeof *table);
+    msg addr = {.type = MSG_ADDR}, peers = {0};
+    snprintf(addr.u.addr.addr, sizeof addr.u.addr.addr, "%s", l.addr);
+    int rc = send(w, &addr, err);
+    if (rc == 0) rc = expect(w, MSG_PEERS, &peers, err);
+    if (rc == 0 && peers.u.peers.n != w->world)
+        rc = errf(err, "PEERS: %d addresses for a world of %d", peers.u.peers.n, w->world);
+    const char **table = rc == 0 ? calloc((size_t)w->world, sizeof *table) : NULL;
     if (rc == 0 && !table) rc = errf(err, "out of memory");
-    for (int r = 0; rc == 0 && r < w->world; r++)
-        if (!(table[r] = json_string_value(json_array_get(addrs, (size_t)r))))
-            rc = errf(err, "malformed PEERS message");
+    for (int r = 0; rc == 0 && r < w->world; r++) table[r] = peers.u.peers.addrs[r];
     if (rc == 0) {
         comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60};
         memcpy(opt.secret, w->secret, sizeof opt.secret);
@@ -147,32 +121,18 @@ static int connect_tcp(worker *w, comm **out, errbuf *err) {
     }
     comm_listener_close(&l);
     free(table);
-    json_decref(peers);
+    msg_free(&peers);
     return rc;
 }
 
 #ifdef FSDP_HAVE_CUDA
-static int send_raw(worker *w, ctl_type type, const void *body, size_t len, errbuf *err) {
-    pthread_mutex_lock(&w->send_lock);
-    int rc = ctl_send(w->fd, type, body, len, err);
-    pthread_mutex_unlock(&w->send_lock);
-    return rc;
-}
-
 /* NCCL: global rank 0 makes the unique id, fsdpd relays it to every rank. */
 static int connect_nccl(worker *w, kctx *ctx, comm **out, errbuf *err) {
-    unsigned char id[COMM_NCCL_ID_BYTES];
-    if (w->rank == 0 && (comm_nccl_make_id(id, err) || send_raw(w, CTL_NCCL_ID, id, sizeof id, err)))
-        return -1;
-    ctl_msg m;
-    if (ctl_recv(w->fd, &m, SETUP_TIMEOUT_MS, err)) return errprefix(err, "waiting for NCCL_ID");
-    int ok = m.type == CTL_NCCL_ID && m.len == sizeof id;
-    if (ok) memcpy(id, m.body, sizeof id);
-    else errf(err, "expected a %zu-byte NCCL_ID, got %s (%u bytes)", sizeof id, ctl_type_name(m.type), m.len);
-    ctl_msg_free(&m);
-    if (!ok) return -1;
+    msg id = {.type = MSG_NCCL_ID};
+    if (w->rank == 0 && (comm_nccl_make_id(id.u.nccl_id.id, err) || send(w, &id, err))) return -1;
+    if (expect(w, MSG_NCCL_ID, &id, err)) return -1;
     comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120};
-    return comm_nccl_init(out, &opt, w->rank, w->world, id, ctx, err);
+    return comm_nccl_init(out, &opt, w->rank, w->world, id.u.nccl_id.id, ctx, err);
 }
 #endif
 
@@ -182,7 +142,8 @@ static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err
     *out = NULL;
     if (w->world == 1) return 0;
 #ifdef FSDP_HAVE_CUDA
-    if (ctx->backend == K_CUDA && w->world <= gpus) return connect_nccl(w, ctx, out, err);
+    /* NCCL when every rank of this node has a GPU of its own (NCCL refuses two on one). */
+    if (ctx->backend == K_CUDA && w->job.runtime.workers_per_node <= gpus) return connect_nccl(w, ctx, out, err);
 #else
     (void)gpus;
 #endif
@@ -211,43 +172,40 @@ static void *heartbeat_loop(void *arg) {
         sleep((unsigned)w->job.runtime.heartbeat_s);
         errbuf err;
         long long mem = atomic_load(&w->mem_bytes);
-        json_t *beat = json_pack("{s:I}", "step", (json_int_t)atomic_load(&w->step));
-        if (beat && mem >= 0) json_object_set_new(beat, "mem_bytes", json_integer(mem));
-        if (send_json(w, CTL_HEARTBEAT, beat, &err))
-            _exit(1); /* the daemon is gone */
+        msg beat = {.type = MSG_HEARTBEAT,
+                    .u.heartbeat = {.has_step = true, .step = atomic_load(&w->step),
+                                    .has_mem_bytes = mem >= 0, .mem_bytes = mem}};
+        if (send(w, &beat, &err)) _exit(1); /* the daemon is gone */
     }
     return NULL;
 }
 
-static void on_ckpt_message(worker *w, const ctl_msg *m) {
-    json_t *body;
-    errbuf err;
-    if (ctl_msg_json(m, &body, &err)) return;
-    if (m->type == CTL_CKPT_BEGIN) {
-        long long id = (long long)json_integer_value(json_object_get(body, "request"));
-        long long seen = atomic_load(&w->ckpt_request);
-        while (id > seen && !atomic_compare_exchange_weak(&w->ckpt_request, &seen, id)) {
-        }
-    } else {
-        pthread_mutex_lock(&w->writer_lock);
-        if (w->writer_live)
-            ckpt_writer_abort(&w->writer, (int64_t)json_integer_value(json_object_get(body, "step")),
-                              (int)json_integer_value(json_object_get(body, "attempt")));
-        pthread_mutex_unlock(&w->writer_lock);
+static void on_ckpt_begin(worker *w, const msg_ckpt_begin *b) {
+    long long seen = atomic_load(&w->ckpt_request);
+    while (b->request > seen && !atomic_compare_exchange_weak(&w->ckpt_request, &seen, b->request)) {
     }
-    json_decref(body);
+    /* After the request: the training thread reads the stop first (train.c). */
+    if (b->stop) atomic_store(&w->stop_requested, TRAIN_STOP_SAVE);
+}
+
+static void on_ckpt_abort(worker *w, const msg_ckpt_abort *a) {
+    pthread_mutex_lock(&w->writer_lock);
+    if (w->writer_live) ckpt_writer_abort(&w->writer, a->step, a->attempt);
+    pthread_mutex_unlock(&w->writer_lock);
 }
 
 /* Reads the daemon's messages while training runs. */
 static void *control_loop(void *arg) {
     worker *w = arg;
     for (;;) {
-        ctl_msg m;
+        msg m;
         errbuf err;
-        if (ctl_recv(w->fd, &m, -1, &err)) _exit(1); /* connection closed: the job is over */
-        if (m.type == CTL_STOP) atomic_store(&w->stop_requested, 1);
-        if (m.type == CTL_CKPT_BEGIN || m.type == CTL_CKPT_ABORT) on_ckpt_message(w, &m);
-        ctl_msg_free(&m);
+        if (msg_recv(w->fd, &m, -1, &err)) _exit(1); /* connection closed (or broken): the job is over */
+        int none = 0; /* a STOP does not cancel the save of a stop that asked for one */
+        if (m.type == MSG_STOP) atomic_compare_exchange_strong(&w->stop_requested, &none, TRAIN_STOP);
+        if (m.type == MSG_CKPT_BEGIN) on_ckpt_begin(w, &m.u.ckpt_begin);
+        if (m.type == MSG_CKPT_ABORT) on_ckpt_abort(w, &m.u.ckpt_abort);
+        msg_free(&m);
     }
     return NULL;
 }
@@ -261,18 +219,21 @@ static int64_t ckpt_request(void *arg) {
 static void report_ckpt(void *arg, const ckpt_report *r) {
     worker *w = arg;
     errbuf err;
-    json_t *m = json_pack("{s:I, s:i, s:i, s:b, s:b, s:b, s:s, s:s, s:I, s:I, s:f, s:f}", "step",
-                          (json_int_t)r->step, "attempt", r->attempt, "rank", r->rank, "sync", r->sync,
-                          "ok", r->ok, "aborted", r->aborted, "error", r->error, "file", r->file, "bytes",
-                          (json_int_t)r->bytes, "header_crc32c", (json_int_t)r->header_crc,
-                          "stage_s", r->stage_s, "write_s", r->write_s);
-    if (m && r->rank == 0 && r->ok) {
-        json_object_set_new(m, "optimizer_step", json_integer(r->optimizer_step));
-        json_object_set_new(m, "tokens_seen", json_integer(r->tokens_seen));
-        json_t *units = ckpt_layout_to_json(r->layout);
-        if (!units || json_object_set_new(m, "units", units)) m = (json_decref(m), NULL);
+    msg m = {.type = MSG_CKPT_DONE};
+    msg_ckpt_done *d = &m.u.ckpt_done;
+    *d = (msg_ckpt_done){.step = r->step, .attempt = r->attempt, .rank = r->rank, .sync = r->sync,
+                         .ok = r->ok, .aborted = r->aborted, .bytes = (int64_t)r->bytes,
+                         .header_crc32c = r->header_crc, .stage_s = r->stage_s, .write_s = r->write_s};
+    snprintf(d->error, sizeof d->error, "%s", r->error);
+    snprintf(d->file, sizeof d->file, "%s", r->file);
+    if (r->rank == 0 && r->ok) {
+        d->has_optimizer_step = d->has_tokens_seen = true;
+        d->optimizer_step = r->optimizer_step;
+        d->tokens_seen = r->tokens_seen;
+        if (!(d->units = ckpt_layout_to_json(r->layout))) _exit(1);
     }
-    if (send_json(w, CTL_CKPT_DONE, m, &err)) _exit(1);
+    if (send(w, &m, &err)) _exit(1);
+    msg_free(&m);
 }
 
 static void on_step(void *arg, const train_step_info *s) {
@@ -281,55 +242,38 @@ static void on_step(void *arg, const train_step_info *s) {
     atomic_store(&w->mem_bytes, s->mem_bytes);
     if (w->rank == 0) {
         errbuf err;
-        json_t *m = json_pack("{s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I, s:I, s:I}", "step",
-                              (json_int_t)s->step, "total_steps", (json_int_t)s->total_steps, "loss",
-                              s->loss, "lr", s->lr, "grad_norm", s->grad_norm, "tokens",
-                              (json_int_t)s->tokens, "tokens_seen", (json_int_t)s->tokens_seen,
-                              "seconds", s->seconds, "layer_forwards", (json_int_t)s->layer_forwards,
-                              "mem_bytes", (json_int_t)s->mem_bytes, "mem_peak_bytes",
-                              (json_int_t)s->mem_peak_bytes);
+        msg m = {.type = MSG_METRICS,
+                 .u.metrics = {.step = s->step, .total_steps = s->total_steps, .loss = s->loss, .lr = s->lr,
+                               .grad_norm = s->grad_norm, .tokens = s->tokens, .tokens_seen = s->tokens_seen,
+                               .seconds = s->seconds, .layer_forwards = s->layer_forwards,
+                               .mem_bytes = s->mem_bytes, .mem_peak_bytes = s->mem_peak_bytes}};
         static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",
                                             [TRAIN_CKPT_SKIPPED] = "skipped"};
-        if (m && s->ckpt != TRAIN_CKPT_NONE)
-            json_object_set_new(m, "checkpoint",
-                                json_pack("{s:I, s:i, s:s, s:I}", "step", (json_int_t)s->step, "attempt",
-                                          s->ckpt_attempt, "mode", modes[s->ckpt], "request",
-                                          (json_int_t)s->ckpt_request));
-        if (send_json(w, CTL_METRICS, m, &err)) _exit(1);
+        msg_metrics *mm = &m.u.metrics;
+        if (s->ckpt != TRAIN_CKPT_NONE) {
+            mm->has_checkpoint = true;
+            mm->checkpoint = (msg_ckpt_note){.step = s->step, .attempt = s->ckpt_attempt, .request = s->ckpt_request};
+            snprintf(mm->checkpoint.mode, sizeof mm->checkpoint.mode, "%s", modes[s->ckpt]);
+        }
+        if (send(w, &m, &err)) _exit(1);
     }
-    if (!strcmp(w->fault_action, "exit") && s->step == w->fault_step) _exit(3);
+    if (w->fault && !strcmp(w->fault->action, "exit") && s->step == w->fault->n) _exit(3);
 }
 
 static int should_stop(void *arg) {
     worker *w = arg;
-    if (!atomic_load(&w->stop_requested)) return 0;
-    if (!strcmp(w->fault_action, "hang_on_stop"))
-        for (;;) pause();
-    return 1;
-}
-
-/* FSDP_TEST_WORKER_FAULT is a comma-separated list of RANK:ACTION[:STEP]; the first entry
- * for this rank applies. */
-static void read_fault_hook(worker *w) {
-    const char *spec = getenv("FSDP_TEST_WORKER_FAULT");
-    while (spec && *spec) {
-        int rank, step = 0;
-        char action[32];
-        if (sscanf(spec, "%d:%31[a-z_]:%d", &rank, action, &step) >= 2 && rank == w->rank) {
-            snprintf(w->fault_action, sizeof w->fault_action, "%s", action);
-            w->fault_step = step;
-            return;
-        }
-        spec = strchr(spec, ',');
-        if (spec) spec++;
-    }
+    int stop = atomic_load(&w->stop_requested);
+    if (stop && w->fault && !strcmp(w->fault->action, "hang_on_stop")) fault_hang();
+    return stop;
 }
 
 static int run(worker *w, errbuf *err) {
-    if (send_json(w, CTL_HELLO, json_pack("{s:i}", "pid", (int)getpid()), err)) return -1;
+    msg hello = {.type = MSG_HELLO, .u.hello = {.pid = (int)getpid()}};
+    if (send(w, &hello, err)) return -1;
     int rc = read_config(w, err);
+    w->permanent = rc < 0;
     if (rc) return rc;
-    read_fault_hook(w);
+    w->fault = fault_get(FAULT_WORKER, w->rank);
     pthread_t hb, ctl;
     if (pthread_create(&hb, NULL, heartbeat_loop, w) != 0) return errf(err, "cannot start the heartbeat thread");
     kctx ctx;
@@ -337,10 +281,9 @@ static int run(worker *w, errbuf *err) {
     int gpus;
     if (open_context(w, &ctx, &gpus, err)) return -1;
     rc = connect_peers(w, &ctx, gpus, &c, err);
-    json_t *start = NULL;
-    if (rc == 0) rc = send_json(w, CTL_HEARTBEAT, json_pack("{s:b}", "ready", 1), err);
-    if (rc == 0) rc = expect(w, CTL_START, &start, err);
-    json_decref(start);
+    msg ready = {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true}}, start;
+    if (rc == 0) rc = send(w, &ready, err);
+    if (rc == 0 && (rc = expect(w, MSG_START, &start, err)) == 0) msg_free(&start);
     ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .rank = w->rank,
                                 .timeout_s = w->job.checkpoint.timeout_s, .report = report_ckpt, .arg = w};
     int have_writer = rc == 0 && ckpt_writer_init(&w->writer, &wopt, err) == 0;
@@ -349,13 +292,14 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0 && pthread_create(&ctl, NULL, control_loop, w) != 0)
         rc = errf(err, "cannot start the control thread");
     if (rc == 0) {
-        train_env env = {.job = &w->job, .rank = w->rank, .world = w->world, .comm = c, .ctx = &ctx,
+        train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c, .ctx = &ctx,
                          .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
                                    .ckpt_request = ckpt_request},
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
                          .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
                          .model_fd = w->model_fd};
         rc = train_run(&env, err);
+        w->permanent = rc == TRAIN_ERR_SETUP;
     }
     /* A save still being written after a stop or a failure is of no use: abandon it. */
     pthread_mutex_lock(&w->writer_lock);
@@ -380,14 +324,18 @@ int main(int argc, char **argv) {
         return 2;
     }
     errbuf err;
-    int rc = run(&w, &err);
+    int rc = fault_init(&err);
+    w.permanent = rc != 0;
+    if (rc == 0) rc = run(&w, &err);
     if (rc == 1) return 0; /* stopped before training began */
-    if (!strcmp(w.fault_action, "hang_on_stop"))
-        for (;;) pause(); /* the job is over for this worker, but it will not exit */
+    if (w.fault && !strcmp(w.fault->action, "hang_on_stop"))
+        fault_hang(); /* the job is over for this worker, but it will not exit */
     if (rc != 0) {
         errbuf ignored;
         fprintf(stderr, "fsdp-worker rank %d: %s\n", w.rank, err.msg);
-        send_json(&w, CTL_FATAL, json_pack("{s:s}", "message", err.msg), &ignored);
+        msg fatal = {.type = MSG_FATAL, .u.fatal = {.permanent = w.permanent}};
+        snprintf(fatal.u.fatal.message, sizeof fatal.u.fatal.message, "%s", err.msg);
+        send(&w, &fatal, &ignored);
         return 1;
     }
     return 0;

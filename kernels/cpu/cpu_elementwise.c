@@ -3,13 +3,6 @@
 
 #include <math.h>
 
-void cpu_add(kctx *c, void *out, const void *a, const void *b, size_t n) {
-    (void)c;
-    float *o = out;
-    const float *x = a, *y = b;
-    for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
-}
-
 void cpu_accumulate(kctx *c, void *dst, const void *src, size_t n) {
     (void)c;
     float *d = dst;
@@ -19,11 +12,6 @@ void cpu_accumulate(kctx *c, void *dst, const void *src, size_t n) {
 
 /* The compute dtype is fp32 here, so fp32 accumulation is the same loop. */
 void cpu_add_f32(kctx *c, float *dst, const float *src, size_t n) { cpu_accumulate(c, dst, src, n); }
-
-void cpu_scale_f32(kctx *c, float *x, float s, size_t n) {
-    (void)c;
-    for (size_t i = 0; i < n; i++) x[i] *= s;
-}
 
 void cpu_sumsq_f32(kctx *c, float *out, const float *x, size_t n) {
     (void)c;

@@ -31,10 +31,10 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 // ---- device primitives (begin) ----
-extern __shared__ __align__(16) unsigned char kc_attention_smem[];
+extern __shared__ __align__(16) unsigned char cuda_attention_smem[];
 
 __device__ __forceinline__ unsigned char *dynamic_smem() {
-    return kc_attention_smem;
+    return cuda_attention_smem;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -578,7 +578,7 @@ static int check_args(kctx *c, const char *op, const void *const *bufs, int n_bu
         k_fail(c, "%s: %d query heads are not a multiple of %d key/value heads", op, Hq, Hkv);
         return -1;
     }
-    if (hd != 64 && hd != 128 && !kcuda_attention_generic_supports(hd)) {
+    if (hd != 64 && hd != 128 && !cuda_attention_generic_supports(hd)) {
         k_fail(c, "CUDA %s: head dim %d is not supported (even, at most 256)", op, hd);
         return -1;
     }
@@ -587,7 +587,7 @@ static int check_args(kctx *c, const char *op, const void *const *bufs, int n_bu
         return -1;
     }
     for (int i = 0; i < n_bufs; i++)
-        if (!kc_aligned(bufs[i], 16)) {
+        if (!cuda_aligned(bufs[i], 16)) {
             k_fail(c, "CUDA %s: buffers must be 16-byte aligned", op);
             return -1;
         }
@@ -596,23 +596,23 @@ static int check_args(kctx *c, const char *op, const void *const *bufs, int n_bu
 
 // Lets `kernel` have `bytes` of dynamic shared memory; fails c when the device has less.
 template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t bytes) {
-    if (bytes > (size_t)kc_state(c)->smem_optin) {
+    if (bytes > (size_t)cuda_state(c)->smem_optin) {
         k_fail(c, "CUDA attention: a block needs %zu bytes of shared memory, the device gives %d",
-               bytes, kc_state(c)->smem_optin);
+               bytes, cuda_state(c)->smem_optin);
         return -1;
     }
-    return kc_check_call(c,
-                         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)bytes),
-                         "attention: cudaFuncSetAttribute");
+    return cuda_check_call(c,
+                           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)bytes),
+                           "attention: cudaFuncSetAttribute");
 }
 
 template <int HD, int NW> static void launch_fwd(kctx *c, const fwd_params &p) {
     typedef tiles<HD, NW> G;
     if (allow_smem(c, attention_fwd_kernel<HD, NW>, G::fwd_smem)) return;
     dim3 grid(p.Hq, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_fwd_kernel<HD, NW><<<grid, G::THREADS, G::fwd_smem, kc_stream(c)>>>(p);
-    kc_check_launch(c, "attention forward");
+    attention_fwd_kernel<HD, NW><<<grid, G::THREADS, G::fwd_smem, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention forward");
 }
 
 template <int HD, int NW> static void launch_bwd(kctx *c, const bwd_params &p) {
@@ -622,37 +622,37 @@ template <int HD, int NW> static void launch_bwd(kctx *c, const bwd_params &p) {
         return;
     constexpr int ROWS = 256 / (HD / 8); // delta rows per block; divides Tp
     unsigned delta_blocks = (unsigned)((size_t)p.B * p.Hq * p.Tp / ROWS);
-    attention_delta_kernel<HD><<<delta_blocks, 256, 0, kc_stream(c)>>>(p);
-    kc_check_launch(c, "attention backward (delta)");
+    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention backward (delta)");
     dim3 kv_grid(p.Hkv, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_dkdv_kernel<HD, NW><<<kv_grid, G::THREADS, G::dkv_smem, kc_stream(c)>>>(p);
-    kc_check_launch(c, "attention backward (dK, dV)");
+    attention_dkdv_kernel<HD, NW><<<kv_grid, G::THREADS, G::dkv_smem, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention backward (dK, dV)");
     dim3 q_grid(p.Hq, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_dq_kernel<HD, NW><<<q_grid, G::THREADS, G::dq_smem, kc_stream(c)>>>(p);
-    kc_check_launch(c, "attention backward (dQ)");
+    attention_dq_kernel<HD, NW><<<q_grid, G::THREADS, G::dq_smem, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention backward (dQ)");
 }
 
 // 8 warps a block where that block's shared memory fits the device, else 4.
 template <int HD> static void attention_fwd(kctx *c, const fwd_params &p) {
-    if (tiles<HD, 8>::fwd_smem <= (size_t)kc_state(c)->smem_optin)
+    if (tiles<HD, 8>::fwd_smem <= (size_t)cuda_state(c)->smem_optin)
         launch_fwd<HD, 8>(c, p);
     else
         launch_fwd<HD, 4>(c, p);
 }
 
 template <int HD> static void attention_bwd(kctx *c, const bwd_params &p) {
-    if (tiles<HD, 8>::bwd_smem <= (size_t)kc_state(c)->smem_optin)
+    if (tiles<HD, 8>::bwd_smem <= (size_t)cuda_state(c)->smem_optin)
         launch_bwd<HD, 8>(c, p);
     else
         launch_bwd<HD, 4>(c, p);
 }
 
-extern "C" void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                    const void *v, int B, int T, int Hq, int Hkv, int hd) {
+extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
+                                   const void *v, int B, int T, int Hq, int Hkv, int hd) {
     const void *bufs[] = {out, lse, q, k, v};
     if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) || B == 0 || T == 0) return;
     if (hd != 64 && hd != 128) {
-        kcuda_attention_generic_fwd(c, out, lse, q, k, v, B, T, Hq, Hkv, hd);
+        cuda_attention_generic_fwd(c, out, lse, q, k, v, B, T, Hq, Hkv, hd);
         return;
     }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
@@ -663,19 +663,19 @@ extern "C" void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *
         attention_fwd<128>(c, p);
 }
 
-extern "C" void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
-                                    const void *q, const void *k, const void *v, const void *out,
-                                    const float *lse, int B, int T, int Hq, int Hkv, int hd) {
+extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
+                                   const void *q, const void *k, const void *v, const void *out,
+                                   const float *lse, int B, int T, int Hq, int Hkv, int hd) {
     const void *bufs[] = {dq, dk, dv, dout, q, k, v, out, lse};
     if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) || B == 0 || T == 0)
         return;
     if (hd != 64 && hd != 128) {
-        kcuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd);
+        cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd);
         return;
     }
     const int Tp = (T + STATS_PAD - 1) / STATS_PAD * STATS_PAD;
     const size_t rows = (size_t)B * Hq * Tp;
-    float *scratch = (float *)kc_scratch(c, 2 * rows * sizeof(float), "attention backward");
+    float *scratch = (float *)cuda_scratch(c, 2 * rows * sizeof(float), "attention backward");
     if (!scratch) return;
     const float scale = 1.0f / sqrtf((float)hd);
     bwd_params p = {(bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, scratch + rows,

@@ -145,33 +145,35 @@ static unsigned gen_blocks(size_t rows) {
     return (unsigned)((rows + GEN_WARPS - 1) / GEN_WARPS);
 }
 
-extern "C" int kcuda_attention_generic_supports(int hd) { return hd > 0 && hd % 2 == 0 && hd <= GEN_MAX_HD; }
-
-extern "C" void kcuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q,
-                                            const void *k, const void *v, int B, int T, int Hq,
-                                            int Hkv, int hd) {
-    gen_shape s = {B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd)};
-    attention_generic_fwd<<<gen_blocks((size_t)B * Hq * T), 32 * GEN_WARPS, 0, kc_stream(c)>>>(
-        (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, s);
-    kc_check_launch(c, "attention forward (generic head dim)");
+extern "C" int cuda_attention_generic_supports(int hd) {
+    return hd > 0 && hd % 2 == 0 && hd <= GEN_MAX_HD;
 }
 
-extern "C" void kcuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv,
-                                            const void *dout, const void *q, const void *k,
-                                            const void *v, const void *out, const float *lse,
-                                            int B, int T, int Hq, int Hkv, int hd) {
+extern "C" void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q,
+                                           const void *k, const void *v, int B, int T, int Hq,
+                                           int Hkv, int hd) {
+    gen_shape s = {B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd)};
+    attention_generic_fwd<<<gen_blocks((size_t)B * Hq * T), 32 * GEN_WARPS, 0, cuda_stream(c)>>>(
+        (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, s);
+    cuda_check_launch(c, "attention forward (generic head dim)");
+}
+
+extern "C" void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv,
+                                           const void *dout, const void *q, const void *k,
+                                           const void *v, const void *out, const float *lse,
+                                           int B, int T, int Hq, int Hkv, int hd) {
     gen_shape s = {B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd)};
     size_t q_rows = (size_t)B * Hq * T;
-    float *delta = (float *)kc_scratch(c, q_rows * sizeof(float), "attention backward");
+    float *delta = (float *)cuda_scratch(c, q_rows * sizeof(float), "attention backward");
     if (!delta) return;
     unsigned threads = 32 * GEN_WARPS;
-    attention_generic_delta<<<gen_blocks(q_rows), threads, 0, kc_stream(c)>>>(
+    attention_generic_delta<<<gen_blocks(q_rows), threads, 0, cuda_stream(c)>>>(
         delta, (const bf16 *)dout, (const bf16 *)out, s);
-    attention_generic_dq<<<gen_blocks(q_rows), threads, 0, kc_stream(c)>>>(
+    attention_generic_dq<<<gen_blocks(q_rows), threads, 0, cuda_stream(c)>>>(
         (bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse,
         delta, s);
-    attention_generic_dkdv<<<gen_blocks((size_t)B * Hkv * T), threads, 0, kc_stream(c)>>>(
+    attention_generic_dkdv<<<gen_blocks((size_t)B * Hkv * T), threads, 0, cuda_stream(c)>>>(
         (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k,
         (const bf16 *)v, lse, delta, s);
-    kc_check_launch(c, "attention backward (generic head dim)");
+    cuda_check_launch(c, "attention backward (generic head dim)");
 }

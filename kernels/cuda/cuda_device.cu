@@ -5,9 +5,9 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 
-#define KC_WORKSPACE_BYTES ((size_t)32 << 20) // cuBLASLt's recommendation for Hopper
+#define CUDA_WORKSPACE_BYTES ((size_t)32 << 20) // cuBLASLt's recommendation for Hopper
 
-extern "C" int kcuda_device_count(void) {
+extern "C" int cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         (void)cudaGetLastError(); // no driver or no device: report none, clear the error
@@ -18,12 +18,12 @@ extern "C" int kcuda_device_count(void) {
 
 // ---- failures ----
 
-void kc_check_launch(kctx *c, const char *what) {
+void cuda_check_launch(kctx *c, const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) k_fail(c, "CUDA %s: launch failed: %s", what, cudaGetErrorString(e));
 }
 
-int kc_check_call(kctx *c, cudaError_t e, const char *what) {
+int cuda_check_call(kctx *c, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 0;
     (void)cudaGetLastError(); // the error is reported here; don't let it leak into the next check
     k_fail(c, "CUDA %s: %s", what, cudaGetErrorString(e));
@@ -31,17 +31,17 @@ int kc_check_call(kctx *c, cudaError_t e, const char *what) {
 }
 
 // The message of a bad input a kernel reported (the same wording as the CPU backend).
-static void fail_on_kernel_report(kctx *c, const kc_error *e) {
+static void fail_on_kernel_report(kctx *c, const cuda_input_error *e) {
     switch (e->code) {
-    case KC_EMBEDDING_TOKEN:
+    case CUDA_EMBEDDING_TOKEN:
         k_fail(c, "embedding: token %d at row %d is outside the vocabulary [0, %d)", e->value,
                e->row, e->limit);
         break;
-    case KC_EMBEDDING_BWD_TOKEN:
+    case CUDA_EMBEDDING_BWD_TOKEN:
         k_fail(c, "embedding backward: token %d at row %d is outside the vocabulary [0, %d)",
                e->value, e->row, e->limit);
         break;
-    case KC_CE_TARGET:
+    case CUDA_CE_TARGET:
         k_fail(c, "cross_entropy: target %d at row %d is outside the vocabulary [0, %d)",
                e->value, e->row, e->limit);
         break;
@@ -51,29 +51,30 @@ static void fail_on_kernel_report(kctx *c, const kc_error *e) {
 }
 
 // Waits for the stream; then reports (and clears) the first bad input a kernel found.
-extern "C" void kcuda_sync(kctx *c) {
-    kc_impl *s = kc_state(c);
-    kc_error report;
-    if (kc_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
-        kc_check_call(c, cudaMemcpyAsync(&report, s->error, sizeof report, cudaMemcpyDeviceToHost,
-                                         s->stream),
-                      "reading kernel error reports") ||
-        kc_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize"))
+extern "C" void cuda_sync(kctx *c) {
+    cuda_impl *s = cuda_state(c);
+    cuda_input_error report;
+    if (cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
+        cuda_check_call(c,
+                        cudaMemcpyAsync(&report, s->error, sizeof report, cudaMemcpyDeviceToHost,
+                                        s->stream),
+                        "reading kernel error reports") ||
+        cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize"))
         return;
-    if (report.code == KC_OK) return;
+    if (report.code == CUDA_INPUT_OK) return;
     fail_on_kernel_report(c, &report);
-    kc_check_call(c, cudaMemsetAsync(s->error, 0, sizeof *s->error, s->stream),
-                  "clearing kernel error reports");
+    cuda_check_call(c, cudaMemsetAsync(s->error, 0, sizeof *s->error, s->stream),
+                    "clearing kernel error reports");
 }
 
 // ---- contexts ----
 
-extern "C" void kcuda_destroy(kctx *c) {
-    kc_impl *s = kc_state(c);
+extern "C" void cuda_destroy(kctx *c) {
+    cuda_impl *s = cuda_state(c);
     if (!s) return;
     // Teardown: errors here have nobody left to report to.
     if (s->stream) (void)cudaStreamSynchronize(s->stream);
-    kc_gemm_cache_clear(s);
+    cuda_gemm_cache_clear(s);
     if (s->lt) (void)cublasLtDestroy(s->lt);
     if (s->workspace) (void)cudaFree(s->workspace);
     if (s->scratch) (void)cudaFree(s->scratch);
@@ -86,16 +87,16 @@ extern "C" void kcuda_destroy(kctx *c) {
 }
 
 static int init_failed(kctx *c, errbuf *err, const char *what, const char *why) {
-    kcuda_destroy(c);
+    cuda_destroy(c);
     return errf(err, "CUDA backend on device %d: %s: %s", c->device, what, why);
 }
 
-extern "C" int kcuda_init(kctx *c, int device, errbuf *err) {
-    int count = kcuda_device_count();
+extern "C" int cuda_init(kctx *c, int device, errbuf *err) {
+    int count = cuda_device_count();
     if (device < 0 || device >= count)
         return errf(err, "CUDA backend: device %d does not exist (%d device%s visible)", device,
                     count, count == 1 ? "" : "s");
-    kc_impl *s = (kc_impl *)calloc(1, sizeof *s);
+    cuda_impl *s = (cuda_impl *)calloc(1, sizeof *s);
     if (!s) return errf(err, "CUDA backend: out of host memory");
     c->impl = s;
     cudaError_t e;
@@ -110,7 +111,7 @@ extern "C" int kcuda_init(kctx *c, int device, errbuf *err) {
     cublasStatus_t st = cublasLtCreate(&s->lt);
     if (st != CUBLAS_STATUS_SUCCESS)
         return init_failed(c, err, "cublasLtCreate", cublasLtGetStatusString(st));
-    s->workspace_bytes = KC_WORKSPACE_BYTES;
+    s->workspace_bytes = CUDA_WORKSPACE_BYTES;
     if ((e = cudaMalloc(&s->workspace, s->workspace_bytes)) != cudaSuccess)
         return init_failed(c, err, "allocating the cuBLASLt workspace", cudaGetErrorString(e));
     if ((e = cudaMalloc((void **)&s->error, sizeof *s->error)) != cudaSuccess ||
@@ -120,24 +121,24 @@ extern "C" int kcuda_init(kctx *c, int device, errbuf *err) {
     return 0;
 }
 
-void *kc_scratch(kctx *c, size_t bytes, const char *what) {
-    kc_impl *s = kc_state(c);
+void *cuda_scratch(kctx *c, size_t bytes, const char *what) {
+    cuda_impl *s = cuda_state(c);
     if (bytes <= s->scratch_bytes) return s->scratch;
     // Earlier ops may still be using the old buffer.
-    if (kc_check_call(c, cudaStreamSynchronize(s->stream), what)) return NULL;
+    if (cuda_check_call(c, cudaStreamSynchronize(s->stream), what)) return NULL;
     if (s->scratch) (void)cudaFree(s->scratch);
     s->scratch = NULL;
     s->scratch_bytes = 0;
     size_t grown = bytes + bytes / 4; // some headroom for the next, slightly larger, request
-    if (kc_check_call(c, cudaMalloc(&s->scratch, grown), what)) return NULL;
+    if (cuda_check_call(c, cudaMalloc(&s->scratch, grown), what)) return NULL;
     s->scratch_bytes = grown;
     return s->scratch;
 }
 
 // ---- memory ----
 
-extern "C" void *kcuda_alloc(kctx *c, size_t bytes, errbuf *err) {
-    kc_impl *s = kc_state(c);
+extern "C" void *cuda_alloc(kctx *c, size_t bytes, errbuf *err) {
+    cuda_impl *s = cuda_state(c);
     void *p = NULL;
     size_t n = bytes ? bytes : 1; // cudaMalloc(0) gives NULL, which would read as a failure
     cudaError_t e = cudaMalloc(&p, n);
@@ -158,10 +159,10 @@ extern "C" void *kcuda_alloc(kctx *c, size_t bytes, errbuf *err) {
     return p;
 }
 
-extern "C" void kcuda_free(kctx *c, void *p) {
+extern "C" void cuda_free(kctx *c, void *p) {
     // Queued work may still use p.
-    kc_check_call(c, cudaStreamSynchronize(kc_stream(c)), "free: stream synchronize");
-    kc_check_call(c, cudaFree(p), "cudaFree");
+    cuda_check_call(c, cudaStreamSynchronize(cuda_stream(c)), "free: stream synchronize");
+    cuda_check_call(c, cudaFree(p), "cudaFree");
 }
 
 // The comm watchdog's test: park a stream until the host releases the flag.
@@ -169,14 +170,14 @@ __global__ void spin_until_set(volatile int *flag) {
     while (*flag == 0) __nanosleep(1000);
 }
 
-extern "C" void kcuda_test_spin(void *stream, int *flag) {
+extern "C" void cuda_test_spin(void *stream, int *flag) {
     int *device_view = NULL;
     if (cudaHostGetDevicePointer((void **)&device_view, flag, 0) != cudaSuccess) return;
     spin_until_set<<<1, 1, 0, (cudaStream_t)stream>>>(device_view);
 }
 
 // Pinned host memory: copies from and to it run at full PCIe/NVLink speed, asynchronously.
-extern "C" void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err) {
+extern "C" void *cuda_host_alloc(kctx *c, size_t bytes, errbuf *err) {
     void *p = NULL;
     size_t n = bytes ? bytes : 1;
     cudaError_t e = cudaMallocHost(&p, n);
@@ -190,34 +191,29 @@ extern "C" void *kcuda_host_alloc(kctx *c, size_t bytes, errbuf *err) {
     return p;
 }
 
-extern "C" void kcuda_host_free(kctx *c, void *p) {
+extern "C" void cuda_host_free(kctx *c, void *p) {
     // Queued copies may still read or write p.
-    kc_check_call(c, cudaStreamSynchronize(kc_stream(c)), "host free: stream synchronize");
-    kc_check_call(c, cudaFreeHost(p), "cudaFreeHost");
+    cuda_check_call(c, cudaStreamSynchronize(cuda_stream(c)), "host free: stream synchronize");
+    cuda_check_call(c, cudaFreeHost(p), "cudaFreeHost");
 }
 
-extern "C" void kcuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
+extern "C" void cuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     if (!bytes) return;
-    kc_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, kc_stream(c)),
-                  "copy host to device");
+    cudaStream_t stream = cuda_stream(c);
+    cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream),
+                    "copy host to device");
 }
 
-extern "C" void kcuda_copy_d2h(kctx *c, void *host_dst, const void *src, size_t bytes) {
+extern "C" void cuda_copy_d2h(kctx *c, void *host_dst, const void *src, size_t bytes) {
     if (!bytes) return;
-    if (kc_check_call(c,
-                      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, kc_stream(c)),
-                      "copy device to host"))
+    cudaStream_t stream = cuda_stream(c);
+    if (cuda_check_call(c, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                        "copy device to host"))
         return;
-    kc_check_call(c, cudaStreamSynchronize(kc_stream(c)), "copy device to host: synchronize");
+    cuda_check_call(c, cudaStreamSynchronize(stream), "copy device to host: synchronize");
 }
 
-extern "C" void kcuda_copy_d2d(kctx *c, void *dst, const void *src, size_t bytes) {
+extern "C" void cuda_zero(kctx *c, void *p, size_t bytes) {
     if (!bytes) return;
-    kc_check_call(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kc_stream(c)),
-                  "copy device to device");
-}
-
-extern "C" void kcuda_zero(kctx *c, void *p, size_t bytes) {
-    if (!bytes) return;
-    kc_check_call(c, cudaMemsetAsync(p, 0, bytes, kc_stream(c)), "memset");
+    cuda_check_call(c, cudaMemsetAsync(p, 0, bytes, cuda_stream(c)), "memset");
 }

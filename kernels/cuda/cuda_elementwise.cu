@@ -2,7 +2,7 @@
 //
 // Each kernel handles VEC consecutive elements per thread: 16-byte accesses (8 bf16 or 4
 // floats) when n is a multiple of that and every pointer is aligned for it, else one element
-// (VEC = 1).  Grids are capped (kc_blocks), so kernels loop over their packs.  Math is fp32;
+// (VEC = 1).  Grids are capped (cuda_blocks), so kernels loop over their packs.  Math is fp32;
 // bf16 results are rounded to nearest even.
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -12,7 +12,7 @@
 
 // dst = bf16(src)
 template <int VEC> __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float x[VEC];
         load_floats<VEC>(x, src + p * VEC);
         store_floats<VEC>(dst + p * VEC, x);
@@ -21,70 +21,36 @@ template <int VEC> __global__ void f32_to_bf16_kernel(bf16 *dst, const float *sr
 
 // dst = float(src) (exact)
 template <int VEC> __global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float x[VEC];
         load_floats<VEC>(x, src + p * VEC);
         store_floats<VEC>(dst + p * VEC, x);
     }
 }
 
-extern "C" void kcuda_f32_to_compute(kctx *c, void *dst, const float *src, size_t n) {
+extern "C" void cuda_f32_to_compute(kctx *c, void *dst, const float *src, size_t n) {
     if (!n) return;
-    if (n % 4 == 0 && kc_aligned(src, 16) && kc_aligned(dst, 8))
-        KC_LAUNCH_PACKS(f32_to_bf16_kernel, 4, n, (bf16 *)dst, src);
+    if (n % 4 == 0 && cuda_aligned(src, 16) && cuda_aligned(dst, 8))
+        CUDA_LAUNCH_PACKS(f32_to_bf16_kernel, 4, n, (bf16 *)dst, src);
     else
-        KC_LAUNCH_PACKS(f32_to_bf16_kernel, 1, n, (bf16 *)dst, src);
-    kc_check_launch(c, "f32_to_compute");
+        CUDA_LAUNCH_PACKS(f32_to_bf16_kernel, 1, n, (bf16 *)dst, src);
+    cuda_check_launch(c, "f32_to_compute");
 }
 
-extern "C" void kcuda_compute_to_f32(kctx *c, float *dst, const void *src, size_t n) {
+extern "C" void cuda_compute_to_f32(kctx *c, float *dst, const void *src, size_t n) {
     if (!n) return;
-    if (n % 4 == 0 && kc_aligned(dst, 16) && kc_aligned(src, 8))
-        KC_LAUNCH_PACKS(bf16_to_f32_kernel, 4, n, dst, (const bf16 *)src);
+    if (n % 4 == 0 && cuda_aligned(dst, 16) && cuda_aligned(src, 8))
+        CUDA_LAUNCH_PACKS(bf16_to_f32_kernel, 4, n, dst, (const bf16 *)src);
     else
-        KC_LAUNCH_PACKS(bf16_to_f32_kernel, 1, n, dst, (const bf16 *)src);
-    kc_check_launch(c, "compute_to_f32");
+        CUDA_LAUNCH_PACKS(bf16_to_f32_kernel, 1, n, dst, (const bf16 *)src);
+    cuda_check_launch(c, "compute_to_f32");
 }
 
 // ---- bf16 elementwise ----
 
-// out = a + b
-template <int VEC>
-__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
-        float x[VEC], y[VEC];
-        load_floats<VEC>(x, a + p * VEC);
-        load_floats<VEC>(y, b + p * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) x[j] += y[j];
-        store_floats<VEC>(out + p * VEC, x);
-    }
-}
-
-static bool bf16_vec8(size_t n, const void *a, const void *b, const void *d) {
-    return n % 8 == 0 && kc_aligned(a, 16) && kc_aligned(b, 16) && kc_aligned(d, 16);
-}
-
-extern "C" void kcuda_add(kctx *c, void *out, const void *a, const void *b, size_t n) {
-    if (!n) return;
-    bf16 *o = (bf16 *)out;
-    const bf16 *x = (const bf16 *)a, *y = (const bf16 *)b;
-    if (bf16_vec8(n, out, a, b))
-        KC_LAUNCH_PACKS(add_kernel, 8, n, o, x, y);
-    else
-        KC_LAUNCH_PACKS(add_kernel, 1, n, o, x, y);
-    kc_check_launch(c, "add");
-}
-
-extern "C" void kcuda_accumulate(kctx *c, void *dst, const void *src, size_t n) {
-    kcuda_add(c, dst, dst, src, n); // dst = dst + src, each element read before written
-}
-
-// ---- fp32 elementwise ----
-
-// dst += src
-template <int VEC> __global__ void add_f32_kernel(float *dst, const float *src, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
+// dst += src, added in fp32 (T: bf16 or float)
+template <int VEC, typename T> __global__ void accumulate_kernel(T *dst, const T *src, size_t packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float x[VEC], y[VEC];
         load_floats<VEC>(x, dst + p * VEC);
         load_floats<VEC>(y, src + p * VEC);
@@ -94,33 +60,30 @@ template <int VEC> __global__ void add_f32_kernel(float *dst, const float *src, 
     }
 }
 
-extern "C" void kcuda_add_f32(kctx *c, float *dst, const float *src, size_t n) {
-    if (!n) return;
-    if (n % 4 == 0 && kc_aligned(dst, 16) && kc_aligned(src, 16))
-        KC_LAUNCH_PACKS(add_f32_kernel, 4, n, dst, src);
-    else
-        KC_LAUNCH_PACKS(add_f32_kernel, 1, n, dst, src);
-    kc_check_launch(c, "add_f32");
+static bool bf16_vec8(size_t n, const void *a, const void *b, const void *d) {
+    return n % 8 == 0 && cuda_aligned(a, 16) && cuda_aligned(b, 16) && cuda_aligned(d, 16);
 }
 
-// x *= s
-template <int VEC> __global__ void scale_f32_kernel(float *x, float s, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
-        float v[VEC];
-        load_floats<VEC>(v, x + p * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) v[j] *= s;
-        store_floats<VEC>(x + p * VEC, v);
-    }
+extern "C" void cuda_accumulate(kctx *c, void *dst, const void *src, size_t n) {
+    if (!n) return;
+    bf16 *d = (bf16 *)dst;
+    const bf16 *s = (const bf16 *)src;
+    if (bf16_vec8(n, dst, dst, src))
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 8, n, d, s);
+    else
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 1, n, d, s);
+    cuda_check_launch(c, "accumulate");
 }
 
-extern "C" void kcuda_scale_f32(kctx *c, float *x, float s, size_t n) {
+// ---- fp32 elementwise ----
+
+extern "C" void cuda_add_f32(kctx *c, float *dst, const float *src, size_t n) {
     if (!n) return;
-    if (n % 4 == 0 && kc_aligned(x, 16))
-        KC_LAUNCH_PACKS(scale_f32_kernel, 4, n, x, s);
+    if (n % 4 == 0 && cuda_aligned(dst, 16) && cuda_aligned(src, 16))
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 4, n, dst, src);
     else
-        KC_LAUNCH_PACKS(scale_f32_kernel, 1, n, x, s);
-    kc_check_launch(c, "scale_f32");
+        CUDA_LAUNCH_PACKS(accumulate_kernel, 1, n, dst, src);
+    cuda_check_launch(c, "add_f32");
 }
 
 // ---- sum of squares: deterministic two-pass reduction in double ----
@@ -130,7 +93,7 @@ extern "C" void kcuda_scale_f32(kctx *c, float *x, float s, size_t n) {
 // partial[block] = sum of x^2 over the packs this block strides over
 template <int VEC> __global__ void sumsq_partial_kernel(double *partial, const float *x, size_t packs) {
     double acc = 0.0;
-    KC_FOR_EACH_PACK(p, packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float v[VEC];
         load_floats<VEC>(v, x + p * VEC);
 #pragma unroll
@@ -148,21 +111,22 @@ __global__ void sumsq_finish_kernel(float *out, const double *partial, int count
     if (threadIdx.x == 0) *out = (float)(*out + acc);
 }
 
-extern "C" void kcuda_sumsq_f32(kctx *c, float *out, const float *x, size_t n) {
+extern "C" void cuda_sumsq_f32(kctx *c, float *out, const float *x, size_t n) {
     if (!n) return;
-    int vec = n % 4 == 0 && kc_aligned(x, 16) ? 4 : 1;
+    int vec = n % 4 == 0 && cuda_aligned(x, 16) ? 4 : 1;
     size_t packs = n / vec;
     size_t wanted = (packs + THREADS - 1) / THREADS;
     int blocks = wanted < SUMSQ_BLOCKS ? (int)wanted : SUMSQ_BLOCKS;
-    double *partial = (double *)kc_scratch(c, (size_t)blocks * sizeof(double), "sumsq_f32 scratch");
+    double *partial =
+        (double *)cuda_scratch(c, (size_t)blocks * sizeof(double), "sumsq_f32 scratch");
     if (!partial) return;
     if (vec == 4)
-        sumsq_partial_kernel<4><<<blocks, THREADS, 0, kc_stream(c)>>>(partial, x, packs);
+        sumsq_partial_kernel<4><<<blocks, THREADS, 0, cuda_stream(c)>>>(partial, x, packs);
     else
-        sumsq_partial_kernel<1><<<blocks, THREADS, 0, kc_stream(c)>>>(partial, x, packs);
-    kc_check_launch(c, "sumsq_f32");
-    sumsq_finish_kernel<<<1, 1024, 0, kc_stream(c)>>>(out, partial, blocks);
-    kc_check_launch(c, "sumsq_f32 (finish)");
+        sumsq_partial_kernel<1><<<blocks, THREADS, 0, cuda_stream(c)>>>(partial, x, packs);
+    cuda_check_launch(c, "sumsq_f32");
+    sumsq_finish_kernel<<<1, 1024, 0, cuda_stream(c)>>>(out, partial, blocks);
+    cuda_check_launch(c, "sumsq_f32 (finish)");
 }
 
 // ---- SwiGLU ----
@@ -174,7 +138,7 @@ __device__ inline float sigmoid(float x) {
 // out = silu(gate) * up
 template <int VEC>
 __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float g[VEC], u[VEC];
         load_floats<VEC>(g, gate + p * VEC);
         load_floats<VEC>(u, up + p * VEC);
@@ -184,15 +148,15 @@ __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, s
     }
 }
 
-extern "C" void kcuda_swiglu_fwd(kctx *c, void *out, const void *gate, const void *up, size_t n) {
+extern "C" void cuda_swiglu_fwd(kctx *c, void *out, const void *gate, const void *up, size_t n) {
     if (!n) return;
     bf16 *o = (bf16 *)out;
     const bf16 *g = (const bf16 *)gate, *u = (const bf16 *)up;
     if (bf16_vec8(n, out, gate, up))
-        KC_LAUNCH_PACKS(swiglu_fwd_kernel, 8, n, o, g, u);
+        CUDA_LAUNCH_PACKS(swiglu_fwd_kernel, 8, n, o, g, u);
     else
-        KC_LAUNCH_PACKS(swiglu_fwd_kernel, 1, n, o, g, u);
-    kc_check_launch(c, "swiglu_fwd");
+        CUDA_LAUNCH_PACKS(swiglu_fwd_kernel, 1, n, o, g, u);
+    cuda_check_launch(c, "swiglu_fwd");
 }
 
 // dgate = dout * up * silu'(gate), silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g);
@@ -200,7 +164,7 @@ extern "C" void kcuda_swiglu_fwd(kctx *c, void *out, const void *gate, const voi
 template <int VEC>
 __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
                                   const bf16 *up, size_t packs) {
-    KC_FOR_EACH_PACK(p, packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
         float d[VEC], g[VEC], u[VEC];
         load_floats<VEC>(d, dout + p * VEC);
         load_floats<VEC>(g, gate + p * VEC);
@@ -217,14 +181,14 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
     }
 }
 
-extern "C" void kcuda_swiglu_bwd(kctx *c, void *dgate, void *dup, const void *dout,
-                                 const void *gate, const void *up, size_t n) {
+extern "C" void cuda_swiglu_bwd(kctx *c, void *dgate, void *dup, const void *dout,
+                                const void *gate, const void *up, size_t n) {
     if (!n) return;
     bf16 *dg = (bf16 *)dgate, *du = (bf16 *)dup;
     const bf16 *d = (const bf16 *)dout, *g = (const bf16 *)gate, *u = (const bf16 *)up;
-    if (bf16_vec8(n, dgate, dup, dout) && kc_aligned(gate, 16) && kc_aligned(up, 16))
-        KC_LAUNCH_PACKS(swiglu_bwd_kernel, 8, n, dg, du, d, g, u);
+    if (bf16_vec8(n, dgate, dup, dout) && cuda_aligned(gate, 16) && cuda_aligned(up, 16))
+        CUDA_LAUNCH_PACKS(swiglu_bwd_kernel, 8, n, dg, du, d, g, u);
     else
-        KC_LAUNCH_PACKS(swiglu_bwd_kernel, 1, n, dg, du, d, g, u);
-    kc_check_launch(c, "swiglu_bwd");
+        CUDA_LAUNCH_PACKS(swiglu_bwd_kernel, 1, n, dg, du, d, g, u);
+    cuda_check_launch(c, "swiglu_bwd");
 }

@@ -18,11 +18,11 @@ static size_t round_up(size_t n, size_t to) {
 // One block per row.
 template <int VEC>
 __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tokens, const bf16 *wte, int C,
-                                     int V, kc_error *err) {
+                                     int V, cuda_input_error *err) {
     int n = blockIdx.x;
     int tok = tokens[n];
     bool valid = tok >= 0 && tok < V;
-    if (!valid && threadIdx.x == 0) kc_report(err, KC_EMBEDDING_TOKEN, tok, n, V);
+    if (!valid && threadIdx.x == 0) cuda_report(err, CUDA_EMBEDDING_TOKEN, tok, n, V);
     const bf16 *src = wte + (size_t)(valid ? tok : 0) * C;
     bf16 *dst = out + (size_t)n * C;
     for (int i = threadIdx.x * VEC; i < C; i += blockDim.x * VEC) {
@@ -36,28 +36,28 @@ __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tokens, const bf1
     }
 }
 
-extern "C" void kcuda_embedding_fwd(kctx *c, void *out, const int32_t *tokens, const void *wte,
-                                    int N, int C, int V) {
+extern "C" void cuda_embedding_fwd(kctx *c, void *out, const int32_t *tokens, const void *wte,
+                                   int N, int C, int V) {
     if (N <= 0 || C <= 0) return;
     bf16 *o = (bf16 *)out;
     const bf16 *table = (const bf16 *)wte;
-    kc_error *err = kc_state(c)->error;
-    if (C % 8 == 0 && kc_aligned(out, 16) && kc_aligned(wte, 16))
-        embedding_fwd_kernel<8><<<N, THREADS, 0, kc_stream(c)>>>(o, tokens, table, C, V, err);
+    cuda_input_error *err = cuda_state(c)->error;
+    if (C % 8 == 0 && cuda_aligned(out, 16) && cuda_aligned(wte, 16))
+        embedding_fwd_kernel<8><<<N, THREADS, 0, cuda_stream(c)>>>(o, tokens, table, C, V, err);
     else
-        embedding_fwd_kernel<1><<<N, THREADS, 0, kc_stream(c)>>>(o, tokens, table, C, V, err);
-    kc_check_launch(c, "embedding_fwd");
+        embedding_fwd_kernel<1><<<N, THREADS, 0, cuda_stream(c)>>>(o, tokens, table, C, V, err);
+    cuda_check_launch(c, "embedding_fwd");
 }
 
 // keys[n] = tokens[n], or V (sorted last, then skipped) for a token outside [0, V), which is
 // reported; rows[n] = n.
 __global__ void embedding_keys_kernel(unsigned *keys, int *rows, const int32_t *tokens, int N,
-                                      int V, kc_error *err) {
+                                      int V, cuda_input_error *err) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     int tok = tokens[n];
     if (tok < 0 || tok >= V) {
-        kc_report(err, KC_EMBEDDING_BWD_TOKEN, tok, n, V);
+        cuda_report(err, CUDA_EMBEDDING_BWD_TOKEN, tok, n, V);
         tok = V;
     }
     keys[n] = (unsigned)tok;
@@ -95,24 +95,24 @@ __global__ void embedding_bwd_kernel(float *dwte, const bf16 *dout, const unsign
     store_floats<VEC>(grad, g);
 }
 
-extern "C" void kcuda_embedding_bwd(kctx *c, float *dwte, const void *dout,
-                                    const int32_t *tokens, int N, int C, int V) {
+extern "C" void cuda_embedding_bwd(kctx *c, float *dwte, const void *dout,
+                                   const int32_t *tokens, int N, int C, int V) {
     if (N <= 0 || C <= 0) return;
-    cudaStream_t stream = kc_stream(c);
+    cudaStream_t stream = cuda_stream(c);
     int bits = 1; // enough key bits for 0..V (V marks bad tokens)
     while (bits < 31 && (1 << bits) <= V) bits++;
 
     // scratch: keys, rows, sorted keys, sorted rows, then CUB's temporary storage
     size_t temp_bytes = 0;
-    if (kc_check_call(c,
-                      cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes,
-                                                      (const unsigned *)nullptr,
-                                                      (unsigned *)nullptr, (const int *)nullptr,
-                                                      (int *)nullptr, N, 0, bits, stream),
-                      "embedding_bwd: sizing the sort"))
+    if (cuda_check_call(c,
+                        cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes,
+                                                        (const unsigned *)nullptr,
+                                                        (unsigned *)nullptr, (const int *)nullptr,
+                                                        (int *)nullptr, N, 0, bits, stream),
+                        "embedding_bwd: sizing the sort"))
         return;
     size_t array_bytes = round_up((size_t)N * sizeof(int), 256);
-    char *scratch = (char *)kc_scratch(c, 4 * array_bytes + temp_bytes, "embedding_bwd scratch");
+    char *scratch = (char *)cuda_scratch(c, 4 * array_bytes + temp_bytes, "embedding_bwd scratch");
     if (!scratch) return;
     unsigned *keys = (unsigned *)scratch, *sorted_keys = (unsigned *)(scratch + 2 * array_bytes);
     int *rows = (int *)(scratch + array_bytes);
@@ -120,16 +120,16 @@ extern "C" void kcuda_embedding_bwd(kctx *c, float *dwte, const void *dout,
     void *temp = scratch + 4 * array_bytes;
 
     embedding_keys_kernel<<<(N + 255) / 256, 256, 0, stream>>>(keys, rows, tokens, N, V,
-                                                               kc_state(c)->error);
-    kc_check_launch(c, "embedding_bwd (keys)");
-    if (kc_check_call(c,
-                      cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, rows,
-                                                      sorted_rows, N, 0, bits, stream),
-                      "embedding_bwd: sorting rows by token"))
+                                                               cuda_state(c)->error);
+    cuda_check_launch(c, "embedding_bwd (keys)");
+    if (cuda_check_call(c,
+                        cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, rows,
+                                                        sorted_rows, N, 0, bits, stream),
+                        "embedding_bwd: sorting rows by token"))
         return;
 
     const bf16 *d = (const bf16 *)dout;
-    if (C % 8 == 0 && kc_aligned(dwte, 32) && kc_aligned(dout, 16)) {
+    if (C % 8 == 0 && cuda_aligned(dwte, 32) && cuda_aligned(dout, 16)) {
         dim3 grid(N, (C + THREADS * 8 - 1) / (THREADS * 8));
         embedding_bwd_kernel<8><<<grid, THREADS, 0, stream>>>(dwte, d, sorted_keys, sorted_rows,
                                                               N, C, V);
@@ -138,5 +138,5 @@ extern "C" void kcuda_embedding_bwd(kctx *c, float *dwte, const void *dout,
         embedding_bwd_kernel<1><<<grid, THREADS, 0, stream>>>(dwte, d, sorted_keys, sorted_rows,
                                                               N, C, V);
     }
-    kc_check_launch(c, "embedding_bwd");
+    cuda_check_launch(c, "embedding_bwd");
 }

@@ -6,7 +6,7 @@
 //   din      din[N,I] = dout[N,O] W[O,I]   is  din^T (I x N) = W^T (I x O) . dout^T (O x N)
 //   dw       dw[O,I] += dout^T[O,N] in[N,I] is  dw^T (I x O) += in^T (I x N) . dout (N x O)
 // dw is fp32 (C = D, beta = 1); out and din are bf16.  Each shape's descriptors and the
-// heuristic's algorithm are cached in the context (kc_gemm).
+// heuristic's algorithm are cached in the context (cuda_gemm).
 #include <string.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -14,11 +14,11 @@
 // Largest power of two (up to 256) that divides the address: what cuBLASLt may assume.
 static int alignment_of(const void *p) {
     int a = 256;
-    while (a > 1 && !kc_aligned(p, (size_t)a)) a /= 2;
+    while (a > 1 && !cuda_aligned(p, (size_t)a)) a /= 2;
     return a;
 }
 
-static void destroy_gemm(kc_gemm *g) {
+static void destroy_gemm(cuda_gemm *g) {
     if (g->layout_a) (void)cublasLtMatrixLayoutDestroy(g->layout_a);
     if (g->layout_b) (void)cublasLtMatrixLayoutDestroy(g->layout_b);
     if (g->layout_c) (void)cublasLtMatrixLayoutDestroy(g->layout_c);
@@ -26,8 +26,8 @@ static void destroy_gemm(kc_gemm *g) {
     memset(g, 0, sizeof *g);
 }
 
-void kc_gemm_cache_clear(kc_impl *s) {
-    for (int i = 0; i < KC_GEMM_CACHE; i++)
+void cuda_gemm_cache_clear(cuda_impl *s) {
+    for (int i = 0; i < CUDA_GEMM_CACHE; i++)
         if (s->gemms[i].used) destroy_gemm(&s->gemms[i]);
 }
 
@@ -47,8 +47,8 @@ static int lt_failed(kctx *c, const char *what, const char *call, cublasStatus_t
     } while (0)
 
 // Builds g for D (m x n) = op(A) op(B) (+ beta D): bf16 A and B, D of out_type.
-static kc_gemm *build_gemm(kctx *c, kc_gemm *g, const char *what) {
-    kc_impl *s = kc_state(c);
+static cuda_gemm *build_gemm(kctx *c, cuda_gemm *g, const char *what) {
+    cuda_impl *s = cuda_state(c);
     cublasOperation_t ta = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT_CHECK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
@@ -102,22 +102,22 @@ static kc_gemm *build_gemm(kctx *c, kc_gemm *g, const char *what) {
 }
 
 // The cached configuration for this product, built on first use (evicting round-robin).
-static kc_gemm *find_gemm(kctx *c, const kc_gemm *key, const char *what) {
-    kc_impl *s = kc_state(c);
-    for (int i = 0; i < KC_GEMM_CACHE; i++) {
-        kc_gemm *g = &s->gemms[i];
+static cuda_gemm *find_gemm(kctx *c, const cuda_gemm *key, const char *what) {
+    cuda_impl *s = cuda_state(c);
+    for (int i = 0; i < CUDA_GEMM_CACHE; i++) {
+        cuda_gemm *g = &s->gemms[i];
         if (g->used && g->m == key->m && g->n == key->n && g->k == key->k &&
             g->trans_a == key->trans_a && g->trans_b == key->trans_b &&
             g->out_type == key->out_type && g->align_a == key->align_a &&
             g->align_b == key->align_b && g->align_c == key->align_c)
             return g;
     }
-    kc_gemm *slot = NULL;
-    for (int i = 0; i < KC_GEMM_CACHE && !slot; i++)
+    cuda_gemm *slot = NULL;
+    for (int i = 0; i < CUDA_GEMM_CACHE && !slot; i++)
         if (!s->gemms[i].used) slot = &s->gemms[i];
     if (!slot) {
         slot = &s->gemms[s->next_evict];
-        s->next_evict = (s->next_evict + 1) % KC_GEMM_CACHE;
+        s->next_evict = (s->next_evict + 1) % CUDA_GEMM_CACHE;
         destroy_gemm(slot);
     }
     *slot = *key;
@@ -127,7 +127,7 @@ static kc_gemm *find_gemm(kctx *c, const kc_gemm *key, const char *what) {
 // D (m x n, column-major, leading dimension m) = op(A) op(B) + beta D.
 static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, const void *a,
                    int trans_a, const void *b, int trans_b, int m, int n, int k, float beta) {
-    kc_gemm key;
+    cuda_gemm key;
     memset(&key, 0, sizeof key);
     key.m = m;
     key.n = n;
@@ -138,9 +138,9 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
     key.align_a = alignment_of(a);
     key.align_b = alignment_of(b);
     key.align_c = alignment_of(d);
-    kc_gemm *g = find_gemm(c, &key, what);
+    cuda_gemm *g = find_gemm(c, &key, what);
     if (!g) return;
-    kc_impl *s = kc_state(c);
+    cuda_impl *s = cuda_state(c);
     float alpha = 1.0f;
     cublasStatus_t st =
         cublasLtMatmul(s->lt, g->desc, &alpha, a, g->layout_a, b, g->layout_b, &beta, d,
@@ -149,14 +149,14 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
     if (st != CUBLAS_STATUS_SUCCESS) lt_failed(c, what, "Matmul", st);
 }
 
-extern "C" void kcuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
-                                 int O) {
+extern "C" void cuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
+                                int O) {
     if (N <= 0 || I <= 0 || O <= 0) return;
     matmul(c, "linear_fwd", out, CUDA_R_16BF, w, 1, in, 0, O, N, I, 0.0f);
 }
 
-extern "C" void kcuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
-                                 const void *w, int N, int I, int O, int accumulate_din) {
+extern "C" void cuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
+                                const void *w, int N, int I, int O, int accumulate_din) {
     if (N <= 0 || I <= 0 || O <= 0) return;
     if (din)
         matmul(c, "linear_bwd (din)", din, CUDA_R_16BF, w, 0, dout, 0, I, N, O,

@@ -44,13 +44,13 @@ __device__ inline void block_softmax_merge(float &m, float &s) {
 template <int VEC>
 __global__ void cross_entropy_kernel(float *row_loss, bf16 *dlogits, const bf16 *logits,
                                      const int32_t *targets, int V, float dscale,
-                                     kc_error *err) {
+                                     cuda_input_error *err) {
     int n = blockIdx.x;
     size_t row = (size_t)n * V;
     int target = targets[n];
     if (target < 0 || target >= V) {
         if (threadIdx.x == 0) {
-            if (target != K_IGNORE_INDEX) kc_report(err, KC_CE_TARGET, target, n, V);
+            if (target != K_IGNORE_INDEX) cuda_report(err, CUDA_CE_TARGET, target, n, V);
             row_loss[n] = 0.0f;
         }
         if (!dlogits) return;
@@ -98,24 +98,24 @@ __global__ void loss_sum_kernel(float *loss_sum, const float *row_loss, int N) {
     if (threadIdx.x == 0) *loss_sum = (float)(*loss_sum + acc);
 }
 
-extern "C" void kcuda_cross_entropy(kctx *c, float *loss_sum, void *dlogits, const void *logits,
-                                    const int32_t *targets, int N, int V, float dscale) {
+extern "C" void cuda_cross_entropy(kctx *c, float *loss_sum, void *dlogits, const void *logits,
+                                   const int32_t *targets, int N, int V, float dscale) {
     if (N <= 0 || V <= 0) return;
-    float *row_loss = (float *)kc_scratch(c, (size_t)N * sizeof(float), "cross_entropy scratch");
+    float *row_loss = (float *)cuda_scratch(c, (size_t)N * sizeof(float), "cross_entropy scratch");
     if (!row_loss) return;
     bf16 *d = (bf16 *)dlogits;
     const bf16 *x = (const bf16 *)logits;
-    kc_error *err = kc_state(c)->error;
-    cudaStream_t stream = kc_stream(c);
-    if (V % 8 == 0 && kc_aligned(logits, 16) && (!dlogits || kc_aligned(dlogits, 16)))
+    cuda_input_error *err = cuda_state(c)->error;
+    cudaStream_t stream = cuda_stream(c);
+    if (V % 8 == 0 && cuda_aligned(logits, 16) && (!dlogits || cuda_aligned(dlogits, 16)))
         cross_entropy_kernel<8><<<N, CE_THREADS, 0, stream>>>(row_loss, d, x, targets, V, dscale,
                                                               err);
     else
         cross_entropy_kernel<1><<<N, CE_THREADS, 0, stream>>>(row_loss, d, x, targets, V, dscale,
                                                               err);
-    kc_check_launch(c, "cross_entropy");
+    cuda_check_launch(c, "cross_entropy");
     loss_sum_kernel<<<1, 1024, 0, stream>>>(loss_sum, row_loss, N);
-    kc_check_launch(c, "cross_entropy (loss sum)");
+    cuda_check_launch(c, "cross_entropy (loss sum)");
 }
 
 // ---- AdamW ----
@@ -126,7 +126,7 @@ template <int VEC>
 __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, float beta1,
                              float beta2, float eps, float decay, float step_size, float bc2_sqrt,
                              float grad_scale, size_t packs) {
-    KC_FOR_EACH_PACK(k, packs) {
+    CUDA_FOR_EACH_PACK(k, packs) {
         size_t at = k * VEC;
         float pv[VEC], gv[VEC], mv[VEC], vv[VEC];
         load_floats<VEC>(pv, p + at);
@@ -146,9 +146,9 @@ __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, fl
     }
 }
 
-extern "C" void kcuda_adamw(kctx *c, float *p, const float *grad, float *m, float *v, size_t n,
-                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int step, float grad_scale) {
+extern "C" void cuda_adamw(kctx *c, float *p, const float *grad, float *m, float *v, size_t n,
+                           float lr, float beta1, float beta2, float eps, float weight_decay,
+                           int step, float grad_scale) {
     if (step < 1) {
         k_fail(c, "adamw: step %d must count from 1", step);
         return;
@@ -157,12 +157,12 @@ extern "C" void kcuda_adamw(kctx *c, float *p, const float *grad, float *m, floa
     float step_size = (float)(lr / (1.0 - pow((double)beta1, step)));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, step));
     float decay = (float)(1.0 - (double)lr * weight_decay);
-    if (n % 4 == 0 && kc_aligned(p, 16) && kc_aligned(grad, 16) && kc_aligned(m, 16) &&
-        kc_aligned(v, 16))
-        KC_LAUNCH_PACKS(adamw_kernel, 4, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
-                        bc2_sqrt, grad_scale);
+    if (n % 4 == 0 && cuda_aligned(p, 16) && cuda_aligned(grad, 16) && cuda_aligned(m, 16) &&
+        cuda_aligned(v, 16))
+        CUDA_LAUNCH_PACKS(adamw_kernel, 4, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
+                          bc2_sqrt, grad_scale);
     else
-        KC_LAUNCH_PACKS(adamw_kernel, 1, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
-                        bc2_sqrt, grad_scale);
-    kc_check_launch(c, "adamw");
+        CUDA_LAUNCH_PACKS(adamw_kernel, 1, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
+                          bc2_sqrt, grad_scale);
+    cuda_check_launch(c, "adamw");
 }

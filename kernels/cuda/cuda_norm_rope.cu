@@ -7,7 +7,7 @@
 
 // Rows are read as packs of 8 bf16 when every row starts on a 16-byte boundary.
 static bool rows_vec8(int C, const void *a, const void *b, const void *d) {
-    return C % 8 == 0 && kc_aligned(a, 16) && kc_aligned(b, 16) && kc_aligned(d, 16);
+    return C % 8 == 0 && cuda_aligned(a, 16) && cuda_aligned(b, 16) && cuda_aligned(d, 16);
 }
 
 // ---- RMSNorm ----
@@ -38,16 +38,16 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *in, const
     }
 }
 
-extern "C" void kcuda_rmsnorm_fwd(kctx *c, void *out, float *rstd, const void *in, const void *w,
-                                  int N, int C, float eps) {
+extern "C" void cuda_rmsnorm_fwd(kctx *c, void *out, float *rstd, const void *in, const void *w,
+                                 int N, int C, float eps) {
     if (N <= 0 || C <= 0) return;
     bf16 *o = (bf16 *)out;
     const bf16 *x = (const bf16 *)in, *wt = (const bf16 *)w;
     if (rows_vec8(C, out, in, w))
-        rmsnorm_fwd_kernel<8><<<N, THREADS, 0, kc_stream(c)>>>(o, rstd, x, wt, C, eps);
+        rmsnorm_fwd_kernel<8><<<N, THREADS, 0, cuda_stream(c)>>>(o, rstd, x, wt, C, eps);
     else
-        rmsnorm_fwd_kernel<1><<<N, THREADS, 0, kc_stream(c)>>>(o, rstd, x, wt, C, eps);
-    kc_check_launch(c, "rmsnorm_fwd");
+        rmsnorm_fwd_kernel<1><<<N, THREADS, 0, cuda_stream(c)>>>(o, rstd, x, wt, C, eps);
+    cuda_check_launch(c, "rmsnorm_fwd");
 }
 
 // With out_i = x_i r w_i and r = (mean(x^2) + eps)^-1/2:
@@ -127,39 +127,39 @@ static void launch_rmsnorm_bwd(kctx *c, int blocks, size_t smem, bf16 *din, floa
                                const bf16 *dout, const bf16 *in, const bf16 *w,
                                const float *rstd, int N, int C) {
     if (smem > 48 * 1024 &&
-        kc_check_call(c,
-                      cudaFuncSetAttribute(rmsnorm_bwd_kernel<VEC>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem),
-                      "rmsnorm_bwd: raising the shared-memory limit"))
+        cuda_check_call(c,
+                        cudaFuncSetAttribute(rmsnorm_bwd_kernel<VEC>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem),
+                        "rmsnorm_bwd: raising the shared-memory limit"))
         return;
-    rmsnorm_bwd_kernel<VEC><<<blocks, THREADS, smem, kc_stream(c)>>>(din, partial, dout, in, w,
-                                                                      rstd, N, C);
+    rmsnorm_bwd_kernel<VEC><<<blocks, THREADS, smem, cuda_stream(c)>>>(din, partial, dout, in,
+                                                                        w, rstd, N, C);
 }
 
-extern "C" void kcuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout,
-                                  const void *in, const void *w, const float *rstd, int N,
-                                  int C) {
+extern "C" void cuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout,
+                                 const void *in, const void *w, const float *rstd, int N,
+                                 int C) {
     if (N <= 0 || C <= 0) return;
     size_t smem = (size_t)C * sizeof(float);
-    if (smem + 1024 > (size_t)kc_state(c)->smem_optin) { // 1 KB: block_sum's static array
+    if (smem + 1024 > (size_t)cuda_state(c)->smem_optin) { // 1 KB: block_sum's static array
         k_fail(c, "rmsnorm_bwd: hidden size %d needs %zu bytes of shared memory per block; "
-                  "this device allows %d", C, smem, kc_state(c)->smem_optin);
+                  "this device allows %d", C, smem, cuda_state(c)->smem_optin);
         return;
     }
     int blocks = N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS;
     float *partial =
-        (float *)kc_scratch(c, (size_t)blocks * C * sizeof(float), "rmsnorm_bwd scratch");
+        (float *)cuda_scratch(c, (size_t)blocks * C * sizeof(float), "rmsnorm_bwd scratch");
     if (!partial) return;
     bf16 *dx = (bf16 *)din;
     const bf16 *g = (const bf16 *)dout, *x = (const bf16 *)in, *wt = (const bf16 *)w;
-    if (rows_vec8(C, din, dout, in) && kc_aligned(w, 16))
+    if (rows_vec8(C, din, dout, in) && cuda_aligned(w, 16))
         launch_rmsnorm_bwd<8>(c, blocks, smem, dx, partial, g, x, wt, rstd, N, C);
     else
         launch_rmsnorm_bwd<1>(c, blocks, smem, dx, partial, g, x, wt, rstd, N, C);
-    kc_check_launch(c, "rmsnorm_bwd");
-    rmsnorm_dw_kernel<<<(C + 31) / 32, dim3(32, 32), 0, kc_stream(c)>>>(dw, partial, blocks, C);
-    kc_check_launch(c, "rmsnorm_bwd (dw)");
+    cuda_check_launch(c, "rmsnorm_bwd");
+    rmsnorm_dw_kernel<<<(C + 31) / 32, dim3(32, 32), 0, cuda_stream(c)>>>(dw, partial, blocks, C);
+    cuda_check_launch(c, "rmsnorm_bwd (dw)");
 }
 
 // ---- RoPE ----
@@ -189,15 +189,15 @@ __global__ void rope_kernel(bf16 *x, const float *inv_freq, int B, int T, int H,
     }
 }
 
-extern "C" void kcuda_rope(kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd,
-                           int inverse) {
+extern "C" void cuda_rope(kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd,
+                          int inverse) {
     if (hd % 2) {
         k_fail(c, "rope: head dim %d is odd", hd);
         return;
     }
     size_t total = (size_t)B * T * (hd / 2);
     if (B <= 0 || T <= 0 || H <= 0 || total == 0) return;
-    rope_kernel<<<kc_blocks(total, THREADS), THREADS, 0, kc_stream(c)>>>((bf16 *)x, inv_freq, B,
-                                                                        T, H, hd, inverse);
-    kc_check_launch(c, "rope");
+    rope_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, cuda_stream(c)>>>((bf16 *)x, inv_freq,
+                                                                            B, T, H, hd, inverse);
+    cuda_check_launch(c, "rope");
 }

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/crc32c.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
 
 static void fuzz_manifest(const uint8_t *data, size_t size) {
     ckpt_manifest m, again;

@@ -1,6 +1,6 @@
 /* Fuzzes proto/job: input starting with "--" is a list of overrides (one per line) applied
  * to the defaults, anything else is job-file text.  Whatever parses is validated, and a
- * valid config must survive job_to_json -> job_parse unchanged. */
+ * valid config must survive job_to_object -> job_from_object unchanged. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,13 +22,14 @@ static void apply_overrides(job_config *j, const uint8_t *data, size_t size) {
 static void check_round_trip(const job_config *j, int world) {
     static job_config back;
     errbuf err;
-    char *json, *again;
-    if (job_to_json(j, &json, &err)) abort();
-    if (job_parse(&back, json, strlen(json), &err) || job_validate(&back, world, &err)) abort();
-    if (job_to_json(&back, &again, &err)) abort();
-    if (strcmp(json, again) != 0) abort();
-    free(json);
-    free(again);
+    json_t *obj = job_to_object(j, &err), *again;
+    if (!obj) abort();
+    if (job_from_object(&back, obj, &err) || job_resolve(&back, world, &err) ||
+        job_validate(&back, world, &err))
+        abort();
+    if (!(again = job_to_object(&back, &err)) || !json_equal(obj, again)) abort();
+    json_decref(obj);
+    json_decref(again);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -43,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     int world = 1 + (int)(size % 4);
-    if (job_resolve_runtime(&j, (int)(size % 9), &err) == 0 && job_validate(&j, world, &err) == 0)
+    if (job_resolve_runtime(&j, (int)(size % 9), &err) == 0 && job_resolve(&j, world, &err) == 0 &&
+        job_validate(&j, world, &err) == 0)
         check_round_trip(&j, world);
     return 0;
 }

@@ -1,8 +1,8 @@
 /* check_nccl: the GPU comm paths on a machine with one GPU.
  *   1. The NCCL backend (world 1: NCCL refuses two ranks on one device): every collective on
  *      device buffers, in f32 and bf16, against the expected values.
- *   2. Its watchdog: a kernel spinning on a host flag in the comm stream (the test hook
- *      FSDP_TEST_NCCL_HANG_AT) makes a collective time out; the call fails within the timeout
+ *   2. Its watchdog: a kernel spinning on a host flag in the comm stream (the fault point
+ *      nccl_hang, base/fault.h) makes a collective time out; the call fails within the timeout
  *      + 2 s naming the time-out, the communicator is dead, and the GPU is usable afterwards.
  *   2b. Split-phase collectives (comm_*_start, comm_wait): more in flight than the backend's
  *      ring of events, all finished by waiting for the last ticket; and the watchdog on a
@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/fault.h"
 #include "kernels/kernels.h"
 #include "worker/comm.h"
 #include "worker/comm_nccl.h"
@@ -160,10 +161,9 @@ static void check_nccl_world1(void) {
     comm_destroy(c);
 
     /* The watchdog: the 2nd collective waits behind a spinning kernel. */
-    setenv("FSDP_TEST_NCCL_HANG_AT", "2", 1);
     opt.timeout_s = 3;
-    ok = comm_nccl_make_id(id, &err) == 0 && comm_nccl_init(&c, &opt, 0, 1, id, &k, &err) == 0;
-    unsetenv("FSDP_TEST_NCCL_HANG_AT");
+    ok = fault_configure("nccl_hang=2", &err) == 0 && comm_nccl_make_id(id, &err) == 0 &&
+         comm_nccl_init(&c, &opt, 0, 1, id, &k, &err) == 0;
     check(ok, "nccl init for the watchdog test", ok ? NULL : err.msg);
     if (!ok) return;
     float *dev = k_alloc(&k, 1024 * sizeof(float), &err);
@@ -178,15 +178,15 @@ static void check_nccl_world1(void) {
     rc = comm_all_reduce(c, dev, 1024, COMM_F32, COMM_SUM, &err);
     check(rc != 0, "the aborted communicator refuses later calls", err.msg);
     comm_destroy(c);
+    fault_configure(NULL, &err);
     /* The GPU must still work: the spinning kernel was released. */
     k_zero(&k, dev, 1024 * sizeof(float));
     rc = k_sync(&k, &err);
     check(rc == 0, "the GPU is usable after the abort", rc ? err.msg : NULL);
 
     /* The same for a started collective: comm_wait is where it times out. */
-    setenv("FSDP_TEST_NCCL_HANG_AT", "1", 1);
-    ok = comm_nccl_make_id(id, &err) == 0 && comm_nccl_init(&c, &opt, 0, 1, id, &k, &err) == 0;
-    unsetenv("FSDP_TEST_NCCL_HANG_AT");
+    ok = fault_configure("nccl_hang=1", &err) == 0 && comm_nccl_make_id(id, &err) == 0 &&
+         comm_nccl_init(&c, &opt, 0, 1, id, &k, &err) == 0;
     comm_ticket t = 0;
     if (ok) ok = comm_all_gather_start(c, dev, dev, 1024, COMM_F32, &t, &err) == 0;
     check(ok, "split-phase start behind the hang returns", ok ? NULL : err.msg);
@@ -203,6 +203,7 @@ static void check_nccl_world1(void) {
         rc = k_sync(&k, &err);
         check(rc == 0, "the GPU is usable after that abort", rc ? err.msg : NULL);
     }
+    fault_configure(NULL, &err);
     k_free(&k, dev);
     kctx_destroy(&k);
 }

@@ -19,7 +19,7 @@ extern "C" {
 
 static int n_passed, n_failed;
 
-/* The CPU reference's k_fail (kernels/kernels.c is not linked in). */
+/* The CPU reference's k_fail (kernels/kctx.c is not linked in: its k_check needs errbuf). */
 extern "C" void k_fail(kctx *c, const char *fmt, ...) {
     if (c->failed) return;
     va_list ap;
@@ -111,7 +111,7 @@ static void fill(dbuf &d, std::vector<float> &host, float scale) {
     }
 }
 
-static kctx make_gpu(kc_impl *impl) {
+static kctx make_gpu(cuda_impl *impl) {
     kctx c;
     memset(&c, 0, sizeof c);
     c.backend = K_CUDA;
@@ -160,7 +160,7 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
         emu.smem_optin = mode.smem_optin;
         emu.reverse = mode.reverse;
         emu.eager = mode.eager;
-        kc_impl impl;
+        cuda_impl impl;
         impl.stream = NULL;
         impl.smem_optin = mode.smem_optin;
         kctx gpu = make_gpu(&impl);
@@ -170,14 +170,14 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
 
         dbuf out(nq);
         fbuf lse(nl);
-        kcuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), B, T, Hq, Hkv, hd);
+        cuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), B, T, Hq, Hkv, hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("fwd out  " + tag, values(out).data(), want_out.data(), nq, guard_ok(out), 2e-2, 0);
         compare("fwd lse  " + tag, lse.p(), want_lse.data(), nl, guard_ok(lse), 1e-3, 1e-2);
 
         dbuf dq(nq), dk(nkv), dv(nkv);
-        kcuda_attention_bwd(&gpu, dq.p(), dk.p(), dv.p(), dout.p(), q.p(), k.p(), v.p(),
-                            out_in.p(), lse_in.p(), B, T, Hq, Hkv, hd);
+        cuda_attention_bwd(&gpu, dq.p(), dk.p(), dv.p(), dout.p(), q.p(), k.p(), v.p(),
+                           out_in.p(), lse_in.p(), B, T, Hq, Hkv, hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("bwd dq   " + tag, values(dq).data(), want_dq.data(), nq, guard_ok(dq), 2e-2, 0);
         compare("bwd dk   " + tag, values(dk).data(), want_dk.data(), nkv, guard_ok(dk), 2e-2, 0);
@@ -188,14 +188,14 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
 /* Bad arguments fail the context with a message naming the problem. */
 static void check_failure(const char *what, int Hq, int Hkv, int hd, int offset,
                           const char *wanted) {
-    kc_impl impl;
+    cuda_impl impl;
     impl.stream = NULL;
     impl.smem_optin = 232448;
     kctx gpu = make_gpu(&impl);
     dbuf buf(4096);
     fbuf lse(64);
     bf16 *p = buf.p() + offset;
-    kcuda_attention_fwd(&gpu, p, lse.p(), p, p, p, 1, 4, Hq, Hkv, hd);
+    cuda_attention_fwd(&gpu, p, lse.p(), p, p, p, 1, 4, Hq, Hkv, hd);
     bool ok = gpu.failed && strstr(gpu.failure, wanted);
     std::string note = std::string(what) + ": \"" + (gpu.failed ? gpu.failure : "no failure") + "\"";
     verdict(note, ok, "k_fail message");

@@ -1,7 +1,33 @@
 # Helpers of the whole-run GPU scripts (run_h200.sh, run_multi.sh); sourced, not run.
 # Expects: $fsdpd, $out (logs), $work (scratch), $backend.
+# A script goes on after a failed step (the later ones still tell something) and ends with
+# `finish`, which lists every failure and exits 1 when there was one.
 
 section() { echo; echo "=== $* ($(date +%T))"; }
+
+failures=()
+exec 9>&1 # the script's stdout, for failed: a step's own output may be redirected to a log
+# failed WHAT: records a failure (the script will exit 1) and says so at once.
+failed() { failures+=("$*"); echo "FAILED: $*" >&9; }
+# check WHAT CMD...: runs CMD; a non-zero exit is a failure of WHAT.  Returns CMD's status.
+check() {
+    local what=$1 rc=0
+    shift
+    "$@" || rc=$?
+    [ "$rc" -eq 0 ] || failed "$what: exit $rc"
+    return "$rc"
+}
+# finish: the summary; exits 1 when anything failed, else 0.
+finish() {
+    section "summary"
+    if [ "${#failures[@]}" -gt 0 ]; then
+        printf 'failed: %s\n' "${failures[@]}"
+        echo "${#failures[@]} failed"
+        exit 1
+    fi
+    echo "nothing failed"
+    exit 0
+}
 
 # job NAME WORKERS [overrides...]: a fsdpd run of configs/jobs/tiny-cpu.json plus the
 # overrides, its log in $out/NAME.log and its metrics in $out/NAME.jsonl.
@@ -9,32 +35,56 @@ job() {
     local name=$1 workers=$2
     shift 2
     rm -f "$out/$name.jsonl" # fsdpd appends to a metrics file
-    timeout "${JOB_TIMEOUT:-300}" "$fsdpd" --job configs/jobs/tiny-cpu.json --runtime.backend="$backend" \
+    # BACKEND=cpu job ... runs one job on the CPU backend (a prefix assignment reaches the
+    # function through the environment; $backend is the script's).
+    timeout "${JOB_TIMEOUT:-300}" "$fsdpd" --job configs/jobs/tiny-cpu.json --runtime.backend="${BACKEND:-$backend}" \
         --runtime.workers_per_node="$workers" --checkpoint.dir="$work/$name/ckpt" \
         --output.dir="$work/$name/out" --runtime.metrics="$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     echo "$name: exit $rc; $(grep -c '"loss"' "$out/$name.jsonl" 2>/dev/null) steps;" \
          "first/last loss $(step_losses "$name" | sed -n '1p;$p' | tr '\n' ' ')"
-    [ $rc -eq 0 ] || tail -5 "$out/$name.log"
+    [ $rc -eq 0 ] || { tail -5 "$out/$name.log"; failed "job $name: exit $rc"; }
     return $rc
+}
+
+# resumed NAME: where the run's log says it resumed from; a failure when it does not say.
+resumed() {
+    grep -m1 -o "resum[a-z]* from [^ ]*.*" "$out/$1.log" 2>/dev/null || failed "$1: no 'resuming from' in its log"
 }
 
 # step_losses NAME: the loss of each step of a run, one a line.
 step_losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$out/$1.jsonl" 2>/dev/null; }
 
-# losses A B [LIMIT]: the largest relative difference of the per-step losses of two runs.
+# losses A B [LIMIT]: the largest relative difference of the per-step losses of two runs; a
+# failure past LIMIT (default 2e-2), when either run has no steps, or when their step counts
+# differ.
 losses() {
-    paste <(step_losses "$1") <(step_losses "$2") |
-        awk -v a="$1" -v b="$2" -v lim="${3:-2e-2}" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-            END { printf "%s vs %s: %d steps, largest relative loss difference %.2e (%s %s)\n", a, b, n, m, m <= lim ? "<=" : "> FAIL", lim }'
+    local lim=${3:-2e-2} report rc=0
+    report=$(paste <(step_losses "$1") <(step_losses "$2") |
+        awk -F '\t' -v a="$1" -v b="$2" -v lim="$lim" '
+            $1 != "" { na++ }
+            $2 != "" { nb++ }
+            $1 == "" || $2 == "" { next }
+            { den = $2 < 0 ? -$2 : $2; if (den < 1e-30) den = 1e-30
+              d = ($1 - $2) / den; if (d < 0) d = -d; if (d > m) m = d; n++ }
+            END { if (na == 0 || nb == 0) { printf "%s vs %s: no steps to compare (%d and %d)\n", a, b, na, nb; exit 1 }
+                  printf "%s vs %s: %d steps, largest relative loss difference %.2e (%s %s)", a, b, n, m,
+                         m <= lim ? "<=" : ">", lim
+                  if (na != nb) printf "; the runs have %d and %d steps", na, nb
+                  printf "\n"
+                  exit m > lim || na != nb }') || rc=$?
+    echo "$report"
+    [ "$rc" -eq 0 ] || failed "losses: $report"
+    return "$rc"
 }
 
 # rate NAME TOKENS_PER_STEP GPUS: mean step time after the first 3 steps, tokens/s in all
-# and per GPU.
+# and per GPU; a failure when the run has no step past the third.
 rate() {
-    sed -n 's/.*"step":\([0-9]*\).*"seconds":\([0-9.e+-]*\).*/\1 \2/p' "$out/$1.jsonl" |
+    sed -n 's/.*"step":\([0-9]*\).*"seconds":\([0-9.e+-]*\).*/\1 \2/p' "$out/$1.jsonl" 2>/dev/null |
         awk -v name="$1" -v tok="$2" -v g="$3" 'NR > 3 { t += $2; n++ }
-            END { if (n) printf "%s: %.4f s/step over %d steps = %.0f tokens/s, %.0f per GPU (%d GPUs)\n", name, t / n, n, tok / (t / n), tok / (t / n) / g, g }'
+            END { if (n && t > 0) printf "%s: %.4f s/step over %d steps = %.0f tokens/s, %.0f per GPU (%d GPUs)\n", name, t / n, n, tok / (t / n), tok / (t / n) / g, g
+                  else exit 1 }' || failed "rate $1: no timed steps in $out/$1.jsonl"
 }
 
 # mem NAME ... peak NAME: the most memory any GPU had in use meanwhile (nvidia-smi, MiB),

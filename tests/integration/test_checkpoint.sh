@@ -90,7 +90,7 @@ EOF
 
 # --- saves every 2 steps, keep 2, 3 ranks: the last two commit, the first is pruned --------
 # (sync saves: an async one would be skipped if the one before were still being written)
-run keep FSDP_TEST_FINAL_PARAMS="$tmp/final.safetensors" -- --runtime.workers_per_node=3 \
+run keep FSDP_FAULTS=final_params="$tmp/final.safetensors" -- --runtime.workers_per_node=3 \
     --train.micro_batch=2 --train.max_steps=6 --checkpoint.interval_steps=2 --checkpoint.async=false
 must_succeed keep
 [ "$(steps_of "$ck")" = "4 6 " ] || fail "expected step-000004 and step-000006 (keep 2), got: $(ls "$ck")"
@@ -112,7 +112,7 @@ verify_checkpoint "$ck/step-000004"
 
 # --- a requested checkpoint (what SIGUSR1 and the status socket will send) -------------------
 rm -rf "$ck"
-run request FSDP_TEST_CKPT_REQUEST_AT=2 -- --train.max_steps=60 --checkpoint.keep=5
+run request FSDP_FAULTS=ckpt_request=2 -- --train.max_steps=60 --checkpoint.keep=5
 must_succeed request
 grep -q "checkpoint requested" "$tmp/request.log" || fail "no request logged"
 steps=$(steps_of "$ck")
@@ -121,7 +121,7 @@ echo "requested checkpoint committed at step ${steps%% *}"
 
 # --- a worker SIGKILLed halfway through writing: latest stays at the previous checkpoint ------
 rm -rf "$ck"
-run die FSDP_TEST_CKPT_FAULT=1:die:3 -- --train.max_steps=8 --checkpoint.interval_steps=2
+run die FSDP_FAULTS=ckpt_write=1:die:3 -- --train.max_steps=8 --checkpoint.interval_steps=2
 [ "$status" -ne 0 ] || fail "the job succeeded although a worker died"
 grep -q "test fault: dying while writing" "$tmp/die.log" || { cat "$tmp/die.log"; fail "the fault did not fire"; }
 grep -q "rank 1 was killed by signal 9" "$tmp/die.log" || { cat "$tmp/die.log"; fail "the death was not reported"; }
@@ -133,7 +133,7 @@ assert_gone $(worker_pids "$tmp/die.log")
 
 # --- a rank stalled during an async save: abandoned, training goes on, the next one commits ---
 rm -rf "$ck"
-run stall FSDP_TEST_CKPT_FAULT=1:stall:2 -- --train.max_steps=8 --checkpoint.interval_steps=2 \
+run stall FSDP_FAULTS=ckpt_write=1:stall:2 -- --train.max_steps=8 --checkpoint.interval_steps=2 \
     --checkpoint.timeout_s=2
 must_succeed stall
 grep -q "checkpoint of step 2 abandoned: rank 1 did not finish writing" "$tmp/stall.log" \
@@ -153,7 +153,7 @@ echo "async stall: abandoned ${abandoned_after} s after the save began; step 8 c
 # --- a rank stalled during a sync save: the job stops with the reason -------------------------
 rm -rf "$ck"
 start=$(date +%s.%N)
-run syncstall FSDP_TEST_CKPT_FAULT=1:stall:2 -- --train.max_steps=1000 --checkpoint.interval_steps=2 \
+run syncstall FSDP_FAULTS=ckpt_write=1:stall:2 -- --train.max_steps=1000 --checkpoint.interval_steps=2 \
     --checkpoint.timeout_s=2 --checkpoint.async=false
 elapsed=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')
 [ "$status" -ne 0 ] || fail "the job succeeded although a sync save missed its deadline"

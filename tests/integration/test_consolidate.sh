@@ -18,7 +18,7 @@ sed -i 's/"vocab_size": 61/"vocab_size": 211/' "$tmp/model.json"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
 # --- a training run: fsdpd consolidates (bf16, the default) into output.dir ---------------
-FSDP_TEST_FINAL_PARAMS="$tmp/final.safetensors" "$fsdpd" --job "$tmp/job.json" \
+FSDP_FAULTS=final_params="$tmp/final.safetensors" "$fsdpd" --job "$tmp/job.json" \
     --runtime.workers_per_node=3 --train.micro_batch=2 > "$tmp/train.log" 2>&1 ||
     { cat "$tmp/train.log"; fail "training run failed"; }
 grep -q "consolidated step 4 into $tmp/out" "$tmp/train.log" || { cat "$tmp/train.log"; fail "no consolidation logged"; }

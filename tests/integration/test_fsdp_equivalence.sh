@@ -16,7 +16,7 @@ write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 run() {
     local name=$1 workers=$2 micro=$3
     shift 3
-    FSDP_TEST_FINAL_PARAMS="$tmp/$name.safetensors" "$fsdpd" --job "$tmp/job.json" \
+    FSDP_FAULTS=final_params="$tmp/$name.safetensors" "$fsdpd" --job "$tmp/job.json" \
         --runtime.workers_per_node="$workers" --train.micro_batch="$micro" \
         --runtime.metrics="$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 \
         || { cat "$tmp/$name.log"; fail "run $name failed"; }
@@ -92,7 +92,7 @@ cmp "$tmp/t3.safetensors" "$tmp/t3_sync.safetensors" || fail "overlap off change
 
 # An injected NaN stops the job, naming the step and the rank.
 status=0
-FSDP_TEST_NAN_AT=3:1 "$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=3 \
+FSDP_FAULTS=nan_loss=1:3 "$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=3 \
     --train.micro_batch=2 > "$tmp/nan.log" 2>&1 || status=$?
 [ "$status" -ne 0 ] || fail "the NaN run exited 0"
 grep -q "step 3: non-finite loss on rank 1" "$tmp/nan.log" || { cat "$tmp/nan.log"; fail "NaN not reported"; }

@@ -57,8 +57,11 @@ cmp -s "$tmp/f32/model.safetensors" "$tmp/seed8/model.safetensors" &&
 # --- refusals -------------------------------------------------------------------------
 tiny=configs/models/tiny.json
 expect_error 1 "already exists" "$fsdpctl" init --model-config $tiny --out "$tmp/f32"
-expect_error 1 "yarn" "$fsdpctl" init --model-config <(sed 's/"default"/"yarn"/' $tiny) \
-    --out "$tmp/x"
+sed 's/"default"/"yarn"/' $tiny > "$tmp/yarn.json"
+expect_error 1 "yarn" "$fsdpctl" init --model-config "$tmp/yarn.json" --out "$tmp/x"
+[ ! -e "$tmp/x" ] || fail "a refused init left $tmp/x"
+# Only regular files are read (a FIFO without a writer would block the reader forever).
+expect_error 1 "is a FIFO, not a regular file" "$fsdpctl" init --model-config <(cat $tiny) --out "$tmp/x"
 [ ! -e "$tmp/x" ] || fail "a refused init left $tmp/x"
 expect_error 2 "usage" "$fsdpctl" init --out "$tmp/y"
 expect_error 2 "--dtype" "$fsdpctl" init --model-config $tiny --out "$tmp/y" --dtype f16

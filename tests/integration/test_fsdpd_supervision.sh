@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# fsdpd spawning and stopping its workers (F3): a job that succeeds; bad job files; a worker
+# fsdpd spawning and stopping its workers (F3): a job that succeeds (under SLURM on one node
+# too); bad job files; SLURM environments that do not hold together, and what several nodes
+# cannot do yet (checkpoints, F21); a worker
 # that exits non-zero, one killed by SIGKILL, one that hangs when told to stop: fsdpd exits
 # non-zero within 10 s naming the cause and leaves no process behind; SIGKILL to fsdpd: its
 # workers are gone within 5 s.
@@ -10,7 +12,8 @@ make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
 # --- a job that succeeds, with its metrics file --------------------------------------------
-"$fsdpd" --job "$tmp/job.json" > "$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "the job failed"; }
+SLURM_JOB_ID=76 SLURM_NNODES=1 SLURM_JOB_NUM_NODES=1 SLURM_NODEID=0 SLURM_JOB_NODELIST=n0 "$fsdpd" \
+    --job "$tmp/job.json" > "$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "the job failed"; }
 grep -q "step 4/4" "$tmp/ok.log" || fail "no progress line for the last step"
 [ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 4 ] || fail "metrics.jsonl should hold 4 lines"
 grep -q '"loss"' "$tmp/out/metrics.jsonl" || fail "metrics lines carry no loss"
@@ -26,6 +29,14 @@ expect_status 2 "bad3.json" "$fsdpd" --job "$tmp/bad3.json"
 expect_status 2 "global_batch" "$fsdpd" --job "$tmp/job.json" --train.global_batch=7
 expect_status 2 "not built yet" "$fsdpd" --job "$tmp/job.json" --fsdp.sharding=hybrid_shard
 expect_status 2 "usage" "$fsdpd"
+
+# --- under SLURM on more than one node: refused, not one independent world a node ------------
+expect_status 2 "SLURM_NNODES is set but SLURM_JOB_ID is not" env SLURM_NNODES=2 "$fsdpd" --job "$tmp/job.json"
+slurm2=(SLURM_JOB_ID=77 SLURM_NODEID=0 SLURM_JOB_NODELIST="n[0-1]")
+expect_status 2 "checkpoint.save_final: checkpoints and restarts across nodes are not built yet" \
+    env -u SLURM_NNODES "${slurm2[@]}" SLURM_JOB_NUM_NODES=2 "$fsdpd" --job "$tmp/job.json"
+expect_status 2 "SLURM_NNODES 'two' is not an integer >= 1" env "${slurm2[@]}" SLURM_NNODES=two "$fsdpd" --job "$tmp/job.json"
+expect_status 2 "SLURM_JOB_NODELIST names 2 hosts but SLURM_NNODES is 3" env "${slurm2[@]}" SLURM_NNODES=3 "$fsdpd" --job "$tmp/job.json"
 
 # --- a worker's own error reaches fsdpd's message ------------------------------------------
 expect_status 1 "rank 0 failed" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/missing.tokens"
@@ -47,14 +58,14 @@ run_timed() {
 }
 
 # --- a worker that exits non-zero ------------------------------------------------------------
-run_timed exit FSDP_TEST_WORKER_FAULT=1:exit:2
+run_timed exit FSDP_FAULTS=worker=1:exit:2
 [ "$status" -ne 0 ] || fail "fsdpd exited 0 after a worker failed"
 grep -q "rank 1 exited with status 3" "$tmp/exit.log" || { cat "$tmp/exit.log"; fail "no reason given"; }
 assert_gone $(worker_pids "$tmp/exit.log")
 echo "worker exit: fsdpd stopped in ${elapsed} ms"
 
 # --- a worker that hangs when told to stop: killed after the grace (at most 2 s after a failure)
-run_timed hang FSDP_TEST_WORKER_FAULT=0:exit:2,1:hang_on_stop
+run_timed hang "FSDP_FAULTS=worker=0:exit:2;worker=1:hang_on_stop"
 [ "$status" -ne 0 ] || fail "fsdpd exited 0"
 grep -q "rank 0 exited with status 3" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "wrong reason"; }
 grep -q "killing them" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "the hung worker was not killed"; }

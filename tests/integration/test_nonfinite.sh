@@ -10,7 +10,7 @@ make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
 status=0
-FSDP_TEST_NAN_GRAD_AT=3:1 "$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=3 \
+FSDP_FAULTS=nan_grad=1:3 "$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=3 \
     --train.micro_batch=2 --train.max_steps=6 --checkpoint.interval_steps=2 \
     --checkpoint.async=false --runtime.metrics="$tmp/m.jsonl" > "$tmp/nan.log" 2>&1 || status=$?
 [ "$status" -ne 0 ] || { cat "$tmp/nan.log"; fail "the run with a NaN gradient exited 0"; }

@@ -12,16 +12,17 @@ make_small_model "$tmp"
 make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 
-# run NAME CKPT_DIR WORKERS MICRO [VAR=VALUE ...] -- [overrides...]: sets $status; the final
-# parameters go to $tmp/NAME.safetensors, the losses to $tmp/NAME.loss ("step loss" lines).
+# run NAME CKPT_DIR WORKERS MICRO [FAULT ...] -- [overrides...]: sets $status; the final
+# parameters go to $tmp/NAME.safetensors, the losses to $tmp/NAME.loss ("step loss" lines);
+# each FAULT is an FSDP_FAULTS entry (base/fault.h).
 run() {
     local name=$1 dir=$2 workers=$3 micro=$4
     shift 4
-    local envs=()
-    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    local faults="final_params=$tmp/$name.safetensors"
+    while [ "$1" != -- ]; do faults="$faults;$1"; shift; done
     shift
     status=0
-    env FSDP_TEST_FINAL_PARAMS="$tmp/$name.safetensors" "${envs[@]+"${envs[@]}"}" "$fsdpd" \
+    FSDP_FAULTS="$faults" "$fsdpd" \
         --job "$tmp/job.json" --runtime.metrics="$tmp/$name.jsonl" --checkpoint.dir="$dir" \
         --runtime.workers_per_node="$workers" --train.micro_batch="$micro" --train.max_steps=6 \
         --checkpoint.interval_steps=3 --checkpoint.async=false "$@" > "$tmp/$name.log" 2>&1 || status=$?
@@ -32,7 +33,7 @@ must_succeed() { [ "$status" -eq 0 ] || { cat "$tmp/$1.log"; fail "run $1 failed
 # crash_after_4 NAME DIR WORKERS MICRO: runs until rank 0 exits after step 4 (the checkpoint of
 # step 3 committed).
 crash_after_4() {
-    run "$@" FSDP_TEST_WORKER_FAULT=0:exit:4 --
+    run "$@" worker=0:exit:4 --
     [ "$status" -ne 0 ] || fail "run $1 should have crashed"
     [ "$(readlink "$2/latest")" = step-000003 ] || { cat "$tmp/$1.log"; fail "run $1: latest is not step-000003"; }
 }
@@ -132,7 +133,7 @@ refused nostep "$tmp/ck-copy" "step-000005: not a committed checkpoint" --checkp
 echo "corrupt, truncated, missing, other model, no checkpoint: refused"
 
 # --- after an abandoned save: fsdpd killed, the resume uses the checkpoint before it ---------
-FSDP_TEST_CKPT_FAULT=1:stall:3 "$fsdpd" --job "$tmp/job.json" --checkpoint.dir="$tmp/ckab" \
+FSDP_FAULTS=ckpt_write=1:stall:3 "$fsdpd" --job "$tmp/job.json" --checkpoint.dir="$tmp/ckab" \
     --train.max_steps=100000 --checkpoint.interval_steps=2 --checkpoint.timeout_s=1 \
     --runtime.metrics="$tmp/ab.jsonl" > "$tmp/ab.log" 2>&1 &
 pid=$!

@@ -10,7 +10,7 @@ venv=${FSDP_VENV:-/tmp/fsdp-venv}
 if ! "$venv/bin/python" -c 'import tokenizers' 2> /dev/null; then
     { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } > "$tmp/venv.log" 2>&1 &&
         "$venv/bin/pip" install -q tokenizers >> "$tmp/venv.log" 2>&1 ||
-        { cat "$tmp/venv.log"; echo "SKIP: cannot install the tokenizers package into $venv"; exit 77; }
+        { cat "$tmp/venv.log"; skip_test "cannot install the tokenizers package into $venv"; }
 fi
 
 for family in sp32k llama3; do

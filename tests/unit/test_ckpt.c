@@ -13,9 +13,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
 
 static char tmpdir[] = "/tmp/fsdp-test-ckpt-XXXXXX";
 
@@ -138,6 +138,19 @@ static void test_names(void **state) {
     assert_int_equal(ckpt_file_name(buf, sizeof buf, 1, 16), 0);
     assert_string_equal(buf, "rank-00001-of-00016.bin");
     assert_int_equal(ckpt_step_name(buf, 5, 400), -1);
+    assert_int_equal(ckpt_step_name(buf, 12, 400), 0); /* exactly fits: 11 chars and the NUL */
+    assert_int_equal(ckpt_step_name(buf, 11, 400), -1);
+    assert_int_equal(ckpt_partial_name(buf, 21, 400, 3), -1);
+    assert_int_equal(ckpt_file_name(buf, 23, 1, 16), -1);
+
+    /* A path that does not fit is an error naming it, not a truncated file name. */
+    static char long_dir[5000];
+    memset(long_dir, 'd', sizeof long_dir - 1);
+    ckpt_manifest m;
+    errbuf err = {""};
+    assert_int_equal(ckpt_manifest_load(&m, long_dir, &err), -1);
+    assert_non_null(strstr(err.msg, "path too long (more than 4095 bytes): ddd"));
+    assert_non_null(strstr(err.msg, ".../manifest.json"));
 
     assert_int_equal(ckpt_parse_step_name("step-000400", &step), 1);
     assert_int_equal(step, 400);
@@ -515,6 +528,25 @@ static void test_resolve_and_list(void **state) {
     assert_int_equal(symlink("step-000012", in_tmp("dir/latest")), 0);
     assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), -1);
     assert_non_null(strstr(err.msg, "not a committed checkpoint"));
+
+    /* latest that is not a symbolic link (a copied checkpoint dir, a file): named, and what it
+     * should be said (readlink alone says "Invalid argument") */
+    assert_int_equal(unlink(in_tmp("dir/latest")), 0);
+    FILE *f = fopen(in_tmp("dir/latest"), "w");
+    assert_non_null(f);
+    assert_int_equal(fputs("step-000010\n", f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    static const job_resume modes[] = {JOB_RESUME_AUTO, JOB_RESUME_LATEST};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        assert_int_equal(ckpt_resolve(dir, modes[i], 0, out, sizeof out, &err), -1);
+        assert_non_null(strstr(err.msg, in_tmp("dir/latest: is a regular file")));
+        assert_non_null(strstr(err.msg, "should be a symbolic link to a step-N directory"));
+    }
+    assert_int_equal(unlink(in_tmp("dir/latest")), 0);
+    assert_int_equal(mkdir(in_tmp("dir/latest"), 0755), 0);
+    assert_int_equal(ckpt_resolve(dir, JOB_RESUME_AUTO, 0, out, sizeof out, &err), -1);
+    assert_non_null(strstr(err.msg, in_tmp("dir/latest: is a directory")));
+    assert_null(strstr(err.msg, "Invalid argument"));
     ckpt_layout_free(&lo);
 }
 

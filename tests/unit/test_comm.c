@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "base/fault.h"
 #include "kernels/kernels.h"
 #include "worker/comm.h"
 
@@ -44,7 +45,7 @@ typedef struct report {
     uint64_t hash;     /* a digest of the results, compared across ranks */
 } report;
 
-typedef struct job {
+typedef struct ranks {
     int world, nproc, nsets; /* children beyond `world` are outsiders (no rank) */
     comm_listener lis[2][MAX_PROCS];
     const char *addr[2][MAX_PROCS];
@@ -55,9 +56,9 @@ typedef struct job {
     report rep[MAX_PROCS];
     int reported[MAX_PROCS];
     int status[MAX_PROCS];
-} job;
+} ranks;
 
-typedef int (*child_fn)(job *j, int idx, void *arg, report *r);
+typedef int (*child_fn)(ranks *j, int idx, void *arg, report *r);
 
 static double now_s(void) {
     struct timespec ts;
@@ -97,7 +98,7 @@ static int fail_at(report *r, int line, const char *fmt, ...) {
         if (!(cond)) return fail_at((r), __LINE__, __VA_ARGS__);                               \
     } while (0)
 
-static void job_init(job *j, int world, int nproc, int nsets) {
+static void ranks_init(ranks *j, int world, int nproc, int nsets) {
     memset(j, 0, sizeof *j);
     j->world = world;
     j->nproc = nproc;
@@ -116,7 +117,7 @@ static void job_init(job *j, int world, int nproc, int nsets) {
     j->opt.init_timeout_s = 20;
 }
 
-static void child_main(job *j, int idx, child_fn fn, void *arg, int report_fd) {
+static void child_main(ranks *j, int idx, child_fn fn, void *arg, int report_fd) {
     /* cmocka's crash handlers would longjmp back into the test runner, in the child. */
     signal(SIGSEGV, SIG_DFL);
     signal(SIGBUS, SIG_DFL);
@@ -137,7 +138,7 @@ static void child_main(job *j, int idx, child_fn fn, void *arg, int report_fd) {
 }
 
 /* Reads the reports, SIGKILLs what is still running after limit_s, reaps everyone. */
-static void job_collect(job *j, double limit_s) {
+static void ranks_collect(ranks *j, double limit_s) {
     double deadline = now_s() + limit_s;
     for (;;) {
         struct pollfd pf[MAX_PROCS];
@@ -169,7 +170,7 @@ static void job_collect(job *j, double limit_s) {
     }
 }
 
-static void job_run(job *j, child_fn fn, void *arg, double limit_s) {
+static void ranks_run(ranks *j, child_fn fn, void *arg, double limit_s) {
     fflush(stdout);
     fflush(stderr);
     for (int i = 0; i < j->nproc; i++) {
@@ -187,11 +188,11 @@ static void job_run(job *j, child_fn fn, void *arg, double limit_s) {
     }
     for (int s = 0; s < j->nsets; s++)
         for (int i = 0; i < j->nproc; i++) comm_listener_close(&j->lis[s][i]);
-    job_collect(j, limit_s);
+    ranks_collect(j, limit_s);
 }
 
 /* Child i reported success and exited 0. */
-static void expect_child_ok(const job *j, int i) {
+static void expect_child_ok(const ranks *j, int i) {
     if (!j->reported[i]) fail_msg("child %d sent no report (wait status 0x%x)", i, j->status[i]);
     if (!j->rep[i].ok) fail_msg("child %d: %s", i, j->rep[i].msg);
     if (!WIFEXITED(j->status[i]) || WEXITSTATUS(j->status[i]) != 0)
@@ -389,7 +390,7 @@ static int reduce_cases(comm *c, report *r, size_t count, comm_dtype dt, uint64_
 
 /* arg != NULL: the communicator is wrapped by comm_stage_through_host over a CPU kernels
  * context, so every collective goes through the staging copies. */
-static int collectives_child(job *j, int rank, void *arg, report *r) {
+static int collectives_child(ranks *j, int rank, void *arg, report *r) {
     static const size_t counts[] = {1, 7, 1001, BIG_COUNT};
     static const comm_dtype dts[] = {COMM_F32, COMM_BF16, COMM_BYTE};
     int fds = count_fds();
@@ -428,9 +429,9 @@ static int collectives_child(job *j, int rank, void *arg, report *r) {
 
 static void run_collectives_with(int world, void *staged) {
     int fds = count_fds();
-    job j;
-    job_init(&j, world, world, 1);
-    job_run(&j, collectives_child, staged, 50);
+    ranks j;
+    ranks_init(&j, world, world, 1);
+    ranks_run(&j, collectives_child, staged, 50);
     for (int i = 0; i < world; i++) expect_child_ok(&j, i);
     assert_int_equal(count_fds(), fds); /* the parent closed every listener and pipe */
 }
@@ -467,7 +468,7 @@ static uint64_t digest(const void *p, size_t n) {
 
 /* Runs the same all_reduces (f32, bf16) and reduce_scatter on two fresh communicators and
  * compares the bits. */
-static int repeat_child(job *j, int rank, void *arg, report *r) {
+static int repeat_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
     const size_t n = BIG_COUNT, f32_bytes = n * 4, bf16_bytes = n * 2, rs_bytes = n * 4;
     const size_t total = f32_bytes + bf16_bytes + rs_bytes;
@@ -500,9 +501,9 @@ static int repeat_child(job *j, int rank, void *arg, report *r) {
 
 static void test_repeated_runs_same_bits(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 4, 4, 2);
-    job_run(&j, repeat_child, NULL, 30);
+    ranks j;
+    ranks_init(&j, 4, 4, 2);
+    ranks_run(&j, repeat_child, NULL, 30);
     for (int i = 0; i < 4; i++) expect_child_ok(&j, i);
     for (int i = 1; i < 4; i++) assert_true(j.rep[i].hash == j.rep[0].hash);
 }
@@ -532,12 +533,10 @@ static int run_until_failure(comm *c, int calls, size_t count, report *r) {
     return 0;
 }
 
-static int stall_child(job *j, int rank, void *arg, report *r) {
+static int stall_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
-    setenv("FSDP_TEST_COMM_STALL_RANK", "1", 1); /* rank 1 sleeps 4 s before its 2nd call */
-    setenv("FSDP_TEST_COMM_STALL_AT", "2", 1);
-    setenv("FSDP_TEST_COMM_STALL_S", "4", 1);
     errbuf err;
+    EXPECT(r, fault_configure("comm_stall=1:2:4", &err) == 0, "%s", err.msg); /* rank 1 sleeps 4 s before its 2nd call */
     comm *c;
     EXPECT(r, comm_init(&c, &j->opt, rank, &j->table[0], &j->lis[0][rank], &err) == 0, "%s",
            err.msg);
@@ -548,10 +547,10 @@ static int stall_child(job *j, int rank, void *arg, report *r) {
 
 static void test_stalled_rank_times_out(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 3, 3, 1);
+    ranks j;
+    ranks_init(&j, 3, 3, 1);
     j.opt.timeout_s = 2;
-    job_run(&j, stall_child, NULL, 30);
+    ranks_run(&j, stall_child, NULL, 30);
     for (int i = 0; i < 3; i++) {
         expect_child_ok(&j, i);
         const report *r = &j.rep[i];
@@ -578,7 +577,7 @@ static void *kill_self_soon(void *arg) {
 
 #define KILLED 2
 
-static int killed_child(job *j, int rank, void *arg, report *r) {
+static int killed_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
     const size_t count = (size_t)1 << 21; /* 8 MB per all_reduce */
     errbuf err;
@@ -601,10 +600,10 @@ static int killed_child(job *j, int rank, void *arg, report *r) {
 
 static void test_killed_rank_fails_fast(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 4, 4, 1);
+    ranks j;
+    ranks_init(&j, 4, 4, 1);
     j.opt.timeout_s = 30;
-    job_run(&j, killed_child, NULL, 40);
+    ranks_run(&j, killed_child, NULL, 40);
     assert_true(WIFSIGNALED(j.status[KILLED]) && WTERMSIG(j.status[KILLED]) == SIGKILL);
     for (int i = 0; i < 4; i++) {
         if (i == KILLED) continue;
@@ -628,7 +627,7 @@ static void *abort_soon(void *arg) {
 /* Rank 0 comes late; meanwhile a watchdog thread of rank 1 aborts its communicator in the
  * middle of a barrier.  Rank 1 returns at once, rank 2 hears of it, rank 0 finds out as
  * soon as it arrives: nobody waits for the 20 s timeout. */
-static int abort_child(job *j, int rank, void *arg, report *r) {
+static int abort_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
     errbuf err;
     comm *c;
@@ -651,9 +650,9 @@ static int abort_child(job *j, int rank, void *arg, report *r) {
 
 static void test_abort_wakes_everyone(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 3, 3, 1);
-    job_run(&j, abort_child, NULL, 30);
+    ranks j;
+    ranks_init(&j, 3, 3, 1);
+    ranks_run(&j, abort_child, NULL, 30);
     for (int i = 0; i < 3; i++) {
         expect_child_ok(&j, i);
         print_message("rank %d: %.2f s: %s\n", i, j.rep[i].elapsed, j.rep[i].err);
@@ -667,12 +666,10 @@ static void test_abort_wakes_everyone(void **state) {
 
 /* Rank 2 leaves after a barrier; rank 1 then waits in a broadcast for the root, which is
  * late (stalled 2 s): rank 1 must notice at once that the rank it forwards to is gone. */
-static int dead_next_child(job *j, int rank, void *arg, report *r) {
+static int dead_next_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
-    setenv("FSDP_TEST_COMM_STALL_RANK", "0", 1);
-    setenv("FSDP_TEST_COMM_STALL_AT", "2", 1);
-    setenv("FSDP_TEST_COMM_STALL_S", "2", 1);
     errbuf err;
+    EXPECT(r, fault_configure("comm_stall=0:2:2", &err) == 0, "%s", err.msg);
     comm *c;
     EXPECT(r, comm_init(&c, &j->opt, rank, &j->table[0], &j->lis[0][rank], &err) == 0, "%s",
            err.msg);
@@ -693,9 +690,9 @@ static int dead_next_child(job *j, int rank, void *arg, report *r) {
 
 static void test_dead_next_noticed_while_waiting(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 3, 3, 1);
-    job_run(&j, dead_next_child, NULL, 30);
+    ranks j;
+    ranks_init(&j, 3, 3, 1);
+    ranks_run(&j, dead_next_child, NULL, 30);
     for (int i = 0; i < 3; i++) expect_child_ok(&j, i);
     print_message("rank 1: %.2f s: %s\n", j.rep[1].elapsed, j.rep[1].err);
     assert_true(j.rep[1].call_failed);
@@ -706,7 +703,7 @@ static void test_dead_next_noticed_while_waiting(void **state) {
 
 /* ---- no leak over many calls ------------------------------------------------------------ */
 
-static int many_child(job *j, int rank, void *arg, report *r) {
+static int many_child(ranks *j, int rank, void *arg, report *r) {
     (void)arg;
     int world = j->world, fds = count_fds();
     errbuf err;
@@ -738,9 +735,9 @@ static int many_child(job *j, int rank, void *arg, report *r) {
 static void test_many_collectives_no_leak(void **state) {
     (void)state;
     int fds = count_fds();
-    job j;
-    job_init(&j, 3, 3, 1);
-    job_run(&j, many_child, NULL, 50);
+    ranks j;
+    ranks_init(&j, 3, 3, 1);
+    ranks_run(&j, many_child, NULL, 50);
     for (int i = 0; i < 3; i++) expect_child_ok(&j, i);
     assert_int_equal(count_fds(), fds);
 }
@@ -768,7 +765,7 @@ static int raw_connect(const char *addr) {
 /* Child 3 is an outsider: it opens a silent connection and a garbage one to the ranks'
  * listeners, then tries to join as rank 0 with the wrong secret.  Rank 0 arrives late, so
  * that rank 1 meets the impostor first. */
-static int secret_child(job *j, int idx, void *arg, report *r) {
+static int secret_child(ranks *j, int idx, void *arg, report *r) {
     (void)arg;
     errbuf err;
     comm *c;
@@ -804,14 +801,56 @@ static int secret_child(job *j, int idx, void *arg, report *r) {
 
 static void test_wrong_secret_refused(void **state) {
     (void)state;
-    job j;
-    job_init(&j, 3, 4, 1);
-    job_run(&j, secret_child, NULL, 30);
+    ranks j;
+    ranks_init(&j, 3, 4, 1);
+    ranks_run(&j, secret_child, NULL, 30);
     for (int i = 0; i < 4; i++) expect_child_ok(&j, i);
     print_message("impostor: %.2f s: %s\n", j.rep[3].elapsed, j.rep[3].err);
     assert_non_null(strstr(j.rep[3].err, "rank 1"));
     assert_non_null(strstr(j.rep[3].err, "wrong job secret"));
     assert_true(j.rep[3].elapsed < 3); /* refused, not timed out (20 s) */
+}
+
+/* Rank 0 of 2 in a thread of the test, with init_timeout_s = 1. */
+typedef struct lone_rank {
+    ranks *j;
+    int rc;
+    errbuf err;
+} lone_rank;
+
+static void *lone_rank_main(void *arg) {
+    lone_rank *l = arg;
+    comm *c = NULL;
+    l->rc = comm_init(&c, &l->j->opt, 0, &l->j->table[0], &l->j->lis[0][0], &l->err);
+    comm_destroy(c);
+    return NULL;
+}
+
+/* An eavesdropper posing as rank 1 records all that rank 0 sends it until rank 0 gives up:
+ * the job secret is not in it (the handshake proves the secret, it does not send it). */
+static void test_secret_never_sent(void **state) {
+    (void)state;
+    ranks j;
+    ranks_init(&j, 2, 2, 1);
+    j.opt.init_timeout_s = 1;
+    lone_rank l = {&j, 0, {""}};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, lone_rank_main, &l), 0);
+    struct pollfd p = {j.lis[0][1].fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 5000), 1);
+    int fd = accept(j.lis[0][1].fd, NULL, NULL);
+    assert_true(fd >= 0);
+    unsigned char heard[4096];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof heard && (n = recv(fd, heard + got, sizeof heard - got, 0)) > 0)
+        got += (size_t)n; /* ends when rank 0 times out and closes */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    close(fd);
+    comm_listener_close(&j.lis[0][1]);
+    assert_int_not_equal(l.rc, 0);
+    assert_true(got >= 8); /* it did speak */
+    assert_null(memmem(heard, got, j.opt.secret, 8));
 }
 
 /* ---- single process: arguments, dead state, listener ------------------------------------ */
@@ -912,13 +951,6 @@ static void test_bad_init(void **state) {
     assert_int_equal(comm_init(&c, &opt, 0, &table, &l, &err), -1);
     assert_true(now_s() - t0 < 2);
     assert_non_null(strstr(err.msg, "could not connect to rank 1"));
-
-    opt.init_timeout_s = 5;
-    setenv("FSDP_TEST_COMM_STALL_RANK", "zero", 1);
-    table.world = 1;
-    assert_int_equal(comm_init(&c, &opt, 0, &table, NULL, &err), -1);
-    assert_non_null(strstr(err.msg, "FSDP_TEST_COMM_STALL_RANK"));
-    unsetenv("FSDP_TEST_COMM_STALL_RANK");
 }
 
 static void test_listen(void **state) {
@@ -958,6 +990,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_runs_same_bits),
         cmocka_unit_test(test_many_collectives_no_leak),
         cmocka_unit_test(test_wrong_secret_refused),
+        cmocka_unit_test(test_secret_never_sent),
         cmocka_unit_test(test_abort_wakes_everyone),
         cmocka_unit_test(test_dead_next_noticed_while_waiting),
         cmocka_unit_test(test_stalled_rank_times_out),

@@ -28,10 +28,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/bf16.h"
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "daemon/consolidate.h"
 #include "proto/ckpt.h"
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
 
@@ -269,9 +270,9 @@ static void assert_model_matches(const fixture *f, const char *dir, st_dtype dty
                 } else {
                     uint16_t have;
                     memcpy(&have, (const unsigned char *)s->data + 2 * j, 2);
-                    if (have != st_f32_to_bf16(want))
+                    if (have != bf16_from_f32(want))
                         fail_msg("%s[%llu]: %04x, want %04x", t->name, (unsigned long long)j, have,
-                                 st_f32_to_bf16(want));
+                                 bf16_from_f32(want));
                 }
             }
         }
@@ -626,6 +627,25 @@ static void test_eos_list_kept(void **state) {
     assert_int_equal(c.n_eos_token_ids, 3);
 }
 
+/* A FIFO among the source model's tokenizer files is refused, not waited on (the alarm's
+ * default action ends the test binary if opening it blocks). */
+static void test_tokenizer_fifo_refused(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    char src[512], fifo[600];
+    snprintf(src, sizeof src, "%s/src", f->root);
+    assert_int_equal(mkdir(src, 0755), 0);
+    snprintf(fifo, sizeof fifo, "%s/tokenizer.json", src);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    consolidate_options o = options(f, ST_BF16, NULL);
+    o.tokenizer_from = src;
+    alarm(10);
+    assert_int_equal(consolidate(&o, &err), -1);
+    alarm(0);
+    assert_non_null(strstr(err.msg, fifo));
+    assert_non_null(strstr(err.msg, "is a FIFO, not a regular file"));
+}
+
 /* Tied embeddings: no lm_head.weight. */
 static void test_tied(void **state) {
     fixture *f = *state;
@@ -774,6 +794,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tokenizer_copied, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_from_manifest, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_eos_list_kept, setup_eos_list, teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_fifo_refused, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_tied, setup_tied, teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup_untied, teardown),
     };

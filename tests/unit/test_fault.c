@@ -1,4 +1,4 @@
-/* Unit tests for proto/fault: the FSDP_FAULTS syntax, lookups by point and rank, refusals. */
+/* Unit tests for base/fault: the FSDP_FAULTS syntax, lookups by point and rank, refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "proto/fault.h"
+#include "base/fault.h"
 
 static void must(const char *spec) {
     errbuf err = {""};

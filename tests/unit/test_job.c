@@ -1,5 +1,5 @@
 /* Unit tests for proto/job: defaults, the example job, bad job files, overrides and aliases,
- * validation, sizes, runtime resolution and the job_to_json / job_parse round trip.
+ * validation, sizes, runtime resolution and the job_to_object / job_from_object round trip.
  * Run from the repository root (tests/run.sh does). */
 #include <math.h>
 #include <setjmp.h>
@@ -23,6 +23,11 @@ static int parse(job_config *j, const char *text, errbuf *err) {
 
 static void assert_contains(const char *msg, const char *part) {
     if (!strstr(msg, part)) fail_msg("message \"%s\" lacks \"%s\"", msg, part);
+}
+
+/* What the daemon does with a job once its world size is known. */
+static int resolve_and_validate(job_config *j, int world, errbuf *err) {
+    return job_resolve(j, world, err) || job_validate(j, world, err) ? -1 : 0;
 }
 
 static void must_override(job_config *j, const char *arg) {
@@ -50,27 +55,34 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
+    /* Until packing, evaluation splits and skipping bad records are built, their defaults are
+     * the only values accepted. */
+    assert_false(j.data.packing);
+    assert_true(j.data.eval_fraction == 0);
+    assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
+    assert_int_equal(parse(&j, "{\"data\":{\"packing\":false,\"eval_fraction\":0,"
+                               "\"on_bad_record\":\"fail\"}}", &err), 0);
 
     /* The only keys without a usable default are the model and the data. */
-    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "model.path: required");
     strcpy(j.model.path, "models/llama");
-    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "data.path: required");
     strcpy(j.data.path, "data/train.tokens");
-    if (job_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 8);
     assert_string_equal(j.runtime.metrics, "output/metrics.jsonl");
-    if (job_validate(&j, 8, &err)) fail_msg("%s", err.msg);
+    if (resolve_and_validate(&j, 8, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 1);
 
     /* No final save leaves nothing to consolidate. */
     assert_true(j.checkpoint.save_final);
     j.checkpoint.save_final = false;
-    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "checkpoint.save_final");
     j.output.consolidate = false;
-    if (job_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
 }
 
 static void test_example_full_parses(void **state) {
@@ -82,7 +94,9 @@ static void test_example_full_parses(void **state) {
     assert_string_equal(j.model.config, "configs/models/tiny.json");
     assert_int_equal(j.model.dtype, JOB_DTYPE_F32);
     assert_int_equal(j.data.seq_len, 128);
-    assert_true(j.data.eval_fraction == 0.05);
+    assert_true(j.data.eval_fraction == 0);
+    assert_false(j.data.packing);
+    assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
     assert_int_equal(j.train.micro_batch, 2);
     assert_int_equal(j.train.max_steps, 100);
     assert_true(j.train.lr == 3e-4);
@@ -93,7 +107,7 @@ static void test_example_full_parses(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_int_equal(j.runtime.backend, JOB_BACKEND_CPU);
     assert_string_equal(j.runtime.metrics, "runs/example/metrics.jsonl");
-    if (job_validate(&j, 2, &err)) fail_msg("%s", err.msg);
+    if (resolve_and_validate(&j, 2, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 2);
 
     /* It sets every key: the strict reader (which requires them all) accepts it too. */
@@ -104,10 +118,13 @@ static void test_example_full_parses(void **state) {
     fclose(f);
     assert_true(n > 0 && n < sizeof text);
     job_config strict;
-    if (job_parse(&strict, text, n, &err)) fail_msg("%s", err.msg);
+    json_t *root = json_loadb(text, n, 0, NULL);
+    assert_non_null(root);
+    if (job_from_object(&strict, root, &err)) fail_msg("%s", err.msg);
+    json_decref(root);
 }
 
-/* A job file that must be rejected (by job_parse_text, or by job_validate with `world`
+/* A job file that must be rejected (by job_parse_text, or by job_resolve/job_validate with `world`
  * ranks when it parses), with a message holding both parts. */
 typedef struct bad_case {
     const char *json;
@@ -153,6 +170,9 @@ static const bad_case bad_cases[] = {
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
     {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
     {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
+    {"{\"data\":{\"on_bad_record\":\"skip\"}}", 1, "data.on_bad_record: 'skip' is not built yet", NULL},
+    {"{\"data\":{\"packing\":true}}", 1, "data.packing: 'true' is not built yet", NULL},
+    {"{\"data\":{\"eval_fraction\":0.05}}", 1, "data.eval_fraction: '0.05' is not built yet", NULL},
     {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
     {"{\"model\":{\"init\":\"zeros\"}}", 1, "model.init: unknown choice 'zeros'", "\"\", random"},
     {"{\"model\":{\"path\":7}}", 1, "model.path: expected a string, got an integer", NULL},
@@ -172,7 +192,7 @@ static const bad_case bad_cases[] = {
     {"[]", 1, "expected a JSON object at the top level, got a list", NULL},
     {"{\"train\":{\"lr\":1,\"lr\":2}}", 1, "duplicate", NULL},
     {"{\"train\":{\"lr\":}}", 1, "test.json:1:", NULL},
-    /* cross-field rules, found by job_validate */
+    /* cross-field rules, found by job_resolve and job_validate */
     {"{" MD "}", 3, "train.global_batch: 8 is not a multiple of train.micro_batch (1) x world "
                     "size (3) = 3", "use 6 or 9"},
     {"{" MD ",\"train\":{\"global_batch\":2,\"micro_batch\":2}}", 2,
@@ -199,7 +219,7 @@ static void test_bad_job_files(void **state) {
         errbuf err = {""};
         int rc = parse(&j, c->json, &err);
         if (rc == 0) {
-            rc = job_validate(&j, c->world, &err);
+            rc = resolve_and_validate(&j, c->world, &err);
             if (rc == 0) fail_msg("case %zu accepted: %s", i, c->json);
         } else if (strncmp(err.msg, "test.json", 9) != 0) {
             fail_msg("case %zu: message \"%s\" does not start with the file name", i, err.msg);
@@ -226,7 +246,7 @@ static void test_job_load_errors(void **state) {
     job_config j;
     errbuf err = {""};
     assert_int_equal(job_load(&j, "/nonexistent/job.json", &err), -1);
-    assert_contains(err.msg, "/nonexistent/job.json: No such file");
+    assert_contains(err.msg, "/nonexistent/job.json: open: No such file");
 
     char path[] = "/tmp/test_job_XXXXXX";
     int fd = mkstemp(path);
@@ -285,6 +305,9 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.lr=nan", "not a number");
     override_fails(&j, "--train.seed=12x", "train.seed: '12x' is not an integer");
     override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
+    override_fails(&j, "--data.packing=true", "data.packing: 'true' is not built yet");
+    override_fails(&j, "--data.eval_fraction=0.1", "data.eval_fraction: '0.1' is not built yet");
+    override_fails(&j, "--data.on_bad_record=skip", "data.on_bad_record: 'skip' is not built yet");
     override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
     override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");
     override_fails(&j, "--train.betas=0.9,x", "train.betas: 'x' is not a number");
@@ -325,7 +348,7 @@ static void test_aliases(void **state) {
     /* global_batch = micro_batch 2 x 4 steps x world size 2. */
     must_override(&j, "--gradient_accumulation_steps=4");
     assert_int_equal(j.train.global_batch, 8); /* not resolved before the world size is known */
-    if (job_validate(&j, 2, &err)) fail_msg("%s", err.msg);
+    if (resolve_and_validate(&j, 2, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.global_batch, 16);
     assert_int_equal(j.train.grad_accum, 4);
     assert_int_equal(j.train.grad_accum_request, 0);
@@ -350,7 +373,7 @@ static void test_gradient_accumulation_too_large(void **state) {
     strcpy(j.data.path, "d");
     must_override(&j, "--batch_size=1048576");
     must_override(&j, "--gradient_accumulation_steps=100000");
-    assert_int_equal(job_validate(&j, 8, &err), -1);
+    assert_int_equal(resolve_and_validate(&j, 8, &err), -1);
     assert_contains(err.msg, "is too large");
 }
 
@@ -415,7 +438,7 @@ static void test_resolve_runtime(void **state) {
     strcpy(j.model.path, "m");
     strcpy(j.data.path, "d");
     j.train.global_batch = 3;
-    assert_int_equal(job_validate(&j, 3, &err), 0);
+    assert_int_equal(resolve_and_validate(&j, 3, &err), 0);
     assert_int_equal(job_resolve_runtime(&j, -1, &err), -1);
 }
 
@@ -427,7 +450,7 @@ static void test_validate_rechecks_keys(void **state) {
     job_defaults(&j);
     strcpy(j.model.path, "m");
     strcpy(j.data.path, "d");
-    assert_int_equal(job_validate(&j, 1, &err), 0);
+    assert_int_equal(resolve_and_validate(&j, 1, &err), 0);
     j.train.lr = -1;
     assert_int_equal(job_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "train.lr: -1 is out of range");
@@ -452,6 +475,40 @@ static void test_validate_rechecks_keys(void **state) {
     assert_int_equal(job_validate(&j, 1, &err), 0);
 }
 
+/* job_validate only checks: an unresolved job is refused, and left as it was; job_resolve
+ * fills the derived fields, and resolving again changes nothing. */
+static void test_validate_changes_nothing(void **state) {
+    (void)state;
+    static job_config j, before;
+    errbuf err = {""};
+    job_defaults(&j);
+    strcpy(j.model.path, "m");
+    strcpy(j.data.path, "d");
+    must_override(&j, "--batch_size=2");
+    must_override(&j, "--gradient_accumulation_steps=3");
+    before = j;
+    assert_int_equal(job_validate(&j, 2, &err), -1);
+    assert_contains(err.msg, "train.grad_accum: not resolved for world size 2 (job_resolve first)");
+    assert_memory_equal(&j, &before, sizeof j);
+
+    if (job_resolve(&j, 2, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.global_batch, 2 * 3 * 2);
+    assert_int_equal(j.train.grad_accum, 3);
+    assert_int_equal(j.train.grad_accum_request, 0);
+    assert_string_equal(j.runtime.metrics, "output/metrics.jsonl");
+    before = j;
+    if (job_validate(&j, 2, &err)) fail_msg("%s", err.msg);
+    if (job_resolve(&j, 2, &err)) fail_msg("%s", err.msg);
+    assert_memory_equal(&j, &before, sizeof j);
+
+    /* Resolved for one world size is not resolved for another. */
+    assert_int_equal(job_validate(&j, 3, &err), -1); /* 12 divides into 2 x 3, but not 3 times */
+    assert_contains(err.msg, "not resolved for world size 3");
+    j.runtime.metrics[0] = '\0';
+    assert_int_equal(job_validate(&j, 2, &err), -1);
+    assert_contains(err.msg, "runtime.metrics: not resolved");
+}
+
 static void test_round_trip(void **state) {
     (void)state;
     job_config a, b;
@@ -461,32 +518,37 @@ static void test_round_trip(void **state) {
     must_override(&a, "--train.lr=1.2345678901234567e-4");
     must_override(&a, "--data.packing=false");
     must_override(&a, "--model.dtype=auto");
-    if (job_resolve_runtime(&a, 0, &err) || job_validate(&a, 4, &err)) fail_msg("%s", err.msg);
+    if (job_resolve_runtime(&a, 0, &err) || resolve_and_validate(&a, 4, &err))
+        fail_msg("%s", err.msg);
 
-    char *text;
-    if (job_to_json(&a, &text, &err)) fail_msg("%s", err.msg);
-    assert_null(strchr(text, '\n'));
-    assert_null(strstr(text, ": "));
-    assert_non_null(strstr(text, "\"resume\":\"step-1200\""));
-    assert_non_null(strstr(text, "\"shard_size\":5000000000"));
-    assert_non_null(strstr(text, "\"dtype\":\"f32\"")); /* model.dtype auto resolved */
+    json_t *obj = job_to_object(&a, &err);
+    if (!obj) fail_msg("%s", err.msg);
+    const json_t *ck = json_object_get(obj, "checkpoint"), *out = json_object_get(obj, "output");
+    assert_string_equal(json_string_value(json_object_get(ck, "resume")), "step-1200");
+    assert_int_equal(json_integer_value(json_object_get(out, "shard_size")), 5000000000LL);
+    /* model.dtype auto resolved */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(obj, "model"), "dtype")), "f32");
 
-    if (job_parse(&b, text, strlen(text), &err)) fail_msg("%s", err.msg);
-    if (job_validate(&b, 4, &err)) fail_msg("%s", err.msg);
+    if (job_from_object(&b, obj, &err)) fail_msg("%s", err.msg);
+    /* grad_accum is derived, so not carried: job_resolve recomputes it. */
+    assert_int_equal(job_validate(&b, 4, &err), -1);
+    assert_contains(err.msg, "train.grad_accum: not resolved for world size 4");
+    if (resolve_and_validate(&b, 4, &err)) fail_msg("%s", err.msg);
     assert_memory_equal(&a, &b, sizeof a);
-    char *again;
-    if (job_to_json(&b, &again, &err)) fail_msg("%s", err.msg);
-    assert_string_equal(text, again);
-    free(again);
+    json_t *again = job_to_object(&b, &err);
+    assert_true(json_equal(obj, again));
+    json_decref(again);
 
     /* The strict reader wants every key; a job file may leave any out. */
-    char *cut = strstr(text, "\"lr\":");
-    assert_non_null(cut);
-    memcpy(cut, "\"xx\"", 4);
-    assert_int_equal(job_parse(&b, text, strlen(text), &err), -1);
+    json_t *train = json_object_get(obj, "train");
+    json_object_set(train, "xx", json_object_get(train, "lr"));
+    json_object_del(train, "lr");
+    assert_int_equal(job_from_object(&b, obj, &err), -1);
     assert_contains(err.msg, "CONFIG: train.xx: unknown key");
-    free(text);
-    assert_int_equal(job_parse(&b, "{\"train\":{\"lr\":1e-4}}", 21, &err), -1);
+    json_decref(obj);
+    json_t *partial = json_pack("{s:{s:f}}", "train", "lr", 1e-4);
+    assert_int_equal(job_from_object(&b, partial, &err), -1);
+    json_decref(partial);
     assert_contains(err.msg, "CONFIG: model.path: missing");
     assert_int_equal(job_parse_text(&b, "{\"train\":{\"lr\":1e-4}}", 21, "job.json", &err), 0);
 }
@@ -504,6 +566,7 @@ int main(void) {
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_resolve_runtime),
         cmocka_unit_test(test_validate_rechecks_keys),
+        cmocka_unit_test(test_validate_changes_nothing),
         cmocka_unit_test(test_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "base/bf16.h"
 #include "daemon/fsdpctl.h"
 #include "daemon/model_shm.h"
 #include "proto/model_image.h"
@@ -97,7 +98,7 @@ static void test_bf16_image_rounds(void **state) {
     float a[64], b[64];
     model_image_read_f32(f32, &lo, s->unit, s->offset + 3, 64, a);
     model_image_read_f32(bf16, &lo, s->unit, s->offset + 3, 64, b);
-    for (int i = 0; i < 64; i++) assert_true(b[i] == st_bf16_to_f32(st_f32_to_bf16(a[i])));
+    for (int i = 0; i < 64; i++) assert_true(b[i] == bf16_to_f32(bf16_from_f32(a[i])));
     free(f32);
     free(bf16);
     llama_layout_free(&lo);

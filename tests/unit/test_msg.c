@@ -473,6 +473,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_METRICS, .u.metrics = {.step = 4, .has_checkpoint = true,
                                             .checkpoint = {.step = 4, .attempt = 2, .mode = "sync", .request = 1}}},
         {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 3}},
+        {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 4, .stop = true}},
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 0, .ok = true, .file = "rank-0.bin",
                                                 .bytes = 4096, .header_crc32c = 0xfffffffful, .stage_s = 0.5,
                                                 .has_optimizer_step = true, .optimizer_step = 4,
@@ -480,10 +481,15 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 1, .aborted = true, .error = "disk full"}},
         {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1}},
         {.type = MSG_STOP, .u.stop = {"done"}},
-        {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over"}},
+        {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
-        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8}},
+        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8, .nonce = "00ff"}},
+        {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
+                                                  .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd"}},
+        {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = 1, .list = {.n = 2, .addrs = addrs}}},
+        {.type = MSG_NODE_READY, .u.node_ready = {.node = 1}},
+        {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .error = "rank 3 failed"}},
         {.type = MSG_NODE_CKPT_DONE, .u.node_ckpt_done = {.node = 1, .step = 8, .attempt = 1, .ok = true}},
         {.type = MSG_COMMIT, .u.commit = {.step = 8, .attempt = 1}},
         {.type = MSG_ABORT, .u.abort = {.step = 8, .attempt = 1, .reason = "node 1 timed out"}},
@@ -507,7 +513,7 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[13], &back);
+    through_wire(&all[14], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
@@ -534,9 +540,10 @@ static void test_strict_decoder(void **state) {
     refused(MSG_HEARTBEAT, "{\"ready\":1}", "HEARTBEAT: field 'ready' must be true or false, got an integer");
     refused(MSG_HEARTBEAT, "{\"ready\":false,\"step\":-1}", "field 'step' = -1 is out of range");
     refused(MSG_METRICS, "{\"step\":1}", "METRICS: field 'total_steps' is missing");
-    refused(MSG_CKPT_BEGIN, "{\"request\":1.5}", "field 'request' must be an integer, got a real number");
-    refused(MSG_ADDR, "{\"addr\":\"0123456789012345678901234567890123456789012345678901234567890123456789\"}",
-            "ADDR: field 'addr' must be a string of fewer than 64 bytes");
+    refused(MSG_CKPT_BEGIN, "{\"request\":1.5,\"stop\":false}", "field 'request' must be an integer, got a real number");
+    refused(MSG_ADDR, "{\"addr\":\"0123456789012345678901234567890123456789012345678901234567890123456789"
+                      "0123456789\"}",
+            "ADDR: field 'addr' must be a string of fewer than 80 bytes");
     refused(MSG_STOP, "{\"reason\":\"a\\u0000b\"}", "STOP: body is not JSON");
     refused(MSG_PEERS, "{\"addrs\":[]}", "PEERS: field 'addrs' must be a non-empty array of strings");
     refused(MSG_PEERS, "{\"addrs\":[\"a\",2]}", "PEERS: addrs[1] must be a string");
@@ -575,7 +582,7 @@ static void test_config(void **state) {
     c->job.model.init = JOB_INIT_RANDOM;
     strcpy(c->job.model.config, "tiny.json");
     c->job.train.global_batch = 4;
-    if (job_validate(&c->job, 2, &err)) fail_msg("%s", err.msg);
+    if (job_resolve(&c->job, 2, &err) || job_validate(&c->job, 2, &err)) fail_msg("%s", err.msg);
     static const char tiny[] = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":172,"
                                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":211,"
                                "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-5}";
@@ -584,6 +591,7 @@ static void test_config(void **state) {
     assert_same_body(&m, &back);
     assert_memory_equal(&back.u.config.model, &c->model, sizeof c->model);
     assert_int_equal(back.u.config.job.train.global_batch, 4);
+    assert_int_equal(back.u.config.job.train.grad_accum, 2); /* not carried: recomputed */
     assert_string_equal(back.u.config.job.data.path, "data.tokens");
 
     /* Each part is checked: the rank, the secret, the job (all keys, valid for the world),

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/bf16.h"
 #include "proto/safetensors.h"
 
 /* ---------- helpers ---------- */
@@ -617,58 +618,58 @@ static float from_bits(uint32_t u) {
 
 static void test_bf16(void **state) {
     (void)state;
-    assert_int_equal(st_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(st_f32_to_bf16(-2.0f), 0xc000);
-    assert_int_equal(st_f32_to_bf16(0.0f), 0x0000);
-    assert_int_equal(st_f32_to_bf16(-0.0f), 0x8000);
+    assert_int_equal(bf16_from_f32(1.0f), 0x3f80);
+    assert_int_equal(bf16_from_f32(-2.0f), 0xc000);
+    assert_int_equal(bf16_from_f32(0.0f), 0x0000);
+    assert_int_equal(bf16_from_f32(-0.0f), 0x8000);
     /* ties go to the even neighbour; anything past the tie rounds up */
-    assert_int_equal(st_f32_to_bf16(from_bits(0x3f808000)), 0x3f80); /* tie, 0x3f80 even */
-    assert_int_equal(st_f32_to_bf16(from_bits(0x3f818000)), 0x3f82); /* tie, 0x3f81 odd */
-    assert_int_equal(st_f32_to_bf16(from_bits(0x3f808001)), 0x3f81);
-    assert_int_equal(st_f32_to_bf16(from_bits(0x3f807fff)), 0x3f80);
-    assert_int_equal(st_f32_to_bf16(from_bits(0x7f7fffff)), 0x7f80); /* FLT_MAX rounds to inf */
-    assert_int_equal(st_f32_to_bf16(INFINITY), 0x7f80);
-    assert_int_equal(st_f32_to_bf16(-INFINITY), 0xff80);
-    uint16_t nan = st_f32_to_bf16(NAN);
+    assert_int_equal(bf16_from_f32(from_bits(0x3f808000)), 0x3f80); /* tie, 0x3f80 even */
+    assert_int_equal(bf16_from_f32(from_bits(0x3f818000)), 0x3f82); /* tie, 0x3f81 odd */
+    assert_int_equal(bf16_from_f32(from_bits(0x3f808001)), 0x3f81);
+    assert_int_equal(bf16_from_f32(from_bits(0x3f807fff)), 0x3f80);
+    assert_int_equal(bf16_from_f32(from_bits(0x7f7fffff)), 0x7f80); /* FLT_MAX rounds to inf */
+    assert_int_equal(bf16_from_f32(INFINITY), 0x7f80);
+    assert_int_equal(bf16_from_f32(-INFINITY), 0xff80);
+    uint16_t nan = bf16_from_f32(NAN);
     assert_true((nan & 0x7f80) == 0x7f80 && (nan & 0x7f) != 0);
     /* a NaN whose payload is only in the low bits must not become inf */
-    assert_true(isnan(st_bf16_to_f32(st_f32_to_bf16(from_bits(0x7f800001)))));
-    assert_true(isnan(st_bf16_to_f32(st_f32_to_bf16(from_bits(0xffc00000)))));
-    assert_true(st_bf16_to_f32(0x3f80) == 1.0f);
-    assert_true(st_bf16_to_f32(0x4049) == 3.140625f);
+    assert_true(isnan(bf16_to_f32(bf16_from_f32(from_bits(0x7f800001)))));
+    assert_true(isnan(bf16_to_f32(bf16_from_f32(from_bits(0xffc00000)))));
+    assert_true(bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(bf16_to_f32(0x4049) == 3.140625f);
     for (uint32_t h = 0; h < 0x10000; h++) /* every finite bf16 survives the round trip */
-        if ((h & 0x7f80) != 0x7f80) assert_int_equal(st_f32_to_bf16(st_bf16_to_f32((uint16_t)h)), h);
+        if ((h & 0x7f80) != 0x7f80) assert_int_equal(bf16_from_f32(bf16_to_f32((uint16_t)h)), h);
 }
 
 static void test_f16(void **state) {
     (void)state;
-    assert_int_equal(st_f32_to_f16(1.0f), 0x3c00);
-    assert_int_equal(st_f32_to_f16(-2.0f), 0xc000);
-    assert_int_equal(st_f32_to_f16(65504.0f), 0x7bff);      /* the largest half */
-    assert_int_equal(st_f32_to_f16(65519.0f), 0x7bff);      /* below the tie: stays finite */
-    assert_int_equal(st_f32_to_f16(65520.0f), 0x7c00);      /* tie rounds to inf */
-    assert_int_equal(st_f32_to_f16(1e10f), 0x7c00);
-    assert_int_equal(st_f32_to_f16(-INFINITY), 0xfc00);
-    assert_int_equal(st_f32_to_f16(ldexpf(1, -14)), 0x0400); /* smallest normal */
-    assert_int_equal(st_f32_to_f16(ldexpf(1, -24)), 0x0001); /* smallest subnormal */
-    assert_int_equal(st_f32_to_f16(ldexpf(1, -25)), 0x0000); /* tie to even: 0 */
-    assert_int_equal(st_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
-    assert_int_equal(st_f32_to_f16(ldexpf(3, -25)), 0x0002); /* 1.5 units: tie to even 2 */
-    assert_int_equal(st_f32_to_f16(ldexpf(1023, -24)), 0x03ff);
-    assert_int_equal(st_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400); /* rounds up into normal */
-    assert_int_equal(st_f32_to_f16(1e-30f), 0x0000);
-    assert_int_equal(st_f32_to_f16(-1e-30f), 0x8000);
-    assert_int_equal(st_f32_to_f16(from_bits(0x3f801000)), 0x3c00); /* tie, even */
-    assert_int_equal(st_f32_to_f16(from_bits(0x3f803000)), 0x3c02); /* tie, odd: up */
-    assert_true(isnan(st_f16_to_f32(st_f32_to_f16(NAN))));
-    assert_true(isnan(st_f16_to_f32(st_f32_to_f16(from_bits(0x7f800001)))));
-    assert_true(st_f16_to_f32(0x0001) == ldexpf(1, -24));
-    assert_true(st_f16_to_f32(0x03ff) == ldexpf(1023, -24));
-    assert_true(st_f16_to_f32(0x8200) == -ldexpf(1, -15));
-    assert_true(st_f16_to_f32(0x7bff) == 65504.0f);
-    assert_true(isinf(st_f16_to_f32(0x7c00)));
+    assert_int_equal(f16_from_f32(1.0f), 0x3c00);
+    assert_int_equal(f16_from_f32(-2.0f), 0xc000);
+    assert_int_equal(f16_from_f32(65504.0f), 0x7bff);      /* the largest half */
+    assert_int_equal(f16_from_f32(65519.0f), 0x7bff);      /* below the tie: stays finite */
+    assert_int_equal(f16_from_f32(65520.0f), 0x7c00);      /* tie rounds to inf */
+    assert_int_equal(f16_from_f32(1e10f), 0x7c00);
+    assert_int_equal(f16_from_f32(-INFINITY), 0xfc00);
+    assert_int_equal(f16_from_f32(ldexpf(1, -14)), 0x0400); /* smallest normal */
+    assert_int_equal(f16_from_f32(ldexpf(1, -24)), 0x0001); /* smallest subnormal */
+    assert_int_equal(f16_from_f32(ldexpf(1, -25)), 0x0000); /* tie to even: 0 */
+    assert_int_equal(f16_from_f32(ldexpf(1.5f, -25)), 0x0001);
+    assert_int_equal(f16_from_f32(ldexpf(3, -25)), 0x0002); /* 1.5 units: tie to even 2 */
+    assert_int_equal(f16_from_f32(ldexpf(1023, -24)), 0x03ff);
+    assert_int_equal(f16_from_f32(ldexpf(1023.5f, -24)), 0x0400); /* rounds up into normal */
+    assert_int_equal(f16_from_f32(1e-30f), 0x0000);
+    assert_int_equal(f16_from_f32(-1e-30f), 0x8000);
+    assert_int_equal(f16_from_f32(from_bits(0x3f801000)), 0x3c00); /* tie, even */
+    assert_int_equal(f16_from_f32(from_bits(0x3f803000)), 0x3c02); /* tie, odd: up */
+    assert_true(isnan(f16_to_f32(f16_from_f32(NAN))));
+    assert_true(isnan(f16_to_f32(f16_from_f32(from_bits(0x7f800001)))));
+    assert_true(f16_to_f32(0x0001) == ldexpf(1, -24));
+    assert_true(f16_to_f32(0x03ff) == ldexpf(1023, -24));
+    assert_true(f16_to_f32(0x8200) == -ldexpf(1, -15));
+    assert_true(f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(isinf(f16_to_f32(0x7c00)));
     for (uint32_t h = 0; h < 0x10000; h++) /* every non-NaN half survives the round trip */
-        if ((h & 0x7fff) <= 0x7c00) assert_int_equal(st_f32_to_f16(st_f16_to_f32((uint16_t)h)), h);
+        if ((h & 0x7fff) <= 0x7c00) assert_int_equal(f16_from_f32(f16_to_f32((uint16_t)h)), h);
 }
 
 int main(void) {

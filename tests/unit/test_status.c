@@ -30,17 +30,12 @@
 #include <cmocka.h>
 #include <event2/thread.h>
 
+#include "base/clock.h"
 #include "daemon/status_server.h"
 #include "proto/status.h"
 
 static void assert_contains(const char *msg, const char *part) {
     if (!strstr(msg, part)) fail_msg("message \"%s\" lacks \"%s\"", msg, part);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- requests and replies ---- */
@@ -325,11 +320,11 @@ static const char *read_line(int fd, char *buf, size_t cap) {
 
 /* Seconds until the server closes the connection (recv gives 0 or a reset), -1 after 3 s. */
 static double seconds_to_close(int fd) {
-    double t0 = now_s();
+    double t0 = clock_now_s();
     char buf[256];
     for (;;) {
         ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n == 0 || (n < 0 && errno == ECONNRESET)) return now_s() - t0;
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) return clock_now_s() - t0;
         if (n < 0) return -1;
     }
 }
@@ -404,7 +399,7 @@ static void test_stalled_clients(void **state) {
         stalled[i] = client(f->path);
         if (i % 2) SEND(stalled[i], "{\"cmd\":\"sta");
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int fd = client(f->path);
     SEND(fd, "{\"cmd\":\"status\"}\n");
     assert_contains(read_line(fd, line, sizeof line), "\"ok\":true");
@@ -419,7 +414,7 @@ static void test_stalled_clients(void **state) {
         if (s < 0) fail_msg("stalled client %d was not dropped", i);
         close(stalled[i]);
     }
-    double waited = now_s() - t0;
+    double waited = clock_now_s() - t0;
     assert_true(waited >= 0.9 && waited < 5.0); /* the timeout is 1 s */
     /* The answered client got its own deadline again: it is dropped too when idle. */
     assert_true(seconds_to_close(fd) >= 0);
@@ -547,12 +542,12 @@ static int helper_stall(const char *path, const char *text) {
     if (fd < 0) return 1;
     struct timeval tv = {30, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     send(fd, text, strlen(text), MSG_NOSIGNAL);
     double s = seconds_to_close(fd);
     close(fd);
     if (s < 0) {
-        printf("not dropped after %.1f s\n", now_s() - t0);
+        printf("not dropped after %.1f s\n", clock_now_s() - t0);
         return 1;
     }
     printf("dropped after %.1f s\n", s);

@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "proto/crc32c.h"
-#include "proto/fileio.h"
+#include "base/crc32c.h"
+#include "base/fileio.h"
 #include "proto/tokens.h"
 
 static char tmpdir[] = "/tmp/fsdp-test-tokens-XXXXXX";

@@ -26,7 +26,7 @@
 #include <vector>
 
 extern "C" {
-#include "kernels/kernels.h"
+#include "kernels/kctx.h"
 }
 
 /* ---- the language ---- */
@@ -422,28 +422,28 @@ static void emu_launch(void (*kernel)(P), dim3 grid, int threads, size_t smem, c
 
 /* ---- the backend's shared part (kernels/cuda/cuda_kernels.h, emulated) ---- */
 
-typedef struct kc_impl {
+typedef struct cuda_impl {
     cudaStream_t stream;
     int smem_optin;
     std::vector<float> scratch;
-} kc_impl;
+} cuda_impl;
 
-static inline kc_impl *kc_state(const kctx *c) {
-    return (kc_impl *)c->impl;
+static inline cuda_impl *cuda_state(const kctx *c) {
+    return (cuda_impl *)c->impl;
 }
-static inline cudaStream_t kc_stream(const kctx *c) {
-    return kc_state(c)->stream;
+static inline cudaStream_t cuda_stream(const kctx *c) {
+    return cuda_state(c)->stream;
 }
-static inline void kc_check_launch(kctx *, const char *) {}
-static inline int kc_check_call(kctx *, cudaError_t e, const char *) {
+static inline void cuda_check_launch(kctx *, const char *) {}
+static inline int cuda_check_call(kctx *, cudaError_t e, const char *) {
     return e != cudaSuccess;
 }
-static inline int kc_aligned(const void *p, size_t bytes) {
+static inline int cuda_aligned(const void *p, size_t bytes) {
     return (uintptr_t)p % bytes == 0;
 }
 /* Fresh each call (NaN-filled) and registered as a device buffer in place of the last. */
-static void *kc_scratch(kctx *c, size_t bytes, const char *) {
-    kc_impl *s = kc_state(c);
+static void *cuda_scratch(kctx *c, size_t bytes, const char *) {
+    cuda_impl *s = cuda_state(c);
     for (size_t i = 0; i < emu.globals.size(); i++)
         if (emu.globals[i].first == (const char *)s->scratch.data())
             emu.globals.erase(emu.globals.begin() + (long)i);
@@ -452,25 +452,25 @@ static void *kc_scratch(kctx *c, size_t bytes, const char *) {
     return s->scratch.data();
 }
 
+/* cuda_<name> for every op, as the real header declares them (cuda_attention.cu defines the
+ * attention ones; the others are not emulated). */
 extern "C" {
-void kcuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                         const void *v, int B, int T, int Hq, int Hkv, int hd);
-void kcuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
-                         const void *q, const void *k, const void *v, const void *out,
-                         const float *lse, int B, int T, int Hq, int Hkv, int hd);
+#define K_OP(name, params, args) void cuda_##name params;
+#define K_OP_BY_HAND(ret, name, params) ret cuda_##name params;
+#include "kernels/kernels_ops.h"
 }
 
 /* The plain path for other head dims is CUDA-only (cuda_attention_generic.cu); the emulation
  * covers the tensor-core kernels, so head dims 64 and 128 only. */
-static inline int kcuda_attention_generic_supports(int) { return 0; }
-static inline void kcuda_attention_generic_fwd(kctx *, void *, float *, const void *, const void *,
-                                               const void *, int, int, int, int, int) {
+static inline int cuda_attention_generic_supports(int) { return 0; }
+static inline void cuda_attention_generic_fwd(kctx *, void *, float *, const void *, const void *,
+                                              const void *, int, int, int, int, int) {
     emu_die("generic attention is not emulated");
 }
-static inline void kcuda_attention_generic_bwd(kctx *, void *, void *, void *, const void *,
-                                               const void *, const void *, const void *,
-                                               const void *, const float *, int, int, int, int,
-                                               int) {
+static inline void cuda_attention_generic_bwd(kctx *, void *, void *, void *, const void *,
+                                              const void *, const void *, const void *,
+                                              const void *, const float *, int, int, int, int,
+                                              int) {
     emu_die("generic attention is not emulated");
 }
 

@@ -1,0 +1,223 @@
+#include "base/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/path.h"
+
+const char *file_type_name(mode_t mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "of an unknown file type";
+}
+
+int file_open_regular(const char *path, errbuf *err) {
+    /* O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return errf(err, "%s: is %s, not a regular file", path, file_type_name(st.st_mode));
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fcntl: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
+    *map = NULL;
+    *len = 0;
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fstat: %s", path, strerror(e));
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return errf(err, "%s: mmap: %s", path, strerror(e));
+        }
+        *map = p;
+        *len = (size_t)st.st_size;
+    }
+    close(fd);
+    return 0;
+}
+
+int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
+    *out = NULL;
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fdopen: %s", path, strerror(e));
+    }
+    char *buf = malloc(max + 1);
+    if (!buf) {
+        fclose(f);
+        return errf(err, "%s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, max + 1, f);
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return errf(err, "%s: read error", path);
+    }
+    if (n > max) {
+        free(buf);
+        return errf(err, "%s: larger than %zu bytes", path, max);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errf(err, "%s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char *path,
+                     errbuf *err) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len > (1u << 30) ? (1u << 30) : len, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errf(err, "%s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        off += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errf(err, "%s: read: %s", path, strerror(errno));
+        if (r == 0)
+            return errf(err, "%s: truncated (ends before byte %llu)", path, (unsigned long long)off);
+        p += r;
+        off += (uint64_t)r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+int file_fsync_dir(const char *path, int is_dir, errbuf *err) {
+    char *copy = strdup(path);
+    if (!copy) return errf(err, "%s: out of memory", path);
+    const char *dir = is_dir ? copy : dirname(copy);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    if (fd < 0) {
+        rc = errf(err, "%s: %s", dir, strerror(errno));
+    } else {
+        if (fsync(fd) != 0 && errno != EINVAL) rc = errf(err, "%s: fsync: %s", dir, strerror(errno));
+        close(fd);
+    }
+    free(copy);
+    return rc;
+}
+
+int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err) {
+    return file_write_atomic_mode(path, chunks, n, 0644, err);
+}
+
+int file_write_atomic_mode(const char *path, const file_chunk *chunks, size_t n, mode_t mode, errbuf *err) {
+    char tmp[PATH_BYTES];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return errf(err, "%s: path too long", path);
+    unlink(tmp); /* O_EXCL below: the mode is the one asked for, never an older file's */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) return errf(err, "%s: %s", tmp, strerror(errno));
+    for (size_t i = 0; i < n; i++) {
+        if (chunks[i].len && file_write_full(fd, chunks[i].data, chunks[i].len, tmp, err) != 0)
+            goto fail;
+    }
+    if (fsync(fd) != 0) {
+        errf(err, "%s: fsync: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        errf(err, "%s: close: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        errf(err, "%s: rename: %s", path, strerror(errno));
+        goto fail;
+    }
+    return file_fsync_dir(path, 0, err);
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+int file_mkdir(const char *path, errbuf *err) {
+    if (mkdir(path, 0755) == 0) return 0;
+    struct stat st;
+    if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+    return errf(err, "%s: mkdir: %s", path, strerror(errno));
+}
+
+int file_mkdir_p(const char *path, errbuf *err) {
+    char *buf = strdup(path);
+    if (!buf) return errf(err, "%s: out of memory", path);
+    int rc = 0;
+    for (char *p = buf + 1; *p && rc == 0; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        rc = file_mkdir(buf, err);
+        *p = '/';
+    }
+    if (rc == 0) rc = file_mkdir(buf, err);
+    free(buf);
+    return rc;
+}

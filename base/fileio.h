@@ -1,0 +1,46 @@
+/* fileio: the file operations every on-disk format shares — read-only mappings and
+ * atomic writes (SQLite-style: write a temporary file, fsync it, rename it over the
+ * target, fsync the directory), so a crash leaves either the old file or the new one. */
+#ifndef FSDP_FILEIO_H
+#define FSDP_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/errbuf.h"
+
+typedef struct file_chunk {
+    const void *data;
+    size_t len;
+} file_chunk;
+
+/* What a file of this st_mode is, for messages: "a regular file", "a FIFO", "a directory"... */
+const char *file_type_name(mode_t mode);
+/* Opens a regular file for reading; anything else (a FIFO, a directory, a device) is refused
+ * with a message naming the path and what it is, without blocking: a FIFO with no writer
+ * would block open() and read() forever.  Returns the fd (blocking again), or -1. */
+int file_open_regular(const char *path, errbuf *err);
+/* Maps a whole regular file read-only.  An empty file gives *map = NULL, *len = 0. */
+int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err);
+/* Reads a whole (small) regular file into a NUL-terminated malloc'd buffer of at most max bytes. */
+int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err);
+/* Writes the chunks back to back into path atomically (path.tmp.PID, fsync, rename, fsync dir). */
+int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err);
+/* The same with the file created with `mode` (0600 for a secret), not 0644. */
+int file_write_atomic_mode(const char *path, const file_chunk *chunks, size_t n, mode_t mode, errbuf *err);
+/* write()/pwrite() every byte, retrying on EINTR and short writes. */
+int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err);
+int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char *path,
+                     errbuf *err);
+/* pread() exactly len bytes at off, retrying on EINTR and short reads; the end of the file
+ * first is the error "truncated". */
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err);
+/* fsync the directory holding path (or the directory itself when is_dir). */
+int file_fsync_dir(const char *path, int is_dir, errbuf *err);
+/* mkdir that accepts an existing directory. */
+int file_mkdir(const char *path, errbuf *err);
+/* mkdir -p: the directory and any missing parents. */
+int file_mkdir_p(const char *path, errbuf *err);
+
+#endif

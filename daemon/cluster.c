@@ -1,0 +1,539 @@
+/* cluster: see cluster.h. */
+#include "daemon/cluster.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/auth.h"
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/fileio.h"
+#include "base/path.h"
+#include "daemon/log.h"
+
+#define AUTH_CONTEXT "fsdpd daemons"
+
+typedef struct node_link {
+    cluster *c;
+    int node;                /* the node at the other end */
+    struct bufferevent *bev; /* NULL once closed */
+    msg_decoder dec;
+    int done;                /* it sent NODE_DONE */
+} node_link;
+
+struct cluster {
+    int node, nodes, workers;
+    char host[MSG_ADDR_MAX];
+    char secret_hex[2 * MSG_SECRET_BYTES + 1];
+    unsigned char secret[MSG_SECRET_BYTES];
+    char file[PATH_BYTES];   /* the leader's rendezvous file, removed with the cluster */
+    int *fds;                /* [nodes]: the leader's node_link to each node; a follower's [0] */
+    node_link *links;             /* the same once attached */
+    cluster_hooks hooks;
+    struct event_base *base;
+    /* the leader's rank table, filled node by node */
+    msg_peers table;
+    int n_addrs, n_ready, n_done, failed, finished;
+};
+
+int cluster_node(const cluster *c) { return c->node; }
+int cluster_nodes(const cluster *c) { return c->nodes; }
+const char *cluster_host(const cluster *c) { return c->host; }
+const char *cluster_secret_hex(const cluster *c) { return c->secret_hex; }
+static int is_leader(const cluster *c) { return c->node == 0; }
+
+static int random_bytes(unsigned char *out, size_t n, errbuf *err) {
+    if (getrandom(out, n, 0) != (ssize_t)n) return errf(err, "getrandom: %s", strerror(errno));
+    return 0;
+}
+
+/* ---- this node's address ---- */
+
+static int is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
+
+/* runtime.bind_addr, else the first IPv4 address this node's name resolves to. */
+static int node_address(cluster *c, const slurm_env *env, const job_config *job, errbuf *err) {
+    char name[SLURM_HOST_MAX];
+    if (job->runtime.bind_addr[0]) snprintf(name, sizeof name, "%s", job->runtime.bind_addr);
+    else if (env->nodename[0]) snprintf(name, sizeof name, "%s", env->nodename);
+    else if (gethostname(name, sizeof name) != 0) return errf(err, "gethostname: %s", strerror(errno));
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(name, NULL, &hints, &res);
+    if (rc) return errf(err, "this node's address: %s: %s", name, gai_strerror(rc));
+    struct sockaddr_in a = *(struct sockaddr_in *)res->ai_addr;
+    freeaddrinfo(res);
+    if (c->nodes > 1 && is_loopback(&a))
+        return errf(err, "this node's address: %s is %s, a loopback address: the other nodes cannot reach "
+                    "it (set runtime.bind_addr)", name, inet_ntoa(a.sin_addr));
+    snprintf(c->host, sizeof c->host, "%s", inet_ntoa(a.sin_addr));
+    return 0;
+}
+
+/* ---- the rendezvous file ---- */
+
+static int rendezvous_path(char *out, const slurm_env *env, const job_config *job, int attempt, errbuf *err) {
+    char name[160];
+    snprintf(name, sizeof name, "fsdpd-rendezvous-%s-r%d-a%d.json", env->job_id, env->restart_count, attempt);
+    return path_join(out, PATH_BYTES, job->checkpoint.dir, name, err);
+}
+
+static int publish(cluster *c, int port, const slurm_env *env, int attempt, const char *nonce, errbuf *err) {
+    msg m = {.type = MSG_RENDEZVOUS,
+             .u.rendezvous = {.port = port, .nodes = c->nodes, .restart = env->restart_count, .attempt = attempt}};
+    msg_rendezvous *r = &m.u.rendezvous;
+    snprintf(r->host, sizeof r->host, "%s", c->host);
+    snprintf(r->job_id, sizeof r->job_id, "%s", env->job_id);
+    strcpy(r->secret, c->secret_hex);
+    strcpy(r->nonce, nonce);
+    json_t *o = msg_to_json(&m, err);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!text) return errf(err, "%s: cannot encode the rendezvous file", c->file);
+    file_chunk chunk = {text, strlen(text)};
+    int rc = file_write_atomic_mode(c->file, &chunk, 1, 0600, err);
+    free(text);
+    return rc;
+}
+
+/* Waits for the leader's file until the deadline. */
+static int read_rendezvous(const char *path, msg_rendezvous *out, double deadline, errbuf *err) {
+    struct stat st;
+    while (stat(path, &st) != 0) {
+        if (clock_now_s() > deadline)
+            return errf(err, "no rendezvous file %s: checkpoint.dir must be one directory shared by every node",
+                        path);
+        clock_sleep_s(0.1);
+    }
+    char *text;
+    size_t len;
+    if (file_read_all(path, 1 << 16, &text, &len, err)) return -1;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
+    free(text);
+    msg m;
+    int rc = o ? msg_from_json(&m, MSG_RENDEZVOUS, o, err) : errf(err, "%s: not JSON", path);
+    json_decref(o);
+    if (rc) return errprefix(err, "%s", path);
+    *out = m.u.rendezvous;
+    return 0;
+}
+
+/* ---- the leader's side of the join ---- */
+
+static int listen_on(const char *host, int *port, errbuf *err) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errf(err, "socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    socklen_t len = sizeof a;
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(fd, 64) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "cannot listen on %s: %s", host, strerror(e));
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* One connection: the secret proven, then a JOIN that fits. */
+static int admit(cluster *c, int fd, const char *nonce, double deadline, errbuf *err) {
+    if (auth_handshake(fd, c->secret, sizeof c->secret, 0, AUTH_CONTEXT, deadline, err)) return -1;
+    msg m;
+    int left_ms = (int)((deadline - clock_now_s()) * 1000);
+    if (msg_recv(fd, &m, left_ms > 0 ? left_ms : 1, err)) return errprefix(err, "waiting for JOIN");
+    int rc = 0;
+    const msg_join *j = &m.u.join;
+    if (m.type != MSG_JOIN) rc = errf(err, "expected JOIN, got %s", msg_type_name(m.type));
+    else if (j->nodes != c->nodes || j->node < 1 || j->node >= c->nodes)
+        rc = errf(err, "JOIN from %s: node %d of %d, but this job has %d nodes", j->host, j->node, j->nodes, c->nodes);
+    else if (j->workers != c->workers)
+        rc = errf(err, "JOIN from node %d: %d workers, this node has %d", j->node, j->workers, c->workers);
+    else if (strcmp(j->nonce, nonce) != 0)
+        rc = errf(err, "JOIN from node %d: it did not read this run's rendezvous file", j->node);
+    else if (c->fds[j->node] >= 0)
+        rc = errf(err, "JOIN from a second node %d", j->node);
+    if (rc == 0) {
+        c->fds[j->node] = fd;
+        log_event(-1, "node %d (%s) joined", j->node, j->host);
+    }
+    msg_free(&m);
+    return rc;
+}
+
+static void missing_nodes(const cluster *c, char *out, size_t n) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 1; i < c->nodes && at < n; i++)
+        if (c->fds[i] < 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", i);
+}
+
+static int lead(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
+    int port = 0, lfd = listen_on(c->host, &port, err);
+    if (lfd < 0) return -1;
+    unsigned char raw[16];
+    char nonce[MSG_NONCE_HEX];
+    int rc = random_bytes(raw, sizeof raw, err);
+    hex_encode(raw, sizeof raw, nonce);
+    if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
+    if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
+    if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
+    if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
+    for (int joined = 1; rc == 0 && joined < c->nodes;) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        int left_ms = (int)((deadline - clock_now_s()) * 1000);
+        if (left_ms <= 0) {
+            char missing[256];
+            missing_nodes(c, missing, sizeof missing);
+            rc = errf(err, "node(s) %s never joined within runtime.join_timeout_s = %d s", missing,
+                      job->runtime.join_timeout_s);
+            break;
+        }
+        if (poll(&p, 1, left_ms) <= 0) continue;
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        errbuf why;
+        if (admit(c, fd, nonce, deadline, &why) == 0) {
+            joined++;
+        } else {
+            log_event(-1, "refused a connection: %s", why.msg); /* a stranger, or a node of another run */
+            close(fd);
+        }
+    }
+    close(lfd);
+    return rc;
+}
+
+/* ---- a follower's side ---- */
+
+static int connect_to(const char *host, int port, double deadline, errbuf *err) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return errf(err, "leader address '%s' is not IPv4", host);
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return errf(err, "socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        int e = errno;
+        close(fd);
+        if (clock_now_s() > deadline) return errf(err, "cannot reach the leader at %s:%d: %s", host, port, strerror(e));
+        clock_sleep_s(0.2);
+    }
+}
+
+static int follow(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
+    char path[PATH_BYTES];
+    msg_rendezvous r;
+    if (rendezvous_path(path, env, job, attempt, err) || read_rendezvous(path, &r, deadline, err)) return -1;
+    if (r.nodes != c->nodes)
+        return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r.nodes, c->nodes);
+    if (hex_decode(r.secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
+    strcpy(c->secret_hex, r.secret);
+    int fd = connect_to(r.host, r.port, deadline, err);
+    if (fd < 0) return -1;
+    msg join = {.type = MSG_JOIN, .u.join = {.node = c->node, .nodes = c->nodes, .workers = c->workers}};
+    snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
+    strcpy(join.u.join.nonce, r.nonce);
+    if (auth_handshake(fd, c->secret, sizeof c->secret, 1, AUTH_CONTEXT, deadline, err) ||
+        msg_send(fd, &join, err)) {
+        close(fd);
+        return errprefix(err, "joining the leader at %s:%d", r.host, r.port);
+    }
+    c->fds[0] = fd;
+    log_event(-1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
+    return 0;
+}
+
+int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int attempt, errbuf *err) {
+    cluster *c = calloc(1, sizeof *c);
+    if (!c) return errf(err, "out of memory");
+    c->node = env->node_id;
+    c->nodes = env->nnodes;
+    c->workers = job->runtime.workers_per_node;
+    c->fds = malloc((size_t)c->nodes * sizeof *c->fds);
+    int rc = c->fds ? 0 : errf(err, "out of memory");
+    for (int i = 0; rc == 0 && i < c->nodes; i++) c->fds[i] = -1;
+    if (rc == 0 && c->nodes == 1) {
+        const char *host = job->runtime.bind_addr[0] ? job->runtime.bind_addr : "127.0.0.1";
+        if ((size_t)snprintf(c->host, sizeof c->host, "%s", host) >= sizeof c->host)
+            rc = errf(err, "runtime.bind_addr '%.64s...' is too long", host);
+    } else if (rc == 0) {
+        rc = node_address(c, env, job, err);
+    }
+    if (rc == 0 && is_leader(c)) {
+        rc = random_bytes(c->secret, sizeof c->secret, err);
+        hex_encode(c->secret, sizeof c->secret, c->secret_hex);
+    }
+    double deadline = clock_now_s() + job->runtime.join_timeout_s;
+    if (rc == 0 && c->nodes > 1)
+        rc = is_leader(c) ? lead(c, env, job, attempt, deadline, err) : follow(c, env, job, attempt, deadline, err);
+    if (rc) {
+        cluster_free(c);
+        return errprefix(err, "joining the nodes");
+    }
+    *out = c;
+    return 0;
+}
+
+void cluster_detach(cluster *c) {
+    for (int i = 0; c->links && i < c->nodes; i++) {
+        if (c->links[i].bev) bufferevent_free(c->links[i].bev);
+        c->links[i].bev = NULL;
+        msg_decoder_free(&c->links[i].dec);
+    }
+}
+
+void cluster_free(cluster *c) {
+    if (!c) return;
+    cluster_detach(c);
+    for (int i = 0; c->fds && i < c->nodes; i++)
+        if (c->fds[i] >= 0) close(c->fds[i]);
+    if (c->file[0]) unlink(c->file);
+    free(c->fds);
+    free(c->links);
+    free(c->table.addrs);
+    free(c);
+}
+
+/* ---- the links on the loop ---- */
+
+static void send_to(node_link *l, const msg *m) {
+    uint8_t *frame;
+    size_t len;
+    errbuf err;
+    if (!l->bev || msg_encode(m, &frame, &len, &err)) return;
+    bufferevent_write(l->bev, frame, len);
+    free(frame);
+}
+
+static void to_followers(cluster *c, const msg *m) {
+    for (int i = 1; i < c->nodes; i++) send_to(&c->links[i], m);
+}
+
+static node_link *to_leader(cluster *c) { return &c->links[0]; }
+
+/* Sends m on the link now, waiting up to 5 s for the socket, past the bufferevent (which
+ * would write it only from the loop that is ending): a follower about to exit owes the
+ * leader its last report.  The link has nothing else queued by then. */
+static void send_now(node_link *l, const msg *m) {
+    uint8_t *frame;
+    size_t len, sent = 0;
+    errbuf err;
+    if (!l->bev || msg_encode(m, &frame, &len, &err)) return;
+    int fd = bufferevent_getfd(l->bev);
+    double deadline = clock_now_s() + 5;
+    while (sent < len && clock_now_s() < deadline) {
+        ssize_t n = send(fd, frame + sent, len - sent, MSG_NOSIGNAL);
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, clock_poll_ms(deadline));
+    }
+    free(frame);
+}
+
+/* A failure of the job seen by the cluster: the others are stopped (the leader tells them). */
+static void cluster_stop(cluster *c, const char *reason) {
+    if (c->failed) return;
+    c->failed = 1;
+    if (is_leader(c)) {
+        msg stop = {.type = MSG_STOP};
+        snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
+        to_followers(c, &stop);
+    }
+    c->hooks.stop(c->hooks.arg, reason);
+}
+
+static void leader_on(cluster *c, node_link *l, const msg *m) {
+    char why[MSG_TEXT_MAX + 64];
+    switch (m->type) {
+    case MSG_NODE_ADDRS:
+        if (m->u.node_addrs.node != l->node || m->u.node_addrs.list.n != c->workers) break;
+        for (int r = 0; r < c->workers; r++) strcpy(c->table.addrs[l->node * c->workers + r], m->u.node_addrs.list.addrs[r]);
+        if (++c->n_addrs == c->nodes) {
+            msg peers = {.type = MSG_PEERS, .u.peers = c->table};
+            to_followers(c, &peers);
+            c->hooks.peers(c->hooks.arg, &c->table);
+        }
+        return;
+    case MSG_NODE_READY:
+        if (++c->n_ready == c->nodes) {
+            msg start = {.type = MSG_START};
+            to_followers(c, &start);
+            c->hooks.start(c->hooks.arg);
+        }
+        return;
+    case MSG_NODE_DONE:
+        l->done = 1;
+        c->n_done++;
+        if (!m->u.node_done.ok) {
+            snprintf(why, sizeof why, "node %d failed: %s", l->node, m->u.node_done.error);
+            cluster_stop(c, why);
+        }
+        if (c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
+        return;
+    default: break;
+    }
+    snprintf(why, sizeof why, "node %d sent an unexpected %s message", l->node, msg_type_name(m->type));
+    cluster_stop(c, why);
+}
+
+static void follower_on(cluster *c, const msg *m) {
+    switch (m->type) {
+    case MSG_PEERS: c->hooks.peers(c->hooks.arg, &m->u.peers); return;
+    case MSG_NCCL_ID: c->hooks.nccl_id(c->hooks.arg, m); return;
+    case MSG_START: c->hooks.start(c->hooks.arg); return;
+    case MSG_STOP: {
+        char why[MSG_TEXT_MAX + 32];
+        snprintf(why, sizeof why, "stopped by the leader: %s", m->u.stop.reason);
+        c->failed = 1;
+        c->hooks.stop(c->hooks.arg, why);
+        return;
+    }
+    default: break;
+    }
+    char why[128];
+    snprintf(why, sizeof why, "the leader sent an unexpected %s message", msg_type_name(m->type));
+    cluster_stop(c, why);
+}
+
+static void close_link(node_link *l) {
+    if (l->bev) bufferevent_free(l->bev);
+    l->bev = NULL;
+}
+
+static void on_link_readable(struct bufferevent *bev, void *arg) {
+    node_link *l = arg;
+    cluster *c = l->c;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    unsigned char chunk[65536];
+    errbuf err;
+    int n, got;
+    int bad = 0;
+    while (!bad && (n = evbuffer_remove(in, chunk, sizeof chunk)) > 0)
+        bad = msg_decoder_feed(&l->dec, chunk, (size_t)n, &err);
+    msg_frame f;
+    while (!bad && l->bev && (got = msg_decoder_next(&l->dec, &f, &err)) != 0) {
+        msg m;
+        bad = got < 0 || msg_decode(&f, &m, &err);
+        if (got > 0) msg_frame_free(&f);
+        if (bad) break;
+        if (is_leader(c)) leader_on(c, l, &m);
+        else follower_on(c, &m);
+        msg_free(&m);
+    }
+    if (bad && l->bev) {
+        char why[MSG_TEXT_MAX + 64];
+        if (is_leader(c)) snprintf(why, sizeof why, "node %d: protocol error: %s", l->node, err.msg);
+        else snprintf(why, sizeof why, "the leader: protocol error: %s", err.msg);
+        close_link(l);
+        cluster_stop(c, why);
+    }
+}
+
+static void on_link_event(struct bufferevent *bev, short events, void *arg) {
+    (void)bev;
+    node_link *l = arg;
+    cluster *c = l->c;
+    if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+    on_link_readable(l->bev, l);
+    close_link(l);
+    if (l->done || (c->finished && !is_leader(c))) return; /* it had finished */
+    char why[128];
+    if (is_leader(c)) snprintf(why, sizeof why, "the connection to node %d was lost", l->node);
+    else snprintf(why, sizeof why, "the connection to the leader was lost");
+    if (is_leader(c)) {
+        l->done = 1;
+        c->n_done++;
+    }
+    cluster_stop(c, why);
+    if (is_leader(c) && c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
+}
+
+int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hooks, errbuf *err) {
+    c->hooks = *hooks;
+    c->base = base;
+    c->links = calloc((size_t)c->nodes, sizeof *c->links);
+    c->table.n = c->nodes * c->workers;
+    c->table.addrs = calloc((size_t)c->table.n, sizeof *c->table.addrs);
+    if (!c->links || !c->table.addrs) return errf(err, "out of memory");
+    c->n_done = 1; /* this node's own report is cluster_done */
+    for (int i = 0; i < c->nodes; i++) {
+        node_link *l = &c->links[i];
+        *l = (node_link){.c = c, .node = i};
+        msg_decoder_init(&l->dec);
+        if (c->fds[i] < 0) continue;
+        evutil_make_socket_nonblocking(c->fds[i]);
+        l->bev = bufferevent_socket_new(base, c->fds[i], BEV_OPT_CLOSE_ON_FREE);
+        if (!l->bev) return errf(err, "node %d: cannot create its connection", i);
+        c->fds[i] = -1; /* the bufferevent owns it */
+        bufferevent_setcb(l->bev, on_link_readable, NULL, on_link_event, l);
+        if (bufferevent_enable(l->bev, EV_READ | EV_WRITE)) return errf(err, "node %d: cannot read its connection", i);
+    }
+    return 0;
+}
+
+void cluster_addrs(cluster *c, const msg_peers *local) {
+    if (!is_leader(c)) {
+        msg m = {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = c->node, .list = *local}};
+        send_to(to_leader(c), &m);
+        return;
+    }
+    msg m = {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = 0, .list = *local}};
+    leader_on(c, &c->links[0], &m);
+}
+
+void cluster_relay_nccl_id(cluster *c, const msg *id) {
+    to_followers(c, id);
+    c->hooks.nccl_id(c->hooks.arg, id);
+}
+
+void cluster_ready(cluster *c) {
+    if (!is_leader(c)) {
+        msg m = {.type = MSG_NODE_READY, .u.node_ready = {.node = c->node}};
+        send_to(to_leader(c), &m);
+        return;
+    }
+    msg m = {.type = MSG_NODE_READY, .u.node_ready = {.node = 0}};
+    leader_on(c, &c->links[0], &m);
+}
+
+void cluster_fail(cluster *c, const char *reason) {
+    if (c->failed) return;
+    if (!is_leader(c)) {
+        c->failed = 1;
+        msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false}};
+        snprintf(m.u.node_done.error, sizeof m.u.node_done.error, "%s", reason);
+        send_to(to_leader(c), &m);
+        return;
+    }
+    c->failed = 1;
+    msg stop = {.type = MSG_STOP};
+    snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
+    to_followers(c, &stop);
+}
+
+int cluster_done(cluster *c) {
+    c->finished = 1;
+    if (!is_leader(c)) {
+        if (!c->failed) {
+            msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = true}};
+            send_now(to_leader(c), &m);
+        }
+        return 1;
+    }
+    return c->n_done == c->nodes;
+}

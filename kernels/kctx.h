@@ -1,0 +1,56 @@
+/* kctx: the kernels context, and what every backend needs of it.
+ *
+ * A kctx carries the backend (CPU reference in fp32, CUDA in bf16) and, for CUDA, the
+ * device and stream.  This header is what the backends (kernels/cpu/, kernels/cuda/) build
+ * on: the context type, its dtypes and the sticky failure record.  They never include
+ * kernels.h (the public API, whose forwarders in kernels.c include the backends' headers), so
+ * the modules do not include each other.  Callers include kernels.h, which includes this.
+ *
+ * Ops return nothing: like CUDA launches they may fail asynchronously, so a failure is
+ * recorded in the context (the first one wins) and reported by k_sync()/k_check(). */
+#ifndef FSDP_KCTX_H
+#define FSDP_KCTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/errbuf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum k_backend { K_CPU = 0, K_CUDA = 1 } k_backend;
+typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
+
+#define K_IGNORE_INDEX (-100)
+
+typedef struct k_block k_block; /* kernels.c's record of one k_alloc block */
+
+typedef struct kctx {
+    k_backend backend;
+    k_dtype compute;
+    int device;      /* CUDA device ordinal */
+    void *stream;    /* cudaStream_t for CUDA */
+    void *impl;      /* backend state (cuBLASLt handle, workspace, ...) */
+    int failed;      /* sticky: the first failure since the last k_check */
+    char failure[512];
+    /* What k_alloc handed out and k_free did not take back (the backend's own workspace
+     * not counted), and the most at any time; read them with k_bytes_in_use/k_peak_bytes. */
+    size_t bytes_in_use, peak_bytes;
+    k_block *blocks; /* each live block and its size */
+    int n_blocks, cap_blocks;
+} kctx;
+
+size_t k_compute_size(const kctx *c); /* bytes per element of the compute dtype */
+
+/* Records a failure in c (first wins).  For backends, not for callers. */
+void k_fail(kctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Reports and clears the sticky failure: 0 when none. */
+int k_check(kctx *c, errbuf *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

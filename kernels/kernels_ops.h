@@ -1,0 +1,150 @@
+/* kernels_ops.h: every op a backend implements, each signature written once.
+ *
+ * An X-macro list, included (no include guard) after kernels.h's types, with two row macros
+ * the includer defines first (this file #undefs both at its end):
+ *
+ *   K_OP(name, (params), (args))        void k_<name>(params), forwarded as is to the backend;
+ *   K_OP_BY_HAND(ret, name, (params))   ret k_<name>(params), whose forwarder kernels.c writes
+ *                                       by hand (it counts the memory, or accepts NULL).
+ *
+ * From each row come: the public k_<name> declaration (kernels.h), the k_ops table member and
+ * the backend tables (kernels.c, `.name = cpu_<name>` and `.name = cuda_<name>`), each
+ * backend's declaration (cpu_<name> in cpu/cpu_kernels.h, cuda_<name> in cuda/cuda_kernels.h)
+ * and, for K_OP rows, the forwarder k_<name> (kernels.c).  The comment above a row, which
+ * starts with the public name (grep for it), is the contract of k_<name>; kernels.h says what
+ * the buffers, shapes and failures mean.
+ *
+ * In a row, params start with `kctx *c` (the forwarder dispatches on c) and args name the
+ * params in order: the forwarder passes args on as they are.
+ *
+ * Adding an op: a row here (with its contract), cpu_<name> in kernels/cpu/ and cuda_<name>
+ * (extern "C") in kernels/cuda/, and a check in tests/unit/test_kernels_cpu.c and
+ * tests/gpu/check_kernels.c.  Nothing else is written by hand. */
+
+/* ---- memory (in the context's memory space) ---- */
+
+/* k_alloc: `bytes` of context memory, zeroed (counted: k_bytes_in_use). */
+K_OP_BY_HAND(void *, alloc, (kctx *c, size_t bytes, errbuf *err))
+/* k_free: gives back what k_alloc gave; NULL is fine. */
+K_OP_BY_HAND(void, free, (kctx *c, void *p))
+/* k_host_alloc: host memory the backend copies fastest from and to (pinned on CUDA), zeroed. */
+K_OP_BY_HAND(void *, host_alloc, (kctx *c, size_t bytes, errbuf *err))
+/* k_host_free: gives back what k_host_alloc gave; NULL is fine. */
+K_OP_BY_HAND(void, host_free, (kctx *c, void *p))
+/* k_copy_h2d: from pageable host memory the copy has consumed the source when it returns; from
+ * pinned memory (k_host_alloc) it has not: keep the source until k_sync. */
+K_OP(copy_h2d, (kctx *c, void *dst, const void *host_src, size_t bytes),
+     (c, dst, host_src, bytes))
+/* k_copy_d2h: synchronous, host_dst holds the data on return. */
+K_OP(copy_d2h, (kctx *c, void *host_dst, const void *src, size_t bytes),
+     (c, host_dst, src, bytes))
+/* k_zero: sets `bytes` bytes at p to 0. */
+K_OP(zero, (kctx *c, void *p, size_t bytes), (c, p, bytes))
+
+/* ---- casts and elementwise ---- */
+
+/* k_f32_to_compute: dst = src in the compute dtype (bf16: rounded to nearest even). */
+K_OP(f32_to_compute, (kctx *c, void *dst, const float *src, size_t n), (c, dst, src, n))
+/* k_compute_to_f32: dst = src in fp32 (exact). */
+K_OP(compute_to_f32, (kctx *c, float *dst, const void *src, size_t n), (c, dst, src, n))
+/* k_accumulate: dst += src (compute dtype). */
+K_OP(accumulate, (kctx *c, void *dst, const void *src, size_t n), (c, dst, src, n))
+/* k_add_f32: dst += src, fp32. */
+K_OP(add_f32, (kctx *c, float *dst, const float *src, size_t n), (c, dst, src, n))
+/* k_sumsq_f32: *out += sum(x^2), accumulated in double on the CPU; out is one fp32 in context
+ * memory. */
+K_OP(sumsq_f32, (kctx *c, float *out, const float *x, size_t n), (c, out, x, n))
+
+/* ---- embedding ---- */
+
+/* k_embedding_fwd: out[n,:] = wte[tokens[n],:].  Tokens must be in [0, V) (checked on the CPU). */
+K_OP(embedding_fwd,
+     (kctx *c, void *out, const int32_t *tokens, const void *wte, int N, int C, int V),
+     (c, out, tokens, wte, N, C, V))
+/* k_embedding_bwd: dwte[tokens[n],:] += dout[n,:] (deterministic order). */
+K_OP(embedding_bwd,
+     (kctx *c, float *dwte, const void *dout, const int32_t *tokens, int N, int C, int V),
+     (c, dwte, dout, tokens, N, C, V))
+
+/* ---- RMSNorm: out = in * rstd * w, rstd = 1/sqrt(mean(in^2) + eps) ---- */
+
+/* k_rmsnorm_fwd: out and rstd [N] (fp32, saved for the backward pass). */
+K_OP(rmsnorm_fwd,
+     (kctx *c, void *out, float *rstd, const void *in, const void *w, int N, int C, float eps),
+     (c, out, rstd, in, w, N, C, eps))
+/* k_rmsnorm_bwd: din += d/din; dw += d/dw. */
+K_OP(rmsnorm_bwd,
+     (kctx *c, void *din, float *dw, const void *dout, const void *in, const void *w,
+      const float *rstd, int N, int C),
+     (c, din, dw, dout, in, w, rstd, N, C))
+
+/* ---- RoPE (Hugging Face rotate_half convention: pairs (i, i + hd/2)) ---- */
+
+/* k_rope: x is [B, T, H, hd], rotated in place by angle pos * inv_freq[i], pos = t (0..T-1);
+ * inverse != 0 rotates by the negative angle, which is the backward pass.
+ * inv_freq is fp32 [hd/2] in context memory; k_rope_inv_freq (kernels.h) fills it on the
+ * host. */
+K_OP(rope, (kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd, int inverse),
+     (c, x, inv_freq, B, T, H, hd, inverse))
+
+/* ---- causal attention with grouped-query heads ---- */
+
+/* k_attention_fwd: q [B,T,Hq,hd], k/v [B,T,Hkv,hd], Hq % Hkv == 0 (query head h uses kv
+ * head h / (Hq/Hkv)), scale 1/sqrt(hd).  lse [B,Hq,T] (fp32) is saved for the backward pass. */
+K_OP(attention_fwd,
+     (kctx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+      int Hq, int Hkv, int hd),
+     (c, out, lse, q, k, v, B, T, Hq, Hkv, hd))
+/* k_attention_bwd: writes (overwrites) dq, dk, dv. */
+K_OP(attention_bwd,
+     (kctx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+      const void *v, const void *out, const float *lse, int B, int T, int Hq, int Hkv, int hd),
+     (c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd))
+
+/* ---- SwiGLU: out = silu(gate) * up ---- */
+
+/* k_swiglu_fwd: out = silu(gate) * up, elementwise. */
+K_OP(swiglu_fwd, (kctx *c, void *out, const void *gate, const void *up, size_t n),
+     (c, out, gate, up, n))
+/* k_swiglu_bwd: writes (overwrites) dgate and dup. */
+K_OP(swiglu_bwd,
+     (kctx *c, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+      size_t n),
+     (c, dgate, dup, dout, gate, up, n))
+
+/* ---- linear layers (GEMM): out[N,O] = in[N,I] W[O,I]^T ---- */
+
+/* k_linear_fwd: out = in W^T (overwrites out). */
+K_OP(linear_fwd, (kctx *c, void *out, const void *in, const void *w, int N, int I, int O),
+     (c, out, in, w, N, I, O))
+/* k_linear_bwd: din = dout W (accumulate_din: din += ...), skipped when din is NULL;
+ * dw += dout^T in, skipped when dw is NULL. */
+K_OP(linear_bwd,
+     (kctx *c, void *din, float *dw, const void *dout, const void *in, const void *w, int N,
+      int I, int O, int accumulate_din),
+     (c, din, dw, dout, in, w, N, I, O, accumulate_din))
+
+/* ---- cross-entropy ---- */
+
+/* k_cross_entropy: targets[n] is the label for row n (already shifted) or K_IGNORE_INDEX.
+ * *loss_sum (one fp32 in context memory) += sum of -log softmax(logits[n])[targets[n]]
+ * over unmasked rows.  When dlogits is not NULL it receives
+ * dscale * (softmax - onehot) for unmasked rows and 0 for masked ones; dlogits may be
+ * the logits buffer itself (in place). */
+K_OP(cross_entropy,
+     (kctx *c, float *loss_sum, void *dlogits, const void *logits, const int32_t *targets, int N,
+      int V, float dscale),
+     (c, loss_sum, dlogits, logits, targets, N, V, dscale))
+
+/* ---- AdamW (PyTorch semantics) over fp32 shards ---- */
+
+/* k_adamw: g_eff = grad * grad_scale; p -= lr*wd*p; m = b1 m + (1-b1) g_eff;
+ * v = b2 v + (1-b2) g_eff^2; p -= (lr / (1-b1^step)) * m / (sqrt(v)/sqrt(1-b2^step) + eps).
+ * step counts from 1. */
+K_OP(adamw,
+     (kctx *c, float *p, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+      float beta2, float eps, float weight_decay, int step, float grad_scale),
+     (c, p, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale))
+
+#undef K_OP
+#undef K_OP_BY_HAND

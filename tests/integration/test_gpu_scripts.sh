@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# tests/gpu/*.sh run only on a GPU machine; what of them needs no GPU is checked here: they
+# parse (bash -n), the helpers of tests/gpu/lib.sh on handmade metrics files (losses fails
+# past its limit, on zero steps and on runs of different lengths; rate on no timed steps;
+# job on a failed fsdpd, with BACKEND=cpu reaching it), and both scripts exit 1 when a step
+# fails (fake fsdpd and fsdpctl that always fail).
+source "$(dirname "$0")/lib.sh"
+
+for s in tests/gpu/lib.sh tests/gpu/run_h200.sh tests/gpu/run_multi.sh; do
+    bash -n "$s" || fail "$s does not parse"
+done
+
+mkdir -p "$tmp/out" "$tmp/work" "$tmp/fake"
+# A fake fsdpd that writes its arguments to stdout (the job's log) and exits 3; fsdpctl fails.
+printf '#!/bin/sh\necho "$@"\nexit 3\n' > "$tmp/fake/fsdpd"
+printf '#!/bin/sh\necho "fake fsdpctl: $1 fails" >&2\nexit 1\n' > "$tmp/fake/fsdpctl"
+chmod +x "$tmp/fake/fsdpd" "$tmp/fake/fsdpctl"
+
+# gpu_lib SNIPPET: runs SNIPPET in bash -u (as the GPU scripts do) after sourcing
+# tests/gpu/lib.sh; its output in $tmp/lib.out, its status returned.
+gpu_lib() {
+    local rc=0
+    bash -uc "out='$tmp/out' work='$tmp/work' backend=cuda fsdpd='$tmp/fake/fsdpd'
+              . tests/gpu/lib.sh
+              $1" > "$tmp/lib.out" 2>&1 || rc=$?
+    return $rc
+}
+metrics() { # NAME LOSS...: a metrics file with one step per loss, 0.5 s each
+    local name=$1 step=0
+    shift
+    : > "$tmp/out/$name.jsonl"
+    for l in "$@"; do
+        step=$((step + 1))
+        echo "{\"step\":$step,\"total_steps\":$#,\"loss\":$l,\"lr\":0.001,\"seconds\":0.5,\"rank\":0}" >> "$tmp/out/$name.jsonl"
+    done
+}
+metrics a 10.5 9.25 8.0 7.5 7.0
+metrics near 10.4 9.3 8.05 7.45 7.02  # within 2e-2 of a
+metrics far 10.5 9.25 9.0 7.5 7.0     # step 3: 1/9 off
+metrics short 10.5 9.25 8.0
+metrics none
+
+gpu_lib 'losses a near; finish' || { cat "$tmp/lib.out"; fail "losses within the limit failed"; }
+grep -q "a vs near: 5 steps, .* (<= 2e-2)" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "losses: no report"; }
+grep -q "nothing failed" "$tmp/lib.out" || fail "finish: no summary"
+gpu_lib 'losses a a 0' || { cat "$tmp/lib.out"; fail "identical runs failed with limit 0"; }
+
+expect_lib_failure() { # SNIPPET NEEDLE: SNIPPET then finish exits 1, its output holds NEEDLE
+    local status=0
+    gpu_lib "$1; finish" || status=$?
+    [ "$status" -eq 1 ] || { cat "$tmp/lib.out"; fail "'$1' then finish exited $status, expected 1"; }
+    grep -qF -- "$2" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "'$1': output does not mention '$2'"; }
+    grep -q "^1 failed" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "'$1': no failure count"; }
+}
+expect_lib_failure 'losses a far' "FAILED: losses: a vs far: 5 steps, largest relative loss difference 1.11e-01 (> 2e-2)"
+expect_lib_failure 'losses a near 1e-3' "(> 1e-3)"
+expect_lib_failure 'losses none none' "none vs none: no steps to compare (0 and 0)"
+expect_lib_failure 'losses a none' "a vs none: no steps to compare (5 and 0)"
+expect_lib_failure 'losses missing a' "missing vs a: no steps to compare (0 and 5)"
+expect_lib_failure 'losses a short' "a vs short: 3 steps, largest relative loss difference 0.00e+00 (<= 2e-2); the runs have 5 and 3 steps"
+expect_lib_failure 'losses short a' "the runs have 3 and 5 steps"
+expect_lib_failure 'rate short 640 1' "rate short: no timed steps"
+expect_lib_failure 'check "a false step" false' "FAILED: a false step: exit 1"
+gpu_lib 'rate a 640 1' || { cat "$tmp/lib.out"; fail "rate on 5 steps failed"; }
+grep -qF "a: 0.5000 s/step over 2 steps = 1280 tokens/s" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "rate: wrong report"; }
+
+# job: fsdpd's failure is counted; BACKEND=cpu in front of one job reaches its fsdpd.
+expect_lib_failure 'job j1 2 --train.max_steps=3' "FAILED: job j1: exit 3"
+grep -q -- "--runtime.backend=cuda --runtime.workers_per_node=2" "$tmp/out/j1.log" || fail "job: wrong arguments"
+expect_lib_failure 'BACKEND=cpu job j2 2' "FAILED: job j2: exit 3"
+grep -q -- "--runtime.backend=cpu " "$tmp/out/j2.log" || { cat "$tmp/out/j2.log"; fail "BACKEND=cpu did not reach the job"; }
+
+# The scripts end non-zero when a step failed (here every step fails: fake fsdpd and fsdpctl).
+mkdir -p "$tmp/carry/golden/tiny-mha"
+status=0
+OUT="$tmp/h200" SKIP_BIG=1 BACKEND=cpu timeout 60 bash tests/gpu/run_h200.sh "$tmp/fake" "$tmp/carry" \
+    > "$tmp/h200.out" 2>&1 || status=$?
+[ "$status" -eq 1 ] || { cat "$tmp/h200.out"; fail "run_h200.sh exited $status with every step failing"; }
+grep -q "^failed: golden: fsdpctl reference: exit 1" "$tmp/h200.out" || { cat "$tmp/h200.out"; fail "run_h200.sh: the failures are not listed"; }
+grep -q "^failed: job tiny1: exit 3" "$tmp/h200.out" || { cat "$tmp/h200.out"; fail "run_h200.sh: the failed job is not listed"; }
+status=0
+OUT="$tmp/multi" GPUS=2 BACKEND=cpu timeout 60 bash tests/gpu/run_multi.sh "$tmp/fake" "$tmp/carry" correct \
+    > "$tmp/multi.out" 2>&1 || status=$?
+[ "$status" -eq 1 ] || { cat "$tmp/multi.out"; fail "run_multi.sh exited $status with every step failing"; }
+grep -q "^failed: losses: c1 vs cN: no steps to compare" "$tmp/multi.out" || { cat "$tmp/multi.out"; fail "run_multi.sh: the failed comparison is not listed"; }
+status=0
+OUT="$tmp/multi" GPUS=2 BACKEND=cpu timeout 60 bash tests/gpu/run_multi.sh "$tmp/fake" "$tmp/carry" corect \
+    > "$tmp/multi.out" 2>&1 || status=$?
+[ "$status" -eq 1 ] || { cat "$tmp/multi.out"; fail "run_multi.sh exited $status on an unknown phase"; }
+grep -q "unknown phase 'corect'" "$tmp/multi.out" || fail "run_multi.sh: the unknown phase is not named"
+echo "tests/gpu scripts: helpers and exit status checked without a GPU"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# tests/run.sh counts what it ran: cmocka cases passed, failed and skipped (a real cmocka
+# binary, built here), and integration scripts that pass, fail, or exit 77 to be skipped
+# (saying why; a silent 77 is a failure).  The last line is "N passed, N failed, N skipped".
+source "$(dirname "$0")/lib.sh"
+# A run.sh that ignored $FSDP_INTEGRATION would run the real scripts, this one among them.
+[ -z "${FSDP_RUN_COUNTS_NESTED:-}" ] || fail "run.sh ran tests/integration, not \$FSDP_INTEGRATION"
+
+mkdir -p "$tmp/build/tests" "$tmp/it"
+cat > "$tmp/cases.c" <<'C'
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+static void runs(void **s) { (void)s; }
+static void skips_a(void **s) { (void)s; print_message("needs root\n"); skip(); }
+static void skips_b(void **s) { (void)s; skip(); }
+int main(void) {
+    const struct CMUnitTest t[] = {cmocka_unit_test(runs), cmocka_unit_test(skips_a),
+                                   cmocka_unit_test(skips_b)};
+    return cmocka_run_group_tests(t, NULL, NULL);
+}
+C
+${CC:-cc} "$tmp/cases.c" -lcmocka -o "$tmp/build/tests/test_cases" || fail "cannot build the cmocka binary"
+printf 'exit 0\n' > "$tmp/it/test_a_pass.sh"
+printf 'source tests/integration/lib.sh\nskip_test "no GPU on this machine"\n' > "$tmp/it/test_b_skip.sh"
+printf 'exit 77\n' > "$tmp/it/test_c_silent.sh"
+
+run() {
+    FSDP_RUN_COUNTS_NESTED=1 FSDP_INTEGRATION="$tmp/it" timeout 60 tests/run.sh "$tmp/build" all \
+        > "$tmp/run.out" 2>&1
+}
+status=0
+run || status=$?
+[ "$status" -ne 0 ] || { cat "$tmp/run.out"; fail "a silent exit 77 did not fail the run"; }
+last=$(tail -1 "$tmp/run.out")
+[ "$last" = "2 passed, 1 failed, 3 skipped" ] || { cat "$tmp/run.out"; fail "last line: '$last'"; }
+grep -qxF "skipped: $tmp/build/tests/test_cases: skips_a skips_b" "$tmp/run.out" || { cat "$tmp/run.out"; fail "the skipped cases are not listed"; }
+grep -qxF "skipped: $tmp/it/test_b_skip.sh: SKIP: no GPU on this machine" "$tmp/run.out" || { cat "$tmp/run.out"; fail "the skipped script and its reason are not listed"; }
+grep -qF "test_c_silent.sh: exited 77 (skipped) without saying why" "$tmp/run.out" || fail "the silent skip is not explained"
+grep -qxF "failed: $tmp/it/test_c_silent.sh" "$tmp/run.out" || fail "the silent skip is not listed as failed"
+
+rm "$tmp/it/test_c_silent.sh"
+run || { cat "$tmp/run.out"; fail "run.sh failed with nothing failing"; }
+last=$(tail -1 "$tmp/run.out")
+[ "$last" = "2 passed, 0 failed, 3 skipped" ] || { cat "$tmp/run.out"; fail "last line: '$last'"; }
+echo "run.sh: $last"
