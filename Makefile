@@ -15,7 +15,7 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 
 OPT      ?= -O2 -g
 CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) -MMD -MP
-LDLIBS   := -levent -levent_pthreads -ljansson $(BLAS_LIBS) -lpthread -lm
+LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) -lpthread -lm
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined
@@ -36,9 +36,10 @@ BASE_SRC    := $(wildcard base/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 MODEL_SRC   := $(wildcard model/*.c)
+DATA_SRC    := $(wildcard data/*.c)
 WORKER_SRC  := $(filter-out %_main.c,$(wildcard worker/*.c))
 DAEMON_SRC  := $(filter-out %_main.c,$(wildcard daemon/*.c))
-LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(KERNELS_SRC) $(PROTO_SRC) $(BASE_SRC)
+LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(DATA_SRC) $(KERNELS_SRC) $(PROTO_SRC) $(BASE_SRC)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB         := $(BUILD)/libfsdp.a
 
@@ -90,9 +91,9 @@ test-asan:
 # libFuzzer targets link the library sources compiled with clang.
 FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
 fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(BASE_SRC)
+build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC)
 	@mkdir -p build-fuzz
-	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) $(BASE_SRC) -ljansson -lm -o $@
+	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC) -ljansson -lpcre2-8 -lm -o $@
 
 FUZZ_SECONDS ?= 20
 check-fuzz: fuzz

@@ -1,4 +1,12 @@
-/* fsdpctl tokenize: data into a token cache (proto/tokens.h).
+/* fsdpctl tokenize: data into a token cache (proto/tokens.h), and text into ids with a
+ * Hugging Face tokenizer (data/tokenizer.h).
+ *
+ * --tokenizer PATH (a model directory or a tokenizer.json) with one of
+ *   --text TEXT      prints the ids (--json: {"ids":[...]})
+ *   --decode "1 2 3" prints the text, special tokens kept (--json: {"text":"..."})
+ *   --jsonl FILE     one line out a line in: {"text": T} -> its ids, {"ids": [...]} -> {"text": ...}
+ * --no-add-special leaves out the post-processor's BOS/EOS; --split-special encodes special
+ * token text as plain text (tokenizers' encode_special_tokens=True).
  *
  * --from-safetensors FILE: a batch file (proto/batch.h, the golden references' form) whose
  * rows become records, one a row, in order: every input id is a token, and a label either
@@ -9,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "daemon/fsdpctl.h"
+#include "data/tokenizer.h"
 #include "proto/batch.h"
 #include "proto/tokens.h"
 
@@ -17,7 +28,10 @@ enum { IGNORE_INDEX = -100 };
 
 static int tokenize_usage(void) {
     fprintf(stderr, "usage: fsdpctl tokenize --from-safetensors FILE --out CACHE [--vocab V]\n"
-                    "  (FILE holds input_ids and labels [N, T]; one record a row)\n");
+                    "  (FILE holds input_ids and labels [N, T]; one record a row)\n"
+                    "       fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | "
+                    "--jsonl FILE)\n"
+                    "                        [--no-add-special] [--split-special] [--json]\n");
     return 2;
 }
 
@@ -62,12 +76,142 @@ static int tokenize_batch_file(const char *path, const char *out, long vocab, er
     return rc;
 }
 
+/* ---- with a tokenizer ------------------------------------------------------------------ */
+
+typedef struct tok_opts {
+    const char *tokenizer, *text, *decode, *jsonl;
+    int flags, json;
+} tok_opts;
+
+static void print_ids(const tk_ids *ids, int json) {
+    fputs(json ? "{\"ids\":[" : "", stdout);
+    for (size_t i = 0; i < ids->n; i++) printf(i ? (json ? ",%d" : " %d") : "%d", ids->v[i]);
+    fputs(json ? "]}\n" : "\n", stdout);
+}
+
+static void print_text(const char *s, size_t n, int json) {
+    if (!json) {
+        fwrite(s, 1, n, stdout);
+        putchar('\n');
+        return;
+    }
+    json_t *o = json_pack("{s:s%}", "text", s, n);
+    char *dump = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    printf("%s\n", dump ? dump : "{\"text\":null}");
+    free(dump);
+    json_decref(o);
+}
+
+static int encode_print(const tokenizer *tk, tk_state *st, const char *s, size_t n, const tok_opts *o,
+                        errbuf *err) {
+    tk_ids ids = {0};
+    int rc = tokenizer_encode(tk, st, s, n, o->flags, &ids, err);
+    if (rc == 0) print_ids(&ids, o->json);
+    tk_ids_free(&ids);
+    return rc;
+}
+
+static int decode_print(const tokenizer *tk, const int32_t *ids, size_t n, int json, errbuf *err) {
+    size_t len;
+    char *text = tokenizer_decode(tk, ids, n, &len, err);
+    if (!text) return -1;
+    print_text(text, len, json);
+    free(text);
+    return 0;
+}
+
+/* "1 2 3" (spaces, commas or tabs between) as ids. */
+static int parse_id_list(const char *s, tk_ids *ids, errbuf *err) {
+    while (*s) {
+        if (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n') {
+            s++;
+            continue;
+        }
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX || (*end && !strchr(" ,\t\n", *end)))
+            return errf(err, "--decode: \"%s\" is not a list of ids", s);
+        if (tk_ids_push(ids, (int32_t)v)) return errf(err, "out of memory");
+        s = end;
+    }
+    return 0;
+}
+
+static int decode_ids_json(const tokenizer *tk, json_t *arr, errbuf *err) {
+    tk_ids ids = {0};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(arr); i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            rc = errf(err, "\"ids\"[%zu] is not an id", i);
+        else if (tk_ids_push(&ids, (int32_t)json_integer_value(v))) rc = errf(err, "out of memory");
+    }
+    if (rc == 0) rc = decode_print(tk, ids.v, ids.n, 1, err);
+    tk_ids_free(&ids);
+    return rc;
+}
+
+static int jsonl_line(const tokenizer *tk, tk_state *st, const char *line, size_t n,
+                      const tok_opts *o, errbuf *err) {
+    json_error_t je;
+    json_t *obj = json_loadb(line, n, JSON_ALLOW_NUL, &je);
+    json_t *text = json_object_get(obj, "text"), *ids = json_object_get(obj, "ids");
+    int rc;
+    if (json_is_string(text))
+        rc = encode_print(tk, st, json_string_value(text), json_string_length(text), o, err);
+    else if (json_is_array(ids)) rc = decode_ids_json(tk, ids, err);
+    else rc = errf(err, "not an object with a \"text\" string or an \"ids\" list");
+    json_decref(obj);
+    return rc;
+}
+
+static int tokenize_jsonl(const tokenizer *tk, tk_state *st, const tok_opts *o, errbuf *err) {
+    FILE *f = strcmp(o->jsonl, "-") ? fopen(o->jsonl, "r") : stdin;
+    if (!f) return errf(err, "%s: cannot open", o->jsonl);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int rc = 0;
+    for (long no = 1; rc == 0 && (n = getline(&line, &cap, f)) >= 0; no++)
+        if (jsonl_line(tk, st, line, (size_t)n, o, err)) rc = errprefix(err, "%s:%ld", o->jsonl, no);
+    if (rc == 0 && ferror(f)) rc = errf(err, "%s: read error", o->jsonl);
+    free(line);
+    if (f != stdin) fclose(f);
+    return rc;
+}
+
+static int tokenize_with(const tok_opts *o, errbuf *err) {
+    tokenizer *tk = tokenizer_load(o->tokenizer, err);
+    if (!tk) return -1;
+    if (tokenizer_note(tk)[0]) fprintf(stderr, "fsdpctl tokenize: %s\n", tokenizer_note(tk));
+    tk_state *st = tk_state_new(tk);
+    int rc = st ? 0 : errf(err, "out of memory");
+    tk_ids ids = {0};
+    if (rc == 0 && o->text) rc = encode_print(tk, st, o->text, strlen(o->text), o, err);
+    else if (rc == 0 && o->decode) {
+        rc = parse_id_list(o->decode, &ids, err);
+        if (rc == 0) rc = decode_print(tk, ids.v, ids.n, o->json, err);
+    } else if (rc == 0) rc = tokenize_jsonl(tk, st, o, err);
+    tk_ids_free(&ids);
+    tk_state_free(st);
+    tokenizer_free(tk);
+    return rc;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *from = NULL, *out = NULL;
     long vocab = 0;
+    tok_opts o = {.flags = TK_ADD_SPECIAL};
     static const struct option longopts[] = {{"from-safetensors", required_argument, 0, 'f'},
                                              {"out", required_argument, 0, 'o'},
                                              {"vocab", required_argument, 0, 'v'},
+                                             {"tokenizer", required_argument, 0, 't'},
+                                             {"text", required_argument, 0, 'x'},
+                                             {"decode", required_argument, 0, 'd'},
+                                             {"jsonl", required_argument, 0, 'l'},
+                                             {"no-add-special", no_argument, 0, 'n'},
+                                             {"split-special", no_argument, 0, 's'},
+                                             {"json", no_argument, 0, 'j'},
                                              {0, 0, 0, 0}};
     int opt;
     optind = 1;
@@ -76,15 +220,30 @@ int cmd_tokenize(int argc, char **argv) {
         if (opt == 'f') from = optarg;
         else if (opt == 'o') out = optarg;
         else if (opt == 'v' && (vocab = strtol(optarg, &end, 10)) >= 1 && vocab <= INT32_MAX && !*end) continue;
+        else if (opt == 't') o.tokenizer = optarg;
+        else if (opt == 'x') o.text = optarg;
+        else if (opt == 'd') o.decode = optarg;
+        else if (opt == 'l') o.jsonl = optarg;
+        else if (opt == 'n') o.flags &= ~TK_ADD_SPECIAL;
+        else if (opt == 's') o.flags |= TK_SPLIT_SPECIAL;
+        else if (opt == 'j') o.json = 1;
         else return tokenize_usage();
     }
-    if (optind != argc) {
+    if (optind != argc || (o.tokenizer && out)) {
         fprintf(stderr, "fsdpctl tokenize: JSONL data with a tokenizer is not built yet; "
                         "only --from-safetensors is\n");
         return 2;
     }
-    if (!from || !out) return tokenize_usage();
     errbuf err;
+    if (o.tokenizer) {
+        if (from || !!o.text + !!o.decode + !!o.jsonl != 1) return tokenize_usage();
+        if (tokenize_with(&o, &err)) {
+            fprintf(stderr, "fsdpctl tokenize: %s\n", err.msg);
+            return 1;
+        }
+        return 0;
+    }
+    if (!from || !out) return tokenize_usage();
     if (tokenize_batch_file(from, out, vocab, &err)) {
         fprintf(stderr, "fsdpctl tokenize: %s\n", err.msg);
         return 1;

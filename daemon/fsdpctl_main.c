@@ -20,7 +20,10 @@ static const subcommand subcommands[] = {
      "compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]"},
     {"synth", cmd_synth,
      "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
-    {"tokenize", cmd_tokenize, "tokenize --from-safetensors FILE --out CACHE [--vocab V]"},
+    {"tokenize", cmd_tokenize,
+     "tokenize --from-safetensors FILE --out CACHE [--vocab V]\n"
+     "  fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | --jsonl FILE)\n"
+     "                   [--no-add-special] [--split-special] [--json]"},
     {"consolidate", cmd_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
      "[--tokenizer-from MODEL_DIR]"},
