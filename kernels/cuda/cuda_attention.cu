@@ -148,6 +148,25 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const bf16 *head, size_
     }
 }
 
+// The double-buffered key/value pipeline of the forward and dq kernels: before tile j is
+// used, tile j+1 is loaded into the other buffer (tile 0 was loaded before the loop), then
+// tile j's copies are waited for and the block syncs.
+template <int HD, int BN, int THREADS>
+__device__ __forceinline__ void next_kv_tile(uint32_t sK, uint32_t sV, const bf16 *kh, const bf16 *vh,
+                                             size_t kvs, int j, int n_tiles, int T) {
+    constexpr int RB = (HD + 8) * 2;
+    const int buf = j & 1;
+    if (j + 1 < n_tiles) { // prefetch the next tile into the other buffer
+        load_rows<HD, BN, THREADS>(sK + (buf ^ 1) * BN * RB, kh, kvs, (j + 1) * BN, T);
+        load_rows<HD, BN, THREADS>(sV + (buf ^ 1) * BN * RB, vh, kvs, (j + 1) * BN, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // Lane offsets (bytes) into a tile of padded rows for the three ldmatrix patterns:
 // an A fragment (16x16, row-major) at rows r0.., columns c0..;
 __device__ __forceinline__ uint32_t a_offset(int lane, int RB) {
@@ -292,15 +311,7 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
     zero_acc(o);
     for (int j = 0; j < n_tiles; j++) {
         const int buf = j & 1;
-        if (j + 1 < n_tiles) { // prefetch the next tile into the other buffer
-            load_rows<HD, BN, G::THREADS>(sK + (buf ^ 1) * BN * RB, kh, kvs, (j + 1) * BN, T);
-            load_rows<HD, BN, G::THREADS>(sV + (buf ^ 1) * BN * RB, vh, kvs, (j + 1) * BN, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
         if (j * BN <= row_lo + 15) { // else every key of the tile is past the warp's rows
             float s[BN / 8][4];
             zero_acc(s);
@@ -531,15 +542,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
     zero_acc(dq);
     for (int j = 0; j < n_tiles; j++) {
         const int buf = j & 1;
-        if (j + 1 < n_tiles) {
-            load_rows<HD, BN, G::THREADS>(sK + (buf ^ 1) * BN * RB, kh, kvs, (j + 1) * BN, T);
-            load_rows<HD, BN, G::THREADS>(sV + (buf ^ 1) * BN * RB, vh, kvs, (j + 1) * BN, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
         if (j * BN <= row_lo + 15) {
             const uint32_t kt = sK + buf * BN * RB, vt = sV + buf * BN * RB;
             float s[BN / 8][4], dp[BN / 8][4];
