@@ -25,8 +25,14 @@ static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 
 /* Total file size for a cache of this shape, or 0 when it would overflow. */
 static uint64_t tok_file_size(uint64_t n_records, uint64_t n_tokens) {
-    if (n_records > (UINT64_MAX - 64) / 8 - 1 || n_tokens > UINT64_MAX / 8) return 0;
-    return TOK_HEADER_BYTES + (n_records + 1) * 8 + n_tokens * 4 + pad8(n_tokens);
+    uint64_t offsets, tokens, total;
+    /* Each part may fit while their sum wraps around: every step is checked. */
+    if (n_records > UINT64_MAX / 8 - 1 || n_tokens > UINT64_MAX / 8 ||
+        __builtin_mul_overflow(n_records + 1, 8, &offsets) || __builtin_mul_overflow(n_tokens, 4, &tokens) ||
+        __builtin_add_overflow(offsets, tokens, &total) ||
+        __builtin_add_overflow(total, (uint64_t)TOK_HEADER_BYTES + pad8(n_tokens), &total))
+        return 0;
+    return total;
 }
 
 int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbuf *err) {
