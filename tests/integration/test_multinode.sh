@@ -94,7 +94,16 @@ status=0; wait "$leader" || status=$?
 grep -q "node(s) 1 never joined within runtime.join_timeout_s = 4 s" "$tmp/job5-n0.log" ||
     { cat "$tmp/job5-n0.log"; fail "job5: the leader did not name the missing node"; }
 
-# --- a node address that is loopback --------------------------------------------------------
+# --- a node address that is loopback, and runtime.bind_addr that mends it ------------------
 expect_status 1 "a loopback address" netns_exec 0 env SLURM_JOB_ID=job6 SLURM_NNODES=2 SLURM_NODEID=0 \
     SLURM_JOB_NODELIST="n[0-1]" SLURMD_NODENAME=localhost "$fsdpd" --job "$tmp/job.json" "${common[@]}"
+pids=()
+for i in 0 1; do
+    netns_spawn "$i" "$tmp/job7-n$i.log" env SLURM_JOB_ID=job7 SLURM_NNODES=2 SLURM_NODEID="$i" \
+        SLURM_JOB_NODELIST="n[0-1]" SLURMD_NODENAME=localhost "$fsdpd" --job "$tmp/job.json" "${common[@]}" \
+        --runtime.workers_per_node=2 --runtime.bind_addr="${NETNS_ADDRS[$i]}"
+    pids+=("$NETNS_PID")
+done
+for i in 0 1; do wait "${pids[$i]}" || { tail -n 5 "$tmp"/job7-n*.log; fail "job7: node $i failed with runtime.bind_addr"; }; done
+grep -q "leading 2 nodes from ${NETNS_ADDRS[0]}:" "$tmp/job7-n0.log" || fail "job7: the leader did not use runtime.bind_addr"
 echo "multinode: ok"
