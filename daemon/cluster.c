@@ -346,14 +346,16 @@ static void send_now(node_link *l, const msg *m) {
 }
 
 /* A failure of the job seen by the cluster: the others are stopped (the leader tells them). */
+static void stop_followers(cluster *c, const char *reason) {
+    msg stop = {.type = MSG_STOP};
+    snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
+    to_followers(c, &stop);
+}
+
 static void cluster_stop(cluster *c, const char *reason) {
     if (c->failed) return;
     c->failed = 1;
-    if (is_leader(c)) {
-        msg stop = {.type = MSG_STOP};
-        snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
-        to_followers(c, &stop);
-    }
+    if (is_leader(c)) stop_followers(c, reason);
     c->hooks.stop(c->hooks.arg, reason);
 }
 
@@ -513,17 +515,14 @@ void cluster_ready(cluster *c) {
 
 void cluster_fail(cluster *c, const char *reason) {
     if (c->failed) return;
-    if (!is_leader(c)) {
-        c->failed = 1;
-        msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false}};
-        snprintf(m.u.node_done.error, sizeof m.u.node_done.error, "%s", reason);
-        send_to(to_leader(c), &m);
+    c->failed = 1;
+    if (is_leader(c)) {
+        stop_followers(c, reason);
         return;
     }
-    c->failed = 1;
-    msg stop = {.type = MSG_STOP};
-    snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
-    to_followers(c, &stop);
+    msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false}};
+    snprintf(m.u.node_done.error, sizeof m.u.node_done.error, "%s", reason);
+    send_to(to_leader(c), &m);
 }
 
 int cluster_done(cluster *c) {
