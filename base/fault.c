@@ -22,6 +22,7 @@ static const struct point_spec {
     [FAULT_CKPT_REQUEST] = {"ckpt_request", "N", NULL},
     [FAULT_COMM_STALL] = {"comm_stall", "RNS", NULL},
     [FAULT_NCCL_HANG] = {"nccl_hang", "N", NULL},
+    [FAULT_STEP_DELAY] = {"step_delay", "RS", NULL},
 };
 
 static fault table[MAX_FAULTS];
