@@ -510,7 +510,7 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
         break;
     case STATUS_CMD_STOP:
         id = b->hooks.request_stop(b->hooks.arg, "stop requested on the status socket");
-        if (id < 0) {
+        if (id < 0 && id != STATUS_REQUEST_FORWARDED) {
             errf(err, "the job is already stopping");
             return NULL;
         }

@@ -409,6 +409,7 @@ static void tag_node(json_t *rows, int node) {
  * also every other node's, from its last heartbeat; "nodes" on several nodes. */
 static void add_ranks(const supervisor *s, json_t *out) {
     json_t *ranks = local_rank_rows(s);
+    tag_node(ranks, cluster_node(s->opt->cluster));
     if (multi_node(s)) {
         json_t *mine = status_rank_rows(ranks, s->job.runtime.backend == JOB_BACKEND_CUDA);
         json_t *nodes = cluster_status(s->opt->cluster, mine, phase_name(s));
@@ -425,7 +426,6 @@ static void add_ranks(const supervisor *s, json_t *out) {
         }
         json_object_set_new(out, "nodes", nodes);
     }
-    tag_node(ranks, cluster_node(s->opt->cluster));
     json_object_set_new(out, "ranks", ranks);
 }
 
@@ -719,7 +719,7 @@ static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     supervisor *s = arg;
     long long id = request_checkpoint(s, "SIGUSR1");
     if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
-    else log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
+    else if (id == 0) log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
