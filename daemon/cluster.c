@@ -2,6 +2,7 @@
 #include "daemon/cluster.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -95,6 +96,24 @@ static int rendezvous_path(char *out, const slurm_env *env, const job_config *jo
     char name[160];
     snprintf(name, sizeof name, "fsdpd-rendezvous-%s-r%d-a%d.json", env->job_id, env->restart_count, attempt);
     return path_join(out, PATH_BYTES, job->checkpoint.dir, name, err);
+}
+
+/* Removes the rendezvous files earlier runs of this job left (a leader that was killed cannot
+ * remove its own): they hold an old secret, and nothing reads them again. */
+static void remove_stale_rendezvous(const cluster *c, const slurm_env *env, const char *dir) {
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "fsdpd-rendezvous-%s-r", env->job_id);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[PATH_BYTES];
+        errbuf ignored;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || path_join(path, sizeof path, dir, e->d_name, &ignored) ||
+            strcmp(path, c->file) == 0)
+            continue;
+        if (unlink(path) == 0) log_event(-1, "removed %s, left by an earlier run", path);
+    }
+    if (d) closedir(d);
 }
 
 static int publish(cluster *c, int port, const slurm_env *env, int attempt, const char *nonce, errbuf *err) {
@@ -196,6 +215,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     hex_encode(raw, sizeof raw, nonce);
     if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
+    if (rc == 0) remove_stale_rendezvous(c, env, job->checkpoint.dir);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
     if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
     for (int joined = 1; rc == 0 && joined < c->nodes;) {

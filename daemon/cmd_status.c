@@ -311,7 +311,7 @@ static void print_status(const json_t *r) {
     }
     json_array_foreach(get(r, "ranks"), i, v) {
         printf("  rank %lld", json_integer_value(get(v, "rank")));
-        if (json_is_integer(get(v, "node"))) printf("  node %lld", json_integer_value(get(v, "node")));
+        if (json_array_size(get(r, "nodes")) > 0) printf("  node %lld", json_integer_value(get(v, "node")));
         printf("  pid %lld  %s  host ", json_integer_value(get(v, "pid")),
                json_is_true(get(v, "running")) ? "running" : "exited ");
         print_bytes(get(v, "host_rss_bytes"));

@@ -2,7 +2,8 @@
 # Several nodes, part 2 (F21), in the namespace hosts of netns.sh with SLURM's variables:
 # - checkpoints committed across 2 and 3 nodes (one manifest, every rank's file, `latest`),
 #   consolidated once, by the leader; a 3-node checkpoint resumed on 2 nodes gives the bits
-#   of the same checkpoint resumed on one node of 2 ranks;
+#   of the same checkpoint resumed on one node of 2 ranks; a save past its deadline on node 2
+#   is abandoned, its writer told, and no partial directory stays;
 # - status: the leader lists every node and rank, a follower itself and the leader;
 #   `fsdpctl checkpoint` on a follower and SIGUSR1 to a follower's daemon checkpoint the whole
 #   job; `fsdpctl stop` on a follower stops every node after a committed checkpoint;
@@ -81,6 +82,7 @@ nothing_left() {
         left=$(ip netns pids "$ns" | tr '\n' ' ')
         [ -z "$left" ] || { ps -o pid,stat,cmd -p ${left// /,} || true; fail "$1: processes left in $ns: $left"; }
     done
+    [ -z "$(ls /dev/shm | grep fsdp)" ] || fail "$1: shared memory left in /dev/shm: $(ls /dev/shm | grep fsdp)"
 }
 
 latest_step() { readlink "$tmp/$1.ckpt/latest" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p'; }
@@ -148,6 +150,15 @@ run_nodes 2 c3on2 0 "final_params=$tmp/c3on2.final.safetensors" --checkpoint.res
 grep -q "resuming from $tmp/c3on2.ckpt/step-000004: .*written by 3 ranks" "$tmp/c3on2-r0-n1.log" || fail "c3: node 1 did not resume the 3-rank checkpoint"
 same_file "$tmp/c3on1.final.safetensors" "$tmp/c3on2.final.safetensors" "c3: resumed on 2 nodes, the bits differ from one node of 2 ranks"
 echo "c3: a checkpoint of 3 nodes resumed on 2 nodes: the bits of one node of 2 ranks"
+
+# --- a save past its deadline on node 2: abandoned on every node, nothing partial stays ------
+run_nodes 3 cd 0 "step_delay=0:0.5;ckpt_write=2:stall:1" --checkpoint.timeout_s=2
+grep -q "checkpoint of step 2 abandoned: rank 2 did not finish writing within checkpoint.timeout_s = 2 s" \
+    "$tmp/cd-r0-n0.log" || { cat "$tmp/cd-r0-n0.log"; fail "cd: the leader did not abandon rank 2's late save"; }
+[ "$(latest_step cd)" = 8 ] || fail "cd: latest is not the final step 8"
+[ ! -e "$tmp/cd.ckpt/step-000002" ] || fail "cd: the abandoned save was committed"
+[ -z "$(ls -d "$tmp"/cd.ckpt/*.partial* 2>/dev/null)" ] || fail "cd: a partial directory was left: $(ls "$tmp/cd.ckpt")"
+echo "cd: a late save on node 2 abandoned by the leader, its writer told, nothing partial left; step 8 committed"
 
 # --- status, and checkpoints and a stop asked of followers ----------------------------------
 start_nodes 3 st 0 "step_delay=0:0.5" --checkpoint.interval_steps=0 --train.max_steps=20
@@ -232,4 +243,7 @@ for i in 1 2; do
 done
 nothing_left fl
 relaunch_same_bits 3 fl
+[ -z "$(ls "$tmp"/fl.ckpt/fsdpd-rendezvous-* 2>/dev/null)" ] || fail "fl: the killed leader's rendezvous file is still there"
+grep -q "removed $tmp/fl.ckpt/fsdpd-rendezvous-fl-r0-a0.json, left by an earlier run" "$tmp/fl-r1-n0.log" ||
+    fail "fl: the relaunch did not remove the killed leader's rendezvous file"
 echo "multinode_ckpt: ok"
