@@ -683,8 +683,8 @@ static void on_sigint(evutil_socket_t sig, short what, void *arg) {
  * treats a follower's as its own. */
 static void stop_for_sigterm(supervisor *s, const char *why) {
     if (s->signalled == SIGTERM) {
-        log_event(-1, "%s again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", why,
-                  s->job.runtime.stop_grace_s);
+        log_event(-1, "%s%s: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", why,
+                  strcmp(why, "SIGTERM") ? " too" : " again", s->job.runtime.stop_grace_s);
         return;
     }
     if (!s->signalled) s->signalled = SIGTERM;

@@ -6,7 +6,8 @@
 #   is abandoned, its writer told, and no partial directory stays;
 # - status: the leader lists every node and rank, a follower itself and the leader;
 #   `fsdpctl checkpoint` on a follower and SIGUSR1 to a follower's daemon checkpoint the whole
-#   job; `fsdpctl stop` on a follower stops every node after a committed checkpoint;
+#   job; `fsdpctl stop` on a follower stops every node after a committed checkpoint; SIGTERM
+#   to every daemon (a preemption) commits one synchronous checkpoint of the job, then stops;
 # - failures: a worker dying on node 2, node 2's daemon killed, node 2's daemon stopped
 #   (SIGSTOP: its heartbeats stop), the leader killed.  Every time every node stops within
 #   the limit naming the node (and rank), nothing is left running, and a relaunch
@@ -196,6 +197,21 @@ grep -q "committed: stopping" "$tmp/st-r0-n0.log" || fail "st: the stop did not 
 [ "$(tail -n 1 "$tmp/st-r0-n0.jsonl" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')" -lt 20 ] || fail "st: the job ran to its end"
 nothing_left st
 echo "st: status of every node; checkpoints from a follower's socket and SIGUSR1; a follower's stop stopped every node"
+
+# --- SIGTERM to every daemon (a preemption): one synchronous checkpoint of the job, then a stop
+start_nodes 3 tm 0 "step_delay=0:0.4"
+wait_for 30 has_latest tm
+kill -TERM "${NODE_PIDS[@]}"
+for i in 0 1 2; do
+    status=0
+    wait_exit "${NODE_PIDS[$i]}" || status=$?
+    [ "$status" -eq 1 ] || { tail -n 5 "$tmp/tm-r0-n$i.log"; fail "tm: node $i exited $status after SIGTERM, not 1"; }
+    grep -q "stopped by signal SIGTERM" "$tmp/tm-r0-n$i.log" || fail "tm: node $i does not say SIGTERM stopped it"
+done
+grep -q "checkpoint of step [0-9]* committed: stopping" "$tmp/tm-r0-n0.log" || { cat "$tmp/tm-r0-n0.log"; fail "tm: no synchronous checkpoint before the stop"; }
+[ "$(latest_step tm)" -lt 8 ] || fail "tm: the job ran to its end"
+nothing_left tm
+relaunch_same_bits 3 tm
 
 # --- failures --------------------------------------------------------------------------------
 slow="step_delay=0:0.4"
