@@ -22,6 +22,7 @@
 #include "base/fault.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/cluster.h"
+#include "daemon/locator.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/status_server.h"
@@ -46,6 +47,9 @@ typedef struct worker {
     char addr[MSG_ADDR_MAX];
     double last_seen;
     long long mem_bytes;     /* its context memory, from its heartbeats (-1: not reported) */
+    int has_coll;            /* its collectives, from its heartbeats (daemon/locator.h) */
+    msg_coll coll;
+    double coll_changed_at;  /* when they last moved */
 } worker;
 
 struct supervisor {
@@ -75,6 +79,7 @@ struct supervisor {
     int stop_settled;       /* the stop's save is committed or given up */
     char stop_why[256];
     int signalled; /* the signal that stopped the job, 0 when none */
+    json_t *behind; /* what the hung-rank locator found at the first failure (NULL: not run) */
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
 
@@ -91,6 +96,7 @@ static void kill_all(supervisor *s) {
 static void send_msg(worker *w, const msg *m);
 static long long request_checkpoint(supervisor *s, const char *why);
 static void stop_for_sigterm(supervisor *s, const char *why);
+static void locate_hung(supervisor *s);
 static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
 /* On several nodes the leader's coordinator commits every save; the others relay to it. */
 static int is_follower(const supervisor *s) { return cluster_node(s->opt->cluster) != 0; }
@@ -160,6 +166,7 @@ static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ..
         s->reason_permanent = kind == FAILURE_PERMANENT;
         errf(&s->reason, "%s", msg);
     }
+    if (!s->behind && s->phase == PHASE_TRAINING && !is_follower(s)) locate_hung(s);
     if (multi_node(s)) cluster_fail(s->opt->cluster, msg); /* the leader stops every node */
     begin_stop(s, msg);
 }
@@ -393,6 +400,12 @@ static json_t *local_rank_rows(const supervisor *s) {
         json_t *row = json_pack("{s:i, s:i, s:b}", "rank", w->rank, "pid", (int)w->pid, "running",
                                 w->pid > 0 && !w->exited);
         if (row && w->mem_bytes >= 0) json_object_set_new(row, "mem_bytes", json_integer(w->mem_bytes));
+        if (row && w->has_coll) {
+            json_object_set_new(row, "coll", json_pack("{s:I, s:I, s:s, s:i}", "started", (json_int_t)w->coll.started,
+                                                       "finished", (json_int_t)w->coll.finished, "op", w->coll.op,
+                                                       "unit", w->coll.unit));
+            json_object_set_new(row, "coll_still_s", json_real(clock_now_s() - w->coll_changed_at));
+        }
         json_array_append_new(ranks, row);
     }
     return ranks;
@@ -429,6 +442,19 @@ static void add_ranks(const supervisor *s, json_t *out) {
     json_object_set_new(out, "ranks", ranks);
 }
 
+/* At the job's first failure, on the leader: the ranks a hung collective waits for, from
+ * every rank's last heartbeat (daemon/locator.h), logged and kept for the status. */
+static void locate_hung(supervisor *s) {
+    json_t *now = json_object();
+    add_ranks(s, now);
+    s->behind = locator_find(json_object_get(now, "ranks"), json_object_get(now, "nodes"),
+                             1.5 * s->job.runtime.heartbeat_s);
+    json_decref(now);
+    size_t i;
+    json_t *line;
+    json_array_foreach(s->behind, i, line) log_event(-1, "hung-rank locator: %s", json_string_value(line));
+}
+
 static void status_of(void *arg, json_t *out) {
     const supervisor *s = arg;
     add_ranks(s, out);
@@ -437,6 +463,7 @@ static void status_of(void *arg, json_t *out) {
     json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
+    json_object_set(out, "behind", s->behind ? s->behind : json_null());
 }
 
 /* CONFIG: the worker's place, the resolved job and the model's config. */
@@ -509,6 +536,11 @@ static json_t *cluster_ranks(void *arg) {
 
 static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
+    if (h->has_coll && (!w->has_coll || memcmp(&h->coll, &w->coll, sizeof h->coll) != 0)) {
+        w->has_coll = 1;
+        w->coll = h->coll;
+        w->coll_changed_at = clock_now_s();
+    }
     if (!h->ready || w->ready) return;
     w->ready = 1;
     if (++s->n_ready < s->opt->workers || s->phase != PHASE_SETUP) return;
@@ -765,6 +797,7 @@ static int setup_events(supervisor *s, errbuf *err) {
 static void teardown(supervisor *s) {
     status_server_free(s->status);
     json_decref(s->last_metrics);
+    json_decref(s->behind);
     ckpt_coord_free(s->ckpt);
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {

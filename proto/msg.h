@@ -97,12 +97,22 @@ typedef struct msg_nccl_id {
     unsigned char id[MSG_NCCL_ID_BYTES];
 } msg_nccl_id;
 
+/* A rank's collectives (worker/comm.h, comm_progress): the last started (its sequence
+ * number, collective and unit, -1 for none) and the highest finished. */
+typedef struct msg_coll {
+    int64_t started, finished;
+    char op[16];
+    int unit;
+} msg_coll;
+
 typedef struct msg_heartbeat {
     bool ready;         /* set once: connected to the peers, ready to START */
     bool has_step;
     int64_t step;       /* optimizer steps done */
     bool has_mem_bytes;
     int64_t mem_bytes;  /* context memory in use after the last step */
+    bool has_coll;
+    msg_coll coll;
 } msg_heartbeat;
 
 /* The checkpoint a step triggers, announced before it is written. */

@@ -233,6 +233,7 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
+    comm_set_unit(f->comm, u);
     if (k_check(f->ctx, err) ||
         comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx),
                               &f->gather_ticket[slot], err))
@@ -291,6 +292,7 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     *r = (fsdp_reduce){.pending = 1, .unit = u, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
+    comm_set_unit(f->comm, u);
     if (rc == 0 && f->world > 1 && f->group == 1)
         rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
     else if (rc == 0 && f->group > 1)
@@ -403,6 +405,7 @@ static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf
     if (!f->stats && !(f->stats = k_alloc(f->ctx, bytes, err))) return -1;
     char *dev = f->stats;
     k_copy_h2d(f->ctx, dev + (size_t)f->rank * sizeof *mine, mine, sizeof *mine);
+    comm_set_unit(f->comm, -1); /* the step's statistics, of no unit */
     if (k_sync(f->ctx, err) ||
         comm_all_gather(f->comm, dev + (size_t)f->rank * sizeof *mine, dev, sizeof *mine, COMM_BYTE, err))
         return -1;

@@ -53,6 +53,8 @@ typedef struct worker {
     atomic_long step;
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
+    comm_progress progress;    /* its collectives, for the heartbeats (the locator) */
+    atomic_int have_comm;      /* progress is tracked: a communicator exists */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];
     ckpt_writer writer;
@@ -114,7 +116,8 @@ static int connect_tcp(worker *w, comm **out, errbuf *err) {
     if (rc == 0 && !table) rc = errf(err, "out of memory");
     for (int r = 0; rc == 0 && r < w->world; r++) table[r] = peers.u.peers.addrs[r];
     if (rc == 0) {
-        comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60};
+        comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60,
+                            .progress = &w->progress};
         memcpy(opt.secret, w->secret, sizeof opt.secret);
         comm_rank_table t = {.world = w->world, .addr = table};
         rc = comm_init(out, &opt, w->rank, &t, &l, err);
@@ -131,7 +134,8 @@ static int connect_nccl(worker *w, kctx *ctx, comm **out, errbuf *err) {
     msg id = {.type = MSG_NCCL_ID};
     if (w->rank == 0 && (comm_nccl_make_id(id.u.nccl_id.id, err) || send(w, &id, err))) return -1;
     if (expect(w, MSG_NCCL_ID, &id, err)) return -1;
-    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120};
+    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120,
+                        .progress = &w->progress};
     return comm_nccl_init(out, &opt, w->rank, w->world, id.u.nccl_id.id, ctx, err);
 }
 #endif
@@ -174,7 +178,15 @@ static void *heartbeat_loop(void *arg) {
         long long mem = atomic_load(&w->mem_bytes);
         msg beat = {.type = MSG_HEARTBEAT,
                     .u.heartbeat = {.has_step = true, .step = atomic_load(&w->step),
-                                    .has_mem_bytes = mem >= 0, .mem_bytes = mem}};
+                                    .has_mem_bytes = mem >= 0, .mem_bytes = mem,
+                                    .has_coll = atomic_load(&w->have_comm) != 0}};
+        if (beat.u.heartbeat.has_coll) {
+            msg_coll *c = &beat.u.heartbeat.coll;
+            c->started = (int64_t)atomic_load(&w->progress.started);
+            c->finished = (int64_t)atomic_load(&w->progress.finished);
+            c->unit = atomic_load(&w->progress.unit);
+            snprintf(c->op, sizeof c->op, "%s", comm_coll_name(atomic_load(&w->progress.op)));
+        }
         if (send(w, &beat, &err)) _exit(1); /* the daemon is gone */
     }
     return NULL;
@@ -280,7 +292,9 @@ static int run(worker *w, errbuf *err) {
     comm *c = NULL;
     int gpus;
     if (open_context(w, &ctx, &gpus, err)) return -1;
+    atomic_store(&w->progress.unit, -1);
     rc = connect_peers(w, &ctx, gpus, &c, err);
+    if (rc == 0 && c) atomic_store(&w->have_comm, 1);
     msg ready = {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true}}, start;
     if (rc == 0) rc = send(w, &ready, err);
     if (rc == 0 && (rc = expect(w, MSG_START, &start, err)) == 0) msg_free(&start);
