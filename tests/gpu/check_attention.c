@@ -295,9 +295,9 @@ static void *reference_worker(void *arg) {
         gather_head(k, r->k, b, g, T, r->Hkv, hd);
         gather_head(v, r->v, b, g, T, r->Hkv, hd);
         gather_head(dout, r->dout, b, h, T, r->Hq, hd);
-        k_attention_fwd(&cpu, out, lse, q, k, v, 1, T, 1, 1, hd);
+        k_attention_fwd(&cpu, out, lse, q, k, v, NULL, 1, T, 1, 1, hd);
         for (size_t i = 0; i < th; i++) out16[i] = round_bf16(out[i]); /* bf16 on the GPU */
-        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, 1, T, 1, 1, hd);
+        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, NULL, 1, T, 1, 1, hd);
         if (k_check(&cpu, &err)) {
             pthread_mutex_lock(&r->lock);
             if (!r->failed) r->failure = err;
@@ -373,7 +373,7 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     void *ddout = dcomp(dout, nq);
     void *out = dpoisoned(nq * esize);
     float *lse = dpoisoned(nl * sizeof(float));
-    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, NULL, B, T, Hq, Hkv, hd);
     report("attention_fwd out", shp, get_comp(out, nq), r.out, nq, TOL_BF16, 0.0);
     report("attention_fwd lse", shp, get_f32(lse, nl), r.lse, nl, TOL_LSE_REL, TOL_LSE_ABS);
 
@@ -383,7 +383,7 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     void *dout_in = dcomp(out16, nq);
     float *dlse = df32(r.lse, nl);
     void *gq = dpoisoned(nq * esize), *gk = dpoisoned(nkv * esize), *gv = dpoisoned(nkv * esize);
-    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq, Hkv,
+    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, NULL, B, T, Hq, Hkv,
                     hd);
     report("attention_bwd dq", shp, get_comp(gq, nq), r.dq, nq, TOL_BF16, 0.0);
     report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
@@ -392,13 +392,13 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     if (determinism) {
         void *out2 = dpoisoned(nq * esize);
         float *lse2 = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, NULL, B, T, Hq, Hkv, hd);
         report_bool("deterministic fwd", shp,
                     same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
                     "out, lse: same bits twice");
         void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
         void *gv2 = dpoisoned(nkv * esize);
-        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq,
+        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, NULL, B, T, Hq,
                         Hkv, hd);
         report_bool("deterministic bwd", shp,
                     same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
@@ -421,11 +421,11 @@ static void expect_failure(const char *what, const char *wanted) {
 static void check_failures(void) {
     char *buf = dev_bytes(1 << 20);
     float *lse = dev_bytes(4096);
-    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, 1, 4, 2, 1, 300);
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 300);
     expect_failure("head dim 300", "head dim 300 is not supported");
-    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, 1, 4, 6, 4, 64);
+    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 1, 4, 6, 4, 64);
     expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
-    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, 1, 4, 2, 1, 64);
+    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 64);
     expect_failure("unaligned out", "16-byte aligned");
     release_all();
 }
@@ -474,9 +474,9 @@ typedef struct bench_case {
 
 static void bench_run(const bench_case *c, bench_kind kind) {
     if (kind != BENCH_BWD)
-        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->hd);
+        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, NULL, c->B, c->T, c->Hq, c->Hkv, c->hd);
     if (kind != BENCH_FWD)
-        k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
+        k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse, NULL,
                         c->B, c->T, c->Hq, c->Hkv, c->hd);
 }
 

@@ -504,9 +504,9 @@ static void check_rope(int B, int T, int H, int hd, const k_rope_params *p, cons
     float *x = hrandom(n, 1.0f);
     for (int inverse = 0; inverse <= 1; inverse++) {
         float *want = hcopy(x, n);
-        k_rope(&cpu, want, inv_freq, B, T, H, hd, inverse);
+        k_rope(&cpu, want, inv_freq, NULL, B, T, H, hd, inverse);
         void *dx = dcomp(x, n);
-        k_rope(&gpu, dx, dinv, B, T, H, hd, inverse);
+        k_rope(&gpu, dx, dinv, NULL, B, T, H, hd, inverse);
         report(inverse ? "rope inverse" : "rope",
                shape("B=%d T=%d H=%d hd=%d %s", B, T, H, hd, name), get_comp(dx, n), want, n,
                TOL_BF16);
@@ -739,13 +739,13 @@ static void check_failures(void) {
     k_adamw(&gpu, p, p, p, p, 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f);
     expect_failure("adamw", "step 0 must count from 1");
 
-    k_rope(&gpu, out, p, 1, 2, 2, 127, 0);
+    k_rope(&gpu, out, p, NULL, 1, 2, 2, 127, 0);
     expect_failure("rope", "head dim 127 is odd");
 
     if (gpu.backend == K_CUDA) {
-        k_attention_fwd(&gpu, out, p, out, out, out, 1, 4, 2, 1, 300);
+        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
-        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, 1, 4, 2, 1, 300);
+        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_bwd", "head dim 300 is not supported");
     }
     release_all();
@@ -905,8 +905,8 @@ static void run_bench(void) {
     k_rope_inv_freq(&llama2_rope, hd, inv_host);
     float *inv = df32(inv_host, (size_t)hd / 2);
     snprintf(sh, sizeof sh, "B=4 T=2048 H=%d hd=%d", H, hd);
-    BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 0));
-    BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 1));
+    BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 0));
+    BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 1));
 
     /* MLP activations [N, I] */
     void *gate = bench_bf16(ni, 2.0f), *up = bench_bf16(ni, 1.0f), *sw = bench_bf16(ni, 1.0f);

@@ -404,7 +404,7 @@ static void test_rope_forward(void **state) {
     k_rope_inv_freq(&p, hd, inv_freq);
     float *x = random_floats(n, 1.0f), *y = floats(n);
     memcpy(y, x, n * sizeof(float));
-    k_rope(&c, y, inv_freq, B, T, H, hd, 0);
+    k_rope(&c, y, inv_freq, NULL, B, T, H, hd, 0);
     /* position 0 is not rotated */
     for (int b = 0; b < B; b++)
         assert_memory_equal(y + (size_t)b * T * H * hd, x + (size_t)b * T * H * hd,
@@ -415,7 +415,7 @@ static void test_rope_forward(void **state) {
     assert_true(fabs(y[o + 1] - (x[o + 1] * cs - x[o + 5] * sn)) < 1e-6);
     assert_true(fabs(y[o + 5] - (x[o + 5] * cs + x[o + 1] * sn)) < 1e-6);
     /* the inverse undoes it */
-    k_rope(&c, y, inv_freq, B, T, H, hd, 1);
+    k_rope(&c, y, inv_freq, NULL, B, T, H, hd, 1);
     for (size_t i = 0; i < n; i++) assert_true(fabs(y[i] - x[i]) < 1e-6);
     expect_ok(&c);
     free(x), free(y);
@@ -433,7 +433,7 @@ static double rope_loss(void *arg) {
     rope_case *e = arg;
     size_t n = (size_t)e->B * e->T * e->H * e->hd;
     memcpy(e->y, e->x, n * sizeof(float));
-    k_rope(e->c, e->y, e->inv_freq, e->B, e->T, e->H, e->hd, 0);
+    k_rope(e->c, e->y, e->inv_freq, NULL, e->B, e->T, e->H, e->hd, 0);
     return dot_f32(e->y, e->R, n);
 }
 
@@ -450,7 +450,7 @@ static void test_rope_grad(void **state) {
     float *x = random_floats(n, 1.0f), *R = random_floats(n, 1.0f), *y = floats(n);
     float *dx = floats(n);
     memcpy(dx, R, n * sizeof(float));
-    k_rope(&c, dx, inv_freq, B, T, H, hd, 1); /* backward = inverse rotation of dout */
+    k_rope(&c, dx, inv_freq, NULL, B, T, H, hd, 1); /* backward = inverse rotation of dout */
     rope_case e = {&c, x, y, inv_freq, R, B, T, H, hd};
     check_grad("rope dx", x, n, rope_loss, &e, dx, 0.05);
     expect_ok(&c);
@@ -506,7 +506,7 @@ static void check_attention_forward(attn_shape s) {
     float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
     float *v = random_floats(nkv, 1.0f), *out = floats(nq), *lse = floats(nl);
     double *ref = doubles(nq), *ref_lse = doubles(nl);
-    k_attention_fwd(&c, out, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     naive_attention(&s, q, k, v, ref, ref_lse);
     expect_close("attention out", out, ref, nq, 1e-6);
     expect_close("attention lse", lse, ref_lse, nl, 1e-6);
@@ -533,7 +533,7 @@ static void test_attention_causal(void **state) {
     float *q = random_floats(nq, 1.0f), *k = random_floats(nkv, 1.0f);
     float *v = random_floats(nkv, 1.0f), *a = floats(nq), *b = floats(nq);
     float lse[2 * 4 * 5];
-    k_attention_fwd(&c, a, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, a, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     const int p = 3;
     for (int bb = 0; bb < s.B; bb++)
         for (int g = 0; g < s.Hkv; g++)
@@ -541,7 +541,7 @@ static void test_attention_causal(void **state) {
                 k[attn_at(&s, bb, p, g, s.Hkv) + d] += 1.0f;
                 v[attn_at(&s, bb, p, g, s.Hkv) + d] -= 2.0f;
             }
-    k_attention_fwd(&c, b, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, b, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     for (int bb = 0; bb < s.B; bb++) {
         size_t row = (size_t)s.Hq * s.hd; /* one position, all heads */
         size_t t0 = (size_t)bb * s.T * row;
@@ -563,7 +563,7 @@ typedef struct {
 static double attn_loss(void *arg) {
     attn_case *e = arg;
     attn_shape s = e->s;
-    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
 }
 
@@ -579,7 +579,7 @@ static void check_attention_grad(attn_shape s) {
     float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
     attn_case e = {&c, s, q, k, v, out, lse, R};
     attn_loss(&e);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
     check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
@@ -605,7 +605,7 @@ static void test_attention_bad_heads(void **state) {
     errbuf err;
     init_cpu(&c);
     float x[2 * 3 * 4] = {0}, lse[6];
-    k_attention_fwd(&c, x, lse, x, x, x, 1, 2, 3, 2, 4);
+    k_attention_fwd(&c, x, lse, x, x, x, NULL, 1, 2, 3, 2, 4);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "3 query heads"));
     kctx_destroy(&c);
