@@ -137,7 +137,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, cs, B, T), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t total = (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes +
-                   scratch_bytes + 2 * ids_bytes;
+                   scratch_bytes + 4 * ids_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
     f->layer_acts = calloc((size_t)n_acts, sizeof *f->layer_acts);
     if (!f->resid || !f->layer_acts) {
@@ -157,7 +157,9 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
     llama_scratch_carve(&f->scratch, mem, lo, cs, B, T), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
-    f->targets = (int32_t *)mem;
+    f->targets = (int32_t *)mem, mem += ids_bytes;
+    f->doc_start = (int32_t *)mem, mem += ids_bytes;
+    f->doc_end = (int32_t *)mem;
     f->B = B;
     f->T = T;
     return 0;
@@ -344,7 +346,7 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     return reduce_start(f, head, 0, err) ? -1 : k;
 }
 
-static int forward_backward(fsdp *f, float dscale, errbuf *err) {
+static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
     int L = lo->n_layers, B = f->B, T = f->T, N = B * T, k = 0;
@@ -355,7 +357,7 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
     for (int l = 0; l < L; l++) {
         if (!(g = gather_use(f, k++, err))) return -1;
-        llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+        llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
         f->layer_forwards++;
     }
     if ((k = head_pass(f, k, dscale, err)) < 0) return -1;
@@ -367,12 +369,12 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
         if (!(g = gather_use(f, k++, err))) return -1;
         if (f->checkpoint_activations) {
             /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
-            llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+            llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
             f->layer_forwards++;
         }
         if (prepare_grad_slot(f, u, slot, err)) return -1;
-        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, f->resid[l], acts_of(f, l),
-                             &f->scratch, f->dresid, B, T);
+        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, docs, f->resid[l],
+                             acts_of(f, l), &f->scratch, f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
     }
 
@@ -448,9 +450,19 @@ static void poison_gradient(fsdp *f) {
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
 }
 
-int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
-                    int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
-                    errbuf *err) {
+/* A packed micro-batch's document bounds from host positions [N] into f's doc_start/doc_end
+ * (bounds: host scratch [2N]). */
+static int upload_docs(fsdp *f, const int32_t *positions, int32_t *bounds, errbuf *err) {
+    size_t N = (size_t)f->B * f->T;
+    if (llama_doc_bounds(positions, f->B, f->T, bounds, bounds + N, err)) return -1;
+    k_copy_h2d(f->ctx, f->doc_start, bounds, N * sizeof *bounds); /* pageable: consumed */
+    k_copy_h2d(f->ctx, f->doc_end, bounds + N, N * sizeof *bounds);
+    return 0;
+}
+
+int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
+                    const int32_t *positions, int n_micro, int micro_batch, int T,
+                    const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
     int rows = n_micro * micro_batch;
@@ -474,14 +486,16 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
         for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
     k_zero(c, f->scalars, 2 * sizeof(float));
     size_t N = (size_t)micro_batch * T;
-    int32_t *targets = malloc(N * sizeof *targets);
+    int32_t *targets = malloc((positions ? 3 : 1) * N * sizeof *targets); /* + doc bounds */
+    const k_docs docs = {f->doc_start, f->doc_end};
     if (!targets) rc = errf(err, "fsdp: out of host memory");
     for (int mb = 0; mb < n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
         k_shift_labels(labels + mb * N, targets, micro_batch, T);
         k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
-        rc = forward_backward(f, dscale, err);
+        if (positions) rc = upload_docs(f, positions + mb * N, targets + N, err);
+        if (rc == 0) rc = forward_backward(f, positions ? &docs : NULL, dscale, err);
     }
     free(targets);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
