@@ -104,7 +104,6 @@ struct fwd_params {
     const bf16 *q, *k, *v;
     int B, T, Hq, Hkv;
     float scale_log2; // log2(e) / sqrt(hd)
-    const int32_t *doc_start; // [B, T] (k_docs), or NULL: one document per row
 };
 
 struct bwd_params {
@@ -114,7 +113,26 @@ struct bwd_params {
     const float *lse;
     int B, T, Hq, Hkv, Tp;
     float scale, scale_log2;
-    const int32_t *doc_start, *doc_end; // [B, T] (k_docs), or NULL: one document per row
+};
+
+// A launch's parameters: the plain ones, plus (varlen kernels only) the documents' bounds,
+// [B, T] each (k_docs).  The plain kernels get a struct of the plain size, so their code is
+// what it was before varlen existed.  starts()/ends() are NULL for them, and never read.
+template <bool DOCS> struct fwd_args : fwd_params {
+    __device__ __forceinline__ const int32_t *starts() const { return nullptr; }
+};
+template <> struct fwd_args<true> : fwd_params {
+    const int32_t *doc_start;
+    __device__ __forceinline__ const int32_t *starts() const { return doc_start; }
+};
+template <bool DOCS> struct bwd_args : bwd_params {
+    __device__ __forceinline__ const int32_t *starts() const { return nullptr; }
+    __device__ __forceinline__ const int32_t *ends() const { return nullptr; }
+};
+template <> struct bwd_args<true> : bwd_params {
+    const int32_t *doc_start, *doc_end;
+    __device__ __forceinline__ const int32_t *starts() const { return doc_start; }
+    __device__ __forceinline__ const int32_t *ends() const { return doc_end; }
 };
 
 // Tile geometry: shared rows of HD bf16 plus 16 bytes of padding; warps of 16 rows.  The
@@ -329,7 +347,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const 
 // ---- forward ----
 
 template <int HD, int NW, bool DOCS>
-__global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params p) {
+__global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BM = G::ROWS, BN = G::FWD_KEYS;
     unsigned char *smem = dynamic_smem();
@@ -343,8 +361,8 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1; // key tiles up to the diagonal
-    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, row_lo, g);
-    const int j0 = DOCS ? p.doc_start[(size_t)b * T + q0] / BN : 0; // the block's first key tile
+    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     load_rows<HD, BM, G::THREADS>(sQ, qh, qs, q0, T);
     cp_async_commit();
@@ -378,7 +396,8 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
                     for (int e = 0; e < 2; e++) {
                         float x = s[jn][2 * r + e] * p.scale_log2;
                         const int key = j * BN + jn * 8 + 2 * t4 + e;
-                        if (masked && (key > row || (DOCS && key < docs.first[r]))) x = -INFINITY;
+                        if (masked && key > row) x = -INFINITY;
+                        if (DOCS && masked && key < docs.first[r]) x = -INFINITY; // another document
                         s[jn][2 * r + e] = x;
                         top = fmaxf(top, x);
                     }
@@ -482,7 +501,7 @@ __device__ __forceinline__ void load_dkv_step(const bwd_params &p, uint32_t step
 }
 
 template <int HD, int NW, bool DOCS>
-__global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_params p) {
+__global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BK = G::ROWS, BQ = G::DKV_QUERIES;
     unsigned char *smem = dynamic_smem();
@@ -493,10 +512,10 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
     const size_t kvs = (size_t)p.Hkv * HD;
     const size_t kv_head = (size_t)b * T * kvs + (size_t)kvh * HD;
     // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
-    const int q_end = DOCS ? p.doc_end[(size_t)b * T + imin(k0 + BK, T) - 1] : T;
+    const int q_end = DOCS ? p.ends()[(size_t)b * T + imin(k0 + BK, T) - 1] : T;
     const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
     const int n_steps = group * per_head;
-    const key_docs docs = key_docs_of<DOCS>(p.doc_end, b, T, k_lo, g);
+    const key_docs docs = key_docs_of<DOCS>(p.ends(), b, T, k_lo, g);
 
     load_rows<HD, BK, G::THREADS>(sK, p.k + kv_head, kvs, k0, T);
     load_rows<HD, BK, G::THREADS>(sV, p.v + kv_head, kvs, k0, T);
@@ -534,9 +553,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
                 for (int e = 0; e < 4; e++) {
                     const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
                     float pr = exp2f(st[jn][e] * p.scale_log2 - lse2[col]);
-                    if (masked && (q0 + col < key || q0 + col >= T ||
-                                   (DOCS && q0 + col >= docs.end[e / 2])))
-                        pr = 0.0f;
+                    if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
+                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
                     st[jn][e] = pr;
                 }
             mma_acc_cols<HD, BQ, RB>(dv, st, sdO + b_cols_offset(lane, RB));
@@ -561,7 +579,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
 }
 
 template <int HD, int NW, bool DOCS>
-__global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params p) {
+__global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BM = G::ROWS, BN = G::DQ_KEYS;
     unsigned char *smem = dynamic_smem();
@@ -576,8 +594,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1;
-    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, row_lo, g);
-    const int j0 = DOCS ? p.doc_start[(size_t)b * T + q0] / BN : 0; // the block's first key tile
+    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
     float lse2[2], delta[2];
@@ -617,9 +635,10 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e / 2, row = row_lo + g + 8 * r;
-                    const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
                     float pr = exp2f(s[jn][e] * p.scale_log2 - lse2[r]);
-                    if (masked && (key > row || (DOCS && key < docs.first[r]))) pr = 0.0f;
+                    if (masked && j * BN + jn * 8 + 2 * t4 + e % 2 > row) pr = 0.0f;
+                    if (DOCS && masked && j * BN + jn * 8 + 2 * t4 + e % 2 < docs.first[r])
+                        pr = 0.0f; // another document
                     s[jn][e] = pr * (dp[jn][e] - delta[r]); // dS
                 }
             mma_acc_cols<HD, BN, RB>(dq, s, kt + b_cols_offset(lane, RB));
@@ -672,7 +691,7 @@ template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t 
                            "attention: cudaFuncSetAttribute");
 }
 
-template <int HD, int NW, bool DOCS> static void launch_fwd(kctx *c, const fwd_params &p) {
+template <int HD, int NW, bool DOCS> static void launch_fwd(kctx *c, const fwd_args<DOCS> &p) {
     typedef tiles<HD, NW> G;
     if (allow_smem(c, attention_fwd_kernel<HD, NW, DOCS>, G::fwd_smem)) return;
     dim3 grid(p.Hq, p.B, (p.T + G::ROWS - 1) / G::ROWS);
@@ -680,14 +699,15 @@ template <int HD, int NW, bool DOCS> static void launch_fwd(kctx *c, const fwd_p
     cuda_check_launch(c, "attention forward");
 }
 
-template <int HD, int NW, bool DOCS> static void launch_bwd(kctx *c, const bwd_params &p) {
+template <int HD, int NW, bool DOCS> static void launch_bwd(kctx *c, const bwd_args<DOCS> &p) {
     typedef tiles<HD, NW> G;
     if (allow_smem(c, attention_dkdv_kernel<HD, NW, DOCS>, G::dkv_smem) ||
         allow_smem(c, attention_dq_kernel<HD, NW, DOCS>, G::dq_smem))
         return;
     constexpr int ROWS = 256 / (HD / 8); // delta rows per block; divides Tp
     unsigned delta_blocks = (unsigned)((size_t)p.B * p.Hq * p.Tp / ROWS);
-    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(p);
+    const bwd_params &plain = p; // the delta kernel takes no documents
+    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(plain);
     cuda_check_launch(c, "attention backward (delta)");
     dim3 kv_grid(p.Hkv, p.B, (p.T + G::ROWS - 1) / G::ROWS);
     attention_dkdv_kernel<HD, NW, DOCS><<<kv_grid, G::THREADS, G::dkv_smem, cuda_stream(c)>>>(p);
@@ -698,14 +718,14 @@ template <int HD, int NW, bool DOCS> static void launch_bwd(kctx *c, const bwd_p
 }
 
 // 8 warps a block where that block's shared memory fits the device, else 4.
-template <int HD, bool DOCS> static void attention_fwd(kctx *c, const fwd_params &p) {
+template <int HD, bool DOCS> static void attention_fwd(kctx *c, const fwd_args<DOCS> &p) {
     if (tiles<HD, 8>::fwd_smem <= (size_t)cuda_state(c)->smem_optin)
         launch_fwd<HD, 8, DOCS>(c, p);
     else
         launch_fwd<HD, 4, DOCS>(c, p);
 }
 
-template <int HD, bool DOCS> static void attention_bwd(kctx *c, const bwd_params &p) {
+template <int HD, bool DOCS> static void attention_bwd(kctx *c, const bwd_args<DOCS> &p) {
     if (tiles<HD, 8>::bwd_smem <= (size_t)cuda_state(c)->smem_optin)
         launch_bwd<HD, 8, DOCS>(c, p);
     else
@@ -713,18 +733,20 @@ template <int HD, bool DOCS> static void attention_bwd(kctx *c, const bwd_params
 }
 
 // The kernels for head dim HD, with the varlen masking only when there are docs.
-template <int HD> static void attention_fwd_hd(kctx *c, const fwd_params &p) {
-    if (p.doc_start)
-        attention_fwd<HD, true>(c, p);
+template <int HD>
+static void attention_fwd_hd(kctx *c, const fwd_params &p, const k_docs *docs) {
+    if (docs)
+        attention_fwd<HD, true>(c, fwd_args<true>{p, docs->start});
     else
-        attention_fwd<HD, false>(c, p);
+        attention_fwd<HD, false>(c, fwd_args<false>{p});
 }
 
-template <int HD> static void attention_bwd_hd(kctx *c, const bwd_params &p) {
-    if (p.doc_start)
-        attention_bwd<HD, true>(c, p);
+template <int HD>
+static void attention_bwd_hd(kctx *c, const bwd_params &p, const k_docs *docs) {
+    if (docs)
+        attention_bwd<HD, true>(c, bwd_args<true>{p, docs->start, docs->end});
     else
-        attention_bwd<HD, false>(c, p);
+        attention_bwd<HD, false>(c, bwd_args<false>{p});
 }
 
 extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
@@ -737,11 +759,11 @@ extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q
         return;
     }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                    B, T, Hq, Hkv, LOG2E / sqrtf((float)hd), docs ? docs->start : NULL};
+                    B, T, Hq, Hkv, LOG2E / sqrtf((float)hd)};
     if (hd == 64)
-        attention_fwd_hd<64>(c, p);
+        attention_fwd_hd<64>(c, p, docs);
     else
-        attention_fwd_hd<128>(c, p);
+        attention_fwd_hd<128>(c, p, docs);
 }
 
 extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
@@ -763,10 +785,9 @@ extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const 
     const float scale = 1.0f / sqrtf((float)hd);
     bwd_params p = {(bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, scratch + rows,
                     (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                    (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E,
-                    docs ? docs->start : NULL, docs ? docs->end : NULL};
+                    (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E};
     if (hd == 64)
-        attention_bwd_hd<64>(c, p);
+        attention_bwd_hd<64>(c, p, docs);
     else
-        attention_bwd_hd<128>(c, p);
+        attention_bwd_hd<128>(c, p, docs);
 }
