@@ -450,14 +450,16 @@ static void poison_gradient(fsdp *f) {
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
 }
 
-/* A packed micro-batch's document bounds from host positions [N] into f's doc_start/doc_end
- * (bounds: host scratch [2N]). */
-static int upload_docs(fsdp *f, const int32_t *positions, int32_t *bounds, errbuf *err) {
-    size_t N = (size_t)f->B * f->T;
-    if (llama_doc_bounds(positions, f->B, f->T, bounds, bounds + N, err)) return -1;
-    k_copy_h2d(f->ctx, f->doc_start, bounds, N * sizeof *bounds); /* pageable: consumed */
-    k_copy_h2d(f->ctx, f->doc_end, bounds + N, N * sizeof *bounds);
-    return 0;
+/* Packed rows: the document bounds of all `rows` rows of positions, host [2, rows*T] (the
+ * starts, then the ends), checked before anything runs; NULL with *rc = -1 on bad positions. */
+static int32_t *doc_bounds(const int32_t *positions, int rows, int T, int *rc, errbuf *err) {
+    size_t n = (size_t)rows * T;
+    int32_t *bounds = malloc(2 * n * sizeof *bounds);
+    *rc = bounds ? llama_doc_bounds(positions, rows, T, bounds, bounds + n, err)
+                 : errf(err, "fsdp: out of host memory");
+    if (*rc == 0) return bounds;
+    free(bounds);
+    return NULL;
 }
 
 int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
@@ -467,12 +469,20 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
     kctx *c = f->ctx;
     int rows = n_micro * micro_batch;
     if (llama_check_batch(&lo->cfg, input_ids, labels, rows, T, err)) return -1;
-    if (ensure_activations(f, micro_batch, T, err)) return -1;
+    int rc = 0;
+    int32_t *bounds = positions ? doc_bounds(positions, rows, T, &rc, err) : NULL;
+    if (rc || ensure_activations(f, micro_batch, T, err)) {
+        free(bounds);
+        return -1;
+    }
 
     rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
-    if (!all) return errf(err, "fsdp: out of host memory");
+    if (!all) {
+        free(bounds);
+        return errf(err, "fsdp: out of host memory");
+    }
     memcpy(mine.vote, f->vote, sizeof mine.vote);
-    int rc = gather_stats(f, &mine, all, err);
+    rc = gather_stats(f, &mine, all, err);
     int64_t count = 0, vote_max[FSDP_VOTES];
     memcpy(vote_max, all[0].vote, sizeof vote_max);
     for (int r = 0; r < f->world; r++) {
@@ -486,7 +496,7 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
         for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
     k_zero(c, f->scalars, 2 * sizeof(float));
     size_t N = (size_t)micro_batch * T;
-    int32_t *targets = malloc((positions ? 3 : 1) * N * sizeof *targets); /* + doc bounds */
+    int32_t *targets = malloc(N * sizeof *targets);
     const k_docs docs = {f->doc_start, f->doc_end};
     if (!targets) rc = errf(err, "fsdp: out of host memory");
     for (int mb = 0; mb < n_micro && rc == 0; mb++) {
@@ -494,10 +504,14 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
         k_shift_labels(labels + mb * N, targets, micro_batch, T);
         k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
-        if (positions) rc = upload_docs(f, positions + mb * N, targets + N, err);
-        if (rc == 0) rc = forward_backward(f, positions ? &docs : NULL, dscale, err);
+        if (bounds) { /* pageable sources: consumed when the copies return */
+            k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
+            k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
+        }
+        rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
     }
     free(targets);
+    free(bounds);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
