@@ -20,14 +20,17 @@
 //     dQ: a block per (query head, batch, tile of 16*warps queries), looping over key tiles up
 //       to the diagonal: S = Q K^T, P, dP = dO V^T, dS = P (dP - D), dQ += dS K.
 // The tiles whose work is longest (most keys for the forward and dQ, most queries for dK/dV)
-// are launched first.
+// are launched first.  Shared-memory rows are padded by 16 bytes so that the eight 16-byte rows
+// an ldmatrix reads fall in different banks.  Blocks have 8 warps where their shared memory
+// fits (sm_80, sm_90), else 4 (sm_86 and sm_89 give a block at most 99 KB).
+//
 // Varlen (k_docs, DOCS = true): a query sees only the keys of its document.  Document starts
 // and ends never decrease along a row, so a query tile's keys begin at its first row's
 // document start and a key tile's queries end at its last key's document end: the forward
 // and dQ skip the key tiles before it, dK/dV the query tiles after it, and tiles that cross a
-// boundary are masked per element.  Without docs (DOCS = false) the code is today's.  Shared-memory rows are padded by 16 bytes so that the eight 16-byte rows
-// an ldmatrix reads fall in different banks.  Blocks have 8 warps where their shared memory
-// fits (sm_80, sm_90), else 4 (sm_86 and sm_89 give a block at most 99 KB).
+// boundary are masked per element.  Without docs (DOCS = false) the kernels are what they were
+// before varlen: the same parameter struct, the varlen masks separate statements that fold
+// away (their sm_90 PTX is the same, instruction for instruction).
 //
 // tests/gpu/emulate_attention runs these kernels on the host: it replaces the section between
 // the "device primitives" markers with an emulation of each instruction.
@@ -397,7 +400,7 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_args<D
                         float x = s[jn][2 * r + e] * p.scale_log2;
                         const int key = j * BN + jn * 8 + 2 * t4 + e;
                         if (masked && key > row) x = -INFINITY;
-                        if (DOCS && masked && key < docs.first[r]) x = -INFINITY; // another document
+                        if (DOCS && masked && key < docs.first[r]) x = -INFINITY; // other document
                         s[jn][2 * r + e] = x;
                         top = fmaxf(top, x);
                     }
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<
                     const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
                     float pr = exp2f(st[jn][e] * p.scale_log2 - lse2[col]);
                     if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
-                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
+                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // other document
                     st[jn][e] = pr;
                 }
             mma_acc_cols<HD, BQ, RB>(dv, st, sdO + b_cols_offset(lane, RB));

@@ -460,7 +460,8 @@ static void test_rope_positions_restart(void **state) {
         int len = end[i] - start[i];
         memcpy(alone, x + i * row, len * row * sizeof(float));
         k_rope(&c, alone, inv_freq, NULL, 1, len, H, hd, 0);
-        for (size_t j = 0; j < len * row; j++) assert_true(fabsf(y[i * row + j] - alone[j]) < 1e-6f);
+        for (size_t j = 0; j < len * row; j++)
+            assert_true(fabsf(y[i * row + j] - alone[j]) < 1e-6f);
     }
     /* and the inverse undoes it */
     k_rope(&c, y, inv_freq, &docs, B, T, H, hd, 1);
