@@ -15,7 +15,7 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 
 OPT      ?= -O2 -g
 CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) -MMD -MP
-LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) -lpthread -lm
+LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) -lpthread -lm -ldl
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined

@@ -108,6 +108,8 @@ static const choice sharding_choices[] = {
 static const choice act_ckpt_choices[] = {
     {"none", JOB_ACT_CKPT_NONE}, {"full", JOB_ACT_CKPT_FULL},
     {"selective", JOB_ACT_CKPT_SELECTIVE}, {NULL, 0}};
+static const choice preflight_choices[] = {
+    {"auto", JOB_PREFLIGHT_AUTO}, {"on", JOB_PREFLIGHT_ON}, {"off", JOB_PREFLIGHT_OFF}, {NULL, 0}};
 static const choice backend_choices[] = {
     {"auto", JOB_BACKEND_AUTO}, {"cuda", JOB_BACKEND_CUDA}, {"cpu", JOB_BACKEND_CPU}, {NULL, 0}};
 
@@ -183,6 +185,10 @@ static const job_key keys[] = {
     NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+
+    OTHER("fabric", "require", K_BOOL, fabric.require),
+    CHOICE("fabric", "preflight", fabric.preflight, preflight_choices),
+    NUM("fabric", "min_busbw_gbps", K_DOUBLE, fabric.min_busbw_gbps, 0, INFINITY),
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -265,6 +271,7 @@ void job_defaults(job_config *j) {
     j->runtime.comm_timeout_s = 600;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
+    j->fabric.require = true;
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */

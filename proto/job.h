@@ -55,6 +55,7 @@ typedef enum job_resume {
     JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP
 } job_resume;
 typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA } job_backend;
+typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 
 typedef struct job_config {
     struct {
@@ -137,6 +138,11 @@ typedef struct job_config {
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
     } runtime;
+    struct {
+        bool require;          /* refuse to start when EFA is present but no NCCL plugin loads */
+        job_preflight preflight; /* the network check at start; auto: on for several nodes */
+        double min_busbw_gbps; /* the check's floor, GB/s of bus bandwidth (0: none) */
+    } fabric;
 } job_config;
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
