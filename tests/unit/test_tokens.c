@@ -134,22 +134,22 @@ static void test_rejects_corruption(void **state) {
     copy[len - 20] ^= 1; /* a token's bits */
     expect_reject(copy, len, "checksum");
     memcpy(copy, buf, len);
-    copy[8] = 2; /* version */
+    copy[8] = 1; /* version 1: the header before it named the tokenizer */
     expect_reject(copy, len, "version");
     free(copy);
     /* Counts whose sizes each fit but whose sum wraps around to the file's size (the fuzzer
      * found it: the offsets then pointed past the end): 2^61 - 10 records and 33 tokens make
-     * 2^64 + 164 bytes, a 164-byte file with its checksum right. */
-    unsigned char wrap[164] = {0};
-    uint32_t version = 1, vocab = 40;
+     * 2^64 + 228 bytes, a 228-byte file with its checksum right. */
+    unsigned char wrap[228] = {0};
+    uint32_t version = TOK_VERSION, vocab = 40;
     uint64_t records = 0x1ffffffffffffff6ull, tokens = 0x21;
     memcpy(wrap, TOK_MAGIC, 8);
     memcpy(wrap + 8, &version, 4);
     memcpy(wrap + 12, &vocab, 4);
     memcpy(wrap + 16, &records, 8);
     memcpy(wrap + 24, &tokens, 8);
-    uint32_t crc = crc32c(0, wrap + TOK_HEADER_BYTES, sizeof wrap - TOK_HEADER_BYTES);
-    memcpy(wrap + 32, &crc, 4);
+    uint32_t crc = tok_checksum(wrap, sizeof wrap);
+    memcpy(wrap + TOK_CRC_OFFSET, &crc, 4);
     expect_reject(wrap, sizeof wrap, "does not match");
     free(buf);
 }
