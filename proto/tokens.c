@@ -118,6 +118,24 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
     return 0;
 }
 
+int tok_read_source(const char *path, tok_source *src, errbuf *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    tok_header h;
+    int rc = file_pread_full(fd, &h, sizeof h, 0, path, err);
+    close(fd);
+    if (rc) return -1;
+    if (memcmp(h.magic, TOK_MAGIC, 8) != 0) return errf(err, "%s: not a token cache (bad magic)", path);
+    if (h.version != TOK_VERSION)
+        return errf(err, "%s: token cache version %u is not supported (this build reads version %d; "
+                         "rebuild the cache)", path, h.version, TOK_VERSION);
+    if (check_source(&h, path, err)) return -1;
+    src->format = h.format;
+    src->template_id = h.template_id;
+    memcpy(src->tokenizer_sha256, h.tokenizer_sha256, TOK_SHA256_BYTES);
+    return 0;
+}
+
 int tok_open(tok_cache *c, const char *path, errbuf *err) {
     void *map;
     size_t len;

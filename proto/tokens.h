@@ -67,6 +67,8 @@ typedef struct tok_cache {
 } tok_cache;
 
 int tok_open(tok_cache *c, const char *path, errbuf *err);
+/* Only the header's provenance (fsdpd checks it without reading the whole file). */
+int tok_read_source(const char *path, tok_source *src, errbuf *err);
 /* Validates a whole file image held in memory (the fuzzing entry point); views point
  * into buf.  tok_close on such a cache frees only what tok_parse allocated. */
 int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbuf *err);
