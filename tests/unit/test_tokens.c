@@ -154,6 +154,59 @@ static void test_rejects_corruption(void **state) {
     free(buf);
 }
 
+/* The header's provenance (format, template, tokenizer hash) round-trips, is covered by the
+ * checksum, and must be consistent. */
+static void test_source_round_trip_and_strict(void **state) {
+    (void)state;
+    char path[512];
+    path_in_tmp(path, sizeof path, "s.tok");
+    tok_writer w;
+    errbuf err;
+    tok_writer_init(&w, 100);
+    int32_t t[] = {1, 2};
+    uint8_t m[] = {0, 1};
+    assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
+    w.source.format = TOK_FORMAT_CHAT;
+    w.source.template_id = 2;
+    memset(w.source.tokenizer_sha256, 0xab, TOK_SHA256_BYTES);
+    assert_int_equal(tok_writer_save(&w, path, &err), 0);
+    tok_writer_free(&w);
+    tok_cache c;
+    assert_int_equal(tok_open(&c, path, &err), 0);
+    assert_int_equal(c.source.format, TOK_FORMAT_CHAT);
+    assert_int_equal(c.source.template_id, 2);
+    assert_int_equal(c.source.tokenizer_sha256[31], 0xab);
+    tok_close(&c);
+    tok_source src;
+    assert_int_equal(tok_read_source(path, &src, &err), 0);
+    assert_int_equal(src.template_id, 2);
+
+    char *buf;
+    size_t len;
+    assert_int_equal(file_read_all(path, 1 << 20, &buf, &len, &err), 0);
+    unsigned char *b = (unsigned char *)buf;
+    b[48] ^= 1; /* a hash byte: the checksum covers it */
+    expect_reject(b, len, "checksum");
+    b[48] ^= 1;
+    struct { size_t off; uint8_t value; const char *needle; } bad[] = {
+        {36, 0, "with a tokenizer hash"}, /* format tokens */
+        {36, 9, "unknown format"},
+        {40, 0, "with template 0"},     /* chat without a template */
+        {40, 7, "unknown template"},
+        {44, 1, "reserved"},
+        {100, 1, "reserved"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t keep = b[bad[i].off];
+        b[bad[i].off] = bad[i].value;
+        uint32_t crc = tok_checksum(b, len);
+        memcpy(b + TOK_CRC_OFFSET, &crc, 4);
+        expect_reject(b, len, bad[i].needle);
+        b[bad[i].off] = keep;
+    }
+    free(buf);
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(tmpdir) ? 0 : -1;
@@ -171,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_crc32c_known_values),
         cmocka_unit_test(test_round_trip_and_samples),
         cmocka_unit_test(test_writer_rejects_bad_token),
+        cmocka_unit_test(test_source_round_trip_and_strict),
         cmocka_unit_test(test_rejects_corruption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
