@@ -1,5 +1,6 @@
 #include "daemon/data_prepare.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -67,7 +68,16 @@ static int build_cache(const cache_build_opts *o, const char *path, errbuf *err)
               o->format == JOB_DATA_ALPACA ? "alpaca" : o->format == JOB_DATA_CHAT ? "chat" : "text",
               chat_template_name(o->tpl), path);
     int rc = cache_build(o, &w, &st, err);
-    if (rc == 0) rc = tok_writer_save(&w, path, err);
+    /* Saved under a name of this host and process, then renamed: nodes sharing checkpoint.dir
+     * may build the cache at once (file_write_atomic's own tmp name has only the pid). */
+    char part[JOB_PATH_MAX + 300], host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(part, sizeof part, "%s.%s-%d.part", path, host, (int)getpid());
+    if (rc == 0) rc = tok_writer_save(&w, part, err);
+    if (rc == 0 && rename(part, path) != 0) {
+        rc = errf(err, "%s: rename to %s: %s", part, path, strerror(errno));
+        unlink(part);
+    }
     tok_writer_free(&w);
     if (rc) return -1;
     log_event(-1, "%s: %llu samples (%llu tokens, %llu with loss) from %llu records; %llu skipped, "

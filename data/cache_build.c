@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -48,7 +49,9 @@ typedef struct build {
     size_t n_lines, n_chunks;
     chunk_out *out;
     atomic_size_t next_chunk, lines_done;
-    atomic_int stop;
+    atomic_size_t first_failed; /* the lowest failed chunk (SIZE_MAX: none): later ones stop */
+    atomic_int setup_failed;    /* a thread could not start; its error in setup_err */
+    errbuf setup_err;
 } build;
 
 static int chunk_push(chunk_out *c, const sample_buf *b) {
@@ -102,24 +105,31 @@ static void do_line(build *B, sample_buf *buf, chunk_out *c, const line_ref *l) 
     }
 }
 
+static void note_failure(build *B, size_t k) {
+    size_t cur = atomic_load(&B->first_failed);
+    while (k < cur && !atomic_compare_exchange_weak(&B->first_failed, &cur, k)) {
+    }
+}
+
 static void *worker(void *arg) {
     build *B = arg;
     sample_buf buf;
     errbuf err;
     if (sample_buf_init(&buf, B->spec.tk, &err)) {
-        B->out[0].failed = -1; /* reported as chunk 0's */
-        B->out[0].err = err;
-        atomic_store(&B->stop, 1);
+        int none = 0;
+        if (atomic_compare_exchange_strong(&B->setup_failed, &none, 1)) B->setup_err = err;
+        note_failure(B, 0);
         return NULL;
     }
     for (;;) {
         size_t k = atomic_fetch_add(&B->next_chunk, 1);
-        if (k >= B->n_chunks || atomic_load(&B->stop)) break;
+        /* chunks before a failed one still run: the first bad line in file order is reported */
+        if (k >= B->n_chunks || k > atomic_load(&B->first_failed)) break;
         chunk_out *c = &B->out[k];
         size_t end = (k + 1) * CHUNK_LINES < B->n_lines ? (k + 1) * CHUNK_LINES : B->n_lines;
         for (size_t i = k * CHUNK_LINES; i < end && !c->failed; i++) do_line(B, &buf, c, &B->lines[i]);
         atomic_fetch_add(&B->lines_done, end - k * CHUNK_LINES);
-        if (c->failed) atomic_store(&B->stop, 1);
+        if (c->failed) note_failure(B, k);
     }
     sample_buf_free(&buf);
     return NULL;
@@ -161,11 +171,16 @@ static int run_threads(build *B, errbuf *err) {
     for (; started < n; started++)
         if (pthread_create(&tids[started], NULL, worker, B)) break;
     if (!started) return errf(err, "cannot start a tokenizer thread");
-    while (B->o->progress && atomic_load(&B->lines_done) < B->n_lines && !atomic_load(&B->stop)) {
+    while (B->o->progress && atomic_load(&B->lines_done) < B->n_lines &&
+           atomic_load(&B->first_failed) == SIZE_MAX) {
         draw_progress(atomic_load(&B->lines_done), B->n_lines);
         nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    if (atomic_load(&B->setup_failed)) {
+        *err = B->setup_err;
+        return -1;
+    }
     if (B->o->progress) {
         draw_progress(atomic_load(&B->lines_done), B->n_lines);
         fputc('\n', stderr);
@@ -232,7 +247,7 @@ static uint32_t format_code(job_data_format f) {
 
 int cache_build(const cache_build_opts *o, tok_writer *w, cache_build_stats *stats, errbuf *err) {
     memset(stats, 0, sizeof *stats);
-    build B = {.o = o};
+    build B = {.o = o, .first_failed = SIZE_MAX};
     tokenizer *tk = tokenizer_load(o->tokenizer, err);
     if (!tk) return -1;
     tok_writer_init(w, (uint32_t)tokenizer_vocab_size(tk));
