@@ -16,6 +16,7 @@
 #include "base/path.h"
 #include "daemon/cluster.h"
 #include "daemon/consolidate.h"
+#include "daemon/data_prepare.h"
 #include "daemon/log.h"
 #include "daemon/slurm.h"
 #include "daemon/supervisor.h"
@@ -100,6 +101,7 @@ int main(int argc, char **argv) {
         check_multi_node(&job, slurm.nnodes, &err))
         goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
+    if (data_prepare(&job, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */

@@ -32,13 +32,8 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"data.format", "alpaca"},
-    {"data.format", "chat"},
-    {"data.format", "text"},
-    {"data.template", NULL},
     {"data.packing", "true"},
     {"data.eval_fraction", NULL},
-    {"data.on_bad_record", "skip"},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -132,6 +127,7 @@ static const job_key keys[] = {
     NUM("data", "seq_len", K_INT, data.seq_len, 2, 1 << 20),
     OTHER("data", "shuffle", K_BOOL, data.shuffle),
     OTHER("data", "packing", K_BOOL, data.packing),
+    OTHER("data", "truncate", K_BOOL, data.truncate),
     RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
 
@@ -221,6 +217,7 @@ void job_defaults(job_config *j) {
     j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
+    j->data.truncate = true;
 
     j->train.type = JOB_TRAIN_FULL;
     j->train.global_batch = 8;
@@ -1095,13 +1092,32 @@ static int check_schedule(const job_config *j, errbuf *err) {
     return 0;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The template names data/chat_template.h knows ("" = auto); fsdpd resolves auto. */
+static int check_data(const job_config *j, errbuf *err) {
+    static const char *const templates[] = {"", "auto", "llama3", "llama2", "chatml", "alpaca"};
+    if (!j->data.path[0])
+        return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
+                         "JSONL file with data.format alpaca, chat or text)");
+    if (j->data.format == JOB_DATA_TOKENS && ends_with(j->data.path, ".jsonl"))
+        return errf(err, "data.format: %s is a JSONL file: set data.format to alpaca, chat or text",
+                    j->data.path);
+    for (size_t i = 0; i < COUNT(templates); i++)
+        if (!strcmp(j->data.template_name, templates[i])) return 0;
+    return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, alpaca, auto",
+                j->data.template_name);
+}
+
 int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
-    if (!j->data.path[0])
-        return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize)");
+    if (check_data(j, err)) return -1;
     if (j->runtime.node_timeout_s <= j->runtime.heartbeat_s)
         return errf(err, "runtime.node_timeout_s: %d s is not longer than runtime.heartbeat_s (%d s), the "
                     "period of the heartbeats it waits for", j->runtime.node_timeout_s, j->runtime.heartbeat_s);

@@ -73,6 +73,7 @@ typedef struct job_config {
         bool packing;
         double eval_fraction;
         job_bad_record on_bad_record;
+        bool truncate;             /* cut samples longer than seq_len (false: a bad record) */
     } data;
     struct {
         job_train_type type;
