@@ -112,7 +112,7 @@ static const char *const lora_modules[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
 static const char *const sections[] = {
-    "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime"};
+    "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime", "fabric"};
 
 /* Every key of the job file, in the order job_to_json writes them. */
 static const job_key keys[] = {
@@ -331,7 +331,7 @@ static int unknown_section(const char *name, errbuf *err) {
     for (size_t i = 0; i < COUNT(sections); i++) consider(name, sections[i], &best, &best_d);
     if (best) return errf(err, "%s: unknown section (did you mean %s?)", name, best);
     return errf(err, "%s: unknown section (sections: model, data, train, lora, fsdp, "
-                     "checkpoint, output, runtime)", name);
+                     "checkpoint, output, runtime, fabric)", name);
 }
 
 static int unknown_key(const char *section, const char *name, errbuf *err) {
