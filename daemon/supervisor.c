@@ -27,6 +27,7 @@
 #include "daemon/model_shm.h"
 #include "daemon/status_server.h"
 #include "proto/msg.h"
+#include "proto/nccl_log.h"
 
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
@@ -50,6 +51,8 @@ typedef struct worker {
     int has_coll;            /* its collectives, from its heartbeats (daemon/locator.h) */
     msg_coll coll;
     double coll_changed_at;  /* when they last moved */
+    int has_net;             /* its network, from its ready heartbeat */
+    msg_net net;
 } worker;
 
 struct supervisor {
@@ -406,6 +409,9 @@ static json_t *local_rank_rows(const supervisor *s) {
                                                        "unit", w->coll.unit));
             json_object_set_new(row, "coll_still_s", json_real(clock_now_s() - w->coll_changed_at));
         }
+        if (row && w->has_net)
+            json_object_set_new(row, "net", json_pack("{s:s, s:o}", "transport", w->net.transport, "busbw_gbps",
+                                                      w->net.measured ? json_real(w->net.busbw_gbps) : json_null()));
         json_array_append_new(ranks, row);
     }
     return ranks;
@@ -464,6 +470,7 @@ static void status_of(void *arg, json_t *out) {
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
     json_object_set(out, "behind", s->behind ? s->behind : json_null());
+    json_object_set_new(out, "fabric_found", s->opt->fabric_found ? json_string(s->opt->fabric_found) : json_null());
 }
 
 /* CONFIG: the worker's place, the resolved job and the model's config. */
@@ -534,6 +541,34 @@ static json_t *cluster_ranks(void *arg) {
     return rows;
 }
 
+/* A rank's network (its ready heartbeat): logged, kept for the status, and checked against
+ * the fabric found and fabric.min_busbw_gbps.  Non-zero when the job cannot go on. */
+static int check_net(supervisor *s, worker *w, const msg_net *net) {
+    w->has_net = 1;
+    w->net = *net;
+    const char *t = net->transport[0] ? net->transport : "unknown";
+    if (net->measured)
+        log_event(w->rank, "network check: %.2f GB/s of bus bandwidth (all_reduce over %d ranks), transport %s",
+                  net->busbw_gbps, s->opt->workers * cluster_nodes(s->opt->cluster), t);
+    else
+        log_event(w->rank, "transport %s", t);
+    const char *kind = s->opt->fabric_kind ? s->opt->fabric_kind : "none";
+    if (nccl_transport_is_socket(net->transport) && strcmp(kind, "none") != 0) {
+        record_failure(s, FAILURE_PERMANENT, "rank %d: NCCL chose TCP sockets although this node has %s (%s): "
+                       "check the NCCL net plugin and NCCL_* settings, or NCCL_DEBUG_FILE's log", w->rank,
+                       !strcmp(kind, "efa") ? "EFA" : "InfiniBand", s->opt->fabric_found);
+        return -1;
+    }
+    double floor = s->job.fabric.min_busbw_gbps;
+    if (net->measured && floor > 0 && net->busbw_gbps < floor) {
+        record_failure(s, FAILURE_PERMANENT, "rank %d on node %d: the network check measured %.2f GB/s of bus "
+                       "bandwidth, below fabric.min_busbw_gbps = %g", w->rank, cluster_node(s->opt->cluster),
+                       net->busbw_gbps, floor);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
     if (h->has_coll && (!w->has_coll || memcmp(&h->coll, &w->coll, sizeof h->coll) != 0)) {
@@ -543,6 +578,7 @@ static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     }
     if (!h->ready || w->ready) return;
     w->ready = 1;
+    if (h->has_net && check_net(s, w, &h->net)) return;
     if (++s->n_ready < s->opt->workers || s->phase != PHASE_SETUP) return;
     if (multi_node(s)) cluster_ready(s->opt->cluster); /* the leader starts every node */
     else start_training(s);

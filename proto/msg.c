@@ -82,11 +82,19 @@ static const field coll_fields[] = {
 };
 static const body_info coll_info = {coll_fields, COUNT(coll_fields), NULL};
 
+static const field net_fields[] = {
+    STR(msg_net, "transport", transport),
+    BOOL(msg_net, "measured", measured),
+    F64(msg_net, "busbw_gbps", busbw_gbps),
+};
+static const body_info net_info = {net_fields, COUNT(net_fields), NULL};
+
 static const field heartbeat_fields[] = {
     BOOL(msg_heartbeat, "ready", ready),
     OPT_I64(msg_heartbeat, "step", step, 0),
     OPT_I64(msg_heartbeat, "mem_bytes", mem_bytes, 0),
     OPT_SUB(msg_heartbeat, "coll", coll, coll_info),
+    OPT_SUB(msg_heartbeat, "net", net, net_info),
 };
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err);
@@ -279,6 +287,14 @@ static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf 
             return errf(err, "%s: ranks[%zu].coll must be {\"started\", \"finished\", \"op\", \"unit\"} with a "
                         "'coll_still_s' >= 0", type, i);
         known += 2;
+    }
+    const json_t *net = json_object_get(row, "net");
+    if (net) {
+        const json_t *bw = json_object_get(net, "busbw_gbps");
+        if (!json_is_object(net) || json_object_size(net) != 2 || !json_is_string(json_object_get(net, "transport")) ||
+            !(json_is_null(bw) || json_is_number(bw)))
+            return errf(err, "%s: ranks[%zu].net must be {\"transport\", \"busbw_gbps\"}", type, i);
+        known++;
     }
     if (json_object_size(row) != known) return errf(err, "%s: ranks[%zu] has an unknown member", type, i);
     return 0;
