@@ -292,6 +292,21 @@ static int show_and_save(const char *tk_path, const data_opts *d, const tok_writ
     return d->out ? tok_writer_save(w, d->out, err) : 0;
 }
 
+/* What data.packing would make of the samples: rows, and real tokens over row tokens, beside
+ * padding every sample to a row of its own. */
+static int print_packing(const tok_writer *w, int seq_len, errbuf *err) {
+    tok_cache view = {.path = "the samples", .n_records = w->n_records, .n_tokens = w->n_tokens,
+                      .offsets = w->offsets, .tokens = w->tokens, .mask = w->mask};
+    uint64_t *starts, rows, real;
+    if (w->n_records == 0) return 0;
+    if (tok_pack(&view, seq_len, &starts, &rows, &real, err)) return -1;
+    free(starts);
+    printf("packing (data.packing=true): %llu rows of %d, efficiency %.1f%% (real tokens / row tokens); "
+           "one sample a row: %.1f%%\n", (unsigned long long)rows, seq_len,
+           100.0 * (double)real / ((double)rows * seq_len), 100.0 * (double)real / ((double)w->n_records * seq_len));
+    return 0;
+}
+
 static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
     cache_build_opts o = {.tokenizer = tk_path, .data = d->data, .seq_len = d->seq_len,
                           .truncate = d->truncate, .threads = d->threads, .log = stderr,
@@ -315,6 +330,7 @@ static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
                (unsigned long long)st.lines, (unsigned long long)st.skipped,
                (unsigned long long)st.dropped, (unsigned long long)st.truncated, d->format,
                chat_template_name((chat_template)w.source.template_id));
+    if (rc == 0) rc = print_packing(&w, d->seq_len, err);
     tok_writer_free(&w);
     return rc;
 }

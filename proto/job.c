@@ -32,7 +32,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"data.packing", "true"},
     {"data.eval_fraction", NULL},
     {"train.type", "lora"},
     {"train.type", "qlora"},
@@ -214,7 +213,7 @@ void job_defaults(job_config *j) {
     j->data.format = JOB_DATA_TOKENS;
     j->data.seq_len = 512;
     j->data.shuffle = true;
-    j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
+    j->data.packing = false; /* DESIGN.md's default is true; false keeps a token cache's rows as they are */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
     j->data.truncate = true;

@@ -173,6 +173,46 @@ void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids,
     }
 }
 
+int tok_pack(const tok_cache *c, int seq_len, uint64_t **row_start, uint64_t *n_rows,
+             uint64_t *real_tokens, errbuf *err) {
+    uint64_t *starts = malloc((c->n_records + 1) * sizeof *starts), rows = 0, fill = 0, real = 0;
+    if (!starts) return errf(err, "%s: out of memory packing %llu records", c->path,
+                             (unsigned long long)c->n_records);
+    for (uint64_t r = 0; r < c->n_records; r++) {
+        uint64_t len = tok_record_len(c, r);
+        if (len > (uint64_t)seq_len) len = (uint64_t)seq_len;
+        if (rows == 0 || fill + len > (uint64_t)seq_len) {
+            starts[rows++] = r;
+            fill = 0;
+        }
+        fill += len;
+        real += len;
+    }
+    starts[rows] = c->n_records;
+    *row_start = starts;
+    *n_rows = rows;
+    if (real_tokens) *real_tokens = real;
+    return 0;
+}
+
+void tok_packed_row(const tok_cache *c, const uint64_t *row_start, uint64_t row, int seq_len,
+                    int32_t *input_ids, int32_t *labels, int32_t *positions) {
+    int t = 0;
+    for (uint64_t r = row_start[row]; r < row_start[row + 1] && t < seq_len; r++) {
+        uint64_t begin = c->offsets[r], n = tok_record_len(c, r);
+        for (uint64_t k = 0; k < n && t < seq_len; k++, t++) {
+            input_ids[t] = c->tokens[begin + k];
+            labels[t] = k > 0 && c->mask[begin + k] ? c->tokens[begin + k] : -100;
+            positions[t] = (int32_t)k;
+        }
+    }
+    for (int p = 0; t < seq_len; t++, p++) {
+        input_ids[t] = 0;
+        labels[t] = -100;
+        positions[t] = p;
+    }
+}
+
 void tok_writer_init(tok_writer *w, uint32_t vocab_size) {
     memset(w, 0, sizeof *w);
     w->vocab_size = vocab_size;

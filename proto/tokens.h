@@ -103,4 +103,18 @@ void tok_writer_free(tok_writer *w);
  * Hugging Face shift (position t predicts label t+1) happens in the loss, not here. */
 void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids, int32_t *labels);
 
+/* Packing (data.packing): the records, in file order, placed whole into rows of seq_len
+ * tokens, each row the consecutive records that fit (next fit; a record longer than seq_len
+ * is a row of its own, cut at seq_len: the cache builder already applied data.truncate).
+ * *row_start ([n_rows + 1], malloc'd): row r holds records row_start[r] .. row_start[r+1]-1.
+ * *real_tokens: the tokens the rows hold (their efficiency is real / (n_rows x seq_len)). */
+int tok_pack(const tok_cache *c, int seq_len, uint64_t **row_start, uint64_t *n_rows,
+             uint64_t *real_tokens, errbuf *err);
+/* One packed row: its records one after another with positions restarting at 0 at each,
+ * each record's first label -100 (its first token would be predicted from another
+ * document's last), then padding (id 0, label -100, positions 0, 1, ... as one more
+ * document), as transformers' DataCollatorWithFlattening lays them out. */
+void tok_packed_row(const tok_cache *c, const uint64_t *row_start, uint64_t row, int seq_len,
+                    int32_t *input_ids, int32_t *labels, int32_t *positions);
+
 #endif

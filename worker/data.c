@@ -6,7 +6,7 @@
 #include "proto/rng.h"
 
 int data_open(data_loader *d, const char *path, int seq_len, int global_batch, uint64_t seed,
-              bool shuffle, int vocab_size, errbuf *err) {
+              bool shuffle, bool packing, int vocab_size, errbuf *err) {
     memset(d, 0, sizeof *d);
     d->perm_epoch = -1;
     if (tok_open(&d->cache, path, err)) return -1;
@@ -16,18 +16,24 @@ int data_open(data_loader *d, const char *path, int seq_len, int global_batch, u
         return errf(err, "%s: token ids up to %u do not fit the model's vocabulary of %d", path,
                     v - 1, vocab_size);
     }
-    if (d->cache.n_records < (uint64_t)global_batch) {
-        uint64_t n = d->cache.n_records;
+    d->packing = packing;
+    d->n_samples = d->cache.n_records;
+    if (packing && tok_pack(&d->cache, seq_len, &d->row_start, &d->n_samples, &d->real_tokens, err)) {
         data_close(d);
-        return errf(err, "%s: %llu records, fewer than one global batch (%d)", path,
-                    (unsigned long long)n, global_batch);
+        return -1;
+    }
+    if (d->n_samples < (uint64_t)global_batch) {
+        uint64_t n = d->n_samples;
+        data_close(d);
+        return errf(err, "%s: %llu %s, fewer than one global batch (%d)", path, (unsigned long long)n,
+                    packing ? "packed rows" : "records", global_batch);
     }
     d->seq_len = seq_len;
     d->global_batch = global_batch;
     d->seed = seed;
     d->shuffle = shuffle;
-    d->epoch_len = d->cache.n_records / (uint64_t)global_batch * (uint64_t)global_batch;
-    d->perm = malloc(d->cache.n_records * sizeof *d->perm);
+    d->epoch_len = d->n_samples / (uint64_t)global_batch * (uint64_t)global_batch;
+    d->perm = malloc(d->n_samples * sizeof *d->perm);
     if (!d->perm) {
         data_close(d);
         return errf(err, "%s: out of memory for the sample order", path);
@@ -38,13 +44,14 @@ int data_open(data_loader *d, const char *path, int seq_len, int global_batch, u
 void data_close(data_loader *d) {
     tok_close(&d->cache);
     free(d->perm);
+    free(d->row_start);
     memset(d, 0, sizeof *d);
 }
 
-/* Fisher-Yates over every record, driven by the (seed, epoch) stream; without shuffling,
+/* Fisher-Yates over every sample, driven by the (seed, epoch) stream; without shuffling,
  * file order. */
 static void shuffle_epoch(data_loader *d, int64_t epoch) {
-    uint64_t n = d->cache.n_records, stream = rng_stream(RNG_PURPOSE_SHUFFLE, (uint64_t)epoch);
+    uint64_t n = d->n_samples, stream = rng_stream(RNG_PURPOSE_SHUFFLE, (uint64_t)epoch);
     for (uint64_t i = 0; i < n; i++) d->perm[i] = i;
     for (uint64_t i = n - 1; d->shuffle && i > 0; i--) {
         uint64_t j = rng_u64(d->seed, stream, i) % (i + 1);
@@ -55,13 +62,16 @@ static void shuffle_epoch(data_loader *d, int64_t epoch) {
     d->perm_epoch = epoch;
 }
 
-void data_fill(data_loader *d, uint64_t first, int n, int32_t *input_ids, int32_t *labels) {
+void data_fill(data_loader *d, uint64_t first, int n, int32_t *input_ids, int32_t *labels, int32_t *positions) {
     for (int i = 0; i < n; i++) {
         uint64_t pos = first + (uint64_t)i;
         int64_t epoch = (int64_t)(pos / d->epoch_len);
         if (epoch != d->perm_epoch) shuffle_epoch(d, epoch);
-        uint64_t record = d->perm[pos % d->epoch_len];
-        tok_sample(&d->cache, record, d->seq_len, input_ids + (size_t)i * d->seq_len,
-                   labels + (size_t)i * d->seq_len);
+        uint64_t sample = d->perm[pos % d->epoch_len];
+        size_t at = (size_t)i * d->seq_len;
+        if (d->packing)
+            tok_packed_row(&d->cache, d->row_start, sample, d->seq_len, input_ids + at, labels + at, positions + at);
+        else
+            tok_sample(&d->cache, sample, d->seq_len, input_ids + at, labels + at);
     }
 }

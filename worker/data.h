@@ -5,7 +5,9 @@
  * batch G, and rank r of W takes the r-th G/W of them.  An epoch is the largest multiple of
  * G that fits in the records; each epoch visits them in an order shuffled by a seeded
  * permutation keyed by (seed, epoch) (or in file order, without data.shuffle), so every
- * rank, any world size and a resumed run see the same samples at the same positions. */
+ * rank, any world size and a resumed run see the same samples at the same positions.
+ * With packing a sample is a packed row (proto/tokens.h, tok_pack: records placed whole, in
+ * file order, positions restarting at each), so the same holds of rows. */
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
 
@@ -21,20 +23,25 @@ typedef struct data_loader {
     int global_batch;
     uint64_t seed;
     bool shuffle;       /* false: every epoch in file order */
+    bool packing;       /* samples are packed rows (row_start), else records */
+    uint64_t *row_start; /* [n_samples + 1] with packing */
+    uint64_t n_samples;
+    uint64_t real_tokens; /* with packing: the tokens the rows hold */
     uint64_t epoch_len; /* samples per epoch: a multiple of global_batch */
     int64_t perm_epoch; /* the epoch perm holds, -1 for none */
-    uint64_t *perm;     /* [n_records] */
+    uint64_t *perm;     /* [n_samples] */
 } data_loader;
 
-/* Opens the cache and checks it fits the model (ids below vocab) and holds at least one
- * global batch. */
+/* Opens the cache (packing its records into rows with packing) and checks it fits the
+ * model (ids below vocab) and holds at least one global batch. */
 int data_open(data_loader *d, const char *path, int seq_len, int global_batch, uint64_t seed,
-              bool shuffle, int vocab_size, errbuf *err);
+              bool shuffle, bool packing, int vocab_size, errbuf *err);
 void data_close(data_loader *d);
 static inline uint64_t data_steps_per_epoch(const data_loader *d) {
     return d->epoch_len / (uint64_t)d->global_batch;
 }
-/* Fills n samples starting at global position first: input_ids and labels [n, seq_len]. */
-void data_fill(data_loader *d, uint64_t first, int n, int32_t *input_ids, int32_t *labels);
+/* Fills n samples starting at global position first: input_ids and labels [n, seq_len], and
+ * with packing their positions (else positions is not touched and may be NULL). */
+void data_fill(data_loader *d, uint64_t first, int n, int32_t *input_ids, int32_t *labels, int32_t *positions);
 
 #endif

@@ -131,7 +131,8 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     int64_t served = 0; /* checkpoint requests served so far */
     int32_t *ids = malloc((size_t)rows * T * sizeof *ids);
     int32_t *labels = malloc((size_t)rows * T * sizeof *labels);
-    int rc = (ids && labels) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
+    int32_t *positions = d->packing ? malloc((size_t)rows * T * sizeof *positions) : NULL;
+    int rc = (ids && labels && (positions || !d->packing)) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
@@ -140,7 +141,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
-        data_fill(d, first, rows, ids, labels);
+        data_fill(d, first, rows, ids, labels, positions);
         hp.lr = schedule_lr(j, step, total);
         /* Stopping is voted too: every rank leaves after the same step (one leaving alone
          * would leave the others waiting in a collective).  Polled before the request: a
@@ -149,8 +150,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
         fsdp_step_result res;
-        /* positions NULL: rows are unpacked (data.packing is not built yet) */
-        rc = fsdp_train_step(f, ids, labels, NULL, n_micro, micro, T, &hp, &res, err);
+        rc = fsdp_train_step(f, ids, labels, positions, n_micro, micro, T, &hp, &res, err);
         if (rc) break;
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
@@ -171,6 +171,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     }
     free(ids);
     free(labels);
+    free(positions);
     return rc;
 }
 
@@ -186,7 +187,7 @@ int train_run(const train_env *env, errbuf *err) {
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
-                       (uint64_t)j->train.seed, j->data.shuffle, f.layout.cfg.vocab_size, err);
+                       (uint64_t)j->train.seed, j->data.shuffle, j->data.packing, f.layout.cfg.vocab_size, err);
     if (rc) rc = TRAIN_ERR_SETUP;
     else {
         rc = run_steps(&f, &d, env, tokens_seen, err);

@@ -55,8 +55,8 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
-    /* Until packing and evaluation splits are built, their defaults are the only values
-     * accepted. */
+    /* Packing is off unless asked for; until evaluation splits are built, 0 is the only
+     * eval_fraction accepted. */
     assert_false(j.data.packing);
     assert_true(j.data.eval_fraction == 0);
     assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
@@ -168,7 +168,6 @@ static const bad_case bad_cases[] = {
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
     {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
     {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
-    {"{\"data\":{\"packing\":true}}", 1, "data.packing: 'true' is not built yet", NULL},
     {"{\"data\":{\"eval_fraction\":0.05}}", 1, "data.eval_fraction: '0.05' is not built yet", NULL},
     {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
     {"{\"model\":{\"init\":\"zeros\"}}", 1, "model.init: unknown choice 'zeros'", "\"\", random"},
@@ -327,7 +326,8 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.lr=nan", "not a number");
     override_fails(&j, "--train.seed=12x", "train.seed: '12x' is not an integer");
     override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
-    override_fails(&j, "--data.packing=true", "data.packing: 'true' is not built yet");
+    must_override(&j, "--data.packing=true");
+    assert_true(j.data.packing);
     override_fails(&j, "--data.eval_fraction=0.1", "data.eval_fraction: '0.1' is not built yet");
     override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
     override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");

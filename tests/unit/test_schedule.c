@@ -75,11 +75,11 @@ static void test_data_order(void **state) {
     tok_writer_free(&w);
 
     data_loader d;
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, 1000, &err), 0);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 1000, &err), 0);
     assert_int_equal(d.epoch_len, 48);
     assert_int_equal(data_steps_per_epoch(&d), 6);
     int32_t ids[96 * 2], labels[96 * 2];
-    data_fill(&d, 0, 96, ids, labels);
+    data_fill(&d, 0, 96, ids, labels, NULL);
     int seen[50] = {0}, same_order = 1;
     for (int i = 0; i < 48; i++) {
         seen[ids[2 * i]]++;
@@ -89,19 +89,19 @@ static void test_data_order(void **state) {
     for (int r = 0; r < 50; r++) assert_true(seen[r] <= 1);
     assert_false(same_order); /* epoch 1 is shuffled differently */
     int32_t one[2], one_labels[2];
-    data_fill(&d, 57, 1, one, one_labels);
+    data_fill(&d, 57, 1, one, one_labels, NULL);
     assert_int_equal(one[0], ids[2 * 57]);
     data_close(&d);
 
     /* Without shuffling every epoch is the file's order. */
-    assert_int_equal(data_open(&d, path, 2, 8, 42, false, 1000, &err), 0);
-    data_fill(&d, 0, 96, ids, labels);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, false, false, 1000, &err), 0);
+    data_fill(&d, 0, 96, ids, labels, NULL);
     for (int i = 0; i < 96; i++) assert_int_equal(ids[2 * i], i % 48);
     data_close(&d);
 
-    assert_int_equal(data_open(&d, path, 2, 64, 42, true, 1000, &err), -1);
+    assert_int_equal(data_open(&d, path, 2, 64, 42, true, false, 1000, &err), -1);
     assert_non_null(strstr(err.msg, "fewer than one global batch"));
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, 500, &err), -1);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 500, &err), -1);
     assert_non_null(strstr(err.msg, "vocabulary"));
     unlink(path);
 }

@@ -82,6 +82,57 @@ static void test_round_trip_and_samples(void **state) {
     tok_close(&c);
 }
 
+/* Packing: records 0 (7 tokens) and 1 (3) fill a row of 10 with the empty record 2; at seq 9
+ * record 1 starts a row of its own.  Positions restart at each record, each record's first
+ * label is -100, the padding is one more document. */
+static void test_packing(void **state) {
+    (void)state;
+    char path[512];
+    path_in_tmp(path, sizeof path, "pack.tok");
+    tok_writer w;
+    write_sample_cache(path, &w);
+    tok_writer_free(&w);
+    tok_cache c;
+    errbuf err;
+    assert_int_equal(tok_open(&c, path, &err), 0);
+    uint64_t *starts, rows, real;
+    assert_int_equal(tok_pack(&c, 10, &starts, &rows, &real, &err), 0);
+    assert_int_equal(rows, 1);
+    assert_int_equal(real, 10);
+    int32_t ids[12], labels[12], pos[12];
+    tok_packed_row(&c, starts, 0, 10, ids, labels, pos);
+    int32_t want_ids[] = {1, 5, 6, 3, 7, 8, 2, 9, 10, 11};
+    int32_t want_labels[] = {-100, -100, -100, -100, 7, 8, 2, -100, 10, 11};
+    int32_t want_pos[] = {0, 1, 2, 3, 4, 5, 6, 0, 1, 2};
+    assert_memory_equal(ids, want_ids, sizeof want_ids);
+    assert_memory_equal(labels, want_labels, sizeof want_labels);
+    assert_memory_equal(pos, want_pos, sizeof want_pos);
+    free(starts);
+
+    assert_int_equal(tok_pack(&c, 9, &starts, &rows, &real, &err), 0);
+    assert_int_equal(rows, 2); /* 7 + 3 > 9 */
+    assert_int_equal(starts[0], 0);
+    assert_int_equal(starts[1], 1);
+    assert_int_equal(starts[2], 3);
+    tok_packed_row(&c, starts, 1, 9, ids, labels, pos); /* record 1, the empty record 2, padding */
+    int32_t want_ids1[] = {9, 10, 11, 0, 0, 0, 0, 0, 0};
+    int32_t want_labels1[] = {-100, 10, 11, -100, -100, -100, -100, -100, -100};
+    int32_t want_pos1[] = {0, 1, 2, 0, 1, 2, 3, 4, 5};
+    assert_memory_equal(ids, want_ids1, sizeof want_ids1);
+    assert_memory_equal(labels, want_labels1, sizeof want_labels1);
+    assert_memory_equal(pos, want_pos1, sizeof want_pos1);
+    free(starts);
+
+    assert_int_equal(tok_pack(&c, 5, &starts, &rows, &real, &err), 0); /* record 0 cut at 5 */
+    assert_int_equal(rows, 2);
+    assert_int_equal(real, 8);
+    tok_packed_row(&c, starts, 0, 5, ids, labels, pos);
+    assert_int_equal(pos[4], 4);
+    assert_int_equal(labels[4], 7);
+    free(starts);
+    tok_close(&c);
+}
+
 static void test_writer_rejects_bad_token(void **state) {
     (void)state;
     tok_writer w;
@@ -223,6 +274,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c_known_values),
         cmocka_unit_test(test_round_trip_and_samples),
+        cmocka_unit_test(test_packing),
         cmocka_unit_test(test_writer_rejects_bad_token),
         cmocka_unit_test(test_source_round_trip_and_strict),
         cmocka_unit_test(test_rejects_corruption),
