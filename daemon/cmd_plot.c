@@ -22,10 +22,10 @@
 typedef struct point {
     long step;
     long line;       /* where it was read: the later record of a step wins */
-    double value[3]; /* loss, lr, tokens/s (NAN when not known) */
+    double value[4]; /* loss, lr, tokens/s, eval loss (NAN when not known) */
 } point;
 
-enum { SERIES_LOSS, SERIES_LR, SERIES_TPS, N_SERIES };
+enum { SERIES_LOSS, SERIES_LR, SERIES_TPS, SERIES_EVAL, N_SERIES };
 
 static const struct {
     const char *name, *label, *color;
@@ -33,9 +33,11 @@ static const struct {
     [SERIES_LOSS] = {"loss", "loss", "#1f77b4"},
     [SERIES_LR] = {"lr", "learning rate", "#d62728"},
     [SERIES_TPS] = {"tokens_per_s", "tokens/s", "#2ca02c"},
+    [SERIES_EVAL] = {"eval_loss", "eval loss", "#9467bd"},
 };
 
-/* The page: three panels stacked over one step axis. */
+/* The page: the panels stacked over one step axis (eval loss: the steps an evaluation
+ * followed, "no data" without data.eval_fraction). */
 #define WIDTH 900
 #define LEFT 90
 #define RIGHT 30
@@ -52,7 +54,7 @@ static int parse_record(const char *text, size_t len, point *p, const char *wher
     if (!m) return errf(err, "%s: not JSON: %s", where, je.text);
     const json_t *step = json_object_get(m, "step"), *loss = json_object_get(m, "loss"),
                  *lr = json_object_get(m, "lr"), *tokens = json_object_get(m, "tokens"),
-                 *secs = json_object_get(m, "seconds");
+                 *secs = json_object_get(m, "seconds"), *eval = json_object_get(m, "eval_loss");
     int rc = 0;
     if (!json_is_integer(step) || json_integer_value(step) < 1)
         rc = errf(err, "%s: no \"step\" (a metrics record has a step from 1)", where);
@@ -65,6 +67,7 @@ static int parse_record(const char *text, size_t len, point *p, const char *wher
         p->value[SERIES_TPS] = json_is_number(tokens) && json_is_number(secs) && json_number_value(secs) > 0
                                    ? json_number_value(tokens) / json_number_value(secs)
                                    : NAN;
+        p->value[SERIES_EVAL] = json_is_number(eval) ? json_number_value(eval) : NAN;
     }
     json_decref(m);
     return rc;

@@ -293,6 +293,10 @@ static void print_status(const json_t *r) {
     } else {
         printf("no step finished yet\n");
     }
+    const json_t *eval = get(r, "eval");
+    if (json_is_object(eval))
+        printf("eval loss %.4f after step %lld\n", json_number_value(get(eval, "loss")),
+               json_integer_value(get(eval, "step")));
     const json_t *ck = get(r, "checkpoint"), *last = get(ck, "last"), *flight = get(ck, "in_flight");
     printf("checkpoints in %s: ", json_string_value(get(ck, "dir")));
     if (json_is_object(last)) printf("last step %lld", json_integer_value(get(last, "step")));

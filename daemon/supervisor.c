@@ -76,6 +76,9 @@ struct supervisor {
     FILE *metrics;
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
+    int has_eval;           /* the last eval loss rank 0 reported (data.eval_fraction) */
+    double eval_loss;
+    long long eval_step;
     long long stop_request; /* a graceful stop waits for this checkpoint request (0: none) */
     long long stop_step;    /* and for the commit of this step's save, which serves it */
     int stop_sync;          /* the workers save at once and stop by themselves (SIGTERM) */
@@ -375,6 +378,12 @@ static void note_rank0_metrics(supervisor *s, const msg *m) {
     json_decref(s->last_metrics);
     s->last_metrics = msg_to_json(m, &err);
     const msg_metrics *x = &m->u.metrics;
+    if (x->has_eval_loss) {
+        s->has_eval = 1;
+        s->eval_loss = x->eval_loss;
+        s->eval_step = x->step;
+        log_event(-1, "eval loss %.4f after step %lld", x->eval_loss, (long long)x->step);
+    }
     if (s->stop_request && !s->stop_step && x->has_checkpoint && strcmp(x->checkpoint.mode, "skipped") != 0 &&
         x->checkpoint.request >= s->stop_request)
         s->stop_step = x->checkpoint.step;
@@ -470,6 +479,9 @@ static void status_of(void *arg, json_t *out) {
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
     json_object_set(out, "behind", s->behind ? s->behind : json_null());
+    json_object_set_new(out, "eval", s->has_eval ? json_pack("{s:f, s:I}", "loss", s->eval_loss, "step",
+                                                              (json_int_t)s->eval_step)
+                                                  : json_null());
     json_object_set_new(out, "fabric_found", s->opt->fabric_found ? json_string(s->opt->fabric_found) : json_null());
 }
 

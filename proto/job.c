@@ -32,7 +32,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"data.eval_fraction", NULL},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -134,6 +133,7 @@ static const job_key keys[] = {
     NUM("train", "global_batch", K_INT, train.global_batch, 1, INT_MAX),
     NUM("train", "micro_batch", K_INT, train.micro_batch, 1, 1 << 20),
     NUM("train", "max_steps", K_INT, train.max_steps, 0, INT_MAX),
+    NUM("train", "eval_interval", K_INT, train.eval_interval, 0, INT_MAX),
     NUM("train", "epochs", K_INT, train.epochs, 1, 1000000),
     NUM("train", "lr", K_DOUBLE, train.lr, 0, INFINITY),
     CHOICE("train", "schedule", train.schedule, schedule_choices),

@@ -71,7 +71,7 @@ typedef struct job_config {
         int seq_len;
         bool shuffle;              /* false: records in file order */
         bool packing;
-        double eval_fraction;
+        double eval_fraction;      /* held out for evaluation, chosen by sample index */
         job_bad_record on_bad_record;
         bool truncate;             /* cut samples longer than seq_len (false: a bad record) */
     } data;
@@ -80,6 +80,7 @@ typedef struct job_config {
         int global_batch; /* sequences per optimizer step, whole job */
         int micro_batch;  /* sequences per forward/backward, per rank */
         int max_steps;    /* 0: run train.epochs epochs */
+        int eval_interval;   /* eval loss every N steps (0: at the end only), with data.eval_fraction */
         int epochs;
         double lr;
         job_schedule schedule;

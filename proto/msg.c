@@ -54,6 +54,7 @@ struct body_info {
 /* Optional: the struct has a bool has_<m>. */
 #define OPT_I64(T, name, m, lo) \
     {name, F_I64, offsetof(T, m), SIZE(T, m), lo, LLONG_MAX, true, offsetof(T, has_##m), NULL}
+#define OPT_F64(T, name, m) {name, F_F64, offsetof(T, m), SIZE(T, m), 0, 0, true, offsetof(T, has_##m), NULL}
 #define OPT_SUB(T, name, m, info) \
     {name, F_SUB, offsetof(T, m), SIZE(T, m), 0, 0, true, offsetof(T, has_##m), &info}
 
@@ -119,6 +120,7 @@ static const field metrics_fields[] = {
     I64(msg_metrics, "mem_bytes", mem_bytes, 0),
     I64(msg_metrics, "mem_peak_bytes", mem_peak_bytes, 0),
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
+    OPT_F64(msg_metrics, "eval_loss", eval_loss),
 };
 
 static const field ckpt_begin_fields[] = {

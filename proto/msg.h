@@ -142,6 +142,8 @@ typedef struct msg_metrics {
     int64_t layer_forwards, mem_bytes, mem_peak_bytes;
     bool has_checkpoint;
     msg_ckpt_note checkpoint;
+    bool has_eval_loss;
+    double eval_loss;   /* after this step, over the held-out samples (data.eval_fraction) */
 } msg_metrics;
 
 typedef struct msg_ckpt_begin {

@@ -465,6 +465,62 @@ static int32_t *doc_bounds(const int32_t *positions, int rows, int T, int *rc, e
     return NULL;
 }
 
+/* Every micro-batch's forward and backward, the loss sum accumulating in scalars[0] (zeroed
+ * here) and the gradients, scaled by dscale, reduced into the grad shards. */
+static int run_micro_batches(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *bounds,
+                             int n_micro, int micro_batch, int T, float dscale, errbuf *err) {
+    kctx *c = f->ctx;
+    int rows = n_micro * micro_batch, rc = 0;
+    k_zero(c, f->scalars, 2 * sizeof(float));
+    size_t N = (size_t)micro_batch * T;
+    int32_t *targets = malloc(N * sizeof *targets);
+    const k_docs docs = {f->doc_start, f->doc_end};
+    if (!targets) rc = errf(err, "fsdp: out of host memory");
+    for (int mb = 0; mb < n_micro && rc == 0; mb++) {
+        f->first_micro = mb == 0;
+        k_shift_labels(labels + mb * N, targets, micro_batch, T);
+        k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
+        k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
+        if (bounds) { /* pageable sources: consumed when the copies return */
+            k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
+            k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
+        }
+        rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
+    }
+    free(targets);
+    return rc;
+}
+
+int fsdp_eval_loss(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *positions,
+                   int n_micro, int micro_batch, int T, double *loss_sum, int64_t *count, errbuf *err) {
+    int rows = n_micro * micro_batch, rc = 0;
+    if (llama_check_batch(&f->layout.cfg, input_ids, labels, rows, T, err)) return -1;
+    int32_t *bounds = positions ? doc_bounds(positions, rows, T, &rc, err) : NULL;
+    if (rc || ensure_activations(f, micro_batch, T, err)) {
+        free(bounds);
+        return -1;
+    }
+    rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
+    rc = all ? run_micro_batches(f, input_ids, labels, bounds, n_micro, micro_batch, T, 0.0f, err)
+             : errf(err, "fsdp: out of host memory");
+    free(bounds);
+    float scalars[2];
+    if (rc == 0) k_copy_d2h(f->ctx, scalars, f->scalars, sizeof scalars);
+    if (rc == 0) rc = k_sync(f->ctx, err);
+    if (rc == 0) {
+        mine.loss_sum = scalars[0];
+        rc = gather_stats(f, &mine, all, err);
+    }
+    *loss_sum = 0;
+    *count = 0;
+    for (int r = 0; rc == 0 && r < f->world; r++) {
+        *loss_sum += all[r].loss_sum;
+        *count += all[r].count;
+    }
+    free(all);
+    return rc ? errprefix(err, "eval, rank %d", f->rank) : 0;
+}
+
 int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
                     const int32_t *positions, int n_micro, int micro_batch, int T,
                     const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err) {
@@ -497,23 +553,7 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
         for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
-    k_zero(c, f->scalars, 2 * sizeof(float));
-    size_t N = (size_t)micro_batch * T;
-    int32_t *targets = malloc(N * sizeof *targets);
-    const k_docs docs = {f->doc_start, f->doc_end};
-    if (!targets) rc = errf(err, "fsdp: out of host memory");
-    for (int mb = 0; mb < n_micro && rc == 0; mb++) {
-        f->first_micro = mb == 0;
-        k_shift_labels(labels + mb * N, targets, micro_batch, T);
-        k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
-        k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
-        if (bounds) { /* pageable sources: consumed when the copies return */
-            k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
-            k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
-        }
-        rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
-    }
-    free(targets);
+    if (rc == 0) rc = run_micro_batches(f, input_ids, labels, bounds, n_micro, micro_batch, T, dscale, err);
     free(bounds);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);

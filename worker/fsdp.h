@@ -136,6 +136,12 @@ typedef struct fsdp_step_result {
  * (llama_doc_bounds: positions restart at each document, attention stays inside it).  A
  * non-finite loss or gradient norm fails the step (parameters untouched) with the step and
  * the first rank where it appeared. */
+/* The summed token loss and target count of a held-out batch over every rank (collective),
+ * the parameters untouched.  It runs the training pass with the gradients scaled by 0 (they
+ * land in the grad shards, which the next step overwrites or zeroes): one code path for the
+ * loss, at the price of a backward. */
+int fsdp_eval_loss(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *positions,
+                   int n_micro, int micro_batch, int T, double *loss_sum, int64_t *count, errbuf *err);
 int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
                     const int32_t *positions, int n_micro, int micro_batch, int T,
                     const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err);

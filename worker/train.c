@@ -122,6 +122,34 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
     return j->checkpoint.async ? TRAIN_CKPT_ASYNC : TRAIN_CKPT_SYNC;
 }
 
+/* Whether an evaluation follows step `done`: every train.eval_interval steps and after the
+ * last, when samples are held out. */
+static int eval_due(const job_config *j, const data_loader *d, long done, long total) {
+    if (d->n_eval == 0) return 0;
+    return done == total || (j->train.eval_interval > 0 && done % j->train.eval_interval == 0);
+}
+
+/* The mean token loss over the held-out samples: whole global batches, each rank its share,
+ * in the training step's micro-batches. */
+static int evaluate(fsdp *f, data_loader *d, const train_env *env, int32_t *ids, int32_t *labels,
+                    int32_t *positions, double *eval_loss, errbuf *err) {
+    const job_config *j = env->job;
+    int rows = j->train.global_batch / env->world, micro = j->train.micro_batch;
+    double sum = 0;
+    int64_t count = 0;
+    for (uint64_t b = 0; b < data_eval_batches(d); b++) {
+        double s;
+        int64_t n;
+        uint64_t first = b * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
+        data_fill_eval(d, first, rows, ids, labels, positions);
+        if (fsdp_eval_loss(f, ids, labels, positions, rows / micro, micro, j->data.seq_len, &s, &n, err)) return -1;
+        sum += s;
+        count += n;
+    }
+    *eval_loss = count > 0 ? sum / (double)count : 0.0;
+    return 0;
+}
+
 static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     const train_hooks *h = &env->hooks;
@@ -155,13 +183,17 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
         train_ckpt_action ckpt = ckpt_due(env, step + 1, total, &res, &served);
+        double eval_loss = 0;
+        int has_eval = eval_due(j, d, step + 1, total);
+        if (has_eval && (rc = evaluate(f, d, env, ids, labels, positions, &eval_loss, err)) != 0) break;
         if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
                                     .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
-                                    .tokens_seen = tokens_seen, .ckpt = ckpt,
+                                    .tokens_seen = tokens_seen, .ckpt = ckpt, .has_eval = has_eval,
+                                    .eval_loss = eval_loss,
                                     .ckpt_attempt = env->ckpt_attempt, .ckpt_request = served};
             h->on_step(h->arg, &info);
         }
@@ -187,7 +219,8 @@ int train_run(const train_env *env, errbuf *err) {
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
         rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
-                       (uint64_t)j->train.seed, j->data.shuffle, j->data.packing, f.layout.cfg.vocab_size, err);
+                       (uint64_t)j->train.seed, j->data.shuffle, j->data.packing, j->data.eval_fraction,
+                       f.layout.cfg.vocab_size, err);
     if (rc) rc = TRAIN_ERR_SETUP;
     else {
         rc = run_steps(&f, &d, env, tokens_seen, err);

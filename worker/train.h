@@ -28,6 +28,8 @@ typedef struct train_step_info {
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
     int64_t mem_bytes, mem_peak_bytes; /* this rank's context memory (k_bytes_in_use, k_peak_bytes) */
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
+    int has_eval;             /* an evaluation followed this step (train.eval_interval, the last) */
+    double eval_loss;         /* its mean token loss over the held-out samples */
     /* The checkpoint this step triggers, announced before it is written: */
     int ckpt;                 /* train_ckpt_action */
     int ckpt_attempt;

@@ -55,8 +55,7 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
-    /* Packing is off unless asked for; until evaluation splits are built, 0 is the only
-     * eval_fraction accepted. */
+    /* Packing is off unless asked for; no evaluation split unless asked for. */
     assert_false(j.data.packing);
     assert_true(j.data.eval_fraction == 0);
     assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
@@ -168,7 +167,6 @@ static const bad_case bad_cases[] = {
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
     {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
     {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
-    {"{\"data\":{\"eval_fraction\":0.05}}", 1, "data.eval_fraction: '0.05' is not built yet", NULL},
     {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
     {"{\"model\":{\"init\":\"zeros\"}}", 1, "model.init: unknown choice 'zeros'", "\"\", random"},
     {"{\"model\":{\"path\":7}}", 1, "model.path: expected a string, got an integer", NULL},

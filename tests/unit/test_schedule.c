@@ -75,7 +75,7 @@ static void test_data_order(void **state) {
     tok_writer_free(&w);
 
     data_loader d;
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 1000, &err), 0);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 0, 1000, &err), 0);
     assert_int_equal(d.epoch_len, 48);
     assert_int_equal(data_steps_per_epoch(&d), 6);
     int32_t ids[96 * 2], labels[96 * 2];
@@ -94,14 +94,14 @@ static void test_data_order(void **state) {
     data_close(&d);
 
     /* Without shuffling every epoch is the file's order. */
-    assert_int_equal(data_open(&d, path, 2, 8, 42, false, false, 1000, &err), 0);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, false, false, 0, 1000, &err), 0);
     data_fill(&d, 0, 96, ids, labels, NULL);
     for (int i = 0; i < 96; i++) assert_int_equal(ids[2 * i], i % 48);
     data_close(&d);
 
-    assert_int_equal(data_open(&d, path, 2, 64, 42, true, false, 1000, &err), -1);
+    assert_int_equal(data_open(&d, path, 2, 64, 42, true, false, 0, 1000, &err), -1);
     assert_non_null(strstr(err.msg, "fewer than one global batch"));
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 500, &err), -1);
+    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 0, 500, &err), -1);
     assert_non_null(strstr(err.msg, "vocabulary"));
     unlink(path);
 }
