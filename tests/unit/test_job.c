@@ -326,7 +326,10 @@ static void test_overrides(void **state) {
     override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
     must_override(&j, "--data.packing=true");
     assert_true(j.data.packing);
-    override_fails(&j, "--data.eval_fraction=0.1", "data.eval_fraction: '0.1' is not built yet");
+    must_override(&j, "--data.eval_fraction=0.1");
+    assert_true(j.data.eval_fraction == 0.1);
+    must_override(&j, "--train.eval_interval=50");
+    assert_int_equal(j.train.eval_interval, 50);
     override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
     override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");
     override_fails(&j, "--train.betas=0.9,x", "train.betas: 'x' is not a number");
