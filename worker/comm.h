@@ -36,8 +36,8 @@
  *
  * Progress (comm_options.progress, for the hung-rank locator): each call publishes its
  * sequence number, collective and the caller's unit label (comm_set_unit) as it starts, and
- * the highest sequence number the host saw complete (a plain call's return, comm_wait; on
- * NCCL the host's view: the kernels may still be running).
+ * the highest sequence number seen complete (a plain call's return, comm_wait; on NCCL both
+ * wait for the collective's CUDA event, so "finished" is the device's).
  *
  * Fault point comm_stall=RANK:CALL:SECONDS (base/fault.h): that rank
  * sleeps SECONDS before its CALL-th collective (which it has not started: its progress says
