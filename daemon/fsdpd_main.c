@@ -17,6 +17,7 @@
 #include "daemon/cluster.h"
 #include "daemon/consolidate.h"
 #include "daemon/log.h"
+#include "daemon/requeue.h"
 #include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
@@ -81,6 +82,7 @@ static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt
 }
 
 int main(int argc, char **argv) {
+    requeue_catch_early_usr1(); /* SLURM's time-limit warning must never kill fsdpd */
     const char *job_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -127,6 +129,7 @@ int main(int argc, char **argv) {
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */
+    int64_t start_step = requeue_start_step(&job); /* a requeue needs a checkpoint past it */
     int rc;
     for (int restarts = 0; (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
@@ -140,6 +143,7 @@ int main(int argc, char **argv) {
         log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;
     }
+    if (rc == SUPERVISOR_PREEMPTED) return requeue_after_stop(&job, &slurm, start_step, err.msg);
     if (rc > 0) {
         fprintf(stderr, "fsdpd: %s\n", err.msg);
         return 1;

@@ -24,6 +24,7 @@
 #include "daemon/cluster.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
+#include "daemon/requeue.h"
 #include "daemon/status_server.h"
 #include "proto/msg.h"
 
@@ -564,27 +565,32 @@ static void on_sigint(evutil_socket_t sig, short what, void *arg) {
     begin_stop(s, "SIGINT");
 }
 
-/* SIGTERM (preemption, DESIGN.md: Signals and SLURM): a synchronous checkpoint of the step in
- * progress, then stop; whatever is still running runtime.stop_grace_s after it is killed (SLURM's
- * GraceTime ends in SIGKILL anyway).  A SIGTERM again changes nothing: the commit goes on. */
-static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
-    (void)sig, (void)what;
-    supervisor *s = arg;
-    if (s->signalled == SIGTERM) {
-        log_event(-1, "SIGTERM again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)",
+/* SIGTERM (preemption, DESIGN.md: Signals and SLURM), and SIGUSR1 where it means requeue: a
+ * synchronous checkpoint of the step in progress, then stop; whatever is still running
+ * runtime.stop_grace_s after it is killed (SLURM's GraceTime ends in SIGKILL anyway).  Either
+ * signal again changes nothing: the commit goes on. */
+static void stop_after_checkpoint(supervisor *s, int sig) {
+    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
+    if (s->signalled == SIGTERM || s->signalled == SIGUSR1) {
+        log_event(-1, "%s again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", name,
                   s->job.runtime.stop_grace_s);
         return;
     }
-    if (!s->signalled) s->signalled = SIGTERM;
+    if (!s->signalled) s->signalled = sig;
     struct timeval grace = {s->job.runtime.stop_grace_s, 0};
     evtimer_add(s->term_deadline, &grace);
     if (s->phase == PHASE_TRAINING) {
-        log_event(-1, "SIGTERM: a synchronous checkpoint, then stopping (at most %d s)",
+        log_event(-1, "%s: a synchronous checkpoint, then stopping (at most %d s)", name,
                   s->job.runtime.stop_grace_s);
-        request_stop(s, "SIGTERM", 1);
+        request_stop(s, name, 1);
         return;
     }
-    begin_stop(s, "SIGTERM");
+    begin_stop(s, name);
+}
+
+static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    stop_after_checkpoint(arg, SIGTERM);
 }
 
 static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
@@ -596,10 +602,15 @@ static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
     kill_all(s);
 }
 
-/* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now; training goes on. */
+/* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now and training goes on, or
+ * (requeue_on_usr1) a stop for a requeue. */
 static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
+    if (requeue_on_usr1(&s->job)) {
+        stop_after_checkpoint(s, SIGUSR1);
+        return;
+    }
     long long id = request_checkpoint(s, "SIGUSR1");
     if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
     else log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
@@ -642,6 +653,7 @@ static int setup_events(supervisor *s, errbuf *err) {
         evsignal_add(s->sigint, NULL) || evsignal_add(s->sigterm, NULL) ||
         evsignal_add(s->sigusr1, NULL) || event_add(s->heartbeat, &every))
         return errf(err, "cannot set up the event loop's signals and timers");
+    if (requeue_take_early_usr1()) raise(SIGUSR1); /* to the loop, now that it listens */
     return 0;
 }
 
@@ -735,8 +747,9 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
     int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
     if (rc == 0 && s.signalled) {
-        errf(err, "stopped by signal %s", s.signalled == SIGINT ? "SIGINT" : "SIGTERM");
-        rc = SUPERVISOR_SIGNALLED;
+        const char *name = s.signalled == SIGINT ? "SIGINT" : s.signalled == SIGTERM ? "SIGTERM" : "SIGUSR1";
+        errf(err, "stopped by signal %s", name);
+        rc = s.signalled == SIGINT ? SUPERVISOR_SIGNALLED : SUPERVISOR_PREEMPTED;
     } else if (rc == 0 && s.failed) {
         errf(err, "%s", s.reason.msg);
         rc = s.reason_permanent ? SUPERVISOR_FAILED_PERMANENTLY : SUPERVISOR_FAILED;
