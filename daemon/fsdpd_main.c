@@ -123,8 +123,9 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(-1, "job %s: %d workers, backend %s", job_path, workers,
-              job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
+    log_event(-1, "job %s: %d workers, backend %s; checkpoints in %s, output in %s, metrics %s", job_path,
+              workers, job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu", job.checkpoint.dir,
+              job.output.dir, job.runtime.metrics);
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose

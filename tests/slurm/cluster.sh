@@ -5,7 +5,7 @@
 #   slurm_available || skip_test "$SLURM_WHY"
 #   slurm_cluster_up                      # munged, slurmctld on n0, slurmd n1 and n2
 #   slurm_cmd sbatch --parsable ...       # a client command on the submitting host n0
-#   slurm_wait_state JOBID COMPLETED 120
+#   slurm_wait_end JOBID 120             # prints COMPLETED, FAILED, TIMEOUT...
 #   slurm_cluster_down                    # also on EXIT
 #
 # The hosts are netns.sh's network namespaces: n0 is the controller and the submitting host,
@@ -52,7 +52,7 @@ slurm_available() {
 
 # The command that enters host I (a mount namespace of its own: its /etc/hosts and its
 # node-local tmpfs); CMD... goes after it.
-SLURM_ENTER_SH='hostname "$2" && mount --bind "/etc/netns/$1/hosts" /etc/hosts &&
+SLURM_ENTER_SH='hostname "$2" && mount --bind "/etc/netns/$1/hosts" /etc/hosts && mkdir -p "$3" &&
 mount -t tmpfs fsdp-node-tmp "$3" || exit 1
 shift 3
 exec "$@"'
@@ -143,6 +143,10 @@ slurm_cluster_up() {
     mkdir -p "$SLURM_DIR"/{etc,state,spool,run,log,tmpfs} "$SLURM_NODE_TMP"
     local h
     for h in "${NETNS_HOSTS[1]}" "${NETNS_HOSTS[2]}"; do mkdir -p "$SLURM_DIR/tmpfs/$h" "$SLURM_DIR/spool/$h"; done
+    # The mount point vanished twice from under running tests on a shared machine (an empty
+    # directory in /tmp: a sweep of empty directories, most likely; the hosts' tmpfs hides
+    # what is under it): a file keeps it from being empty, and entering a host recreates it.
+    touch "$SLURM_NODE_TMP/.mount-point"
     slurm_write_conf
     slurm_start_munge
     slurm_daemon 0 "$SLURM_DIR/log/slurmctld.out" slurmctld -D -i -f "$SLURM_CONF"
@@ -178,6 +182,22 @@ slurm_wait_state() {
     done
     slurm_cmd scontrol show job "$1" >&2 || true
     fail "slurm: job $1 is $state after $3 s, expected $2"
+}
+
+# slurm_wait_end JOBID SECONDS: waits for the job to end (a state after which it never runs
+# again: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...) and prints that state.
+slurm_wait_end() {
+    local end=$((SECONDS + $2)) state
+    while [ "$SECONDS" -lt "$end" ]; do
+        state=$(slurm_job_state "$1")
+        case "$state" in
+        ""|PENDING|RUNNING|REQUEUED|REQUEUE_FED|REQUEUE_HOLD|COMPLETING|CONFIGURING|SUSPENDED|PREEMPTED|RESIZING|SIGNALING|STAGE_OUT) ;;
+        *) echo "$state"; return 0 ;;
+        esac
+        sleep 0.5
+    done
+    slurm_cmd scontrol show job "$1" >&2 || true
+    fail "slurm: job $1 is still $state after $2 s"
 }
 
 # slurm_cluster_down: cancels what runs, shuts slurmctld and the slurmds down
