@@ -21,8 +21,8 @@ static const struct point_spec {
     [FAULT_CKPT_WRITE] = {"ckpt_write", "RAn", "stall die"},
     [FAULT_CKPT_REQUEST] = {"ckpt_request", "N", NULL},
     [FAULT_COMM_STALL] = {"comm_stall", "RNS", NULL},
-    [FAULT_COMM_SLOW] = {"comm_slow", "RS", NULL},
     [FAULT_NCCL_HANG] = {"nccl_hang", "N", NULL},
+    [FAULT_STEP_DELAY] = {"step_delay", "RS", NULL},
 };
 
 static fault table[MAX_FAULTS];

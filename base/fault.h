@@ -11,8 +11,8 @@
  *                                 save's, else the first)
  *   ckpt_request=STEP             fsdpd requests a checkpoint once step STEP is reported
  *   comm_stall=RANK:CALL:SECONDS  that rank sleeps before its CALL-th collective
- *   comm_slow=RANK:SECONDS        that rank sleeps before each of its collectives (a slow
- *                                 job, the same bits: for the SLURM tests' signals)
+ *   step_delay=RANK:SECONDS       that rank sleeps before every optimizer step (a job slow
+ *                                 enough for a test to act on it mid-training)
  *   nccl_hang=CALL                this process's CALL-th NCCL collective waits behind a
  *                                 kernel spinning on a host flag
  *
@@ -33,8 +33,8 @@ typedef enum fault_point {
     FAULT_CKPT_WRITE,
     FAULT_CKPT_REQUEST,
     FAULT_COMM_STALL,
-    FAULT_COMM_SLOW,
     FAULT_NCCL_HANG,
+    FAULT_STEP_DELAY,
     FAULT_POINTS
 } fault_point;
 
@@ -43,7 +43,7 @@ typedef struct fault {
     int rank;          /* -1 for points without a rank */
     char action[24];   /* worker, ckpt_write */
     long long n;       /* STEP or CALL; 0 when not given */
-    double seconds;    /* comm_stall, comm_slow */
+    double seconds;    /* comm_stall, step_delay */
     char path[PATH_BYTES];   /* final_params */
     int fired;         /* for fault_once */
 } fault;

@@ -131,6 +131,20 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     return rc;
 }
 
+int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err) {
+    memset(out, 0, sizeof *out);
+    out->attempt = attempt;
+    if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
+        return errf(err, "the leader's checkpoint path is too long");
+    if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
+    if (resume_dir[0] && check_resume(job, resume_dir, &out->model, &out->resume_step, err)) {
+        json_decref(out->model_config);
+        out->model_config = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- commits ---- */
 
 typedef struct rank_report {
@@ -252,9 +266,10 @@ static void give_up(commit *m, const char *why) {
     m->abandoned = 1;
     m->armed = 1;
     start_timer(m);
-    msg abort = {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = m->step, .attempt = m->attempt}};
-    for (int r = 0; r < c->n_files; r++)
+    for (int r = 0; r < c->n_files; r++) {
+        msg abort = {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = m->step, .attempt = m->attempt, .rank = r}};
         if (!m->ranks[r].reported) c->opt.hooks.send(c->opt.hooks.arg, r, &abort);
+    }
     long long step = m->step;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
@@ -538,7 +553,7 @@ long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
     log_event(-1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
               stop ? ", synchronous, then stop" : "");
     msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0}};
-    for (int r = 0; r < c->opt.world; r++) c->opt.hooks.send(c->opt.hooks.arg, r, &begin);
+    c->opt.hooks.broadcast(c->opt.hooks.arg, &begin);
     return id;
 }
 

@@ -52,13 +52,19 @@ typedef struct ckpt_start {
 } ckpt_start;
 
 /* Prepares checkpoint.dir and resolves the resume (see above); job's global_batch and seed
- * are set from the checkpoint's manifest.  The caller validates the job again. */
+ * are set from the checkpoint's manifest.  The caller validates the job again.  On several
+ * nodes only the leader prepares (it alone clears partial directories); the others adopt
+ * its attempt and resume (ckpt_adopt: the model's config read, the checkpoint to resume
+ * checked and its global_batch and seed taken, as here). */
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
+int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err);
 
 typedef struct ckpt_coord_hooks {
     void *arg;
-    /* Sends a message to rank `rank`. */
+    /* Sends a message to rank `rank` (global: on several nodes the leader's coordinator
+     * serves every rank of the job); broadcast: to every rank. */
     void (*send)(void *arg, int rank, const msg *m);
+    void (*broadcast)(void *arg, const msg *m);
     /* The job cannot go on (a sync save failed or missed its deadline). */
     void (*fatal)(void *arg, const char *reason);
     /* Optional: the commit of step's save is over, committed (1) or given up (0). */
@@ -67,7 +73,7 @@ typedef struct ckpt_coord_hooks {
 
 typedef struct ckpt_coord_options {
     const job_config *job;  /* validated; outlives the coordinator */
-    int world;
+    int world;              /* every rank of the job, on every node */
     int attempt;
     json_t *model_config;   /* borrowed */
     struct event_base *base;

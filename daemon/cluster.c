@@ -2,6 +2,7 @@
 #include "daemon/cluster.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -32,7 +33,11 @@ typedef struct node_link {
     int node;                /* the node at the other end */
     struct bufferevent *bev; /* NULL once closed */
     msg_decoder dec;
-    int done;                /* it sent NODE_DONE */
+    int done;                /* it sent NODE_DONE, or it is gone */
+    double last_seen;        /* when it last sent anything */
+    int heard;               /* it has sent a heartbeat: its loop runs */
+    char state[16];          /* the leader's view of a follower: its last heartbeat */
+    json_t *ranks;
 } node_link;
 
 struct cluster {
@@ -42,9 +47,12 @@ struct cluster {
     unsigned char secret[MSG_SECRET_BYTES];
     char file[PATH_BYTES];   /* the leader's rendezvous file, removed with the cluster */
     int *fds;                /* [nodes]: the leader's node_link to each node; a follower's [0] */
+    char (*hosts)[MSG_ADDR_MAX + 8]; /* [nodes]: each node's address (a follower: the leader's at [0]) */
+    int heartbeat_s, node_timeout_s, join_timeout_s;
     node_link *links;             /* the same once attached */
     cluster_hooks hooks;
     struct event_base *base;
+    struct event *heartbeat;
     /* the leader's rank table, filled node by node */
     msg_peers table;
     int n_addrs, n_ready, n_done, failed, finished;
@@ -89,6 +97,24 @@ static int rendezvous_path(char *out, const slurm_env *env, const job_config *jo
     char name[160];
     snprintf(name, sizeof name, "fsdpd-rendezvous-%s-r%d-a%d.json", env->job_id, env->restart_count, attempt);
     return path_join(out, PATH_BYTES, job->checkpoint.dir, name, err);
+}
+
+/* Removes the rendezvous files earlier runs of this job left (a leader that was killed cannot
+ * remove its own): they hold an old secret, and nothing reads them again. */
+static void remove_stale_rendezvous(const cluster *c, const slurm_env *env, const char *dir) {
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "fsdpd-rendezvous-%s-r", env->job_id);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[PATH_BYTES];
+        errbuf ignored;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || path_join(path, sizeof path, dir, e->d_name, &ignored) ||
+            strcmp(path, c->file) == 0)
+            continue;
+        if (unlink(path) == 0) log_event(-1, "removed %s, left by an earlier run", path);
+    }
+    if (d) closedir(d);
 }
 
 static int publish(cluster *c, int port, const slurm_env *env, int attempt, const char *nonce, errbuf *err) {
@@ -167,6 +193,7 @@ static int admit(cluster *c, int fd, const char *nonce, double deadline, errbuf 
         rc = errf(err, "JOIN from a second node %d", j->node);
     if (rc == 0) {
         c->fds[j->node] = fd;
+        snprintf(c->hosts[j->node], sizeof c->hosts[j->node], "%s", j->host);
         log_event(-1, "node %d (%s) joined", j->node, j->host);
     }
     msg_free(&m);
@@ -189,6 +216,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     hex_encode(raw, sizeof raw, nonce);
     if (rc == 0) rc = file_mkdir_p(job->checkpoint.dir, err);
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
+    if (rc == 0) remove_stale_rendezvous(c, env, job->checkpoint.dir);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
     if (rc == 0 && pmix_join_active())
         rc = pmix_join_lead(c->host, port, c->secret_hex, attempt, job->runtime.join_timeout_s, err);
@@ -261,6 +289,7 @@ static int follow(cluster *c, const slurm_env *env, const job_config *job, int a
         return errprefix(err, "joining the leader at %s:%d", r.host, r.port);
     }
     c->fds[0] = fd;
+    snprintf(c->hosts[0], sizeof c->hosts[0], "%s:%d", r.host, r.port);
     log_event(-1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
     return 0;
 }
@@ -271,8 +300,12 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
     c->node = env->node_id;
     c->nodes = env->nnodes;
     c->workers = job->runtime.workers_per_node;
+    c->heartbeat_s = job->runtime.heartbeat_s;
+    c->node_timeout_s = job->runtime.node_timeout_s;
+    c->join_timeout_s = job->runtime.join_timeout_s;
     c->fds = malloc((size_t)c->nodes * sizeof *c->fds);
-    int rc = c->fds ? 0 : errf(err, "out of memory");
+    c->hosts = calloc((size_t)c->nodes, sizeof *c->hosts);
+    int rc = c->fds && c->hosts ? 0 : errf(err, "out of memory");
     for (int i = 0; rc == 0 && i < c->nodes; i++) c->fds[i] = -1;
     if (rc == 0 && c->nodes == 1) {
         const char *host = job->runtime.bind_addr[0] ? job->runtime.bind_addr : "127.0.0.1";
@@ -281,6 +314,7 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
     } else if (rc == 0) {
         rc = node_address(c, env, job, err);
     }
+    if (rc == 0) snprintf(c->hosts[c->node], sizeof c->hosts[c->node], "%s", c->host);
     if (rc == 0 && is_leader(c)) {
         rc = random_bytes(c->secret, sizeof c->secret, err);
         hex_encode(c->secret, sizeof c->secret, c->secret_hex);
@@ -297,10 +331,14 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
 }
 
 void cluster_detach(cluster *c) {
+    if (c->heartbeat) event_free(c->heartbeat);
+    c->heartbeat = NULL;
     for (int i = 0; c->links && i < c->nodes; i++) {
         if (c->links[i].bev) bufferevent_free(c->links[i].bev);
         c->links[i].bev = NULL;
         msg_decoder_free(&c->links[i].dec);
+        json_decref(c->links[i].ranks);
+        c->links[i].ranks = NULL;
     }
 }
 
@@ -311,9 +349,31 @@ void cluster_free(cluster *c) {
         if (c->fds[i] >= 0) close(c->fds[i]);
     if (c->file[0]) unlink(c->file);
     free(c->fds);
+    free(c->hosts);
     free(c->links);
     free(c->table.addrs);
     free(c);
+}
+
+/* ---- the run's plan, before the loop ---- */
+
+int cluster_send_plan(cluster *c, const msg_plan *plan, errbuf *err) {
+    msg m = {.type = MSG_PLAN, .u.plan = *plan};
+    for (int i = 1; i < c->nodes; i++)
+        if (c->fds[i] >= 0 && msg_send(c->fds[i], &m, err)) return errprefix(err, "sending node %d the plan", i);
+    return 0;
+}
+
+int cluster_recv_plan(cluster *c, msg_plan *plan, errbuf *err) {
+    msg m;
+    if (msg_recv(c->fds[0], &m, c->join_timeout_s * 1000, err))
+        return errprefix(err, "waiting for the leader's plan (runtime.join_timeout_s = %d s)", c->join_timeout_s);
+    int rc = 0;
+    if (m.type != MSG_PLAN) rc = errf(err, "the leader sent %s, not its PLAN", msg_type_name(m.type));
+    else if (m.u.plan.error[0]) rc = errf(err, "the leader cannot run the job: %s", m.u.plan.error);
+    else *plan = m.u.plan;
+    msg_free(&m);
+    return rc;
 }
 
 /* ---- the links on the loop ---- */
@@ -333,32 +393,28 @@ static void to_followers(cluster *c, const msg *m) {
 
 static node_link *to_leader(cluster *c) { return &c->links[0]; }
 
-/* Sends m on the link now, waiting up to 5 s for the socket, past the bufferevent (which
- * would write it only from the loop that is ending): a follower about to exit owes the
- * leader its last report.  The link has nothing else queued by then. */
+/* Sends m (NULL: nothing more) on the link now, after whatever the bufferevent still holds
+ * (a CKPT_DONE relayed just before), waiting up to 5 s for the socket: the loop that would
+ * write them is ending, and a follower about to exit owes the leader its last reports. */
 static void send_now(node_link *l, const msg *m) {
-    uint8_t *frame;
-    size_t len, sent = 0;
-    errbuf err;
-    if (!l->bev || msg_encode(m, &frame, &len, &err)) return;
+    if (!l->bev) return;
+    if (m) send_to(l, m);
+    struct evbuffer *out = bufferevent_get_output(l->bev);
     int fd = bufferevent_getfd(l->bev);
     double deadline = clock_now_s() + 5;
-    while (sent < len && clock_now_s() < deadline) {
-        ssize_t n = send(fd, frame + sent, len - sent, MSG_NOSIGNAL);
-        if (n > 0) {
-            sent += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+    evbuffer_unfreeze(out, 1); /* a bufferevent keeps the front of its output to itself */
+    while (evbuffer_get_length(out) > 0 && clock_now_s() < deadline) {
+        if (evbuffer_write(out, fd) >= 0) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
         struct pollfd p = {.fd = fd, .events = POLLOUT};
         poll(&p, 1, clock_poll_ms(deadline));
     }
-    free(frame);
+    evbuffer_freeze(out, 1);
 }
 
 /* A failure of the job seen by the cluster: the others are stopped (the leader tells them). */
-static void stop_followers(cluster *c, const char *reason) {
-    msg stop = {.type = MSG_STOP};
+static void stop_followers(cluster *c, const char *reason, int failed) {
+    msg stop = {.type = MSG_STOP, .u.stop = {.failed = failed != 0}};
     snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     to_followers(c, &stop);
 }
@@ -366,8 +422,44 @@ static void stop_followers(cluster *c, const char *reason) {
 static void cluster_stop(cluster *c, const char *reason) {
     if (c->failed) return;
     c->failed = 1;
-    if (is_leader(c)) stop_followers(c, reason);
-    c->hooks.stop(c->hooks.arg, reason);
+    if (is_leader(c)) stop_followers(c, reason, 1);
+    c->hooks.stop(c->hooks.arg, reason, 1);
+}
+
+static void close_link(node_link *l) {
+    if (l->bev) bufferevent_free(l->bev);
+    l->bev = NULL;
+}
+
+/* The leader's loop ends once every node has reported (or is gone). */
+static void count_done(cluster *c, node_link *l) {
+    if (l->done) return;
+    l->done = 1;
+    c->n_done++;
+    if (c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
+}
+
+/* Another node is gone (its link closed or silent): the job stops, naming it. */
+static void lose(cluster *c, node_link *l, const char *what) {
+    char why[MSG_TEXT_MAX + 3 * MSG_ADDR_MAX];
+    close_link(l);
+    if (is_leader(c)) snprintf(why, sizeof why, "node %d (%s) %s", l->node, c->hosts[l->node], what);
+    else snprintf(why, sizeof why, "the leader (node 0, %s) %s", c->hosts[0], what);
+    cluster_stop(c, why);
+    if (is_leader(c)) count_done(c, l);
+}
+
+/* A CKPT_DONE a follower relays must be of one of its own ranks. */
+static int owns_rank(const cluster *c, int node, int rank) {
+    return rank >= node * c->workers && rank < (node + 1) * c->workers;
+}
+
+static void on_heartbeat_from(node_link *l, const msg_node_heartbeat *h) {
+    l->heard = 1;
+    snprintf(l->state, sizeof l->state, "%s", h->state);
+    if (!h->ranks) return;
+    json_decref(l->ranks);
+    l->ranks = json_incref(h->ranks);
 }
 
 static void leader_on(cluster *c, node_link *l, const msg *m) {
@@ -389,14 +481,21 @@ static void leader_on(cluster *c, node_link *l, const msg *m) {
             c->hooks.start(c->hooks.arg);
         }
         return;
+    case MSG_NODE_HEARTBEAT:
+        if (m->u.node_heartbeat.node != l->node) break;
+        on_heartbeat_from(l, &m->u.node_heartbeat);
+        return;
+    case MSG_CKPT_DONE:
+        if (!owns_rank(c, l->node, m->u.ckpt_done.rank)) break;
+        c->hooks.ckpt_done(c->hooks.arg, &m->u.ckpt_done);
+        return;
+    case MSG_CKPT_REQUEST: c->hooks.ckpt_request(c->hooks.arg, &m->u.ckpt_request); return;
     case MSG_NODE_DONE:
-        l->done = 1;
-        c->n_done++;
         if (!m->u.node_done.ok) {
-            snprintf(why, sizeof why, "node %d failed: %s", l->node, m->u.node_done.error);
+            snprintf(why, sizeof why, "node %d (%s) failed: %s", l->node, c->hosts[l->node], m->u.node_done.error);
             cluster_stop(c, why);
         }
-        if (c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
+        count_done(c, l);
         return;
     default: break;
     }
@@ -405,27 +504,23 @@ static void leader_on(cluster *c, node_link *l, const msg *m) {
 }
 
 static void follower_on(cluster *c, const msg *m) {
+    char why[MSG_TEXT_MAX + 32];
     switch (m->type) {
     case MSG_PEERS: c->hooks.peers(c->hooks.arg, &m->u.peers); return;
     case MSG_NCCL_ID: c->hooks.nccl_id(c->hooks.arg, m); return;
     case MSG_START: c->hooks.start(c->hooks.arg); return;
-    case MSG_STOP: {
-        char why[MSG_TEXT_MAX + 32];
+    case MSG_NODE_HEARTBEAT: on_heartbeat_from(to_leader(c), &m->u.node_heartbeat); return;
+    case MSG_CKPT_BEGIN:
+    case MSG_CKPT_ABORT: c->hooks.to_workers(c->hooks.arg, m); return;
+    case MSG_STOP:
         snprintf(why, sizeof why, "stopped by the leader: %s", m->u.stop.reason);
-        c->failed = 1;
-        c->hooks.stop(c->hooks.arg, why);
+        if (m->u.stop.failed) c->failed = 1;
+        c->hooks.stop(c->hooks.arg, why, m->u.stop.failed);
         return;
-    }
     default: break;
     }
-    char why[128];
     snprintf(why, sizeof why, "the leader sent an unexpected %s message", msg_type_name(m->type));
     cluster_stop(c, why);
-}
-
-static void close_link(node_link *l) {
-    if (l->bev) bufferevent_free(l->bev);
-    l->bev = NULL;
 }
 
 static void on_link_readable(struct bufferevent *bev, void *arg) {
@@ -436,6 +531,7 @@ static void on_link_readable(struct bufferevent *bev, void *arg) {
     errbuf err;
     int n, got;
     int bad = 0;
+    l->last_seen = clock_now_s();
     while (!bad && (n = evbuffer_remove(in, chunk, sizeof chunk)) > 0)
         bad = msg_decoder_feed(&l->dec, chunk, (size_t)n, &err);
     msg_frame f;
@@ -449,11 +545,9 @@ static void on_link_readable(struct bufferevent *bev, void *arg) {
         msg_free(&m);
     }
     if (bad && l->bev) {
-        char why[MSG_TEXT_MAX + 64];
-        if (is_leader(c)) snprintf(why, sizeof why, "node %d: protocol error: %s", l->node, err.msg);
-        else snprintf(why, sizeof why, "the leader: protocol error: %s", err.msg);
-        close_link(l);
-        cluster_stop(c, why);
+        char what[MSG_TEXT_MAX + 32];
+        snprintf(what, sizeof what, "broke the protocol: %s", err.msg);
+        lose(c, l, what);
     }
 }
 
@@ -463,17 +557,47 @@ static void on_link_event(struct bufferevent *bev, short events, void *arg) {
     cluster *c = l->c;
     if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
     on_link_readable(l->bev, l);
-    close_link(l);
-    if (l->done || (c->finished && !is_leader(c))) return; /* it had finished */
-    char why[128];
-    if (is_leader(c)) snprintf(why, sizeof why, "the connection to node %d was lost", l->node);
-    else snprintf(why, sizeof why, "the connection to the leader was lost");
-    if (is_leader(c)) {
-        l->done = 1;
-        c->n_done++;
+    if (!l->bev) return;
+    if (l->done || (c->finished && !is_leader(c))) { /* it had finished */
+        close_link(l);
+        return;
     }
-    cluster_stop(c, why);
-    if (is_leader(c) && c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
+    lose(c, l, "closed its connection (its daemon died?)");
+}
+
+/* Bytes waiting in the socket count as a sign of life: after a long stretch off the loop
+ * (this daemon busy), the timer may run before the read callbacks. */
+static int has_unread(node_link *l) {
+    char byte;
+    int fd = bufferevent_getfd(l->bev);
+    return evbuffer_get_length(bufferevent_get_input(l->bev)) > 0 ||
+           recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* Every heartbeat_s: this node's heartbeat to the other end(s), and each link's silence
+ * judged: node_timeout_s once it has heartbeated, join_timeout_s before (it may still be
+ * loading the model). */
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    cluster *c = arg;
+    msg hb = {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = c->node}};
+    snprintf(hb.u.node_heartbeat.state, sizeof hb.u.node_heartbeat.state, "%s", c->hooks.state(c->hooks.arg));
+    if (!is_leader(c)) hb.u.node_heartbeat.ranks = c->hooks.ranks(c->hooks.arg);
+    if (is_leader(c)) to_followers(c, &hb);
+    else send_to(to_leader(c), &hb);
+    json_decref(hb.u.node_heartbeat.ranks);
+    double now = clock_now_s();
+    for (int i = 0; i < c->nodes; i++) {
+        node_link *l = &c->links[i];
+        if (!l->bev || l->done || i == c->node) continue;
+        int limit = l->heard ? c->node_timeout_s : c->join_timeout_s;
+        if (has_unread(l)) l->last_seen = now;
+        if (now - l->last_seen <= limit) continue;
+        char what[160];
+        snprintf(what, sizeof what, "sent nothing for %.0f s (runtime.%s = %d s)", now - l->last_seen,
+                 l->heard ? "node_timeout_s" : "join_timeout_s", limit);
+        lose(c, l, what);
+    }
 }
 
 int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hooks, errbuf *err) {
@@ -486,7 +610,7 @@ int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hoo
     c->n_done = 1; /* this node's own report is cluster_done */
     for (int i = 0; i < c->nodes; i++) {
         node_link *l = &c->links[i];
-        *l = (node_link){.c = c, .node = i};
+        *l = (node_link){.c = c, .node = i, .last_seen = clock_now_s()};
         msg_decoder_init(&l->dec);
         if (c->fds[i] < 0) continue;
         evutil_make_socket_nonblocking(c->fds[i]);
@@ -496,6 +620,11 @@ int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hoo
         bufferevent_setcb(l->bev, on_link_readable, NULL, on_link_event, l);
         if (bufferevent_enable(l->bev, EV_READ | EV_WRITE)) return errf(err, "node %d: cannot read its connection", i);
     }
+    if (c->nodes == 1) return 0;
+    struct timeval every = {c->heartbeat_s, 0};
+    c->heartbeat = event_new(base, -1, EV_PERSIST, on_heartbeat, c);
+    if (!c->heartbeat || event_add(c->heartbeat, &every))
+        return errf(err, "cannot start the heartbeats between nodes");
     return 0;
 }
 
@@ -524,11 +653,24 @@ void cluster_ready(cluster *c) {
     leader_on(c, &c->links[0], &m);
 }
 
+void cluster_to_leader(cluster *c, const msg *m) { send_to(to_leader(c), m); }
+
+void cluster_to_followers(cluster *c, const msg *m) { to_followers(c, m); }
+
+void cluster_to_rank(cluster *c, int rank, const msg *m) {
+    int node = rank / c->workers;
+    if (node > 0 && node < c->nodes) send_to(&c->links[node], m);
+}
+
+void cluster_stop_all(cluster *c, const char *reason) {
+    if (is_leader(c) && !c->failed) stop_followers(c, reason, 0);
+}
+
 void cluster_fail(cluster *c, const char *reason) {
     if (c->failed) return;
     c->failed = 1;
     if (is_leader(c)) {
-        stop_followers(c, reason);
+        stop_followers(c, reason, 1);
         return;
     }
     msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false}};
@@ -539,11 +681,31 @@ void cluster_fail(cluster *c, const char *reason) {
 int cluster_done(cluster *c) {
     c->finished = 1;
     if (!is_leader(c)) {
-        if (!c->failed) {
-            msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = true}};
-            send_now(to_leader(c), &m);
-        }
+        msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = true}};
+        send_now(to_leader(c), c->failed ? NULL : &m); /* a failure's NODE_DONE went before */
         return 1;
     }
     return c->n_done == c->nodes;
+}
+
+/* ---- status ---- */
+
+json_t *cluster_status(const cluster *c, json_t *local_ranks, const char *local_state) {
+    json_t *nodes = json_array();
+    double now = clock_now_s();
+    for (int i = 0; i < c->nodes; i++) {
+        if (!is_leader(c) && i != 0 && i != c->node) continue;
+        const node_link *l = c->links ? &c->links[i] : NULL;
+        int self = i == c->node;
+        json_t *row = json_pack("{s:i, s:s, s:s, s:b}", "node", i, "host", c->hosts[i], "role",
+                                i == 0 ? "leader" : "follower", "connected", self || (l && l->bev));
+        if (!row) continue;
+        json_object_set_new(row, "state", json_string(self ? local_state : l && l->state[0] ? l->state : "unknown"));
+        json_object_set_new(row, "last_heard_s", self || !l ? json_null() : json_real(now - l->last_seen));
+        json_t *ranks = self ? json_incref(local_ranks) : l && l->ranks ? json_incref(l->ranks) : json_array();
+        if (is_leader(c) || self) json_object_set_new(row, "ranks", ranks);
+        else json_decref(ranks);
+        json_array_append_new(nodes, row);
+    }
+    return nodes;
 }

@@ -14,10 +14,23 @@
  *     with the nonce it read (proof that the directory is shared).
  * One node (or none of SLURM) joins nobody: the secret is drawn and kept.
  *
+ * Before the loop the leader prepares the checkpoints (ckpt_prepare) and sends every node
+ * the run's PLAN: the partial directories' attempt and the checkpoint to resume, or the
+ * error that stops the run (cluster_send_plan / cluster_recv_plan).
+ *
  * Then the supervisor's loop runs the links (cluster_attach): the leader collects every
  * node's worker addresses (NODE_ADDRS) into the rank table it sends back (PEERS), relays the
  * NCCL id of global rank 0 (NCCL_ID), starts every node once all are ready (NODE_READY,
- * START), and stops every node when one fails (NODE_DONE not ok, or a link lost: STOP).
+ * START), and stops every node when one fails (NODE_DONE not ok, or a link lost: STOP with
+ * failed).  Checkpoints have one coordinator, the leader's: followers relay their workers'
+ * CKPT_DONE and the checkpoint requests made on their node (CKPT_REQUEST) to it, and it
+ * sends CKPT_BEGIN to every node and CKPT_ABORT to the node of the rank.  A graceful stop
+ * reaches the followers as STOP without failed.
+ *
+ * Every heartbeat_s each daemon sends NODE_HEARTBEAT (a follower's carries its ranks, for
+ * the leader's status); a node not heard from for runtime.node_timeout_s (before its first
+ * heartbeat: join_timeout_s) is dead: the job stops on every node, naming it.  A dead leader
+ * is found the same way by the others.
  * Global rank = node index x workers per node + local rank. */
 #ifndef FSDP_CLUSTER_H
 #define FSDP_CLUSTER_H
@@ -34,7 +47,17 @@ typedef struct cluster_hooks {
     void (*peers)(void *arg, const msg_peers *table); /* every rank's address, global order */
     void (*nccl_id)(void *arg, const msg *id);        /* the id of global rank 0 */
     void (*start)(void *arg);                         /* every node is ready */
-    void (*stop)(void *arg, const char *reason);      /* another node failed, or a link */
+    /* failed: another node failed, or a link; else the leader stops the job gracefully */
+    void (*stop)(void *arg, const char *reason, int failed);
+    /* a follower: the leader's CKPT_BEGIN (for every worker) or CKPT_ABORT (for its rank) */
+    void (*to_workers)(void *arg, const msg *m);
+    /* the leader: a follower's worker's CKPT_DONE; a request made on a follower */
+    void (*ckpt_done)(void *arg, const msg_ckpt_done *done);
+    void (*ckpt_request)(void *arg, const msg_ckpt_request *req);
+    /* for the heartbeats: this node's phase, and (a follower) its ranks' status rows (a new
+     * array, as status_rank_rows makes them) */
+    const char *(*state)(void *arg);
+    json_t *(*ranks)(void *arg);
 } cluster_hooks;
 
 typedef struct cluster cluster;
@@ -48,6 +71,11 @@ int cluster_nodes(const cluster *c);
 const char *cluster_host(const cluster *c);          /* where this node's workers listen */
 const char *cluster_secret_hex(const cluster *c);    /* the job secret, hex */
 
+/* The run's plan: the leader sends it to every node (before cluster_attach); a follower
+ * waits for it (join_timeout_s), an error in it is the leader's reason not to run. */
+int cluster_send_plan(cluster *c, const msg_plan *plan, errbuf *err);
+int cluster_recv_plan(cluster *c, msg_plan *plan, errbuf *err);
+
 /* From here on the links live on base's loop and report through hooks; cluster_detach
  * closes them (before base is freed). */
 int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hooks, errbuf *err);
@@ -59,11 +87,25 @@ void cluster_addrs(cluster *c, const msg_peers *local);
 void cluster_relay_nccl_id(cluster *c, const msg *id);
 /* Every worker of this node is ready. */
 void cluster_ready(cluster *c);
+/* A follower: m to the leader (a worker's CKPT_DONE, a CKPT_REQUEST). */
+void cluster_to_leader(cluster *c, const msg *m);
+/* The leader: m to every other node (CKPT_BEGIN); to the node of `rank` (CKPT_ABORT; nothing
+ * for a rank of its own). */
+void cluster_to_followers(cluster *c, const msg *m);
+void cluster_to_rank(cluster *c, int rank, const msg *m);
+/* The leader: a graceful stop of every other node (their workers get STOP). */
+void cluster_stop_all(cluster *c, const char *reason);
 /* This node failed (the reason): the leader stops every node. */
 void cluster_fail(cluster *c, const char *reason);
 /* This node's workers have all exited.  Returns 1 when the loop may end (a follower: at
  * once, its report written; the leader: once every node has reported, else the cluster
  * breaks the loop when the last one does). */
 int cluster_done(cluster *c);
+
+/* The nodes for the status socket: the leader lists every node ({"node", "host", "role",
+ * "connected", "state", "last_heard_s", "ranks"}, the others' ranks from their last
+ * heartbeat); a follower itself and the leader (its address and port, no ranks).
+ * local_ranks (borrowed) and local_state are this node's. */
+json_t *cluster_status(const cluster *c, json_t *local_ranks, const char *local_state);
 
 #endif

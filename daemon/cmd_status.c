@@ -301,8 +301,18 @@ static void print_status(const json_t *r) {
     const json_t *v;
     json_array_foreach(flight, i, v) printf("%s step %lld", i ? "," : "; being written:", json_integer_value(get(v, "step")));
     printf("\n");
+    json_array_foreach(get(r, "nodes"), i, v) {
+        const json_t *heard = get(v, "last_heard_s");
+        printf("node %lld  %s  %s  %s", json_integer_value(get(v, "node")), json_string_value(get(v, "role")),
+               json_string_value(get(v, "host")), json_is_true(get(v, "connected")) ? json_string_value(get(v, "state"))
+                                                                                  : "disconnected");
+        if (json_is_number(heard)) printf("  heard %.1f s ago", json_number_value(heard));
+        printf("\n");
+    }
     json_array_foreach(get(r, "ranks"), i, v) {
-        printf("  rank %lld  pid %lld  %s  host ", json_integer_value(get(v, "rank")), json_integer_value(get(v, "pid")),
+        printf("  rank %lld", json_integer_value(get(v, "rank")));
+        if (json_array_size(get(r, "nodes")) > 0) printf("  node %lld", json_integer_value(get(v, "node")));
+        printf("  pid %lld  %s  host ", json_integer_value(get(v, "pid")),
                json_is_true(get(v, "running")) ? "running" : "exited ");
         print_bytes(get(v, "host_rss_bytes"));
         printf("  gpu ");

@@ -40,19 +40,12 @@ static int find_worker(char *out, size_t n) {
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
 }
 
-/* What several nodes cannot do yet (F21 builds checkpoints and restarts across nodes): a
- * job on several nodes asks for none of it, or is refused. */
+/* What several nodes cannot do yet: fsdpd's own restarts (every daemon would have to come
+ * back and join again); a relaunch of the job (SLURM's requeue) resumes from `latest`. */
 static int check_multi_node(const job_config *j, int nodes, errbuf *err) {
-    if (nodes == 1) return 0;
-    const char *what = j->checkpoint.save_final ? "checkpoint.save_final"
-                     : j->checkpoint.interval_steps ? "checkpoint.interval_steps"
-                     : j->output.consolidate ? "output.consolidate"
-                     : j->runtime.max_restarts ? "runtime.max_restarts"
-                     : j->checkpoint.resume != JOB_RESUME_NEVER ? "checkpoint.resume" : NULL;
-    if (!what) return 0;
-    return errf(err, "%s: checkpoints and restarts across nodes are not built yet (a job on %d nodes needs "
-                "checkpoint.save_final=false, checkpoint.interval_steps=0, output.consolidate=false, "
-                "runtime.max_restarts=0, checkpoint.resume=never)", what, nodes);
+    if (nodes == 1 || j->runtime.max_restarts == 0) return 0;
+    return errf(err, "runtime.max_restarts: restarts inside one launch across %d nodes are not built yet "
+                "(set it to 0: a relaunch of the job resumes from the latest checkpoint on every node)", nodes);
 }
 
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
@@ -150,7 +143,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     log_event(-1, "job finished");
-    if (job.output.consolidate && consolidate_output(&job, &err)) {
+    /* The checkpoint is one, in the shared directory: the leader consolidates it. */
+    if (job.output.consolidate && slurm.node_id == 0 && consolidate_output(&job, &err)) {
         fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
         return 1;
     }

@@ -2,6 +2,7 @@
 #include "daemon/requeue.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/path.h"
 #include "daemon/log.h"
@@ -59,18 +61,70 @@ int64_t requeue_start_step(const job_config *job) {
     return -1;
 }
 
-/* `scontrol requeue ID`: 0 when it exited 0. */
-static int run_scontrol_requeue(const char *job_id, errbuf *err) {
-    char *argv[] = {"scontrol", "requeue", (char *)job_id, NULL};
+/* Reads fd to its end: the first n - 1 bytes into out, NUL-terminated; the rest dropped. */
+static void read_output(int fd, char *out, size_t n) {
+    size_t have = 0;
+    for (;;) {
+        char sink[512];
+        int keep = have + 1 < n;
+        ssize_t got = read(fd, keep ? out + have : sink, keep ? n - 1 - have : sizeof sink);
+        if (got == 0 || (got < 0 && errno != EINTR)) break;
+        if (got > 0 && keep) have += (size_t)got;
+    }
+    out[have] = '\0';
+}
+
+/* Runs scontrol ARGS...; its output's first n - 1 bytes in out.  0 when it exited 0. */
+static int run_scontrol(char *const argv[], char *out, size_t n, errbuf *err) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return errf(err, "pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
     pid_t pid;
-    int rc = posix_spawnp(&pid, "scontrol", NULL, NULL, argv, environ);
-    if (rc) return errf(err, "cannot run scontrol: %s", strerror(rc));
+    int rc = posix_spawn_file_actions_init(&fa);
+    if (rc == 0) {
+        rc = posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+        if (rc == 0) rc = posix_spawnp(&pid, "scontrol", &fa, NULL, argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+    }
+    close(fds[1]);
+    if (rc) {
+        close(fds[0]);
+        return errf(err, "cannot run scontrol: %s", strerror(rc));
+    }
+    read_output(fds[0], out, n);
+    close(fds[0]);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return errf(err, "waiting for scontrol: %s", strerror(errno));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-    if (WIFEXITED(status)) return errf(err, "scontrol requeue %s exited %d", job_id, WEXITSTATUS(status));
-    return errf(err, "scontrol requeue %s was killed by signal %d", job_id, WTERMSIG(status));
+    if (WIFEXITED(status)) return errf(err, "scontrol %s %s exited %d", argv[1], argv[2], WEXITSTATUS(status));
+    return errf(err, "scontrol %s %s was killed by signal %d", argv[1], argv[2], WTERMSIG(status));
+}
+
+/* The job's JobState (RUNNING, COMPLETING, ...) from `scontrol show job -o ID`. */
+static int job_state(const char *job_id, char *state, size_t n, errbuf *err) {
+    char *argv[] = {"scontrol", "show", "job", "-o", (char *)job_id, NULL}, text[8192];
+    if (run_scontrol(argv, text, sizeof text, err)) return -1;
+    const char *at = strstr(text, "JobState=");
+    if (!at) return errf(err, "scontrol show job %s: no JobState", job_id);
+    at += strlen("JobState=");
+    size_t len = strcspn(at, " \n");
+    if (len == 0 || len >= n) return errf(err, "scontrol show job %s: a malformed JobState", job_id);
+    memcpy(state, at, len);
+    state[len] = '\0';
+    return 0;
+}
+
+/* Only a job still RUNNING is requeued: during a preemption's GraceTime and after the
+ * time-limit warning it is; after `scancel` it is COMPLETING (observed on SLURM 22.05), and
+ * `scontrol requeue` would bring a cancelled job back. */
+static int requeue_job(const char *job_id, errbuf *err) {
+    char state[64];
+    if (job_state(job_id, state, sizeof state, err)) return -1;
+    if (strcmp(state, "RUNNING") != 0)
+        return errf(err, "job %s is %s, not RUNNING (cancelled?)", job_id, state);
+    char *argv[] = {"scontrol", "requeue", (char *)job_id, NULL}, ignored[256];
+    return run_scontrol(argv, ignored, sizeof ignored, err);
 }
 
 int requeue_after_stop(const job_config *job, const slurm_env *env, int64_t start_step, const char *why) {
@@ -96,8 +150,8 @@ int requeue_after_stop(const job_config *job, const slurm_env *env, int64_t star
     /* scontrol requeue signals every process of the job at once, this one too: the stop is
      * done, so fsdpd ends with its own status, 0. */
     signal(SIGTERM, SIG_IGN);
-    if (run_scontrol_requeue(env->job_id, &err)) {
-        fprintf(stderr, "fsdpd: %s after the checkpoint of step %lld; the requeue failed: %s\n", why,
+    if (requeue_job(env->job_id, &err)) {
+        fprintf(stderr, "fsdpd: %s after the checkpoint of step %lld; no requeue: %s\n", why,
                 (long long)now, err.msg);
         return 1;
     }

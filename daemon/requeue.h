@@ -8,7 +8,9 @@
  * $SLURM_JOB_ID` and fsdpd exits 0: a job that exits inside GraceTime ends COMPLETED and
  * SLURM would not requeue it itself.  The requeued run (SLURM_RESTART_COUNT=1, ...) resumes
  * from `latest`.  A run that committed no checkpoint past the one it started from does not
- * requeue (no loop of runs that never get anywhere): it exits 1.
+ * requeue (no loop of runs that never get anywhere), nor one whose job is no longer RUNNING
+ * (`scontrol show job`: after `scancel` it is COMPLETING, and a requeue would bring the
+ * cancelled job back — observed on 22.05): it exits 1.
  *
  * SIGUSR1 may come before the supervisor's loop handles it (the warning can come up to a
  * minute early, before a requeued run is set up): requeue_catch_early_usr1, fsdpd's first

@@ -394,15 +394,16 @@ static json_t *json_count_or_null(long long v) {
     return v < 0 ? json_null() : json_integer(v);
 }
 
-/* The ranks as the supervisor lists them, with their host memory, and on the CUDA backend
- * the device memory each last reported (its allocations: fsdp's shards, buffers and
- * activations; not the CUDA runtime's own). */
-static json_t *rank_table(const json_t *ranks, int cuda) {
+json_t *status_rank_rows(const json_t *ranks, int cuda) {
     json_t *out = json_array();
     size_t i;
     const json_t *r;
     json_array_foreach(ranks, i, r) {
         json_t *row = json_deep_copy(r);
+        if (json_object_get(r, "host_rss_bytes")) { /* another node's, as that node made it */
+            json_array_append_new(out, row);
+            continue;
+        }
         int pid = (int)json_integer_value(json_object_get(r, "pid"));
         int running = json_is_true(json_object_get(r, "running"));
         json_object_set_new(row, "host_rss_bytes", json_count_or_null(running && pid > 0 ? rss_bytes(pid) : -1));
@@ -472,8 +473,9 @@ static json_t *job_status(job_binding *b) {
                               json_object_get(sup, "stop_requested"));
     if (reply) {
         add_progress(reply, json_object_get(sup, "metrics"));
-        json_object_set_new(reply, "ranks", rank_table(json_object_get(sup, "ranks"),
-                                                       b->job->runtime.backend == JOB_BACKEND_CUDA));
+        json_object_set_new(reply, "ranks", status_rank_rows(json_object_get(sup, "ranks"),
+                                                             b->job->runtime.backend == JOB_BACKEND_CUDA));
+        json_object_set(reply, "nodes", json_object_get(sup, "nodes"));
         json_object_set_new(reply, "checkpoint", checkpoint_table(b->job->checkpoint.dir));
         json_object_set_new(reply, "restarts", json_integer(b->place.restart));
         json_object_set(reply, "last_error", json_object_get(sup, "last_error"));
@@ -497,19 +499,29 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
             errf(err, "the job is not training (starting or stopping): no checkpoint to take");
             return NULL;
         }
-        reply = json_pack("{s:I, s:s}", "request", (json_int_t)id, "message",
-                          "checkpoint requested: the ranks save at the next step boundary where no save is "
-                          "still being written");
+        if (id == STATUS_REQUEST_FORWARDED)
+            reply = json_pack("{s:n, s:s}", "request", "message",
+                              "checkpoint requested from the leader (node 0): every rank of the job saves at "
+                              "the next step boundary where no save is still being written");
+        else
+            reply = json_pack("{s:I, s:s}", "request", (json_int_t)id, "message",
+                              "checkpoint requested: the ranks save at the next step boundary where no save is "
+                              "still being written");
         break;
     case STATUS_CMD_STOP:
         id = b->hooks.request_stop(b->hooks.arg, "stop requested on the status socket");
-        if (id < 0) {
+        if (id < 0 && id != STATUS_REQUEST_FORWARDED) {
             errf(err, "the job is already stopping");
             return NULL;
         }
-        reply = json_pack("{s:o, s:s}", "checkpoint_request", id ? json_integer(id) : json_null(), "message",
-                          id ? "stopping: the workers stop once this checkpoint is committed"
-                             : "stopping now: the job is not training, there is nothing to save");
+        if (id == STATUS_REQUEST_FORWARDED)
+            reply = json_pack("{s:n, s:s}", "checkpoint_request", "message",
+                              "stopping: asked the leader (node 0); every node stops once its checkpoint is "
+                              "committed");
+        else
+            reply = json_pack("{s:o, s:s}", "checkpoint_request", id ? json_integer(id) : json_null(), "message",
+                              id ? "stopping: the workers stop once this checkpoint is committed"
+                                 : "stopping now: the job is not training, there is nothing to save");
         break;
     }
     if (!reply) errf(err, "fsdpd: out of memory");

@@ -52,12 +52,21 @@ typedef struct status_job_hooks {
      * "running", "mem_bytes"}]), "metrics" (rank 0's last METRICS, or null), "last_error" and
      * "fabric" as members of out. */
     void (*status)(void *arg, json_t *out);
-    /* A checkpoint at the next step boundary: the request's id, 0 when not training. */
+    /* A checkpoint at the next step boundary: the request's id, 0 when not training,
+     * STATUS_REQUEST_FORWARDED when asked of the leader (another node's coordinator). */
     long long (*request_checkpoint)(void *arg, const char *why);
     /* A graceful stop: the checkpoint request it waits for, 0 when it stopped at once (not
-     * training), -1 when the job is already stopping. */
+     * training), -1 when the job is already stopping, STATUS_REQUEST_FORWARDED as above. */
     long long (*request_stop)(void *arg, const char *why);
 } status_job_hooks;
+#define STATUS_REQUEST_FORWARDED (-2LL)
+
+/* The supervisor's rank rows ({"rank", "pid", "running", "mem_bytes"}) as status shows
+ * them: with their host memory (VmRSS of /proc/PID/status) and, on the CUDA backend, the
+ * device memory each last reported (its allocations: fsdp's shards, buffers and
+ * activations; not the CUDA runtime's own) as "gpu_bytes".  A row that already has
+ * "host_rss_bytes" (another node's, made there) is kept as it is.  A new array. */
+json_t *status_rank_rows(const json_t *ranks, int cuda);
 
 /* fsdpd's server: the socket of this job and node (runtime.status_socket, or the default
  * path of proto/status.h from the environment), logged as "status socket PATH", answering

@@ -91,7 +91,15 @@ static void kill_all(supervisor *s) {
 
 static void send_msg(worker *w, const msg *m);
 static long long request_checkpoint(supervisor *s, const char *why);
+static void stop_for_sigterm(supervisor *s, int sig, const char *why);
 static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
+/* On several nodes the leader's coordinator commits every save; the others relay to it. */
+static int is_follower(const supervisor *s) { return cluster_node(s->opt->cluster) != 0; }
+/* The local worker of a global rank, NULL for another node's. */
+static worker *local_worker(supervisor *s, int rank) {
+    int first = cluster_node(s->opt->cluster) * s->opt->workers;
+    return rank >= first && rank < first + s->opt->workers ? &s->workers[rank - first] : NULL;
+}
 
 /* A failed job's survivors get at most this long before SIGKILL: nothing they could still
  * do commits (a checkpoint needs every rank), and a rank waiting in an NCCL collective for
@@ -119,6 +127,7 @@ static void begin_stop(supervisor *s, const char *reason) {
     }
     s->phase = PHASE_STOPPING;
     log_event(-1, "stopping the workers: %s", reason);
+    if (!s->failed && multi_node(s)) cluster_stop_all(s->opt->cluster, reason); /* the leader's */
     msg stop = {.type = MSG_STOP};
     snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     for (int r = 0; r < s->opt->workers; r++)
@@ -279,7 +288,31 @@ static void on_metrics(supervisor *s, worker *w, const msg *m) {
 
 static void ckpt_send(void *arg, int rank, const msg *m) {
     supervisor *s = arg;
-    send_msg(&s->workers[rank], m);
+    worker *w = local_worker(s, rank);
+    if (w) send_msg(w, m);
+    else cluster_to_rank(s->opt->cluster, rank, m);
+}
+
+static void ckpt_broadcast(void *arg, const msg *m) {
+    supervisor *s = arg;
+    for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], m);
+    if (multi_node(s)) cluster_to_followers(s->opt->cluster, m);
+}
+
+/* A worker's CKPT_DONE: to the coordinator, the leader's on several nodes. */
+static void on_ckpt_done(supervisor *s, const msg *m) {
+    if (is_follower(s)) cluster_to_leader(s->opt->cluster, m);
+    else ckpt_coord_on_done(s->ckpt, m->u.ckpt_done.rank, &m->u.ckpt_done);
+}
+
+/* A follower asks the leader for what its signal or status socket asked of it. */
+static long long forward_request(supervisor *s, const char *kind, const char *why) {
+    msg m = {.type = MSG_CKPT_REQUEST};
+    snprintf(m.u.ckpt_request.kind, sizeof m.u.ckpt_request.kind, "%s", kind);
+    snprintf(m.u.ckpt_request.why, sizeof m.u.ckpt_request.why, "%s on node %d", why, cluster_node(s->opt->cluster));
+    cluster_to_leader(s->opt->cluster, &m);
+    log_event(-1, "%s: asked the leader for a %s", why, strcmp(kind, "checkpoint") ? "stop with a checkpoint" : "checkpoint");
+    return STATUS_REQUEST_FORWARDED;
 }
 
 static void ckpt_fatal(void *arg, const char *reason) {
@@ -288,10 +321,7 @@ static void ckpt_fatal(void *arg, const char *reason) {
 
 static long long request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
-    if (multi_node(s)) {
-        log_event(-1, "%s: a checkpoint across nodes is not built yet (F21): none taken", why);
-        return 0;
-    }
+    if (is_follower(s)) return forward_request(s, "checkpoint", why);
     return ckpt_coord_request(s->ckpt, why, 0);
 }
 
@@ -304,7 +334,8 @@ static long long request_checkpoint(supervisor *s, const char *why) {
 static long long request_stop(supervisor *s, const char *why, int sync) {
     if (s->phase == PHASE_STOPPING) return -1;
     if (s->stop_request && (s->stop_sync || !sync)) return s->stop_request;
-    if (s->phase != PHASE_TRAINING || multi_node(s)) { /* across nodes no checkpoint yet (F21) */
+    if (is_follower(s)) return forward_request(s, sync ? "stop_sync" : "stop", why); /* the leader stops every node */
+    if (s->phase != PHASE_TRAINING) {
         begin_stop(s, why);
         return 0;
     }
@@ -349,21 +380,61 @@ static void ckpt_settled(void *arg, long long step, int committed) {
     begin_stop(s, s->stop_why);
 }
 
-static void status_of(void *arg, json_t *out) {
-    const supervisor *s = arg;
+static const char *phase_name(const supervisor *s) {
     static const char *const phases[] = {[PHASE_SETUP] = "setup", [PHASE_TRAINING] = "training",
                                          [PHASE_STOPPING] = "stopping"};
+    return phases[s->phase];
+}
+
+/* This node's workers as the supervisor knows them ({"rank", "pid", "running", "mem_bytes"}). */
+static json_t *local_rank_rows(const supervisor *s) {
     json_t *ranks = json_array();
     for (int r = 0; r < s->opt->workers; r++) {
         const worker *w = &s->workers[r];
-        json_t *row = json_pack("{s:i, s:i, s:b}", "rank", r, "pid", (int)w->pid, "running",
+        json_t *row = json_pack("{s:i, s:i, s:b}", "rank", w->rank, "pid", (int)w->pid, "running",
                                 w->pid > 0 && !w->exited);
         if (row && w->mem_bytes >= 0) json_object_set_new(row, "mem_bytes", json_integer(w->mem_bytes));
         json_array_append_new(ranks, row);
     }
-    json_object_set_new(out, "state", json_string(phases[s->phase]));
-    json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
+    return ranks;
+}
+
+/* Adds "node" to each row of rows (an array of objects). */
+static void tag_node(json_t *rows, int node) {
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) json_object_set_new(row, "node", json_integer(node));
+}
+
+/* Every rank the status shows: this node's (as the supervisor knows them); on the leader
+ * also every other node's, from its last heartbeat; "nodes" on several nodes. */
+static void add_ranks(const supervisor *s, json_t *out) {
+    json_t *ranks = local_rank_rows(s);
+    tag_node(ranks, cluster_node(s->opt->cluster));
+    if (multi_node(s)) {
+        json_t *mine = status_rank_rows(ranks, s->job.runtime.backend == JOB_BACKEND_CUDA);
+        json_t *nodes = cluster_status(s->opt->cluster, mine, phase_name(s));
+        json_decref(mine);
+        size_t i;
+        json_t *node;
+        json_array_foreach(nodes, i, node) {
+            int id = (int)json_integer_value(json_object_get(node, "node"));
+            if (id == cluster_node(s->opt->cluster) || !json_object_get(node, "ranks")) continue;
+            json_t *theirs = json_deep_copy(json_object_get(node, "ranks"));
+            tag_node(theirs, id);
+            json_array_extend(ranks, theirs);
+            json_decref(theirs);
+        }
+        json_object_set_new(out, "nodes", nodes);
+    }
     json_object_set_new(out, "ranks", ranks);
+}
+
+static void status_of(void *arg, json_t *out) {
+    const supervisor *s = arg;
+    add_ranks(s, out);
+    json_object_set_new(out, "state", json_string(phase_name(s)));
+    json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
     json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
@@ -394,9 +465,47 @@ static void start_training(void *arg) {
     for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &start);
 }
 
-/* Another node failed, or the link to it: this node stops too. */
-static void cluster_stopped(void *arg, const char *reason) {
-    fail((supervisor *)arg, "%s", reason);
+/* Another node failed, or the link to it: this node stops too; or the leader stops the job
+ * gracefully. */
+static void cluster_stopped(void *arg, const char *reason, int failed) {
+    supervisor *s = arg;
+    if (failed) fail(s, "%s", reason);
+    else begin_stop(s, reason);
+}
+
+/* A follower: the leader's coordinator speaks to this node's workers. */
+static void cluster_to_workers(void *arg, const msg *m) {
+    supervisor *s = arg;
+    if (m->type == MSG_CKPT_BEGIN) {
+        for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], m);
+        return;
+    }
+    worker *w = local_worker(s, m->u.ckpt_abort.rank);
+    if (w) send_msg(w, m);
+}
+
+/* The leader: another node's worker wrote its shard. */
+static void cluster_ckpt_done(void *arg, const msg_ckpt_done *done) {
+    supervisor *s = arg;
+    ckpt_coord_on_done(s->ckpt, done->rank, done);
+}
+
+/* The leader: what a follower's signal or status socket asked for, for the whole job. */
+static void cluster_ckpt_request(void *arg, const msg_ckpt_request *req) {
+    supervisor *s = arg;
+    if (!strcmp(req->kind, "checkpoint")) request_checkpoint(s, req->why);
+    else if (!strcmp(req->kind, "stop")) request_stop(s, req->why, 0);
+    else stop_for_sigterm(s, strncmp(req->why, "SIGUSR1", 7) ? SIGTERM : SIGUSR1, req->why); /* "SIG... on node N" */
+}
+
+static const char *cluster_state(void *arg) { return phase_name(arg); }
+
+static json_t *cluster_ranks(void *arg) {
+    const supervisor *s = arg;
+    json_t *raw = local_rank_rows(s);
+    json_t *rows = status_rank_rows(raw, s->job.runtime.backend == JOB_BACKEND_CUDA);
+    json_decref(raw);
+    return rows;
 }
 
 static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
@@ -435,7 +544,10 @@ static void handle_message(worker *w, const msg_frame *frame) {
         }
         on_metrics(s, w, &m);
         break;
-    case MSG_CKPT_DONE: ckpt_coord_on_done(s->ckpt, w->rank, &m.u.ckpt_done); break;
+    case MSG_CKPT_DONE:
+        if (m.u.ckpt_done.rank != w->rank) fail(s, "rank %d sent a CKPT_DONE of rank %d", w->rank, m.u.ckpt_done.rank);
+        else on_ckpt_done(s, &m);
+        break;
     case MSG_FATAL:
         w->reported = 1;
         record_failure(s, m.u.fatal.permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "rank %d failed: %s",
@@ -565,32 +677,34 @@ static void on_sigint(evutil_socket_t sig, short what, void *arg) {
     begin_stop(s, "SIGINT");
 }
 
-/* SIGTERM (preemption, DESIGN.md: Signals and SLURM), and SIGUSR1 where it means requeue: a
- * synchronous checkpoint of the step in progress, then stop; whatever is still running
- * runtime.stop_grace_s after it is killed (SLURM's GraceTime ends in SIGKILL anyway).  Either
- * signal again changes nothing: the commit goes on. */
-static void stop_after_checkpoint(supervisor *s, int sig) {
-    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
+/* SIGTERM (preemption, DESIGN.md: Signals and SLURM), and SIGUSR1 where it means requeue
+ * (requeue_on_usr1): a synchronous checkpoint of the step in progress, then stop; whatever is
+ * still running runtime.stop_grace_s after it is killed (SLURM's GraceTime ends in SIGKILL
+ * anyway).  Either signal again changes nothing: the commit goes on.  On several nodes the
+ * leader does it for every node: a follower forwards it, and the leader treats a follower's
+ * as its own. */
+static void stop_for_sigterm(supervisor *s, int sig, const char *why) {
     if (s->signalled == SIGTERM || s->signalled == SIGUSR1) {
-        log_event(-1, "%s again: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", name,
+        log_event(-1, "%s%s: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", why,
+                  strcmp(why, "SIGTERM") && strcmp(why, "SIGUSR1") ? " too" : " again",
                   s->job.runtime.stop_grace_s);
         return;
     }
     if (!s->signalled) s->signalled = sig;
     struct timeval grace = {s->job.runtime.stop_grace_s, 0};
     evtimer_add(s->term_deadline, &grace);
-    if (s->phase == PHASE_TRAINING) {
-        log_event(-1, "%s: a synchronous checkpoint, then stopping (at most %d s)", name,
+    if (s->phase == PHASE_TRAINING || (is_follower(s) && s->phase == PHASE_SETUP)) {
+        log_event(-1, "%s: a synchronous checkpoint, then stopping (at most %d s)", why,
                   s->job.runtime.stop_grace_s);
-        request_stop(s, name, 1);
+        request_stop(s, why, 1);
         return;
     }
-    begin_stop(s, name);
+    begin_stop(s, why);
 }
 
 static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
-    stop_after_checkpoint(arg, SIGTERM);
+    stop_for_sigterm(arg, SIGTERM, "SIGTERM");
 }
 
 static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
@@ -608,12 +722,12 @@ static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
     if (requeue_on_usr1(&s->job)) {
-        stop_after_checkpoint(s, SIGUSR1);
+        stop_for_sigterm(s, SIGUSR1, "SIGUSR1");
         return;
     }
     long long id = request_checkpoint(s, "SIGUSR1");
     if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
-    else log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
+    else if (id == 0) log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
@@ -677,17 +791,38 @@ static void teardown(supervisor *s) {
     free(s->workers);
 }
 
-/* The checkpoint directory, the resume, and the coordinator. */
+/* The checkpoint directory and the resume: the leader (or a lone node) prepares them and
+ * sends the other nodes its plan, which they adopt.  Before the links go on the loop. */
+static int plan_checkpoints(supervisor *s, errbuf *err) {
+    cluster *c = s->opt->cluster;
+    if (is_follower(s)) {
+        msg_plan plan;
+        if (cluster_recv_plan(c, &plan, err)) return -1;
+        return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &s->ckpt_start, err);
+    }
+    int rc = ckpt_prepare(&s->job, &s->ckpt_start, err);
+    if (!multi_node(s)) return rc;
+    msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt};
+    if (rc) snprintf(plan.error, sizeof plan.error, "%s", err->msg);
+    else snprintf(plan.resume_dir, sizeof plan.resume_dir, "%s", s->ckpt_start.resume_dir);
+    errbuf why;
+    if (cluster_send_plan(c, &plan, &why)) {
+        if (rc == 0) errf(err, "%s", why.msg);
+        return -1;
+    }
+    return rc;
+}
+
+/* The job resolved again for what the checkpoint fixed, and the leader's coordinator. */
 static int setup_checkpoints(supervisor *s, errbuf *err) {
     /* A resume takes global_batch from the checkpoint: grad_accum follows it. */
     int world = s->opt->workers * cluster_nodes(s->opt->cluster);
-    if (ckpt_prepare(&s->job, &s->ckpt_start, err) || job_resolve(&s->job, world, err) ||
-        job_validate(&s->job, world, err))
-        return -1;
-    ckpt_coord_options copt = {.job = &s->job, .world = s->opt->workers, .attempt = s->ckpt_start.attempt,
+    if (job_resolve(&s->job, world, err) || job_validate(&s->job, world, err)) return -1;
+    if (is_follower(s)) return 0;
+    ckpt_coord_options copt = {.job = &s->job, .world = world, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config, .base = s->base,
-                               .hooks = {.arg = s, .send = ckpt_send, .fatal = ckpt_fatal,
-                                         .settled = ckpt_settled}};
+                               .hooks = {.arg = s, .send = ckpt_send, .broadcast = ckpt_broadcast,
+                                         .fatal = ckpt_fatal, .settled = ckpt_settled}};
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 
@@ -721,8 +856,11 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     s.workers = calloc((size_t)opt->workers, sizeof *s.workers);
     int rc = s.workers ? 0 : errf(err, "out of memory");
     cluster_hooks links = {.arg = &s, .peers = send_peers, .nccl_id = send_nccl_id, .start = start_training,
-                           .stop = cluster_stopped};
+                           .stop = cluster_stopped, .to_workers = cluster_to_workers,
+                           .ckpt_done = cluster_ckpt_done, .ckpt_request = cluster_ckpt_request,
+                           .state = cluster_state, .ranks = cluster_ranks};
     if (rc == 0) rc = setup_events(&s, err);
+    if (rc == 0) rc = plan_checkpoints(&s, err);
     if (rc == 0) rc = cluster_attach(opt->cluster, s.base, &links, err);
     status_job_hooks hooks = {.arg = &s, .status = status_of, .request_checkpoint = status_request_checkpoint,
                               .request_stop = status_request_stop};

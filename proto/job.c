@@ -183,6 +183,7 @@ static const job_key keys[] = {
     STR("runtime", "status_socket", runtime.status_socket, 0),
     STR("runtime", "bind_addr", runtime.bind_addr, 0),
     NUM("runtime", "join_timeout_s", K_INT, runtime.join_timeout_s, 1, INT_MAX),
+    NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
 };
@@ -267,6 +268,7 @@ void job_defaults(job_config *j) {
     j->runtime.on_usr1 = JOB_USR1_AUTO;
     j->runtime.comm_timeout_s = 600;
     j->runtime.join_timeout_s = 300;
+    j->runtime.node_timeout_s = 60;
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */
@@ -1097,6 +1099,9 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
         return -1;
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize)");
+    if (j->runtime.node_timeout_s <= j->runtime.heartbeat_s)
+        return errf(err, "runtime.node_timeout_s: %d s is not longer than runtime.heartbeat_s (%d s), the "
+                    "period of the heartbeats it waits for", j->runtime.node_timeout_s, j->runtime.heartbeat_s);
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");

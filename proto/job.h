@@ -136,6 +136,7 @@ typedef struct job_config {
         char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */
         char bind_addr[JOB_HOST_MAX]; /* this node's address for the other nodes; "": its name's */
         int join_timeout_s;           /* how long the nodes wait for each other */
+        int node_timeout_s;           /* a node's daemon not heard from for this long is dead */
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
     } runtime;

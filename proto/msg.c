@@ -130,9 +130,10 @@ static const field ckpt_done_fields[] = {
 static const field ckpt_abort_fields[] = {
     I64(msg_ckpt_abort, "step", step, 1),
     INT(msg_ckpt_abort, "attempt", attempt, 1, INT_MAX),
+    INT(msg_ckpt_abort, "rank", rank, 0, INT_MAX),
 };
 
-static const field stop_fields[] = {STR(msg_stop, "reason", reason)};
+static const field stop_fields[] = {STR(msg_stop, "reason", reason), BOOL(msg_stop, "failed", failed)};
 static const field fatal_fields[] = {
     STR(msg_fatal, "message", message),
     BOOL(msg_fatal, "permanent", permanent),
@@ -172,23 +173,23 @@ static const field node_done_fields[] = {
     STR(msg_node_done, "error", error),
 };
 
-static const field node_ckpt_done_fields[] = {
-    INT(msg_node_ckpt_done, "node", node, 0, INT_MAX),
-    I64(msg_node_ckpt_done, "step", step, 1),
-    INT(msg_node_ckpt_done, "attempt", attempt, 1, INT_MAX),
-    BOOL(msg_node_ckpt_done, "ok", ok),
-    STR(msg_node_ckpt_done, "error", error),
+static int check_node_heartbeat(void *body, const char *type, errbuf *err);
+static const field node_heartbeat_fields[] = {
+    INT(msg_node_heartbeat, "node", node, 0, INT_MAX),
+    STR(msg_node_heartbeat, "state", state),
+    {"ranks", F_JSON, offsetof(msg_node_heartbeat, ranks), sizeof(json_t *), 0, 0, true, 0, NULL},
 };
 
-static const field commit_fields[] = {
-    I64(msg_step_attempt, "step", step, 1),
-    INT(msg_step_attempt, "attempt", attempt, 1, INT_MAX),
+static int check_ckpt_request(void *body, const char *type, errbuf *err);
+static const field ckpt_request_fields[] = {
+    STR(msg_ckpt_request, "kind", kind),
+    STR(msg_ckpt_request, "why", why),
 };
 
-static const field abort_fields[] = {
-    I64(msg_node_abort, "step", step, 1),
-    INT(msg_node_abort, "attempt", attempt, 1, INT_MAX),
-    STR(msg_node_abort, "reason", reason),
+static const field plan_fields[] = {
+    INT(msg_plan, "attempt", attempt, 1, INT_MAX),
+    STR(msg_plan, "resume_dir", resume_dir),
+    STR(msg_plan, "error", error),
 };
 
 #define BODY(f) {f, COUNT(f), NULL}
@@ -208,9 +209,9 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_ADDR] = BODY(addr_fields),
     [MSG_PEERS] = BODY(peers_fields),
     [MSG_JOIN] = BODY(join_fields),
-    [MSG_NODE_CKPT_DONE] = BODY(node_ckpt_done_fields),
-    [MSG_COMMIT] = BODY(commit_fields),
-    [MSG_ABORT] = BODY(abort_fields),
+    [MSG_NODE_HEARTBEAT] = {node_heartbeat_fields, COUNT(node_heartbeat_fields), check_node_heartbeat},
+    [MSG_CKPT_REQUEST] = {ckpt_request_fields, COUNT(ckpt_request_fields), check_ckpt_request},
+    [MSG_PLAN] = BODY(plan_fields),
     [MSG_RENDEZVOUS] = BODY(rendezvous_fields),
     [MSG_NODE_ADDRS] = BODY(node_addrs_fields),
     [MSG_NODE_READY] = BODY(node_ready_fields),
@@ -234,6 +235,44 @@ static int check_ckpt_mode(void *body, const char *type, errbuf *err) {
     const char *mode = ((msg_ckpt_note *)body)->mode;
     if (strcmp(mode, "async") && strcmp(mode, "sync") && strcmp(mode, "skipped"))
         return errf(err, "%s: field 'checkpoint.mode' is \"%s\", not async, sync or skipped", type, mode);
+    return 0;
+}
+
+/* One status row of a follower's rank: exactly these members. */
+static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf *err) {
+    static const char *const memory[] = {"host_rss_bytes", "gpu_bytes"};
+    if (!json_is_object(row)) return errf(err, "%s: ranks[%zu] is not an object", type, i);
+    const json_t *rank = json_object_get(row, "rank"), *pid = json_object_get(row, "pid");
+    if (!json_is_integer(rank) || json_integer_value(rank) < 0 || !json_is_integer(pid) ||
+        !json_is_boolean(json_object_get(row, "running")))
+        return errf(err, "%s: ranks[%zu] needs an integer 'rank' >= 0, an integer 'pid' and a boolean 'running'",
+                    type, i);
+    size_t known = 3;
+    for (int k = 0; k < 2; k++) {
+        const json_t *v = json_object_get(row, memory[k]);
+        if (!v) continue;
+        if (!json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) >= 0))
+            return errf(err, "%s: ranks[%zu].%s must be a byte count or null", type, i, memory[k]);
+        known++;
+    }
+    if (json_object_size(row) != known) return errf(err, "%s: ranks[%zu] has an unknown member", type, i);
+    return 0;
+}
+
+static int check_node_heartbeat(void *body, const char *type, errbuf *err) {
+    const json_t *ranks = ((msg_node_heartbeat *)body)->ranks;
+    if (!ranks) return 0;
+    if (!json_is_array(ranks)) return errf(err, "%s: field 'ranks' must be an array", type);
+    size_t i;
+    const json_t *row;
+    json_array_foreach(ranks, i, row) if (check_rank_row(row, i, type, err)) return -1;
+    return 0;
+}
+
+static int check_ckpt_request(void *body, const char *type, errbuf *err) {
+    const char *kind = ((msg_ckpt_request *)body)->kind;
+    if (strcmp(kind, "checkpoint") && strcmp(kind, "stop") && strcmp(kind, "stop_sync"))
+        return errf(err, "%s: field 'kind' is \"%s\", not checkpoint, stop or stop_sync", type, kind);
     return 0;
 }
 

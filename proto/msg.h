@@ -63,9 +63,9 @@ typedef enum msg_type {
     MSG_ADDR = 12,       /* w->d: the address the worker listens on, for the rank table */
     MSG_PEERS = 13,      /* d->w: the rank table (every rank's address) */
     MSG_JOIN = 14,       /* D->d (leader): a node joins the job */
-    MSG_NODE_CKPT_DONE = 15, /* D->d (leader): a node's shards of a step are written */
-    MSG_COMMIT = 16,     /* d->D: the leader committed a step */
-    MSG_ABORT = 17,      /* d->D: the leader abandoned a step's checkpoint */
+    MSG_NODE_HEARTBEAT = 15, /* D<->d: still alive, and (follower) its ranks, for status */
+    MSG_CKPT_REQUEST = 16, /* D->d (leader): a checkpoint or a stop asked for on that node */
+    MSG_PLAN = 17,       /* d->D: the run's checkpoint attempt and resume, or why it cannot run */
     MSG_RENDEZVOUS = 18, /* the leader's rendezvous file in checkpoint.dir (not sent) */
     MSG_NODE_ADDRS = 19, /* D->d: a node's workers' addresses, for the rank table */
     MSG_NODE_READY = 20, /* D->d: every worker of a node is connected and ready */
@@ -148,10 +148,12 @@ typedef struct msg_ckpt_done {
 typedef struct msg_ckpt_abort {
     int64_t step;
     int attempt;
+    int rank;           /* the global rank it is for (a daemon relays it to that worker) */
 } msg_ckpt_abort;
 
 typedef struct msg_stop {
     char reason[MSG_TEXT_MAX];
+    bool failed;        /* the job failed (between daemons: the receiver fails too) */
 } msg_stop;
 
 typedef struct msg_fatal {
@@ -200,24 +202,29 @@ typedef struct msg_node_done {
     char error[MSG_TEXT_MAX];
 } msg_node_done;
 
-typedef struct msg_node_ckpt_done {
+/* NODE_HEARTBEAT.  ranks: a follower's rows for the leader's status, each
+ * {"rank", "pid", "running", "host_rss_bytes", "gpu_bytes"} (the two memory figures integer
+ * or null); NULL (absent) from the leader. */
+typedef struct msg_node_heartbeat {
     int node;
-    int64_t step;
+    char state[16];     /* the supervisor's phase: setup, training, stopping */
+    json_t *ranks;
+} msg_node_heartbeat;
+
+/* CKPT_REQUEST: kind "checkpoint" (SIGUSR1, fsdpctl checkpoint), "stop" (fsdpctl stop: a
+ * checkpoint, then STOP) or "stop_sync" (SIGTERM: a synchronous one, no step after it). */
+typedef struct msg_ckpt_request {
+    char kind[16];
+    char why[MSG_TEXT_MAX];
+} msg_ckpt_request;
+
+/* PLAN: what the leader's ckpt_prepare found, for every node's workers: the partial
+ * directories' attempt number and the checkpoint to resume ("" for none); or error. */
+typedef struct msg_plan {
     int attempt;
-    bool ok;
+    char resume_dir[JOB_PATH_MAX];
     char error[MSG_TEXT_MAX];
-} msg_node_ckpt_done;
-
-typedef struct msg_step_attempt {
-    int64_t step;
-    int attempt;
-} msg_step_attempt;     /* COMMIT */
-
-typedef struct msg_node_abort {
-    int64_t step;
-    int attempt;
-    char reason[MSG_TEXT_MAX];
-} msg_node_abort;       /* ABORT */
+} msg_plan;
 
 /* One message: its type and the body of that type (START has none). */
 typedef struct msg {
@@ -236,9 +243,9 @@ typedef struct msg {
         msg_addr addr;
         msg_peers peers;
         msg_join join;
-        msg_node_ckpt_done node_ckpt_done;
-        msg_step_attempt commit;
-        msg_node_abort abort;
+        msg_node_heartbeat node_heartbeat;
+        msg_ckpt_request ckpt_request;
+        msg_plan plan;
         msg_rendezvous rendezvous;
         msg_node_addrs node_addrs;
         msg_node node_ready;

@@ -53,8 +53,6 @@ static int begin(comm *c, const char *name, errbuf *err) {
     c->ncalls++;
     const fault *stall = fault_get(FAULT_COMM_STALL, c->rank);
     if (stall && c->ncalls == (uint64_t)stall->n) clock_sleep_s(stall->seconds);
-    const fault *slow = fault_get(FAULT_COMM_SLOW, c->rank);
-    if (slow) clock_sleep_s(slow->seconds);
     c->deadline = clock_now_s() + c->timeout_s;
     return 0;
 }

@@ -135,7 +135,9 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
+    const fault *delay = fault_get(FAULT_STEP_DELAY, env->rank);
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
+        if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels);

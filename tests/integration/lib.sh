@@ -10,7 +10,7 @@ tmp=$(mktemp -d)
 bg_pids=()
 cleanup() {
     for p in "${bg_pids[@]+"${bg_pids[@]}"}"; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
+    if [ -n "${FSDP_KEEP_TMP:-}" ]; then echo "kept $tmp (FSDP_KEEP_TMP)" >&2; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 

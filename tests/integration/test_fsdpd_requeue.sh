@@ -6,7 +6,8 @@
 # - SIGUSR1 under SLURM (runtime.on_usr1 auto: the time-limit warning): the same, training
 #   does not go on; with runtime.on_usr1=checkpoint it does;
 # - the requeued run resumes from `latest`; stopped without committing a checkpoint past it
-#   (its stop checkpoint stalls), it does not requeue (exit 1, scontrol not run);
+#   (its stop checkpoint stalls), it does not requeue (exit 1, scontrol not run); nor when the
+#   job is no longer RUNNING (scancel);
 # - outside SLURM, SIGTERM still exits 1 without a requeue;
 # - a SIGUSR1 before the supervisor listens (here: while node 1 waits for the rendezvous
 #   file) does not kill fsdpd.
@@ -16,8 +17,10 @@ make_small_model "$tmp"
 make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 mkdir -p "$tmp/bin"
+# scontrol show job: JobState=$FAKE_JOB_STATE (RUNNING by default); scontrol requeue: recorded.
 cat > "$tmp/bin/scontrol" <<SH
 #!/bin/sh
+if [ "\$1" = show ]; then echo "JobId=4242 JobName=fsdpd JobState=\${FAKE_JOB_STATE:-RUNNING} Reason=None"; exit 0; fi
 echo "\$*" >> "$tmp/scontrol.calls"
 SH
 chmod +x "$tmp/bin/scontrol"
@@ -83,6 +86,16 @@ finish again
 grep -q "not requeued: no checkpoint committed since this run started" "$tmp/again.log" ||
     { cat "$tmp/again.log"; fail "the refused requeue is not explained"; }
 [ "$(readlink "$tmp/ckpt/latest")" = "$(printf 'step-%06d' "$saved2")" ] || fail "latest moved"
+
+# --- cancelled (scancel: SIGTERM, the job COMPLETING): a checkpoint, no requeue ------------
+rm -f "$tmp/scontrol.calls"
+start cancel "${slurm_env[@]}" FAKE_JOB_STATE=COMPLETING -- --checkpoint.resume=auto
+wait_for 20 grep -qs "step $((saved2 + 2))/" "$tmp/cancel.log"
+kill -TERM "$pid"
+finish cancel
+[ "$status" -eq 1 ] || { cat "$tmp/cancel.log"; fail "a cancelled job: exit $status, expected 1"; }
+[ -z "$(calls)" ] || fail "a cancelled job was requeued: $(calls)"
+grep -q "no requeue: job 4242 is COMPLETING, not RUNNING" "$tmp/cancel.log" || { cat "$tmp/cancel.log"; fail "the cancelled job's stop is not explained"; }
 
 # --- runtime.on_usr1=checkpoint under SLURM: a checkpoint, training goes on -------------------
 start ckpt "${slurm_env[@]}" -- --checkpoint.resume=never --checkpoint.dir="$tmp/ckpt2" --runtime.on_usr1=checkpoint

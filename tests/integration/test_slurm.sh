@@ -7,11 +7,11 @@
 #   rendezvous file carries the nonce, not the secret), and `fsdpctl status` answers from the
 #   submitting host through the command the log gives (srun --overlap --jobid): the job's
 #   TMPDIR is node-local, so the same query on the submitting host finds nothing;
-# - preemption: a job of partition "high" takes the nodes of the running job (partition
+# - preemption (1 node): a job of partition "high" takes the nodes of the running job (partition
 #   "low", GraceTime): fsdpd commits a checkpoint, requeues the job itself, exits 0; the
 #   requeued run (Restarts=1) resumes from `latest` and finishes;
-# - the time limit (--time=1 --signal=USR1@45): SIGUSR1, a checkpoint, a requeue, and the
-#   requeued runs resume and finish.
+# - the time limit on 2 nodes (--time=1 --signal=USR1@45): SIGUSR1, a checkpoint across the
+#   nodes, a requeue by the leader, and the requeued runs resume and finish.
 # Needs root, SLURM (slurmctld, slurmd, munge, the PMIx plugin) and network namespaces.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
@@ -30,15 +30,15 @@ FSDP_FAULTS="final_params=$tmp/ref.safetensors" "$fsdpd" --job "$tmp/job.json" -
 
 slurm_cluster_up
 
-# submit NAME SLOW SBATCH_OPTION... -- OVERRIDE...: sbatch slurm/launch.slurm from n0, rank 0
-# sleeping SLOW s before each collective (a slower job, the same bits); prints the job id.
+# submit NAME DELAY SBATCH_OPTION... -- OVERRIDE...: sbatch slurm/launch.slurm from n0, rank 0
+# sleeping DELAY s before each optimizer step (a slower job, the same bits); prints the job id.
 submit() {
-    local name=$1 slow=$2 opts=()
+    local name=$1 delay=$2 opts=()
     shift 2
     while [ "$1" != -- ]; do opts+=("$1"); shift; done
     shift
     slurm_cmd env TMPDIR="$SLURM_NODE_TMP" FSDP_BUILD="$abs_build" \
-        FSDP_FAULTS="final_params=$tmp/$name.safetensors;comm_slow=0:$slow" \
+        FSDP_FAULTS="final_params=$tmp/$name.safetensors;step_delay=0:$delay" \
         sbatch --parsable --output="$tmp/$name.out" "${opts[@]}" slurm/launch.slurm "$tmp/job.json" \
         --train.max_steps=$steps --checkpoint.dir="$tmp/$name-ckpt" --output.dir="$tmp/$name-out" \
         --runtime.metrics="$tmp/$name.jsonl" "$@" | cut -d';' -f1
@@ -56,8 +56,7 @@ finished() { # NAME JOBID SECONDS: the job ends COMPLETED, exit code 0
 
 # --- 2 nodes, PMIx, status from the submitting host ------------------------------------------
 t0=$SECONDS
-id=$(submit two 0.03 --nodes=2 -- --runtime.workers_per_node=1 --checkpoint.save_final=false \
-     --checkpoint.interval_steps=0 --output.consolidate=false --runtime.max_restarts=0 --checkpoint.resume=never)
+id=$(submit two 0.3 --nodes=2 -- --runtime.workers_per_node=1 --checkpoint.resume=never --output.consolidate=false)
 wait_for 90 grep -qs "step 3/" "$tmp/two.out"
 file=$(ls "$tmp"/two-ckpt/fsdpd-rendezvous-"$id"-*.json)
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["secret"] == "" and len(r["nonce"]) == 32, r' "$file" ||
@@ -79,7 +78,7 @@ echo "two nodes: $((SECONDS - t0)) s"
 
 # --- preemption: checkpoint, requeue, resume ---------------------------------------------------
 t0=$SECONDS
-id=$(submit pre 0.02 --nodes=1 --partition=low -- --checkpoint.resume=auto --output.consolidate=false)
+id=$(submit pre 0.5 --nodes=1 --partition=low -- --checkpoint.resume=auto --output.consolidate=false)
 wait_for 90 grep -qs "step 6/" "$tmp/pre.out"
 high=$(slurm_cmd sbatch --parsable --partition=high --nodes=2 --exclusive --output="$tmp/high.out" --wrap "sleep 1" | cut -d';' -f1)
 finished high "$high" 90
@@ -94,7 +93,8 @@ echo "preemption: $((SECONDS - t0)) s"
 
 # --- the time limit: SIGUSR1, checkpoint, requeue, resume --------------------------------------
 t0=$SECONDS
-id=$(submit limit 0.07 --nodes=1 --time=1 --signal=USR1@45 -- --checkpoint.resume=auto --output.consolidate=false)
+id=$(submit limit 1.4 --nodes=2 --time=1 --signal=USR1@45 -- --runtime.workers_per_node=1 --checkpoint.resume=auto \
+     --output.consolidate=false)
 finished limit "$id" 300
 grep -q "stopped by signal SIGUSR1 after the checkpoint of step [0-9]*: job $id requeued" "$tmp/limit.out" ||
     { cat "$tmp/limit.out"; fail "limit: fsdpd did not requeue its job on the time-limit warning"; }

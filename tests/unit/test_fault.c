@@ -24,7 +24,7 @@ static void refused(const char *spec, const char *want) {
 
 static void test_lookups(void **state) {
     (void)state;
-    must("worker=0:exit:2;worker=1:hang_on_stop;final_params=/tmp/a:b;comm_stall=1:2:0.5;nccl_hang=3;comm_slow=0:0.25");
+    must("worker=0:exit:2;worker=1:hang_on_stop;final_params=/tmp/a:b;comm_stall=1:2:0.5;nccl_hang=3;step_delay=2:0.25");
     const fault *f = fault_get(FAULT_WORKER, 0);
     assert_non_null(f);
     assert_string_equal(f->action, "exit");
@@ -37,8 +37,8 @@ static void test_lookups(void **state) {
     assert_true(fault_get(FAULT_COMM_STALL, 1)->seconds == 0.5);
     assert_int_equal(fault_get(FAULT_COMM_STALL, 1)->n, 2);
     assert_int_equal(fault_get(FAULT_NCCL_HANG, 0)->n, 3);
-    assert_true(fault_get(FAULT_COMM_SLOW, 0)->seconds == 0.25);
-    assert_null(fault_get(FAULT_COMM_SLOW, 1));
+    assert_true(fault_get(FAULT_STEP_DELAY, 2)->seconds == 0.25);
+    assert_null(fault_get(FAULT_STEP_DELAY, 1));
     assert_null(fault_get(FAULT_NAN_LOSS, 0));
     must("");
     assert_null(fault_get(FAULT_WORKER, 0));

@@ -462,6 +462,8 @@ static void test_every_type_round_trips(void **state) {
     (void)state;
     char addrs[2][MSG_ADDR_MAX] = {"127.0.0.1:4000", "127.0.0.1:4001"};
     json_t *units = json_pack("[{s:i}]", "unit", 0);
+    json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n}]", "rank", 4, "pid", 99, "running", 1, "host_rss_bytes",
+                             (json_int_t)1 << 30, "gpu_bytes");
     msg all[] = {
         {.type = MSG_HELLO, .u.hello = {.pid = 77}},
         {.type = MSG_START},
@@ -479,8 +481,9 @@ static void test_every_type_round_trips(void **state) {
                                                 .has_optimizer_step = true, .optimizer_step = 4,
                                                 .has_tokens_seen = true, .tokens_seen = 99, .units = units}},
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 1, .aborted = true, .error = "disk full"}},
-        {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1}},
-        {.type = MSG_STOP, .u.stop = {"done"}},
+        {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1, .rank = 5}},
+        {.type = MSG_STOP, .u.stop = {"done", false}},
+        {.type = MSG_STOP, .u.stop = {"node 2 failed", true}},
         {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
@@ -490,9 +493,11 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = 1, .list = {.n = 2, .addrs = addrs}}},
         {.type = MSG_NODE_READY, .u.node_ready = {.node = 1}},
         {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .error = "rank 3 failed"}},
-        {.type = MSG_NODE_CKPT_DONE, .u.node_ckpt_done = {.node = 1, .step = 8, .attempt = 1, .ok = true}},
-        {.type = MSG_COMMIT, .u.commit = {.step = 8, .attempt = 1}},
-        {.type = MSG_ABORT, .u.abort = {.step = 8, .attempt = 1, .reason = "node 1 timed out"}},
+        {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training"}},
+        {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 2, .state = "setup", .ranks = rows}},
+        {.type = MSG_CKPT_REQUEST, .u.ckpt_request = {.kind = "stop_sync", .why = "SIGTERM on node 1"}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8"}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest"}},
     };
     int seen[MSG_TYPE_END] = {0};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -513,12 +518,13 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[14], &back);
+    through_wire(&all[15], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
     assert_null(back.u.peers.addrs);
     json_decref(units);
+    json_decref(rows);
 
     msg id = {.type = MSG_NCCL_ID};
     for (int i = 0; i < MSG_NCCL_ID_BYTES; i++) id.u.nccl_id.id[i] = (unsigned char)(i * 7);
@@ -545,6 +551,17 @@ static void test_strict_decoder(void **state) {
                       "0123456789\"}",
             "ADDR: field 'addr' must be a string of fewer than 80 bytes");
     refused(MSG_STOP, "{\"reason\":\"a\\u0000b\"}", "STOP: body is not JSON");
+    refused(MSG_STOP, "{\"reason\":\"x\"}", "STOP: field 'failed' is missing");
+    refused(MSG_CKPT_REQUEST, "{\"kind\":\"later\",\"why\":\"x\"}",
+            "CKPT_REQUEST: field 'kind' is \"later\", not checkpoint, stop or stop_sync");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"training\",\"ranks\":[{\"rank\":2,\"pid\":3}]}",
+            "NODE_HEARTBEAT: ranks[0] needs an integer 'rank' >= 0, an integer 'pid' and a boolean 'running'");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":[{\"rank\":2,\"pid\":3,\"running\":true,"
+                                "\"gpu_bytes\":-4}]}", "NODE_HEARTBEAT: ranks[0].gpu_bytes must be a byte count or null");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":[{\"rank\":2,\"pid\":3,\"running\":true,"
+                                "\"cpu\":1}]}", "NODE_HEARTBEAT: ranks[0] has an unknown member");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":{}}", "NODE_HEARTBEAT: field 'ranks' must be an array");
+    refused(MSG_PLAN, "{\"attempt\":0,\"resume_dir\":\"\",\"error\":\"\"}", "PLAN: field 'attempt' = 0 is out of range");
     refused(MSG_PEERS, "{\"addrs\":[]}", "PEERS: field 'addrs' must be a non-empty array of strings");
     refused(MSG_PEERS, "{\"addrs\":[\"a\",2]}", "PEERS: addrs[1] must be a string");
     refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,"
