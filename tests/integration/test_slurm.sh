@@ -7,6 +7,8 @@
 #   rendezvous file carries the nonce, not the secret), and `fsdpctl status` answers from the
 #   submitting host through the command the log gives (srun --overlap --jobid): the job's
 #   TMPDIR is node-local, so the same query on the submitting host finds nothing;
+# - scancel: fsdpd gets the same SIGTERM, commits a checkpoint, and does not requeue the
+#   cancelled job (it is COMPLETING, no longer RUNNING);
 # - preemption (1 node): a job of partition "high" takes the nodes of the running job (partition
 #   "low", GraceTime): fsdpd commits a checkpoint, requeues the job itself, exits 0; the
 #   requeued run (Restarts=1) resumes from `latest` and finishes;
@@ -75,6 +77,16 @@ grep -q "node 0: job .*checkpoints in $tmp/two-ckpt, output in $tmp/two-out" "$t
     { cat "$tmp/two.out"; fail "two: the log does not say where checkpoints and output are"; }
 same_bits two
 echo "two nodes: $((SECONDS - t0)) s"
+
+# --- scancel: the same SIGTERM, but the job is COMPLETING: a checkpoint, no requeue ----------
+id=$(submit cancel 0.3 --nodes=1 -- --checkpoint.resume=auto --output.consolidate=false)
+wait_for 90 grep -qs "step 3/" "$tmp/cancel.out"
+slurm_cmd scancel "$id"
+state=$(slurm_wait_end "$id" 60)
+[ "$state" = CANCELLED ] && [ "$(slurm_job_field "$id" Restarts)" = 0 ] ||
+    { cat "$tmp/cancel.out"; fail "cancel: job $id ended $state after $(slurm_job_field "$id" Restarts) requeues"; }
+wait_for 20 grep -qs "no requeue: job $id is COMPLETING, not RUNNING" "$tmp/cancel.out" ||
+    { cat "$tmp/cancel.out"; fail "cancel: fsdpd does not say why it did not requeue"; }
 
 # --- preemption: checkpoint, requeue, resume ---------------------------------------------------
 t0=$SECONDS
