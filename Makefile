@@ -18,7 +18,7 @@ PMIX_LIBS   := $(shell pkg-config --libs pmix 2>/dev/null || echo -lpmix)
 
 OPT      ?= -O2 -g
 CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) $(PMIX_CFLAGS) -MMD -MP
-LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) $(PMIX_LIBS) -lpthread -lm
+LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) $(PMIX_LIBS) -lpthread -lm -ldl
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined
@@ -102,13 +102,18 @@ FUZZ_SECONDS ?= 20
 check-fuzz: fuzz
 	tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 
-# The embedded default: a copy-task data set and the tiny model trained by fsdpd on this
-# machine (its GPUs, one worker each, when it has some; else 2 CPU workers); progress on
-# stdout, metrics and the consolidated model in runs/tiny-cpu/output/.
+# The embedded default: a generated arithmetic chat set (scripts/gen_chat_data.py) in the
+# Llama 2 chat template, tokenized by fsdpd with the sp32k tokenizer of
+# configs/models/tiny-sp32k/ (the first two samples shown first), and the tiny model of that
+# vocabulary trained by fsdpd on this machine (its GPUs, one worker each, when it has some;
+# else 2 CPU workers); progress on stdout, metrics and the consolidated model in
+# runs/tiny-chat/output/.
 tiny: all
-	@mkdir -p runs/tiny-cpu
-	$(BUILD)/fsdpctl synth --out runs/tiny-cpu/copy.tokens --seq-len 32 --records 4096
-	$(BUILD)/fsdpd --job configs/jobs/tiny-cpu.json --checkpoint.resume=never \
+	@mkdir -p runs/tiny-chat
+	python3 scripts/gen_chat_data.py --out runs/tiny-chat/chat.jsonl --n 4000
+	$(BUILD)/fsdpctl tokenize --tokenizer configs/models/tiny-sp32k --data runs/tiny-chat/chat.jsonl \
+	    --format chat --template llama2 --seq-len 48 --show 2
+	$(BUILD)/fsdpd --job configs/jobs/tiny-chat.json --checkpoint.resume=never \
 	    --runtime.backend=auto --runtime.workers_per_node=0 --train.micro_batch=1
 
 clean:

@@ -23,6 +23,7 @@ static const struct point_spec {
     [FAULT_COMM_STALL] = {"comm_stall", "RNS", NULL},
     [FAULT_NCCL_HANG] = {"nccl_hang", "N", NULL},
     [FAULT_STEP_DELAY] = {"step_delay", "RS", NULL},
+    [FAULT_FABRIC_ROOT] = {"fabric_root", "P", NULL},
 };
 
 static fault table[MAX_FAULTS];

@@ -13,6 +13,8 @@
  *   comm_stall=RANK:CALL:SECONDS  that rank sleeps before its CALL-th collective
  *   step_delay=RANK:SECONDS       that rank sleeps before every optimizer step (a job slow
  *                                 enough for a test to act on it mid-training)
+ *   fabric_root=PATH              the fabric probe looks for /sys and /opt under PATH (a fake
+ *                                 EFA or InfiniBand machine, daemon/fabric.h)
  *   nccl_hang=CALL                this process's CALL-th NCCL collective waits behind a
  *                                 kernel spinning on a host flag
  *
@@ -35,6 +37,7 @@ typedef enum fault_point {
     FAULT_COMM_STALL,
     FAULT_NCCL_HANG,
     FAULT_STEP_DELAY,
+    FAULT_FABRIC_ROOT,
     FAULT_POINTS
 } fault_point;
 
@@ -44,7 +47,7 @@ typedef struct fault {
     char action[24];   /* worker, ckpt_write */
     long long n;       /* STEP or CALL; 0 when not given */
     double seconds;    /* comm_stall, step_delay */
-    char path[PATH_BYTES];   /* final_params */
+    char path[PATH_BYTES];   /* final_params, fabric_root */
     int fired;         /* for fault_once */
 } fault;
 

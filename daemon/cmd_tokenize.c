@@ -8,18 +8,29 @@
  * --no-add-special leaves out the post-processor's BOS/EOS; --split-special encodes special
  * token text as plain text (tokenizers' encode_special_tokens=True).
  *
+ * --data FILE.jsonl --format alpaca|chat|text [--template T] --seq-len N: a user's JSONL file
+ * into a cache (data/cache_build.h) on every core (--threads), a progress bar on stderr when it
+ * is a terminal: --out CACHE writes it, --show K prints the first K samples as text with the
+ * loss-bearing tokens between « and », with their ids and labels, --dump-jsonl OUT writes one
+ * {"input_ids": [...], "labels": [...]} line a sample (labels -100 where no loss).
+ * --no-truncate refuses a sample longer than --seq-len instead of cutting it;
+ * --on-bad-record skip passes over bad records (counted) instead of stopping at the first.
+ *
  * --from-safetensors FILE: a batch file (proto/batch.h, the golden references' form) whose
  * rows become records, one a row, in order: every input id is a token, and a label either
  * repeats its row's input id (a training target, mask 1) or is -100 (context, mask 0).  A
  * cache keeps a loss mask, not free labels, so any other label is refused. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
 #include "daemon/fsdpctl.h"
+#include "data/cache_build.h"
 #include "data/tokenizer.h"
 #include "proto/batch.h"
 #include "proto/tokens.h"
@@ -31,7 +42,14 @@ static int tokenize_usage(void) {
                     "  (FILE holds input_ids and labels [N, T]; one record a row)\n"
                     "       fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | "
                     "--jsonl FILE)\n"
-                    "                        [--no-add-special] [--split-special] [--json]\n");
+                    "                        [--no-add-special] [--split-special] [--json]\n"
+                    "       fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format "
+                    "alpaca|chat|text\n"
+                    "                        [--template llama3|llama2|chatml|alpaca|auto] "
+                    "--seq-len N\n"
+                    "                        [--out CACHE] [--show K] [--dump-jsonl OUT] "
+                    "[--no-truncate]\n"
+                    "                        [--on-bad-record fail|skip] [--threads N]\n");
     return 2;
 }
 
@@ -198,6 +216,117 @@ static int tokenize_with(const tok_opts *o, errbuf *err) {
     return rc;
 }
 
+/* ---- a JSONL data file into a cache --------------------------------------------------- */
+
+typedef struct data_opts {
+    const char *data, *format, *template_name, *out, *dump;
+    int seq_len, show, threads;
+    bool truncate, skip_bad;
+} data_opts;
+
+/* The text of ids[from, to) as the prefix decodes grow (decoding a run alone would lose a
+ * leading space to the decoder's Strip). */
+static int print_span(const tokenizer *tk, const int32_t *ids, size_t from, size_t to, errbuf *err) {
+    size_t a = 0, b;
+    char *head = from ? tokenizer_decode(tk, ids, from, &a, err) : NULL;
+    char *all = tokenizer_decode(tk, ids, to, &b, err);
+    int rc = (from && !head) || !all ? -1 : 0;
+    if (rc == 0 && b >= a) fwrite(all + a, 1, b - a, stdout);
+    free(head);
+    free(all);
+    return rc;
+}
+
+static void print_list(const char *name, const int32_t *ids, const uint8_t *mask, size_t n) {
+    fputs(name, stdout);
+    for (size_t i = 0; i < n; i++) printf(" %d", !mask || mask[i] ? ids[i] : -100);
+    putchar('\n');
+}
+
+static int show_sample(const tokenizer *tk, const tok_writer *w, uint64_t r, errbuf *err) {
+    const int32_t *ids = w->tokens + w->offsets[r];
+    const uint8_t *mask = w->mask + w->offsets[r];
+    size_t n = w->offsets[r + 1] - w->offsets[r], loss = 0;
+    for (size_t i = 0; i < n; i++) loss += mask[i];
+    printf("sample %llu: %zu tokens, %zu with loss (between « and »)\n", (unsigned long long)r + 1, n, loss);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && mask[j] == mask[i]) j++;
+        fputs(mask[i] ? "«" : "", stdout);
+        if (print_span(tk, ids, i, j, err)) return -1;
+        fputs(mask[i] ? "»" : "", stdout);
+        i = j;
+    }
+    putchar('\n');
+    print_list("input_ids:", ids, NULL, n);
+    print_list("labels:", ids, mask, n);
+    return 0;
+}
+
+static int dump_jsonl(const tok_writer *w, const char *path, errbuf *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return errf(err, "%s: cannot create", path);
+    for (uint64_t r = 0; r < w->n_records; r++) {
+        uint64_t a = w->offsets[r], b = w->offsets[r + 1];
+        fputs("{\"input_ids\": [", f);
+        for (uint64_t i = a; i < b; i++) fprintf(f, i > a ? ", %d" : "%d", w->tokens[i]);
+        fputs("], \"labels\": [", f);
+        for (uint64_t i = a; i < b; i++) fprintf(f, i > a ? ", %d" : "%d", w->mask[i] ? w->tokens[i] : -100);
+        fputs("]}\n", f);
+    }
+    if (ferror(f) | fclose(f)) return errf(err, "%s: write error", path);
+    return 0;
+}
+
+static int show_and_save(const char *tk_path, const data_opts *d, const tok_writer *w, errbuf *err) {
+    if (d->show) {
+        tokenizer *tk = tokenizer_load(tk_path, err);
+        if (!tk) return -1;
+        int rc = 0;
+        for (uint64_t r = 0; rc == 0 && r < w->n_records && r < (uint64_t)d->show; r++)
+            rc = show_sample(tk, w, r, err);
+        tokenizer_free(tk);
+        if (rc) return -1;
+    }
+    if (d->dump && dump_jsonl(w, d->dump, err)) return -1;
+    return d->out ? tok_writer_save(w, d->out, err) : 0;
+}
+
+static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
+    cache_build_opts o = {.tokenizer = tk_path, .data = d->data, .seq_len = d->seq_len,
+                          .truncate = d->truncate, .threads = d->threads, .log = stderr,
+                          .on_bad_record = d->skip_bad ? JOB_BAD_RECORD_SKIP : JOB_BAD_RECORD_FAIL,
+                          .progress = isatty(2)};
+    if (!strcmp(d->format, "alpaca")) o.format = JOB_DATA_ALPACA;
+    else if (!strcmp(d->format, "chat")) o.format = JOB_DATA_CHAT;
+    else if (!strcmp(d->format, "text")) o.format = JOB_DATA_TEXT;
+    else return errf(err, "--format: '%s' is not alpaca, chat or text", d->format);
+    if (resolve_template(d->template_name ? d->template_name : "", o.format, tk_path, &o.tpl, err))
+        return -1;
+    tok_writer w;
+    cache_build_stats st;
+    int rc = cache_build(&o, &w, &st, err);
+    if (rc == 0) rc = show_and_save(tk_path, d, &w, err);
+    if (rc == 0)
+        printf("%s%s: %llu samples (%llu tokens, %llu with loss) from %llu records; %llu skipped, "
+               "%llu dropped (no loss token), %llu truncated; format %s, template %s\n",
+               d->out ? "wrote " : "", d->out ? d->out : d->data, (unsigned long long)st.samples,
+               (unsigned long long)st.tokens, (unsigned long long)st.loss_tokens,
+               (unsigned long long)st.lines, (unsigned long long)st.skipped,
+               (unsigned long long)st.dropped, (unsigned long long)st.truncated, d->format,
+               chat_template_name((chat_template)w.source.template_id));
+    tok_writer_free(&w);
+    return rc;
+}
+
+static int parse_count(const char *s, int lo, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > (1 << 30)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *from = NULL, *out = NULL;
     long vocab = 0;
@@ -212,7 +341,17 @@ int cmd_tokenize(int argc, char **argv) {
                                              {"no-add-special", no_argument, 0, 'n'},
                                              {"split-special", no_argument, 0, 's'},
                                              {"json", no_argument, 0, 'j'},
+                                             {"data", required_argument, 0, 'D'},
+                                             {"format", required_argument, 0, 'F'},
+                                             {"template", required_argument, 0, 'T'},
+                                             {"seq-len", required_argument, 0, 'L'},
+                                             {"show", required_argument, 0, 'S'},
+                                             {"dump-jsonl", required_argument, 0, 'J'},
+                                             {"threads", required_argument, 0, 'P'},
+                                             {"no-truncate", no_argument, 0, 'N'},
+                                             {"on-bad-record", required_argument, 0, 'B'},
                                              {0, 0, 0, 0}};
+    data_opts d = {.truncate = true};
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -227,14 +366,31 @@ int cmd_tokenize(int argc, char **argv) {
         else if (opt == 'n') o.flags &= ~TK_ADD_SPECIAL;
         else if (opt == 's') o.flags |= TK_SPLIT_SPECIAL;
         else if (opt == 'j') o.json = 1;
+        else if (opt == 'D') d.data = optarg;
+        else if (opt == 'F') d.format = optarg;
+        else if (opt == 'T') d.template_name = optarg;
+        else if (opt == 'L' && parse_count(optarg, 2, &d.seq_len) == 0) continue;
+        else if (opt == 'S' && parse_count(optarg, 0, &d.show) == 0) continue;
+        else if (opt == 'P' && parse_count(optarg, 1, &d.threads) == 0) continue;
+        else if (opt == 'J') d.dump = optarg;
+        else if (opt == 'N') d.truncate = false;
+        else if (opt == 'B' && (!strcmp(optarg, "skip") || !strcmp(optarg, "fail"))) d.skip_bad = !strcmp(optarg, "skip");
         else return tokenize_usage();
     }
-    if (optind != argc || (o.tokenizer && out)) {
-        fprintf(stderr, "fsdpctl tokenize: JSONL data with a tokenizer is not built yet; "
-                        "only --from-safetensors is\n");
-        return 2;
-    }
+    if (optind != argc) return tokenize_usage();
     errbuf err;
+    if (d.data) {
+        d.out = out;
+        if (!o.tokenizer || !d.format || !d.seq_len || from || o.text || o.decode || o.jsonl ||
+            (!out && !d.show && !d.dump))
+            return tokenize_usage();
+        if (tokenize_data(o.tokenizer, &d, &err)) {
+            fprintf(stderr, "fsdpctl tokenize: %s\n", err.msg);
+            return 1;
+        }
+        return 0;
+    }
+    if (o.tokenizer && out) return tokenize_usage();
     if (o.tokenizer) {
         if (from || !!o.text + !!o.decode + !!o.jsonl != 1) return tokenize_usage();
         if (tokenize_with(&o, &err)) {

@@ -14,5 +14,6 @@ int cmd_status(int argc, char **argv);     /* daemon/cmd_status.c */
 int cmd_checkpoint(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_plot(int argc, char **argv);       /* daemon/cmd_plot.c */
+int cmd_fabric(int argc, char **argv);     /* daemon/cmd_fabric.c */
 
 #endif

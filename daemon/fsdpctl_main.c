@@ -31,6 +31,7 @@ static const subcommand subcommands[] = {
     {"checkpoint", cmd_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
     {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},
     {"plot", cmd_plot, "plot METRICS.jsonl --out FILE.svg"},
+    {"fabric", cmd_fabric, "fabric [--no-require]"},
 };
 
 static void usage(FILE *f) {

@@ -16,6 +16,8 @@
 #include "base/path.h"
 #include "daemon/cluster.h"
 #include "daemon/consolidate.h"
+#include "daemon/fabric.h"
+#include "daemon/data_prepare.h"
 #include "daemon/log.h"
 #include "daemon/requeue.h"
 #include "daemon/slurm.h"
@@ -65,6 +67,18 @@ static int consolidate_output(const job_config *job, errbuf *err) {
     return 0;
 }
 
+/* What carries NCCL here (daemon/fabric.h), logged; on the CUDA backend the workers'
+ * environment follows from it (NCCL's log in output.dir/nccl), and fabric.require may refuse. */
+static int probe_fabric(const job_config *job, fabric_found *f, char *found, size_t n, errbuf *err) {
+    if (fabric_probe(f, err)) return -1;
+    fabric_describe(f, found, n);
+    log_event(-1, "fabric: %s (%s)", fabric_kind(f), found);
+    if (job->runtime.backend != JOB_BACKEND_CUDA) return 0;
+    char dir[PATH_BYTES];
+    if (path_join(dir, sizeof dir, job->output.dir, "nccl", err)) return -1;
+    return fabric_setenv(f, job->fabric.require, dir, err);
+}
+
 /* One run: the nodes joined, then the workers supervised to the end. */
 static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
     if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
@@ -102,6 +116,7 @@ int main(int argc, char **argv) {
         check_multi_node(&job, slurm.nnodes, &err))
         goto bad_job;
     if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
+    if (data_prepare(&job, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */
@@ -119,7 +134,11 @@ int main(int argc, char **argv) {
     log_event(-1, "job %s: %d workers, backend %s; checkpoints in %s, output in %s, metrics %s", job_path,
               workers, job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu", job.checkpoint.dir,
               job.output.dir, job.runtime.metrics);
-    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path};
+    static fabric_found fabric;
+    static char found[4 * PATH_BYTES];
+    if (probe_fabric(&job, &fabric, found, sizeof found, &err)) goto bad_job;
+    supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
+                              .fabric_kind = fabric_kind(&fabric), .fabric_found = found};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */

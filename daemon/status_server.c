@@ -481,6 +481,8 @@ static json_t *job_status(job_binding *b) {
         json_object_set(reply, "last_error", json_object_get(sup, "last_error"));
         json_object_set_new(reply, "backend", json_string(backend_name(b->job->runtime.backend)));
         json_object_set(reply, "fabric", json_object_get(sup, "fabric"));
+        json_object_set(reply, "fabric_found", json_object_get(sup, "fabric_found"));
+        json_object_set(reply, "behind", json_object_get(sup, "behind"));
         json_object_set_new(reply, "socket", json_string(b->path));
     }
     json_decref(sup);

@@ -22,11 +22,13 @@
 #include "base/fault.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/cluster.h"
+#include "daemon/locator.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
 #include "daemon/status_server.h"
 #include "proto/msg.h"
+#include "proto/nccl_log.h"
 
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
@@ -47,6 +49,11 @@ typedef struct worker {
     char addr[MSG_ADDR_MAX];
     double last_seen;
     long long mem_bytes;     /* its context memory, from its heartbeats (-1: not reported) */
+    int has_coll;            /* its collectives, from its heartbeats (daemon/locator.h) */
+    msg_coll coll;
+    double coll_changed_at;  /* when they last moved */
+    int has_net;             /* its network, from its ready heartbeat */
+    msg_net net;
 } worker;
 
 struct supervisor {
@@ -76,6 +83,7 @@ struct supervisor {
     int stop_settled;       /* the stop's save is committed or given up */
     char stop_why[256];
     int signalled; /* the signal that stopped the job, 0 when none */
+    json_t *behind; /* what the hung-rank locator found at the first failure (NULL: not run) */
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
 
@@ -92,6 +100,7 @@ static void kill_all(supervisor *s) {
 static void send_msg(worker *w, const msg *m);
 static long long request_checkpoint(supervisor *s, const char *why);
 static void stop_for_sigterm(supervisor *s, int sig, const char *why);
+static void locate_hung(supervisor *s);
 static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
 /* On several nodes the leader's coordinator commits every save; the others relay to it. */
 static int is_follower(const supervisor *s) { return cluster_node(s->opt->cluster) != 0; }
@@ -161,6 +170,7 @@ static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ..
         s->reason_permanent = kind == FAILURE_PERMANENT;
         errf(&s->reason, "%s", msg);
     }
+    if (!s->behind && s->phase == PHASE_TRAINING && !is_follower(s)) locate_hung(s);
     if (multi_node(s)) cluster_fail(s->opt->cluster, msg); /* the leader stops every node */
     begin_stop(s, msg);
 }
@@ -394,6 +404,15 @@ static json_t *local_rank_rows(const supervisor *s) {
         json_t *row = json_pack("{s:i, s:i, s:b}", "rank", w->rank, "pid", (int)w->pid, "running",
                                 w->pid > 0 && !w->exited);
         if (row && w->mem_bytes >= 0) json_object_set_new(row, "mem_bytes", json_integer(w->mem_bytes));
+        if (row && w->has_coll) {
+            json_object_set_new(row, "coll", json_pack("{s:I, s:I, s:s, s:i}", "started", (json_int_t)w->coll.started,
+                                                       "finished", (json_int_t)w->coll.finished, "op", w->coll.op,
+                                                       "unit", w->coll.unit));
+            json_object_set_new(row, "coll_still_s", json_real(clock_now_s() - w->coll_changed_at));
+        }
+        if (row && w->has_net)
+            json_object_set_new(row, "net", json_pack("{s:s, s:o}", "transport", w->net.transport, "busbw_gbps",
+                                                      w->net.measured ? json_real(w->net.busbw_gbps) : json_null()));
         json_array_append_new(ranks, row);
     }
     return ranks;
@@ -430,6 +449,19 @@ static void add_ranks(const supervisor *s, json_t *out) {
     json_object_set_new(out, "ranks", ranks);
 }
 
+/* At the job's first failure, on the leader: the ranks a hung collective waits for, from
+ * every rank's last heartbeat (daemon/locator.h), logged and kept for the status. */
+static void locate_hung(supervisor *s) {
+    json_t *now = json_object();
+    add_ranks(s, now);
+    s->behind = locator_find(json_object_get(now, "ranks"), json_object_get(now, "nodes"),
+                             1.5 * s->job.runtime.heartbeat_s);
+    json_decref(now);
+    size_t i;
+    json_t *line;
+    json_array_foreach(s->behind, i, line) log_event(-1, "hung-rank locator: %s", json_string_value(line));
+}
+
 static void status_of(void *arg, json_t *out) {
     const supervisor *s = arg;
     add_ranks(s, out);
@@ -438,6 +470,8 @@ static void status_of(void *arg, json_t *out) {
     json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
+    json_object_set(out, "behind", s->behind ? s->behind : json_null());
+    json_object_set_new(out, "fabric_found", s->opt->fabric_found ? json_string(s->opt->fabric_found) : json_null());
 }
 
 /* CONFIG: the worker's place, the resolved job and the model's config. */
@@ -508,10 +542,44 @@ static json_t *cluster_ranks(void *arg) {
     return rows;
 }
 
+/* A rank's network (its ready heartbeat): logged, kept for the status, and checked against
+ * the fabric found and fabric.min_busbw_gbps.  Non-zero when the job cannot go on. */
+static int check_net(supervisor *s, worker *w, const msg_net *net) {
+    w->has_net = 1;
+    w->net = *net;
+    const char *t = net->transport[0] ? net->transport : "unknown";
+    if (net->measured)
+        log_event(w->rank, "network check: %.2f GB/s of bus bandwidth (all_reduce over %d ranks), transport %s",
+                  net->busbw_gbps, s->opt->workers * cluster_nodes(s->opt->cluster), t);
+    else
+        log_event(w->rank, "transport %s", t);
+    const char *kind = s->opt->fabric_kind ? s->opt->fabric_kind : "none";
+    if (nccl_transport_is_socket(net->transport) && strcmp(kind, "none") != 0) {
+        record_failure(s, FAILURE_PERMANENT, "rank %d: NCCL chose TCP sockets although this node has %s (%s): "
+                       "check the NCCL net plugin and NCCL_* settings, or NCCL_DEBUG_FILE's log", w->rank,
+                       !strcmp(kind, "efa") ? "EFA" : "InfiniBand", s->opt->fabric_found);
+        return -1;
+    }
+    double floor = s->job.fabric.min_busbw_gbps;
+    if (net->measured && floor > 0 && net->busbw_gbps < floor) {
+        record_failure(s, FAILURE_PERMANENT, "rank %d on node %d: the network check measured %.2f GB/s of bus "
+                       "bandwidth, below fabric.min_busbw_gbps = %g", w->rank, cluster_node(s->opt->cluster),
+                       net->busbw_gbps, floor);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
+    if (h->has_coll && (!w->has_coll || memcmp(&h->coll, &w->coll, sizeof h->coll) != 0)) {
+        w->has_coll = 1;
+        w->coll = h->coll;
+        w->coll_changed_at = clock_now_s();
+    }
     if (!h->ready || w->ready) return;
     w->ready = 1;
+    if (h->has_net && check_net(s, w, &h->net)) return;
     if (++s->n_ready < s->opt->workers || s->phase != PHASE_SETUP) return;
     if (multi_node(s)) cluster_ready(s->opt->cluster); /* the leader starts every node */
     else start_training(s);
@@ -774,6 +842,7 @@ static int setup_events(supervisor *s, errbuf *err) {
 static void teardown(supervisor *s) {
     status_server_free(s->status);
     json_decref(s->last_metrics);
+    json_decref(s->behind);
     ckpt_coord_free(s->ckpt);
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {

@@ -15,6 +15,12 @@
  * training the coordinator commits the workers' saves.  A job whose workers all exited 0
  * still fails when its final checkpoint did not commit.
  *
+ * Network (daemon/fabric.h): each worker's ready heartbeat says the transport its
+ * collectives use and, after the network check (fabric.preflight), its bus bandwidth; both
+ * are logged and in status.  The job stops before training (permanently: no restart cures
+ * it) when NCCL chose TCP sockets although the probe found EFA or InfiniBand, or when a
+ * rank measured less than fabric.min_busbw_gbps.
+ *
  * Fault point ckpt_request=STEP (base/fault.h) requests a checkpoint (as SIGUSR1 or the
  * status socket will) once rank 0 reports step STEP. */
 #ifndef FSDP_SUPERVISOR_H
@@ -31,6 +37,8 @@ typedef struct supervisor_options {
     const char *worker_path; /* the fsdp-worker executable */
     struct cluster *cluster; /* the job's nodes (daemon/cluster.h): the secret, this node's
                               * index and address (where workers listen for their peers) */
+    const char *fabric_kind;  /* what the fabric probe found (daemon/fabric.h): "efa", "ib", "none" */
+    const char *fabric_found; /* and in words, for the status */
 } supervisor_options;
 
 typedef struct supervisor supervisor;

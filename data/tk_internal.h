@@ -154,6 +154,7 @@ struct tokenizer {
     /* post-processor: the ids before and after the sequence */
     int32_t *prefix, *suffix;
     size_t nprefix, nsuffix;
+    int32_t bos_id, eos_id; /* -1: none */
     char note[512];
 };
 

@@ -45,16 +45,38 @@ void tokenizer_free(tokenizer *tk) {
     free(tk);
 }
 
+int32_t tokenizer_token_id(const tokenizer *tk, const char *s, size_t n) {
+    for (size_t i = 0; i < tk->nadded; i++)
+        if (tk->added[i].len == n && memcmp(tk->added[i].content, s, n) == 0) return tk->added[i].id;
+    return tk_strmap_get(&tk->vocab, s, n);
+}
+
 /* A special token named in tokenizer_config.json: a string or {"content": ...}. */
 static int32_t config_token_id(const tokenizer *tk, json_t *cfg, const char *key) {
     json_t *v = json_object_get(cfg, key);
     if (json_is_object(v)) v = json_object_get(v, "content");
     if (!json_is_string(v)) return -1;
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    for (size_t i = 0; i < tk->nadded; i++)
-        if (tk->added[i].len == n && memcmp(tk->added[i].content, s, n) == 0) return tk->added[i].id;
-    return tk_strmap_get(&tk->vocab, s, n);
+    return tokenizer_token_id(tk, json_string_value(v), json_string_length(v));
+}
+
+/* The first of names that is a token, or -1. */
+static int32_t first_token(const tokenizer *tk, const char *const *names) {
+    for (; *names; names++) {
+        int32_t id = tokenizer_token_id(tk, *names, strlen(*names));
+        if (id >= 0) return id;
+    }
+    return -1;
+}
+
+/* BOS and EOS: tokenizer_config.json's bos_token/eos_token where it names them, else the
+ * post-processor's single leading id (BOS) and the usual end-of-text names (EOS). */
+static void find_bos_eos(tokenizer *tk, json_t *cfg) {
+    static const char *const bos_names[] = {"<s>", "<|begin_of_text|>", NULL};
+    static const char *const eos_names[] = {"</s>", "<|end_of_text|>", "<|endoftext|>", NULL};
+    tk->bos_id = cfg ? config_token_id(tk, cfg, "bos_token") : -1;
+    tk->eos_id = cfg ? config_token_id(tk, cfg, "eos_token") : -1;
+    if (tk->bos_id < 0) tk->bos_id = tk->nprefix == 1 ? tk->prefix[0] : first_token(tk, bos_names);
+    if (tk->eos_id < 0) tk->eos_id = first_token(tk, eos_names);
 }
 
 /* One side (BOS or EOS) as the config's add_X_token says: a change, or -1 on error. */
@@ -82,7 +104,8 @@ static int config_side(tokenizer *tk, json_t *cfg, const char *flag, const char 
 static int apply_config(tokenizer *tk, const char *config, size_t len, const char *name,
                         errbuf *err) {
     json_error_t je;
-    json_t *cfg = json_loadb(config, len, 0, &je);
+    /* model_max_length is often 1e30 written as an integer: too big for json_int_t */
+    json_t *cfg = json_loadb(config, len, JSON_DECODE_INT_AS_REAL, &je);
     if (!cfg) return errf(err, "%s: tokenizer_config.json: %s (line %d)", name, je.text, je.line);
     int rc = 0, bos = 0, eos = 0;
     if (json_is_object(cfg)) {
@@ -92,6 +115,7 @@ static int apply_config(tokenizer *tk, const char *config, size_t len, const cha
                                     &tk->nsuffix, name, err);
         rc = bos < 0 || eos < 0 ? -1 : 0;
     }
+    find_bos_eos(tk, json_is_object(cfg) ? cfg : NULL);
     if (rc == 0 && (bos || eos))
         snprintf(tk->note, sizeof tk->note,
                  "%s: tokenizer_config.json's add_bos_token/add_eos_token differ from "
@@ -116,6 +140,7 @@ tokenizer *tokenizer_parse(const char *json, size_t len, const char *config, siz
                   : errf(err, "%s: %s (line %d, column %d)", name, je.text, je.line, je.column);
     json_decref(root);
     if (rc == 0 && config) rc = apply_config(tk, config, config_len, name, err);
+    else if (rc == 0) find_bos_eos(tk, NULL);
     if (rc) {
         tokenizer_free(tk);
         return NULL;
@@ -150,6 +175,12 @@ tokenizer *tokenizer_load(const char *path, errbuf *err) {
 
 const char *tokenizer_note(const tokenizer *tk) { return tk->note; }
 int32_t tokenizer_vocab_size(const tokenizer *tk) { return tk->nids; }
+int32_t tokenizer_bos_id(const tokenizer *tk) { return tk->bos_id; }
+int32_t tokenizer_eos_id(const tokenizer *tk) { return tk->eos_id; }
+const int32_t *tokenizer_prefix_ids(const tokenizer *tk, size_t *n) {
+    *n = tk->nprefix;
+    return tk->prefix;
+}
 
 const char *tokenizer_id_to_token(const tokenizer *tk, int32_t id) {
     return id >= 0 && id < tk->nids ? tk->id_tokens[id] : NULL;

@@ -43,6 +43,15 @@ void tokenizer_free(tokenizer *tk);
 const char *tokenizer_note(const tokenizer *tk);
 /* One more than the largest id (the model's vocabulary and the added tokens). */
 int32_t tokenizer_vocab_size(const tokenizer *tk);
+/* The id of the token whose text is s (an added token, else a vocabulary entry), or -1. */
+int32_t tokenizer_token_id(const tokenizer *tk, const char *s, size_t n);
+/* BOS and EOS: tokenizer_config.json's bos_token/eos_token where given, else the
+ * post-processor's single leading id (BOS) and a token named </s>, <|end_of_text|> or
+ * <|endoftext|> (EOS); -1 when there is none. */
+int32_t tokenizer_bos_id(const tokenizer *tk);
+int32_t tokenizer_eos_id(const tokenizer *tk);
+/* The ids the post-processor puts before a sequence (TK_ADD_SPECIAL), *n of them. */
+const int32_t *tokenizer_prefix_ids(const tokenizer *tk, size_t *n);
 /* The token string of id, or NULL. */
 const char *tokenizer_id_to_token(const tokenizer *tk, int32_t id);
 

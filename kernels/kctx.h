@@ -25,6 +25,17 @@ typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 
 #define K_IGNORE_INDEX (-100)
 
+/* The documents of a packed batch (k_rope, k_attention_fwd, k_attention_bwd): for each token
+ * (b, t) of a [B, T] batch, row positions [start, end) of the document holding it, int32 [B*T]
+ * in context memory.  Within a row the documents tile 0..T-1: start[t] = t or start[t-1], end
+ * likewise, start <= t < end.  A token attends to the keys j of its document with j <= t
+ * (start <= j), and its RoPE position is t - start.  The struct itself is host memory; an op
+ * given NULL docs treats every row as one document (positions 0..T-1), at the unpacked
+ * speed. */
+typedef struct k_docs {
+    const int32_t *start, *end;
+} k_docs;
+
 typedef struct k_block k_block; /* kernels.c's record of one k_alloc block */
 
 typedef struct kctx {

@@ -80,26 +80,32 @@ K_OP(rmsnorm_bwd,
 
 /* ---- RoPE (Hugging Face rotate_half convention: pairs (i, i + hd/2)) ---- */
 
-/* k_rope: x is [B, T, H, hd], rotated in place by angle pos * inv_freq[i], pos = t (0..T-1);
+/* k_rope: x is [B, T, H, hd], rotated in place by angle pos * inv_freq[i], pos = t (0..T-1),
+ * or with docs (kctx.h) t - docs->start[b, t], the position in the token's document;
  * inverse != 0 rotates by the negative angle, which is the backward pass.
  * inv_freq is fp32 [hd/2] in context memory; k_rope_inv_freq (kernels.h) fills it on the
  * host. */
-K_OP(rope, (kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd, int inverse),
-     (c, x, inv_freq, B, T, H, hd, inverse))
+K_OP(rope,
+     (kctx *c, void *x, const float *inv_freq, const k_docs *docs, int B, int T, int H, int hd,
+      int inverse),
+     (c, x, inv_freq, docs, B, T, H, hd, inverse))
 
 /* ---- causal attention with grouped-query heads ---- */
 
 /* k_attention_fwd: q [B,T,Hq,hd], k/v [B,T,Hkv,hd], Hq % Hkv == 0 (query head h uses kv
- * head h / (Hq/Hkv)), scale 1/sqrt(hd).  lse [B,Hq,T] (fp32) is saved for the backward pass. */
+ * head h / (Hq/Hkv)), scale 1/sqrt(hd).  lse [B,Hq,T] (fp32) is saved for the backward pass.
+ * docs NULL: causal over the whole row; else (varlen, kctx.h) query t sees keys
+ * docs->start[b,t] .. t only, so no token attends across a document boundary. */
 K_OP(attention_fwd,
-     (kctx *c, void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-      int Hq, int Hkv, int hd),
-     (c, out, lse, q, k, v, B, T, Hq, Hkv, hd))
-/* k_attention_bwd: writes (overwrites) dq, dk, dv. */
+     (kctx *c, void *out, float *lse, const void *q, const void *k, const void *v,
+      const k_docs *docs, int B, int T, int Hq, int Hkv, int hd),
+     (c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd))
+/* k_attention_bwd: writes (overwrites) dq, dk, dv; docs as the forward's. */
 K_OP(attention_bwd,
      (kctx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-      const void *v, const void *out, const float *lse, int B, int T, int Hq, int Hkv, int hd),
-     (c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd))
+      const void *v, const void *out, const float *lse, const k_docs *docs, int B, int T,
+      int Hq, int Hkv, int hd),
+     (c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv, hd))
 
 /* ---- SwiGLU: out = silu(gate) * up ---- */
 

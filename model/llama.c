@@ -119,8 +119,8 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 /* ---- decoder layer ---- */
 
 void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
-                         const float *inv_freq, const void *x, void *out, llama_layer_acts *a,
-                         int B, int T) {
+                         const float *inv_freq, const k_docs *docs, const void *x, void *out,
+                         llama_layer_acts *a, int B, int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
@@ -131,9 +131,9 @@ void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
     k_linear_fwd(c, a->q, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd);
     k_linear_fwd(c, a->k, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd);
     k_linear_fwd(c, a->v, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd);
-    k_rope(c, a->q, inv_freq, B, T, Hq, hd, 0);
-    k_rope(c, a->k, inv_freq, B, T, Hkv, hd, 0);
-    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, B, T, Hq, Hkv, hd);
+    k_rope(c, a->q, inv_freq, docs, B, T, Hq, hd, 0);
+    k_rope(c, a->k, inv_freq, docs, B, T, Hkv, hd, 0);
+    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, B, T, Hq, Hkv, hd);
     k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
     k_accumulate(c, a->h, x, (size_t)N * C);
 
@@ -147,8 +147,9 @@ void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
 }
 
 void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
-                          const float *inv_freq, const void *x, const llama_layer_acts *a,
-                          llama_scratch *s, void *dresid, int B, int T) {
+                          const float *inv_freq, const k_docs *docs, const void *x,
+                          const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
+                          int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
@@ -165,10 +166,10 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, f
     /* Attention: dresid now holds d/d(h), which also passes to x unchanged. */
     k_linear_bwd(c, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C,
                  0);
-    k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, B, T, Hq,
-                    Hkv, hd);
-    k_rope(c, s->dq, inv_freq, B, T, Hq, hd, 1);
-    k_rope(c, s->dk, inv_freq, B, T, Hkv, hd, 1);
+    k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs, B,
+                    T, Hq, Hkv, hd);
+    k_rope(c, s->dq, inv_freq, docs, B, T, Hq, hd, 1);
+    k_rope(c, s->dk, inv_freq, docs, B, T, Hkv, hd, 1);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_Q), s->dq, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd, 0);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_K), s->dk, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd, 1);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_V), s->dv, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd, 1);

@@ -42,6 +42,14 @@ int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, flo
 int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
                       int B, int T, errbuf *err);
 
+/* A packed batch (several documents in a row) is given by its positions, host int32 [B,T]:
+ * each token's position in its document, as Hugging Face's position_ids from
+ * DataCollatorWithFlattening: 0 starts a document, anything else is the previous token's
+ * position + 1 (so every row starts with 0).  From them the document bounds of k_docs
+ * (kctx.h): start[b*T+t] and end[b*T+t], host int32 [B*T].  Errors name the position. */
+int llama_doc_bounds(const int32_t *positions, int B, int T, int32_t *start, int32_t *end,
+                     errbuf *err);
+
 /* RoPE inverse frequencies [head_dim/2] on the host from the config's rope parameters. */
 void llama_rope_inv_freq(const llama_config *cfg, float *host_inv_freq);
 
@@ -102,15 +110,18 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
                           const void *dresid, int N);
 
 /* One decoder layer: out = h + mlp(h), h = x + attn(x).  inv_freq: [head_dim/2] fp32 in
- * context memory.  out must not alias x (x stays the layer's saved input). */
+ * context memory.  docs: a packed batch's documents (kctx.h; positions restart and attention
+ * stays inside each), or NULL: one sequence per row.  out must not alias x (x stays the
+ * layer's saved input). */
 void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
-                         const float *inv_freq, const void *x, void *out, llama_layer_acts *a,
-                         int B, int T);
+                         const float *inv_freq, const k_docs *docs, const void *x, void *out,
+                         llama_layer_acts *a, int B, int T);
 /* On entry dresid = d/d(out), on return d/d(x); grads += d/d(params).  a must hold this
- * layer's forward on input x (a recomputation counts). */
+ * layer's forward on input x with the same docs (a recomputation counts). */
 void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
-                          const float *inv_freq, const void *x, const llama_layer_acts *a,
-                          llama_scratch *s, void *dresid, int B, int T);
+                          const float *inv_freq, const k_docs *docs, const void *x,
+                          const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
+                          int T);
 
 /* The head: final RMSNorm, lm_head, cross entropy against targets (already shifted, see
  * k_shift_labels), and its backward.  *loss_sum (fp32, context memory) += the summed token
@@ -146,6 +157,8 @@ typedef struct llama_model {
     llama_scratch scratch;
     void *dresid;                 /* [N,C] */
     int32_t *tokens, *targets;    /* [N] */
+    int32_t *doc_start, *doc_end; /* [N]: a packed batch's document bounds */
+    k_docs docs;                  /* pointing at them */
     float *loss_sum;              /* [1] */
     float *logits_f32;            /* [N,V], allocated when logits are first asked for */
 } llama_model;
@@ -172,5 +185,13 @@ void llama_model_zero_grad(llama_model *m);
 int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
                                  const int32_t *labels, int B, int T, float dscale,
                                  float *loss_sum, int64_t *count, float *logits, errbuf *err);
+/* The same for a packed batch: positions (host int32 [B,T], see llama_doc_bounds) restart at
+ * each document, and no token attends across a document boundary; NULL positions is
+ * llama_model_forward_backward.  Labels are as given: the data side masks each document's
+ * first label (-100), and *count counts what is left. */
+int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids,
+                                        const int32_t *labels, const int32_t *positions, int B,
+                                        int T, float dscale, float *loss_sum, int64_t *count,
+                                        float *logits, errbuf *err);
 
 #endif

@@ -34,6 +34,23 @@ int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const i
     return 0;
 }
 
+int llama_doc_bounds(const int32_t *positions, int B, int T, int32_t *start, int32_t *end,
+                     errbuf *err) {
+    for (int b = 0; b < B; b++) {
+        const int32_t *pos = positions + (size_t)b * T;
+        int32_t *s = start + (size_t)b * T, *e = end + (size_t)b * T;
+        for (int t = 0; t < T; t++) {
+            if (pos[t] != 0 && (t == 0 || pos[t] != pos[t - 1] + 1))
+                return errf(err, "batch: positions[%d,%d] = %d is neither 0 (a document's "
+                                 "start) nor the previous position + 1", b, t, (int)pos[t]);
+            s[t] = t - pos[t];
+        }
+        /* a document ends where the next one starts, the last at T */
+        for (int t = T - 1; t >= 0; t--) e[t] = t == T - 1 || pos[t + 1] == 0 ? t + 1 : e[t + 1];
+    }
+    return 0;
+}
+
 void llama_rope_inv_freq(const llama_config *cfg, float *host_inv_freq) {
     const rope_config *r = &cfg->rope;
     k_rope_params p = {

@@ -112,6 +112,10 @@ static size_t carve_activations(llama_model *m, char *mem, int B, int T) {
     at += small;
     m->targets = AT();
     at += small;
+    m->doc_start = AT();
+    at += small;
+    m->doc_end = AT();
+    at += small;
     m->loss_sum = AT();
     at += UNIT_ALIGN;
     int n_acts = m->checkpoint_activations ? 1 : lo->n_layers;
@@ -222,12 +226,42 @@ int llama_model_load_hf(llama_model *m, const st_model *st, errbuf *err) {
 int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
                                  const int32_t *labels, int B, int T, float dscale,
                                  float *loss_sum, int64_t *count, float *logits, errbuf *err) {
+    return llama_model_forward_backward_packed(m, input_ids, labels, NULL, B, T, dscale,
+                                               loss_sum, count, logits, err);
+}
+
+/* The documents of positions [B,T] (NULL: none) copied into m's doc_start/doc_end; *docs
+ * points at them, or is NULL without positions. */
+static int upload_docs(llama_model *m, const int32_t *positions, int B, int T,
+                       const k_docs **docs, errbuf *err) {
+    *docs = NULL;
+    if (!positions) return 0;
+    size_t N = (size_t)B * T;
+    int32_t *bounds = malloc(2 * N * sizeof *bounds);
+    if (!bounds) return errf(err, "llama model: out of host memory");
+    int rc = llama_doc_bounds(positions, B, T, bounds, bounds + N, err);
+    if (rc == 0) { /* pageable sources: consumed when the copies return */
+        k_copy_h2d(m->ctx, m->doc_start, bounds, N * sizeof *bounds);
+        k_copy_h2d(m->ctx, m->doc_end, bounds + N, N * sizeof *bounds);
+        m->docs = (k_docs){m->doc_start, m->doc_end};
+        *docs = &m->docs;
+    }
+    free(bounds);
+    return rc;
+}
+
+int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids,
+                                        const int32_t *labels, const int32_t *positions, int B,
+                                        int T, float dscale, float *loss_sum, int64_t *count,
+                                        float *logits, errbuf *err) {
     const llama_layout *lo = &m->layout;
     kctx *c = m->ctx;
     if (llama_check_batch(&lo->cfg, input_ids, labels, B, T, err)) return -1;
     if ((int64_t)B * T > INT32_MAX / lo->cfg.vocab_size)
         return errf(err, "batch: [%d, %d] x vocab %d too large", B, T, lo->cfg.vocab_size);
-    if (ensure_activations(m, B, T, err)) return -1;
+    const k_docs *docs;
+    if (ensure_activations(m, B, T, err) || upload_docs(m, positions, B, T, &docs, err))
+        return -1;
     int N = B * T, L = lo->n_layers, V = lo->cfg.vocab_size;
     if (logits && !m->logits_f32) {
         m->logits_f32 = k_alloc(c, (size_t)N * V * sizeof(float), err);
@@ -246,8 +280,8 @@ int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
     int ckpt = m->checkpoint_activations;
     llama_embed_forward(c, lo, embed, m->tokens, m->resid[0], N);
     for (int l = 0; l < L; l++)
-        llama_layer_forward(c, lo, m->params[llama_layer_unit(l)], m->inv_freq, m->resid[l],
-                            m->resid[l + 1], &m->layer_acts[ckpt ? 0 : l], B, T);
+        llama_layer_forward(c, lo, m->params[llama_layer_unit(l)], m->inv_freq, docs,
+                            m->resid[l], m->resid[l + 1], &m->layer_acts[ckpt ? 0 : l], B, T);
 
     int hu = llama_head_unit(lo);
     llama_head_forward_backward(c, lo, m->params[hu], m->grads[hu], embed, dembed, m->resid[L],
@@ -260,9 +294,9 @@ int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
         /* With checkpointing the shared acts hold the last layer's forward; recompute the
          * others from their saved inputs (the output rewrites resid[l+1] identically). */
         if (ckpt && l != L - 1)
-            llama_layer_forward(c, lo, params, m->inv_freq, m->resid[l], m->resid[l + 1], a, B,
-                                T);
-        llama_layer_backward(c, lo, params, m->grads[llama_layer_unit(l)], m->inv_freq,
+            llama_layer_forward(c, lo, params, m->inv_freq, docs, m->resid[l], m->resid[l + 1], a,
+                                B, T);
+        llama_layer_backward(c, lo, params, m->grads[llama_layer_unit(l)], m->inv_freq, docs,
                              m->resid[l], a, &m->scratch, m->dresid, B, T);
     }
     llama_embed_backward(c, lo, dembed, m->tokens, m->dresid, N);

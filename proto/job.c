@@ -32,13 +32,8 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"data.format", "alpaca"},
-    {"data.format", "chat"},
-    {"data.format", "text"},
-    {"data.template", NULL},
     {"data.packing", "true"},
     {"data.eval_fraction", NULL},
-    {"data.on_bad_record", "skip"},
     {"train.type", "lora"},
     {"train.type", "qlora"},
     {"lora.rank", NULL},
@@ -108,6 +103,8 @@ static const choice sharding_choices[] = {
 static const choice act_ckpt_choices[] = {
     {"none", JOB_ACT_CKPT_NONE}, {"full", JOB_ACT_CKPT_FULL},
     {"selective", JOB_ACT_CKPT_SELECTIVE}, {NULL, 0}};
+static const choice preflight_choices[] = {
+    {"auto", JOB_PREFLIGHT_AUTO}, {"on", JOB_PREFLIGHT_ON}, {"off", JOB_PREFLIGHT_OFF}, {NULL, 0}};
 static const choice backend_choices[] = {
     {"auto", JOB_BACKEND_AUTO}, {"cuda", JOB_BACKEND_CUDA}, {"cpu", JOB_BACKEND_CPU}, {NULL, 0}};
 static const choice on_usr1_choices[] = {
@@ -117,7 +114,7 @@ static const char *const lora_modules[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
 static const char *const sections[] = {
-    "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime"};
+    "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime", "fabric"};
 
 /* Every key of the job file, in the order job_to_json writes them. */
 static const job_key keys[] = {
@@ -132,6 +129,7 @@ static const job_key keys[] = {
     NUM("data", "seq_len", K_INT, data.seq_len, 2, 1 << 20),
     OTHER("data", "shuffle", K_BOOL, data.shuffle),
     OTHER("data", "packing", K_BOOL, data.packing),
+    OTHER("data", "truncate", K_BOOL, data.truncate),
     RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
 
@@ -186,6 +184,10 @@ static const job_key keys[] = {
     NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+
+    OTHER("fabric", "require", K_BOOL, fabric.require),
+    CHOICE("fabric", "preflight", fabric.preflight, preflight_choices),
+    NUM("fabric", "min_busbw_gbps", K_DOUBLE, fabric.min_busbw_gbps, 0, INFINITY),
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -218,6 +220,7 @@ void job_defaults(job_config *j) {
     j->data.packing = false; /* DESIGN.md's default, true, comes with packing */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
+    j->data.truncate = true;
 
     j->train.type = JOB_TRAIN_FULL;
     j->train.global_batch = 8;
@@ -269,6 +272,7 @@ void job_defaults(job_config *j) {
     j->runtime.comm_timeout_s = 600;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
+    j->fabric.require = true;
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */
@@ -331,7 +335,7 @@ static int unknown_section(const char *name, errbuf *err) {
     for (size_t i = 0; i < COUNT(sections); i++) consider(name, sections[i], &best, &best_d);
     if (best) return errf(err, "%s: unknown section (did you mean %s?)", name, best);
     return errf(err, "%s: unknown section (sections: model, data, train, lora, fsdp, "
-                     "checkpoint, output, runtime)", name);
+                     "checkpoint, output, runtime, fabric)", name);
 }
 
 static int unknown_key(const char *section, const char *name, errbuf *err) {
@@ -1092,13 +1096,32 @@ static int check_schedule(const job_config *j, errbuf *err) {
     return 0;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The template names data/chat_template.h knows ("" = auto); fsdpd resolves auto. */
+static int check_data(const job_config *j, errbuf *err) {
+    static const char *const templates[] = {"", "auto", "llama3", "llama2", "chatml", "alpaca"};
+    if (!j->data.path[0])
+        return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
+                         "JSONL file with data.format alpaca, chat or text)");
+    if (j->data.format == JOB_DATA_TOKENS && ends_with(j->data.path, ".jsonl"))
+        return errf(err, "data.format: %s is a JSONL file: set data.format to alpaca, chat or text",
+                    j->data.path);
+    for (size_t i = 0; i < COUNT(templates); i++)
+        if (!strcmp(j->data.template_name, templates[i])) return 0;
+    return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, alpaca, auto",
+                j->data.template_name);
+}
+
 int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
-    if (!j->data.path[0])
-        return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize)");
+    if (check_data(j, err)) return -1;
     if (j->runtime.node_timeout_s <= j->runtime.heartbeat_s)
         return errf(err, "runtime.node_timeout_s: %d s is not longer than runtime.heartbeat_s (%d s), the "
                     "period of the heartbeats it waits for", j->runtime.node_timeout_s, j->runtime.heartbeat_s);

@@ -57,6 +57,7 @@ typedef enum job_resume {
 typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA } job_backend;
 /* SIGUSR1: auto = requeue under SLURM (its time-limit warning), checkpoint elsewhere. */
 typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
+typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 
 typedef struct job_config {
     struct {
@@ -74,6 +75,7 @@ typedef struct job_config {
         bool packing;
         double eval_fraction;
         job_bad_record on_bad_record;
+        bool truncate;             /* cut samples longer than seq_len (false: a bad record) */
     } data;
     struct {
         job_train_type type;
@@ -140,6 +142,11 @@ typedef struct job_config {
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
     } runtime;
+    struct {
+        bool require;          /* refuse to start when EFA is present but no NCCL plugin loads */
+        job_preflight preflight; /* the network check at start; auto: on for several nodes */
+        double min_busbw_gbps; /* the check's floor, GB/s of bus bandwidth (0: none) */
+    } fabric;
 } job_config;
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built

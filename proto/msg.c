@@ -74,10 +74,27 @@ static const field config_fields[] = {
     INT(msg_config, "model_fd", model_fd, -1, INT_MAX),
 };
 
+static const field coll_fields[] = {
+    I64(msg_coll, "started", started, 0),
+    I64(msg_coll, "finished", finished, 0),
+    STR(msg_coll, "op", op),
+    INT(msg_coll, "unit", unit, -1, INT_MAX),
+};
+static const body_info coll_info = {coll_fields, COUNT(coll_fields), NULL};
+
+static const field net_fields[] = {
+    STR(msg_net, "transport", transport),
+    BOOL(msg_net, "measured", measured),
+    F64(msg_net, "busbw_gbps", busbw_gbps),
+};
+static const body_info net_info = {net_fields, COUNT(net_fields), NULL};
+
 static const field heartbeat_fields[] = {
     BOOL(msg_heartbeat, "ready", ready),
     OPT_I64(msg_heartbeat, "step", step, 0),
     OPT_I64(msg_heartbeat, "mem_bytes", mem_bytes, 0),
+    OPT_SUB(msg_heartbeat, "coll", coll, coll_info),
+    OPT_SUB(msg_heartbeat, "net", net, net_info),
 };
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err);
@@ -238,6 +255,15 @@ static int check_ckpt_mode(void *body, const char *type, errbuf *err) {
     return 0;
 }
 
+/* A rank's collectives in a status row: {"started", "finished", "op", "unit"}. */
+static int check_coll(const json_t *c) {
+    const json_t *started = json_object_get(c, "started"), *finished = json_object_get(c, "finished");
+    const json_t *unit = json_object_get(c, "unit");
+    return !json_is_object(c) || json_object_size(c) != 4 || !json_is_integer(started) ||
+           json_integer_value(started) < 0 || !json_is_integer(finished) || json_integer_value(finished) < 0 ||
+           !json_is_string(json_object_get(c, "op")) || !json_is_integer(unit) || json_integer_value(unit) < -1;
+}
+
 /* One status row of a follower's rank: exactly these members. */
 static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf *err) {
     static const char *const memory[] = {"host_rss_bytes", "gpu_bytes"};
@@ -253,6 +279,21 @@ static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf 
         if (!v) continue;
         if (!json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) >= 0))
             return errf(err, "%s: ranks[%zu].%s must be a byte count or null", type, i, memory[k]);
+        known++;
+    }
+    const json_t *coll = json_object_get(row, "coll"), *still = json_object_get(row, "coll_still_s");
+    if (coll) {
+        if (check_coll(coll) || !json_is_number(still) || json_number_value(still) < 0)
+            return errf(err, "%s: ranks[%zu].coll must be {\"started\", \"finished\", \"op\", \"unit\"} with a "
+                        "'coll_still_s' >= 0", type, i);
+        known += 2;
+    }
+    const json_t *net = json_object_get(row, "net");
+    if (net) {
+        const json_t *bw = json_object_get(net, "busbw_gbps");
+        if (!json_is_object(net) || json_object_size(net) != 2 || !json_is_string(json_object_get(net, "transport")) ||
+            !(json_is_null(bw) || json_is_number(bw)))
+            return errf(err, "%s: ranks[%zu].net must be {\"transport\", \"busbw_gbps\"}", type, i);
         known++;
     }
     if (json_object_size(row) != known) return errf(err, "%s: ranks[%zu] has an unknown member", type, i);

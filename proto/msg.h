@@ -97,12 +97,33 @@ typedef struct msg_nccl_id {
     unsigned char id[MSG_NCCL_ID_BYTES];
 } msg_nccl_id;
 
+/* A rank's collectives (worker/comm.h, comm_progress): the last started (its sequence
+ * number, collective and unit, -1 for none) and the highest finished. */
+typedef struct msg_coll {
+    int64_t started, finished;
+    char op[16];
+    int unit;
+} msg_coll;
+
+/* A rank's network, in its ready heartbeat: the transport its collectives use ("tcp" for
+ * fsdpd's rings; NCCL's as its log says: "IB", "Socket", ..., "" unknown) and, after the
+ * network check (fabric.preflight), the bus bandwidth it measured. */
+typedef struct msg_net {
+    char transport[32];
+    bool measured;
+    double busbw_gbps;
+} msg_net;
+
 typedef struct msg_heartbeat {
     bool ready;         /* set once: connected to the peers, ready to START */
     bool has_step;
     int64_t step;       /* optimizer steps done */
     bool has_mem_bytes;
     int64_t mem_bytes;  /* context memory in use after the last step */
+    bool has_coll;
+    msg_coll coll;
+    bool has_net;
+    msg_net net;
 } msg_heartbeat;
 
 /* The checkpoint a step triggers, announced before it is written. */

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,9 +19,43 @@ typedef struct tok_header {
     uint64_t n_records;
     uint64_t n_tokens;
     uint32_t crc;
-    uint8_t reserved[28];
+    uint32_t format, template_id, reserved0;
+    uint8_t tokenizer_sha256[TOK_SHA256_BYTES];
+    uint8_t reserved[48];
 } tok_header;
-_Static_assert(sizeof(tok_header) == TOK_HEADER_BYTES, "token-cache header is 64 bytes");
+_Static_assert(sizeof(tok_header) == TOK_HEADER_BYTES, "token-cache header is 128 bytes");
+_Static_assert(offsetof(tok_header, crc) == TOK_CRC_OFFSET, "crc offset");
+
+enum { META_OFFSET = offsetof(tok_header, format) }; /* the header bytes the checksum covers */
+
+uint32_t tok_checksum(const void *buf, size_t len) {
+    const unsigned char *b = buf;
+    uint32_t crc = crc32c(0, b + META_OFFSET, TOK_HEADER_BYTES - META_OFFSET);
+    return crc32c(crc, b + TOK_HEADER_BYTES, len - TOK_HEADER_BYTES);
+}
+
+static bool all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+/* format, template and tokenizer hash go together; reserved bytes are zero. */
+static int check_source(const tok_header *h, const char *name, errbuf *err) {
+    if (h->reserved0 || !all_zero(h->reserved, sizeof h->reserved))
+        return errf(err, "%s: reserved header bytes are not zero", name);
+    if (h->format > TOK_FORMAT_TEXT) return errf(err, "%s: unknown format %u", name, h->format);
+    if (h->template_id > TOK_TEMPLATE_MAX)
+        return errf(err, "%s: unknown template %u", name, h->template_id);
+    bool no_hash = all_zero(h->tokenizer_sha256, TOK_SHA256_BYTES);
+    if ((h->format == TOK_FORMAT_TOKENS) != no_hash)
+        return errf(err, "%s: format %u with%s a tokenizer hash", name, h->format,
+                    no_hash ? "out" : "");
+    bool templated = h->format == TOK_FORMAT_CHAT || h->format == TOK_FORMAT_ALPACA;
+    if (templated != (h->template_id != TOK_TEMPLATE_NONE))
+        return errf(err, "%s: format %u with template %u", name, h->format, h->template_id);
+    return 0;
+}
 
 static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 
@@ -43,7 +79,9 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
     memcpy(&h, buf, sizeof h);
     if (memcmp(h.magic, TOK_MAGIC, 8) != 0)
         return errf(err, "%s: not a token cache (bad magic)", name);
-    if (h.version != 1) return errf(err, "%s: token cache version %u is not supported", name, h.version);
+    if (h.version != TOK_VERSION)
+        return errf(err, "%s: token cache version %u is not supported (this build reads version %d; "
+                         "rebuild the cache)", name, h.version, TOK_VERSION);
     if (h.vocab_size == 0 || h.vocab_size > INT32_MAX)
         return errf(err, "%s: vocab_size %u out of range", name, h.vocab_size);
     uint64_t want = tok_file_size(h.n_records, h.n_tokens);
@@ -52,12 +90,15 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
                     name, len, (unsigned long long)h.n_records, (unsigned long long)h.n_tokens,
                     (unsigned long long)want);
     const unsigned char *base = buf;
-    uint32_t crc = crc32c(0, base + TOK_HEADER_BYTES, len - TOK_HEADER_BYTES);
-    if (crc != h.crc) return errf(err, "%s: checksum mismatch (file corrupt)", name);
+    if (tok_checksum(base, len) != h.crc) return errf(err, "%s: checksum mismatch (file corrupt)", name);
+    if (check_source(&h, name, err)) return -1;
 
     c->vocab_size = h.vocab_size;
     c->n_records = h.n_records;
     c->n_tokens = h.n_tokens;
+    c->source.format = h.format;
+    c->source.template_id = h.template_id;
+    memcpy(c->source.tokenizer_sha256, h.tokenizer_sha256, TOK_SHA256_BYTES);
     c->offsets = (const uint64_t *)(base + TOK_HEADER_BYTES);
     c->tokens = (const int32_t *)(base + TOK_HEADER_BYTES + (h.n_records + 1) * 8);
     c->mask = (const uint8_t *)(c->tokens + h.n_tokens);
@@ -74,6 +115,24 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
             return errf(err, "%s: mask of token %llu is %u, not 0 or 1", name,
                         (unsigned long long)i, c->mask[i]);
     }
+    return 0;
+}
+
+int tok_read_source(const char *path, tok_source *src, errbuf *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    tok_header h;
+    int rc = file_pread_full(fd, &h, sizeof h, 0, path, err);
+    close(fd);
+    if (rc) return -1;
+    if (memcmp(h.magic, TOK_MAGIC, 8) != 0) return errf(err, "%s: not a token cache (bad magic)", path);
+    if (h.version != TOK_VERSION)
+        return errf(err, "%s: token cache version %u is not supported (this build reads version %d; "
+                         "rebuild the cache)", path, h.version, TOK_VERSION);
+    if (check_source(&h, path, err)) return -1;
+    src->format = h.format;
+    src->template_id = h.template_id;
+    memcpy(src->tokenizer_sha256, h.tokenizer_sha256, TOK_SHA256_BYTES);
     return 0;
 }
 
@@ -161,9 +220,12 @@ int tok_writer_save(const tok_writer *w, const char *path, errbuf *err) {
         {w->mask, w->n_tokens},
         {zeros, pad},
     };
-    tok_header h = {.version = 1, .vocab_size = w->vocab_size, .n_records = w->n_records,
-                    .n_tokens = w->n_tokens};
+    tok_header h = {.version = TOK_VERSION, .vocab_size = w->vocab_size, .n_records = w->n_records,
+                    .n_tokens = w->n_tokens, .format = w->source.format,
+                    .template_id = w->source.template_id};
     memcpy(h.magic, TOK_MAGIC, 8);
+    memcpy(h.tokenizer_sha256, w->source.tokenizer_sha256, TOK_SHA256_BYTES);
+    h.crc = crc32c(0, (const unsigned char *)&h + META_OFFSET, TOK_HEADER_BYTES - META_OFFSET);
     for (size_t i = 0; i < sizeof body / sizeof body[0]; i++)
         h.crc = crc32c(h.crc, body[i].data, body[i].len);
     const file_chunk all[] = {{&h, sizeof h}, body[0], body[1], body[2], body[3]};

@@ -6,20 +6,27 @@
  * with a loss mask (1 = the token is a training target, 0 = context only, e.g. a prompt).
  * Layout, all little-endian, every section 8-byte aligned:
  *
- *   offset 0   header (64 bytes)
+ *   offset 0   header (128 bytes)
  *                char     magic[8]      "FSDPTOK1"
- *                uint32   version       1
+ *                uint32   version       2
  *                uint32   vocab_size    every token id is < vocab_size
  *                uint64   n_records
  *                uint64   n_tokens
- *                uint32   crc32c        of everything after the header
- *                uint8    reserved[28]  zero
- *   64         uint64   offsets[n_records + 1]   record r is tokens[offsets[r] .. offsets[r+1])
+ *                uint32   crc32c        of the header from `format` on, then everything
+ *                                       after the header (tok_checksum)
+ *                uint32   format        TOK_FORMAT_*: what the records were made from
+ *                uint32   template      TOK_TEMPLATE_*: the chat template (chat, alpaca)
+ *                uint32   reserved0     zero
+ *                uint8    tokenizer_sha256[32]  of the tokenizer.json that made the ids;
+ *                                       all zero for TOK_FORMAT_TOKENS (no tokenizer)
+ *                uint8    reserved[48]  zero
+ *   128        uint64   offsets[n_records + 1]   record r is tokens[offsets[r] .. offsets[r+1])
  *              int32    tokens[n_tokens]
  *              uint8    mask[n_tokens], then zero padding to a multiple of 8
  *
  * Files are written atomically (tmp, fsync, rename) and validated on open: sizes, monotone
- * offsets, token ids below vocab_size, checksum. */
+ * offsets, token ids below vocab_size, checksum, every header field (a version 1 file, from
+ * before the header named its tokenizer, is refused: rebuild it). */
 #ifndef FSDP_TOKENS_H
 #define FSDP_TOKENS_H
 
@@ -30,7 +37,21 @@
 #include "base/errbuf.h"
 
 #define TOK_MAGIC "FSDPTOK1"
-#define TOK_HEADER_BYTES 64
+#define TOK_VERSION 2
+#define TOK_HEADER_BYTES 128
+#define TOK_CRC_OFFSET 32
+#define TOK_SHA256_BYTES 32
+
+/* format: the job's data.format of the source (tokens: synthetic data or a batch file). */
+enum { TOK_FORMAT_TOKENS = 0, TOK_FORMAT_ALPACA = 1, TOK_FORMAT_CHAT = 2, TOK_FORMAT_TEXT = 3 };
+/* template: data/chat_template.h's values. */
+enum { TOK_TEMPLATE_NONE = 0, TOK_TEMPLATE_MAX = 4 };
+
+/* The provenance a cache records. */
+typedef struct tok_source {
+    uint32_t format, template_id;
+    uint8_t tokenizer_sha256[TOK_SHA256_BYTES];
+} tok_source;
 
 typedef struct tok_cache {
     char *path;
@@ -39,16 +60,21 @@ typedef struct tok_cache {
     uint32_t vocab_size;
     uint64_t n_records;
     uint64_t n_tokens;
+    tok_source source;
     const uint64_t *offsets;
     const int32_t *tokens;
     const uint8_t *mask;
 } tok_cache;
 
 int tok_open(tok_cache *c, const char *path, errbuf *err);
+/* Only the header's provenance (fsdpd checks it without reading the whole file). */
+int tok_read_source(const char *path, tok_source *src, errbuf *err);
 /* Validates a whole file image held in memory (the fuzzing entry point); views point
  * into buf.  tok_close on such a cache frees only what tok_parse allocated. */
 int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbuf *err);
 void tok_close(tok_cache *c);
+/* The checksum a whole file image (len >= TOK_HEADER_BYTES) should carry. */
+uint32_t tok_checksum(const void *buf, size_t len);
 
 /* A record's tokens and mask. */
 static inline uint64_t tok_record_len(const tok_cache *c, uint64_t r) {
@@ -58,6 +84,7 @@ static inline uint64_t tok_record_len(const tok_cache *c, uint64_t r) {
 /* Builds a cache in memory, then writes it. */
 typedef struct tok_writer {
     uint32_t vocab_size;
+    tok_source source; /* zero (format tokens) unless set before saving */
     uint64_t n_records, cap_records;
     uint64_t *offsets;
     uint64_t n_tokens, cap_tokens;

@@ -27,7 +27,29 @@ int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_opt
     atomic_init(&c->aborted, 0);
     c->dead = 0;
     c->ncalls = 0;
+    c->progress = opt->progress;
+    c->unit = -1;
     return 0;
+}
+
+void comm_set_unit(comm *c, int unit) {
+    if (c) c->unit = unit;
+}
+
+const char *comm_coll_name(int op) {
+    static const char *const names[] = {[COMM_COLL_ALL_GATHER] = "all_gather",
+                                        [COMM_COLL_REDUCE_SCATTER] = "reduce_scatter",
+                                        [COMM_COLL_ALL_REDUCE] = "all_reduce",
+                                        [COMM_COLL_BROADCAST] = "broadcast", [COMM_COLL_BARRIER] = "barrier"};
+    return op >= 0 && op <= COMM_COLL_BARRIER ? names[op] : "unknown";
+}
+
+/* Collective t completed, as the host sees it. */
+static void finished(comm *c, uint64_t t) {
+    if (!c->progress) return;
+    unsigned long long seen = atomic_load(&c->progress->finished);
+    while (t > seen && !atomic_compare_exchange_weak(&c->progress->finished, &seen, t)) {
+    }
 }
 
 int comm_rank(const comm *c) { return c->rank; }
@@ -44,7 +66,7 @@ size_t comm_dtype_size(comm_dtype dt) {
 
 /* Every collective starts here: refuses a dead communicator, runs the stall hook, sets
  * the deadline. */
-static int begin(comm *c, const char *name, errbuf *err) {
+static int begin(comm *c, comm_coll op, const char *name, errbuf *err) {
     if (!c) return errf(err, "%s: no communicator", name);
     if (atomic_load(&c->aborted)) return errf(err, "%s: the communicator was aborted", name);
     if (c->dead)
@@ -52,7 +74,12 @@ static int begin(comm *c, const char *name, errbuf *err) {
                     c->dead_reason);
     c->ncalls++;
     const fault *stall = fault_get(FAULT_COMM_STALL, c->rank);
-    if (stall && c->ncalls == (uint64_t)stall->n) clock_sleep_s(stall->seconds);
+    if (stall && c->ncalls == (uint64_t)stall->n) clock_sleep_s(stall->seconds); /* it never started */
+    if (c->progress) {
+        atomic_store(&c->progress->op, (int)op);
+        atomic_store(&c->progress->unit, c->unit);
+        atomic_store(&c->progress->started, c->ncalls);
+    }
     c->deadline = clock_now_s() + c->timeout_s;
     return 0;
 }
@@ -94,7 +121,7 @@ static int all_gather(comm *c, const void *send, void *recv, size_t count, comm_
     const char *name = "all_gather";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
-    if (begin(c, name, err)) return -1;
+    if (begin(c, COMM_COLL_ALL_GATHER, name, err)) return -1;
     if (t) *t = c->ncalls;
     int split = t && c->ops->all_gather_start;
     if (check_buffer(send, count, dt, 1, "send", err) ||
@@ -102,6 +129,7 @@ static int all_gather(comm *c, const void *send, void *recv, size_t count, comm_
         (count > 0 && (split ? c->ops->all_gather_start(c, send, recv, count, dt, err)
                              : c->ops->all_gather(c, send, recv, count, dt, err))))
         return fail(c, name, err);
+    if (!split) finished(c, c->ncalls);
     return 0;
 }
 
@@ -110,7 +138,7 @@ static int reduce_scatter(comm *c, const void *send, void *recv, size_t count, c
     const char *name = "reduce_scatter";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
-    if (begin(c, name, err)) return -1;
+    if (begin(c, COMM_COLL_REDUCE_SCATTER, name, err)) return -1;
     if (t) *t = c->ncalls;
     int split = t && c->ops->reduce_scatter_start;
     if (check_reduction(dt, op, err) ||
@@ -119,6 +147,7 @@ static int reduce_scatter(comm *c, const void *send, void *recv, size_t count, c
         (count > 0 && (split ? c->ops->reduce_scatter_start(c, send, recv, count, dt, op, err)
                              : c->ops->reduce_scatter(c, send, recv, count, dt, op, err))))
         return fail(c, name, err);
+    if (!split) finished(c, c->ncalls);
     return 0;
 }
 
@@ -127,13 +156,14 @@ static int all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op o
     const char *name = "all_reduce";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
-    if (begin(c, name, err)) return -1;
+    if (begin(c, COMM_COLL_ALL_REDUCE, name, err)) return -1;
     if (t) *t = c->ncalls;
     int split = t && c->ops->all_reduce_start;
     if (check_reduction(dt, op, err) || check_buffer(buf, count, dt, 1, "data", err) ||
         (count > 0 && (split ? c->ops->all_reduce_start(c, buf, count, dt, op, err)
                              : c->ops->all_reduce(c, buf, count, dt, op, err))))
         return fail(c, name, err);
+    if (!split) finished(c, c->ncalls);
     return 0;
 }
 
@@ -174,10 +204,10 @@ int comm_wait(comm *c, comm_ticket t, errbuf *err) {
     if (c->dead)
         return errf(err, "wait: the communicator is dead after an earlier error (%s)", c->dead_reason);
     if (t > c->ncalls) return errf(err, "wait: collective %llu was never started", t);
-    if (!c->ops->wait) return 0;
     c->deadline = clock_now_s() + c->timeout_s;
     /* The backend names the collective that failed ("all_gather: timed out ..."). */
-    if (c->ops->wait(c, t, err)) return fail(c, NULL, err);
+    if (c->ops->wait && c->ops->wait(c, t, err)) return fail(c, NULL, err);
+    finished(c, t);
     return 0;
 }
 
@@ -185,7 +215,7 @@ int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, er
     const char *name = "broadcast";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
-    if (begin(c, name, err)) return -1;
+    if (begin(c, COMM_COLL_BROADCAST, name, err)) return -1;
     if (root < 0 || root >= c->world) {
         errf(err, "root %d is not a rank of a world of %d", root, c->world);
         return fail(c, name, err);
@@ -193,6 +223,7 @@ int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, er
     if (check_buffer(buf, count, dt, 1, "data", err) ||
         (count > 0 && c->ops->broadcast(c, buf, count, dt, root, err)))
         return fail(c, name, err);
+    finished(c, c->ncalls);
     return 0;
 }
 
@@ -200,8 +231,9 @@ int comm_barrier(comm *c, errbuf *err) {
     const char *name = "barrier";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
-    if (begin(c, name, err)) return -1;
+    if (begin(c, COMM_COLL_BARRIER, name, err)) return -1;
     if (c->ops->barrier(c, err)) return fail(c, name, err);
+    finished(c, c->ncalls);
     return 0;
 }
 

@@ -34,8 +34,14 @@
  * Threads: one thread at a time makes the collective calls; comm_abort() may be called
  * from any thread at any time before comm_destroy() (a watchdog's way out).
  *
+ * Progress (comm_options.progress, for the hung-rank locator): each call publishes its
+ * sequence number, collective and the caller's unit label (comm_set_unit) as it starts, and
+ * the highest sequence number the host saw complete (a plain call's return, comm_wait; on
+ * NCCL the host's view: the kernels may still be running).
+ *
  * Fault point comm_stall=RANK:CALL:SECONDS (base/fault.h): that rank
- * sleeps SECONDS before its CALL-th collective, so that the others time out. */
+ * sleeps SECONDS before its CALL-th collective (which it has not started: its progress says
+ * the one before), so that the others time out. */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 
@@ -43,6 +49,11 @@
 
 #include "base/errbuf.h"
 #include "worker/comm_types.h" /* comm, comm_dtype, comm_op, comm_options, the sizes */
+
+/* The label the next collectives carry in comm_progress (FSDP: the unit; -1: none). */
+void comm_set_unit(comm *c, int unit);
+/* "all_gather", ... for a comm_coll. */
+const char *comm_coll_name(int op);
 
 /* Every rank's listener address, as reported by comm_tcp_listen() and relayed by the daemons. */
 typedef struct comm_rank_table {

@@ -46,6 +46,8 @@ struct comm {
     int dead;
     char dead_reason[sizeof(errbuf)]; /* the error that killed it */
     uint64_t ncalls;  /* collectives started */
+    comm_progress *progress; /* comm_options.progress */
+    int unit;         /* comm_set_unit */
 };
 
 /* Fills the common part (checks the options). */

@@ -120,6 +120,8 @@ int comm_stage_through_host(comm **c, kctx *ctx, errbuf *err) {
     }
     s->inner = *c;
     s->ctx = ctx;
+    s->base.progress = s->inner->progress; /* the caller's collectives are the outer ones */
+    s->inner->progress = NULL;
     *c = &s->base;
     return 0;
 }

@@ -137,7 +137,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, cs, B, T), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t total = (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes +
-                   scratch_bytes + 2 * ids_bytes;
+                   scratch_bytes + 4 * ids_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
     f->layer_acts = calloc((size_t)n_acts, sizeof *f->layer_acts);
     if (!f->resid || !f->layer_acts) {
@@ -157,7 +157,9 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
     llama_scratch_carve(&f->scratch, mem, lo, cs, B, T), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
-    f->targets = (int32_t *)mem;
+    f->targets = (int32_t *)mem, mem += ids_bytes;
+    f->doc_start = (int32_t *)mem, mem += ids_bytes;
+    f->doc_end = (int32_t *)mem;
     f->B = B;
     f->T = T;
     return 0;
@@ -233,6 +235,7 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
+    comm_set_unit(f->comm, u);
     if (k_check(f->ctx, err) ||
         comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx),
                               &f->gather_ticket[slot], err))
@@ -291,6 +294,7 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     *r = (fsdp_reduce){.pending = 1, .unit = u, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
+    comm_set_unit(f->comm, u);
     if (rc == 0 && f->world > 1 && f->group == 1)
         rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
     else if (rc == 0 && f->group > 1)
@@ -344,7 +348,7 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     return reduce_start(f, head, 0, err) ? -1 : k;
 }
 
-static int forward_backward(fsdp *f, float dscale, errbuf *err) {
+static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
     int L = lo->n_layers, B = f->B, T = f->T, N = B * T, k = 0;
@@ -355,7 +359,7 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
     for (int l = 0; l < L; l++) {
         if (!(g = gather_use(f, k++, err))) return -1;
-        llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+        llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
         f->layer_forwards++;
     }
     if ((k = head_pass(f, k, dscale, err)) < 0) return -1;
@@ -367,12 +371,12 @@ static int forward_backward(fsdp *f, float dscale, errbuf *err) {
         if (!(g = gather_use(f, k++, err))) return -1;
         if (f->checkpoint_activations) {
             /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
-            llama_layer_forward(c, lo, g, f->inv_freq, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+            llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
             f->layer_forwards++;
         }
         if (prepare_grad_slot(f, u, slot, err)) return -1;
-        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, f->resid[l], acts_of(f, l),
-                             &f->scratch, f->dresid, B, T);
+        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, docs, f->resid[l],
+                             acts_of(f, l), &f->scratch, f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
     }
 
@@ -403,6 +407,7 @@ static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf
     if (!f->stats && !(f->stats = k_alloc(f->ctx, bytes, err))) return -1;
     char *dev = f->stats;
     k_copy_h2d(f->ctx, dev + (size_t)f->rank * sizeof *mine, mine, sizeof *mine);
+    comm_set_unit(f->comm, -1); /* the step's statistics, of no unit */
     if (k_sync(f->ctx, err) ||
         comm_all_gather(f->comm, dev + (size_t)f->rank * sizeof *mine, dev, sizeof *mine, COMM_BYTE, err))
         return -1;
@@ -448,19 +453,39 @@ static void poison_gradient(fsdp *f) {
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
 }
 
-int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
-                    int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
-                    errbuf *err) {
+/* Packed rows: the document bounds of all `rows` rows of positions, host [2, rows*T] (the
+ * starts, then the ends), checked before anything runs; NULL with *rc = -1 on bad positions. */
+static int32_t *doc_bounds(const int32_t *positions, int rows, int T, int *rc, errbuf *err) {
+    size_t n = (size_t)rows * T;
+    int32_t *bounds = malloc(2 * n * sizeof *bounds);
+    *rc = bounds ? llama_doc_bounds(positions, rows, T, bounds, bounds + n, err)
+                 : errf(err, "fsdp: out of host memory");
+    if (*rc == 0) return bounds;
+    free(bounds);
+    return NULL;
+}
+
+int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
+                    const int32_t *positions, int n_micro, int micro_batch, int T,
+                    const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
     int rows = n_micro * micro_batch;
     if (llama_check_batch(&lo->cfg, input_ids, labels, rows, T, err)) return -1;
-    if (ensure_activations(f, micro_batch, T, err)) return -1;
+    int rc = 0;
+    int32_t *bounds = positions ? doc_bounds(positions, rows, T, &rc, err) : NULL;
+    if (rc || ensure_activations(f, micro_batch, T, err)) {
+        free(bounds);
+        return -1;
+    }
 
     rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
-    if (!all) return errf(err, "fsdp: out of host memory");
+    if (!all) {
+        free(bounds);
+        return errf(err, "fsdp: out of host memory");
+    }
     memcpy(mine.vote, f->vote, sizeof mine.vote);
-    int rc = gather_stats(f, &mine, all, err);
+    rc = gather_stats(f, &mine, all, err);
     int64_t count = 0, vote_max[FSDP_VOTES];
     memcpy(vote_max, all[0].vote, sizeof vote_max);
     for (int r = 0; r < f->world; r++) {
@@ -475,15 +500,21 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, in
     k_zero(c, f->scalars, 2 * sizeof(float));
     size_t N = (size_t)micro_batch * T;
     int32_t *targets = malloc(N * sizeof *targets);
+    const k_docs docs = {f->doc_start, f->doc_end};
     if (!targets) rc = errf(err, "fsdp: out of host memory");
     for (int mb = 0; mb < n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
         k_shift_labels(labels + mb * N, targets, micro_batch, T);
         k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
-        rc = forward_backward(f, dscale, err);
+        if (bounds) { /* pageable sources: consumed when the copies return */
+            k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
+            k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
+        }
+        rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
     }
     free(targets);
+    free(bounds);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];

@@ -91,6 +91,7 @@ typedef struct fsdp {
     llama_scratch scratch;
     void *dresid;
     int32_t *tokens, *targets;
+    int32_t *doc_start, *doc_end; /* [N]: a packed micro-batch's document bounds (k_docs) */
     void *stats;         /* [world] per-rank step statistics, gathered (context memory) */
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
@@ -131,11 +132,13 @@ typedef struct fsdp_step_result {
 
 /* One optimizer step on this rank's share of the global batch: n_micro micro-batches of
  * micro_batch sequences of T tokens, input_ids/labels host int32 [n_micro*micro_batch, T]
- * (labels unshifted, -100 masked).  A non-finite loss or gradient norm fails the step
- * (parameters untouched) with the step and the first rank where it appeared. */
-int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels, int n_micro,
-                    int micro_batch, int T, const fsdp_hparams *hp, fsdp_step_result *res,
-                    errbuf *err);
+ * (labels unshifted, -100 masked).  positions: NULL, or the same shape for packed rows
+ * (llama_doc_bounds: positions restart at each document, attention stays inside it).  A
+ * non-finite loss or gradient norm fails the step (parameters untouched) with the step and
+ * the first rank where it appeared. */
+int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
+                    const int32_t *positions, int n_micro, int micro_batch, int T,
+                    const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err);
 
 /* The checkpoint layout of this rank's state (proto/ckpt.h): one shard file per member of the
  * shard group, units and tensors as in f->layout. */

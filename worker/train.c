@@ -149,7 +149,8 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
         fsdp_step_result res;
-        rc = fsdp_train_step(f, ids, labels, n_micro, micro, T, &hp, &res, err);
+        /* positions NULL: rows are unpacked (data.packing is not built yet) */
+        rc = fsdp_train_step(f, ids, labels, NULL, n_micro, micro, T, &hp, &res, err);
         if (rc) break;
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;

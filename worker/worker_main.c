@@ -29,10 +29,14 @@
 #include <unistd.h>
 
 #include "base/bytes.h"
+#include "base/clock.h"
+#include "base/fileio.h"
+#include "base/path.h"
 #include "base/fault.h"
 #include "kernels/kernels.h"
 #include "proto/job.h"
 #include "proto/msg.h"
+#include "proto/nccl_log.h"
 #include "worker/ckpt_writer.h"
 #include "worker/comm.h"
 #include "worker/comm_nccl.h"
@@ -53,6 +57,8 @@ typedef struct worker {
     atomic_long step;
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
+    comm_progress progress;    /* its collectives, for the heartbeats (the locator) */
+    atomic_int have_comm;      /* progress is tracked: a communicator exists */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];
     ckpt_writer writer;
@@ -114,7 +120,8 @@ static int connect_tcp(worker *w, comm **out, errbuf *err) {
     if (rc == 0 && !table) rc = errf(err, "out of memory");
     for (int r = 0; rc == 0 && r < w->world; r++) table[r] = peers.u.peers.addrs[r];
     if (rc == 0) {
-        comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60};
+        comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60,
+                            .progress = &w->progress};
         memcpy(opt.secret, w->secret, sizeof opt.secret);
         comm_rank_table t = {.world = w->world, .addr = table};
         rc = comm_init(out, &opt, w->rank, &t, &l, err);
@@ -131,10 +138,21 @@ static int connect_nccl(worker *w, kctx *ctx, comm **out, errbuf *err) {
     msg id = {.type = MSG_NCCL_ID};
     if (w->rank == 0 && (comm_nccl_make_id(id.u.nccl_id.id, err) || send(w, &id, err))) return -1;
     if (expect(w, MSG_NCCL_ID, &id, err)) return -1;
-    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120};
+    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 120,
+                        .progress = &w->progress};
     return comm_nccl_init(out, &opt, w->rank, w->world, id.u.nccl_id.id, ctx, err);
 }
 #endif
+
+/* NCCL when every rank of this node has a GPU of its own (NCCL refuses two on one). */
+static int uses_nccl(const worker *w, const kctx *ctx, int gpus) {
+#ifdef FSDP_HAVE_CUDA
+    return ctx->backend == K_CUDA && w->job.runtime.workers_per_node <= gpus;
+#else
+    (void)w, (void)ctx, (void)gpus;
+    return 0;
+#endif
+}
 
 /* Joins the peers: NCCL when every rank has a GPU of its own, else TCP rings (through host
  * memory when the buffers are on a GPU). */
@@ -142,8 +160,7 @@ static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err
     *out = NULL;
     if (w->world == 1) return 0;
 #ifdef FSDP_HAVE_CUDA
-    /* NCCL when every rank of this node has a GPU of its own (NCCL refuses two on one). */
-    if (ctx->backend == K_CUDA && w->job.runtime.workers_per_node <= gpus) return connect_nccl(w, ctx, out, err);
+    if (uses_nccl(w, ctx, gpus)) return connect_nccl(w, ctx, out, err);
 #else
     (void)gpus;
 #endif
@@ -166,6 +183,65 @@ static int open_context(worker *w, kctx *ctx, int *gpus, errbuf *err) {
     return kctx_init(ctx, K_CUDA, w->local_rank % *gpus, err);
 }
 
+/* The transport NCCL chose, from this process's NCCL_DEBUG_FILE (fsdpd points it at one
+ * file a worker, nccl-%h-%p.log); "" when there is no such file or it does not say. */
+static void nccl_transport(char *out, size_t n) {
+    const char *pattern = getenv("NCCL_DEBUG_FILE");
+    char path[PATH_BYTES], host[256] = "";
+    size_t at = 0;
+    out[0] = '\0';
+    if (!pattern || gethostname(host, sizeof host) != 0) return;
+    for (const char *p = pattern; *p && at + 1 < sizeof path; p++) {
+        int k = 0;
+        if (p[0] == '%' && p[1] == 'h') k = snprintf(path + at, sizeof path - at, "%s", host);
+        else if (p[0] == '%' && p[1] == 'p') k = snprintf(path + at, sizeof path - at, "%d", (int)getpid());
+        else path[at++] = *p;
+        if (k) p++, at += (size_t)k;
+        if (at >= sizeof path) return;
+    }
+    path[at] = '\0';
+    char *text;
+    size_t len;
+    errbuf ignored;
+    if (file_read_all(path, 16u << 20, &text, &len, &ignored)) return;
+    nccl_log_transport(text, len, out, n);
+    free(text);
+}
+
+/* Whether the network check runs: fabric.preflight, auto = on for more than one node. */
+static int preflight_on(const worker *w) {
+    const job_config *j = &w->job;
+    if (j->fabric.preflight == JOB_PREFLIGHT_AUTO) return w->world > j->runtime.workers_per_node;
+    return j->fabric.preflight == JOB_PREFLIGHT_ON;
+}
+
+/* The network check: all_reduce of PREFLIGHT_BYTES over every rank, timed; bus bandwidth as
+ * nccl-tests counts it (algorithm bandwidth x 2 (world - 1) / world). */
+#define PREFLIGHT_ITERS 5
+static int preflight(worker *w, kctx *ctx, comm *c, msg_net *net, errbuf *err) {
+    size_t bytes = ctx->backend == K_CUDA ? 64u << 20 : 4u << 20, count = bytes / sizeof(float);
+    float *buf = k_alloc(ctx, bytes, err);
+    if (!buf) return -1;
+    int rc = comm_all_reduce(c, buf, count, COMM_F32, COMM_SUM, err) || k_sync(ctx, err); /* warm up */
+    double t0 = clock_now_s();
+    for (int i = 0; rc == 0 && i < PREFLIGHT_ITERS; i++) rc = comm_all_reduce(c, buf, count, COMM_F32, COMM_SUM, err);
+    if (rc == 0) rc = k_sync(ctx, err);
+    double t = (clock_now_s() - t0) / PREFLIGHT_ITERS;
+    k_free(ctx, buf);
+    if (rc) return errprefix(err, "the network check (fabric.preflight)");
+    net->measured = true;
+    net->busbw_gbps = (double)bytes / (t > 1e-9 ? t : 1e-9) * 2.0 * (w->world - 1) / w->world / 1e9;
+    return 0;
+}
+
+/* The ready heartbeat's network: the transport, and the check's figure. */
+static int describe_net(worker *w, kctx *ctx, comm *c, int nccl, msg_net *net, errbuf *err) {
+    memset(net, 0, sizeof *net);
+    if (nccl) nccl_transport(net->transport, sizeof net->transport);
+    else snprintf(net->transport, sizeof net->transport, "tcp");
+    return c && preflight_on(w) ? preflight(w, ctx, c, net, err) : 0;
+}
+
 static void *heartbeat_loop(void *arg) {
     worker *w = arg;
     for (;;) {
@@ -174,7 +250,15 @@ static void *heartbeat_loop(void *arg) {
         long long mem = atomic_load(&w->mem_bytes);
         msg beat = {.type = MSG_HEARTBEAT,
                     .u.heartbeat = {.has_step = true, .step = atomic_load(&w->step),
-                                    .has_mem_bytes = mem >= 0, .mem_bytes = mem}};
+                                    .has_mem_bytes = mem >= 0, .mem_bytes = mem,
+                                    .has_coll = atomic_load(&w->have_comm) != 0}};
+        if (beat.u.heartbeat.has_coll) {
+            msg_coll *c = &beat.u.heartbeat.coll;
+            c->started = (int64_t)atomic_load(&w->progress.started);
+            c->finished = (int64_t)atomic_load(&w->progress.finished);
+            c->unit = atomic_load(&w->progress.unit);
+            snprintf(c->op, sizeof c->op, "%s", comm_coll_name(atomic_load(&w->progress.op)));
+        }
         if (send(w, &beat, &err)) _exit(1); /* the daemon is gone */
     }
     return NULL;
@@ -280,8 +364,11 @@ static int run(worker *w, errbuf *err) {
     comm *c = NULL;
     int gpus;
     if (open_context(w, &ctx, &gpus, err)) return -1;
+    atomic_store(&w->progress.unit, -1);
     rc = connect_peers(w, &ctx, gpus, &c, err);
-    msg ready = {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true}}, start;
+    if (rc == 0 && c) atomic_store(&w->have_comm, 1);
+    msg ready = {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true, .has_net = c != NULL}}, start;
+    if (rc == 0 && c) rc = describe_net(w, &ctx, c, uses_nccl(w, &ctx, gpus), &ready.u.heartbeat.net, err);
     if (rc == 0) rc = send(w, &ready, err);
     if (rc == 0 && (rc = expect(w, MSG_START, &start, err)) == 0) msg_free(&start);
     ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .rank = w->rank,

@@ -48,19 +48,22 @@ void cpu_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout, const void
     }
 }
 
-/* Pairs (i, i + hd/2) rotate by angle t * inv_freq[i] (negated for the inverse). */
-void cpu_rope(kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd, int inverse) {
+/* Pairs (i, i + hd/2) rotate by angle pos * inv_freq[i] (negated for the inverse), pos = t or,
+ * with docs, t - the start of the token's document. */
+void cpu_rope(kctx *c, void *x, const float *inv_freq, const k_docs *docs, int B, int T, int H,
+              int hd, int inverse) {
     if (hd % 2) {
         k_fail(c, "rope: head dim %d is odd", hd);
         return;
     }
     float *data = x;
     int half = hd / 2;
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < half; i++) {
-            double angle = (double)t * inv_freq[i];
-            double cs = cos(angle), sn = inverse ? -sin(angle) : sin(angle);
-            for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            int pos = docs ? t - docs->start[(size_t)b * T + t] : t;
+            for (int i = 0; i < half; i++) {
+                double angle = (double)pos * inv_freq[i];
+                double cs = cos(angle), sn = inverse ? -sin(angle) : sin(angle);
                 for (int h = 0; h < H; h++) {
                     float *v = data + (((size_t)b * T + t) * H + h) * hd;
                     double x1 = v[i], x2 = v[i + half];

@@ -24,6 +24,14 @@
 // an ldmatrix reads fall in different banks.  Blocks have 8 warps where their shared memory
 // fits (sm_80, sm_90), else 4 (sm_86 and sm_89 give a block at most 99 KB).
 //
+// Varlen (k_docs, DOCS = true): a query sees only the keys of its document.  Document starts
+// and ends never decrease along a row, so a query tile's keys begin at its first row's
+// document start and a key tile's queries end at its last key's document end: the forward
+// and dQ skip the key tiles before it, dK/dV the query tiles after it, and tiles that cross a
+// boundary are masked per element.  Without docs (DOCS = false) the kernels are what they were
+// before varlen: the same parameter struct, the varlen masks separate statements that fold
+// away (their sm_90 PTX is the same, instruction for instruction).
+//
 // tests/gpu/emulate_attention runs these kernels on the host: it replaces the section between
 // the "device primitives" markers with an emulation of each instruction.
 #include <math.h>
@@ -110,6 +118,26 @@ struct bwd_params {
     float scale, scale_log2;
 };
 
+// A launch's parameters: the plain ones, plus (varlen kernels only) the documents' bounds,
+// [B, T] each (k_docs).  The plain kernels get a struct of the plain size, so their code is
+// what it was before varlen existed.  starts()/ends() are NULL for them, and never read.
+template <bool DOCS> struct fwd_args : fwd_params {
+    __device__ __forceinline__ const int32_t *starts() const { return nullptr; }
+};
+template <> struct fwd_args<true> : fwd_params {
+    const int32_t *doc_start;
+    __device__ __forceinline__ const int32_t *starts() const { return doc_start; }
+};
+template <bool DOCS> struct bwd_args : bwd_params {
+    __device__ __forceinline__ const int32_t *starts() const { return nullptr; }
+    __device__ __forceinline__ const int32_t *ends() const { return nullptr; }
+};
+template <> struct bwd_args<true> : bwd_params {
+    const int32_t *doc_start, *doc_end;
+    __device__ __forceinline__ const int32_t *starts() const { return doc_start; }
+    __device__ __forceinline__ const int32_t *ends() const { return doc_end; }
+};
+
 // Tile geometry: shared rows of HD bf16 plus 16 bytes of padding; warps of 16 rows.  The
 // backward's tiles are narrower at hd 128 to keep two 16 x hd fp32 accumulators per warp (dK
 // and dV, or Q and dO fragments and dQ) within 255 registers.
@@ -129,6 +157,46 @@ template <int HD, int NW> struct tiles {
 
 __device__ __forceinline__ int imin(int a, int b) {
     return a < b ? a : b;
+}
+
+// Varlen: the documents of a warp's 16 query rows row_lo.. (rows past T count as row T-1).
+struct query_docs {
+    int first[2];         // the first key rows g and g + 8 (this lane's) see
+    int warp_lo, warp_hi; // the smallest and the largest first key of the warp's rows
+};
+
+template <bool DOCS>
+__device__ __forceinline__ query_docs query_docs_of(const int32_t *doc_start, int b, int T,
+                                                    int row_lo, int g) {
+    query_docs d = {{0, 0}, 0, 0};
+    if (DOCS) {
+        const int32_t *start = doc_start + (size_t)b * T;
+        d.first[0] = start[imin(row_lo + g, T - 1)];
+        d.first[1] = start[imin(row_lo + g + 8, T - 1)];
+        d.warp_lo = start[imin(row_lo, T - 1)];
+        d.warp_hi = start[imin(row_lo + 15, T - 1)];
+    }
+    return d;
+}
+
+// Varlen: the documents of a warp's 16 key rows k_lo.. (rows past T count as row T-1).
+struct key_docs {
+    int end[2];           // one past the last query keys g and g + 8 (this lane's) are seen by
+    int warp_lo, warp_hi; // the smallest and the largest end of the warp's keys
+};
+
+template <bool DOCS>
+__device__ __forceinline__ key_docs key_docs_of(const int32_t *doc_end, int b, int T, int k_lo,
+                                                int g) {
+    key_docs d = {{T, T}, T, T};
+    if (DOCS) {
+        const int32_t *end = doc_end + (size_t)b * T;
+        d.end[0] = end[imin(k_lo + g, T - 1)];
+        d.end[1] = end[imin(k_lo + g + 8, T - 1)];
+        d.warp_lo = end[imin(k_lo, T - 1)];
+        d.warp_hi = end[imin(k_lo + 15, T - 1)];
+    }
+    return d;
 }
 
 // Copies rows [row0, row0 + ROWS) of one head into a shared tile of padded rows.  head points
@@ -281,8 +349,8 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const 
 
 // ---- forward ----
 
-template <int HD, int NW>
-__global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params p) {
+template <int HD, int NW, bool DOCS>
+__global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BM = G::ROWS, BN = G::FWD_KEYS;
     unsigned char *smem = dynamic_smem();
@@ -296,11 +364,13 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1; // key tiles up to the diagonal
+    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     load_rows<HD, BM, G::THREADS>(sQ, qh, qs, q0, T);
     cp_async_commit();
-    load_rows<HD, BN, G::THREADS>(sK, kh, kvs, 0, T);
-    load_rows<HD, BN, G::THREADS>(sV, vh, kvs, 0, T);
+    load_rows<HD, BN, G::THREADS>(sK + (j0 & 1) * BN * RB, kh, kvs, j0 * BN, T);
+    load_rows<HD, BN, G::THREADS>(sV + (j0 & 1) * BN * RB, vh, kvs, j0 * BN, T);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -309,14 +379,16 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
 
     float o[HD / 8][4], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     zero_acc(o);
-    for (int j = 0; j < n_tiles; j++) {
+    for (int j = j0; j < n_tiles; j++) {
         const int buf = j & 1;
         next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
-        if (j * BN <= row_lo + 15) { // else every key of the tile is past the warp's rows
+        // else every key of the tile is past the warp's rows, or (varlen) before their documents
+        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.warp_lo)) {
             float s[BN / 8][4];
             zero_acc(s);
             mma_regs_rows<BN, HD, RB>(s, qf, sK + buf * BN * RB + b_rows_offset(lane, RB));
-            const bool masked = j * BN + BN - 1 > row_lo; // some key past some row
+            // some key past some row, or (varlen) before some row's document
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_hi);
 #pragma unroll
             for (int r = 0; r < 2; r++) { // rows g and g + 8
                 const int row = row_lo + g + 8 * r;
@@ -326,15 +398,18 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_params
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float x = s[jn][2 * r + e] * p.scale_log2;
-                        if (masked && j * BN + jn * 8 + 2 * t4 + e > row) x = -INFINITY;
+                        const int key = j * BN + jn * 8 + 2 * t4 + e;
+                        if (masked && key > row) x = -INFINITY;
+                        if (DOCS && masked && key < docs.first[r]) x = -INFINITY; // other document
                         s[jn][2 * r + e] = x;
                         top = fmaxf(top, x);
                     }
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)); // the row's 4 lanes
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
                 const float new_max = fmaxf(row_max[r], top);
-                // Key 0 is in every row's first tile, so new_max is finite; the guard keeps
-                // exp2(-inf - -inf) from ever making a NaN.
+                // Key 0 is in every row's first tile, so new_max is finite (varlen: a row's
+                // first tiles may be masked whole); the guard keeps exp2(-inf - -inf) from ever
+                // making a NaN.
                 const float base = new_max == -INFINITY ? 0.0f : new_max;
                 const float rescale = exp2f(row_max[r] - base);
                 float sum = 0.0f;
@@ -428,8 +503,8 @@ __device__ __forceinline__ void load_dkv_step(const bwd_params &p, uint32_t step
                     p.delta + stats + (threadIdx.x - BQ / 4) * 4, true);
 }
 
-template <int HD, int NW>
-__global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_params p) {
+template <int HD, int NW, bool DOCS>
+__global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BK = G::ROWS, BQ = G::DKV_QUERIES;
     unsigned char *smem = dynamic_smem();
@@ -439,8 +514,11 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
     const int group = p.Hq / p.Hkv, k0 = n * BK, k_lo = k0 + warp * 16; // warp's keys k_lo..+15
     const size_t kvs = (size_t)p.Hkv * HD;
     const size_t kv_head = (size_t)b * T * kvs + (size_t)kvh * HD;
-    const int first = k0 / BQ, per_head = (T - 1) / BQ + 1 - first; // query tiles from the diagonal
+    // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
+    const int q_end = DOCS ? p.ends()[(size_t)b * T + imin(k0 + BK, T) - 1] : T;
+    const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
     const int n_steps = group * per_head;
+    const key_docs docs = key_docs_of<DOCS>(p.ends(), b, T, k_lo, g);
 
     load_rows<HD, BK, G::THREADS>(sK, p.k + kv_head, kvs, k0, T);
     load_rows<HD, BK, G::THREADS>(sV, p.v + kv_head, kvs, k0, T);
@@ -462,7 +540,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
         }
         __syncthreads();
         const int q0 = (first + s % per_head) * BQ;
-        if (q0 + BQ - 1 >= k_lo) { // else every query of the tile is before the warp's keys
+        // else every query of the tile is before the warp's keys, or (varlen) past their documents
+        if (q0 + BQ - 1 >= k_lo && (!DOCS || q0 < docs.warp_hi)) {
             const uint32_t sQ = steps + buf * (uint32_t)G::dkv_step, sdO = sQ + BQ * RB;
             const float *lse2 = reinterpret_cast<const float *>(smem + (sQ - sK) + 2 * BQ * RB);
             const float *delta = lse2 + BQ;
@@ -470,7 +549,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
             zero_acc(st);
             mma_rows_rows<BQ, HD, RB>(st, sK + warp * 16 * RB + a_offset(lane, RB),
                                       sQ + b_rows_offset(lane, RB));
-            const bool masked = q0 < k_lo + 15 || q0 + BQ > T;
+            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > docs.warp_lo);
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
@@ -478,6 +557,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
                     const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
                     float pr = exp2f(st[jn][e] * p.scale_log2 - lse2[col]);
                     if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
+                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // other document
                     st[jn][e] = pr;
                 }
             mma_acc_cols<HD, BQ, RB>(dv, st, sdO + b_cols_offset(lane, RB));
@@ -501,8 +581,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_param
     store_rows<HD>(dv, one, smem + (BK + warp * 16) * RB, p.dv + kv_head, kvs, k_lo, T);
 }
 
-template <int HD, int NW>
-__global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params p) {
+template <int HD, int NW, bool DOCS>
+__global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_args<DOCS> p) {
     typedef tiles<HD, NW> G;
     constexpr int RB = G::RB, BM = G::ROWS, BN = G::DQ_KEYS;
     unsigned char *smem = dynamic_smem();
@@ -517,6 +597,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1;
+    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
     float lse2[2], delta[2];
@@ -529,8 +611,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
     load_rows<HD, BM, G::THREADS>(sQ, p.q + q_head, qs, q0, T);
     load_rows<HD, BM, G::THREADS>(sdO, p.dout + q_head, qs, q0, T);
     cp_async_commit();
-    load_rows<HD, BN, G::THREADS>(sK, kh, kvs, 0, T);
-    load_rows<HD, BN, G::THREADS>(sV, vh, kvs, 0, T);
+    load_rows<HD, BN, G::THREADS>(sK + (j0 & 1) * BN * RB, kh, kvs, j0 * BN, T);
+    load_rows<HD, BN, G::THREADS>(sV + (j0 & 1) * BN * RB, vh, kvs, j0 * BN, T);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -540,17 +622,17 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
 
     float dq[HD / 8][4];
     zero_acc(dq);
-    for (int j = 0; j < n_tiles; j++) {
+    for (int j = j0; j < n_tiles; j++) {
         const int buf = j & 1;
         next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
-        if (j * BN <= row_lo + 15) {
+        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.warp_lo)) {
             const uint32_t kt = sK + buf * BN * RB, vt = sV + buf * BN * RB;
             float s[BN / 8][4], dp[BN / 8][4];
             zero_acc(s);
             zero_acc(dp);
             mma_regs_rows<BN, HD, RB>(s, qf, kt + b_rows_offset(lane, RB));
             mma_regs_rows<BN, HD, RB>(dp, dof, vt + b_rows_offset(lane, RB));
-            const bool masked = j * BN + BN - 1 > row_lo;
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_hi);
 #pragma unroll
             for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
@@ -558,6 +640,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_params 
                     const int r = e / 2, row = row_lo + g + 8 * r;
                     float pr = exp2f(s[jn][e] * p.scale_log2 - lse2[r]);
                     if (masked && j * BN + jn * 8 + 2 * t4 + e % 2 > row) pr = 0.0f;
+                    if (DOCS && masked && j * BN + jn * 8 + 2 * t4 + e % 2 < docs.first[r])
+                        pr = 0.0f; // another document
                     s[jn][e] = pr * (dp[jn][e] - delta[r]); // dS
                 }
             mma_acc_cols<HD, BN, RB>(dq, s, kt + b_cols_offset(lane, RB));
@@ -610,70 +694,91 @@ template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t 
                            "attention: cudaFuncSetAttribute");
 }
 
-template <int HD, int NW> static void launch_fwd(kctx *c, const fwd_params &p) {
+template <int HD, int NW, bool DOCS> static void launch_fwd(kctx *c, const fwd_args<DOCS> &p) {
     typedef tiles<HD, NW> G;
-    if (allow_smem(c, attention_fwd_kernel<HD, NW>, G::fwd_smem)) return;
+    if (allow_smem(c, attention_fwd_kernel<HD, NW, DOCS>, G::fwd_smem)) return;
     dim3 grid(p.Hq, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_fwd_kernel<HD, NW><<<grid, G::THREADS, G::fwd_smem, cuda_stream(c)>>>(p);
+    attention_fwd_kernel<HD, NW, DOCS><<<grid, G::THREADS, G::fwd_smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention forward");
 }
 
-template <int HD, int NW> static void launch_bwd(kctx *c, const bwd_params &p) {
+template <int HD, int NW, bool DOCS> static void launch_bwd(kctx *c, const bwd_args<DOCS> &p) {
     typedef tiles<HD, NW> G;
-    if (allow_smem(c, attention_dkdv_kernel<HD, NW>, G::dkv_smem) ||
-        allow_smem(c, attention_dq_kernel<HD, NW>, G::dq_smem))
+    if (allow_smem(c, attention_dkdv_kernel<HD, NW, DOCS>, G::dkv_smem) ||
+        allow_smem(c, attention_dq_kernel<HD, NW, DOCS>, G::dq_smem))
         return;
     constexpr int ROWS = 256 / (HD / 8); // delta rows per block; divides Tp
     unsigned delta_blocks = (unsigned)((size_t)p.B * p.Hq * p.Tp / ROWS);
-    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(p);
+    const bwd_params &plain = p; // the delta kernel takes no documents
+    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(plain);
     cuda_check_launch(c, "attention backward (delta)");
     dim3 kv_grid(p.Hkv, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_dkdv_kernel<HD, NW><<<kv_grid, G::THREADS, G::dkv_smem, cuda_stream(c)>>>(p);
+    attention_dkdv_kernel<HD, NW, DOCS><<<kv_grid, G::THREADS, G::dkv_smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (dK, dV)");
     dim3 q_grid(p.Hq, p.B, (p.T + G::ROWS - 1) / G::ROWS);
-    attention_dq_kernel<HD, NW><<<q_grid, G::THREADS, G::dq_smem, cuda_stream(c)>>>(p);
+    attention_dq_kernel<HD, NW, DOCS><<<q_grid, G::THREADS, G::dq_smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (dQ)");
 }
 
 // 8 warps a block where that block's shared memory fits the device, else 4.
-template <int HD> static void attention_fwd(kctx *c, const fwd_params &p) {
+template <int HD, bool DOCS> static void attention_fwd(kctx *c, const fwd_args<DOCS> &p) {
     if (tiles<HD, 8>::fwd_smem <= (size_t)cuda_state(c)->smem_optin)
-        launch_fwd<HD, 8>(c, p);
+        launch_fwd<HD, 8, DOCS>(c, p);
     else
-        launch_fwd<HD, 4>(c, p);
+        launch_fwd<HD, 4, DOCS>(c, p);
 }
 
-template <int HD> static void attention_bwd(kctx *c, const bwd_params &p) {
+template <int HD, bool DOCS> static void attention_bwd(kctx *c, const bwd_args<DOCS> &p) {
     if (tiles<HD, 8>::bwd_smem <= (size_t)cuda_state(c)->smem_optin)
-        launch_bwd<HD, 8>(c, p);
+        launch_bwd<HD, 8, DOCS>(c, p);
     else
-        launch_bwd<HD, 4>(c, p);
+        launch_bwd<HD, 4, DOCS>(c, p);
+}
+
+// The kernels for head dim HD, with the varlen masking only when there are docs.
+template <int HD>
+static void attention_fwd_hd(kctx *c, const fwd_params &p, const k_docs *docs) {
+    if (docs)
+        attention_fwd<HD, true>(c, fwd_args<true>{p, docs->start});
+    else
+        attention_fwd<HD, false>(c, fwd_args<false>{p});
+}
+
+template <int HD>
+static void attention_bwd_hd(kctx *c, const bwd_params &p, const k_docs *docs) {
+    if (docs)
+        attention_bwd<HD, true>(c, bwd_args<true>{p, docs->start, docs->end});
+    else
+        attention_bwd<HD, false>(c, bwd_args<false>{p});
 }
 
 extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                   const void *v, int B, int T, int Hq, int Hkv, int hd) {
+                                   const void *v, const k_docs *docs, int B, int T, int Hq,
+                                   int Hkv, int hd) {
     const void *bufs[] = {out, lse, q, k, v};
     if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) || B == 0 || T == 0) return;
     if (hd != 64 && hd != 128) {
-        cuda_attention_generic_fwd(c, out, lse, q, k, v, B, T, Hq, Hkv, hd);
+        cuda_attention_generic_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
         return;
     }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     B, T, Hq, Hkv, LOG2E / sqrtf((float)hd)};
     if (hd == 64)
-        attention_fwd<64>(c, p);
+        attention_fwd_hd<64>(c, p, docs);
     else
-        attention_fwd<128>(c, p);
+        attention_fwd_hd<128>(c, p, docs);
 }
 
 extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                    const void *q, const void *k, const void *v, const void *out,
-                                   const float *lse, int B, int T, int Hq, int Hkv, int hd) {
+                                   const float *lse, const k_docs *docs, int B, int T, int Hq,
+                                   int Hkv, int hd) {
     const void *bufs[] = {dq, dk, dv, dout, q, k, v, out, lse};
     if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) || B == 0 || T == 0)
         return;
     if (hd != 64 && hd != 128) {
-        cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, hd);
+        cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv,
+                                   hd);
         return;
     }
     const int Tp = (T + STATS_PAD - 1) / STATS_PAD * STATS_PAD;
@@ -685,7 +790,7 @@ extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const 
                     (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E};
     if (hd == 64)
-        attention_bwd<64>(c, p);
+        attention_bwd_hd<64>(c, p, docs);
     else
-        attention_bwd<128>(c, p);
+        attention_bwd_hd<128>(c, p, docs);
 }

@@ -1,7 +1,9 @@
 // Causal GQA attention for head dims the tensor-core kernels (cuda_attention.cu) do not
 // take: any even head dim up to 256, e.g. the 16 and 32 of small test models.  Plain and
 // slow on purpose — one warp per query row (forward, dQ) or key row (dK, dV), fp32 math,
-// online softmax, no atomics, so the backward is deterministic like the fast path.
+// online softmax, no atomics, so the backward is deterministic like the fast path.  With
+// k_docs (varlen) a query row's keys start at its document's start and a key row's queries
+// end at its document's end.
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -14,7 +16,16 @@
 struct gen_shape {
     int B, T, Hq, Hkv, hd;
     float scale;
+    const int32_t *doc_start, *doc_end; // k_docs, or NULL: one document per row
 };
+
+// The first key query (b, t) sees, and one past the last query key (b, j) is seen by.
+__device__ inline int gen_first_key(const gen_shape &s, int b, int t) {
+    return s.doc_start ? s.doc_start[(size_t)b * s.T + t] : 0;
+}
+__device__ inline int gen_query_end(const gen_shape &s, int b, int j) {
+    return s.doc_end ? s.doc_end[(size_t)b * s.T + j] : s.T;
+}
 
 // Row (b, h, t) of a [B, T, H, hd] tensor.
 __device__ inline size_t gen_row(const gen_shape &s, int b, int t, int h, int H) {
@@ -46,7 +57,7 @@ __device__ inline void gen_store(bf16 *row, const float (&x)[GEN_PER_LANE], floa
     }
 }
 
-// Forward: query row (b, h, t) against keys 0..t; out and the natural-log lse.
+// Forward: query row (b, h, t) against keys first_key..t; out and the natural-log lse.
 __global__ void attention_generic_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                       const bf16 *v, gen_shape s) {
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -57,7 +68,7 @@ __global__ void attention_generic_fwd(bf16 *out, float *lse, const bf16 *q, cons
     float qv[GEN_PER_LANE], acc[GEN_PER_LANE] = {0}, kv[GEN_PER_LANE], vv[GEN_PER_LANE];
     gen_load(qv, q + gen_row(s, b, t, h, s.Hq), s.hd, lane);
     float m = -INFINITY, l = 0.0f;
-    for (int j = 0; j <= t; j++) {
+    for (int j = gen_first_key(s, b, t); j <= t; j++) {
         gen_load(kv, k + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
         gen_load(vv, v + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
         float x = gen_dot(qv, kv) * s.scale, m_new = fmaxf(m, x);
@@ -99,7 +110,7 @@ __global__ void attention_generic_dq(bf16 *dq, const bf16 *dout, const bf16 *q, 
     float acc[GEN_PER_LANE] = {0};
     gen_load(qv, q + gen_row(s, b, t, h, s.Hq), s.hd, lane);
     gen_load(dov, dout + gen_row(s, b, t, h, s.Hq), s.hd, lane);
-    for (int j = 0; j <= t; j++) {
+    for (int j = gen_first_key(s, b, t); j <= t; j++) {
         gen_load(kv, k + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
         gen_load(vv, v + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
         float p = expf(gen_dot(qv, kv) * s.scale - lse[stat]);
@@ -110,7 +121,7 @@ __global__ void attention_generic_dq(bf16 *dq, const bf16 *dout, const bf16 *q, 
     gen_store(dq + gen_row(s, b, t, h, s.Hq), acc, s.scale, s.hd, lane);
 }
 
-// dK, dV for key row (b, kvh, j): over the group's query heads and queries t >= j.
+// dK, dV for key row (b, kvh, j): over the group's query heads and queries j <= t < query_end.
 __global__ void attention_generic_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                        const bf16 *k, const bf16 *v, const float *lse,
                                        const float *delta, gen_shape s) {
@@ -123,8 +134,9 @@ __global__ void attention_generic_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, con
     float dk_acc[GEN_PER_LANE] = {0}, dv_acc[GEN_PER_LANE] = {0};
     gen_load(kv, k + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
     gen_load(vv, v + gen_row(s, b, j, kvh, s.Hkv), s.hd, lane);
+    const int t_end = gen_query_end(s, b, j);
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-        for (int t = j; t < s.T; t++) {
+        for (int t = j; t < t_end; t++) {
             size_t stat = ((size_t)b * s.Hq + h) * s.T + t;
             gen_load(qv, q + gen_row(s, b, t, h, s.Hq), s.hd, lane);
             gen_load(dov, dout + gen_row(s, b, t, h, s.Hq), s.hd, lane);
@@ -149,10 +161,15 @@ extern "C" int cuda_attention_generic_supports(int hd) {
     return hd > 0 && hd % 2 == 0 && hd <= GEN_MAX_HD;
 }
 
+static gen_shape gen_shape_of(const k_docs *docs, int B, int T, int Hq, int Hkv, int hd) {
+    return gen_shape{B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd), docs ? docs->start : NULL,
+                     docs ? docs->end : NULL};
+}
+
 extern "C" void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q,
-                                           const void *k, const void *v, int B, int T, int Hq,
-                                           int Hkv, int hd) {
-    gen_shape s = {B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd)};
+                                           const void *k, const void *v, const k_docs *docs,
+                                           int B, int T, int Hq, int Hkv, int hd) {
+    gen_shape s = gen_shape_of(docs, B, T, Hq, Hkv, hd);
     attention_generic_fwd<<<gen_blocks((size_t)B * Hq * T), 32 * GEN_WARPS, 0, cuda_stream(c)>>>(
         (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, s);
     cuda_check_launch(c, "attention forward (generic head dim)");
@@ -161,8 +178,9 @@ extern "C" void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const
 extern "C" void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv,
                                            const void *dout, const void *q, const void *k,
                                            const void *v, const void *out, const float *lse,
-                                           int B, int T, int Hq, int Hkv, int hd) {
-    gen_shape s = {B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd)};
+                                           const k_docs *docs, int B, int T, int Hq, int Hkv,
+                                           int hd) {
+    gen_shape s = gen_shape_of(docs, B, T, Hq, Hkv, hd);
     size_t q_rows = (size_t)B * Hq * T;
     float *delta = (float *)cuda_scratch(c, q_rows * sizeof(float), "attention backward");
     if (!delta) return;

@@ -48,10 +48,12 @@ void cuda_test_spin(void *stream, int *flag);
  * (cuda_attention_generic.cu): any even head dim up to 256.  Same contract as the op. */
 int cuda_attention_generic_supports(int hd);
 void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                const void *v, int B, int T, int Hq, int Hkv, int hd);
+                                const void *v, const k_docs *docs, int B, int T, int Hq,
+                                int Hkv, int hd);
 void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                 const void *q, const void *k, const void *v, const void *out,
-                                const float *lse, int B, int T, int Hq, int Hkv, int hd);
+                                const float *lse, const k_docs *docs, int B, int T, int Hq,
+                                int Hkv, int hd);
 
 #ifdef __cplusplus
 }

@@ -168,17 +168,18 @@ extern "C" void cuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout
 // angle t * inv_freq[i] (negated for the inverse).  The angle and its sine and cosine are
 // computed in double: t * inv_freq reaches 1e5 radians at long contexts, where fp32 would
 // lose about 1e-2 of the angle.
-__global__ void rope_kernel(bf16 *x, const float *inv_freq, int B, int T, int H, int hd,
-                            int inverse) {
+// doc_start: NULL, or each token's document start (k_docs), its position then t - start.
+__global__ void rope_kernel(bf16 *x, const float *inv_freq, const int32_t *doc_start, int B,
+                            int T, int H, int hd, int inverse) {
     int half = hd / 2;
     size_t total = (size_t)B * T * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         int i = (int)(idx % half);
         size_t bt = idx / half;
-        int t = (int)(bt % T);
+        int t = (int)(bt % T), pos = doc_start ? t - doc_start[bt] : t;
         double sn, cs;
-        sincos((double)t * inv_freq[i], &sn, &cs);
+        sincos((double)pos * inv_freq[i], &sn, &cs);
         float c = (float)cs, s = inverse ? (float)-sn : (float)sn;
         bf16 *v = x + bt * H * hd;
         for (int h = 0; h < H; h++, v += hd) {
@@ -189,15 +190,15 @@ __global__ void rope_kernel(bf16 *x, const float *inv_freq, int B, int T, int H,
     }
 }
 
-extern "C" void cuda_rope(kctx *c, void *x, const float *inv_freq, int B, int T, int H, int hd,
-                          int inverse) {
+extern "C" void cuda_rope(kctx *c, void *x, const float *inv_freq, const k_docs *docs, int B,
+                          int T, int H, int hd, int inverse) {
     if (hd % 2) {
         k_fail(c, "rope: head dim %d is odd", hd);
         return;
     }
     size_t total = (size_t)B * T * (hd / 2);
     if (B <= 0 || T <= 0 || H <= 0 || total == 0) return;
-    rope_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, cuda_stream(c)>>>((bf16 *)x, inv_freq,
-                                                                            B, T, H, hd, inverse);
+    rope_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, cuda_stream(c)>>>(
+        (bf16 *)x, inv_freq, docs ? docs->start : NULL, B, T, H, hd, inverse);
     cuda_check_launch(c, "rope");
 }

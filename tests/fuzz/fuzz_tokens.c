@@ -7,15 +7,13 @@
 
 #include "proto/tokens.h"
 
-enum { CRC_OFFSET = 32 }; /* magic 8, version 4, vocab 4, n_records 8, n_tokens 8 */
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *copy = malloc(size ? size : 1);
     if (!copy) return 0;
     memcpy(copy, data, size);
     if (size >= TOK_HEADER_BYTES && (data[size - 1] & 1)) {
-        uint32_t crc = crc32c(0, copy + TOK_HEADER_BYTES, size - TOK_HEADER_BYTES);
-        memcpy(copy + CRC_OFFSET, &crc, sizeof crc);
+        uint32_t crc = tok_checksum(copy, size);
+        memcpy(copy + TOK_CRC_OFFSET, &crc, sizeof crc);
     }
     tok_cache c;
     errbuf err;

@@ -7,7 +7,10 @@
  * ||gpu - cpu|| / ||cpu|| over a whole tensor: at most 2e-2 for out, dq, dk and dv (bf16
  * storage, bf16 probabilities in the products), and for the lse 1e-3 (or every element within
  * 1e-2).  Shapes: T = 1, 17, 300, 2048, 4097; head dim 64 and 128; Llama-2-7B (32 heads),
- * 70B (64 query heads, 8 kv heads) and GQA 8:1 and 3:1.  Determinism: the same inputs twice
+ * 70B (64 query heads, 8 kv heads) and GQA 8:1 and 3:1; packed rows (varlen, k_docs) of
+ * documents of 1, 17, 300 and 2047 tokens mixed in every row (each row rotated, so its
+ * boundaries differ), GQA 4:1 and 3:1, head dims 128, 64 and the plain path's 32; the CPU
+ * reference gets the same documents.  Determinism: the same inputs twice
  * give the same bits.  Bad arguments fail the context with a message.  One line per check; the
  * last line is "N passed, N failed"; exit status 1 on any failure.
  *
@@ -17,7 +20,9 @@
  * --quick: the small shapes only (for compute-sanitizer).  --cpu: the CPU backend stands in
  * for CUDA (a test of this program on any machine; the quick shapes).
  * --bench: forward, backward and forward+backward at Llama-2-7B and 70B shapes, the median of
- * 10 timed runs (CUDA events, after 3 warm-up runs) on random data.  FLOPs of the causal
+ * 10 timed runs (CUDA events, after 3 warm-up runs) on random data; then packed rows (one
+ * document a row, which costs what the unpacked row does plus the varlen masking, and
+ * documents of 1024 and 512 tokens).  FLOPs of the causal
  * forward: 4 B Hq T^2 hd / 2 (two products, half the scores); backward 2.5x that (five
  * products); forward+backward 3.5x. */
 #include <math.h>
@@ -106,6 +111,11 @@ static float *hfloats(size_t n) {
     float *p = calloc(n ? n : 1, sizeof(float));
     if (!p) die("out of host memory (%zu floats)", n);
     return host_allocs[n_host++] = p;
+}
+
+/* int32 host memory, zeroed, released with the check's other buffers (4-byte slots). */
+static int32_t *hints(size_t n) {
+    return (int32_t *)hfloats(n);
 }
 
 /* scale * U(-1, 1), rounded to bf16 */
@@ -256,6 +266,7 @@ static void report_bool(const char *op, const char *shp, int ok, const char *mea
 
 typedef struct reference {
     int B, T, Hq, Hkv, hd;
+    const k_docs *docs; /* host [B*T], or NULL: whole causal rows */
     const float *q, *k, *v, *dout;
     float *out, *lse, *dq;
     float *dk_part, *dv_part; /* [B, Hq, T, hd]: each query head's share of dK and dV */
@@ -295,9 +306,12 @@ static void *reference_worker(void *arg) {
         gather_head(k, r->k, b, g, T, r->Hkv, hd);
         gather_head(v, r->v, b, g, T, r->Hkv, hd);
         gather_head(dout, r->dout, b, h, T, r->Hq, hd);
-        k_attention_fwd(&cpu, out, lse, q, k, v, 1, T, 1, 1, hd);
+        const k_docs row_docs = {r->docs ? r->docs->start + (size_t)b * T : NULL,
+                                 r->docs ? r->docs->end + (size_t)b * T : NULL};
+        const k_docs *docs = r->docs ? &row_docs : NULL; /* row b's documents */
+        k_attention_fwd(&cpu, out, lse, q, k, v, docs, 1, T, 1, 1, hd);
         for (size_t i = 0; i < th; i++) out16[i] = round_bf16(out[i]); /* bf16 on the GPU */
-        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, 1, T, 1, 1, hd);
+        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, docs, 1, T, 1, 1, hd);
         if (k_check(&cpu, &err)) {
             pthread_mutex_lock(&r->lock);
             if (!r->failed) r->failure = err;
@@ -355,17 +369,52 @@ static void run_reference(reference *r, float *dk, float *dv) {
 
 /* ---- checks ---- */
 
-static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determinism) {
+/* Varlen: rows packed with documents (k_docs), host and device copies of their bounds. */
+typedef struct packing {
+    k_docs host, dev;
+    char name[48];
+} packing;
+
+/* Row b holds the n documents of lengths lens, rotated by b (row 1 starts with lens[1], ...),
+ * so every row is T = sum(lens) tokens long and each has its boundaries elsewhere. */
+static int pack_rows(packing *pk, int B, const int *lens, int n) {
+    int T = 0;
+    for (int i = 0; i < n; i++) T += lens[i];
+    int32_t *start = hints((size_t)B * T), *end = hints((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int i = 0, t = 0; i < n; t += lens[(b + i++) % n])
+            for (int u = t; u < t + lens[(b + i) % n]; u++) {
+                start[(size_t)b * T + u] = t;
+                end[(size_t)b * T + u] = t + lens[(b + i) % n];
+            }
+    int32_t *dstart = dev_bytes((size_t)B * T * sizeof *dstart);
+    int32_t *dend = dev_bytes((size_t)B * T * sizeof *dend);
+    k_copy_h2d(&gpu, dstart, start, (size_t)B * T * sizeof *start);
+    k_copy_h2d(&gpu, dend, end, (size_t)B * T * sizeof *end);
+    pk->host = (k_docs){start, end};
+    pk->dev = (k_docs){dstart, dend};
+    int at = snprintf(pk->name, sizeof pk->name, " docs");
+    for (int i = 0; i < n && at < (int)sizeof pk->name; i++)
+        at += snprintf(pk->name + at, sizeof pk->name - at, " %d", lens[i]);
+    return T;
+}
+
+/* One shape; pk NULL: whole causal rows, else the packed rows of pk (made for B, T). */
+static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
+                       int determinism) {
     seed((uint64_t)T * 1000003u + (uint64_t)Hq * 101u + (uint64_t)hd);
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
-    char shp[64];
-    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d", B, T, Hq, Hkv, hd);
+    const k_docs *docs = pk ? &pk->dev : NULL;
+    char shp[96];
+    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d%s", B, T, Hq, Hkv, hd,
+             pk ? pk->name : "");
     /* scores q.k/sqrt(hd) with a spread of a few units: peaked rows, the online rescaling
      * exercised */
     float *q = hrandom(nq, 4.0f), *k = hrandom(nkv, 2.0f), *v = hrandom(nkv, 1.0f);
     float *dout = hrandom(nq, 1.0f);
-    reference r = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .q = q, .k = k, .v = v,
-                   .dout = dout, .out = hfloats(nq), .lse = hfloats(nl), .dq = hfloats(nq)};
+    reference r = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .docs = pk ? &pk->host : NULL,
+                   .q = q, .k = k, .v = v, .dout = dout, .out = hfloats(nq), .lse = hfloats(nl),
+                   .dq = hfloats(nq)};
     float *want_dk = hfloats(nkv), *want_dv = hfloats(nkv);
     run_reference(&r, want_dk, want_dv);
 
@@ -373,7 +422,7 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     void *ddout = dcomp(dout, nq);
     void *out = dpoisoned(nq * esize);
     float *lse = dpoisoned(nl * sizeof(float));
-    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
     report("attention_fwd out", shp, get_comp(out, nq), r.out, nq, TOL_BF16, 0.0);
     report("attention_fwd lse", shp, get_f32(lse, nl), r.lse, nl, TOL_LSE_REL, TOL_LSE_ABS);
 
@@ -383,8 +432,8 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     void *dout_in = dcomp(out16, nq);
     float *dlse = df32(r.lse, nl);
     void *gq = dpoisoned(nq * esize), *gk = dpoisoned(nkv * esize), *gv = dpoisoned(nkv * esize);
-    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq, Hkv,
-                    hd);
+    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T, Hq,
+                    Hkv, hd);
     report("attention_bwd dq", shp, get_comp(gq, nq), r.dq, nq, TOL_BF16, 0.0);
     report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
     report("attention_bwd dv", shp, get_comp(gv, nkv), want_dv, nkv, TOL_BF16, 0.0);
@@ -392,20 +441,32 @@ static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determini
     if (determinism) {
         void *out2 = dpoisoned(nq * esize);
         float *lse2 = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, B, T, Hq, Hkv, hd);
+        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
         report_bool("deterministic fwd", shp,
                     same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
                     "out, lse: same bits twice");
         void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
         void *gv2 = dpoisoned(nkv * esize);
-        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, B, T, Hq,
-                        Hkv, hd);
+        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T,
+                        Hq, Hkv, hd);
         report_bool("deterministic bwd", shp,
                     same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
                         same_bits(gv, gv2, nkv * esize),
                     "dq, dk, dv: same bits twice");
     }
     release_all();
+}
+
+static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determinism) {
+    check_case(B, T, Hq, Hkv, hd, NULL, determinism);
+}
+
+/* Varlen: B rows packed with the n documents of lens (see pack_rows). */
+static void check_attention_docs(int B, int Hq, int Hkv, int hd, const int *lens, int n,
+                                 int determinism) {
+    packing pk;
+    int T = pack_rows(&pk, B, lens, n);
+    check_case(B, T, Hq, Hkv, hd, &pk, determinism);
 }
 
 /* Bad arguments: k_sync reports the wanted message, then the context is clear again. */
@@ -421,11 +482,11 @@ static void expect_failure(const char *what, const char *wanted) {
 static void check_failures(void) {
     char *buf = dev_bytes(1 << 20);
     float *lse = dev_bytes(4096);
-    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, 1, 4, 2, 1, 300);
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 300);
     expect_failure("head dim 300", "head dim 300 is not supported");
-    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, 1, 4, 6, 4, 64);
+    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 1, 4, 6, 4, 64);
     expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
-    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, 1, 4, 2, 1, 64);
+    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 64);
     expect_failure("unaligned out", "16-byte aligned");
     release_all();
 }
@@ -470,14 +531,16 @@ typedef struct bench_case {
     void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
     float *lse;
     int B, T, Hq, Hkv, hd;
+    const k_docs *docs; /* packed rows, or NULL */
 } bench_case;
 
 static void bench_run(const bench_case *c, bench_kind kind) {
     if (kind != BENCH_BWD)
-        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->hd);
+        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->docs, c->B, c->T, c->Hq,
+                        c->Hkv, c->hd);
     if (kind != BENCH_FWD)
         k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
-                        c->B, c->T, c->Hq, c->Hkv, c->hd);
+                        c->docs, c->B, c->T, c->Hq, c->Hkv, c->hd);
 }
 
 /* Median milliseconds of REPS runs after WARMUP. */
@@ -502,9 +565,20 @@ static double bench_ms(const bench_case *c, bench_kind kind) {
     return (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2.0;
 }
 
-static void bench_shape(const char *model, int B, int T, int Hq, int Hkv, int hd) {
+/* doc > 0: rows packed with documents of doc tokens (T a multiple of it); FLOPs count the
+ * work inside the documents only. */
+static void bench_shape_docs(const char *model, int B, int T, int Hq, int Hkv, int hd, int doc) {
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd;
     bench_case c = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
+    packing pk;
+    int lens[64];
+    if (doc > 0) {
+        if (T / doc > 64) die("bench: more than 64 documents a row");
+        for (int i = 0; i < T / doc; i++) lens[i] = doc;
+        if (pack_rows(&pk, B, lens, T / doc) != T)
+            die("bench: T %d is not a multiple of %d", T, doc);
+        c.docs = &pk.dev;
+    }
     c.q = bench_bf16(nq, 2.0f);
     c.k = bench_bf16(nkv, 2.0f);
     c.v = bench_bf16(nkv, 1.0f);
@@ -515,14 +589,24 @@ static void bench_shape(const char *model, int B, int T, int Hq, int Hkv, int hd
     c.dv = dev_bytes(nkv * 2);
     c.lse = dev_bytes((size_t)B * Hq * T * sizeof(float));
     bench_run(&c, BENCH_FWD); /* out and lse for the backward-only runs */
-    double fwd_flops = 4.0 * B * Hq * (double)T * T * hd / 2.0;
+    double span = doc > 0 ? doc : T; /* the causal span of each query's keys */
+    double fwd_flops = 4.0 * B * Hq * (double)T * span * hd / 2.0;
     double f = bench_ms(&c, BENCH_FWD), b = bench_ms(&c, BENCH_BWD);
     double fb = bench_ms(&c, BENCH_FWD_BWD);
-    printf("%-5s %3d %6d %4d %4d %4d %10.3f %8.1f %10.3f %8.1f %10.3f %8.1f\n", model, B, T, Hq,
+    char name[32];
+    if (doc > 0)
+        snprintf(name, sizeof name, "%s/%d", model, doc);
+    else
+        snprintf(name, sizeof name, "%s", model);
+    printf("%-9s %3d %6d %4d %4d %4d %10.3f %8.1f %10.3f %8.1f %10.3f %8.1f\n", name, B, T, Hq,
            Hkv, hd, f, fwd_flops / f / 1e9, b, 2.5 * fwd_flops / b / 1e9, fb,
            3.5 * fwd_flops / fb / 1e9);
     fflush(stdout);
     release_all();
+}
+
+static void bench_shape(const char *model, int B, int T, int Hq, int Hkv, int hd) {
+    bench_shape_docs(model, B, T, Hq, Hkv, hd, 0);
 }
 
 static void run_bench(void) {
@@ -532,13 +616,17 @@ static void run_bench(void) {
     printf("bench: %s, %d SMs; causal attention, bf16; median of %d runs after %d warm-ups\n",
            prop.name, prop.multiProcessorCount, REPS, WARMUP);
     printf("FLOPs: fwd 4*B*Hq*T^2*hd/2, bwd 2.5x fwd, fwd+bwd 3.5x fwd\n");
-    printf("%-5s %3s %6s %4s %4s %4s %10s %8s %10s %8s %10s %8s\n", "model", "B", "T", "Hq",
+    printf("packed rows: model/document length (varlen, FLOPs inside the documents)\n");
+    printf("%-9s %3s %6s %4s %4s %4s %10s %8s %10s %8s %10s %8s\n", "model", "B", "T", "Hq",
            "Hkv", "hd", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "f+b ms", "TFLOP/s");
     bench_shape("7B", 4, 2048, 32, 32, 128);
     bench_shape("7B", 4, 8192, 32, 32, 128);
     bench_shape("70B", 4, 2048, 64, 8, 128);
     bench_shape("70B", 4, 8192, 64, 8, 128);
     bench_shape("hd64", 4, 2048, 32, 8, 64);
+    bench_shape_docs("7B", 4, 8192, 32, 32, 128, 8192); /* one document a row: varlen overhead */
+    bench_shape_docs("7B", 4, 8192, 32, 32, 128, 1024);
+    bench_shape_docs("70B", 4, 8192, 64, 8, 128, 512);
 }
 
 /* ---- main ---- */
@@ -575,7 +663,17 @@ int main(int argc, char **argv) {
     check_attention(2, 33, 4, 4, 16, 1);
     check_attention(2, 65, 8, 4, 32, 1);
     check_attention(1, 129, 6, 2, 96, 0);
+    /* varlen (packed rows, k_docs): documents of 1, 17, 300 and 2047 tokens mixed in each row */
+    /* small: the last query tile of each row skips the key tiles before its document */
+    static const int mixed[] = {1, 17, 300, 2047}, small[] = {1, 17, 300, 5, 77};
+    check_attention_docs(2, 4, 1, 128, small, 5, 1);
+    check_attention_docs(2, 6, 2, 64, small, 5, 0);
+    check_attention_docs(2, 4, 2, 32, small, 5, 1); /* the plain path */
     if (!quick) {
+        check_attention_docs(2, 8, 2, 128, mixed, 4, 1); /* GQA 4:1 */
+        check_attention_docs(2, 6, 2, 64, mixed, 4, 1);  /* GQA 3:1 */
+        check_attention_docs(2, 4, 4, 128, mixed, 4, 0);
+        check_attention_docs(1, 4, 2, 32, mixed, 4, 0);  /* the plain path */
         check_attention(1, 2048, 32, 32, 128, 0); /* Llama-2-7B */
         check_attention(1, 2048, 64, 8, 128, 1);  /* Llama-2-70B, GQA 8:1 */
         check_attention(1, 4097, 8, 1, 128, 0);

@@ -495,23 +495,40 @@ static const k_rope_params llama3_rope = {.theta = 500000.0,
                                           .high_freq_factor = 4.0,
                                           .original_max_position_embeddings = 8192};
 
-static void check_rope(int B, int T, int H, int hd, const k_rope_params *p, const char *name) {
+/* doc > 0: packed rows (k_docs) of documents of doc tokens, the last cut at T, so positions
+ * restart at every document. */
+static void check_rope_docs(int B, int T, int H, int hd, const k_rope_params *p,
+                            const char *name, int doc) {
     seed(8);
     size_t n = (size_t)B * T * H * hd;
     float *inv_freq = hfloats((size_t)hd / 2);
     k_rope_inv_freq(p, hd, inv_freq);
     float *dinv = df32(inv_freq, (size_t)hd / 2);
     float *x = hrandom(n, 1.0f);
+    k_docs host_docs = {NULL, NULL}, dev_docs = {NULL, NULL};
+    if (doc > 0) {
+        int32_t *start = hints((size_t)B * T), *end = hints((size_t)B * T);
+        for (int i = 0; i < B * T; i++) { /* bounds are positions within the row */
+            start[i] = i % T / doc * doc;
+            end[i] = start[i] + doc < T ? start[i] + doc : T;
+        }
+        host_docs = (k_docs){start, end};
+        dev_docs = (k_docs){dints(start, (size_t)B * T), dints(end, (size_t)B * T)};
+    }
     for (int inverse = 0; inverse <= 1; inverse++) {
         float *want = hcopy(x, n);
-        k_rope(&cpu, want, inv_freq, B, T, H, hd, inverse);
+        k_rope(&cpu, want, inv_freq, doc > 0 ? &host_docs : NULL, B, T, H, hd, inverse);
         void *dx = dcomp(x, n);
-        k_rope(&gpu, dx, dinv, B, T, H, hd, inverse);
+        k_rope(&gpu, dx, dinv, doc > 0 ? &dev_docs : NULL, B, T, H, hd, inverse);
         report(inverse ? "rope inverse" : "rope",
-               shape("B=%d T=%d H=%d hd=%d %s", B, T, H, hd, name), get_comp(dx, n), want, n,
-               TOL_BF16);
+               shape("B=%d T=%d H=%d hd=%d %s%s", B, T, H, hd, name, doc > 0 ? " docs" : ""),
+               get_comp(dx, n), want, n, TOL_BF16);
     }
     release_all();
+}
+
+static void check_rope(int B, int T, int H, int hd, const k_rope_params *p, const char *name) {
+    check_rope_docs(B, T, H, hd, p, name, 0);
 }
 
 /* ---- linear ---- */
@@ -739,13 +756,13 @@ static void check_failures(void) {
     k_adamw(&gpu, p, p, p, p, 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f);
     expect_failure("adamw", "step 0 must count from 1");
 
-    k_rope(&gpu, out, p, 1, 2, 2, 127, 0);
+    k_rope(&gpu, out, p, NULL, 1, 2, 2, 127, 0);
     expect_failure("rope", "head dim 127 is odd");
 
     if (gpu.backend == K_CUDA) {
-        k_attention_fwd(&gpu, out, p, out, out, out, 1, 4, 2, 1, 300);
+        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
-        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, 1, 4, 2, 1, 300);
+        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_bwd", "head dim 300 is not supported");
     }
     release_all();
@@ -905,8 +922,8 @@ static void run_bench(void) {
     k_rope_inv_freq(&llama2_rope, hd, inv_host);
     float *inv = df32(inv_host, (size_t)hd / 2);
     snprintf(sh, sizeof sh, "B=4 T=2048 H=%d hd=%d", H, hd);
-    BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 0));
-    BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, 4, 2048, H, hd, 1));
+    BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 0));
+    BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 1));
 
     /* MLP activations [N, I] */
     void *gate = bench_bf16(ni, 2.0f), *up = bench_bf16(ni, 1.0f), *sw = bench_bf16(ni, 1.0f);
@@ -997,6 +1014,7 @@ int main(int argc, char **argv) {
     check_rope(2, 1023, 8, 128, &llama3_rope, "llama3 kv");
     check_rope(1, 4096, 32, 128, &llama2_rope, "llama2");
     check_rope(1, 131072, 1, 128, &llama3_rope, "llama3 long");
+    check_rope_docs(2, 1023, 8, 128, &llama3_rope, "llama3 kv", 300); /* packed rows */
 
     check_linear(2046, 4096, 4096);
     check_linear(2046, 4096, 1024);   /* GQA k/v */

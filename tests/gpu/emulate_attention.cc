@@ -8,13 +8,15 @@
  *
  * Every shape runs with 8-warp blocks (shared-memory limit of sm_90) and 4-warp blocks (that
  * of sm_86), once with thread 0 first and copies landing late, once with the last thread
- * first and copies landing early.  One line per check; the last line is "N passed, N failed". */
+ * first and copies landing early; unpacked and packed (varlen documents, k_docs).  One line
+ * per check; the last line is "N passed, N failed". */
 #include "emu_cuda_attention.inc"
 
 extern "C" {
 #include "kernels/cpu/cpu_kernels.h"
 }
 
+#include <algorithm>
 #include <string>
 
 static int n_passed, n_failed;
@@ -120,7 +122,31 @@ static kctx make_gpu(cuda_impl *impl) {
     return c;
 }
 
-static void check(int B, int T, int Hq, int Hkv, int hd) {
+/* Varlen: each row packed with documents of the given lengths, cycled (row b starting at its
+ * b-th length), the last one cut at T; k_docs over host vectors (the emulated device memory). */
+struct packed_docs {
+    std::vector<int32_t> start, end;
+    k_docs docs;
+    std::string name;
+    packed_docs(int B, int T, const std::vector<int> &lens)
+        : start((size_t)B * T), end((size_t)B * T) {
+        for (int b = 0; b < B; b++)
+            for (int t = 0, i = b; t < T; i++) {
+                int n = std::min(lens[i % lens.size()], T - t);
+                for (int u = t; u < t + n; u++) {
+                    start[(size_t)b * T + u] = t;
+                    end[(size_t)b * T + u] = t + n;
+                }
+                t += n;
+            }
+        docs = {start.data(), end.data()};
+        name = " docs";
+        for (int n : lens) name += " " + std::to_string(n);
+    }
+};
+
+static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *packed = NULL) {
+    const k_docs *docs = packed ? &packed->docs : NULL;
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
     dbuf q(nq), k(nkv), v(nkv), dout(nq);
     std::vector<float> hq, hk, hv, hdout;
@@ -132,7 +158,8 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
     kctx cpu;
     memset(&cpu, 0, sizeof cpu);
     std::vector<float> want_out(nq), want_lse(nl), want_dq(nq), want_dk(nkv), want_dv(nkv);
-    cpu_attention_fwd(&cpu, want_out.data(), want_lse.data(), hq.data(), hk.data(), hv.data(), B,
+    cpu_attention_fwd(&cpu, want_out.data(), want_lse.data(), hq.data(), hk.data(), hv.data(),
+                      docs, B,
                       T, Hq, Hkv, hd);
     /* the backward's `out` input is bf16 on the GPU: give the CPU the same values */
     dbuf out_in(nq);
@@ -144,8 +171,8 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
     fbuf lse_in(nl);
     memcpy(lse_in.p(), want_lse.data(), nl * sizeof(float));
     cpu_attention_bwd(&cpu, want_dq.data(), want_dk.data(), want_dv.data(), hdout.data(),
-                      hq.data(), hk.data(), hv.data(), out_rounded.data(), want_lse.data(), B, T,
-                      Hq, Hkv, hd);
+                      hq.data(), hk.data(), hv.data(), out_rounded.data(), want_lse.data(), docs,
+                      B, T, Hq, Hkv, hd);
     if (cpu.failed) emu_die("CPU reference: %s", cpu.failure);
 
     static const struct {
@@ -166,18 +193,20 @@ static void check(int B, int T, int Hq, int Hkv, int hd) {
         kctx gpu = make_gpu(&impl);
         char shape[96];
         snprintf(shape, sizeof shape, "B=%d T=%d Hq=%d Hkv=%d hd=%d", B, T, Hq, Hkv, hd);
-        std::string tag = std::string(shape) + " (" + mode.name + ")";
+        std::string tag =
+            std::string(shape) + (packed ? packed->name : "") + " (" + mode.name + ")";
 
         dbuf out(nq);
         fbuf lse(nl);
-        cuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), B, T, Hq, Hkv, hd);
+        cuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), docs, B, T, Hq, Hkv,
+                           hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("fwd out  " + tag, values(out).data(), want_out.data(), nq, guard_ok(out), 2e-2, 0);
         compare("fwd lse  " + tag, lse.p(), want_lse.data(), nl, guard_ok(lse), 1e-3, 1e-2);
 
         dbuf dq(nq), dk(nkv), dv(nkv);
         cuda_attention_bwd(&gpu, dq.p(), dk.p(), dv.p(), dout.p(), q.p(), k.p(), v.p(),
-                           out_in.p(), lse_in.p(), B, T, Hq, Hkv, hd);
+                           out_in.p(), lse_in.p(), docs, B, T, Hq, Hkv, hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("bwd dq   " + tag, values(dq).data(), want_dq.data(), nq, guard_ok(dq), 2e-2, 0);
         compare("bwd dk   " + tag, values(dk).data(), want_dk.data(), nkv, guard_ok(dk), 2e-2, 0);
@@ -195,7 +224,7 @@ static void check_failure(const char *what, int Hq, int Hkv, int hd, int offset,
     dbuf buf(4096);
     fbuf lse(64);
     bf16 *p = buf.p() + offset;
-    cuda_attention_fwd(&gpu, p, lse.p(), p, p, p, 1, 4, Hq, Hkv, hd);
+    cuda_attention_fwd(&gpu, p, lse.p(), p, p, p, NULL, 1, 4, Hq, Hkv, hd);
     bool ok = gpu.failed && strstr(gpu.failure, wanted);
     std::string note = std::string(what) + ": \"" + (gpu.failed ? gpu.failure : "no failure") + "\"";
     verdict(note, ok, "k_fail message");
@@ -214,7 +243,15 @@ int main(int argc, char **argv) {
     check(2, 1, 2, 1, 128);
     check(2, 17, 4, 2, 64);
     check(1, 150, 3, 1, 128); /* GQA 3:1, partial tiles */
+    /* varlen: documents ending inside tiles, whole tiles before a row's document skipped
+     * (the second query block of each row starts in a document that starts past key 64) */
+    const packed_docs mixed(2, 200, {1, 17, 100, 5, 77});
+    check(2, 200, 4, 2, 64, &mixed);
     if (!quick) {
+        const packed_docs long_doc(1, 300, {1, 17, 260, 3});
+        check(1, 300, 3, 1, 128, &long_doc);
+        const packed_docs short_docs(2, 150, {1, 2, 31, 16, 9});
+        check(2, 150, 2, 2, 128, &short_docs);
         check(1, 17, 2, 2, 128);
         check(1, 200, 6, 2, 64);
         check(1, 257, 2, 1, 128);

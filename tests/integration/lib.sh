@@ -18,6 +18,22 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # skip_test REASON: this test cannot run here; tests/run.sh counts it as skipped and shows why.
 skip_test() { echo "SKIP: $*"; exit 77; }
 
+# use_venv REQUIREMENT...: $venv (${FSDP_VENV:-/tmp/fsdp-venv}) holding these PyPI packages
+# ("name" or "name==version"), created or extended on first use; the test is skipped (77,
+# with the reason) when they cannot be installed.
+use_venv() {
+    venv=${FSDP_VENV:-/tmp/fsdp-venv}
+    local have='import sys, importlib.metadata as m
+for r in sys.argv[1:]:
+    name, _, version = r.partition("==")
+    if version and m.version(name) != version: sys.exit(1)
+    m.version(name)'
+    "$venv/bin/python" -c "$have" "$@" 2> /dev/null && return 0
+    { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } > "$tmp/venv.log" 2>&1 &&
+        "$venv/bin/pip" install -q "$@" >> "$tmp/venv.log" 2>&1 ||
+        { cat "$tmp/venv.log"; skip_test "cannot install $* into $venv"; }
+}
+
 # expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output (stdout and
 # stderr, kept in $tmp/cmd.out) contains NEEDLE.
 expect_status() {

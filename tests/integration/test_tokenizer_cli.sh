@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fsdpctl tokenize --tokenizer: --text (plain and --json, with and without special tokens,
 # --split-special), --decode, --jsonl, a model directory with tokenizer_config.json, and the
-# refusals (JSONL datasets not built yet, bad ids, bad files, unsupported parts).
+# refusals (a stray argument, --out without --data, bad ids, bad files, unsupported parts).
 source "$(dirname "$0")/lib.sh"
 
 sp=$shared/tokenizers/sp32k-tokenizer.json
@@ -30,8 +30,11 @@ want "1 264 2" "$fsdpctl" tokenize --tokenizer "$tmp/model" --text "a"
 expect_error 0 "following tokenizer_config.json" "$fsdpctl" tokenize --tokenizer "$tmp/model" --text a
 
 # Refusals.
-expect_error 2 "not built yet" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" data.jsonl
-expect_error 2 "not built yet" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" --text a
+expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" data.jsonl
+expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" --text a
+expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --data data.jsonl --format chat --out "$tmp/c.tokens"
+expect_error 1 "--format: 'yaml' is not alpaca, chat or text" "$fsdpctl" tokenize --tokenizer "$sp" \
+    --data data.jsonl --format yaml --seq-len 8 --out "$tmp/c.tokens"
 expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --text a --decode 1
 expect_error 1 "id 99999 is not in the vocabulary" "$fsdpctl" tokenize --tokenizer "$sp" --decode "1 99999"
 expect_error 1 "not a list of ids" "$fsdpctl" tokenize --tokenizer "$sp" --decode "1 x"

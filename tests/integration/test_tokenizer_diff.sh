@@ -6,12 +6,7 @@
 # Exits 77 (skipped, with the reason) when the venv cannot be made.
 source "$(dirname "$0")/lib.sh"
 
-venv=${FSDP_VENV:-/tmp/fsdp-venv}
-if ! "$venv/bin/python" -c 'import tokenizers' 2> /dev/null; then
-    { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } > "$tmp/venv.log" 2>&1 &&
-        "$venv/bin/pip" install -q tokenizers >> "$tmp/venv.log" 2>&1 ||
-        { cat "$tmp/venv.log"; skip_test "cannot install the tokenizers package into $venv"; }
-fi
+use_venv tokenizers
 
 for family in sp32k llama3; do
     "$venv/bin/python" tests/integration/tokenizer_diff.py "$fsdpctl" \

@@ -742,6 +742,44 @@ static void test_many_collectives_no_leak(void **state) {
     assert_int_equal(count_fds(), fds);
 }
 
+/* ---- progress (the hung-rank locator's figures) ------------------------------------------ */
+
+/* Each rank: a plain all_reduce (no unit), a split all_gather of unit 7 waited for; the
+ * progress follows: started as each begins, finished as each completes. */
+static int progress_child(ranks *j, int idx, void *arg, report *r) {
+    (void)arg;
+    errbuf err;
+    comm *c;
+    comm_progress p = {0};
+    comm_options opt = j->opt;
+    opt.progress = &p;
+    EXPECT(r, comm_init(&c, &opt, idx, &j->table[0], &j->lis[0][idx], &err) == 0, "%s", err.msg);
+    float x[6] = {1, 2, 3, 4, 5, 6}, all[12];
+    int rc = comm_all_reduce(c, x, 6, COMM_F32, COMM_SUM, &err);
+    EXPECT(r, rc == 0, "%s", err.msg);
+    EXPECT(r, atomic_load(&p.started) == 1 && atomic_load(&p.finished) == 1 && atomic_load(&p.unit) == -1 &&
+                  atomic_load(&p.op) == COMM_COLL_ALL_REDUCE, "after the all_reduce: %llu %llu",
+           (unsigned long long)atomic_load(&p.started), (unsigned long long)atomic_load(&p.finished));
+    comm_set_unit(c, 7);
+    comm_ticket t;
+    EXPECT(r, comm_all_gather_start(c, x, all, 6, COMM_F32, &t, &err) == 0, "%s", err.msg);
+    EXPECT(r, atomic_load(&p.started) == 2 && atomic_load(&p.unit) == 7 && atomic_load(&p.op) == COMM_COLL_ALL_GATHER,
+           "the all_gather did not start as #2 of unit 7");
+    EXPECT(r, comm_wait(c, t, &err) == 0, "%s", err.msg);
+    EXPECT(r, atomic_load(&p.finished) == 2, "the all_gather's wait did not finish #2");
+    EXPECT(r, !strcmp(comm_coll_name(COMM_COLL_REDUCE_SCATTER), "reduce_scatter"), "names");
+    comm_destroy(c);
+    return 0;
+}
+
+static void test_progress(void **state) {
+    (void)state;
+    ranks j;
+    ranks_init(&j, 2, 2, 1);
+    ranks_run(&j, progress_child, NULL, 20);
+    for (int i = 0; i < 2; i++) expect_child_ok(&j, i);
+}
+
 /* ---- strangers ------------------------------------------------------------------------ */
 
 static int raw_connect(const char *addr) {
@@ -989,6 +1027,7 @@ int main(void) {
         cmocka_unit_test(test_collectives_world5),
         cmocka_unit_test(test_repeated_runs_same_bits),
         cmocka_unit_test(test_many_collectives_no_leak),
+        cmocka_unit_test(test_progress),
         cmocka_unit_test(test_wrong_secret_refused),
         cmocka_unit_test(test_secret_never_sent),
         cmocka_unit_test(test_abort_wakes_everyone),

@@ -55,8 +55,8 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
-    /* Until packing, evaluation splits and skipping bad records are built, their defaults are
-     * the only values accepted. */
+    /* Until packing and evaluation splits are built, their defaults are the only values
+     * accepted. */
     assert_false(j.data.packing);
     assert_true(j.data.eval_fraction == 0);
     assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_FAIL);
@@ -165,12 +165,9 @@ static const bad_case bad_cases[] = {
     {"{\"fsdp\":{\"cpu_offload\":true}}", 1, "fsdp.cpu_offload: 'true' is not built yet", NULL},
     {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
      "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
-    {"{\"data\":{\"format\":\"alpaca\"}}", 1, "data.format: 'alpaca' is not built yet", NULL},
-    {"{\"data\":{\"template\":\"llama2\"}}", 1, "data.template: 'llama2' is not built yet", NULL},
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
     {"{\"data\":{\"eval_fraction\":1}}", 1, "data.eval_fraction: 1 is out of range", NULL},
     {"{\"data\":{\"on_bad_record\":\"warn\"}}", 1, "data.on_bad_record: unknown choice", "skip, fail"},
-    {"{\"data\":{\"on_bad_record\":\"skip\"}}", 1, "data.on_bad_record: 'skip' is not built yet", NULL},
     {"{\"data\":{\"packing\":true}}", 1, "data.packing: 'true' is not built yet", NULL},
     {"{\"data\":{\"eval_fraction\":0.05}}", 1, "data.eval_fraction: '0.05' is not built yet", NULL},
     {"{\"model\":{\"dtype\":\"fp16\"}}", 1, "model.dtype: unknown choice 'fp16'", "auto, f32, bf16"},
@@ -265,6 +262,31 @@ static void test_job_load_errors(void **state) {
     unlink(path);
 }
 
+/* F25: the JSONL formats, templates, skip and truncate are accepted; a template name that is
+ * not a built-in one and a JSONL path with format tokens are refused. */
+static void test_data_keys(void **state) {
+    (void)state;
+    job_config j;
+    job_defaults(&j);
+    errbuf err;
+    assert_true(j.data.truncate);
+    strcpy(j.model.path, "models/llama");
+    must_override(&j, "--data.path=chat.jsonl");
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "data.format: chat.jsonl is a JSONL file");
+    must_override(&j, "--data.format=chat");
+    must_override(&j, "--data.template=llama2");
+    must_override(&j, "--data.on_bad_record=skip");
+    must_override(&j, "--data.truncate=false");
+    assert_int_equal(j.data.format, JOB_DATA_CHAT);
+    assert_int_equal(j.data.on_bad_record, JOB_BAD_RECORD_SKIP);
+    assert_false(j.data.truncate);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    must_override(&j, "--data.template=vicuna");
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, alpaca, auto");
+}
+
 static void test_overrides(void **state) {
     (void)state;
     job_config j;
@@ -307,7 +329,6 @@ static void test_overrides(void **state) {
     override_fails(&j, "--data.packing=yes", "data.packing: 'yes' is not true or false");
     override_fails(&j, "--data.packing=true", "data.packing: 'true' is not built yet");
     override_fails(&j, "--data.eval_fraction=0.1", "data.eval_fraction: '0.1' is not built yet");
-    override_fails(&j, "--data.on_bad_record=skip", "data.on_bad_record: 'skip' is not built yet");
     override_fails(&j, "--train.global_batch=-1", "train.global_batch: -1 is out of range");
     override_fails(&j, "--train.betas=0.9", "train.betas: expected a list of two numbers");
     override_fails(&j, "--train.betas=0.9,x", "train.betas: 'x' is not a number");
@@ -561,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_json_has_position),
         cmocka_unit_test(test_job_load_errors),
         cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_data_keys),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_gradient_accumulation_too_large),
         cmocka_unit_test(test_sizes),

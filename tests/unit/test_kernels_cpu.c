@@ -121,6 +121,21 @@ static void check_grad(const char *what, float *x, size_t n, loss_fn loss, void 
     free(num);
 }
 
+/* Varlen: rows packed with documents of lengths lens[0..n) (cycled, row b starting at its
+ * b-th, the last one cut at T), as k_docs over start/end [B*T]. */
+static k_docs pack_docs(int B, int T, const int *lens, int n, int32_t *start, int32_t *end) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0, i = b; t < T; i++) {
+            int len = lens[i % n] < T - t ? lens[i % n] : T - t;
+            for (int u = t; u < t + len; u++) {
+                start[(size_t)b * T + u] = t;
+                end[(size_t)b * T + u] = t + len;
+            }
+            t += len;
+        }
+    return (k_docs){start, end};
+}
+
 /* ---- context, memory, elementwise ---- */
 
 static void test_context(void **state) {
@@ -404,7 +419,7 @@ static void test_rope_forward(void **state) {
     k_rope_inv_freq(&p, hd, inv_freq);
     float *x = random_floats(n, 1.0f), *y = floats(n);
     memcpy(y, x, n * sizeof(float));
-    k_rope(&c, y, inv_freq, B, T, H, hd, 0);
+    k_rope(&c, y, inv_freq, NULL, B, T, H, hd, 0);
     /* position 0 is not rotated */
     for (int b = 0; b < B; b++)
         assert_memory_equal(y + (size_t)b * T * H * hd, x + (size_t)b * T * H * hd,
@@ -415,10 +430,44 @@ static void test_rope_forward(void **state) {
     assert_true(fabs(y[o + 1] - (x[o + 1] * cs - x[o + 5] * sn)) < 1e-6);
     assert_true(fabs(y[o + 5] - (x[o + 5] * cs + x[o + 1] * sn)) < 1e-6);
     /* the inverse undoes it */
-    k_rope(&c, y, inv_freq, B, T, H, hd, 1);
+    k_rope(&c, y, inv_freq, NULL, B, T, H, hd, 1);
     for (size_t i = 0; i < n; i++) assert_true(fabs(y[i] - x[i]) < 1e-6);
     expect_ok(&c);
     free(x), free(y);
+    kctx_destroy(&c);
+}
+
+/* With docs, a token's position is its place in its document: each document of a packed row
+ * rotates as the same tokens alone at the start of a row. */
+static void test_rope_positions_restart(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(41);
+    enum { B = 2, T = 11, H = 3, hd = 8 };
+    const int lens[] = {4, 1, 6};
+    int32_t start[B * T], end[B * T];
+    k_docs docs = pack_docs(B, T, lens, 3, start, end);
+    const size_t row = (size_t)H * hd, n = B * T * row;
+    k_rope_params p = {.theta = 10.0};
+    float inv_freq[hd / 2];
+    k_rope_inv_freq(&p, hd, inv_freq);
+    float *x = random_floats(n, 1.0f), *y = floats(n), *alone = floats(n);
+    memcpy(y, x, n * sizeof(float));
+    k_rope(&c, y, inv_freq, &docs, B, T, H, hd, 0);
+    for (int i = 0; i < B * T; i++) {
+        if (start[i] != i % T) continue; /* a document starts at token i */
+        int len = end[i] - start[i];
+        memcpy(alone, x + i * row, len * row * sizeof(float));
+        k_rope(&c, alone, inv_freq, NULL, 1, len, H, hd, 0);
+        for (size_t j = 0; j < len * row; j++)
+            assert_true(fabsf(y[i * row + j] - alone[j]) < 1e-6f);
+    }
+    /* and the inverse undoes it */
+    k_rope(&c, y, inv_freq, &docs, B, T, H, hd, 1);
+    for (size_t i = 0; i < n; i++) assert_true(fabs(y[i] - x[i]) < 1e-6);
+    expect_ok(&c);
+    free(x), free(y), free(alone);
     kctx_destroy(&c);
 }
 
@@ -433,7 +482,7 @@ static double rope_loss(void *arg) {
     rope_case *e = arg;
     size_t n = (size_t)e->B * e->T * e->H * e->hd;
     memcpy(e->y, e->x, n * sizeof(float));
-    k_rope(e->c, e->y, e->inv_freq, e->B, e->T, e->H, e->hd, 0);
+    k_rope(e->c, e->y, e->inv_freq, NULL, e->B, e->T, e->H, e->hd, 0);
     return dot_f32(e->y, e->R, n);
 }
 
@@ -450,7 +499,7 @@ static void test_rope_grad(void **state) {
     float *x = random_floats(n, 1.0f), *R = random_floats(n, 1.0f), *y = floats(n);
     float *dx = floats(n);
     memcpy(dx, R, n * sizeof(float));
-    k_rope(&c, dx, inv_freq, B, T, H, hd, 1); /* backward = inverse rotation of dout */
+    k_rope(&c, dx, inv_freq, NULL, B, T, H, hd, 1); /* backward = inverse rotation of dout */
     rope_case e = {&c, x, y, inv_freq, R, B, T, H, hd};
     check_grad("rope dx", x, n, rope_loss, &e, dx, 0.05);
     expect_ok(&c);
@@ -506,7 +555,7 @@ static void check_attention_forward(attn_shape s) {
     float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
     float *v = random_floats(nkv, 1.0f), *out = floats(nq), *lse = floats(nl);
     double *ref = doubles(nq), *ref_lse = doubles(nl);
-    k_attention_fwd(&c, out, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     naive_attention(&s, q, k, v, ref, ref_lse);
     expect_close("attention out", out, ref, nq, 1e-6);
     expect_close("attention lse", lse, ref_lse, nl, 1e-6);
@@ -533,7 +582,7 @@ static void test_attention_causal(void **state) {
     float *q = random_floats(nq, 1.0f), *k = random_floats(nkv, 1.0f);
     float *v = random_floats(nkv, 1.0f), *a = floats(nq), *b = floats(nq);
     float lse[2 * 4 * 5];
-    k_attention_fwd(&c, a, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, a, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     const int p = 3;
     for (int bb = 0; bb < s.B; bb++)
         for (int g = 0; g < s.Hkv; g++)
@@ -541,7 +590,7 @@ static void test_attention_causal(void **state) {
                 k[attn_at(&s, bb, p, g, s.Hkv) + d] += 1.0f;
                 v[attn_at(&s, bb, p, g, s.Hkv) + d] -= 2.0f;
             }
-    k_attention_fwd(&c, b, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, b, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
     for (int bb = 0; bb < s.B; bb++) {
         size_t row = (size_t)s.Hq * s.hd; /* one position, all heads */
         size_t t0 = (size_t)bb * s.T * row;
@@ -558,16 +607,19 @@ typedef struct {
     attn_shape s;
     float *q, *k, *v, *out, *lse;
     const float *R;
+    const k_docs *docs;
 } attn_case;
 
 static double attn_loss(void *arg) {
     attn_case *e = arg;
     attn_shape s = e->s;
-    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, s.B, s.T, s.Hq, s.Hkv,
+                    s.hd);
     return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
 }
 
-static void check_attention_grad(attn_shape s) {
+/* Finite differences of the attention's inputs; docs NULL: whole causal rows. */
+static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     kctx c;
     init_cpu(&c);
     seed(8 + s.Hq);
@@ -577,15 +629,19 @@ static void check_attention_grad(attn_shape s) {
     float *out = floats(nq), *lse = floats((size_t)s.B * s.Hq * s.T);
     /* dq, dk, dv are overwritten: start them from garbage */
     float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
-    attn_case e = {&c, s, q, k, v, out, lse, R};
+    attn_case e = {&c, s, q, k, v, out, lse, R, docs};
     attn_loss(&e);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
     check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
     check_grad("attention dv", v, nkv, attn_loss, &e, dv, 0.05);
     free(q), free(k), free(v), free(R), free(out), free(lse), free(dq), free(dk), free(dv);
     kctx_destroy(&c);
+}
+
+static void check_attention_grad(attn_shape s) {
+    check_attention_grad_docs(s, NULL);
 }
 
 static void test_attention_grad_mha(void **state) {
@@ -599,13 +655,82 @@ static void test_attention_grad_gqa(void **state) {
     check_attention_grad((attn_shape){1, 3, 3, 1, 4}); /* one kv head for all */
 }
 
+/* Varlen: every document of a packed row (B rows, GQA) gets exactly the out, lse, dq, dk and
+ * dv it gets alone in a row of its own length; and finite differences agree with dq, dk, dv. */
+static void test_attention_varlen(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(42);
+    attn_shape s = {2, 12, 4, 2, 8};
+    const int lens[] = {1, 5, 3, 7};
+    int32_t start[2 * 12], end[2 * 12];
+    k_docs docs = pack_docs(s.B, s.T, lens, 4, start, end);
+    size_t qrow = (size_t)s.Hq * s.hd, kvrow = (size_t)s.Hkv * s.hd;
+    size_t nq = s.B * s.T * qrow, nkv = s.B * s.T * kvrow, nl = (size_t)s.B * s.Hq * s.T;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
+    float *v = random_floats(nkv, 1.0f), *R = random_floats(nq, 1.0f);
+    float *out = floats(nq), *lse = floats(nl), *dq = floats(nq), *dk = floats(nkv);
+    float *dv = floats(nkv);
+    k_attention_fwd(&c, out, lse, q, k, v, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    expect_ok(&c);
+    float *o1 = floats(nq), *l1 = floats(nl), *dq1 = floats(nq), *dk1 = floats(nkv);
+    float *dv1 = floats(nkv);
+    for (int i = 0; i < s.B * s.T; i++) {
+        if (start[i] != i % s.T) continue; /* document [i, i + n) of row i / T starts here */
+        int b = i / s.T, t0 = i % s.T, n = end[i] - start[i];
+        k_attention_fwd(&c, o1, l1, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 1, n,
+                        s.Hq, s.Hkv, s.hd);
+        k_attention_bwd(&c, dq1, dk1, dv1, R + i * qrow, q + i * qrow, k + i * kvrow,
+                        v + i * kvrow, o1, l1, NULL, 1, n, s.Hq, s.Hkv, s.hd);
+        expect_ok(&c);
+        for (size_t j = 0; j < n * qrow; j++) {
+            assert_true(fabsf(out[i * qrow + j] - o1[j]) <= 1e-6f);
+            assert_true(fabsf(dq[i * qrow + j] - dq1[j]) <= 1e-6f);
+        }
+        for (size_t j = 0; j < n * kvrow; j++) {
+            assert_true(fabsf(dk[i * kvrow + j] - dk1[j]) <= 1e-6f);
+            assert_true(fabsf(dv[i * kvrow + j] - dv1[j]) <= 1e-6f);
+        }
+        for (int h = 0; h < s.Hq; h++)
+            for (int t = 0; t < n; t++)
+                assert_true(fabsf(lse[((size_t)b * s.Hq + h) * s.T + t0 + t] - l1[h * n + t]) <=
+                            1e-6f);
+    }
+    check_attention_grad_docs(s, &docs);
+    free(q), free(k), free(v), free(R), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(o1), free(l1), free(dq1), free(dk1), free(dv1);
+    kctx_destroy(&c);
+}
+
+/* Document bounds that do not tile a row are a failure naming the token. */
+static void test_attention_bad_docs(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    float x[1 * 4 * 8] = {0}, lse[4];
+    int32_t start[4] = {0, 0, 2, 2}, end[4] = {2, 2, 4, 3}; /* token 3's document ends at 3 */
+    k_docs docs = {start, end};
+    k_attention_fwd(&c, x, lse, x, x, x, &docs, 1, 4, 1, 1, 8);
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "document bounds [2, 3) of token [0,3] do not tile"));
+    end[3] = 4;
+    start[1] = 1; /* token 1 starts a document while token 0's runs on to 2 */
+    k_attention_bwd(&c, x, x, x, x, x, x, x, x, lse, &docs, 1, 4, 1, 1, 8);
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "token [0,1]"));
+    kctx_destroy(&c);
+}
+
 static void test_attention_bad_heads(void **state) {
     (void)state;
     kctx c;
     errbuf err;
     init_cpu(&c);
     float x[2 * 3 * 4] = {0}, lse[6];
-    k_attention_fwd(&c, x, lse, x, x, x, 1, 2, 3, 2, 4);
+    k_attention_fwd(&c, x, lse, x, x, x, NULL, 1, 2, 3, 2, 4);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "3 query heads"));
     kctx_destroy(&c);
@@ -864,11 +989,14 @@ int main(void) {
         cmocka_unit_test(test_rope_inv_freq_llama3),
         cmocka_unit_test(test_rope_forward),
         cmocka_unit_test(test_rope_grad),
+        cmocka_unit_test(test_rope_positions_restart),
         cmocka_unit_test(test_attention_forward),
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_attention_grad_mha),
         cmocka_unit_test(test_attention_grad_gqa),
         cmocka_unit_test(test_attention_bad_heads),
+        cmocka_unit_test(test_attention_varlen),
+        cmocka_unit_test(test_attention_bad_docs),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_cross_entropy_value),

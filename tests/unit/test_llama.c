@@ -590,6 +590,114 @@ static void test_activation_checkpointing(void **state) {
     fixture_free(&ckpt);
 }
 
+/* (6) Packing: a packed row's summed token loss and every gradient equal the sums over its
+ * documents run one by one, each alone at the start of a row of the same length, padded
+ * (positions restart at each document, no token attends across a boundary).  Each
+ * document's first label is -100, as the data side makes it; the count is the real one.
+ * (RoPE scores depend on relative positions only, so restarting them changes these numbers
+ * only by rounding: test_kernels_cpu's test_rope_positions_restart checks the positions.) */
+enum { PB = 2, PT = 16 };
+
+/* Packs rows of documents of lengths lens[b][..] (0-terminated, summing to PT): positions
+ * restart at 0 at each document and each document's first label is masked. */
+static void pack_rows(const int lens[PB][6], int32_t *labels, int32_t *positions) {
+    for (int b = 0; b < PB; b++)
+        for (int d = 0, t = 0; lens[b][d]; t += lens[b][d++])
+            for (int i = 0; i < lens[b][d]; i++) {
+                positions[b * PT + t + i] = i;
+                if (i == 0) labels[b * PT + t] = K_IGNORE_INDEX;
+            }
+}
+
+static void check_packed_equals_documents(int checkpoint) {
+    static const int lens[PB][6] = {{1, 5, 3, 7}, {6, 1, 9}};
+    fixture packed, alone;
+    fixture_init(&packed, 31, checkpoint);
+    fixture_init(&alone, 31, checkpoint);
+    int32_t ids[PB * PT], labels[PB * PT], positions[PB * PT];
+    random_batch(PB, PT, packed.cfg.vocab_size, 9, ids, labels);
+    pack_rows(lens, labels, positions);
+    errbuf err = {{0}};
+    float loss;
+    int64_t count;
+    if (llama_model_forward_backward_packed(&packed.m, ids, labels, positions, PB, PT, 1.0f,
+                                            &loss, &count, NULL, &err))
+        fail_msg("%s", err.msg);
+
+    double loss_sum = 0.0;
+    int64_t count_sum = 0;
+    for (int b = 0; b < PB; b++)
+        for (int d = 0, t = 0; lens[b][d]; t += lens[b][d++]) {
+            int32_t row_ids[PT], row_labels[PT];
+            for (int i = 0; i < PT; i++) { /* the document, then padding */
+                int in_doc = i < lens[b][d];
+                row_ids[i] = in_doc ? ids[b * PT + t + i] : 0;
+                row_labels[i] = in_doc ? labels[b * PT + t + i] : K_IGNORE_INDEX;
+            }
+            float l;
+            int64_t n;
+            forward_backward(&alone.m, row_ids, row_labels, 1, PT, 1.0f, &l, &n, NULL);
+            loss_sum += l;
+            count_sum += n;
+        }
+    size_t n;
+    float *g_packed = all_grads(&packed.m, &n), *g_alone = all_grads(&alone.m, &n);
+    double e = rel_error(g_packed, g_alone, n);
+    printf("packing (checkpoint %d): loss %.6f vs %.6f, gradients rel %.2e\n", checkpoint, loss,
+           loss_sum, e);
+    assert_int_equal(count, count_sum);
+    assert_true(fabs(loss - loss_sum) <= 1e-5 * loss_sum);
+    assert_true(e <= 1e-5);
+    free(g_packed), free(g_alone);
+    fixture_free(&packed);
+    fixture_free(&alone);
+}
+
+static void test_packed_equals_documents(void **state) {
+    (void)state;
+    check_packed_equals_documents(0);
+    check_packed_equals_documents(1);
+}
+
+/* Positions must restart at 0 or count up by one; and NULL positions are one document a row. */
+static void test_packed_positions(void **state) {
+    (void)state;
+    int32_t pos[2 * 4] = {0, 1, 0, 1, 0, 1, 2, 3}, start[8], end[8];
+    errbuf err = {{0}};
+    assert_int_equal(llama_doc_bounds(pos, 2, 4, start, end, &err), 0);
+    const int32_t want_start[8] = {0, 0, 2, 2, 0, 0, 0, 0}, want_end[8] = {2, 2, 4, 4, 4, 4, 4, 4};
+    assert_memory_equal(start, want_start, sizeof start);
+    assert_memory_equal(end, want_end, sizeof end);
+    pos[3] = 2;
+    assert_int_equal(llama_doc_bounds(pos, 2, 4, start, end, &err), -1);
+    assert_non_null(strstr(err.msg, "positions[0,3] = 2"));
+    pos[3] = 1;
+    pos[4] = 1; /* a row must start a document */
+    assert_int_equal(llama_doc_bounds(pos, 2, 4, start, end, &err), -1);
+    assert_non_null(strstr(err.msg, "positions[1,0] = 1"));
+
+    /* the model refuses them too, and a packed batch of one document a row is the plain one */
+    fixture f;
+    fixture_init(&f, 2, 0);
+    int32_t ids[RB * RT], labels[RB * RT], positions[RB * RT];
+    random_batch(RB, RT, f.cfg.vocab_size, 6, ids, labels);
+    for (int i = 0; i < RB * RT; i++) positions[i] = i % RT;
+    positions[RT + 2] = 7;
+    float l1, l2;
+    int64_t n1, n2;
+    assert_int_equal(llama_model_forward_backward_packed(&f.m, ids, labels, positions, RB, RT,
+                                                         1.0f, &l1, &n1, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "positions[1,2] = 7"));
+    positions[RT + 2] = 2;
+    if (llama_model_forward_backward_packed(&f.m, ids, labels, positions, RB, RT, 1.0f, &l1, &n1,
+                                            NULL, &err))
+        fail_msg("%s", err.msg);
+    forward_backward(&f.m, ids, labels, RB, RT, 1.0f, &l2, &n2, NULL);
+    assert_true(l1 == l2);
+    assert_int_equal(n1, n2);
+    fixture_free(&f);
+}
+
 /* (5) Bad inputs and bad checkpoints are errors that name what is wrong. */
 static void test_bad_inputs(void **state) {
     (void)state;
@@ -662,6 +770,8 @@ int main(void) {
         cmocka_unit_test(test_loss_normalisation_across_calls),
         cmocka_unit_test(test_activation_checkpointing),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_packed_equals_documents),
+        cmocka_unit_test(test_packed_positions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -469,6 +469,8 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_START},
         {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true}},
         {.type = MSG_HEARTBEAT, .u.heartbeat = {.has_step = true, .step = 5, .has_mem_bytes = true, .mem_bytes = 1 << 20}},
+        {.type = MSG_HEARTBEAT, .u.heartbeat = {.has_coll = true, .coll = {.started = 9, .finished = 8, .op = "all_gather", .unit = -1},
+                                                .has_net = true, .net = {"Socket", true, 12.5}}},
         {.type = MSG_METRICS, .u.metrics = {.step = 3, .total_steps = 9, .loss = 2.5, .lr = 1e-4, .grad_norm = 0.75,
                                             .tokens = 100, .tokens_seen = 300, .seconds = 0.25, .layer_forwards = 6,
                                             .mem_bytes = 10, .mem_peak_bytes = 20}},
@@ -514,11 +516,11 @@ static void test_every_type_round_trips(void **state) {
     through_wire(&all[2], &back);
     assert_false(back.u.heartbeat.has_step);
     msg_free(&back);
-    through_wire(&all[5], &back);
+    through_wire(&all[6], &back);
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[15], &back);
+    through_wire(&all[16], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);

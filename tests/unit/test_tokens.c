@@ -134,23 +134,76 @@ static void test_rejects_corruption(void **state) {
     copy[len - 20] ^= 1; /* a token's bits */
     expect_reject(copy, len, "checksum");
     memcpy(copy, buf, len);
-    copy[8] = 2; /* version */
+    copy[8] = 1; /* version 1: the header before it named the tokenizer */
     expect_reject(copy, len, "version");
     free(copy);
     /* Counts whose sizes each fit but whose sum wraps around to the file's size (the fuzzer
      * found it: the offsets then pointed past the end): 2^61 - 10 records and 33 tokens make
-     * 2^64 + 164 bytes, a 164-byte file with its checksum right. */
-    unsigned char wrap[164] = {0};
-    uint32_t version = 1, vocab = 40;
+     * 2^64 + 228 bytes, a 228-byte file with its checksum right. */
+    unsigned char wrap[228] = {0};
+    uint32_t version = TOK_VERSION, vocab = 40;
     uint64_t records = 0x1ffffffffffffff6ull, tokens = 0x21;
     memcpy(wrap, TOK_MAGIC, 8);
     memcpy(wrap + 8, &version, 4);
     memcpy(wrap + 12, &vocab, 4);
     memcpy(wrap + 16, &records, 8);
     memcpy(wrap + 24, &tokens, 8);
-    uint32_t crc = crc32c(0, wrap + TOK_HEADER_BYTES, sizeof wrap - TOK_HEADER_BYTES);
-    memcpy(wrap + 32, &crc, 4);
+    uint32_t crc = tok_checksum(wrap, sizeof wrap);
+    memcpy(wrap + TOK_CRC_OFFSET, &crc, 4);
     expect_reject(wrap, sizeof wrap, "does not match");
+    free(buf);
+}
+
+/* The header's provenance (format, template, tokenizer hash) round-trips, is covered by the
+ * checksum, and must be consistent. */
+static void test_source_round_trip_and_strict(void **state) {
+    (void)state;
+    char path[512];
+    path_in_tmp(path, sizeof path, "s.tok");
+    tok_writer w;
+    errbuf err;
+    tok_writer_init(&w, 100);
+    int32_t t[] = {1, 2};
+    uint8_t m[] = {0, 1};
+    assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
+    w.source.format = TOK_FORMAT_CHAT;
+    w.source.template_id = 2;
+    memset(w.source.tokenizer_sha256, 0xab, TOK_SHA256_BYTES);
+    assert_int_equal(tok_writer_save(&w, path, &err), 0);
+    tok_writer_free(&w);
+    tok_cache c;
+    assert_int_equal(tok_open(&c, path, &err), 0);
+    assert_int_equal(c.source.format, TOK_FORMAT_CHAT);
+    assert_int_equal(c.source.template_id, 2);
+    assert_int_equal(c.source.tokenizer_sha256[31], 0xab);
+    tok_close(&c);
+    tok_source src;
+    assert_int_equal(tok_read_source(path, &src, &err), 0);
+    assert_int_equal(src.template_id, 2);
+
+    char *buf;
+    size_t len;
+    assert_int_equal(file_read_all(path, 1 << 20, &buf, &len, &err), 0);
+    unsigned char *b = (unsigned char *)buf;
+    b[48] ^= 1; /* a hash byte: the checksum covers it */
+    expect_reject(b, len, "checksum");
+    b[48] ^= 1;
+    struct { size_t off; uint8_t value; const char *needle; } bad[] = {
+        {36, 0, "with a tokenizer hash"}, /* format tokens */
+        {36, 9, "unknown format"},
+        {40, 0, "with template 0"},     /* chat without a template */
+        {40, 7, "unknown template"},
+        {44, 1, "reserved"},
+        {100, 1, "reserved"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t keep = b[bad[i].off];
+        b[bad[i].off] = bad[i].value;
+        uint32_t crc = tok_checksum(b, len);
+        memcpy(b + TOK_CRC_OFFSET, &crc, 4);
+        expect_reject(b, len, bad[i].needle);
+        b[bad[i].off] = keep;
+    }
     free(buf);
 }
 
@@ -171,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_crc32c_known_values),
         cmocka_unit_test(test_round_trip_and_samples),
         cmocka_unit_test(test_writer_rejects_bad_token),
+        cmocka_unit_test(test_source_round_trip_and_strict),
         cmocka_unit_test(test_rejects_corruption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

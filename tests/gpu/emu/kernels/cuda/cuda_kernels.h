@@ -464,13 +464,14 @@ extern "C" {
  * covers the tensor-core kernels, so head dims 64 and 128 only. */
 static inline int cuda_attention_generic_supports(int) { return 0; }
 static inline void cuda_attention_generic_fwd(kctx *, void *, float *, const void *, const void *,
-                                              const void *, int, int, int, int, int) {
+                                              const void *, const k_docs *, int, int, int, int,
+                                              int) {
     emu_die("generic attention is not emulated");
 }
 static inline void cuda_attention_generic_bwd(kctx *, void *, void *, void *, const void *,
                                               const void *, const void *, const void *,
-                                              const void *, const float *, int, int, int, int,
-                                              int) {
+                                              const void *, const float *, const k_docs *, int,
+                                              int, int, int, int) {
     emu_die("generic attention is not emulated");
 }
 

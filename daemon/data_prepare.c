@@ -1,0 +1,137 @@
+#include "daemon/data_prepare.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/fileio.h"
+#include "base/sha256.h"
+#include "daemon/log.h"
+#include "data/cache_build.h"
+#include "proto/tokens.h"
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The directory whose tokenizer.json goes with the model ("" when there is none). */
+static void tokenizer_dir(const job_config *j, char *out, size_t n) {
+    if (j->model.init == JOB_INIT_PRETRAINED) snprintf(out, n, "%s", j->model.path);
+    else {
+        const char *slash = strrchr(j->model.config, '/');
+        if (slash) snprintf(out, n, "%.*s", (int)(slash - j->model.config), j->model.config);
+        else snprintf(out, n, ".");
+    }
+    char file[JOB_PATH_MAX + 32];
+    snprintf(file, sizeof file, "%s/tokenizer.json", out);
+    if (access(file, R_OK) != 0) out[0] = 0;
+}
+
+static int file_sha256(const char *path, uint8_t out[SHA256_BYTES], errbuf *err) {
+    void *map;
+    size_t len;
+    if (file_map_readonly(path, &map, &len, err)) return -1;
+    sha256(map, len, out);
+    if (len) munmap(map, len);
+    return 0;
+}
+
+/* checkpoint.dir/data-<hash of the inputs>.tokens */
+static int cache_name(const job_config *j, const cache_build_opts *o, char *out, size_t n, errbuf *err) {
+    uint8_t data_hash[SHA256_BYTES], tk_hash[SHA256_BYTES], key[SHA256_BYTES];
+    if (file_sha256(j->data.path, data_hash, err) || tokenizer_file_sha256(o->tokenizer, tk_hash, err))
+        return -1;
+    char params[128];
+    int len = snprintf(params, sizeof params, "v%d f%d t%d L%d tr%d bad%d", TOK_VERSION, (int)o->format,
+                       (int)o->tpl, o->seq_len, (int)o->truncate, (int)o->on_bad_record);
+    sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, data_hash, sizeof data_hash);
+    sha256_update(&c, tk_hash, sizeof tk_hash);
+    sha256_update(&c, params, (size_t)len);
+    sha256_final(&c, key);
+    char hex[17];
+    for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    if (snprintf(out, n, "%s/data-%s.tokens", j->checkpoint.dir, hex) >= (int)n)
+        return errf(err, "checkpoint.dir: %s is too long", j->checkpoint.dir);
+    return 0;
+}
+
+static int build_cache(const cache_build_opts *o, const char *path, errbuf *err) {
+    tok_writer w;
+    cache_build_stats st;
+    log_event(-1, "tokenizing %s (format %s, template %s) into %s", o->data,
+              o->format == JOB_DATA_ALPACA ? "alpaca" : o->format == JOB_DATA_CHAT ? "chat" : "text",
+              chat_template_name(o->tpl), path);
+    int rc = cache_build(o, &w, &st, err);
+    /* Saved under a name of this host and process, then renamed: nodes sharing checkpoint.dir
+     * may build the cache at once (file_write_atomic's own tmp name has only the pid). */
+    char part[JOB_PATH_MAX + 300], host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(part, sizeof part, "%s.%s-%d.part", path, host, (int)getpid());
+    if (rc == 0) rc = tok_writer_save(&w, part, err);
+    if (rc == 0 && rename(part, path) != 0) {
+        rc = errf(err, "%s: rename to %s: %s", part, path, strerror(errno));
+        unlink(part);
+    }
+    tok_writer_free(&w);
+    if (rc) return -1;
+    log_event(-1, "%s: %llu samples (%llu tokens, %llu with loss) from %llu records; %llu skipped, "
+                  "%llu dropped (no loss token), %llu truncated", path,
+              (unsigned long long)st.samples, (unsigned long long)st.tokens,
+              (unsigned long long)st.loss_tokens, (unsigned long long)st.lines,
+              (unsigned long long)st.skipped, (unsigned long long)st.dropped,
+              (unsigned long long)st.truncated);
+    return 0;
+}
+
+static int prepare_jsonl(job_config *j, const char *tk_dir, errbuf *err) {
+    if (!tk_dir[0])
+        return errf(err, "data.path: %s is JSONL, which needs a tokenizer: model.path's tokenizer.json "
+                         "(with model.init random: a tokenizer.json next to model.config); none found",
+                    j->data.path);
+    cache_build_opts o = {.tokenizer = tk_dir, .data = j->data.path, .format = j->data.format,
+                          .seq_len = j->data.seq_len, .truncate = j->data.truncate,
+                          .on_bad_record = j->data.on_bad_record, .log = stderr,
+                          .progress = isatty(2)};
+    if (resolve_template(j->data.template_name, j->data.format, tk_dir, &o.tpl, err)) return -1;
+    char path[JOB_PATH_MAX];
+    if (file_mkdir_p(j->checkpoint.dir, err) || cache_name(j, &o, path, sizeof path, err)) return -1;
+    tok_cache c;
+    errbuf ignored;
+    if (tok_open(&c, path, &ignored) == 0) {
+        tok_close(&c);
+        log_event(-1, "reusing the token cache %s made from %s", path, j->data.path);
+    } else if (build_cache(&o, path, err)) {
+        return -1;
+    }
+    snprintf(j->data.path, sizeof j->data.path, "%s", path);
+    return 0;
+}
+
+/* A cache made by a tokenizer must come from the model's (when the model names one).  A
+ * file that is no cache is left to the workers, whose data loader reports it. */
+static int check_cache(const job_config *j, const char *tk_dir, errbuf *err) {
+    tok_source src;
+    errbuf ignored;
+    if (tok_read_source(j->data.path, &src, &ignored) || src.format == TOK_FORMAT_TOKENS || !tk_dir[0])
+        return 0;
+    uint8_t h[SHA256_BYTES];
+    if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
+    if (memcmp(h, src.tokenizer_sha256, SHA256_BYTES) != 0)
+        return errf(err, "data.path: %s was tokenized with another tokenizer than %s/tokenizer.json "
+                         "(its sha256 differs); tokenize the data again with the model's tokenizer",
+                    j->data.path, tk_dir);
+    return 0;
+}
+
+int data_prepare(job_config *j, errbuf *err) {
+    char tk_dir[JOB_PATH_MAX];
+    tokenizer_dir(j, tk_dir, sizeof tk_dir);
+    if (ends_with(j->data.path, ".jsonl")) return prepare_jsonl(j, tk_dir, err);
+    return check_cache(j, tk_dir, err);
+}

@@ -1,0 +1,21 @@
+/* data_prepare: the job's data, ready for the workers, before the first run.
+ *
+ * A JSONL data.path (data.format alpaca, chat or text) is tokenized into a token cache
+ * (data/cache_build.h) in checkpoint.dir, named after a hash of everything that makes it
+ * (the data file's and tokenizer.json's contents, format, template, seq_len, truncate,
+ * on_bad_record), written atomically (tmp + rename, so nodes building it at once cannot
+ * corrupt it) and reused when present; data.path then names the cache.  The tokenizer is
+ * model.path's tokenizer.json, or with model.init random the one next to model.config;
+ * data.template auto reads that directory's tokenizer_config.json.
+ *
+ * A token cache made from a tokenizer must match the model's tokenizer.json (its sha256),
+ * where the model has one, else the job is refused. */
+#ifndef FSDP_DAEMON_DATA_PREPARE_H
+#define FSDP_DAEMON_DATA_PREPARE_H
+
+#include "base/errbuf.h"
+#include "proto/job.h"
+
+int data_prepare(job_config *j, errbuf *err);
+
+#endif

@@ -1,0 +1,89 @@
+/* chat_template: the built-in prompt templates, rendered as transformers'
+ * apply_chat_template renders the models' Jinja templates, with the loss-bearing part of
+ * each turn marked.  A rendered sample is a list of segments: text, or a control token
+ * (its id, never text, so content that looks like "<|eot_id|>" stays plain text).
+ *
+ *   llama3  [bos] then per turn <|start_header_id|>ROLE<|end_header_id|>\n\n TRIM(content)
+ *           <|eot_id|>; loss on an assistant turn's content and <|eot_id|>.  No trailing
+ *           assistant header (the model's template always appends one: a training sample
+ *           does not).
+ *   llama2  the Llama-2-chat template: a first system message goes into the first user turn
+ *           as <<SYS>>\nS\n<</SYS>>\n\n; user: [bos] "[INST] " STRIP(content) " [/INST]";
+ *           assistant: " " STRIP(content) " " [eos], its loss from that first space
+ *           through [eos]; roles alternate user/assistant.
+ *   chatml  <|im_start|>ROLE\n content <|im_end|>\n; loss on an assistant turn's content and
+ *           <|im_end|>.
+ *   alpaca  fsdp_qlora's InstructionDataset prompt (with or without an input), the output
+ *           right after "### Response:", then [eos]; loss on the output and [eos].  Chat data
+ *           with it: one user turn (the instruction) and one assistant turn.
+ *
+ * STRIP/TRIM remove Python's str.strip() whitespace. */
+#ifndef FSDP_DATA_CHAT_TEMPLATE_H
+#define FSDP_DATA_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/errbuf.h"
+#include "data/jsonl.h"
+#include "data/tokenizer.h"
+
+typedef enum chat_template {
+    TPL_NONE = 0, /* text data, and token caches */
+    TPL_LLAMA3 = 1,
+    TPL_LLAMA2 = 2,
+    TPL_CHATML = 3,
+    TPL_ALPACA = 4,
+    TPL_COUNT
+} chat_template;
+
+/* "llama3", "llama2", "chatml", "alpaca" -> the template; "auto" and "" -> TPL_NONE (the
+ * caller resolves it); anything else is an error naming data.template. */
+int chat_template_parse(const char *name, chat_template *t, errbuf *err);
+const char *chat_template_name(chat_template t); /* "none" for TPL_NONE */
+/* The built-in template that a model's Jinja chat_template is, or TPL_NONE. */
+chat_template chat_template_recognise(const char *jinja);
+/* The template of model_dir/tokenizer_config.json's chat_template; an error naming
+ * data.template when it is missing or not recognised. */
+int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *err);
+
+/* The control tokens a template needs, from the tokenizer (-1: not needed). */
+typedef struct tpl_tokens {
+    int32_t bos, eos, start_header, end_header, eot, im_start, im_end;
+    const int32_t *prefix; /* the post-processor's leading ids (alpaca's BOS) */
+    size_t n_prefix;
+} tpl_tokens;
+
+/* Refuses a tokenizer that lacks a token the template needs. */
+int tpl_tokens_find(chat_template t, const tokenizer *tk, tpl_tokens *out, errbuf *err);
+
+typedef struct tpl_seg {
+    const char *s; /* text (NULL for a control token) */
+    size_t len;
+    int32_t id; /* a control token, or -1 */
+    bool loss;
+} tpl_seg;
+
+typedef struct tpl_segs {
+    tpl_seg *v;
+    size_t n, cap;
+} tpl_segs;
+
+void tpl_segs_free(tpl_segs *s);
+/* Appends a text segment / a control token. */
+int tpl_text(tpl_segs *s, const char *text, size_t len, bool loss);
+int tpl_control(tpl_segs *s, int32_t id, bool loss);
+
+/* Renders a conversation (the segments point into msgs' text and static strings); a
+ * conversation the template cannot take is an error saying why. */
+int chat_render(chat_template t, const tpl_tokens *tok, const chat_msg *msgs, size_t n,
+                tpl_segs *out, errbuf *err);
+/* The alpaca prompt for instruction/input, then output and EOS. */
+int alpaca_render(const tpl_tokens *tok, text_field instruction, text_field input,
+                  text_field output, tpl_segs *out, errbuf *err);
+
+/* s without Python's str.strip() whitespace at both ends (UTF-8), as a (start, length). */
+text_field py_strip(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,59 @@
+/* jsonl: a user's JSONL data file, line by line, each line read as a record of its format.
+ *
+ *   alpaca  {"instruction": S, "input": S (optional, may be ""), "output": S}
+ *   chat    {"messages": [{"role": "system"|"user"|"assistant", "content": S}, ...]} or
+ *           ShareGPT's {"conversations": [{"from": "system"|"human"|"user"|"gpt"|"assistant",
+ *           "value": S}, ...]}; at least one assistant turn
+ *   text    {"text": S}
+ *
+ * Other fields are ignored.  Strings are UTF-8 without NUL characters.  A record's strings
+ * point into its parsed JSON, valid until record_clear or the next record_parse. */
+#ifndef FSDP_DATA_JSONL_H
+#define FSDP_DATA_JSONL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/errbuf.h"
+#include "proto/job.h"
+
+/* The lines of a buffer: blank (whitespace-only) lines are passed over, but counted. */
+typedef struct jsonl_cursor {
+    const char *p, *end;
+    long line_no; /* of the line last returned, 1-based */
+} jsonl_cursor;
+
+void jsonl_cursor_init(jsonl_cursor *c, const char *buf, size_t len);
+/* The next non-blank line (without its newline): true, or false at the end. */
+bool jsonl_next(jsonl_cursor *c, const char **line, size_t *len);
+
+typedef enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT } chat_role;
+
+typedef struct chat_msg {
+    chat_role role;
+    const char *text;
+    size_t len;
+} chat_msg;
+
+typedef struct text_field {
+    const char *s;
+    size_t len;
+} text_field;
+
+typedef struct data_record {
+    void *root; /* the parsed line (a json_t) */
+    chat_msg *msgs; /* chat */
+    size_t n_msgs, cap_msgs;
+    text_field instruction, input, output; /* alpaca */
+    text_field text;                       /* text */
+} data_record;
+
+/* Reads one line as a record of format (alpaca, chat or text); the reason in err when it
+ * is not one. */
+int record_parse(data_record *r, job_data_format format, const char *line, size_t len,
+                 errbuf *err);
+/* Forgets the record's JSON (its message list is kept for the next line). */
+void record_clear(data_record *r);
+void record_free(data_record *r);
+
+#endif

@@ -1,0 +1,146 @@
+#include "data/sample.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int sample_spec_init(sample_spec *s, const tokenizer *tk, job_data_format format,
+                     chat_template tpl, int seq_len, bool truncate, errbuf *err) {
+    memset(s, 0, sizeof *s);
+    if (format == JOB_DATA_ALPACA && tpl != TPL_ALPACA && tpl != TPL_NONE)
+        return errf(err, "data.template: alpaca records take the alpaca template, not %s (%s is "
+                         "for data.format chat)", chat_template_name(tpl), chat_template_name(tpl));
+    if (format == JOB_DATA_TEXT && tpl != TPL_NONE)
+        return errf(err, "data.template: text records take no template (%s given)",
+                    chat_template_name(tpl));
+    if (format == JOB_DATA_CHAT && tpl == TPL_NONE)
+        return errf(err, "data.template: chat records need a template (llama3, llama2, chatml or alpaca)");
+    if (format == JOB_DATA_TOKENS) return errf(err, "data.format: tokens has no JSONL records");
+    if (format == JOB_DATA_ALPACA) tpl = TPL_ALPACA;
+    if (tpl_tokens_find(tpl, tk, &s->tok, err)) return -1;
+    s->tk = tk;
+    s->format = format;
+    s->tpl = tpl;
+    s->seq_len = seq_len;
+    s->truncate = truncate;
+    return 0;
+}
+
+int sample_buf_init(sample_buf *b, const tokenizer *tk, errbuf *err) {
+    memset(b, 0, sizeof *b);
+    if (!(b->st = tk_state_new(tk))) return errf(err, "out of memory");
+    return 0;
+}
+
+void sample_buf_free(sample_buf *b) {
+    tk_state_free(b->st);
+    record_free(&b->rec);
+    tpl_segs_free(&b->segs);
+    free(b->run);
+    tk_ids_free(&b->ids);
+    tk_ids_free(&b->scratch);
+    free(b->mask);
+    memset(b, 0, sizeof *b);
+}
+
+static int push_token(sample_buf *b, int32_t id, bool loss) {
+    if (b->ids.n == b->mask_cap) {
+        size_t cap = b->mask_cap ? 2 * b->mask_cap : 1024;
+        uint8_t *m = realloc(b->mask, cap);
+        if (!m) return -1;
+        b->mask = m;
+        b->mask_cap = cap;
+    }
+    b->mask[b->ids.n] = loss;
+    return tk_ids_push(&b->ids, id);
+}
+
+static int run_put(sample_buf *b, size_t at, const char *s, size_t n) {
+    if (at + n > b->run_cap) {
+        size_t cap = b->run_cap ? b->run_cap : 4096;
+        while (cap < at + n) cap *= 2;
+        char *r = realloc(b->run, cap);
+        if (!r) return -1;
+        b->run = r;
+        b->run_cap = cap;
+    }
+    memcpy(b->run + at, s, n);
+    return 0;
+}
+
+/* segs[from, to): text segments, encoded as one string; tokens before each switch of the
+ * loss flag are those the text before it encodes to. */
+static int encode_run(const sample_spec *s, sample_buf *b, const tpl_seg *g, size_t n, errbuf *err) {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++, len += g[i - 1].len)
+        if (run_put(b, len, g[i].s, g[i].len)) return errf(err, "out of memory");
+    b->scratch.n = 0;
+    if (tokenizer_encode(s->tk, b->st, b->run, len, TK_SPLIT_SPECIAL, &b->scratch, err)) return -1;
+    tk_ids full = b->scratch;
+    b->scratch = (tk_ids){0};
+    size_t done = 0, at = 0;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; at += g[i].len, i++) {
+        size_t until = full.n; /* the tokens of segments [.., i] */
+        if (i + 1 < n && g[i + 1].loss != g[i].loss) {
+            b->scratch.n = 0;
+            rc = tokenizer_encode(s->tk, b->st, b->run, at + g[i].len, TK_SPLIT_SPECIAL, &b->scratch, err);
+            until = b->scratch.n < full.n ? b->scratch.n : full.n;
+        } else if (i + 1 < n) continue;
+        for (; rc == 0 && done < until; done++)
+            if (push_token(b, full.v[done], g[i].loss)) rc = errf(err, "out of memory");
+    }
+    tk_ids_free(&full);
+    return rc;
+}
+
+static int encode_segments(const sample_spec *s, sample_buf *b, errbuf *err) {
+    const tpl_segs *segs = &b->segs;
+    for (size_t i = 0; i < segs->n;) {
+        if (segs->v[i].id >= 0) {
+            if (push_token(b, segs->v[i].id, segs->v[i].loss)) return errf(err, "out of memory");
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < segs->n && segs->v[j].id < 0) j++;
+        if (encode_run(s, b, segs->v + i, j - i, err)) return -1;
+        i = j;
+    }
+    return 0;
+}
+
+static int render(const sample_spec *s, sample_buf *b, errbuf *err) {
+    const data_record *r = &b->rec;
+    b->segs.n = 0;
+    switch (s->format) {
+    case JOB_DATA_ALPACA: return alpaca_render(&s->tok, r->instruction, r->input, r->output, &b->segs, err);
+    case JOB_DATA_CHAT: return chat_render(s->tpl, &s->tok, r->msgs, r->n_msgs, &b->segs, err);
+    case JOB_DATA_TEXT: {
+        int rc = 0;
+        for (size_t i = 0; i < s->tok.n_prefix; i++) rc = rc || tpl_control(&b->segs, s->tok.prefix[i], true);
+        rc = rc || tpl_text(&b->segs, r->text.s, r->text.len, true) || tpl_control(&b->segs, s->tok.eos, true);
+        return rc ? errf(err, "out of memory") : 0;
+    }
+    case JOB_DATA_TOKENS: break;
+    }
+    return errf(err, "data.format tokens has no JSONL records");
+}
+
+int sample_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len,
+                     errbuf *err) {
+    b->ids.n = 0;
+    b->truncated = false;
+    if (record_parse(&b->rec, s->format, line, len, err) || render(s, b, err) ||
+        encode_segments(s, b, err))
+        return -1;
+    if (b->ids.n > (size_t)s->seq_len) {
+        if (!s->truncate)
+            return errf(err, "%zu tokens, more than data.seq_len %d (data.truncate: true cuts it)",
+                        b->ids.n, s->seq_len);
+        b->ids.n = (size_t)s->seq_len;
+        b->truncated = true;
+    }
+    for (size_t i = 0; i < b->ids.n; i++)
+        if (b->mask[i]) return SAMPLE_OK;
+    return SAMPLE_DROPPED;
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# A user's JSONL data (F25): fsdpctl tokenize's ids and labels against transformers'
+# apply_chat_template + tokenizers on conversations of our own (llama3, llama2, chatml),
+# against a port of fsdp_qlora's InstructionDataset (alpaca) and the text format
+# (tests/integration/chat_data_ref.py, in the CI venv); --show; the bad-record paths; and
+# fsdpd training on a JSONL file on the CPU: the cache built in checkpoint.dir, reused by the
+# next run, the loss falling; a cache of another tokenizer refused.
+source "$(dirname "$0")/lib.sh"
+
+use_venv "transformers==5.17.0" jinja2 tokenizers
+ref() { "$venv/bin/python" tests/integration/chat_data_ref.py "$@"; }
+sp=$shared/tokenizers/sp32k-tokenizer.json
+l3=$shared/tokenizers/llama3-tokenizer.json
+ref gen "$tmp"
+
+# Model directories: llama3 with its tokenizer_config.json (template auto), sp32k alone, and
+# sp32k with ChatML's two tokens added.
+mkdir -p "$tmp/l3" "$tmp/sp" "$tmp/chatml"
+ln -s "$(realpath "$l3")" "$tmp/l3/tokenizer.json"
+ln -s "$(realpath "$shared/tokenizers/llama3-tokenizer_config.json")" "$tmp/l3/tokenizer_config.json"
+ln -s "$(realpath "$sp")" "$tmp/sp/tokenizer.json"
+"$venv/bin/python" - "$sp" "$tmp/chatml/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+for i, s in enumerate(["<|im_start|>", "<|im_end|>"]):
+    t["added_tokens"].append({"id": 32000 + i, "content": s, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True})
+json.dump(t, open(sys.argv[2], "w"))
+PY
+cat > "$tmp/chatml.jinja" <<'J'
+{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}
+J
+printf '%s' "$(cat "$tmp/chatml.jinja")" > "$tmp/chatml.jinja"
+
+tok() { "$fsdpctl" tokenize --seq-len 4096 "$@"; }
+tok --tokenizer "$tmp/l3" --data "$tmp/chat.jsonl" --format chat --dump-jsonl "$tmp/l3.dump" > /dev/null
+ref chat llama3 "$l3" "$shared/tokenizers/llama3-tokenizer_config.json" "<|begin_of_text|>" "<|end_of_text|>" \
+    "$tmp/chat.jsonl" "$tmp/l3.dump" || fail "llama3: fsdpctl differs from apply_chat_template"
+tok --tokenizer "$tmp/sp" --data "$tmp/chat.jsonl" --format chat --template llama2 --dump-jsonl "$tmp/l2.dump" > /dev/null
+ref chat llama2 "$sp" "$shared/tokenizers/llama2-chat_template.jinja" "<s>" "</s>" \
+    "$tmp/chat.jsonl" "$tmp/l2.dump" || fail "llama2: fsdpctl differs from apply_chat_template"
+tok --tokenizer "$tmp/chatml" --data "$tmp/chat.jsonl" --format chat --template chatml --dump-jsonl "$tmp/cm.dump" > /dev/null
+ref chat chatml "$tmp/chatml/tokenizer.json" "$tmp/chatml.jinja" "<s>" "</s>" \
+    "$tmp/chat.jsonl" "$tmp/cm.dump" || fail "chatml: fsdpctl differs from apply_chat_template"
+for L in 4096 40; do
+    "$fsdpctl" tokenize --tokenizer "$sp" --data "$tmp/alpaca.jsonl" --format alpaca --seq-len $L \
+        --dump-jsonl "$tmp/alpaca.dump" > "$tmp/alpaca.out"
+    ref alpaca "$sp" "</s>" $L "$tmp/alpaca.jsonl" "$tmp/alpaca.dump" ||
+        fail "alpaca (seq_len $L): fsdpctl differs from fsdp_qlora's InstructionDataset"
+done
+grep -qE "dropped \(no loss token\)" "$tmp/alpaca.out" || fail "the alpaca summary does not count drops"
+tok --tokenizer "$sp" --data "$tmp/text.jsonl" --format text --dump-jsonl "$tmp/text.dump" > /dev/null
+ref text "$sp" "</s>" "$tmp/text.jsonl" "$tmp/text.dump" || fail "text: fsdpctl differs from tokenizers"
+
+# --show marks the loss-bearing text and prints the ids.
+tok --tokenizer "$tmp/sp" --data "$shared/data/chat.jsonl" --format chat --template llama2 --show 1 > "$tmp/show"
+grep -qF '<s> [INST] What is 3 + 4? [/INST]« 3 + 4 = 7. </s>»' "$tmp/show" || { cat "$tmp/show"; fail "--show"; }
+grep -qF 'input_ids: 1 733 16289 28793' "$tmp/show" || fail "--show prints no ids"
+
+# Bad records: skip counts them (the lines named on stderr), fail stops at the first.
+{ head -2 "$tmp/chat.jsonl"; echo 'not json'; echo '{"messages": [{"role": "user", "content": "hi"}]}'; } > "$tmp/bad.jsonl"
+expect_error 1 "bad.jsonl:3: not JSON" tok --tokenizer "$tmp/sp" --data "$tmp/bad.jsonl" --format chat \
+    --template llama2 --out "$tmp/bad.tokens"
+expect_error 0 "bad.jsonl:4: skipped: \"messages\" has no assistant turn" tok --tokenizer "$tmp/sp" \
+    --data "$tmp/bad.jsonl" --format chat --template llama2 --on-bad-record skip --out "$tmp/bad.tokens"
+grep -qF "2 samples" "$tmp/cmd.out" && grep -qF "2 skipped" "$tmp/cmd.out" || { cat "$tmp/cmd.out"; fail "skip counts"; }
+expect_error 1 "data.template: auto needs" tok --tokenizer "$tmp/sp" --data "$tmp/bad.jsonl" --format chat --out "$tmp/x.tokens"
+
+# fsdpd on a JSONL file: a small model of sp32k's vocabulary, the arithmetic chat set.
+mkdir -p "$tmp/model"
+ln -s "$(realpath "$sp")" "$tmp/model/tokenizer.json"
+cat > "$tmp/model/config.json" <<JSON
+{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 32000,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+ "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+JSON
+python3 scripts/gen_chat_data.py --out "$tmp/arith.jsonl" --n 256
+cat > "$tmp/job.json" <<JSON
+{
+  "model": {"init": "random", "config": "$tmp/model/config.json"},
+  "data": {"path": "$tmp/arith.jsonl", "format": "chat", "template": "llama2", "seq_len": 48},
+  "train": {"global_batch": 8, "micro_batch": 4, "max_steps": 30, "lr": 1e-2, "schedule": "constant",
+            "warmup_steps": 2, "clip_norm": 1.0, "seed": 5},
+  "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "save_final": false},
+  "output": {"dir": "$tmp/out", "consolidate": false},
+  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3}
+}
+JSON
+timeout 300 "$fsdpd" --job "$tmp/job.json" > "$tmp/run1.log" 2>&1 || { tail -30 "$tmp/run1.log"; fail "fsdpd on JSONL failed"; }
+grep -q "tokenizing $tmp/arith.jsonl" "$tmp/run1.log" || fail "fsdpd did not tokenize the JSONL file"
+ls "$tmp/ckpt"/data-*.tokens > /dev/null || fail "no cache in checkpoint.dir"
+python3 - "$tmp/out/metrics.jsonl" <<'PY' || fail "the loss did not fall"
+import json, sys
+loss = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+first, last = sum(loss[:3]) / 3, sum(loss[-3:]) / 3
+print(f"loss {first:.3f} -> {last:.3f}")
+sys.exit(0 if len(loss) == 30 and last < first - 2.0 else 1)
+PY
+timeout 300 "$fsdpd" --job "$tmp/job.json" --train.max_steps=1 --train.warmup_steps=0 > "$tmp/run2.log" 2>&1 || { tail -30 "$tmp/run2.log"; fail "second run failed"; }
+grep -q "reusing the token cache" "$tmp/run2.log" || fail "the second run did not reuse the cache"
+
+# A cache from another tokenizer is refused.
+"$fsdpctl" tokenize --tokenizer "$l3" --data "$tmp/arith.jsonl" --format chat --template llama3 --seq-len 48 \
+    --out "$tmp/l3.tokens" > /dev/null
+expect_error 2 "was tokenized with another tokenizer" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/l3.tokens"
+echo "ok"
