@@ -24,6 +24,7 @@
 #include "base/fileio.h"
 #include "base/path.h"
 #include "daemon/log.h"
+#include "daemon/pmix_join.h"
 
 #define AUTH_CONTEXT "fsdpd daemons"
 
@@ -122,7 +123,7 @@ static int publish(cluster *c, int port, const slurm_env *env, int attempt, cons
     msg_rendezvous *r = &m.u.rendezvous;
     snprintf(r->host, sizeof r->host, "%s", c->host);
     snprintf(r->job_id, sizeof r->job_id, "%s", env->job_id);
-    strcpy(r->secret, c->secret_hex);
+    strcpy(r->secret, pmix_join_active() ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
     strcpy(r->nonce, nonce);
     json_t *o = msg_to_json(&m, err);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -217,6 +218,8 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
     if (rc == 0) remove_stale_rendezvous(c, env, job->checkpoint.dir);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
+    if (rc == 0 && pmix_join_active())
+        rc = pmix_join_lead(c->host, port, c->secret_hex, attempt, job->runtime.join_timeout_s, err);
     if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
     for (int joined = 1; rc == 0 && joined < c->nodes;) {
         struct pollfd p = {.fd = lfd, .events = POLLIN};
@@ -262,7 +265,15 @@ static int connect_to(const char *host, int port, double deadline, errbuf *err) 
 static int follow(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
     char path[PATH_BYTES];
     msg_rendezvous r;
+    pmix_join_endpoint ep; /* with PMIx: the leader's address and the secret, before the file exists */
+    int pmix = pmix_join_active();
+    if (pmix && pmix_join_follow(&ep, c->node, attempt, job->runtime.join_timeout_s, err)) return -1;
     if (rendezvous_path(path, env, job, attempt, err) || read_rendezvous(path, &r, deadline, err)) return -1;
+    if (pmix) {
+        snprintf(r.host, sizeof r.host, "%s", ep.host);
+        r.port = ep.port;
+        strcpy(r.secret, ep.secret_hex);
+    }
     if (r.nodes != c->nodes)
         return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r.nodes, c->nodes);
     if (hex_decode(r.secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);

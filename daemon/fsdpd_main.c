@@ -19,6 +19,7 @@
 #include "daemon/fabric.h"
 #include "daemon/data_prepare.h"
 #include "daemon/log.h"
+#include "daemon/requeue.h"
 #include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
@@ -88,6 +89,7 @@ static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt
 }
 
 int main(int argc, char **argv) {
+    requeue_catch_early_usr1(); /* SLURM's time-limit warning must never kill fsdpd */
     const char *job_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -129,8 +131,9 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(-1, "job %s: %d workers, backend %s", job_path, workers,
-              job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu");
+    log_event(-1, "job %s: %d workers, backend %s; checkpoints in %s, output in %s, metrics %s", job_path,
+              workers, job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu", job.checkpoint.dir,
+              job.output.dir, job.runtime.metrics);
     static fabric_found fabric;
     static char found[4 * PATH_BYTES];
     if (probe_fabric(&job, &fabric, found, sizeof found, &err)) goto bad_job;
@@ -139,6 +142,7 @@ int main(int argc, char **argv) {
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */
+    int64_t start_step = requeue_start_step(&job); /* a requeue needs a checkpoint past it */
     int rc;
     for (int restarts = 0; (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
@@ -152,6 +156,7 @@ int main(int argc, char **argv) {
         log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;
     }
+    if (rc == SUPERVISOR_PREEMPTED) return requeue_after_stop(&job, &slurm, start_step, err.msg);
     if (rc > 0) {
         fprintf(stderr, "fsdpd: %s\n", err.msg);
         return 1;

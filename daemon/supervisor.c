@@ -25,6 +25,7 @@
 #include "daemon/locator.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
+#include "daemon/requeue.h"
 #include "daemon/status_server.h"
 #include "proto/msg.h"
 #include "proto/nccl_log.h"
@@ -101,7 +102,7 @@ static void kill_all(supervisor *s) {
 
 static void send_msg(worker *w, const msg *m);
 static long long request_checkpoint(supervisor *s, const char *why);
-static void stop_for_sigterm(supervisor *s, const char *why);
+static void stop_for_sigterm(supervisor *s, int sig, const char *why);
 static void locate_hung(supervisor *s);
 static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
 /* On several nodes the leader's coordinator commits every save; the others relay to it. */
@@ -540,7 +541,7 @@ static void cluster_ckpt_request(void *arg, const msg_ckpt_request *req) {
     supervisor *s = arg;
     if (!strcmp(req->kind, "checkpoint")) request_checkpoint(s, req->why);
     else if (!strcmp(req->kind, "stop")) request_stop(s, req->why, 0);
-    else stop_for_sigterm(s, req->why);
+    else stop_for_sigterm(s, strncmp(req->why, "SIGUSR1", 7) ? SIGTERM : SIGUSR1, req->why); /* "SIG... on node N" */
 }
 
 static const char *cluster_state(void *arg) { return phase_name(arg); }
@@ -756,18 +757,20 @@ static void on_sigint(evutil_socket_t sig, short what, void *arg) {
     begin_stop(s, "SIGINT");
 }
 
-/* SIGTERM (preemption, DESIGN.md: Signals and SLURM): a synchronous checkpoint of the step in
- * progress, then stop; whatever is still running runtime.stop_grace_s after it is killed (SLURM's
- * GraceTime ends in SIGKILL anyway).  A SIGTERM again changes nothing: the commit goes on.  On
- * several nodes the leader does it for every node: a follower forwards it, and the leader
- * treats a follower's as its own. */
-static void stop_for_sigterm(supervisor *s, const char *why) {
-    if (s->signalled == SIGTERM) {
+/* SIGTERM (preemption, DESIGN.md: Signals and SLURM), and SIGUSR1 where it means requeue
+ * (requeue_on_usr1): a synchronous checkpoint of the step in progress, then stop; whatever is
+ * still running runtime.stop_grace_s after it is killed (SLURM's GraceTime ends in SIGKILL
+ * anyway).  Either signal again changes nothing: the commit goes on.  On several nodes the
+ * leader does it for every node: a follower forwards it, and the leader treats a follower's
+ * as its own. */
+static void stop_for_sigterm(supervisor *s, int sig, const char *why) {
+    if (s->signalled == SIGTERM || s->signalled == SIGUSR1) {
         log_event(-1, "%s%s: ignored, the stop goes on (at most runtime.stop_grace_s = %d s)", why,
-                  strcmp(why, "SIGTERM") ? " too" : " again", s->job.runtime.stop_grace_s);
+                  strcmp(why, "SIGTERM") && strcmp(why, "SIGUSR1") ? " too" : " again",
+                  s->job.runtime.stop_grace_s);
         return;
     }
-    if (!s->signalled) s->signalled = SIGTERM;
+    if (!s->signalled) s->signalled = sig;
     struct timeval grace = {s->job.runtime.stop_grace_s, 0};
     evtimer_add(s->term_deadline, &grace);
     if (s->phase == PHASE_TRAINING || (is_follower(s) && s->phase == PHASE_SETUP)) {
@@ -781,7 +784,7 @@ static void stop_for_sigterm(supervisor *s, const char *why) {
 
 static void on_sigterm(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
-    stop_for_sigterm(arg, "SIGTERM");
+    stop_for_sigterm(arg, SIGTERM, "SIGTERM");
 }
 
 static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
@@ -793,10 +796,15 @@ static void on_term_deadline(evutil_socket_t fd, short what, void *arg) {
     kill_all(s);
 }
 
-/* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now; training goes on. */
+/* SIGUSR1 (SLURM's time-limit warning, or a user): a checkpoint now and training goes on, or
+ * (requeue_on_usr1) a stop for a requeue. */
 static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     (void)sig, (void)what;
     supervisor *s = arg;
+    if (requeue_on_usr1(&s->job)) {
+        stop_for_sigterm(s, SIGUSR1, "SIGUSR1");
+        return;
+    }
     long long id = request_checkpoint(s, "SIGUSR1");
     if (id > 0) log_event(-1, "SIGUSR1: checkpoint requested (request %lld)", id);
     else if (id == 0) log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
@@ -839,6 +847,7 @@ static int setup_events(supervisor *s, errbuf *err) {
         evsignal_add(s->sigint, NULL) || evsignal_add(s->sigterm, NULL) ||
         evsignal_add(s->sigusr1, NULL) || event_add(s->heartbeat, &every))
         return errf(err, "cannot set up the event loop's signals and timers");
+    if (requeue_take_early_usr1()) raise(SIGUSR1); /* to the loop, now that it listens */
     return 0;
 }
 
@@ -957,8 +966,9 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0 && s.n_finished < opt->workers) event_base_dispatch(s.base);
     int unfinished = s.ckpt ? ckpt_coord_finish(s.ckpt) : 0;
     if (rc == 0 && s.signalled) {
-        errf(err, "stopped by signal %s", s.signalled == SIGINT ? "SIGINT" : "SIGTERM");
-        rc = SUPERVISOR_SIGNALLED;
+        const char *name = s.signalled == SIGINT ? "SIGINT" : s.signalled == SIGTERM ? "SIGTERM" : "SIGUSR1";
+        errf(err, "stopped by signal %s", name);
+        rc = s.signalled == SIGINT ? SUPERVISOR_SIGNALLED : SUPERVISOR_PREEMPTED;
     } else if (rc == 0 && s.failed) {
         errf(err, "%s", s.reason.msg);
         rc = s.reason_permanent ? SUPERVISOR_FAILED_PERMANENTLY : SUPERVISOR_FAILED;

@@ -45,21 +45,24 @@ typedef struct supervisor supervisor;
 
 enum {
     SUPERVISOR_OK = 0,
-    SUPERVISOR_SIGNALLED = 1,
+    SUPERVISOR_SIGNALLED = 1,           /* SIGINT */
+    SUPERVISOR_PREEMPTED = 2,           /* SIGTERM, or SIGUSR1 meaning requeue (daemon/requeue.h) */
     SUPERVISOR_FAILED = -1,             /* a restart from `latest` may cure it */
     SUPERVISOR_FAILED_PERMANENTLY = -2, /* no restart can */
 };
 
 /* Runs the job to its end.  Returns SUPERVISOR_OK when it succeeded (or stopped on `fsdpctl
- * stop`), SUPERVISOR_SIGNALLED when a signal stopped it (SIGTERM: a synchronous checkpoint of
- * the step in progress, then a stop, everything killed runtime.stop_grace_s after the first
- * SIGTERM, a second one changes nothing; SIGINT: STOP, then SIGKILL after stop_grace_s, a
- * second one kills the workers at once), else a failure with the reason in err:
+ * stop`), SUPERVISOR_PREEMPTED when SIGTERM stopped it (a synchronous checkpoint of the step
+ * in progress, then a stop, everything killed runtime.stop_grace_s after the first SIGTERM, a
+ * second one changes nothing), or SIGUSR1 where it means requeue (requeue_on_usr1: the same
+ * as SIGTERM), SUPERVISOR_SIGNALLED when SIGINT stopped it (STOP, then SIGKILL after
+ * stop_grace_s, a second one kills the workers at once), else a failure with the reason in err:
  * SUPERVISOR_FAILED_PERMANENTLY when no restart can cure it (the set-up before the workers
  * start — the checkpoint to resume, the model, the metrics file — failed, or the first
  * failure was a worker's FATAL marked permanent: its job, model, checkpoint or data would not
  * load), SUPERVISOR_FAILED otherwise (a worker that crashed, was killed, missed heartbeats).
- * SIGUSR1 takes a checkpoint and training goes on. */
+ * SIGUSR1 that does not mean requeue takes a checkpoint and training goes on.  A SIGUSR1 that
+ * came before the loop listened (requeue_take_early_usr1) is handled once it does. */
 int supervisor_run(const supervisor_options *opt, errbuf *err);
 
 #endif

@@ -105,6 +105,8 @@ static const choice preflight_choices[] = {
     {"auto", JOB_PREFLIGHT_AUTO}, {"on", JOB_PREFLIGHT_ON}, {"off", JOB_PREFLIGHT_OFF}, {NULL, 0}};
 static const choice backend_choices[] = {
     {"auto", JOB_BACKEND_AUTO}, {"cuda", JOB_BACKEND_CUDA}, {"cpu", JOB_BACKEND_CPU}, {NULL, 0}};
+static const choice on_usr1_choices[] = {
+    {"auto", JOB_USR1_AUTO}, {"checkpoint", JOB_USR1_CHECKPOINT}, {"requeue", JOB_USR1_REQUEUE}, {NULL, 0}};
 
 static const char *const lora_modules[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -174,6 +176,7 @@ static const job_key keys[] = {
     NUM("runtime", "heartbeat_s", K_INT, runtime.heartbeat_s, 1, INT_MAX),
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
+    CHOICE("runtime", "on_usr1", runtime.on_usr1, on_usr1_choices),
     STR("runtime", "status_socket", runtime.status_socket, 0),
     STR("runtime", "bind_addr", runtime.bind_addr, 0),
     NUM("runtime", "join_timeout_s", K_INT, runtime.join_timeout_s, 1, INT_MAX),
@@ -264,6 +267,7 @@ void job_defaults(job_config *j) {
     j->runtime.heartbeat_s = 10;
     j->runtime.max_restarts = 0;
     j->runtime.stop_grace_s = 30;
+    j->runtime.on_usr1 = JOB_USR1_AUTO;
     j->runtime.comm_timeout_s = 600;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;

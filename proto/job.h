@@ -55,6 +55,8 @@ typedef enum job_resume {
     JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP
 } job_resume;
 typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA } job_backend;
+/* SIGUSR1: auto = requeue under SLURM (its time-limit warning), checkpoint elsewhere. */
+typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 
 typedef struct job_config {
@@ -133,6 +135,7 @@ typedef struct job_config {
         int heartbeat_s;
         int max_restarts;
         int stop_grace_s;
+        job_on_usr1 on_usr1;
         char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */
         char bind_addr[JOB_HOST_MAX]; /* this node's address for the other nodes; "": its name's */
         int join_timeout_s;           /* how long the nodes wait for each other */

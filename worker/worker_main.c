@@ -161,6 +161,8 @@ static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err
     if (w->world == 1) return 0;
 #ifdef FSDP_HAVE_CUDA
     if (uses_nccl(w, ctx, gpus)) return connect_nccl(w, ctx, out, err);
+#else
+    (void)gpus;
 #endif
     if (connect_tcp(w, out, err)) return -1;
     if (ctx->backend == K_CUDA && comm_stage_through_host(out, ctx, err)) {

@@ -6,8 +6,10 @@
 #   is abandoned, its writer told, and no partial directory stays;
 # - status: the leader lists every node and rank, a follower itself and the leader;
 #   `fsdpctl checkpoint` on a follower and SIGUSR1 to a follower's daemon checkpoint the whole
-#   job; `fsdpctl stop` on a follower stops every node after a committed checkpoint; SIGTERM
-#   to every daemon (a preemption) commits one synchronous checkpoint of the job, then stops;
+#   job (runtime.on_usr1=checkpoint: under SLURM SIGUSR1 means requeue by default); `fsdpctl
+#   stop` on a follower stops every node after a committed checkpoint; SIGTERM to every
+#   daemon (a preemption) commits one synchronous checkpoint of the job, then stops, and the
+#   leader requeues the job (a stand-in scontrol: F22) and every node exits 0;
 # - failures: a worker dying on node 2, node 2's daemon killed, node 2's daemon stopped
 #   (SIGSTOP: its heartbeats stop), the leader killed.  Every time every node stops within
 #   the limit naming the node (and rank), nothing is left running, and a relaunch
@@ -23,6 +25,16 @@ write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 common=(--runtime.join_timeout_s=20 --train.micro_batch=1 --train.max_steps=8 --checkpoint.interval_steps=2
         --checkpoint.keep=10 --runtime.workers_per_node=1 --output.consolidate=false)
 STOP_LIMIT=20 # seconds from a failure until every daemon has exited
+# The scontrol fsdpd runs to requeue its job after SIGTERM (daemon/requeue.h): the job is
+# RUNNING, and the requeue is recorded.
+mkdir -p "$tmp/bin"
+cat > "$tmp/bin/scontrol" <<SH
+#!/bin/sh
+if [ "\$1" = show ]; then echo "JobId=\$4 JobState=RUNNING"; exit 0; fi
+echo "\$*" >> "$tmp/scontrol.calls"
+SH
+chmod +x "$tmp/bin/scontrol"
+export PATH="$tmp/bin:$PATH"
 
 # node I of N of job JOB (checkpoints in $tmp/JOB.ckpt) in host I, in the background:
 # NETNS_PID.  FAULTS is FSDP_FAULTS; RESTART is SLURM_RESTART_COUNT.
@@ -162,7 +174,7 @@ grep -q "checkpoint of step 2 abandoned: rank 2 did not finish writing within ch
 echo "cd: a late save on node 2 abandoned by the leader, its writer told, nothing partial left; step 8 committed"
 
 # --- status, and checkpoints and a stop asked of followers ----------------------------------
-start_nodes 3 st 0 "step_delay=0:0.5" --checkpoint.interval_steps=0 --train.max_steps=20
+start_nodes 3 st 0 "step_delay=0:0.5" --checkpoint.interval_steps=0 --train.max_steps=20 --runtime.on_usr1=checkpoint
 # every node training, as the leader heard from each (its heartbeats carry its ranks)
 all_training() {
     "$fsdpctl" status --socket "$tmp/st-n0.sock" --json 2>/dev/null | python3 -c '
@@ -205,9 +217,12 @@ kill -TERM "${NODE_PIDS[@]}"
 for i in 0 1 2; do
     status=0
     wait_exit "${NODE_PIDS[$i]}" || status=$?
-    [ "$status" -eq 1 ] || { tail -n 5 "$tmp/tm-r0-n$i.log"; fail "tm: node $i exited $status after SIGTERM, not 1"; }
+    [ "$status" -eq 0 ] || { tail -n 5 "$tmp/tm-r0-n$i.log"; fail "tm: node $i exited $status after SIGTERM, not 0 (requeued)"; }
     grep -q "stopped by signal SIGTERM" "$tmp/tm-r0-n$i.log" || fail "tm: node $i does not say SIGTERM stopped it"
 done
+[ "$(cat "$tmp/scontrol.calls")" = "requeue tm" ] || fail "tm: the job was not requeued once by the leader: $(cat "$tmp/scontrol.calls")"
+grep -q "job tm requeued" "$tmp/tm-r0-n0.log" && grep -q "node 0 requeues the job" "$tmp/tm-r0-n1.log" ||
+    { tail -n 3 "$tmp"/tm-r0-n*.log; fail "tm: the requeue is not logged"; }
 grep -q "checkpoint of step [0-9]* committed: stopping" "$tmp/tm-r0-n0.log" || { cat "$tmp/tm-r0-n0.log"; fail "tm: no synchronous checkpoint before the stop"; }
 [ "$(latest_step tm)" -lt 8 ] || fail "tm: the job ran to its end"
 nothing_left tm
