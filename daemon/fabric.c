@@ -27,11 +27,12 @@ static void append(char *list, size_t n, const char *item) {
 
 /* The first line of a small sysfs file, "" when it cannot be read. */
 static void read_line(const char *path, char *out, size_t n) {
-    FILE *f = fopen(path, "re");
+    char *text;
+    errbuf ignored;
     out[0] = '\0';
-    if (!f) return;
-    if (fgets(out, (int)n, f)) out[strcspn(out, "\n")] = '\0';
-    fclose(f);
+    if (file_read_all(path, 256, &text, NULL, &ignored)) return;
+    snprintf(out, n, "%.*s", (int)strcspn(text, "\n"), text);
+    free(text);
 }
 
 /* ROOT/sys/class/infiniband: EFA devices by their driver, the rest as InfiniBand/RoCE. */

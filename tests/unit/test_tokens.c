@@ -52,17 +52,21 @@ static void write_sample_cache(const char *path, tok_writer *w) {
     assert_int_equal(tok_writer_save(w, path, &err), 0);
 }
 
-static void test_round_trip_and_samples(void **state) {
-    (void)state;
+/* The three records above, written to NAME in the test's directory and opened. */
+static void open_sample_cache(const char *name, tok_cache *c) {
     char path[512];
-    path_in_tmp(path, sizeof path, "a.tok");
+    errbuf err;
     tok_writer w;
+    path_in_tmp(path, sizeof path, name);
     write_sample_cache(path, &w);
     tok_writer_free(&w);
+    assert_int_equal(tok_open(c, path, &err), 0);
+}
 
+static void test_round_trip_and_samples(void **state) {
+    (void)state;
     tok_cache c;
-    errbuf err;
-    assert_int_equal(tok_open(&c, path, &err), 0);
+    open_sample_cache("a.tok", &c);
     assert_int_equal(c.n_records, 3);
     assert_int_equal(c.n_tokens, 10);
     assert_int_equal(c.vocab_size, 100);
@@ -87,14 +91,9 @@ static void test_round_trip_and_samples(void **state) {
  * label is -100, the padding is one more document. */
 static void test_packing(void **state) {
     (void)state;
-    char path[512];
-    path_in_tmp(path, sizeof path, "pack.tok");
-    tok_writer w;
-    write_sample_cache(path, &w);
-    tok_writer_free(&w);
     tok_cache c;
     errbuf err;
-    assert_int_equal(tok_open(&c, path, &err), 0);
+    open_sample_cache("pack.tok", &c);
     uint64_t *starts, rows, real;
     assert_int_equal(tok_pack(&c, 10, &starts, &rows, &real, &err), 0);
     assert_int_equal(rows, 1);
