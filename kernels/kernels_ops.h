@@ -72,7 +72,7 @@ K_OP(embedding_bwd,
 K_OP(rmsnorm_fwd,
      (kctx *c, void *out, float *rstd, const void *in, const void *w, int N, int C, float eps),
      (c, out, rstd, in, w, N, C, eps))
-/* k_rmsnorm_bwd: din += d/din; dw += d/dw. */
+/* k_rmsnorm_bwd: din += d/din; dw += d/dw, skipped when dw is NULL (a frozen norm). */
 K_OP(rmsnorm_bwd,
      (kctx *c, void *din, float *dw, const void *dout, const void *in, const void *w,
       const float *rstd, int N, int C),
@@ -129,6 +129,26 @@ K_OP(linear_bwd,
      (kctx *c, void *din, float *dw, const void *dout, const void *in, const void *w, int N,
       int I, int O, int accumulate_din),
      (c, din, dw, dout, in, w, N, I, O, accumulate_din))
+
+/* ---- LoRA (DESIGN.md, LoRA and QLoRA): y = x W^T + scale * B(A(dropout(x))) ---- */
+
+/* k_linear_fwd_acc: out += in W^T (the adapter's B projection added onto the base's output);
+ * shapes as k_linear_fwd. */
+K_OP(linear_fwd_acc, (kctx *c, void *out, const void *in, const void *w, int N, int I, int O),
+     (c, out, in, w, N, I, O))
+/* k_scale: x *= s elementwise, compute dtype, in place (one rounding). */
+K_OP(scale, (kctx *c, void *x, float s, size_t n), (c, x, s, n))
+/* k_dropout: in and out are [B, T, cols] (compute dtype); out = in * keep / (1 - p), or with
+ * accumulate out += in * keep / (1 - p), where keep for element (b, t, j) is
+ * philox_dropout_keep(seed, samples[b], site, t * cols + j, philox_dropout_threshold(p))
+ * (base/philox.h): a pure function of the sample, the site and the element, so the backward
+ * (the same call on the gradient, with accumulate 1) and any recomputation see the same mask
+ * on either backend.  samples: int64 [B] in context memory, each row's global sample index.
+ * 0 <= p < 1; out may be in when accumulate is 0. */
+K_OP(dropout,
+     (kctx *c, void *out, const void *in, const int64_t *samples, uint64_t seed, uint32_t site,
+      int B, int T, int cols, float p, int accumulate),
+     (c, out, in, samples, seed, site, B, T, cols, p, accumulate))
 
 /* ---- cross-entropy ---- */
 

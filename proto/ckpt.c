@@ -483,6 +483,50 @@ static json_t *train_json(const ckpt_train_settings *t) {
                      "betas", t->betas[0], t->betas[1], "eps", t->eps, "clip_norm", t->clip_norm);
 }
 
+static json_t *adapter_json(const ckpt_manifest *m) {
+    if (!m->has_adapter) return json_null();
+    const ckpt_adapter *a = &m->adapter;
+    json_t *targets = json_array();
+    for (int t = 0; targets && t < LORA_MODULES; t++)
+        if ((a->lora.targets & (1u << t)) &&
+            json_array_append_new(targets, json_string(lora_module_name(t))))
+            targets = (json_decref(targets), NULL);
+    return json_pack("{s:s, s:i, s:f, s:b, s:f, s:o, s:s}", "type", a->type, "rank", a->lora.rank,
+                     "alpha", a->lora.alpha, "rslora", a->lora.rslora, "dropout", a->lora.dropout,
+                     "targets", targets, "base_fingerprint", a->base_fingerprint);
+}
+
+/* The "adapter" block: absent or null for a full fine-tune; else every key, checked. */
+static int read_adapter(ckpt_manifest *m, const json_t *ja, const char *name, errbuf *err) {
+    if (!ja || json_is_null(ja)) return 0;
+    ckpt_adapter *a = &m->adapter;
+    const json_t *targets = json_object_get(ja, "targets"), *rslora = json_object_get(ja, "rslora");
+    if (!json_is_object(ja)) return errf(err, "%s: \"adapter\": not an object or null", name);
+    if (get_str(ja, "type", a->type, sizeof a->type, name, err) ||
+        get_int32(ja, "rank", 1, &a->lora.rank, name, err) ||
+        get_real(ja, "alpha", &a->lora.alpha, name, err) ||
+        get_real(ja, "dropout", &a->lora.dropout, name, err) ||
+        get_str(ja, "base_fingerprint", a->base_fingerprint, sizeof a->base_fingerprint, name, err))
+        return -1;
+    if (strcmp(a->type, "lora") && strcmp(a->type, "qlora"))
+        return errf(err, "%s: \"adapter.type\": \"%s\", expected lora or qlora", name, a->type);
+    if (!json_is_boolean(rslora)) return errf(err, "%s: \"adapter.rslora\": missing or not a boolean", name);
+    a->lora.rslora = json_is_true(rslora);
+    if (strlen(a->base_fingerprint) != 64 || strspn(a->base_fingerprint, "0123456789abcdef") != 64)
+        return errf(err, "%s: \"adapter.base_fingerprint\": not 64 hex digits", name);
+    if (!json_is_array(targets) || json_array_size(targets) == 0)
+        return errf(err, "%s: \"adapter.targets\": not a list of module names", name);
+    for (size_t i = 0; i < json_array_size(targets); i++) {
+        const char *t = json_string_value(json_array_get(targets, i));
+        int mod = t ? lora_module_from_name(t) : -1;
+        if (mod < 0 || (a->lora.targets & (1u << mod)))
+            return errf(err, "%s: \"adapter.targets\"[%zu]: not a module name, or listed twice", name, i);
+        a->lora.targets |= 1u << mod;
+    }
+    m->has_adapter = 1;
+    return 0;
+}
+
 int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
     *text = NULL;
     json_t *files = json_array();
@@ -494,15 +538,15 @@ int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
             files = (json_decref(files), NULL);
     }
     json_t *root = json_pack(
-        "{s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:s, s:i, s:s, s:o, s:O, s:s, s:o, s:o}",
+        "{s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:s, s:i, s:s, s:o, s:O, s:s, s:o, s:o, s:o}",
         "format", CKPT_FORMAT, "version", CKPT_VERSION, "step", (json_int_t)m->step,
         "optimizer_step", (json_int_t)m->optimizer_step, "global_sample",
         (json_int_t)m->global_sample, "tokens_seen", (json_int_t)m->tokens_seen, "global_batch",
         m->global_batch, "seed", (json_int_t)m->seed, "world_size", m->world_size, "sharding",
         m->sharding, "n_files", m->layout.n_files, "dtype", "f32", "train", train_json(&m->train),
         "model_config", m->model_config ? m->model_config : json_null(), "model_path",
-        m->model_path, "units",
-        ckpt_layout_to_json(&m->layout), "files", files);
+        m->model_path, "adapter", adapter_json(m), "units", ckpt_layout_to_json(&m->layout),
+        "files", files);
     if (!root) return errf(err, "manifest: out of memory building the JSON");
     *text = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     json_decref(root);
@@ -591,7 +635,8 @@ int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const ch
         /* absent in manifests written before it existed: the model directory is unknown */
         (json_object_get(root, "model_path") &&
          get_str(root, "model_path", m->model_path, sizeof m->model_path, name, err)) ||
-        read_train(&m->train, json_object_get(root, "train"), name, err))
+        read_train(&m->train, json_object_get(root, "train"), name, err) ||
+        read_adapter(m, json_object_get(root, "adapter"), name, err))
         goto out;
     if (strcmp(dtype, "f32") != 0) {
         errf(err, "%s: dtype \"%s\" (only f32 is written)", name, dtype);

@@ -62,6 +62,13 @@
  *     "model_path": the Hugging Face model directory the job started from (model.path, made
  *               absolute), "" for a job of model.init "random"; consolidation copies the
  *               tokenizer files and generation_config.json from it,
+ *     "adapter": absent or null for a full fine-tune; for an adapter job (F27) the
+ *               adapters' settings and the base they adapt, which resume checks:
+ *               {"type": "lora" | "qlora", "rank", "alpha", "rslora", "dropout",
+ *                "targets": ["q_proj", ...] (lora_layout.h's order),
+ *                "base_fingerprint": 64 hex digits (st_dir_fingerprint of model_path)},
+ *               and then "units" are the adapter units (lora_layout.h: one per decoder
+ *               layer, tensors under PEFT's saved names), the frozen base not saved,
  *     "units": [{"numel", "padded", "shard",
  *                "tensors": [{"name", "offset", "shape": [..], "is_norm"}, ...]}, ...]
  *              (unit 0 = embedding, 1..L = decoder layers, L+1 = final norm + lm_head),
@@ -90,6 +97,7 @@
 
 #include "base/errbuf.h"
 #include "job.h"
+#include "lora_layout.h"
 #include "model_config.h"
 
 #define CKPT_FORMAT "fsdpd-checkpoint"
@@ -229,6 +237,13 @@ typedef struct ckpt_file_entry {
     uint32_t header_crc;
 } ckpt_file_entry;
 
+/* An adapter job's manifest block ("adapter"). */
+typedef struct ckpt_adapter {
+    char type[8];          /* "lora" or "qlora" */
+    lora_config lora;
+    char base_fingerprint[65];
+} ckpt_adapter;
+
 typedef struct ckpt_manifest {
     int64_t step, optimizer_step, global_sample, tokens_seen, seed;
     int global_batch;
@@ -237,6 +252,8 @@ typedef struct ckpt_manifest {
     ckpt_train_settings train;
     json_t *model_config;   /* owned reference: the Hugging Face config.json object */
     char model_path[JOB_PATH_MAX]; /* the job's model directory, "" for init random */
+    int has_adapter;        /* an adapter job: units are adapters (ckpt_adapter) */
+    ckpt_adapter adapter;
     ckpt_layout layout;     /* layout.n_files files */
     ckpt_file_entry *files; /* [layout.n_files], files[r].rank == r */
 } ckpt_manifest;

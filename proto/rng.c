@@ -2,39 +2,17 @@
 
 #include <math.h>
 
-#define PHILOX_M0 UINT32_C(0xD2511F53)
-#define PHILOX_M1 UINT32_C(0xCD9E8D57)
-#define PHILOX_W0 UINT32_C(0x9E3779B9) /* golden ratio */
-#define PHILOX_W1 UINT32_C(0xBB67AE85) /* sqrt(3) - 1 */
+#include "base/philox.h"
 
-static void philox_round(uint32_t c[4], const uint32_t k[2]) {
-    uint64_t p0 = (uint64_t)PHILOX_M0 * c[0];
-    uint64_t p1 = (uint64_t)PHILOX_M1 * c[2];
-    uint32_t next[4] = {
-        (uint32_t)(p1 >> 32) ^ c[1] ^ k[0],
-        (uint32_t)p1,
-        (uint32_t)(p0 >> 32) ^ c[3] ^ k[1],
-        (uint32_t)p0,
-    };
-    c[0] = next[0], c[1] = next[1], c[2] = next[2], c[3] = next[3];
-}
+_Static_assert(RNG_PURPOSE_DROPOUT == PHILOX_PURPOSE_DROPOUT, "one dropout purpose");
 
 void rng_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
-    uint32_t k[2] = {key[0], key[1]};
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) k[0] += PHILOX_W0, k[1] += PHILOX_W1;
-        philox_round(c, k);
-    }
-    out[0] = c[0], out[1] = c[1], out[2] = c[2], out[3] = c[3];
+    philox4x32_10(ctr, key, out);
 }
 
 static void block(uint64_t seed, uint64_t stream, uint64_t counter, uint64_t out[2]) {
-    const uint32_t ctr[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), (uint32_t)stream,
-                             (uint32_t)(stream >> 32)};
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     uint32_t r[4];
-    rng_philox4x32(ctr, key, r);
+    philox_block(seed, stream, counter, r);
     out[0] = (uint64_t)r[1] << 32 | r[0];
     out[1] = (uint64_t)r[3] << 32 | r[2];
 }

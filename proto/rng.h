@@ -36,6 +36,8 @@ typedef enum rng_purpose {
     RNG_PURPOSE_INIT = 1,  /* weight init: index = parameter index in checkpoint order */
     RNG_PURPOSE_SYNTH = 2, /* fsdpctl synth's records: index = record index */
     RNG_PURPOSE_SHUFFLE = 3, /* the data order: index = epoch */
+    RNG_PURPOSE_DROPOUT = 4, /* LoRA dropout masks: index = sample (base/philox.h) */
+    RNG_PURPOSE_LORA_INIT = 5, /* adapter init: index = layer * 8 + module */
 } rng_purpose;
 
 static inline uint64_t rng_stream(rng_purpose purpose, uint64_t index) {

@@ -14,6 +14,7 @@
 #include "base/bf16.h"
 #include "base/bytes.h"
 #include "base/fileio.h"
+#include "base/sha256.h"
 
 #define ST_MAX_INDEX (16u << 20) /* model.safetensors.index.json: a 405B model's is ~100 KB */
 
@@ -748,4 +749,34 @@ int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *
         return errf(err, "tensor %s: dtype %s is not a floating-point type", t->name,
                     st_dtype_name(t->dtype));
     }
+}
+
+/* The bytes of a tensor the fingerprint hashes (st_model_fingerprint). */
+static void fingerprint_tensor(sha256_ctx *h, const st_tensor *t) {
+    enum { WHOLE = 64 << 10, SAMPLES = 8, SAMPLE = 8 << 10 };
+    uint8_t desc[16];
+    sha256_update(h, t->name, strlen(t->name) + 1);
+    le_put_u32(desc, (uint32_t)t->dtype);
+    le_put_u32(desc + 4, (uint32_t)t->ndim);
+    sha256_update(h, desc, 8);
+    for (int d = 0; d < t->ndim; d++) {
+        le_put_u64(desc, (uint64_t)t->shape[d]);
+        sha256_update(h, desc, 8);
+    }
+    const uint8_t *data = t->data;
+    if (t->nbytes <= WHOLE) {
+        sha256_update(h, data, t->nbytes);
+        return;
+    }
+    for (int i = 0; i < SAMPLES; i++)
+        sha256_update(h, data + (t->nbytes - SAMPLE) / (SAMPLES - 1) * (uint64_t)i, SAMPLE);
+}
+
+void st_model_fingerprint(const st_model *m, char hex[ST_FINGERPRINT_HEX]) {
+    sha256_ctx h;
+    unsigned char digest[SHA256_BYTES];
+    sha256_init(&h);
+    for (int i = 0; i < m->n_tensors; i++) fingerprint_tensor(&h, m->tensors[i]);
+    sha256_final(&h, digest);
+    hex_encode(digest, SHA256_BYTES, hex);
 }

@@ -104,6 +104,15 @@ int st_model_open(st_model *m, const char *dir, errbuf *err);
 void st_model_close(st_model *m);
 const st_tensor *st_model_find(const st_model *m, const char *name);
 
+/* The model's fingerprint as 64 hex digits (+ NUL): SHA-256 over every tensor in name order
+ * (its name, dtype, shape, and its data: whole up to 64 KiB, else 8 samples of 8 KiB at
+ * evenly spaced offsets).  What an adapter checkpoint records of its base: any other base
+ * (other weights, shapes or dtype) gives another fingerprint with near certainty, at the
+ * cost of reading ~64 KiB a tensor, however big the model; how the tensors are split into
+ * files does not change it. */
+#define ST_FINGERPRINT_HEX 65
+void st_model_fingerprint(const st_model *m, char hex[ST_FINGERPRINT_HEX]);
+
 /* Writes tensors into dir as model.safetensors when they fit in shard_bytes, else as
  * model-0000k-of-0000n.safetensors + model.safetensors.index.json (metadata total_size),
  * splitting in the given order. */

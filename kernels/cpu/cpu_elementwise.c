@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "base/philox.h"
+
 void cpu_accumulate(kctx *c, void *dst, const void *src, size_t n) {
     (void)c;
     float *d = dst;
@@ -18,6 +20,29 @@ void cpu_sumsq_f32(kctx *c, float *out, const float *x, size_t n) {
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
     *out = (float)(*out + sum);
+}
+
+void cpu_scale(kctx *c, void *x, float s, size_t n) {
+    (void)c;
+    float *p = x;
+    for (size_t i = 0; i < n; i++) p[i] *= s;
+}
+
+void cpu_dropout(kctx *c, void *out, const void *in, const int64_t *samples, uint64_t seed,
+                 uint32_t site, int B, int T, int cols, float p, int accumulate) {
+    (void)c;
+    float *o = out;
+    const float *x = in;
+    uint32_t threshold = philox_dropout_threshold(p);
+    float keep_scale = 1.0f / (1.0f - p);
+    size_t row = (size_t)T * (size_t)cols;
+    for (int b = 0; b < B; b++)
+        for (size_t e = 0; e < row; e++) {
+            size_t i = (size_t)b * row + e;
+            float v = philox_dropout_keep(seed, (uint64_t)samples[b], site, e, threshold)
+                          ? x[i] * keep_scale : 0.0f;
+            o[i] = accumulate ? o[i] + v : v;
+        }
 }
 
 static double sigmoid(double x) {

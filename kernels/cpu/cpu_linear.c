@@ -13,6 +13,15 @@ void cpu_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, in
                 0.0f, out, n_out);
 }
 
+/* out[N,O] += in[N,I] W[O,I]^T */
+void cpu_linear_fwd_acc(kctx *c, void *out, const void *in, const void *w, int N, int n_in,
+                        int n_out) {
+    (void)c;
+    if (N <= 0 || n_in <= 0 || n_out <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, in, n_in, w, n_in,
+                1.0f, out, n_out);
+}
+
 /* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] += dout[N,O]^T in[N,I]. */
 void cpu_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
                     const void *w, int N, int n_in, int n_out, int accumulate_din) {

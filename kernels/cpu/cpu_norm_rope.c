@@ -38,7 +38,7 @@ void cpu_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout, const void
             dxr[i] = (float)(dxr[i] + (r * weight[i] * gr[i] - xr[i] * coef));
     }
     /* dw column by column, so each column's sum over rows is in double */
-    for (int i = 0; i < C; i++) {
+    for (int i = 0; dw && i < C; i++) {
         double sum = 0.0;
         for (int n = 0; n < N; n++) {
             size_t at = (size_t)n * C + i;
