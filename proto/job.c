@@ -32,12 +32,7 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"train.type", "lora"},
     {"train.type", "qlora"},
-    {"lora.rank", NULL},
-    {"lora.alpha", NULL},
-    {"lora.dropout", NULL},
-    {"lora.targets", NULL},
     {"fsdp.sharding", "shard_grad_op"},
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
@@ -151,6 +146,8 @@ static const job_key keys[] = {
     RANGE("lora", "alpha", K_DOUBLE, lora.alpha, 0, INFINITY, true, false),
     RANGE("lora", "dropout", K_DOUBLE, lora.dropout, 0, 1, false, true),
     OTHER("lora", "targets", K_TARGETS, lora.targets),
+    OTHER("lora", "rslora", K_BOOL, lora.rslora),
+    STR("lora", "init_from", lora.init_from, 0),
 
     CHOICE("fsdp", "sharding", fsdp.sharding, sharding_choices),
     CHOICE("fsdp", "activation_checkpointing", fsdp.activation_checkpointing, act_ckpt_choices),
@@ -170,6 +167,7 @@ static const job_key keys[] = {
     CHOICE("output", "dtype", output.dtype, output_dtype_choices),
     OTHER("output", "shard_size", K_SIZE, output.shard_size),
     OTHER("output", "consolidate", K_BOOL, output.consolidate),
+    OTHER("output", "merge", K_BOOL, output.merge),
 
     CHOICE("runtime", "backend", runtime.backend, backend_choices),
     NUM("runtime", "workers_per_node", K_INT, runtime.workers_per_node, 0, 1024),
@@ -202,6 +200,8 @@ static const struct alias {
     {"lr", "train.lr"},
     {"lora_rank", "lora.rank"},
     {"lora_alpha", "lora.alpha"},
+    {"lora_dropout", "lora.dropout"},
+    {"lora_target_modules", "lora.targets"}, /* fsdp_qlora's all / default, or a list */
     {"context_length", "data.seq_len"},
     {"num_epochs", "train.epochs"},
     {"max_steps", "train.max_steps"},
@@ -240,8 +240,8 @@ void job_defaults(job_config *j) {
     j->lora.rank = 8;
     j->lora.alpha = 16;
     j->lora.dropout = 0.05;
-    j->lora.n_targets = 4;
-    for (int i = 0; i < 4; i++) strcpy(j->lora.targets[i], lora_modules[i]);
+    j->lora.n_targets = (int)COUNT(lora_modules); /* all-linear */
+    for (size_t i = 0; i < COUNT(lora_modules); i++) strcpy(j->lora.targets[i], lora_modules[i]);
 
     j->fsdp.sharding = JOB_SHARD_FULL;
     j->fsdp.activation_checkpointing = JOB_ACT_CKPT_NONE;
@@ -505,10 +505,17 @@ static int set_betas(double *field, const job_key *k, const json_t *v, errbuf *e
 }
 
 static int set_targets(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    if (json_is_string(v) && strcmp(json_string_value(v), "all-linear") == 0) {
+        memset(j->lora.targets, 0, sizeof j->lora.targets);
+        for (size_t m = 0; m < COUNT(lora_modules); m++)
+            snprintf(j->lora.targets[m], JOB_NAME_MAX, "%s", lora_modules[m]);
+        j->lora.n_targets = (int)COUNT(lora_modules);
+        return 0;
+    }
     size_t n = json_is_array(v) ? json_array_size(v) : 0;
     if (!json_is_array(v) || n == 0 || n > JOB_MAX_TARGETS)
-        return errf(err, "%s.%s: expected a list of 1 to %d module names, got %s", k->section,
-                    k->name, JOB_MAX_TARGETS, json_is_array(v) ? "an empty list" : json_kind(v));
+        return errf(err, "%s.%s: expected \"all-linear\" or a list of 1 to %d module names, got %s",
+                    k->section, k->name, JOB_MAX_TARGETS, json_is_array(v) ? "an empty list" : json_kind(v));
     char names[JOB_MAX_TARGETS][JOB_NAME_MAX];
     memset(names, 0, sizeof names);
     for (size_t i = 0; i < n; i++) {
@@ -880,8 +887,10 @@ static json_t *value_from_text(const job_key *k, const char *text, errbuf *err) 
         v = json_string(text);
         if (!v) errf(err, "%s.%s: '%s' is not valid UTF-8", k->section, k->name, text);
         return v;
-    case K_BETAS:
-    case K_TARGETS: return list_from_text(k, text, err);
+    case K_TARGETS:
+        if (strcmp(text, "all-linear") == 0) return json_string(text);
+        return list_from_text(k, text, err);
+    case K_BETAS: return list_from_text(k, text, err);
     }
     return v ? v : oom(err);
 }
@@ -925,6 +934,11 @@ static int apply_alias(job_config *j, const char *name, const char *text, errbuf
         j->train.grad_accum_request = (int)steps;
         return 0;
     }
+    /* fsdp_qlora's names: all = every linear but o_proj, default = PEFT's Llama default. */
+    if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "all") == 0)
+        text = "k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj";
+    else if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "default") == 0)
+        text = "q_proj,v_proj";
     const job_key *k = find_full_key(a->key);
     if (feature_not_built(k)) return errf(err, "--%s: '%s' is not built yet", name, text);
     if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
@@ -1115,6 +1129,24 @@ static int check_data(const job_config *j, errbuf *err) {
                 j->data.template_name);
 }
 
+/* Adapter keys: only with an adapter job, whose frozen base is a model directory. */
+static int check_adapters(const job_config *j, errbuf *err) {
+    bool adapters = j->train.type != JOB_TRAIN_FULL;
+    if (adapters && j->model.init == JOB_INIT_RANDOM)
+        return errf(err, "train.type: '%s' adapts a pretrained base: set model.path (a Hugging "
+                         "Face directory; `fsdpctl init` makes a random one) instead of model.init "
+                         "\"random\"", j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
+    if (!adapters && j->lora.init_from[0])
+        return errf(err, "lora.init_from: only with train.type lora or qlora");
+    if (!adapters && j->output.merge)
+        return errf(err, "output.merge: only with train.type lora or qlora (a full fine-tune's "
+                         "output is the whole model already)");
+    if (j->output.merge && !j->output.consolidate)
+        return errf(err, "output.merge: needs output.consolidate (the merged model is written from "
+                         "the consolidated adapter)");
+    return 0;
+}
+
 int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
@@ -1127,7 +1159,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return 0;
+    return check_adapters(j, err);
 }
 
 json_t *job_to_object(const job_config *j, errbuf *err) {

@@ -104,7 +104,9 @@ typedef struct job_config {
         double alpha;
         double dropout;
         int n_targets;
-        char targets[JOB_MAX_TARGETS][JOB_NAME_MAX];
+        char targets[JOB_MAX_TARGETS][JOB_NAME_MAX]; /* the file may say "all-linear" */
+        bool rslora;                 /* scale alpha / sqrt(rank) */
+        char init_from[JOB_PATH_MAX]; /* "": fresh adapters; else a PEFT adapter directory */
     } lora;
     struct {
         job_sharding sharding;
@@ -128,6 +130,7 @@ typedef struct job_config {
         job_dtype dtype; /* bf16 or f32 */
         int64_t shard_size; /* bytes */
         bool consolidate;
+        bool merge;         /* adapter jobs: also the merged model, in output.dir/merged */
     } output;
     struct {
         job_backend backend;

@@ -50,8 +50,8 @@ static void test_defaults_are_valid(void **state) {
     assert_int_equal(j.train.global_batch, 8);
     assert_true(j.train.lr == 2e-5);
     assert_int_equal(j.train.schedule, JOB_SCHEDULE_COSINE);
-    assert_int_equal(j.lora.n_targets, 4);
-    assert_string_equal(j.lora.targets[3], "o_proj");
+    assert_int_equal(j.lora.n_targets, 7); /* all-linear */
+    assert_string_equal(j.lora.targets[6], "down_proj");
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, "checkpoints");
@@ -150,10 +150,16 @@ static const bad_case bad_cases[] = {
     {"{\"train\":{\"eps\":0}}", 1, "train.eps: 0 is out of range", "must be > 0"},
     {"{\"train\":{\"schedule\":\"cosine_with_restarts\"}}", 1,
      "train.schedule: unknown choice 'cosine_with_restarts'", "constant, linear, cosine"},
-    {"{\"train\":{\"type\":\"lora\"}}", 1, "train.type: 'lora' is not built yet", NULL},
+    {"{\"model\":{\"init\":\"random\",\"config\":\"c.json\"},\"data\":{\"path\":\"d\"},"
+     "\"train\":{\"type\":\"lora\"}}", 1, "train.type: 'lora' adapts a pretrained base", NULL},
+    {"{" MD ",\"lora\":{\"init_from\":\"adapter\"}}", 1, "lora.init_from: only with train.type lora", NULL},
+    {"{" MD ",\"train\":{\"type\":\"lora\"},\"output\":{\"merge\":true,\"consolidate\":false},"
+     "\"checkpoint\":{\"save_final\":false}}", 1, "output.merge: needs output.consolidate", NULL},
     {"{\"train\":{\"type\":\"qlora\"}}", 1, "train.type: 'qlora' is not built yet", NULL},
-    {"{\"lora\":{\"rank\":16}}", 1, "lora.rank: '16' is not built yet", NULL},
-    {"{\"lora\":{\"targets\":[\"q_proj\"]}}", 1, "lora.targets: '[\"q_proj\"]' is not built", NULL},
+    {"{\"lora\":{\"rank\":0}}", 1, "lora.rank", NULL},
+    {"{\"lora\":{\"targets\":\"all\"}}", 1, "lora.targets: expected \"all-linear\" or a list", NULL},
+    {"{\"lora\":{\"targets\":[]}}", 1, "lora.targets: expected \"all-linear\" or a list", NULL},
+    {"{\"lora\":{\"rslora\":1}}", 1, "lora.rslora", NULL},
     {"{\"lora\":{\"targets\":[\"q_proj\",\"x\"]}}", 1, "lora.targets[1]: unknown module 'x'", NULL},
     {"{\"fsdp\":{\"sharding\":\"hybrid_shard\"}}", 1, "fsdp.sharding: 'hybrid_shard' is not built yet", NULL},
     {"{\"fsdp\":{\"sharding\":\"shard_grad_op\"}}", 1, "'shard_grad_op' is not built yet", NULL},
@@ -337,8 +343,11 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.lrr=1", "train.lrr: unknown key (did you mean train.lr?)");
     override_fails(&j, "--trian.lr=1", "trian: unknown section (did you mean train?)");
     override_fails(&j, "--fsdp.sharding=hybrid_shard", "fsdp.sharding: 'hybrid_shard' is not built");
-    override_fails(&j, "--lora.targets=q_proj,v_proj", "lora.targets: '[\"q_proj\",\"v_proj\"]' is "
-                                                       "not built yet");
+    must_override(&j, "--lora.targets=q_proj,v_proj");
+    assert_int_equal(j.lora.n_targets, 2);
+    assert_string_equal(j.lora.targets[1], "v_proj");
+    must_override(&j, "--lora.targets=all-linear");
+    assert_int_equal(j.lora.n_targets, 7);
     /* A failed override leaves the key as it was. */
     assert_true(j.train.lr == 1e-4);
     assert_int_equal(j.fsdp.sharding, JOB_SHARD_NONE);
@@ -375,9 +384,24 @@ static void test_aliases(void **state) {
     assert_int_equal(j.train.grad_accum, 4);
     assert_int_equal(j.train.grad_accum_request, 0);
 
-    override_fails(&j, "--lora_rank=16", "--lora_rank: '16' is not built yet");
-    override_fails(&j, "--lora_rank=8", "--lora_rank: '8' is not built yet");
-    override_fails(&j, "--lora_alpha=32", "--lora_alpha: '32' is not built yet");
+    must_override(&j, "--lora_rank=16");
+    assert_int_equal(j.lora.rank, 16);
+    must_override(&j, "--lora_alpha=32");
+    assert_true(j.lora.alpha == 32);
+    must_override(&j, "--lora_dropout=0.1");
+    assert_true(j.lora.dropout == 0.1);
+    must_override(&j, "--lora_target_modules=all"); /* fsdp_qlora's: every linear but o_proj */
+    assert_int_equal(j.lora.n_targets, 6);
+    for (int t = 0; t < 6; t++) assert_string_not_equal(j.lora.targets[t], "o_proj");
+    must_override(&j, "--lora_target_modules=default"); /* PEFT's Llama default */
+    assert_int_equal(j.lora.n_targets, 2);
+    assert_string_equal(j.lora.targets[0], "q_proj");
+    assert_string_equal(j.lora.targets[1], "v_proj");
+    must_override(&j, "--lora_target_modules=up_proj,down_proj");
+    assert_int_equal(j.lora.n_targets, 2);
+    override_fails(&j, "--lora_target_modules=everything", "unknown module 'everything'");
+    must_override(&j, "--train_type=lora");
+    assert_int_equal(j.train.type, JOB_TRAIN_LORA);
     override_fails(&j, "--train_type=qlora", "--train_type: train.type: 'qlora' is not built yet");
     override_fails(&j, "--lr=fast", "--lr: train.lr: 'fast' is not a number");
     override_fails(&j, "--gradient_accumulation_steps=0", "is not a positive integer");
@@ -488,10 +512,14 @@ static void test_validate_rechecks_keys(void **state) {
     assert_int_equal(job_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "fsdp.sharding: 'hybrid_shard' is not built yet");
     j.fsdp.sharding = JOB_SHARD_FULL;
-    j.lora.rank = 4;
+    j.lora.rank = 0;
     assert_int_equal(job_validate(&j, 1, &err), -1);
-    assert_contains(err.msg, "lora.rank: '4' is not built yet");
+    assert_contains(err.msg, "lora.rank");
     j.lora.rank = 8;
+    j.output.merge = true;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "output.merge: only with train.type lora or qlora");
+    j.output.merge = false;
     assert_int_equal(job_validate(&j, 0, &err), -1);
     assert_contains(err.msg, "world size 0");
     assert_int_equal(job_validate(&j, 1, &err), 0);
