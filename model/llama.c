@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "base/philox.h"
+
 /* ---- carving activation structs out of one allocation ---- */
 
 /* Sub-buffers start on 256-byte boundaries (what CUDA allocations guarantee). */
@@ -38,7 +40,7 @@ static dims dims_of(const llama_layout *lo, int B, int T) {
 }
 
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
-                              size_t elem_size, int B, int T) {
+                              const lora_layout *lora, size_t elem_size, int B, int T) {
     dims d = dims_of(lo, B, T);
     size_t e = elem_size;
     carver cv = {mem, 0};
@@ -55,6 +57,8 @@ size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout
     a->rstd1 = carve(&cv, d.N * sizeof(float));
     a->rstd2 = carve(&cv, d.N * sizeof(float));
     a->lse = carve(&cv, d.N * d.heads * sizeof(float));
+    for (int m = 0; m < LORA_MODULES; m++)
+        a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, d.N * (size_t)lora->cfg.rank * e) : NULL;
     return cv.used;
 }
 
@@ -68,8 +72,8 @@ size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *
     return cv.used;
 }
 
-size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo, size_t elem_size,
-                           int B, int T) {
+size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
+                           const lora_layout *lora, size_t elem_size, int B, int T) {
     dims d = dims_of(lo, B, T);
     size_t e = elem_size;
     carver cv = {mem, 0};
@@ -81,6 +85,16 @@ size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo, 
     s->dq = carve(&cv, d.N * d.Q * e);
     s->dk = carve(&cv, d.N * d.KV * e);
     s->dv = carve(&cv, d.N * d.KV * e);
+    s->lora_dt = s->lora_xd = s->lora_dxd = NULL;
+    if (lora) {
+        size_t max_in = d.C > d.I ? d.C : d.I;
+        max_in = max_in > d.Q ? max_in : d.Q;
+        s->lora_dt = carve(&cv, d.N * (size_t)lora->cfg.rank * e);
+        if (lora->cfg.dropout > 0) {
+            s->lora_xd = carve(&cv, d.N * max_in * e);
+            s->lora_dxd = carve(&cv, d.N * max_in * e);
+        }
+    }
     return cv.used;
 }
 
@@ -96,13 +110,69 @@ static const void *param_at(kctx *c, const llama_layout *lo, const void *params,
     return (const char *)params + unit_slot(lo, unit, index)->offset * k_compute_size(c);
 }
 
+/* A tensor of a unit's gradient buffer; NULL for a frozen unit (grads NULL). */
 static float *grad_at(const llama_layout *lo, float *grads, int unit, int index) {
-    return grads + unit_slot(lo, unit, index)->offset;
+    return grads ? grads + unit_slot(lo, unit, index)->offset : NULL;
 }
 
 /* Every decoder layer has the same offsets: layer 0's slots describe them all. */
-#define LAYER_W(t) param_at(c, lo, params, llama_layer_unit(0), (t))
-#define LAYER_DW(t) grad_at(lo, grads, llama_layer_unit(0), (t))
+#define LAYER_W(t) param_at(c, lo, w->params, llama_layer_unit(0), (t))
+#define LAYER_DW(t) grad_at(lo, w->grads, llama_layer_unit(0), (t))
+
+/* ---- LoRA: y += scale * B(A(dropout(x))) on module m (nothing when m has no adapter) ---- */
+
+static int lora_on(const llama_layer_weights *w, int m) {
+    return w->lora && w->lora->layout->site[m].on;
+}
+
+/* x as the adapter of module m sees it: x itself, or its dropped-out copy in scratch. */
+static const void *lora_input(kctx *c, const llama_layer_weights *w, int m, const void *x,
+                              void *xd, int B, int T) {
+    const llama_lora *L = w->lora;
+    if (!(L->dropout > 0)) return x;
+    k_dropout(c, xd, x, L->samples, L->seed, philox_dropout_site(w->layer, m), B, T,
+              L->layout->site[m].in, L->dropout, 0);
+    return xd;
+}
+
+/* Forward: t = scale * A(dropout(x)) (saved), y += t B^T. */
+static void lora_forward(kctx *c, const llama_layer_weights *w, int m, const void *x, void *y,
+                         llama_layer_acts *a, void *xd, int B, int T) {
+    if (!lora_on(w, m)) return;
+    const lora_site *st = &w->lora->layout->site[m];
+    int N = B * T, r = w->lora->layout->cfg.rank;
+    size_t cs = k_compute_size(c);
+    const void *A = (const char *)w->adapters + st->a_off * cs;
+    const void *Bw = (const char *)w->adapters + st->b_off * cs;
+    k_linear_fwd(c, a->lora_t[m], lora_input(c, w, m, x, xd, B, T), A, N, st->in, r);
+    k_scale(c, a->lora_t[m], w->lora->scale, (size_t)N * r);
+    k_linear_fwd_acc(c, y, a->lora_t[m], Bw, N, r, st->out);
+}
+
+/* Backward of lora_forward: dB += dy^T t, dt = scale * dy B, dA += dt^T dropout(x),
+ * dx += dropout'(dt A) (the same mask, redrawn). */
+static void lora_backward(kctx *c, const llama_layer_weights *w, int m, const void *x,
+                          void *dx, const void *dy, const llama_layer_acts *a, llama_scratch *s,
+                          int B, int T) {
+    if (!lora_on(w, m)) return;
+    const llama_lora *L = w->lora;
+    const lora_site *st = &L->layout->site[m];
+    int N = B * T, r = L->layout->cfg.rank;
+    size_t cs = k_compute_size(c);
+    const void *A = (const char *)w->adapters + st->a_off * cs;
+    const void *Bw = (const char *)w->adapters + st->b_off * cs;
+    float *dA = w->adapter_grads + st->a_off, *dB = w->adapter_grads + st->b_off;
+    k_linear_bwd(c, s->lora_dt, dB, dy, a->lora_t[m], Bw, N, r, st->out, 0);
+    k_scale(c, s->lora_dt, L->scale, (size_t)N * r);
+    const void *xin = lora_input(c, w, m, x, s->lora_xd, B, T);
+    if (xin == x) {
+        k_linear_bwd(c, dx, dA, s->lora_dt, x, A, N, st->in, r, 1);
+        return;
+    }
+    k_linear_bwd(c, s->lora_dxd, dA, s->lora_dt, xin, A, N, st->in, r, 0);
+    k_dropout(c, dx, s->lora_dxd, L->samples, L->seed, philox_dropout_site(w->layer, m), B, T,
+              st->in, L->dropout, 1);
+}
 
 /* ---- embedding ---- */
 
@@ -118,35 +188,43 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 
 /* ---- decoder layer ---- */
 
-void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
+void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
-                         llama_layer_acts *a, int B, int T) {
+                         llama_layer_acts *a, llama_scratch *s, int B, int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
     float eps = (float)cfg->rms_norm_eps;
+    void *xd = s->lora_xd; /* a dropped-out adapter input, used at once */
 
     /* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
     k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, eps);
     k_linear_fwd(c, a->q, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd);
+    lora_forward(c, w, LORA_Q, a->ln1, a->q, a, xd, B, T);
     k_linear_fwd(c, a->k, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd);
+    lora_forward(c, w, LORA_K, a->ln1, a->k, a, xd, B, T);
     k_linear_fwd(c, a->v, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd);
+    lora_forward(c, w, LORA_V, a->ln1, a->v, a, xd, B, T);
     k_rope(c, a->q, inv_freq, docs, B, T, Hq, hd, 0);
     k_rope(c, a->k, inv_freq, docs, B, T, Hkv, hd, 0);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, B, T, Hq, Hkv, hd);
     k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
+    lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
     k_accumulate(c, a->h, x, (size_t)N * C);
 
     /* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h) */
     k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, eps);
     k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I);
+    lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, B, T);
     k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), N, C, I);
+    lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, B, T);
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)N * I);
     k_linear_fwd(c, out, a->sw, LAYER_W(LLAMA_DOWN), N, I, C);
+    lora_forward(c, w, LORA_DOWN, a->sw, out, a, xd, B, T);
     k_accumulate(c, out, a->h, (size_t)N * C);
 }
 
-void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
+void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
                           const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
                           int T) {
@@ -156,23 +234,30 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, f
 
     /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
     k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dresid, a->sw, LAYER_W(LLAMA_DOWN), N, I, C, 0);
+    lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dresid, a, s, B, T);
     k_swiglu_bwd(c, s->dgate, s->dup, s->dsw, a->gate, a->up, (size_t)N * I);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_GATE), s->dgate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I,
                  0);
+    lora_backward(c, w, LORA_GATE, a->ln2, s->dln, s->dgate, a, s, B, T);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_UP), s->dup, a->ln2, LAYER_W(LLAMA_UP), N, C, I, 1);
+    lora_backward(c, w, LORA_UP, a->ln2, s->dln, s->dup, a, s, B, T);
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
                   C);
 
     /* Attention: dresid now holds d/d(h), which also passes to x unchanged. */
     k_linear_bwd(c, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C,
                  0);
+    lora_backward(c, w, LORA_O, a->att, s->datt, dresid, a, s, B, T);
     k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs, B,
                     T, Hq, Hkv, hd);
     k_rope(c, s->dq, inv_freq, docs, B, T, Hq, hd, 1);
     k_rope(c, s->dk, inv_freq, docs, B, T, Hkv, hd, 1);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_Q), s->dq, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd, 0);
+    lora_backward(c, w, LORA_Q, a->ln1, s->dln, s->dq, a, s, B, T);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_K), s->dk, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd, 1);
+    lora_backward(c, w, LORA_K, a->ln1, s->dln, s->dk, a, s, B, T);
     k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_V), s->dv, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd, 1);
+    lora_backward(c, w, LORA_V, a->ln1, s->dln, s->dv, a, s, B, T);
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN1), s->dln, x, LAYER_W(LLAMA_LN1), a->rstd1, N, C);
 }
 

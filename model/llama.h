@@ -28,6 +28,7 @@
 
 #include "base/errbuf.h"
 #include "kernels/kernels.h"
+#include "proto/lora_layout.h"
 #include "proto/model_config.h"
 #include "proto/model_layout.h"
 #include "proto/safetensors.h"
@@ -73,6 +74,7 @@ typedef struct llama_layer_acts {
     void *sw;    /* [N,I]  silu(gate) * up */
     float *rstd1, *rstd2; /* [N] */
     float *lse;           /* [B,heads,T] */
+    void *lora_t[LORA_MODULES]; /* [N,rank] scale * A(dropout(x)) of each adapted module */
 } llama_layer_acts;
 
 typedef struct llama_head_acts {
@@ -81,20 +83,46 @@ typedef struct llama_head_acts {
     void *logits; /* [N,V]; the backward turns it into dlogits in place */
 } llama_head_acts;
 
-/* Backward scratch, shared by every unit's backward. */
+/* Scratch shared by every unit's backward (and by the adapters' dropout in forward). */
 typedef struct llama_scratch {
     void *dsw, *dgate, *dup; /* [N,I] */
     void *dln;               /* [N,C] gradient of a norm's output */
     void *datt, *dq;         /* [N,Q] */
     void *dk, *dv;           /* [N,KV] */
+    void *lora_dt;           /* [N,rank] an adapter's inner gradient */
+    void *lora_xd, *lora_dxd; /* [N,max in] a dropped-out input and its gradient (dropout > 0) */
 } llama_scratch;
 
+/* lora: the adapters' layout, or NULL without adapters (no LoRA buffers). */
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
-                              size_t elem_size, int B, int T);
+                              const lora_layout *lora, size_t elem_size, int B, int T);
 size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
                              size_t elem_size, int B, int T);
-size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo, size_t elem_size,
-                           int B, int T);
+size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
+                           const lora_layout *lora, size_t elem_size, int B, int T);
+
+/* ---- LoRA ----
+ * What every decoder layer's adapters share (DESIGN.md, LoRA and QLoRA): each adapted
+ * module computes y = x W^T + scale * B(A(dropout(x))) as PEFT does, dropout with a mask of
+ * its own per (sample, layer, module) (base/philox.h), so q, k and v see different masks of
+ * the same input and a recomputation redraws the same ones. */
+typedef struct llama_lora {
+    const lora_layout *layout;
+    float scale;            /* lora_scale(&layout->cfg) */
+    float dropout;          /* the drop probability now: layout->cfg.dropout, 0 in evaluation */
+    uint64_t seed;          /* train.seed: the dropout streams' key */
+    const int64_t *samples; /* [B] context memory: each row's global sample index */
+} llama_lora;
+
+/* What a decoder layer's compute reads and accumulates into. */
+typedef struct llama_layer_weights {
+    const void *params;     /* the layer's unit, gathered (compute dtype) */
+    float *grads;           /* its fp32 gradient (+=); NULL: a frozen base, none computed */
+    const llama_lora *lora; /* NULL: no adapters */
+    const void *adapters;   /* the layer's adapter unit, gathered (compute dtype) */
+    float *adapter_grads;   /* its fp32 gradient (+=) */
+    int layer;              /* the decoder layer's index (dropout sites) */
+} llama_layer_weights;
 
 /* ---- per-unit compute ----
  * `params` is a unit's flat buffer (compute dtype), `grads` its fp32 gradient buffer
@@ -113,12 +141,13 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
  * context memory.  docs: a packed batch's documents (kctx.h; positions restart and attention
  * stays inside each), or NULL: one sequence per row.  out must not alias x (x stays the
  * layer's saved input). */
-void llama_layer_forward(kctx *c, const llama_layout *lo, const void *params,
+void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
-                         llama_layer_acts *a, int B, int T);
-/* On entry dresid = d/d(out), on return d/d(x); grads += d/d(params).  a must hold this
- * layer's forward on input x with the same docs (a recomputation counts). */
-void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, float *grads,
+                         llama_layer_acts *a, llama_scratch *s, int B, int T);
+/* On entry dresid = d/d(out), on return d/d(x); w->grads += d/d(params) (unless NULL),
+ * w->adapter_grads += d/d(adapters).  a must hold this layer's forward on input x with the
+ * same docs and dropout (a recomputation counts). */
+void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
                           const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
                           int T);
@@ -127,7 +156,8 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const void *params, f
  * k_shift_labels), and its backward.  *loss_sum (fp32, context memory) += the summed token
  * losses; gradients are those of dscale * loss_sum.  head_params/head_grads are the head
  * unit's; embed_params/embed_grads unit 0's, used (and then required) only with tied
- * embeddings.  logits_f32 (fp32 [N,V] in context memory) receives the logits when not NULL.
+ * embeddings.  head_grads/embed_grads NULL: frozen (no weight gradients).  logits_f32 (fp32
+ * [N,V] in context memory) receives the logits when not NULL.
  * On return dresid = d/d(x). */
 void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *head_params,
                                  float *head_grads, const void *embed_params, float *embed_grads,
@@ -161,17 +191,31 @@ typedef struct llama_model {
     k_docs docs;                  /* pointing at them */
     float *loss_sum;              /* [1] */
     float *logits_f32;            /* [N,V], allocated when logits are first asked for */
+
+    /* LoRA (llama_model_init_lora): adapter units, their gradients, the base frozen (its
+     * grads NULL).  Dropout keys row b of a batch as sample first_sample + b. */
+    int has_lora;
+    lora_layout lora_layout;
+    llama_lora lora;
+    void *adapter_memory, **adapters;     /* [n_layers] compute dtype */
+    void *adapter_grad_memory;
+    float **adapter_grads;                /* [n_layers] fp32 */
+    int64_t *samples;                     /* [B] context memory */
+    int64_t first_sample;
 } llama_model;
 
 /* Allocates the units' parameters (zero) and gradients (zero) through k_alloc. */
 int llama_model_init(llama_model *m, const llama_config *cfg, kctx *ctx,
                      int checkpoint_activations, errbuf *err);
 void llama_model_destroy(llama_model *m);
+/* Adds LoRA adapters (zero) on the layers, as cfg says, and freezes the base: its gradients
+ * are freed and no longer computed.  seed keys the dropout masks. */
+int llama_model_init_lora(llama_model *m, const lora_config *cfg, uint64_t seed, errbuf *err);
 /* Copies every parameter from a Hugging Face checkpoint (F32/BF16/F16), checking that each
  * expected tensor exists with the expected shape (extra tensors are ignored). */
 int llama_model_load_hf(llama_model *m, const st_model *st, errbuf *err);
-/* One parameter or its gradient by Hugging Face name, as host fp32 [n]; n must be its
- * element count. */
+/* One parameter or its gradient by Hugging Face name (or PEFT saved name for an adapter),
+ * as host fp32 [n]; n must be its element count.  A frozen base has no gradient. */
 int llama_model_set_param(llama_model *m, const char *name, const float *src, size_t n,
                           errbuf *err);
 int llama_model_get_param(llama_model *m, const char *name, float *dst, size_t n, errbuf *err);

@@ -73,6 +73,8 @@ int llama_model_init(llama_model *m, const llama_config *cfg, kctx *ctx,
 
 static void free_activations(llama_model *m) {
     if (m->act_memory) k_free(m->ctx, m->act_memory);
+    if (m->samples) k_free(m->ctx, m->samples);
+    m->samples = NULL;
     if (m->logits_f32) k_free(m->ctx, m->logits_f32);
     free(m->resid);
     free(m->layer_acts);
@@ -86,14 +88,45 @@ static void free_activations(llama_model *m) {
 void llama_model_destroy(llama_model *m) {
     if (m->ctx) {
         free_activations(m);
-        if (m->param_memory) k_free(m->ctx, m->param_memory);
-        if (m->grad_memory) k_free(m->ctx, m->grad_memory);
-        if (m->inv_freq) k_free(m->ctx, m->inv_freq);
+        void *bufs[] = {m->param_memory, m->grad_memory, m->inv_freq, m->adapter_memory,
+                        m->adapter_grad_memory, m->samples};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) k_free(m->ctx, bufs[i]);
     }
     free(m->params);
     free(m->grads);
+    free(m->adapters);
+    free(m->adapter_grads);
     llama_layout_free(&m->layout);
+    lora_layout_free(&m->lora_layout);
     memset(m, 0, sizeof *m);
+}
+
+int llama_model_init_lora(llama_model *m, const lora_config *cfg, uint64_t seed, errbuf *err) {
+    if (m->has_lora) return errf(err, "llama model: adapters already added");
+    lora_layout *ll = &m->lora_layout;
+    if (lora_layout_init(ll, &m->layout.cfg, cfg, err)) return -1;
+    int L = ll->n_units;
+    size_t cs = k_compute_size(m->ctx), unit = ll->units[0].numel;
+    size_t pbytes = round_up(unit * cs, UNIT_ALIGN), gbytes = round_up(unit * sizeof(float), UNIT_ALIGN);
+    m->adapters = calloc((size_t)L, sizeof *m->adapters);
+    m->adapter_grads = calloc((size_t)L, sizeof *m->adapter_grads);
+    if (!m->adapters || !m->adapter_grads) return errf(err, "llama model: out of host memory");
+    if (!(m->adapter_memory = k_alloc(m->ctx, (size_t)L * pbytes, err)) ||
+        !(m->adapter_grad_memory = k_alloc(m->ctx, (size_t)L * gbytes, err)))
+        return errprefix(err, "llama model: adapters");
+    for (int l = 0; l < L; l++) {
+        m->adapters[l] = (char *)m->adapter_memory + (size_t)l * pbytes;
+        m->adapter_grads[l] = (float *)((char *)m->adapter_grad_memory + (size_t)l * gbytes);
+    }
+    k_free(m->ctx, m->grad_memory); /* the base is frozen */
+    m->grad_memory = NULL;
+    for (int u = 0; u < m->layout.n_units; u++) m->grads[u] = NULL;
+    m->lora = (llama_lora){.layout = ll, .scale = (float)lora_scale(cfg),
+                           .dropout = (float)cfg->dropout, .seed = seed};
+    m->has_lora = 1;
+    free_activations(m); /* re-carved with the adapters' buffers */
+    return 0;
 }
 
 /* Carves every activation buffer for (B, T) out of one allocation: with mem NULL only
@@ -119,10 +152,12 @@ static size_t carve_activations(llama_model *m, char *mem, int B, int T) {
     m->loss_sum = AT();
     at += UNIT_ALIGN;
     int n_acts = m->checkpoint_activations ? 1 : lo->n_layers;
+    const lora_layout *lora = m->has_lora ? &m->lora_layout : NULL;
     for (int l = 0; l < n_acts; l++)
-        at += llama_layer_acts_carve(&m->layer_acts[l], AT(), lo, e, B, T);
+        at += llama_layer_acts_carve(&m->layer_acts[l], AT(), lo, lora, e, B, T);
     at += llama_head_acts_carve(&m->head, AT(), lo, e, B, T);
-    at += llama_scratch_carve(&m->scratch, AT(), lo, e, B, T);
+    at += llama_scratch_carve(&m->scratch, AT(), lo, lora, e, B, T);
+
 #undef AT
     return at;
 }
@@ -144,6 +179,10 @@ static int ensure_activations(llama_model *m, int B, int T, errbuf *err) {
         return errprefix(err, "llama model: activations for batch [%d, %d]", B, T);
     }
     carve_activations(m, m->act_memory, B, T);
+    if (m->has_lora && !(m->samples = k_alloc(m->ctx, (size_t)B * sizeof(int64_t), err))) {
+        free_activations(m);
+        return errprefix(err, "llama model: sample indices");
+    }
     m->B = B;
     m->T = T;
     return 0;
@@ -151,9 +190,12 @@ static int ensure_activations(llama_model *m, int B, int T, errbuf *err) {
 
 /* ---- parameters and gradients by name ---- */
 
+/* The slot of a base tensor or (is_adapter 1) of an adapter tensor named name. */
 static const llama_tensor_slot *find_slot(const llama_model *m, const char *name, size_t n,
-                                          errbuf *err) {
+                                          int *is_adapter, errbuf *err) {
     const llama_tensor_slot *s = llama_layout_find(&m->layout, name);
+    *is_adapter = 0;
+    if (!s && m->has_lora && (s = lora_layout_find(&m->lora_layout, name))) *is_adapter = 1;
     if (!s) {
         errf(err, "llama model: no parameter named %s", name);
         return NULL;
@@ -165,27 +207,34 @@ static const llama_tensor_slot *find_slot(const llama_model *m, const char *name
     return s;
 }
 
+/* Where a parameter or gradient slot lives. */
+static void *param_unit(llama_model *m, const llama_tensor_slot *s, int is_adapter) {
+    return is_adapter ? m->adapters[s->unit] : m->params[s->unit];
+}
+
 int llama_model_set_param(llama_model *m, const char *name, const float *src, size_t n,
                           errbuf *err) {
-    const llama_tensor_slot *s = find_slot(m, name, n, err);
+    int ad;
+    const llama_tensor_slot *s = find_slot(m, name, n, &ad, err);
     if (!s) return -1;
     kctx *c = m->ctx;
     float *staging = k_alloc(c, n * sizeof(float), err);
     if (!staging) return errprefix(err, "%s", name);
     k_copy_h2d(c, staging, src, n * sizeof(float));
-    k_f32_to_compute(c, (char *)m->params[s->unit] + s->offset * k_compute_size(c), staging, n);
+    k_f32_to_compute(c, (char *)param_unit(m, s, ad) + s->offset * k_compute_size(c), staging, n);
     int rc = k_sync(c, err);
     k_free(c, staging);
     return rc ? errprefix(err, "%s", name) : 0;
 }
 
 int llama_model_get_param(llama_model *m, const char *name, float *dst, size_t n, errbuf *err) {
-    const llama_tensor_slot *s = find_slot(m, name, n, err);
+    int ad;
+    const llama_tensor_slot *s = find_slot(m, name, n, &ad, err);
     if (!s) return -1;
     kctx *c = m->ctx;
     float *staging = k_alloc(c, n * sizeof(float), err);
     if (!staging) return errprefix(err, "%s", name);
-    k_compute_to_f32(c, staging, (char *)m->params[s->unit] + s->offset * k_compute_size(c), n);
+    k_compute_to_f32(c, staging, (char *)param_unit(m, s, ad) + s->offset * k_compute_size(c), n);
     k_copy_d2h(c, dst, staging, n * sizeof(float));
     int rc = k_sync(c, err);
     k_free(c, staging);
@@ -193,16 +242,21 @@ int llama_model_get_param(llama_model *m, const char *name, float *dst, size_t n
 }
 
 int llama_model_get_grad(llama_model *m, const char *name, float *dst, size_t n, errbuf *err) {
-    const llama_tensor_slot *s = find_slot(m, name, n, err);
+    int ad;
+    const llama_tensor_slot *s = find_slot(m, name, n, &ad, err);
     if (!s) return -1;
-    k_copy_d2h(m->ctx, dst, m->grads[s->unit] + s->offset, n * sizeof(float));
+    float *g = ad ? m->adapter_grads[s->unit] : m->grads[s->unit];
+    if (!g) return errf(err, "llama model: %s is frozen (no gradient)", name);
+    k_copy_d2h(m->ctx, dst, g + s->offset, n * sizeof(float));
     return k_sync(m->ctx, err) ? errprefix(err, "%s", name) : 0;
 }
 
 void llama_model_zero_grad(llama_model *m) {
     const llama_layout *lo = &m->layout;
     for (int u = 0; u < lo->n_units; u++)
-        k_zero(m->ctx, m->grads[u], lo->units[u].numel * sizeof(float));
+        if (m->grads[u]) k_zero(m->ctx, m->grads[u], lo->units[u].numel * sizeof(float));
+    for (int l = 0; m->has_lora && l < m->lora_layout.n_units; l++)
+        k_zero(m->ctx, m->adapter_grads[l], m->lora_layout.units[l].numel * sizeof(float));
 }
 
 int llama_model_load_hf(llama_model *m, const st_model *st, errbuf *err) {
@@ -228,6 +282,26 @@ int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
                                  float *loss_sum, int64_t *count, float *logits, errbuf *err) {
     return llama_model_forward_backward_packed(m, input_ids, labels, NULL, B, T, dscale,
                                                loss_sum, count, logits, err);
+}
+
+static llama_layer_weights layer_weights(llama_model *m, int l) {
+    return (llama_layer_weights){.params = m->params[llama_layer_unit(l)],
+                                 .grads = m->grads[llama_layer_unit(l)],
+                                 .lora = m->has_lora ? &m->lora : NULL,
+                                 .adapters = m->has_lora ? m->adapters[l] : NULL,
+                                 .adapter_grads = m->has_lora ? m->adapter_grads[l] : NULL,
+                                 .layer = l};
+}
+
+/* Row b of the batch is sample first_sample + b (the dropout masks' key). */
+static void upload_samples(llama_model *m, int B) {
+    int64_t host[256];
+    for (int at = 0; at < B; at += 256) {
+        int n = B - at < 256 ? B - at : 256;
+        for (int b = 0; b < n; b++) host[b] = m->first_sample + at + b;
+        k_copy_h2d(m->ctx, m->samples + at, host, (size_t)n * sizeof *host); /* pageable: consumed */
+    }
+    m->lora.samples = m->samples;
 }
 
 /* The documents of positions [B,T] (NULL: none) copied into m's doc_start/doc_end; *docs
@@ -278,10 +352,13 @@ int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids
     void *embed = m->params[LLAMA_EMBED_UNIT];
     float *dembed = m->grads[LLAMA_EMBED_UNIT];
     int ckpt = m->checkpoint_activations;
+    if (m->has_lora) upload_samples(m, B);
     llama_embed_forward(c, lo, embed, m->tokens, m->resid[0], N);
-    for (int l = 0; l < L; l++)
-        llama_layer_forward(c, lo, m->params[llama_layer_unit(l)], m->inv_freq, docs,
-                            m->resid[l], m->resid[l + 1], &m->layer_acts[ckpt ? 0 : l], B, T);
+    for (int l = 0; l < L; l++) {
+        llama_layer_weights w = layer_weights(m, l);
+        llama_layer_forward(c, lo, &w, m->inv_freq, docs, m->resid[l], m->resid[l + 1],
+                            &m->layer_acts[ckpt ? 0 : l], &m->scratch, B, T);
+    }
 
     int hu = llama_head_unit(lo);
     llama_head_forward_backward(c, lo, m->params[hu], m->grads[hu], embed, dembed, m->resid[L],
@@ -289,17 +366,17 @@ int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids
                                 logits ? m->logits_f32 : NULL, m->dresid);
 
     for (int l = L - 1; l >= 0; l--) {
-        const void *params = m->params[llama_layer_unit(l)];
+        llama_layer_weights w = layer_weights(m, l);
         llama_layer_acts *a = &m->layer_acts[ckpt ? 0 : l];
         /* With checkpointing the shared acts hold the last layer's forward; recompute the
          * others from their saved inputs (the output rewrites resid[l+1] identically). */
         if (ckpt && l != L - 1)
-            llama_layer_forward(c, lo, params, m->inv_freq, docs, m->resid[l], m->resid[l + 1], a,
-                                B, T);
-        llama_layer_backward(c, lo, params, m->grads[llama_layer_unit(l)], m->inv_freq, docs,
-                             m->resid[l], a, &m->scratch, m->dresid, B, T);
+            llama_layer_forward(c, lo, &w, m->inv_freq, docs, m->resid[l], m->resid[l + 1], a,
+                                &m->scratch, B, T);
+        llama_layer_backward(c, lo, &w, m->inv_freq, docs, m->resid[l], a, &m->scratch,
+                             m->dresid, B, T);
     }
-    llama_embed_backward(c, lo, dembed, m->tokens, m->dresid, N);
+    if (dembed) llama_embed_backward(c, lo, dembed, m->tokens, m->dresid, N);
 
     k_copy_d2h(c, loss_sum, m->loss_sum, sizeof(float));
     if (logits) k_copy_d2h(c, logits, m->logits_f32, (size_t)N * V * sizeof(float));

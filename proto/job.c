@@ -1,4 +1,5 @@
 #include "job.h"
+#include "lora_layout.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -207,6 +208,15 @@ static const struct alias {
     {"max_steps", "train.max_steps"},
     {"dataset", "data.path"},
 };
+
+void job_lora_config(const job_config *j, lora_config *out) {
+    *out = (lora_config){.rank = j->lora.rank, .alpha = j->lora.alpha, .rslora = j->lora.rslora,
+                         .dropout = j->lora.dropout};
+    for (int t = 0; t < j->lora.n_targets && t < JOB_MAX_TARGETS; t++) {
+        int m = lora_module_from_name(j->lora.targets[t]);
+        if (m >= 0) out->targets |= 1u << m;
+    }
+}
 
 void job_defaults(job_config *j) {
     memset(j, 0, sizeof *j);

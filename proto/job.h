@@ -153,6 +153,10 @@ typedef struct job_config {
     } fabric;
 } job_config;
 
+/* The job's adapter settings (lora.*) as proto/lora_layout.h takes them. */
+struct lora_config;
+void job_lora_config(const job_config *j, struct lora_config *out);
+
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */
 void job_defaults(job_config *j);

@@ -119,3 +119,13 @@ const llama_tensor_slot *lora_layout_find(const lora_layout *lo, const char *nam
         if (strcmp(lo->tensors[i].name, name) == 0) return &lo->tensors[i];
     return NULL;
 }
+
+int lora_tensor_module(const lora_layout *lo, const llama_tensor_slot *t, int *which) {
+    for (int m = 0; m < LORA_MODULES; m++) {
+        if (!lo->site[m].on) continue;
+        *which = t->offset == lo->site[m].b_off;
+        if (t->offset == lo->site[m].a_off || *which) return m;
+    }
+    *which = -1;
+    return -1;
+}

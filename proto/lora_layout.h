@@ -62,6 +62,8 @@ int lora_layout_init(lora_layout *lo, const llama_config *mcfg, const lora_confi
 void lora_layout_free(lora_layout *lo);
 /* The slot of a PEFT saved name (..."lora_A.weight"), or NULL. */
 const llama_tensor_slot *lora_layout_find(const lora_layout *lo, const char *name);
+/* The module of an adapter tensor of this layout, and *which: 0 for lora_A, 1 for lora_B. */
+int lora_tensor_module(const lora_layout *lo, const llama_tensor_slot *t, int *which);
 /* PEFT's saved name of layer l's module m, A (which 0) or B (1), into out[96]. */
 void lora_tensor_name(char *out, size_t n, int layer, int module, int which);
 /* The Hugging Face name of the base weight module m of layer l adapts

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "base/fault.h"
+#include "base/philox.h"
 #include "proto/model_image.h"
+#include "proto/rng.h"
 
 static void build_plan(fsdp *f);
 
@@ -21,41 +23,109 @@ static comm_dtype compute_comm_dtype(const kctx *c) {
 
 /* ---- set-up ---- */
 
-static int alloc_shards(fsdp *f, errbuf *err) {
+/* Pads a flat parameter of numel elements to the shard group and picks this rank's part. */
+static void shard_of(const fsdp *f, size_t numel, size_t *padded, size_t *shard, size_t *off) {
+    *padded = round_up(numel, (size_t)f->group);
+    *shard = *padded / (size_t)f->group;
+    *off = (size_t)f->group_rank * *shard;
+}
+
+/* LoRA: the frozen model units' compute-dtype shards, in one allocation. */
+static int alloc_frozen(fsdp *f, size_t *max_padded, errbuf *err) {
     const llama_layout *lo = &f->layout;
-    size_t total = 0, max_padded = 0;
+    size_t cs = k_compute_size(f->ctx), total = 0;
+    *max_padded = 0;
     for (int u = 0; u < lo->n_units; u++) {
+        fsdp_frozen *F = &f->frozen[u];
+        F->numel = lo->units[u].numel;
+        shard_of(f, F->numel, &F->padded, &F->shard, &F->shard_off);
+        total += round_up(F->shard * cs, 256);
+        if (F->padded > *max_padded) *max_padded = F->padded;
+    }
+    char *mem = k_alloc(f->ctx, total, err);
+    if (!mem) return -1;
+    for (int u = 0; u < lo->n_units; u++) {
+        f->frozen[u].param = mem;
+        mem += round_up(f->frozen[u].shard * cs, 256);
+    }
+    return 0;
+}
+
+/* The trainable units' fp32 shards (master, m, v, grad), in one allocation. */
+static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
+    size_t total = 0;
+    *max_padded = 0;
+    for (int u = 0; u < f->n_train; u++) {
         fsdp_unit *U = &f->units[u];
-        U->numel = lo->units[u].numel;
-        U->padded = round_up(U->numel, (size_t)f->group);
-        U->shard = U->padded / (size_t)f->group;
-        U->shard_off = (size_t)f->group_rank * U->shard;
+        U->numel = f->train_units[u].numel;
+        shard_of(f, U->numel, &U->padded, &U->shard, &U->shard_off);
         total += 4 * U->shard;
-        if (U->padded > max_padded) max_padded = U->padded;
+        if (U->padded > *max_padded) *max_padded = U->padded;
     }
     float *mem = k_alloc(f->ctx, total * sizeof(float), err);
     if (!mem) return -1;
-    for (int u = 0; u < lo->n_units; u++) {
+    for (int u = 0; u < f->n_train; u++) {
         fsdp_unit *U = &f->units[u];
         U->master = mem, mem += U->shard;
         U->m = mem, mem += U->shard;
         U->v = mem, mem += U->shard;
         U->grad = mem, mem += U->shard;
     }
-    size_t cs = k_compute_size(f->ctx), embed_padded = f->units[LLAMA_EMBED_UNIT].padded;
-    /* One rank accumulates gradients straight into its grad shards (grad_buffer), so it
-     * needs full_grad[0] only, as fsdp_gather_params' scratch. */
+    return 0;
+}
+
+/* The gather and gradient slots.  Full fine-tune: gathered[0..1] and full_grad[0..1] of the
+ * largest unit, slot 2 for a tied head's embedding.  LoRA: the adapters' slots beside, and
+ * the frozen units' gathered[] only when sharded (one rank reads its shards in place). */
+static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf *err) {
+    size_t cs = k_compute_size(f->ctx);
+    size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
+                                      : f->units[LLAMA_EMBED_UNIT].padded;
+    int base_slots = !f->has_lora || f->group > 1;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot < 2 ? max_padded : is_tied(f) ? embed_padded : 0;
-        if (n == 0) continue;
-        f->gathered[slot] = k_alloc(f->ctx, n * cs, err);
-        if (!f->gathered[slot]) return -1;
-        if (slot > 0 && f->world == 1) continue;
-        f->full_grad[slot] = k_alloc(f->ctx, n * sizeof(float), err);
-        if (!f->full_grad[slot]) return -1;
+        size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
+        if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
+        if (f->has_lora && slot < 2 &&
+            !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
+            return -1;
+        /* Gradients exist for trainable units only; one rank accumulates straight into its
+         * grad shards (grad_buffer), so it needs full_grad[0] only, as fsdp_gather_params'
+         * scratch. */
+        size_t g = slot < 2 ? train_padded : is_tied(f) && !f->has_lora ? embed_padded : 0;
+        if (g == 0 || (slot > 0 && f->world == 1)) continue;
+        if (!(f->full_grad[slot] = k_alloc(f->ctx, g * sizeof(float), err))) return -1;
     }
+    return 0;
+}
+
+static int alloc_shards(fsdp *f, errbuf *err) {
+    size_t base_padded = 0, train_padded = 0;
+    if (f->has_lora && alloc_frozen(f, &base_padded, err)) return -1;
+    if (alloc_trainable(f, &train_padded, err)) return -1;
+    if (!f->has_lora) base_padded = train_padded;
+    if (alloc_slots(f, base_padded, train_padded, err)) return -1;
     f->scalars = k_alloc(f->ctx, 2 * sizeof(float), err);
     return f->scalars ? 0 : -1;
+}
+
+/* What is trained: the model's units, or (LoRA) the adapters'. */
+static int set_trainable(fsdp *f, const fsdp_options *opt, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    if (opt->lora) {
+        if (lora_layout_init(&f->lora_layout, &lo->cfg, opt->lora, err)) return -1;
+        f->has_lora = 1;
+        f->lora = (llama_lora){.layout = &f->lora_layout, .scale = (float)lora_scale(opt->lora),
+                               .dropout = (float)opt->lora->dropout, .seed = opt->seed};
+        f->frozen = calloc((size_t)lo->n_units, sizeof *f->frozen);
+        if (!f->frozen) return errf(err, "fsdp: out of host memory");
+    }
+    const llama_layout *t = f->has_lora ? (const llama_layout *)NULL : lo;
+    f->n_train = t ? t->n_units : f->lora_layout.n_units;
+    f->train_units = t ? t->units : f->lora_layout.units;
+    f->train_tensors = t ? t->tensors : f->lora_layout.tensors;
+    f->n_train_tensors = t ? t->n_tensors : f->lora_layout.n_tensors;
+    f->units = calloc((size_t)f->n_train, sizeof *f->units);
+    return f->units ? 0 : errf(err, "fsdp: out of host memory");
 }
 
 int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
@@ -77,12 +147,12 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     if (llama_layout_init(&f->layout, cfg, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
-    f->units = calloc((size_t)f->layout.n_units, sizeof *f->units);
     f->plan = calloc(2 * (size_t)f->layout.n_layers + 3, sizeof *f->plan);
-    if (!inv_freq || !f->units || !f->plan) {
+    if (!inv_freq || !f->plan || set_trainable(f, opt, err)) {
         free(inv_freq);
+        if (!inv_freq || !f->plan) errf(err, "fsdp: out of host memory");
         fsdp_destroy(f);
-        return errf(err, "fsdp: out of host memory");
+        return -1;
     }
     build_plan(f);
     int rc = alloc_shards(f, err);
@@ -101,6 +171,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
 
 static void free_activations(fsdp *f) {
     if (f->act_memory) k_free(f->ctx, f->act_memory);
+    f->samples = NULL;
     free(f->resid);
     free(f->layer_acts);
     f->act_memory = NULL;
@@ -113,14 +184,18 @@ void fsdp_destroy(fsdp *f) {
     if (f->ctx) {
         free_activations(f);
         if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
+        if (f->frozen && f->frozen[0].param) k_free(f->ctx, f->frozen[0].param);
         void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
-                        f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats};
+                        f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
+                        f->gathered_adapter[0], f->gathered_adapter[1]};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
     free(f->units);
+    free(f->frozen);
     free(f->plan);
     llama_layout_free(&f->layout);
+    lora_layout_free(&f->lora_layout);
     memset(f, 0, sizeof *f);
 }
 
@@ -132,12 +207,14 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     int L = lo->n_layers, n_acts = f->checkpoint_activations ? 1 : L;
     size_t cs = k_compute_size(f->ctx), N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size;
     size_t resid_bytes = round_up(N * C * cs, 256);
-    size_t acts_bytes = round_up(llama_layer_acts_carve(&(llama_layer_acts){0}, NULL, lo, cs, B, T), 256);
+    const lora_layout *lora = f->has_lora ? &f->lora_layout : NULL;
+    size_t acts_bytes = round_up(llama_layer_acts_carve(&(llama_layer_acts){0}, NULL, lo, lora, cs, B, T), 256);
     size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
-    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, cs, B, T), 256);
+    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
+    size_t samples_bytes = round_up((size_t)B * sizeof(int64_t), 256);
     size_t total = (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes +
-                   scratch_bytes + 4 * ids_bytes;
+                   scratch_bytes + 4 * ids_bytes + samples_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
     f->layer_acts = calloc((size_t)n_acts, sizeof *f->layer_acts);
     if (!f->resid || !f->layer_acts) {
@@ -153,13 +230,15 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     for (int l = 0; l <= L; l++) f->resid[l] = mem, mem += resid_bytes;
     f->dresid = mem, mem += resid_bytes;
     for (int a = 0; a < n_acts; a++)
-        llama_layer_acts_carve(&f->layer_acts[a], mem, lo, cs, B, T), mem += acts_bytes;
+        llama_layer_acts_carve(&f->layer_acts[a], mem, lo, lora, cs, B, T), mem += acts_bytes;
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
-    llama_scratch_carve(&f->scratch, mem, lo, cs, B, T), mem += scratch_bytes;
+    llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
     f->targets = (int32_t *)mem, mem += ids_bytes;
     f->doc_start = (int32_t *)mem, mem += ids_bytes;
-    f->doc_end = (int32_t *)mem;
+    f->doc_end = (int32_t *)mem, mem += ids_bytes;
+    f->samples = (int64_t *)mem; /* the rows' sample indices, uploaded per micro-batch */
+    f->lora.samples = f->samples;
     f->B = B;
     f->T = T;
     return 0;
@@ -167,26 +246,119 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
 
 /* ---- initial parameters ---- */
 
-int fsdp_load_image(fsdp *f, const void *image, errbuf *err) {
+/* The part of a flat parameter of numel elements in [off, off + shard) that is not padding. */
+static size_t unpadded(size_t numel, size_t off, size_t shard) {
+    return off >= numel ? 0 : numel - off < shard ? numel - off : shard;
+}
+
+/* The rank's slice of every unit as fp32 (master shards), or with LoRA in the compute dtype
+ * (frozen shards) through a bounded staging buffer: a unit may be too big to stage whole
+ * on a small card (a 70B embedding is 4 GiB in fp32). */
+#define IMAGE_CHUNK ((size_t)16 << 20) /* elements */
+
+static int load_frozen_image(fsdp *f, const void *image, float *host, float *staging,
+                             errbuf *err) {
     const llama_layout *lo = &f->layout;
-    size_t max_shard = 0;
-    for (int u = 0; u < lo->n_units; u++)
-        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
-    float *host = malloc(max_shard * sizeof *host);
-    if (!host) return errf(err, "fsdp: out of host memory");
+    size_t cs = k_compute_size(f->ctx);
     int rc = 0;
     for (int u = 0; u < lo->n_units && rc == 0; u++) {
+        const fsdp_frozen *F = &f->frozen[u];
+        size_t n = unpadded(F->numel, F->shard_off, F->shard);
+        for (size_t at = 0; at < F->shard && rc == 0; at += IMAGE_CHUNK) {
+            size_t len = F->shard - at < IMAGE_CHUNK ? F->shard - at : IMAGE_CHUNK;
+            size_t real = at >= n ? 0 : n - at < len ? n - at : len;
+            memset(host + real, 0, (len - real) * sizeof *host);
+            if (real) model_image_read_f32(image, lo, u, F->shard_off + at, real, host);
+            k_copy_h2d(f->ctx, staging, host, len * sizeof *host);
+            k_f32_to_compute(f->ctx, (char *)F->param + at * cs, staging, len);
+            rc = k_sync(f->ctx, err); /* host and staging are reused */
+        }
+    }
+    return rc;
+}
+
+static int load_master_image(fsdp *f, const void *image, float *host, errbuf *err) {
+    int rc = 0;
+    for (int u = 0; u < f->n_train && rc == 0; u++) {
         const fsdp_unit *U = &f->units[u];
-        /* This rank's elements [shard_off, shard_off + shard); past numel is padding. */
-        size_t n = U->shard_off >= U->numel ? 0
-                 : U->numel - U->shard_off < U->shard ? U->numel - U->shard_off : U->shard;
+        size_t n = unpadded(U->numel, U->shard_off, U->shard);
         memset(host + n, 0, (U->shard - n) * sizeof *host);
-        model_image_read_f32(image, lo, u, U->shard_off, n, host);
+        model_image_read_f32(image, &f->layout, u, U->shard_off, n, host);
         k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
         rc = k_sync(f->ctx, err); /* the host buffer is reused for the next unit */
     }
+    return rc;
+}
+
+int fsdp_load_image(fsdp *f, const void *image, errbuf *err) {
+    size_t max_shard = 0;
+    for (int u = 0; !f->has_lora && u < f->n_train; u++)
+        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
+    size_t n = f->has_lora ? IMAGE_CHUNK : max_shard;
+    float *host = malloc(n * sizeof *host);
+    if (!host) return errf(err, "fsdp: out of host memory");
+    float *staging = f->has_lora ? k_alloc(f->ctx, n * sizeof(float), err) : NULL;
+    int rc = f->has_lora ? (staging ? load_frozen_image(f, image, host, staging, err) : -1)
+                         : load_master_image(f, image, host, err);
+    if (staging) k_free(f->ctx, staging);
     free(host);
     return rc;
+}
+
+/* Element i of adapter tensor t (a PEFT-initialised value: lora_B zero; lora_A uniform in
+ * [-1/sqrt(in), 1/sqrt(in)), kaiming_uniform_(a=sqrt(5)) as PEFT calls it). */
+static float adapter_init(const fsdp *f, const llama_tensor_slot *t, size_t i) {
+    int which, module = lora_tensor_module(&f->lora_layout, t, &which);
+    if (which == 1) return 0.0f; /* lora_B */
+    double bound = 1.0 / sqrt((double)t->shape[1]);
+    uint64_t stream = rng_stream(RNG_PURPOSE_LORA_INIT, (uint64_t)philox_dropout_site(t->unit, module));
+    return (float)((2.0 * rng_uniform(f->lora.seed, stream, i) - 1.0) * bound);
+}
+
+/* Fills this rank's adapter masters, unit by unit, from value(f, tensor, index, arg). */
+typedef float (*adapter_value_fn)(const fsdp *f, const llama_tensor_slot *t, size_t i, void *arg);
+
+static int fill_adapters(fsdp *f, adapter_value_fn value, void *arg, errbuf *err) {
+    if (!f->has_lora) return errf(err, "fsdp: no adapters in a full fine-tune");
+    size_t max_shard = 0;
+    for (int u = 0; u < f->n_train; u++)
+        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
+    float *host = calloc(max_shard, sizeof *host);
+    if (!host) return errf(err, "fsdp: out of host memory");
+    int rc = 0;
+    for (int u = 0; u < f->n_train && rc == 0; u++) {
+        const fsdp_unit *U = &f->units[u];
+        const llama_unit *lu = &f->train_units[u];
+        memset(host, 0, U->shard * sizeof *host);
+        for (int i = lu->first; i < lu->first + lu->count; i++) {
+            const llama_tensor_slot *t = &f->train_tensors[i];
+            size_t a = t->offset > U->shard_off ? t->offset : U->shard_off;
+            size_t b = t->offset + t->numel < U->shard_off + U->shard ? t->offset + t->numel
+                                                                      : U->shard_off + U->shard;
+            for (size_t e = a; e < b; e++) host[e - U->shard_off] = value(f, t, e - t->offset, arg);
+        }
+        k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
+        rc = k_sync(f->ctx, err);
+    }
+    free(host);
+    return rc;
+}
+
+static float init_value(const fsdp *f, const llama_tensor_slot *t, size_t i, void *arg) {
+    (void)arg;
+    return adapter_init(f, t, i);
+}
+
+static float given_value(const fsdp *f, const llama_tensor_slot *t, size_t i, void *arg) {
+    (void)f;
+    float *const *units = arg;
+    return units[t->unit][t->offset + i];
+}
+
+int fsdp_init_adapters(fsdp *f, errbuf *err) { return fill_adapters(f, init_value, NULL, err); }
+
+int fsdp_set_adapters(fsdp *f, float *const *units, errbuf *err) {
+    return fill_adapters(f, given_value, (void *)units, err);
 }
 
 /* ---- communication ----
@@ -221,12 +393,17 @@ static void build_plan(fsdp *f) {
     for (int l = L - 1; l >= 0; l--) add_gather(f, llama_layer_unit(l), -1, &alternate);
 }
 
-/* Starts gathering the whole of unit u into slot `slot` (compute dtype, in place: this
- * rank's shard is cast into its own place of the slot). */
-static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
-    const fsdp_unit *U = &f->units[u];
-    char *dst = f->gathered[slot];
-    f->gather_ticket[slot] = 0;
+/* The trainable unit holding model unit u's trained parameters: u itself in a full
+ * fine-tune; with LoRA a layer's adapter unit, and -1 for the embedding and the head. */
+static int train_index(const fsdp *f, int u) {
+    if (!f->has_lora) return u;
+    return u >= 1 && u <= f->layout.n_layers ? u - 1 : -1;
+}
+
+/* Starts gathering trainable unit U into dst (compute dtype, in place: this rank's shard
+ * is cast into its own place of dst). */
+static int gather_trainable(fsdp *f, const fsdp_unit *U, char *dst, comm_ticket *t, errbuf *err) {
+    *t = 0;
     if (f->group == 1) {
         k_f32_to_compute(f->ctx, dst, U->master, U->shard);
         return 0;
@@ -235,23 +412,49 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
-    comm_set_unit(f->comm, u);
-    if (k_check(f->ctx, err) ||
-        comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx),
-                              &f->gather_ticket[slot], err))
-        return errprefix(err, "unit %d", u);
-    return 0;
+    return k_check(f->ctx, err) ||
+           comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
 }
 
-/* Waits for slot's all-gather (of unit u); compute queued from here on reads the unit. */
-static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
-    comm_ticket t = f->gather_ticket[slot];
+/* Starts gathering the whole of model unit u into slot `slot`: its parameters (a frozen
+ * unit's straight from its compute-dtype shard; nothing to do for one rank, which reads the
+ * shard in place) and, with LoRA, its layer's adapters into the adapter slot. */
+static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     f->gather_ticket[slot] = 0;
-    if (t && comm_wait(f->comm, t, err)) return errprefix(err, "unit %d", u);
+    comm_set_unit(f->comm, u);
+    int rc = 0, t = train_index(f, u);
+    if (!f->has_lora) {
+        rc = gather_trainable(f, &f->units[u], f->gathered[slot], &f->gather_ticket[slot], err);
+    } else {
+        const fsdp_frozen *F = &f->frozen[u];
+        if (f->group > 1)
+            rc = comm_all_gather_start(f->comm, F->param, f->gathered[slot], F->shard,
+                                       compute_comm_dtype(f->ctx), &f->gather_ticket[slot], err);
+        if (rc == 0 && t >= 0)
+            rc = gather_trainable(f, &f->units[t], f->gathered_adapter[slot],
+                                  &f->adapter_ticket[slot], err);
+    }
+    return rc ? errprefix(err, "unit %d", u) : 0;
+}
+
+/* Waits for slot's all-gathers (of unit u); compute queued from here on reads the unit. */
+static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
+    comm_ticket t[2] = {f->gather_ticket[slot], slot < 2 ? f->adapter_ticket[slot] : 0};
+    f->gather_ticket[slot] = 0;
+    if (slot < 2) f->adapter_ticket[slot] = 0;
+    for (int i = 0; i < 2; i++)
+        if (t[i] && comm_wait(f->comm, t[i], err)) return errprefix(err, "unit %d", u);
     return 0;
 }
 
-/* The slot holding plan entry k, gathered, for the compute queued next; starts entry k+1
+/* Plan entry k's parameters once gathered: its slot, or a frozen unit's own shard when one
+ * rank holds it whole. */
+static void *gathered_params(fsdp *f, int k) {
+    const fsdp_gather *g = &f->plan[k];
+    return f->has_lora && f->group == 1 ? f->frozen[g->unit].param : f->gathered[g->slot];
+}
+
+/* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
  * when prefetching is on for its pass. */
 static void *gather_use(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
@@ -267,7 +470,7 @@ static void *gather_use(fsdp *f, int k, errbuf *err) {
         if (gather_start(f, f->plan[next].unit, f->plan[next].slot, err)) return NULL;
         f->next_gather = next + 1;
     }
-    return f->gathered[g->slot];
+    return gathered_params(f, k);
 }
 
 /* Finishes the reduction reading full_grad[slot], if one is in flight: this rank's part of
@@ -284,15 +487,17 @@ static int reduce_finish(fsdp *f, int slot, errbuf *err) {
     return 0;
 }
 
-/* Starts summing unit u's full gradient, in full_grad[slot], over the ranks; finishes it at
- * once unless backward overlap is on.  Sharded, the first micro-batch's sum is scattered
- * straight into the grad shards (nothing to zero or add); later ones in place, then added. */
+/* Starts summing model unit u's full gradient (its trainable unit's), in full_grad[slot],
+ * over the ranks; finishes it at once unless backward overlap is on.  Sharded, the first
+ * micro-batch's sum is scattered straight into the grad shards (nothing to zero or add);
+ * later ones in place, then added.  A unit with nothing trainable has nothing to sum. */
 static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
-    if (f->world == 1) return 0; /* already in the grad shard (grad_buffer) */
-    const fsdp_unit *U = &f->units[u];
+    int t = train_index(f, u);
+    if (f->world == 1 || t < 0) return 0; /* one rank: already in the grad shard (grad_buffer) */
+    const fsdp_unit *U = &f->units[t];
     float *full = f->full_grad[slot];
     fsdp_reduce *r = &f->reducing[slot];
-    *r = (fsdp_reduce){.pending = 1, .unit = u, .into_grad = f->group > 1 && f->first_micro};
+    *r = (fsdp_reduce){.pending = 1, .unit = t, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
     comm_set_unit(f->comm, u);
     if (rc == 0 && f->world > 1 && f->group == 1)
@@ -307,19 +512,23 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     return f->backward_prefetch ? 0 : reduce_finish(f, slot, err);
 }
 
-/* Where unit u's backward accumulates (+=) its gradient: full_grad[slot], or with one
- * rank, whose grad shard is the whole unit, the shard itself (zeroed at the step's start:
- * nothing to zero, reduce or add per micro-batch). */
+/* Where model unit u's backward accumulates (+=) its trainable gradient: full_grad[slot],
+ * or with one rank, whose grad shard is the whole unit, the shard itself (zeroed at the
+ * step's start: nothing to zero, reduce or add per micro-batch); NULL when nothing of u is
+ * trained. */
 static float *grad_buffer(fsdp *f, int u, int slot) {
-    return f->world == 1 ? f->units[u].grad : f->full_grad[slot];
+    int t = train_index(f, u);
+    if (t < 0) return NULL;
+    return f->world == 1 ? f->units[t].grad : f->full_grad[slot];
 }
 
 /* Before unit u's backward accumulates into full_grad[slot]: the slot's previous reduction
  * is finished and the slot zeroed. */
 static int prepare_grad_slot(fsdp *f, int u, int slot, errbuf *err) {
-    if (f->world == 1) return 0;
+    int t = train_index(f, u);
+    if (f->world == 1 || t < 0) return 0;
     if (reduce_finish(f, slot, err)) return -1;
-    k_zero(f->ctx, f->full_grad[slot], f->units[u].padded * sizeof(float));
+    k_zero(f->ctx, f->full_grad[slot], f->units[t].padded * sizeof(float));
     return 0;
 }
 
@@ -348,6 +557,15 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     return reduce_start(f, head, 0, err) ? -1 : k;
 }
 
+/* What decoder layer l's compute reads from plan entry k and accumulates into (grads: its
+ * trainable gradient buffer, the base's or with LoRA the adapters'). */
+static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *params, float *grads) {
+    if (!f->has_lora) return (llama_layer_weights){.params = params, .grads = grads, .layer = l};
+    return (llama_layer_weights){.params = params, .lora = &f->lora,
+                                 .adapters = f->gathered_adapter[f->plan[k].slot],
+                                 .adapter_grads = grads, .layer = l};
+}
+
 static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
@@ -358,8 +576,10 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
     if (!(g = gather_use(f, k++, err))) return -1;
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
     for (int l = 0; l < L; l++) {
-        if (!(g = gather_use(f, k++, err))) return -1;
-        llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+        if (!(g = gather_use(f, k, err))) return -1;
+        llama_layer_weights w = layer_weights(f, l, k++, g, NULL);
+        llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l),
+                            &f->scratch, B, T);
         f->layer_forwards++;
     }
     if ((k = head_pass(f, k, dscale, err)) < 0) return -1;
@@ -368,22 +588,25 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
     for (int l = L - 1; l >= 0; l--) {
         int u = llama_layer_unit(l);
         slot ^= 1;
-        if (!(g = gather_use(f, k++, err))) return -1;
+        if (!(g = gather_use(f, k, err))) return -1;
+        llama_layer_weights w = layer_weights(f, l, k++, g, grad_buffer(f, u, slot));
         if (f->checkpoint_activations) {
             /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
-            llama_layer_forward(c, lo, g, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l), B, T);
+            llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1],
+                                acts_of(f, l), &f->scratch, B, T);
             f->layer_forwards++;
         }
         if (prepare_grad_slot(f, u, slot, err)) return -1;
-        llama_layer_backward(c, lo, g, grad_buffer(f, u, slot), f->inv_freq, docs, f->resid[l],
-                             acts_of(f, l), &f->scratch, f->dresid, B, T);
+        llama_layer_backward(c, lo, &w, f->inv_freq, docs, f->resid[l], acts_of(f, l), &f->scratch,
+                             f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
     }
 
-    /* The embedding's backward reads no parameters: nothing to gather. */
+    /* The embedding's backward reads no parameters: nothing to gather; frozen, nothing to do. */
     int embed_slot = is_tied(f) ? 2 : slot ^ 1;
+    float *embed_grad = grad_buffer(f, LLAMA_EMBED_UNIT, embed_slot);
     if (!is_tied(f) && prepare_grad_slot(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
-    llama_embed_backward(c, lo, grad_buffer(f, LLAMA_EMBED_UNIT, embed_slot), f->tokens, f->dresid, N);
+    if (embed_grad) llama_embed_backward(c, lo, embed_grad, f->tokens, f->dresid, N);
     if (reduce_start(f, LLAMA_EMBED_UNIT, embed_slot, err)) return -1;
     for (int s = 0; s < 3; s++)
         if (reduce_finish(f, s, err)) return -1;
@@ -425,10 +648,10 @@ static int64_t count_targets(const int32_t *labels, int rows, int T) {
 /* AdamW on unit u's shard, tensor by tensor so norm weights skip weight decay; the
  * padding past the last tensor is left alone (its gradient is zero). */
 static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale) {
-    const llama_layout *lo = &f->layout;
     const fsdp_unit *U = &f->units[u];
-    for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count; i++) {
-        const llama_tensor_slot *s = &lo->tensors[i];
+    const llama_unit *lu = &f->train_units[u];
+    for (int i = lu->first; i < lu->first + lu->count; i++) {
+        const llama_tensor_slot *s = &f->train_tensors[i];
         size_t a = s->offset > U->shard_off ? s->offset : U->shard_off;
         size_t b = s->offset + s->numel < U->shard_off + U->shard ? s->offset + s->numel
                                                                   : U->shard_off + U->shard;
@@ -465,44 +688,69 @@ static int32_t *doc_bounds(const int32_t *positions, int rows, int T, int *rc, e
     return NULL;
 }
 
+/* Row b of micro-batch mb: its sample index, uploaded for the dropout masks. */
+static void upload_samples(fsdp *f, const fsdp_batch *b, int mb) {
+    int64_t host[256];
+    for (int at = 0; at < b->micro_batch; at += 256) {
+        int n = b->micro_batch - at < 256 ? b->micro_batch - at : 256;
+        for (int r = 0; r < n; r++) {
+            int64_t row = (int64_t)mb * b->micro_batch + at + r;
+            host[r] = b->samples ? b->samples[row] : row;
+        }
+        k_copy_h2d(f->ctx, f->samples + at, host, (size_t)n * sizeof *host); /* pageable: consumed */
+    }
+}
+
 /* Every micro-batch's forward and backward, the loss sum accumulating in scalars[0] (zeroed
  * here) and the gradients, scaled by dscale, reduced into the grad shards. */
-static int run_micro_batches(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *bounds,
-                             int n_micro, int micro_batch, int T, float dscale, errbuf *err) {
+static int run_micro_batches(fsdp *f, const fsdp_batch *b, const int32_t *bounds, float dscale,
+                             errbuf *err) {
     kctx *c = f->ctx;
-    int rows = n_micro * micro_batch, rc = 0;
+    int rows = b->n_micro * b->micro_batch, T = b->T, rc = 0;
     k_zero(c, f->scalars, 2 * sizeof(float));
-    size_t N = (size_t)micro_batch * T;
+    size_t N = (size_t)b->micro_batch * T;
     int32_t *targets = malloc(N * sizeof *targets);
     const k_docs docs = {f->doc_start, f->doc_end};
     if (!targets) rc = errf(err, "fsdp: out of host memory");
-    for (int mb = 0; mb < n_micro && rc == 0; mb++) {
+    for (int mb = 0; mb < b->n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
-        k_shift_labels(labels + mb * N, targets, micro_batch, T);
-        k_copy_h2d(c, f->tokens, input_ids + mb * N, N * sizeof(int32_t));
+        k_shift_labels(b->labels + mb * N, targets, b->micro_batch, T);
+        k_copy_h2d(c, f->tokens, b->input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
         if (bounds) { /* pageable sources: consumed when the copies return */
             k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
             k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
         }
+        if (f->has_lora) upload_samples(f, b, mb);
         rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
     }
     free(targets);
     return rc;
 }
 
-int fsdp_eval_loss(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *positions,
-                   int n_micro, int micro_batch, int T, double *loss_sum, int64_t *count, errbuf *err) {
-    int rows = n_micro * micro_batch, rc = 0;
-    if (llama_check_batch(&f->layout.cfg, input_ids, labels, rows, T, err)) return -1;
-    int32_t *bounds = positions ? doc_bounds(positions, rows, T, &rc, err) : NULL;
-    if (rc || ensure_activations(f, micro_batch, T, err)) {
-        free(bounds);
+/* Checks batch b and readies what its micro-batches need: *bounds (NULL unless packed). */
+static int prepare_batch(fsdp *f, const fsdp_batch *b, int32_t **bounds, errbuf *err) {
+    int rows = b->n_micro * b->micro_batch, rc = 0;
+    *bounds = NULL;
+    if (llama_check_batch(&f->layout.cfg, b->input_ids, b->labels, rows, b->T, err)) return -1;
+    if (b->positions && !(*bounds = doc_bounds(b->positions, rows, b->T, &rc, err))) return -1;
+    if (ensure_activations(f, b->micro_batch, b->T, err)) {
+        free(*bounds);
+        *bounds = NULL;
         return -1;
     }
-    rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
-    rc = all ? run_micro_batches(f, input_ids, labels, bounds, n_micro, micro_batch, T, 0.0f, err)
-             : errf(err, "fsdp: out of host memory");
+    return 0;
+}
+
+int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err) {
+    int32_t *bounds;
+    if (prepare_batch(f, b, &bounds, err)) return -1;
+    rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
+    rank_stats *all = calloc((size_t)f->world, sizeof *all);
+    float dropout = f->lora.dropout;
+    f->lora.dropout = 0; /* evaluation: no dropout, as model.eval() */
+    int rc = all ? run_micro_batches(f, b, bounds, 0.0f, err) : errf(err, "fsdp: out of host memory");
+    f->lora.dropout = dropout;
     free(bounds);
     float scalars[2];
     if (rc == 0) k_copy_d2h(f->ctx, scalars, f->scalars, sizeof scalars);
@@ -521,27 +769,19 @@ int fsdp_eval_loss(fsdp *f, const int32_t *input_ids, const int32_t *labels, con
     return rc ? errprefix(err, "eval, rank %d", f->rank) : 0;
 }
 
-int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
-                    const int32_t *positions, int n_micro, int micro_batch, int T,
-                    const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err) {
-    const llama_layout *lo = &f->layout;
+int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_step_result *res,
+                    errbuf *err) {
     kctx *c = f->ctx;
-    int rows = n_micro * micro_batch;
-    if (llama_check_batch(&lo->cfg, input_ids, labels, rows, T, err)) return -1;
-    int rc = 0;
-    int32_t *bounds = positions ? doc_bounds(positions, rows, T, &rc, err) : NULL;
-    if (rc || ensure_activations(f, micro_batch, T, err)) {
-        free(bounds);
-        return -1;
-    }
-
-    rank_stats mine = {.count = count_targets(labels, rows, T)}, *all = calloc((size_t)f->world, sizeof *all);
+    int32_t *bounds;
+    if (prepare_batch(f, b, &bounds, err)) return -1;
+    rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
+    rank_stats *all = calloc((size_t)f->world, sizeof *all);
     if (!all) {
         free(bounds);
         return errf(err, "fsdp: out of host memory");
     }
     memcpy(mine.vote, f->vote, sizeof mine.vote);
-    rc = gather_stats(f, &mine, all, err);
+    int rc = gather_stats(f, &mine, all, err);
     int64_t count = 0, vote_max[FSDP_VOTES];
     memcpy(vote_max, all[0].vote, sizeof vote_max);
     for (int r = 0; r < f->world; r++) {
@@ -552,11 +792,11 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
     float dscale = count > 0 ? 1.0f / (float)count : 0.0f;
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
-        for (int u = 0; u < lo->n_units; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
-    if (rc == 0) rc = run_micro_batches(f, input_ids, labels, bounds, n_micro, micro_batch, T, dscale, err);
+        for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+    if (rc == 0) rc = run_micro_batches(f, b, bounds, dscale, err);
     free(bounds);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
-    for (int u = 0; u < lo->n_units && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
+    for (int u = 0; u < f->n_train && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
     if (rc == 0) k_copy_d2h(c, scalars, f->scalars, sizeof scalars);
     if (rc == 0) rc = k_sync(c, err);
@@ -591,7 +831,7 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
     double clip_coef = hp->clip_norm / (norm + 1e-6);
     float grad_scale = hp->clip_norm > 0 && clip_coef < 1.0 ? (float)clip_coef : 1.0f;
     f->step++;
-    for (int u = 0; u < lo->n_units; u++) adamw_unit(f, u, hp, grad_scale);
+    for (int u = 0; u < f->n_train; u++) adamw_unit(f, u, hp, grad_scale);
     if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
     res->loss = count > 0 ? loss_sum / (double)count : 0.0;
     res->tokens = count;
@@ -603,14 +843,13 @@ int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
 /* ---- checkpoints ---- */
 
 int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err) {
-    const llama_layout *L = &f->layout;
-    if (ckpt_layout_alloc(lo, f->group, L->n_units, L->n_tensors, err)) return -1;
-    for (int u = 0; u < L->n_units; u++)
+    if (ckpt_layout_alloc(lo, f->group, f->n_train, f->n_train_tensors, err)) return -1;
+    for (int u = 0; u < f->n_train; u++)
         lo->units[u] = (ckpt_unit){.numel = f->units[u].numel, .padded = f->units[u].padded,
-                                   .shard = f->units[u].shard, .first = L->units[u].first,
-                                   .count = L->units[u].count};
-    for (int i = 0; i < L->n_tensors; i++) {
-        const llama_tensor_slot *s = &L->tensors[i];
+                                   .shard = f->units[u].shard, .first = f->train_units[u].first,
+                                   .count = f->train_units[u].count};
+    for (int i = 0; i < f->n_train_tensors; i++) {
+        const llama_tensor_slot *s = &f->train_tensors[i];
         ckpt_tensor *t = &lo->tensors[i];
         snprintf(t->name, sizeof t->name, "%s", s->name);
         t->offset = s->offset;
@@ -625,13 +864,13 @@ int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err) {
 
 /* The checkpoint's units and tensors are this model's (the shard sizes may differ). */
 static int check_same_tensors(const fsdp *f, const ckpt_layout *saved, const char *dir, errbuf *err) {
-    const llama_layout *L = &f->layout;
-    if (saved->n_units != L->n_units || saved->n_tensors != L->n_tensors)
-        return errf(err, "%s: %d units and %d tensors; this model has %d and %d", dir, saved->n_units,
-                    saved->n_tensors, L->n_units, L->n_tensors);
-    for (int i = 0; i < L->n_tensors; i++) {
+    if (saved->n_units != f->n_train || saved->n_tensors != f->n_train_tensors)
+        return errf(err, "%s: %d units and %d tensors; this %s has %d and %d", dir, saved->n_units,
+                    saved->n_tensors, f->has_lora ? "job's adapters" : "model", f->n_train,
+                    f->n_train_tensors);
+    for (int i = 0; i < f->n_train_tensors; i++) {
         const ckpt_tensor *t = &saved->tensors[i];
-        const llama_tensor_slot *s = &L->tensors[i];
+        const llama_tensor_slot *s = &f->train_tensors[i];
         if (strcmp(t->name, s->name) || t->offset != s->offset || t->numel != s->numel)
             return errf(err, "%s: tensor %d is %s (offset %llu, %llu elements); this model has %s "
                              "(offset %zu, %zu elements)", dir, i, t->name,
@@ -645,7 +884,7 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
     if (check_same_tensors(f, &m->layout, dir, err)) return -1;
     if (m->optimizer_step > INT32_MAX) return errf(err, "%s: optimizer step out of range", dir);
     size_t max_shard = 0;
-    for (int u = 0; u < f->layout.n_units; u++)
+    for (int u = 0; u < f->n_train; u++)
         if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
     float *host = malloc(max_shard * sizeof *host);
     ckpt_reader r;
@@ -655,7 +894,7 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
         return -1;
     }
     int rc = 0;
-    for (int u = 0; u < f->layout.n_units && rc == 0; u++) {
+    for (int u = 0; u < f->n_train && rc == 0; u++) {
         fsdp_unit *U = &f->units[u];
         float *dst[CKPT_KINDS] = {U->master, U->m, U->v};
         for (int kind = CKPT_MASTER; kind <= CKPT_KINDS && rc == 0; kind++) {
@@ -671,22 +910,25 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
 }
 
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
-    const llama_layout *lo = &f->layout;
     size_t max_padded = 0;
-    for (int u = 0; u < lo->n_units; u++)
+    for (int u = 0; u < f->n_train; u++)
         if (f->units[u].padded > max_padded) max_padded = f->units[u].padded;
     float *host = malloc(max_padded * sizeof *host);
     if (!host) return errf(err, "fsdp: out of host memory");
+    void *slot = f->has_lora ? f->gathered_adapter[0] : f->gathered[0];
     int rc = 0;
-    for (int u = 0; u < lo->n_units && rc == 0; u++) {
-        rc = gather_start(f, u, 0, err);
-        if (rc == 0) rc = gather_wait(f, u, 0, err);
+    for (int u = 0; u < f->n_train && rc == 0; u++) {
+        comm_ticket t;
+        comm_set_unit(f->comm, u);
+        rc = gather_trainable(f, &f->units[u], slot, &t, err);
+        if (rc == 0 && t) rc = comm_wait(f->comm, t, err);
         if (rc) break;
-        k_compute_to_f32(f->ctx, f->full_grad[0], f->gathered[0], f->units[u].padded);
+        k_compute_to_f32(f->ctx, f->full_grad[0], slot, f->units[u].padded);
         k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);
         rc = k_sync(f->ctx, err);
-        for (int i = lo->units[u].first; i < lo->units[u].first + lo->units[u].count && rc == 0; i++)
-            rc = fn(&lo->tensors[i], host + lo->tensors[i].offset, arg, err);
+        const llama_unit *lu = &f->train_units[u];
+        for (int i = lu->first; i < lu->first + lu->count && rc == 0; i++)
+            rc = fn(&f->train_tensors[i], host + f->train_tensors[i].offset, arg, err);
     }
     free(host);
     return rc;

@@ -8,6 +8,12 @@
  * backward re-gathers, recomputes the layer when activation checkpointing is on, and
  * reduce-scatters the unit's gradients into the gradient shards.
  *
+ * LoRA (fsdp_options.lora; DESIGN.md, LoRA and QLoRA): the model's units are frozen, held
+ * sharded in the compute dtype (fsdp_frozen: no master, gradient or optimizer state) and
+ * gathered as today (one rank uses its shards in place); the trainable flat parameters,
+ * units[], are then the adapter units (proto/lora_layout.h, one per decoder layer), gathered
+ * with their layer, with fp32 masters and AdamW.  Gradients reach only the adapters.
+ *
  * Strategies: full_shard (W = world) and no_shard (W = 1: every rank keeps the whole model
  * and the gradients are all-reduced, i.e. DDP).  Padding elements stay zero: their
  * gradients are zero, so AdamW leaves them at zero.
@@ -42,6 +48,12 @@ typedef struct fsdp_unit {
     float *master, *m, *v, *grad; /* [shard] fp32, context memory */
 } fsdp_unit;
 
+/* A frozen unit's shard (LoRA): this rank's elements in the compute dtype. */
+typedef struct fsdp_frozen {
+    size_t numel, padded, shard, shard_off;
+    void *param; /* [shard] compute dtype, context memory */
+} fsdp_frozen;
+
 /* One all-gather of a micro-batch's schedule: which unit, into which slot of fsdp.gathered. */
 typedef struct fsdp_gather {
     int unit, slot;
@@ -64,8 +76,24 @@ typedef struct fsdp {
     int checkpoint_activations;
     int forward_prefetch, backward_prefetch; /* see fsdp_options */
     llama_layout layout;
-    fsdp_unit *units;
+    fsdp_unit *units; /* the trainable flat parameters: the model's units, or with LoRA the
+                         adapter units (n_train of them, laid out by train_units/tensors) */
+    int n_train;
+    const llama_unit *train_units;
+    const llama_tensor_slot *train_tensors;
+    int n_train_tensors;
     int step; /* optimizer steps taken */
+
+    /* LoRA: the adapters' layout and compute settings, the frozen model units
+     * ([layout.n_units]), the adapters' gather slots beside gathered[0..1], and the rows'
+     * sample indices (dropout keys) of the micro-batch in progress. */
+    int has_lora;
+    lora_layout lora_layout;
+    llama_lora lora;
+    fsdp_frozen *frozen;
+    void *gathered_adapter[2];
+    comm_ticket adapter_ticket[2];
+    int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
     /* Communication schedule of a micro-batch (fsdp.c explains the slots). */
@@ -106,6 +134,8 @@ typedef struct fsdp_options {
      * lets each unit's gradient reduction run during the next unit's backward.  Off, every
      * collective finishes before the compute that follows it is queued. */
     int forward_prefetch, backward_prefetch;
+    const lora_config *lora; /* NULL: a full fine-tune; else adapters on a frozen base */
+    uint64_t seed;           /* train.seed: adapter init and dropout streams */
 } fsdp_options;
 
 /* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when
@@ -114,9 +144,17 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
               const fsdp_options *opt, errbuf *err);
 void fsdp_destroy(fsdp *f);
 
-/* Fills this rank's master shards from the node's model image (proto/model_image.h, checked
- * against this model's layout), copying only this rank's slices. */
+/* Fills this rank's master shards (LoRA: frozen shards) from the node's model image
+ * (proto/model_image.h, checked against this model's layout), copying only this rank's
+ * slices. */
 int fsdp_load_image(fsdp *f, const void *image, errbuf *err);
+/* LoRA: this rank's adapter shards as PEFT initialises them (lora_A Kaiming-uniform, bound
+ * 1/sqrt(in), each element keyed by (seed, layer, module, index): the same values at any
+ * world size; lora_B zero). */
+int fsdp_init_adapters(fsdp *f, errbuf *err);
+/* LoRA: this rank's adapter shards from full host fp32 adapter units (units[l] laid out as
+ * f->lora_layout's unit l), e.g. a PEFT adapter read with lora.init_from. */
+int fsdp_set_adapters(fsdp *f, float *const *units, errbuf *err);
 
 typedef struct fsdp_hparams {
     double lr, beta1, beta2, eps, weight_decay; /* weight decay skips norm weights */
@@ -130,24 +168,29 @@ typedef struct fsdp_step_result {
     int64_t vote_max[FSDP_VOTES]; /* the maximum of every rank's fsdp.vote */
 } fsdp_step_result;
 
-/* One optimizer step on this rank's share of the global batch: n_micro micro-batches of
- * micro_batch sequences of T tokens, input_ids/labels host int32 [n_micro*micro_batch, T]
- * (labels unshifted, -100 masked).  positions: NULL, or the same shape for packed rows
- * (llama_doc_bounds: positions restart at each document, attention stays inside it).  A
- * non-finite loss or gradient norm fails the step (parameters untouched) with the step and
- * the first rank where it appeared. */
+/* This rank's share of a global batch: n_micro micro-batches of micro_batch sequences of T
+ * tokens, input_ids/labels host int32 [n_micro*micro_batch, T] (labels unshifted, -100
+ * masked).  positions: NULL, or the same shape for packed rows (llama_doc_bounds: positions
+ * restart at each document, attention stays inside it).  samples: host int64 [rows], each
+ * row's global sample index (LoRA dropout keys), or NULL: the row's index. */
+typedef struct fsdp_batch {
+    const int32_t *input_ids, *labels, *positions;
+    const int64_t *samples;
+    int n_micro, micro_batch, T;
+} fsdp_batch;
+
+/* One optimizer step on batch b.  A non-finite loss or gradient norm fails the step
+ * (parameters untouched) with the step and the first rank where it appeared. */
+int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_step_result *res,
+                    errbuf *err);
 /* The summed token loss and target count of a held-out batch over every rank (collective),
- * the parameters untouched.  It runs the training pass with the gradients scaled by 0 (they
- * land in the grad shards, which the next step overwrites or zeroes): one code path for the
- * loss, at the price of a backward. */
-int fsdp_eval_loss(fsdp *f, const int32_t *input_ids, const int32_t *labels, const int32_t *positions,
-                   int n_micro, int micro_batch, int T, double *loss_sum, int64_t *count, errbuf *err);
-int fsdp_train_step(fsdp *f, const int32_t *input_ids, const int32_t *labels,
-                    const int32_t *positions, int n_micro, int micro_batch, int T,
-                    const fsdp_hparams *hp, fsdp_step_result *res, errbuf *err);
+ * the parameters untouched and dropout off.  It runs the training pass with the gradients
+ * scaled by 0 (they land in the grad shards, which the next step overwrites or zeroes): one
+ * code path for the loss, at the price of a backward. */
+int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err);
 
 /* The checkpoint layout of this rank's state (proto/ckpt.h): one shard file per member of the
- * shard group, units and tensors as in f->layout. */
+ * shard group, the trainable units and tensors (the model's, or the adapters'). */
 int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err);
 /* Fills this rank's master, m and v shards from the committed checkpoint in dir (manifest m,
  * written at any world size: re-sliced through ckpt_read_range, every section it touches
@@ -155,8 +198,9 @@ int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err);
  * the same units and tensors. */
 int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err);
 
-/* Gathers the full parameters of every tensor as host fp32 (collective: every rank calls it);
- * calls fn for each tensor in layout order.  For tests and small models. */
+/* Gathers the full trainable parameters (the model's, or the adapters') of every tensor as
+ * host fp32 (collective: every rank calls it); calls fn for each tensor in layout order.
+ * For tests and small models. */
 typedef int (*fsdp_tensor_fn)(const llama_tensor_slot *slot, const float *data, void *arg,
                               errbuf *err);
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err);

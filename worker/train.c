@@ -49,12 +49,18 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
     const llama_config *cfg = env->model;
     memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
     *tokens_seen = 0;
+    lora_config lora;
+    job_lora_config(j, &lora);
+    int adapters = j->train.type == JOB_TRAIN_LORA;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
-                        .backward_prefetch = j->fsdp.backward_prefetch};
+                        .backward_prefetch = j->fsdp.backward_prefetch,
+                        .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed};
     if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
-    if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
+    /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
+     * adapters, its frozen base always comes from the model memory. */
+    if (env->resume_dir && !adapters) return resume(f, env, cfg, tokens_seen, err);
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
     const void *image;
     size_t bytes;
@@ -62,7 +68,9 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
         return errprefix(err, "the model memory from fsdpd");
     int rc = fsdp_load_image(f, image, err);
     munmap((void *)image, bytes);
-    return rc;
+    if (rc || !adapters) return rc;
+    if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
+    return fsdp_init_adapters(f, err);
 }
 
 typedef struct params_writer {
@@ -85,7 +93,7 @@ static int collect_tensor(const llama_tensor_slot *slot, const float *data, void
 
 /* Fault final_params: every rank gathers, rank 0 writes the whole model as fp32 safetensors. */
 static int write_final_params(fsdp *f, int rank, const char *path, errbuf *err) {
-    int n = f->layout.n_tensors;
+    int n = f->n_train_tensors;
     params_writer w = {calloc((size_t)n, sizeof *w.tensors), calloc((size_t)n, sizeof *w.copies), 0};
     int rc = (w.tensors && w.copies) ? fsdp_gather_params(f, collect_tensor, &w, err)
                                      : errf(err, "out of memory");
@@ -142,7 +150,9 @@ static int evaluate(fsdp *f, data_loader *d, const train_env *env, int32_t *ids,
         int64_t n;
         uint64_t first = b * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill_eval(d, first, rows, ids, labels, positions);
-        if (fsdp_eval_loss(f, ids, labels, positions, rows / micro, micro, j->data.seq_len, &s, &n, err)) return -1;
+        fsdp_batch batch = {.input_ids = ids, .labels = labels, .positions = positions,
+                            .n_micro = rows / micro, .micro_batch = micro, .T = j->data.seq_len};
+        if (fsdp_eval_loss(f, &batch, &s, &n, err)) return -1;
         sum += s;
         count += n;
     }
@@ -160,7 +170,10 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     int32_t *ids = malloc((size_t)rows * T * sizeof *ids);
     int32_t *labels = malloc((size_t)rows * T * sizeof *labels);
     int32_t *positions = d->packing ? malloc((size_t)rows * T * sizeof *positions) : NULL;
-    int rc = (ids && labels && (positions || !d->packing)) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
+    int64_t *samples = malloc((size_t)rows * sizeof *samples);
+    int rc = (ids && labels && samples && (positions || !d->packing)) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
+    fsdp_batch batch = {.input_ids = ids, .labels = labels, .positions = positions,
+                        .samples = samples, .n_micro = n_micro, .micro_batch = micro, .T = T};
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
@@ -170,6 +183,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
         data_fill(d, first, rows, ids, labels, positions);
+        for (int r = 0; r < rows; r++) samples[r] = (int64_t)(first + (uint64_t)r); /* dropout keys */
         hp.lr = schedule_lr(j, step, total);
         /* Stopping is voted too: every rank leaves after the same step (one leaving alone
          * would leave the others waiting in a collective).  Polled before the request: a
@@ -178,7 +192,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
         fsdp_step_result res;
-        rc = fsdp_train_step(f, ids, labels, positions, n_micro, micro, T, &hp, &res, err);
+        rc = fsdp_train_step(f, &batch, &hp, &res, err);
         if (rc) break;
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
@@ -204,6 +218,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
     free(ids);
     free(labels);
     free(positions);
+    free(samples);
     return rc;
 }
 

@@ -61,7 +61,9 @@ static fsdp_step_result step(fsdp *f, const int32_t *ids, const int32_t *labels,
     fsdp_hparams hp = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_step_result res;
     errbuf err = {{0}};
-    if (fsdp_train_step(f, ids, labels, positions, 1, rows, T, &hp, &res, &err))
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .positions = positions, .n_micro = 1,
+                    .micro_batch = rows, .T = T};
+    if (fsdp_train_step(f, &b, &hp, &res, &err))
         fail_msg("%s", err.msg);
     return res;
 }
@@ -107,7 +109,9 @@ static void test_packed_step_equals_documents(void **state) {
     fsdp_hparams hp = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_step_result res;
     positions[T + 4] = 9;
-    assert_int_equal(fsdp_train_step(&f, ids, labels, positions, 1, ROWS, T, &hp, &res, &err), -1);
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .positions = positions, .n_micro = 1,
+                    .micro_batch = ROWS, .T = T};
+    assert_int_equal(fsdp_train_step(&f, &b, &hp, &res, &err), -1);
     assert_non_null(strstr(err.msg, "positions[1,4] = 9"));
     fsdp_destroy(&f);
     kctx_destroy(&c);
