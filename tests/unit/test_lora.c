@@ -1,0 +1,367 @@
+/* LoRA (model/llama with adapters, worker/fsdp with a frozen base) against PEFT's golden
+ * outputs (../shared/golden/tiny-mha/lora_expected.safetensors: r 8, alpha 16 on every
+ * linear, dropout 0, lora_B random), and dropout (> 0) on its own: reproducible, redrawn the
+ * same by a recomputation, and differentiated through correctly (finite differences). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/llama.h"
+#include "proto/model_image.h"
+#include "worker/fsdp.h"
+
+static const char *shared_dir(void) {
+    const char *s = getenv("FSDP_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+static double rel_error(const float *a, const float *b, size_t n) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)b[i] * b[i];
+    }
+    return ref > 0 ? sqrt(diff / ref) : sqrt(diff);
+}
+
+static void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size);
+    assert_non_null(p);
+    return p;
+}
+
+/* The golden model, batch and expected outputs, opened. */
+typedef struct golden {
+    char dir[512];
+    llama_config cfg;
+    st_model model;
+    st_file batch, expected;
+    int B, T;
+    int32_t *ids, *labels;
+    int64_t count;
+} golden;
+
+static void golden_open(golden *g) {
+    errbuf err = {{0}};
+    char path[700];
+    snprintf(g->dir, sizeof g->dir, "%s/golden/tiny-mha", shared_dir());
+    if (llama_config_load(&g->cfg, g->dir, &err) || st_model_open(&g->model, g->dir, &err))
+        fail_msg("%s", err.msg);
+    snprintf(path, sizeof path, "%s/batch.safetensors", g->dir);
+    if (st_open(&g->batch, path, &err)) fail_msg("%s", err.msg);
+    snprintf(path, sizeof path, "%s/lora_expected.safetensors", g->dir);
+    if (st_open(&g->expected, path, &err)) fail_msg("%s", err.msg);
+    const st_tensor *ids = st_find(&g->batch, "input_ids"), *labels = st_find(&g->batch, "labels");
+    assert_non_null(ids);
+    assert_non_null(labels);
+    g->B = (int)ids->shape[0], g->T = (int)ids->shape[1];
+    size_t N = (size_t)g->B * g->T;
+    g->ids = xcalloc(N, sizeof *g->ids);
+    g->labels = xcalloc(N, sizeof *g->labels);
+    memcpy(g->ids, ids->data, N * sizeof *g->ids);
+    memcpy(g->labels, labels->data, N * sizeof *g->labels);
+    int32_t *shifted = xcalloc(N, sizeof *shifted);
+    g->count = k_shift_labels(g->labels, shifted, g->B, g->T);
+    free(shifted);
+}
+
+static void golden_close(golden *g) {
+    free(g->ids);
+    free(g->labels);
+    st_close(&g->batch);
+    st_close(&g->expected);
+    st_model_close(&g->model);
+}
+
+/* The golden's settings: r 8, alpha 16, every linear. */
+static lora_config golden_lora(double dropout) {
+    return (lora_config){.rank = 8, .alpha = 16, .dropout = dropout, .targets = LORA_ALL_LINEAR};
+}
+
+/* The expected tensor `prefix` + a PEFT saved name with PEFT's in-memory ".default" put back
+ * ("...lora_A.weight" -> "...lora_A.default.weight"), as host fp32 of n elements. */
+static const float *expected_adapter(const golden *g, const char *prefix, const char *name, size_t n) {
+    char full[300];
+    const char *dot = strstr(name, ".weight");
+    assert_non_null(dot);
+    snprintf(full, sizeof full, "%s%.*s.default.weight", prefix, (int)(dot - name), name);
+    const st_tensor *t = st_find(&g->expected, full);
+    if (!t) fail_msg("lora_expected.safetensors has no %s", full);
+    assert_int_equal(t->dtype, ST_F32);
+    assert_int_equal(t->numel, n);
+    return t->data;
+}
+
+static double check(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double e = rel_error(got, want, n);
+    if (e > tol) fail_msg("%s: relative error %.3e > %.0e", what, e, tol);
+    return e;
+}
+
+/* A model with the golden base and adapters from init.*; checkpoint_activations as given. */
+static void golden_model(llama_model *m, kctx *ctx, const golden *g, double dropout, int ckpt) {
+    errbuf err = {{0}};
+    lora_config lc = golden_lora(dropout);
+    if (llama_model_init(m, &g->cfg, ctx, ckpt, &err) || llama_model_load_hf(m, &g->model, &err) ||
+        llama_model_init_lora(m, &lc, 42, &err))
+        fail_msg("%s", err.msg);
+    const lora_layout *ll = &m->lora_layout;
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        if (llama_model_set_param(m, s->name, expected_adapter(g, "init.", s->name, s->numel),
+                                  s->numel, &err))
+            fail_msg("%s", err.msg);
+    }
+}
+
+static void run(llama_model *m, const golden *g, float *loss, float *logits) {
+    errbuf err = {{0}};
+    float loss_sum;
+    int64_t count;
+    llama_model_zero_grad(m);
+    if (llama_model_forward_backward(m, g->ids, g->labels, g->B, g->T, (float)(1.0 / g->count),
+                                     &loss_sum, &count, logits, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(count, g->count);
+    *loss = (float)((double)loss_sum / (double)count);
+}
+
+/* Every adapter gradient (host fp32, concatenated in layout order). */
+static float *adapter_grads(llama_model *m) {
+    errbuf err = {{0}};
+    const lora_layout *ll = &m->lora_layout;
+    size_t total = 0;
+    for (int i = 0; i < ll->n_tensors; i++) total += ll->tensors[i].numel;
+    float *all = xcalloc(total, sizeof *all), *at = all;
+    for (int i = 0; i < ll->n_tensors; i++) {
+        if (llama_model_get_grad(m, ll->tensors[i].name, at, ll->tensors[i].numel, &err))
+            fail_msg("%s", err.msg);
+        at += ll->tensors[i].numel;
+    }
+    return all;
+}
+
+/* (1) logits, loss, every adapter gradient and one AdamW step, as PEFT computes them. */
+static void test_golden_lora(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    kctx ctx;
+    errbuf err = {{0}};
+    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    llama_model m;
+    golden_model(&m, &ctx, &g, 0.0, 0);
+    size_t N = (size_t)g.B * g.T, V = (size_t)g.cfg.vocab_size;
+    float *logits = xcalloc(N * V, sizeof *logits), loss;
+    run(&m, &g, &loss, logits);
+    const st_tensor *want_logits = st_find(&g.expected, "logits"), *want_loss = st_find(&g.expected, "loss");
+    assert_non_null(want_logits);
+    assert_non_null(want_loss);
+    double e_logits = check("logits", logits, want_logits->data, N * V, 1e-5);
+    double e_loss = check("loss", &loss, want_loss->data, 1, 1e-5);
+
+    /* The base is frozen: it has no gradient at all. */
+    float probe[4];
+    assert_int_equal(llama_model_get_grad(&m, "model.norm.weight", probe, (size_t)g.cfg.hidden_size, &err), -1);
+    assert_non_null(strstr(err.msg, "frozen"));
+
+    const lora_layout *ll = &m.lora_layout;
+    double worst_grad = 0, worst_adamw = 0;
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        float *grad = xcalloc(s->numel, sizeof *grad), *p = xcalloc(s->numel, sizeof *p);
+        float *mom = xcalloc(s->numel, sizeof *mom), *var = xcalloc(s->numel, sizeof *var);
+        if (llama_model_get_grad(&m, s->name, grad, s->numel, &err) ||
+            llama_model_get_param(&m, s->name, p, s->numel, &err))
+            fail_msg("%s", err.msg);
+        double e = check(s->name, grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel, 1e-5);
+        worst_grad = e > worst_grad ? e : worst_grad;
+        k_adamw(&ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        e = check(s->name, p, expected_adapter(&g, "adamw.", s->name, s->numel), s->numel, 1e-5);
+        worst_adamw = e > worst_adamw ? e : worst_adamw;
+        free(grad), free(p), free(mom), free(var);
+    }
+    assert_int_equal(ll->n_tensors, 2 * 7 * g.cfg.num_hidden_layers);
+    printf("golden lora: logits %.2e, loss %.2e, worst adapter grad %.2e, worst adamw %.2e\n",
+           e_logits, e_loss, worst_grad, worst_adamw);
+    free(logits);
+    llama_model_destroy(&m);
+    kctx_destroy(&ctx);
+    golden_close(&g);
+}
+
+/* (2) dropout > 0: the same bits on a second run and after recomputation (activation
+ * checkpointing redraws every mask), other bits for other samples, and not the
+ * dropout-free result. */
+static void test_dropout_reproducible(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    kctx ctx;
+    errbuf err = {{0}};
+    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    llama_model plain, ckpt, none;
+    golden_model(&plain, &ctx, &g, 0.3, 0);
+    golden_model(&ckpt, &ctx, &g, 0.3, 1);
+    golden_model(&none, &ctx, &g, 0.0, 0);
+    float l1, l2, l3, l4, l0;
+    run(&plain, &g, &l1, NULL);
+    float *g1 = adapter_grads(&plain);
+    run(&plain, &g, &l2, NULL);
+    float *g2 = adapter_grads(&plain);
+    run(&ckpt, &g, &l3, NULL);
+    float *g3 = adapter_grads(&ckpt);
+    run(&none, &g, &l0, NULL);
+    float *g0 = adapter_grads(&none);
+    size_t n = 0;
+    for (int i = 0; i < plain.lora_layout.n_tensors; i++) n += plain.lora_layout.tensors[i].numel;
+    assert_true(l1 == l2 && l1 == l3);
+    assert_memory_equal(g1, g2, n * sizeof *g1);
+    assert_memory_equal(g1, g3, n * sizeof *g1);
+    assert_true(l0 != l1);
+    assert_true(rel_error(g1, g0, n) > 1e-3);
+    plain.first_sample = 1000; /* other samples: other masks */
+    run(&plain, &g, &l4, NULL);
+    assert_true(l4 != l1);
+    printf("dropout 0.3: loss %.6f (none %.6f, samples from 1000 %.6f); recomputed bits equal\n",
+           l1, l0, l4);
+    free(g0), free(g1), free(g2), free(g3);
+    llama_model_destroy(&plain);
+    llama_model_destroy(&ckpt);
+    llama_model_destroy(&none);
+    kctx_destroy(&ctx);
+    golden_close(&g);
+}
+
+/* (3) The gradient through dropped-out inputs is the loss's: central differences on the
+ * largest-gradient element of each adapted module's lora_A of layer 0 (whose input is what
+ * dropout masks). */
+static void test_dropout_gradient(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    kctx ctx;
+    errbuf err = {{0}};
+    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    llama_model m;
+    golden_model(&m, &ctx, &g, 0.3, 0);
+    float loss;
+    run(&m, &g, &loss, NULL);
+    const lora_layout *ll = &m.lora_layout;
+    int checked = 0;
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        int which, module = lora_tensor_module(ll, s, &which);
+        if (s->unit != 0 || which != 0) continue;
+        float *grad = xcalloc(s->numel, sizeof *grad), *p = xcalloc(s->numel, sizeof *p);
+        if (llama_model_get_grad(&m, s->name, grad, s->numel, &err) ||
+            llama_model_get_param(&m, s->name, p, s->numel, &err))
+            fail_msg("%s", err.msg);
+        size_t best = 0;
+        for (size_t e = 1; e < s->numel; e++) best = fabsf(grad[e]) > fabsf(grad[best]) ? e : best;
+        float keep = p[best], h = 0.02f, lp, lm;
+        p[best] = keep + h;
+        if (llama_model_set_param(&m, s->name, p, s->numel, &err)) fail_msg("%s", err.msg);
+        run(&m, &g, &lp, NULL);
+        p[best] = keep - h;
+        if (llama_model_set_param(&m, s->name, p, s->numel, &err)) fail_msg("%s", err.msg);
+        run(&m, &g, &lm, NULL);
+        p[best] = keep;
+        if (llama_model_set_param(&m, s->name, p, s->numel, &err)) fail_msg("%s", err.msg);
+        double fd = ((double)lp - lm) / (2.0 * h), an = grad[best];
+        if (fabs(fd - an) > 0.03 * fabs(an) + 1e-5)
+            fail_msg("%s (%s) [%zu]: analytic %.6e, central difference %.6e", s->name,
+                     lora_module_name(module), best, an, fd);
+        checked++;
+        free(grad), free(p);
+    }
+    assert_int_equal(checked, 7);
+    llama_model_destroy(&m);
+    kctx_destroy(&ctx);
+    golden_close(&g);
+}
+
+/* Collects the gathered adapters (fsdp_gather_params) and compares each with adamw.*. */
+typedef struct adamw_check {
+    const golden *g;
+    double worst;
+    int n;
+} adamw_check;
+
+static int check_adamw(const llama_tensor_slot *slot, const float *data, void *arg, errbuf *err) {
+    (void)err;
+    adamw_check *a = arg;
+    double e = check(slot->name, data, expected_adapter(a->g, "adamw.", slot->name, slot->numel),
+                     slot->numel, 1e-5);
+    a->worst = e > a->worst ? e : a->worst;
+    a->n++;
+    return 0;
+}
+
+/* (4) worker/fsdp with a frozen base: one optimizer step from init.* on one rank gives
+ * PEFT's loss and AdamW step, and the base is untouched. */
+static void test_fsdp_lora_step(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    kctx ctx;
+    errbuf err = {{0}};
+    lora_config lc = golden_lora(0.0);
+    fsdp f;
+    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42};
+    if (kctx_init(&ctx, K_CPU, 0, &err) || fsdp_init(&f, &g.cfg, &ctx, NULL, 0, 1, &opt, &err))
+        fail_msg("%s", err.msg);
+    size_t bytes = model_image_bytes(&f.layout, MODEL_IMAGE_F32);
+    void *image = xcalloc(1, bytes);
+    if (model_image_fill_hf(image, &f.layout, MODEL_IMAGE_F32, &g.model, NULL, NULL, &err) ||
+        fsdp_load_image(&f, image, &err))
+        fail_msg("%s", err.msg);
+    /* the adapters of init.*, as full host units */
+    const lora_layout *ll = &f.lora_layout;
+    float **units = xcalloc((size_t)ll->n_units, sizeof *units);
+    for (int u = 0; u < ll->n_units; u++) units[u] = xcalloc(ll->units[u].numel, sizeof(float));
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        memcpy(units[s->unit] + s->offset, expected_adapter(&g, "init.", s->name, s->numel),
+               s->numel * sizeof(float));
+    }
+    if (fsdp_set_adapters(&f, units, &err)) fail_msg("%s", err.msg);
+    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
+    fsdp_step_result res;
+    if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+    const st_tensor *want_loss = st_find(&g.expected, "loss");
+    float loss = (float)res.loss;
+    check("loss", &loss, want_loss->data, 1, 1e-5);
+    adamw_check a = {.g = &g};
+    if (fsdp_gather_params(&f, check_adamw, &a, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(a.n, ll->n_tensors);
+    /* the frozen embedding still holds the base's weights */
+    const st_tensor *embed = st_model_find(&g.model, "model.embed_tokens.weight");
+    assert_non_null(embed);
+    assert_memory_equal(f.frozen[LLAMA_EMBED_UNIT].param, embed->data, embed->nbytes);
+    printf("fsdp lora step: loss %.7f, worst adamw %.2e over %d adapters\n", res.loss, a.worst, a.n);
+    for (int u = 0; u < ll->n_units; u++) free(units[u]);
+    free(units);
+    free(image);
+    fsdp_destroy(&f);
+    kctx_destroy(&ctx);
+    golden_close(&g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_lora),
+        cmocka_unit_test(test_dropout_reproducible),
+        cmocka_unit_test(test_dropout_gradient),
+        cmocka_unit_test(test_fsdp_lora_step),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
