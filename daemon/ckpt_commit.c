@@ -82,14 +82,54 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
     return rc;
 }
 
+/* An adapter job's base: the fingerprint of model.path's weights, which its checkpoints
+ * record and its resume checks. */
+static int base_fingerprint(const job_config *job, char out[ST_FINGERPRINT_HEX], errbuf *err) {
+    out[0] = '\0';
+    if (job->train.type == JOB_TRAIN_FULL) return 0;
+    st_model st;
+    if (st_model_open(&st, job->model.path, err)) return errprefix(err, "the adapters' base");
+    st_model_fingerprint(&st, out);
+    st_model_close(&st);
+    return 0;
+}
+
+/* The checkpoint's kind is the job's: adapters of the same settings over the same base, or a
+ * whole model. */
+static int check_adapter(const job_config *job, const ckpt_manifest *m, const char *fingerprint,
+                         const char *name, errbuf *err) {
+    int adapters = job->train.type != JOB_TRAIN_FULL;
+    if (m->has_adapter != adapters)
+        return errf(err, "%s: %s, but the job is %s", name,
+                    m->has_adapter ? "an adapter checkpoint" : "a full model's checkpoint",
+                    adapters ? "an adapter job (train.type lora)" : "a full fine-tune");
+    if (!adapters) return 0;
+    lora_config want;
+    job_lora_config(job, &want);
+    const lora_config *got = &m->adapter.lora;
+    if (got->rank != want.rank || got->alpha != want.alpha || got->rslora != want.rslora ||
+        got->targets != want.targets || got->dropout != want.dropout)
+        return errf(err, "%s: adapters of rank %d, alpha %g, rslora %d, dropout %g and other "
+                         "targets than the job's lora settings (rank %d, alpha %g, rslora %d, "
+                         "dropout %g)", name, got->rank, got->alpha, got->rslora, got->dropout,
+                    want.rank, want.alpha, want.rslora, want.dropout);
+    if (strcmp(m->adapter.base_fingerprint, fingerprint))
+        return errf(err, "%s: its adapters were trained on another base model (fingerprint "
+                         "%.16s..., %s), not on %s (%.16s...): resume with that base, or start "
+                         "afresh (checkpoint.resume never, or another checkpoint.dir)", name,
+                    m->adapter.base_fingerprint, m->model_path, job->model.path, fingerprint);
+    return 0;
+}
+
 /* Checks the checkpoint at path fits the job, and takes its global_batch and seed. */
-static int check_resume(job_config *job, const char *path, const llama_config *cfg,
+static int check_resume(job_config *job, const char *path, const ckpt_start *start,
                         long long *step, errbuf *err) {
     ckpt_manifest m;
     char name[PATH_BYTES];
     snprintf(name, sizeof name, "%s/%s", path, CKPT_MANIFEST);
     if (ckpt_manifest_load(&m, path, err)) return -1;
-    int rc = ckpt_manifest_check_model(&m, cfg, name, err);
+    int rc = ckpt_manifest_check_model(&m, &start->model, name, err);
+    if (rc == 0) rc = check_adapter(job, &m, start->base_fingerprint, name, err);
     if (rc == 0) rc = ckpt_verify(path, &m, 0, err);
     if (rc == 0 && strcmp(m.sharding, "full_shard") && strcmp(m.sharding, "no_shard"))
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
@@ -116,14 +156,15 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
     if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
-    int rc = file_mkdir_p(dir, err);
+    int rc = base_fingerprint(job, out->base_fingerprint, err);
+    if (rc == 0) rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
                                        out->resume_dir, sizeof out->resume_dir, err)
                         : -1;
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
-    if (found == 1) rc = check_resume(job, out->resume_dir, &out->model, &out->resume_step, err);
+    if (found == 1) rc = check_resume(job, out->resume_dir, out, &out->resume_step, err);
     if (rc) {
         json_decref(out->model_config);
         out->model_config = NULL;
@@ -137,7 +178,8 @@ int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start 
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
         return errf(err, "the leader's checkpoint path is too long");
     if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
-    if (resume_dir[0] && check_resume(job, resume_dir, &out->model, &out->resume_step, err)) {
+    if (base_fingerprint(job, out->base_fingerprint, err) ||
+        (resume_dir[0] && check_resume(job, resume_dir, out, &out->resume_step, err))) {
         json_decref(out->model_config);
         out->model_config = NULL;
         return -1;
@@ -367,6 +409,14 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     snprintf(man->train.schedule, sizeof man->train.schedule, "%s", schedules[j->train.schedule]);
     man->model_config = json_incref(c->opt.model_config);
     record_model_path(j, man->model_path, sizeof man->model_path);
+    if (j->train.type != JOB_TRAIN_FULL) {
+        man->has_adapter = 1;
+        snprintf(man->adapter.type, sizeof man->adapter.type, "%s",
+                 j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
+        job_lora_config(j, &man->adapter.lora);
+        snprintf(man->adapter.base_fingerprint, sizeof man->adapter.base_fingerprint, "%s",
+                 c->opt.base_fingerprint ? c->opt.base_fingerprint : "");
+    }
     if (!m->units) return errf(err, "rank 0 sent no layout");
     if (ckpt_layout_from_json(&man->layout, m->units, c->n_files, "rank 0's layout", err)) return -1;
     man->files = calloc((size_t)c->n_files, sizeof *man->files);

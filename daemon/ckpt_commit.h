@@ -49,13 +49,16 @@ typedef struct ckpt_start {
     long long resume_step;
     json_t *model_config;         /* the job's config.json object (new reference) */
     llama_config model;           /* the same, parsed: config.json is read here only */
+    char base_fingerprint[ST_FINGERPRINT_HEX]; /* adapter jobs: model.path's (st_model_fingerprint) */
 } ckpt_start;
 
 /* Prepares checkpoint.dir and resolves the resume (see above); job's global_batch and seed
  * are set from the checkpoint's manifest.  The caller validates the job again.  On several
  * nodes only the leader prepares (it alone clears partial directories); the others adopt
  * its attempt and resume (ckpt_adopt: the model's config read, the checkpoint to resume
- * checked and its global_batch and seed taken, as here). */
+ * checked and its global_batch and seed taken, as here).  An adapter job's checkpoint must
+ * hold adapters of the job's settings for the same base (its fingerprint, computed here);
+ * a full fine-tune's must hold a whole model. */
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
 int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err);
 
@@ -76,6 +79,7 @@ typedef struct ckpt_coord_options {
     int world;              /* every rank of the job, on every node */
     int attempt;
     json_t *model_config;   /* borrowed */
+    const char *base_fingerprint; /* adapter jobs: the frozen base's, for the manifests */
     struct event_base *base;
     ckpt_coord_hooks hooks;
 } ckpt_coord_options;

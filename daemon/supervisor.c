@@ -901,18 +901,20 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
     if (job_resolve(&s->job, world, err) || job_validate(&s->job, world, err)) return -1;
     if (is_follower(s)) return 0;
     ckpt_coord_options copt = {.job = &s->job, .world = world, .attempt = s->ckpt_start.attempt,
-                               .model_config = s->ckpt_start.model_config, .base = s->base,
+                               .model_config = s->ckpt_start.model_config,
+                               .base_fingerprint = s->ckpt_start.base_fingerprint, .base = s->base,
                                .hooks = {.arg = s, .send = ckpt_send, .broadcast = ckpt_broadcast,
                                          .fatal = ckpt_fatal, .settled = ckpt_settled}};
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 
 /* The model, once for the node, in sealed shared memory the workers copy their slices from;
- * not needed when the workers resume from a checkpoint.  Named after the job, the restart
- * and the node, as DESIGN.md asks of everything a requeued job could meet again. */
+ * not needed when the workers of a full fine-tune resume from a checkpoint (an adapter
+ * job's checkpoint holds no base).  Named after the job, the restart and the node, as
+ * DESIGN.md asks of everything a requeued job could meet again. */
 static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
-    if (s->ckpt_start.resume_dir[0]) return 0;
+    if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL) return 0;
     const job_config *j = &s->job;
     llama_layout lo;
     if (llama_layout_init(&lo, &s->ckpt_start.model, err)) return -1;
