@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/bytes.h"
 #include "base/fileio.h"
+#include "base/sha256.h"
 #include "daemon/log.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
@@ -83,10 +85,26 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
 }
 
 /* An adapter job's base: the fingerprint of model.path's weights, which its checkpoints
- * record and its resume checks. */
-static int base_fingerprint(const job_config *job, char out[ST_FINGERPRINT_HEX], errbuf *err) {
+ * record and its resume checks; for a random base (benchmarks) the SHA-256 of its config
+ * and seed, which determine it. */
+static int base_fingerprint(const job_config *job, const json_t *config, char out[ST_FINGERPRINT_HEX],
+                            errbuf *err) {
     out[0] = '\0';
     if (job->train.type == JOB_TRAIN_FULL) return 0;
+    if (job->model.init == JOB_INIT_RANDOM) {
+        char *text = json_dumps(config, JSON_SORT_KEYS | JSON_COMPACT), seed[32];
+        if (!text) return errf(err, "out of memory");
+        unsigned char digest[SHA256_BYTES];
+        sha256_ctx h;
+        snprintf(seed, sizeof seed, "random init, seed %lld", (long long)job->train.seed);
+        sha256_init(&h);
+        sha256_update(&h, text, strlen(text));
+        sha256_update(&h, seed, strlen(seed));
+        sha256_final(&h, digest);
+        free(text);
+        hex_encode(digest, SHA256_BYTES, out);
+        return 0;
+    }
     st_model st;
     if (st_model_open(&st, job->model.path, err)) return errprefix(err, "the adapters' base");
     st_model_fingerprint(&st, out);
@@ -156,7 +174,7 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
     if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
-    int rc = base_fingerprint(job, out->base_fingerprint, err);
+    int rc = base_fingerprint(job, out->model_config, out->base_fingerprint, err);
     if (rc == 0) rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
@@ -178,7 +196,7 @@ int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start 
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
         return errf(err, "the leader's checkpoint path is too long");
     if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
-    if (base_fingerprint(job, out->base_fingerprint, err) ||
+    if (base_fingerprint(job, out->model_config, out->base_fingerprint, err) ||
         (resume_dir[0] && check_resume(job, resume_dir, out, &out->resume_step, err))) {
         json_decref(out->model_config);
         out->model_config = NULL;

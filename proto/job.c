@@ -1142,10 +1142,6 @@ static int check_data(const job_config *j, errbuf *err) {
 /* Adapter keys: only with an adapter job, whose frozen base is a model directory. */
 static int check_adapters(const job_config *j, errbuf *err) {
     bool adapters = j->train.type != JOB_TRAIN_FULL;
-    if (adapters && j->model.init == JOB_INIT_RANDOM)
-        return errf(err, "train.type: '%s' adapts a pretrained base: set model.path (a Hugging "
-                         "Face directory; `fsdpctl init` makes a random one) instead of model.init "
-                         "\"random\"", j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
     if (!adapters && j->lora.init_from[0])
         return errf(err, "lora.init_from: only with train.type lora or qlora");
     if (!adapters && j->output.merge)

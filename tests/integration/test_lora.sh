@@ -103,4 +103,9 @@ grep -q 'trained on another base model' "$tmp/otherbase.log" || { cat "$tmp/othe
 run asfull -- --checkpoint.dir="$tmp/ckr-copy" --checkpoint.resume=auto --train.type=full
 [ "$status" -ne 0 ] || fail "a full fine-tune resumed adapters"
 grep -q 'an adapter checkpoint, but the job is a full fine-tune' "$tmp/asfull.log" || { cat "$tmp/asfull.log"; fail "no reason given"; }
+# --- a random base (benchmarks): it runs, its fingerprint is that of its config and seed -------
+run random -- --checkpoint.dir="$tmp/ckrand" --model.path= --model.init=random \
+    --model.config="$tmp/model.json" --train.max_steps=2
+must_succeed random
+grep -q '"base_fingerprint": "[0-9a-f]\{64\}"' "$tmp/ckrand/step-000002/manifest.json" || fail "no fingerprint for a random base"
 echo "lora: ok"

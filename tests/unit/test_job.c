@@ -150,8 +150,6 @@ static const bad_case bad_cases[] = {
     {"{\"train\":{\"eps\":0}}", 1, "train.eps: 0 is out of range", "must be > 0"},
     {"{\"train\":{\"schedule\":\"cosine_with_restarts\"}}", 1,
      "train.schedule: unknown choice 'cosine_with_restarts'", "constant, linear, cosine"},
-    {"{\"model\":{\"init\":\"random\",\"config\":\"c.json\"},\"data\":{\"path\":\"d\"},"
-     "\"train\":{\"type\":\"lora\"}}", 1, "train.type: 'lora' adapts a pretrained base", NULL},
     {"{" MD ",\"lora\":{\"init_from\":\"adapter\"}}", 1, "lora.init_from: only with train.type lora", NULL},
     {"{" MD ",\"train\":{\"type\":\"lora\"},\"output\":{\"merge\":true,\"consolidate\":false},"
      "\"checkpoint\":{\"save_final\":false}}", 1, "output.merge: needs output.consolidate", NULL},
