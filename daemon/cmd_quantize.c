@@ -68,7 +68,11 @@ static int quantize_one(const st_tensor *in, int double_quant, quantized *q, err
     if (rc == 0) rc = nf4_quantize(w, in->dtype, in->ndim, in->shape, double_quant, &q->t, err);
     if (rc == 0) rc = nf4_dequantize(&q->t, q->dq, err);
     free(w);
-    return rc ? errprefix(err, "%s", in->name) : 0;
+    if (rc == 0) return 0;
+    nf4_free(&q->t);
+    free(q->dq);
+    q->dq = NULL;
+    return errprefix(err, "%s", in->name);
 }
 
 /* out[(*n)++] = base+suffix, its name kept in q->names[k]. */

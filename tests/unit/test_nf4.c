@@ -355,15 +355,23 @@ static void test_state_malformed(void **state) {
 
 static char tmpdir[] = "/tmp/test_nf4.XXXXXX";
 
-/* Writes t's bnb tensors (with one tampered, when tamper names it) and reads them back. */
-static int write_and_read(const nf4_tensor *t, const char *tamper, nf4_tensor *back, float **dq, errbuf *err) {
+/* How write_and_read spoils the tensor it names. */
+enum tamper { ZEROS, SHORTER, DROPPED };
+
+/* Writes t's bnb tensors (with one spoiled, when tamper names it) and reads them back. */
+static int write_and_read(const nf4_tensor *t, const char *tamper, enum tamper how, nf4_tensor *back,
+                          float **dq, errbuf *err) {
     st_wtensor out[NF4_MAX_OUT];
     char names[NF4_MAX_OUT][ST_MAX_NAME], *json;
     int n = nf4_bnb_tensors("w", t, out, names, &json, err);
     assert_true(n > 0);
     float zeros[256] = {0};
-    for (int i = 0; i < n; i++)
-        if (tamper && !strcmp(out[i].name, tamper)) out[i].data = zeros;
+    for (int i = 0; i < n; i++) {
+        if (!tamper || strcmp(out[i].name, tamper)) continue;
+        if (how == ZEROS) out[i].data = zeros;
+        if (how == SHORTER) out[i].shape[0]--;
+        if (how == DROPPED) out[i--] = out[--n];
+    }
     char path[700], dir[600];
     snprintf(dir, sizeof dir, "%s/m", tmpdir);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -387,7 +395,7 @@ static void test_bnb_write_read(void **state) {
         nf4_tensor t, back;
         float *dq, *want = xmalloc(300 * sizeof(float));
         if (nf4_quantize(w, ST_BF16, 2, shape, dq2, &t, &err)) fail_msg("%s", err.msg);
-        if (write_and_read(&t, NULL, &back, &dq, &err)) fail_msg("%s", err.msg);
+        if (write_and_read(&t, NULL, ZEROS, &back, &dq, &err)) fail_msg("%s", err.msg);
         if (nf4_dequantize(&t, want, &err)) fail_msg("%s", err.msg);
         assert_int_equal(back.dtype, ST_BF16);
         assert_int_equal(back.double_quant, dq2);
@@ -395,12 +403,23 @@ static void test_bnb_write_read(void **state) {
         assert_memory_equal(dq, want, 300 * sizeof(float));
         nf4_free(&back);
         free(dq);
-        assert_int_equal(write_and_read(&t, "w.quant_map", &back, &dq, &err), -1);
+        assert_int_equal(write_and_read(&t, "w.quant_map", ZEROS, &back, &dq, &err), -1);
         assert_non_null(strstr(err.msg, "w.quant_map differs from bitsandbytes' NF4 code"));
         nf4_free(&back);
         if (dq2) {
-            assert_int_equal(write_and_read(&t, "w.nested_quant_map", &back, &dq, &err), -1);
+            assert_int_equal(write_and_read(&t, "w.nested_quant_map", ZEROS, &back, &dq, &err), -1);
             assert_non_null(strstr(err.msg, "w.nested_quant_map differs from bitsandbytes' dynamic map"));
+            nf4_free(&back);
+        }
+        assert_int_equal(write_and_read(&t, "w.absmax", SHORTER, &back, &dq, &err), -1);
+        assert_non_null(strstr(err.msg, dq2 ? "w.absmax: expected U8 [5]" : "w.absmax: expected F32 [5]"));
+        nf4_free(&back);
+        assert_int_equal(write_and_read(&t, "w", SHORTER, &back, &dq, &err), -1);
+        assert_non_null(strstr(err.msg, "w: expected U8 [150, 1]"));
+        nf4_free(&back);
+        if (dq2) {
+            assert_int_equal(write_and_read(&t, "w.nested_absmax", DROPPED, &back, &dq, &err), -1);
+            assert_non_null(strstr(err.msg, "w.nested_absmax is missing"));
             nf4_free(&back);
         }
         nf4_free(&t);
