@@ -161,16 +161,6 @@ static int is_decoder_linear(const char *name, int n_layers) {
     return 0;
 }
 
-/* transformers' BitsAndBytesConfig.to_dict() for load_in_4bit, nf4, double quantization. */
-static json_t *quantization_config(const char *compute_dtype) {
-    return json_pack("{s:b,s:b,s:s,s:s,s:s,s:b,s:b,s:b,s:n,s:f,s:b,s:b,s:s}", "_load_in_4bit", 1,
-                     "_load_in_8bit", 0, "bnb_4bit_compute_dtype", compute_dtype,
-                     "bnb_4bit_quant_storage", "uint8", "bnb_4bit_quant_type", "nf4",
-                     "bnb_4bit_use_double_quant", 1, "llm_int8_enable_fp32_cpu_offload", 0,
-                     "llm_int8_has_fp16_weight", 0, "llm_int8_skip_modules", "llm_int8_threshold", 6.0,
-                     "load_in_4bit", 1, "load_in_8bit", 0, "quant_method", "bitsandbytes");
-}
-
 /* The fewest significant digits (15 to 17) that print every real of v exactly: Python
  * writes 1e-05 and 6.0 where jansson's default of 17 would write 1.0000000000000001e-05. */
 static int real_digits(const json_t *v, int digits) {
@@ -192,7 +182,7 @@ static int real_digits(const json_t *v, int digits) {
 
 /* The source's config.json with quantization_config added, as transformers writes it
  * (2-space indent, sorted keys, ASCII); malloc'd.  A quantized model is refused. */
-static char *bnb_config_text(const char *model_dir, const char *compute_dtype, errbuf *err) {
+static char *bnb_config_text(const char *model_dir, st_dtype compute_dtype, errbuf *err) {
     char src[PATH_BYTES], *text = NULL;
     size_t len;
     if (path_join(src, PATH_BYTES, model_dir, CONFIG_NAME, err) || file_read_all(src, 1u << 20, &text, &len, err))
@@ -204,7 +194,8 @@ static char *bnb_config_text(const char *model_dir, const char *compute_dtype, e
     if (!json_is_object(root)) errf(err, "%s: not a JSON object", src);
     else if (json_object_get(root, "quantization_config"))
         errf(err, "%s: the model is quantized already (it has a quantization_config)", src);
-    else if (json_object_set_new(root, "quantization_config", quantization_config(compute_dtype)) ||
+    else if (json_object_set_new(root, "quantization_config",
+                                 nf4_model_quant_json(&(nf4_model_quant){1, compute_dtype})) ||
              !(text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_ENSURE_ASCII |
                                            JSON_REAL_PRECISION(real_digits(root, 15)))))
         errf(err, "%s: out of memory", src);
@@ -324,7 +315,7 @@ static int write_bnb_dir(const char *model_dir, const char *partial, const char 
     return rc;
 }
 
-static int quantize_model(const char *model_dir, const char *out_dir, const char *compute_dtype) {
+static int quantize_model(const char *model_dir, const char *out_dir, st_dtype compute_dtype) {
     errbuf err = {{0}};
     char partial[PATH_BYTES];
     struct stat sb;
@@ -357,11 +348,12 @@ static int quantize_model(const char *model_dir, const char *out_dir, const char
     return rc ? 1 : 0;
 }
 
-static const char *compute_dtype_name(const char *arg) {
-    if (!strcmp(arg, "bf16") || !strcmp(arg, "bfloat16")) return "bfloat16";
-    if (!strcmp(arg, "f16") || !strcmp(arg, "float16")) return "float16";
-    if (!strcmp(arg, "f32") || !strcmp(arg, "float32")) return "float32";
-    return NULL;
+static int compute_dtype_parse(const char *arg, st_dtype *out) {
+    if (!strcmp(arg, "bf16") || !strcmp(arg, "bfloat16")) *out = ST_BF16;
+    else if (!strcmp(arg, "f16") || !strcmp(arg, "float16")) *out = ST_F16;
+    else if (!strcmp(arg, "f32") || !strcmp(arg, "float32")) *out = ST_F32;
+    else return -1;
+    return 0;
 }
 
 int cmd_quantize(int argc, char **argv) {
@@ -370,15 +362,16 @@ int cmd_quantize(int argc, char **argv) {
                                              {"compute-dtype", required_argument, 0, 'c'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    int tensors = 0, double_quant = 0, opt;
-    const char *compute_dtype = "bfloat16";
+    int tensors = 0, double_quant = 0, compute_given = 0, opt;
+    st_dtype compute_dtype = ST_BF16;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
         case 't': tensors = 1; break;
         case 'q': double_quant = 1; break;
         case 'c':
-            if (!(compute_dtype = compute_dtype_name(optarg))) {
+            compute_given = 1;
+            if (compute_dtype_parse(optarg, &compute_dtype)) {
                 fprintf(stderr, "fsdpctl quantize: --compute-dtype '%s' is not bf16, f16 or f32\n", optarg);
                 return 2;
             }
@@ -395,7 +388,7 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "fsdpctl quantize: --double-quant goes with --tensors (a model directory always has it)\n");
         return 2;
     }
-    if (tensors && strcmp(compute_dtype, "bfloat16")) {
+    if (tensors && compute_given) {
         fprintf(stderr, "fsdpctl quantize: --compute-dtype goes with a model directory, not --tensors\n");
         return 2;
     }

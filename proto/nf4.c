@@ -164,9 +164,9 @@ static void quantize_codes(const float *w, uint64_t n, uint8_t *packed, float *a
  * accumulator per lane of the vector, the n % 4 tail to threads 0..), else strided loads
  * with 4 accumulators; T = the largest power of two <= the vector count, at most 512
  * threads; the 4 accumulators summed in order, a shared-memory tree down to one warp, a warp
- * tree with decreasing offsets, and the sum times the fp32 1/n.  Exact for up to 2^19 values
- * (1/2 M blocks: 32 M weights); beyond, torch spreads the sum over blocks as the GPU's size
- * dictates and this order stays within an ulp or two of it. */
+ * tree with decreasing offsets, and the sum times the fp32 1/n.  Exact while torch uses one
+ * thread block (up to about 2^19 values: 33 M weights); beyond, torch spreads the sum over
+ * blocks as the GPU's size dictates, and this order stays within an ulp or two of it. */
 #define MEAN_THREADS 512
 static float torch_cuda_mean(const float *x, uint64_t n) {
     int vec = n > 128;
@@ -572,4 +572,53 @@ int nf4_bnb_tensors(const char *base, const nf4_tensor *t, st_wtensor out[NF4_MA
     }
     add_out(out, &n, name_buf, base, NF4_STATE_SUFFIX, ST_U8, (int64_t)len, -1, *state);
     return n;
+}
+
+/* ---- config.json's quantization_config ---- */
+
+static int qc_bool(const json_t *qc, const char *key, int want, errbuf *err) {
+    const json_t *v = json_object_get(qc, key);
+    if (!json_is_boolean(v)) return errf(err, "quantization_config.%s is %s", key, v ? "not a boolean" : "missing");
+    if (want >= 0 && json_is_true(v) != want)
+        return errf(err, "quantization_config.%s %s: only %s is supported", key, json_is_true(v) ? "true" : "false",
+                    want ? "true (4-bit)" : "false");
+    return json_is_true(v);
+}
+
+static int qc_string(const json_t *qc, const char *key, const char *want, errbuf *err) {
+    const char *s = json_string_value(json_object_get(qc, key));
+    if (!s) return errf(err, "quantization_config.%s is not a string", key);
+    if (strcmp(s, want)) return errf(err, "quantization_config.%s \"%.40s\": only \"%s\" is supported", key, s, want);
+    return 0;
+}
+
+int nf4_model_quant_parse(const json_t *config, nf4_model_quant *q, errbuf *err) {
+    memset(q, 0, sizeof *q);
+    const json_t *qc = json_object_get(config, "quantization_config");
+    if (!qc) return 1;
+    if (!json_is_object(qc)) return errf(err, "quantization_config is not an object");
+    if (qc_string(qc, "quant_method", "bitsandbytes", err) || qc_bool(qc, "load_in_8bit", 0, err) < 0 ||
+        qc_bool(qc, "load_in_4bit", 1, err) < 0 || qc_string(qc, "bnb_4bit_quant_type", "nf4", err) ||
+        qc_string(qc, "bnb_4bit_quant_storage", "uint8", err))
+        return -1;
+    int dq = qc_bool(qc, "bnb_4bit_use_double_quant", -1, err);
+    if (dq < 0) return -1;
+    q->double_quant = dq;
+    const char *cd = json_string_value(json_object_get(qc, "bnb_4bit_compute_dtype"));
+    for (size_t i = 0; cd && i < N_TORCH_DTYPES; i++)
+        if (!strcmp(cd, torch_dtypes[i].torch)) {
+            q->compute_dtype = torch_dtypes[i].dtype;
+            return 0;
+        }
+    return errf(err, "quantization_config.bnb_4bit_compute_dtype %s%.40s%s: expected float32, bfloat16 or float16",
+                cd ? "\"" : "", cd ? cd : "(not a string)", cd ? "\"" : "");
+}
+
+json_t *nf4_model_quant_json(const nf4_model_quant *q) {
+    const char *cd = torch_dtype_name(q->compute_dtype);
+    return json_pack("{s:b,s:b,s:s,s:s,s:s,s:b,s:b,s:b,s:n,s:f,s:b,s:b,s:s}", "_load_in_4bit", 1, "_load_in_8bit", 0,
+                     "bnb_4bit_compute_dtype", cd ? cd : "float32", "bnb_4bit_quant_storage", "uint8",
+                     "bnb_4bit_quant_type", "nf4", "bnb_4bit_use_double_quant", q->double_quant,
+                     "llm_int8_enable_fp32_cpu_offload", 0, "llm_int8_has_fp16_weight", 0, "llm_int8_skip_modules",
+                     "llm_int8_threshold", 6.0, "load_in_4bit", 1, "load_in_8bit", 0, "quant_method", "bitsandbytes");
 }

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "base/errbuf.h"
 #include "proto/safetensors.h"
 
@@ -101,6 +103,23 @@ int nf4_read_bnb_tensor(const st_model *m, const char *base, nf4_tensor *t, floa
  * (uint8 bytes).  names[i] are written into name_buf (NF4_MAX_OUT * ST_MAX_NAME bytes);
  * *state is the malloc'd quant_state the last tensor points at (the caller frees it).
  * Returns the number of tensors, or -1. */
+/* config.json's quantization_config of a bnb-4bit model, as transformers writes it
+ * (BitsAndBytesConfig.to_dict()). */
+typedef struct nf4_model_quant {
+    int double_quant;      /* bnb_4bit_use_double_quant */
+    st_dtype compute_dtype; /* bnb_4bit_compute_dtype: F32, BF16 or F16 */
+} nf4_model_quant;
+
+/* Reads config (the whole config.json object): 0 and *q for a bitsandbytes 4-bit NF4 model
+ * (quant_method "bitsandbytes", load_in_4bit true, load_in_8bit false, bnb_4bit_quant_type
+ * "nf4", bnb_4bit_quant_storage "uint8"); 1 when it has no quantization_config; -1 with an
+ * error naming the field for anything else (fp4, 8-bit, another method, a mistyped field).
+ * The llm_int8_* fields are not read (they do not change a 4-bit model's tensors). */
+int nf4_model_quant_parse(const json_t *config, nf4_model_quant *q, errbuf *err);
+/* The quantization_config transformers writes for q (a new reference; NULL when out of
+ * memory). */
+json_t *nf4_model_quant_json(const nf4_model_quant *q);
+
 #define NF4_MAX_OUT 6
 int nf4_bnb_tensors(const char *base, const nf4_tensor *t, st_wtensor out[NF4_MAX_OUT],
                     char name_buf[NF4_MAX_OUT][ST_MAX_NAME], char **state, errbuf *err);

@@ -353,6 +353,55 @@ static void test_state_malformed(void **state) {
     }
 }
 
+static json_t *load_config(const char *rel) {
+    char path[4096];
+    json_error_t je;
+    snprintf(path, sizeof path, "%s/golden/%s/config.json", shared_dir(), rel);
+    json_t *c = json_load_file(path, 0, &je);
+    if (!c) fail_msg("%s: %s", path, je.text);
+    return c;
+}
+
+/* config.json's quantization_config: bnb4/'s read, a plain model's absent, ours read back,
+ * anything but 4-bit NF4 refused naming the field. */
+static void test_model_quant_config(void **state) {
+    (void)state;
+    nf4_model_quant q;
+    errbuf err = {{0}};
+    json_t *c = load_config("tiny-mha/bnb4");
+    if (nf4_model_quant_parse(c, &q, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(q.double_quant, 1);
+    assert_int_equal(q.compute_dtype, ST_F32);
+    json_t *ours = nf4_model_quant_json(&q);
+    assert_true(json_equal(ours, json_object_get(c, "quantization_config")));
+    json_decref(ours);
+    static const struct {
+        const char *key, *value, *msg; /* value as JSON */
+    } bad[] = {
+        {"bnb_4bit_quant_type", "\"fp4\"", "bnb_4bit_quant_type \"fp4\": only \"nf4\""},
+        {"load_in_8bit", "true", "load_in_8bit true: only false"},
+        {"load_in_4bit", "false", "load_in_4bit false: only true"},
+        {"quant_method", "\"gptq\"", "quant_method \"gptq\": only \"bitsandbytes\""},
+        {"bnb_4bit_quant_storage", "\"bfloat16\"", "bnb_4bit_quant_storage \"bfloat16\""},
+        {"bnb_4bit_compute_dtype", "\"int8\"", "bnb_4bit_compute_dtype \"int8\": expected"},
+        {"bnb_4bit_use_double_quant", "1", "bnb_4bit_use_double_quant is not a boolean"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *copy = json_deep_copy(c), *v = json_loads(bad[i].value, JSON_DECODE_ANY, NULL);
+        assert_int_equal(json_object_set_new(json_object_get(copy, "quantization_config"), bad[i].key, v), 0);
+        assert_int_equal(nf4_model_quant_parse(copy, &q, &err), -1);
+        if (!strstr(err.msg, bad[i].msg)) fail_msg("%s: \"%s\", expected \"%s\"", bad[i].key, err.msg, bad[i].msg);
+        json_decref(copy);
+    }
+    json_object_del(json_object_get(c, "quantization_config"), "bnb_4bit_quant_type");
+    assert_int_equal(nf4_model_quant_parse(c, &q, &err), -1);
+    assert_non_null(strstr(err.msg, "bnb_4bit_quant_type is not a string"));
+    json_decref(c);
+    c = load_config("tiny-mha");
+    assert_int_equal(nf4_model_quant_parse(c, &q, &err), 1);
+    json_decref(c);
+}
+
 static char tmpdir[] = "/tmp/test_nf4.XXXXXX";
 
 /* How write_and_read spoils the tensor it names. */
@@ -462,6 +511,7 @@ int main(void) {
         cmocka_unit_test(test_state_malformed),
         cmocka_unit_test(test_bnb_write_read),
         cmocka_unit_test(test_bnb_reader_errors),
+        cmocka_unit_test(test_model_quant_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
