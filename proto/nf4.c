@@ -446,7 +446,7 @@ char *nf4_state_format(const nf4_quant_state *s, size_t *len) {
     for (int d = 0; d < s->ndim; d++)
         p += sprintf(p, "%s%lld", d ? ", " : "", (long long)s->shape[d]);
     strcpy(p, "]");
-    char nested[160] = "", off[40];
+    char nested[224] = "", off[64];
     if (s->nested) {
         python_float_repr(s->nested_offset, off, sizeof off);
         snprintf(nested, sizeof nested,
