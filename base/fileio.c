@@ -221,3 +221,27 @@ int file_mkdir_p(const char *path, errbuf *err) {
     free(buf);
     return rc;
 }
+
+#define FILE_COPY_BUFFER (1u << 20)
+
+/* Copies src to dst (created); 1 when src does not exist.  src must be a regular file (a FIFO
+ * in the source model directory is refused, not waited on). */
+int file_copy(const char *src, const char *dst, errbuf *err) {
+    struct stat st;
+    if (stat(src, &st) != 0 && errno == ENOENT) return 1;
+    int in = file_open_regular(src, err);
+    if (in < 0) return -1;
+    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    char *buf = malloc(FILE_COPY_BUFFER);
+    int rc = out < 0 ? errf(err, "%s: %s", dst, strerror(errno)) : !buf ? errf(err, "%s: out of memory", dst) : 0;
+    for (ssize_t r = 1; rc == 0 && r > 0;) {
+        r = read(in, buf, FILE_COPY_BUFFER);
+        if (r < 0 && errno != EINTR) rc = errf(err, "%s: read: %s", src, strerror(errno));
+        else if (r > 0) rc = file_write_full(out, buf, (size_t)r, dst, err);
+    }
+    if (rc == 0 && fsync(out) != 0) rc = errf(err, "%s: fsync: %s", dst, strerror(errno));
+    if (out >= 0 && close(out) != 0 && rc == 0) rc = errf(err, "%s: close: %s", dst, strerror(errno));
+    close(in);
+    free(buf);
+    return rc;
+}

@@ -42,5 +42,8 @@ int file_fsync_dir(const char *path, int is_dir, errbuf *err);
 int file_mkdir(const char *path, errbuf *err);
 /* mkdir -p: the directory and any missing parents. */
 int file_mkdir_p(const char *path, errbuf *err);
+/* Copies src to dst (created, O_EXCL; fsynced); 1 when src does not exist.  src must be a
+ * regular file (a FIFO is refused, not waited on). */
+int file_copy(const char *src, const char *dst, errbuf *err);
 
 #endif

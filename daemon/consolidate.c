@@ -24,13 +24,12 @@
 #define NAME_BYTES 64
 #define CONFIG_NAME "config.json"
 #define GENERATION_NAME "generation_config.json"
-#define COPY_BUFFER (1u << 20) /* tokenizer copies and section padding */
+#define COPY_BUFFER (1u << 20) /* section padding */
 #define MAX_THREADS 256
 
-static const char *const tokenizer_names[] = {"tokenizer.json", "tokenizer_config.json",
-                                              "special_tokens_map.json", "tokenizer.model",
-                                              "chat_template.jinja"};
-#define N_TOKENIZER_NAMES (sizeof tokenizer_names / sizeof tokenizer_names[0])
+const char *const hf_tokenizer_files[HF_TOKENIZER_FILES] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "chat_template.jinja"};
 
 /* ---- the checkpoint's shard files ---- */
 
@@ -437,34 +436,12 @@ static int write_config(const json_t *model_config, st_dtype dtype, const char *
     return rc;
 }
 
-/* Copies src to dst (created); 1 when src does not exist.  src must be a regular file (a FIFO
- * in the source model directory is refused, not waited on). */
-static int copy_file(const char *src, const char *dst, errbuf *err) {
-    struct stat st;
-    if (stat(src, &st) != 0 && errno == ENOENT) return 1;
-    int in = file_open_regular(src, err);
-    if (in < 0) return -1;
-    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    char *buf = malloc(COPY_BUFFER);
-    int rc = out < 0 ? errf(err, "%s: %s", dst, strerror(errno)) : !buf ? errf(err, "%s: out of memory", dst) : 0;
-    for (ssize_t r = 1; rc == 0 && r > 0;) {
-        r = read(in, buf, COPY_BUFFER);
-        if (r < 0 && errno != EINTR) rc = errf(err, "%s: read: %s", src, strerror(errno));
-        else if (r > 0) rc = file_write_full(out, buf, (size_t)r, dst, err);
-    }
-    if (rc == 0 && fsync(out) != 0) rc = errf(err, "%s: fsync: %s", dst, strerror(errno));
-    if (out >= 0 && close(out) != 0 && rc == 0) rc = errf(err, "%s: close: %s", dst, strerror(errno));
-    close(in);
-    free(buf);
-    return rc;
-}
-
 /* Copies `name` from the source model directory when it has it; 1 when it does not. */
 static int copy_from_source(const char *from, const char *name, const char *dir, name_list *names,
                             errbuf *err) {
     char src[PATH_BYTES], dst[PATH_BYTES];
     if (path_join(src, PATH_BYTES, from, name, err) || path_join(dst, PATH_BYTES, dir, name, err)) return -1;
-    int rc = copy_file(src, dst, err);
+    int rc = file_copy(src, dst, err);
     return rc == 0 ? name_add(names, name, err) : rc;
 }
 
@@ -489,8 +466,8 @@ static int copy_tokenizer(const char *from, const char *dir, name_list *names, i
     *copied = 0;
     if (stat(from, &st) != 0) return errf(err, "%s: %s", from, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return errf(err, "%s: not a directory", from);
-    for (size_t i = 0; i < N_TOKENIZER_NAMES; i++) {
-        int rc = copy_from_source(from, tokenizer_names[i], dir, names, err);
+    for (size_t i = 0; i < HF_TOKENIZER_FILES; i++) {
+        int rc = copy_from_source(from, hf_tokenizer_files[i], dir, names, err);
         if (rc < 0) return -1;
         *copied += rc == 0;
     }

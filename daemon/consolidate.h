@@ -76,4 +76,9 @@ typedef struct consolidate_options {
 
 int consolidate(const consolidate_options *o, errbuf *err);
 
+/* The tokenizer files a Hugging Face model directory may hold, copied along with a model
+ * (consolidate, fsdpctl quantize). */
+#define HF_TOKENIZER_FILES 5
+extern const char *const hf_tokenizer_files[HF_TOKENIZER_FILES];
+
 #endif

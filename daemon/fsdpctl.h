@@ -15,5 +15,6 @@ int cmd_checkpoint(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_plot(int argc, char **argv);       /* daemon/cmd_plot.c */
 int cmd_fabric(int argc, char **argv);     /* daemon/cmd_fabric.c */
+int cmd_quantize(int argc, char **argv);   /* daemon/cmd_quantize.c */
 
 #endif

@@ -32,6 +32,9 @@ static const subcommand subcommands[] = {
     {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},
     {"plot", cmd_plot, "plot METRICS.jsonl --out FILE.svg"},
     {"fabric", cmd_fabric, "fabric [--no-require]"},
+    {"quantize", cmd_quantize,
+     "quantize --tensors IN.safetensors OUT.safetensors [--double-quant]\n"
+     "  fsdpctl quantize MODEL_DIR OUT_DIR [--compute-dtype bf16|f16|f32]"},
 };
 
 static void usage(FILE *f) {

@@ -147,9 +147,32 @@ static void test_token_cache_fifo(void **state) {
     refused_as_fifo(tok_open(&c, f->fifo, &err), &err, f->fifo);
 }
 
+/* file_copy: 1 for a missing source, the bytes copied, an existing target or a FIFO refused. */
+static void test_file_copy(void **state) {
+    fixture *f = *state;
+    errbuf err = {""};
+    char src[128], dst[128], missing[128];
+    snprintf(src, sizeof src, "%s/src", f->dir);
+    snprintf(dst, sizeof dst, "%s/dst", f->dir);
+    snprintf(missing, sizeof missing, "%s/missing", f->dir);
+    assert_int_equal(file_copy(missing, dst, &err), 1);
+    file_chunk c = {"tokenizer", 9};
+    if (file_write_atomic(src, &c, 1, &err)) fail_msg("%s", err.msg);
+    if (file_copy(src, dst, &err)) fail_msg("%s", err.msg);
+    char *text = NULL;
+    size_t len = 0;
+    if (file_read_all(dst, 1024, &text, &len, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(text, "tokenizer");
+    free(text);
+    assert_int_equal(file_copy(src, dst, &err), -1);
+    assert_non_null(strstr(err.msg, "File exists"));
+    refused_as_fifo(file_copy(f->fifo, missing, &err), &err, f->fifo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fileio_refuses_non_regular, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_file_fifo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_model_files_fifo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_token_cache_fifo, setup, teardown),
