@@ -330,6 +330,23 @@ static void test_dropout_contract(void **state) {
     kctx_destroy(&c);
 }
 
+/* philox_dropout_keep is what base/philox.h documents: element e is kept when word e % 4 of
+ * philox_block(seed, stream 4 << 48 | sample's low 48 bits, counter site << 40 | e / 4) is at
+ * least the threshold (philox_block itself has Random123's known answers in test_rng). */
+static void test_dropout_keep_formula(void **state) {
+    (void)state;
+    const uint64_t key = 77, samples[2] = {5, (UINT64_C(9) << 48) | 5}; /* the same stream */
+    const uint32_t site = philox_dropout_site(2, 6), threshold = philox_dropout_threshold(0.5);
+    assert_int_equal(threshold, UINT32_C(1) << 31);
+    for (uint64_t e = 0; e < 64; e++) {
+        uint32_t r[4];
+        philox_block(key, UINT64_C(4) << 48 | 5, (uint64_t)site << 40 | e / 4, r);
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(philox_dropout_keep(key, samples[k], site, e, threshold),
+                             r[e % 4] >= threshold);
+    }
+}
+
 /* The mask is keyed by (seed, sample, site) and nothing else: another of any of them gives
  * another mask (about half the elements differ at p = 0.5); the same sample gives the same
  * mask in any row of any batch. */
@@ -1191,6 +1208,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_scale),
         cmocka_unit_test(test_dropout_contract),
+        cmocka_unit_test(test_dropout_keep_formula),
         cmocka_unit_test(test_dropout_keys),
         cmocka_unit_test(test_dropout_fraction),
         cmocka_unit_test(test_dropout_bad_p),
