@@ -857,6 +857,9 @@ static void check_failures(void) {
     k_rope(&gpu, out, p, NULL, 1, 2, 2, 127, 0);
     expect_failure("rope", "head dim 127 is odd");
 
+    k_dropout(&gpu, out, out, dlongs(&(int64_t){0}, 1), 1, 0, 1, N, C, 1.0f, 0);
+    expect_failure("dropout", "dropout: probability 1 is outside [0, 1)");
+
     if (gpu.backend == K_CUDA) {
         k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
