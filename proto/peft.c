@@ -321,10 +321,14 @@ static const llama_tensor_slot *slot_of(const lora_layout *lo, const st_tensor *
              st_dtype_name(t->dtype));
         return NULL;
     }
-    if (t->ndim != 2 || t->shape[0] != s->shape[0] || t->shape[1] != s->shape[1]) {
-        errf(err, "%s: tensor %s: shape [%lld%s%lld], expected [%lld, %lld]", path, t->name,
-             t->ndim > 0 ? (long long)t->shape[0] : 0LL, t->ndim > 1 ? ", " : " ... ",
-             t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)s->shape[0],
+    if (t->ndim != 2) {
+        errf(err, "%s: tensor %s: %d dimension%s, expected [%lld, %lld]", path, t->name, t->ndim,
+             t->ndim == 1 ? "" : "s", (long long)s->shape[0], (long long)s->shape[1]);
+        return NULL;
+    }
+    if (t->shape[0] != s->shape[0] || t->shape[1] != s->shape[1]) {
+        errf(err, "%s: tensor %s: shape [%lld, %lld], expected [%lld, %lld]", path, t->name,
+             (long long)t->shape[0], (long long)t->shape[1], (long long)s->shape[0],
              (long long)s->shape[1]);
         return NULL;
     }

@@ -300,8 +300,8 @@ static void weights_case_free(weights_case *w) {
     remove_tmp(w->dir);
 }
 
-/* Writes the layout's tensors with tensor `which` renamed, reshaped or retyped, and checks
- * the reader's message. */
+/* Writes the layout's tensors with tensor `which` renamed, given `rows` (-1: flattened),
+ * retyped or dropped, and checks the reader's message. */
 static void expect_weights_error(weights_case *w, int which, const char *rename, int rows,
                                  st_dtype dtype, int drop, const char *needle) {
     static float zeros[64 * 64];
@@ -314,7 +314,8 @@ static void expect_weights_error(weights_case *w, int which, const char *rename,
         t[n] = (st_wtensor){.name = s->name, .dtype = ST_F32, .ndim = 2,
                             .shape = {s->shape[0], s->shape[1]}, .data = zeros};
         if (i == which && rename) t[n].name = rename;
-        if (i == which && rows) t[n].shape[0] = rows;
+        if (i == which && rows > 0) t[n].shape[0] = rows;
+        if (i == which && rows < 0) t[n].ndim = 1, t[n].shape[0] = s->shape[0] * s->shape[1];
         if (i == which) t[n].dtype = dtype;
         n++;
     }
@@ -334,6 +335,8 @@ static void test_weights_refusals(void **state) {
     expect_weights_error(&w, 1, NULL, 3, ST_F32, 0,
                          "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight: shape [3, 2], expected [64, 2]");
     expect_weights_error(&w, 2, NULL, 0, ST_I32, 0, "dtype I32, expected F32, BF16 or F16");
+    expect_weights_error(&w, 2, NULL, -1, ST_F32, 0,
+                         "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight: 1 dimension, expected [2, 64]");
     expect_weights_error(&w, 3, NULL, 0, ST_F32, 1,
                          "tensor base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight: missing");
     /* BF16 and F16 are read */
