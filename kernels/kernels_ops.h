@@ -150,6 +150,26 @@ K_OP(dropout,
       int B, int T, int cols, float p, int accumulate),
      (c, out, in, samples, seed, site, B, T, cols, p, accumulate))
 
+/* ---- NF4 (QLoRA) ---- */
+
+/* k_nf4_dequant: out[n] (compute dtype) = the n weights of one tensor quantized to NF4 as
+ * bitsandbytes stores them (proto/nf4.h), dequantized.  packed: uint8 [(n + 1) / 2], two
+ * 4-bit codes a byte, the first value in the high nibble.  Blocks of NF4_BLOCK (64) values
+ * share an absmax (base/nf4_tables.h), blocks = ceil(n / 64):
+ *   - nested_absmax NULL (single quantization): absmax is fp32 [blocks];
+ *   - else (double quantization): absmax is uint8 [blocks], codes of the 8-bit dynamic map,
+ *     and block b's absmax = NF4_DYNAMIC_MAP_VALUES[absmax[b]] * nested_absmax[b / 256] +
+ *     offset, two fp32 roundings (bnb's dequantize_blockwise, then + offset); nested_absmax
+ *     is fp32 [ceil(blocks / 256)].
+ * Value i = NF4_CODE_VALUES[code i] * its block's absmax in fp32, then rounded once to the
+ * compute dtype (bf16: nearest even; exact on the CPU), which is proto/nf4's nf4_dequantize.
+ * QLoRA's frozen base (DESIGN.md, LoRA and QLoRA) runs it before each GEMM of a layer.
+ * Every pointer is context memory; overwrites out. */
+K_OP(nf4_dequant,
+     (kctx *c, void *out, const uint8_t *packed, const void *absmax, const float *nested_absmax,
+      float offset, size_t n),
+     (c, out, packed, absmax, nested_absmax, offset, n))
+
 /* ---- cross-entropy ---- */
 
 /* k_cross_entropy: targets[n] is the label for row n (already shifted) or K_IGNORE_INDEX.

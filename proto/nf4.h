@@ -23,10 +23,8 @@
 #include <jansson.h>
 
 #include "base/errbuf.h"
+#include "base/nf4_tables.h" /* NF4_BLOCK, NF4_NESTED_BLOCK, the tables' values */
 #include "proto/safetensors.h"
-
-#define NF4_BLOCK 64
-#define NF4_NESTED_BLOCK 256
 
 extern const float nf4_code[16];         /* bnb's NF4 table (quant_map) */
 extern const float nf4_dynamic_map[256]; /* bnb's create_dynamic_map(signed=True) (nested_quant_map) */

@@ -18,6 +18,7 @@
 
 #include "base/philox.h"
 #include "kernels/kernels.h"
+#include "proto/nf4.h"
 
 #define GRAD_TOL 1e-4
 
@@ -1200,6 +1201,48 @@ static void test_adamw(void **state) {
     kctx_destroy(&c);
 }
 
+/* ---- NF4 dequantization ---- */
+
+/* k_nf4_dequant on a tensor quantized by proto/nf4 gives nf4_dequantize's fp32 values, bit
+ * for bit: single and double quantization, an odd count (the last byte's low nibble unused),
+ * counts that are no multiple of the block, > 256 blocks (several nested absmax values), an
+ * all-zero block and an outlier. */
+static void check_nf4_dequant(kctx *c, size_t n, int double_quant) {
+    float *w = random_floats(n, 0.05f);
+    for (size_t i = 64; i < 128 && i < n; i++) w[i] = 0.0f; /* block 1: absmax 0 */
+    w[n / 2] = 3.0f;                                         /* an outlier */
+    nf4_tensor t = {0};
+    errbuf err;
+    int64_t shape[1] = {(int64_t)n};
+    if (nf4_quantize(w, ST_F32, 1, shape, double_quant, &t, &err)) fail_msg("%s", err.msg);
+    float *want = floats(n), *got = floats(n);
+    if (nf4_dequantize(&t, want, &err)) fail_msg("%s", err.msg);
+    if (double_quant)
+        k_nf4_dequant(c, got, t.packed, t.absmax_q, t.nested_absmax, t.offset, n);
+    else
+        k_nf4_dequant(c, got, t.packed, t.absmax, NULL, 0.0f, n);
+    expect_ok(c);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("nf4_dequant n=%zu double_quant=%d: value %zu is %.9g, nf4_dequantize %.9g", n,
+                     double_quant, i, (double)got[i], (double)want[i]);
+    nf4_free(&t);
+    free(w);
+    free(want);
+    free(got);
+}
+
+static void test_nf4_dequant(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(13);
+    const size_t counts[] = {1, 63, 333 * 77, 257 * 64 + 33, 1024 * 70};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int dq = 0; dq <= 1; dq++) check_nf4_dequant(&c, counts[k], dq);
+    kctx_destroy(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_context),
@@ -1237,6 +1280,7 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy_bad_target),
         cmocka_unit_test(test_shift_labels),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_nf4_dequant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
