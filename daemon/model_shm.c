@@ -38,6 +38,10 @@ int model_shm_quant(const job_config *job, const json_t *config, model_image_qua
     if (*bnb && job->train.type != JOB_TRAIN_QLORA)
         return errf(err, "model.path: %s is a bitsandbytes 4-bit model: it trains with train.type "
                          "qlora only", job->model.path);
+    if (*bnb && job->output.merge)
+        return errf(err, "output.merge: merging adapters into a bitsandbytes 4-bit base (%s) is not "
+                         "built yet (merge them into the unquantized base with fsdpctl merge)",
+                    job->model.path);
     *q = *bnb ? (mq.double_quant ? MODEL_IMAGE_NF4_DQ : MODEL_IMAGE_NF4)
          : job->train.type == JOB_TRAIN_QLORA ? MODEL_IMAGE_NF4_DQ : MODEL_IMAGE_PLAIN;
     return 0;
