@@ -4,7 +4,9 @@
  * tolerance.  With --prefix P, A's tensor N is B's tensor P+N, and B's tensors without
  * the prefix are not compared (the golden files keep several sets side by side:
  * param.*, grad.*); --total-rtol R also bounds the error over all compared tensors
- * together, as one vector. */
+ * together, as one vector.  --subset: B may hold tensors A has not (they are not compared);
+ * --peft-default: B's adapter names carry PEFT's in-memory ".default" (lora_A.default.weight
+ * for A's lora_A.weight), as PEFT's golden outputs do. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 
 static const char compare_usage[] =
     "usage: fsdpctl compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]\n"
+    "       [--subset] [--peft-default]\n"
     "  (A and B may also be model directories; default rtol 1e-4, no total bound)\n";
 
 /* A file or a model directory, seen as one list of tensors. */
@@ -119,7 +122,19 @@ static double relative_error(error_sums e, int *absolute) {
 typedef struct compare_options {
     double rtol, total_rtol; /* total_rtol < 0: no bound */
     const char *prefix;      /* "" for none */
+    int subset, peft_default;
 } compare_options;
+
+/* B's name of A's tensor `name`: the prefix, and with peft_default ".default" before an
+ * adapter's ".weight". */
+static void name_in_b(const compare_options *o, const char *name, char *out, size_t n) {
+    const char *lora = o->peft_default ? strstr(name, ".lora_") : NULL;
+    const char *dot = lora ? strchr(lora + 1, '.') : NULL;
+    if (dot && !strcmp(dot, ".weight"))
+        snprintf(out, n, "%s%.*s.default.weight", o->prefix, (int)(dot - name), name);
+    else
+        snprintf(out, n, "%s%s", o->prefix, name);
+}
 
 /* Prints the comparison; *problems counts missing tensors, shape mismatches and errors over
  * rtol. */
@@ -139,7 +154,7 @@ static int compare(const char *path_a, const char *path_b, const compare_options
     for (int i = 0; i < source_count(&a); i++) {
         const st_tensor *ta = source_tensor(&a, i);
         char name_b[ST_MAX_NAME + 64];
-        snprintf(name_b, sizeof name_b, "%s%s", o->prefix, ta->name);
+        name_in_b(o, ta->name, name_b, sizeof name_b);
         const st_tensor *tb = source_find(&b, name_b);
         char sa[96], sb[96];
         format_shape(ta, sa, sizeof sa);
@@ -170,10 +185,14 @@ static int compare(const char *path_a, const char *path_b, const compare_options
             worst_name = ta->name;
         }
     }
-    for (int i = 0; i < source_count(&b); i++) {
+    for (int i = 0; !o->subset && i < source_count(&b); i++) {
         const st_tensor *tb = source_tensor(&b, i);
         if (strncmp(tb->name, o->prefix, plen) != 0) continue;
-        if (!source_find(&a, tb->name + plen)) {
+        char name_a[ST_MAX_NAME];
+        snprintf(name_a, sizeof name_a, "%s", tb->name + plen);
+        char *def = o->peft_default ? strstr(name_a, ".default.weight") : NULL;
+        if (def) memmove(def, def + 8, strlen(def + 8) + 1); /* drop ".default" */
+        if (!source_find(&a, name_a)) {
             printf("%-56s only in %s\n", tb->name, path_b);
             problems++;
         }
@@ -211,6 +230,10 @@ int cmd_compare(int argc, char **argv) {
             *(is_rtol ? &o.rtol : &o.total_rtol) = v;
         } else if (!strcmp(argv[i], "--prefix") && i + 1 < argc) {
             o.prefix = argv[++i];
+        } else if (!strcmp(argv[i], "--subset")) {
+            o.subset = 1;
+        } else if (!strcmp(argv[i], "--peft-default")) {
+            o.peft_default = 1;
         } else if (argv[i][0] != '-' && n_paths < 2) {
             paths[n_paths++] = argv[i];
         } else {

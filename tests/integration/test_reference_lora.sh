@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# fsdpctl reference --adapter against PEFT's golden outputs (F27, F28): from the golden's init.*
+# adapters written as a PEFT adapter directory, the logits, the loss, every adapter gradient
+# and one AdamW step (lora_expected.safetensors, 1e-5), and with --quant nf4 the same over
+# the base quantized by bitsandbytes (qlora_expected.safetensors: logits, loss, gradients,
+# 1e-4).  Then --adapter's refusals.
+source "$(dirname "$0")/lib.sh"
+golden=$shared/golden/tiny-mha
+use_venv safetensors numpy
+
+# init_dir GOLDEN_FILE DIR: its init.* as a PEFT adapter directory (PEFT's saved names: no
+# "init." and no ".default"), with the golden adapter's config (r 8, alpha 16, every linear).
+init_dir() {
+    mkdir -p "$2"
+    cp "$golden/lora/adapter_config.json" "$2/"
+    "$venv/bin/python" - "$1" "$2/adapter_model.safetensors" <<'PY'
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+save_file({k[len("init."):].replace(".default.weight", ".weight"): v for k, v in t.items()
+           if k.startswith("init.")}, sys.argv[2], metadata={"format": "pt"})
+PY
+}
+init_dir "$golden/lora_expected.safetensors" "$tmp/lora-init"
+init_dir "$golden/qlora_expected.safetensors" "$tmp/qlora-init"
+
+# --- LoRA ------------------------------------------------------------------------------------
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/lora-init" \
+    --adamw 1e-3,0.9,0.95,1e-8,0 --out "$tmp/lora.safetensors" > /dev/null
+"$fsdpctl" compare "$tmp/lora.safetensors" "$golden/lora_expected.safetensors" --rtol 1e-5 --subset \
+    --peft-default > "$tmp/lora.txt" || { cat "$tmp/lora.txt" >&2; fail "LoRA reference does not match PEFT"; }
+tail -1 "$tmp/lora.txt"
+# logits, loss, 28 adapter gradients, 28 AdamW steps: nothing of the frozen base
+grep -q '^58 tensors compared, .*: 0 problems$' "$tmp/lora.txt" || fail "not every tensor was compared"
+grep -q '^grad.model' "$tmp/lora.txt" && fail "the frozen base has gradients"
+
+# --- QLoRA -----------------------------------------------------------------------------------
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/qlora-init" --quant nf4 \
+    --out "$tmp/qlora.safetensors" > /dev/null
+"$fsdpctl" compare "$tmp/qlora.safetensors" "$golden/qlora_expected.safetensors" --rtol 1e-4 --subset \
+    --peft-default > "$tmp/qlora.txt" || { cat "$tmp/qlora.txt" >&2; fail "QLoRA reference does not match PEFT + bitsandbytes"; }
+tail -1 "$tmp/qlora.txt"
+grep -q '^30 tensors compared, .*: 0 problems$' "$tmp/qlora.txt" || fail "not every tensor was compared"
+# without the quantization the QLoRA golden is not met: the check can fail
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/qlora-init" \
+    --out "$tmp/plain.safetensors" > /dev/null
+expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/plain.safetensors" "$golden/qlora_expected.safetensors" \
+    --rtol 1e-4 --subset --peft-default
+
+# --- refusals --------------------------------------------------------------------------------
+expect_status 1 "$tmp/none" "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/none" --out "$tmp/x"
+expect_status 2 "--quant is nf4" "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --quant fp4 --out "$tmp/x"
+mkdir -p "$tmp/dora" && cp "$tmp/lora-init/adapter_model.safetensors" "$tmp/dora/"
+sed 's/"use_dora": false/"use_dora": true/' "$golden/lora/adapter_config.json" > "$tmp/dora/adapter_config.json"
+expect_status 1 "not built yet" "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/dora" --out "$tmp/x"
+[ ! -e "$tmp/x" ] || fail "a failed reference left $tmp/x behind"
+echo "reference lora: ok"
