@@ -116,6 +116,25 @@ grep -q 'trained on another base model' "$tmp/otherbase.log" || { cat "$tmp/othe
 run asfull -- --checkpoint.dir="$tmp/ckr-copy" --checkpoint.resume=auto --train.type=full
 [ "$status" -ne 0 ] || fail "a full fine-tune resumed adapters"
 grep -q 'an adapter checkpoint, but the job is a full fine-tune' "$tmp/asfull.log" || { cat "$tmp/asfull.log"; fail "no reason given"; }
+# --- QLoRA: the base quantized to NF4 at load, or a bnb-4bit directory of it as it is ---------
+run q2 -- --checkpoint.dir="$tmp/ckq2" --train.type=qlora --train.max_steps=4
+must_succeed q2
+grep -q 'quantized to NF4' "$tmp/q2.log" || fail "the QLoRA base was not quantized"
+run q1 -- --checkpoint.dir="$tmp/ckq1" --train.type=qlora --train.max_steps=4 --runtime.workers_per_node=1
+must_succeed q1
+same_losses q2 q1 1e-5 4
+"$fsdpctl" compare "$tmp/q1.safetensors" "$tmp/q2.safetensors" --rtol 1e-5 > "$tmp/cmp.out" ||
+    { cat "$tmp/cmp.out"; fail "QLoRA on 1 and 2 workers trained other adapters"; }
+join "$tmp/two.loss" "$tmp/q2.loss" | awk '$2 != $3 { d = 1 } END { exit !d }' || fail "NF4 changed no loss"
+"$fsdpctl" quantize "$tmp/base" "$tmp/base-bnb4" > /dev/null
+run qbnb -- --checkpoint.dir="$tmp/ckqb" --train.type=qlora --train.max_steps=4 --model.path="$tmp/base-bnb4"
+must_succeed qbnb
+grep -q 'NF4 as saved' "$tmp/qbnb.log" || fail "the bnb-4bit base was not loaded as saved"
+same_losses q2 qbnb 0 4
+run bnblora -- --checkpoint.dir="$tmp/ckbl" --model.path="$tmp/base-bnb4"
+[ "$status" -ne 0 ] && grep -q 'bitsandbytes 4-bit model: it trains with train.type qlora only' "$tmp/bnblora.log" ||
+    { cat "$tmp/bnblora.log"; fail "a LoRA job on a bnb-4bit base was not refused"; }
+
 # --- a random base (benchmarks): it runs, its fingerprint is that of its config and seed -------
 run random -- --checkpoint.dir="$tmp/ckrand" --model.path= --model.init=random \
     --model.config="$tmp/model.json" --train.max_steps=2

@@ -305,6 +305,22 @@ static int check_adamw(const llama_tensor_slot *slot, const float *data, void *a
     return 0;
 }
 
+/* The adapters fsdp trained against the step computed from the golden gradients. */
+typedef struct qlora_check {
+    float **units;
+    double *worst;
+    int n;
+} qlora_check;
+
+static int check_qlora_step(const llama_tensor_slot *slot, const float *data, void *arg, errbuf *err) {
+    (void)err;
+    qlora_check *q = arg;
+    double e = check(slot->name, data, q->units[slot->unit] + slot->offset, slot->numel, 1e-4);
+    *q->worst = e > *q->worst ? e : *q->worst;
+    q->n++;
+    return 0;
+}
+
 /* (4) worker/fsdp with a frozen base: one optimizer step from init.* on one rank gives
  * PEFT's loss and AdamW step, and the base is untouched. */
 static void test_fsdp_lora_step(void **state) {
@@ -356,12 +372,92 @@ static void test_fsdp_lora_step(void **state) {
     golden_close(&g);
 }
 
+/* (5) QLoRA through worker/fsdp: the golden model quantized into an NF4 image (the same
+ * bytes as the image of the bitsandbytes directory bnb4/), one step from qlora_expected's
+ * init.*: PEFT + bitsandbytes's loss (1e-4), and the adapters after one AdamW step equal
+ * that step from the golden gradients (1e-4). */
+static void test_fsdp_qlora_step(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    char path[700];
+    st_file qexp;
+    errbuf err = {{0}};
+    snprintf(path, sizeof path, "%s/qlora_expected.safetensors", g.dir);
+    if (st_open(&qexp, path, &err)) fail_msg("%s", err.msg);
+    st_file keep = g.expected;
+    g.expected = qexp; /* expected_adapter reads the QLoRA golden */
+    kctx ctx;
+    lora_config lc = golden_lora(0.0);
+    fsdp f;
+    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = MODEL_IMAGE_NF4_DQ};
+    if (kctx_init(&ctx, K_CPU, 0, &err) || fsdp_init(&f, &g.cfg, &ctx, NULL, 0, 1, &opt, &err))
+        fail_msg("%s", err.msg);
+    size_t bytes = model_image_bytes_q(&f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4_DQ);
+    void *image = xcalloc(1, bytes), *from_bnb = xcalloc(1, bytes);
+    st_model bnb;
+    snprintf(path, sizeof path, "%s/bnb4", g.dir);
+    if (st_model_open(&bnb, path, &err) ||
+        model_image_fill_nf4(image, &f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4_DQ, &g.model, 0, 0, NULL, NULL, &err) ||
+        model_image_fill_nf4(from_bnb, &f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4_DQ, &bnb, 1, 0, NULL, NULL, &err) ||
+        model_image_check(image, bytes, &f.layout, &err))
+        fail_msg("%s", err.msg);
+    assert_memory_equal(image, from_bnb, bytes);
+    /* an image of the wrong quantization is refused */
+    void *single = xcalloc(1, model_image_bytes_q(&f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4));
+    if (model_image_fill_nf4(single, &f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4, &g.model, 0, 0, NULL, NULL, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(fsdp_load_image(&f, single, &err), -1);
+    assert_non_null(strstr(err.msg, "NF4"));
+    if (fsdp_load_image(&f, image, &err)) fail_msg("%s", err.msg);
+
+    const lora_layout *ll = &f.lora_layout;
+    float **units = xcalloc((size_t)ll->n_units, sizeof *units);
+    for (int u = 0; u < ll->n_units; u++) units[u] = xcalloc(ll->units[u].numel, sizeof(float));
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        memcpy(units[s->unit] + s->offset, expected_adapter(&g, "init.", s->name, s->numel),
+               s->numel * sizeof(float));
+    }
+    if (fsdp_set_adapters(&f, units, &err)) fail_msg("%s", err.msg);
+    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
+    fsdp_step_result res;
+    if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+    float loss = (float)res.loss;
+    check("loss", &loss, st_find(&g.expected, "loss")->data, 1, 1e-4);
+    /* the step PEFT + bitsandbytes would take: AdamW from the golden gradients */
+    double worst = 0;
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        float *p = units[s->unit] + s->offset, *mom = xcalloc(s->numel, sizeof *mom);
+        float *var = xcalloc(s->numel, sizeof *var), *grad = xcalloc(s->numel, sizeof *grad);
+        memcpy(grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel * sizeof *grad);
+        k_adamw(&ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        free(mom), free(var), free(grad);
+    }
+    qlora_check q = {.units = units, .worst = &worst};
+    if (fsdp_gather_params(&f, check_qlora_step, &q, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(q.n, ll->n_tensors);
+    printf("fsdp qlora step: loss %.7f (golden %.7f), adapters after a step within %.2e\n", res.loss,
+           (double)*(const float *)st_find(&g.expected, "loss")->data, worst);
+    for (int u = 0; u < ll->n_units; u++) free(units[u]);
+    free(units), free(image), free(from_bnb), free(single);
+    st_model_close(&bnb);
+    fsdp_destroy(&f);
+    kctx_destroy(&ctx);
+    g.expected = keep;
+    st_close(&qexp);
+    golden_close(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_lora),
         cmocka_unit_test(test_dropout_reproducible),
         cmocka_unit_test(test_dropout_gradient),
         cmocka_unit_test(test_fsdp_lora_step),
+        cmocka_unit_test(test_fsdp_qlora_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
