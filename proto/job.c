@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -206,6 +207,9 @@ static const struct alias {
     {"num_epochs", "train.epochs"},
     {"max_steps", "train.max_steps"},
     {"dataset", "data.path"},
+    {"model_name", "model.path"},                           /* a local directory */
+    {"use_gradient_checkpointing", "fsdp.activation_checkpointing"}, /* true: full */
+    {"use_cpu_offload", "fsdp.cpu_offload"},
 };
 
 void job_lora_config(const job_config *j, lora_config *out) {
@@ -943,6 +947,20 @@ static int apply_alias(job_config *j, const char *name, const char *text, errbuf
         j->train.grad_accum_request = (int)steps;
         return 0;
     }
+    /* fsdp_qlora's --dataset takes names of Hugging Face datasets it downloads; fsdpd reads
+     * files only. */
+    static const char *const hub_datasets[] = {"alpaca", "alpaca_sample", "dummy", "guanaco",
+                                               "sql", "orca_math", "chat"};
+    for (size_t d = 0; strcmp(name, "dataset") == 0 && d < COUNT(hub_datasets); d++)
+        if (strcmp(text, hub_datasets[d]) == 0 && access(text, F_OK) != 0)
+            return errf(err, "--dataset: '%s' is a dataset name of fsdp_qlora's, which downloads "
+                             "it; fsdpd trains on a file: give its path (JSONL records or a token "
+                             "cache, see configs/jobs/README.md)", text);
+    if (strcmp(name, "use_gradient_checkpointing") == 0) {
+        if (strcmp(text, "true") && strcmp(text, "false"))
+            return errf(err, "--%s: '%s' is not true or false", name, text);
+        text = strcmp(text, "true") == 0 ? "full" : "none";
+    }
     /* fsdp_qlora's names: all = every linear but o_proj, default = PEFT's Llama default. */
     if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "all") == 0)
         text = "k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj";
@@ -950,6 +968,8 @@ static int apply_alias(job_config *j, const char *name, const char *text, errbuf
         text = "q_proj,v_proj";
     const job_key *k = find_full_key(a->key);
     if (feature_not_built(k)) return errf(err, "--%s: '%s' is not built yet", name, text);
+    if (strcmp(name, "use_cpu_offload") == 0 && strcmp(text, "true") == 0)
+        return errf(err, "--use_cpu_offload: 'true' is not built yet");
     if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
     return 0;
 }

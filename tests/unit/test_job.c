@@ -399,6 +399,17 @@ static void test_aliases(void **state) {
     override_fails(&j, "--lora_target_modules=everything", "unknown module 'everything'");
     must_override(&j, "--train_type=lora");
     assert_int_equal(j.train.type, JOB_TRAIN_LORA);
+    must_override(&j, "--use_gradient_checkpointing=true");
+    assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_FULL);
+    must_override(&j, "--use_gradient_checkpointing=false");
+    assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_NONE);
+    override_fails(&j, "--use_gradient_checkpointing=yes", "not true or false");
+    must_override(&j, "--use_cpu_offload=false");
+    override_fails(&j, "--use_cpu_offload=true", "--use_cpu_offload: 'true' is not built yet");
+    must_override(&j, "--model_name=/models/llama");
+    assert_string_equal(j.model.path, "/models/llama");
+    override_fails(&j, "--dataset=alpaca", "a dataset name of fsdp_qlora's");
+    must_override(&j, "--dataset=data/alpaca.jsonl");
     must_override(&j, "--train_type=qlora");
     assert_int_equal(j.train.type, JOB_TRAIN_QLORA);
     override_fails(&j, "--lr=fast", "--lr: train.lr: 'fast' is not a number");
