@@ -12,6 +12,7 @@
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
+#include "proto/peft.h"
 #include "proto/safetensors.h"
 #include "worker/ckpt_writer.h"
 #include "worker/data.h"
@@ -39,6 +40,26 @@ static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_
                   (long long)m.optimizer_step, (long long)m.step);
     *tokens_seen = m.tokens_seen;
     ckpt_manifest_free(&m);
+    return rc;
+}
+
+/* lora.init_from: the adapters of a PEFT directory, which must be the job's (rank, alpha,
+ * rslora, targets; its dropout is a training setting, the job's is used). */
+static int adapters_from(fsdp *f, const job_config *j, const llama_config *cfg, errbuf *err) {
+    lora_layout lo;
+    float **units;
+    const char *dir = j->lora.init_from;
+    if (peft_load(dir, cfg, &lo, &units, err)) return errprefix(err, "lora.init_from");
+    const lora_config *got = &lo.cfg, *want = &f->lora_layout.cfg;
+    int rc = 0;
+    if (got->rank != want->rank || got->alpha != want->alpha || got->rslora != want->rslora ||
+        got->targets != want->targets)
+        rc = errf(err, "lora.init_from: %s holds adapters of rank %d, alpha %g, rslora %d and "
+                       "other targets than the job's lora settings (rank %d, alpha %g, rslora %d)",
+                  dir, got->rank, got->alpha, got->rslora, want->rank, want->alpha, want->rslora);
+    if (rc == 0) rc = fsdp_set_adapters(f, units, err);
+    peft_units_free(units, lo.n_units);
+    lora_layout_free(&lo);
     return rc;
 }
 
@@ -80,7 +101,7 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
     munmap((void *)image, bytes);
     if (rc || !adapters) return rc;
     if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
-    return fsdp_init_adapters(f, err);
+    return j->lora.init_from[0] ? adapters_from(f, j, cfg, err) : fsdp_init_adapters(f, err);
 }
 
 typedef struct params_writer {

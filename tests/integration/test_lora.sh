@@ -79,6 +79,15 @@ must_succeed output
 grep -q '"r": 4' "$tmp/out5/adapter_config.json" && grep -q '"lora_alpha": 8' "$tmp/out5/adapter_config.json" ||
     fail "adapter_config.json lacks the job's rank and alpha"
 
+# --- lora.init_from: a PEFT adapter to start from (lr 0 at step 1: it comes back unchanged) ------
+run from -- --checkpoint.dir="$tmp/ck6" --lora.init_from="$tmp/out5" --train.max_steps=1
+must_succeed from
+"$fsdpctl" compare "$tmp/from.safetensors" "$tmp/out5/adapter_model.safetensors" --rtol 0 > "$tmp/cmp.out" ||
+    { cat "$tmp/cmp.out"; fail "lora.init_from did not start from the adapter"; }
+run fromr8 -- --checkpoint.dir="$tmp/ck7" --lora.init_from="$tmp/out5" --lora.rank=8 --train.max_steps=1
+[ "$status" -ne 0 ] && grep -q 'holds adapters of rank 4' "$tmp/fromr8.log" ||
+    { cat "$tmp/fromr8.log"; fail "an adapter of another rank was not refused"; }
+
 # --- what the checkpoint holds ------------------------------------------------------------------
 python3 - "$tmp/ck2/step-000006/manifest.json" <<'PY'
 import json, sys
