@@ -173,8 +173,9 @@ done:
 }
 
 /* --quant nf4: every linear of every layer replaced by its NF4 round trip (double
- * quantization, from the fp32 weights), what bitsandbytes computes with. */
-static int quantize_base(llama_model *m, errbuf *err) {
+ * quantization, from the checkpoint's weights as stored: not from the compute dtype's
+ * rounding of them), what bitsandbytes computes with. */
+static int quantize_base(llama_model *m, const st_model *st, errbuf *err) {
     const llama_layout *lo = &m->layout;
     float *w = malloc(lo->max_tensor_numel * sizeof *w), *dq = malloc(lo->max_tensor_numel * sizeof *dq);
     int rc = w && dq ? 0 : errf(err, "reference: out of memory");
@@ -183,7 +184,7 @@ static int quantize_base(llama_model *m, errbuf *err) {
             const llama_tensor_slot *s = &lo->tensors[lo->units[llama_layer_unit(l)].first + k];
             nf4_tensor t;
             memset(&t, 0, sizeof t);
-            rc = llama_model_get_param(m, s->name, w, s->numel, err);
+            rc = llama_read_tensor_f32(s, st, w, err);
             if (rc == 0) rc = nf4_quantize(w, ST_F32, s->ndim, s->shape, 1, &t, err);
             if (rc == 0) rc = nf4_dequantize(&t, dq, err);
             if (rc == 0) rc = llama_model_set_param(m, s->name, dq, s->numel, err);
@@ -194,11 +195,13 @@ static int quantize_base(llama_model *m, errbuf *err) {
     return rc;
 }
 
-/* --adapter: the base frozen, PEFT's adapters from dir trained. */
+/* --adapter: the base frozen, PEFT's adapters from dir trained.  Dropout is off whatever the
+ * adapter's lora_dropout: a reference is deterministic (and torch's masks are not ours). */
 static int load_adapter(llama_model *m, const char *dir, errbuf *err) {
     lora_layout lo;
     float **units;
     if (peft_load(dir, &m->layout.cfg, &lo, &units, err)) return -1;
+    lo.cfg.dropout = 0;
     int rc = llama_model_init_lora(m, &lo.cfg, 0, err);
     for (int i = 0; rc == 0 && i < lo.n_tensors; i++) {
         const llama_tensor_slot *s = &lo.tensors[i];
@@ -226,7 +229,7 @@ static int run_reference(const char *model_dir, const char *batch_path, const ch
     if (kctx_init(&ctx, backend, 0, err)) goto close_model;
     llama_model m;
     if (llama_model_init(&m, &cfg, &ctx, 0, err)) goto destroy_ctx;
-    if (!llama_model_load_hf(&m, &st, err) && (!nf4 || !quantize_base(&m, err)) &&
+    if (!llama_model_load_hf(&m, &st, err) && (!nf4 || !quantize_base(&m, &st, err)) &&
         (!adapter || !load_adapter(&m, adapter, err)))
         rc = forward_backward_and_write(&m, &b, batch_path, out_path, adamw, err);
     llama_model_destroy(&m);

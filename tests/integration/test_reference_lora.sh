@@ -34,6 +34,15 @@ tail -1 "$tmp/lora.txt"
 grep -q '^58 tensors compared, .*: 0 problems$' "$tmp/lora.txt" || fail "not every tensor was compared"
 grep -q '^grad.model' "$tmp/lora.txt" && fail "the frozen base has gradients"
 
+# an adapter's lora_dropout does not make the reference random: dropout is off
+mkdir -p "$tmp/lora-drop" && cp "$tmp/lora-init/adapter_model.safetensors" "$tmp/lora-drop/"
+sed 's/"lora_dropout": 0.0/"lora_dropout": 0.1/' "$golden/lora/adapter_config.json" > "$tmp/lora-drop/adapter_config.json"
+grep -q '"lora_dropout": 0.1' "$tmp/lora-drop/adapter_config.json" || fail "no dropout set"
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/lora-drop" \
+    --adamw 1e-3,0.9,0.95,1e-8,0 --out "$tmp/drop.safetensors" > /dev/null
+"$fsdpctl" compare "$tmp/drop.safetensors" "$tmp/lora.safetensors" --rtol 0 > "$tmp/cmp.txt" ||
+    { cat "$tmp/cmp.txt"; fail "the adapter's dropout changed the reference"; }
+
 # --- QLoRA -----------------------------------------------------------------------------------
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/qlora-init" --quant nf4 \
     --out "$tmp/qlora.safetensors" > /dev/null
