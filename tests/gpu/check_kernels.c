@@ -7,6 +7,8 @@
  * op accumulates into them; any NaN fails.  The error is ||gpu - cpu|| / ||cpu|| over the
  * whole tensor, against a tolerance for what the op does: 0 for copies, casts and gathers,
  * 1e-5 for fp32 math, 1e-4 for fp32 sums, 1e-2 for bf16 outputs, 2e-2 for bf16 GEMMs.
+ * NF4 dequantization is compared element by element: every value the CPU's fp32 product
+ * rounded once to bf16, bit for bit.
  * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
  *
  * --cpu runs every check with the CPU backend standing in for CUDA (compute buffers are then
