@@ -54,15 +54,25 @@ static inline uint32_t philox_dropout_threshold(double p) {
     return t >= 4294967295.0 ? UINT32_C(4294967295) : (uint32_t)t;
 }
 
-/* Whether element e (row-major index into the sample's [T, cols] input) of `sample` at
- * `site` is kept.  Stream: (purpose dropout, sample); counter: site << 40 | e / 4; the word
- * e % 4 of the block decides (so one block serves four neighbours). */
-PHILOX_FN int philox_dropout_keep(uint64_t seed, uint64_t sample, uint32_t site, uint64_t e,
-                                  uint32_t threshold) {
+/* The keep decisions of elements 4g .. 4g+3 (row-major indices into the sample's [T, cols]
+ * input) of `sample` at `site`: kept when their word of one block is >= the threshold.
+ * Stream: (purpose dropout, sample); counter: site << 40 | g.  One block serves the four
+ * neighbours, so a kernel draws it once for them (philox_dropout_keep is one of the four). */
+PHILOX_FN void philox_dropout_keep4(uint64_t seed, uint64_t sample, uint32_t site, uint64_t g,
+                                    uint32_t threshold, int keep[4]) {
     uint32_t r[4];
     uint64_t stream = (uint64_t)PHILOX_PURPOSE_DROPOUT << 48 | (sample & ((UINT64_C(1) << 48) - 1));
-    philox_block(seed, stream, (uint64_t)site << 40 | e >> 2, r);
-    return r[e & 3] >= threshold;
+    philox_block(seed, stream, (uint64_t)site << 40 | g, r);
+    for (int j = 0; j < 4; j++) keep[j] = r[j] >= threshold;
+}
+
+/* Whether element e (row-major index into the sample's [T, cols] input) of `sample` at
+ * `site` is kept: word e % 4 of the block of e / 4 (philox_dropout_keep4). */
+PHILOX_FN int philox_dropout_keep(uint64_t seed, uint64_t sample, uint32_t site, uint64_t e,
+                                  uint32_t threshold) {
+    int keep[4];
+    philox_dropout_keep4(seed, sample, site, e >> 2, threshold, keep);
+    return keep[e & 3];
 }
 
 #endif

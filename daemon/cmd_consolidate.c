@@ -1,5 +1,6 @@
-/* fsdpctl consolidate: a sharded checkpoint into a Hugging Face model directory
- * (daemon/consolidate.h says what is written and how). */
+/* fsdpctl consolidate: a sharded checkpoint into a Hugging Face model directory, or a PEFT
+ * adapter directory for an adapter job's (daemon/consolidate.h says what is written and how).
+ * Also the option parsers fsdpctl merge shares (fsdpctl.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -13,14 +14,22 @@
 
 static void consolidate_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] "
-               "[--threads N] [--tokenizer-from MODEL_DIR]\n"
+               "[--threads N] [--tokenizer-from MODEL_DIR] [--merge]\n"
                "  CKPT: a checkpoint directory (its latest checkpoint) or one step-N directory\n"
                "  the tokenizer files and generation_config.json come from MODEL_DIR, else from\n"
-               "  the model directory the checkpoint's job started from (if any)\n");
+               "  the model directory the checkpoint's job started from (if any)\n"
+               "  an adapter job's checkpoint gives a PEFT adapter directory (F32); --merge also\n"
+               "  writes OUT/merged, the base model with the adapters merged in (in --dtype)\n");
 }
 
-/* A size as the job's output.shard_size takes it ("5GB", "500MiB", bytes). */
-static int parse_shard_size(const char *text, uint64_t *out) {
+int fsdpctl_parse_dtype(const char *text, st_dtype *out) {
+    if (!strcmp(text, "bf16") || !strcmp(text, "bfloat16")) *out = ST_BF16;
+    else if (!strcmp(text, "f32") || !strcmp(text, "float32")) *out = ST_F32;
+    else return -1;
+    return 0;
+}
+
+int fsdpctl_parse_shard_size(const char *text, uint64_t *out) {
     static job_config scratch;
     char arg[256];
     errbuf err;
@@ -32,7 +41,7 @@ static int parse_shard_size(const char *text, uint64_t *out) {
     return 0;
 }
 
-static int parse_threads(const char *text, int *out) {
+int fsdpctl_parse_threads(const char *text, int *out) {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
@@ -46,7 +55,8 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
     static const struct option longopts[] = {
         {"dtype", required_argument, 0, 'd'},   {"shard-size", required_argument, 0, 'z'},
         {"threads", required_argument, 0, 't'}, {"tokenizer-from", required_argument, 0, 'k'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+        {"merge", no_argument, 0, 'm'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *o = (consolidate_options){.dtype = ST_BF16, .shard_bytes = CONSOLIDATE_SHARD_SIZE, .threads = 4};
     int opt;
     optind = 1;
@@ -55,22 +65,21 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
         case 'd':
-            if (!strcmp(optarg, "bf16") || !strcmp(optarg, "bfloat16")) o->dtype = ST_BF16;
-            else if (!strcmp(optarg, "f32") || !strcmp(optarg, "float32")) o->dtype = ST_F32;
-            else {
+            if (fsdpctl_parse_dtype(optarg, &o->dtype)) {
                 fprintf(stderr, "fsdpctl consolidate: --dtype '%s' is not bf16 or f32\n", optarg);
                 return -1;
             }
             break;
+        case 'm': o->merge = 1; break;
         case 'z':
-            if (parse_shard_size(optarg, &o->shard_bytes)) {
+            if (fsdpctl_parse_shard_size(optarg, &o->shard_bytes)) {
                 fprintf(stderr, "fsdpctl consolidate: --shard-size '%s' is not a size such as 5GB\n",
                         optarg);
                 return -1;
             }
             break;
         case 't':
-            if (parse_threads(optarg, &o->threads)) {
+            if (fsdpctl_parse_threads(optarg, &o->threads)) {
                 fprintf(stderr, "fsdpctl consolidate: --threads '%s' is not a number from 1 to 256\n",
                         optarg);
                 return -1;
@@ -105,6 +114,16 @@ int cmd_consolidate(int argc, char **argv) {
         return 1;
     }
     if (r.warning[0]) fprintf(stderr, "fsdpctl consolidate: warning: %s\n", r.warning);
+    if (r.adapter) {
+        printf("%s: step %" PRId64 " (%s): a PEFT adapter, %d tensors, %" PRIu64 " bytes F32, %d "
+               "tokenizer file%s", o.out, r.step, r.ckpt, r.tensors, r.bytes, r.tokenizer_files,
+               r.tokenizer_files == 1 ? "" : "s");
+        if (o.merge)
+            printf("; merged/: %d tensors in %d file%s, %" PRIu64 " bytes %s", r.merged_tensors,
+                   r.merged_files, r.merged_files == 1 ? "" : "s", r.merged_bytes, st_dtype_name(o.dtype));
+        printf(", %.2f s\n", r.seconds);
+        return 0;
+    }
     printf("%s: step %" PRId64 " (%s): %d tensors in %d file%s, %" PRIu64 " bytes %s, %d tokenizer "
            "file%s%s%s, %.2f s (%.2f GB/s)\n",
            o.out, r.step, r.ckpt, r.tensors, r.files, r.files == 1 ? "" : "s", r.bytes,

@@ -2,18 +2,42 @@
  * backend, written out the way the golden files are (logits, loss, grad.<name> and, with
  * --adamw, adamw.<name> = the parameters after one AdamW step), so that this
  * implementation can be checked against transformers' outputs with `fsdpctl compare`.
- * OpenBLAS runs with its default thread count (OPENBLAS_NUM_THREADS, else every core). */
+ * With --adapter PEFT_DIR the base is frozen and the adapters are trained: grad.* and
+ * adamw.* are the adapters', under PEFT's saved names; --quant nf4 first quantizes every
+ * linear of the base to NF4 with double quantization and back, as bitsandbytes computes
+ * with it (QLoRA).  OpenBLAS runs with its default thread count (OPENBLAS_NUM_THREADS, else
+ * every core). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/fsdpctl.h"
 #include "proto/batch.h"
+#include "proto/model_image.h"
+#include "proto/nf4.h"
+#include "proto/peft.h"
 #include "model/llama.h"
 
 static const char reference_usage[] =
     "usage: fsdpctl reference MODEL_DIR BATCH.safetensors --out OUT.safetensors "
-    "[--adamw lr,beta1,beta2,eps,wd] [--backend cpu|cuda]\n";
+    "[--adamw lr,beta1,beta2,eps,wd] [--backend cpu|cuda] [--adapter PEFT_DIR] [--quant nf4]\n";
+
+/* What is trained: the model's parameters, or (--adapter) the adapters'. */
+typedef struct trained {
+    int n_units, n_tensors;
+    const llama_unit *units;
+    const llama_tensor_slot *tensors;
+    void **params;
+    float **grads;
+} trained;
+
+static trained trained_of(llama_model *m) {
+    if (m->has_lora)
+        return (trained){m->lora_layout.n_units, m->lora_layout.n_tensors, m->lora_layout.units,
+                         m->lora_layout.tensors, m->adapters, m->adapter_grads};
+    return (trained){m->layout.n_units, m->layout.n_tensors, m->layout.units, m->layout.tensors,
+                     m->params, m->grads};
+}
 
 typedef struct adamw_settings {
     int on;
@@ -63,10 +87,11 @@ static int compare_wtensor_names(const void *a, const void *b) {
     return strcmp(((const st_wtensor *)a)->name, ((const st_wtensor *)b)->name);
 }
 
-/* Writes adamw.<name> for every parameter: one AdamW step (step 1, zero moments, weight
- * decay on every parameter) applied unit by unit to fp32 copies of the parameters. */
+/* Writes adamw.<name> for every trained parameter: one AdamW step (step 1, zero moments,
+ * weight decay on every parameter) applied unit by unit to fp32 copies of the parameters. */
 static int adamw_step(llama_model *m, const adamw_settings *a, output *o, errbuf *err) {
-    const llama_layout *lo = &m->layout;
+    trained t = trained_of(m);
+    const trained *lo = &t;
     kctx *c = m->ctx;
     for (int u = 0; u < lo->n_units; u++) {
         size_t n = lo->units[u].numel;
@@ -75,8 +100,8 @@ static int adamw_step(llama_model *m, const adamw_settings *a, output *o, errbuf
         float *var = mom ? k_alloc(c, n * sizeof(float), err) : NULL;
         int rc = var ? 0 : -1;
         if (!rc) {
-            k_compute_to_f32(c, p, m->params[u], n);
-            k_adamw(c, p, m->grads[u], mom, var, n, a->lr, a->beta1, a->beta2, a->eps,
+            k_compute_to_f32(c, p, lo->params[u], n);
+            k_adamw(c, p, lo->grads[u], mom, var, n, a->lr, a->beta1, a->beta2, a->eps,
                     a->weight_decay, 1, 1.0f);
         }
         for (int i = 0; !rc && i < lo->units[u].count; i++) {
@@ -108,7 +133,8 @@ static int forward_backward_and_write(llama_model *m, const batch_file *b, const
                     batch_path);
 
     const llama_layout *lo = &m->layout;
-    output o = {.cap = 2 + 2 * lo->n_tensors};
+    trained t = trained_of(m);
+    output o = {.cap = 2 + 2 * t.n_tensors};
     o.t = calloc((size_t)o.cap, sizeof *o.t);
     o.names = calloc((size_t)o.cap, sizeof *o.names);
     o.data = calloc((size_t)o.cap, sizeof *o.data);
@@ -128,8 +154,8 @@ static int forward_backward_and_write(llama_model *m, const batch_file *b, const
         goto done;
     *loss = (float)((double)loss_sum / (double)n_targets);
 
-    for (int i = 0; i < lo->n_tensors; i++) {
-        const llama_tensor_slot *s = &lo->tensors[i];
+    for (int i = 0; i < t.n_tensors; i++) {
+        const llama_tensor_slot *s = &t.tensors[i];
         float *g = output_add(&o, "grad.", s->name, s->ndim, s->shape, err);
         if (!g || llama_model_get_grad(m, s->name, g, s->numel, err)) goto done;
     }
@@ -146,8 +172,46 @@ done:
     return rc;
 }
 
+/* --quant nf4: every linear of every layer replaced by its NF4 round trip (double
+ * quantization, from the fp32 weights), what bitsandbytes computes with. */
+static int quantize_base(llama_model *m, errbuf *err) {
+    const llama_layout *lo = &m->layout;
+    float *w = malloc(lo->max_tensor_numel * sizeof *w), *dq = malloc(lo->max_tensor_numel * sizeof *dq);
+    int rc = w && dq ? 0 : errf(err, "reference: out of memory");
+    for (int l = 0; rc == 0 && l < lo->n_layers; l++)
+        for (int k = 0; rc == 0 && k < MODEL_IMAGE_LINEARS; k++) {
+            const llama_tensor_slot *s = &lo->tensors[lo->units[llama_layer_unit(l)].first + k];
+            nf4_tensor t;
+            memset(&t, 0, sizeof t);
+            rc = llama_model_get_param(m, s->name, w, s->numel, err);
+            if (rc == 0) rc = nf4_quantize(w, ST_F32, s->ndim, s->shape, 1, &t, err);
+            if (rc == 0) rc = nf4_dequantize(&t, dq, err);
+            if (rc == 0) rc = llama_model_set_param(m, s->name, dq, s->numel, err);
+            nf4_free(&t);
+        }
+    free(w);
+    free(dq);
+    return rc;
+}
+
+/* --adapter: the base frozen, PEFT's adapters from dir trained. */
+static int load_adapter(llama_model *m, const char *dir, errbuf *err) {
+    lora_layout lo;
+    float **units;
+    if (peft_load(dir, &m->layout.cfg, &lo, &units, err)) return -1;
+    int rc = llama_model_init_lora(m, &lo.cfg, 0, err);
+    for (int i = 0; rc == 0 && i < lo.n_tensors; i++) {
+        const llama_tensor_slot *s = &lo.tensors[i];
+        rc = llama_model_set_param(m, s->name, units[s->unit] + s->offset, s->numel, err);
+    }
+    peft_units_free(units, lo.n_units);
+    lora_layout_free(&lo);
+    return rc ? errprefix(err, "%s", dir) : 0;
+}
+
 static int run_reference(const char *model_dir, const char *batch_path, const char *out_path,
-                         const adamw_settings *adamw, k_backend backend, errbuf *err) {
+                         const adamw_settings *adamw, k_backend backend, const char *adapter,
+                         int nf4, errbuf *err) {
     llama_config cfg;
     batch_file b = {0};
     if (llama_config_load(&cfg, model_dir, err) || batch_read(&b, batch_path, err)) return -1;
@@ -162,7 +226,8 @@ static int run_reference(const char *model_dir, const char *batch_path, const ch
     if (kctx_init(&ctx, backend, 0, err)) goto close_model;
     llama_model m;
     if (llama_model_init(&m, &cfg, &ctx, 0, err)) goto destroy_ctx;
-    if (!llama_model_load_hf(&m, &st, err))
+    if (!llama_model_load_hf(&m, &st, err) && (!nf4 || !quantize_base(&m, err)) &&
+        (!adapter || !load_adapter(&m, adapter, err)))
         rc = forward_backward_and_write(&m, &b, batch_path, out_path, adamw, err);
     llama_model_destroy(&m);
 destroy_ctx:
@@ -179,6 +244,8 @@ int cmd_reference(int argc, char **argv) {
     int n_positional = 0;
     adamw_settings adamw = {0};
     k_backend backend = K_CPU;
+    const char *adapter = NULL;
+    int nf4 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
@@ -197,6 +264,14 @@ int cmd_reference(int argc, char **argv) {
                         argv[i], reference_usage);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--adapter") && i + 1 < argc) {
+            adapter = argv[++i];
+        } else if (!strcmp(argv[i], "--quant") && i + 1 < argc) {
+            if (strcmp(argv[++i], "nf4") != 0) {
+                fprintf(stderr, "fsdpctl reference: --quant is nf4, not '%s'\n%s", argv[i], reference_usage);
+                return 2;
+            }
+            nf4 = 1;
         } else if (argv[i][0] != '-' && n_positional < 2) {
             positional[n_positional++] = argv[i];
         } else {
@@ -210,7 +285,7 @@ int cmd_reference(int argc, char **argv) {
         return 2;
     }
     errbuf err = {{0}};
-    if (run_reference(positional[0], positional[1], out, &adamw, backend, &err)) {
+    if (run_reference(positional[0], positional[1], out, &adamw, backend, adapter, nf4, &err)) {
         fprintf(stderr, "fsdpctl reference: %s\n", err.msg);
         return 1;
     }

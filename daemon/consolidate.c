@@ -20,9 +20,12 @@
 #include "base/crc32c.h"
 #include "base/fileio.h"
 #include "proto/ckpt.h"
+#include "proto/model_layout.h"
+#include "proto/peft.h"
 
 #define NAME_BYTES 64
 #define CONFIG_NAME "config.json"
+#define MERGED_NAME "merged" /* an adapter directory's merged model */
 #define GENERATION_NAME "generation_config.json"
 #define COPY_BUFFER (1u << 20) /* section padding */
 #define MAX_THREADS 256
@@ -219,9 +222,9 @@ static int out_tensor_name_cmp(const void *a, const void *b) {
 
 /* Splits the tensors into files as st_write_model does (in checkpoint order, a new file when
  * the next tensor would overflow a non-empty one), sorts each file's tensors by name and lays
- * them out back to back. */
+ * them out back to back; single_name is the file's name when there is one. */
 static int plan_build(plan *p, const ckpt_layout *lo, st_dtype dtype, uint64_t shard_bytes,
-                      errbuf *err) {
+                      const char *single_name, errbuf *err) {
     *p = (plan){.dtype = dtype, .elem = st_dtype_size(dtype), .n_tensors = lo->n_tensors};
     p->tensors = calloc((size_t)lo->n_tensors, sizeof *p->tensors);
     p->files = calloc((size_t)lo->n_tensors, sizeof *p->files); /* at most one per tensor */
@@ -244,7 +247,7 @@ static int plan_build(plan *p, const ckpt_layout *lo, st_dtype dtype, uint64_t s
         }
     for (int f = 0; f < p->n_files; f++) {
         out_file *F = &p->files[f];
-        if (p->total_bytes <= shard_bytes) snprintf(F->name, sizeof F->name, ST_SINGLE_NAME);
+        if (p->total_bytes <= shard_bytes) snprintf(F->name, sizeof F->name, "%s", single_name);
         else snprintf(F->name, sizeof F->name, "model-%05d-of-%05d.safetensors", f + 1, p->n_files);
         qsort(p->tensors + F->first, (size_t)F->count, sizeof *p->tensors, out_tensor_name_cmp);
         uint64_t at = 0;
@@ -281,8 +284,28 @@ static void bf16_in_place(unsigned char *buf, size_t n) {
     }
 }
 
+/* ---- where the values come from ---- */
+
+typedef struct merge_source merge_source;
+
+/* A checkpoint's master sections (shards), or a base model with adapters merged in (merge). */
+typedef struct feed {
+    const source *shards;
+    const merge_source *merge;
+} feed;
+
+static int read_merged(const merge_source *ms, const out_tensor *o, uint64_t first, uint64_t n,
+                       float *dst, errbuf *err);
+
+/* dst[n] = elements [first, first+n) of the output tensor o, as fp32. */
+static int feed_read(const feed *fd, const out_tensor *o, uint64_t first, uint64_t n, float *dst,
+                     piece_list *pieces, errbuf *err) {
+    if (fd->merge) return read_merged(fd->merge, o, first, n, dst, err);
+    return read_master(fd->shards, o->unit, o->t->offset + first, n, dst, pieces, err);
+}
+
 /* Writes one output file, each tensor streamed through buf. */
-static int write_file(const plan *p, const source *s, const out_file *F, const char *dir,
+static int write_file(const plan *p, const feed *s, const out_file *F, const char *dir,
                       unsigned char *buf, size_t buf_bytes, piece_list *pieces, errbuf *err) {
     char path[PATH_BYTES];
     size_t header_len;
@@ -297,7 +320,7 @@ static int write_file(const plan *p, const source *s, const out_file *F, const c
         const out_tensor *o = &p->tensors[i];
         for (uint64_t first = 0; rc == 0 && first < o->t->numel; first += chunk) {
             uint64_t n = o->t->numel - first < chunk ? o->t->numel - first : chunk;
-            rc = read_master(s, o->unit, o->t->offset + first, n, (float *)buf, pieces, err);
+            rc = feed_read(s, o, first, n, (float *)buf, pieces, err);
             if (rc == 0 && p->dtype == ST_BF16) bf16_in_place(buf, (size_t)n);
             if (rc == 0)
                 rc = file_pwrite_full(fd, buf, (size_t)(n * p->elem),
@@ -314,7 +337,7 @@ static int write_file(const plan *p, const source *s, const out_file *F, const c
 
 typedef struct writer {
     const plan *p;
-    const source *s;
+    const feed *s;
     const char *dir;
     size_t buf_bytes;
     atomic_int *next_file, *failed;
@@ -338,8 +361,9 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-/* Writes every safetensors file with up to `threads` threads, then checks the CRCs. */
-static int write_weights(const plan *p, const source *s, const char *dir, int threads,
+/* Writes every safetensors file with up to `threads` threads, then checks the CRCs of the
+ * checkpoint's sections read. */
+static int write_weights(const plan *p, const feed *s, const char *dir, int threads,
                          size_t buf_bytes, errbuf *err) {
     int n = threads < p->n_files ? threads : p->n_files, started = 0, rc = 0;
     atomic_int next_file = 0, failed = 0;
@@ -369,7 +393,7 @@ static int write_weights(const plan *p, const source *s, const char *dir, int th
         free(w[i].pieces.v);
     }
     free(w);
-    if (rc == 0) rc = check_master_crcs(s, all, total, err);
+    if (rc == 0 && s->shards) rc = check_master_crcs(s->shards, all, total, err);
     free(all);
     return rc;
 }
@@ -476,25 +500,35 @@ static int copy_tokenizer(const char *from, const char *dir, name_list *names, i
 
 /* ---- the output directory ---- */
 
-/* Removes a directory of plain files (a partial output); a missing one is fine. */
-static int remove_partial(const char *dir, errbuf *err) {
+/* Removes a directory and everything in it (a partial output, a stale merged/); a missing one
+ * is fine. */
+static int remove_tree(const char *dir, errbuf *err) {
     DIR *d = opendir(dir);
     if (!d) return errno == ENOENT ? 0 : errf(err, "%s: %s", dir, strerror(errno));
     int rc = 0;
     for (struct dirent *e; rc == 0 && (e = readdir(d)) != NULL;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if (unlinkat(dirfd(d), e->d_name, 0) != 0)
-            rc = errf(err, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(errno));
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) continue;
+        char sub[PATH_BYTES];
+        if (errno != EISDIR) rc = errf(err, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(errno));
+        else rc = path_join(sub, PATH_BYTES, dir, e->d_name, err) ? -1 : remove_tree(sub, err);
     }
     closedir(d);
     if (rc == 0 && rmdir(dir) != 0) rc = errf(err, "%s: rmdir: %s", dir, strerror(errno));
     return rc;
 }
 
-/* model.safetensors, its index, or a model-NNNNN-of-NNNNN.safetensors shard. */
+/* A fresh, empty partial directory (a stale one from an interrupted run removed). */
+static int start_partial(const char *partial, errbuf *err) {
+    return remove_tree(partial, err) || file_mkdir(partial, err) ? -1 : 0;
+}
+
+/* model.safetensors, its index, a model-NNNNN-of-NNNNN.safetensors shard, or an adapter's
+ * weights. */
 static int is_weight_name(const char *name) {
     int a, b, end = 0;
-    if (!strcmp(name, ST_SINGLE_NAME) || !strcmp(name, ST_INDEX_NAME)) return 1;
+    if (!strcmp(name, ST_SINGLE_NAME) || !strcmp(name, ST_INDEX_NAME) || !strcmp(name, PEFT_WEIGHTS_NAME))
+        return 1;
     return sscanf(name, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 &&
            (size_t)end == strlen(name);
 }
@@ -505,10 +539,17 @@ static int unlink_if_present(const char *dir, const char *name, errbuf *err) {
     return unlink(path) != 0 && errno != ENOENT ? errf(err, "%s: unlink: %s", path, strerror(errno)) : 0;
 }
 
-/* An existing OUT: no config.json while the weights change; stale weight files removed; the
- * new files moved in, config.json last. */
-static int move_into(const char *partial, const char *out, const name_list *names, errbuf *err) {
-    if (unlink_if_present(out, CONFIG_NAME, err)) return -1;
+/* An existing OUT: no config.json or adapter_config.json while the weights change; stale
+ * weight files (and, for an adapter, a stale merged/) removed; the new files moved in, the
+ * marker (config.json or adapter_config.json) last. */
+static int move_into(const char *partial, const char *out, const name_list *names,
+                     const char *marker, errbuf *err) {
+    char path[PATH_BYTES];
+    if (unlink_if_present(out, CONFIG_NAME, err) || unlink_if_present(out, PEFT_CONFIG_NAME, err))
+        return -1;
+    if (!strcmp(marker, PEFT_CONFIG_NAME) &&
+        (path_join(path, PATH_BYTES, out, MERGED_NAME, err) || remove_tree(path, err)))
+        return -1;
     DIR *d = opendir(out);
     if (!d) return errf(err, "%s: %s", out, strerror(errno));
     int rc = 0;
@@ -517,7 +558,7 @@ static int move_into(const char *partial, const char *out, const name_list *name
     closedir(d);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; rc == 0 && i < names->n; i++) {
-            if ((strcmp(names->v[i], CONFIG_NAME) == 0) != (pass == 1)) continue;
+            if ((strcmp(names->v[i], marker) == 0) != (pass == 1)) continue;
             char from[PATH_BYTES], to[PATH_BYTES];
             if (path_join(from, PATH_BYTES, partial, names->v[i], err) || path_join(to, PATH_BYTES, out, names->v[i], err)) return -1;
             if (rename(from, to) != 0) rc = errf(err, "%s: rename to %s: %s", from, to, strerror(errno));
@@ -527,18 +568,199 @@ static int move_into(const char *partial, const char *out, const name_list *name
     return rc;
 }
 
-static int commit(const char *partial, const char *out, const name_list *names, errbuf *err) {
+static int commit(const char *partial, const char *out, const name_list *names, const char *marker,
+                  errbuf *err) {
     struct stat st;
     if (file_fsync_dir(partial, 1, err)) return -1;
     if (stat(out, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return errf(err, "%s: exists and is not a directory", out);
-        if (move_into(partial, out, names, err)) return -1;
+        if (move_into(partial, out, names, marker, err)) return -1;
     } else if (errno != ENOENT) {
         return errf(err, "%s: %s", out, strerror(errno));
     } else if (rename(partial, out) != 0) {
         return errf(err, "%s: rename to %s: %s", partial, out, strerror(errno));
     }
     return file_fsync_dir(out, 0, err);
+}
+
+/* ---- the settings both entry points share ---- */
+
+typedef struct out_settings {
+    st_dtype dtype;
+    uint64_t shard_bytes;
+    int threads;
+    size_t buf_bytes;
+} out_settings;
+
+static int check_settings(const char *who, st_dtype dtype, int threads, uint64_t shard_bytes,
+                          size_t buffer_bytes, out_settings *os, errbuf *err) {
+    if (dtype != ST_BF16 && dtype != ST_F32)
+        return errf(err, "%s: dtype %s (bf16 or f32 only)", who, st_dtype_name(dtype));
+    if (threads < 1 || threads > MAX_THREADS)
+        return errf(err, "%s: %d threads (1 to %d)", who, threads, MAX_THREADS);
+    if (shard_bytes < 1) return errf(err, "%s: a shard size of 0 bytes", who);
+    if (buffer_bytes % sizeof(float) || buffer_bytes > SIZE_MAX / 2)
+        return errf(err, "%s: a buffer of %zu bytes (a multiple of 4)", who, buffer_bytes);
+    *os = (out_settings){dtype, shard_bytes, threads, buffer_bytes ? buffer_bytes : CONSOLIDATE_BUFFER};
+    return 0;
+}
+
+/* OUT without trailing slashes, and OUT.partial. */
+static int output_paths(const char *out, char *final, char *partial, errbuf *err) {
+    size_t len = strlen(out);
+    while (len > 1 && out[len - 1] == '/') len--;
+    if (len + sizeof ".partial" > PATH_BYTES) return errf(err, "%s: path too long", out);
+    memcpy(final, out, len);
+    final[len] = '\0';
+    memcpy(partial, out, len);
+    memcpy(partial + len, ".partial", sizeof ".partial");
+    return 0;
+}
+
+static void note_tokenizer(consolidate_result *r, const char *from, int copied) {
+    if (!r) return;
+    r->tokenizer_files = copied;
+    snprintf(r->tokenizer_source, sizeof r->tokenizer_source, "%s", from ? from : "");
+}
+
+/* The files of a model directory after its weights: the index (sharded weights), the
+ * tokenizer files and generation_config.json from `from` (may be NULL), config.json. */
+static int write_model_files(const plan *p, const json_t *model_config, const char *from,
+                             const char *dir, name_list *names, consolidate_result *r, errbuf *err) {
+    int copied = 0;
+    for (int f = 0; f < p->n_files; f++)
+        if (name_add(names, p->files[f].name, err)) return -1;
+    if (strcmp(p->files[0].name, ST_SINGLE_NAME) != 0 && write_index(p, dir, names, err)) return -1;
+    if (from && copy_tokenizer(from, dir, names, &copied, err)) return -1;
+    note_tokenizer(r, from, copied);
+    if (write_generation_config(model_config, from, dir, names, err)) return -1;
+    return write_config(model_config, p->dtype, dir, names, err);
+}
+
+/* ---- merging: a base model's weights with W + scale * B A for every adapted weight ---- */
+
+struct merge_source {
+    st_model base;
+    int base_open;
+    llama_layout model;
+    ckpt_layout layout;        /* the model's tensors as units, for the plan */
+    const st_tensor **tensors; /* [layout.n_tensors]: each one's in base */
+    const lora_layout *lo;
+    const float *const *units;
+    float scale;
+};
+
+static void merge_source_close(merge_source *ms) {
+    if (ms->base_open) st_model_close(&ms->base);
+    llama_layout_free(&ms->model);
+    ckpt_layout_free(&ms->layout);
+    free(ms->tensors);
+}
+
+/* A base tensor as bitsandbytes stores an NF4 weight (uint8 codes and their .absmax). */
+static int refuse_quantized(const st_model *st, const llama_tensor_slot *slot, errbuf *err) {
+    char name[ST_MAX_NAME + 16];
+    const st_tensor *t = st_model_find(st, slot->name);
+    snprintf(name, sizeof name, "%s.absmax", slot->name);
+    if ((t && t->dtype == ST_U8) || st_model_find(st, name))
+        return errf(err, "%s: tensor %s is quantized (bitsandbytes NF4): merging into a quantized "
+                         "base is not built yet (merge into the unquantized model)", st->dir, slot->name);
+    return 0;
+}
+
+/* The base is the one the adapters were trained on: its st_model_fingerprint. */
+static int check_fingerprint(const st_model *st, const char *want, errbuf *err) {
+    char have[ST_FINGERPRINT_HEX];
+    st_model_fingerprint(st, have);
+    if (strcmp(have, want) != 0)
+        return errf(err, "%s: not the base model the adapters were trained on (fingerprint %.16s..., "
+                         "the checkpoint's %.16s...)", st->dir, have, want);
+    return 0;
+}
+
+static int merge_source_open(merge_source *ms, const char *model_dir, const llama_config *mcfg,
+                             const lora_layout *lo, const float *const *units,
+                             const char *fingerprint, errbuf *err) {
+    *ms = (merge_source){.lo = lo, .units = units, .scale = (float)lora_scale(&lo->cfg)};
+    if (st_model_open(&ms->base, model_dir, err)) return -1;
+    ms->base_open = 1;
+    const llama_layout *L = &ms->model;
+    int rc = fingerprint ? check_fingerprint(&ms->base, fingerprint, err) : 0;
+    if (rc == 0) rc = llama_layout_init(&ms->model, mcfg, err);
+    if (rc == 0) rc = ckpt_layout_from_slots(&ms->layout, 1, L->units, L->n_units, L->tensors, L->n_tensors, err);
+    if (rc == 0 && !(ms->tensors = calloc((size_t)L->n_tensors, sizeof *ms->tensors)))
+        rc = errf(err, "%s: out of memory", model_dir);
+    for (int i = 0; rc == 0 && i < L->n_tensors; i++) {
+        rc = refuse_quantized(&ms->base, &L->tensors[i], err);
+        if (rc == 0 && !(ms->tensors[i] = llama_checkpoint_tensor(&L->tensors[i], &ms->base, err))) rc = -1;
+    }
+    if (rc) merge_source_close(ms);
+    return rc;
+}
+
+/* dst[j] += scale * (B A)[first + j], j < n, for module m of layer l, whose weight is
+ * [out, in]: PEFT's W + (B @ A) * scaling, each row of B A summed in fp32 into `row`. */
+static void add_delta(const merge_source *ms, int l, int m, uint64_t first, uint64_t n,
+                      float *dst, float *restrict row) {
+    const lora_site *s = &ms->lo->site[m];
+    const float *A = ms->units[l] + s->a_off, *B = ms->units[l] + s->b_off;
+    uint64_t in = (uint64_t)s->in, r = (uint64_t)ms->lo->cfg.rank;
+    for (uint64_t e = first; e < first + n;) {
+        uint64_t i = e / in, c0 = e % in, c1 = in < c0 + (first + n - e) ? in : c0 + (first + n - e);
+        memset(row + c0, 0, (size_t)(c1 - c0) * sizeof *row);
+        for (uint64_t k = 0; k < r; k++) {
+            const float b = B[i * r + k], *restrict a = A + k * in;
+            for (uint64_t c = c0; c < c1; c++) row[c] += b * a[c];
+        }
+        for (uint64_t c = c0; c < c1; c++) dst[i * in + c - first] += row[c] * ms->scale;
+        e += c1 - c0;
+    }
+}
+
+static int read_merged(const merge_source *ms, const out_tensor *o, uint64_t first, uint64_t n,
+                       float *dst, errbuf *err) {
+    int i = (int)(o->t - ms->layout.tensors), l = o->unit - 1;
+    int m = i - ms->layout.units[o->unit].first;
+    if (st_read_f32(ms->tensors[i], (size_t)first, (size_t)n, dst, err)) return -1;
+    if (l < 0 || l >= ms->lo->n_layers || m >= LORA_MODULES || !ms->lo->site[m].on) return 0;
+    float *row = malloc((size_t)ms->lo->site[m].in * sizeof *row);
+    if (!row) return errf(err, "%s: out of memory", o->t->name);
+    add_delta(ms, l, m, first, n, dst, row);
+    free(row);
+    return 0;
+}
+
+/* What a merged model is made of. */
+typedef struct merge_input {
+    const char *model_dir;      /* the base's weights */
+    const json_t *model_config; /* its config.json object */
+    const llama_config *mcfg;
+    const lora_layout *lo;
+    const float *const *units;
+    const char *fingerprint;    /* the base's, checked; NULL: not checked */
+    const char *from;           /* tokenizer files and generation_config.json; may be NULL */
+} merge_input;
+
+/* The merged model as a whole model directory in dir; *files, *tensors, *bytes: its weights. */
+static int write_merged(const merge_input *in, const out_settings *os, const char *dir,
+                        name_list *names, consolidate_result *r, int *files, int *tensors,
+                        uint64_t *bytes, errbuf *err) {
+    merge_source ms;
+    plan p;
+    if (merge_source_open(&ms, in->model_dir, in->mcfg, in->lo, in->units, in->fingerprint, err))
+        return -1;
+    int rc = plan_build(&p, &ms.layout, os->dtype, os->shard_bytes, ST_SINGLE_NAME, err);
+    if (rc == 0) {
+        feed fd = {.merge = &ms};
+        rc = write_weights(&p, &fd, dir, os->threads, os->buf_bytes, err);
+        if (rc == 0) rc = write_model_files(&p, in->model_config, in->from, dir, names, r, err);
+        *files = p.n_files;
+        *tensors = p.n_tensors;
+        *bytes = p.total_bytes;
+        plan_free(&p);
+    }
+    merge_source_close(&ms);
+    return rc;
 }
 
 /* ---- the whole ---- */
@@ -555,30 +777,6 @@ static int resolve_checkpoint(const char *ckpt, char *step_dir, errbuf *err) {
         return errf(err, "%s: not a checkpoint: no %s, and no %s to follow", ckpt, CKPT_MANIFEST,
                     CKPT_LATEST);
     return ckpt_resolve(ckpt, JOB_RESUME_LATEST, 0, step_dir, PATH_BYTES, err) < 0 ? -1 : 0;
-}
-
-static int check_options(const consolidate_options *o, errbuf *err) {
-    if (o->dtype != ST_BF16 && o->dtype != ST_F32)
-        return errf(err, "consolidate: dtype %s (bf16 or f32 only)", st_dtype_name(o->dtype));
-    if (o->threads < 1 || o->threads > MAX_THREADS)
-        return errf(err, "consolidate: %d threads (1 to %d)", o->threads, MAX_THREADS);
-    if (o->shard_bytes < 1) return errf(err, "consolidate: a shard size of 0 bytes");
-    if (o->buffer_bytes % sizeof(float) || o->buffer_bytes > SIZE_MAX / 2)
-        return errf(err, "consolidate: a buffer of %zu bytes (a multiple of 4)", o->buffer_bytes);
-    if (!o->ckpt || !o->out || !o->out[0]) return errf(err, "consolidate: no checkpoint or output");
-    return 0;
-}
-
-/* OUT without trailing slashes, and OUT.partial. */
-static int output_paths(const char *out, char *final, char *partial, errbuf *err) {
-    size_t len = strlen(out);
-    while (len > 1 && out[len - 1] == '/') len--;
-    if (len + sizeof ".partial" > PATH_BYTES) return errf(err, "%s: path too long", out);
-    memcpy(final, out, len);
-    final[len] = '\0';
-    memcpy(partial, out, len);
-    memcpy(partial + len, ".partial", sizeof ".partial");
-    return 0;
 }
 
 /* Where the tokenizer files and generation_config.json come from: tokenizer_from, else the
@@ -599,62 +797,185 @@ static const char *model_source(const consolidate_options *o, const ckpt_manifes
     return NULL;
 }
 
-/* Everything but the commit, into the partial directory. */
-static int write_all(const consolidate_options *o, const ckpt_manifest *m, const source *s,
-                     const plan *p, const char *partial, name_list *names, errbuf *err) {
-    size_t buf_bytes = o->buffer_bytes ? o->buffer_bytes : CONSOLIDATE_BUFFER;
-    int copied = 0;
-    const char *from = model_source(o, m);
-    if (remove_partial(partial, err) || file_mkdir(partial, err) ||
-        write_weights(p, s, partial, o->threads, buf_bytes, err))
-        return -1;
-    for (int f = 0; f < p->n_files; f++)
-        if (name_add(names, p->files[f].name, err)) return -1;
-    if (strcmp(p->files[0].name, ST_SINGLE_NAME) != 0 && write_index(p, partial, names, err))
-        return -1;
-    if (from && copy_tokenizer(from, partial, names, &copied, err)) return -1;
-    if (o->result) {
-        o->result->tokenizer_files = copied;
-        snprintf(o->result->tokenizer_source, sizeof o->result->tokenizer_source, "%s", from ? from : "");
+static void note_weights(consolidate_result *r, const plan *p) {
+    if (!r) return;
+    r->files = p->n_files;
+    r->tensors = p->n_tensors;
+    r->bytes = p->total_bytes;
+}
+
+/* A full fine-tune's checkpoint: the model directory, into the partial directory. */
+static int write_model(const consolidate_options *o, const out_settings *os, const ckpt_manifest *m,
+                       const source *s, const char *partial, name_list *names, errbuf *err) {
+    plan p;
+    if (plan_build(&p, &m->layout, os->dtype, os->shard_bytes, ST_SINGLE_NAME, err)) return -1;
+    feed fd = {.shards = s};
+    note_weights(o->result, &p);
+    int rc = write_weights(&p, &fd, partial, os->threads, os->buf_bytes, err);
+    if (rc == 0) rc = write_model_files(&p, m->model_config, model_source(o, m), partial, names, o->result, err);
+    plan_free(&p);
+    return rc;
+}
+
+/* The manifest's units are the adapters lora_layout lays out for its model and settings (so
+ * adapter_config.json describes the weights written). */
+static int check_adapter_layout(const ckpt_manifest *m, const lora_layout *lo, errbuf *err) {
+    const ckpt_layout *c = &m->layout;
+    if (c->n_units != lo->n_units || c->n_tensors != lo->n_tensors)
+        return errf(err, "the manifest's adapter: %d units and %d tensors, its settings lay out %d and %d",
+                    c->n_units, c->n_tensors, lo->n_units, lo->n_tensors);
+    for (int i = 0; i < lo->n_tensors; i++) {
+        const ckpt_tensor *t = &c->tensors[i];
+        const llama_tensor_slot *s = &lo->tensors[i];
+        if (strcmp(t->name, s->name) || t->offset != s->offset || t->numel != s->numel ||
+            t->shape[0] != s->shape[0] || t->shape[1] != s->shape[1])
+            return errf(err, "the manifest's adapter: tensor %d is %s (offset %llu), its settings lay "
+                             "out %s (offset %zu)", i, t->name, (unsigned long long)t->offset, s->name, s->offset);
     }
-    if (write_generation_config(m->model_config, from, partial, names, err)) return -1;
-    return write_config(m->model_config, o->dtype, partial, names, err);
+    return 0;
+}
+
+/* OUT/merged from the adapter just written into partial (read back as a PEFT directory) and
+ * the base the manifest records, its fingerprint checked. */
+static int write_merged_of_checkpoint(const consolidate_options *o, const out_settings *os,
+                                      const ckpt_manifest *m, const llama_config *mcfg,
+                                      const char *partial, const char *from, name_list *names,
+                                      errbuf *err) {
+    char dir[PATH_BYTES];
+    lora_layout lo;
+    float **units;
+    name_list inner = {0, NULL};
+    consolidate_result *r = o->result;
+    int files, tensors;
+    uint64_t bytes;
+    if (!m->model_path[0])
+        return errf(err, "merge: the checkpoint records no base model directory (model_path)");
+    if (path_join(dir, PATH_BYTES, partial, MERGED_NAME, err) || file_mkdir(dir, err) ||
+        peft_load(partial, mcfg, &lo, &units, err))
+        return -1;
+    merge_input in = {m->model_path, m->model_config, mcfg, &lo, (const float *const *)units,
+                      m->adapter.base_fingerprint, from};
+    int rc = write_merged(&in, os, dir, &inner, NULL, &files, &tensors, &bytes, err);
+    if (rc == 0) rc = file_fsync_dir(dir, 1, err) || name_add(names, MERGED_NAME, err) ? -1 : 0;
+    if (rc == 0 && r) r->merged_files = files, r->merged_tensors = tensors, r->merged_bytes = bytes;
+    free(inner.v);
+    peft_units_free(units, lo.n_units);
+    lora_layout_free(&lo);
+    return rc;
+}
+
+/* An adapter job's checkpoint: a PEFT adapter directory (and merged/), into the partial
+ * directory. */
+static int write_adapter(const consolidate_options *o, const out_settings *os, const ckpt_manifest *m,
+                         const source *s, const char *partial, name_list *names, errbuf *err) {
+    llama_config mcfg;
+    lora_layout lo;
+    plan p;
+    char path[PATH_BYTES];
+    int copied = 0;
+    if (llama_config_from_json(&mcfg, m->model_config, "the manifest's model_config", err) ||
+        lora_layout_init(&lo, &mcfg, &m->adapter.lora, err))
+        return -1;
+    int rc = check_adapter_layout(m, &lo, err);
+    lora_layout_free(&lo);
+    if (rc || plan_build(&p, &m->layout, ST_F32, UINT64_MAX, PEFT_WEIGHTS_NAME, err)) return -1;
+    feed fd = {.shards = s};
+    const char *from = model_source(o, m);
+    note_weights(o->result, &p);
+    rc = write_weights(&p, &fd, partial, os->threads, os->buf_bytes, err);
+    plan_free(&p);
+    if (rc || name_add(names, PEFT_WEIGHTS_NAME, err)) return -1;
+    if (from && copy_tokenizer(from, partial, names, &copied, err)) return -1;
+    note_tokenizer(o->result, from, copied);
+    if (path_join(path, PATH_BYTES, partial, PEFT_CONFIG_NAME, err) ||
+        peft_write_config(path, &m->adapter.lora, m->model_path, err) ||
+        name_add(names, PEFT_CONFIG_NAME, err))
+        return -1;
+    return o->merge ? write_merged_of_checkpoint(o, os, m, &mcfg, partial, from, names, err) : 0;
 }
 
 int consolidate(const consolidate_options *o, errbuf *err) {
     double start = clock_now_s();
     if (o->result) memset(o->result, 0, sizeof *o->result);
     char step_dir[PATH_BYTES], out[PATH_BYTES], partial[PATH_BYTES];
-    if (check_options(o, err) || resolve_checkpoint(o->ckpt, step_dir, err) ||
-        output_paths(o->out, out, partial, err))
+    out_settings os;
+    if (check_settings("consolidate", o->dtype, o->threads, o->shard_bytes, o->buffer_bytes, &os, err))
         return -1;
+    if (!o->ckpt || !o->out || !o->out[0]) return errf(err, "consolidate: no checkpoint or output");
+    if (resolve_checkpoint(o->ckpt, step_dir, err) || output_paths(o->out, out, partial, err)) return -1;
     ckpt_manifest m;
     source s;
-    plan p;
     if (ckpt_manifest_load(&m, step_dir, err)) return -1;
+    if (o->merge && !m.has_adapter) {
+        ckpt_manifest_free(&m);
+        return errf(err, "%s: a full fine-tune's checkpoint: there is no adapter to merge", step_dir);
+    }
     if (source_open(&s, step_dir, &m, err)) {
         ckpt_manifest_free(&m);
         return -1;
     }
-    int rc = plan_build(&p, &m.layout, o->dtype, o->shard_bytes, err);
-    if (rc == 0) {
-        name_list names = {0, NULL};
-        rc = write_all(o, &m, &s, &p, partial, &names, err);
-        if (rc == 0) rc = commit(partial, out, &names, err);
-        if (rc) remove_partial(partial, NULL);
-        free(names.v);
-        if (o->result) {
-            consolidate_result *r = o->result;
-            snprintf(r->ckpt, sizeof r->ckpt, "%s", step_dir);
-            r->step = m.step;
-            r->files = p.n_files;
-            r->tensors = p.n_tensors;
-            r->bytes = p.total_bytes;
-            r->seconds = clock_now_s() - start;
-        }
-        plan_free(&p);
+    name_list names = {0, NULL};
+    int rc = start_partial(partial, err);
+    if (rc == 0)
+        rc = m.has_adapter ? write_adapter(o, &os, &m, &s, partial, &names, err)
+                           : write_model(o, &os, &m, &s, partial, &names, err);
+    if (rc == 0) rc = commit(partial, out, &names, m.has_adapter ? PEFT_CONFIG_NAME : CONFIG_NAME, err);
+    if (rc) remove_tree(partial, NULL);
+    free(names.v);
+    if (o->result) {
+        consolidate_result *r = o->result;
+        snprintf(r->ckpt, sizeof r->ckpt, "%s", step_dir);
+        r->step = m.step;
+        r->adapter = m.has_adapter;
+        r->seconds = clock_now_s() - start;
     }
     source_close(&s);
     ckpt_manifest_free(&m);
+    return rc;
+}
+
+/* ---- fsdpctl merge: a base model directory and a PEFT adapter directory ---- */
+
+/* MODEL_DIR/config.json: the object (for config.json) and the config it describes. */
+static json_t *load_model_config(const char *model_dir, llama_config *mcfg, errbuf *err) {
+    char path[PATH_BYTES];
+    json_error_t je;
+    if (path_join(path, PATH_BYTES, model_dir, CONFIG_NAME, err)) return NULL;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return errf(err, "%s: line %d: %s", path, je.line, je.text), NULL;
+    if (llama_config_from_json(mcfg, root, path, err)) root = (json_decref(root), NULL);
+    return root;
+}
+
+int consolidate_merge(const merge_options *o, errbuf *err) {
+    double start = clock_now_s();
+    if (o->result) memset(o->result, 0, sizeof *o->result);
+    char out[PATH_BYTES], partial[PATH_BYTES];
+    out_settings os;
+    llama_config mcfg;
+    lora_layout lo;
+    float **units;
+    if (check_settings("merge", o->dtype, o->threads, o->shard_bytes, o->buffer_bytes, &os, err)) return -1;
+    if (!o->model_dir || !o->adapter_dir || !o->out || !o->out[0])
+        return errf(err, "merge: no model, adapter or output directory");
+    if (output_paths(o->out, out, partial, err)) return -1;
+    json_t *config = load_model_config(o->model_dir, &mcfg, err);
+    if (!config) return -1;
+    if (peft_load(o->adapter_dir, &mcfg, &lo, &units, err)) {
+        json_decref(config);
+        return -1;
+    }
+    name_list names = {0, NULL};
+    merge_input in = {o->model_dir, config, &mcfg, &lo, (const float *const *)units, NULL, o->model_dir};
+    consolidate_result scratch = {0}, *r = o->result ? o->result : &scratch;
+    int rc = start_partial(partial, err);
+    if (rc == 0) rc = write_merged(&in, &os, partial, &names, r, &r->files, &r->tensors, &r->bytes, err);
+    if (rc == 0) rc = commit(partial, out, &names, CONFIG_NAME, err);
+    if (rc) remove_tree(partial, NULL);
+    r->seconds = clock_now_s() - start;
+    free(names.v);
+    peft_units_free(units, lo.n_units);
+    lora_layout_free(&lo);
+    json_decref(config);
     return rc;
 }

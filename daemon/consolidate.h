@@ -34,7 +34,26 @@
  * model-*-of-*.safetensors) are removed, the new files are moved in one by one and
  * config.json last, so a directory with a config.json holds a whole model.  On failure
  * OUT.partial is removed and OUT is left as it was (or, if the failure hit while moving
- * files in, without a config.json). */
+ * files in, without a config.json).
+ *
+ * An adapter job's checkpoint (the manifest's "adapter" block) is written as a PEFT adapter
+ * directory instead (proto/peft.h): adapter_model.safetensors (F32, whatever dtype says, one
+ * file, tensors by name, from the master sections as above), adapter_config.json from the
+ * manifest's adapter settings with base_model_name_or_path = its model_path, and the
+ * tokenizer files; adapter_config.json plays config.json's part in the commit (moved in last;
+ * an existing OUT loses its stale weights, config.json, adapter_config.json and merged/).
+ * With merge, OUT/merged/ is also written: the whole model directory of the base (the
+ * manifest's model_path, its st_model_fingerprint checked against the manifest's) with every
+ * adapted weight W replaced by W + scale * B A (PEFT's merge_and_unload), computed in fp32
+ * and written in dtype, every other tensor copied (through fp32), config.json,
+ * generation_config.json and tokenizer files as above.  The merge streams too: the base is
+ * mapped and read a chunk at a time, the adapter (small) is read back from the
+ * adapter_model.safetensors just written.
+ *
+ * consolidate_merge (`fsdpctl merge`) writes that merged model from a base model directory
+ * and a PEFT adapter directory, with the same commit (config.json last); tokenizer files and
+ * generation_config.json come from the base directory.  A quantized (NF4) base is refused:
+ * not built yet. */
 #ifndef FSDP_CONSOLIDATE_H
 #define FSDP_CONSOLIDATE_H
 
@@ -58,6 +77,9 @@ typedef struct consolidate_result {
     char tokenizer_source[PATH_BYTES]; /* that directory, "" for none */
     char warning[4400];  /* "" or why the manifest's model_path was not used */
     uint64_t bytes;      /* tensor bytes written (the index's total_size) */
+    int adapter;         /* an adapter checkpoint: OUT is a PEFT adapter directory */
+    int merged_files, merged_tensors; /* OUT/merged (consolidate with merge) */
+    uint64_t merged_bytes;
     double seconds;      /* the whole consolidation, commit included */
 } consolidate_result;
 
@@ -71,6 +93,7 @@ typedef struct consolidate_options {
     const char *tokenizer_from; /* the source model directory, or NULL for the manifest's
                                  * model_path */
     size_t buffer_bytes;        /* per thread, a multiple of 4; 0: CONSOLIDATE_BUFFER */
+    int merge;                  /* an adapter checkpoint: also OUT/merged (else an error) */
     consolidate_result *result; /* may be NULL */
 } consolidate_options;
 
@@ -80,5 +103,18 @@ int consolidate(const consolidate_options *o, errbuf *err);
  * (consolidate, fsdpctl quantize). */
 #define HF_TOKENIZER_FILES 5
 extern const char *const hf_tokenizer_files[HF_TOKENIZER_FILES];
+
+typedef struct merge_options {
+    const char *model_dir;   /* the base model directory (Hugging Face) */
+    const char *adapter_dir; /* a PEFT adapter directory */
+    const char *out;         /* the merged model directory to write */
+    st_dtype dtype;          /* ST_BF16 or ST_F32 */
+    uint64_t shard_bytes;
+    int threads;
+    size_t buffer_bytes;     /* 0: CONSOLIDATE_BUFFER */
+    consolidate_result *result; /* may be NULL; files, tensors, bytes: the merged model's */
+} merge_options;
+
+int consolidate_merge(const merge_options *o, errbuf *err);
 
 #endif

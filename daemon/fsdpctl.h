@@ -3,6 +3,10 @@
 #ifndef FSDP_FSDPCTL_H
 #define FSDP_FSDPCTL_H
 
+#include <stdint.h>
+
+#include "proto/safetensors.h"
+
 int cmd_inspect(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_reference(int argc, char **argv);
@@ -10,11 +14,17 @@ int cmd_compare(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_consolidate(int argc, char **argv);
+int cmd_merge(int argc, char **argv);      /* daemon/cmd_merge.c */
 int cmd_status(int argc, char **argv);     /* daemon/cmd_status.c */
 int cmd_checkpoint(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_plot(int argc, char **argv);       /* daemon/cmd_plot.c */
 int cmd_fabric(int argc, char **argv);     /* daemon/cmd_fabric.c */
 int cmd_quantize(int argc, char **argv);   /* daemon/cmd_quantize.c */
+
+/* Option values shared by consolidate and merge (daemon/cmd_consolidate.c); 0 or -1. */
+int fsdpctl_parse_dtype(const char *text, st_dtype *out);       /* bf16|bfloat16|f32|float32 */
+int fsdpctl_parse_shard_size(const char *text, uint64_t *out);  /* as output.shard_size: "5GB" */
+int fsdpctl_parse_threads(const char *text, int *out);          /* 1 to 256 */
 
 #endif

@@ -26,7 +26,8 @@ static const subcommand subcommands[] = {
      "                   [--no-add-special] [--split-special] [--json]"},
     {"consolidate", cmd_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
-     "[--tokenizer-from MODEL_DIR]"},
+     "[--tokenizer-from MODEL_DIR] [--merge]"},
+    {"merge", cmd_merge, "merge MODEL_DIR PEFT_DIR OUT_DIR [--dtype bf16|f32] [--shard-size 5GB] [--threads N]"},
     {"status", cmd_status, "status [--socket PATH | --job-id ID] [--json]"},
     {"checkpoint", cmd_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
     {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},

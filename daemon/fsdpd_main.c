@@ -51,7 +51,9 @@ static int check_multi_node(const job_config *j, int nodes, errbuf *err) {
 }
 
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
- * training) into output.dir as Hugging Face safetensors, with the source model's tokenizer. */
+ * training) into output.dir as Hugging Face safetensors, with the source model's tokenizer;
+ * an adapter job's as a PEFT adapter directory, and with output.merge the merged model in
+ * output.dir/merged. */
 static int consolidate_output(const job_config *job, errbuf *err) {
     consolidate_result r;
     consolidate_options o = {
@@ -59,11 +61,13 @@ static int consolidate_output(const job_config *job, errbuf *err) {
         .dtype = job->output.dtype == JOB_DTYPE_F32 ? ST_F32 : ST_BF16,
         .shard_bytes = (uint64_t)job->output.shard_size, .threads = 4,
         .tokenizer_from = job->model.init == JOB_INIT_PRETRAINED ? job->model.path : NULL,
-        .result = &r};
+        .merge = job->output.merge, .result = &r};
     if (consolidate(&o, err)) return -1;
-    log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
+    log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s%s",
               (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
-              st_dtype_name(o.dtype), r.seconds);
+              st_dtype_name(o.dtype), r.seconds,
+              job->output.merge ? " (a PEFT adapter, and the merged model in merged/)" :
+              job->train.type != JOB_TRAIN_FULL ? " (a PEFT adapter)" : "");
     return 0;
 }
 

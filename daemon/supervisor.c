@@ -925,11 +925,16 @@ static int setup_model(supervisor *s, errbuf *err) {
     else snprintf(name, sizeof name, "fsdpd-model-local-%d-r0-n%d", (int)getpid(), node);
     size_t bytes;
     double t0 = clock_now_s();
-    int rc = model_shm_create(j, &lo, name, &s->model_fd, &bytes, err);
+    model_image_quant q;
+    int bnb;
+    int rc = model_shm_quant(j, s->ckpt_start.model_config, &q, &bnb, err);
+    if (rc == 0) rc = model_shm_create(j, &lo, q, bnb, name, &s->model_fd, &bytes, err);
     llama_layout_free(&lo);
     if (rc) return errprefix(err, "loading the model");
-    log_event(-1, "model in shared memory: %.1f MB (%s), %.1f s", bytes / 1e6,
-              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path, clock_now_s() - t0);
+    log_event(-1, "model in shared memory: %.1f MB (%s%s), %.1f s", bytes / 1e6,
+              j->model.init == JOB_INIT_RANDOM ? "random init" : j->model.path,
+              q == MODEL_IMAGE_PLAIN ? "" : bnb ? ", NF4 as saved" : ", quantized to NF4",
+              clock_now_s() - t0);
     return 0;
 }
 

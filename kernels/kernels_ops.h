@@ -144,7 +144,7 @@ K_OP(scale, (kctx *c, void *x, float s, size_t n), (c, x, s, n))
  * (base/philox.h): a pure function of the sample, the site and the element, so the backward
  * (the same call on the gradient, with accumulate 1) and any recomputation see the same mask
  * on either backend.  samples: int64 [B] in context memory, each row's global sample index.
- * 0 <= p < 1; out may be in when accumulate is 0. */
+ * 0 <= p < 1 (else a failure); out may be in when accumulate is 0. */
 K_OP(dropout,
      (kctx *c, void *out, const void *in, const int64_t *samples, uint64_t seed, uint32_t site,
       int B, int T, int cols, float p, int accumulate),

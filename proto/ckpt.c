@@ -106,6 +106,26 @@ void ckpt_layout_free(ckpt_layout *lo) {
     memset(lo, 0, sizeof *lo);
 }
 
+int ckpt_layout_from_slots(ckpt_layout *lo, int n_files, const llama_unit *units, int n_units,
+                           const llama_tensor_slot *tensors, int n_tensors, errbuf *err) {
+    if (ckpt_layout_alloc(lo, n_files, n_units, n_tensors, err)) return -1;
+    for (int u = 0; u < n_units; u++) {
+        uint64_t numel = units[u].numel, padded = (numel + (uint64_t)n_files - 1) / (uint64_t)n_files * (uint64_t)n_files;
+        lo->units[u] = (ckpt_unit){.numel = numel, .padded = padded, .shard = padded / (uint64_t)n_files,
+                                   .first = units[u].first, .count = units[u].count};
+    }
+    for (int i = 0; i < n_tensors; i++) {
+        const llama_tensor_slot *s = &tensors[i];
+        ckpt_tensor *t = &lo->tensors[i];
+        *t = (ckpt_tensor){.offset = s->offset, .numel = s->numel, .ndim = s->ndim,
+                           .shape = {s->shape[0], s->ndim == 2 ? s->shape[1] : 0}, .is_norm = s->is_norm};
+        snprintf(t->name, sizeof t->name, "%s", s->name);
+    }
+    int rc = ckpt_layout_check(lo, err);
+    if (rc) ckpt_layout_free(lo);
+    return rc;
+}
+
 int ckpt_layout_check(const ckpt_layout *lo, errbuf *err) {
     if (lo->n_files < 1 || lo->n_units < 1 || lo->n_tensors < 1)
         return errf(err, "layout: no files, units or tensors");

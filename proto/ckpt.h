@@ -164,6 +164,10 @@ typedef struct ckpt_layout {
 /* Allocates zeroed units and tensors. */
 int ckpt_layout_alloc(ckpt_layout *lo, int n_files, int n_units, int n_tensors, errbuf *err);
 void ckpt_layout_free(ckpt_layout *lo);
+/* The layout of a model's or an adapter's units and tensors (llama_layout, lora_layout) in
+ * n_files files: padded and shard from numel and n_files; checked. */
+int ckpt_layout_from_slots(ckpt_layout *lo, int n_files, const llama_unit *units, int n_units,
+                           const llama_tensor_slot *tensors, int n_tensors, errbuf *err);
 /* Checks the arithmetic: padded and shard from numel and n_files, tensors contiguous from
  * offset 0 and filling numel, numel = product of the shape. */
 int ckpt_layout_check(const ckpt_layout *lo, errbuf *err);

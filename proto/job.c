@@ -33,7 +33,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"train.type", "qlora"},
     {"fsdp.sharding", "shard_grad_op"},
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},

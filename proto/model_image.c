@@ -11,6 +11,7 @@
 
 #include "base/bf16.h"
 #include "base/bytes.h"
+#include "nf4.h"
 #include "rng.h"
 
 #define IMAGE_MAGIC "FSDPMIMG"
@@ -20,32 +21,88 @@
 #define IMAGE_MAX_THREADS 64
 
 static size_t align_up(size_t n) { return (n + IMAGE_ALIGN - 1) / IMAGE_ALIGN * IMAGE_ALIGN; }
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 static size_t elem_bytes(model_image_dtype dt) { return dt == MODEL_IMAGE_BF16 ? 2 : 4; }
 static size_t header_bytes(int n_units) { return align_up(IMAGE_FIXED + 16 * (size_t)n_units); }
 
+static int is_layer(const llama_layout *lo, int u) { return u >= 1 && u <= lo->n_layers; }
+
+void model_image_nf4_layer_of(const llama_layout *lo, model_image_dtype dt, model_image_quant q,
+                              model_image_nf4_layer *out) {
+    memset(out, 0, sizeof *out);
+    const llama_tensor_slot *t = &lo->tensors[lo->units[llama_layer_unit(0)].first];
+    for (int i = 0; i < MODEL_IMAGE_LINEARS; i++) {
+        out->t_numel[i] = t[i].numel;
+        out->t_packed[i] = out->packed_bytes;
+        out->t_block[i] = out->absmax_bytes / (q == MODEL_IMAGE_NF4_DQ ? 1 : 4);
+        out->t_nested[i] = out->n_nested;
+        uint64_t blocks = nf4_blocks(t[i].numel);
+        out->packed_bytes += nf4_packed_bytes(t[i].numel);
+        out->absmax_bytes += blocks * (q == MODEL_IMAGE_NF4_DQ ? 1 : 4);
+        out->n_nested += q == MODEL_IMAGE_NF4_DQ ? (blocks + NF4_NESTED_BLOCK - 1) / NF4_NESTED_BLOCK : 0;
+    }
+    size_t norms = 2 * (size_t)lo->cfg.hidden_size * elem_bytes(dt);
+    out->norms = 0;
+    out->packed = align64(norms);
+    out->absmax = align64(out->packed + out->packed_bytes);
+    out->nested = align64(out->absmax + out->absmax_bytes);
+    out->offsets = align64(out->nested + out->n_nested * sizeof(float));
+    out->bytes = out->offsets + (q == MODEL_IMAGE_NF4_DQ ? MODEL_IMAGE_LINEARS * sizeof(float) : 0);
+}
+
+/* Bytes of unit u's data. */
+static size_t unit_bytes(const llama_layout *lo, model_image_dtype dt, model_image_quant q, int u) {
+    if (q == MODEL_IMAGE_PLAIN || !is_layer(lo, u)) return lo->units[u].numel * elem_bytes(dt);
+    model_image_nf4_layer nl;
+    model_image_nf4_layer_of(lo, dt, q, &nl);
+    return nl.bytes;
+}
+
 /* Byte offset of unit u's data. */
-static size_t unit_offset(const llama_layout *lo, model_image_dtype dt, int u) {
+static size_t unit_offset(const llama_layout *lo, model_image_dtype dt, model_image_quant q, int u) {
     size_t at = header_bytes(lo->n_units);
-    for (int i = 0; i < u; i++) at += align_up(lo->units[i].numel * elem_bytes(dt));
+    for (int i = 0; i < u; i++) at += align_up(unit_bytes(lo, dt, q, i));
     return at;
 }
 
-size_t model_image_bytes(const llama_layout *lo, model_image_dtype dt) {
-    return unit_offset(lo, dt, lo->n_units);
+size_t model_image_bytes_q(const llama_layout *lo, model_image_dtype dt, model_image_quant q) {
+    return unit_offset(lo, dt, q, lo->n_units);
 }
 
+size_t model_image_bytes(const llama_layout *lo, model_image_dtype dt) {
+    return model_image_bytes_q(lo, dt, MODEL_IMAGE_PLAIN);
+}
 
-static void write_header(unsigned char *image, const llama_layout *lo, model_image_dtype dt) {
+static void write_header(unsigned char *image, const llama_layout *lo, model_image_dtype dt,
+                         model_image_quant q) {
     memset(image, 0, header_bytes(lo->n_units));
     memcpy(image, IMAGE_MAGIC, 8);
     le_put_u32(image + 8, 1);
     le_put_u32(image + 12, dt);
     le_put_u32(image + 16, (uint32_t)lo->n_units);
-    le_put_u64(image + 24, model_image_bytes(lo, dt));
+    le_put_u32(image + 20, q);
+    le_put_u64(image + 24, model_image_bytes_q(lo, dt, q));
     for (int u = 0; u < lo->n_units; u++) {
-        le_put_u64(image + IMAGE_FIXED + 16 * (size_t)u, unit_offset(lo, dt, u));
+        le_put_u64(image + IMAGE_FIXED + 16 * (size_t)u, unit_offset(lo, dt, q, u));
         le_put_u64(image + IMAGE_FIXED + 16 * (size_t)u + 8, lo->units[u].numel);
     }
+    for (int u = 0; u < lo->n_units; u++) { /* the alignment padding after each unit */
+        size_t end = unit_offset(lo, dt, q, u) + unit_bytes(lo, dt, q, u);
+        memset(image + end, 0, unit_offset(lo, dt, q, u + 1) - end);
+    }
+}
+
+model_image_dtype model_image_dtype_of(const void *image) {
+    return (model_image_dtype)le_get_u32((const unsigned char *)image + 12);
+}
+
+model_image_quant model_image_quant_of(const void *image) {
+    return (model_image_quant)le_get_u32((const unsigned char *)image + 20);
+}
+
+const unsigned char *model_image_unit(const void *image, const llama_layout *lo, int u) {
+    return (const unsigned char *)image +
+           unit_offset(lo, model_image_dtype_of(image), model_image_quant_of(image), u);
 }
 
 /* Stores src[n] (fp32) as element `at` onwards of a unit's data in dtype dt. */
@@ -95,7 +152,7 @@ static void fill_chunks(fill_job *job, model_image_progress progress, void *arg)
         const fill_chunk *c = &job->chunks[i];
         const llama_tensor_slot *s = &job->lo->tensors[c->slot];
         rc = job->fill(job->lo, c->slot, c->first, c->n, buf, job->fill_arg, &err);
-        if (rc == 0) store(job->image + unit_offset(job->lo, job->dt, s->unit), job->dt, s->offset + c->first, buf, c->n);
+        if (rc == 0) store(job->image + unit_offset(job->lo, job->dt, MODEL_IMAGE_PLAIN, s->unit), job->dt, s->offset + c->first, buf, c->n);
         size_t done = atomic_fetch_add(&job->done_bytes, c->n * elem_bytes(job->dt)) + c->n * elem_bytes(job->dt);
         if (progress) progress(arg, done, total);
     }
@@ -127,11 +184,7 @@ static int fill_image(void *image, const llama_layout *lo, model_image_dtype dt,
             size_t left = lo->tensors[i].numel - first;
             job.chunks[k++] = (fill_chunk){i, first, left < IMAGE_CHUNK ? left : IMAGE_CHUNK};
         }
-    write_header(image, lo, dt);
-    for (int u = 0; u < lo->n_units; u++) { /* the alignment padding after each unit */
-        size_t end = unit_offset(lo, dt, u) + lo->units[u].numel * elem_bytes(dt);
-        memset((unsigned char *)image + end, 0, unit_offset(lo, dt, u + 1) - end);
-    }
+    write_header(image, lo, dt, MODEL_IMAGE_PLAIN);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) - 1 : 0;
     if ((size_t)n_threads > n_chunks) n_threads = (int)n_chunks;
@@ -180,15 +233,18 @@ int model_image_check(const void *image, size_t len, const llama_layout *lo, err
     if (len < hb || memcmp(p, IMAGE_MAGIC, 8) != 0) return errf(err, "model image: bad header");
     if (le_get_u32(p + 8) != 1) return errf(err, "model image: version %u", le_get_u32(p + 8));
     model_image_dtype dt = (model_image_dtype)le_get_u32(p + 12);
+    model_image_quant q = (model_image_quant)le_get_u32(p + 20);
     if (dt != MODEL_IMAGE_F32 && dt != MODEL_IMAGE_BF16)
         return errf(err, "model image: unknown dtype %u", (unsigned)dt);
+    if (q != MODEL_IMAGE_PLAIN && q != MODEL_IMAGE_NF4 && q != MODEL_IMAGE_NF4_DQ)
+        return errf(err, "model image: unknown quantization %u", (unsigned)q);
     if (le_get_u32(p + 16) != (uint32_t)lo->n_units)
         return errf(err, "model image: %u units, the model has %d", le_get_u32(p + 16), lo->n_units);
-    if (le_get_u64(p + 24) != model_image_bytes(lo, dt) || len < model_image_bytes(lo, dt))
-        return errf(err, "model image: %zu bytes, the model needs %zu", len,
-                    model_image_bytes(lo, dt));
+    size_t need = model_image_bytes_q(lo, dt, q);
+    if (le_get_u64(p + 24) != need || len < need)
+        return errf(err, "model image: %zu bytes, the model needs %zu", len, need);
     for (int u = 0; u < lo->n_units; u++)
-        if (le_get_u64(p + IMAGE_FIXED + 16 * (size_t)u) != unit_offset(lo, dt, u) ||
+        if (le_get_u64(p + IMAGE_FIXED + 16 * (size_t)u) != unit_offset(lo, dt, q, u) ||
             le_get_u64(p + IMAGE_FIXED + 16 * (size_t)u + 8) != lo->units[u].numel)
             return errf(err, "model image: unit %d does not match the model's layout", u);
     return 0;
@@ -196,9 +252,8 @@ int model_image_check(const void *image, size_t len, const llama_layout *lo, err
 
 void model_image_read_f32(const void *image, const llama_layout *lo, int unit, size_t first,
                           size_t n, float *dst) {
-    const unsigned char *p = image;
-    model_image_dtype dt = (model_image_dtype)le_get_u32(p + 12);
-    const unsigned char *data = p + unit_offset(lo, dt, unit);
+    model_image_dtype dt = model_image_dtype_of(image);
+    const unsigned char *data = model_image_unit(image, lo, unit);
     if (dt == MODEL_IMAGE_F32) {
         memcpy(dst, data + first * 4, n * 4);
         return;
@@ -224,4 +279,128 @@ int model_image_map(int fd, const llama_layout *lo, const void **image, size_t *
     *image = p;
     *bytes = n;
     return 0;
+}
+
+/* ---- NF4 images ---- */
+
+typedef struct nf4_fill {
+    unsigned char *image;
+    const llama_layout *lo;
+    model_image_dtype dt;
+    model_image_quant q;
+    model_image_nf4_layer nl;
+    const st_model *st; /* NULL: random */
+    int bnb;
+    uint64_t seed;
+    atomic_int next, failed;
+    atomic_size_t done;
+    size_t total;
+    pthread_mutex_t lock; /* guards err */
+    errbuf *err;
+} nf4_fill;
+
+/* Tensor i's values [first, first + n) as fp32, from the checkpoint or drawn. */
+static int read_values(const nf4_fill *f, int i, size_t first, size_t n, float *dst, errbuf *err) {
+    return f->st ? fill_from_checkpoint(f->lo, i, first, n, dst, f->st, err)
+                 : fill_random(f->lo, i, first, n, dst, &f->seed, err);
+}
+
+/* Linear k of a layer unit: quantized (or read quantized) into its places. */
+static int fill_linear(nf4_fill *f, int i, int k, unsigned char *unit, errbuf *err) {
+    const llama_tensor_slot *s = &f->lo->tensors[i];
+    int dq = f->q == MODEL_IMAGE_NF4_DQ, rc;
+    nf4_tensor t;
+    memset(&t, 0, sizeof t);
+    if (f->bnb) {
+        rc = nf4_read_bnb_tensor(f->st, s->name, &t, NULL, err);
+        if (rc == 0 && (t.numel != s->numel || t.double_quant != dq))
+            rc = errf(err, "%s: %llu values, %s quantization; the model needs %zu, %s", s->name,
+                      (unsigned long long)t.numel, t.double_quant ? "double" : "single", s->numel,
+                      dq ? "double" : "single");
+    } else {
+        float *w = malloc(s->numel * sizeof *w);
+        rc = w ? read_values(f, i, 0, s->numel, w, err) : errf(err, "%s: out of memory", s->name);
+        /* quantized from the weights as the job's dtype holds them */
+        for (size_t e = 0; rc == 0 && f->dt == MODEL_IMAGE_BF16 && e < s->numel; e++)
+            w[e] = bf16_to_f32(bf16_from_f32(w[e]));
+        if (rc == 0)
+            rc = nf4_quantize(w, f->dt == MODEL_IMAGE_BF16 ? ST_BF16 : ST_F32, s->ndim, s->shape, dq, &t, err);
+        free(w);
+    }
+    if (rc == 0) {
+        const model_image_nf4_layer *nl = &f->nl;
+        memcpy(unit + nl->packed + nl->t_packed[k], t.packed, nf4_packed_bytes(t.numel));
+        if (dq) {
+            memcpy(unit + nl->absmax + nl->t_block[k], t.absmax_q, t.n_blocks);
+            memcpy(unit + nl->nested + nl->t_nested[k] * sizeof(float), t.nested_absmax, t.n_nested * sizeof(float));
+            memcpy(unit + nl->offsets + (size_t)k * sizeof(float), &t.offset, sizeof(float));
+        } else {
+            memcpy(unit + nl->absmax + nl->t_block[k] * sizeof(float), t.absmax, t.n_blocks * sizeof(float));
+        }
+    }
+    nf4_free(&t);
+    return rc ? errprefix(err, "quantizing %s", s->name) : 0;
+}
+
+/* A tensor kept in dtype: at its place in a plain unit, or in a layer unit's norms. */
+static int fill_plain(nf4_fill *f, int i, unsigned char *unit, float *buf, errbuf *err) {
+    const llama_tensor_slot *s = &f->lo->tensors[i];
+    size_t at = s->offset; /* elements from the unit data's start */
+    if (is_layer(f->lo, s->unit))
+        at = (size_t)(i - f->lo->units[s->unit].first == LLAMA_LN2) * (size_t)f->lo->cfg.hidden_size;
+    for (size_t first = 0; first < s->numel; first += IMAGE_CHUNK) {
+        size_t n = s->numel - first < IMAGE_CHUNK ? s->numel - first : IMAGE_CHUNK;
+        if (read_values(f, i, first, n, buf, err)) return -1;
+        store(unit, f->dt, at + first, buf, n);
+    }
+    return 0;
+}
+
+static void nf4_fill_tensors(nf4_fill *f, model_image_progress progress, void *arg) {
+    float *buf = malloc(IMAGE_CHUNK * sizeof *buf);
+    errbuf err;
+    int rc = buf ? 0 : errf(&err, "model image: out of memory");
+    for (int i; rc == 0 && !atomic_load(&f->failed) && (i = atomic_fetch_add(&f->next, 1)) < f->lo->n_tensors;) {
+        const llama_tensor_slot *s = &f->lo->tensors[i];
+        unsigned char *unit = f->image + unit_offset(f->lo, f->dt, f->q, s->unit);
+        int k = i - f->lo->units[s->unit].first;
+        rc = is_layer(f->lo, s->unit) && k < MODEL_IMAGE_LINEARS ? fill_linear(f, i, k, unit, &err)
+                                                                 : fill_plain(f, i, unit, buf, &err);
+        size_t bytes = s->numel * elem_bytes(f->dt); /* reported as the unquantized model's bytes */
+        size_t done = atomic_fetch_add(&f->done, bytes) + bytes;
+        if (progress) progress(arg, done, f->total);
+    }
+    if (rc) {
+        pthread_mutex_lock(&f->lock);
+        if (!atomic_exchange(&f->failed, 1) && f->err) *f->err = err;
+        pthread_mutex_unlock(&f->lock);
+    }
+    free(buf);
+}
+
+static void *nf4_fill_thread(void *arg) {
+    nf4_fill_tensors(arg, NULL, NULL);
+    return NULL;
+}
+
+int model_image_fill_nf4(void *image, const llama_layout *lo, model_image_dtype dt,
+                         model_image_quant q, const st_model *st, int bnb, uint64_t seed,
+                         model_image_progress progress, void *arg, errbuf *err) {
+    if (q == MODEL_IMAGE_PLAIN) return errf(err, "model image: NF4 fill of a plain image");
+    if (bnb && !st) return errf(err, "model image: a bitsandbytes model needs its files");
+    nf4_fill f = {.image = image, .lo = lo, .dt = dt, .q = q, .st = st, .bnb = bnb, .seed = seed,
+                  .lock = PTHREAD_MUTEX_INITIALIZER, .err = err};
+    model_image_nf4_layer_of(lo, dt, q, &f.nl);
+    for (int u = 0; u < lo->n_units; u++) f.total += lo->units[u].numel * elem_bytes(dt);
+    write_header(image, lo, dt, q);
+    /* a tensor per thread: each holds one whole linear in fp32 while quantizing it */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) - 1 : 0;
+    if (n_threads > lo->n_tensors) n_threads = lo->n_tensors;
+    pthread_t threads[IMAGE_MAX_THREADS];
+    int started = 0;
+    while (started < n_threads && pthread_create(&threads[started], NULL, nf4_fill_thread, &f) == 0) started++;
+    nf4_fill_tensors(&f, progress, arg);
+    for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+    return atomic_load(&f.failed) ? -1 : 0;
 }

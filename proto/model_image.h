@@ -7,12 +7,23 @@
  *         8   u32 version 1
  *         12  u32 dtype (MODEL_IMAGE_F32 or MODEL_IMAGE_BF16)
  *         16  u32 n_units
- *         20  u32 0
+ *         20  u32 quant (model_image_quant: 0 plain, else NF4, see below)
  *         24  u64 total bytes of the image
  *         32  per unit: u64 byte offset of its data, u64 element count
  *     then each unit's flat parameter (numel elements of dtype, no padding) at a 4096-aligned
  *     offset.
- * Little-endian.  Readers check the header against the layout they expect. */
+ * Little-endian.  Readers check the header against the layout they expect.
+ *
+ * An NF4 image (QLoRA: DESIGN.md, LoRA and QLoRA) holds the linears of every decoder layer
+ * quantized as bitsandbytes does (proto/nf4.h), the rest in dtype.  A decoder layer's unit data
+ * is then laid out by model_image_nf4_layer (the same for every layer), each region 64-byte
+ * aligned:
+ *     norms     input_layernorm then post_attention_layernorm, C elements each, in dtype
+ *     packed    the NF4 codes of q, k, v, o, gate, up, down, back to back (numel / 2 bytes each)
+ *     absmax    their blocks' absmax: uint8 codes (double quantization) or fp32, back to back
+ *     nested    double quantization: each linear's nested absmax (fp32, one per 256 blocks)
+ *     offsets   double quantization: each linear's offset (fp32)
+ * The embedding and the head unit are plain. */
 #ifndef FSDP_MODEL_IMAGE_H
 #define FSDP_MODEL_IMAGE_H
 
@@ -24,9 +35,29 @@
 #include "safetensors.h"
 
 typedef enum model_image_dtype { MODEL_IMAGE_F32 = 1, MODEL_IMAGE_BF16 = 2 } model_image_dtype;
+/* The numbers are in the header. */
+typedef enum model_image_quant {
+    MODEL_IMAGE_PLAIN = 0,
+    MODEL_IMAGE_NF4 = 1,    /* absmax fp32 per 64-value block */
+    MODEL_IMAGE_NF4_DQ = 2, /* double quantization: absmax as 8-bit codes, nested absmax, offset */
+} model_image_quant;
 
-/* Total bytes of the image of layout lo in dtype dt. */
+#define MODEL_IMAGE_LINEARS 7 /* q, k, v, o, gate, up, down: a layer's first tensors */
+
+/* Where a decoder layer's parts sit in an NF4 image's unit data (bytes from its start), and
+ * each linear's first byte (packed), block (absmax) and nested value. */
+typedef struct model_image_nf4_layer {
+    size_t norms, packed, absmax, nested, offsets, bytes;
+    size_t packed_bytes, absmax_bytes, n_nested;
+    size_t t_packed[MODEL_IMAGE_LINEARS], t_block[MODEL_IMAGE_LINEARS];
+    size_t t_nested[MODEL_IMAGE_LINEARS], t_numel[MODEL_IMAGE_LINEARS];
+} model_image_nf4_layer;
+void model_image_nf4_layer_of(const llama_layout *lo, model_image_dtype dt, model_image_quant q,
+                              model_image_nf4_layer *out);
+
+/* Total bytes of the image of layout lo in dtype dt (plain). */
 size_t model_image_bytes(const llama_layout *lo, model_image_dtype dt);
+size_t model_image_bytes_q(const llama_layout *lo, model_image_dtype dt, model_image_quant q);
 
 /* Called now and then while filling, with the bytes done so far. */
 typedef void (*model_image_progress)(void *arg, size_t done, size_t total);
@@ -42,10 +73,25 @@ int model_image_fill_random(void *image, const llama_layout *lo, model_image_dty
                             uint64_t seed, model_image_progress progress, void *arg,
                             errbuf *err);
 
+/* An NF4 image: the linears quantized from the checkpoint's weights as dtype holds them
+ * (from st; st NULL: from Hugging Face's init drawn as model_image_fill_random draws it,
+ * seed), or (bnb set) copied as they are from a bitsandbytes 4-bit model directory, whose
+ * quantization must be q's.  On every core, a tensor per thread at a time. */
+int model_image_fill_nf4(void *image, const llama_layout *lo, model_image_dtype dt,
+                         model_image_quant q, const st_model *st, int bnb, uint64_t seed,
+                         model_image_progress progress, void *arg, errbuf *err);
+
+/* The image's dtype and quantization (of a checked image). */
+model_image_dtype model_image_dtype_of(const void *image);
+model_image_quant model_image_quant_of(const void *image);
+/* The start of unit u's data in a checked image. */
+const unsigned char *model_image_unit(const void *image, const llama_layout *lo, int u);
+
 /* Checks an image of len bytes against the layout (magic, version, sizes, every unit's
  * offset and element count). */
 int model_image_check(const void *image, size_t len, const llama_layout *lo, errbuf *err);
-/* dst[n] (fp32) = elements [first, first+n) of unit u of a checked image. */
+/* dst[n] (fp32) = elements [first, first+n) of unit u of a checked plain image (of an NF4
+ * image: the embedding or the head unit). */
 void model_image_read_f32(const void *image, const llama_layout *lo, int unit, size_t first,
                           size_t n, float *dst);
 /* Maps an image file (fsdpd's memfd, inherited) read-only and checks it against the layout;

@@ -30,24 +30,64 @@ static void shard_of(const fsdp *f, size_t numel, size_t *padded, size_t *shard,
     *off = (size_t)f->group_rank * *shard;
 }
 
-/* LoRA: the frozen model units' compute-dtype shards, in one allocation. */
-static int alloc_frozen(fsdp *f, size_t *max_padded, errbuf *err) {
+/* Whether model unit u is a decoder layer held in NF4 (QLoRA). */
+static int is_nf4(const fsdp *f, int u) {
+    return f->quant != MODEL_IMAGE_PLAIN && u >= 1 && u <= f->layout.n_layers;
+}
+
+/* A byte flat of `bytes`, each rank's shard a multiple of `align` bytes (whole 64-value
+ * blocks of codes: 32 bytes; of absmax: any multiple of its element size). */
+static void bytes_of(const fsdp *f, fsdp_bytes *b, size_t bytes, size_t align) {
+    b->bytes = bytes;
+    b->padded = round_up(bytes, (size_t)f->group * align);
+    b->shard = b->padded / (size_t)f->group;
+    b->shard_off = (size_t)f->group_rank * b->shard;
+}
+
+/* Carves 256-byte aligned buffers out of one allocation (mem NULL: measures). */
+static void *carve_frozen(char *mem, size_t *at, size_t bytes) {
+    void *p = mem ? mem + *at : NULL;
+    *at += round_up(bytes, 256);
+    return p;
+}
+
+/* Lays out (mem NULL: only sizes) every frozen unit's buffers; returns the bytes. */
+static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_padded) {
     const llama_layout *lo = &f->layout;
-    size_t cs = k_compute_size(f->ctx), total = 0;
+    size_t cs = k_compute_size(f->ctx), at = 0, C = (size_t)lo->cfg.hidden_size;
     *max_padded = 0;
     for (int u = 0; u < lo->n_units; u++) {
         fsdp_frozen *F = &f->frozen[u];
         F->numel = lo->units[u].numel;
         shard_of(f, F->numel, &F->padded, &F->shard, &F->shard_off);
-        total += round_up(F->shard * cs, 256);
-        if (F->padded > *max_padded) *max_padded = F->padded;
+        if (F->padded > *max_padded) *max_padded = F->padded; /* an NF4 layer: dequantized whole */
+        if (!is_nf4(f, u)) {
+            F->param = carve_frozen(mem, &at, F->shard * cs);
+            continue;
+        }
+        int dq = f->quant == MODEL_IMAGE_NF4_DQ;
+        bytes_of(f, &F->packed, f->nl.packed_bytes, 32);
+        bytes_of(f, &F->absmax, f->nl.absmax_bytes, dq ? 64 : 4 * 64) ;
+        F->packed.data = carve_frozen(mem, &at, F->packed.shard);
+        F->absmax.data = carve_frozen(mem, &at, F->absmax.shard);
+        F->nested = dq ? carve_frozen(mem, &at, f->nl.n_nested * sizeof(float)) : NULL;
+        F->norms = carve_frozen(mem, &at, 2 * C * sizeof(float));
     }
-    char *mem = k_alloc(f->ctx, total, err);
-    if (!mem) return -1;
-    for (int u = 0; u < lo->n_units; u++) {
-        f->frozen[u].param = mem;
-        mem += round_up(f->frozen[u].shard * cs, 256);
-    }
+    return at;
+}
+
+/* LoRA: the frozen model units' shards, in one allocation. */
+static int alloc_frozen(fsdp *f, size_t *max_padded, errbuf *err) {
+    if (f->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(&f->layout, MODEL_IMAGE_F32, f->quant, &f->nl);
+    size_t bytes = lay_out_frozen(f, NULL, max_padded);
+    if (!(f->frozen_memory = k_alloc(f->ctx, bytes, err))) return -1;
+    lay_out_frozen(f, f->frozen_memory, max_padded);
+    if (f->quant == MODEL_IMAGE_PLAIN || f->group == 1) return 0;
+    const fsdp_frozen *F = &f->frozen[llama_layer_unit(0)];
+    for (int slot = 0; slot < 2; slot++)
+        if (!(f->gathered_packed[slot] = k_alloc(f->ctx, F->packed.padded, err)) ||
+            !(f->gathered_absmax[slot] = k_alloc(f->ctx, F->absmax.padded, err)))
+            return -1;
     return 0;
 }
 
@@ -81,7 +121,7 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
     size_t cs = k_compute_size(f->ctx);
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
-    int base_slots = !f->has_lora || f->group > 1;
+    int base_slots = !f->has_lora || f->group > 1 || f->quant != MODEL_IMAGE_PLAIN;
     for (int slot = 0; slot < 3; slot++) {
         size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
@@ -116,6 +156,7 @@ static int set_trainable(fsdp *f, const fsdp_options *opt, errbuf *err) {
         f->has_lora = 1;
         f->lora = (llama_lora){.layout = &f->lora_layout, .scale = (float)lora_scale(opt->lora),
                                .dropout = (float)opt->lora->dropout, .seed = opt->seed};
+        f->quant = opt->quant;
         f->frozen = calloc((size_t)lo->n_units, sizeof *f->frozen);
         if (!f->frozen) return errf(err, "fsdp: out of host memory");
     }
@@ -184,10 +225,11 @@ void fsdp_destroy(fsdp *f) {
     if (f->ctx) {
         free_activations(f);
         if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
-        if (f->frozen && f->frozen[0].param) k_free(f->ctx, f->frozen[0].param);
         void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
                         f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
-                        f->gathered_adapter[0], f->gathered_adapter[1]};
+                        f->gathered_adapter[0], f->gathered_adapter[1], f->frozen_memory,
+                        f->gathered_packed[0], f->gathered_packed[1], f->gathered_absmax[0],
+                        f->gathered_absmax[1]};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
@@ -256,12 +298,46 @@ static size_t unpadded(size_t numel, size_t off, size_t shard) {
  * on a small card (a 70B embedding is 4 GiB in fp32). */
 #define IMAGE_CHUNK ((size_t)16 << 20) /* elements */
 
+/* This rank's part [shard_off, shard_off + shard) of a byte flat of the image (src holds
+ * b->bytes); past the end is padding, left zero. */
+static void load_bytes(fsdp *f, const fsdp_bytes *b, const unsigned char *src) {
+    size_t n = unpadded(b->bytes, b->shard_off, b->shard);
+    if (n) k_copy_h2d(f->ctx, b->data, src + b->shard_off, n);
+}
+
+/* An NF4 layer of an NF4 image: its shards of the codes and absmax, and the replicated
+ * nested absmax, offsets and norms. */
+static int load_nf4_unit(fsdp *f, const void *image, int u, float *host, errbuf *err) {
+    fsdp_frozen *F = &f->frozen[u];
+    model_image_nf4_layer nl; /* where the image keeps them (its norms in its dtype) */
+    model_image_nf4_layer_of(&f->layout, model_image_dtype_of(image), f->quant, &nl);
+    const unsigned char *unit = model_image_unit(image, &f->layout, u);
+    size_t C = (size_t)f->layout.cfg.hidden_size;
+    load_bytes(f, &F->packed, unit + nl.packed);
+    load_bytes(f, &F->absmax, unit + nl.absmax);
+    if (F->nested) {
+        k_copy_h2d(f->ctx, F->nested, unit + nl.nested, nl.n_nested * sizeof(float));
+        memcpy(F->offsets, unit + nl.offsets, sizeof F->offsets);
+    }
+    model_image_read_f32(image, &f->layout, u, 0, 2 * C, host);
+    k_copy_h2d(f->ctx, F->norms, host, 2 * C * sizeof *host);
+    return k_sync(f->ctx, err); /* host is reused */
+}
+
 static int load_frozen_image(fsdp *f, const void *image, float *host, float *staging,
                              errbuf *err) {
     const llama_layout *lo = &f->layout;
     size_t cs = k_compute_size(f->ctx);
     int rc = 0;
+    if (model_image_quant_of(image) != f->quant)
+        return errf(err, "fsdp: the model memory is %s, the job's base %s",
+                    model_image_quant_of(image) == MODEL_IMAGE_PLAIN ? "not quantized" : "NF4",
+                    f->quant == MODEL_IMAGE_PLAIN ? "is not quantized" : "NF4");
     for (int u = 0; u < lo->n_units && rc == 0; u++) {
+        if (is_nf4(f, u)) {
+            rc = load_nf4_unit(f, image, u, host, err);
+            continue;
+        }
         const fsdp_frozen *F = &f->frozen[u];
         size_t n = unpadded(F->numel, F->shard_off, F->shard);
         for (size_t at = 0; at < F->shard && rc == 0; at += IMAGE_CHUNK) {
@@ -417,40 +493,69 @@ static int gather_trainable(fsdp *f, const fsdp_unit *U, char *dst, comm_ticket 
 }
 
 /* Starts gathering the whole of model unit u into slot `slot`: its parameters (a frozen
- * unit's straight from its compute-dtype shard; nothing to do for one rank, which reads the
- * shard in place) and, with LoRA, its layer's adapters into the adapter slot. */
+ * unit's straight from its compute-dtype shard, an NF4 layer's codes and absmax as bytes;
+ * nothing to do for one rank, which reads its shards in place) and, with LoRA, its layer's
+ * adapters into the adapter slot. */
 static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
-    f->gather_ticket[slot] = 0;
+    comm_ticket *t = f->gather_ticket[slot];
+    t[0] = t[1] = t[2] = 0;
     comm_set_unit(f->comm, u);
-    int rc = 0, t = train_index(f, u);
+    int rc = 0, a = train_index(f, u);
+    const fsdp_frozen *F = f->has_lora ? &f->frozen[u] : NULL;
     if (!f->has_lora) {
-        rc = gather_trainable(f, &f->units[u], f->gathered[slot], &f->gather_ticket[slot], err);
-    } else {
-        const fsdp_frozen *F = &f->frozen[u];
-        if (f->group > 1)
-            rc = comm_all_gather_start(f->comm, F->param, f->gathered[slot], F->shard,
-                                       compute_comm_dtype(f->ctx), &f->gather_ticket[slot], err);
-        if (rc == 0 && t >= 0)
-            rc = gather_trainable(f, &f->units[t], f->gathered_adapter[slot],
-                                  &f->adapter_ticket[slot], err);
+        rc = gather_trainable(f, &f->units[u], f->gathered[slot], &t[0], err);
+    } else if (f->group > 1 && is_nf4(f, u)) {
+        rc = comm_all_gather_start(f->comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
+                                   COMM_BYTE, &t[0], err);
+        if (rc == 0)
+            rc = comm_all_gather_start(f->comm, F->absmax.data, f->gathered_absmax[slot],
+                                       F->absmax.shard, COMM_BYTE, &t[1], err);
+    } else if (f->group > 1) {
+        rc = comm_all_gather_start(f->comm, F->param, f->gathered[slot], F->shard,
+                                   compute_comm_dtype(f->ctx), &t[0], err);
     }
+    if (rc == 0 && f->has_lora && a >= 0)
+        rc = gather_trainable(f, &f->units[a], f->gathered_adapter[slot], &t[2], err);
     return rc ? errprefix(err, "unit %d", u) : 0;
 }
 
 /* Waits for slot's all-gathers (of unit u); compute queued from here on reads the unit. */
 static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
-    comm_ticket t[2] = {f->gather_ticket[slot], slot < 2 ? f->adapter_ticket[slot] : 0};
-    f->gather_ticket[slot] = 0;
-    if (slot < 2) f->adapter_ticket[slot] = 0;
-    for (int i = 0; i < 2; i++)
-        if (t[i] && comm_wait(f->comm, t[i], err)) return errprefix(err, "unit %d", u);
+    for (int i = 0; i < 3; i++) {
+        comm_ticket t = f->gather_ticket[slot][i];
+        f->gather_ticket[slot][i] = 0;
+        if (t && comm_wait(f->comm, t, err)) return errprefix(err, "unit %d", u);
+    }
     return 0;
+}
+
+/* An NF4 layer, gathered (or one rank's own), dequantized into gathered[slot] in the
+ * compute dtype at the unit's usual offsets: its seven linears, then its norms. */
+static void dequantize_layer(fsdp *f, int u, int slot) {
+    const fsdp_frozen *F = &f->frozen[u];
+    const model_image_nf4_layer *nl = &f->nl;
+    const llama_tensor_slot *t = &f->layout.tensors[f->layout.units[u].first];
+    const uint8_t *packed = f->group > 1 ? f->gathered_packed[slot] : F->packed.data;
+    const uint8_t *absmax = f->group > 1 ? f->gathered_absmax[slot] : F->absmax.data;
+    int dq = f->quant == MODEL_IMAGE_NF4_DQ;
+    size_t cs = k_compute_size(f->ctx), C = (size_t)f->layout.cfg.hidden_size;
+    char *dst = f->gathered[slot];
+    for (int k = 0; k < MODEL_IMAGE_LINEARS; k++)
+        k_nf4_dequant(f->ctx, dst + t[k].offset * cs, packed + nl->t_packed[k],
+                      absmax + nl->t_block[k] * (dq ? 1 : sizeof(float)),
+                      dq ? F->nested + nl->t_nested[k] : NULL, F->offsets[k], nl->t_numel[k]);
+    k_f32_to_compute(f->ctx, dst + t[LLAMA_LN1].offset * cs, F->norms, C);
+    k_f32_to_compute(f->ctx, dst + t[LLAMA_LN2].offset * cs, F->norms + C, C);
 }
 
 /* Plan entry k's parameters once gathered: its slot, or a frozen unit's own shard when one
  * rank holds it whole. */
 static void *gathered_params(fsdp *f, int k) {
     const fsdp_gather *g = &f->plan[k];
+    if (is_nf4(f, g->unit)) {
+        dequantize_layer(f, g->unit, g->slot);
+        return f->gathered[g->slot];
+    }
     return f->has_lora && f->group == 1 ? f->frozen[g->unit].param : f->gathered[g->slot];
 }
 

@@ -31,6 +31,7 @@
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "proto/ckpt.h"
+#include "proto/model_image.h"
 #include "proto/job.h"
 #include "worker/comm.h"
 
@@ -48,10 +49,24 @@ typedef struct fsdp_unit {
     float *master, *m, *v, *grad; /* [shard] fp32, context memory */
 } fsdp_unit;
 
-/* A frozen unit's shard (LoRA): this rank's elements in the compute dtype. */
+/* A flat parameter of bytes (a frozen NF4 layer's codes or absmax), sharded like the others:
+ * padded to whole 64-value blocks per rank. */
+typedef struct fsdp_bytes {
+    size_t bytes, padded, shard, shard_off;
+    uint8_t *data; /* [shard], context memory */
+} fsdp_bytes;
+
+/* A frozen unit's shard (LoRA): this rank's elements in the compute dtype.  A QLoRA job's
+ * decoder layer (fsdp.quant NF4) holds instead its linears' packed NF4 codes and block
+ * absmax as byte flats of their own (sharded, gathered as bytes: a quarter of the bf16
+ * traffic) and, replicated since they are small, the nested absmax (context memory), the
+ * offsets (host: they are kernel arguments) and the norms (fp32, context memory). */
 typedef struct fsdp_frozen {
     size_t numel, padded, shard, shard_off;
-    void *param; /* [shard] compute dtype, context memory */
+    void *param; /* [shard] compute dtype, context memory; NULL for an NF4 layer */
+    fsdp_bytes packed, absmax;
+    float *nested, *norms;
+    float offsets[MODEL_IMAGE_LINEARS];
 } fsdp_frozen;
 
 /* One all-gather of a micro-batch's schedule: which unit, into which slot of fsdp.gathered. */
@@ -91,8 +106,13 @@ typedef struct fsdp {
     lora_layout lora_layout;
     llama_lora lora;
     fsdp_frozen *frozen;
+    void *frozen_memory;        /* every frozen shard, one allocation */
     void *gathered_adapter[2];
-    comm_ticket adapter_ticket[2];
+    /* QLoRA: the base's quantization (the model image's), one layer's NF4 layout, and the
+     * gathered codes and absmax of two layers, dequantized into gathered[] before use. */
+    model_image_quant quant;
+    model_image_nf4_layer nl;
+    uint8_t *gathered_packed[2], *gathered_absmax[2];
     int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
@@ -100,7 +120,8 @@ typedef struct fsdp {
     fsdp_gather *plan;   /* the all-gathers in the order their units are used */
     int n_plan, n_forward_plan; /* all of them; those before the first backward re-gather */
     int next_gather;     /* the first plan entry not started yet */
-    comm_ticket gather_ticket[3]; /* per slot: its all-gather in flight (0: none) */
+    comm_ticket gather_ticket[3][3]; /* per slot: its all-gathers in flight (0: none): the
+                                        parameters (or NF4 codes), NF4 absmax, adapters */
     fsdp_reduce reducing[3];      /* per full_grad slot */
     int first_micro;     /* the micro-batch in progress is the step's first */
 
@@ -136,6 +157,7 @@ typedef struct fsdp_options {
     int forward_prefetch, backward_prefetch;
     const lora_config *lora; /* NULL: a full fine-tune; else adapters on a frozen base */
     uint64_t seed;           /* train.seed: adapter init and dropout streams */
+    model_image_quant quant; /* with adapters: the base image's (NF4 for QLoRA) */
 } fsdp_options;
 
 /* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when

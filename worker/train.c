@@ -51,22 +51,32 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
     *tokens_seen = 0;
     lora_config lora;
     job_lora_config(j, &lora);
-    int adapters = j->train.type == JOB_TRAIN_LORA;
+    int adapters = j->train.type != JOB_TRAIN_FULL;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch,
                         .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed};
-    if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
-     * adapters, its frozen base always comes from the model memory. */
-    if (env->resume_dir && !adapters) return resume(f, env, cfg, tokens_seen, err);
+     * adapters, its frozen base always comes from the model memory (whose header says how
+     * the base is quantized). */
+    if (env->resume_dir && !adapters) {
+        if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+        return resume(f, env, cfg, tokens_seen, err);
+    }
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
+    llama_layout lo;
     const void *image;
     size_t bytes;
-    if (model_image_map(env->model_fd, &f->layout, &image, &bytes, err))
-        return errprefix(err, "the model memory from fsdpd");
-    int rc = fsdp_load_image(f, image, err);
+    if (llama_layout_init(&lo, cfg, err)) return -1;
+    int rc = model_image_map(env->model_fd, &lo, &image, &bytes, err);
+    llama_layout_free(&lo);
+    if (rc) return errprefix(err, "the model memory from fsdpd");
+    opt.quant = model_image_quant_of(image);
+    if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
+        rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
+    if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
+    if (rc == 0) rc = fsdp_load_image(f, image, err);
     munmap((void *)image, bytes);
     if (rc || !adapters) return rc;
     if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);

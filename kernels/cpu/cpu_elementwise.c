@@ -30,7 +30,10 @@ void cpu_scale(kctx *c, void *x, float s, size_t n) {
 
 void cpu_dropout(kctx *c, void *out, const void *in, const int64_t *samples, uint64_t seed,
                  uint32_t site, int B, int T, int cols, float p, int accumulate) {
-    (void)c;
+    if (!(p >= 0.0f && p < 1.0f)) {
+        k_fail(c, "dropout: probability %g is outside [0, 1)", (double)p);
+        return;
+    }
     float *o = out;
     const float *x = in;
     uint32_t threshold = philox_dropout_threshold(p);

@@ -1,10 +1,12 @@
-// The CUDA backend: casts, elementwise ops, the sum of squares and SwiGLU.
+// The CUDA backend: casts, elementwise ops (scale, dropout), the sum of squares and SwiGLU.
 //
 // Each kernel handles VEC consecutive elements per thread: 16-byte accesses (8 bf16 or 4
 // floats) when n is a multiple of that and every pointer is aligned for it, else one element
 // (VEC = 1).  Grids are capped (cuda_blocks), so kernels loop over their packs.  Math is fp32;
 // bf16 results are rounded to nearest even.
 #include "kernels/cuda/cuda_kernels.h"
+
+#include "base/philox.h"
 
 #define THREADS 256
 
@@ -73,6 +75,91 @@ extern "C" void cuda_accumulate(kctx *c, void *dst, const void *src, size_t n) {
     else
         CUDA_LAUNCH_PACKS(accumulate_kernel, 1, n, d, s);
     cuda_check_launch(c, "accumulate");
+}
+
+// x *= s
+template <int VEC> __global__ void scale_kernel(bf16 *x, float s, size_t packs) {
+    CUDA_FOR_EACH_PACK(p, packs) {
+        float v[VEC];
+        load_floats<VEC>(v, x + p * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] *= s;
+        store_floats<VEC>(x + p * VEC, v);
+    }
+}
+
+extern "C" void cuda_scale(kctx *c, void *x, float s, size_t n) {
+    if (!n) return;
+    bf16 *p = (bf16 *)x;
+    if (n % 8 == 0 && cuda_aligned(x, 16))
+        CUDA_LAUNCH_PACKS(scale_kernel, 8, n, p, s);
+    else
+        CUDA_LAUNCH_PACKS(scale_kernel, 1, n, p, s);
+    cuda_check_launch(c, "scale");
+}
+
+// ---- dropout ----
+
+// One thread per group of 4 consecutive elements e = 4q .. 4q+3 of row b (a row is a sample's
+// T * cols elements; its last group may be shorter): one Philox block decides all four
+// (philox_dropout_keep4, the CPU's philox_dropout_keep), so the masks are the CPU's bit for
+// bit.  VEC4: rows of a multiple of 4 elements and 8-byte aligned buffers, so a group is one
+// 8-byte load (two when accumulating) and one store.  The product is rounded on its own
+// (__fmul_rn: no FMA with the accumulation), as on the CPU, then the result once to bf16.
+template <bool VEC4>
+__global__ void dropout_kernel(bf16 *out, const bf16 *in, const int64_t *samples, uint64_t seed,
+                               uint32_t site, size_t row, size_t row_groups, size_t groups,
+                               uint32_t threshold, float keep_scale, int accumulate) {
+    CUDA_FOR_EACH_PACK(g, groups) {
+        size_t b = g / row_groups, q = g - b * row_groups, e = 4 * q, at = b * row + e;
+        int count = VEC4 || row - e >= 4 ? 4 : (int)(row - e);
+        int keep[4];
+        philox_dropout_keep4(seed, (uint64_t)samples[b], site, q, threshold, keep);
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (VEC4) {
+            load_floats<4>(x, in + at);
+            if (accumulate) load_floats<4>(o, out + at);
+        } else {
+            for (int j = 0; j < count; j++) {
+                x[j] = __bfloat162float(in[at + j]);
+                if (accumulate) o[j] = __bfloat162float(out[at + j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v = keep[j] ? __fmul_rn(x[j], keep_scale) : 0.0f;
+            o[j] = accumulate ? o[j] + v : v;
+        }
+        if (VEC4) {
+            store_floats<4>(out + at, o);
+        } else {
+            for (int j = 0; j < count; j++) out[at + j] = __float2bfloat16_rn(o[j]);
+        }
+    }
+}
+
+extern "C" void cuda_dropout(kctx *c, void *out, const void *in, const int64_t *samples,
+                             uint64_t seed, uint32_t site, int B, int T, int cols, float p,
+                             int accumulate) {
+    if (!(p >= 0.0f && p < 1.0f)) {
+        k_fail(c, "dropout: probability %g is outside [0, 1)", (double)p);
+        return;
+    }
+    if (B <= 0 || T <= 0 || cols <= 0) return;
+    size_t row = (size_t)T * (size_t)cols, row_groups = (row + 3) / 4;
+    size_t groups = (size_t)B * row_groups;
+    uint32_t threshold = philox_dropout_threshold(p);
+    float keep_scale = 1.0f / (1.0f - p);
+    bf16 *o = (bf16 *)out;
+    const bf16 *x = (const bf16 *)in;
+    unsigned blocks = cuda_blocks(groups, THREADS);
+    if (row % 4 == 0 && cuda_aligned(out, 8) && cuda_aligned(in, 8))
+        dropout_kernel<true><<<blocks, THREADS, 0, cuda_stream(c)>>>(
+            o, x, samples, seed, site, row, row_groups, groups, threshold, keep_scale, accumulate);
+    else
+        dropout_kernel<false><<<blocks, THREADS, 0, cuda_stream(c)>>>(
+            o, x, samples, seed, site, row, row_groups, groups, threshold, keep_scale, accumulate);
+    cuda_check_launch(c, "dropout");
 }
 
 // ---- fp32 elementwise ----

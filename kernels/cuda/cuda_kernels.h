@@ -36,7 +36,8 @@ void cuda_sync(kctx *c);
 void cuda_test_spin(void *stream, int *flag);
 
 /* cuda_<name> for every op of kernels_ops.h.  Where they are: cuda_device.cu (memory and
- * copies), cuda_elementwise.cu (casts, accumulate, add_f32, sumsq_f32, SwiGLU),
+ * copies), cuda_elementwise.cu (casts, accumulate, scale, add_f32, sumsq_f32, SwiGLU,
+ * dropout),
  * cuda_embedding.cu, cuda_norm_rope.cu (RMSNorm, RoPE), cuda_attention.cu (head dim 64 or
  * 128; buffers 16-byte aligned; the others go to cuda_attention_generic.cu), cuda_linear.cu
  * (cuBLASLt), cuda_loss_optim.cu (cross-entropy, AdamW), cuda_nf4.cu (NF4 dequantization). */

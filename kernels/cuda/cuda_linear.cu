@@ -3,6 +3,7 @@
 // cuBLASLt is column-major; a row-major matrix X[r, c] is the column-major matrix X^T with
 // leading dimension c, so every product below is written for the transposes:
 //   forward  out[N,O] = in[N,I] W[O,I]^T   is  out^T (O x N) = W^T^T (O x I) . in^T (I x N)
+//            (linear_fwd_acc: out +=, beta = 1)
 //   din      din[N,I] = dout[N,O] W[O,I]   is  din^T (I x N) = W^T (I x O) . dout^T (O x N)
 //   dw       dw[O,I] += dout^T[O,N] in[N,I] is  dw^T (I x O) += in^T (I x N) . dout (N x O)
 // dw is fp32 (C = D, beta = 1); out and din are bf16.  Each shape's descriptors and the
@@ -148,10 +149,22 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
     if (st != CUBLAS_STATUS_SUCCESS) lt_failed(c, what, "Matmul", st);
 }
 
+// out[N,O] = in[N,I] W[O,I]^T + beta out: beta 0 overwrites (linear_fwd), 1 adds (linear_fwd_acc,
+// the sum taken in fp32 and rounded once).
+static void linear_forward(kctx *c, const char *what, void *out, const void *in, const void *w,
+                           int N, int I, int O, float beta) {
+    if (N <= 0 || I <= 0 || O <= 0) return;
+    matmul(c, what, out, CUDA_R_16BF, w, 1, in, 0, O, N, I, beta);
+}
+
 extern "C" void cuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
                                 int O) {
-    if (N <= 0 || I <= 0 || O <= 0) return;
-    matmul(c, "linear_fwd", out, CUDA_R_16BF, w, 1, in, 0, O, N, I, 0.0f);
+    linear_forward(c, "linear_fwd", out, in, w, N, I, O, 0.0f);
+}
+
+extern "C" void cuda_linear_fwd_acc(kctx *c, void *out, const void *in, const void *w, int N,
+                                    int I, int O) {
+    linear_forward(c, "linear_fwd_acc", out, in, w, N, I, O, 1.0f);
 }
 
 extern "C" void cuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,

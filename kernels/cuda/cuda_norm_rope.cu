@@ -54,13 +54,15 @@ extern "C" void cuda_rmsnorm_fwd(kctx *c, void *out, float *rstd, const void *in
 //   din_j += r w_j g_j - x_j (r^3 / C) sum_i g_i w_i x_i,   dw_i += sum_n g_i x_i r.
 // Each block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: it updates their din and sums
 // their dw terms in shared memory (each thread owns the same columns in every row, so no
-// atomics), then writes that sum to dw_partial[blockIdx.x, :].
+// atomics), then writes that sum to dw_partial[blockIdx.x, :].  dw_partial NULL (a frozen
+// norm): din only, no shared memory.
 template <int VEC>
 __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_partial, const bf16 *dout,
                                    const bf16 *in, const bf16 *w, const float *rstd, int N,
                                    int C) {
-    extern __shared__ __align__(32) float dw_acc[]; // [C]
-    for (int i = threadIdx.x * VEC; i < C; i += blockDim.x * VEC) {
+    extern __shared__ __align__(32) float dw_acc[]; // [C] when dw_partial
+    const bool with_dw = dw_partial != NULL;
+    for (int i = threadIdx.x * VEC; with_dw && i < C; i += blockDim.x * VEC) {
         float zero[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; j++) zero[j] = 0.0f;
@@ -88,17 +90,17 @@ __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_partial, const bf16 *dou
             load_floats<VEC>(wv, w + i);
             load_floats<VEC>(xv, x + i);
             load_floats<VEC>(dv, dx + i);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) dv[j] += r * wv[j] * gv[j] - xv[j] * coef;
+            store_floats<VEC>(dx + i, dv);
+            if (!with_dw) continue;
             load_floats<VEC>(acc, dw_acc + i);
 #pragma unroll
-            for (int j = 0; j < VEC; j++) {
-                dv[j] += r * wv[j] * gv[j] - xv[j] * coef;
-                acc[j] += gv[j] * xv[j] * r;
-            }
-            store_floats<VEC>(dx + i, dv);
+            for (int j = 0; j < VEC; j++) acc[j] += gv[j] * xv[j] * r;
             store_floats<VEC>(dw_acc + i, acc);
         }
     }
-    for (int i = threadIdx.x * VEC; i < C; i += blockDim.x * VEC) {
+    for (int i = threadIdx.x * VEC; with_dw && i < C; i += blockDim.x * VEC) {
         float acc[VEC];
         load_floats<VEC>(acc, dw_acc + i);
         store_floats<VEC>(dw_partial + (size_t)blockIdx.x * C + i, acc);
@@ -137,20 +139,24 @@ static void launch_rmsnorm_bwd(kctx *c, int blocks, size_t smem, bf16 *din, floa
                                                                         w, rstd, N, C);
 }
 
+// dw NULL (a frozen norm): din only; no shared memory, no partials, no dw sum.
 extern "C" void cuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout,
                                  const void *in, const void *w, const float *rstd, int N,
                                  int C) {
     if (N <= 0 || C <= 0) return;
-    size_t smem = (size_t)C * sizeof(float);
+    size_t smem = dw ? (size_t)C * sizeof(float) : 0;
     if (smem + 1024 > (size_t)cuda_state(c)->smem_optin) { // 1 KB: block_sum's static array
         k_fail(c, "rmsnorm_bwd: hidden size %d needs %zu bytes of shared memory per block; "
                   "this device allows %d", C, smem, cuda_state(c)->smem_optin);
         return;
     }
     int blocks = N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS;
-    float *partial =
-        (float *)cuda_scratch(c, (size_t)blocks * C * sizeof(float), "rmsnorm_bwd scratch");
-    if (!partial) return;
+    float *partial = NULL;
+    if (dw) {
+        partial = (float *)cuda_scratch(c, (size_t)blocks * C * sizeof(float),
+                                        "rmsnorm_bwd scratch");
+        if (!partial) return;
+    }
     bf16 *dx = (bf16 *)din;
     const bf16 *g = (const bf16 *)dout, *x = (const bf16 *)in, *wt = (const bf16 *)w;
     if (rows_vec8(C, din, dout, in) && cuda_aligned(w, 16))
@@ -158,6 +164,7 @@ extern "C" void cuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout
     else
         launch_rmsnorm_bwd<1>(c, blocks, smem, dx, partial, g, x, wt, rstd, N, C);
     cuda_check_launch(c, "rmsnorm_bwd");
+    if (!dw) return;
     rmsnorm_dw_kernel<<<(C + 31) / 32, dim3(32, 32), 0, cuda_stream(c)>>>(dw, partial, blocks, C);
     cuda_check_launch(c, "rmsnorm_bwd (dw)");
 }

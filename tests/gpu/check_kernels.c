@@ -7,6 +7,8 @@
  * op accumulates into them; any NaN fails.  The error is ||gpu - cpu|| / ||cpu|| over the
  * whole tensor, against a tolerance for what the op does: 0 for copies, casts and gathers,
  * 1e-5 for fp32 math, 1e-4 for fp32 sums, 1e-2 for bf16 outputs, 2e-2 for bf16 GEMMs.
+ * Dropout is compared element by element instead: the same elements dropped as on the CPU
+ * (one Philox, base/philox.h), and every value within one bf16 rounding of the CPU's.
  * NF4 dequantization is compared element by element: every value the CPU's fp32 product
  * rounded once to bf16, bit for bit.
  * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
@@ -27,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "base/philox.h"
 #include "kernels/kernels.h"
 
 #define TOL_EXACT 0.0
@@ -176,6 +179,12 @@ static float *df32(const float *host, size_t n) {
 static int32_t *dints(const int32_t *host, size_t n) {
     int32_t *d = dev_bytes(n * sizeof(int32_t), sizeof(int32_t));
     k_copy_h2d(&gpu, d, host, n * sizeof(int32_t));
+    return d;
+}
+
+static int64_t *dlongs(const int64_t *host, size_t n) {
+    int64_t *d = dev_bytes(n * sizeof(int64_t), sizeof(int64_t));
+    k_copy_h2d(&gpu, d, host, n * sizeof(int64_t));
     return d;
 }
 
@@ -361,6 +370,12 @@ static void check_elementwise(size_t n) {
     k_add_f32(&gpu, acc32, df32(b, n), n);
     report("add_f32", shape("n=%zu", n), get_f32(acc32, n), want, n, TOL_F32);
 
+    want = hcopy(a, n);
+    k_scale(&cpu, want, -1.7f, n);
+    void *scaled = dcomp(a, n);
+    k_scale(&gpu, scaled, -1.7f, n);
+    report("scale", shape("n=%zu", n), get_comp(scaled, n), want, n, TOL_BF16);
+
     float want_sum = 2.0f;
     k_sumsq_f32(&cpu, &want_sum, a, n);
     float *sum = df32(&(float){2.0f}, 1);
@@ -479,13 +494,38 @@ static void check_rmsnorm(int N, int C) {
     float *dw0 = hrandom((size_t)C, sqrtf((float)N) / 3.0f);
     float *want_din = hcopy(din0, nc), *want_dw = hcopy(dw0, (size_t)C);
     k_rmsnorm_bwd(&cpu, want_din, want_dw, dout, x, w, want_rstd, N, C);
-    void *din = dcomp(din0, nc);
-    float *dw = df32(dw0, (size_t)C);
-    k_rmsnorm_bwd(&gpu, din, dw, dcomp(dout, nc), dx, dw_in, df32(want_rstd, (size_t)N), N, C);
+    void *din = dcomp(din0, nc), *ddout = dcomp(dout, nc);
+    float *dw = df32(dw0, (size_t)C), *drstd = df32(want_rstd, (size_t)N);
+    k_rmsnorm_bwd(&gpu, din, dw, ddout, dx, dw_in, drstd, N, C);
     report("rmsnorm_bwd din", shape("N=%d C=%d", N, C), get_comp(din, nc), want_din, nc,
            TOL_BF16);
     report("rmsnorm_bwd dw", shape("N=%d C=%d", N, C), get_f32(dw, (size_t)C), want_dw,
            (size_t)C, TOL_SUM);
+
+    /* a frozen norm (dw NULL): the same din */
+    void *din_frozen = dcomp(din0, nc);
+    k_rmsnorm_bwd(&gpu, din_frozen, NULL, ddout, dx, dw_in, drstd, N, C);
+    report("rmsnorm_bwd din, dw NULL", shape("N=%d C=%d", N, C), get_comp(din_frozen, nc),
+           want_din, nc, TOL_BF16);
+    release_all();
+}
+
+/* A frozen norm (dw NULL) at a hidden size whose dw sums would not fit in a block's shared
+ * memory (C floats): without dw the backward needs none, so it runs. */
+static void check_rmsnorm_frozen(int N, int C) {
+    seed(14);
+    size_t nc = (size_t)N * C;
+    float *x = hrandom(nc, 2.0f), *w = hfloats((size_t)C), *rstd = hfloats((size_t)N);
+    for (int i = 0; i < C; i++) w[i] = round_bf16(1.0f + 0.2f * frand());
+    float *dout = hrandom(nc, 1.0f), *din0 = hrandom(nc, 1.0f), *fwd = hfloats(nc);
+    k_rmsnorm_fwd(&cpu, fwd, rstd, x, w, N, C, 1e-5f);
+    float *want = hcopy(din0, nc);
+    k_rmsnorm_bwd(&cpu, want, NULL, dout, x, w, rstd, N, C);
+    void *din = dcomp(din0, nc);
+    k_rmsnorm_bwd(&gpu, din, NULL, dcomp(dout, nc), dcomp(x, nc), dcomp(w, (size_t)C),
+                  df32(rstd, (size_t)N), N, C);
+    report("rmsnorm_bwd din, dw NULL", shape("N=%d C=%d", N, C), get_comp(din, nc), want, nc,
+           TOL_BF16);
     release_all();
 }
 
@@ -550,6 +590,13 @@ static void check_linear(int N, int I, int O) {
     k_linear_fwd(&gpu, out, din_, dw_, N, I, O);
     report("linear_fwd", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
 
+    /* accumulating forward (LoRA's B added onto the base's output): out += in W^T */
+    float *out0 = hrandom(no, sqrtf((float)I) / 3.0f), *want_acc = hcopy(out0, no);
+    k_linear_fwd_acc(&cpu, want_acc, in, w, N, I, O);
+    void *acc = dcomp(out0, no);
+    k_linear_fwd_acc(&gpu, acc, din_, dw_, N, I, O);
+    report("linear_fwd_acc (+=)", shp_copy, get_comp(acc, no), want_acc, no, TOL_GEMM);
+
     /* accumulating: din += dout W, dw += dout^T in, both from random starting values */
     float *din0 = hrandom(ni, sqrtf((float)O) / 3.0f), *dw0 = hrandom(oi, sqrtf((float)N) / 3.0f);
     float *want_din = hcopy(din0, ni), *want_dw = hcopy(dw0, oi);
@@ -566,6 +613,57 @@ static void check_linear(int N, int I, int O) {
     void *din2 = dpoison_comp(ni);
     k_linear_bwd(&gpu, din2, NULL, ddout, din_, dw_, N, I, O, 0);
     report("linear_bwd din (=)", shp_copy, get_comp(din2, ni), want_din2, ni, TOL_GEMM);
+    release_all();
+}
+
+/* ---- dropout ---- */
+
+/* Elements zero on one side only (the masks differ) and elements further from the CPU's fp32
+ * value than one bf16 rounding (half an ulp, at most 2^-8 of the value); NaNs count as both. */
+static void report_dropout(const char *op, const char *shp, const float *got,
+                           const float *want, size_t n) {
+    size_t mask_wrong = 0, value_wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        int nan = isnan(got[i]);
+        mask_wrong += nan || (got[i] == 0.0f) != (want[i] == 0.0f);
+        value_wrong += nan || fabsf(got[i] - want[i]) > fabsf(want[i]) * (1.0f / 256.0f);
+    }
+    char measure[64];
+    snprintf(measure, sizeof measure, "%zu mask, %zu value wrong", mask_wrong, value_wrong);
+    report_bool(op, shp, mask_wrong == 0 && value_wrong == 0, measure);
+}
+
+/* out = dropout(x), out += dropout(x) (the backward on the gradient) and in place, against
+ * the CPU.  Samples past 2^32 and one past 2^48 (the stream keeps its low 48 bits). */
+static void check_dropout(int B, int T, int cols, float p) {
+    seed(13);
+    size_t n = (size_t)B * T * cols;
+    int64_t *samples = host_bytes((size_t)B * sizeof(int64_t));
+    for (int b = 0; b < B; b++) samples[b] = (INT64_C(1) << 40) + 7919 * (int64_t)b;
+    samples[B - 1] = INT64_C(3) << 50 | 17;
+    const uint64_t key = UINT64_C(0x9E3779B97F4A7C15);
+    const uint32_t site = philox_dropout_site(5, 2);
+    int64_t *dsamples = dlongs(samples, (size_t)B);
+    float *x = hrandom(n, 2.0f);
+    void *dx = dcomp(x, n);
+    const char *shp = shape("B=%d T=%d cols=%d p=%g", B, T, cols, (double)p);
+    char shp_copy[128];
+    snprintf(shp_copy, sizeof shp_copy, "%s", shp);
+
+    float *want = hfloats(n);
+    k_dropout(&cpu, want, x, samples, key, site, B, T, cols, p, 0);
+    void *out = dpoison_comp(n);
+    k_dropout(&gpu, out, dx, dsamples, key, site, B, T, cols, p, 0);
+    report_dropout("dropout", shp_copy, get_comp(out, n), want, n);
+
+    float *base = hrandom(n, 1.0f), *want_acc = hcopy(base, n);
+    k_dropout(&cpu, want_acc, x, samples, key, site, B, T, cols, p, 1);
+    void *acc = dcomp(base, n);
+    k_dropout(&gpu, acc, dx, dsamples, key, site, B, T, cols, p, 1);
+    report_dropout("dropout (+=)", shp_copy, get_comp(acc, n), want_acc, n);
+
+    k_dropout(&gpu, dx, dx, dsamples, key, site, B, T, cols, p, 0);
+    report_dropout("dropout in place", shp_copy, get_comp(dx, n), want, n);
     release_all();
 }
 
@@ -808,6 +906,9 @@ static void check_failures(void) {
     k_rope(&gpu, out, p, NULL, 1, 2, 2, 127, 0);
     expect_failure("rope", "head dim 127 is odd");
 
+    k_dropout(&gpu, out, out, dlongs(&(int64_t){0}, 1), 1, 0, 1, N, C, 1.0f, 0);
+    expect_failure("dropout", "dropout: probability 1 is outside [0, 1)");
+
     if (gpu.backend == K_CUDA) {
         k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
@@ -948,6 +1049,13 @@ static void run_bench(void) {
     char sh[64];
     snprintf(sh, sizeof sh, "N=%d C=%d", N, C);
     BENCH("accumulate", sh, 6.0 * nc, 0, k_accumulate(&gpu, out, a, nc));
+    BENCH("scale", sh, 4.0 * nc, 0, k_scale(&gpu, out, 1.0f, nc));
+    const int64_t samples_host[4] = {0, 1, 2, 3};
+    int64_t *samples = dlongs(samples_host, 4);
+    snprintf(sh, sizeof sh, "B=4 T=2048 cols=%d p=0.1", C);
+    BENCH("dropout", sh, 4.0 * nc, 0, k_dropout(&gpu, out, a, samples, 1, 0, 4, 2048, C, 0.1f, 0));
+    BENCH("dropout (+=)", sh, 6.0 * nc, 0,
+          k_dropout(&gpu, out, a, samples, 1, 0, 4, 2048, C, 0.1f, 1));
 
     int32_t *tok_host = hints((size_t)N);
     for (int n = 0; n < N; n++) tok_host[n] = irand(V);
@@ -1003,6 +1111,17 @@ static void run_bench(void) {
                   8.0 * wi,
               2.0 * flops, k_linear_bwd(&gpu, dx, dW, y, x, W, N, li, lo, 0));
     }
+
+    /* LoRA, rank 16, on a C -> C projection: A (C -> r), then B (r -> C) added onto the output */
+    const int r = 16;
+    void *lora_a = bench_bf16((size_t)r * C, 0.02f), *lora_b = bench_bf16((size_t)C * r, 0.02f);
+    void *h = bench_bf16((size_t)N * r, 1.0f);
+    snprintf(sh, sizeof sh, "lora_A N=%d %d->%d", N, C, r);
+    BENCH("linear_fwd", sh, 2.0 * ((double)N * C + (double)r * C + (double)N * r),
+          2.0 * N * C * r, k_linear_fwd(&gpu, h, a, lora_a, N, C, r));
+    snprintf(sh, sizeof sh, "lora_B N=%d %d->%d", N, r, C);
+    BENCH("linear_fwd_acc", sh, 2.0 * ((double)N * r + (double)C * r + 2.0 * N * C),
+          2.0 * N * r * C, k_linear_fwd_acc(&gpu, out, h, lora_b, N, r, C));
 
     int32_t *targets = dints(tok_host, (size_t)N);
     float *loss = bench_f32(1, 1.0f, 1);
@@ -1078,6 +1197,7 @@ int main(int argc, char **argv) {
     check_rmsnorm(2046, 4096);
     check_rmsnorm(257, 8192);
     check_rmsnorm(33, 4100); /* C % 8 != 0 */
+    check_rmsnorm_frozen(8, 65536); /* dw's C floats would not fit in shared memory */
 
     check_rope(2, 1023, 64, 128, &llama3_rope, "llama3 q");
     check_rope(2, 1023, 8, 128, &llama3_rope, "llama3 kv");
@@ -1093,6 +1213,8 @@ int main(int argc, char **argv) {
     check_linear(257, 4096, 32000);   /* Llama 2 head */
     check_linear(129, 4096, 128256);  /* Llama 3 head */
     check_linear(65, 4096, 32001);    /* a vocabulary with an added token */
+    check_linear(2046, 4096, 16);     /* LoRA A, rank 16 */
+    check_linear(2046, 16, 4096);     /* LoRA B */
     misalign = 1;
     check_linear(33, 100, 77);
     misalign = 0;
@@ -1105,6 +1227,15 @@ int main(int argc, char **argv) {
     check_adamw((size_t)16 << 20, 1000);
     misalign = 1;
     check_adamw(1000003, 7);
+    misalign = 0;
+
+    check_dropout(4, 2048, 4096, 0.1f);  /* an attention projection's input */
+    check_dropout(2, 1023, 11008, 0.05f); /* down_proj's */
+    check_dropout(1, 64, 4096, 0.0f);     /* the identity */
+    check_dropout(3, 33, 101, 0.5f);      /* rows of 3333: groups of 4 end short */
+    misalign = 1;
+    check_dropout(2, 16, 64, 0.3f);  /* whole groups, unaligned: one element at a time */
+    check_dropout(3, 33, 101, 0.5f);
     misalign = 0;
 
     check_determinism();

@@ -66,6 +66,19 @@ must_succeed nodropout
 join "$tmp/two.loss" "$tmp/nodropout.loss" | awk '$2 != $3 { d = 1 } END { exit !d }' ||
     fail "dropout 0.1 changed nothing"
 
+# --- the output: a PEFT adapter directory, and the merged model --------------------------------
+run output -- --checkpoint.dir="$tmp/ck5" --runtime.workers_per_node=1 --output.consolidate=true \
+    --output.merge=true --output.dir="$tmp/out5" --train.max_steps=3
+must_succeed output
+[ -f "$tmp/out5/adapter_config.json" ] && [ -f "$tmp/out5/adapter_model.safetensors" ] ||
+    { ls -l "$tmp/out5"; fail "no PEFT adapter directory"; }
+[ -f "$tmp/out5/merged/config.json" ] || fail "no merged model"
+"$fsdpctl" merge "$tmp/base" "$tmp/out5" "$tmp/merged-again" --dtype bf16 > /dev/null
+"$fsdpctl" compare "$tmp/merged-again" "$tmp/out5/merged" --rtol 0 > "$tmp/cmp.out" ||
+    { cat "$tmp/cmp.out"; fail "fsdpctl merge of the written adapter differs from output.merge"; }
+grep -q '"r": 4' "$tmp/out5/adapter_config.json" && grep -q '"lora_alpha": 8' "$tmp/out5/adapter_config.json" ||
+    fail "adapter_config.json lacks the job's rank and alpha"
+
 # --- what the checkpoint holds ------------------------------------------------------------------
 python3 - "$tmp/ck2/step-000006/manifest.json" <<'PY'
 import json, sys

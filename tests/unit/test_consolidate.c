@@ -7,6 +7,9 @@
  *     writes CKPT_DIR/step-000007 (+ latest) for that model: shard files whose master
  *     sections hold values (sparse: only in their first 4 KiB, zeros (holes) after, so a
  *     model of several GB costs no disk), AdamW moments all holes, CRCs right;
+ *   test_consolidate --write-adapter-checkpoint MODEL_DIR PEFT_DIR CKPT_DIR N_FILES
+ *     writes CKPT_DIR/step-000007 (+ latest): an adapter job's checkpoint whose masters are
+ *     the PEFT adapter of PEFT_DIR, on the base MODEL_DIR (its path and fingerprint);
  *   test_consolidate --max-rss FILE CMD [ARGS...]
  *     runs CMD, writes its peak resident set (ru_maxrss, KiB) into FILE, exits with its
  *     status. */
@@ -20,6 +23,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +38,7 @@
 #include "daemon/consolidate.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
+#include "proto/peft.h"
 #include "proto/safetensors.h"
 
 /* Flat sizes that 3 divides and 5 does not (padding with 5 files). */
@@ -93,11 +98,9 @@ static int layout_for(const llama_config *c, int n_files, ckpt_layout *lo, errbu
     return ckpt_layout_check(lo, err);
 }
 
-/* A manifest for the model, files[] to be filled in. */
-static int manifest_for(ckpt_manifest *m, const char *config_text, int n_files, errbuf *err) {
-    llama_config c;
+/* A manifest's settings for a job of n_files ranks, without layout; files[] to be filled in. */
+static int manifest_settings(ckpt_manifest *m, const char *config_text, int n_files, errbuf *err) {
     memset(m, 0, sizeof *m);
-    if (llama_config_parse(&c, config_text, strlen(config_text), "config", err)) return -1;
     m->step = m->optimizer_step = STEP;
     m->global_batch = 4;
     m->global_sample = STEP * 4;
@@ -111,6 +114,15 @@ static int manifest_for(ckpt_manifest *m, const char *config_text, int n_files, 
     m->model_config = json_loads(config_text, 0, &je);
     m->files = calloc((size_t)n_files, sizeof *m->files);
     if (!m->model_config || !m->files) return errf(err, "manifest: out of memory");
+    return 0;
+}
+
+/* A manifest for the model, files[] to be filled in. */
+static int manifest_for(ckpt_manifest *m, const char *config_text, int n_files, errbuf *err) {
+    llama_config c;
+    if (llama_config_parse(&c, config_text, strlen(config_text), "config", err) ||
+        manifest_settings(m, config_text, n_files, err))
+        return -1;
     return layout_for(&c, n_files, &m->layout, err);
 }
 
@@ -127,42 +139,95 @@ static int commit_manifest(const ckpt_manifest *m, const char *ckpt, const char 
     return rc;
 }
 
-/* CKPT/step-000007 with n_files dense shard files (ckpt_write_image). */
-static void write_checkpoint(const char *ckpt, const char *config_text, int n_files) {
-    ckpt_manifest m;
-    errbuf err = {{0}};
+/* Element e of unit's flat parameter `kind`, from ctx. */
+typedef float (*value_fn)(const void *ctx, int kind, int unit, uint64_t e);
+
+static float computed_value(const void *ctx, int kind, int unit, uint64_t e) {
+    (void)ctx;
+    return value_of(kind, unit, e);
+}
+
+/* The manifest's shard files, dense (ckpt_write_image), with the values of v, into
+ * CKPT/step-000007, and the manifest committed. */
+static int write_shards(const char *ckpt, ckpt_manifest *m, value_fn v, const void *ctx, errbuf *err) {
     char step_name[64], dir[1024], path[4096];
-    assert_int_equal(manifest_for(&m, config_text, n_files, &err), 0);
+    const ckpt_layout *lo = &m->layout;
     ckpt_step_name(step_name, sizeof step_name, STEP);
     snprintf(dir, sizeof dir, "%s/%s", ckpt, step_name);
-    assert_int_equal(file_mkdir(ckpt, &err), 0);
-    assert_int_equal(file_mkdir(dir, &err), 0);
-    const ckpt_layout *lo = &m.layout;
-    for (int r = 0; r < n_files; r++) {
+    if (file_mkdir(ckpt, err) || file_mkdir(dir, err)) return -1;
+    for (int r = 0; r < lo->n_files; r++) {
         ckpt_file_header h;
-        assert_int_equal(ckpt_plan(&h, lo, r, STEP, &err), 0);
+        if (ckpt_plan(&h, lo, r, STEP, err)) return -1;
         unsigned char *image = calloc(1, h.file_bytes);
-        assert_non_null(image);
+        if (!image) return errf(err, "out of memory");
         for (int i = 0; i < h.n_sections; i++) {
             const ckpt_section *s = &h.sections[i];
             const ckpt_unit *U = &lo->units[s->unit];
             float *dst = (float *)(image + s->offset);
             for (uint64_t j = 0; j < U->shard; j++) {
                 uint64_t e = (uint64_t)r * U->shard + j;
-                dst[j] = e < U->numel ? value_of((int)s->kind, (int)s->unit, e) : 0.0f;
+                dst[j] = e < U->numel ? v(ctx, (int)s->kind, (int)s->unit, e) : 0.0f;
             }
         }
-        ckpt_file_name(m.files[r].name, sizeof m.files[r].name, r, n_files);
-        snprintf(path, sizeof path, "%s/%s", dir, m.files[r].name);
-        assert_int_equal(ckpt_write_image(path, image, &h, NULL, NULL, &err), 0);
-        m.files[r].rank = r;
-        m.files[r].bytes = h.file_bytes;
-        m.files[r].header_crc = h.crc;
+        ckpt_file_name(m->files[r].name, sizeof m->files[r].name, r, lo->n_files);
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[r].name);
+        int rc = ckpt_write_image(path, image, &h, NULL, NULL, err);
+        m->files[r].rank = r;
+        m->files[r].bytes = h.file_bytes;
+        m->files[r].header_crc = h.crc;
         free(image);
         ckpt_file_header_free(&h);
+        if (rc) return -1;
     }
-    assert_int_equal(commit_manifest(&m, ckpt, step_name, &err), 0);
+    return commit_manifest(m, ckpt, step_name, err);
+}
+
+/* CKPT/step-000007 with n_files dense shard files. */
+static void write_checkpoint(const char *ckpt, const char *config_text, int n_files) {
+    ckpt_manifest m;
+    errbuf err = {{0}};
+    assert_int_equal(manifest_for(&m, config_text, n_files, &err), 0);
+    if (write_shards(ckpt, &m, computed_value, NULL, &err)) fail_msg("%s", err.msg);
     ckpt_manifest_free(&m);
+}
+
+/* ---- adapter checkpoints ---- */
+
+static float adapter_value(const void *ctx, int kind, int unit, uint64_t e) {
+    const float *const *units = ctx;
+    return kind == CKPT_MASTER ? units[unit][e] : 0.0f;
+}
+
+/* An adapter job's checkpoint (n_files files) whose masters are the PEFT adapter in
+ * peft_dir, trained on the base model in model_dir (its path and fingerprint recorded). */
+static int write_adapter_checkpoint(const char *model_dir, const char *peft_dir, const char *ckpt,
+                                    int n_files, errbuf *err) {
+    char path[4096], *config;
+    size_t len;
+    llama_config mc;
+    lora_layout lo;
+    float **units;
+    ckpt_manifest m;
+    st_model base;
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    if (file_read_all(path, 1 << 20, &config, &len, err)) return -1;
+    int rc = llama_config_parse(&mc, config, len, path, err) || manifest_settings(&m, config, n_files, err) ? -1 : 0;
+    free(config);
+    if (rc || peft_load(peft_dir, &mc, &lo, &units, err)) return -1;
+    rc = ckpt_layout_from_slots(&m.layout, n_files, lo.units, lo.n_units, lo.tensors, lo.n_tensors, err);
+    m.has_adapter = 1;
+    snprintf(m.adapter.type, sizeof m.adapter.type, "lora");
+    m.adapter.lora = lo.cfg;
+    if (rc == 0 && !realpath(model_dir, m.model_path)) rc = errf(err, "%s: %s", model_dir, strerror(errno));
+    if (rc == 0 && (rc = st_model_open(&base, model_dir, err)) == 0) {
+        st_model_fingerprint(&base, m.adapter.base_fingerprint);
+        st_model_close(&base);
+    }
+    if (rc == 0) rc = write_shards(ckpt, &m, adapter_value, units, err);
+    peft_units_free(units, lo.n_units);
+    lora_layout_free(&lo);
+    ckpt_manifest_free(&m);
+    return rc;
 }
 
 /* ---- test fixtures ---- */
@@ -675,6 +740,229 @@ static void test_bad_options(void **state) {
     assert_false(exists(f->out, NULL));
 }
 
+
+/* ---- adapter checkpoints: a PEFT adapter directory, and the merged model ---- */
+
+static const char *shared_dir(void) {
+    const char *s = getenv("FSDP_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+/* An adapter checkpoint of the golden adapter (PEFT 0.21 wrote it) on the golden model. */
+static int setup_adapter(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    char model[4096], peft[4096], step_dir[512];
+    errbuf err = {{0}};
+    assert_non_null(f);
+    snprintf(f->root, sizeof f->root, "/tmp/test_consolidate.XXXXXX");
+    assert_non_null(mkdtemp(f->root));
+    snprintf(f->ckpt, sizeof f->ckpt, "%s/ckpt", f->root);
+    snprintf(f->out, sizeof f->out, "%s/out", f->root);
+    snprintf(model, sizeof model, "%s/golden/tiny-mha", shared_dir());
+    snprintf(peft, sizeof peft, "%s/golden/tiny-mha/lora", shared_dir());
+    if (write_adapter_checkpoint(model, peft, f->ckpt, 3, &err)) fail_msg("%s", err.msg);
+    snprintf(step_dir, sizeof step_dir, "%s/step-%06d", f->ckpt, STEP);
+    assert_int_equal(ckpt_manifest_load(&f->m, step_dir, &err), 0);
+    assert_true(f->m.has_adapter);
+    *state = f;
+    return 0;
+}
+
+/* dir's adapter equals the golden one, value for value. */
+static void assert_golden_adapter(const char *dir) {
+    char golden[4096];
+    llama_config mc;
+    lora_layout lo, want_lo;
+    float **units, **want;
+    errbuf err = {{0}};
+    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/config.json", shared_dir());
+    assert_int_equal(llama_config_load(&mc, golden, &err), 0);
+    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/lora", shared_dir());
+    if (peft_load(dir, &mc, &lo, &units, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(peft_load(golden, &mc, &want_lo, &want, &err), 0);
+    assert_int_equal(lo.cfg.rank, 8);
+    assert_true(lo.cfg.alpha == 16.0);
+    assert_int_equal(lo.cfg.targets, LORA_ALL_LINEAR);
+    for (int u = 0; u < lo.n_units; u++)
+        assert_memory_equal(units[u], want[u], lo.units[u].numel * sizeof(float));
+    peft_units_free(units, lo.n_units);
+    peft_units_free(want, want_lo.n_units);
+    lora_layout_free(&lo);
+    lora_layout_free(&want_lo);
+}
+
+/* OUT is a PEFT adapter directory: F32 weights (whatever the dtype), the config naming the
+ * base, no model files. */
+static void test_adapter_directory(void **state) {
+    fixture *f = *state;
+    consolidate_result r;
+    consolidate_options o = options(f, ST_BF16, &r);
+    errbuf err = {{0}};
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_true(r.adapter);
+    assert_int_equal(r.tensors, 28);
+    assert_golden_adapter(f->out);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", f->out, PEFT_WEIGHTS_NAME);
+    assert_sorted_by_name(path);
+    st_file file;
+    assert_int_equal(st_open(&file, path, &err), 0);
+    for (int i = 0; i < file.n_tensors; i++) assert_int_equal(file.tensors[i].dtype, ST_F32);
+    st_close(&file);
+    json_t *config = load_json(f->out, PEFT_CONFIG_NAME);
+    assert_string_equal(json_string_value(json_object_get(config, "base_model_name_or_path")), f->m.model_path);
+    assert_string_equal(json_string_value(json_object_get(config, "peft_type")), "LORA");
+    json_decref(config);
+    assert_false(exists(f->out, "config.json"));
+    assert_false(exists(f->out, "model.safetensors"));
+    assert_false(exists(f->out, "merged"));
+    assert_false(exists(f->root, "out.partial"));
+}
+
+/* Relative error of dir's merged tensor `name` against lora_expected's merged.<name>. */
+static double merged_error(const st_model *model, const st_file *expected, const char *name) {
+    char want_name[256];
+    snprintf(want_name, sizeof want_name, "merged.%s", name);
+    const st_tensor *t = st_model_find(model, name), *w = st_find(expected, want_name);
+    assert_non_null(t);
+    assert_non_null(w);
+    assert_int_equal(t->numel, w->numel);
+    double diff = 0, ref = 0;
+    for (uint64_t i = 0; i < t->numel; i++) {
+        float a, b;
+        errbuf err;
+        assert_int_equal(st_read_f32(t, i, 1, &a, &err), 0);
+        assert_int_equal(st_read_f32(w, i, 1, &b, &err), 0);
+        diff += ((double)a - b) * ((double)a - b);
+        ref += (double)b * b;
+    }
+    return sqrt(diff / ref);
+}
+
+/* merge: OUT/merged is the golden merged model (PEFT's merge_and_unload) within 1e-6. */
+static void test_adapter_merged(void **state) {
+    fixture *f = *state;
+    consolidate_result r;
+    consolidate_options o = options(f, ST_F32, &r);
+    o.merge = 1;
+    errbuf err = {{0}};
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_golden_adapter(f->out);
+    char merged[512], path[4096];
+    snprintf(merged, sizeof merged, "%s/merged", f->out);
+    st_model model;
+    st_file expected;
+    if (st_model_open(&model, merged, &err)) fail_msg("%s", err.msg);
+    snprintf(path, sizeof path, "%s/golden/tiny-mha/lora_expected.safetensors", shared_dir());
+    assert_int_equal(st_open(&expected, path, &err), 0);
+    int compared = 0;
+    for (int i = 0; i < expected.n_tensors; i++) {
+        if (strncmp(expected.tensors[i].name, "merged.", 7)) continue;
+        double e = merged_error(&model, &expected, expected.tensors[i].name + 7);
+        if (!(e <= 1e-6)) fail_msg("%s: relative error %g", expected.tensors[i].name, e);
+        compared++;
+    }
+    assert_int_equal(compared, model.n_tensors);
+    assert_int_equal(r.merged_tensors, model.n_tensors);
+    st_close(&expected);
+    st_model_close(&model);
+    json_t *config = load_json(merged, "config.json");
+    assert_string_equal(json_string_value(json_object_get(config, "dtype")), "float32");
+    json_decref(config);
+    assert_true(exists(merged, "generation_config.json"));
+}
+
+/* An existing OUT (fsdpd's output.dir) keeps its other files and loses stale model files. */
+static void test_adapter_existing_output(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    char merged[512];
+    snprintf(merged, sizeof merged, "%s/merged", f->out);
+    assert_int_equal(mkdir(f->out, 0755), 0);
+    assert_int_equal(mkdir(merged, 0755), 0);
+    write_text(f->out, "metrics.jsonl", "{}\n");
+    write_text(f->out, "config.json", "{}");
+    write_text(f->out, "model.safetensors", "stale");
+    write_text(merged, "config.json", "{}");
+    consolidate_options o = options(f, ST_BF16, NULL);
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_golden_adapter(f->out);
+    assert_true(exists(f->out, "metrics.jsonl"));
+    assert_false(exists(f->out, "config.json"));
+    assert_false(exists(f->out, "model.safetensors"));
+    assert_false(exists(f->out, "merged")); /* stale: another adapter's merge */
+    o.merge = 1;
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    assert_true(exists(merged, "model.safetensors"));
+    assert_true(exists(f->out, "metrics.jsonl"));
+}
+
+/* The manifest's model_path rewritten, with fingerprint fp (NULL: unchanged). */
+static void set_base(fixture *f, const char *path, const char *fp) {
+    if (fp) snprintf(f->m.adapter.base_fingerprint, sizeof f->m.adapter.base_fingerprint, "%s", fp);
+    set_model_path(f, path);
+}
+
+static void test_merge_refusals(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    char bnb4[4096];
+    consolidate_options o = options(f, ST_F32, NULL);
+    o.merge = 1;
+    char model_path[sizeof f->m.model_path];
+    snprintf(model_path, sizeof model_path, "%s", f->m.model_path);
+    set_base(f, model_path, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+    assert_int_equal(consolidate(&o, &err), -1);
+    assert_non_null(strstr(err.msg, "not the base model the adapters were trained on"));
+    assert_false(exists(f->out, NULL));
+    assert_false(exists(f->root, "out.partial"));
+
+    st_model base;
+    snprintf(bnb4, sizeof bnb4, "%s/golden/tiny-mha/bnb4", shared_dir());
+    assert_int_equal(st_model_open(&base, bnb4, &err), 0);
+    st_model_fingerprint(&base, f->m.adapter.base_fingerprint);
+    st_model_close(&base);
+    set_base(f, bnb4, NULL);
+    assert_int_equal(consolidate(&o, &err), -1);
+    assert_non_null(strstr(err.msg, "quantized (bitsandbytes NF4): merging into a quantized base is not built yet"));
+
+    set_base(f, "", NULL);
+    assert_int_equal(consolidate(&o, &err), -1);
+    assert_non_null(strstr(err.msg, "records no base model directory"));
+    assert_false(exists(f->out, NULL));
+}
+
+static void test_merge_needs_adapter(void **state) {
+    fixture *f = *state;
+    errbuf err = {{0}};
+    consolidate_options o = options(f, ST_F32, NULL);
+    o.merge = 1;
+    assert_int_equal(consolidate(&o, &err), -1);
+    assert_non_null(strstr(err.msg, "a full fine-tune's checkpoint: there is no adapter to merge"));
+    assert_false(exists(f->out, NULL));
+}
+
+/* consolidate_merge: the golden base and adapter; a directory that is no adapter. */
+static void test_merge_directories(void **state) {
+    fixture *f = *state;
+    char model[4096], peft[4096];
+    consolidate_result r;
+    errbuf err = {{0}};
+    snprintf(model, sizeof model, "%s/golden/tiny-mha", shared_dir());
+    snprintf(peft, sizeof peft, "%s/golden/tiny-mha/lora", shared_dir());
+    merge_options o = {.model_dir = model, .adapter_dir = peft, .out = f->out, .dtype = ST_BF16,
+                       .shard_bytes = 100000, .threads = 2, .result = &r};
+    if (consolidate_merge(&o, &err)) fail_msg("%s", err.msg);
+    assert_true(r.files > 1);
+    assert_true(exists(f->out, "model.safetensors.index.json"));
+    json_t *config = load_json(f->out, "config.json");
+    assert_string_equal(json_string_value(json_object_get(config, "dtype")), "bfloat16");
+    json_decref(config);
+    o.adapter_dir = model; /* no adapter_config.json */
+    assert_int_equal(consolidate_merge(&o, &err), -1);
+    assert_non_null(strstr(err.msg, PEFT_CONFIG_NAME));
+}
+
 /* ---- the integration test's and the benchmark's helpers ---- */
 
 /* Writes n bytes of zeros into the CRC. */
@@ -780,6 +1068,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_consolidate: %s\n", err.msg);
         return 1;
     }
+    if (argc == 6 && !strcmp(argv[1], "--write-adapter-checkpoint")) {
+        errbuf err;
+        if (write_adapter_checkpoint(argv[2], argv[3], argv[4], atoi(argv[5]), &err) == 0) return 0;
+        fprintf(stderr, "test_consolidate: %s\n", err.msg);
+        return 1;
+    }
     if (argc >= 4 && !strcmp(argv[1], "--max-rss")) return max_rss(argv[2], argv + 3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_f32_sharded_exact, setup_untied, teardown),
@@ -797,6 +1091,12 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tokenizer_fifo_refused, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_tied, setup_tied, teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup_untied, teardown),
+        cmocka_unit_test_setup_teardown(test_adapter_directory, setup_adapter, teardown),
+        cmocka_unit_test_setup_teardown(test_adapter_merged, setup_adapter, teardown),
+        cmocka_unit_test_setup_teardown(test_adapter_existing_output, setup_adapter, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_refusals, setup_adapter, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_needs_adapter, setup_untied, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_directories, setup_untied, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

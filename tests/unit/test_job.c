@@ -153,7 +153,6 @@ static const bad_case bad_cases[] = {
     {"{" MD ",\"lora\":{\"init_from\":\"adapter\"}}", 1, "lora.init_from: only with train.type lora", NULL},
     {"{" MD ",\"train\":{\"type\":\"lora\"},\"output\":{\"merge\":true,\"consolidate\":false},"
      "\"checkpoint\":{\"save_final\":false}}", 1, "output.merge: needs output.consolidate", NULL},
-    {"{\"train\":{\"type\":\"qlora\"}}", 1, "train.type: 'qlora' is not built yet", NULL},
     {"{\"lora\":{\"rank\":0}}", 1, "lora.rank", NULL},
     {"{\"lora\":{\"targets\":\"all\"}}", 1, "lora.targets: expected \"all-linear\" or a list", NULL},
     {"{\"lora\":{\"targets\":[]}}", 1, "lora.targets: expected \"all-linear\" or a list", NULL},
@@ -400,7 +399,8 @@ static void test_aliases(void **state) {
     override_fails(&j, "--lora_target_modules=everything", "unknown module 'everything'");
     must_override(&j, "--train_type=lora");
     assert_int_equal(j.train.type, JOB_TRAIN_LORA);
-    override_fails(&j, "--train_type=qlora", "--train_type: train.type: 'qlora' is not built yet");
+    must_override(&j, "--train_type=qlora");
+    assert_int_equal(j.train.type, JOB_TRAIN_QLORA);
     override_fails(&j, "--lr=fast", "--lr: train.lr: 'fast' is not a number");
     override_fails(&j, "--gradient_accumulation_steps=0", "is not a positive integer");
     override_fails(&j, "--learning_rat=1", "--learning_rat: unknown option");

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "base/philox.h"
 #include "kernels/kernels.h"
 #include "proto/nf4.h"
 
@@ -240,6 +241,187 @@ static void test_elementwise(void **state) {
     kctx_destroy(&c);
 }
 
+/* ---- scale, dropout ---- */
+
+static void test_scale(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(16);
+    enum { n = 37 };
+    float *x = random_floats(n, 3.0f), y[n];
+    memcpy(y, x, sizeof y);
+    k_scale(&c, y, -0.3f, n);
+    for (int i = 0; i < n; i++) assert_true(y[i] == x[i] * -0.3f);
+    k_scale(&c, y, 2.0f, 0); /* nothing */
+    for (int i = 0; i < n; i++) assert_true(y[i] == x[i] * -0.3f);
+    expect_ok(&c);
+    free(x);
+    kctx_destroy(&c);
+}
+
+/* [B, T, cols] inputs in [0.5, 1.5): never zero, so a zero output is a dropped element. */
+static float *nonzero_floats(size_t n) {
+    float *x = floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = 1.0f + 0.5f * frand();
+    return x;
+}
+
+/* out = k_dropout(x) (accumulate 0), a fresh buffer of n = B * T * cols floats. */
+static float *dropped(kctx *c, const float *x, const int64_t *samples, uint64_t key,
+                      uint32_t site, int B, int T, int cols, float p) {
+    float *out = filled((size_t)B * T * cols, 99.0f); /* overwritten */
+    k_dropout(c, out, x, samples, key, site, B, T, cols, p, 0);
+    expect_ok(c);
+    return out;
+}
+
+/* Elements where exactly one of a and b is zero (their masks differ). */
+static size_t mask_differences(const float *a, const float *b, size_t n) {
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) count += (a[i] == 0.0f) != (b[i] == 0.0f);
+    return count;
+}
+
+/* Every element is the contract's: philox_dropout_keep of (seed, samples[b], site,
+ * t * cols + j) decides, a kept one is x / (1 - p); rows of 35 elements, so groups of four
+ * do not line up with rows; samples past 2^32.  Reproducible, in place, accumulating. */
+static void test_dropout_contract(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(17);
+    enum { B = 3, T = 5, cols = 7, n = B * T * cols };
+    const int64_t samples[B] = {0, INT64_C(12345678901), (INT64_C(1) << 47) + 5};
+    const uint64_t key = UINT64_C(0x1234567887654321);
+    const uint32_t site = philox_dropout_site(3, 5);
+    const float p = 0.3f, keep_scale = 1.0f / (1.0f - p);
+    float *x = nonzero_floats(n);
+    float *out = dropped(&c, x, samples, key, site, B, T, cols, p);
+    size_t kept = 0;
+    for (int b = 0; b < B; b++)
+        for (int e = 0; e < T * cols; e++) {
+            int i = b * T * cols + e;
+            int keep = philox_dropout_keep(key, (uint64_t)samples[b], site, (uint64_t)e,
+                                           philox_dropout_threshold(p));
+            assert_true(out[i] == (keep ? x[i] * keep_scale : 0.0f));
+            kept += (size_t)keep;
+        }
+    assert_true(kept > 0 && kept < n); /* both kinds were seen */
+
+    float *again = dropped(&c, x, samples, key, site, B, T, cols, p);
+    assert_memory_equal(again, out, n * sizeof(float));
+
+    float in_place[n];
+    memcpy(in_place, x, sizeof in_place);
+    k_dropout(&c, in_place, in_place, samples, key, site, B, T, cols, p, 0);
+    assert_memory_equal(in_place, out, sizeof in_place);
+
+    /* accumulate adds the same masked values (the backward on the gradient) */
+    float *base = random_floats(n, 1.0f), acc[n];
+    memcpy(acc, base, sizeof acc);
+    k_dropout(&c, acc, x, samples, key, site, B, T, cols, p, 1);
+    for (int i = 0; i < n; i++) assert_true(acc[i] == base[i] + out[i]);
+
+    /* p = 0 is the identity */
+    float *same = dropped(&c, x, samples, key, site, B, T, cols, 0.0f);
+    assert_memory_equal(same, x, n * sizeof(float));
+    expect_ok(&c);
+    free(x), free(out), free(again), free(base), free(same);
+    kctx_destroy(&c);
+}
+
+/* philox_dropout_keep is what base/philox.h documents: element e is kept when word e % 4 of
+ * philox_block(seed, stream 4 << 48 | sample's low 48 bits, counter site << 40 | e / 4) is at
+ * least the threshold (philox_block itself has Random123's known answers in test_rng). */
+static void test_dropout_keep_formula(void **state) {
+    (void)state;
+    const uint64_t key = 77, samples[2] = {5, (UINT64_C(9) << 48) | 5}; /* the same stream */
+    const uint32_t site = philox_dropout_site(2, 6), threshold = philox_dropout_threshold(0.5);
+    assert_int_equal(threshold, UINT32_C(1) << 31);
+    for (uint64_t e = 0; e < 64; e++) {
+        uint32_t r[4];
+        philox_block(key, UINT64_C(4) << 48 | 5, (uint64_t)site << 40 | e / 4, r);
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(philox_dropout_keep(key, samples[k], site, e, threshold),
+                             r[e % 4] >= threshold);
+    }
+}
+
+/* The mask is keyed by (seed, sample, site) and nothing else: another of any of them gives
+ * another mask (about half the elements differ at p = 0.5); the same sample gives the same
+ * mask in any row of any batch. */
+static void test_dropout_keys(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(18);
+    enum { T = 64, cols = 64, n = T * cols };
+    const float p = 0.5f;
+    float *x = nonzero_floats(2 * n);
+    const int64_t one[1] = {7}, other[1] = {8}, pair[2] = {3, 7};
+    float *ref = dropped(&c, x, one, 42, 1, 1, T, cols, p);
+    float *by_site = dropped(&c, x, one, 42, 2, 1, T, cols, p);
+    float *by_sample = dropped(&c, x, other, 42, 1, 1, T, cols, p);
+    float *by_seed = dropped(&c, x, one, 43, 1, 1, T, cols, p);
+    assert_true(mask_differences(ref, by_site, n) > n / 4);
+    assert_true(mask_differences(ref, by_sample, n) > n / 4);
+    assert_true(mask_differences(ref, by_seed, n) > n / 4);
+
+    /* sample 7 as row 1 of a batch: row 1 of the input sees sample 7's mask */
+    float *batch = dropped(&c, x, pair, 42, 1, 2, T, cols, p);
+    float *row1 = dropped(&c, x + n, one, 42, 1, 1, T, cols, p);
+    assert_memory_equal(batch + n, row1, n * sizeof(float));
+    assert_true(mask_differences(batch, batch + n, n) > n / 4); /* rows 3 and 7 differ */
+    expect_ok(&c);
+    free(x), free(ref), free(by_site), free(by_sample), free(by_seed), free(batch), free(row1);
+    kctx_destroy(&c);
+}
+
+/* Over 2^19 elements the kept fraction is 1 - p within 0.005 (over 7 standard deviations),
+ * for small, middle and large p. */
+static void test_dropout_fraction(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(19);
+    enum { B = 2, T = 256, cols = 1024 };
+    const size_t n = (size_t)B * T * cols;
+    const int64_t samples[B] = {100, 101};
+    float *x = nonzero_floats(n);
+    const float ps[3] = {0.05f, 0.5f, 0.9f};
+    for (int k = 0; k < 3; k++) {
+        float *out = dropped(&c, x, samples, 9, 4, B, T, cols, ps[k]);
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) kept += out[i] != 0.0f;
+        double fraction = (double)kept / (double)n;
+        if (!(fabs(fraction - (1.0 - ps[k])) < 0.005))
+            fail_msg("p %.2f: kept fraction %.4f", ps[k], fraction);
+        free(out);
+    }
+    free(x);
+    kctx_destroy(&c);
+}
+
+/* p outside [0, 1) is a failure naming it, and nothing is written. */
+static void test_dropout_bad_p(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    const int64_t samples[1] = {0};
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8] = {0};
+    const float bad[3] = {1.0f, -0.1f, NAN};
+    for (int k = 0; k < 3; k++) {
+        k_dropout(&c, out, x, samples, 1, 0, 1, 2, 4, bad[k], 0);
+        assert_int_equal(k_check(&c, &err), -1);
+        assert_non_null(strstr(err.msg, "dropout: probability"));
+        assert_non_null(strstr(err.msg, "outside [0, 1)"));
+        for (int i = 0; i < 8; i++) assert_true(out[i] == 0.0f);
+    }
+    kctx_destroy(&c);
+}
+
 /* ---- sticky failures ---- */
 
 static void test_sticky_failure(void **state) {
@@ -369,6 +551,28 @@ static void test_rmsnorm_grad(void **state) {
     check_grad("rmsnorm dw", w, C, norm_loss, &e, dw, 0.05);
     expect_ok(&c);
     free(in), free(w), free(R), free(din_base), free(dw_base);
+    kctx_destroy(&c);
+}
+
+/* A frozen norm (dw NULL) gets the very din it gets with dw. */
+static void test_rmsnorm_bwd_frozen(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(14);
+    enum { N = 4, C = 8 };
+    float *in = random_floats(N * C, 1.5f), *w = random_floats(C, 1.0f);
+    float *dout = random_floats(N * C, 1.0f), *din0 = random_floats(N * C, 1.0f);
+    float out[N * C], rstd[N], din[N * C], din_frozen[N * C], dw[C] = {0};
+    k_rmsnorm_fwd(&c, out, rstd, in, w, N, C, 1e-5f);
+    memcpy(din, din0, sizeof din);
+    memcpy(din_frozen, din0, sizeof din_frozen);
+    k_rmsnorm_bwd(&c, din, dw, dout, in, w, rstd, N, C);
+    k_rmsnorm_bwd(&c, din_frozen, NULL, dout, in, w, rstd, N, C);
+    assert_memory_equal(din_frozen, din, sizeof din);
+    assert_memory_not_equal(din, din0, sizeof din); /* it did add something */
+    expect_ok(&c);
+    free(in), free(w), free(dout), free(din0);
     kctx_destroy(&c);
 }
 
@@ -834,6 +1038,27 @@ static void test_linear(void **state) {
     kctx_destroy(&c);
 }
 
+/* linear_fwd_acc adds exactly what linear_fwd writes (twice: twice). */
+static void test_linear_fwd_acc(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(15);
+    enum { N = 5, I = 6, O = 3 };
+    float *in = random_floats(N * I, 1.0f), *w = random_floats(O * I, 1.0f);
+    float *base = random_floats(N * O, 1.0f), fresh[N * O], out[N * O];
+    k_linear_fwd(&c, fresh, in, w, N, I, O);
+    memcpy(out, base, sizeof out);
+    k_linear_fwd_acc(&c, out, in, w, N, I, O);
+    for (int i = 0; i < N * O; i++) assert_true(fabsf(out[i] - (base[i] + fresh[i])) < 1e-5f);
+    k_linear_fwd_acc(&c, out, in, w, N, I, O);
+    for (int i = 0; i < N * O; i++)
+        assert_true(fabsf(out[i] - (base[i] + 2 * fresh[i])) < 1e-5f);
+    expect_ok(&c);
+    free(in), free(w), free(base);
+    kctx_destroy(&c);
+}
+
 /* ---- cross-entropy ---- */
 
 static void test_cross_entropy_value(void **state) {
@@ -1024,10 +1249,17 @@ int main(void) {
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_memory_count),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_dropout_contract),
+        cmocka_unit_test(test_dropout_keep_formula),
+        cmocka_unit_test(test_dropout_keys),
+        cmocka_unit_test(test_dropout_fraction),
+        cmocka_unit_test(test_dropout_bad_p),
         cmocka_unit_test(test_sticky_failure),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_grad),
+        cmocka_unit_test(test_rmsnorm_bwd_frozen),
         cmocka_unit_test(test_rope_inv_freq_default),
         cmocka_unit_test(test_rope_inv_freq_llama3),
         cmocka_unit_test(test_rope_forward),
@@ -1042,6 +1274,7 @@ int main(void) {
         cmocka_unit_test(test_attention_bad_docs),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_linear_fwd_acc),
         cmocka_unit_test(test_cross_entropy_value),
         cmocka_unit_test(test_cross_entropy_grad),
         cmocka_unit_test(test_cross_entropy_bad_target),

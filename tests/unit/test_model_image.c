@@ -138,7 +138,7 @@ static void test_shared_memory_is_sealed(void **state) {
     int fd;
     size_t bytes;
     errbuf err;
-    assert_int_equal(model_shm_create(&job, &lo, "fsdp-test-model", &fd, &bytes, &err), 0);
+    assert_int_equal(model_shm_create(&job, &lo, MODEL_IMAGE_PLAIN, 0, "fsdp-test-model", &fd, &bytes, &err), 0);
     assert_int_equal(bytes, model_image_bytes(&lo, MODEL_IMAGE_F32));
     char byte = 0;
     assert_int_equal(pwrite(fd, &byte, 1, 0), -1);
