@@ -9,6 +9,8 @@
  * 1e-5 for fp32 math, 1e-4 for fp32 sums, 1e-2 for bf16 outputs, 2e-2 for bf16 GEMMs.
  * Dropout is compared element by element instead: the same elements dropped as on the CPU
  * (one Philox, base/philox.h), and every value within one bf16 rounding of the CPU's.
+ * NF4 dequantization is compared element by element: every value the CPU's fp32 product
+ * rounded once to bf16, bit for bit.
  * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
  *
  * --cpu runs every check with the CPU backend standing in for CUDA (compute buffers are then
@@ -742,6 +744,53 @@ static void check_adamw(size_t n, int step) {
     release_all();
 }
 
+/* ---- NF4 dequantization (QLoRA) ---- */
+
+/* n random bytes (every code of both nibbles) in host memory. */
+static uint8_t *hrandom_bytes(size_t n) {
+    uint8_t *p = host_bytes(n);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(next_u64() >> 56);
+    return p;
+}
+
+static uint8_t *dbytes(const uint8_t *host, size_t n) {
+    uint8_t *d = dev_bytes(n, 1);
+    k_copy_h2d(&gpu, d, host, n);
+    return d;
+}
+
+/* Random codes and absmax values (single quantization, or double: 8-bit codes, nested absmax
+ * and an offset as bnb's), dequantized by both backends: every CUDA value must be the CPU's
+ * fp32 product rounded once to bf16 (the same bits; on --cpu the product itself). */
+static void check_nf4_dequant(size_t n, int double_quant) {
+    seed(15);
+    size_t blocks = (n + 63) / 64, nested_n = (blocks + 255) / 256;
+    uint8_t *packed = hrandom_bytes((n + 1) / 2);
+    float *absmax = hfloats(blocks), *nested = hfloats(nested_n), offset = 0.0f;
+    uint8_t *absmax_q = hrandom_bytes(blocks);
+    for (size_t b = 0; b < blocks; b++) absmax[b] = 0.05f * (1.0f + frand());
+    for (size_t b = 0; b < nested_n; b++) nested[b] = 0.02f * (1.0f + frand());
+    if (double_quant) offset = 0.05f;
+    const void *cpu_absmax = double_quant ? (const void *)absmax_q : (const void *)absmax;
+    float *want = hfloats(n);
+    k_nf4_dequant(&cpu, want, packed, cpu_absmax, double_quant ? nested : NULL, offset, n);
+    if (esize != sizeof(float))
+        for (size_t i = 0; i < n; i++) want[i] = round_bf16(want[i]);
+
+    const void *dabsmax = double_quant ? (const void *)dbytes(absmax_q, blocks)
+                                       : (const void *)df32(absmax, blocks);
+    void *out = dpoison_comp(n);
+    k_nf4_dequant(&gpu, out, dbytes(packed, (n + 1) / 2), dabsmax,
+                  double_quant ? df32(nested, nested_n) : NULL, offset, n);
+    float *got = get_comp(out, n);
+    size_t wrong = count_different(got, want, n);
+    char measure[64];
+    snprintf(measure, sizeof measure, "%zu of %zu wrong", wrong, n);
+    report_bool(double_quant ? "nf4_dequant double quant" : "nf4_dequant", shape("n=%zu", n),
+                wrong == 0, measure);
+    release_all();
+}
+
 /* ---- determinism: the same inputs twice give the same bits ---- */
 
 static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
@@ -1079,6 +1128,26 @@ static void run_bench(void) {
     snprintf(sh, sizeof sh, "N=%d V=%d in place", N, V);
     BENCH("cross_entropy", sh, 4.0 * nv + 8.0 * N, 0,
           k_cross_entropy(&gpu, loss, logits, logits, targets, N, V, 1.0f / N));
+
+    /* NF4 dequantization of a QLoRA layer's base weights (bf16 out): q_proj and gate_proj;
+     * bytes: codes n/2, bf16 out 2n, absmax (1 byte a block double quantized, else 4) */
+    const struct {
+        const char *name;
+        size_t n;
+    } nf4w[] = {{"q_proj", (size_t)C * C}, {"gate_proj", (size_t)C * I}};
+    for (size_t k = 0; k < sizeof nf4w / sizeof nf4w[0]; k++) {
+        size_t n = nf4w[k].n, blocks = n / 64, nested_n = (blocks + 255) / 256;
+        uint8_t *codes = host_bytes(n / 2 + blocks);
+        for (size_t i = 0; i < n / 2 + blocks; i++) codes[i] = (uint8_t)(next_u64() >> 56);
+        uint8_t *dpacked = dbytes(codes, n / 2), *dabsmax_q = dbytes(codes + n / 2, blocks);
+        float *dabsmax = bench_f32(blocks, 0.05f, 1), *dnested = bench_f32(nested_n, 0.02f, 1);
+        void *w16 = dev_bytes(n * 2, 2);
+        snprintf(sh, sizeof sh, "%s %zu values", nf4w[k].name, n);
+        BENCH("nf4_dequant", sh, 2.5 * n + 4.0 * blocks, 0,
+              k_nf4_dequant(&gpu, w16, dpacked, dabsmax, NULL, 0.0f, n));
+        BENCH("nf4_dequant double", sh, 2.5 * n + 1.0 * blocks + 4.0 * nested_n, 0,
+              k_nf4_dequant(&gpu, w16, dpacked, dabsmax_q, dnested, 0.01f, n));
+    }
     release_all();
     for (int i = 0; i <= REPS; i++) cudaEventDestroy(events[i]);
 }
@@ -1170,6 +1239,18 @@ int main(int argc, char **argv) {
     misalign = 0;
 
     check_determinism();
+
+    /* NF4: Llama-2-7B q_proj and gate_proj, an odd count (the one-value tail), > 256 blocks
+     * that are no multiple of 256, and unaligned buffers (one value a thread throughout) */
+    for (int dq = 0; dq <= 1; dq++) {
+        check_nf4_dequant((size_t)4096 * 4096, dq);
+        check_nf4_dequant((size_t)11008 * 4096, dq);
+        check_nf4_dequant((size_t)333 * 77, dq);
+        check_nf4_dequant(1, dq);
+        misalign = 1;
+        check_nf4_dequant(257 * 64 + 33, dq);
+        misalign = 0;
+    }
 
     printf("(%ld s)\n", (long)(time(NULL) - start));
     printf("%d passed, %d failed\n", n_passed, n_failed);
