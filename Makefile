@@ -79,9 +79,12 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-# Unit tests, then integration scripts; the last line is "N passed, N failed, N skipped".
+# Unit tests, then integration scripts, TEST_JOBS of these at a time (2 where there are 2
+# cores or more: most scripts wait more than they compute); the last line is
+# "N passed, N failed, N skipped".
+TEST_JOBS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 1)
 test: all
-	tests/run.sh $(BUILD) all
+	FSDP_TEST_JOBS=$(TEST_JOBS) tests/run.sh $(BUILD) all
 
 test-unit: all
 	tests/run.sh $(BUILD) unit
