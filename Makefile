@@ -1,5 +1,5 @@
 # fsdpd build.  `make` builds everything into build/; `make test` runs the test suite;
-# `make test-asan` runs the unit tests under AddressSanitizer + UBSan (build-asan/);
+# `make test-asan` builds and runs the unit tests under AddressSanitizer + UBSan (build-asan/);
 # `make fuzz` builds the libFuzzer targets (build-fuzz/, clang); `make check-fuzz` runs
 # each briefly.  CUDA objects are built whenever nvcc is found (CUDA=0 forces CPU-only).
 
@@ -53,7 +53,7 @@ TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TESTS       := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test test-unit test-asan fuzz check-fuzz tiny clean
+.PHONY: all unit-tests test test-unit test-asan fuzz check-fuzz tiny clean
 all: $(PROGRAMS) $(TESTS)
 
 $(BUILD)/%.o: %.c
@@ -79,28 +79,44 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-# Unit tests, then integration scripts; the last line is "N passed, N failed, N skipped".
+# Unit tests, then integration scripts, TEST_JOBS of these at a time (2 where there are 2
+# cores or more: most scripts wait more than they compute); the last line is
+# "N passed, N failed, N skipped".
+TEST_JOBS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 1)
 test: all
-	tests/run.sh $(BUILD) all
+	FSDP_TEST_JOBS=$(TEST_JOBS) tests/run.sh $(BUILD) all
 
 test-unit: all
 	tests/run.sh $(BUILD) unit
 
+# The unit-test binaries only (the programs are not run under the sanitizers).
+unit-tests: $(TESTS)
+
 test-asan:
-	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 OPT="-O1 -g" all
+	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 OPT="-O1 -g" unit-tests
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tests/run.sh build-asan unit
 
-# libFuzzer targets link the library sources compiled with clang.
-FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
+# libFuzzer targets link the library sources compiled with clang.  The sources are compiled
+# once (build-fuzz/obj/, with the fuzzer's coverage instrumentation but not its main:
+# fuzzer-no-link) and linked into every target, instead of compiled again for each.
+FUZZ_SAN    := address,undefined
+FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) -MMD -MP
+FUZZ_LIB_SRC := $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC)
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build-fuzz/obj/%.o)
 fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-build-fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC)
-	@mkdir -p build-fuzz
-	clang $(FUZZ_FLAGS) $< $(PROTO_SRC) $(BASE_SRC) $(DATA_SRC) -ljansson -lpcre2-8 -lm -o $@
+build-fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
+build-fuzz/%: build-fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) $^ -ljansson -lpcre2-8 -lm -o $@
 
+# Each target runs FUZZ_SECONDS; FUZZ_JOBS of them at a time (one a core: libFuzzer runs one
+# process per target).
 FUZZ_SECONDS ?= 20
+FUZZ_JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
 check-fuzz: fuzz
-	tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+	FUZZ_JOBS=$(FUZZ_JOBS) tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 
 # The embedded default: a generated arithmetic chat set (scripts/gen_chat_data.py) in the
 # Llama 2 chat template, tokenized by fsdpd with the sp32k tokenizer of
@@ -122,4 +138,4 @@ clean:
 # Keep the test objects (they are intermediate files to make).
 .SECONDARY:
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) build-fuzz/obj -name '*.d' 2>/dev/null)

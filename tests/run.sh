@@ -7,6 +7,11 @@
 # (lib.sh's skip_test does both); a script that exits 77 saying nothing has failed.
 # Ends with the line "N passed, N failed, N skipped" and lists what failed and what was
 # skipped above it; exits non-zero when anything failed.
+# FSDP_TEST_JOBS (default 1) integration scripts run at a time, each reported when it ends;
+# a script's header may say when it runs:
+#   "# schedule: first ..."  started before the others (a long one that mostly waits: the
+#                            others run beside it);
+#   "# schedule: alone ..."  run with no other script beside it (it measures time or memory).
 set -u
 build=${1:-build}
 what=${2:-all}
@@ -41,28 +46,56 @@ for t in "$build"/tests/test_*; do
     fi
 done
 
+# schedule_of SCRIPT: "first", "alone" or "" (its "# schedule:" header line).
+schedule_of() { sed -n 's/^# schedule: \(first\|alone\)\b.*/\1/p' "$1" | head -1; }
+
+# report SCRIPT RC SECONDS LOG: counts and prints how the script ended.
+report() {
+    local s=$1 rc=$2 seconds=$3 log=$4 reason
+    reason=$(grep -v '^[[:space:]]*$' "$log" | tail -1)
+    if [ "$rc" -eq 0 ]; then
+        echo "[       OK ] $s ($seconds s)"
+        passed=$((passed + 1))
+    elif [ "$rc" -eq 77 ] && [ -n "$reason" ]; then
+        echo "[  SKIPPED ] $s: $reason"
+        skipped=$((skipped + 1)); skips+=("$s: $reason")
+    else
+        cat "$log"
+        [ "$rc" -ne 77 ] || echo "$s: exited 77 (skipped) without saying why"
+        echo "[  FAILED  ] $s"
+        failed=$((failed + 1)); failures+=("$s")
+    fi
+}
+
+# collect: waits for one running script to end and reports it.
+collect() {
+    pool_next
+    report "${scripts[$POOL_ID]}" "$POOL_RC" "$POOL_SECONDS" "$pool_dir/$POOL_ID.log"
+}
+
 if [ "$what" = all ]; then
+    jobs=${FSDP_TEST_JOBS:-1}
+    [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: FSDP_TEST_JOBS must be a positive count, got '$jobs'"; exit 2; }
+    source "$here/tests/pool.sh"
+    pool_dir=$(mktemp -d)
+    trap 'rm -rf "$pool_dir"' EXIT
+    pool_init "$pool_dir"
+    first=() rest=()
     for s in "$integration"/test_*.sh; do
         [ -f "$s" ] || continue
-        echo "[ RUN      ] $s"
-        start=$(date +%s)
-        log="/tmp/fsdp-it-$$.log"
-        bash "$s" > "$log" 2>&1; rc=$?
-        reason=$(grep -v '^[[:space:]]*$' "$log" | tail -1)
-        if [ "$rc" -eq 0 ]; then
-            echo "[       OK ] $s ($(( $(date +%s) - start )) s)"
-            passed=$((passed + 1))
-        elif [ "$rc" -eq 77 ] && [ -n "$reason" ]; then
-            echo "[  SKIPPED ] $s: $reason"
-            skipped=$((skipped + 1)); skips+=("$s: $reason")
-        else
-            cat "$log"
-            [ "$rc" -ne 77 ] || echo "$s: exited 77 (skipped) without saying why"
-            echo "[  FAILED  ] $s"
-            failed=$((failed + 1)); failures+=("$s")
-        fi
-        rm -f "$log"
+        if [ "$(schedule_of "$s")" = first ]; then first+=("$s"); else rest+=("$s"); fi
     done
+    scripts=("${first[@]+"${first[@]}"}" "${rest[@]+"${rest[@]}"}")
+    for i in "${!scripts[@]}"; do
+        s=${scripts[$i]}
+        alone=0
+        [ "$(schedule_of "$s")" != alone ] || alone=1
+        while [ "$(pool_size)" -ge "$jobs" ] || { [ "$alone" = 1 ] && [ "$(pool_size)" -gt 0 ]; }; do collect; done
+        echo "[ RUN      ] $s"
+        pool_start "$i" bash "$s"
+        [ "$alone" = 0 ] || collect
+    done
+    while [ "$(pool_size)" -gt 0 ]; do collect; done
 fi
 
 for s in "${skips[@]+"${skips[@]}"}"; do echo "skipped: $s"; done

@@ -18,10 +18,11 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # skip_test REASON: this test cannot run here; tests/run.sh counts it as skipped and shows why.
 skip_test() { echo "SKIP: $*"; exit 77; }
 
-# use_venv REQUIREMENT...: $venv (${FSDP_VENV:-/tmp/fsdp-venv}) holding these PyPI packages
-# ("name" or "name==version"), created or extended on first use; the test is skipped (77,
-# with the reason) when they cannot be installed.
-use_venv() {
+# venv_install REQUIREMENT...: $venv (${FSDP_VENV:-/tmp/fsdp-venv}) holding these PyPI
+# packages ("name" or "name==version"), created or extended on first use; non-zero, with
+# pip's output shown, when they cannot be installed.  Made under a lock ($venv.lock): tests
+# that run side by side (tests/run.sh, FSDP_TEST_JOBS) share the venv.
+venv_install() {
     venv=${FSDP_VENV:-/tmp/fsdp-venv}
     local have='import sys, importlib.metadata as m
 for r in sys.argv[1:]:
@@ -29,10 +30,16 @@ for r in sys.argv[1:]:
     if version and m.version(name) != version: sys.exit(1)
     m.version(name)'
     "$venv/bin/python" -c "$have" "$@" 2> /dev/null && return 0
-    { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } > "$tmp/venv.log" 2>&1 &&
-        "$venv/bin/pip" install -q "$@" >> "$tmp/venv.log" 2>&1 ||
-        { cat "$tmp/venv.log"; skip_test "cannot install $* into $venv"; }
+    (
+        flock 9 || exit 1
+        "$venv/bin/python" -c "$have" "$@" 2> /dev/null && exit 0 # installed while we waited
+        { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } && "$venv/bin/pip" install -q "$@"
+    ) 9> "$venv.lock" > "$tmp/venv.log" 2>&1 || { cat "$tmp/venv.log"; return 1; }
 }
+
+# use_venv REQUIREMENT...: venv_install, the test skipped (77, with the reason) when the
+# packages cannot be installed.
+use_venv() { venv_install "$@" || skip_test "cannot install $* into $venv"; }
 
 # expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output (stdout and
 # stderr, kept in $tmp/cmd.out) contains NEEDLE.

@@ -139,11 +139,7 @@ grep -Eq '^parameters +1123117056$' "$tmp/big_inspect.txt" || fail "large: param
 
 # --- Python interop ---------------------------------------------------------------------------
 if [ "${FSDP_PY_INTEROP:-0}" = 1 ]; then
-    venv=${FSDP_VENV:-/tmp/fsdp-venv}
-    if ! "$venv/bin/python" -c 'import safetensors, numpy' 2> /dev/null; then
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q safetensors numpy
-    fi
+    venv_install safetensors numpy || fail "cannot install safetensors and numpy into $venv"
     "$venv/bin/python" - "$tmp/f32" "$tmp/bf16" "$tmp/out" "$tmp/bigout" <<'EOF'
 # Every safetensors file of each directory opens with the safetensors package, agrees with
 # the index, and the bf16 values are the f32 ones rounded to nearest even.

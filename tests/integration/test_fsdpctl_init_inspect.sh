@@ -96,11 +96,7 @@ expect_error 1 "model-00002-of-0000$shards.safetensors" "$fsdpctl" inspect "$tmp
 
 # --- Python interop ---------------------------------------------------------------------
 if [ "${FSDP_PY_INTEROP:-0}" = 1 ]; then
-    venv=${FSDP_VENV:-/tmp/fsdp-venv}
-    if ! "$venv/bin/python" -c 'import safetensors, numpy' 2> /dev/null; then
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q safetensors numpy
-    fi
+    venv_install safetensors numpy || fail "cannot install safetensors and numpy into $venv"
     "$venv/bin/python" - "$tmp/f32" "$tmp/bf16" <<'EOF'
 # Reads each model with the safetensors package and checks it against its own config.json,
 # computing the expected Hugging Face names and shapes independently of our C code.

@@ -2,6 +2,9 @@
 # tests/run.sh counts what it ran: cmocka cases passed, failed and skipped (a real cmocka
 # binary, built here), and integration scripts that pass, fail, or exit 77 to be skipped
 # (saying why; a silent 77 is a failure).  The last line is "N passed, N failed, N skipped".
+# With FSDP_TEST_JOBS=2 the counts are the same, two scripts run side by side, a script with
+# "# schedule: first" starts before the others and one with "# schedule: alone" has none beside
+# it.
 source "$(dirname "$0")/lib.sh"
 # A run.sh that ignored $FSDP_INTEGRATION would run the real scripts, this one among them.
 [ -z "${FSDP_RUN_COUNTS_NESTED:-}" ] || fail "run.sh ran tests/integration, not \$FSDP_INTEGRATION"
@@ -27,9 +30,9 @@ printf 'exit 0\n' > "$tmp/it/test_a_pass.sh"
 printf 'source tests/integration/lib.sh\nskip_test "no GPU on this machine"\n' > "$tmp/it/test_b_skip.sh"
 printf 'exit 77\n' > "$tmp/it/test_c_silent.sh"
 
-run() {
-    FSDP_RUN_COUNTS_NESTED=1 FSDP_INTEGRATION="$tmp/it" timeout 60 tests/run.sh "$tmp/build" all \
-        > "$tmp/run.out" 2>&1
+run() { # [JOBS [FOLDER]]
+    FSDP_RUN_COUNTS_NESTED=1 FSDP_TEST_JOBS="${1:-1}" FSDP_INTEGRATION="${2:-$tmp/it}" timeout 60 \
+        tests/run.sh "$tmp/build" all > "$tmp/run.out" 2>&1
 }
 status=0
 run || status=$?
@@ -41,8 +44,37 @@ grep -qxF "skipped: $tmp/it/test_b_skip.sh: SKIP: no GPU on this machine" "$tmp/
 grep -qF "test_c_silent.sh: exited 77 (skipped) without saying why" "$tmp/run.out" || fail "the silent skip is not explained"
 grep -qxF "failed: $tmp/it/test_c_silent.sh" "$tmp/run.out" || fail "the silent skip is not listed as failed"
 
+status=0
+run 2 || status=$?
+[ "$status" -ne 0 ] && [ "$(tail -1 "$tmp/run.out")" = "2 passed, 1 failed, 3 skipped" ] &&
+    grep -qxF "failed: $tmp/it/test_c_silent.sh" "$tmp/run.out" || { cat "$tmp/run.out"; fail "FSDP_TEST_JOBS=2: other counts"; }
+
 rm "$tmp/it/test_c_silent.sh"
 run || { cat "$tmp/run.out"; fail "run.sh failed with nothing failing"; }
 last=$(tail -1 "$tmp/run.out")
 [ "$last" = "2 passed, 0 failed, 3 skipped" ] || { cat "$tmp/run.out"; fail "last line: '$last'"; }
 echo "run.sh: $last"
+
+# --- FSDP_TEST_JOBS=2: side by side, first, alone ---------------------------------------------
+# Each script records itself in $tmp/par.running while it runs and its start in $tmp/par.order.
+mkdir -p "$tmp/par" "$tmp/par.running"
+script() { # NAME SCHEDULE BODY: a script of $tmp/par
+    cat > "$tmp/par/test_$1.sh" <<SH
+$2
+set -e
+touch "$tmp/par.running/$1"; echo $1 >> "$tmp/par.order"
+$3
+rm "$tmp/par.running/$1"
+SH
+}
+# a and b each wait (10 s at most) for the other to start: both pass only side by side.
+meet() { echo 'for i in $(seq 100); do grep -qx '"$1 $tmp/par.order"' && break; sleep 0.1; done; grep -qx '"$1 $tmp/par.order"; }
+script a "" "$(meet b)"
+script b "" "$(meet a)"
+script c "# schedule: alone (this test's own)" 'sleep 0.5; r=$(ls '"$tmp/par.running"'); [ "$r" = c ] || { echo "beside: $r"; exit 1; }'
+script d "" 'sleep 0.5'
+script z "# schedule: first (this test's own)" 'sleep 0.5'
+run 2 "$tmp/par" || { cat "$tmp/run.out"; fail "FSDP_TEST_JOBS=2: a script failed"; }
+[ "$(tail -1 "$tmp/run.out")" = "6 passed, 0 failed, 2 skipped" ] || { cat "$tmp/run.out"; fail "FSDP_TEST_JOBS=2: other counts"; }
+[ "$(head -1 "$tmp/par.order")" = z ] || fail "the script scheduled first started after $(head -1 "$tmp/par.order")"
+echo "run.sh, FSDP_TEST_JOBS=2: $(tail -1 "$tmp/run.out"), start order $(paste -sd ' ' "$tmp/par.order")"

@@ -15,6 +15,7 @@
 # - the time limit on 2 nodes (--time=1 --signal=USR1@45): SIGUSR1, a checkpoint across the
 #   nodes, a requeue by the leader, and the requeued runs resume and finish.
 # Needs root, SLURM (slurmctld, slurmd, munge, the PMIx plugin) and network namespaces.
+# schedule: first (~200 s, mostly waiting on SLURM: tests/run.sh runs the others beside it)
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
 source "$(dirname "$0")/../slurm/cluster.sh"
