@@ -62,13 +62,16 @@ size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout
     return cv.used;
 }
 
+/* Rows of logits the head holds at a time (llama_head_forward_backward). */
+static size_t head_rows(size_t N) { return N < LLAMA_HEAD_ROWS ? N : LLAMA_HEAD_ROWS; }
+
 size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
                              size_t elem_size, int B, int T) {
     dims d = dims_of(lo, B, T);
     carver cv = {mem, 0};
     a->lnf = carve(&cv, d.N * d.C * elem_size);
     a->rstd = carve(&cv, d.N * sizeof(float));
-    a->logits = carve(&cv, d.N * d.V * elem_size);
+    a->logits = carve(&cv, head_rows(d.N) * d.V * elem_size);
     return cv.used;
 }
 
@@ -283,11 +286,17 @@ void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *he
     }
 
     k_rmsnorm_fwd(c, a->lnf, a->rstd, x, norm_w, N, C, (float)cfg->rms_norm_eps);
-    k_linear_fwd(c, a->logits, a->lnf, head_w, N, C, V);
-    if (logits_f32) k_compute_to_f32(c, logits_f32, a->logits, (size_t)N * V);
-    k_cross_entropy(c, loss_sum, a->logits, a->logits, targets, N, V, dscale);
-
-    k_linear_bwd(c, s->dln, dhead_w, a->logits, a->lnf, head_w, N, C, V, 0);
+    /* The logits a few rows at a time, each chunk's backward right after its loss: the
+     * [N, V] logits never exist whole (2 GiB at Llama 3's vocabulary and 8k tokens). */
+    size_t cs = k_compute_size(c), rows = head_rows((size_t)N);
+    for (size_t r0 = 0; r0 < (size_t)N; r0 += rows) {
+        int n = (int)((size_t)N - r0 < rows ? (size_t)N - r0 : rows);
+        const char *lnf = (const char *)a->lnf + r0 * C * cs;
+        k_linear_fwd(c, a->logits, lnf, head_w, n, C, V);
+        if (logits_f32) k_compute_to_f32(c, logits_f32 + r0 * V, a->logits, (size_t)n * V);
+        k_cross_entropy(c, loss_sum, a->logits, a->logits, targets + r0, n, V, dscale);
+        k_linear_bwd(c, (char *)s->dln + r0 * C * cs, dhead_w, a->logits, lnf, head_w, n, C, V, 0);
+    }
     k_zero(c, dresid, (size_t)N * C * k_compute_size(c));
     k_rmsnorm_bwd(c, dresid, dnorm_w, s->dln, x, norm_w, a->rstd, N, C);
 }

@@ -77,10 +77,14 @@ typedef struct llama_layer_acts {
     void *lora_t[LORA_MODULES]; /* [N,rank] scale * A(dropout(x)) of each adapted module */
 } llama_layer_acts;
 
+/* Rows of logits the head computes at a time. */
+#define LLAMA_HEAD_ROWS 2048
+
 typedef struct llama_head_acts {
     void *lnf;    /* [N,C] model.norm(x) */
     float *rstd;  /* [N] */
-    void *logits; /* [N,V]; the backward turns it into dlogits in place */
+    void *logits; /* [min(N, LLAMA_HEAD_ROWS), V]: a chunk of rows; the backward turns it
+                     into dlogits in place */
 } llama_head_acts;
 
 /* Scratch shared by every unit's backward (and by the adapters' dropout in forward). */

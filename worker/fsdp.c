@@ -116,14 +116,19 @@ static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
 
 /* The gather and gradient slots.  Full fine-tune: gathered[0..1] and full_grad[0..1] of the
  * largest unit, slot 2 for a tied head's embedding.  LoRA: the adapters' slots beside, and
- * the frozen units' gathered[] only when sharded (one rank reads its shards in place). */
+ * the frozen units' gathered[] only when sharded (one rank reads its shards in place);
+ * QLoRA on one rank: gathered[0] alone, of a layer's size, which every layer is dequantized
+ * into in turn (dequant_slot: nothing to prefetch, and the compute stream orders it). */
 static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf *err) {
     size_t cs = k_compute_size(f->ctx);
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
     int base_slots = !f->has_lora || f->group > 1 || f->quant != MODEL_IMAGE_PLAIN;
+    int one_dequant_slot = f->quant != MODEL_IMAGE_PLAIN && f->group == 1;
+    if (one_dequant_slot) base_padded = f->frozen[llama_layer_unit(0)].padded;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
+        size_t n = slot == 0 || (slot == 1 && !one_dequant_slot) ? base_padded
+                 : slot == 2 && is_tied(f) && !one_dequant_slot ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
         if (f->has_lora && slot < 2 &&
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
@@ -529,6 +534,10 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
     return 0;
 }
 
+/* Where an NF4 layer of plan slot `slot` is dequantized: that slot, or on one rank always
+ * gathered[0] (alloc_slots). */
+static int dequant_slot(const fsdp *f, int slot) { return f->group == 1 ? 0 : slot; }
+
 /* An NF4 layer, gathered (or one rank's own), dequantized into gathered[slot] in the
  * compute dtype at the unit's usual offsets: its seven linears, then its norms. */
 static void dequantize_layer(fsdp *f, int u, int slot) {
@@ -553,8 +562,8 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
 static void *gathered_params(fsdp *f, int k) {
     const fsdp_gather *g = &f->plan[k];
     if (is_nf4(f, g->unit)) {
-        dequantize_layer(f, g->unit, g->slot);
-        return f->gathered[g->slot];
+        dequantize_layer(f, g->unit, dequant_slot(f, g->slot));
+        return f->gathered[dequant_slot(f, g->slot)];
     }
     return f->has_lora && f->group == 1 ? f->frozen[g->unit].param : f->gathered[g->slot];
 }

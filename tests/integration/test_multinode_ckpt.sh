@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# schedule: alone
 # Several nodes, part 2 (F21), in the namespace hosts of netns.sh with SLURM's variables:
 # - checkpoints committed across 2 and 3 nodes (one manifest, every rank's file, `latest`),
 #   consolidated once, by the leader; a 3-node checkpoint resumed on 2 nodes gives the bits

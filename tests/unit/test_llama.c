@@ -568,6 +568,45 @@ static void test_loss_normalisation_across_calls(void **state) {
     fixture_free(&f);
 }
 
+/* (4b) The head computes its logits LLAMA_HEAD_ROWS rows at a time: a batch of more rows
+ * than that has the loss, logits and gradients of the same rows run a few at a time (which
+ * fit one chunk).  Tied embeddings: the head's gradient lands in the embedding's. */
+static void test_head_in_chunks(void **state) {
+    (void)state;
+    fixture f;
+    fixture_init(&f, 23, 0);
+    enum { T = 64, B = LLAMA_HEAD_ROWS / T + 3, PART = 8 }; /* 2240 rows: two chunks */
+    int32_t *ids = malloc(B * T * sizeof *ids), *labels = malloc(B * T * sizeof *labels);
+    int32_t *shifted = malloc(B * T * sizeof *shifted);
+    float *logits = malloc((size_t)B * T * f.cfg.vocab_size * sizeof *logits);
+    float *part_logits = malloc((size_t)PART * T * f.cfg.vocab_size * sizeof *part_logits);
+    assert_true(ids && labels && shifted && logits && part_logits);
+    random_batch(B, T, f.cfg.vocab_size, 9, ids, labels);
+    int64_t count = k_shift_labels(labels, shifted, B, T), n;
+    float dscale = (float)(1.0 / count), whole, sum = 0, part;
+    forward_backward(&f.m, ids, labels, B, T, dscale, &whole, &n, logits);
+    size_t ng;
+    float *g_whole = all_grads(&f.m, &ng);
+    llama_model_zero_grad(&f.m);
+    double worst_logits = 0;
+    for (int b = 0; b < B; b += PART) {
+        int rows = B - b < PART ? B - b : PART;
+        forward_backward(&f.m, ids + b * T, labels + b * T, rows, T, dscale, &part, &n, part_logits);
+        sum += part;
+        size_t len = (size_t)rows * T * f.cfg.vocab_size;
+        double e = rel_error(part_logits, logits + (size_t)b * T * f.cfg.vocab_size, len);
+        worst_logits = e > worst_logits ? e : worst_logits;
+    }
+    float *g_parts = all_grads(&f.m, &ng);
+    double e = rel_error(g_parts, g_whole, ng);
+    printf("head in chunks (%d rows): loss %.6f vs %.6f, logits rel %.2e, gradients rel %.2e\n",
+           B * T, whole, sum, worst_logits, e);
+    assert_true(fabs((double)sum - whole) <= 1e-5 * fabs(whole));
+    assert_true(worst_logits <= 1e-6 && e <= 1e-5);
+    free(ids), free(labels), free(shifted), free(logits), free(part_logits), free(g_whole), free(g_parts);
+    fixture_free(&f);
+}
+
 /* Activation checkpointing (recompute each layer from its saved input) changes nothing. */
 static void test_activation_checkpointing(void **state) {
     (void)state;
@@ -768,6 +807,7 @@ int main(void) {
         cmocka_unit_test(test_layout_matches_config_params),
         cmocka_unit_test(test_small_gqa_model_gradients),
         cmocka_unit_test(test_loss_normalisation_across_calls),
+        cmocka_unit_test(test_head_in_chunks),
         cmocka_unit_test(test_activation_checkpointing),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_packed_equals_documents),
