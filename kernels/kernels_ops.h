@@ -112,7 +112,7 @@ K_OP(attention_bwd,
 /* k_swiglu_fwd: out = silu(gate) * up, elementwise. */
 K_OP(swiglu_fwd, (kctx *c, void *out, const void *gate, const void *up, size_t n),
      (c, out, gate, up, n))
-/* k_swiglu_bwd: writes (overwrites) dgate and dup. */
+/* k_swiglu_bwd: writes (overwrites) dgate and dup, which may be gate and up (in place). */
 K_OP(swiglu_bwd,
      (kctx *c, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
       size_t n),

@@ -81,8 +81,6 @@ size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
     size_t e = elem_size;
     carver cv = {mem, 0};
     s->dsw = carve(&cv, d.N * d.I * e);
-    s->dgate = carve(&cv, d.N * d.I * e);
-    s->dup = carve(&cv, d.N * d.I * e);
     s->dln = carve(&cv, d.N * d.C * e);
     s->datt = carve(&cv, d.N * d.Q * e);
     s->dq = carve(&cv, d.N * d.Q * e);
@@ -229,8 +227,7 @@ void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weig
 
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
-                          const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
-                          int T) {
+                          llama_layer_acts *a, llama_scratch *s, void *dresid, int B, int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
@@ -238,12 +235,14 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
     /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
     k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dresid, a->sw, LAYER_W(LLAMA_DOWN), N, I, C, 0);
     lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dresid, a, s, B, T);
-    k_swiglu_bwd(c, s->dgate, s->dup, s->dsw, a->gate, a->up, (size_t)N * I);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_GATE), s->dgate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I,
-                 0);
-    lora_backward(c, w, LORA_GATE, a->ln2, s->dln, s->dgate, a, s, B, T);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_UP), s->dup, a->ln2, LAYER_W(LLAMA_UP), N, C, I, 1);
-    lora_backward(c, w, LORA_UP, a->ln2, s->dln, s->dup, a, s, B, T);
+    /* gate and up are consumed here: their gradients take their place (in place: no [N, I]
+     * scratch for them). */
+    void *dgate = a->gate, *dup = a->up;
+    k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)N * I);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I, 0);
+    lora_backward(c, w, LORA_GATE, a->ln2, s->dln, dgate, a, s, B, T);
+    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), N, C, I, 1);
+    lora_backward(c, w, LORA_UP, a->ln2, s->dln, dup, a, s, B, T);
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
                   C);
 

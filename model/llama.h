@@ -89,7 +89,7 @@ typedef struct llama_head_acts {
 
 /* Scratch shared by every unit's backward (and by the adapters' dropout in forward). */
 typedef struct llama_scratch {
-    void *dsw, *dgate, *dup; /* [N,I] */
+    void *dsw;               /* [N,I] (gate's and up's gradients overwrite their activations) */
     void *dln;               /* [N,C] gradient of a norm's output */
     void *datt, *dq;         /* [N,Q] */
     void *dk, *dv;           /* [N,KV] */
@@ -150,11 +150,11 @@ void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weig
                          llama_layer_acts *a, llama_scratch *s, int B, int T);
 /* On entry dresid = d/d(out), on return d/d(x); w->grads += d/d(params) (unless NULL),
  * w->adapter_grads += d/d(adapters).  a must hold this layer's forward on input x with the
- * same docs and dropout (a recomputation counts). */
+ * same docs and dropout (a recomputation counts); the backward consumes it (a->gate and
+ * a->up hold their gradients afterwards). */
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
-                          const llama_layer_acts *a, llama_scratch *s, void *dresid, int B,
-                          int T);
+                          llama_layer_acts *a, llama_scratch *s, void *dresid, int B, int T);
 
 /* The head: final RMSNorm, lm_head, cross entropy against targets (already shifted, see
  * k_shift_labels), and its backward.  *loss_sum (fp32, context memory) += the summed token
