@@ -305,6 +305,25 @@ static int check_adamw(const llama_tensor_slot *slot, const float *data, void *a
     return 0;
 }
 
+/* The golden's init.* adapters as full host units (freed by free_units), set into f, then one
+ * step on the golden batch (AdamW lr 1e-3, betas 0.9/0.95, eps 1e-8, no decay, no clipping). */
+static float **golden_step(fsdp *f, const golden *g, fsdp_step_result *res) {
+    errbuf err = {{0}};
+    const lora_layout *ll = &f->lora_layout;
+    float **units = xcalloc((size_t)ll->n_units, sizeof *units);
+    for (int u = 0; u < ll->n_units; u++) units[u] = xcalloc(ll->units[u].numel, sizeof(float));
+    for (int i = 0; i < ll->n_tensors; i++) {
+        const llama_tensor_slot *s = &ll->tensors[i];
+        memcpy(units[s->unit] + s->offset, expected_adapter(g, "init.", s->name, s->numel),
+               s->numel * sizeof(float));
+    }
+    if (fsdp_set_adapters(f, units, &err)) fail_msg("%s", err.msg);
+    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    fsdp_batch b = {.input_ids = g->ids, .labels = g->labels, .n_micro = 1, .micro_batch = g->B, .T = g->T};
+    if (fsdp_train_step(f, &b, &hp, res, &err)) fail_msg("%s", err.msg);
+    return units;
+}
+
 /* The adapters fsdp trained against the step computed from the golden gradients. */
 typedef struct qlora_check {
     float **units;
@@ -339,20 +358,9 @@ static void test_fsdp_lora_step(void **state) {
     if (model_image_fill_hf(image, &f.layout, MODEL_IMAGE_F32, &g.model, NULL, NULL, &err) ||
         fsdp_load_image(&f, image, &err))
         fail_msg("%s", err.msg);
-    /* the adapters of init.*, as full host units */
     const lora_layout *ll = &f.lora_layout;
-    float **units = xcalloc((size_t)ll->n_units, sizeof *units);
-    for (int u = 0; u < ll->n_units; u++) units[u] = xcalloc(ll->units[u].numel, sizeof(float));
-    for (int i = 0; i < ll->n_tensors; i++) {
-        const llama_tensor_slot *s = &ll->tensors[i];
-        memcpy(units[s->unit] + s->offset, expected_adapter(&g, "init.", s->name, s->numel),
-               s->numel * sizeof(float));
-    }
-    if (fsdp_set_adapters(&f, units, &err)) fail_msg("%s", err.msg);
-    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
-    fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
     fsdp_step_result res;
-    if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+    float **units = golden_step(&f, &g, &res);
     const st_tensor *want_loss = st_find(&g.expected, "loss");
     float loss = (float)res.loss;
     check("loss", &loss, want_loss->data, 1, 1e-5);
@@ -412,18 +420,8 @@ static void test_fsdp_qlora_step(void **state) {
     if (fsdp_load_image(&f, image, &err)) fail_msg("%s", err.msg);
 
     const lora_layout *ll = &f.lora_layout;
-    float **units = xcalloc((size_t)ll->n_units, sizeof *units);
-    for (int u = 0; u < ll->n_units; u++) units[u] = xcalloc(ll->units[u].numel, sizeof(float));
-    for (int i = 0; i < ll->n_tensors; i++) {
-        const llama_tensor_slot *s = &ll->tensors[i];
-        memcpy(units[s->unit] + s->offset, expected_adapter(&g, "init.", s->name, s->numel),
-               s->numel * sizeof(float));
-    }
-    if (fsdp_set_adapters(&f, units, &err)) fail_msg("%s", err.msg);
-    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
-    fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
     fsdp_step_result res;
-    if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+    float **units = golden_step(&f, &g, &res);
     float loss = (float)res.loss;
     check("loss", &loss, st_find(&g.expected, "loss")->data, 1, 1e-4);
     /* the step PEFT + bitsandbytes would take: AdamW from the golden gradients */
