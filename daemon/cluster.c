@@ -56,6 +56,7 @@ struct cluster {
     /* the leader's rank table, filled node by node */
     msg_peers table;
     int n_addrs, n_ready, n_done, failed, finished;
+    int leader_stopped; /* a follower: the leader's STOP came */
 };
 
 int cluster_node(const cluster *c) { return c->node; }
@@ -419,10 +420,13 @@ static void stop_followers(cluster *c, const char *reason, int failed) {
     to_followers(c, &stop);
 }
 
+/* A failure seen after the first is still told to the supervisor, which logs it beside the
+ * job's reason: a node's own failure is often the consequence of another's (a worker noticing
+ * a dead peer before its daemon hears of it), which must then still be named. */
 static void cluster_stop(cluster *c, const char *reason) {
-    if (c->failed) return;
+    int first = !c->failed;
     c->failed = 1;
-    if (is_leader(c)) stop_followers(c, reason, 1);
+    if (first && is_leader(c)) stop_followers(c, reason, 1);
     c->hooks.stop(c->hooks.arg, reason, 1);
 }
 
@@ -514,6 +518,7 @@ static void follower_on(cluster *c, const msg *m) {
     case MSG_CKPT_ABORT: c->hooks.to_workers(c->hooks.arg, m); return;
     case MSG_STOP:
         snprintf(why, sizeof why, "stopped by the leader: %s", m->u.stop.reason);
+        c->leader_stopped = 1;
         if (m->u.stop.failed) c->failed = 1;
         c->hooks.stop(c->hooks.arg, why, m->u.stop.failed);
         return;
@@ -558,7 +563,9 @@ static void on_link_event(struct bufferevent *bev, short events, void *arg) {
     if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
     on_link_readable(l->bev, l);
     if (!l->bev) return;
-    if (l->done || (c->finished && !is_leader(c))) { /* it had finished */
+    /* It had finished; or this follower had, and the leader ended the job (a follower that
+     * failed on its own hears of a leader that died meanwhile: that may be why). */
+    if (l->done || (c->finished && !is_leader(c) && (!c->failed || c->leader_stopped))) {
         close_link(l);
         return;
     }
