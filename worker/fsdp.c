@@ -67,7 +67,7 @@ static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_padded) {
         }
         int dq = f->quant == MODEL_IMAGE_NF4_DQ;
         bytes_of(f, &F->packed, f->nl.packed_bytes, 32);
-        bytes_of(f, &F->absmax, f->nl.absmax_bytes, dq ? 64 : 4 * 64) ;
+        bytes_of(f, &F->absmax, f->nl.absmax_bytes, dq ? 64 : 4 * 64);
         F->packed.data = carve_frozen(mem, &at, F->packed.shard);
         F->absmax.data = carve_frozen(mem, &at, F->absmax.shard);
         F->nested = dq ? carve_frozen(mem, &at, f->nl.n_nested * sizeof(float)) : NULL;
