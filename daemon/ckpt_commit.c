@@ -125,8 +125,7 @@ static int check_adapter(const job_config *job, const ckpt_manifest *m, const ch
     lora_config want;
     job_lora_config(job, &want);
     const lora_config *got = &m->adapter.lora;
-    if (got->rank != want.rank || got->alpha != want.alpha || got->rslora != want.rslora ||
-        got->targets != want.targets || got->dropout != want.dropout)
+    if (!lora_config_same_adapters(got, &want) || got->dropout != want.dropout)
         return errf(err, "%s: adapters of rank %d, alpha %g, rslora %d, dropout %g and other "
                          "targets than the job's lora settings (rank %d, alpha %g, rslora %d, "
                          "dropout %g)", name, got->rank, got->alpha, got->rslora, got->dropout,

@@ -18,6 +18,11 @@ double lora_scale(const lora_config *c) {
     return c->rslora ? c->alpha / sqrt((double)c->rank) : c->alpha / (double)c->rank;
 }
 
+int lora_config_same_adapters(const lora_config *a, const lora_config *b) {
+    return a->rank == b->rank && a->alpha == b->alpha && a->rslora == b->rslora &&
+           a->targets == b->targets;
+}
+
 const char *lora_module_name(int module) {
     return module >= 0 && module < LORA_MODULES ? module_names[module] : "unknown";
 }

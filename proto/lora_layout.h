@@ -32,6 +32,9 @@ typedef struct lora_config {
 } lora_config;
 
 double lora_scale(const lora_config *c);
+/* Whether a and b give adapters of one shape and scale: rank, alpha, rslora and targets
+ * (dropout, a training setting, is not compared). */
+int lora_config_same_adapters(const lora_config *a, const lora_config *b);
 /* "q_proj" .. "down_proj"; and back (-1 when unknown). */
 const char *lora_module_name(int module);
 int lora_module_from_name(const char *name);

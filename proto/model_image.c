@@ -321,10 +321,9 @@ static int fill_linear(nf4_fill *f, int i, int k, unsigned char *unit, errbuf *e
         float *w = malloc(s->numel * sizeof *w);
         rc = w ? read_values(f, i, 0, s->numel, w, err) : errf(err, "%s: out of memory", s->name);
         /* quantized from the weights as the job's dtype holds them */
-        for (size_t e = 0; rc == 0 && f->dt == MODEL_IMAGE_BF16 && e < s->numel; e++)
-            w[e] = bf16_to_f32(bf16_from_f32(w[e]));
-        if (rc == 0)
-            rc = nf4_quantize(w, f->dt == MODEL_IMAGE_BF16 ? ST_BF16 : ST_F32, s->ndim, s->shape, dq, &t, err);
+        st_dtype dtype = f->dt == MODEL_IMAGE_BF16 ? ST_BF16 : ST_F32;
+        for (size_t e = 0; rc == 0 && e < s->numel; e++) w[e] = nf4_round_to(dtype, w[e]);
+        if (rc == 0) rc = nf4_quantize(w, dtype, s->ndim, s->shape, dq, &t, err);
         free(w);
     }
     if (rc == 0) {

@@ -52,8 +52,7 @@ static int adapters_from(fsdp *f, const job_config *j, const llama_config *cfg, 
     if (peft_load(dir, cfg, &lo, &units, err)) return errprefix(err, "lora.init_from");
     const lora_config *got = &lo.cfg, *want = &f->lora_layout.cfg;
     int rc = 0;
-    if (got->rank != want->rank || got->alpha != want->alpha || got->rslora != want->rslora ||
-        got->targets != want->targets)
+    if (!lora_config_same_adapters(got, want))
         rc = errf(err, "lora.init_from: %s holds adapters of rank %d, alpha %g, rslora %d and "
                        "other targets than the job's lora settings (rank %d, alpha %g, rslora %d)",
                   dir, got->rank, got->alpha, got->rslora, want->rank, want->alpha, want->rslora);
