@@ -37,9 +37,10 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
-/* The golden model, batch and expected outputs, opened. */
+/* The golden model, batch and expected outputs, opened, and a CPU context to run them in. */
 typedef struct golden {
     char dir[512];
+    kctx ctx;
     llama_config cfg;
     st_model model;
     st_file batch, expected;
@@ -52,7 +53,8 @@ static void golden_open(golden *g) {
     errbuf err = {{0}};
     char path[700];
     snprintf(g->dir, sizeof g->dir, "%s/golden/tiny-mha", shared_dir());
-    if (llama_config_load(&g->cfg, g->dir, &err) || st_model_open(&g->model, g->dir, &err))
+    if (kctx_init(&g->ctx, K_CPU, 0, &err) || llama_config_load(&g->cfg, g->dir, &err) ||
+        st_model_open(&g->model, g->dir, &err))
         fail_msg("%s", err.msg);
     snprintf(path, sizeof path, "%s/batch.safetensors", g->dir);
     if (st_open(&g->batch, path, &err)) fail_msg("%s", err.msg);
@@ -73,6 +75,7 @@ static void golden_open(golden *g) {
 }
 
 static void golden_close(golden *g) {
+    kctx_destroy(&g->ctx);
     free(g->ids);
     free(g->labels);
     st_close(&g->batch);
@@ -106,10 +109,10 @@ static double check(const char *what, const float *got, const float *want, size_
 }
 
 /* A model with the golden base and adapters from init.*; checkpoint_activations as given. */
-static void golden_model(llama_model *m, kctx *ctx, const golden *g, double dropout, int ckpt) {
+static void golden_model(llama_model *m, golden *g, double dropout, int ckpt) {
     errbuf err = {{0}};
     lora_config lc = golden_lora(dropout);
-    if (llama_model_init(m, &g->cfg, ctx, ckpt, &err) || llama_model_load_hf(m, &g->model, &err) ||
+    if (llama_model_init(m, &g->cfg, &g->ctx, ckpt, &err) || llama_model_load_hf(m, &g->model, &err) ||
         llama_model_init_lora(m, &lc, 42, &err))
         fail_msg("%s", err.msg);
     const lora_layout *ll = &m->lora_layout;
@@ -153,11 +156,9 @@ static void test_golden_lora(void **state) {
     (void)state;
     golden g;
     golden_open(&g);
-    kctx ctx;
     errbuf err = {{0}};
-    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
     llama_model m;
-    golden_model(&m, &ctx, &g, 0.0, 0);
+    golden_model(&m, &g, 0.0, 0);
     size_t N = (size_t)g.B * g.T, V = (size_t)g.cfg.vocab_size;
     float *logits = xcalloc(N * V, sizeof *logits), loss;
     run(&m, &g, &loss, logits);
@@ -183,7 +184,7 @@ static void test_golden_lora(void **state) {
             fail_msg("%s", err.msg);
         double e = check(s->name, grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel, 1e-5);
         worst_grad = e > worst_grad ? e : worst_grad;
-        k_adamw(&ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
         e = check(s->name, p, expected_adapter(&g, "adamw.", s->name, s->numel), s->numel, 1e-5);
         worst_adamw = e > worst_adamw ? e : worst_adamw;
         free(grad), free(p), free(mom), free(var);
@@ -193,7 +194,6 @@ static void test_golden_lora(void **state) {
            e_logits, e_loss, worst_grad, worst_adamw);
     free(logits);
     llama_model_destroy(&m);
-    kctx_destroy(&ctx);
     golden_close(&g);
 }
 
@@ -204,13 +204,10 @@ static void test_dropout_reproducible(void **state) {
     (void)state;
     golden g;
     golden_open(&g);
-    kctx ctx;
-    errbuf err = {{0}};
-    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
     llama_model plain, ckpt, none;
-    golden_model(&plain, &ctx, &g, 0.3, 0);
-    golden_model(&ckpt, &ctx, &g, 0.3, 1);
-    golden_model(&none, &ctx, &g, 0.0, 0);
+    golden_model(&plain, &g, 0.3, 0);
+    golden_model(&ckpt, &g, 0.3, 1);
+    golden_model(&none, &g, 0.0, 0);
     float l1, l2, l3, l4, l0;
     run(&plain, &g, &l1, NULL);
     float *g1 = adapter_grads(&plain);
@@ -236,7 +233,6 @@ static void test_dropout_reproducible(void **state) {
     llama_model_destroy(&plain);
     llama_model_destroy(&ckpt);
     llama_model_destroy(&none);
-    kctx_destroy(&ctx);
     golden_close(&g);
 }
 
@@ -247,11 +243,9 @@ static void test_dropout_gradient(void **state) {
     (void)state;
     golden g;
     golden_open(&g);
-    kctx ctx;
     errbuf err = {{0}};
-    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
     llama_model m;
-    golden_model(&m, &ctx, &g, 0.3, 0);
+    golden_model(&m, &g, 0.3, 0);
     float loss;
     run(&m, &g, &loss, NULL);
     const lora_layout *ll = &m.lora_layout;
@@ -284,7 +278,6 @@ static void test_dropout_gradient(void **state) {
     }
     assert_int_equal(checked, 7);
     llama_model_destroy(&m);
-    kctx_destroy(&ctx);
     golden_close(&g);
 }
 
@@ -346,12 +339,11 @@ static void test_fsdp_lora_step(void **state) {
     (void)state;
     golden g;
     golden_open(&g);
-    kctx ctx;
     errbuf err = {{0}};
     lora_config lc = golden_lora(0.0);
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42};
-    if (kctx_init(&ctx, K_CPU, 0, &err) || fsdp_init(&f, &g.cfg, &ctx, NULL, 0, 1, &opt, &err))
+    if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err))
         fail_msg("%s", err.msg);
     size_t bytes = model_image_bytes(&f.layout, MODEL_IMAGE_F32);
     void *image = xcalloc(1, bytes);
@@ -376,7 +368,6 @@ static void test_fsdp_lora_step(void **state) {
     free(units);
     free(image);
     fsdp_destroy(&f);
-    kctx_destroy(&ctx);
     golden_close(&g);
 }
 
@@ -395,11 +386,10 @@ static void test_fsdp_qlora_step(void **state) {
     if (st_open(&qexp, path, &err)) fail_msg("%s", err.msg);
     st_file keep = g.expected;
     g.expected = qexp; /* expected_adapter reads the QLoRA golden */
-    kctx ctx;
     lora_config lc = golden_lora(0.0);
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = MODEL_IMAGE_NF4_DQ};
-    if (kctx_init(&ctx, K_CPU, 0, &err) || fsdp_init(&f, &g.cfg, &ctx, NULL, 0, 1, &opt, &err))
+    if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err))
         fail_msg("%s", err.msg);
     size_t bytes = model_image_bytes_q(&f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4_DQ);
     void *image = xcalloc(1, bytes), *from_bnb = xcalloc(1, bytes);
@@ -431,7 +421,7 @@ static void test_fsdp_qlora_step(void **state) {
         float *p = units[s->unit] + s->offset, *mom = xcalloc(s->numel, sizeof *mom);
         float *var = xcalloc(s->numel, sizeof *var), *grad = xcalloc(s->numel, sizeof *grad);
         memcpy(grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel * sizeof *grad);
-        k_adamw(&ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
         free(mom), free(var), free(grad);
     }
     qlora_check q = {.units = units, .worst = &worst};
@@ -443,7 +433,6 @@ static void test_fsdp_qlora_step(void **state) {
     free(units), free(image), free(from_bnb), free(single);
     st_model_close(&bnb);
     fsdp_destroy(&f);
-    kctx_destroy(&ctx);
     g.expected = keep;
     st_close(&qexp);
     golden_close(&g);
