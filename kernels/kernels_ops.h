@@ -32,9 +32,25 @@ K_OP_BY_HAND(void *, host_alloc, (kctx *c, size_t bytes, errbuf *err))
 /* k_host_free: gives back what k_host_alloc gave; NULL is fine. */
 K_OP_BY_HAND(void, host_free, (kctx *c, void *p))
 /* k_copy_h2d: from pageable host memory the copy has consumed the source when it returns; from
- * pinned memory (k_host_alloc) it has not: keep the source until k_sync. */
+ * pinned memory (k_host_alloc) it has not: keep the source until k_sync.  Either side of
+ * k_copy_h2d and k_copy_d2h may also be host memory (CPU offload keeps shards there). */
 K_OP(copy_h2d, (kctx *c, void *dst, const void *host_src, size_t bytes),
      (c, dst, host_src, bytes))
+/* k_copy_h2d_start: queues dst = host_src on the context's copy stream, after the compute
+ * queued so far (which may still read dst), to overlap the compute queued next; compute
+ * queued after the next k_copy_h2d_wait reads dst.  host_src must stay as it is until then,
+ * and be pinned (k_host_alloc) or registered (k_host_register) for the copy to run
+ * asynchronously.  The CPU backend copies at once. */
+K_OP(copy_h2d_start, (kctx *c, void *dst, const void *host_src, size_t bytes),
+     (c, dst, host_src, bytes))
+/* k_copy_h2d_wait: compute queued from here on waits for every k_copy_h2d_start so far. */
+K_OP(copy_h2d_wait, (kctx *c), (c))
+/* k_host_register: host memory [p, p + bytes) that is only read (a mapped model image)
+ * becomes a copy source as fast as pinned memory until k_host_unregister(p); a failure (a
+ * device that cannot register read-only memory) is recorded, and copies from p still work,
+ * staged by the driver.  Nothing to do on the CPU backend. */
+K_OP(host_register, (kctx *c, const void *p, size_t bytes), (c, p, bytes))
+K_OP(host_unregister, (kctx *c, const void *p), (c, p))
 /* k_copy_d2h: synchronous, host_dst holds the data on return. */
 K_OP(copy_d2h, (kctx *c, void *host_dst, const void *src, size_t bytes),
      (c, host_dst, src, bytes))

@@ -37,7 +37,6 @@ static const struct not_built {
     {"fsdp.sharding", "shard_grad_op"},
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
-    {"fsdp.cpu_offload", "true"},
 };
 
 typedef enum key_type {
@@ -153,6 +152,7 @@ static const job_key keys[] = {
     CHOICE("fsdp", "sharding", fsdp.sharding, sharding_choices),
     CHOICE("fsdp", "activation_checkpointing", fsdp.activation_checkpointing, act_ckpt_choices),
     OTHER("fsdp", "cpu_offload", K_BOOL, fsdp.cpu_offload),
+    OTHER("fsdp", "offload_params", K_BOOL, fsdp.offload_params),
     OTHER("fsdp", "forward_prefetch", K_BOOL, fsdp.forward_prefetch),
     OTHER("fsdp", "backward_prefetch", K_BOOL, fsdp.backward_prefetch),
 
@@ -968,9 +968,9 @@ static int apply_alias(job_config *j, const char *name, const char *text, errbuf
         text = "q_proj,v_proj";
     const job_key *k = find_full_key(a->key);
     if (feature_not_built(k)) return errf(err, "--%s: '%s' is not built yet", name, text);
-    if (strcmp(name, "use_cpu_offload") == 0 && strcmp(text, "true") == 0)
-        return errf(err, "--use_cpu_offload: 'true' is not built yet");
     if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
+    /* fsdp_qlora's flag is torch's CPUOffload(offload_params=True): the parameters too. */
+    if (strcmp(name, "use_cpu_offload") == 0) j->fsdp.offload_params = j->fsdp.cpu_offload;
     return 0;
 }
 
@@ -1163,6 +1163,9 @@ static int check_adapters(const job_config *j, errbuf *err) {
     bool adapters = j->train.type != JOB_TRAIN_FULL;
     if (!adapters && j->lora.init_from[0])
         return errf(err, "lora.init_from: only with train.type lora or qlora");
+    if (!adapters && j->fsdp.offload_params && !j->fsdp.cpu_offload)
+        return errf(err, "fsdp.offload_params: a full fine-tune's parameters are its master shards: "
+                         "it needs fsdp.cpu_offload, which keeps them on the host");
     if (!adapters && j->output.merge)
         return errf(err, "output.merge: only with train.type lora or qlora (a full fine-tune's "
                          "output is the whole model already)");

@@ -111,7 +111,8 @@ typedef struct job_config {
     struct {
         job_sharding sharding;
         job_act_ckpt activation_checkpointing;
-        bool cpu_offload;
+        bool cpu_offload;    /* master and AdamW state on the host, the step there */
+        bool offload_params; /* parameter shards streamed from host memory at each use */
         bool forward_prefetch;
         bool backward_prefetch;
     } fsdp;

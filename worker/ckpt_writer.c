@@ -144,8 +144,10 @@ int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err) {
     return 0;
 }
 
-/* Copies every unit's master, m and v shard to its section of the image. */
+/* Copies every unit's master, m and v shard to its section of the image (once the host
+ * optimizer, with cpu_offload, has finished writing them). */
 static int stage(ckpt_writer *w, fsdp *f, errbuf *err) {
+    if (fsdp_wait_optimizer(f, err)) return -1;
     for (int u = 0; u < w->layout.n_units; u++) {
         const fsdp_unit *U = &f->units[u];
         const float *src[CKPT_KINDS] = {U->master, U->m, U->v};

@@ -51,39 +51,46 @@ static void *carve_frozen(char *mem, size_t *at, size_t bytes) {
     return p;
 }
 
-/* Lays out (mem NULL: only sizes) every frozen unit's buffers; returns the bytes. */
-static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_padded) {
+/* Lays out (mem NULL: only sizes) every frozen unit's buffers; returns the bytes and the
+ * largest plain (not NF4) unit, padded.  With offload_params only an NF4 layer's small
+ * replicated parts are kept: the rest is read from the model image at each use. */
+static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_plain) {
     const llama_layout *lo = &f->layout;
     size_t cs = k_compute_size(f->ctx), at = 0, C = (size_t)lo->cfg.hidden_size;
-    *max_padded = 0;
+    int kept = !f->offload_params;
+    *max_plain = 0;
     for (int u = 0; u < lo->n_units; u++) {
         fsdp_frozen *F = &f->frozen[u];
         F->numel = lo->units[u].numel;
         shard_of(f, F->numel, &F->padded, &F->shard, &F->shard_off);
-        if (F->padded > *max_padded) *max_padded = F->padded; /* an NF4 layer: dequantized whole */
         if (!is_nf4(f, u)) {
-            F->param = carve_frozen(mem, &at, F->shard * cs);
+            if (F->padded > *max_plain) *max_plain = F->padded;
+            F->param = kept ? carve_frozen(mem, &at, F->shard * cs) : NULL;
             continue;
         }
         int dq = f->quant == MODEL_IMAGE_NF4_DQ;
         bytes_of(f, &F->packed, f->nl.packed_bytes, 32);
         bytes_of(f, &F->absmax, f->nl.absmax_bytes, dq ? 64 : 4 * 64);
-        F->packed.data = carve_frozen(mem, &at, F->packed.shard);
-        F->absmax.data = carve_frozen(mem, &at, F->absmax.shard);
+        F->packed.data = kept ? carve_frozen(mem, &at, F->packed.shard) : NULL;
+        F->absmax.data = kept ? carve_frozen(mem, &at, F->absmax.shard) : NULL;
         F->nested = dq ? carve_frozen(mem, &at, f->nl.n_nested * sizeof(float)) : NULL;
         F->norms = carve_frozen(mem, &at, 2 * C * sizeof(float));
     }
     return at;
 }
 
-/* LoRA: the frozen model units' shards, in one allocation. */
-static int alloc_frozen(fsdp *f, size_t *max_padded, errbuf *err) {
+/* LoRA: the frozen model units' shards, in one allocation; QLoRA: the layer that NF4 layers
+ * are dequantized into (one: the compute stream orders its uses) and, unless one rank reads
+ * its own shards in place, two layers' gathered (or streamed) codes and absmax. */
+static int alloc_frozen(fsdp *f, size_t *max_plain, errbuf *err) {
     if (f->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(&f->layout, MODEL_IMAGE_F32, f->quant, &f->nl);
-    size_t bytes = lay_out_frozen(f, NULL, max_padded);
+    size_t bytes = lay_out_frozen(f, NULL, max_plain);
     if (!(f->frozen_memory = k_alloc(f->ctx, bytes, err))) return -1;
-    lay_out_frozen(f, f->frozen_memory, max_padded);
-    if (f->quant == MODEL_IMAGE_PLAIN || f->group == 1) return 0;
+    lay_out_frozen(f, f->frozen_memory, max_plain);
+    if (f->quant == MODEL_IMAGE_PLAIN) return 0;
     const fsdp_frozen *F = &f->frozen[llama_layer_unit(0)];
+    if (!(f->dequant = k_alloc(f->ctx, F->padded * k_compute_size(f->ctx), err))) return -1;
+    if (f->group == 1 && !f->offload_params) return 0;
     for (int slot = 0; slot < 2; slot++)
         if (!(f->gathered_packed[slot] = k_alloc(f->ctx, F->packed.padded, err)) ||
             !(f->gathered_absmax[slot] = k_alloc(f->ctx, F->absmax.padded, err)))
@@ -91,7 +98,36 @@ static int alloc_frozen(fsdp *f, size_t *max_padded, errbuf *err) {
     return 0;
 }
 
-/* The trainable units' fp32 shards (master, m, v, grad), in one allocation. */
+/* cpu_offload: the gradients (and, unless offload_params, the compute copies) in context
+ * memory; master, m, v, the gradients' host copy and the compute copies pinned, in host_state
+ * (each kind contiguous over the units, so a step's gradients come back in one copy). */
+static int alloc_offloaded(fsdp *f, size_t total, errbuf *err) {
+    size_t cs = k_compute_size(f->ctx);
+    float *grad = f->units[0].grad = k_alloc(f->ctx, total * sizeof(float), err);
+    if (!grad) return -1; /* from here on fsdp_destroy frees what there is */
+    char *dev = NULL;
+    if (!f->offload_params && !(dev = f->units[0].dev_param = k_alloc(f->ctx, total * cs, err)))
+        return -1;
+    float *host = f->host_state = k_host_alloc(f->ctx, total * (4 * sizeof(float) + cs), err);
+    if (!host) return -1;
+    float *master = host, *m = master + total, *v = m + total;
+    char *param = (char *)(v + 2 * total);
+    f->host_grad = v + total;
+    for (int u = 0; u < f->n_train; u++) {
+        fsdp_unit *U = &f->units[u];
+        U->master = master, master += U->shard;
+        U->m = m, m += U->shard;
+        U->v = v, v += U->shard;
+        U->grad = grad, grad += U->shard;
+        U->host_param = param, param += U->shard * cs;
+        if (dev) U->dev_param = dev, dev += U->shard * cs;
+        U->uploaded_step = -1;
+    }
+    return 0;
+}
+
+/* The trainable units' fp32 shards (master, m, v, grad), in one allocation (cpu_offload:
+ * alloc_offloaded). */
 static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
     size_t total = 0;
     *max_padded = 0;
@@ -99,10 +135,11 @@ static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
         fsdp_unit *U = &f->units[u];
         U->numel = f->train_units[u].numel;
         shard_of(f, U->numel, &U->padded, &U->shard, &U->shard_off);
-        total += 4 * U->shard;
+        total += U->shard;
         if (U->padded > *max_padded) *max_padded = U->padded;
     }
-    float *mem = k_alloc(f->ctx, total * sizeof(float), err);
+    if (f->cpu_offload) return alloc_offloaded(f, total, err);
+    float *mem = k_alloc(f->ctx, 4 * total * sizeof(float), err);
     if (!mem) return -1;
     for (int u = 0; u < f->n_train; u++) {
         fsdp_unit *U = &f->units[u];
@@ -116,19 +153,15 @@ static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
 
 /* The gather and gradient slots.  Full fine-tune: gathered[0..1] and full_grad[0..1] of the
  * largest unit, slot 2 for a tied head's embedding.  LoRA: the adapters' slots beside, and
- * the frozen units' gathered[] only when sharded (one rank reads its shards in place);
- * QLoRA on one rank: gathered[0] alone, of a layer's size, which every layer is dequantized
- * into in turn (dequant_slot: nothing to prefetch, and the compute stream orders it). */
+ * the frozen units' gathered[] (of the largest plain unit: NF4 layers go to their byte slots
+ * and `dequant`) only when sharded or streamed: one rank reads its shards in place. */
 static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf *err) {
     size_t cs = k_compute_size(f->ctx);
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
-    int base_slots = !f->has_lora || f->group > 1 || f->quant != MODEL_IMAGE_PLAIN;
-    int one_dequant_slot = f->quant != MODEL_IMAGE_PLAIN && f->group == 1;
-    if (one_dequant_slot) base_padded = f->frozen[llama_layer_unit(0)].padded;
+    int base_slots = !f->has_lora || f->group > 1 || f->offload_params;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot == 0 || (slot == 1 && !one_dequant_slot) ? base_padded
-                 : slot == 2 && is_tied(f) && !one_dequant_slot ? embed_padded : 0;
+        size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
         if (f->has_lora && slot < 2 &&
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
@@ -174,6 +207,49 @@ static int set_trainable(fsdp *f, const fsdp_options *opt, errbuf *err) {
     return f->units ? 0 : errf(err, "fsdp: out of host memory");
 }
 
+/* The part [*a, *b) of tensor s (element offsets in its unit) that lies in shard U; empty
+ * when *a >= *b. */
+static void tensor_in_shard(const fsdp_unit *U, const llama_tensor_slot *s, size_t *a, size_t *b) {
+    *a = s->offset > U->shard_off ? s->offset : U->shard_off;
+    *b = s->offset + s->numel < U->shard_off + U->shard ? s->offset + s->numel
+                                                        : U->shard_off + U->shard;
+}
+
+/* Calls fn for every range of at most HOST_OPTIM_TASK_ELEMS elements of every trainable
+ * tensor in this rank's shards, in unit order (task i NULL: counting). */
+static int lay_out_tasks(fsdp *f, host_optim_task *tasks) {
+    size_t cs = k_compute_size(f->ctx);
+    int n = 0;
+    for (int u = 0; u < f->n_train; u++) {
+        const fsdp_unit *U = &f->units[u];
+        const llama_unit *lu = &f->train_units[u];
+        for (int i = lu->first; i < lu->first + lu->count; i++) {
+            size_t a, b;
+            tensor_in_shard(U, &f->train_tensors[i], &a, &b);
+            for (size_t at = a; at < b; at += HOST_OPTIM_TASK_ELEMS, n++) {
+                if (!tasks) continue;
+                size_t o = at - U->shard_off;
+                tasks[n] = (host_optim_task){
+                    .unit = u, .master = U->master + o, .m = U->m + o, .v = U->v + o,
+                    .grad = f->host_grad + (U->grad - f->units[0].grad) + o,
+                    .param = (char *)U->host_param + o * cs,
+                    .n = b - at < HOST_OPTIM_TASK_ELEMS ? b - at : HOST_OPTIM_TASK_ELEMS,
+                    .decay = !f->train_tensors[i].is_norm};
+            }
+        }
+    }
+    return n;
+}
+
+/* cpu_offload: the host optimizer and the tasks of a step. */
+static int init_host_optim(fsdp *f, int threads, errbuf *err) {
+    f->n_optim_tasks = lay_out_tasks(f, NULL);
+    f->optim_tasks = calloc((size_t)f->n_optim_tasks + 1, sizeof *f->optim_tasks);
+    if (!f->optim_tasks) return errf(err, "fsdp: out of host memory");
+    lay_out_tasks(f, f->optim_tasks);
+    return host_optim_init(&f->optim, threads, f->n_train, f->ctx->compute, err);
+}
+
 int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
               const fsdp_options *opt, errbuf *err) {
     memset(f, 0, sizeof *f);
@@ -185,8 +261,13 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->checkpoint_activations = opt->checkpoint_activations;
     f->forward_prefetch = opt->forward_prefetch;
     f->backward_prefetch = opt->backward_prefetch;
+    f->cpu_offload = opt->cpu_offload;
+    f->offload_params = opt->offload_params;
     if (opt->sharding != JOB_SHARD_FULL && opt->sharding != JOB_SHARD_NONE)
         return errf(err, "fsdp: only full_shard and no_shard are built");
+    if (opt->offload_params && !opt->lora && !opt->cpu_offload)
+        return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
+                         "parameters are the master shards)");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
     f->group = opt->sharding == JOB_SHARD_FULL ? world : 1;
     f->group_rank = opt->sharding == JOB_SHARD_FULL ? rank : 0;
@@ -202,6 +283,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     }
     build_plan(f);
     int rc = alloc_shards(f, err);
+    if (rc == 0 && f->cpu_offload) rc = init_host_optim(f, opt->offload_threads, err);
     if (rc == 0) f->inv_freq = k_alloc(ctx, half * sizeof(float), err);
     if (rc == 0 && f->inv_freq) {
         llama_rope_inv_freq(cfg, inv_freq);
@@ -227,20 +309,29 @@ static void free_activations(fsdp *f) {
 }
 
 void fsdp_destroy(fsdp *f) {
+    host_optim_destroy(f->optim); /* first: its threads write the host shards */
     if (f->ctx) {
         free_activations(f);
-        if (f->units && f->units[0].master) k_free(f->ctx, f->units[0].master);
+        if (f->image_registered) k_host_unregister(f->ctx, f->image);
+        if (f->cpu_offload && f->units) {
+            k_free(f->ctx, f->units[0].grad);
+            k_free(f->ctx, f->units[0].dev_param);
+            k_host_free(f->ctx, f->host_state);
+        } else if (f->units && f->units[0].master) {
+            k_free(f->ctx, f->units[0].master);
+        }
         void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
                         f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
                         f->gathered_adapter[0], f->gathered_adapter[1], f->frozen_memory,
                         f->gathered_packed[0], f->gathered_packed[1], f->gathered_absmax[0],
-                        f->gathered_absmax[1]};
+                        f->gathered_absmax[1], f->dequant};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
     free(f->units);
     free(f->frozen);
     free(f->plan);
+    free(f->optim_tasks);
     llama_layout_free(&f->layout);
     lora_layout_free(&f->lora_layout);
     memset(f, 0, sizeof *f);
@@ -293,6 +384,19 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
 
 /* ---- initial parameters ---- */
 
+/* After the master shards were written (loaded, initialised, resumed): with cpu_offload the
+ * compute copies follow them, and each unit is uploaded again at its next gather. */
+static int masters_changed(fsdp *f, errbuf *err) {
+    if (!f->cpu_offload) return 0;
+    if (fsdp_wait_optimizer(f, err)) return -1;
+    for (int u = 0; u < f->n_train; u++) {
+        fsdp_unit *U = &f->units[u];
+        host_optim_cast(f->ctx->compute, U->host_param, U->master, U->shard);
+        U->uploaded_step = -1;
+    }
+    return 0;
+}
+
 /* The part of a flat parameter of numel elements in [off, off + shard) that is not padding. */
 static size_t unpadded(size_t numel, size_t off, size_t shard) {
     return off >= numel ? 0 : numel - off < shard ? numel - off : shard;
@@ -307,7 +411,7 @@ static size_t unpadded(size_t numel, size_t off, size_t shard) {
  * b->bytes); past the end is padding, left zero. */
 static void load_bytes(fsdp *f, const fsdp_bytes *b, const unsigned char *src) {
     size_t n = unpadded(b->bytes, b->shard_off, b->shard);
-    if (n) k_copy_h2d(f->ctx, b->data, src + b->shard_off, n);
+    if (n && b->data) k_copy_h2d(f->ctx, b->data, src + b->shard_off, n);
 }
 
 /* An NF4 layer of an NF4 image: its shards of the codes and absmax, and the replicated
@@ -345,7 +449,7 @@ static int load_frozen_image(fsdp *f, const void *image, float *host, float *sta
         }
         const fsdp_frozen *F = &f->frozen[u];
         size_t n = unpadded(F->numel, F->shard_off, F->shard);
-        for (size_t at = 0; at < F->shard && rc == 0; at += IMAGE_CHUNK) {
+        for (size_t at = 0; F->param && at < F->shard && rc == 0; at += IMAGE_CHUNK) {
             size_t len = F->shard - at < IMAGE_CHUNK ? F->shard - at : IMAGE_CHUNK;
             size_t real = at >= n ? 0 : n - at < len ? n - at : len;
             memset(host + real, 0, (len - real) * sizeof *host);
@@ -368,10 +472,31 @@ static int load_master_image(fsdp *f, const void *image, float *host, errbuf *er
         k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
         rc = k_sync(f->ctx, err); /* the host buffer is reused for the next unit */
     }
-    return rc;
+    return rc ? rc : masters_changed(f, err);
 }
 
-int fsdp_load_image(fsdp *f, const void *image, errbuf *err) {
+/* offload_params: f reads the frozen units from the image from now on, which must then be in
+ * the compute dtype (it is copied as it is); registered with the device, so that the copies
+ * run at pinned speed on the copy stream. */
+static int keep_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
+    model_image_dtype dt = model_image_dtype_of(image);
+    model_image_dtype want = f->ctx->compute == K_BF16 ? MODEL_IMAGE_BF16 : MODEL_IMAGE_F32;
+    if (dt != want)
+        return errf(err, "fsdp.offload_params: the model memory is %s and the workers compute in "
+                         "%s; it is streamed as it is: set model.dtype to %s",
+                    dt == MODEL_IMAGE_BF16 ? "bf16" : "fp32", want == MODEL_IMAGE_BF16 ? "bf16" : "fp32",
+                    want == MODEL_IMAGE_BF16 ? "bf16" : "fp32");
+    if (f->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(&f->layout, dt, f->quant, &f->image_nl);
+    k_host_register(f->ctx, image, bytes);
+    if (k_check(f->ctx, err)) return errprefix(err, "fsdp.offload_params: registering the model memory");
+    f->image = image;
+    f->image_bytes = bytes;
+    f->image_registered = 1;
+    return 0;
+}
+
+int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
+    if (f->offload_params && keep_image(f, image, bytes, err)) return -1;
     size_t max_shard = 0;
     for (int u = 0; !f->has_lora && u < f->n_train; u++)
         if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
@@ -413,16 +538,15 @@ static int fill_adapters(fsdp *f, adapter_value_fn value, void *arg, errbuf *err
         memset(host, 0, U->shard * sizeof *host);
         for (int i = lu->first; i < lu->first + lu->count; i++) {
             const llama_tensor_slot *t = &f->train_tensors[i];
-            size_t a = t->offset > U->shard_off ? t->offset : U->shard_off;
-            size_t b = t->offset + t->numel < U->shard_off + U->shard ? t->offset + t->numel
-                                                                      : U->shard_off + U->shard;
+            size_t a, b;
+            tensor_in_shard(U, t, &a, &b);
             for (size_t e = a; e < b; e++) host[e - U->shard_off] = value(f, t, e - t->offset, arg);
         }
         k_copy_h2d(f->ctx, U->master, host, U->shard * sizeof *host);
         rc = k_sync(f->ctx, err);
     }
     free(host);
-    return rc;
+    return rc ? rc : masters_changed(f, err);
 }
 
 static float init_value(const fsdp *f, const llama_tensor_slot *t, size_t i, void *arg) {
@@ -481,20 +605,51 @@ static int train_index(const fsdp *f, int u) {
     return u >= 1 && u <= f->layout.n_layers ? u - 1 : -1;
 }
 
-/* Starts gathering trainable unit U into dst (compute dtype, in place: this rank's shard
- * is cast into its own place of dst). */
-static int gather_trainable(fsdp *f, const fsdp_unit *U, char *dst, comm_ticket *t, errbuf *err) {
+/* cpu_offload: trainable unit a's compute copy, once the host optimizer has updated it, in
+ * context memory (uploaded once a step) or with offload_params on the host. */
+static const void *offloaded_params(fsdp *f, int a, errbuf *err) {
+    fsdp_unit *U = &f->units[a];
+    if (host_optim_wait(f->optim, a, err)) return errprefix(err, "host optimizer"), NULL;
+    if (f->offload_params) return U->host_param;
+    if (U->uploaded_step != f->step) /* pinned: queued, and host_param stays until the step ends */
+        k_copy_h2d(f->ctx, U->dev_param, U->host_param, U->shard * k_compute_size(f->ctx));
+    U->uploaded_step = f->step;
+    return U->dev_param;
+}
+
+/* Starts gathering trainable unit a into dst (compute dtype, in place: this rank's shard is
+ * cast, or with cpu_offload copied, into its own place of dst). */
+static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *err) {
+    const fsdp_unit *U = &f->units[a];
+    char *mine = f->group == 1 ? dst : dst + U->shard_off * k_compute_size(f->ctx);
     *t = 0;
-    if (f->group == 1) {
-        k_f32_to_compute(f->ctx, dst, U->master, U->shard);
-        return 0;
+    if (f->cpu_offload) {
+        const void *src = offloaded_params(f, a, err);
+        if (!src) return -1;
+        k_copy_h2d(f->ctx, mine, src, U->shard * k_compute_size(f->ctx));
+    } else {
+        k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     }
-    char *mine = dst + U->shard_off * k_compute_size(f->ctx);
-    k_f32_to_compute(f->ctx, mine, U->master, U->shard);
+    if (f->group == 1) return 0;
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
     return k_check(f->ctx, err) ||
            comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
+}
+
+/* offload_params: frozen unit u, whole, from the model image into slot's buffers (an NF4
+ * layer's codes and absmax; its small parts are kept), on the copy stream: no collective,
+ * since every node has the image. */
+static void stream_frozen(fsdp *f, int u, int slot) {
+    const unsigned char *src = model_image_unit(f->image, &f->layout, u);
+    const model_image_nf4_layer *nl = &f->image_nl;
+    if (is_nf4(f, u)) {
+        k_copy_h2d_start(f->ctx, f->gathered_packed[slot], src + nl->packed, nl->packed_bytes);
+        k_copy_h2d_start(f->ctx, f->gathered_absmax[slot], src + nl->absmax, nl->absmax_bytes);
+    } else {
+        k_copy_h2d_start(f->ctx, f->gathered[slot], src, f->frozen[u].numel * k_compute_size(f->ctx));
+    }
+    f->streamed[slot] = 1;
 }
 
 /* Starts gathering the whole of model unit u into slot `slot`: its parameters (a frozen
@@ -508,7 +663,9 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     int rc = 0, a = train_index(f, u);
     const fsdp_frozen *F = f->has_lora ? &f->frozen[u] : NULL;
     if (!f->has_lora) {
-        rc = gather_trainable(f, &f->units[u], f->gathered[slot], &t[0], err);
+        rc = gather_trainable(f, u, f->gathered[slot], &t[0], err);
+    } else if (f->offload_params) {
+        stream_frozen(f, u, slot);
     } else if (f->group > 1 && is_nf4(f, u)) {
         rc = comm_all_gather_start(f->comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
                                    COMM_BYTE, &t[0], err);
@@ -520,12 +677,16 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
                                    compute_comm_dtype(f->ctx), &t[0], err);
     }
     if (rc == 0 && f->has_lora && a >= 0)
-        rc = gather_trainable(f, &f->units[a], f->gathered_adapter[slot], &t[2], err);
+        rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], err);
     return rc ? errprefix(err, "unit %d", u) : 0;
 }
 
 /* Waits for slot's all-gathers (of unit u); compute queued from here on reads the unit. */
 static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
+    if (f->streamed[slot]) {
+        f->streamed[slot] = 0;
+        k_copy_h2d_wait(f->ctx); /* the copies after it are not started yet */
+    }
     for (int i = 0; i < 3; i++) {
         comm_ticket t = f->gather_ticket[slot][i];
         f->gather_ticket[slot][i] = 0;
@@ -534,21 +695,19 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
     return 0;
 }
 
-/* Where an NF4 layer of plan slot `slot` is dequantized: that slot, or on one rank always
- * gathered[0] (alloc_slots). */
-static int dequant_slot(const fsdp *f, int slot) { return f->group == 1 ? 0 : slot; }
-
-/* An NF4 layer, gathered (or one rank's own), dequantized into gathered[slot] in the
- * compute dtype at the unit's usual offsets: its seven linears, then its norms. */
+/* An NF4 layer, gathered or streamed into slot (or one rank's own), dequantized into
+ * f->dequant in the compute dtype at the unit's usual offsets: its seven linears, then its
+ * norms. */
 static void dequantize_layer(fsdp *f, int u, int slot) {
     const fsdp_frozen *F = &f->frozen[u];
     const model_image_nf4_layer *nl = &f->nl;
     const llama_tensor_slot *t = &f->layout.tensors[f->layout.units[u].first];
-    const uint8_t *packed = f->group > 1 ? f->gathered_packed[slot] : F->packed.data;
-    const uint8_t *absmax = f->group > 1 ? f->gathered_absmax[slot] : F->absmax.data;
+    int in_slot = f->group > 1 || f->offload_params;
+    const uint8_t *packed = in_slot ? f->gathered_packed[slot] : F->packed.data;
+    const uint8_t *absmax = in_slot ? f->gathered_absmax[slot] : F->absmax.data;
     int dq = f->quant == MODEL_IMAGE_NF4_DQ;
     size_t cs = k_compute_size(f->ctx), C = (size_t)f->layout.cfg.hidden_size;
-    char *dst = f->gathered[slot];
+    char *dst = f->dequant;
     for (int k = 0; k < MODEL_IMAGE_LINEARS; k++)
         k_nf4_dequant(f->ctx, dst + t[k].offset * cs, packed + nl->t_packed[k],
                       absmax + nl->t_block[k] * (dq ? 1 : sizeof(float)),
@@ -557,15 +716,16 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
     k_f32_to_compute(f->ctx, dst + t[LLAMA_LN2].offset * cs, F->norms + C, C);
 }
 
-/* Plan entry k's parameters once gathered: its slot, or a frozen unit's own shard when one
- * rank holds it whole. */
+/* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
+ * unit's own shard when one rank holds it whole. */
 static void *gathered_params(fsdp *f, int k) {
     const fsdp_gather *g = &f->plan[k];
     if (is_nf4(f, g->unit)) {
-        dequantize_layer(f, g->unit, dequant_slot(f, g->slot));
-        return f->gathered[dequant_slot(f, g->slot)];
+        dequantize_layer(f, g->unit, g->slot);
+        return f->dequant;
     }
-    return f->has_lora && f->group == 1 ? f->frozen[g->unit].param : f->gathered[g->slot];
+    return f->has_lora && f->group == 1 && !f->offload_params ? f->frozen[g->unit].param
+                                                               : f->gathered[g->slot];
 }
 
 /* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
@@ -766,15 +926,31 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
     const llama_unit *lu = &f->train_units[u];
     for (int i = lu->first; i < lu->first + lu->count; i++) {
         const llama_tensor_slot *s = &f->train_tensors[i];
-        size_t a = s->offset > U->shard_off ? s->offset : U->shard_off;
-        size_t b = s->offset + s->numel < U->shard_off + U->shard ? s->offset + s->numel
-                                                                  : U->shard_off + U->shard;
+        size_t a, b;
+        tensor_in_shard(U, s, &a, &b);
         if (a >= b) continue;
         size_t at = a - U->shard_off;
         k_adamw(f->ctx, U->master + at, U->grad + at, U->m + at, U->v + at, b - a, (float)hp->lr,
                 (float)hp->beta1, (float)hp->beta2, (float)hp->eps,
                 s->is_norm ? 0.0f : (float)hp->weight_decay, f->step, grad_scale);
     }
+}
+
+/* cpu_offload: the step's gradients to the host, and AdamW started there (the next step's
+ * gathers wait for their units: offloaded_params). */
+static int start_host_step(fsdp *f, const fsdp_hparams *hp, float grad_scale, errbuf *err) {
+    size_t total = 0;
+    for (int u = 0; u < f->n_train; u++) total += f->units[u].shard;
+    k_copy_d2h(f->ctx, f->host_grad, f->units[0].grad, total * sizeof(float));
+    if (k_check(f->ctx, err)) return -1;
+    host_optim_step s = {.lr = (float)hp->lr, .beta1 = (float)hp->beta1, .beta2 = (float)hp->beta2,
+                         .eps = (float)hp->eps, .weight_decay = (float)hp->weight_decay,
+                         .grad_scale = grad_scale, .step = f->step};
+    return host_optim_start(f->optim, f->optim_tasks, f->n_optim_tasks, &s, err);
+}
+
+int fsdp_wait_optimizer(fsdp *f, errbuf *err) {
+    return f->optim && host_optim_wait_all(f->optim, err) ? errprefix(err, "host optimizer") : 0;
 }
 
 /* Whether fault point p (nan_loss, nan_grad: RANK:STEP) hits this rank's step in progress. */
@@ -945,7 +1121,11 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
     double clip_coef = hp->clip_norm / (norm + 1e-6);
     float grad_scale = hp->clip_norm > 0 && clip_coef < 1.0 ? (float)clip_coef : 1.0f;
     f->step++;
-    for (int u = 0; u < f->n_train; u++) adamw_unit(f, u, hp, grad_scale);
+    if (f->cpu_offload) {
+        if (start_host_step(f, hp, grad_scale, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
+    } else {
+        for (int u = 0; u < f->n_train; u++) adamw_unit(f, u, hp, grad_scale);
+    }
     if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
     res->loss = count > 0 ? loss_sum / (double)count : 0.0;
     res->tokens = count;
@@ -995,7 +1175,7 @@ static int check_same_tensors(const fsdp *f, const ckpt_layout *saved, const cha
 }
 
 int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err) {
-    if (check_same_tensors(f, &m->layout, dir, err)) return -1;
+    if (check_same_tensors(f, &m->layout, dir, err) || fsdp_wait_optimizer(f, err)) return -1;
     if (m->optimizer_step > INT32_MAX) return errf(err, "%s: optimizer step out of range", dir);
     size_t max_shard = 0;
     for (int u = 0; u < f->n_train; u++)
@@ -1020,7 +1200,7 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
     ckpt_reader_close(&r);
     free(host);
     if (rc == 0) f->step = (int)m->optimizer_step;
-    return rc;
+    return rc ? rc : masters_changed(f, err);
 }
 
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
@@ -1034,7 +1214,7 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     for (int u = 0; u < f->n_train && rc == 0; u++) {
         comm_ticket t;
         comm_set_unit(f->comm, u);
-        rc = gather_trainable(f, &f->units[u], slot, &t, err);
+        rc = gather_trainable(f, u, slot, &t, err);
         if (rc == 0 && t) rc = comm_wait(f->comm, t, err);
         if (rc) break;
         k_compute_to_f32(f->ctx, f->full_grad[0], slot, f->units[u].padded);

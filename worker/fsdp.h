@@ -34,6 +34,7 @@
 #include "proto/model_image.h"
 #include "proto/job.h"
 #include "worker/comm.h"
+#include "worker/host_optim.h"
 
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a
@@ -46,7 +47,13 @@ typedef struct fsdp_unit {
     size_t padded;    /* numel rounded up to a multiple of the shard group size */
     size_t shard;     /* padded / group size */
     size_t shard_off; /* this rank's first element */
-    float *master, *m, *v, *grad; /* [shard] fp32, context memory */
+    float *master, *m, *v, *grad; /* [shard] fp32, context memory; with cpu_offload master, m
+                                     and v are pinned host memory (grad stays) */
+    /* cpu_offload: the shard in the compute dtype, which the gathers read: host_param (pinned,
+     * written by the host optimizer) and its copy in context memory, uploaded once a step
+     * (dev_param; NULL with offload_params, whose gathers read host_param itself). */
+    void *host_param, *dev_param;
+    int uploaded_step; /* the f->step dev_param holds (-1: none yet) */
 } fsdp_unit;
 
 /* A flat parameter of bytes (a frozen NF4 layer's codes or absmax), sharded like the others:
@@ -109,10 +116,30 @@ typedef struct fsdp {
     void *frozen_memory;        /* every frozen shard, one allocation */
     void *gathered_adapter[2];
     /* QLoRA: the base's quantization (the model image's), one layer's NF4 layout, and the
-     * gathered codes and absmax of two layers, dequantized into gathered[] before use. */
+     * gathered codes and absmax of two layers, dequantized into `dequant` before use. */
     model_image_quant quant;
     model_image_nf4_layer nl;
     uint8_t *gathered_packed[2], *gathered_absmax[2];
+    void *dequant; /* [a layer's padded] compute dtype */
+
+    /* Offload (fsdp_options.cpu_offload, offload_params).  cpu_offload: the trainable
+     * units' master, m, v and compute copies in one pinned host allocation (host_state),
+     * their gradients copied to host_grad after each step, and AdamW on the host
+     * (worker/host_optim.h) running beside the next step until each unit's first gather.
+     * offload_params: the frozen units are not held in context memory: every gather copies
+     * the whole unit from the node's model image (registered with the device), on the copy
+     * stream, ahead of use (no collective: every node has the image). */
+    int cpu_offload, offload_params;
+    void *host_state;
+    float *host_grad;
+    host_optim *optim;
+    host_optim_task *optim_tasks;
+    int n_optim_tasks;
+    const void *image; /* offload_params: the model image the gathers read */
+    size_t image_bytes;
+    int image_registered;
+    model_image_nf4_layer image_nl; /* where the image keeps an NF4 layer's parts */
+    int streamed[3]; /* per slot: a copy from the image is in flight */
     int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
@@ -158,6 +185,10 @@ typedef struct fsdp_options {
     const lora_config *lora; /* NULL: a full fine-tune; else adapters on a frozen base */
     uint64_t seed;           /* train.seed: adapter init and dropout streams */
     model_image_quant quant; /* with adapters: the base image's (NF4 for QLoRA) */
+    /* fsdp.cpu_offload: master and AdamW state in pinned host memory, the step on the host
+     * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
+     * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
+    int cpu_offload, offload_params, offload_threads;
 } fsdp_options;
 
 /* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when
@@ -167,9 +198,10 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
 void fsdp_destroy(fsdp *f);
 
 /* Fills this rank's master shards (LoRA: frozen shards) from the node's model image
- * (proto/model_image.h, checked against this model's layout), copying only this rank's
- * slices. */
-int fsdp_load_image(fsdp *f, const void *image, errbuf *err);
+ * (proto/model_image.h, checked against this model's layout, `bytes` long), copying only
+ * this rank's slices.  With offload_params f keeps reading the image's frozen units, and
+ * registers it with the device: it must stay mapped until fsdp_destroy. */
+int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err);
 /* LoRA: this rank's adapter shards as PEFT initialises them (lora_A Kaiming-uniform, bound
  * 1/sqrt(in), each element keyed by (seed, layer, module, index): the same values at any
  * world size; lora_B zero). */
@@ -210,6 +242,10 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
  * scaled by 0 (they land in the grad shards, which the next step overwrites or zeroes): one
  * code path for the loss, at the price of a backward. */
 int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err);
+
+/* cpu_offload: returns once the host optimizer has finished the last step (the master, m
+ * and v shards are then final: a checkpoint reads them); at once without offload. */
+int fsdp_wait_optimizer(fsdp *f, errbuf *err);
 
 /* The checkpoint layout of this rank's state (proto/ckpt.h): one shard file per member of the
  * shard group, the trainable units and tensors (the model's, or the adapters'). */

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/fault.h"
@@ -21,6 +22,17 @@
 
 /* Votes every rank casts before a step (fsdp.vote). */
 enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP };
+
+/* fsdpd's model memory, mapped. */
+typedef struct model_memory {
+    const void *data;
+    size_t bytes;
+} model_memory;
+
+static void unmap_model(model_memory *m) {
+    if (m->data) munmap((void *)m->data, m->bytes);
+    m->data = NULL;
+}
 
 /* This rank's state from a committed checkpoint: parameters, AdamW state, step, tokens. */
 static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_t *tokens_seen,
@@ -62,9 +74,18 @@ static int adapters_from(fsdp *f, const job_config *j, const llama_config *cfg, 
     return rc;
 }
 
+/* The host optimizer's threads (fsdp.cpu_offload): this node's cores shared by its workers. */
+static int offload_threads(const job_config *j) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = j->runtime.workers_per_node > 0 ? j->runtime.workers_per_node : 1;
+    return cores > workers ? (int)(cores / workers) : 1;
+}
+
 /* This rank's initial state: from the checkpoint when resuming, else the initial
- * parameters. */
-static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbuf *err) {
+ * parameters.  *image_out: the model memory, left mapped when fsdp reads it while training
+ * (offload_params; the caller unmaps it after fsdp_destroy), else NULL. */
+static int load_model(fsdp *f, const train_env *env, model_memory *image_out, int64_t *tokens_seen,
+                      errbuf *err) {
     const job_config *j = env->job;
     const llama_config *cfg = env->model;
     memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
@@ -76,7 +97,9 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
                         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch,
-                        .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed};
+                        .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed,
+                        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
+                        .offload_threads = offload_threads(j)};
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
@@ -96,8 +119,9 @@ static int load_model(fsdp *f, const train_env *env, int64_t *tokens_seen, errbu
     if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
         rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
     if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
-    if (rc == 0) rc = fsdp_load_image(f, image, err);
-    munmap((void *)image, bytes);
+    if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);
+    if (f->image) *image_out = (model_memory){image, bytes};
+    else munmap((void *)image, bytes);
     if (rc || !adapters) return rc;
     if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
     return j->lora.init_from[0] ? adapters_from(f, j, cfg, err) : fsdp_init_adapters(f, err);
@@ -257,8 +281,10 @@ int train_run(const train_env *env, errbuf *err) {
     fsdp f;
     data_loader d;
     int64_t tokens_seen;
-    if (load_model(&f, env, &tokens_seen, err)) {
+    model_memory image = {NULL, 0};
+    if (load_model(&f, env, &image, &tokens_seen, err)) {
         fsdp_destroy(&f);
+        unmap_model(&image);
         return TRAIN_ERR_SETUP;
     }
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
@@ -274,5 +300,6 @@ int train_run(const train_env *env, errbuf *err) {
     const fault *final = fault_get(FAULT_FINAL_PARAMS, env->rank);
     if (rc == 0 && final) rc = write_final_params(&f, env->rank, final->path, err);
     fsdp_destroy(&f);
+    unmap_model(&image);
     return rc;
 }

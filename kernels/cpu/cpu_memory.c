@@ -31,6 +31,19 @@ void cpu_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     copy(dst, host_src, bytes);
 }
 
+void cpu_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
+    (void)c;
+    copy(dst, host_src, bytes);
+}
+
+void cpu_copy_h2d_wait(kctx *c) { (void)c; }
+
+void cpu_host_register(kctx *c, const void *p, size_t bytes) {
+    (void)c, (void)p, (void)bytes;
+}
+
+void cpu_host_unregister(kctx *c, const void *p) { (void)c, (void)p; }
+
 void cpu_copy_d2h(kctx *c, void *host_dst, const void *src, size_t bytes) {
     (void)c;
     copy(host_dst, src, bytes);

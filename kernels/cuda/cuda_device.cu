@@ -54,7 +54,9 @@ static void fail_on_kernel_report(kctx *c, const cuda_input_error *e) {
 extern "C" void cuda_sync(kctx *c) {
     cuda_impl *s = cuda_state(c);
     cuda_input_error report;
-    if (cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
+    if ((s->copy_stream &&
+         cuda_check_call(c, cudaStreamSynchronize(s->copy_stream), "copy stream synchronize")) ||
+        cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
         cuda_check_call(c,
                         cudaMemcpyAsync(&report, s->error, sizeof report, cudaMemcpyDeviceToHost,
                                         s->stream),
@@ -74,6 +76,12 @@ extern "C" void cuda_destroy(kctx *c) {
     if (!s) return;
     // Teardown: errors here have nobody left to report to.
     if (s->stream) (void)cudaStreamSynchronize(s->stream);
+    if (s->copy_stream) {
+        (void)cudaStreamSynchronize(s->copy_stream);
+        (void)cudaStreamDestroy(s->copy_stream);
+        (void)cudaEventDestroy(s->copy_ready);
+        (void)cudaEventDestroy(s->copy_done);
+    }
     cuda_gemm_cache_clear(s);
     if (s->lt) (void)cublasLtDestroy(s->lt);
     if (s->workspace) (void)cudaFree(s->workspace);
@@ -200,14 +208,69 @@ extern "C" void cuda_host_free(kctx *c, void *p) {
 extern "C" void cuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     if (!bytes) return;
     cudaStream_t stream = cuda_stream(c);
-    cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream),
+    cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream),
                     "copy host to device");
+}
+
+// The copy stream of k_copy_h2d_start, made on first use: `ready` orders it after the compute
+// queued so far, `done` (re-recorded after every copy) is what k_copy_h2d_wait waits for.
+static int copy_stream(kctx *c) {
+    cuda_impl *s = cuda_state(c);
+    if (s->copy_stream) return 0;
+    if (cuda_check_call(c, cudaStreamCreateWithFlags(&s->copy_stream, cudaStreamNonBlocking),
+                        "creating the copy stream") ||
+        cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_ready, cudaEventDisableTiming),
+                        "creating the copy events") ||
+        cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_done, cudaEventDisableTiming),
+                        "creating the copy events"))
+        return -1;
+    return 0;
+}
+
+extern "C" void cuda_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
+    cuda_impl *s = cuda_state(c);
+    if (!bytes || copy_stream(c)) return;
+    if (cuda_check_call(c, cudaEventRecord(s->copy_ready, s->stream), "copy start: event") ||
+        cuda_check_call(c, cudaStreamWaitEvent(s->copy_stream, s->copy_ready, 0),
+                        "copy start: wait") ||
+        cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, s->copy_stream),
+                        "copy host to device (copy stream)"))
+        return;
+    cuda_check_call(c, cudaEventRecord(s->copy_done, s->copy_stream), "copy start: event");
+}
+
+extern "C" void cuda_copy_h2d_wait(kctx *c) {
+    cuda_impl *s = cuda_state(c);
+    if (!s->copy_stream) return; // nothing was ever started
+    cuda_check_call(c, cudaStreamWaitEvent(s->stream, s->copy_done, 0), "copy wait");
+}
+
+extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes) {
+    int read_only = 0;
+    if (cuda_check_call(c, cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported,
+                                                  c->device),
+                        "reading the host-register attribute"))
+        return;
+    if (!read_only) {
+        k_fail(c, "device %d cannot register read-only host memory", c->device);
+        return;
+    }
+    cuda_check_call(c, cudaHostRegister((void *)p, bytes, cudaHostRegisterReadOnly),
+                    "cudaHostRegister (read-only)");
+}
+
+extern "C" void cuda_host_unregister(kctx *c, const void *p) {
+    cuda_check_call(c, cudaStreamSynchronize(cuda_stream(c)), "host unregister: synchronize");
+    if (cuda_state(c)->copy_stream)
+        cuda_check_call(c, cudaStreamSynchronize(cuda_state(c)->copy_stream),
+                        "host unregister: synchronize the copies");
+    cuda_check_call(c, cudaHostUnregister((void *)p), "cudaHostUnregister");
 }
 
 extern "C" void cuda_copy_d2h(kctx *c, void *host_dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cudaStream_t stream = cuda_stream(c);
-    if (cuda_check_call(c, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+    if (cuda_check_call(c, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream),
                         "copy device to host"))
         return;
     cuda_check_call(c, cudaStreamSynchronize(stream), "copy device to host: synchronize");

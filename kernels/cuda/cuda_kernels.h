@@ -104,6 +104,8 @@ typedef struct cuda_impl {
     size_t scratch_bytes;
     cuda_input_error *error; /* device memory */
     int smem_optin;          /* the most dynamic shared memory a block may have */
+    cudaStream_t copy_stream; /* k_copy_h2d_start's, made on first use */
+    cudaEvent_t copy_ready, copy_done;
     cuda_gemm gemms[CUDA_GEMM_CACHE];
     int next_evict;
 } cuda_impl;

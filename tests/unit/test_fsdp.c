@@ -1,4 +1,5 @@
-/* worker/fsdp: packed micro-batches through fsdp_train_step (one rank, CPU backend).
+/* worker/fsdp: packed micro-batches through fsdp_train_step (one rank, CPU backend), and
+ * CPU offload giving the bits of a run without it.
  *
  * A step over rows packed with documents (positions restarting at each) has the loss, the
  * target count and the gradient norm of a step over the same documents as rows of their
@@ -16,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "proto/model_image.h"
 #include "proto/rng.h"
 #include "worker/fsdp.h"
 
@@ -117,9 +119,108 @@ static void test_packed_step_equals_documents(void **state) {
     kctx_destroy(&c);
 }
 
+/* ---- CPU offload ---- */
+
+enum { STEPS = 3, OFF_ROWS = 4 };
+
+typedef struct offload_run {
+    double loss[STEPS], norm[STEPS], eval;
+    float *state; /* every unit's master, m, v after the steps */
+    size_t n, in_use; /* elements of state; context memory in use after the steps */
+} offload_run;
+
+/* STEPS steps of two micro-batches from the image, with weight decay, clipping (a small
+ * clip_norm: every step is clipped) and an evaluation after the first. */
+static void run_offloaded(const llama_config *cfg, const void *image, size_t bytes,
+                          const fsdp_options *opt, offload_run *r) {
+    kctx c;
+    fsdp f;
+    errbuf err = {{0}};
+    if (kctx_init(&c, K_CPU, 0, &err) || fsdp_init(&f, cfg, &c, NULL, 0, 1, opt, &err) ||
+        fsdp_load_image(&f, image, bytes, &err))
+        fail_msg("%s", err.msg);
+    int32_t ids[OFF_ROWS * T], labels[OFF_ROWS * T];
+    fsdp_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                       .clip_norm = 0.05};
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .n_micro = 2, .micro_batch = OFF_ROWS / 2, .T = T};
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < OFF_ROWS * T; i++)
+            ids[i] = labels[i] = (int32_t)(rng_u64(5, (uint64_t)s, (uint64_t)i) % (uint64_t)cfg->vocab_size);
+        fsdp_step_result res;
+        if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+        r->loss[s] = res.loss;
+        r->norm[s] = res.grad_norm;
+        int64_t count;
+        if (s == 0 && fsdp_eval_loss(&f, &b, &r->eval, &count, &err)) fail_msg("%s", err.msg);
+    }
+    if (fsdp_wait_optimizer(&f, &err)) fail_msg("%s", err.msg);
+    r->n = 0;
+    for (int u = 0; u < f.n_train; u++) r->n += 3 * f.units[u].shard;
+    r->state = calloc(r->n, sizeof *r->state);
+    assert_non_null(r->state);
+    float *at = r->state;
+    for (int u = 0; u < f.n_train; u++) { /* CPU backend: context memory is host memory */
+        const fsdp_unit *U = &f.units[u];
+        const float *kinds[3] = {U->master, U->m, U->v};
+        for (int k = 0; k < 3; k++, at += U->shard) memcpy(at, kinds[k], U->shard * sizeof *at);
+    }
+    r->in_use = k_bytes_in_use(&c);
+    fsdp_destroy(&f);
+    kctx_destroy(&c);
+}
+
+/* fsdp.cpu_offload (AdamW on the host threads, the compute copies uploaded) and with
+ * offload_params (gathers from the host copy) give the bits of the run on the device, and
+ * keep exactly the state they move out of context memory. */
+static void test_cpu_offload_same_bits(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.initializer_range = 0.3;
+    llama_layout lo;
+    errbuf err = {{0}};
+    if (llama_layout_init(&lo, &cfg, &err)) fail_msg("%s", err.msg);
+    size_t bytes = model_image_bytes(&lo, MODEL_IMAGE_F32);
+    void *image = calloc(1, bytes);
+    assert_non_null(image);
+    if (model_image_fill_random(image, &lo, MODEL_IMAGE_F32, 11, NULL, NULL, &err)) fail_msg("%s", err.msg);
+    size_t params = 0;
+    for (int u = 0; u < lo.n_units; u++) params += lo.units[u].numel; /* one rank: no padding */
+    llama_layout_free(&lo);
+
+    fsdp_options none = {.sharding = JOB_SHARD_FULL};
+    fsdp_options offload = {.sharding = JOB_SHARD_FULL, .cpu_offload = 1, .offload_threads = 3};
+    fsdp_options streamed = offload;
+    streamed.offload_params = 1;
+    offload_run a, b, c;
+    run_offloaded(&cfg, image, bytes, &none, &a);
+    run_offloaded(&cfg, image, bytes, &offload, &b);
+    run_offloaded(&cfg, image, bytes, &streamed, &c);
+    for (int s = 0; s < STEPS; s++) {
+        printf("step %d: loss %.7f, grad norm %.7f; offloaded %.7f, %.7f\n", s + 1, a.loss[s],
+               a.norm[s], b.loss[s], b.norm[s]);
+        assert_true(a.loss[s] == b.loss[s] && a.loss[s] == c.loss[s]);
+        assert_true(a.norm[s] == b.norm[s] && a.norm[s] == c.norm[s]);
+        assert_true(a.norm[s] > 0.05); /* clipped */
+    }
+    assert_true(a.loss[STEPS - 1] != a.loss[0]); /* the steps changed the model */
+    assert_true(a.eval == b.eval && a.eval == c.eval);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
+    assert_memory_equal(a.state, c.state, a.n * sizeof *a.state);
+    /* context memory: master, m, v (12 bytes a parameter) left, and with offload_params the
+     * compute copy (4 on the CPU) too; the gradients stay */
+    assert_int_equal(a.in_use - b.in_use, 8 * params);
+    assert_int_equal(a.in_use - c.in_use, 12 * params);
+    free(a.state);
+    free(b.state);
+    free(c.state);
+    free(image);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
+        cmocka_unit_test(test_cpu_offload_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

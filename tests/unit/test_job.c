@@ -164,7 +164,7 @@ static const bad_case bad_cases[] = {
      "full_shard, shard_grad_op, no_shard, hybrid_shard"},
     {"{\"fsdp\":{\"activation_checkpointing\":\"selective\"}}", 1,
      "fsdp.activation_checkpointing: 'selective' is not built yet", NULL},
-    {"{\"fsdp\":{\"cpu_offload\":true}}", 1, "fsdp.cpu_offload: 'true' is not built yet", NULL},
+    {"{" MD ",\"fsdp\":{\"offload_params\":true}}", 1, "fsdp.offload_params: a full fine-tune's parameters are its master shards", NULL},
     {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
      "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
@@ -404,8 +404,10 @@ static void test_aliases(void **state) {
     must_override(&j, "--use_gradient_checkpointing=false");
     assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_NONE);
     override_fails(&j, "--use_gradient_checkpointing=yes", "not true or false");
+    must_override(&j, "--use_cpu_offload=true"); /* fsdp_qlora's: CPUOffload(offload_params=True) */
+    assert_true(j.fsdp.cpu_offload && j.fsdp.offload_params);
     must_override(&j, "--use_cpu_offload=false");
-    override_fails(&j, "--use_cpu_offload=true", "--use_cpu_offload: 'true' is not built yet");
+    assert_true(!j.fsdp.cpu_offload && !j.fsdp.offload_params);
     must_override(&j, "--model_name=/models/llama");
     assert_string_equal(j.model.path, "/models/llama");
     override_fails(&j, "--dataset=alpaca", "a dataset name of fsdp_qlora's");

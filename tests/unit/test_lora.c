@@ -348,7 +348,7 @@ static void test_fsdp_lora_step(void **state) {
     size_t bytes = model_image_bytes(&f.layout, MODEL_IMAGE_F32);
     void *image = xcalloc(1, bytes);
     if (model_image_fill_hf(image, &f.layout, MODEL_IMAGE_F32, &g.model, NULL, NULL, &err) ||
-        fsdp_load_image(&f, image, &err))
+        fsdp_load_image(&f, image, bytes, &err))
         fail_msg("%s", err.msg);
     const lora_layout *ll = &f.lora_layout;
     fsdp_step_result res;
@@ -405,9 +405,9 @@ static void test_fsdp_qlora_step(void **state) {
     void *single = xcalloc(1, model_image_bytes_q(&f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4));
     if (model_image_fill_nf4(single, &f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4, &g.model, 0, 0, NULL, NULL, &err))
         fail_msg("%s", err.msg);
-    assert_int_equal(fsdp_load_image(&f, single, &err), -1);
+    assert_int_equal(fsdp_load_image(&f, single, model_image_bytes_q(&f.layout, MODEL_IMAGE_F32, MODEL_IMAGE_NF4), &err), -1);
     assert_non_null(strstr(err.msg, "NF4"));
-    if (fsdp_load_image(&f, image, &err)) fail_msg("%s", err.msg);
+    if (fsdp_load_image(&f, image, bytes, &err)) fail_msg("%s", err.msg);
 
     const lora_layout *ll = &f.lora_layout;
     fsdp_step_result res;
