@@ -438,6 +438,87 @@ static void test_fsdp_qlora_step(void **state) {
     golden_close(&g);
 }
 
+/* (6) Offload: a LoRA and a QLoRA job with fsdp.cpu_offload, offload_params or both give the
+ * bits of the job without (three steps with dropout, clipping and weight decay, and an
+ * evaluation): the host optimizer is the CPU backend's AdamW, and a frozen unit streamed
+ * from the image is the one that was loaded. */
+typedef struct flat_adapters {
+    float *data;
+    size_t n;
+} flat_adapters;
+
+static int append_adapter(const llama_tensor_slot *slot, const float *data, void *arg, errbuf *err) {
+    (void)err;
+    flat_adapters *a = arg;
+    memcpy(a->data + a->n, data, slot->numel * sizeof *data);
+    a->n += slot->numel;
+    return 0;
+}
+
+static void run_adapters(golden *g, const void *image, size_t bytes, model_image_quant q,
+                         int cpu_offload, int offload_params, double *losses, flat_adapters *out) {
+    errbuf err = {{0}};
+    lora_config lc = golden_lora(0.1);
+    fsdp f;
+    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = q,
+                        .cpu_offload = cpu_offload, .offload_params = offload_params,
+                        .offload_threads = 2};
+    if (fsdp_init(&f, &g->cfg, &g->ctx, NULL, 0, 1, &opt, &err) ||
+        fsdp_load_image(&f, image, bytes, &err) || fsdp_init_adapters(&f, &err))
+        fail_msg("%s", err.msg);
+    fsdp_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.01,
+                       .clip_norm = 0.5};
+    fsdp_batch b = {.input_ids = g->ids, .labels = g->labels, .n_micro = 1, .micro_batch = g->B, .T = g->T};
+    for (int s = 0; s < 3; s++) {
+        fsdp_step_result res;
+        if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+        losses[s] = res.loss;
+    }
+    int64_t count;
+    if (fsdp_eval_loss(&f, &b, &losses[3], &count, &err)) fail_msg("%s", err.msg);
+    size_t n = 0;
+    for (int i = 0; i < f.lora_layout.n_tensors; i++) n += f.lora_layout.tensors[i].numel;
+    out->data = xcalloc(n, sizeof *out->data);
+    out->n = 0;
+    if (fsdp_gather_params(&f, append_adapter, out, &err)) fail_msg("%s", err.msg);
+    fsdp_destroy(&f);
+}
+
+static void test_fsdp_offload_same_bits(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    errbuf err = {{0}};
+    llama_layout lo;
+    if (llama_layout_init(&lo, &g.cfg, &err)) fail_msg("%s", err.msg);
+    for (int qi = 0; qi < 2; qi++) {
+        model_image_quant q = qi ? MODEL_IMAGE_NF4_DQ : MODEL_IMAGE_PLAIN;
+        size_t bytes = model_image_bytes_q(&lo, MODEL_IMAGE_F32, q);
+        void *image = xcalloc(1, bytes);
+        if ((q == MODEL_IMAGE_PLAIN
+                 ? model_image_fill_hf(image, &lo, MODEL_IMAGE_F32, &g.model, NULL, NULL, &err)
+                 : model_image_fill_nf4(image, &lo, MODEL_IMAGE_F32, q, &g.model, 0, 0, NULL, NULL, &err)))
+            fail_msg("%s", err.msg);
+        double want[4], got[4];
+        flat_adapters a, b;
+        run_adapters(&g, image, bytes, q, 0, 0, want, &a);
+        assert_true(want[2] < want[0]); /* it trains */
+        for (int mode = 1; mode < 4; mode++) {
+            run_adapters(&g, image, bytes, q, mode & 1, mode >> 1, got, &b);
+            printf("%s, cpu_offload %d, offload_params %d: losses %.7f %.7f %.7f, eval %.7f\n",
+                   qi ? "qlora" : "lora", mode & 1, mode >> 1, got[0], got[1], got[2], got[3]);
+            assert_memory_equal(want, got, sizeof want);
+            assert_int_equal(a.n, b.n);
+            assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
+            free(b.data);
+        }
+        free(a.data);
+        free(image);
+    }
+    llama_layout_free(&lo);
+    golden_close(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_lora),
@@ -445,6 +526,7 @@ int main(void) {
         cmocka_unit_test(test_dropout_gradient),
         cmocka_unit_test(test_fsdp_lora_step),
         cmocka_unit_test(test_fsdp_qlora_step),
+        cmocka_unit_test(test_fsdp_offload_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
