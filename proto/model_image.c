@@ -17,8 +17,9 @@
 #define IMAGE_MAGIC "FSDPMIMG"
 #define IMAGE_ALIGN 4096
 #define IMAGE_FIXED 32
-#define IMAGE_CHUNK (1u << 20) /* elements converted at a time */
-#define IMAGE_MAX_THREADS 64
+#define IMAGE_CHUNK MODEL_IMAGE_CHUNK
+#define IMAGE_MAX_THREADS MODEL_IMAGE_MAX_THREADS
+_Static_assert(IMAGE_CHUNK % NF4_BLOCK == 0, "an NF4 image's chunks are whole blocks");
 
 static size_t align_up(size_t n) { return (n + IMAGE_ALIGN - 1) / IMAGE_ALIGN * IMAGE_ALIGN; }
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
@@ -118,6 +119,11 @@ static void store(unsigned char *unit_data, model_image_dtype dt, size_t at, con
     }
 }
 
+int model_image_fill_threads(void) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) : 1;
+}
+
 /* Fills every tensor chunk by chunk from fill(slot index, first, n, dst), on every core: a
  * 70B model is 70 billion draws or conversions. */
 typedef int (*tensor_fill)(const llama_layout *lo, int slot, size_t first, size_t n, float *dst,
@@ -185,8 +191,7 @@ static int fill_image(void *image, const llama_layout *lo, model_image_dtype dt,
             job.chunks[k++] = (fill_chunk){i, first, left < IMAGE_CHUNK ? left : IMAGE_CHUNK};
         }
     write_header(image, lo, dt, MODEL_IMAGE_PLAIN);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n_threads = cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) - 1 : 0;
+    int n_threads = model_image_fill_threads() - 1; /* besides the calling thread */
     if ((size_t)n_threads > n_chunks) n_threads = (int)n_chunks;
     pthread_t threads[IMAGE_MAX_THREADS];
     int started = 0;
@@ -292,6 +297,7 @@ typedef struct nf4_fill {
     const st_model *st; /* NULL: random */
     int bnb;
     uint64_t seed;
+    uint64_t max_blocks; /* of the largest linear */
     atomic_int next, failed;
     atomic_size_t done;
     size_t total;
@@ -299,35 +305,41 @@ typedef struct nf4_fill {
     errbuf *err;
 } nf4_fill;
 
+/* A thread's buffers, and the progress callback (the calling thread's only). */
+typedef struct nf4_worker {
+    nf4_fill *f;
+    float *values; /* IMAGE_CHUNK values of a tensor */
+    float *absmax; /* double quantization: the fp32 absmax of the linear being quantized */
+    model_image_progress progress;
+    void *arg;
+} nf4_worker;
+
+/* n more values of the model are in the image (reported as the unquantized model's bytes). */
+static void nf4_done(nf4_worker *w, size_t n) {
+    size_t bytes = n * elem_bytes(w->f->dt);
+    size_t done = atomic_fetch_add(&w->f->done, bytes) + bytes;
+    if (w->progress) w->progress(w->arg, done, w->f->total);
+}
+
 /* Tensor i's values [first, first + n) as fp32, from the checkpoint or drawn. */
 static int read_values(const nf4_fill *f, int i, size_t first, size_t n, float *dst, errbuf *err) {
     return f->st ? fill_from_checkpoint(f->lo, i, first, n, dst, f->st, err)
                  : fill_random(f->lo, i, first, n, dst, &f->seed, err);
 }
 
-/* Linear k of a layer unit: quantized (or read quantized) into its places. */
-static int fill_linear(nf4_fill *f, int i, int k, unsigned char *unit, errbuf *err) {
+/* Linear k (tensor i) of a layer unit copied as a bitsandbytes model stores it. */
+static int copy_bnb_linear(nf4_worker *w, int i, int k, unsigned char *unit, errbuf *err) {
+    const nf4_fill *f = w->f;
     const llama_tensor_slot *s = &f->lo->tensors[i];
-    int dq = f->q == MODEL_IMAGE_NF4_DQ, rc;
+    const model_image_nf4_layer *nl = &f->nl;
+    int dq = f->q == MODEL_IMAGE_NF4_DQ;
     nf4_tensor t;
-    memset(&t, 0, sizeof t);
-    if (f->bnb) {
-        rc = nf4_read_bnb_tensor(f->st, s->name, &t, NULL, err);
-        if (rc == 0 && (t.numel != s->numel || t.double_quant != dq))
-            rc = errf(err, "%s: %llu values, %s quantization; the model needs %zu, %s", s->name,
-                      (unsigned long long)t.numel, t.double_quant ? "double" : "single", s->numel,
-                      dq ? "double" : "single");
-    } else {
-        float *w = malloc(s->numel * sizeof *w);
-        rc = w ? read_values(f, i, 0, s->numel, w, err) : errf(err, "%s: out of memory", s->name);
-        /* quantized from the weights as the job's dtype holds them */
-        st_dtype dtype = f->dt == MODEL_IMAGE_BF16 ? ST_BF16 : ST_F32;
-        for (size_t e = 0; rc == 0 && e < s->numel; e++) w[e] = nf4_round_to(dtype, w[e]);
-        if (rc == 0) rc = nf4_quantize(w, dtype, s->ndim, s->shape, dq, &t, err);
-        free(w);
-    }
+    int rc = nf4_read_bnb_tensor(f->st, s->name, &t, NULL, err);
+    if (rc == 0 && (t.numel != s->numel || t.double_quant != dq))
+        rc = errf(err, "%s: %llu values, %s quantization; the model needs %zu, %s", s->name,
+                  (unsigned long long)t.numel, t.double_quant ? "double" : "single", s->numel,
+                  dq ? "double" : "single");
     if (rc == 0) {
-        const model_image_nf4_layer *nl = &f->nl;
         memcpy(unit + nl->packed + nl->t_packed[k], t.packed, nf4_packed_bytes(t.numel));
         if (dq) {
             memcpy(unit + nl->absmax + nl->t_block[k], t.absmax_q, t.n_blocks);
@@ -336,45 +348,80 @@ static int fill_linear(nf4_fill *f, int i, int k, unsigned char *unit, errbuf *e
         } else {
             memcpy(unit + nl->absmax + nl->t_block[k] * sizeof(float), t.absmax, t.n_blocks * sizeof(float));
         }
+        nf4_done(w, s->numel);
     }
     nf4_free(&t);
-    return rc ? errprefix(err, "quantizing %s", s->name) : 0;
+    return rc;
+}
+
+/* Linear k (tensor i) of a layer unit quantized from its values as the image's dtype holds
+ * them, IMAGE_CHUNK values (whole blocks) at a time, the codes straight into the image; single
+ * quantization's absmax too, double quantization's once the linear's every block is known. */
+static int quantize_linear(nf4_worker *w, int i, int k, unsigned char *unit, errbuf *err) {
+    const nf4_fill *f = w->f;
+    const llama_tensor_slot *s = &f->lo->tensors[i];
+    const model_image_nf4_layer *nl = &f->nl;
+    int dq = f->q == MODEL_IMAGE_NF4_DQ;
+    st_dtype dtype = f->dt == MODEL_IMAGE_BF16 ? ST_BF16 : ST_F32;
+    uint8_t *packed = unit + nl->packed + nl->t_packed[k];
+    float *absmax = dq ? w->absmax : (float *)(unit + nl->absmax + nl->t_block[k] * sizeof(float));
+    for (size_t first = 0; first < s->numel; first += IMAGE_CHUNK) {
+        size_t n = s->numel - first < IMAGE_CHUNK ? s->numel - first : IMAGE_CHUNK;
+        if (read_values(f, i, first, n, w->values, err)) return -1;
+        for (size_t e = 0; e < n; e++) w->values[e] = nf4_round_to(dtype, w->values[e]);
+        if (nf4_quantize_chunk(w->values, first, n, packed, absmax, err)) return -1;
+        nf4_done(w, n);
+    }
+    if (dq)
+        nf4_double_quantize(absmax, nf4_blocks(s->numel), unit + nl->absmax + nl->t_block[k],
+                            (float *)(unit + nl->nested + nl->t_nested[k] * sizeof(float)),
+                            (float *)(unit + nl->offsets + (size_t)k * sizeof(float)));
+    return 0;
+}
+
+static int fill_linear(nf4_worker *w, int i, int k, unsigned char *unit, errbuf *err) {
+    int rc = w->f->bnb ? copy_bnb_linear(w, i, k, unit, err) : quantize_linear(w, i, k, unit, err);
+    return rc ? errprefix(err, "quantizing %s", w->f->lo->tensors[i].name) : 0;
 }
 
 /* A tensor kept in dtype: at its place in a plain unit, or in a layer unit's norms. */
-static int fill_plain(nf4_fill *f, int i, unsigned char *unit, float *buf, errbuf *err) {
+static int fill_plain(nf4_worker *w, int i, unsigned char *unit, errbuf *err) {
+    const nf4_fill *f = w->f;
     const llama_tensor_slot *s = &f->lo->tensors[i];
     size_t at = s->offset; /* elements from the unit data's start */
     if (is_layer(f->lo, s->unit))
         at = (size_t)(i - f->lo->units[s->unit].first == LLAMA_LN2) * (size_t)f->lo->cfg.hidden_size;
     for (size_t first = 0; first < s->numel; first += IMAGE_CHUNK) {
         size_t n = s->numel - first < IMAGE_CHUNK ? s->numel - first : IMAGE_CHUNK;
-        if (read_values(f, i, first, n, buf, err)) return -1;
-        store(unit, f->dt, at + first, buf, n);
+        if (read_values(f, i, first, n, w->values, err)) return -1;
+        store(unit, f->dt, at + first, w->values, n);
+        nf4_done(w, n);
     }
     return 0;
 }
 
+/* Takes tensors until none is left. */
 static void nf4_fill_tensors(nf4_fill *f, model_image_progress progress, void *arg) {
-    float *buf = malloc(IMAGE_CHUNK * sizeof *buf);
+    nf4_worker w = {.f = f, .progress = progress, .arg = arg};
+    int need_absmax = f->q == MODEL_IMAGE_NF4_DQ && !f->bnb;
+    w.values = malloc(IMAGE_CHUNK * sizeof *w.values);
+    w.absmax = need_absmax ? malloc(f->max_blocks * sizeof *w.absmax) : NULL;
     errbuf err;
-    int rc = buf ? 0 : errf(&err, "model image: out of memory");
+    int rc = w.values && (w.absmax || !need_absmax) ? 0 : errf(&err, "model image: out of memory");
     for (int i; rc == 0 && !atomic_load(&f->failed) && (i = atomic_fetch_add(&f->next, 1)) < f->lo->n_tensors;) {
         const llama_tensor_slot *s = &f->lo->tensors[i];
         unsigned char *unit = f->image + unit_offset(f->lo, f->dt, f->q, s->unit);
         int k = i - f->lo->units[s->unit].first;
-        rc = is_layer(f->lo, s->unit) && k < MODEL_IMAGE_LINEARS ? fill_linear(f, i, k, unit, &err)
-                                                                 : fill_plain(f, i, unit, buf, &err);
-        size_t bytes = s->numel * elem_bytes(f->dt); /* reported as the unquantized model's bytes */
-        size_t done = atomic_fetch_add(&f->done, bytes) + bytes;
-        if (progress) progress(arg, done, f->total);
+        rc = is_layer(f->lo, s->unit) && k < MODEL_IMAGE_LINEARS ? fill_linear(&w, i, k, unit, &err)
+                                                                 : fill_plain(&w, i, unit, &err);
     }
     if (rc) {
         pthread_mutex_lock(&f->lock);
         if (!atomic_exchange(&f->failed, 1) && f->err) *f->err = err;
         pthread_mutex_unlock(&f->lock);
     }
-    free(buf);
+    free(w.values);
+    free(w.absmax);
 }
 
 static void *nf4_fill_thread(void *arg) {
@@ -390,16 +437,16 @@ int model_image_fill_nf4(void *image, const llama_layout *lo, model_image_dtype 
     nf4_fill f = {.image = image, .lo = lo, .dt = dt, .q = q, .st = st, .bnb = bnb, .seed = seed,
                   .lock = PTHREAD_MUTEX_INITIALIZER, .err = err};
     model_image_nf4_layer_of(lo, dt, q, &f.nl);
+    for (int k = 0; k < MODEL_IMAGE_LINEARS; k++)
+        if (nf4_blocks(f.nl.t_numel[k]) > f.max_blocks) f.max_blocks = nf4_blocks(f.nl.t_numel[k]);
     for (int u = 0; u < lo->n_units; u++) f.total += lo->units[u].numel * elem_bytes(dt);
     write_header(image, lo, dt, q);
-    /* a tensor per thread: each holds one whole linear in fp32 while quantizing it */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n_threads = cores > 1 ? (cores > IMAGE_MAX_THREADS ? IMAGE_MAX_THREADS : (int)cores) - 1 : 0;
+    int n_threads = model_image_fill_threads() - 1; /* besides the calling thread */
     if (n_threads > lo->n_tensors) n_threads = lo->n_tensors;
     pthread_t threads[IMAGE_MAX_THREADS];
     int started = 0;
     while (started < n_threads && pthread_create(&threads[started], NULL, nf4_fill_thread, &f) == 0) started++;
-    nf4_fill_tensors(&f, progress, arg);
+    nf4_fill_tensors(&f, progress, arg); /* fewer threads than asked for only makes it slower */
     for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
     return atomic_load(&f.failed) ? -1 : 0;
 }

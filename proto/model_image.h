@@ -73,10 +73,24 @@ int model_image_fill_random(void *image, const llama_layout *lo, model_image_dty
                             uint64_t seed, model_image_progress progress, void *arg,
                             errbuf *err);
 
+/* How the fills share the work: model_image_fill_threads() threads (every core, at most
+ * MODEL_IMAGE_MAX_THREADS), each converting or drawing MODEL_IMAGE_CHUNK values (whole NF4
+ * blocks) at a time. */
+#define MODEL_IMAGE_CHUNK (1u << 20)
+#define MODEL_IMAGE_MAX_THREADS 64
+int model_image_fill_threads(void);
+
 /* An NF4 image: the linears quantized from the checkpoint's weights as dtype holds them
  * (from st; st NULL: from Hugging Face's init drawn as model_image_fill_random draws it,
  * seed), or (bnb set) copied as they are from a bitsandbytes 4-bit model directory, whose
- * quantization must be q's.  On every core, a tensor per thread at a time. */
+ * quantization must be q's.  A tensor per thread at a time, quantized MODEL_IMAGE_CHUNK
+ * values at a time straight into the image (the same bytes as nf4_quantize of the whole
+ * tensor), so the model is never held in fp32 or dtype beside the image: a thread holds
+ * MODEL_IMAGE_CHUNK fp32 values (4 MiB) and, under double quantization, the fp32 absmax of
+ * the linear it quantizes (numel / 16 bytes: 14.7 MB for Llama-2-70B's MLP), at most
+ * model_image_fill_threads() x (4 MiB + the largest linear's numel / 16) in all (300 MB for
+ * a 70B on 16 cores), besides the checkpoint's mapped pages (the page cache's).  The bnb copy
+ * holds one stored linear's arrays per thread instead. */
 int model_image_fill_nf4(void *image, const llama_layout *lo, model_image_dtype dt,
                          model_image_quant q, const st_model *st, int bnb, uint64_t seed,
                          model_image_progress progress, void *arg, errbuf *err);

@@ -72,19 +72,25 @@ static uint8_t dynamic_encode(const float *code, float x) {
     return (uint8_t)(x < (lower + val) * 0.5f ? lower_pivot : pivot);
 }
 
-/* The 4-bit codes of w[n], block by block, and each block's absmax. */
-static void quantize_codes(const float *w, uint64_t n, uint8_t *packed, float *absmax) {
+int nf4_quantize_chunk(const float *w, uint64_t first, uint64_t n, uint8_t *packed, float *absmax,
+                       errbuf *err) {
+    if (first % NF4_BLOCK) return errf(err, "NF4: a chunk at element %llu does not start a block", (unsigned long long)first);
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(w[i])) return errf(err, "NF4: element %llu is not finite", (unsigned long long)(first + i));
+    packed += first / 2;
+    absmax += first / NF4_BLOCK;
     memset(packed, 0, nf4_packed_bytes(n));
     for (uint64_t b = 0; b * NF4_BLOCK < n; b++) {
-        uint64_t first = b * NF4_BLOCK, len = n - first < NF4_BLOCK ? n - first : NF4_BLOCK;
-        absmax[b] = block_absmax(w + first, len);
+        uint64_t start = b * NF4_BLOCK, len = n - start < NF4_BLOCK ? n - start : NF4_BLOCK;
+        absmax[b] = block_absmax(w + start, len);
         float scale = 1.0f / absmax[b]; /* inf for an all-zero block: every product is NaN */
-        for (uint64_t i = first; i < first + len; i++) {
+        for (uint64_t i = start; i < start + len; i++) {
             uint8_t c = nf4_encode(w[i] * scale);
             packed[i / 2] |= (uint8_t)(i % 2 ? c : c << 4);
         }
     }
     if (n % 2) packed[n / 2] |= nf4_encode(0.0f); /* bnb's zero padding: 7 */
+    return 0;
 }
 
 /* absmax.mean() as torch computes it on CUDA (aten/src/ATen/native/cuda/Reduce.cuh, one
@@ -123,10 +129,7 @@ static float torch_cuda_mean(const float *x, uint64_t n) {
     return v[0] * (1.0f / (float)n);
 }
 
-/* Double quantization of absmax[nb]: offset = the mean, then absmax - offset in blocks of 256
- * with the dynamic map. */
-static void quantize_absmax(const float *absmax, uint64_t nb, uint8_t *q, float *nested,
-                            float *offset) {
+void nf4_double_quantize(const float *absmax, uint64_t nb, uint8_t *q, float *nested, float *offset) {
     *offset = torch_cuda_mean(absmax, nb);
     float centred[NF4_NESTED_BLOCK];
     for (uint64_t b = 0; b * NF4_NESTED_BLOCK < nb; b++) {
@@ -186,16 +189,12 @@ static int nf4_alloc(nf4_tensor *t, st_dtype dtype, int ndim, const int64_t *sha
 int nf4_quantize(const float *w, st_dtype dtype, int ndim, const int64_t *shape, int double_quant,
                  nf4_tensor *t, errbuf *err) {
     if (nf4_alloc(t, dtype, ndim, shape, double_quant, err)) return -1;
-    for (uint64_t i = 0; i < t->numel; i++)
-        if (!isfinite(w[i])) return errf(err, "NF4: element %llu is not finite", (unsigned long long)i);
     float *absmax = double_quant ? malloc(t->n_blocks * sizeof(float)) : t->absmax;
     if (!absmax) return errf(err, "NF4: out of memory for %llu blocks", (unsigned long long)t->n_blocks);
-    quantize_codes(w, t->numel, t->packed, absmax);
-    if (double_quant) {
-        quantize_absmax(absmax, t->n_blocks, t->absmax_q, t->nested_absmax, &t->offset);
-        free(absmax);
-    }
-    return 0;
+    int rc = nf4_quantize_chunk(w, 0, t->numel, t->packed, absmax, err);
+    if (rc == 0 && double_quant) nf4_double_quantize(absmax, t->n_blocks, t->absmax_q, t->nested_absmax, &t->offset);
+    if (double_quant) free(absmax);
+    return rc;
 }
 
 void nf4_block_absmax(const nf4_tensor *t, float *out) {

@@ -55,6 +55,18 @@ int nf4_quantize(const float *w, st_dtype dtype, int ndim, const int64_t *shape,
                  nf4_tensor *t, errbuf *err);
 void nf4_free(nf4_tensor *t);
 
+/* nf4_quantize in pieces, for a tensor too large to hold in fp32 (proto/model_image.c):
+ * w[n] are the tensor's values [first, first + n), first a multiple of 64 and n too unless
+ * the piece ends the tensor; their codes go to packed[first / 2 ...] and their blocks' absmax
+ * to absmax[first / 64 ...] of the whole tensor's arrays.  Pieces that cover a tensor give
+ * nf4_quantize's packed bytes and (fp32) absmax. */
+int nf4_quantize_chunk(const float *w, uint64_t first, uint64_t n, uint8_t *packed, float *absmax,
+                       errbuf *err);
+/* Double quantization of a tensor's fp32 absmax[n_blocks] (all of them: the offset is their
+ * mean) into absmax_q[n_blocks], nested[ceil(n_blocks / 256)] and *offset. */
+void nf4_double_quantize(const float *absmax, uint64_t n_blocks, uint8_t *absmax_q, float *nested,
+                         float *offset);
+
 /* The per-block absmax dequantization uses: t->absmax, or under double quantization
  * dynamic_map[q] * nested_absmax + offset.  out[t->n_blocks]. */
 void nf4_block_absmax(const nf4_tensor *t, float *out);

@@ -501,10 +501,38 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* nf4_quantize_chunk over whole blocks of an odd-length tensor gives nf4_quantize's bytes; a
+ * piece off a block boundary is refused; a non-finite value is named by its tensor index. */
+static void test_quantize_in_chunks(void **state) {
+    (void)state;
+    enum { N = 1001, CHUNK = 192 };
+    float w[N];
+    for (int i = 0; i < N; i++) w[i] = (float)((i * 7919) % 2003 - 1001) / 517.0f;
+    int64_t shape[1] = {N};
+    nf4_tensor t;
+    errbuf err = {{0}};
+    if (nf4_quantize(w, ST_F32, 1, shape, 0, &t, &err)) fail_msg("%s", err.msg);
+    uint8_t packed[(N + 1) / 2];
+    float absmax[(N + 63) / 64];
+    for (uint64_t first = 0; first < N; first += CHUNK) {
+        uint64_t n = N - first < CHUNK ? N - first : CHUNK;
+        if (nf4_quantize_chunk(w + first, first, n, packed, absmax, &err)) fail_msg("%s", err.msg);
+    }
+    assert_memory_equal(packed, t.packed, sizeof packed);
+    assert_memory_equal(absmax, t.absmax, sizeof absmax);
+    nf4_free(&t);
+    assert_int_equal(nf4_quantize_chunk(w + 100, 100, 64, packed, absmax, &err), -1);
+    assert_non_null(strstr(err.msg, "does not start a block"));
+    w[300] = NAN;
+    assert_int_equal(nf4_quantize_chunk(w + 256, 256, 128, packed, absmax, &err), -1);
+    assert_non_null(strstr(err.msg, "element 300 is not finite"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_tensors),
         cmocka_unit_test(test_odd_count_and_zero_block),
+        cmocka_unit_test(test_quantize_in_chunks),
         cmocka_unit_test(test_bnb4_equals_quantized_model),
         cmocka_unit_test(test_state_round_trip),
         cmocka_unit_test(test_state_format),
