@@ -30,15 +30,32 @@ double rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
     return to_unit(rng_u64(seed, stream, counter));
 }
 
+/* The four normals of block `b`: Box-Muller on words (0, 1) and (2, 3). */
+static void normal_block(uint64_t seed, uint64_t stream, uint64_t b, float z[4]) {
+    uint32_t r[4];
+    philox_block(seed, stream, b, r);
+    for (int p = 0; p < 2; p++) {
+        float u1 = 1.0f - (float)(r[2 * p] >> 8) * 0x1.0p-24f; /* (0, 1]: logf(u1) is finite */
+        float u2 = (float)(r[2 * p + 1] >> 8) * 0x1.0p-24f;
+        float radius = sqrtf(-2.0f * logf(u1)), s, c;
+        sincosf(6.28318530717958647692f * u2, &s, &c);
+        z[2 * p] = radius * c;
+        z[2 * p + 1] = radius * s;
+    }
+}
+
 float rng_normal(uint64_t seed, uint64_t stream, uint64_t counter) {
-    uint64_t r[2];
-    block(seed, stream, counter, r);
-    double u1 = 1.0 - to_unit(r[0]); /* (0, 1]: log(u1) is finite */
-    double u2 = to_unit(r[1]);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    float z[4];
+    normal_block(seed, stream, counter / 4, z);
+    return z[counter % 4];
 }
 
 void rng_fill_normal(float *out, size_t n, float std, uint64_t seed, uint64_t stream,
                      uint64_t first_index) {
-    for (size_t i = 0; i < n; i++) out[i] = std * rng_normal(seed, stream, first_index + i);
+    float z[4];
+    for (size_t i = 0; i < n;) {
+        uint64_t at = first_index + i;
+        normal_block(seed, stream, at / 4, z);
+        for (unsigned k = (unsigned)(at % 4); k < 4 && i < n; k++, i++) out[i] = std * z[k];
+    }
 }
