@@ -291,7 +291,6 @@ int memory_plan_check_job(const job_config *j, const llama_config *cfg, int worl
     if (p.total <= limit) return 0;
     char need[400], alternatives[500];
     memory_plan_format(&p, need, sizeof need);
-    job_lora_config(j, &lora);
     suggest(j, &o, &lora, limit, alternatives, sizeof alternatives);
     return errf(err, "runtime.gpu_memory_limit: each worker needs %s; the limit is %.1f GiB (%zu "
                      "bytes). %s%s", need, gib(limit), limit,

@@ -38,14 +38,16 @@ run() {
 }
 must_succeed() { [ "$status" -eq 0 ] || { cat "$tmp/$1.log"; fail "run $1 failed"; }; }
 peak_of() { sed -n 's/.*"mem_peak_bytes":\([0-9]*\).*/\1/p' "$tmp/$1.jsonl" | sort -n | tail -1; }
-# refused NAME NEEDLE...: the run failed before its first step, its log naming every NEEDLE.
+# refused NAME NEEDLE...: the run failed before its first step, fsdpd's last word (the job's
+# failure, relayed from the workers) naming every NEEDLE.
 refused() {
     local name=$1 needle
     shift
     [ "$status" -ne 0 ] || { cat "$tmp/$name.log"; fail "run $name was not refused"; }
     [ ! -s "$tmp/$name.loss" ] || fail "run $name trained steps before it was refused"
+    grep '^fsdpd: job failed: ' "$tmp/$name.log" > "$tmp/$name.failure" || { cat "$tmp/$name.log"; fail "run $name: no job failure"; }
     for needle in "$@"; do
-        grep -qF -- "$needle" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "run $name: no '$needle'"; }
+        grep -qF -- "$needle" "$tmp/$name.failure" || { cat "$tmp/$name.log"; fail "run $name: no '$needle'"; }
     done
 }
 
@@ -63,7 +65,7 @@ run tight --runtime.gpu_memory_limit=$((peak - 1))
 refused tight "runtime.gpu_memory_limit: each worker needs" "($peak bytes)" "($((peak - 1)) bytes)" \
     "Each of these alone would fit" "fsdp.activation_checkpointing=full (" "train.micro_batch=2 (" \
     "3 workers ("
-grep -q "train.type=lora (" "$tmp/tight.log" && fail "LoRA (its 64 MiB staging buffer) cannot fit this limit"
+grep -q "train.type=lora (" "$tmp/tight.failure" && fail "LoRA (its 64 MiB staging buffer) cannot fit this limit"
 # what the suggestions say fits does fit
 run ckpt --runtime.gpu_memory_limit=$((peak - 1)) --fsdp.activation_checkpointing=full
 must_succeed ckpt
@@ -76,7 +78,8 @@ run saved --checkpoint.save_final=true --checkpoint.dir="$tmp/ck-saved"
 must_succeed saved
 run resumed --checkpoint.dir="$tmp/ck-saved" --checkpoint.resume=latest --train.max_steps=4 \
     --runtime.gpu_memory_limit=$((peak - 1))
-refused resumed "resuming from" "each worker needs" "($peak bytes)"
+refused resumed "each worker needs" "($peak bytes)"
+grep -q "resuming from" "$tmp/resumed.log" || fail "the run did not resume"
 
 # --- a size far below anything: nothing fits, and the job says so ------------------------------
 run tiny --runtime.gpu_memory_limit=1KiB
