@@ -49,6 +49,7 @@ typedef struct kctx {
     /* What k_alloc handed out and k_free did not take back (the backend's own workspace
      * not counted), and the most at any time; read them with k_bytes_in_use/k_peak_bytes. */
     size_t bytes_in_use, peak_bytes;
+    size_t memory_limit; /* k_set_memory_limit: k_alloc refuses to pass it; 0: none */
     k_block *blocks; /* each live block and its size */
     int n_blocks, cap_blocks;
 } kctx;

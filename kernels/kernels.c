@@ -169,7 +169,20 @@ static void forget_block(kctx *c, void *p) {
         }
 }
 
+void k_set_memory_limit(kctx *c, size_t bytes) { c->memory_limit = bytes; }
+
+/* Whether `bytes` more would bring the context memory past its limit (no overflow). */
+static int passes_limit(const kctx *c, size_t bytes) {
+    return c->memory_limit &&
+           (c->bytes_in_use > c->memory_limit || bytes > c->memory_limit - c->bytes_in_use);
+}
+
 void *k_alloc(kctx *c, size_t bytes, errbuf *err) {
+    if (passes_limit(c, bytes)) {
+        errf(err, "runtime.gpu_memory_limit: allocating %zu bytes with %zu in use would pass "
+                  "the limit of %zu bytes", bytes, c->bytes_in_use, c->memory_limit);
+        return NULL;
+    }
     void *p = ops(c)->alloc(c, bytes, err);
     if (p && remember_block(c, p, bytes)) {
         ops(c)->free(c, p);

@@ -41,6 +41,10 @@ int k_sync(kctx *c, errbuf *err);
 
 size_t k_bytes_in_use(const kctx *c); /* context memory allocated now (k_alloc, not freed) */
 size_t k_peak_bytes(const kctx *c);   /* the most of it at any time since kctx_init */
+/* At most `bytes` of context memory from here on (runtime.gpu_memory_limit; 0: no limit):
+ * k_alloc refuses, with a message naming the request, what is in use and the limit, an
+ * allocation that would bring k_bytes_in_use past it. */
+void k_set_memory_limit(kctx *c, size_t bytes);
 
 /* RoPE frequencies for k_rope, computed on the host: inv_freq[i] = theta^(-2i/hd), with the
  * Llama 3 scaling when p->llama3. */

@@ -46,7 +46,7 @@ typedef enum key_type {
     K_BOOL,    /* bool */
     K_STRING,  /* char[size]; min is the minimum length */
     K_CHOICE,  /* an enum stored as int, named by `choices` */
-    K_SIZE,    /* int64_t bytes: an integer, or a string such as "5GB" or "512MiB" */
+    K_SIZE,    /* int64_t bytes: an integer, or a string such as "5GB" or "512MiB"; >= min */
     K_BETAS,   /* double[2], each in [0, 1) */
     K_TARGETS, /* lora.targets: a list of projection names */
     K_RESUME,  /* checkpoint.resume and checkpoint.resume_step */
@@ -166,7 +166,7 @@ static const job_key keys[] = {
 
     STR("output", "dir", output.dir, 1),
     CHOICE("output", "dtype", output.dtype, output_dtype_choices),
-    OTHER("output", "shard_size", K_SIZE, output.shard_size),
+    NUM("output", "shard_size", K_SIZE, output.shard_size, 1, INFINITY),
     OTHER("output", "consolidate", K_BOOL, output.consolidate),
     OTHER("output", "merge", K_BOOL, output.merge),
 
@@ -182,6 +182,7 @@ static const job_key keys[] = {
     NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+    NUM("runtime", "gpu_memory_limit", K_SIZE, runtime.gpu_memory_limit, 0, INFINITY),
 
     OTHER("fabric", "require", K_BOOL, fabric.require),
     CHOICE("fabric", "preflight", fabric.preflight, preflight_choices),
@@ -495,9 +496,9 @@ static int set_size(int64_t *field, const job_key *k, const json_t *v, errbuf *e
     } else {
         return wrong_type(k, "a size (bytes, or a string such as \"5GB\")", v, err);
     }
-    if (bytes < 1)
-        return errf(err, "%s.%s: %lld is out of range (must be >= 1 byte)", k->section, k->name,
-                    (long long)bytes);
+    if ((double)bytes < k->min)
+        return errf(err, "%s.%s: %lld is out of range (must be >= %.0f byte%s)", k->section,
+                    k->name, (long long)bytes, k->min, k->min == 1 ? "" : "s");
     *field = bytes;
     return 0;
 }

@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "base/fault.h"
 #include "base/path.h"
+#include "model/memory_plan.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
@@ -81,6 +82,13 @@ static int offload_threads(const job_config *j) {
     return cores > workers ? (int)(cores / workers) : 1;
 }
 
+/* runtime.gpu_memory_limit: this job's plan (model/memory_plan.h) against the limit, before
+ * fsdp allocates anything; a job that needs more stops here, saying what would fit. */
+static int check_memory(const train_env *env, model_image_quant quant, errbuf *err) {
+    return memory_plan_check_job(env->job, env->model, env->world, env->rank, quant,
+                                 k_compute_size(env->ctx), err);
+}
+
 /* This rank's initial state: from the checkpoint when resuming, else the initial
  * parameters.  *image_out: the model memory, left mapped when fsdp reads it while training
  * (offload_params; the caller unmaps it after fsdp_destroy), else NULL. */
@@ -104,7 +112,9 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
     if (env->resume_dir && !adapters) {
-        if (fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err)) return -1;
+        if (check_memory(env, MODEL_IMAGE_PLAIN, err) ||
+            fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err))
+            return -1;
         return resume(f, env, cfg, tokens_seen, err);
     }
     if (env->model_fd < 0) return errf(err, "no model memory from fsdpd to start from");
@@ -118,6 +128,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     opt.quant = model_image_quant_of(image);
     if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
         rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
+    if (rc == 0) rc = check_memory(env, opt.quant, err);
     if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
     if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);
     if (f->image) *image_out = (model_memory){image, bytes};

@@ -221,7 +221,7 @@ static int preflight_on(const worker *w) {
 static int preflight(worker *w, kctx *ctx, comm *c, msg_net *net, errbuf *err) {
     size_t bytes = ctx->backend == K_CUDA ? 64u << 20 : 4u << 20, count = bytes / sizeof(float);
     float *buf = k_alloc(ctx, bytes, err);
-    if (!buf) return -1;
+    if (!buf) return errprefix(err, "the network check (fabric.preflight)");
     int rc = comm_all_reduce(c, buf, count, COMM_F32, COMM_SUM, err) || k_sync(ctx, err); /* warm up */
     double t0 = clock_now_s();
     for (int i = 0; rc == 0 && i < PREFLIGHT_ITERS; i++) rc = comm_all_reduce(c, buf, count, COMM_F32, COMM_SUM, err);
@@ -365,6 +365,7 @@ static int run(worker *w, errbuf *err) {
     comm *c = NULL;
     int gpus;
     if (open_context(w, &ctx, &gpus, err)) return -1;
+    k_set_memory_limit(&ctx, (size_t)w->job.runtime.gpu_memory_limit); /* nothing allocates past it */
     atomic_store(&w->progress.unit, -1);
     rc = connect_peers(w, &ctx, gpus, &c, err);
     if (rc == 0 && c) atomic_store(&w->have_comm, 1);

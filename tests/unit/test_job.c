@@ -180,6 +180,11 @@ static const bad_case bad_cases[] = {
      "auto, never, latest, step-N"},
     {"{\"output\":{\"shard_size\":\"5XB\"}}", 1, "output.shard_size: '5XB' is not a size", NULL},
     {"{\"output\":{\"shard_size\":0}}", 1, "output.shard_size: 0 is out of range", NULL},
+    {"{\"runtime\":{\"gpu_memory_limit\":-1}}", 1, "runtime.gpu_memory_limit: -1 is out of range",
+     "must be >= 0 bytes"},
+    {"{\"runtime\":{\"gpu_memory_limit\":\"22 GiB\"}}", 1,
+     "runtime.gpu_memory_limit: '22 GiB' is not a size", NULL},
+    {"{\"runtime\":{\"gpu_memory_limit\":1.5}}", 1, "runtime.gpu_memory_limit: expected a size", NULL},
     {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
     {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -464,6 +469,17 @@ static void test_sizes(void **state) {
     }
     assert_int_equal(parse(&j, "{\"output\":{\"shard_size\":true}}", &err), -1);
     assert_contains(err.msg, "output.shard_size: expected a size");
+
+    /* runtime.gpu_memory_limit: none by default, 0 (none) allowed, sizes as above */
+    assert_int_equal(parse(&j, "{}", &err), 0);
+    assert_int_equal(j.runtime.gpu_memory_limit, 0);
+    assert_int_equal(parse(&j, "{\"runtime\":{\"gpu_memory_limit\":\"22GiB\"}}", &err), 0);
+    assert_int_equal(j.runtime.gpu_memory_limit, 22LL << 30);
+    assert_int_equal(parse(&j, "{\"runtime\":{\"gpu_memory_limit\":0}}", &err), 0);
+    assert_int_equal(j.runtime.gpu_memory_limit, 0);
+    must_override(&j, "--runtime.gpu_memory_limit=80GB");
+    assert_int_equal(j.runtime.gpu_memory_limit, 80000000000LL);
+    override_fails(&j, "--runtime.gpu_memory_limit=lots", "runtime.gpu_memory_limit: 'lots' is not a size");
 }
 
 static void test_resolve_runtime(void **state) {

@@ -223,6 +223,37 @@ static void test_memory_count(void **state) {
     kctx_destroy(&c);
 }
 
+/* k_set_memory_limit: an allocation that would pass the limit is refused, naming the key,
+ * the request, what is in use and the limit; up to the limit exactly is fine, freeing makes
+ * room again, and 0 lifts it. */
+static void test_memory_limit(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err = {{0}};
+    init_cpu(&c);
+    k_set_memory_limit(&c, 1000);
+    void *a = k_alloc(&c, 600, &err);
+    assert_non_null(a);
+    assert_null(k_alloc(&c, 401, &err));
+    assert_non_null(strstr(err.msg, "runtime.gpu_memory_limit"));
+    assert_non_null(strstr(err.msg, "allocating 401 bytes with 600 in use"));
+    assert_non_null(strstr(err.msg, "limit of 1000 bytes"));
+    assert_int_equal(k_bytes_in_use(&c), 600);
+    assert_int_equal(k_peak_bytes(&c), 600);
+    assert_null(k_alloc(&c, SIZE_MAX, &err)); /* no overflow in the check */
+    void *b = k_alloc(&c, 400, &err); /* to the limit exactly */
+    assert_non_null(b);
+    k_free(&c, a);
+    void *d = k_alloc(&c, 600, &err);
+    assert_non_null(d);
+    k_set_memory_limit(&c, 0);
+    void *e = k_alloc(&c, 5000, &err);
+    assert_non_null(e);
+    assert_int_equal(k_bytes_in_use(&c), 6000);
+    k_free(&c, b), k_free(&c, d), k_free(&c, e);
+    kctx_destroy(&c);
+}
+
 static void test_elementwise(void **state) {
     (void)state;
     kctx c;
@@ -1248,6 +1279,7 @@ int main(void) {
         cmocka_unit_test(test_context),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_memory_count),
+        cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_scale),
         cmocka_unit_test(test_dropout_contract),

@@ -1,0 +1,300 @@
+/* memory_plan: worker/fsdp.c's context memory, computed.  See memory_plan.h.  Each function
+ * below names the fsdp.c code it mirrors; a change there must come here too (the test in
+ * tests/unit/test_memory_plan.c fails until it does). */
+#include "model/memory_plan.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/bytes.h"
+#include "model/llama.h"
+
+/* fsdp.c's IMAGE_CHUNK: fsdp_load_image stages an adapter job's base through this many fp32
+ * elements of context memory. */
+#define LOAD_STAGING_ELEMENTS ((size_t)16 << 20)
+
+/* fsdp.c's rank_stats (loss sum, squared norm, target count, FSDP_VOTES votes): what
+ * gather_stats gathers, one a rank, when there are several. */
+typedef struct plan_rank_stats {
+    double loss_sum, sumsq;
+    int64_t count;
+    int64_t vote[3];
+} plan_rank_stats;
+
+/* What every category's arithmetic reads. */
+typedef struct plan_in {
+    const memory_plan_options *o;
+    const llama_layout *lo;
+    const lora_layout *lora; /* NULL: a full fine-tune */
+    model_image_quant quant; /* PLAIN unless adapters sit on an NF4 base */
+    int group;               /* the shard group: world (full_shard) or 1 (no_shard) */
+    size_t cs;
+} plan_in;
+
+/* shard_of: a flat parameter of numel elements, padded to the shard group. */
+static size_t padded_of(const plan_in *in, size_t numel) { return round_up(numel, (size_t)in->group); }
+
+/* carve_frozen and ensure_activations: buffers carved at 256-byte boundaries. */
+static size_t carved(size_t bytes) { return round_up(bytes, 256); }
+
+static int is_nf4(const plan_in *in, int u) {
+    return in->quant != MODEL_IMAGE_PLAIN && u >= 1 && u <= in->lo->n_layers;
+}
+
+/* bytes_of: a byte flat whose shards are multiples of align bytes; its padded size. */
+static size_t bytes_padded(const plan_in *in, size_t bytes, size_t align) {
+    return round_up(bytes, (size_t)in->group * align);
+}
+
+/* alloc_frozen (lay_out_frozen): the frozen units' shards, and a sharded NF4 base's two
+ * slots of gathered codes and absmax.  *max_padded: the largest frozen unit, padded. */
+static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
+    const llama_layout *lo = in->lo;
+    size_t C = (size_t)lo->cfg.hidden_size;
+    int dq = in->quant == MODEL_IMAGE_NF4_DQ;
+    model_image_nf4_layer nl = {0};
+    if (in->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(lo, MODEL_IMAGE_F32, in->quant, &nl);
+    size_t packed = bytes_padded(in, nl.packed_bytes, 32), absmax = bytes_padded(in, nl.absmax_bytes, dq ? 64 : 4 * 64);
+    *max_padded = 0;
+    for (int u = 0; u < lo->n_units; u++) {
+        size_t padded = padded_of(in, lo->units[u].numel), shard = padded / (size_t)in->group;
+        if (padded > *max_padded) *max_padded = padded;
+        if (!is_nf4(in, u)) {
+            p->frozen += carved(shard * in->cs);
+            continue;
+        }
+        p->frozen += carved(packed / (size_t)in->group) + carved(absmax / (size_t)in->group) +
+                     (dq ? carved(nl.n_nested * sizeof(float)) : 0) + carved(2 * C * sizeof(float));
+    }
+    if (in->quant != MODEL_IMAGE_PLAIN && in->group > 1) p->gather_slots += 2 * (packed + absmax);
+}
+
+/* alloc_trainable: master, m, v and grad of every trainable unit's shard, fp32.
+ * *max_padded: the largest trainable unit, padded. */
+static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded) {
+    int n = in->lora ? in->lora->n_units : in->lo->n_units;
+    const llama_unit *units = in->lora ? in->lora->units : in->lo->units;
+    size_t elements = 0;
+    *max_padded = 0;
+    for (int u = 0; u < n; u++) {
+        size_t padded = padded_of(in, units[u].numel);
+        elements += 4 * (padded / (size_t)in->group);
+        if (padded > *max_padded) *max_padded = padded;
+    }
+    p->trainable = elements * sizeof(float);
+}
+
+/* alloc_slots: gathered[0..2], gathered_adapter[0..1] and full_grad[0..2]. */
+static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, size_t train_padded) {
+    const llama_layout *lo = in->lo;
+    int has_lora = in->lora != NULL, tied = lo->cfg.tie_word_embeddings;
+    size_t embed_padded = padded_of(in, lo->units[LLAMA_EMBED_UNIT].numel);
+    int base_slots = !has_lora || in->group > 1 || in->quant != MODEL_IMAGE_PLAIN;
+    int one_dequant_slot = in->quant != MODEL_IMAGE_PLAIN && in->group == 1;
+    if (one_dequant_slot) base_padded = padded_of(in, lo->units[llama_layer_unit(0)].numel);
+    for (int slot = 0; slot < 3; slot++) {
+        size_t n = slot == 0 || (slot == 1 && !one_dequant_slot) ? base_padded
+                 : slot == 2 && tied && !one_dequant_slot ? embed_padded : 0;
+        if (base_slots) p->gather_slots += n * in->cs;
+        if (has_lora && slot < 2) p->gather_slots += train_padded * in->cs;
+        size_t g = slot < 2 ? train_padded : tied && !has_lora ? embed_padded : 0;
+        if (slot == 0 || in->o->world > 1) p->grad_slots += g * sizeof(float);
+    }
+}
+
+/* ensure_activations: one micro-batch's, in one allocation. */
+static size_t plan_activations(const plan_in *in) {
+    const llama_layout *lo = in->lo;
+    int B = in->o->micro_batch, T = in->o->seq_len, L = lo->n_layers;
+    int n_acts = in->o->checkpoint_activations ? 1 : L;
+    size_t N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size, cs = in->cs;
+    llama_layer_acts acts;
+    llama_head_acts head;
+    llama_scratch scratch;
+    size_t resid_bytes = carved(N * C * cs);
+    size_t acts_bytes = carved(llama_layer_acts_carve(&acts, NULL, lo, in->lora, cs, B, T));
+    size_t head_bytes = carved(llama_head_acts_carve(&head, NULL, lo, cs, B, T));
+    size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T));
+    size_t ids_bytes = carved(N * sizeof(int32_t)), samples_bytes = carved((size_t)B * sizeof(int64_t));
+    return (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes + scratch_bytes +
+           4 * ids_bytes + samples_bytes;
+}
+
+static int check_options(const memory_plan_options *o, errbuf *err) {
+    if (!o->model) return errf(err, "memory plan: no model config");
+    if (o->sharding != JOB_SHARD_FULL && o->sharding != JOB_SHARD_NONE)
+        return errf(err, "memory plan: only full_shard and no_shard are built");
+    if (o->world < 1 || o->rank < 0 || o->rank >= o->world)
+        return errf(err, "memory plan: rank %d of world %d", o->rank, o->world);
+    if (o->micro_batch < 1 || o->seq_len < 1)
+        return errf(err, "memory plan: micro-batch %d x %d tokens", o->micro_batch, o->seq_len);
+    if (o->compute_size != 2 && o->compute_size != 4)
+        return errf(err, "memory plan: a compute dtype of %zu bytes", o->compute_size);
+    return 0;
+}
+
+/* Every category of in's plan; the total is the most held at once: the base loading
+ * (frozen and trainable shards, slots and small buffers held, the staging buffer) or a step
+ * (everything but the staging buffer, the activations and statistics added). */
+static void plan_all(const plan_in *in, memory_plan *p) {
+    const memory_plan_options *o = in->o;
+    size_t base_padded = 0, train_padded = 0;
+    memset(p, 0, sizeof *p);
+    if (in->lora) plan_frozen(in, p, &base_padded);
+    plan_trainable(in, p, &train_padded);
+    if (!in->lora) base_padded = train_padded;
+    plan_slots(in, p, base_padded, train_padded);
+    size_t stats = o->world > 1 ? (size_t)o->world * sizeof(plan_rank_stats) : 0;
+    p->small = 2 * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
+    p->activations = plan_activations(in);
+    p->load_staging = in->lora ? LOAD_STAGING_ELEMENTS * sizeof(float) : 0;
+    size_t held = p->trainable + p->frozen + p->gather_slots + p->grad_slots + p->small - stats;
+    size_t loading = held + p->load_staging, stepping = held + p->activations + stats;
+    p->total = loading > stepping ? loading : stepping;
+}
+
+int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *err) {
+    memset(p, 0, sizeof *p);
+    if (check_options(o, err)) return -1;
+    llama_layout lo;
+    lora_layout ll;
+    memset(&ll, 0, sizeof ll);
+    if (llama_layout_init(&lo, o->model, err)) return errprefix(err, "memory plan");
+    if (o->lora && lora_layout_init(&ll, o->model, o->lora, err)) {
+        llama_layout_free(&lo);
+        return errprefix(err, "memory plan");
+    }
+    plan_in in = {.o = o, .lo = &lo, .lora = o->lora ? &ll : NULL,
+                  .quant = o->lora ? o->quant : MODEL_IMAGE_PLAIN,
+                  .group = o->sharding == JOB_SHARD_FULL ? o->world : 1, .cs = o->compute_size};
+    plan_all(&in, p);
+    lora_layout_free(&ll);
+    llama_layout_free(&lo);
+    return 0;
+}
+
+static double gib(size_t bytes) { return (double)bytes / (double)(1ull << 30); }
+
+/* Appends to out[n] (at *at), truncating at the end. */
+static void append(char *out, size_t n, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *out, size_t n, size_t *at, const char *fmt, ...) {
+    if (*at >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out + *at, n - *at, fmt, ap);
+    va_end(ap);
+    *at = k < 0 ? n : *at + (size_t)k;
+}
+
+void memory_plan_format(const memory_plan *p, char *out, size_t n) {
+    size_t at = 0;
+    if (n) out[0] = '\0';
+    append(out, n, &at, "%.1f GiB (%zu bytes): trainable shards %.1f GiB, frozen shards %.1f GiB, "
+                        "gather slots %.1f GiB, gradient slots %.1f GiB, activations %.1f GiB, "
+                        "small buffers %.1f GiB", gib(p->total), p->total, gib(p->trainable),
+           gib(p->frozen), gib(p->gather_slots), gib(p->grad_slots), gib(p->activations), gib(p->small));
+    if (p->load_staging) append(out, n, &at, ", loading the base %.1f GiB", gib(p->load_staging));
+}
+
+void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
+                             model_image_quant quant, size_t compute_size, lora_config *lora,
+                             memory_plan_options *out) {
+    int adapters = j->train.type != JOB_TRAIN_FULL;
+    job_lora_config(j, lora);
+    *out = (memory_plan_options){
+        .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
+        .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
+        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
+        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size};
+}
+
+/* Whether o fits in limit; *total: its plan's (0 when it has none). */
+static int fits(const memory_plan_options *o, size_t limit, size_t *total) {
+    memory_plan p;
+    errbuf ignored;
+    *total = memory_plan_compute(o, &p, &ignored) == 0 ? p.total : 0;
+    return *total && *total <= limit;
+}
+
+/* The largest micro-batch below o's that divides the rank's rows and fits; 0: none. */
+static int fitting_micro_batch(memory_plan_options o, int rows, size_t limit, size_t *total) {
+    for (int m = o.micro_batch - 1; m >= 1; m--) {
+        o.micro_batch = m;
+        if (rows % m == 0 && fits(&o, limit, total)) return m;
+    }
+    return 0;
+}
+
+/* full_shard: the fewest workers above o's world that fit (the shards shrink as the world
+ * grows, the activations do not); 0: none up to 65536. */
+static int fitting_world(memory_plan_options o, size_t limit, size_t *total) {
+    if (o.sharding != JOB_SHARD_FULL) return 0;
+    int lo = o.world, hi = o.world; /* lo does not fit; hi does, once found */
+    o.rank = 0;
+    do {
+        lo = hi;
+        hi = hi > 32768 ? 65536 : 2 * hi;
+        o.world = hi;
+    } while (!fits(&o, limit, total) && hi < 65536);
+    if (!fits(&o, limit, total)) return 0;
+    while (hi - lo > 1) {
+        o.world = lo + (hi - lo) / 2;
+        if (fits(&o, limit, total)) hi = o.world;
+        else lo = o.world;
+    }
+    o.world = hi;
+    fits(&o, limit, total);
+    return hi;
+}
+
+/* "fsdp.activation_checkpointing=full (1.2 GiB); ..." for every single change of o that fits
+ * in limit, into out[n]. */
+static void suggest(const job_config *j, const memory_plan_options *o, const lora_config *lora,
+                    size_t limit, char *out, size_t n) {
+    size_t at = 0, total;
+    out[0] = '\0';
+    memory_plan_options alt = *o;
+    alt.checkpoint_activations = 1;
+    if (!o->checkpoint_activations && fits(&alt, limit, &total))
+        append(out, n, &at, "%sfsdp.activation_checkpointing=full (%.1f GiB)", at ? "; " : "", gib(total));
+    int m = fitting_micro_batch(*o, j->train.global_batch / o->world, limit, &total);
+    if (m) append(out, n, &at, "%strain.micro_batch=%d (%.1f GiB)", at ? "; " : "", m, gib(total));
+    int w = fitting_world(*o, limit, &total);
+    if (w) append(out, n, &at, "%s%d workers (%.1f GiB)", at ? "; " : "", w, gib(total));
+    static const struct {
+        job_train_type type;
+        const char *name;
+        model_image_quant quant;
+    } types[] = {{JOB_TRAIN_LORA, "lora", MODEL_IMAGE_PLAIN}, {JOB_TRAIN_QLORA, "qlora", MODEL_IMAGE_NF4_DQ}};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        if (types[t].type <= j->train.type) continue; /* only lighter than the job's */
+        alt = *o;
+        alt.lora = lora;
+        alt.quant = types[t].quant;
+        if (fits(&alt, limit, &total))
+            append(out, n, &at, "%strain.type=%s (%.1f GiB)", at ? "; " : "", types[t].name, gib(total));
+    }
+}
+
+int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
+                          model_image_quant quant, size_t compute_size, errbuf *err) {
+    if (j->runtime.gpu_memory_limit <= 0) return 0;
+    size_t limit = (size_t)j->runtime.gpu_memory_limit;
+    lora_config lora;
+    memory_plan_options o;
+    memory_plan p;
+    memory_plan_job_options(j, cfg, world, rank, quant, compute_size, &lora, &o);
+    if (memory_plan_compute(&o, &p, err)) return errprefix(err, "runtime.gpu_memory_limit");
+    if (p.total <= limit) return 0;
+    char need[400], alternatives[500];
+    memory_plan_format(&p, need, sizeof need);
+    suggest(j, &o, &lora, limit, alternatives, sizeof alternatives);
+    return errf(err, "runtime.gpu_memory_limit: each worker needs %s; the limit is %.1f GiB (%zu "
+                     "bytes). %s%s", need, gib(limit), limit,
+                alternatives[0] ? "Each of these alone would fit: " : "No single change of "
+                "fsdp.activation_checkpointing, train.micro_batch, the number of workers or "
+                "train.type fits it", alternatives);
+}

@@ -1,0 +1,73 @@
+/* memory_plan: the device memory one worker's fsdp allocates (context memory, k_alloc), by
+ * category, computed from the job's settings before anything is loaded.
+ *
+ * It mirrors worker/fsdp.c's allocations byte for byte (alloc_frozen, alloc_trainable,
+ * alloc_slots, ensure_activations, fsdp_init's RoPE frequencies, the step's statistics, the
+ * staging buffer of fsdp_load_image); tests/unit/test_memory_plan.c checks the total against
+ * k_peak_bytes after fsdp_init, fsdp_load_image and a step, so the two cannot drift apart.
+ * The worker checks runtime.gpu_memory_limit with it before fsdp_init (worker/train.c); fsdpd
+ * and `fsdpctl plan` can use the same arithmetic (it needs the model config only).
+ *
+ * Not counted (not context memory): the CUDA runtime, cuBLASLt's workspace, NCCL's buffers,
+ * host memory. */
+#ifndef FSDP_MEMORY_PLAN_H
+#define FSDP_MEMORY_PLAN_H
+
+#include <stddef.h>
+
+#include "base/errbuf.h"
+#include "proto/job.h"
+#include "proto/lora_layout.h"
+#include "proto/model_config.h"
+#include "proto/model_image.h"
+
+/* What the plan depends on: fsdp_options' settings, the world, one micro-batch's shape and
+ * the context's compute dtype. */
+typedef struct memory_plan_options {
+    const llama_config *model;
+    job_sharding sharding;      /* full_shard or no_shard (what fsdp builds) */
+    int world, rank;            /* every rank of full_shard holds shards of one size */
+    const lora_config *lora;    /* NULL: a full fine-tune; else adapters on a frozen base */
+    model_image_quant quant;    /* with adapters: the base's (NF4 for QLoRA) */
+    int checkpoint_activations; /* fsdp.activation_checkpointing full */
+    int micro_batch, seq_len;
+    size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
+} memory_plan_options;
+
+/* Bytes per category.  Everything but load_staging is held from the first step on;
+ * load_staging only while fsdp_load_image runs (before the activations exist). */
+typedef struct memory_plan {
+    size_t trainable;    /* fp32 master, m, v and grad shards of what is trained */
+    size_t frozen;       /* adapters: the frozen base's shards (QLoRA: NF4 codes, absmax, norms) */
+    size_t gather_slots; /* gathered units (and adapters; NF4 codes and absmax when sharded) */
+    size_t grad_slots;   /* full fp32 gradients being computed and reduced */
+    size_t activations;  /* one micro-batch's (all layers', or one with checkpointing) */
+    size_t small;        /* RoPE frequencies, the step's scalars, every rank's statistics */
+    size_t load_staging; /* adapters: the staging buffer that loads the base */
+    size_t total;        /* the peak: the most held at any time */
+} memory_plan;
+
+/* The plan of o, or -1 with the reason (a bad model or adapter config, a sharding fsdp does
+ * not build, ranks or sizes out of range). */
+int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *err);
+
+/* "1.5 GiB (1610612736 bytes): trainable shards 0.4 GiB, frozen shards 0.0 GiB, ..." into
+ * out[n]: the total, then every category in GiB with one decimal. */
+void memory_plan_format(const memory_plan *p, char *out, size_t n);
+
+/* Job j's options on `world` ranks: its fsdp, train and adapter settings (the latter into
+ * *lora, which out->lora then points at, unless a full fine-tune), the base's quantization
+ * and the compute dtype's size. */
+void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
+                             model_image_quant quant, size_t compute_size, lora_config *lora,
+                             memory_plan_options *out);
+
+/* runtime.gpu_memory_limit for job j (as memory_plan_job_options takes it): 0 when there is
+ * no limit or the plan fits; else -1 with what the job needs (total and categories), the
+ * limit, and which settings would fit, each changed alone: fsdp.activation_checkpointing
+ * full, the largest smaller train.micro_batch (dividing the rows of a rank), the fewest
+ * workers that fit (full_shard), train.type lora or qlora (with the job's lora settings). */
+int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
+                          model_image_quant quant, size_t compute_size, errbuf *err);
+
+#endif

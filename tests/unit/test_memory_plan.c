@@ -1,0 +1,461 @@
+/* model/memory_plan against worker/fsdp: the plan's total is k_peak_bytes of a fresh CPU
+ * context after fsdp_init, fsdp_load_image, (adapters) fsdp_init_adapters and one
+ * fsdp_train_step, for full fine-tunes, LoRA and QLoRA (NF4 with and without double
+ * quantization), one and two ranks (forked, TCP), activation checkpointing on and off, tied
+ * embeddings and no_shard: the test fails as soon as fsdp.c's allocations and the plan
+ * diverge.  Some categories are computed by hand, and memory_plan_check_job's message and
+ * suggestions are checked against the plans of the settings it suggests. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "model/memory_plan.h"
+#include "proto/rng.h"
+#include "worker/comm.h"
+#include "worker/fsdp.h"
+
+enum { MICRO = 2, N_MICRO = 2, T = 12 };
+
+/* lib.sh's small model with hidden 35: the embedding (61 x 35) is odd, so two ranks pad it. */
+static llama_config small_config(int tied) {
+    llama_config c;
+    memset(&c, 0, sizeof c);
+    c.hidden_size = 35;
+    c.intermediate_size = 70;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 10;
+    c.vocab_size = 61;
+    c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-5;
+    c.tie_word_embeddings = tied;
+    c.bos_token_id = c.eos_token_id = -1;
+    c.rope = (rope_config){.type = ROPE_DEFAULT, .theta = 10000.0};
+    return c;
+}
+
+static const lora_config small_lora = {.rank = 3, .alpha = 6, .dropout = 0.1, .targets = LORA_ALL_LINEAR};
+
+typedef enum kind { FULL, LORA, QLORA, QLORA_SINGLE } kind;
+static const char *const kind_names[] = {"full", "lora", "qlora", "qlora (NF4, single quantization)"};
+
+typedef struct plan_case {
+    kind kind;
+    int world, ckpt, tied;
+    job_sharding sharding;
+} plan_case;
+
+static model_image_quant quant_of(kind k) {
+    return k == QLORA ? MODEL_IMAGE_NF4_DQ : k == QLORA_SINGLE ? MODEL_IMAGE_NF4 : MODEL_IMAGE_PLAIN;
+}
+
+static memory_plan_options options_of(const plan_case *pc, const llama_config *cfg, int rank) {
+    return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world,
+                                 .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
+                                 .quant = quant_of(pc->kind), .checkpoint_activations = pc->ckpt,
+                                 .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float)};
+}
+
+/* What one rank saw. */
+typedef struct rank_report {
+    int ok;
+    size_t peak, planned;
+    char msg[sizeof(errbuf)];
+} rank_report;
+
+/* A random model image of pc's quantization (what fsdpd hands the workers). */
+static void *model_image(const plan_case *pc, const llama_layout *lo, errbuf *err) {
+    model_image_quant q = quant_of(pc->kind);
+    void *image = calloc(1, model_image_bytes_q(lo, MODEL_IMAGE_F32, q));
+    if (!image) {
+        errf(err, "out of memory");
+        return NULL;
+    }
+    int rc = q == MODEL_IMAGE_PLAIN
+                 ? model_image_fill_random(image, lo, MODEL_IMAGE_F32, 5, NULL, NULL, err)
+                 : model_image_fill_nf4(image, lo, MODEL_IMAGE_F32, q, NULL, 0, 5, NULL, NULL, err);
+    if (rc == 0) return image;
+    free(image);
+    return NULL;
+}
+
+/* The worker's sequence, then one step of MICRO x N_MICRO rows. */
+static int train_one_step(fsdp *f, const plan_case *pc, int rank, errbuf *err) {
+    const llama_config *cfg = &f->layout.cfg;
+    void *image = model_image(pc, &f->layout, err);
+    if (!image || fsdp_load_image(f, image, err) || (pc->kind != FULL && fsdp_init_adapters(f, err))) {
+        free(image);
+        return -1;
+    }
+    free(image);
+    int32_t ids[MICRO * N_MICRO * T], labels[MICRO * N_MICRO * T];
+    for (int i = 0; i < MICRO * N_MICRO * T; i++)
+        ids[i] = labels[i] = (int32_t)(rng_u64(9, (uint64_t)rank, (uint64_t)i) % (uint64_t)cfg->vocab_size);
+    fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .n_micro = N_MICRO, .micro_batch = MICRO, .T = T};
+    fsdp_step_result res;
+    return fsdp_train_step(f, &b, &hp, &res, err);
+}
+
+/* One rank of pc: fsdp's peak and the plan's total. */
+static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
+    errbuf err = {{0}};
+    llama_config cfg = small_config(pc->tied);
+    memory_plan_options o = options_of(pc, &cfg, rank);
+    fsdp_options fo = {.sharding = pc->sharding, .checkpoint_activations = pc->ckpt,
+                       .forward_prefetch = 1, .backward_prefetch = 1,
+                       .lora = o.lora, .seed = 42, .quant = o.quant};
+    memory_plan p;
+    kctx ctx;
+    fsdp f;
+    memset(&f, 0, sizeof f);
+    int rc = memory_plan_compute(&o, &p, &err);
+    if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0) {
+        rc = fsdp_init(&f, &cfg, &ctx, c, rank, pc->world, &fo, &err);
+        if (rc == 0) rc = train_one_step(&f, pc, rank, &err);
+        r->peak = k_peak_bytes(&ctx);
+        fsdp_destroy(&f);
+        kctx_destroy(&ctx);
+    }
+    r->ok = rc == 0;
+    r->planned = p.total;
+    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+}
+
+/* Forks one child per rank, each reporting through a pipe; a child that hangs dies of
+ * SIGALRM and reports nothing. */
+static void run_ranks(const plan_case *pc, rank_report *rep) {
+    comm_listener lis[2];
+    const char *addr[2];
+    errbuf err = {{0}};
+    for (int r = 0; r < pc->world; r++) {
+        if (comm_tcp_listen(&lis[r], "127.0.0.1", &err)) fail_msg("%s", err.msg);
+        addr[r] = lis[r].addr;
+    }
+    comm_rank_table table = {.world = pc->world, .addr = addr};
+    comm_options copt = {.timeout_s = 30, .init_timeout_s = 30};
+    int fd[2];
+    pid_t pid[2];
+    fflush(stdout);
+    for (int r = 0; r < pc->world; r++) {
+        int p[2];
+        assert_int_equal(pipe(p), 0);
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0) {
+            signal(SIGABRT, SIG_DFL);
+            signal(SIGSEGV, SIG_DFL);
+            alarm(120);
+            close(p[0]);
+            for (int k = 0; k < pc->world; k++)
+                if (k != r) comm_listener_close(&lis[k]);
+            rank_report mine = {0};
+            comm *c = NULL;
+            if (comm_init(&c, &copt, r, &table, &lis[r], &err)) snprintf(mine.msg, sizeof mine.msg, "%s", err.msg);
+            else run_rank(pc, r, c, &mine);
+            comm_destroy(c);
+            ssize_t n = write(p[1], &mine, sizeof mine);
+            exit(n == (ssize_t)sizeof mine ? 0 : 3);
+        }
+        close(p[1]);
+        fd[r] = p[0];
+    }
+    for (int r = 0; r < pc->world; r++) comm_listener_close(&lis[r]);
+    for (int r = 0; r < pc->world; r++) {
+        ssize_t n;
+        while ((n = read(fd[r], &rep[r], sizeof rep[r])) < 0 && errno == EINTR) {
+        }
+        if (n != (ssize_t)sizeof rep[r]) snprintf(rep[r].msg, sizeof rep[r].msg, "rank %d sent no report", r);
+        close(fd[r]);
+        int status;
+        while (waitpid(pid[r], &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+static void check_case(const plan_case *pc) {
+    rank_report rep[2];
+    memset(rep, 0, sizeof rep);
+    if (pc->world == 1) run_rank(pc, 0, NULL, &rep[0]);
+    else run_ranks(pc, rep);
+    for (int r = 0; r < pc->world; r++) {
+        const char *what = kind_names[pc->kind];
+        if (!rep[r].ok)
+            fail_msg("%s, world %d, checkpointing %d, rank %d: %s", what, pc->world, pc->ckpt, r, rep[r].msg);
+        printf("%-32s world %d%s ckpt %d tied %d rank %d: plan %zu, fsdp's peak %zu\n", what, pc->world,
+               pc->sharding == JOB_SHARD_NONE ? " no_shard" : "", pc->ckpt, pc->tied, r, rep[r].planned,
+               rep[r].peak);
+        if (rep[r].planned != rep[r].peak)
+            fail_msg("%s, world %d, checkpointing %d, tied %d, rank %d: the plan says %zu bytes, fsdp "
+                     "allocated at most %zu", what, pc->world, pc->ckpt, pc->tied, r, rep[r].planned,
+                     rep[r].peak);
+    }
+}
+
+/* Every kind x world 1, 2 x checkpointing off, on. */
+static void test_plan_equals_fsdp_peak(void **state) {
+    (void)state;
+    for (int k = FULL; k <= QLORA; k++)
+        for (int world = 1; world <= 2; world++)
+            for (int ckpt = 0; ckpt <= 1; ckpt++)
+                check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL});
+}
+
+/* The slots a tied head adds, NF4 without double quantization, and no_shard (every rank
+ * whole, gradients all-reduced). */
+static void test_plan_equals_fsdp_peak_variants(void **state) {
+    (void)state;
+    for (int world = 1; world <= 2; world++) {
+        check_case(&(plan_case){.kind = FULL, .world = world, .tied = 1, .sharding = JOB_SHARD_FULL});
+        check_case(&(plan_case){.kind = LORA, .world = world, .tied = 1, .sharding = JOB_SHARD_FULL});
+        check_case(&(plan_case){.kind = QLORA_SINGLE, .world = world, .sharding = JOB_SHARD_FULL});
+    }
+    check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE});
+    check_case(&(plan_case){.kind = LORA, .world = 2, .sharding = JOB_SHARD_NONE});
+}
+
+static memory_plan plan_of(const memory_plan_options *o) {
+    memory_plan p;
+    errbuf err = {{0}};
+    if (memory_plan_compute(o, &p, &err)) fail_msg("%s", err.msg);
+    return p;
+}
+
+/* Categories computed by hand for the small model (27545 parameters: embedding 61 x 35 =
+ * 2135; each layer q 40 x 35, k and v 20 x 35, o 35 x 40, gate, up and down 70 x 35, two
+ * norms of 35 = 11620; the head 35 + 2135). */
+static void test_hand_computed(void **state) {
+    (void)state;
+    llama_config cfg = small_config(0);
+    plan_case pc = {.kind = FULL, .world = 1, .sharding = JOB_SHARD_FULL};
+    memory_plan_options o = options_of(&pc, &cfg, 0);
+    /* one rank: 4 fp32 copies (master, m, v, grad) of every parameter */
+    assert_int_equal(plan_of(&o).trainable, 27545 * 4 * 4);
+    assert_int_equal(plan_of(&o).frozen, 0);
+    assert_int_equal(plan_of(&o).load_staging, 0);
+    /* two ranks: units of 2135 (padded to 2136), 11620, 11620 and 2170 elements, halved */
+    o.world = 2;
+    o.rank = 1;
+    assert_int_equal(plan_of(&o).trainable, (1068 + 5810 + 5810 + 1085) * 4 * 4);
+    /* gather slots 0 and 1 of the largest unit in fp32, its gradient slots too */
+    assert_int_equal(plan_of(&o).gather_slots, 2 * 11620 * 4);
+    assert_int_equal(plan_of(&o).grad_slots, 2 * 11620 * 4);
+    /* RoPE's 5 frequencies, 2 scalars, 2 ranks' statistics of 48 bytes */
+    assert_int_equal(plan_of(&o).small, 5 * 4 + 2 * 4 + 2 * 48);
+
+    /* LoRA rank 3 on every linear: per layer A [3, in] + B [out, 3] of q (35 -> 40), k, v
+     * (35 -> 20), o (40 -> 35), gate, up (35 -> 70), down (70 -> 35) = 1725 elements */
+    o.lora = &small_lora;
+    o.world = 1;
+    o.rank = 0;
+    memory_plan p = plan_of(&o);
+    assert_int_equal(p.trainable, 2 * 1725 * 4 * 4);
+    /* the frozen units in fp32, each at a 256-byte boundary: 8540 -> 8704, 46480 -> 46592 */
+    assert_int_equal(p.frozen, 8704 + 2 * 46592 + 8704);
+    assert_int_equal(p.load_staging, (16u << 20) * 4);
+    o.world = 2;
+    assert_int_equal(plan_of(&o).trainable, 2 * 863 * 4 * 4); /* 1725 -> 1726, halved */
+
+    /* activations grow with the micro-batch; checkpointing keeps one layer's internals */
+    o.world = 1;
+    memory_plan base = plan_of(&o);
+    o.micro_batch = 2 * MICRO;
+    assert_true(plan_of(&o).activations > base.activations);
+    o.micro_batch = MICRO;
+    o.checkpoint_activations = 1;
+    assert_true(plan_of(&o).activations < base.activations);
+    assert_int_equal(plan_of(&o).total, base.total); /* the staging buffer is the peak */
+    o.lora = NULL;
+    o.checkpoint_activations = 0;
+    base = plan_of(&o);
+    o.checkpoint_activations = 1;
+    assert_true(plan_of(&o).total < base.total);
+}
+
+static void test_bad_options(void **state) {
+    (void)state;
+    llama_config cfg = small_config(0);
+    plan_case pc = {.kind = FULL, .world = 2, .sharding = JOB_SHARD_FULL};
+    memory_plan_options o = options_of(&pc, &cfg, 2);
+    memory_plan p;
+    errbuf err = {{0}};
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "rank 2 of world 2"));
+    o = options_of(&pc, &cfg, 0);
+    o.sharding = JOB_SHARD_HYBRID;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "only full_shard and no_shard"));
+    o = options_of(&pc, &cfg, 0);
+    o.micro_batch = 0;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    o = options_of(&pc, &cfg, 0);
+    lora_config bad = small_lora;
+    bad.rank = 0;
+    o.lora = &bad;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "rank"));
+}
+
+static void test_format(void **state) {
+    (void)state;
+    memory_plan p = {.trainable = 3ull << 30, .frozen = 0, .gather_slots = 1ull << 29,
+                     .grad_slots = 1ull << 30, .activations = 5ull << 30, .small = 100,
+                     .load_staging = 64ull << 20, .total = (19ull << 29) + 100};
+    char out[400];
+    memory_plan_format(&p, out, sizeof out);
+    assert_string_equal(out, "9.5 GiB (10200547428 bytes): trainable shards 3.0 GiB, frozen shards "
+                             "0.0 GiB, gather slots 0.5 GiB, gradient slots 1.0 GiB, activations "
+                             "5.0 GiB, small buffers 0.0 GiB, loading the base 0.1 GiB");
+    memory_plan_format(&p, out, 10); /* truncated, terminated */
+    assert_string_equal(out, "9.5 GiB (");
+}
+
+/* A model whose full fine-tune needs more than an adapter job's 64 MiB staging buffer: 42M
+ * parameters. */
+static llama_config medium_config(void) {
+    llama_config c = small_config(0);
+    c.hidden_size = 1024;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 16;
+    c.head_dim = 64;
+    c.vocab_size = 1000;
+    return c;
+}
+
+/* A job on 2 ranks: micro-batch 6 of 6 rows per rank, no checkpointing. */
+static job_config small_job(int64_t limit) {
+    job_config j;
+    job_defaults(&j);
+    j.train.global_batch = 12;
+    j.train.micro_batch = 6;
+    j.data.seq_len = 48;
+    j.lora.rank = 3;
+    j.runtime.gpu_memory_limit = limit;
+    return j;
+}
+
+static size_t job_total(const job_config *j, const llama_config *cfg, int world, model_image_quant q) {
+    lora_config lora;
+    memory_plan_options o;
+    memory_plan_job_options(j, cfg, world, 0, q, 4, &lora, &o);
+    return plan_of(&o).total;
+}
+
+static void check_refused(const job_config *j, const llama_config *cfg, const char *part) {
+    errbuf err = {{0}};
+    if (memory_plan_check_job(j, cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err) != -1)
+        fail_msg("a limit of %lld bytes was not refused (expecting \"%s\")",
+                 (long long)j->runtime.gpu_memory_limit, part);
+    if (!strstr(err.msg, part)) fail_msg("message \"%s\" lacks \"%s\"", err.msg, part);
+    assert_non_null(strstr(err.msg, "runtime.gpu_memory_limit: each worker needs"));
+    assert_true(strlen(err.msg) < sizeof err.msg - 1); /* nothing cut off */
+}
+
+/* memory_plan_check_job: a job that fits passes, one byte less fails naming what it needs and
+ * the limit; each suggestion is the plan of that change alone, and is made exactly when it
+ * fits. */
+static void test_check_job(void **state) {
+    (void)state;
+    llama_config cfg = medium_config();
+    errbuf err = {{0}};
+    job_config j = small_job(0);
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), 0); /* no limit */
+    size_t need = job_total(&j, &cfg, 2, MODEL_IMAGE_PLAIN);
+    j.runtime.gpu_memory_limit = (int64_t)need;
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), 0);
+    j.runtime.gpu_memory_limit = (int64_t)need - 1;
+    char part[160];
+    snprintf(part, sizeof part, "(%zu bytes): trainable shards", need);
+    check_refused(&j, &cfg, part);
+    snprintf(part, sizeof part, "the limit is 0.6 GiB (%zu bytes). Each of these alone would fit: ", need - 1);
+    check_refused(&j, &cfg, part);
+
+    /* each alternative, at its own plan's total as the limit */
+    job_config alt = j;
+    alt.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_PLAIN);
+    check_refused(&j, &cfg, "fsdp.activation_checkpointing=full (");
+    alt = j;
+    alt.train.micro_batch = 4; /* fits, but 4 does not divide the 6 rows: 3 is suggested */
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_PLAIN);
+    check_refused(&j, &cfg, "train.micro_batch=3 (");
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), -1);
+    assert_null(strstr(err.msg, "train.micro_batch=4"));
+    alt = j;
+    alt.train.type = JOB_TRAIN_LORA;
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_PLAIN);
+    check_refused(&j, &cfg, "train.type=lora (");
+    check_refused(&j, &cfg, "train.type=qlora ("); /* qlora needs less than lora */
+    alt.train.type = JOB_TRAIN_QLORA;
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_NF4_DQ);
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), -1);
+    assert_null(strstr(err.msg, "train.type=lora ("));
+    assert_non_null(strstr(err.msg, "train.type=qlora ("));
+
+    /* more workers: the fewest that fit */
+    size_t w5 = job_total(&j, &cfg, 5, MODEL_IMAGE_PLAIN), w4 = job_total(&j, &cfg, 4, MODEL_IMAGE_PLAIN);
+    assert_true(w5 < w4);
+    j.runtime.gpu_memory_limit = (int64_t)w5;
+    check_refused(&j, &cfg, ": 5 workers (0.4 GiB)");
+
+    /* a limit nothing fits */
+    j.runtime.gpu_memory_limit = 1000;
+    check_refused(&j, &cfg, "No single change of fsdp.activation_checkpointing, train.micro_batch, "
+                            "the number of workers or train.type fits it");
+}
+
+/* A Llama 3 8B full fine-tune on 8 GPUs of 24 GiB, in bf16: the message fits in an errbuf. */
+static void test_message_of_a_large_job(void **state) {
+    (void)state;
+    llama_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hidden_size = 4096;
+    cfg.intermediate_size = 14336;
+    cfg.num_hidden_layers = 32;
+    cfg.num_attention_heads = 32;
+    cfg.num_key_value_heads = 8;
+    cfg.head_dim = 128;
+    cfg.vocab_size = 128256;
+    cfg.max_position_embeddings = 8192;
+    cfg.rms_norm_eps = 1e-5;
+    cfg.rope = (rope_config){.type = ROPE_DEFAULT, .theta = 500000.0};
+    job_config j;
+    job_defaults(&j);
+    j.train.global_batch = 64;
+    j.train.micro_batch = 2;
+    j.data.seq_len = 2048;
+    j.runtime.gpu_memory_limit = 24ll << 30;
+    errbuf err = {{0}};
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 8, 3, MODEL_IMAGE_PLAIN, 2, &err), -1);
+    printf("%s\n", err.msg);
+    assert_true(strlen(err.msg) < sizeof err.msg - 1);
+    assert_non_null(strstr(err.msg, "fsdp.activation_checkpointing=full ("));
+    assert_non_null(strstr(err.msg, "workers ("));
+    assert_non_null(strstr(err.msg, "train.type=lora ("));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_equals_fsdp_peak),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
+        cmocka_unit_test(test_hand_computed),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_format),
+        cmocka_unit_test(test_check_job),
+        cmocka_unit_test(test_message_of_a_large_job),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
