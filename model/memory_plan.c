@@ -48,8 +48,9 @@ static size_t bytes_padded(const plan_in *in, size_t bytes, size_t align) {
     return round_up(bytes, (size_t)in->group * align);
 }
 
-/* alloc_frozen (lay_out_frozen): the frozen units' shards, and a sharded NF4 base's two
- * slots of gathered codes and absmax.  *max_padded: the largest frozen unit, padded. */
+/* alloc_frozen (lay_out_frozen): the frozen units' shards (offload_params: an NF4 layer's
+ * nested absmax and norms only), an NF4 base's dequantized layer and, sharded or streamed,
+ * its two slots of codes and absmax.  *max_padded: the largest plain frozen unit, padded. */
 static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
     const llama_layout *lo = in->lo;
     size_t C = (size_t)lo->cfg.hidden_size;
@@ -57,33 +58,42 @@ static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
     model_image_nf4_layer nl = {0};
     if (in->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(lo, MODEL_IMAGE_F32, in->quant, &nl);
     size_t packed = bytes_padded(in, nl.packed_bytes, 32), absmax = bytes_padded(in, nl.absmax_bytes, dq ? 64 : 4 * 64);
+    int kept = !in->o->offload_params;
     *max_padded = 0;
     for (int u = 0; u < lo->n_units; u++) {
         size_t padded = padded_of(in, lo->units[u].numel), shard = padded / (size_t)in->group;
-        if (padded > *max_padded) *max_padded = padded;
         if (!is_nf4(in, u)) {
-            p->frozen += carved(shard * in->cs);
+            if (padded > *max_padded) *max_padded = padded;
+            p->frozen += kept ? carved(shard * in->cs) : 0;
             continue;
         }
-        p->frozen += carved(packed / (size_t)in->group) + carved(absmax / (size_t)in->group) +
+        p->frozen += (kept ? carved(packed / (size_t)in->group) + carved(absmax / (size_t)in->group) : 0) +
                      (dq ? carved(nl.n_nested * sizeof(float)) : 0) + carved(2 * C * sizeof(float));
     }
-    if (in->quant != MODEL_IMAGE_PLAIN && in->group > 1) p->gather_slots += 2 * (packed + absmax);
+    if (in->quant == MODEL_IMAGE_PLAIN) return;
+    p->gather_slots += padded_of(in, lo->units[llama_layer_unit(0)].numel) * in->cs; /* dequant */
+    if (in->group > 1 || in->o->offload_params) p->gather_slots += 2 * (packed + absmax);
 }
 
-/* alloc_trainable: master, m, v and grad of every trainable unit's shard, fp32.
- * *max_padded: the largest trainable unit, padded. */
+/* alloc_trainable: master, m, v and grad of every trainable unit's shard, fp32; with
+ * cpu_offload (alloc_offloaded) the grads and, unless offload_params, the compute copies,
+ * the rest pinned on the host.  *max_padded: the largest trainable unit, padded. */
 static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded) {
     int n = in->lora ? in->lora->n_units : in->lo->n_units;
     const llama_unit *units = in->lora ? in->lora->units : in->lo->units;
-    size_t elements = 0;
+    size_t elements = 0; /* of every shard */
     *max_padded = 0;
     for (int u = 0; u < n; u++) {
         size_t padded = padded_of(in, units[u].numel);
-        elements += 4 * (padded / (size_t)in->group);
+        elements += padded / (size_t)in->group;
         if (padded > *max_padded) *max_padded = padded;
     }
-    p->trainable = elements * sizeof(float);
+    if (!in->o->cpu_offload) {
+        p->trainable = 4 * elements * sizeof(float);
+        return;
+    }
+    p->trainable = elements * sizeof(float) + (in->o->offload_params ? 0 : elements * in->cs);
+    p->host_offload = elements * (4 * sizeof(float) + in->cs);
 }
 
 /* alloc_slots: gathered[0..2], gathered_adapter[0..1] and full_grad[0..2]. */
@@ -91,12 +101,9 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
     const llama_layout *lo = in->lo;
     int has_lora = in->lora != NULL, tied = lo->cfg.tie_word_embeddings;
     size_t embed_padded = padded_of(in, lo->units[LLAMA_EMBED_UNIT].numel);
-    int base_slots = !has_lora || in->group > 1 || in->quant != MODEL_IMAGE_PLAIN;
-    int one_dequant_slot = in->quant != MODEL_IMAGE_PLAIN && in->group == 1;
-    if (one_dequant_slot) base_padded = padded_of(in, lo->units[llama_layer_unit(0)].numel);
+    int base_slots = !has_lora || in->group > 1 || in->o->offload_params;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot == 0 || (slot == 1 && !one_dequant_slot) ? base_padded
-                 : slot == 2 && tied && !one_dequant_slot ? embed_padded : 0;
+        size_t n = slot < 2 ? base_padded : tied ? embed_padded : 0;
         if (base_slots) p->gather_slots += n * in->cs;
         if (has_lora && slot < 2) p->gather_slots += train_padded * in->cs;
         size_t g = slot < 2 ? train_padded : tied && !has_lora ? embed_padded : 0;
@@ -208,7 +215,8 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
         .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
-        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size};
+        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,
+        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params};
 }
 
 /* Whether o fits in limit; *total: its plan's (0 when it has none). */
@@ -277,6 +285,23 @@ static void suggest(const job_config *j, const memory_plan_options *o, const lor
         if (fits(&alt, limit, &total))
             append(out, n, &at, "%strain.type=%s (%.1f GiB)", at ? "; " : "", types[t].name, gib(total));
     }
+    /* offload: the optimizer state, the frozen base (adapters), or both */
+    static const struct {
+        int cpu_offload, offload_params;
+        const char *name;
+    } offloads[] = {{1, 0, "fsdp.cpu_offload=true"},
+                    {0, 1, "fsdp.offload_params=true"},
+                    {1, 1, "fsdp.cpu_offload=true with fsdp.offload_params=true"}};
+    for (size_t k = 0; k < sizeof offloads / sizeof offloads[0]; k++) {
+        alt = *o;
+        alt.cpu_offload |= offloads[k].cpu_offload;
+        alt.offload_params |= offloads[k].offload_params;
+        if ((alt.offload_params && !alt.lora && !alt.cpu_offload) ||
+            (alt.cpu_offload == o->cpu_offload && alt.offload_params == o->offload_params))
+            continue; /* what fsdp refuses, or the job's own setting */
+        if (fits(&alt, limit, &total))
+            append(out, n, &at, "%s%s (%.1f GiB)", at ? "; " : "", offloads[k].name, gib(total));
+    }
 }
 
 int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
@@ -295,6 +320,6 @@ int memory_plan_check_job(const job_config *j, const llama_config *cfg, int worl
     return errf(err, "runtime.gpu_memory_limit: each worker needs %s; the limit is %.1f GiB (%zu "
                      "bytes). %s%s", need, gib(limit), limit,
                 alternatives[0] ? "Each of these alone would fit: " : "No single change of "
-                "fsdp.activation_checkpointing, train.micro_batch, the number of workers or "
-                "train.type fits it", alternatives);
+                "fsdp.activation_checkpointing, train.micro_batch, the number of workers, "
+                "train.type or offload fits it", alternatives);
 }

@@ -32,12 +32,14 @@ typedef struct memory_plan_options {
     int checkpoint_activations; /* fsdp.activation_checkpointing full */
     int micro_batch, seq_len;
     size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
+    int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
 } memory_plan_options;
 
 /* Bytes per category.  Everything but load_staging is held from the first step on;
  * load_staging only while fsdp_load_image runs (before the activations exist). */
 typedef struct memory_plan {
-    size_t trainable;    /* fp32 master, m, v and grad shards of what is trained */
+    size_t trainable;    /* fp32 master, m, v and grad shards of what is trained (cpu_offload:
+                            the grad shards and, unless offload_params, compute copies) */
     size_t frozen;       /* adapters: the frozen base's shards (QLoRA: NF4 codes, absmax, norms) */
     size_t gather_slots; /* gathered units (and adapters; NF4 codes and absmax when sharded) */
     size_t grad_slots;   /* full fp32 gradients being computed and reduced */
@@ -45,6 +47,8 @@ typedef struct memory_plan {
     size_t small;        /* RoPE frequencies, the step's scalars, every rank's statistics */
     size_t load_staging; /* adapters: the staging buffer that loads the base */
     size_t total;        /* the peak: the most held at any time */
+    size_t host_offload; /* not context memory: cpu_offload's pinned host shards (master, m,
+                            v, the gradients' copy, the compute copies) */
 } memory_plan;
 
 /* The plan of o, or -1 with the reason (a bad model or adapter config, a sharding fsdp does
@@ -66,7 +70,8 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
  * no limit or the plan fits; else -1 with what the job needs (total and categories), the
  * limit, and which settings would fit, each changed alone: fsdp.activation_checkpointing
  * full, the largest smaller train.micro_batch (dividing the rows of a rank), the fewest
- * workers that fit (full_shard), train.type lora or qlora (with the job's lora settings). */
+ * workers that fit (full_shard), train.type lora or qlora (with the job's lora settings),
+ * fsdp.cpu_offload, fsdp.offload_params (adapters), both. */
 int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
                           model_image_quant quant, size_t compute_size, errbuf *err);
 

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <cuda_runtime.h>
@@ -315,6 +316,42 @@ static void check_memory(size_t n) {
     got = get_f32(df32(src, n), n);
     report_bool("k_copy_h2d, k_copy_d2h", shape("n=%zu", n),
                 memcmp(got, src, n * sizeof(float)) == 0, "same bits");
+    release_all();
+}
+
+/* The copy stream (k_copy_h2d_start / k_copy_h2d_wait) from read-only registered host memory
+ * (k_host_register: what offload_params does with the model image): a copy started after a
+ * queued copy into the same buffer lands after it, and compute queued after the wait reads
+ * it; host memory on either side of k_copy_h2d (CPU offload's shards) is a copy too. */
+static void check_copy_stream(size_t n) {
+    seed(16);
+    size_t bytes = n * sizeof(float), page = 4096, mapped = (bytes + page - 1) / page * page;
+    float *first = hrandom(n, 1.0f);
+    float *image = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (image == MAP_FAILED) die("mmap of %zu bytes failed", mapped);
+    for (size_t i = 0; i < n; i++) image[i] = frand();
+    if (mprotect(image, mapped, PROT_READ)) die("mprotect failed");
+    errbuf err = {{0}};
+    k_host_register(&gpu, image, mapped);
+    int registered = k_check(&gpu, &err) == 0;
+    report_bool("k_host_register (read-only)", shape("bytes=%zu", mapped), registered, registered ? "registered" : err.msg);
+    float *dst = dev_bytes(bytes, sizeof(float)), *sum = dev_bytes(bytes, sizeof(float));
+    k_copy_h2d(&gpu, dst, first, bytes);       /* queued on the compute stream */
+    k_copy_h2d_start(&gpu, dst, image, bytes); /* after it, on the copy stream */
+    k_copy_h2d_wait(&gpu);
+    k_add_f32(&gpu, sum, dst, n);              /* compute after the wait reads the image */
+    float *got = get_f32(sum, n);
+    report_bool("k_copy_h2d_start, k_copy_h2d_wait", shape("n=%zu", n),
+                memcmp(got, image, bytes) == 0, "same bits, in order");
+    float *host_dst = hfloats(n);
+    k_copy_h2d(&gpu, host_dst, image, bytes); /* host to host */
+    k_copy_d2h(&gpu, got, dst, bytes);
+    report_bool("k_copy_h2d, k_copy_d2h with host memory on both sides", shape("n=%zu", n),
+                k_sync(&gpu, &err) == 0 && memcmp(host_dst, image, bytes) == 0 &&
+                    memcmp(got, image, bytes) == 0, "same bits");
+    if (registered) k_host_unregister(&gpu, image);
+    report_bool("k_host_unregister", shape("bytes=%zu", mapped), k_check(&gpu, &err) == 0, "no error");
+    munmap(image, mapped);
     release_all();
 }
 
@@ -1178,6 +1215,7 @@ int main(int argc, char **argv) {
     time_t start = time(NULL);
 
     check_memory(((size_t)1 << 20) + 3);
+    check_copy_stream(((size_t)64 << 20) + 5);
     check_failures();
     for (misalign = 0; misalign <= 1; misalign++) {
         size_t n = misalign ? 12345 : (size_t)2046 * 4096;

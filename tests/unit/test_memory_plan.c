@@ -54,6 +54,7 @@ typedef struct plan_case {
     kind kind;
     int world, ckpt, tied;
     job_sharding sharding;
+    int cpu_offload, offload_params;
 } plan_case;
 
 static model_image_quant quant_of(kind k) {
@@ -64,7 +65,8 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
     return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world,
                                  .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
                                  .quant = quant_of(pc->kind), .checkpoint_activations = pc->ckpt,
-                                 .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float)};
+                                 .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
+                                 .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params};
 }
 
 /* What one rank saw. */
@@ -90,15 +92,15 @@ static void *model_image(const plan_case *pc, const llama_layout *lo, errbuf *er
     return NULL;
 }
 
-/* The worker's sequence, then one step of MICRO x N_MICRO rows. */
-static int train_one_step(fsdp *f, const plan_case *pc, int rank, errbuf *err) {
+/* The worker's sequence, then one step of MICRO x N_MICRO rows; *image: the model image,
+ * which offload_params reads until fsdp_destroy. */
+static int train_one_step(fsdp *f, const plan_case *pc, int rank, void **image, errbuf *err) {
     const llama_config *cfg = &f->layout.cfg;
-    void *image = model_image(pc, &f->layout, err);
-    if (!image || fsdp_load_image(f, image, err) || (pc->kind != FULL && fsdp_init_adapters(f, err))) {
-        free(image);
+    model_image_quant q = quant_of(pc->kind);
+    if (!(*image = model_image(pc, &f->layout, err)) ||
+        fsdp_load_image(f, *image, model_image_bytes_q(&f->layout, MODEL_IMAGE_F32, q), err) ||
+        (pc->kind != FULL && fsdp_init_adapters(f, err)))
         return -1;
-    }
-    free(image);
     int32_t ids[MICRO * N_MICRO * T], labels[MICRO * N_MICRO * T];
     for (int i = 0; i < MICRO * N_MICRO * T; i++)
         ids[i] = labels[i] = (int32_t)(rng_u64(9, (uint64_t)rank, (uint64_t)i) % (uint64_t)cfg->vocab_size);
@@ -115,18 +117,22 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
     memory_plan_options o = options_of(pc, &cfg, rank);
     fsdp_options fo = {.sharding = pc->sharding, .checkpoint_activations = pc->ckpt,
                        .forward_prefetch = 1, .backward_prefetch = 1,
-                       .lora = o.lora, .seed = 42, .quant = o.quant};
+                       .lora = o.lora, .seed = 42, .quant = o.quant,
+                       .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
+                       .offload_threads = 2};
     memory_plan p;
     kctx ctx;
     fsdp f;
+    void *image = NULL;
     memset(&f, 0, sizeof f);
     int rc = memory_plan_compute(&o, &p, &err);
     if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0) {
         rc = fsdp_init(&f, &cfg, &ctx, c, rank, pc->world, &fo, &err);
-        if (rc == 0) rc = train_one_step(&f, pc, rank, &err);
+        if (rc == 0) rc = train_one_step(&f, pc, rank, &image, &err);
         r->peak = k_peak_bytes(&ctx);
         fsdp_destroy(&f);
         kctx_destroy(&ctx);
+        free(image);
     }
     r->ok = rc == 0;
     r->planned = p.total;
@@ -193,9 +199,9 @@ static void check_case(const plan_case *pc) {
         const char *what = kind_names[pc->kind];
         if (!rep[r].ok)
             fail_msg("%s, world %d, checkpointing %d, rank %d: %s", what, pc->world, pc->ckpt, r, rep[r].msg);
-        printf("%-32s world %d%s ckpt %d tied %d rank %d: plan %zu, fsdp's peak %zu\n", what, pc->world,
-               pc->sharding == JOB_SHARD_NONE ? " no_shard" : "", pc->ckpt, pc->tied, r, rep[r].planned,
-               rep[r].peak);
+        printf("%-32s world %d%s ckpt %d tied %d offload %d/%d rank %d: plan %zu, fsdp's peak %zu\n",
+               what, pc->world, pc->sharding == JOB_SHARD_NONE ? " no_shard" : "", pc->ckpt, pc->tied,
+               pc->cpu_offload, pc->offload_params, r, rep[r].planned, rep[r].peak);
         if (rep[r].planned != rep[r].peak)
             fail_msg("%s, world %d, checkpointing %d, tied %d, rank %d: the plan says %zu bytes, fsdp "
                      "allocated at most %zu", what, pc->world, pc->ckpt, pc->tied, r, rep[r].planned,
@@ -223,6 +229,20 @@ static void test_plan_equals_fsdp_peak_variants(void **state) {
     }
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE});
     check_case(&(plan_case){.kind = LORA, .world = 2, .sharding = JOB_SHARD_NONE});
+}
+
+/* Offload: cpu_offload (every kind), offload_params (adapters; a full fine-tune with
+ * cpu_offload), both, at world 1 and 2. */
+static void test_plan_equals_fsdp_peak_offloaded(void **state) {
+    (void)state;
+    for (int k = FULL; k <= QLORA; k++)
+        for (int world = 1; world <= 2; world++)
+            for (int mode = 1; mode <= 3; mode++) {
+                plan_case pc = {.kind = (kind)k, .world = world, .sharding = JOB_SHARD_FULL,
+                                .cpu_offload = mode & 1, .offload_params = mode >> 1};
+                if (k == FULL && mode == 2) continue; /* refused: nothing frozen to stream */
+                check_case(&pc);
+            }
 }
 
 static memory_plan plan_of(const memory_plan_options *o) {
@@ -253,6 +273,17 @@ static void test_hand_computed(void **state) {
     assert_int_equal(plan_of(&o).grad_slots, 2 * 11620 * 4);
     /* RoPE's 5 frequencies, 2 scalars, 2 ranks' statistics of 48 bytes */
     assert_int_equal(plan_of(&o).small, 5 * 4 + 2 * 4 + 2 * 48);
+    /* cpu_offload, one rank: the grads and the compute copies stay; master, m, v, the grads'
+     * copy and the compute copies are pinned host memory; offload_params leaves the copies */
+    o.world = 1;
+    o.rank = 0;
+    o.cpu_offload = 1;
+    assert_int_equal(plan_of(&o).trainable, 27545 * (4 + 4));
+    assert_int_equal(plan_of(&o).host_offload, 27545 * (4 * 4 + 4));
+    o.offload_params = 1;
+    assert_int_equal(plan_of(&o).trainable, 27545 * 4);
+    o.cpu_offload = o.offload_params = 0;
+    assert_int_equal(plan_of(&o).host_offload, 0);
 
     /* LoRA rank 3 on every linear: per layer A [3, in] + B [out, 3] of q (35 -> 40), k, v
      * (35 -> 20), o (40 -> 35), gate, up (35 -> 70), down (70 -> 35) = 1725 elements */
@@ -411,10 +442,24 @@ static void test_check_job(void **state) {
     j.runtime.gpu_memory_limit = (int64_t)w5;
     check_refused(&j, &cfg, ": 5 workers (0.4 GiB)");
 
+    /* offload: cpu_offload alone (a full fine-tune has nothing frozen to stream) */
+    alt = j;
+    alt.fsdp.cpu_offload = true;
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_PLAIN);
+    check_refused(&j, &cfg, "fsdp.cpu_offload=true (");
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), -1);
+    assert_null(strstr(err.msg, ": fsdp.offload_params=true (")); /* refused alone in a full fine-tune */
+    assert_null(strstr(err.msg, "; fsdp.offload_params=true ("));
+    alt.fsdp.offload_params = true; /* less again: the compute copies streamed from the host */
+    j.runtime.gpu_memory_limit = (int64_t)job_total(&alt, &cfg, 2, MODEL_IMAGE_PLAIN);
+    check_refused(&j, &cfg, "fsdp.cpu_offload=true with fsdp.offload_params=true (");
+    assert_int_equal(memory_plan_check_job(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 4, &err), -1);
+    assert_null(strstr(err.msg, "fsdp.cpu_offload=true ("));
+
     /* a limit nothing fits */
     j.runtime.gpu_memory_limit = 1000;
     check_refused(&j, &cfg, "No single change of fsdp.activation_checkpointing, train.micro_batch, "
-                            "the number of workers or train.type fits it");
+                            "the number of workers, train.type or offload fits it");
 }
 
 /* A Llama 3 8B full fine-tune on 8 GPUs of 24 GiB, in bf16: the message fits in an errbuf. */
@@ -451,6 +496,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_equals_fsdp_peak),
         cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
         cmocka_unit_test(test_hand_computed),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_format),
