@@ -5,7 +5,8 @@
 #    peak the job trains to the end with the same losses, bit for bit;
 #  - one byte less and the job stops before training (also when resuming): non-zero exit, the
 #    message names runtime.gpu_memory_limit, the bytes it needs (the peak: the plan is what
-#    fsdp allocates) and the settings that would fit, which do fit; the same for a LoRA job
+#    fsdp allocates) and the settings that would fit (fsdp.cpu_offload among them), which do
+#    fit; the same for a LoRA job
 #    (its base's staging included);
 #  - an allocation outside the plan (the network check of fabric.preflight) is refused by the
 #    worker's context itself, naming the limit.
@@ -64,7 +65,7 @@ cmp "$tmp/free.loss" "$tmp/fits.loss" || fail "the limit changed the losses"
 run tight --runtime.gpu_memory_limit=$((peak - 1))
 refused tight "runtime.gpu_memory_limit: each worker needs" "($peak bytes)" "($((peak - 1)) bytes)" \
     "Each of these alone would fit" "fsdp.activation_checkpointing=full (" "train.micro_batch=2 (" \
-    "3 workers ("
+    "3 workers (" "fsdp.cpu_offload=true ("
 grep -q "train.type=lora (" "$tmp/tight.failure" && fail "LoRA (its 64 MiB staging buffer) cannot fit this limit"
 # what the suggestions say fits does fit
 run ckpt --runtime.gpu_memory_limit=$((peak - 1)) --fsdp.activation_checkpointing=full
@@ -72,6 +73,9 @@ must_succeed ckpt
 cmp "$tmp/free.loss" "$tmp/ckpt.loss" || fail "checkpointing under the limit changed the losses"
 run micro --runtime.gpu_memory_limit=$((peak - 1)) --train.micro_batch=2
 must_succeed micro
+run offload --runtime.gpu_memory_limit=$((peak - 1)) --fsdp.cpu_offload=true
+must_succeed offload
+cmp "$tmp/free.loss" "$tmp/offload.loss" || fail "cpu_offload under the limit changed the losses"
 
 # --- resuming a full fine-tune (no model memory: the checkpoint is read) is checked too --------
 run saved --checkpoint.save_final=true --checkpoint.dir="$tmp/ck-saved"
