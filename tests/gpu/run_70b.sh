@@ -92,8 +92,8 @@ for r in $runs; do
         run one configs/models/llama2-70b.json 1 8 2 560 ;;
     two)
         section "70B QLoRA, 2 workers on one GPU, runtime.gpu_memory_limit=22GiB each, offloaded"
-        run two configs/models/llama2-70b.json 2 6 2 580 --runtime.gpu_memory_limit=22GiB \
-            --fsdp.cpu_offload=true --fsdp.offload_params=true ;;
+        run two configs/models/llama2-70b.json 2 8 2 580 --runtime.gpu_memory_limit=22GiB \
+            --fsdp.cpu_offload=true --fsdp.offload_params=true --train.lr=1e-3 ;;
     offload7b)
         section "7B QLoRA, 1 worker: offloaded and not"
         run q7 configs/models/llama2-7b.json 1 8 4 200 &&
