@@ -91,3 +91,69 @@ rate() {
 # sampled every 250 ms into $out/NAME_mem.txt.
 mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$out/$1_mem.txt" 2>/dev/null & monitor=$!; }
 peak() { kill "$monitor" 2>/dev/null; sort -n "$out/$1_mem.txt" 2>/dev/null | tail -1; }
+
+samplers=()
+
+# sample NAME: GPU memory per process and host memory every 500 ms until unsample.
+sample() {
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 500 \
+        > "$out/$1.gpu" 2>/dev/null &
+    samplers+=($!)
+    (while :; do awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} /^Shmem:/ {s=$2}
+                      END {print t - a, s}' /proc/meminfo; sleep 0.5; done) > "$out/$1.host" &
+    samplers+=($!)
+}
+unsample() {
+    for p in "${samplers[@]+"${samplers[@]}"}"; do kill "$p" 2>/dev/null; done
+    samplers=()
+}
+
+# measured_run NAME MODEL TYPE WORKERS STEPS BATCH TIMEOUT [overrides...]: fsdpd training a
+# random MODEL (TYPE full, lora or qlora: r 64, alpha 16 on every linear), BATCH sequences of
+# 2048 tokens a worker a step, activation checkpointing, on synthetic tokens; prints a line of
+# figures: tokens/s after the first two steps, the loss, fsdpd's peak allocated, nvidia-smi's
+# peak per process, host RAM used (MemTotal - MemAvailable, less the idle machine's).
+# Expects $build, $out, $work.
+measured_run() {
+    local name=$1 model=$2 type=$3 workers=$4 steps=$5 batch=$6 limit=$7
+    shift 7
+    "$build/fsdpctl" synth --out "$work/data.tokens" --seq-len 2048 --records $((batch * workers * (steps + 1))) \
+        --vocab 32000 --alphabet 64 > /dev/null || { failed "$name: synth"; return 1; }
+    local base_host
+    base_host=$(awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t - a}' /proc/meminfo)
+    sample "$name"
+    rm -f "$out/$name.jsonl"
+    timeout "$limit" "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.path= --model.init=random \
+        --model.config="$model" --model.dtype=bf16 --data.path="$work/data.tokens" --data.format=tokens \
+        --data.seq_len=2048 --train.type="$type" --lora.rank=64 --lora.alpha=16 --lora.dropout=0 \
+        --lora.targets=all-linear --train.global_batch=$((batch * workers)) --train.micro_batch="$batch" \
+        --train.max_steps="$steps" --train.warmup_steps=1 --train.lr=2e-4 --train.min_lr=0 \
+        --fsdp.activation_checkpointing=full --runtime.backend=cuda --runtime.workers_per_node="$workers" \
+        --checkpoint.dir="$work/ckpt-$name" --checkpoint.resume=never --checkpoint.save_final=false \
+        --output.consolidate=false --output.dir="$work/out-$name" --runtime.metrics="$out/$name.jsonl" \
+        --runtime.heartbeat_s=30 --runtime.comm_timeout_s=600 "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    unsample
+    [ $rc -eq 0 ] || { grep -v '^step' "$out/$name.log" | tail -8; failed "$name: exit $rc"; return 1; }
+    grep -E 'quantized|memory|offload' "$out/$name.log" | grep -v '^step' | cut -c1-220 | head -4
+    python3 - "$name" "$out" "$batch" "$workers" "$base_host" <<'PY'
+import json, sys, collections
+name, out, batch, workers, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
+steady = rows[2:] or rows[1:]
+sec = sum(r["seconds"] for r in steady)
+tok = batch * workers * 2048 * len(steady)
+per_pid = collections.defaultdict(int)
+for line in open(f"{out}/{name}.gpu"):
+    p = [x.strip() for x in line.split(",")]
+    if len(p) == 2 and p[1].isdigit(): per_pid[p[0]] = max(per_pid[p[0]], int(p[1]))
+host = [tuple(map(int, l.split())) for l in open(f"{out}/{name}.host") if l.strip()]
+used = max(h[0] for h in host) - base
+shm = max(h[1] for h in host)
+print(f"{name}: {tok / sec:.0f} tokens/s ({sec / len(steady):.2f} s a step, {len(steady)} steps after the first "
+      f"{len(rows) - len(steady)}), loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, peak allocated "
+      f"{max(r['mem_peak_bytes'] for r in rows) / 2**30:.1f} GiB (rank 0), GPU per process "
+      f"{sorted(per_pid.values(), reverse=True)} MiB, host RAM used +{used / 2**20:.1f} GiB "
+      f"(shared memory {shm / 2**20:.1f} GiB)")
+PY
+}
