@@ -42,8 +42,7 @@ static int remove_tree(const char *path, errbuf *err) {
 
 /* ---- before the workers start ---- */
 
-/* The job's config.json, as JSON (for the manifest) and parsed (to check a checkpoint). */
-static int load_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
+int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
     const char *src = job->model.init == JOB_INIT_RANDOM ? job->model.config : job->model.path;
     char path[PATH_BYTES];
     struct stat st;
@@ -172,7 +171,7 @@ static int check_resume(job_config *job, const char *path, const ckpt_start *sta
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
-    if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
+    if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
     int rc = base_fingerprint(job, out->model_config, out->base_fingerprint, err);
     if (rc == 0) rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
@@ -194,7 +193,7 @@ int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start 
     out->attempt = attempt;
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
         return errf(err, "the leader's checkpoint path is too long");
-    if (load_model_config(job, &out->model_config, &out->model, err)) return -1;
+    if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
     if (base_fingerprint(job, out->model_config, out->base_fingerprint, err) ||
         (resume_dir[0] && check_resume(job, resume_dir, out, &out->resume_step, err))) {
         json_decref(out->model_config);

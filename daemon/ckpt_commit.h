@@ -60,6 +60,9 @@ typedef struct ckpt_start {
  * hold adapters of the job's settings for the same base (its fingerprint, computed here);
  * a full fine-tune's must hold a whole model. */
 int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
+/* The job's model config.json (model.path's, or model.config with model.init random), as JSON
+ * (for the manifest) and parsed. */
+int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err);
 int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err);
 
 typedef struct ckpt_coord_hooks {

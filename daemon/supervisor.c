@@ -27,6 +27,8 @@
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
 #include "daemon/status_server.h"
+#include "kernels/kernels.h"
+#include "model/step_plan.h"
 #include "proto/msg.h"
 #include "proto/nccl_log.h"
 
@@ -912,9 +914,19 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
  * not needed when the workers of a full fine-tune resume from a checkpoint (an adapter
  * job's checkpoint holds no base).  Named after the job, the restart and the node, as
  * DESIGN.md asks of everything a requeued job could meet again. */
+/* Before anything is loaded: the job's worker must fit its GPU, or runtime.gpu_memory_limit
+ * (model/step_plan.h), else the job is refused with what it needs and what would fit. */
+static int check_fits(supervisor *s, model_image_quant q, errbuf *err) {
+    int cuda = s->job.runtime.backend == JOB_BACKEND_CUDA;
+    int world = s->opt->workers * cluster_nodes(s->opt->cluster);
+    return step_plan_admit(&s->job, &s->ckpt_start.model, world, q, cuda ? 2 : 4,
+                           cuda ? k_cuda_device_memory(0) : 0, PLAN_CONTEXT_BYTES, err);
+}
+
 static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
-    if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL) return 0;
+    if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL)
+        return check_fits(s, MODEL_IMAGE_PLAIN, err);
     const job_config *j = &s->job;
     llama_layout lo;
     if (llama_layout_init(&lo, &s->ckpt_start.model, err)) return -1;
@@ -928,6 +940,10 @@ static int setup_model(supervisor *s, errbuf *err) {
     model_image_quant q;
     int bnb;
     int rc = model_shm_quant(j, s->ckpt_start.model_config, &q, &bnb, err);
+    if (rc == 0 && check_fits(s, j->train.type == JOB_TRAIN_FULL ? MODEL_IMAGE_PLAIN : q, err)) {
+        llama_layout_free(&lo);
+        return -1;
+    }
     if (rc == 0) rc = model_shm_create(j, &lo, q, bnb, name, &s->model_fd, &bytes, err);
     llama_layout_free(&lo);
     if (rc) return errprefix(err, "loading the model");

@@ -65,6 +65,15 @@ int k_cuda_available(void) {
 #endif
 }
 
+size_t k_cuda_device_memory(int device) {
+#ifdef FSDP_HAVE_CUDA
+    return cuda_device_memory(device);
+#else
+    (void)device;
+    return 0;
+#endif
+}
+
 int kctx_init(kctx *c, k_backend backend, int device, errbuf *err) {
     memset(c, 0, sizeof *c);
     c->device = device;

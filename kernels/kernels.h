@@ -24,6 +24,8 @@
 
 /* Whether this build has the CUDA backend, and how many devices it sees (0 without). */
 int k_cuda_available(void);
+/* Device `device`'s memory in bytes (0 without CUDA or that device); creates no context. */
+size_t k_cuda_device_memory(int device);
 
 int kctx_init(kctx *c, k_backend backend, int device, errbuf *err);
 void kctx_destroy(kctx *c);

@@ -88,6 +88,7 @@ static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded
         elements += padded / (size_t)in->group;
         if (padded > *max_padded) *max_padded = padded;
     }
+    p->trainable_elems = elements;
     if (!in->o->cpu_offload) {
         p->trainable = 4 * elements * sizeof(float);
         return;
@@ -307,18 +308,24 @@ static void suggest(const job_config *j, const memory_plan_options *o, const lor
 int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
                           model_image_quant quant, size_t compute_size, errbuf *err) {
     if (j->runtime.gpu_memory_limit <= 0) return 0;
-    size_t limit = (size_t)j->runtime.gpu_memory_limit;
+    return memory_plan_check_limit(j, cfg, world, rank, quant, compute_size,
+                                   (size_t)j->runtime.gpu_memory_limit, "runtime.gpu_memory_limit", err);
+}
+
+int memory_plan_check_limit(const job_config *j, const llama_config *cfg, int world, int rank,
+                            model_image_quant quant, size_t compute_size, size_t limit,
+                            const char *what, errbuf *err) {
     lora_config lora;
     memory_plan_options o;
     memory_plan p;
     memory_plan_job_options(j, cfg, world, rank, quant, compute_size, &lora, &o);
-    if (memory_plan_compute(&o, &p, err)) return errprefix(err, "runtime.gpu_memory_limit");
+    if (memory_plan_compute(&o, &p, err)) return errprefix(err, "%s", what);
     if (p.total <= limit) return 0;
     char need[400], alternatives[500];
     memory_plan_format(&p, need, sizeof need);
     suggest(j, &o, &lora, limit, alternatives, sizeof alternatives);
-    return errf(err, "runtime.gpu_memory_limit: each worker needs %s; the limit is %.1f GiB (%zu "
-                     "bytes). %s%s", need, gib(limit), limit,
+    return errf(err, "%s: each worker needs %s; the limit is %.1f GiB (%zu "
+                     "bytes). %s%s", what, need, gib(limit), limit,
                 alternatives[0] ? "Each of these alone would fit: " : "No single change of "
                 "fsdp.activation_checkpointing, train.micro_batch, the number of workers, "
                 "train.type or offload fits it", alternatives);

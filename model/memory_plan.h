@@ -49,6 +49,7 @@ typedef struct memory_plan {
     size_t total;        /* the peak: the most held at any time */
     size_t host_offload; /* not context memory: cpu_offload's pinned host shards (master, m,
                             v, the gradients' copy, the compute copies) */
+    size_t trainable_elems; /* elements of this rank's trainable shards */
 } memory_plan;
 
 /* The plan of o, or -1 with the reason (a bad model or adapter config, a sharding fsdp does
@@ -74,5 +75,10 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
  * fsdp.cpu_offload, fsdp.offload_params (adapters), both. */
 int memory_plan_check_job(const job_config *j, const llama_config *cfg, int world, int rank,
                           model_image_quant quant, size_t compute_size, errbuf *err);
+/* The same against any limit of device memory a worker; `what` names it in the message
+ * ("runtime.gpu_memory_limit", "the GPU's memory ..."). */
+int memory_plan_check_limit(const job_config *j, const llama_config *cfg, int world, int rank,
+                            model_image_quant quant, size_t compute_size, size_t limit,
+                            const char *what, errbuf *err);
 
 #endif

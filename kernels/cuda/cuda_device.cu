@@ -16,6 +16,15 @@ extern "C" int cuda_device_count(void) {
     return n;
 }
 
+extern "C" size_t cuda_device_memory(int device) {
+    cudaDeviceProp p;
+    if (device < 0 || device >= cuda_device_count() || cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return p.totalGlobalMem;
+}
+
 // ---- failures ----
 
 void cuda_check_launch(kctx *c, const char *what) {

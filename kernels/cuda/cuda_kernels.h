@@ -25,6 +25,7 @@ extern "C" {
 
 /* cuda_device.cu: devices and contexts (what kctx_init, kctx_destroy and k_sync call) */
 int cuda_device_count(void); /* usable devices; 0 when there is no driver or no device */
+size_t cuda_device_memory(int device); /* its bytes; 0 when it does not exist */
 /* Sets up c (backend and compute already set by kctx_init) on `device`: the calling thread's
  * current device becomes `device`, and later calls on c must come from a thread whose
  * current device it is. */

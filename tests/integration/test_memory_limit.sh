@@ -3,7 +3,8 @@
 # counted and limited as a GPU's), 2 workers:
 #  - a run without a limit reports its peak (metrics mem_peak_bytes); with the limit at that
 #    peak the job trains to the end with the same losses, bit for bit;
-#  - one byte less and the job stops before training (also when resuming): non-zero exit, the
+#  - one byte less and fsdpd refuses the job before loading the model (also when resuming; the
+#    worker would refuse it too): non-zero exit, the
 #    message names runtime.gpu_memory_limit, the bytes it needs (the peak: the plan is what
 #    fsdp allocates) and the settings that would fit (fsdp.cpu_offload among them), which do
 #    fit; the same for a LoRA job
@@ -67,6 +68,8 @@ refused tight "runtime.gpu_memory_limit: each worker needs" "($peak bytes)" "($(
     "Each of these alone would fit" "fsdp.activation_checkpointing=full (" "train.micro_batch=2 (" \
     "3 workers (" "fsdp.cpu_offload=true ("
 grep -q "train.type=lora (" "$tmp/tight.failure" && fail "LoRA (its 64 MiB staging buffer) cannot fit this limit"
+# fsdpd itself refused it (model/step_plan.h), before loading the model or starting a worker
+grep -q "model in shared memory\|rank 0: started" "$tmp/tight.log" && fail "the job was refused only after loading the model"
 # what the suggestions say fits does fit
 run ckpt --runtime.gpu_memory_limit=$((peak - 1)) --fsdp.activation_checkpointing=full
 must_succeed ckpt

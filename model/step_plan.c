@@ -1,0 +1,381 @@
+/* step_plan: memory, host RAM, checkpoint and step time of a job, predicted.  See
+ * step_plan.h.  The step's ops follow model/llama.c (forward, backward, the head) and
+ * worker/fsdp.c (gathers, reductions, AdamW, offload). */
+#include "model/step_plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/bytes.h"
+#include "proto/lora_layout.h"
+#include "proto/model_layout.h"
+
+static const plan_gpu gpus[] = {
+    /* name       GiB    TFLOP/s  HBM GB/s  link GB/s  PCIe GB/s */
+    {"h200", 139.8, 989, 4800, 400, 55},
+    {"h100", 79.6, 989, 3350, 400, 55},
+    {"a100-80", 79.3, 312, 2039, 230, 25},
+    {"a100-40", 39.4, 312, 1555, 230, 25},
+    {"l40s", 44.4, 362, 864, 20, 25},
+    {"4090", 23.6, 165, 1008, 20, 25},
+    {"3090", 23.6, 71, 936, 20, 25},
+};
+#define N_GPUS (sizeof gpus / sizeof gpus[0])
+
+const plan_gpu *plan_gpu_find(const char *name) {
+    for (size_t i = 0; i < N_GPUS; i++)
+        if (!strcmp(gpus[i].name, name)) return &gpus[i];
+    return NULL;
+}
+
+const char *plan_gpu_names(void) { return "h200, h100, a100-80, a100-40, l40s, 4090, 3090"; }
+
+/* ---- rates: the table's, scaled to the GPU ---- */
+
+typedef struct rates {
+    const plan_rates *t;
+    double compute, memory, copy; /* the table's time x these = this GPU's */
+} rates;
+
+/* Distance between two shapes in log space. */
+static double shape_distance(const int *a, const int *b, int n) {
+    double d = 0;
+    for (int i = 0; i < n; i++) {
+        double x = log((double)a[i] / (double)b[i]);
+        d += x * x;
+    }
+    return d;
+}
+
+/* Seconds of the GEMM (N, I, O) of kind k (0 forward, 1 input gradient, 2 weight gradient):
+ * its row, or the nearest row scaled by the FLOPs. */
+static double gemm_s(const rates *r, int N, int I, int O, int k) {
+    int want[3] = {N, I, O}, best = 0;
+    double best_d = INFINITY;
+    for (int i = 0; i < r->t->n_gemm; i++) {
+        const plan_gemm_rate *g = &r->t->gemm[i];
+        int have[3] = {g->N, g->I, g->O};
+        double d = shape_distance(want, have, 3);
+        if (d < best_d) best_d = d, best = i;
+    }
+    const plan_gemm_rate *g = &r->t->gemm[best];
+    double ms = k == 0 ? g->fwd_ms : k == 1 ? g->dx_ms : g->dw_ms;
+    double scale = (double)N * I * O / ((double)g->N * g->I * g->O);
+    return ms * 1e-3 * scale * r->compute;
+}
+
+/* Seconds of causal attention over B rows of T tokens: forward (bwd 0) or backward. */
+static double attention_s(const rates *r, int B, int T, int Hq, int Hkv, int hd, int bwd) {
+    int want[5] = {B, T, Hq, Hkv, hd}, best = 0;
+    double best_d = INFINITY;
+    for (int i = 0; i < r->t->n_attention; i++) {
+        const plan_attention_rate *a = &r->t->attention[i];
+        int have[5] = {a->B, a->T, a->Hq, a->Hkv, a->hd};
+        double d = shape_distance(want, have, 5);
+        if (d < best_d) best_d = d, best = i;
+    }
+    const plan_attention_rate *a = &r->t->attention[best];
+    double flops = (double)B * Hq * (double)T * T * hd, have = (double)a->B * a->Hq * (double)a->T * a->T * a->hd;
+    return (bwd ? a->bwd_ms : a->fwd_ms) * 1e-3 * flops / have * r->compute;
+}
+
+/* Seconds to move bytes at gbps (a table rate), scaled by the GPU's memory bandwidth. */
+static double bytes_s(const rates *r, double bytes, double gbps) { return bytes / (gbps * 1e9) * r->memory; }
+
+/* ---- a micro-batch's compute ---- */
+
+typedef struct model_shape {
+    const llama_config *c;
+    int B, T, N, C, I, q, kv, V;
+    double cs; /* compute dtype bytes */
+    const lora_config *lora; /* NULL: a full fine-tune */
+    int nf4;
+} model_shape;
+
+typedef struct tally {
+    double gemm, attention, memory;
+    long launches;
+} tally;
+
+static void gemm(tally *t, const rates *r, int N, int I, int O, int k) {
+    t->gemm += gemm_s(r, N, I, O, k);
+    t->launches++;
+}
+
+/* An elementwise op moving `bytes`. */
+static void moved(tally *t, const rates *r, double bytes, double gbps) {
+    t->memory += bytes_s(r, bytes, gbps);
+    t->launches++;
+}
+
+/* The seven linears of a layer: (in, out). */
+static void linear_shapes(const model_shape *s, int in[7], int out[7]) {
+    int i_[7] = {s->C, s->C, s->C, s->q, s->C, s->C, s->I};
+    int o_[7] = {s->q, s->kv, s->kv, s->C, s->I, s->I, s->C};
+    memcpy(in, i_, sizeof i_);
+    memcpy(out, o_, sizeof o_);
+}
+
+/* One decoder layer's forward (llama_layer_forward). */
+static void layer_forward(tally *t, const rates *r, const model_shape *s) {
+    int in[7], out[7];
+    linear_shapes(s, in, out);
+    double N = s->N, cs = s->cs, ew = r->t->elementwise_gbps;
+    if (s->nf4) { /* the layer dequantized into one buffer first (fsdp) */
+        double n = 0;
+        for (int k = 0; k < 7; k++) n += (double)in[k] * out[k];
+        moved(t, r, n * cs + n / 2 + n / 64, r->t->dequant_gbps);
+        t->launches += 8;
+    }
+    for (int k = 0; k < 7; k++) {
+        gemm(t, r, s->N, in[k], out[k], 0);
+        if (s->lora && (s->lora->targets >> k & 1u)) {
+            int rk = s->lora->rank;
+            if (s->lora->dropout > 0) moved(t, r, 2 * N * in[k] * cs, ew);
+            gemm(t, r, s->N, in[k], rk, 0);
+            moved(t, r, 2 * N * rk * cs, ew); /* scale */
+            gemm(t, r, s->N, rk, out[k], 0);  /* accumulated onto the base's output */
+        }
+    }
+    t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
+                                s->c->head_dim, 0);
+    t->launches++;
+    moved(t, r, 2 * 2 * N * s->C * cs, ew);           /* two RMSNorms */
+    moved(t, r, 2 * N * (s->q + s->kv) * cs, ew);     /* RoPE on q and k */
+    moved(t, r, 2 * 3 * N * s->C * cs, ew);           /* two residual adds */
+    moved(t, r, 3 * N * s->I * cs, ew);               /* SwiGLU */
+}
+
+/* One decoder layer's backward (llama_layer_backward): input gradients always, weight
+ * gradients for a full fine-tune, the adapters' both with LoRA. */
+static void layer_backward(tally *t, const rates *r, const model_shape *s) {
+    int in[7], out[7];
+    linear_shapes(s, in, out);
+    double N = s->N, cs = s->cs, ew = r->t->elementwise_gbps;
+    for (int k = 0; k < 7; k++) {
+        gemm(t, r, s->N, in[k], out[k], 1);
+        if (!s->lora) gemm(t, r, s->N, in[k], out[k], 2);
+        if (s->lora && (s->lora->targets >> k & 1u)) {
+            int rk = s->lora->rank;
+            gemm(t, r, s->N, rk, out[k], 1); /* B: d(lora_t) and dB */
+            gemm(t, r, s->N, rk, out[k], 2);
+            moved(t, r, 2 * N * rk * cs, ew);
+            gemm(t, r, s->N, in[k], rk, 1);  /* A: dx and dA */
+            gemm(t, r, s->N, in[k], rk, 2);
+            if (s->lora->dropout > 0) moved(t, r, 3 * N * in[k] * cs, ew);
+        }
+    }
+    t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
+                                s->c->head_dim, 1);
+    t->launches++;
+    moved(t, r, 2 * 4 * N * s->C * cs, ew);       /* two RMSNorm backwards */
+    moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE's inverse */
+    moved(t, r, 5 * N * s->I * cs, ew);           /* SwiGLU's backward */
+    moved(t, r, 2 * 3 * N * s->C * cs, ew);       /* gradient accumulations */
+}
+
+/* The head (llama_head_forward_backward: 2048 rows at a time) and the embedding. */
+static void head_and_embedding(tally *t, const rates *r, const model_shape *s) {
+    double cs = s->cs;
+    for (int at = 0; at < s->N; at += 2048) {
+        int rows = s->N - at < 2048 ? s->N - at : 2048;
+        gemm(t, r, rows, s->C, s->V, 0);
+        moved(t, r, 2.0 * rows * s->V * cs, r->t->cross_entropy_gbps);
+        gemm(t, r, rows, s->C, s->V, 1);
+        if (!s->lora) gemm(t, r, rows, s->C, s->V, 2);
+    }
+    moved(t, r, 2 * 4.0 * s->N * s->C * cs, r->t->elementwise_gbps); /* final norm, both ways */
+    moved(t, r, 2.0 * s->N * s->C * cs, r->t->elementwise_gbps);     /* embedding */
+    if (!s->lora) moved(t, r, s->N * s->C * (cs + 8.0), r->t->elementwise_gbps);
+}
+
+/* ---- the plan ---- */
+
+static size_t image_bytes(const llama_config *cfg, const job_config *j, model_image_quant q, errbuf *err) {
+    llama_layout lo;
+    if (llama_layout_init(&lo, cfg, err)) return 0;
+    model_image_dtype dt = j->model.dtype == JOB_DTYPE_BF16 ? MODEL_IMAGE_BF16 : MODEL_IMAGE_F32;
+    size_t n = model_image_bytes_q(&lo, dt, q);
+    llama_layout_free(&lo);
+    return n;
+}
+
+/* Units' elements: the model's, a layer's, and (for communication) the trained ones. */
+typedef struct unit_sizes {
+    double embed, layer, head, trained_layer, trained_total;
+    double layer_nf4_bytes; /* an NF4 layer's codes and absmax */
+} unit_sizes;
+
+static void unit_sizes_of(const model_shape *s, unit_sizes *u) {
+    int in[7], out[7];
+    linear_shapes(s, in, out);
+    double lin = 0, lora = 0;
+    for (int k = 0; k < 7; k++) {
+        lin += (double)in[k] * out[k];
+        if (s->lora && (s->lora->targets >> k & 1u)) lora += (double)s->lora->rank * (in[k] + out[k]);
+    }
+    u->embed = (double)s->V * s->C;
+    u->layer = lin + 2.0 * s->C;
+    u->head = (double)s->V * s->C + s->C;
+    u->layer_nf4_bytes = lin / 2 + lin / 64;
+    u->trained_layer = s->lora ? lora : u->layer;
+    u->trained_total = s->lora ? lora * s->c->num_hidden_layers
+                               : u->embed + u->layer * s->c->num_hidden_layers + u->head;
+}
+
+/* Seconds of an all-gather or reduce-scatter of `bytes` (the whole unit) over `world` GPUs of
+ * m: the ring's (world - 1) / world of it at the slowest link. */
+static double collective_s(const plan_machine *m, double bytes, int world) {
+    if (world <= 1) return 0;
+    double bw = m->nodes > 1 ? fmin(m->gpu->link_gbps, m->net_gbps / m->gpus_per_node) : m->gpu->link_gbps;
+    return bytes * (world - 1) / world / (bw * 1e9);
+}
+
+static void step_time(const job_config *j, const model_shape *s, const plan_machine *m, const rates *r,
+                      step_plan *p) {
+    int L = s->c->num_hidden_layers, world = m->nodes * m->gpus_per_node;
+    int ckpt = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL;
+    int n_micro = j->train.global_batch / (world * j->train.micro_batch);
+    tally layer_f = {0}, layer_b = {0}, head = {0};
+    layer_forward(&layer_f, r, s);
+    layer_backward(&layer_b, r, s);
+    head_and_embedding(&head, r, s);
+    double launch = r->t->launch_us * 1e-6;
+    double f = layer_f.gemm + layer_f.attention + layer_f.memory + layer_f.launches * launch;
+    double b = layer_b.gemm + layer_b.attention + layer_b.memory + layer_b.launches * launch;
+    double h = head.gemm + head.memory + head.launches * launch;
+    double passes = ckpt ? 2 : 1; /* the recomputed forward */
+    p->gemm_s = n_micro * (L * (passes * layer_f.gemm + layer_b.gemm) + head.gemm);
+    p->attention_s = n_micro * L * (passes * layer_f.attention + layer_b.attention);
+    double micro_compute = L * (passes * f + b) + h;
+    p->memory_s = n_micro * micro_compute - p->gemm_s - p->attention_s; /* and the launches */
+
+    /* communication: each layer gathered twice (forward, backward) and its gradients reduced;
+     * each hidden behind the neighbouring layer's compute but for what exceeds it */
+    unit_sizes u;
+    unit_sizes_of(s, &u);
+    int sharded = j->fsdp.sharding == JOB_SHARD_FULL && world > 1;
+    double gather_bytes = s->lora ? (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) + u.trained_layer * s->cs
+                                  : u.layer * s->cs;
+    if (j->fsdp.offload_params) gather_bytes = s->lora ? u.trained_layer * s->cs : gather_bytes;
+    double reduce_bytes = 4.0 * u.trained_layer;
+    double ag = sharded ? collective_s(m, gather_bytes, world) : 0;
+    double rs = world > 1 ? (sharded ? 1.0 : 2.0) * collective_s(m, reduce_bytes, world) : 0;
+    double fwd_unit = f, bwd_unit = (ckpt ? f : 0) + b; /* a layer's compute in each pass */
+    p->comm_s = n_micro * L * (2 * ag + rs);
+    p->comm_exposed_s = n_micro * L * (fmax(0, ag - fwd_unit) + fmax(0, ag + rs - bwd_unit));
+
+    /* offload_params: the frozen base streamed from the host twice a micro-batch (forward,
+     * backward), on its own stream */
+    p->offload_exposed_s = 0;
+    if (j->fsdp.offload_params && s->lora) {
+        double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (m->gpu->pcie_gbps * 1e9);
+        p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit));
+    }
+    /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
+     * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
+    double shard = p->mem.trainable_elems;
+    if (!j->fsdp.cpu_offload) {
+        p->optimizer_s = bytes_s(r, 28.0 * shard, r->t->adamw_gbps) +
+                         bytes_s(r, 6.0 * shard * 2 * n_micro, r->t->elementwise_gbps); /* casts */
+    } else {
+        double copy = 4.0 * shard / (r->t->d2h_gbps * 1e9) * r->copy + s->cs * shard / (r->t->h2d_gbps * 1e9) * r->copy;
+        double host = shard / (r->t->host_adamw_gelems * 1e9 / m->gpus_per_node);
+        double forward = L * f + h;
+        p->optimizer_s = copy;
+        p->offload_exposed_s += fmax(0, host - forward);
+    }
+    p->step_s = n_micro * micro_compute + p->comm_exposed_s + p->offload_exposed_s + p->optimizer_s;
+    p->tokens_per_s = (double)j->train.global_batch * j->data.seq_len / p->step_s;
+}
+
+/* The largest micro_batch below or at the rows of a rank that divides them and fits. */
+static int max_micro_batch(const job_config *j, const llama_config *cfg, int world, model_image_quant q,
+                           size_t cs, size_t capacity, size_t context) {
+    int rows = j->train.global_batch / world;
+    lora_config lora;
+    memory_plan_options o;
+    memory_plan_job_options(j, cfg, world, 0, q, cs, &lora, &o);
+    for (int mb = rows; mb >= 1; mb--) {
+        if (rows % mb) continue;
+        o.micro_batch = mb;
+        memory_plan p;
+        errbuf ignored;
+        if (memory_plan_compute(&o, &p, &ignored) == 0 && p.total + context <= capacity) return mb;
+    }
+    return 0;
+}
+
+/* The per-GPU memory by what it holds. */
+static void by_kind(const job_config *j, step_plan *p, size_t cs) {
+    const memory_plan *m = &p->mem;
+    size_t e = m->trainable_elems;
+    p->grads = 4 * e + m->grad_slots;
+    p->optimizer = j->fsdp.cpu_offload ? 0 : 12 * e; /* master, m, v */
+    p->params = m->frozen + (j->fsdp.cpu_offload && !j->fsdp.offload_params ? cs * e : 0);
+    p->gathered = m->gather_slots;
+    p->activations = m->activations;
+    p->workspace = m->small + p->context;
+}
+
+int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quant quant,
+                  const plan_machine *m, const plan_rates *r, step_plan *p, errbuf *err) {
+    memset(p, 0, sizeof *p);
+    const plan_gpu *table_gpu = plan_gpu_find(r->gpu);
+    if (!m->gpu || !table_gpu)
+        return errf(err, "plan: unknown GPU '%s' (known: %s)", m->gpu ? r->gpu : "?", plan_gpu_names());
+    if (m->nodes < 1 || m->gpus_per_node < 1) return errf(err, "plan: %d nodes of %d GPUs", m->nodes, m->gpus_per_node);
+    int world = m->nodes * m->gpus_per_node;
+    size_t cs = 2; /* bf16 compute on every GPU */
+    lora_config lora;
+    memory_plan_options o;
+    memory_plan_job_options(j, cfg, world, 0, quant, cs, &lora, &o);
+    if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
+    p->validated = table_gpu == m->gpu;
+    p->context = (size_t)r->context_bytes;
+    p->gpu_bytes = p->mem.total + p->context;
+    by_kind(j, p, cs);
+    size_t capacity = (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
+    if (j->runtime.gpu_memory_limit > 0) capacity = (size_t)j->runtime.gpu_memory_limit + p->context;
+    p->max_micro_batch = max_micro_batch(j, cfg, world, quant, cs, capacity, p->context);
+
+    /* host RAM of a node */
+    if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
+    int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final;
+    p->host_offload = p->mem.host_offload * (size_t)m->gpus_per_node;
+    p->host_ckpt = saves ? 12 * p->mem.trainable_elems * (size_t)m->gpus_per_node : 0;
+    p->host_data = m->data_bytes;
+    p->host_processes = (size_t)m->gpus_per_node * ((size_t)600 << 20); /* measured: 0.5 to 1 GiB a worker */
+    p->host_total = p->host_model + p->host_offload + p->host_ckpt + p->host_data + p->host_processes;
+
+    model_shape s = {.c = cfg, .B = j->train.micro_batch, .T = j->data.seq_len, .C = cfg->hidden_size,
+                     .I = cfg->intermediate_size, .q = cfg->num_attention_heads * cfg->head_dim,
+                     .kv = cfg->num_key_value_heads * cfg->head_dim, .V = cfg->vocab_size, .cs = (double)cs,
+                     .lora = o.lora, .nf4 = o.lora && quant != MODEL_IMAGE_PLAIN};
+    s.N = s.B * s.T;
+    unit_sizes u;
+    unit_sizes_of(&s, &u);
+    p->ckpt_bytes = (size_t)(12.0 * u.trained_total);
+    p->ckpt_node_bytes = p->ckpt_bytes / (size_t)m->nodes;
+    p->ckpt_write_s = (double)p->ckpt_node_bytes / (r->disk_gbps * 1e9);
+
+    rates rt = {.t = r, .compute = table_gpu->tflops / m->gpu->tflops,
+                .memory = table_gpu->hbm_gbps / m->gpu->hbm_gbps, .copy = table_gpu->pcie_gbps / m->gpu->pcie_gbps};
+    step_time(j, &s, m, &rt, p);
+    return 0;
+}
+
+int step_plan_admit(const job_config *j, const llama_config *cfg, int world, model_image_quant quant,
+                    size_t compute_size, size_t gpu_bytes, size_t context, errbuf *err) {
+    if (j->runtime.gpu_memory_limit > 0)
+        return memory_plan_check_job(j, cfg, world, 0, quant, compute_size, err);
+    if (gpu_bytes == 0) return 0;
+    if (gpu_bytes <= context + PLAN_MARGIN_BYTES) return errf(err, "the GPU's %zu bytes hold no job", gpu_bytes);
+    char what[256];
+    snprintf(what, sizeof what, "the GPU's memory (%.1f GiB, less %.1f GiB for the CUDA context and a %.2f GiB margin)",
+             (double)gpu_bytes / (1ull << 30), (double)context / (1ull << 30),
+             (double)PLAN_MARGIN_BYTES / (1ull << 30));
+    return memory_plan_check_limit(j, cfg, world, 0, quant, compute_size, gpu_bytes - context - PLAN_MARGIN_BYTES,
+                                   what, err);
+}

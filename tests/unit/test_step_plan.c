@@ -1,0 +1,216 @@
+/* model/step_plan: step times, host RAM, the checkpoint and fsdpd's admission, against cases
+ * computed by hand on a tiny model whose every GEMM takes 1 ms forward, 2 ms for the input
+ * gradient and 3 ms for the weight gradient, and whose attention takes 5 ms forward and 7 ms
+ * backward (memory-bound rates so high that they cost nothing). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/step_plan.h"
+#include "proto/model_layout.h"
+
+/* C 8, I 16, 2 layers, 2 heads of 4 (1 kv head), vocabulary 32; rows of 16 tokens. */
+static llama_config tiny(void) {
+    llama_config c;
+    memset(&c, 0, sizeof c);
+    c.hidden_size = 8;
+    c.intermediate_size = 16;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 4;
+    c.vocab_size = 32;
+    c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-5;
+    c.bos_token_id = c.eos_token_id = -1;
+    c.rope = (rope_config){.type = ROPE_DEFAULT, .theta = 10000.0};
+    return c;
+}
+
+/* Every GEMM of the tiny model at N = 16 (q and o share (8, 8)), LoRA r 2 on q, the head. */
+static plan_gemm_rate gemms[] = {
+    {16, 8, 8, 1, 2, 3},  {16, 8, 4, 1, 2, 3}, {16, 8, 16, 1, 2, 3}, {16, 16, 8, 1, 2, 3},
+    {16, 8, 32, 1, 2, 3}, {16, 8, 2, 1, 2, 3}, {16, 2, 8, 1, 2, 3},
+};
+static plan_attention_rate attention[] = {{1, 16, 2, 1, 4, 5, 7}};
+
+static plan_rates table(void) {
+    plan_rates r = {.context_bytes = 1000, .elementwise_gbps = 1e12, .dequant_gbps = 1e12,
+                    .cross_entropy_gbps = 1e12, .adamw_gbps = 1e12, .h2d_gbps = 1e12,
+                    .d2h_gbps = 1e12, .launch_us = 0, .host_adamw_gelems = 1e12, .disk_gbps = 2,
+                    .gemm = gemms, .n_gemm = (int)(sizeof gemms / sizeof gemms[0]),
+                    .attention = attention, .n_attention = 1};
+    snprintf(r.gpu, sizeof r.gpu, "h200");
+    return r;
+}
+
+static job_config job(int world) {
+    job_config j;
+    job_defaults(&j);
+    j.train.global_batch = world;
+    j.train.micro_batch = 1;
+    j.data.seq_len = 16;
+    j.model.dtype = JOB_DTYPE_BF16;
+    j.lora.rank = 2;
+    j.lora.alpha = 4;
+    j.lora.dropout = 0;
+    j.lora.n_targets = 1;
+    snprintf(j.lora.targets[0], sizeof j.lora.targets[0], "q_proj");
+    errbuf err = {{0}};
+    j.runtime.backend = JOB_BACKEND_CUDA;
+    j.runtime.workers_per_node = world;
+    if (job_resolve(&j, world, &err)) fail_msg("%s", err.msg);
+    return j;
+}
+
+static step_plan plan(const job_config *j, const char *gpu, int gpus, model_image_quant q,
+                      const plan_rates *r) {
+    llama_config c = tiny();
+    plan_machine m = {.nodes = 1, .gpus_per_node = gpus, .gpu = plan_gpu_find(gpu), .net_gbps = 50};
+    step_plan p;
+    errbuf err = {{0}};
+    if (step_plan_job(j, &c, q, &m, r, &p, &err)) fail_msg("%s", err.msg);
+    return p;
+}
+
+static void near(double got, double want) {
+    if (fabs(got - want) > 1e-9 + 1e-9 * fabs(want)) fail_msg("got %.12g, want %.12g", got, want);
+}
+
+/* A layer: 7 forward GEMMs + attention = 12 ms; backward 7 x (2 + 3) + 7 = 42 ms; the head's
+ * one chunk 1 + 2 + 3 = 6 ms: 2 x (12 + 42) + 6 = 114 ms; recompute adds 2 x 12. */
+static void test_full_fine_tune(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    near(p.step_s, 0.114);
+    near(p.gemm_s, 0.114 - 2 * (0.005 + 0.007));
+    near(p.attention_s, 2 * 0.012);
+    assert_true(p.validated);
+    near(p.tokens_per_s, 16 / 0.114);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.138);
+    /* two micro-batches: twice the compute */
+    j.train.global_batch = 2;
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.276);
+}
+
+/* LoRA on q (r 2): forward + A + B = 14 ms a layer; backward: 7 input gradients (14), B's and
+ * A's both gradients (10) and attention (7) = 31 ms; the frozen head 1 + 2 = 3 ms:
+ * 2 x (14 + 31) + 3 = 93 ms. */
+static void test_lora(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    j.train.type = JOB_TRAIN_LORA;
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.093);
+}
+
+/* A missing shape takes the nearest row in log space, scaled by the FLOPs: down (16, 16, 8)
+ * from a row of 1.5 times the tokens at 1.5 times the times (nearer than (16, 8, 8)). */
+static void test_nearest_shape(void **state) {
+    (void)state;
+    plan_gemm_rate rows[sizeof gemms / sizeof gemms[0]];
+    memcpy(rows, gemms, sizeof rows);
+    rows[3] = (plan_gemm_rate){24, 16, 8, 1.5, 3, 4.5};
+    plan_rates r = table();
+    r.gemm = rows;
+    job_config j = job(1);
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.114);
+    rows[3] = (plan_gemm_rate){24, 16, 8, 3, 3, 4.5}; /* a slower forward: +1 ms a layer */
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.116);
+}
+
+/* Two GPUs of a node: each layer gathered twice in bf16 and its fp32 gradients reduced, half
+ * of each over the 400 GB/s link: 592 elements a layer (7 linears 576, 2 norms 16). */
+static void test_communication(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(2);
+    step_plan p = plan(&j, "h200", 2, MODEL_IMAGE_PLAIN, &r);
+    double ag = 592 * 2 * 0.5 / 400e9, rs = 592 * 4 * 0.5 / 400e9;
+    near(p.comm_s, 2 * (2 * ag + rs));
+    near(p.comm_exposed_s, 0); /* hidden behind milliseconds of compute */
+    near(p.step_s, 0.114);
+}
+
+/* Another GPU than the table's: compute-bound times x 989 / 312 (A100), unvalidated. */
+static void test_other_gpu(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    step_plan p = plan(&j, "a100-80", 1, MODEL_IMAGE_PLAIN, &r);
+    near(p.step_s, 0.114 * 989.0 / 312.0);
+    assert_false(p.validated);
+    llama_config c = tiny();
+    plan_machine m = {.nodes = 1, .gpus_per_node = 1, .gpu = NULL};
+    errbuf err = {{0}};
+    assert_int_equal(step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "unknown GPU"));
+    assert_null(plan_gpu_find("v100"));
+}
+
+/* Memory, host RAM and the checkpoint: the GPU's is fsdp's plan and the context; a node holds
+ * the model memory, the checkpoint writer's staging (master, m, v) and 600 MiB a worker; the
+ * checkpoint is 12 bytes a trained parameter (embedding 256, layers 2 x 592, head 264). */
+static void test_memory_host_checkpoint(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    j.checkpoint.save_final = true;
+    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    llama_config c = tiny();
+    llama_layout lo;
+    errbuf err = {{0}};
+    if (llama_layout_init(&lo, &c, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(p.host_model, model_image_bytes_q(&lo, MODEL_IMAGE_BF16, MODEL_IMAGE_PLAIN));
+    llama_layout_free(&lo);
+    assert_int_equal(p.gpu_bytes, p.mem.total + 1000);
+    assert_int_equal(p.ckpt_bytes, 12 * (256 + 2 * 592 + 264));
+    assert_int_equal(p.host_ckpt, 12 * p.mem.trainable_elems);
+    assert_int_equal(p.host_processes, (size_t)600 << 20);
+    assert_int_equal(p.host_total, p.host_model + p.host_ckpt + p.host_processes);
+    near(p.ckpt_write_s, p.ckpt_bytes / 2e9);
+    /* the kinds add up to fsdp's categories */
+    assert_int_equal(p.params + p.grads + p.optimizer + p.gathered + p.activations + p.workspace - p.context,
+                     p.mem.trainable + p.mem.frozen + p.mem.gather_slots + p.mem.grad_slots +
+                         p.mem.activations + p.mem.small);
+    assert_int_equal(p.max_micro_batch, 1);
+}
+
+/* fsdpd's admission: a GPU one byte short of the worker's need, the context and the margin
+ * refuses the job, naming both; exactly enough passes; the CPU backend (no GPU) passes. */
+static void test_admit(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    llama_config c = tiny();
+    errbuf err = {{0}};
+    size_t need = p.mem.total + 4096 + PLAN_MARGIN_BYTES;
+    assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, need, 4096, &err), 0);
+    assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, need - 1, 4096, &err), -1);
+    assert_non_null(strstr(err.msg, "the GPU's memory"));
+    assert_non_null(strstr(err.msg, "each worker needs"));
+    assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, 0, 4096, &err), 0);
+    j.runtime.gpu_memory_limit = 1000; /* the limit, as the worker checks it */
+    assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, 0, 4096, &err), -1);
+    assert_non_null(strstr(err.msg, "runtime.gpu_memory_limit: each worker needs"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_fine_tune),  cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_other_gpu),       cmocka_unit_test(test_memory_host_checkpoint),
+        cmocka_unit_test(test_admit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
