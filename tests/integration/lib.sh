@@ -114,3 +114,20 @@ wait_for() {
     for ((i = 0; i < limit * 10; i++)); do "$@" && return 0; sleep 0.1; done
     fail "timed out after ${limit}s waiting for: $*"
 }
+
+# run_job NAME [FAULT ...] -- [overrides...]: fsdpd on $tmp/job.json with the fault points
+# (base/fault.h) and overrides; sets $status; its log in $tmp/NAME.log, its metrics in
+# $tmp/NAME.jsonl and the losses in $tmp/NAME.loss ("step loss" a line).
+run_job() {
+    local name=$1 faults=""
+    shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do faults="${faults:+$faults;}$1"; shift; done
+    [ $# -gt 0 ] && shift
+    status=0
+    FSDP_FAULTS="$faults" "$fsdpd" --job "$tmp/job.json" --runtime.metrics="$tmp/$name.jsonl" \
+        "$@" > "$tmp/$name.log" 2>&1 || status=$?
+    touch "$tmp/$name.jsonl"
+    sed -n 's/.*"step":\([0-9]*\),.*"loss":\([-0-9.e+]*\),.*/\1 \2/p' "$tmp/$name.jsonl" > "$tmp/$name.loss"
+}
+# must_succeed NAME: run_job NAME exited 0 (else its log and a failure).
+must_succeed() { [ "$status" -eq 0 ] || { cat "$tmp/$1.log"; fail "run $1 failed"; }; }

@@ -27,21 +27,12 @@ cat > "$tmp/job.json" <<JSON
 }
 JSON
 
-# run NAME [FAULT ...] -- [overrides...]: sets $status; final adapters in $tmp/NAME.safetensors,
-# losses in $tmp/NAME.loss ("step loss").
+# run NAME [FAULT ...] -- [overrides...]: run_job, the final adapters in $tmp/NAME.safetensors.
 run() {
     local name=$1
     shift
-    local faults="final_params=$tmp/$name.safetensors"
-    while [ "$1" != -- ]; do faults="$faults;$1"; shift; done
-    shift
-    status=0
-    FSDP_FAULTS="$faults" "$fsdpd" --job "$tmp/job.json" --runtime.metrics="$tmp/$name.jsonl" \
-        "$@" > "$tmp/$name.log" 2>&1 || status=$?
-    touch "$tmp/$name.jsonl"
-    sed -n 's/.*"step":\([0-9]*\),.*"loss":\([-0-9.e+]*\),.*/\1 \2/p' "$tmp/$name.jsonl" > "$tmp/$name.loss"
+    run_job "$name" "final_params=$tmp/$name.safetensors" "$@"
 }
-must_succeed() { [ "$status" -eq 0 ] || { cat "$tmp/$1.log"; fail "run $1 failed"; }; }
 same_losses() { # A B TOL
     join "$tmp/$1.loss" "$tmp/$2.loss" > "$tmp/joined"
     [ "$(wc -l < "$tmp/joined")" -ge "${4:-6}" ] || fail "too few common steps in $1 and $2"

@@ -29,16 +29,12 @@ cat > "$tmp/job.json" <<JSON
 }
 JSON
 
-# run NAME [overrides...]: sets $status; losses in $tmp/NAME.loss ("step loss").
+# run NAME [overrides...]: run_job without faults.
 run() {
     local name=$1
     shift
-    status=0
-    "$fsdpd" --job "$tmp/job.json" --runtime.metrics="$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 || status=$?
-    touch "$tmp/$name.jsonl"
-    sed -n 's/.*"step":\([0-9]*\),.*"loss":\([-0-9.e+]*\),.*/\1 \2/p' "$tmp/$name.jsonl" > "$tmp/$name.loss"
+    run_job "$name" -- "$@"
 }
-must_succeed() { [ "$status" -eq 0 ] || { cat "$tmp/$1.log"; fail "run $1 failed"; }; }
 peak_of() { sed -n 's/.*"mem_peak_bytes":\([0-9]*\).*/\1/p' "$tmp/$1.jsonl" | sort -n | tail -1; }
 # refused NAME NEEDLE...: the run failed before its first step, fsdpd's last word (the job's
 # failure, relayed from the workers) naming every NEEDLE.
