@@ -94,6 +94,29 @@ write_job() {
 JSON
 }
 
+# write_base_job TYPE: $tmp/base, a small pretrained model (seed 5), $tmp/data.tokens and
+# $tmp/job.json, a CPU job of train.type TYPE over it (2 workers, 6 steps, clipping and weight
+# decay, LoRA r 4 with dropout 0.1 when TYPE is an adapter type, a checkpoint every 3 steps).
+write_base_job() {
+    make_small_model "$tmp"
+    "$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/base" --seed 5 > /dev/null
+    make_small_data "$tmp/data.tokens"
+    cat > "$tmp/job.json" <<JSON
+{
+  "model": {"path": "$tmp/base"},
+  "data": {"path": "$tmp/data.tokens", "format": "tokens", "seq_len": 20},
+  "train": {"type": "$1", "global_batch": 12, "micro_batch": 3, "max_steps": 6, "lr": 1e-2,
+            "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 1.0,
+            "seed": 3},
+  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
+  "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "interval_steps": 3, "async": false},
+  "output": {"dir": "$tmp/out", "consolidate": false},
+  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
+              "comm_timeout_s": 20}
+}
+JSON
+}
+
 # The worker pids fsdpd logged ("rank R: started, pid N").
 worker_pids() { sed -n 's/.*rank [0-9]*: started, pid \([0-9]*\).*/\1/p' "$1"; }
 

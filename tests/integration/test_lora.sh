@@ -8,24 +8,8 @@
 #  - resuming with another base, or as a full fine-tune, is refused, naming why.
 source "$(dirname "$0")/lib.sh"
 
-make_small_model "$tmp"
-"$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/base" --seed 5 > /dev/null
+write_base_job lora
 "$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/other-base" --seed 6 > /dev/null
-make_small_data "$tmp/data.tokens"
-cat > "$tmp/job.json" <<JSON
-{
-  "model": {"path": "$tmp/base"},
-  "data": {"path": "$tmp/data.tokens", "format": "tokens", "seq_len": 20},
-  "train": {"type": "lora", "global_batch": 12, "micro_batch": 3, "max_steps": 6, "lr": 1e-2,
-            "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 1.0,
-            "seed": 3},
-  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
-  "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "interval_steps": 3, "async": false},
-  "output": {"dir": "$tmp/out", "consolidate": false},
-  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
-              "comm_timeout_s": 20}
-}
-JSON
 
 # run NAME [FAULT ...] -- [overrides...]: run_job, the final adapters in $tmp/NAME.safetensors.
 run() {

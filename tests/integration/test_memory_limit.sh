@@ -13,27 +13,13 @@
 #    worker's context itself, naming the limit.
 source "$(dirname "$0")/lib.sh"
 
-make_small_model "$tmp"
-"$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/base" --seed 5 > /dev/null
-make_small_data "$tmp/data.tokens"
-cat > "$tmp/job.json" <<JSON
-{
-  "model": {"path": "$tmp/base"},
-  "data": {"path": "$tmp/data.tokens", "format": "tokens", "seq_len": 20},
-  "train": {"global_batch": 12, "micro_batch": 3, "max_steps": 3, "lr": 1e-2, "seed": 3},
-  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1},
-  "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "save_final": false},
-  "output": {"dir": "$tmp/out", "consolidate": false},
-  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
-              "comm_timeout_s": 20}
-}
-JSON
+write_base_job full
 
-# run NAME [overrides...]: run_job without faults.
+# run NAME [overrides...]: run_job of 3 steps, saving no checkpoint unless told.
 run() {
     local name=$1
     shift
-    run_job "$name" -- "$@"
+    run_job "$name" -- --train.max_steps=3 --checkpoint.interval_steps=0 --checkpoint.save_final=false "$@"
 }
 peak_of() { sed -n 's/.*"mem_peak_bytes":\([0-9]*\).*/\1/p' "$tmp/$1.jsonl" | sort -n | tail -1; }
 # refused NAME NEEDLE...: the run failed before its first step, fsdpd's last word (the job's

@@ -8,23 +8,7 @@
 #  - what cannot work is refused, naming why.
 source "$(dirname "$0")/lib.sh"
 
-make_small_model "$tmp"
-"$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/base" --seed 5 > /dev/null
-make_small_data "$tmp/data.tokens"
-cat > "$tmp/job.json" <<JSON
-{
-  "model": {"path": "$tmp/base"},
-  "data": {"path": "$tmp/data.tokens", "format": "tokens", "seq_len": 20},
-  "train": {"global_batch": 12, "micro_batch": 3, "max_steps": 6, "lr": 1e-2,
-            "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 0.5,
-            "seed": 3},
-  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1},
-  "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "interval_steps": 3, "async": false},
-  "output": {"dir": "$tmp/out", "consolidate": false},
-  "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,
-              "comm_timeout_s": 20}
-}
-JSON
+write_base_job full
 
 # run NAME [FAULT ...] -- [overrides...]: run_job in a checkpoint directory of its own, the final
 # trained tensors in $tmp/NAME.safetensors.
