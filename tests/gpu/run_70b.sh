@@ -10,6 +10,7 @@
 #              runtime.gpu_memory_limit=22GiB, with fsdp.cpu_offload and fsdp.offload_params:
 #              peak GPU memory a worker, host RAM, the loss falling.  NCCL refuses two ranks
 #              on one GPU, so they talk through host memory: their tokens/s is no fabric figure;
+#   one-capped 1 worker capped at 22 GiB with both offloads: the 70B on one 24 GB card;
 #   offload7b  Llama-2-7B QLoRA (batch 4) with and without offload: losses within 2e-2, and
 #              the speed of each.
 # A run's figures are one line: "NAME: T tokens/s (S s a step), loss A -> B, peak allocated
@@ -32,6 +33,10 @@ for r in $runs; do
     two)
         section "70B QLoRA, 2 workers on one GPU, runtime.gpu_memory_limit=22GiB each, offloaded"
         measured_run two configs/models/llama2-70b.json qlora 2 8 2 580 --runtime.gpu_memory_limit=22GiB \
+            --fsdp.cpu_offload=true --fsdp.offload_params=true --train.lr=1e-3 ;;
+    one-capped)
+        section "70B QLoRA, 1 worker capped at runtime.gpu_memory_limit=22GiB, offloaded (one 24 GB card)"
+        measured_run one-capped configs/models/llama2-70b.json qlora 1 6 2 560 --runtime.gpu_memory_limit=22GiB \
             --fsdp.cpu_offload=true --fsdp.offload_params=true --train.lr=1e-3 ;;
     offload7b)
         section "7B QLoRA, 1 worker: offloaded and not"
