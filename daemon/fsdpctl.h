@@ -21,6 +21,7 @@ int cmd_stop(int argc, char **argv);
 int cmd_plot(int argc, char **argv);       /* daemon/cmd_plot.c */
 int cmd_fabric(int argc, char **argv);     /* daemon/cmd_fabric.c */
 int cmd_quantize(int argc, char **argv);   /* daemon/cmd_quantize.c */
+int cmd_plan(int argc, char **argv);       /* daemon/cmd_plan.c */
 
 /* Option values shared by consolidate and merge (daemon/cmd_consolidate.c); 0 or -1. */
 int fsdpctl_parse_dtype(const char *text, st_dtype *out);       /* bf16|bfloat16|f32|float32 */

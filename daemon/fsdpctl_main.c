@@ -33,6 +33,7 @@ static const subcommand subcommands[] = {
     {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},
     {"plot", cmd_plot, "plot METRICS.jsonl --out FILE.svg"},
     {"fabric", cmd_fabric, "fabric [--no-require]"},
+    {"plan", cmd_plan, "plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE] [--json]"},
     {"quantize", cmd_quantize,
      "quantize --tensors IN.safetensors OUT.safetensors [--double-quant]\n"
      "  fsdpctl quantize MODEL_DIR OUT_DIR [--compute-dtype bf16|f16|f32]"},

@@ -1,0 +1,217 @@
+/* fsdpctl plan: what a job needs and takes, before it is submitted (model/step_plan.h). */
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "base/path.h"
+#include "daemon/ckpt_commit.h"
+#include "daemon/fsdpctl.h"
+#include "daemon/model_shm.h"
+#include "model/step_plan.h"
+#include "proto/plan_rates.h"
+
+static void plan_usage(FILE *f) {
+    fprintf(f, "usage: fsdpctl plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE]\n"
+               "                    [--net-gbps X] [--json] [--section.key=value ...]\n"
+               "  the job's device memory a GPU, host RAM a node, checkpoint size and write time,\n"
+               "  step time and tokens/s, and the largest micro_batch that fits, on N nodes of G\n"
+               "  GPUs (default 1 x 8) of NAME (%s; default h200).  FILE: the rates\n"
+               "  table (default configs/plan/h200.json beside this program's build, measured by\n"
+               "  bench/plan_rates.c); other GPUs than its own are scaled from datasheets and\n"
+               "  marked unvalidated.  X: a node's network bandwidth across nodes, GB/s\n"
+               "  (default 50: 400 Gb/s of EFA).  Overrides as fsdpd takes them.\n",
+            plan_gpu_names());
+}
+
+typedef struct plan_args {
+    const char *job, *gpu, *rates;
+    int nodes, gpus, json;
+    double net_gbps;
+    char **overrides;
+    int n_overrides;
+} plan_args;
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Returns 0 to go on, or -1 to stop with *status (0 after --help, 2 for bad usage). */
+static int parse_args(int argc, char **argv, plan_args *a, int *status) {
+    *a = (plan_args){.gpu = "h200", .nodes = 1, .gpus = 8, .net_gbps = 50};
+    *status = 2;
+    a->overrides = calloc((size_t)argc, sizeof *a->overrides);
+    if (!a->overrides) return fprintf(stderr, "fsdpctl plan: out of memory\n"), -1;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            plan_usage(stdout);
+            *status = 0;
+            return -1;
+        } else if (!strcmp(s, "--json")) {
+            a->json = 1;
+            continue;
+        } else if (!strcmp(s, "--nodes") && v) {
+            bad = parse_int(v, 1, 65536, &a->nodes);
+        } else if (!strcmp(s, "--gpus-per-node") && v) {
+            bad = parse_int(v, 1, 64, &a->gpus);
+        } else if (!strcmp(s, "--gpu") && v) {
+            a->gpu = v;
+        } else if (!strcmp(s, "--rates") && v) {
+            a->rates = v;
+        } else if (!strcmp(s, "--net-gbps") && v) {
+            char *end;
+            a->net_gbps = strtod(v, &end);
+            bad = *end || !(a->net_gbps > 0 && a->net_gbps < 1e6);
+        } else if (!strncmp(s, "--", 2) && strchr(s, '=')) {
+            a->overrides[a->n_overrides++] = argv[i];
+            continue;
+        } else if (s[0] != '-' && !a->job) {
+            a->job = s;
+            continue;
+        } else {
+            plan_usage(stderr);
+            return -1;
+        }
+        if (bad) return fprintf(stderr, "fsdpctl plan: %s '%s' is out of range\n", s, v), -1;
+        i++;
+    }
+    if (!a->job) {
+        plan_usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* configs/plan/h200.json beside the build this program is in (BUILD/fsdpctl -> ./configs). */
+static void default_rates(char *out, size_t n) {
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    snprintf(out, n, "configs/plan/h200.json");
+    if (len <= 0) return;
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    *slash = '\0';
+    char candidate[PATH_MAX + 64];
+    int len2 = snprintf(candidate, sizeof candidate, "%s/../configs/plan/h200.json", exe);
+    if (len2 > 0 && (size_t)len2 < n && access(candidate, R_OK) == 0) memcpy(out, candidate, (size_t)len2 + 1);
+}
+
+static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
+
+static void print_text(const plan_args *a, const job_config *j, const plan_rates *r, const step_plan *p,
+                       const plan_machine *m) {
+    printf("fsdpctl plan: %s on %d node%s x %d %s GPU%s (%s)\n", a->job, a->nodes, a->nodes == 1 ? "" : "s",
+           a->gpus, m->gpu->name, a->gpus == 1 ? "" : "s",
+           p->validated ? "rates measured on this GPU" : "unvalidated: the rates scaled from datasheets");
+    printf("per GPU: %.1f GiB of %.1f (fsdp's %.1f GiB + the CUDA context %.1f GiB)%s\n", gib(p->gpu_bytes),
+           m->gpu->memory_gib, gib(p->mem.total), gib(p->context),
+           p->gpu_bytes + PLAN_MARGIN_BYTES > (size_t)(m->gpu->memory_gib * (1ull << 30)) ? ": DOES NOT FIT" : "");
+    printf("  parameters %.1f GiB, gradients %.1f GiB, optimizer state %.1f GiB, gathered units %.1f GiB,\n"
+           "  activations %.1f GiB, workspaces %.1f GiB%s\n", gib(p->params), gib(p->grads), gib(p->optimizer),
+           gib(p->gathered), gib(p->activations), gib(p->workspace),
+           p->mem.load_staging ? " (loading the base: +0.1 GiB of staging)" : "");
+    if (p->mem.host_offload) printf("  offloaded to host memory: %.1f GiB a worker\n", gib(p->mem.host_offload));
+    printf("  largest train.micro_batch that fits: %d (the job's: %d)\n", p->max_micro_batch, j->train.micro_batch);
+    printf("host RAM a node: %.1f GiB: model memory %.1f, offloaded state %.1f, checkpoint staging %.1f, "
+           "token cache %.1f, processes %.1f\n", gib(p->host_total), gib(p->host_model), gib(p->host_offload),
+           gib(p->host_ckpt), gib(p->host_data), gib(p->host_processes));
+    printf("checkpoint: %.1f GB in all, %.1f GB a node, %.1f s to write at %.2f GB/s\n", p->ckpt_bytes / 1e9,
+           p->ckpt_node_bytes / 1e9, p->ckpt_write_s, r->disk_gbps);
+    printf("step: %.3f s, %.0f tokens/s (%.0f a GPU): GEMMs %.3f s, attention %.3f s, other kernels %.3f s, "
+           "communication %.3f s of which %.3f exposed, offload exposed %.3f s, optimizer %.3f s\n",
+           p->step_s, p->tokens_per_s, p->tokens_per_s / (a->nodes * a->gpus), p->gemm_s, p->attention_s,
+           p->memory_s, p->comm_s, p->comm_exposed_s, p->offload_exposed_s, p->optimizer_s);
+}
+
+static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m) {
+    json_t *o = json_pack(
+        "{s:s, s:i, s:i, s:s, s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
+        "s:i}",
+        "job", a->job, "nodes", a->nodes, "gpus_per_node", a->gpus, "gpu", m->gpu->name, "validated", p->validated,
+        "gpu_memory", "total", (json_int_t)p->gpu_bytes, "fsdp", (json_int_t)p->mem.total, "context",
+        (json_int_t)p->context, "parameters", (json_int_t)p->params, "gradients", (json_int_t)p->grads,
+        "optimizer", (json_int_t)p->optimizer, "gathered", (json_int_t)p->gathered, "activations",
+        (json_int_t)p->activations, "workspaces", (json_int_t)p->workspace, "load_staging",
+        (json_int_t)p->mem.load_staging, "offloaded", (json_int_t)p->mem.host_offload,
+        "host_memory", "total", (json_int_t)p->host_total, "model", (json_int_t)p->host_model, "offloaded",
+        (json_int_t)p->host_offload, "checkpoint_staging", (json_int_t)p->host_ckpt, "token_cache",
+        (json_int_t)p->host_data, "processes", (json_int_t)p->host_processes,
+        "checkpoint", "bytes", (json_int_t)p->ckpt_bytes, "node_bytes", (json_int_t)p->ckpt_node_bytes,
+        "write_s", p->ckpt_write_s,
+        "step", "seconds", p->step_s, "tokens_per_s", p->tokens_per_s, "gemm_s", p->gemm_s, "attention_s",
+        p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
+        p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s,
+        "max_micro_batch", p->max_micro_batch);
+    if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
+    int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && printf("\n") > 0 ? 0 : 1;
+    json_decref(o);
+    return rc;
+}
+
+/* The job as fsdpd would run it on a.nodes x a.gpus GPUs. */
+static int load_job(const plan_args *a, job_config *j, errbuf *err) {
+    if (job_load(j, a->job, err)) return -1;
+    for (int i = 0; i < a->n_overrides; i++)
+        if (job_apply_override(j, a->overrides[i], err)) return -1;
+    j->runtime.backend = JOB_BACKEND_CUDA;
+    j->runtime.workers_per_node = a->gpus;
+    int world = a->nodes * a->gpus;
+    if (job_resolve_runtime(j, a->gpus, err) || job_resolve(j, world, err) || job_validate(j, world, err))
+        return -1;
+    return 0;
+}
+
+static size_t data_bytes(const job_config *j) {
+    struct stat st;
+    return j->data.format == JOB_DATA_TOKENS && stat(j->data.path, &st) == 0 ? (size_t)st.st_size : 0;
+}
+
+int cmd_plan(int argc, char **argv) {
+    plan_args a;
+    int status;
+    if (parse_args(argc, argv, &a, &status)) {
+        free(a.overrides);
+        return status;
+    }
+    static job_config j;
+    errbuf err = {{0}};
+    char rates_path[PATH_MAX];
+    if (a.rates) snprintf(rates_path, sizeof rates_path, "%s", a.rates);
+    else default_rates(rates_path, sizeof rates_path);
+    plan_rates r = {0};
+    json_t *config = NULL;
+    llama_config cfg;
+    model_image_quant q = MODEL_IMAGE_PLAIN;
+    int bnb = 0, rc = 1;
+    plan_machine m = {.nodes = a.nodes, .gpus_per_node = a.gpus, .gpu = plan_gpu_find(a.gpu), .net_gbps = a.net_gbps};
+    step_plan p;
+    if (!m.gpu) {
+        fprintf(stderr, "fsdpctl plan: --gpu '%s' is none of %s\n", a.gpu, plan_gpu_names());
+    } else if (load_job(&a, &j, &err) || ckpt_job_model_config(&j, &config, &cfg, &err) ||
+               (j.train.type != JOB_TRAIN_FULL && model_shm_quant(&j, config, &q, &bnb, &err)) ||
+               plan_rates_load(&r, rates_path, &err)) {
+        fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
+    } else {
+        m.data_bytes = data_bytes(&j);
+        if (step_plan_job(&j, &cfg, q, &m, &r, &p, &err)) fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
+        else if (a.json) rc = print_json(&a, &p, &m);
+        else print_text(&a, &j, &r, &p, &m), rc = 0;
+    }
+    json_decref(config);
+    plan_rates_free(&r);
+    free(a.overrides);
+    return rc;
+}
