@@ -25,7 +25,7 @@
  * the context's compute dtype. */
 typedef struct memory_plan_options {
     const llama_config *model;
-    job_sharding sharding;      /* full_shard or no_shard (what fsdp builds) */
+    job_sharding sharding;      /* full_shard, shard_grad_op or no_shard (what fsdp builds) */
     int world, rank;            /* every rank of full_shard holds shards of one size */
     const lora_config *lora;    /* NULL: a full fine-tune; else adapters on a frozen base */
     model_image_quant quant;    /* with adapters: the base's (NF4 for QLoRA) */

@@ -34,7 +34,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"fsdp.sharding", "shard_grad_op"},
     {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
 };
@@ -1176,6 +1175,14 @@ static int check_adapters(const job_config *j, errbuf *err) {
     return 0;
 }
 
+/* Strategies built for part of the jobs only. */
+static int check_sharding(const job_config *j, errbuf *err) {
+    if (j->fsdp.sharding == JOB_SHARD_GRAD_OP && (j->train.type != JOB_TRAIN_FULL || j->fsdp.cpu_offload))
+        return errf(err, "fsdp.sharding: 'shard_grad_op' with %s is not built yet",
+                    j->train.type != JOB_TRAIN_FULL ? "adapters (train.type lora or qlora)" : "fsdp.cpu_offload");
+    return 0;
+}
+
 int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
@@ -1188,7 +1195,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return check_adapters(j, err);
+    return check_adapters(j, err) || check_sharding(j, err) ? -1 : 0;
 }
 
 json_t *job_to_object(const job_config *j, errbuf *err) {

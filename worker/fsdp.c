@@ -160,8 +160,12 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
     int base_slots = !f->has_lora || f->group > 1 || f->offload_params;
+    /* shard_grad_op: a slot a unit kept from forward to backward, each of the largest unit
+     * (fsdp_gather_params reuses slot 0 for every unit). */
+    for (int slot = 3; slot < f->n_slots; slot++)
+        if (!(f->gathered[slot] = k_alloc(f->ctx, base_padded * cs, err))) return -1;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
+        size_t n = slot < 2 || f->sharding == JOB_SHARD_GRAD_OP ? base_padded : is_tied(f) ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
         if (f->has_lora && slot < 2 &&
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
@@ -263,21 +267,27 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
-    if (opt->sharding != JOB_SHARD_FULL && opt->sharding != JOB_SHARD_NONE)
-        return errf(err, "fsdp: only full_shard and no_shard are built");
+    if (opt->sharding == JOB_SHARD_HYBRID)
+        return errf(err, "fsdp: hybrid_shard is not built yet");
+    if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
+        return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
-    f->group = opt->sharding == JOB_SHARD_FULL ? world : 1;
-    f->group_rank = opt->sharding == JOB_SHARD_FULL ? rank : 0;
+    f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
+    f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
     if (llama_layout_init(&f->layout, cfg, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
+    f->n_slots = fsdp_slots(opt->sharding, cfg->num_hidden_layers);
     f->plan = calloc(2 * (size_t)f->layout.n_layers + 3, sizeof *f->plan);
-    if (!inv_freq || !f->plan || set_trainable(f, opt, err)) {
+    f->gathered = calloc((size_t)f->n_slots, sizeof *f->gathered);
+    f->gather_ticket = calloc((size_t)f->n_slots, sizeof *f->gather_ticket);
+    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket;
+    if (no_memory || set_trainable(f, opt, err)) {
         free(inv_freq);
-        if (!inv_freq || !f->plan) errf(err, "fsdp: out of host memory");
+        if (no_memory) errf(err, "fsdp: out of host memory");
         fsdp_destroy(f);
         return -1;
     }
@@ -320,8 +330,9 @@ void fsdp_destroy(fsdp *f) {
         } else if (f->units && f->units[0].master) {
             k_free(f->ctx, f->units[0].master);
         }
-        void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
-                        f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
+        for (int slot = 0; f->gathered && slot < f->n_slots; slot++)
+            if (f->gathered[slot]) k_free(f->ctx, f->gathered[slot]);
+        void *bufs[] = {f->full_grad[0], f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
                         f->gathered_adapter[0], f->gathered_adapter[1], f->frozen_memory,
                         f->gathered_packed[0], f->gathered_packed[1], f->gathered_absmax[0],
                         f->gathered_absmax[1], f->dequant};
@@ -331,6 +342,8 @@ void fsdp_destroy(fsdp *f) {
     free(f->units);
     free(f->frozen);
     free(f->plan);
+    free(f->gathered);
+    free(f->gather_ticket);
     free(f->optim_tasks);
     llama_layout_free(&f->layout);
     lora_layout_free(&f->lora_layout);
@@ -587,7 +600,30 @@ static void add_gather(fsdp *f, int unit, int slot, int *alternate) {
     f->plan[f->n_plan++] = (fsdp_gather){.unit = unit, .slot = slot};
 }
 
+/* shard_grad_op: model unit u's own slot (the embedding 0, layer l 1 + l, the head L + 1),
+ * gathered once in forward; `kept`: read again from there. */
+static void add_kept(fsdp *f, int unit, int kept) {
+    int L = f->layout.n_layers, head = llama_head_unit(&f->layout);
+    int slot = unit == LLAMA_EMBED_UNIT ? 0 : unit == head ? L + 1 : unit; /* layer l is unit 1 + l */
+    f->plan[f->n_plan++] = (fsdp_gather){.unit = unit, .slot = slot, .kept = kept};
+}
+
+static void build_kept_plan(fsdp *f) {
+    int L = f->layout.n_layers;
+    f->n_plan = 0;
+    add_kept(f, LLAMA_EMBED_UNIT, 0);
+    for (int l = 0; l < L; l++) add_kept(f, llama_layer_unit(l), 0);
+    if (is_tied(f)) add_kept(f, LLAMA_EMBED_UNIT, 1);
+    add_kept(f, llama_head_unit(&f->layout), 0);
+    f->n_forward_plan = f->n_plan;
+    for (int l = L - 1; l >= 0; l--) add_kept(f, llama_layer_unit(l), 1);
+}
+
 static void build_plan(fsdp *f) {
+    if (f->sharding == JOB_SHARD_GRAD_OP) {
+        build_kept_plan(f);
+        return;
+    }
     int L = f->layout.n_layers, alternate = 0;
     f->n_plan = 0;
     add_gather(f, LLAMA_EMBED_UNIT, -1, &alternate);
@@ -596,6 +632,10 @@ static void build_plan(fsdp *f) {
     add_gather(f, llama_head_unit(&f->layout), -1, &alternate);
     f->n_forward_plan = f->n_plan;
     for (int l = L - 1; l >= 0; l--) add_gather(f, llama_layer_unit(l), -1, &alternate);
+}
+
+int fsdp_slots(job_sharding sharding, int n_layers) {
+    return sharding == JOB_SHARD_GRAD_OP ? n_layers + 2 : 3;
 }
 
 /* The trainable unit holding model unit u's trained parameters: u itself in a full
@@ -678,6 +718,7 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     }
     if (rc == 0 && f->has_lora && a >= 0)
         rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], err);
+    f->param_gathers += t[0] || t[1] || t[2];
     return rc ? errprefix(err, "unit %d", u) : 0;
 }
 
@@ -730,20 +771,21 @@ static void *gathered_params(fsdp *f, int k) {
 
 /* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
  * when prefetching is on for its pass. */
+/* Starts plan entry k's all-gathers (none for a kept unit, which is in its slot already). */
+static int plan_start(fsdp *f, int k, errbuf *err) {
+    const fsdp_gather *g = &f->plan[k];
+    f->next_gather = k + 1;
+    return g->kept ? 0 : gather_start(f, g->unit, g->slot, err);
+}
+
 static void *gather_use(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
-    if (f->next_gather <= k) {
-        if (gather_start(f, g->unit, g->slot, err)) return NULL;
-        f->next_gather = k + 1;
-    }
+    if (f->next_gather <= k && plan_start(f, k, err)) return NULL;
     if (gather_wait(f, g->unit, g->slot, err)) return NULL;
     int next = k + 1;
     int prefetch = next < f->n_plan &&
                    (next < f->n_forward_plan ? f->forward_prefetch : f->backward_prefetch);
-    if (prefetch) {
-        if (gather_start(f, f->plan[next].unit, f->plan[next].slot, err)) return NULL;
-        f->next_gather = next + 1;
-    }
+    if (prefetch && plan_start(f, next, err)) return NULL;
     return gathered_params(f, k);
 }
 

@@ -269,6 +269,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
                                     .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .all_gathers = f->param_gathers,
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt, .has_eval = has_eval,

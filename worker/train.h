@@ -26,6 +26,8 @@ typedef struct train_step_info {
     int64_t tokens;           /* unmasked targets of the global batch */
     double seconds;           /* wall time of the step */
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
+    long all_gathers;         /* units all-gathered so far on this rank (fsdp.param_gathers) */
+    long replica_collectives; /* collectives on the replica communicator so far (hybrid_shard) */
     int64_t mem_bytes, mem_peak_bytes; /* this rank's context memory (k_bytes_in_use, k_peak_bytes) */
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
     int has_eval;             /* an evaluation followed this step (train.eval_interval, the last) */
