@@ -29,7 +29,8 @@ typedef struct plan_in {
     const llama_layout *lo;
     const lora_layout *lora; /* NULL: a full fine-tune */
     model_image_quant quant; /* PLAIN unless adapters sit on an NF4 base */
-    int group;               /* the shard group: world (full_shard, shard_grad_op) or 1 (no_shard) */
+    int group;               /* the shard group: world (full_shard, shard_grad_op), 1 (no_shard), a
+                                node's ranks (hybrid_shard) */
     size_t cs;
 } plan_in;
 
@@ -135,8 +136,12 @@ static size_t plan_activations(const plan_in *in) {
 
 static int check_options(const memory_plan_options *o, errbuf *err) {
     if (!o->model) return errf(err, "memory plan: no model config");
-    if (o->sharding != JOB_SHARD_FULL && o->sharding != JOB_SHARD_NONE && o->sharding != JOB_SHARD_GRAD_OP)
-        return errf(err, "memory plan: only full_shard, shard_grad_op and no_shard are built");
+    if (o->sharding != JOB_SHARD_FULL && o->sharding != JOB_SHARD_NONE &&
+        o->sharding != JOB_SHARD_GRAD_OP && o->sharding != JOB_SHARD_HYBRID)
+        return errf(err, "memory plan: sharding %d is not one fsdp builds", (int)o->sharding);
+    if (o->sharding == JOB_SHARD_HYBRID && (o->group < 1 || o->world % o->group))
+        return errf(err, "memory plan: hybrid_shard's group of %d ranks does not divide the world "
+                         "of %d", o->group, o->world);
     if (o->sharding == JOB_SHARD_GRAD_OP && (o->lora || o->cpu_offload))
         return errf(err, "memory plan: shard_grad_op with adapters or cpu_offload is not built");
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world)
@@ -168,6 +173,11 @@ static void plan_all(const plan_in *in, memory_plan *p) {
     p->total = loading > stepping ? loading : stepping;
 }
 
+/* fsdp_init's shard group: 1 (no_shard), a node's ranks (hybrid_shard), else the world. */
+static int group_of(const memory_plan_options *o) {
+    return o->sharding == JOB_SHARD_NONE ? 1 : o->sharding == JOB_SHARD_HYBRID ? o->group : o->world;
+}
+
 int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *err) {
     memset(p, 0, sizeof *p);
     if (check_options(o, err)) return -1;
@@ -181,7 +191,7 @@ int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *er
     }
     plan_in in = {.o = o, .lo = &lo, .lora = o->lora ? &ll : NULL,
                   .quant = o->lora ? o->quant : MODEL_IMAGE_PLAIN,
-                  .group = o->sharding == JOB_SHARD_NONE ? 1 : o->world, .cs = o->compute_size};
+                  .group = group_of(o), .cs = o->compute_size};
     plan_all(&in, p);
     lora_layout_free(&ll);
     llama_layout_free(&lo);
@@ -219,6 +229,7 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
     job_lora_config(j, lora);
     *out = (memory_plan_options){
         .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
+        .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
         .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
         .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,

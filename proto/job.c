@@ -34,7 +34,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
 };
 
@@ -211,6 +210,12 @@ static const struct alias {
     {"use_gradient_checkpointing", "fsdp.activation_checkpointing"}, /* true: full */
     {"use_cpu_offload", "fsdp.cpu_offload"},
 };
+
+const char *job_sharding_name(job_sharding s) {
+    for (const choice *c = sharding_choices; c->name; c++)
+        if (c->value == (int)s) return c->name;
+    return NULL;
+}
 
 void job_lora_config(const job_config *j, lora_config *out) {
     *out = (lora_config){.rank = j->lora.rank, .alpha = j->lora.alpha, .rslora = j->lora.rslora,

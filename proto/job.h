@@ -158,6 +158,9 @@ typedef struct job_config {
 /* The job's adapter settings (lora.*) as proto/lora_layout.h takes them. */
 struct lora_config;
 void job_lora_config(const job_config *j, struct lora_config *out);
+/* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
+ * another value. */
+const char *job_sharding_name(job_sharding s);
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */

@@ -254,11 +254,31 @@ static int init_host_optim(fsdp *f, int threads, errbuf *err) {
     return host_optim_init(&f->optim, threads, f->n_train, f->ctx->compute, err);
 }
 
+/* hybrid_shard: shard over opt's shard group, replicate over its replica group (both NULL on
+ * one node: the world is the shard group); the groups must tile the world node by node. */
+static int set_hybrid(fsdp *f, const fsdp_options *opt, errbuf *err) {
+    if (!opt->shard_comm != !opt->replica_comm)
+        return errf(err, "fsdp: hybrid_shard needs both the shard and the replica communicator");
+    if (!opt->shard_comm) return 0;
+    int group = comm_world(opt->shard_comm), replicas = comm_world(opt->replica_comm);
+    if (group * replicas != f->world || comm_rank(opt->shard_comm) != f->rank % group ||
+        comm_rank(opt->replica_comm) != f->rank / group)
+        return errf(err, "fsdp: rank %d of %d is rank %d of a shard group of %d and %d of %d "
+                         "replicas: the groups do not tile the world node by node", f->rank, f->world,
+                    comm_rank(opt->shard_comm), group, comm_rank(opt->replica_comm), replicas);
+    f->shard_comm = opt->shard_comm;
+    f->replica = opt->replica_comm;
+    f->group = group;
+    f->group_rank = f->rank % group;
+    return 0;
+}
+
 int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
               const fsdp_options *opt, errbuf *err) {
     memset(f, 0, sizeof *f);
     f->ctx = ctx;
     f->comm = comm;
+    f->shard_comm = comm;
     f->rank = rank;
     f->world = world;
     f->sharding = opt->sharding;
@@ -267,8 +287,6 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
-    if (opt->sharding == JOB_SHARD_HYBRID)
-        return errf(err, "fsdp: hybrid_shard is not built yet");
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
@@ -277,6 +295,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
+    if (opt->sharding == JOB_SHARD_HYBRID && set_hybrid(f, opt, err)) return -1;
     if (llama_layout_init(&f->layout, cfg, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
@@ -674,7 +693,7 @@ static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *e
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
     return k_check(f->ctx, err) ||
-           comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
+           comm_all_gather_start(f->shard_comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
 }
 
 /* offload_params: frozen unit u, whole, from the model image into slot's buffers (an NF4
@@ -699,7 +718,7 @@ static void stream_frozen(fsdp *f, int u, int slot) {
 static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     comm_ticket *t = f->gather_ticket[slot];
     t[0] = t[1] = t[2] = 0;
-    comm_set_unit(f->comm, u);
+    comm_set_unit(f->shard_comm, u);
     int rc = 0, a = train_index(f, u);
     const fsdp_frozen *F = f->has_lora ? &f->frozen[u] : NULL;
     if (!f->has_lora) {
@@ -707,13 +726,13 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     } else if (f->offload_params) {
         stream_frozen(f, u, slot);
     } else if (f->group > 1 && is_nf4(f, u)) {
-        rc = comm_all_gather_start(f->comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
+        rc = comm_all_gather_start(f->shard_comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
                                    COMM_BYTE, &t[0], err);
         if (rc == 0)
-            rc = comm_all_gather_start(f->comm, F->absmax.data, f->gathered_absmax[slot],
+            rc = comm_all_gather_start(f->shard_comm, F->absmax.data, f->gathered_absmax[slot],
                                        F->absmax.shard, COMM_BYTE, &t[1], err);
     } else if (f->group > 1) {
-        rc = comm_all_gather_start(f->comm, F->param, f->gathered[slot], F->shard,
+        rc = comm_all_gather_start(f->shard_comm, F->param, f->gathered[slot], F->shard,
                                    compute_comm_dtype(f->ctx), &t[0], err);
     }
     if (rc == 0 && f->has_lora && a >= 0)
@@ -731,7 +750,7 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
     for (int i = 0; i < 3; i++) {
         comm_ticket t = f->gather_ticket[slot][i];
         f->gather_ticket[slot][i] = 0;
-        if (t && comm_wait(f->comm, t, err)) return errprefix(err, "unit %d", u);
+        if (t && comm_wait(f->shard_comm, t, err)) return errprefix(err, "unit %d", u);
     }
     return 0;
 }
@@ -795,7 +814,9 @@ static int reduce_finish(fsdp *f, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     if (!r->pending) return 0;
     r->pending = 0;
-    if (r->ticket && comm_wait(f->comm, r->ticket, err)) return errprefix(err, "unit %d", r->unit);
+    if ((r->ticket && comm_wait(f->shard_comm, r->ticket, err)) ||
+        (r->replica_ticket && comm_wait(f->replica, r->replica_ticket, err)))
+        return errprefix(err, "unit %d", r->unit);
     const fsdp_unit *U = &f->units[r->unit];
     float *full = f->full_grad[slot];
     if (!r->into_grad)
@@ -815,12 +836,17 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     *r = (fsdp_reduce){.pending = 1, .unit = t, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
-    comm_set_unit(f->comm, u);
+    comm_set_unit(f->shard_comm, u);
     if (rc == 0 && f->world > 1 && f->group == 1)
-        rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
+        rc = comm_all_reduce_start(f->shard_comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
     else if (rc == 0 && f->group > 1)
-        rc = comm_reduce_scatter_start(f->comm, full, r->into_grad ? U->grad : full + U->shard_off,
+        rc = comm_reduce_scatter_start(f->shard_comm, full, r->into_grad ? U->grad : full + U->shard_off,
                                        U->shard, COMM_F32, COMM_SUM, &r->ticket, err);
+    /* hybrid_shard: the shard summed over the replicas too, queued right behind (NCCL: on the
+     * same stream, so it reads the reduce-scattered shard) and waited for with it. */
+    if (rc == 0 && f->replica)
+        rc = comm_all_reduce_start(f->replica, r->into_grad ? U->grad : full + U->shard_off, U->shard,
+                                   COMM_F32, COMM_SUM, &r->replica_ticket, err);
     if (rc) {
         r->pending = 0;
         return errprefix(err, "unit %d", u);
@@ -1154,8 +1180,12 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
         loss_sum += all[r].loss_sum;
         sumsq += all[r].sumsq;
     }
-    /* With no_shard every rank holds the whole gradient: its own sum is the norm. */
-    if (f->group == 1) sumsq = all[f->rank].sumsq;
+    /* Every replica holds the whole gradient, sharded over its group: the norm is one
+     * replica's sum, this rank's (the same bits in each: all-reduced).  full_shard: every
+     * rank; no_shard: this rank alone; hybrid_shard: this node's ranks. */
+    sumsq = 0;
+    for (int r = f->rank / f->group * f->group; r < (f->rank / f->group + 1) * f->group; r++)
+        sumsq += all[r].sumsq;
     free(all);
 
     double norm = sqrt(sumsq);
@@ -1255,9 +1285,9 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     int rc = 0;
     for (int u = 0; u < f->n_train && rc == 0; u++) {
         comm_ticket t;
-        comm_set_unit(f->comm, u);
+        comm_set_unit(f->shard_comm, u);
         rc = gather_trainable(f, u, slot, &t, err);
-        if (rc == 0 && t) rc = comm_wait(f->comm, t, err);
+        if (rc == 0 && t) rc = comm_wait(f->shard_comm, t, err);
         if (rc) break;
         k_compute_to_f32(f->ctx, f->full_grad[0], slot, f->units[u].padded);
         k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);

@@ -17,7 +17,10 @@
  * Strategies: full_shard (W = world), shard_grad_op (W = world; a unit gathered in forward
  * stays gathered until its backward, which reads it again instead of re-gathering, with
  * activation checkpointing the recompute too: one slot a unit) and no_shard (W = 1: every
- * rank keeps the whole model and the gradients are all-reduced, i.e. DDP).  Padding elements stay zero: their
+ * rank keeps the whole model and the gradients are all-reduced, i.e. DDP) and hybrid_shard
+ * (W = a node's workers: full_shard inside each node over its shard communicator, each
+ * reduce-scattered gradient shard then all-reduced over the replica communicator, the same
+ * local rank of every node, queued right behind; node 0's ranks write the checkpoint).  Padding elements stay zero: their
  * gradients are zero, so AdamW leaves them at zero.
  *
  * Loss normalisation (DESIGN.md, Numerics): a step's loss is the sum of token losses over
@@ -90,13 +93,18 @@ typedef struct fsdp_reduce {
     int pending, unit;
     int into_grad;      /* the result lands in the grad shard itself (the first micro-batch) */
     comm_ticket ticket; /* 0: nothing to wait for (one rank) */
+    comm_ticket replica_ticket; /* hybrid_shard: the all-reduce over the replicas (0: none) */
 } fsdp_reduce;
 
 typedef struct fsdp {
     kctx *ctx;
-    comm *comm;
+    comm *comm;       /* the world's: the step's statistics */
+    comm *shard_comm; /* the shard group's: gathers and reduce-scatters (the world's unless
+                         hybrid_shard spans nodes) */
+    comm *replica;    /* hybrid_shard over nodes: the replica group's (the gradient all-reduce) */
     int rank, world;
-    int group;  /* shard group size: world (full_shard) or 1 (no_shard) */
+    int group;  /* shard group size: world (full_shard, shard_grad_op), 1 (no_shard), the
+                   shard communicator's (hybrid_shard) */
     int group_rank;
     job_sharding sharding;
     int checkpoint_activations;
@@ -197,6 +205,10 @@ typedef struct fsdp_options {
      * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
      * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
     int cpu_offload, offload_params, offload_threads;
+    /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
+     * size) and the replica group (this local rank on every node); NULL on one node, where
+     * the world is the shard group. */
+    comm *shard_comm, *replica_comm;
 } fsdp_options;
 
 /* The gather slots fsdp holds for a model of n_layers layers under `sharding` (model/

@@ -64,6 +64,8 @@ typedef struct train_env {
     const llama_config *model; /* the model's config, as fsdpd read it */
     int rank, world;
     comm *comm;            /* NULL when world is 1 */
+    comm *shard_comm, *replica_comm; /* hybrid_shard over several nodes: this node's ranks and
+                                        this local rank of every node; NULL otherwise */
     kctx *ctx;
     train_hooks hooks;
     struct ckpt_writer *writer; /* NULL: no checkpoints */
