@@ -4,7 +4,7 @@
  * checkpoint, output, runtime.  Every key has a default (configs/jobs/README.md lists them
  * all); an unknown section or key, a wrong JSON type, a value out of range or an unknown
  * choice is an error naming the key as "section.key".  A value whose feature is not built
- * yet is rejected ("fsdp.sharding: 'hybrid_shard' is not built yet"), never ignored.
+ * yet is rejected ("fsdp.activation_checkpointing: 'selective' is not built yet"), never ignored.
  *
  * How the daemon uses it:
  *   job_load(&j, path)                      file over the defaults
