@@ -6,7 +6,8 @@
 # final parameters), and fewer all-gathers a step, counted (metrics' all_gathers, rank 0):
 # with 2 layers and 2 micro-batches a rank, full_shard gathers 2 x (1 + 2 + 1 + 2) = 12
 # units a step (14 with a tied head, which gathers the embedding again), shard_grad_op
-# 2 x (1 + 2 + 1) = 8 (tied too): the layers' gathers halve.
+# 2 x (1 + 2 + 1) = 8 (tied too): the layers' gathers halve.  hybrid_shard on one node is
+# full_shard (tests/integration/test_multinode_hybrid.sh runs it across nodes).
 source "$(dirname "$0")/lib.sh"
 
 make_small_model "$tmp"
@@ -72,7 +73,12 @@ run full1 --runtime.workers_per_node=1 --train.micro_batch=6
 same_bits full1 grad_op1
 expect_gathers grad_op1 0
 
-# A shard_grad_op checkpoint is a full_shard one: it resumes as full_shard.
+# hybrid_shard on one node is full_shard (the node is the shard group, no replica).
+run hybrid --fsdp.sharding=hybrid_shard
+same_bits full hybrid
+expect_gathers hybrid 12
+
+# A shard_grad_op checkpoint is laid out as a full_shard one.
 [ -f "$tmp/ckpt-grad_op/step-000004/manifest.json" ] || fail "no final checkpoint: $(ls -R "$tmp/ckpt-grad_op")"
 
 # Not built: shard_grad_op with adapters or cpu_offload.
