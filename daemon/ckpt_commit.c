@@ -137,6 +137,14 @@ static int check_adapter(const job_config *job, const ckpt_manifest *m, const ch
     return 0;
 }
 
+/* Every strategy's checkpoint is read the same way (re-sliced from its n_files shards), by
+ * any strategy: the name is only recorded. */
+static int known_sharding(const char *name) {
+    for (int s = JOB_SHARD_FULL; s <= JOB_SHARD_HYBRID; s++)
+        if (!strcmp(name, job_sharding_name((job_sharding)s))) return 1;
+    return 0;
+}
+
 /* Checks the checkpoint at path fits the job, and takes its global_batch and seed. */
 static int check_resume(job_config *job, const char *path, const ckpt_start *start,
                         long long *step, errbuf *err) {
@@ -147,7 +155,7 @@ static int check_resume(job_config *job, const char *path, const ckpt_start *sta
     int rc = ckpt_manifest_check_model(&m, &start->model, name, err);
     if (rc == 0) rc = check_adapter(job, &m, start->base_fingerprint, name, err);
     if (rc == 0) rc = ckpt_verify(path, &m, 0, err);
-    if (rc == 0 && strcmp(m.sharding, "full_shard") && strcmp(m.sharding, "no_shard"))
+    if (rc == 0 && !known_sharding(m.sharding))
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         if (m.global_batch != job->train.global_batch)
@@ -239,12 +247,21 @@ struct ckpt_coord {
     long long total_steps;   /* of the training run, from rank 0's METRICS */
 };
 
+/* The shard files of a checkpoint: one a rank of the shard group, which writes them (no_shard:
+ * rank 0; hybrid_shard: node 0's ranks, the other replicas hold the same state). */
+static int ckpt_shard_files(const job_config *j, int world) {
+    if (j->fsdp.sharding == JOB_SHARD_NONE) return 1;
+    int per_node = j->runtime.workers_per_node;
+    if (j->fsdp.sharding == JOB_SHARD_HYBRID && per_node > 0 && per_node < world) return per_node;
+    return world;
+}
+
 int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err) {
     ckpt_coord *c = calloc(1, sizeof *c);
     if (!c) return errf(err, "out of memory");
     c->opt = *opt;
     c->job = opt->job;
-    c->n_files = opt->job->fsdp.sharding == JOB_SHARD_NONE ? 1 : opt->world;
+    c->n_files = ckpt_shard_files(opt->job, opt->world);
     c->latest_step = -1;
     *out = c;
     return 0;
@@ -414,8 +431,7 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     man->seed = j->train.seed;
     man->global_batch = j->train.global_batch;
     man->world_size = c->opt.world;
-    snprintf(man->sharding, sizeof man->sharding, "%s",
-             j->fsdp.sharding == JOB_SHARD_NONE ? "no_shard" : "full_shard");
+    snprintf(man->sharding, sizeof man->sharding, "%s", job_sharding_name(j->fsdp.sharding));
     man->train = (ckpt_train_settings){.lr = j->train.lr, .min_lr = j->train.min_lr,
                                        .weight_decay = j->train.weight_decay,
                                        .betas = {j->train.betas[0], j->train.betas[1]},

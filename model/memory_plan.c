@@ -29,7 +29,8 @@ typedef struct plan_in {
     const llama_layout *lo;
     const lora_layout *lora; /* NULL: a full fine-tune */
     model_image_quant quant; /* PLAIN unless adapters sit on an NF4 base */
-    int group;               /* the shard group: world (full_shard) or 1 (no_shard) */
+    int group;               /* the shard group: world (full_shard, shard_grad_op), 1 (no_shard), a
+                                node's ranks (hybrid_shard) */
     size_t cs;
 } plan_in;
 
@@ -97,14 +98,18 @@ static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded
     p->host_offload = elements * (4 * sizeof(float) + in->cs);
 }
 
-/* alloc_slots: gathered[0..2], gathered_adapter[0..1] and full_grad[0..2]. */
+/* alloc_slots: gathered[0..2] (shard_grad_op: one slot of the largest unit for each of
+ * the embedding, every layer and the head, kept from forward to backward), gathered_adapter
+ * [0..1] and full_grad[0..2]. */
 static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, size_t train_padded) {
     const llama_layout *lo = in->lo;
     int has_lora = in->lora != NULL, tied = lo->cfg.tie_word_embeddings;
+    int kept = in->o->sharding == JOB_SHARD_GRAD_OP;
     size_t embed_padded = padded_of(in, lo->units[LLAMA_EMBED_UNIT].numel);
     int base_slots = !has_lora || in->group > 1 || in->o->offload_params;
+    if (kept) p->gather_slots += (size_t)(lo->n_layers + 2 - 3) * base_padded * in->cs;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot < 2 ? base_padded : tied ? embed_padded : 0;
+        size_t n = slot < 2 || kept ? base_padded : tied ? embed_padded : 0;
         if (base_slots) p->gather_slots += n * in->cs;
         if (has_lora && slot < 2) p->gather_slots += train_padded * in->cs;
         size_t g = slot < 2 ? train_padded : tied && !has_lora ? embed_padded : 0;
@@ -132,8 +137,14 @@ static size_t plan_activations(const plan_in *in) {
 
 static int check_options(const memory_plan_options *o, errbuf *err) {
     if (!o->model) return errf(err, "memory plan: no model config");
-    if (o->sharding != JOB_SHARD_FULL && o->sharding != JOB_SHARD_NONE)
-        return errf(err, "memory plan: only full_shard and no_shard are built");
+    if (o->sharding != JOB_SHARD_FULL && o->sharding != JOB_SHARD_NONE &&
+        o->sharding != JOB_SHARD_GRAD_OP && o->sharding != JOB_SHARD_HYBRID)
+        return errf(err, "memory plan: sharding %d is not one fsdp builds", (int)o->sharding);
+    if (o->sharding == JOB_SHARD_HYBRID && (o->group < 1 || o->world % o->group))
+        return errf(err, "memory plan: hybrid_shard's group of %d ranks does not divide the world "
+                         "of %d", o->group, o->world);
+    if (o->sharding == JOB_SHARD_GRAD_OP && (o->lora || o->cpu_offload))
+        return errf(err, "memory plan: shard_grad_op with adapters or cpu_offload is not built");
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world)
         return errf(err, "memory plan: rank %d of world %d", o->rank, o->world);
     if (o->micro_batch < 1 || o->seq_len < 1)
@@ -163,6 +174,11 @@ static void plan_all(const plan_in *in, memory_plan *p) {
     p->total = loading > stepping ? loading : stepping;
 }
 
+/* fsdp_init's shard group: 1 (no_shard), a node's ranks (hybrid_shard), else the world. */
+static int group_of(const memory_plan_options *o) {
+    return o->sharding == JOB_SHARD_NONE ? 1 : o->sharding == JOB_SHARD_HYBRID ? o->group : o->world;
+}
+
 int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *err) {
     memset(p, 0, sizeof *p);
     if (check_options(o, err)) return -1;
@@ -176,7 +192,7 @@ int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *er
     }
     plan_in in = {.o = o, .lo = &lo, .lora = o->lora ? &ll : NULL,
                   .quant = o->lora ? o->quant : MODEL_IMAGE_PLAIN,
-                  .group = o->sharding == JOB_SHARD_FULL ? o->world : 1, .cs = o->compute_size};
+                  .group = group_of(o), .cs = o->compute_size};
     plan_all(&in, p);
     lora_layout_free(&ll);
     llama_layout_free(&lo);
@@ -214,6 +230,7 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
     job_lora_config(j, lora);
     *out = (memory_plan_options){
         .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
+        .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
         .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
         .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
         .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,

@@ -25,8 +25,9 @@
  * the context's compute dtype. */
 typedef struct memory_plan_options {
     const llama_config *model;
-    job_sharding sharding;      /* full_shard or no_shard (what fsdp builds) */
+    job_sharding sharding;      /* full_shard, shard_grad_op, no_shard or hybrid_shard */
     int world, rank;            /* every rank of full_shard holds shards of one size */
+    int group;                  /* hybrid_shard: the shard group's ranks (a node's workers) */
     const lora_config *lora;    /* NULL: a full fine-tune; else adapters on a frozen base */
     model_image_quant quant;    /* with adapters: the base's (NF4 for QLoRA) */
     int checkpoint_activations; /* fsdp.activation_checkpointing full */

@@ -54,8 +54,10 @@
  *     "global_sample": samples consumed by the whole job (step * global_batch),
  *     "tokens_seen": unmasked target tokens trained on,
  *     "global_batch", "seed": fixed for the job's life (a resumed job takes them from here),
- *     "world_size": ranks of the job that wrote it, "sharding": "full_shard" | "no_shard",
- *     "n_files", "dtype": "f32",
+ *     "world_size": ranks of the job that wrote it, "sharding": the job's fsdp.sharding
+ *     ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard": recorded, any reads any),
+ *     "n_files": the shard group's world, one file a member (no_shard 1, hybrid_shard a
+ *     node's workers: node 0's ranks write them), "dtype": "f32",
  *     "train": {"lr", "min_lr", "schedule", "warmup_steps", "total_steps", "weight_decay",
  *               "betas": [b1, b2], "eps", "clip_norm"},
  *     "model_config": the model's Hugging Face config.json object,
@@ -252,7 +254,7 @@ typedef struct ckpt_manifest {
     int64_t step, optimizer_step, global_sample, tokens_seen, seed;
     int global_batch;
     int world_size;
-    char sharding[16];      /* "full_shard" or "no_shard" */
+    char sharding[16];      /* the job's fsdp.sharding, e.g. "full_shard" */
     ckpt_train_settings train;
     json_t *model_config;   /* owned reference: the Hugging Face config.json object */
     char model_path[JOB_PATH_MAX]; /* the job's model directory, "" for init random */

@@ -34,8 +34,6 @@ _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 static const struct not_built {
     const char *key, *value;
 } not_built[] = {
-    {"fsdp.sharding", "shard_grad_op"},
-    {"fsdp.sharding", "hybrid_shard"},
     {"fsdp.activation_checkpointing", "selective"},
 };
 
@@ -212,6 +210,12 @@ static const struct alias {
     {"use_gradient_checkpointing", "fsdp.activation_checkpointing"}, /* true: full */
     {"use_cpu_offload", "fsdp.cpu_offload"},
 };
+
+const char *job_sharding_name(job_sharding s) {
+    for (const choice *c = sharding_choices; c->name; c++)
+        if (c->value == (int)s) return c->name;
+    return NULL;
+}
 
 void job_lora_config(const job_config *j, lora_config *out) {
     *out = (lora_config){.rank = j->lora.rank, .alpha = j->lora.alpha, .rslora = j->lora.rslora,
@@ -1176,6 +1180,14 @@ static int check_adapters(const job_config *j, errbuf *err) {
     return 0;
 }
 
+/* Strategies built for part of the jobs only. */
+static int check_sharding(const job_config *j, errbuf *err) {
+    if (j->fsdp.sharding == JOB_SHARD_GRAD_OP && (j->train.type != JOB_TRAIN_FULL || j->fsdp.cpu_offload))
+        return errf(err, "fsdp.sharding: 'shard_grad_op' with %s is not built yet",
+                    j->train.type != JOB_TRAIN_FULL ? "adapters (train.type lora or qlora)" : "fsdp.cpu_offload");
+    return 0;
+}
+
 int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || check_keys(j, err) || check_model(j, err) ||
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
@@ -1188,7 +1200,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return check_adapters(j, err);
+    return check_adapters(j, err) || check_sharding(j, err) ? -1 : 0;
 }
 
 json_t *job_to_object(const job_config *j, errbuf *err) {

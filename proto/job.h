@@ -4,7 +4,7 @@
  * checkpoint, output, runtime.  Every key has a default (configs/jobs/README.md lists them
  * all); an unknown section or key, a wrong JSON type, a value out of range or an unknown
  * choice is an error naming the key as "section.key".  A value whose feature is not built
- * yet is rejected ("fsdp.sharding: 'hybrid_shard' is not built yet"), never ignored.
+ * yet is rejected ("fsdp.activation_checkpointing: 'selective' is not built yet"), never ignored.
  *
  * How the daemon uses it:
  *   job_load(&j, path)                      file over the defaults
@@ -158,6 +158,9 @@ typedef struct job_config {
 /* The job's adapter settings (lora.*) as proto/lora_layout.h takes them. */
 struct lora_config;
 void job_lora_config(const job_config *j, struct lora_config *out);
+/* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
+ * another value. */
+const char *job_sharding_name(job_sharding s);
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */

@@ -119,6 +119,8 @@ static const field metrics_fields[] = {
     I64(msg_metrics, "layer_forwards", layer_forwards, 0),
     I64(msg_metrics, "mem_bytes", mem_bytes, 0),
     I64(msg_metrics, "mem_peak_bytes", mem_peak_bytes, 0),
+    I64(msg_metrics, "all_gathers", all_gathers, 0),
+    I64(msg_metrics, "replica_collectives", replica_collectives, 0),
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
     OPT_F64(msg_metrics, "eval_loss", eval_loss),
 };

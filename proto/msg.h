@@ -140,6 +140,9 @@ typedef struct msg_metrics {
     int64_t tokens, tokens_seen;
     double seconds;
     int64_t layer_forwards, mem_bytes, mem_peak_bytes;
+    /* rank 0's collectives so far: units all-gathered (fsdp's param_gathers), and every
+     * collective on the replica communicator (hybrid_shard's across the nodes; 0 without) */
+    int64_t all_gathers, replica_collectives;
     bool has_checkpoint;
     msg_ckpt_note checkpoint;
     bool has_eval_loss;

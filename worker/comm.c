@@ -53,6 +53,7 @@ static void finished(comm *c, uint64_t t) {
 }
 
 int comm_rank(const comm *c) { return c->rank; }
+unsigned long long comm_calls(const comm *c) { return c ? c->ncalls : 0; }
 int comm_world(const comm *c) { return c->world; }
 
 size_t comm_dtype_size(comm_dtype dt) {

@@ -82,6 +82,18 @@ void comm_listener_close(comm_listener *l);
 int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_table *table,
               comm_listener *l, errbuf *err);
 
+/* CPU backend: a new communicator of the ranks of `parent` that pass the same color, ranked
+ * in the parent's rank order (collective over parent: every rank calls it, with its color).
+ * Each rank listens on bind_host anew and the addresses are all-gathered over parent; the
+ * handshake is comm_init's (opt: the secret, the timeouts, the progress to publish).
+ * hybrid_shard's shard group (a node's ranks) and replica group (one local rank of every
+ * node).  comm_nccl_split is the GPU backend's. */
+int comm_tcp_split(comm *parent, const comm_options *opt, const char *bind_host, int color,
+                   comm **out, errbuf *err);
+
+/* The collectives started on c so far (its sequence number), every kind; 0 for NULL. */
+unsigned long long comm_calls(const comm *c);
+
 /* Makes *c (a host-memory backend such as TCP) accept buffers in ctx's memory (device
  * memory on CUDA): each collective copies its input to pinned host memory, runs there and
  * copies the result back, synchronously.  For several workers sharing one GPU, where NCCL

@@ -43,7 +43,10 @@ typedef struct nccl_comm {
     comm base;
     ncclComm_t nccl;
     cudaStream_t compute; /* the kernels context's stream */
-    cudaStream_t stream;  /* the collectives' own */
+    cudaStream_t stream;  /* the collectives' own; a split communicator shares its parent's,
+                             so that the two run in the order they were queued (hybrid_shard's
+                             all-reduce of a reduce-scattered shard) */
+    int owns_stream;
     cudaEvent_t ready, done;
     int *hang_flag;     /* mapped pinned memory the spinning kernel reads */
     nccl_pending pending[NCCL_INFLIGHT]; /* a ring, oldest at [head] */
@@ -241,7 +244,7 @@ static void nccl_destroy(comm *c) {
         if (n->pending[i].done) cudaEventDestroy(n->pending[i].done);
     if (n->done) cudaEventDestroy(n->done);
     if (n->ready) cudaEventDestroy(n->ready);
-    if (n->stream) cudaStreamDestroy(n->stream);
+    if (n->stream && n->owns_stream) cudaStreamDestroy(n->stream);
     if (n->hang_flag) cudaFreeHost(n->hang_flag);
     free(n);
 }
@@ -260,8 +263,10 @@ static const comm_ops nccl_ops = {
     .destroy = nccl_destroy,
 };
 
-int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
-                   const unsigned char id[COMM_NCCL_ID_BYTES], kctx *ctx, errbuf *err) {
+/* A communicator's CUDA side on ctx's device: its events, the hang flag and, unless it shares
+ * `stream` (a split's parent's), a stream of its own. */
+static int nccl_new(nccl_comm **out, const comm_options *opt, int rank, int world, kctx *ctx,
+                    cudaStream_t stream, errbuf *err) {
     *out = NULL;
     if (ctx->backend != K_CUDA) return errf(err, "NCCL needs a CUDA kernels context");
     nccl_comm *n = calloc(1, sizeof *n);
@@ -271,12 +276,14 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         return -1;
     }
     n->compute = (cudaStream_t)ctx->stream;
+    n->stream = stream;
+    n->owns_stream = !stream;
     cudaError_t e = cudaSetDevice(ctx->device);
     /* The highest priority: the block scheduler starts a collective's blocks as soon as SMs
      * free up, instead of queueing them behind the compute kernels it overlaps with. */
     int least, greatest;
-    if (e == cudaSuccess) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest);
+    if (e == cudaSuccess && !stream) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess && !stream) e = cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
     for (int i = 0; i < NCCL_INFLIGHT && e == cudaSuccess; i++)
@@ -288,22 +295,54 @@ int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
         return errf(err, "NCCL set-up: %s", cudaGetErrorString(e));
     }
     memset(n->hang_flag, 0, 2 * sizeof(int));
+    *out = n;
+    return 0;
+}
+
+/* After ncclCommInitRankConfig or ncclCommSplit returned r: waits for the new communicator. */
+static int nccl_joined(nccl_comm *n, ncclResult_t r, const char *what, double init_timeout_s,
+                       comm **out, errbuf *err) {
+    int rank = n->base.rank, world = n->base.world;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        n->nccl = NULL;
+        nccl_destroy(&n->base);
+        return errf(err, "%s (rank %d of %d): %s", what, rank, world, ncclGetErrorString(r));
+    }
+    if (wait_settled(n, clock_now_s() + init_timeout_s, err)) {
+        nccl_destroy(&n->base);
+        return errprefix(err, "%s (rank %d of %d)", what, rank, world);
+    }
+    *out = &n->base;
+    return 0;
+}
+
+int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
+                   const unsigned char id[COMM_NCCL_ID_BYTES], kctx *ctx, errbuf *err) {
+    nccl_comm *n;
+    *out = NULL;
+    if (nccl_new(&n, opt, rank, world, ctx, NULL, err)) return -1;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclUniqueId uid;
     memcpy(&uid, id, sizeof uid);
     ncclResult_t r = ncclCommInitRankConfig(&n->nccl, world, uid, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        n->nccl = NULL;
+    return nccl_joined(n, r, "ncclCommInitRankConfig", opt->init_timeout_s, out, err);
+}
+
+int comm_nccl_split(comm *parent, const comm_options *opt, int color, int rank, int world,
+                    kctx *ctx, comm **out, errbuf *err) {
+    nccl_comm *p = as_nccl(parent), *n;
+    *out = NULL;
+    if (nccl_new(&n, opt, rank, world, ctx, p->stream, err)) return -1;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    /* key = the parent's rank: the members keep the parent's order (comm_tcp_split's) */
+    ncclResult_t r = ncclCommSplit(p->nccl, color, parent->rank, &n->nccl, &config);
+    if ((r == ncclSuccess || r == ncclInProgress) && wait_settled(p, clock_now_s() + opt->init_timeout_s, err)) {
         nccl_destroy(&n->base);
-        return errf(err, "ncclCommInitRankConfig (rank %d of %d): %s", rank, world, ncclGetErrorString(r));
+        return errprefix(err, "ncclCommSplit (color %d)", color);
     }
-    if (wait_settled(n, clock_now_s() + opt->init_timeout_s, err)) {
-        nccl_destroy(&n->base);
-        return errprefix(err, "NCCL init (rank %d of %d)", rank, world);
-    }
-    *out = &n->base;
-    return 0;
+    return nccl_joined(n, r, "ncclCommSplit", opt->init_timeout_s, out, err);
 }
 
 #endif

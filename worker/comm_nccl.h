@@ -15,4 +15,12 @@ int comm_nccl_make_id(unsigned char id[COMM_NCCL_ID_BYTES], errbuf *err);
 int comm_nccl_init(comm **out, const comm_options *opt, int rank, int world,
                    const unsigned char id[COMM_NCCL_ID_BYTES], kctx *ctx, errbuf *err);
 
+/* comm_tcp_split's GPU form (ncclCommSplit): the ranks of parent (an NCCL communicator)
+ * passing the same color, in parent's rank order; this rank is `rank` of their `world` (the
+ * caller knows both: hybrid_shard's groups are regular).  The new communicator queues on
+ * parent's stream, so collectives on the two run in the order they were started; parent
+ * must outlive it. */
+int comm_nccl_split(comm *parent, const comm_options *opt, int color, int rank, int world,
+                    kctx *ctx, comm **out, errbuf *err);
+
 #endif

@@ -809,3 +809,40 @@ int comm_init(comm **out, const comm_options *opt, int rank, const comm_rank_tab
     comm_listener_close(l);
     return rc;
 }
+
+/* ---- comm_tcp_split -------------------------------------------------------------------- */
+
+/* What every rank of the parent publishes to the others: its color and new address. */
+typedef struct split_entry {
+    int32_t color;
+    char addr[COMM_ADDR_MAX];
+} split_entry;
+
+int comm_tcp_split(comm *parent, const comm_options *opt, const char *bind_host, int color,
+                   comm **out, errbuf *err) {
+    *out = NULL;
+    int world = comm_world(parent), self = comm_rank(parent), n = 0, me = 0;
+    comm_listener l;
+    if (comm_tcp_listen(&l, bind_host, err)) return errprefix(err, "comm split");
+    split_entry *all = calloc((size_t)world, sizeof *all);
+    const char **addr = calloc((size_t)world, sizeof *addr);
+    int rc = all && addr ? 0 : errf(err, "out of memory");
+    if (rc == 0) {
+        all[self].color = color;
+        snprintf(all[self].addr, sizeof all[self].addr, "%s", l.addr);
+        rc = comm_all_gather(parent, &all[self], all, sizeof *all, COMM_BYTE, err);
+    }
+    for (int r = 0; rc == 0 && r < world; r++) { /* the members, in the parent's rank order */
+        if (all[r].color != color) continue;
+        if (r == self) me = n;
+        addr[n++] = all[r].addr;
+    }
+    if (rc == 0) {
+        comm_rank_table table = {.world = n, .addr = addr};
+        rc = comm_init(out, opt, me, &table, &l, err);
+    }
+    comm_listener_close(&l);
+    free(all);
+    free(addr);
+    return rc ? errprefix(err, "comm split (color %d)", color) : 0;
+}

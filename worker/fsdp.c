@@ -160,8 +160,12 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
     int base_slots = !f->has_lora || f->group > 1 || f->offload_params;
+    /* shard_grad_op: a slot a unit kept from forward to backward, each of the largest unit
+     * (fsdp_gather_params reuses slot 0 for every unit). */
+    for (int slot = 3; slot < f->n_slots; slot++)
+        if (!(f->gathered[slot] = k_alloc(f->ctx, base_padded * cs, err))) return -1;
     for (int slot = 0; slot < 3; slot++) {
-        size_t n = slot < 2 ? base_padded : is_tied(f) ? embed_padded : 0;
+        size_t n = slot < 2 || f->sharding == JOB_SHARD_GRAD_OP ? base_padded : is_tied(f) ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
         if (f->has_lora && slot < 2 &&
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
@@ -250,11 +254,31 @@ static int init_host_optim(fsdp *f, int threads, errbuf *err) {
     return host_optim_init(&f->optim, threads, f->n_train, f->ctx->compute, err);
 }
 
+/* hybrid_shard: shard over opt's shard group, replicate over its replica group (both NULL on
+ * one node: the world is the shard group); the groups must tile the world node by node. */
+static int set_hybrid(fsdp *f, const fsdp_options *opt, errbuf *err) {
+    if (!opt->shard_comm != !opt->replica_comm)
+        return errf(err, "fsdp: hybrid_shard needs both the shard and the replica communicator");
+    if (!opt->shard_comm) return 0;
+    int group = comm_world(opt->shard_comm), replicas = comm_world(opt->replica_comm);
+    if (group * replicas != f->world || comm_rank(opt->shard_comm) != f->rank % group ||
+        comm_rank(opt->replica_comm) != f->rank / group)
+        return errf(err, "fsdp: rank %d of %d is rank %d of a shard group of %d and %d of %d "
+                         "replicas: the groups do not tile the world node by node", f->rank, f->world,
+                    comm_rank(opt->shard_comm), group, comm_rank(opt->replica_comm), replicas);
+    f->shard_comm = opt->shard_comm;
+    f->replica = opt->replica_comm;
+    f->group = group;
+    f->group_rank = f->rank % group;
+    return 0;
+}
+
 int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
               const fsdp_options *opt, errbuf *err) {
     memset(f, 0, sizeof *f);
     f->ctx = ctx;
     f->comm = comm;
+    f->shard_comm = comm;
     f->rank = rank;
     f->world = world;
     f->sharding = opt->sharding;
@@ -263,21 +287,26 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
-    if (opt->sharding != JOB_SHARD_FULL && opt->sharding != JOB_SHARD_NONE)
-        return errf(err, "fsdp: only full_shard and no_shard are built");
+    if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
+        return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
-    f->group = opt->sharding == JOB_SHARD_FULL ? world : 1;
-    f->group_rank = opt->sharding == JOB_SHARD_FULL ? rank : 0;
+    f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
+    f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
+    if (opt->sharding == JOB_SHARD_HYBRID && set_hybrid(f, opt, err)) return -1;
     if (llama_layout_init(&f->layout, cfg, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
+    f->n_slots = fsdp_slots(opt->sharding, cfg->num_hidden_layers);
     f->plan = calloc(2 * (size_t)f->layout.n_layers + 3, sizeof *f->plan);
-    if (!inv_freq || !f->plan || set_trainable(f, opt, err)) {
+    f->gathered = calloc((size_t)f->n_slots, sizeof *f->gathered);
+    f->gather_ticket = calloc((size_t)f->n_slots, sizeof *f->gather_ticket);
+    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket;
+    if (no_memory || set_trainable(f, opt, err)) {
         free(inv_freq);
-        if (!inv_freq || !f->plan) errf(err, "fsdp: out of host memory");
+        if (no_memory) errf(err, "fsdp: out of host memory");
         fsdp_destroy(f);
         return -1;
     }
@@ -320,8 +349,9 @@ void fsdp_destroy(fsdp *f) {
         } else if (f->units && f->units[0].master) {
             k_free(f->ctx, f->units[0].master);
         }
-        void *bufs[] = {f->gathered[0], f->gathered[1], f->gathered[2], f->full_grad[0],
-                        f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
+        for (int slot = 0; f->gathered && slot < f->n_slots; slot++)
+            if (f->gathered[slot]) k_free(f->ctx, f->gathered[slot]);
+        void *bufs[] = {f->full_grad[0], f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
                         f->gathered_adapter[0], f->gathered_adapter[1], f->frozen_memory,
                         f->gathered_packed[0], f->gathered_packed[1], f->gathered_absmax[0],
                         f->gathered_absmax[1], f->dequant};
@@ -331,6 +361,8 @@ void fsdp_destroy(fsdp *f) {
     free(f->units);
     free(f->frozen);
     free(f->plan);
+    free(f->gathered);
+    free(f->gather_ticket);
     free(f->optim_tasks);
     llama_layout_free(&f->layout);
     lora_layout_free(&f->lora_layout);
@@ -587,7 +619,30 @@ static void add_gather(fsdp *f, int unit, int slot, int *alternate) {
     f->plan[f->n_plan++] = (fsdp_gather){.unit = unit, .slot = slot};
 }
 
+/* shard_grad_op: model unit u's own slot (the embedding 0, layer l 1 + l, the head L + 1),
+ * gathered once in forward; `kept`: read again from there. */
+static void add_kept(fsdp *f, int unit, int kept) {
+    int L = f->layout.n_layers, head = llama_head_unit(&f->layout);
+    int slot = unit == LLAMA_EMBED_UNIT ? 0 : unit == head ? L + 1 : unit; /* layer l is unit 1 + l */
+    f->plan[f->n_plan++] = (fsdp_gather){.unit = unit, .slot = slot, .kept = kept};
+}
+
+static void build_kept_plan(fsdp *f) {
+    int L = f->layout.n_layers;
+    f->n_plan = 0;
+    add_kept(f, LLAMA_EMBED_UNIT, 0);
+    for (int l = 0; l < L; l++) add_kept(f, llama_layer_unit(l), 0);
+    if (is_tied(f)) add_kept(f, LLAMA_EMBED_UNIT, 1);
+    add_kept(f, llama_head_unit(&f->layout), 0);
+    f->n_forward_plan = f->n_plan;
+    for (int l = L - 1; l >= 0; l--) add_kept(f, llama_layer_unit(l), 1);
+}
+
 static void build_plan(fsdp *f) {
+    if (f->sharding == JOB_SHARD_GRAD_OP) {
+        build_kept_plan(f);
+        return;
+    }
     int L = f->layout.n_layers, alternate = 0;
     f->n_plan = 0;
     add_gather(f, LLAMA_EMBED_UNIT, -1, &alternate);
@@ -596,6 +651,10 @@ static void build_plan(fsdp *f) {
     add_gather(f, llama_head_unit(&f->layout), -1, &alternate);
     f->n_forward_plan = f->n_plan;
     for (int l = L - 1; l >= 0; l--) add_gather(f, llama_layer_unit(l), -1, &alternate);
+}
+
+int fsdp_slots(job_sharding sharding, int n_layers) {
+    return sharding == JOB_SHARD_GRAD_OP ? n_layers + 2 : 3;
 }
 
 /* The trainable unit holding model unit u's trained parameters: u itself in a full
@@ -634,7 +693,7 @@ static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *e
     /* No host synchronisation: the comm orders itself after the queued compute (NCCL by a
      * device event, the host-memory backends by their synchronous copies). */
     return k_check(f->ctx, err) ||
-           comm_all_gather_start(f->comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
+           comm_all_gather_start(f->shard_comm, mine, dst, U->shard, compute_comm_dtype(f->ctx), t, err);
 }
 
 /* offload_params: frozen unit u, whole, from the model image into slot's buffers (an NF4
@@ -659,7 +718,7 @@ static void stream_frozen(fsdp *f, int u, int slot) {
 static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     comm_ticket *t = f->gather_ticket[slot];
     t[0] = t[1] = t[2] = 0;
-    comm_set_unit(f->comm, u);
+    comm_set_unit(f->shard_comm, u);
     int rc = 0, a = train_index(f, u);
     const fsdp_frozen *F = f->has_lora ? &f->frozen[u] : NULL;
     if (!f->has_lora) {
@@ -667,17 +726,18 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     } else if (f->offload_params) {
         stream_frozen(f, u, slot);
     } else if (f->group > 1 && is_nf4(f, u)) {
-        rc = comm_all_gather_start(f->comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
+        rc = comm_all_gather_start(f->shard_comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
                                    COMM_BYTE, &t[0], err);
         if (rc == 0)
-            rc = comm_all_gather_start(f->comm, F->absmax.data, f->gathered_absmax[slot],
+            rc = comm_all_gather_start(f->shard_comm, F->absmax.data, f->gathered_absmax[slot],
                                        F->absmax.shard, COMM_BYTE, &t[1], err);
     } else if (f->group > 1) {
-        rc = comm_all_gather_start(f->comm, F->param, f->gathered[slot], F->shard,
+        rc = comm_all_gather_start(f->shard_comm, F->param, f->gathered[slot], F->shard,
                                    compute_comm_dtype(f->ctx), &t[0], err);
     }
     if (rc == 0 && f->has_lora && a >= 0)
         rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], err);
+    f->param_gathers += t[0] || t[1] || t[2];
     return rc ? errprefix(err, "unit %d", u) : 0;
 }
 
@@ -690,7 +750,7 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
     for (int i = 0; i < 3; i++) {
         comm_ticket t = f->gather_ticket[slot][i];
         f->gather_ticket[slot][i] = 0;
-        if (t && comm_wait(f->comm, t, err)) return errprefix(err, "unit %d", u);
+        if (t && comm_wait(f->shard_comm, t, err)) return errprefix(err, "unit %d", u);
     }
     return 0;
 }
@@ -730,20 +790,21 @@ static void *gathered_params(fsdp *f, int k) {
 
 /* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
  * when prefetching is on for its pass. */
+/* Starts plan entry k's all-gathers (none for a kept unit, which is in its slot already). */
+static int plan_start(fsdp *f, int k, errbuf *err) {
+    const fsdp_gather *g = &f->plan[k];
+    f->next_gather = k + 1;
+    return g->kept ? 0 : gather_start(f, g->unit, g->slot, err);
+}
+
 static void *gather_use(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
-    if (f->next_gather <= k) {
-        if (gather_start(f, g->unit, g->slot, err)) return NULL;
-        f->next_gather = k + 1;
-    }
+    if (f->next_gather <= k && plan_start(f, k, err)) return NULL;
     if (gather_wait(f, g->unit, g->slot, err)) return NULL;
     int next = k + 1;
     int prefetch = next < f->n_plan &&
                    (next < f->n_forward_plan ? f->forward_prefetch : f->backward_prefetch);
-    if (prefetch) {
-        if (gather_start(f, f->plan[next].unit, f->plan[next].slot, err)) return NULL;
-        f->next_gather = next + 1;
-    }
+    if (prefetch && plan_start(f, next, err)) return NULL;
     return gathered_params(f, k);
 }
 
@@ -753,7 +814,9 @@ static int reduce_finish(fsdp *f, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     if (!r->pending) return 0;
     r->pending = 0;
-    if (r->ticket && comm_wait(f->comm, r->ticket, err)) return errprefix(err, "unit %d", r->unit);
+    if ((r->ticket && comm_wait(f->shard_comm, r->ticket, err)) ||
+        (r->replica_ticket && comm_wait(f->replica, r->replica_ticket, err)))
+        return errprefix(err, "unit %d", r->unit);
     const fsdp_unit *U = &f->units[r->unit];
     float *full = f->full_grad[slot];
     if (!r->into_grad)
@@ -773,12 +836,17 @@ static int reduce_start(fsdp *f, int u, int slot, errbuf *err) {
     fsdp_reduce *r = &f->reducing[slot];
     *r = (fsdp_reduce){.pending = 1, .unit = t, .into_grad = f->group > 1 && f->first_micro};
     int rc = k_check(f->ctx, err);
-    comm_set_unit(f->comm, u);
+    comm_set_unit(f->shard_comm, u);
     if (rc == 0 && f->world > 1 && f->group == 1)
-        rc = comm_all_reduce_start(f->comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
+        rc = comm_all_reduce_start(f->shard_comm, full, U->padded, COMM_F32, COMM_SUM, &r->ticket, err);
     else if (rc == 0 && f->group > 1)
-        rc = comm_reduce_scatter_start(f->comm, full, r->into_grad ? U->grad : full + U->shard_off,
+        rc = comm_reduce_scatter_start(f->shard_comm, full, r->into_grad ? U->grad : full + U->shard_off,
                                        U->shard, COMM_F32, COMM_SUM, &r->ticket, err);
+    /* hybrid_shard: the shard summed over the replicas too, queued right behind (NCCL: on the
+     * same stream, so it reads the reduce-scattered shard) and waited for with it. */
+    if (rc == 0 && f->replica)
+        rc = comm_all_reduce_start(f->replica, r->into_grad ? U->grad : full + U->shard_off, U->shard,
+                                   COMM_F32, COMM_SUM, &r->replica_ticket, err);
     if (rc) {
         r->pending = 0;
         return errprefix(err, "unit %d", u);
@@ -1112,8 +1180,12 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
         loss_sum += all[r].loss_sum;
         sumsq += all[r].sumsq;
     }
-    /* With no_shard every rank holds the whole gradient: its own sum is the norm. */
-    if (f->group == 1) sumsq = all[f->rank].sumsq;
+    /* Every replica holds the whole gradient, sharded over its group: the norm is one
+     * replica's sum, this rank's (the same bits in each: all-reduced).  full_shard: every
+     * rank; no_shard: this rank alone; hybrid_shard: this node's ranks. */
+    sumsq = 0;
+    for (int r = f->rank / f->group * f->group; r < (f->rank / f->group + 1) * f->group; r++)
+        sumsq += all[r].sumsq;
     free(all);
 
     double norm = sqrt(sumsq);
@@ -1213,9 +1285,9 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     int rc = 0;
     for (int u = 0; u < f->n_train && rc == 0; u++) {
         comm_ticket t;
-        comm_set_unit(f->comm, u);
+        comm_set_unit(f->shard_comm, u);
         rc = gather_trainable(f, u, slot, &t, err);
-        if (rc == 0 && t) rc = comm_wait(f->comm, t, err);
+        if (rc == 0 && t) rc = comm_wait(f->shard_comm, t, err);
         if (rc) break;
         k_compute_to_f32(f->ctx, f->full_grad[0], slot, f->units[u].padded);
         k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);

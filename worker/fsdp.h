@@ -14,8 +14,13 @@
  * units[], are then the adapter units (proto/lora_layout.h, one per decoder layer), gathered
  * with their layer, with fp32 masters and AdamW.  Gradients reach only the adapters.
  *
- * Strategies: full_shard (W = world) and no_shard (W = 1: every rank keeps the whole model
- * and the gradients are all-reduced, i.e. DDP).  Padding elements stay zero: their
+ * Strategies: full_shard (W = world), shard_grad_op (W = world; a unit gathered in forward
+ * stays gathered until its backward, which reads it again instead of re-gathering, with
+ * activation checkpointing the recompute too: one slot a unit) and no_shard (W = 1: every
+ * rank keeps the whole model and the gradients are all-reduced, i.e. DDP) and hybrid_shard
+ * (W = a node's workers: full_shard inside each node over its shard communicator, each
+ * reduce-scattered gradient shard then all-reduced over the replica communicator, the same
+ * local rank of every node, queued right behind; node 0's ranks write the checkpoint).  Padding elements stay zero: their
  * gradients are zero, so AdamW leaves them at zero.
  *
  * Loss normalisation (DESIGN.md, Numerics): a step's loss is the sum of token losses over
@@ -79,6 +84,8 @@ typedef struct fsdp_frozen {
 /* One all-gather of a micro-batch's schedule: which unit, into which slot of fsdp.gathered. */
 typedef struct fsdp_gather {
     int unit, slot;
+    int kept; /* shard_grad_op: the unit is still in its slot from its forward gather: no
+                 collective (the backward and a tied head read the kept copy) */
 } fsdp_gather;
 
 /* A gradient reduction in flight, reading fsdp.full_grad[its slot]. */
@@ -86,13 +93,18 @@ typedef struct fsdp_reduce {
     int pending, unit;
     int into_grad;      /* the result lands in the grad shard itself (the first micro-batch) */
     comm_ticket ticket; /* 0: nothing to wait for (one rank) */
+    comm_ticket replica_ticket; /* hybrid_shard: the all-reduce over the replicas (0: none) */
 } fsdp_reduce;
 
 typedef struct fsdp {
     kctx *ctx;
-    comm *comm;
+    comm *comm;       /* the world's: the step's statistics */
+    comm *shard_comm; /* the shard group's: gathers and reduce-scatters (the world's unless
+                         hybrid_shard spans nodes) */
+    comm *replica;    /* hybrid_shard over nodes: the replica group's (the gradient all-reduce) */
     int rank, world;
-    int group;  /* shard group size: world (full_shard) or 1 (no_shard) */
+    int group;  /* shard group size: world (full_shard, shard_grad_op), 1 (no_shard), the
+                   shard communicator's (hybrid_shard) */
     int group_rank;
     job_sharding sharding;
     int checkpoint_activations;
@@ -147,14 +159,17 @@ typedef struct fsdp {
     fsdp_gather *plan;   /* the all-gathers in the order their units are used */
     int n_plan, n_forward_plan; /* all of them; those before the first backward re-gather */
     int next_gather;     /* the first plan entry not started yet */
-    comm_ticket gather_ticket[3][3]; /* per slot: its all-gathers in flight (0: none): the
-                                        parameters (or NF4 codes), NF4 absmax, adapters */
+    comm_ticket (*gather_ticket)[3]; /* [n_slots] per slot: its all-gathers in flight (0:
+                                        none): the parameters (or NF4 codes), NF4 absmax,
+                                        adapters */
     fsdp_reduce reducing[3];      /* per full_grad slot */
     int first_micro;     /* the micro-batch in progress is the step's first */
 
     /* Working memory, sized for the largest unit and one micro-batch. */
-    void *gathered[3];   /* [max padded] compute dtype: [0], [1] alternate between the units
-                            in use and prefetched; [2] the embedding for the tied head */
+    int n_slots;         /* of gathered[]: 3, or with shard_grad_op one a unit (fsdp_slots) */
+    void **gathered;     /* [n_slots] of [max padded] compute dtype: [0], [1] alternate between
+                            the units in use and prefetched; [2] the embedding for the tied
+                            head.  shard_grad_op: the embedding, each layer, the head */
     float *full_grad[3]; /* [max padded] fp32: [0], [1] alternate between the unit in backward
                             and the one being reduced; [2] the tied embedding's.  One rank
                             has [0] only (as scratch): its grads go straight to the shards */
@@ -172,6 +187,7 @@ typedef struct fsdp {
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
     long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
+    long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
 } fsdp;
 
 typedef struct fsdp_options {
@@ -189,7 +205,16 @@ typedef struct fsdp_options {
      * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
      * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
     int cpu_offload, offload_params, offload_threads;
+    /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
+     * size) and the replica group (this local rank on every node); NULL on one node, where
+     * the world is the shard group. */
+    comm *shard_comm, *replica_comm;
 } fsdp_options;
+
+/* The gather slots fsdp holds for a model of n_layers layers under `sharding` (model/
+ * memory_plan mirrors it): 3, or with shard_grad_op n_layers + 2 (the embedding, which a
+ * tied head reads again, each layer, the head). */
+int fsdp_slots(job_sharding sharding, int n_layers);
 
 /* Lays out the shards of a model of config cfg for `rank` of `world` (comm may be NULL when
  * world is 1) and allocates the fp32 shards, zeroed. */

@@ -107,7 +107,8 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .backward_prefetch = j->fsdp.backward_prefetch,
                         .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
-                        .offload_threads = offload_threads(j)};
+                        .offload_threads = offload_threads(j),
+                        .shard_comm = env->shard_comm, .replica_comm = env->replica_comm};
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
@@ -269,6 +270,8 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
                                     .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .all_gathers = f->param_gathers,
+                                    .replica_collectives = (long)comm_calls(f->replica),
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt, .has_eval = has_eval,

@@ -26,6 +26,8 @@ typedef struct train_step_info {
     int64_t tokens;           /* unmasked targets of the global batch */
     double seconds;           /* wall time of the step */
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
+    long all_gathers;         /* units all-gathered so far on this rank (fsdp.param_gathers) */
+    long replica_collectives; /* collectives on the replica communicator so far (hybrid_shard) */
     int64_t mem_bytes, mem_peak_bytes; /* this rank's context memory (k_bytes_in_use, k_peak_bytes) */
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
     int has_eval;             /* an evaluation followed this step (train.eval_interval, the last) */
@@ -62,6 +64,8 @@ typedef struct train_env {
     const llama_config *model; /* the model's config, as fsdpd read it */
     int rank, world;
     comm *comm;            /* NULL when world is 1 */
+    comm *shard_comm, *replica_comm; /* hybrid_shard over several nodes: this node's ranks and
+                                        this local rank of every node; NULL otherwise */
     kctx *ctx;
     train_hooks hooks;
     struct ckpt_writer *writer; /* NULL: no checkpoints */

@@ -144,6 +144,36 @@ static int connect_nccl(worker *w, kctx *ctx, comm **out, errbuf *err) {
 }
 #endif
 
+/* hybrid_shard over several nodes: the shard group (this node's ranks) and the replica group
+ * (this local rank on every node), split from the world's communicator. */
+static int hybrid_nodes(const worker *w) {
+    int per_node = w->job.runtime.workers_per_node;
+    return w->job.fsdp.sharding == JOB_SHARD_HYBRID && per_node > 0 ? w->world / per_node : 1;
+}
+
+static comm_options group_options(const worker *w) {
+    comm_options opt = {.timeout_s = w->job.runtime.comm_timeout_s, .init_timeout_s = 60};
+    memcpy(opt.secret, w->secret, sizeof opt.secret); /* not tracked: the locator follows the world's */
+    return opt;
+}
+
+static int split_tcp(worker *w, comm *world, comm **shard, comm **replica, errbuf *err) {
+    comm_options opt = group_options(w);
+    int per_node = w->job.runtime.workers_per_node;
+    if (comm_tcp_split(world, &opt, w->bind_host, w->rank / per_node, shard, err)) return -1;
+    return comm_tcp_split(world, &opt, w->bind_host, w->rank % per_node, replica, err);
+}
+
+#ifdef FSDP_HAVE_CUDA
+static int split_nccl(worker *w, kctx *ctx, comm *world, comm **shard, comm **replica, errbuf *err) {
+    comm_options opt = group_options(w);
+    int per_node = w->job.runtime.workers_per_node, nodes = w->world / per_node;
+    int node = w->rank / per_node, local = w->rank % per_node;
+    if (comm_nccl_split(world, &opt, node, local, per_node, ctx, shard, err)) return -1;
+    return comm_nccl_split(world, &opt, local, node, nodes, ctx, replica, err);
+}
+#endif
+
 /* NCCL when every rank of this node has a GPU of its own (NCCL refuses two on one). */
 static int uses_nccl(const worker *w, const kctx *ctx, int gpus) {
 #ifdef FSDP_HAVE_CUDA
@@ -154,23 +184,48 @@ static int uses_nccl(const worker *w, const kctx *ctx, int gpus) {
 #endif
 }
 
+/* The communicators of a rank: the world's, and with hybrid_shard over several nodes the
+ * shard and replica groups' (NULL otherwise). */
+typedef struct peers {
+    comm *world, *shard, *replica;
+} peers;
+
+static void peers_close(peers *p) {
+    comm_destroy(p->replica); /* split from world: before it (NCCL shares its stream) */
+    comm_destroy(p->shard);
+    comm_destroy(p->world);
+    *p = (peers){0};
+}
+
+/* Each of p's communicators through host memory. */
+static int stage_peers(peers *p, kctx *ctx, errbuf *err) {
+    comm **all[] = {&p->world, &p->shard, &p->replica};
+    for (int i = 0; i < 3; i++)
+        if (*all[i] && comm_stage_through_host(all[i], ctx, err)) return -1;
+    return 0;
+}
+
 /* Joins the peers: NCCL when every rank has a GPU of its own, else TCP rings (through host
- * memory when the buffers are on a GPU). */
-static int connect_peers(worker *w, kctx *ctx, int gpus, comm **out, errbuf *err) {
-    *out = NULL;
+ * memory when the buffers are on a GPU); hybrid_shard's groups split from the world's. */
+static int connect_peers(worker *w, kctx *ctx, int gpus, peers *out, errbuf *err) {
+    *out = (peers){0};
     if (w->world == 1) return 0;
+    int rc, split = hybrid_nodes(w) > 1;
 #ifdef FSDP_HAVE_CUDA
-    if (uses_nccl(w, ctx, gpus)) return connect_nccl(w, ctx, out, err);
+    if (uses_nccl(w, ctx, gpus)) {
+        rc = connect_nccl(w, ctx, &out->world, err);
+        if (rc == 0 && split) rc = split_nccl(w, ctx, out->world, &out->shard, &out->replica, err);
+        if (rc) peers_close(out);
+        return rc;
+    }
 #else
     (void)gpus;
 #endif
-    if (connect_tcp(w, out, err)) return -1;
-    if (ctx->backend == K_CUDA && comm_stage_through_host(out, ctx, err)) {
-        comm_destroy(*out);
-        *out = NULL;
-        return -1;
-    }
-    return 0;
+    rc = connect_tcp(w, &out->world, err);
+    if (rc == 0 && split) rc = split_tcp(w, out->world, &out->shard, &out->replica, err);
+    if (rc == 0 && ctx->backend == K_CUDA) rc = stage_peers(out, ctx, err);
+    if (rc) peers_close(out);
+    return rc;
 }
 
 /* The kernels context: the CPU, or GPU local_rank mod the visible GPUs.  A CPU worker does
@@ -330,6 +385,7 @@ static void on_step(void *arg, const train_step_info *s) {
                  .u.metrics = {.step = s->step, .total_steps = s->total_steps, .loss = s->loss, .lr = s->lr,
                                .grad_norm = s->grad_norm, .tokens = s->tokens, .tokens_seen = s->tokens_seen,
                                .seconds = s->seconds, .layer_forwards = s->layer_forwards,
+                               .all_gathers = s->all_gathers, .replica_collectives = s->replica_collectives,
                                .mem_bytes = s->mem_bytes, .mem_peak_bytes = s->mem_peak_bytes,
                                .has_eval_loss = s->has_eval != 0, .eval_loss = s->eval_loss}};
         static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",
@@ -362,12 +418,13 @@ static int run(worker *w, errbuf *err) {
     pthread_t hb, ctl;
     if (pthread_create(&hb, NULL, heartbeat_loop, w) != 0) return errf(err, "cannot start the heartbeat thread");
     kctx ctx;
-    comm *c = NULL;
+    peers p = {0};
     int gpus;
     if (open_context(w, &ctx, &gpus, err)) return -1;
     k_set_memory_limit(&ctx, (size_t)w->job.runtime.gpu_memory_limit); /* nothing allocates past it */
     atomic_store(&w->progress.unit, -1);
-    rc = connect_peers(w, &ctx, gpus, &c, err);
+    rc = connect_peers(w, &ctx, gpus, &p, err);
+    comm *c = p.world;
     if (rc == 0 && c) atomic_store(&w->have_comm, 1);
     msg ready = {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true, .has_net = c != NULL}}, start;
     if (rc == 0 && c) rc = describe_net(w, &ctx, c, uses_nccl(w, &ctx, gpus), &ready.u.heartbeat.net, err);
@@ -381,7 +438,8 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0 && pthread_create(&ctl, NULL, control_loop, w) != 0)
         rc = errf(err, "cannot start the control thread");
     if (rc == 0) {
-        train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c, .ctx = &ctx,
+        train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c,
+                         .shard_comm = p.shard, .replica_comm = p.replica, .ctx = &ctx,
                          .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
                                    .ckpt_request = ckpt_request},
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
@@ -395,7 +453,7 @@ static int run(worker *w, errbuf *err) {
     w->writer_live = 0;
     pthread_mutex_unlock(&w->writer_lock);
     if (have_writer) ckpt_writer_destroy(&w->writer, rc != 0 || atomic_load(&w->stop_requested));
-    comm_destroy(c);
+    peers_close(&p);
     kctx_destroy(&ctx);
     return rc;
 }

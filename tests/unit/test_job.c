@@ -158,8 +158,10 @@ static const bad_case bad_cases[] = {
     {"{\"lora\":{\"targets\":[]}}", 1, "lora.targets: expected \"all-linear\" or a list", NULL},
     {"{\"lora\":{\"rslora\":1}}", 1, "lora.rslora", NULL},
     {"{\"lora\":{\"targets\":[\"q_proj\",\"x\"]}}", 1, "lora.targets[1]: unknown module 'x'", NULL},
-    {"{\"fsdp\":{\"sharding\":\"hybrid_shard\"}}", 1, "fsdp.sharding: 'hybrid_shard' is not built yet", NULL},
-    {"{\"fsdp\":{\"sharding\":\"shard_grad_op\"}}", 1, "'shard_grad_op' is not built yet", NULL},
+    {"{" MD ",\"train\":{\"type\":\"lora\"},\"fsdp\":{\"sharding\":\"shard_grad_op\"}}", 1,
+     "fsdp.sharding: 'shard_grad_op' with adapters (train.type lora or qlora) is not built yet", NULL},
+    {"{" MD ",\"fsdp\":{\"sharding\":\"shard_grad_op\",\"cpu_offload\":true}}", 1,
+     "fsdp.sharding: 'shard_grad_op' with fsdp.cpu_offload is not built yet", NULL},
     {"{\"fsdp\":{\"sharding\":\"zero3\"}}", 1, "fsdp.sharding: unknown choice 'zero3'",
      "full_shard, shard_grad_op, no_shard, hybrid_shard"},
     {"{\"fsdp\":{\"activation_checkpointing\":\"selective\"}}", 1,
@@ -344,7 +346,13 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.betas=[0.9,", "train.betas: '[0.9,' is not a JSON list");
     override_fails(&j, "--train.lrr=1", "train.lrr: unknown key (did you mean train.lr?)");
     override_fails(&j, "--trian.lr=1", "trian: unknown section (did you mean train?)");
-    override_fails(&j, "--fsdp.sharding=hybrid_shard", "fsdp.sharding: 'hybrid_shard' is not built");
+    override_fails(&j, "--fsdp.activation_checkpointing=selective",
+                   "fsdp.activation_checkpointing: 'selective' is not built");
+    must_override(&j, "--fsdp.sharding=hybrid_shard");
+    assert_int_equal(j.fsdp.sharding, JOB_SHARD_HYBRID);
+    must_override(&j, "--fsdp.sharding=shard_grad_op");
+    assert_int_equal(j.fsdp.sharding, JOB_SHARD_GRAD_OP);
+    must_override(&j, "--fsdp.sharding=no_shard");
     must_override(&j, "--lora.targets=q_proj,v_proj");
     assert_int_equal(j.lora.n_targets, 2);
     assert_string_equal(j.lora.targets[1], "v_proj");
@@ -535,9 +543,17 @@ static void test_validate_rechecks_keys(void **state) {
     assert_int_equal(job_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "train.schedule: invalid value 99");
     j.train.schedule = JOB_SCHEDULE_LINEAR;
-    j.fsdp.sharding = JOB_SHARD_HYBRID;
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_SELECTIVE;
     assert_int_equal(job_validate(&j, 1, &err), -1);
-    assert_contains(err.msg, "fsdp.sharding: 'hybrid_shard' is not built yet");
+    assert_contains(err.msg, "fsdp.activation_checkpointing: 'selective' is not built yet");
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_NONE;
+    j.fsdp.sharding = JOB_SHARD_GRAD_OP;
+    j.train.type = JOB_TRAIN_LORA;
+    assert_int_equal(job_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "'shard_grad_op' with adapters (train.type lora or qlora) is not built yet");
+    j.train.type = JOB_TRAIN_FULL;
+    j.fsdp.sharding = JOB_SHARD_HYBRID;
+    assert_int_equal(job_validate(&j, 1, &err), 0);
     j.fsdp.sharding = JOB_SHARD_FULL;
     j.lora.rank = 0;
     assert_int_equal(job_validate(&j, 1, &err), -1);

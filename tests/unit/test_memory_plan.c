@@ -62,7 +62,7 @@ static model_image_quant quant_of(kind k) {
 }
 
 static memory_plan_options options_of(const plan_case *pc, const llama_config *cfg, int rank) {
-    return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world,
+    return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world, .group = pc->world,
                                  .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
                                  .quant = quant_of(pc->kind), .checkpoint_activations = pc->ckpt,
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
@@ -200,7 +200,7 @@ static void check_case(const plan_case *pc) {
         if (!rep[r].ok)
             fail_msg("%s, world %d, checkpointing %d, rank %d: %s", what, pc->world, pc->ckpt, r, rep[r].msg);
         printf("%-32s world %d%s ckpt %d tied %d offload %d/%d rank %d: plan %zu, fsdp's peak %zu\n",
-               what, pc->world, pc->sharding == JOB_SHARD_NONE ? " no_shard" : "", pc->ckpt, pc->tied,
+               what, pc->world, pc->sharding == JOB_SHARD_NONE ? " no_shard" : pc->sharding == JOB_SHARD_GRAD_OP ? " grad_op" : "", pc->ckpt, pc->tied,
                pc->cpu_offload, pc->offload_params, r, rep[r].planned, rep[r].peak);
         if (rep[r].planned != rep[r].peak)
             fail_msg("%s, world %d, checkpointing %d, tied %d, rank %d: the plan says %zu bytes, fsdp "
@@ -229,6 +229,19 @@ static void test_plan_equals_fsdp_peak_variants(void **state) {
     }
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE});
     check_case(&(plan_case){.kind = LORA, .world = 2, .sharding = JOB_SHARD_NONE});
+    /* hybrid_shard on one node: the node is the shard group */
+    check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_HYBRID});
+}
+
+/* shard_grad_op: a kept slot for the embedding, each layer and the head (tied or not, with
+ * or without checkpointing, which recomputes from the kept copies). */
+static void test_plan_equals_fsdp_peak_grad_op(void **state) {
+    (void)state;
+    for (int world = 1; world <= 2; world++)
+        for (int tied = 0; tied <= 1; tied++)
+            for (int ckpt = 0; ckpt <= 1; ckpt++)
+                check_case(&(plan_case){.kind = FULL, .world = world, .tied = tied, .ckpt = ckpt,
+                                        .sharding = JOB_SHARD_GRAD_OP});
 }
 
 /* Offload: cpu_offload (every kind), offload_params (adapters; a full fine-tune with
@@ -271,6 +284,19 @@ static void test_hand_computed(void **state) {
     /* gather slots 0 and 1 of the largest unit in fp32, its gradient slots too */
     assert_int_equal(plan_of(&o).gather_slots, 2 * 11620 * 4);
     assert_int_equal(plan_of(&o).grad_slots, 2 * 11620 * 4);
+    /* shard_grad_op keeps 4 gathered units (the embedding, 2 layers, the head), each slot of
+     * the largest; the gradient slots stay */
+    o.sharding = JOB_SHARD_GRAD_OP;
+    assert_int_equal(plan_of(&o).gather_slots, 4 * 11620 * 4);
+    assert_int_equal(plan_of(&o).grad_slots, 2 * 11620 * 4);
+    o.sharding = JOB_SHARD_FULL;
+    /* hybrid_shard over 2 nodes of 2: sharded over the node's 2, as full_shard over 2 */
+    memory_plan_options h = o;
+    h.sharding = JOB_SHARD_HYBRID;
+    h.world = 4;
+    h.group = 2;
+    assert_int_equal(plan_of(&h).trainable, plan_of(&o).trainable);
+    assert_int_equal(plan_of(&h).gather_slots, plan_of(&o).gather_slots);
     /* RoPE's 5 frequencies, 2 scalars, 2 ranks' statistics of 48 bytes */
     assert_int_equal(plan_of(&o).small, 5 * 4 + 2 * 4 + 2 * 48);
     /* cpu_offload, one rank: the grads and the compute copies stay; master, m, v, the grads'
@@ -324,9 +350,18 @@ static void test_bad_options(void **state) {
     assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
     assert_non_null(strstr(err.msg, "rank 2 of world 2"));
     o = options_of(&pc, &cfg, 0);
-    o.sharding = JOB_SHARD_HYBRID;
+    o.sharding = (job_sharding)7;
     assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
-    assert_non_null(strstr(err.msg, "only full_shard and no_shard"));
+    assert_non_null(strstr(err.msg, "sharding 7 is not one fsdp builds"));
+    o.sharding = JOB_SHARD_HYBRID;
+    o.group = 0;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "hybrid_shard's group of 0 ranks"));
+    o = options_of(&pc, &cfg, 0);
+    o.sharding = JOB_SHARD_GRAD_OP;
+    o.lora = &small_lora;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "shard_grad_op with adapters"));
     o = options_of(&pc, &cfg, 0);
     o.micro_batch = 0;
     assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
@@ -497,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak),
         cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_format),

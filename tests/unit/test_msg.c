@@ -473,7 +473,8 @@ static void test_every_type_round_trips(void **state) {
                                                 .has_net = true, .net = {"Socket", true, 12.5}}},
         {.type = MSG_METRICS, .u.metrics = {.step = 3, .total_steps = 9, .loss = 2.5, .lr = 1e-4, .grad_norm = 0.75,
                                             .tokens = 100, .tokens_seen = 300, .seconds = 0.25, .layer_forwards = 6,
-                                            .mem_bytes = 10, .mem_peak_bytes = 20}},
+                                            .mem_bytes = 10, .mem_peak_bytes = 20, .all_gathers = 7,
+                                            .replica_collectives = 5}},
         {.type = MSG_METRICS, .u.metrics = {.step = 4, .has_checkpoint = true,
                                             .checkpoint = {.step = 4, .attempt = 2, .mode = "sync", .request = 1},
                                             .has_eval_loss = true, .eval_loss = 1.75}},
@@ -575,7 +576,8 @@ static void test_strict_decoder(void **state) {
                            "\"write_s\":0,\"units\":3}", "field 'units' must be an array or object");
     static const char metrics[] = "{\"step\":1,\"total_steps\":1,\"loss\":1,\"lr\":0,\"grad_norm\":0,\"tokens\":1,"
                                   "\"tokens_seen\":1,\"seconds\":0,\"layer_forwards\":0,\"mem_bytes\":0,"
-                                  "\"mem_peak_bytes\":0,\"checkpoint\":%s}";
+                                  "\"mem_peak_bytes\":0,\"all_gathers\":0,\"replica_collectives\":0,"
+                                  "\"checkpoint\":%s}";
     char text[512];
     snprintf(text, sizeof text, metrics, "{\"step\":1,\"attempt\":1,\"mode\":\"later\",\"request\":0}");
     refused(MSG_METRICS, text, "METRICS: field 'checkpoint.mode' is \"later\"");
