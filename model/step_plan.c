@@ -224,12 +224,17 @@ static void unit_sizes_of(const model_shape *s, unit_sizes *u) {
                                : u->embed + u->layer * s->c->num_hidden_layers + u->head;
 }
 
-/* Seconds of an all-gather or reduce-scatter of `bytes` (the whole unit) over `world` GPUs of
- * m: the ring's (world - 1) / world of it at the slowest link. */
-static double collective_s(const plan_machine *m, double bytes, int world) {
-    if (world <= 1) return 0;
-    double bw = m->nodes > 1 ? fmin(m->gpu->link_gbps, m->net_gbps / m->gpus_per_node) : m->gpu->link_gbps;
-    return bytes * (world - 1) / world / (bw * 1e9);
+/* Seconds of a ring all-gather or reduce-scatter of `bytes` (the whole buffer) over `ranks`
+ * GPUs at link GB/s: (ranks - 1) / ranks of it crosses each link. */
+static double ring_s(double bytes, int ranks, double link) {
+    return ranks > 1 ? bytes * (ranks - 1) / ranks / (link * 1e9) : 0;
+}
+
+/* A node's GPUs talk over NVLink (or PCIe); a ring across nodes goes at a GPU's share of the
+ * network. */
+static double link_of(const plan_machine *m, int ranks) {
+    double net = m->net_gbps / m->gpus_per_node;
+    return ranks > m->gpus_per_node ? fmin(m->gpu->link_gbps, net) : m->gpu->link_gbps;
 }
 
 static void step_time(const job_config *j, const model_shape *s, const plan_machine *m, const rates *r,
@@ -251,20 +256,28 @@ static void step_time(const job_config *j, const model_shape *s, const plan_mach
     double micro_compute = L * (passes * f + b) + h;
     p->memory_s = n_micro * micro_compute - p->gemm_s - p->attention_s; /* and the launches */
 
-    /* communication: each layer gathered twice (forward, backward) and its gradients reduced;
-     * each hidden behind the neighbouring layer's compute but for what exceeds it */
+    /* communication, a layer at a time, each hidden behind the neighbouring layer's compute
+     * but for what exceeds it: the layer's all-gather in forward and (but with shard_grad_op)
+     * again in backward over the shard group, its gradients' reduce-scatter there (no_shard:
+     * an all-reduce over every rank), and hybrid_shard's all-reduce of the shard across nodes */
     unit_sizes u;
     unit_sizes_of(s, &u);
-    int sharded = j->fsdp.sharding == JOB_SHARD_FULL && world > 1;
+    job_sharding sh = j->fsdp.sharding;
+    int group = sh == JOB_SHARD_NONE ? 1 : sh == JOB_SHARD_HYBRID && world > m->gpus_per_node ? m->gpus_per_node : world;
     double gather_bytes = s->lora ? (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) + u.trained_layer * s->cs
                                   : u.layer * s->cs;
     if (j->fsdp.offload_params) gather_bytes = s->lora ? u.trained_layer * s->cs : gather_bytes;
     double reduce_bytes = 4.0 * u.trained_layer;
-    double ag = sharded ? collective_s(m, gather_bytes, world) : 0;
-    double rs = world > 1 ? (sharded ? 1.0 : 2.0) * collective_s(m, reduce_bytes, world) : 0;
+    double ag = ring_s(gather_bytes, group, link_of(m, group));
+    double rs = group > 1 ? ring_s(reduce_bytes, group, link_of(m, group))
+                          : 2 * ring_s(reduce_bytes, world, link_of(m, world));
+    double replica = group > 1 && group < world ? 2 * ring_s(reduce_bytes / group, world / group,
+                                                             fmin(m->gpu->link_gbps, m->net_gbps / m->gpus_per_node))
+                                                : 0;
+    int regather = sh != JOB_SHARD_GRAD_OP;
     double fwd_unit = f, bwd_unit = (ckpt ? f : 0) + b; /* a layer's compute in each pass */
-    p->comm_s = n_micro * L * (2 * ag + rs);
-    p->comm_exposed_s = n_micro * L * (fmax(0, ag - fwd_unit) + fmax(0, ag + rs - bwd_unit));
+    p->comm_s = n_micro * L * ((1 + regather) * ag + rs + replica);
+    p->comm_exposed_s = n_micro * L * (fmax(0, ag - fwd_unit) + fmax(0, regather * ag + rs + replica - bwd_unit));
 
     /* offload_params: the frozen base streamed from the host twice a micro-batch (forward,
      * backward), on its own stream */

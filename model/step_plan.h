@@ -15,9 +15,11 @@
  *     casts, dropout, NF4 dequantization, cross entropy, AdamW) at the table's rates, and a
  *     launch each;
  *   - activation checkpointing's recomputed forward;
- *   - communication (full_shard across several GPUs): each unit's all-gather and
- *     reduce-scatter at the link's bandwidth (NVLink inside a node, the network across), of
- *     which only what exceeds the neighbouring unit's compute is exposed (prefetch);
+ *   - communication: each layer's all-gathers (two a micro-batch, one with shard_grad_op) and
+ *     gradient reduce-scatter over the shard group (no_shard: an all-reduce), hybrid_shard's
+ *     all-reduce of the shard across nodes, as rings at the link's bandwidth (NVLink inside
+ *     a node, a GPU's share of the network across), of which only what exceeds the
+ *     neighbouring layer's compute is exposed (prefetch);
  *   - offload: the gradients' copy to the host and the uploads (cpu_offload), the host's
  *     AdamW beyond the next step's forward, and offload_params' streams of the frozen base
  *     beyond each micro-batch's compute.

@@ -141,6 +141,31 @@ static void test_communication(void **state) {
     near(p.step_s, 0.114);
 }
 
+/* shard_grad_op gathers a layer once a micro-batch; hybrid_shard on 2 nodes of 2 shards in a
+ * node and all-reduces each rank's half of the gradients across the nodes at a GPU's share of
+ * the 50 GB/s network (25 GB/s). */
+static void test_strategies(void **state) {
+    (void)state;
+    plan_rates r = table();
+    double ag = 592 * 2 * 0.5 / 400e9, rs = 592 * 4 * 0.5 / 400e9;
+    job_config j = job(2);
+    j.fsdp.sharding = JOB_SHARD_GRAD_OP;
+    near(plan(&j, "h200", 2, MODEL_IMAGE_PLAIN, &r).comm_s, 2 * (ag + rs));
+    j = job(4);
+    j.runtime.workers_per_node = 2;
+    j.fsdp.sharding = JOB_SHARD_HYBRID;
+    llama_config c = tiny();
+    plan_machine m = {.nodes = 2, .gpus_per_node = 2, .gpu = plan_gpu_find("h200"), .net_gbps = 50};
+    step_plan p;
+    errbuf err = {{0}};
+    if (step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err)) fail_msg("%s", err.msg);
+    double replica = 2 * (592 * 4 / 2.0) * 0.5 / 25e9;
+    near(p.comm_s, 2 * (2 * ag + rs + replica));
+    j.fsdp.sharding = JOB_SHARD_FULL; /* one ring of 4 across the nodes, at 25 GB/s */
+    if (step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err)) fail_msg("%s", err.msg);
+    near(p.comm_s, 2 * (2 * 592 * 2 * 0.75 / 25e9 + 592 * 4 * 0.75 / 25e9));
+}
+
 /* Another GPU than the table's: compute-bound times x 989 / 312 (A100), unvalidated. */
 static void test_other_gpu(void **state) {
     (void)state;
@@ -209,6 +234,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_fine_tune),  cmocka_unit_test(test_lora),
         cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_strategies),
         cmocka_unit_test(test_other_gpu),       cmocka_unit_test(test_memory_host_checkpoint),
         cmocka_unit_test(test_admit),
     };
