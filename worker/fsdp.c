@@ -219,8 +219,9 @@ static void tensor_in_shard(const fsdp_unit *U, const llama_tensor_slot *s, size
                                                         : U->shard_off + U->shard;
 }
 
-/* Calls fn for every range of at most HOST_OPTIM_TASK_ELEMS elements of every trainable
- * tensor in this rank's shards, in unit order (task i NULL: counting). */
+/* The host optimizer's tasks: every range of at most HOST_OPTIM_TASK_ELEMS elements of every
+ * trainable tensor in this rank's shards, in unit order, into tasks (NULL: only counted);
+ * returns how many. */
 static int lay_out_tasks(fsdp *f, host_optim_task *tasks) {
     size_t cs = k_compute_size(f->ctx);
     int n = 0;
@@ -341,7 +342,7 @@ void fsdp_destroy(fsdp *f) {
     host_optim_destroy(f->optim); /* first: its threads write the host shards */
     if (f->ctx) {
         free_activations(f);
-        if (f->image_registered) k_host_unregister(f->ctx, f->image);
+        if (f->image) k_host_unregister(f->ctx, f->image);
         if (f->cpu_offload && f->units) {
             k_free(f->ctx, f->units[0].grad);
             k_free(f->ctx, f->units[0].dev_param);
@@ -522,8 +523,6 @@ static int keep_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
     k_host_register(f->ctx, image, bytes);
     if (k_check(f->ctx, err)) return errprefix(err, "fsdp.offload_params: registering the model memory");
     f->image = image;
-    f->image_bytes = bytes;
-    f->image_registered = 1;
     return 0;
 }
 

@@ -147,9 +147,7 @@ typedef struct fsdp {
     host_optim *optim;
     host_optim_task *optim_tasks;
     int n_optim_tasks;
-    const void *image; /* offload_params: the model image the gathers read */
-    size_t image_bytes;
-    int image_registered;
+    const void *image; /* offload_params: the model image the gathers read (registered) */
     model_image_nf4_layer image_nl; /* where the image keeps an NF4 layer's parts */
     int streamed[3]; /* per slot: a copy from the image is in flight */
     int64_t *samples; /* [B] context memory, in the activations' allocation */
