@@ -304,7 +304,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->plan = calloc(2 * (size_t)f->layout.n_layers + 3, sizeof *f->plan);
     f->gathered = calloc((size_t)f->n_slots, sizeof *f->gathered);
     f->gather_ticket = calloc((size_t)f->n_slots, sizeof *f->gather_ticket);
-    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket;
+    f->streamed = calloc((size_t)f->n_slots, sizeof *f->streamed);
+    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket || !f->streamed;
     if (no_memory || set_trainable(f, opt, err)) {
         free(inv_freq);
         if (no_memory) errf(err, "fsdp: out of host memory");
@@ -364,6 +365,7 @@ void fsdp_destroy(fsdp *f) {
     free(f->plan);
     free(f->gathered);
     free(f->gather_ticket);
+    free(f->streamed);
     free(f->optim_tasks);
     llama_layout_free(&f->layout);
     lora_layout_free(&f->lora_layout);

@@ -149,7 +149,7 @@ typedef struct fsdp {
     int n_optim_tasks;
     const void *image; /* offload_params: the model image the gathers read (registered) */
     model_image_nf4_layer image_nl; /* where the image keeps an NF4 layer's parts */
-    int streamed[3]; /* per slot: a copy from the image is in flight */
+    int *streamed; /* [n_slots]: a copy from the image into the slot is in flight */
     int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
