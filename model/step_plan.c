@@ -283,7 +283,7 @@ static void step_time(const job_config *j, const model_shape *s, const plan_mach
      * backward), on its own stream */
     p->offload_exposed_s = 0;
     if (j->fsdp.offload_params && s->lora) {
-        double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (m->gpu->pcie_gbps * 1e9);
+        double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (r->t->registered_h2d_gbps * 1e9) * r->copy;
         p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit));
     }
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the

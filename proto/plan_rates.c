@@ -27,6 +27,7 @@ static const struct number_key {
     {"adamw_gbps", offsetof(plan_rates, adamw_gbps)},
     {"h2d_gbps", offsetof(plan_rates, h2d_gbps)},
     {"d2h_gbps", offsetof(plan_rates, d2h_gbps)},
+    {"registered_h2d_gbps", offsetof(plan_rates, registered_h2d_gbps)},
     {"launch_us", offsetof(plan_rates, launch_us)},
     {"host_adamw_gelems", offsetof(plan_rates, host_adamw_gelems)},
     {"disk_gbps", offsetof(plan_rates, disk_gbps)},

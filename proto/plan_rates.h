@@ -12,6 +12,8 @@
  *     "cross_entropy_gbps": 2124.8,       cross entropy (logits read and written)
  *     "adamw_gbps": 3844.9,               AdamW on fp32 shards (28 bytes an element)
  *     "h2d_gbps": 55.4, "d2h_gbps": 55.4, pinned host memory to and from the device
+ *     "registered_h2d_gbps": 25.0,        read-only registered host memory to the device on the
+ *                                         copy stream (what fsdp.offload_params streams from)
  *     "launch_us": 0.87,                  one kernel launch
  *     "host_adamw_gelems": 1.604,         the CPU backend's AdamW on every core (1e9 elements/s)
  *     "disk_gbps": 1.472,                 writing and fsync-ing a file (the checkpoint's disk)
@@ -49,6 +51,7 @@ typedef struct plan_rates {
     char gpu[PLAN_RATES_NAME_MAX], device[PLAN_RATES_NAME_MAX];
     double context_bytes;
     double elementwise_gbps, dequant_gbps, cross_entropy_gbps, adamw_gbps, h2d_gbps, d2h_gbps;
+    double registered_h2d_gbps;
     double launch_us, host_adamw_gelems, disk_gbps;
     plan_gemm_rate *gemm; /* [n_gemm], owned */
     int n_gemm;

@@ -18,7 +18,7 @@ static int name_ok(const char *s) {
 
 static int scalars_ok(const plan_rates *r) {
     const double v[] = {r->context_bytes, r->elementwise_gbps, r->dequant_gbps,
-                        r->cross_entropy_gbps, r->adamw_gbps, r->h2d_gbps, r->d2h_gbps,
+                        r->cross_entropy_gbps, r->adamw_gbps, r->h2d_gbps, r->d2h_gbps, r->registered_h2d_gbps,
                         r->launch_us, r->host_adamw_gelems, r->disk_gbps};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (!positive(v[i])) return 0;

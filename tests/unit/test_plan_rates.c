@@ -20,7 +20,7 @@ static const char valid[] =
     "{\"format\": \"fsdpd-plan-rates/1\", \"gpu\": \"h200\", \"device\": \"NVIDIA H200\",\n"
     " \"context_bytes\": 590151680, \"elementwise_gbps\": 3291.9, \"dequant_gbps\": 2224.8,\n"
     " \"cross_entropy_gbps\": 2124.8, \"adamw_gbps\": 3844.9, \"h2d_gbps\": 55.4,\n"
-    " \"d2h_gbps\": 55.4, \"launch_us\": 0.87, \"host_adamw_gelems\": 1.604, \"disk_gbps\": 1.472,\n"
+    " \"d2h_gbps\": 55.4, \"registered_h2d_gbps\": 24.5, \"launch_us\": 0.87, \"host_adamw_gelems\": 1.604, \"disk_gbps\": 1.472,\n"
     " \"gemm\": [[2048, 2048, 2048, 0.0431, 0.0426, 0.0467], [4096, 64, 256, 0.0264, 0.024, 0.0261]],\n"
     " \"attention\": [[1, 2048, 32, 4, 64, 0.1046, 0.8406], [2, 4096, 64, 8, 128, 2.29, 7.86]]}\n";
 
@@ -40,29 +40,30 @@ static void test_h200_table(void **state) {
     assert_string_equal(r.gpu, "h200");
     assert_string_equal(r.device, "NVIDIA H200");
     assert_true(r.context_bytes == 590151680.0);
-    assert_true(r.elementwise_gbps == 3291.9);
-    assert_true(r.h2d_gbps == 55.4);
-    assert_true(r.launch_us == 0.87);
-    assert_true(r.host_adamw_gelems == 1.604);
-    assert_true(r.disk_gbps == 1.472);
+    assert_true(r.elementwise_gbps == 3310.0);
+    assert_true(r.h2d_gbps == 54.9);
+    assert_true(r.registered_h2d_gbps == 54.3);
+    assert_true(r.launch_us == 1.30);
+    assert_true(r.host_adamw_gelems == 2.971);
+    assert_true(r.disk_gbps == 1.346);
     assert_int_equal(r.n_gemm, 103);
     assert_int_equal(r.n_attention, 21);
     const plan_gemm_rate *g0 = &r.gemm[0], *gl = &r.gemm[r.n_gemm - 1];
     assert_int_equal(g0->N, 2048);
     assert_int_equal(g0->I, 2048);
     assert_int_equal(g0->O, 2048);
-    assert_true(g0->fwd_ms == 0.0431 && g0->dx_ms == 0.0426 && g0->dw_ms == 0.0467);
+    assert_true(g0->fwd_ms == 0.0478 && g0->dx_ms == 0.0612 && g0->dw_ms == 0.0524);
     assert_int_equal(gl->N, 16384);
     assert_int_equal(gl->I, 28672);
     assert_int_equal(gl->O, 64);
-    assert_true(gl->dw_ms == 0.2438);
+    assert_true(gl->dw_ms == 0.2551);
     const plan_attention_rate *a = &r.attention[r.n_attention - 1];
     assert_int_equal(a->B, 4);
     assert_int_equal(a->T, 4096);
     assert_int_equal(a->Hq, 64);
     assert_int_equal(a->Hkv, 8);
     assert_int_equal(a->hd, 128);
-    assert_true(a->fwd_ms == 4.5488 && a->bwd_ms == 15.6152);
+    assert_true(a->fwd_ms == 4.5881 && a->bwd_ms == 15.7008);
     plan_rates_free(&r);
     assert_empty(&r);
     plan_rates_free(&r); /* freeing a freed (zeroed) table is harmless */

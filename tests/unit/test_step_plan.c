@@ -43,7 +43,7 @@ static plan_attention_rate attention[] = {{1, 16, 2, 1, 4, 5, 7}};
 static plan_rates table(void) {
     plan_rates r = {.context_bytes = 1000, .elementwise_gbps = 1e12, .dequant_gbps = 1e12,
                     .cross_entropy_gbps = 1e12, .adamw_gbps = 1e12, .h2d_gbps = 1e12,
-                    .d2h_gbps = 1e12, .launch_us = 0, .host_adamw_gelems = 1e12, .disk_gbps = 2,
+                    .d2h_gbps = 1e12, .registered_h2d_gbps = 1e12, .launch_us = 0, .host_adamw_gelems = 1e12, .disk_gbps = 2,
                     .gemm = gemms, .n_gemm = (int)(sizeof gemms / sizeof gemms[0]),
                     .attention = attention, .n_attention = 1};
     snprintf(r.gpu, sizeof r.gpu, "h200");
