@@ -41,14 +41,16 @@ int fsdpctl_parse_shard_size(const char *text, uint64_t *out) {
     return 0;
 }
 
-int fsdpctl_parse_threads(const char *text, int *out) {
+int fsdpctl_parse_int(const char *text, int lo, int hi, int *out) {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
-    if (!*text || *end || errno || v < 1 || v > 256) return -1;
+    if (!*text || *end || errno || v < lo || v > hi) return -1;
     *out = (int)v;
     return 0;
 }
+
+int fsdpctl_parse_threads(const char *text, int *out) { return fsdpctl_parse_int(text, 1, 256, out); }
 
 /* Returns 0 to go on, or -1 to stop with *status (0 after --help, 2 for bad usage). */
 static int parse_options(int argc, char **argv, consolidate_options *o, int *status) {

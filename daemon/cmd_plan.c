@@ -37,14 +37,6 @@ typedef struct plan_args {
     int n_overrides;
 } plan_args;
 
-static int parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
-
 /* Returns 0 to go on, or -1 to stop with *status (0 after --help, 2 for bad usage). */
 static int parse_args(int argc, char **argv, plan_args *a, int *status) {
     *a = (plan_args){.gpu = "h200", .nodes = 1, .gpus = 8, .net_gbps = 50};
@@ -62,9 +54,9 @@ static int parse_args(int argc, char **argv, plan_args *a, int *status) {
             a->json = 1;
             continue;
         } else if (!strcmp(s, "--nodes") && v) {
-            bad = parse_int(v, 1, 65536, &a->nodes);
+            bad = fsdpctl_parse_int(v, 1, 65536, &a->nodes);
         } else if (!strcmp(s, "--gpus-per-node") && v) {
-            bad = parse_int(v, 1, 64, &a->gpus);
+            bad = fsdpctl_parse_int(v, 1, 64, &a->gpus);
         } else if (!strcmp(s, "--gpu") && v) {
             a->gpu = v;
         } else if (!strcmp(s, "--rates") && v) {

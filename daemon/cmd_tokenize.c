@@ -335,13 +335,7 @@ static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
     return rc;
 }
 
-static int parse_count(const char *s, int lo, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > (1 << 30)) return -1;
-    *out = (int)v;
-    return 0;
-}
+static int parse_count(const char *s, int lo, int *out) { return fsdpctl_parse_int(s, lo, 1 << 30, out); }
 
 int cmd_tokenize(int argc, char **argv) {
     const char *from = NULL, *out = NULL;

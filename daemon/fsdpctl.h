@@ -27,5 +27,6 @@ int cmd_plan(int argc, char **argv);       /* daemon/cmd_plan.c */
 int fsdpctl_parse_dtype(const char *text, st_dtype *out);       /* bf16|bfloat16|f32|float32 */
 int fsdpctl_parse_shard_size(const char *text, uint64_t *out);  /* as output.shard_size: "5GB" */
 int fsdpctl_parse_threads(const char *text, int *out);          /* 1 to 256 */
+int fsdpctl_parse_int(const char *text, int lo, int hi, int *out); /* a whole decimal in [lo, hi] */
 
 #endif
