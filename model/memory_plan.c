@@ -245,11 +245,12 @@ static int fits(const memory_plan_options *o, size_t limit, size_t *total) {
     return *total && *total <= limit;
 }
 
-/* The largest micro-batch below o's that divides the rank's rows and fits; 0: none. */
-static int fitting_micro_batch(memory_plan_options o, int rows, size_t limit, size_t *total) {
-    for (int m = o.micro_batch - 1; m >= 1; m--) {
-        o.micro_batch = m;
-        if (rows % m == 0 && fits(&o, limit, total)) return m;
+int memory_plan_largest_micro_batch(const memory_plan_options *o, int rows, int most, size_t limit,
+                                    size_t *total) {
+    memory_plan_options alt = *o;
+    for (int m = most; m >= 1; m--) {
+        alt.micro_batch = m;
+        if (rows % m == 0 && fits(&alt, limit, total)) return m;
     }
     return 0;
 }
@@ -286,7 +287,8 @@ static void suggest(const job_config *j, const memory_plan_options *o, const lor
     alt.checkpoint_activations = 1;
     if (!o->checkpoint_activations && fits(&alt, limit, &total))
         append(out, n, &at, "%sfsdp.activation_checkpointing=full (%.1f GiB)", at ? "; " : "", gib(total));
-    int m = fitting_micro_batch(*o, j->train.global_batch / o->world, limit, &total);
+    int m = memory_plan_largest_micro_batch(o, j->train.global_batch / o->world, o->micro_batch - 1,
+                                            limit, &total);
     if (m) append(out, n, &at, "%strain.micro_batch=%d (%.1f GiB)", at ? "; " : "", m, gib(total));
     int w = fitting_world(*o, limit, &total);
     if (w) append(out, n, &at, "%s%d workers (%.1f GiB)", at ? "; " : "", w, gib(total));

@@ -68,6 +68,11 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
                              model_image_quant quant, size_t compute_size, lora_config *lora,
                              memory_plan_options *out);
 
+/* The largest micro_batch up to `most` that divides `rows` (a rank's rows) and whose plan (o
+ * with that micro_batch) fits in limit bytes, its total in *total; 0: none. */
+int memory_plan_largest_micro_batch(const memory_plan_options *o, int rows, int most, size_t limit,
+                                    size_t *total);
+
 /* runtime.gpu_memory_limit for job j (as memory_plan_job_options takes it): 0 when there is
  * no limit or the plan fits; else -1 with what the job needs (total and categories), the
  * limit, and which settings would fit, each changed alone: fsdp.activation_checkpointing

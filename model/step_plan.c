@@ -303,23 +303,6 @@ static void step_time(const job_config *j, const model_shape *s, const plan_mach
     p->tokens_per_s = (double)j->train.global_batch * j->data.seq_len / p->step_s;
 }
 
-/* The largest micro_batch below or at the rows of a rank that divides them and fits. */
-static int max_micro_batch(const job_config *j, const llama_config *cfg, int world, model_image_quant q,
-                           size_t cs, size_t capacity, size_t context) {
-    int rows = j->train.global_batch / world;
-    lora_config lora;
-    memory_plan_options o;
-    memory_plan_job_options(j, cfg, world, 0, q, cs, &lora, &o);
-    for (int mb = rows; mb >= 1; mb--) {
-        if (rows % mb) continue;
-        o.micro_batch = mb;
-        memory_plan p;
-        errbuf ignored;
-        if (memory_plan_compute(&o, &p, &ignored) == 0 && p.total + context <= capacity) return mb;
-    }
-    return 0;
-}
-
 /* The per-GPU memory by what it holds. */
 static void by_kind(const job_config *j, step_plan *p, size_t cs) {
     const memory_plan *m = &p->mem;
@@ -351,7 +334,11 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     by_kind(j, p, cs);
     size_t capacity = (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
     if (j->runtime.gpu_memory_limit > 0) capacity = (size_t)j->runtime.gpu_memory_limit + p->context;
-    p->max_micro_batch = max_micro_batch(j, cfg, world, quant, cs, capacity, p->context);
+    int rows = j->train.global_batch / world;
+    size_t fitted;
+    p->max_micro_batch = capacity > p->context
+                             ? memory_plan_largest_micro_batch(&o, rows, rows, capacity - p->context, &fitted)
+                             : 0;
 
     /* host RAM of a node */
     if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
