@@ -102,8 +102,8 @@ static void default_rates(char *out, size_t n) {
 
 static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
 
-static void print_text(const plan_args *a, const job_config *j, const plan_rates *r, const step_plan *p,
-                       const plan_machine *m) {
+static void print_text(const plan_args *a, const job_config *j, int n_layers, const plan_rates *r,
+                       const step_plan *p, const plan_machine *m) {
     printf("fsdpctl plan: %s on %d node%s x %d %s GPU%s (%s)\n", a->job, a->nodes, a->nodes == 1 ? "" : "s",
            a->gpus, m->gpu->name, a->gpus == 1 ? "" : "s",
            p->validated ? "rates measured on this GPU" : "unvalidated: the rates scaled from datasheets");
@@ -115,6 +115,9 @@ static void print_text(const plan_args *a, const job_config *j, const plan_rates
            gib(p->gathered), gib(p->activations), gib(p->workspace),
            p->mem.load_staging ? " (loading the base: +0.1 GiB of staging)" : "");
     if (p->mem.host_offload) printf("  offloaded to host memory: %.1f GiB a worker\n", gib(p->mem.host_offload));
+    char recompute[160];
+    llama_recompute_format(p->recompute, n_layers, recompute, sizeof recompute);
+    printf("  activation checkpointing: %s\n", recompute);
     printf("  largest train.micro_batch that fits: %d (the job's: %d)\n", p->max_micro_batch, j->train.micro_batch);
     printf("host RAM a node: %.1f GiB: model memory %.1f, offloaded state %.1f, checkpoint staging %.1f, "
            "token cache %.1f, processes %.1f\n", gib(p->host_total), gib(p->host_model), gib(p->host_offload),
@@ -131,7 +134,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
     json_t *o = json_pack(
         "{s:s, s:i, s:i, s:s, s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
-        "s:i}",
+        "s:i, s:{s:i, s:s}}",
         "job", a->job, "nodes", a->nodes, "gpus_per_node", a->gpus, "gpu", m->gpu->name, "validated", p->validated,
         "gpu_memory", "total", (json_int_t)p->gpu_bytes, "fsdp", (json_int_t)p->mem.total, "context",
         (json_int_t)p->context, "parameters", (json_int_t)p->params, "gradients", (json_int_t)p->grads,
@@ -146,7 +149,8 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         "step", "seconds", p->step_s, "tokens_per_s", p->tokens_per_s, "gemm_s", p->gemm_s, "attention_s",
         p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
         p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s,
-        "max_micro_batch", p->max_micro_batch);
+        "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
+        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all");
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && printf("\n") > 0 ? 0 : 1;
     json_decref(o);
@@ -200,7 +204,7 @@ int cmd_plan(int argc, char **argv) {
         m.data_bytes = data_bytes(&j);
         if (step_plan_job(&j, &cfg, q, &m, &r, &p, &err)) fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
         else if (a.json) rc = print_json(&a, &p, &m);
-        else print_text(&a, &j, &r, &p, &m), rc = 0;
+        else print_text(&a, &j, cfg.num_hidden_layers, &r, &p, &m), rc = 0;
     }
     json_decref(config);
     plan_rates_free(&r);

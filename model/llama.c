@@ -3,6 +3,7 @@
 #include "model/llama.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "base/philox.h"
 
@@ -39,27 +40,103 @@ static dims dims_of(const llama_layout *lo, int B, int T) {
     };
 }
 
-size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
-                              const lora_layout *lora, size_t elem_size, int B, int T) {
+/* The adapted modules of each part: q, k, v, o in the attention's, the rest in the MLP's. */
+static llama_acts_part lora_part(int m) {
+    return m == LORA_GATE || m == LORA_UP || m == LORA_DOWN ? LLAMA_ACTS_MLP : LLAMA_ACTS_ATTENTION;
+}
+
+size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_part part,
+                                   const llama_layout *lo, const lora_layout *lora,
+                                   size_t elem_size, int B, int T) {
     dims d = dims_of(lo, B, T);
     size_t e = elem_size;
     carver cv = {mem, 0};
-    a->ln1 = carve(&cv, d.N * d.C * e);
-    a->q = carve(&cv, d.N * d.Q * e);
-    a->k = carve(&cv, d.N * d.KV * e);
-    a->v = carve(&cv, d.N * d.KV * e);
-    a->att = carve(&cv, d.N * d.Q * e);
-    a->h = carve(&cv, d.N * d.C * e);
-    a->ln2 = carve(&cv, d.N * d.C * e);
-    a->gate = carve(&cv, d.N * d.I * e);
-    a->up = carve(&cv, d.N * d.I * e);
-    a->sw = carve(&cv, d.N * d.I * e);
-    a->rstd1 = carve(&cv, d.N * sizeof(float));
-    a->rstd2 = carve(&cv, d.N * sizeof(float));
-    a->lse = carve(&cv, d.N * d.heads * sizeof(float));
+    if (part & LLAMA_ACTS_ATTENTION) {
+        a->ln1 = carve(&cv, d.N * d.C * e);
+        a->q = carve(&cv, d.N * d.Q * e);
+        a->k = carve(&cv, d.N * d.KV * e);
+        a->v = carve(&cv, d.N * d.KV * e);
+        a->att = carve(&cv, d.N * d.Q * e);
+        a->h = carve(&cv, d.N * d.C * e);
+        a->rstd1 = carve(&cv, d.N * sizeof(float));
+        a->lse = carve(&cv, d.N * d.heads * sizeof(float));
+    }
+    if (part & LLAMA_ACTS_MLP) {
+        a->ln2 = carve(&cv, d.N * d.C * e);
+        a->gate = carve(&cv, d.N * d.I * e);
+        a->up = carve(&cv, d.N * d.I * e);
+        a->sw = carve(&cv, d.N * d.I * e);
+        a->rstd2 = carve(&cv, d.N * sizeof(float));
+    }
     for (int m = 0; m < LORA_MODULES; m++)
-        a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, d.N * (size_t)lora->cfg.rank * e) : NULL;
+        if (part & lora_part(m))
+            a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, d.N * (size_t)lora->cfg.rank * e) : NULL;
     return cv.used;
+}
+
+size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
+                              const lora_layout *lora, size_t elem_size, int B, int T) {
+    return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_BOTH, lo, lora, elem_size, B, T);
+}
+
+llama_keep llama_keep_of(llama_recompute r, int l, int L) {
+    (void)L;
+    return l < r.layers ? r.keep : LLAMA_KEEP_ALL;
+}
+
+llama_keep llama_backward_from(llama_recompute r, int l, int L) {
+    return l == (r.layers < L ? r.layers : L) - 1 ? LLAMA_KEEP_ALL : llama_keep_of(r, l, L);
+}
+
+void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
+    const char *keep = r.keep == LLAMA_KEEP_ATTENTION ? "their attention (the MLP recomputed)"
+                                                      : "their input (recomputed)";
+    if (r.layers <= 0 || r.keep == LLAMA_KEEP_ALL) snprintf(out, n, "none: every layer keeps its activations");
+    else if (r.layers >= L && r.keep == LLAMA_KEEP_INPUT) snprintf(out, n, "full: every layer recomputed from its input");
+    else if (r.layers >= L) snprintf(out, n, "selective: every layer keeps its attention, its MLP recomputed");
+    else snprintf(out, n, "%d of %d layers keep everything, the others %s", L - r.layers, L, keep);
+}
+
+/* The parts a layer that keeps k owns (the rest it shares). */
+static llama_acts_part owned_part(llama_keep k) {
+    return k == LLAMA_KEEP_ALL ? LLAMA_ACTS_BOTH : k == LLAMA_KEEP_ATTENTION ? LLAMA_ACTS_ATTENTION : 0;
+}
+
+/* dst's pointers of `part` from src. */
+static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama_acts_part part) {
+    if (part & LLAMA_ACTS_ATTENTION) {
+        dst->ln1 = src->ln1, dst->q = src->q, dst->k = src->k, dst->v = src->v;
+        dst->att = src->att, dst->h = src->h, dst->rstd1 = src->rstd1, dst->lse = src->lse;
+    }
+    if (part & LLAMA_ACTS_MLP) {
+        dst->ln2 = src->ln2, dst->gate = src->gate, dst->up = src->up, dst->sw = src->sw;
+        dst->rstd2 = src->rstd2;
+    }
+    for (int m = 0; m < LORA_MODULES; m++)
+        if (part & lora_part(m)) dst->lora_t[m] = src->lora_t[m];
+}
+
+size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recompute r,
+                               const llama_layout *lo, const lora_layout *lora,
+                               size_t elem_size, int B, int T) {
+    int L = lo->n_layers;
+    char *base = mem;
+    size_t at = 0;
+    llama_layer_acts shared = {0}, unused;
+    llama_acts_part shared_parts = 0;
+    for (int l = 0; l < L; l++) {
+        llama_acts_part own = owned_part(llama_keep_of(r, l, L));
+        shared_parts |= LLAMA_ACTS_BOTH & ~own;
+        if (own)
+            at += llama_layer_acts_carve_part(acts ? &acts[l] : &unused, base ? base + at : NULL,
+                                              own, lo, lora, elem_size, B, T);
+    }
+    if (shared_parts)
+        at += llama_layer_acts_carve_part(&shared, base ? base + at : NULL, shared_parts, lo, lora,
+                                          elem_size, B, T);
+    for (int l = 0; acts && l < L; l++)
+        share_part(&acts[l], &shared, LLAMA_ACTS_BOTH & ~owned_part(llama_keep_of(r, l, L)));
+    return at;
 }
 
 /* Rows of logits the head holds at a time (llama_head_forward_backward). */
@@ -136,7 +213,8 @@ static const void *lora_input(kctx *c, const llama_layer_weights *w, int m, cons
     return xd;
 }
 
-/* Forward: t = scale * A(dropout(x)) (saved), y += t B^T. */
+/* Forward: t = scale * A(dropout(x)) (saved), y += t B^T; y NULL: t only (a recomputation
+ * whose output is not needed). */
 static void lora_forward(kctx *c, const llama_layer_weights *w, int m, const void *x, void *y,
                          llama_layer_acts *a, void *xd, int B, int T) {
     if (!lora_on(w, m)) return;
@@ -147,7 +225,7 @@ static void lora_forward(kctx *c, const llama_layer_weights *w, int m, const voi
     const void *Bw = (const char *)w->adapters + st->b_off * cs;
     k_linear_fwd(c, a->lora_t[m], lora_input(c, w, m, x, xd, B, T), A, N, st->in, r);
     k_scale(c, a->lora_t[m], w->lora->scale, (size_t)N * r);
-    k_linear_fwd_acc(c, y, a->lora_t[m], Bw, N, r, st->out);
+    if (y) k_linear_fwd_acc(c, y, a->lora_t[m], Bw, N, r, st->out);
 }
 
 /* Backward of lora_forward: dB += dy^T t, dt = scale * dy B, dA += dt^T dropout(x),
@@ -189,17 +267,15 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 
 /* ---- decoder layer ---- */
 
-void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
-                         const float *inv_freq, const k_docs *docs, const void *x, void *out,
-                         llama_layer_acts *a, llama_scratch *s, int B, int T) {
+/* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
+static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                              const float *inv_freq, const k_docs *docs, const void *x,
+                              llama_layer_acts *a, llama_scratch *s, int B, int T) {
     const llama_config *cfg = &lo->cfg;
-    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
+    int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
-    float eps = (float)cfg->rms_norm_eps;
     void *xd = s->lora_xd; /* a dropped-out adapter input, used at once */
-
-    /* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
-    k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, eps);
+    k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, (float)cfg->rms_norm_eps);
     k_linear_fwd(c, a->q, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd);
     lora_forward(c, w, LORA_Q, a->ln1, a->q, a, xd, B, T);
     k_linear_fwd(c, a->k, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd);
@@ -212,17 +288,39 @@ void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weig
     k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
     lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
     k_accumulate(c, a->h, x, (size_t)N * C);
+}
 
-    /* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h) */
-    k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, eps);
+/* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h);
+ * out NULL: up to silu(gate) * up and the down adapter's inner activation (a recomputation). */
+static void mlp_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                        llama_layer_acts *a, llama_scratch *s, void *out, int B, int T) {
+    const llama_config *cfg = &lo->cfg;
+    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
+    void *xd = s->lora_xd;
+    k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, (float)cfg->rms_norm_eps);
     k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I);
     lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, B, T);
     k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), N, C, I);
     lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, B, T);
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)N * I);
-    k_linear_fwd(c, out, a->sw, LAYER_W(LLAMA_DOWN), N, I, C);
+    if (out) k_linear_fwd(c, out, a->sw, LAYER_W(LLAMA_DOWN), N, I, C);
     lora_forward(c, w, LORA_DOWN, a->sw, out, a, xd, B, T);
-    k_accumulate(c, out, a->h, (size_t)N * C);
+    if (out) k_accumulate(c, out, a->h, (size_t)N * C);
+}
+
+void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                         const float *inv_freq, const k_docs *docs, const void *x, void *out,
+                         llama_layer_acts *a, llama_scratch *s, int B, int T) {
+    attention_forward(c, lo, w, inv_freq, docs, x, a, s, B, T);
+    mlp_forward(c, lo, w, a, s, out, B, T);
+}
+
+void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                           const float *inv_freq, const k_docs *docs, const void *x,
+                           llama_keep kept, llama_layer_acts *a, llama_scratch *s, int B, int T) {
+    if (kept == LLAMA_KEEP_ALL) return;
+    if (kept == LLAMA_KEEP_INPUT) attention_forward(c, lo, w, inv_freq, docs, x, a, s, B, T);
+    mlp_forward(c, lo, w, a, s, NULL, B, T);
 }
 
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,

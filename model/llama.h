@@ -17,8 +17,10 @@
  *   - a whole-model driver for one process (llama_model) that owns every unit.
  *
  * Activations: a decoder layer's input is kept apart from its internals
- * (llama_layer_acts), so activation checkpointing is "keep only the inputs, re-run
- * llama_layer_forward into one reusable llama_layer_acts, then llama_layer_backward".
+ * (llama_layer_acts), in two parts: the attention block's and the MLP's.  Activation
+ * checkpointing keeps, per layer, its input only, or also its attention part, or everything
+ * (llama_keep); what a layer did not keep lives in one reusable part, rebuilt by
+ * llama_layer_recompute just before llama_layer_backward.
  * Every op goes through kernels.h, so the same code runs on the CPU and CUDA backends. */
 #ifndef FSDP_LLAMA_H
 #define FSDP_LLAMA_H
@@ -60,22 +62,59 @@ void llama_rope_inv_freq(const llama_config *cfg, float *host_inv_freq);
  * it only returns the size (and sets the pointers to NULL), so a caller can size one
  * allocation for many structs.  N = B*T rows, Q = heads*head_dim, KV = kv_heads*head_dim. */
 
-/* What a decoder layer's backward needs besides its input: reusable across layers. */
+/* What a decoder layer's backward needs besides its input, in two parts. */
 typedef struct llama_layer_acts {
+    /* the attention part */
     void *ln1;   /* [N,C]  input_layernorm(x) */
     void *q;     /* [N,Q]  after RoPE */
     void *k;     /* [N,KV] after RoPE */
     void *v;     /* [N,KV] */
     void *att;   /* [N,Q]  attention output, before o_proj */
     void *h;     /* [N,C]  x + o_proj(att) */
+    float *rstd1; /* [N] */
+    float *lse;   /* [B,heads,T] */
+    /* the MLP part */
     void *ln2;   /* [N,C]  post_attention_layernorm(h) */
     void *gate;  /* [N,I] */
     void *up;    /* [N,I] */
     void *sw;    /* [N,I]  silu(gate) * up */
-    float *rstd1, *rstd2; /* [N] */
-    float *lse;           /* [B,heads,T] */
-    void *lora_t[LORA_MODULES]; /* [N,rank] scale * A(dropout(x)) of each adapted module */
+    float *rstd2; /* [N] */
+    /* [N,rank] scale * A(dropout(x)) of each adapted module, in its module's part */
+    void *lora_t[LORA_MODULES];
 } llama_layer_acts;
+
+/* What a decoder layer keeps from its forward to its backward (activation checkpointing). */
+typedef enum llama_keep {
+    LLAMA_KEEP_INPUT,     /* its input only: the attention and MLP parts are recomputed */
+    LLAMA_KEEP_ATTENTION, /* its input and attention part: the MLP part is recomputed */
+    LLAMA_KEEP_ALL,       /* everything: nothing is recomputed */
+} llama_keep;
+
+/* A model's activation checkpointing: the first `layers` decoder layers keep `keep`, the
+ * others everything.  No checkpointing is {0} (what a zeroed struct says); full is
+ * {n_layers, LLAMA_KEEP_INPUT}, selective {n_layers, LLAMA_KEEP_ATTENTION}. */
+typedef struct llama_recompute {
+    int layers;
+    llama_keep keep;
+} llama_recompute;
+
+/* What layer l of L keeps under r. */
+llama_keep llama_keep_of(llama_recompute r, int l, int L);
+/* What layer l's backward starts from under r, as llama_layer_recompute takes it: what it
+ * kept, but LLAMA_KEEP_ALL (nothing to recompute) for the last layer that shares
+ * activations, which still hold its forward (llama_layers_acts_carve). */
+llama_keep llama_backward_from(llama_recompute r, int l, int L);
+
+/* "full: every layer recomputed from its input", "20 of 32 layers keep everything, the
+ * others their attention (the MLP recomputed)", ... into out[n]. */
+void llama_recompute_format(llama_recompute r, int L, char *out, size_t n);
+
+/* The parts of llama_layer_acts. */
+typedef enum llama_acts_part {
+    LLAMA_ACTS_ATTENTION = 1,
+    LLAMA_ACTS_MLP = 2,
+    LLAMA_ACTS_BOTH = 3,
+} llama_acts_part;
 
 /* Rows of logits the head computes at a time. */
 #define LLAMA_HEAD_ROWS 2048
@@ -97,9 +136,20 @@ typedef struct llama_scratch {
     void *lora_xd, *lora_dxd; /* [N,max in] a dropped-out input and its gradient (dropout > 0) */
 } llama_scratch;
 
-/* lora: the adapters' layout, or NULL without adapters (no LoRA buffers). */
+/* lora: the adapters' layout, or NULL without adapters (no LoRA buffers).  _part carves
+ * only the pointers of `part` (the others are left as they are). */
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
                               const lora_layout *lora, size_t elem_size, int B, int T);
+size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_part part,
+                                   const llama_layout *lo, const lora_layout *lora,
+                                   size_t elem_size, int B, int T);
+/* Every decoder layer's activations under r, acts[n_layers]: each layer's own parts (what
+ * it keeps), then one copy of each part that a layer recomputes, which those layers share.
+ * acts may be NULL with mem NULL (the size only).  The shared parts hold, after a forward,
+ * the last layer's that uses them: that layer's backward needs no recomputation. */
+size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recompute r,
+                               const llama_layout *lo, const lora_layout *lora,
+                               size_t elem_size, int B, int T);
 size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
                              size_t elem_size, int B, int T);
 size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
@@ -148,10 +198,17 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
                          llama_layer_acts *a, llama_scratch *s, int B, int T);
+/* Rebuilds in a what a layer that kept `kept` did not keep, from its input x (and with
+ * LLAMA_KEEP_ATTENTION its attention part, a->h): the forward again as far as its backward
+ * needs, which stops before down_proj (its output is not needed).  Nothing for
+ * LLAMA_KEEP_ALL. */
+void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                           const float *inv_freq, const k_docs *docs, const void *x,
+                           llama_keep kept, llama_layer_acts *a, llama_scratch *s, int B, int T);
 /* On entry dresid = d/d(out), on return d/d(x); w->grads += d/d(params) (unless NULL),
  * w->adapter_grads += d/d(adapters).  a must hold this layer's forward on input x with the
  * same docs and dropout (a recomputation counts); the backward consumes it (a->gate and
- * a->up hold their gradients afterwards). */
+ * a->up hold their gradients afterwards, a->sw down_proj's input gradient). */
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
                           llama_layer_acts *a, llama_scratch *s, void *dresid, int B, int T);

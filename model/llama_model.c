@@ -369,10 +369,10 @@ int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids
         llama_layer_weights w = layer_weights(m, l);
         llama_layer_acts *a = &m->layer_acts[ckpt ? 0 : l];
         /* With checkpointing the shared acts hold the last layer's forward; recompute the
-         * others from their saved inputs (the output rewrites resid[l+1] identically). */
+         * others from their saved inputs. */
         if (ckpt && l != L - 1)
-            llama_layer_forward(c, lo, &w, m->inv_freq, docs, m->resid[l], m->resid[l + 1], a,
-                                &m->scratch, B, T);
+            llama_layer_recompute(c, lo, &w, m->inv_freq, docs, m->resid[l], LLAMA_KEEP_INPUT, a,
+                                  &m->scratch, B, T);
         llama_layer_backward(c, lo, &w, m->inv_freq, docs, m->resid[l], a, &m->scratch,
                              m->dresid, B, T);
     }

@@ -121,17 +121,15 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
 static size_t plan_activations(const plan_in *in) {
     const llama_layout *lo = in->lo;
     int B = in->o->micro_batch, T = in->o->seq_len, L = lo->n_layers;
-    int n_acts = in->o->checkpoint_activations ? 1 : L;
     size_t N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size, cs = in->cs;
-    llama_layer_acts acts;
     llama_head_acts head;
     llama_scratch scratch;
     size_t resid_bytes = carved(N * C * cs);
-    size_t acts_bytes = carved(llama_layer_acts_carve(&acts, NULL, lo, in->lora, cs, B, T));
+    size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T));
     size_t head_bytes = carved(llama_head_acts_carve(&head, NULL, lo, cs, B, T));
     size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T));
     size_t ids_bytes = carved(N * sizeof(int32_t)), samples_bytes = carved((size_t)B * sizeof(int64_t));
-    return (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes + scratch_bytes +
+    return (size_t)(L + 2) * resid_bytes + acts_bytes + head_bytes + scratch_bytes +
            4 * ids_bytes + samples_bytes;
 }
 
@@ -223,26 +221,71 @@ void memory_plan_format(const memory_plan *p, char *out, size_t n) {
     if (p->load_staging) append(out, n, &at, ", loading the base %.1f GiB", gib(p->load_staging));
 }
 
-void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
-                             model_image_quant quant, size_t compute_size, lora_config *lora,
-                             memory_plan_options *out) {
-    int adapters = j->train.type != JOB_TRAIN_FULL;
-    job_lora_config(j, lora);
-    *out = (memory_plan_options){
-        .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
-        .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
-        .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
-        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
-        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,
-        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params};
-}
-
 /* Whether o fits in limit; *total: its plan's (0 when it has none). */
 static int fits(const memory_plan_options *o, size_t limit, size_t *total) {
     memory_plan p;
     errbuf ignored;
     *total = memory_plan_compute(o, &p, &ignored) == 0 ? p.total : 0;
     return *total && *total <= limit;
+}
+
+/* fsdp.activation_checkpointing but auto, for L layers. */
+static llama_recompute recompute_of(job_act_ckpt a, int L) {
+    switch (a) {
+    case JOB_ACT_CKPT_FULL: return (llama_recompute){L, LLAMA_KEEP_INPUT};
+    case JOB_ACT_CKPT_SELECTIVE: return (llama_recompute){L, LLAMA_KEEP_ATTENTION};
+    default: return (llama_recompute){0, LLAMA_KEEP_ALL};
+    }
+}
+
+void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
+                             model_image_quant quant, size_t compute_size, size_t budget,
+                             lora_config *lora, memory_plan_options *out) {
+    int adapters = j->train.type != JOB_TRAIN_FULL;
+    job_lora_config(j, lora);
+    *out = (memory_plan_options){
+        .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
+        .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
+        .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
+        .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
+        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,
+        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params};
+    if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
+        out->recompute = memory_plan_auto_recompute(out, budget);
+}
+
+double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute r) {
+    const llama_config *c = o->model;
+    int L = c->num_hidden_layers;
+    double N = (double)o->micro_batch * o->seq_len, C = c->hidden_size, I = c->intermediate_size;
+    double Q = (double)c->num_attention_heads * c->head_dim, KV = (double)c->num_key_value_heads * c->head_dim;
+    double attention = 2 * N * (C * Q + 2 * C * KV + Q * C) +
+                       2.0 * o->micro_batch * c->num_attention_heads * (double)o->seq_len * o->seq_len * c->head_dim;
+    double mlp = 2 * N * 2 * C * I;
+    double flops = 0;
+    for (int l = 0; l < L; l++) {
+        llama_keep k = llama_backward_from(r, l, L);
+        flops += (k == LLAMA_KEEP_INPUT ? attention : 0) + (k != LLAMA_KEEP_ALL ? mlp : 0);
+    }
+    return flops;
+}
+
+llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t budget) {
+    int L = o->model->num_hidden_layers;
+    llama_recompute best = {L, LLAMA_KEEP_INPUT};
+    double best_flops = -1;
+    size_t best_total = 0, total;
+    memory_plan_options alt = *o;
+    for (int layers = 0; layers <= L; layers++) {
+        for (int keep = LLAMA_KEEP_INPUT; keep <= (layers ? LLAMA_KEEP_ATTENTION : LLAMA_KEEP_INPUT); keep++) {
+            alt.recompute = (llama_recompute){layers, (llama_keep)keep};
+            if (!fits(&alt, budget, &total)) continue;
+            double flops = memory_plan_recompute_flops(&alt, alt.recompute);
+            if (best_flops < 0 || flops < best_flops || (flops == best_flops && total < best_total))
+                best = alt.recompute, best_flops = flops, best_total = total;
+        }
+    }
+    return best;
 }
 
 int memory_plan_largest_micro_batch(const memory_plan_options *o, int rows, int most, size_t limit,
@@ -284,8 +327,9 @@ static void suggest(const job_config *j, const memory_plan_options *o, const lor
     size_t at = 0, total;
     out[0] = '\0';
     memory_plan_options alt = *o;
-    alt.checkpoint_activations = 1;
-    if (!o->checkpoint_activations && fits(&alt, limit, &total))
+    alt.recompute = recompute_of(JOB_ACT_CKPT_FULL, o->model->num_hidden_layers);
+    if ((o->recompute.layers < alt.recompute.layers || o->recompute.keep != LLAMA_KEEP_INPUT) &&
+        fits(&alt, limit, &total))
         append(out, n, &at, "%sfsdp.activation_checkpointing=full (%.1f GiB)", at ? "; " : "", gib(total));
     int m = memory_plan_largest_micro_batch(o, j->train.global_batch / o->world, o->micro_batch - 1,
                                             limit, &total);
@@ -337,7 +381,7 @@ int memory_plan_check_limit(const job_config *j, const llama_config *cfg, int wo
     lora_config lora;
     memory_plan_options o;
     memory_plan p;
-    memory_plan_job_options(j, cfg, world, rank, quant, compute_size, &lora, &o);
+    memory_plan_job_options(j, cfg, world, rank, quant, compute_size, limit, &lora, &o);
     if (memory_plan_compute(&o, &p, err)) return errprefix(err, "%s", what);
     if (p.total <= limit) return 0;
     char need[400], alternatives[500];

@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "base/errbuf.h"
+#include "model/llama.h"
 #include "proto/job.h"
 #include "proto/lora_layout.h"
 #include "proto/model_config.h"
@@ -30,7 +31,7 @@ typedef struct memory_plan_options {
     int group;                  /* hybrid_shard: the shard group's ranks (a node's workers) */
     const lora_config *lora;    /* NULL: a full fine-tune; else adapters on a frozen base */
     model_image_quant quant;    /* with adapters: the base's (NF4 for QLoRA) */
-    int checkpoint_activations; /* fsdp.activation_checkpointing full */
+    llama_recompute recompute;  /* fsdp.activation_checkpointing (memory_plan_job_options) */
     int micro_batch, seq_len;
     size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
     int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
@@ -63,10 +64,21 @@ void memory_plan_format(const memory_plan *p, char *out, size_t n);
 
 /* Job j's options on `world` ranks: its fsdp, train and adapter settings (the latter into
  * *lora, which out->lora then points at, unless a full fine-tune), the base's quantization
- * and the compute dtype's size. */
+ * and the compute dtype's size.  fsdp.activation_checkpointing: none keeps every layer
+ * whole, full their inputs only, selective their attention parts (the MLP is recomputed),
+ * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound). */
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
-                             model_image_quant quant, size_t compute_size, lora_config *lora,
-                             memory_plan_options *out);
+                             model_image_quant quant, size_t compute_size, size_t budget,
+                             lora_config *lora, memory_plan_options *out);
+
+/* fsdp.activation_checkpointing auto: of every {layers, keep} (llama.h), the one that
+ * recomputes the fewest FLOPs a micro-batch and whose plan (o with it) fits in budget
+ * bytes, the smaller plan of two equal ones; full recompute when none fits. */
+llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t budget);
+
+/* The FLOPs a micro-batch's backward recomputes under r (a decoder layer's attention part:
+ * its q, k, v, o projections and attention; its MLP part: gate and up). */
+double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute r);
 
 /* The largest micro_batch up to `most` that divides `rows` (a rank's rows) and whose plan (o
  * with that micro_batch) fits in limit bytes, its total in *total; 0: none. */

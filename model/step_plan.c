@@ -117,8 +117,10 @@ static void linear_shapes(const model_shape *s, int in[7], int out[7]) {
     memcpy(out, o_, sizeof o_);
 }
 
-/* One decoder layer's forward (llama_layer_forward). */
-static void layer_forward(tally *t, const rates *r, const model_shape *s) {
+/* One decoder layer's forward (llama_layer_forward) of the parts in `part`; recompute: as
+ * llama_layer_recompute runs it (no down_proj, no residual add after it). */
+static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_acts_part part,
+                          int recompute) {
     int in[7], out[7];
     linear_shapes(s, in, out);
     double N = s->N, cs = s->cs, ew = r->t->elementwise_gbps;
@@ -129,22 +131,36 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s) {
         t->launches += 8;
     }
     for (int k = 0; k < 7; k++) {
-        gemm(t, r, s->N, in[k], out[k], 0);
+        if (!(part & (k < 4 ? LLAMA_ACTS_ATTENTION : LLAMA_ACTS_MLP))) continue;
+        int down = k == 6 && recompute; /* only the adapter's inner activation */
+        if (!down) gemm(t, r, s->N, in[k], out[k], 0);
         if (s->lora && (s->lora->targets >> k & 1u)) {
             int rk = s->lora->rank;
             if (s->lora->dropout > 0) moved(t, r, 2 * N * in[k] * cs, ew);
             gemm(t, r, s->N, in[k], rk, 0);
             moved(t, r, 2 * N * rk * cs, ew); /* scale */
-            gemm(t, r, s->N, rk, out[k], 0);  /* accumulated onto the base's output */
+            if (!down) gemm(t, r, s->N, rk, out[k], 0); /* accumulated onto the base's output */
         }
     }
-    t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
-                                s->c->head_dim, 0);
-    t->launches++;
-    moved(t, r, 2 * 2 * N * s->C * cs, ew);           /* two RMSNorms */
-    moved(t, r, 2 * N * (s->q + s->kv) * cs, ew);     /* RoPE on q and k */
-    moved(t, r, 2 * 3 * N * s->C * cs, ew);           /* two residual adds */
-    moved(t, r, 3 * N * s->I * cs, ew);               /* SwiGLU */
+    if (part & LLAMA_ACTS_ATTENTION) {
+        t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
+                                    s->c->head_dim, 0);
+        t->launches++;
+        moved(t, r, 2 * N * s->C * cs, ew);           /* RMSNorm */
+        moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE on q and k */
+        moved(t, r, 3 * N * s->C * cs, ew);           /* the residual add */
+    }
+    if (part & LLAMA_ACTS_MLP) {
+        moved(t, r, 2 * N * s->C * cs, ew); /* RMSNorm */
+        moved(t, r, 3 * N * s->I * cs, ew); /* SwiGLU */
+        if (!recompute) moved(t, r, 3 * N * s->C * cs, ew); /* the residual add */
+    }
+}
+
+/* What a layer that keeps k recomputes: its forward but for what it kept. */
+static void layer_recompute(tally *t, const rates *r, const model_shape *s, llama_keep k) {
+    if (k == LLAMA_KEEP_INPUT) layer_forward(t, r, s, LLAMA_ACTS_BOTH, 1);
+    else if (k == LLAMA_KEEP_ATTENTION) layer_forward(t, r, s, LLAMA_ACTS_MLP, 1);
 }
 
 /* One decoder layer's backward (llama_layer_backward): input gradients always, weight
@@ -237,23 +253,23 @@ static double link_of(const plan_machine *m, int ranks) {
     return ranks > m->gpus_per_node ? fmin(m->gpu->link_gbps, net) : m->gpu->link_gbps;
 }
 
-static void step_time(const job_config *j, const model_shape *s, const plan_machine *m, const rates *r,
-                      step_plan *p) {
+static double tally_s(const tally *t, const rates *r) {
+    return t->gemm + t->attention + t->memory + t->launches * r->t->launch_us * 1e-6;
+}
+
+static void step_time(const job_config *j, const model_shape *s, llama_recompute recompute,
+                      const plan_machine *m, const rates *r, step_plan *p) {
     int L = s->c->num_hidden_layers, world = m->nodes * m->gpus_per_node;
-    int ckpt = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL;
     int n_micro = j->train.global_batch / (world * j->train.micro_batch);
-    tally layer_f = {0}, layer_b = {0}, head = {0};
-    layer_forward(&layer_f, r, s);
+    tally layer_f = {0}, layer_b = {0}, head = {0}, rec = {0}; /* rec: every layer's recomputation */
+    layer_forward(&layer_f, r, s, LLAMA_ACTS_BOTH, 0);
     layer_backward(&layer_b, r, s);
     head_and_embedding(&head, r, s);
-    double launch = r->t->launch_us * 1e-6;
-    double f = layer_f.gemm + layer_f.attention + layer_f.memory + layer_f.launches * launch;
-    double b = layer_b.gemm + layer_b.attention + layer_b.memory + layer_b.launches * launch;
-    double h = head.gemm + head.memory + head.launches * launch;
-    double passes = ckpt ? 2 : 1; /* the recomputed forward */
-    p->gemm_s = n_micro * (L * (passes * layer_f.gemm + layer_b.gemm) + head.gemm);
-    p->attention_s = n_micro * L * (passes * layer_f.attention + layer_b.attention);
-    double micro_compute = L * (passes * f + b) + h;
+    for (int l = 0; l < L; l++) layer_recompute(&rec, r, s, llama_backward_from(recompute, l, L));
+    double f = tally_s(&layer_f, r), b = tally_s(&layer_b, r), h = tally_s(&head, r);
+    p->gemm_s = n_micro * (L * (layer_f.gemm + layer_b.gemm) + rec.gemm + head.gemm);
+    p->attention_s = n_micro * (L * (layer_f.attention + layer_b.attention) + rec.attention);
+    double micro_compute = L * (f + b) + tally_s(&rec, r) + h;
     p->memory_s = n_micro * micro_compute - p->gemm_s - p->attention_s; /* and the launches */
 
     /* communication, a layer at a time, each hidden behind the neighbouring layer's compute
@@ -275,7 +291,7 @@ static void step_time(const job_config *j, const model_shape *s, const plan_mach
                                                              fmin(m->gpu->link_gbps, m->net_gbps / m->gpus_per_node))
                                                 : 0;
     int regather = sh != JOB_SHARD_GRAD_OP;
-    double fwd_unit = f, bwd_unit = (ckpt ? f : 0) + b; /* a layer's compute in each pass */
+    double fwd_unit = f, bwd_unit = tally_s(&rec, r) / L + b; /* a layer's compute in each pass */
     p->comm_s = n_micro * L * ((1 + regather) * ag + rs + replica);
     p->comm_exposed_s = n_micro * L * (fmax(0, ag - fwd_unit) + fmax(0, regather * ag + rs + replica - bwd_unit));
 
@@ -326,14 +342,20 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     size_t cs = 2; /* bf16 compute on every GPU */
     lora_config lora;
     memory_plan_options o;
-    memory_plan_job_options(j, cfg, world, 0, quant, cs, &lora, &o);
-    if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
-    p->validated = table_gpu == m->gpu;
     p->context = (size_t)r->context_bytes;
-    p->gpu_bytes = p->mem.total + p->context;
-    by_kind(j, p, cs);
     size_t capacity = (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
     if (j->runtime.gpu_memory_limit > 0) capacity = (size_t)j->runtime.gpu_memory_limit + p->context;
+    /* auto checkpointing plans for what the worker would see: the limit, or the GPU less
+     * the context and the admission's margin */
+    size_t budget = j->runtime.gpu_memory_limit > 0 ? (size_t)j->runtime.gpu_memory_limit
+                    : capacity > p->context + PLAN_MARGIN_BYTES ? capacity - p->context - PLAN_MARGIN_BYTES
+                                                                : 0;
+    memory_plan_job_options(j, cfg, world, 0, quant, cs, budget, &lora, &o);
+    if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
+    p->validated = table_gpu == m->gpu;
+    p->gpu_bytes = p->mem.total + p->context;
+    p->recompute = o.recompute;
+    by_kind(j, p, cs);
     int rows = j->train.global_batch / world;
     size_t fitted;
     p->max_micro_batch = capacity > p->context
@@ -362,7 +384,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
 
     rates rt = {.t = r, .compute = table_gpu->tflops / m->gpu->tflops,
                 .memory = table_gpu->hbm_gbps / m->gpu->hbm_gbps, .copy = table_gpu->pcie_gbps / m->gpu->pcie_gbps};
-    step_time(j, &s, m, &rt, p);
+    step_time(j, &s, o.recompute, m, &rt, p);
     return 0;
 }
 

@@ -75,6 +75,7 @@ typedef struct step_plan {
     /* the step: compute (GEMMs, attention, the rest), exposed communication and offload */
     double gemm_s, attention_s, memory_s, comm_s, comm_exposed_s, offload_exposed_s, optimizer_s;
     double step_s, tokens_per_s;
+    llama_recompute recompute; /* the activation checkpointing planned (auto: the one chosen) */
     int max_micro_batch; /* the largest micro_batch that fits the GPU (dividing the rows of a
                             rank); 0: none */
     int validated;       /* the rates were measured on this GPU */

@@ -27,16 +27,6 @@ _Static_assert(sizeof(job_sharding) == sizeof(int), "enum size");
 _Static_assert(sizeof(job_act_ckpt) == sizeof(int), "enum size");
 _Static_assert(sizeof(job_backend) == sizeof(int), "enum size");
 
-/* Values the job file accepts whose feature is not built yet; they are rejected with
- * "<key>: '<value>' is not built yet".  A NULL value means any value but the default (and
- * makes the key's recipe alias, if any, unavailable).  Delete a line when its feature
- * lands. */
-static const struct not_built {
-    const char *key, *value;
-} not_built[] = {
-    {"fsdp.activation_checkpointing", "selective"},
-};
-
 typedef enum key_type {
     K_INT,     /* int, range [min, max] */
     K_I64,     /* int64_t, range [min, max] */
@@ -93,7 +83,7 @@ static const choice sharding_choices[] = {
     {"no_shard", JOB_SHARD_NONE}, {"hybrid_shard", JOB_SHARD_HYBRID}, {NULL, 0}};
 static const choice act_ckpt_choices[] = {
     {"none", JOB_ACT_CKPT_NONE}, {"full", JOB_ACT_CKPT_FULL},
-    {"selective", JOB_ACT_CKPT_SELECTIVE}, {NULL, 0}};
+    {"selective", JOB_ACT_CKPT_SELECTIVE}, {"auto", JOB_ACT_CKPT_AUTO}, {NULL, 0}};
 static const choice preflight_choices[] = {
     {"auto", JOB_PREFLIGHT_AUTO}, {"on", JOB_PREFLIGHT_ON}, {"off", JOB_PREFLIGHT_OFF}, {NULL, 0}};
 static const choice backend_choices[] = {
@@ -686,66 +676,6 @@ static json_t *get_key(const job_config *j, const job_key *k, errbuf *err) {
     return v ? v : oom(err);
 }
 
-/* ---- features not built yet ---- */
-
-static bool key_is(const job_key *k, const char *full) {
-    size_t n = strlen(k->section);
-    return strncmp(full, k->section, n) == 0 && full[n] == '.' &&
-           strcmp(full + n + 1, k->name) == 0;
-}
-
-/* A string as is, anything else as compact JSON ("true", "16.0", "[...]"); malloc'd.
- * Reals get 15 significant digits, as in the range messages: 0.05, not 0.050000000000000003. */
-static char *value_text(const json_t *v) {
-    if (json_is_string(v)) return strdup(json_string_value(v));
-    return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
-}
-
-static int check_built(const job_config *j, const job_key *k, errbuf *err) {
-    for (size_t i = 0; i < COUNT(not_built); i++) {
-        if (!key_is(k, not_built[i].key)) continue;
-        json_t *v = get_key(j, k, err);
-        if (!v) return -1;
-        char *text = value_text(v);
-        bool hit;
-        if (!text) {
-            json_decref(v);
-            return errf(err, "out of memory");
-        }
-        if (not_built[i].value) {
-            hit = strcmp(text, not_built[i].value) == 0;
-        } else {
-            job_config d;
-            job_defaults(&d);
-            json_t *dv = get_key(&d, k, err);
-            hit = !json_equal(v, dv);
-            json_decref(dv);
-        }
-        json_decref(v);
-        if (hit) {
-            errf(err, "%s.%s: '%s' is not built yet", k->section, k->name, text);
-            free(text);
-            return -1;
-        }
-        free(text);
-    }
-    return 0;
-}
-
-/* Sets a key from JSON: type, range, choice and not-built checks.  On error *j is left
- * as it was. */
-static int assign(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
-    json_t *old = get_key(j, k, err);
-    if (!old) return -1;
-    int rc = set_key(j, k, v, err);
-    if (rc == 0 && check_built(j, k, err) != 0) {
-        errbuf ignored;
-        set_key(j, k, old, &ignored); /* the value it had passed these checks before */
-        rc = -1;
-    }
-    json_decref(old);
-    return rc;
-}
 
 /* ---- job files ---- */
 
@@ -761,7 +691,7 @@ static int apply_object(job_config *j, const json_t *root, bool strict, errbuf *
         json_object_foreach(section, kname, value) {
             const job_key *k = find_key(sname, kname);
             if (!k) return unknown_key(sname, kname, err);
-            if (assign(j, k, value, err)) return -1;
+            if (set_key(j, k, value, err)) return -1;
         }
     }
     for (size_t i = 0; strict && i < COUNT(keys); i++) {
@@ -916,16 +846,9 @@ static json_t *value_from_text(const job_key *k, const char *text, errbuf *err) 
 static int set_from_text(job_config *j, const job_key *k, const char *text, errbuf *err) {
     json_t *v = value_from_text(k, text, err);
     if (!v) return -1;
-    int rc = assign(j, k, v, err);
+    int rc = set_key(j, k, v, err);
     json_decref(v);
     return rc;
-}
-
-/* The key's feature is not built at all (a NULL-valued not_built entry). */
-static bool feature_not_built(const job_key *k) {
-    for (size_t i = 0; i < COUNT(not_built); i++)
-        if (!not_built[i].value && key_is(k, not_built[i].key)) return true;
-    return false;
 }
 
 static int unknown_option(const char *name, errbuf *err) {
@@ -972,7 +895,6 @@ static int apply_alias(job_config *j, const char *name, const char *text, errbuf
     else if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "default") == 0)
         text = "q_proj,v_proj";
     const job_key *k = find_full_key(a->key);
-    if (feature_not_built(k)) return errf(err, "--%s: '%s' is not built yet", name, text);
     if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
     /* fsdp_qlora's flag is torch's CPUOffload(offload_params=True): the parameters too. */
     if (strcmp(name, "use_cpu_offload") == 0) j->fsdp.offload_params = j->fsdp.cpu_offload;
@@ -1035,7 +957,7 @@ static int check_keys(const job_config *j, errbuf *err) {
             rc = -1;
             break;
         }
-        rc = assign(scratch, &keys[i], v, err);
+        rc = set_key(scratch, &keys[i], v, err);
         json_decref(v);
     }
     free(scratch);

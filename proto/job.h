@@ -4,7 +4,8 @@
  * checkpoint, output, runtime.  Every key has a default (configs/jobs/README.md lists them
  * all); an unknown section or key, a wrong JSON type, a value out of range or an unknown
  * choice is an error naming the key as "section.key".  A value whose feature is not built
- * yet is rejected ("fsdp.activation_checkpointing: 'selective' is not built yet"), never ignored.
+ * yet is rejected ("fsdp.sharding: 'shard_grad_op' with adapters is not built yet"), never
+ * ignored.
  *
  * How the daemon uses it:
  *   job_load(&j, path)                      file over the defaults
@@ -49,7 +50,7 @@ typedef enum job_sharding {
     JOB_SHARD_FULL, JOB_SHARD_GRAD_OP, JOB_SHARD_NONE, JOB_SHARD_HYBRID
 } job_sharding;
 typedef enum job_act_ckpt {
-    JOB_ACT_CKPT_NONE, JOB_ACT_CKPT_FULL, JOB_ACT_CKPT_SELECTIVE
+    JOB_ACT_CKPT_NONE, JOB_ACT_CKPT_FULL, JOB_ACT_CKPT_SELECTIVE, JOB_ACT_CKPT_AUTO
 } job_act_ckpt;
 typedef enum job_resume {
     JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP

@@ -283,7 +283,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->rank = rank;
     f->world = world;
     f->sharding = opt->sharding;
-    f->checkpoint_activations = opt->checkpoint_activations;
+    f->recompute = opt->recompute;
     f->forward_prefetch = opt->forward_prefetch;
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
@@ -377,19 +377,19 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     if (f->B == B && f->T == T) return 0;
     free_activations(f);
     const llama_layout *lo = &f->layout;
-    int L = lo->n_layers, n_acts = f->checkpoint_activations ? 1 : L;
+    int L = lo->n_layers;
     size_t cs = k_compute_size(f->ctx), N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size;
     size_t resid_bytes = round_up(N * C * cs, 256);
     const lora_layout *lora = f->has_lora ? &f->lora_layout : NULL;
-    size_t acts_bytes = round_up(llama_layer_acts_carve(&(llama_layer_acts){0}, NULL, lo, lora, cs, B, T), 256);
+    size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T), 256);
     size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
     size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t samples_bytes = round_up((size_t)B * sizeof(int64_t), 256);
-    size_t total = (size_t)(L + 2) * resid_bytes + (size_t)n_acts * acts_bytes + head_bytes +
+    size_t total = (size_t)(L + 2) * resid_bytes + acts_bytes + head_bytes +
                    scratch_bytes + 4 * ids_bytes + samples_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
-    f->layer_acts = calloc((size_t)n_acts, sizeof *f->layer_acts);
+    f->layer_acts = calloc((size_t)L, sizeof *f->layer_acts);
     if (!f->resid || !f->layer_acts) {
         free_activations(f);
         return errf(err, "fsdp: out of host memory for activations");
@@ -402,8 +402,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     f->act_memory = mem;
     for (int l = 0; l <= L; l++) f->resid[l] = mem, mem += resid_bytes;
     f->dresid = mem, mem += resid_bytes;
-    for (int a = 0; a < n_acts; a++)
-        llama_layer_acts_carve(&f->layer_acts[a], mem, lo, lora, cs, B, T), mem += acts_bytes;
+    llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T), mem += acts_bytes;
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
     llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
@@ -877,10 +876,6 @@ static int prepare_grad_slot(fsdp *f, int u, int slot, errbuf *err) {
 
 /* ---- a step ---- */
 
-static llama_layer_acts *acts_of(fsdp *f, int layer) {
-    return &f->layer_acts[f->checkpoint_activations ? 0 : layer];
-}
-
 /* Forward and backward of the head; returns the plan entry that comes next, or -1. */
 static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
@@ -921,8 +916,8 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
     for (int l = 0; l < L; l++) {
         if (!(g = gather_use(f, k, err))) return -1;
         llama_layer_weights w = layer_weights(f, l, k++, g, NULL);
-        llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1], acts_of(f, l),
-                            &f->scratch, B, T);
+        llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1],
+                            &f->layer_acts[l], &f->scratch, B, T);
         f->layer_forwards++;
     }
     if ((k = head_pass(f, k, dscale, err)) < 0) return -1;
@@ -933,15 +928,15 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
         slot ^= 1;
         if (!(g = gather_use(f, k, err))) return -1;
         llama_layer_weights w = layer_weights(f, l, k++, g, grad_buffer(f, u, slot));
-        if (f->checkpoint_activations) {
-            /* resid[l+1] was consumed by layer l+1's backward; recompute into it. */
-            llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1],
-                                acts_of(f, l), &f->scratch, B, T);
+        llama_keep kept = llama_backward_from(f->recompute, l, L);
+        if (kept != LLAMA_KEEP_ALL) {
+            llama_layer_recompute(c, lo, &w, f->inv_freq, docs, f->resid[l], kept, &f->layer_acts[l],
+                                  &f->scratch, B, T);
             f->layer_forwards++;
         }
         if (prepare_grad_slot(f, u, slot, err)) return -1;
-        llama_layer_backward(c, lo, &w, f->inv_freq, docs, f->resid[l], acts_of(f, l), &f->scratch,
-                             f->dresid, B, T);
+        llama_layer_backward(c, lo, &w, f->inv_freq, docs, f->resid[l], &f->layer_acts[l],
+                             &f->scratch, f->dresid, B, T);
         if (reduce_start(f, u, slot, err)) return -1;
     }
 

@@ -107,7 +107,7 @@ typedef struct fsdp {
                    shard communicator's (hybrid_shard) */
     int group_rank;
     job_sharding sharding;
-    int checkpoint_activations;
+    llama_recompute recompute;
     int forward_prefetch, backward_prefetch; /* see fsdp_options */
     llama_layout layout;
     fsdp_unit *units; /* the trainable flat parameters: the model's units, or with LoRA the
@@ -175,7 +175,7 @@ typedef struct fsdp {
     int B, T;
     void *act_memory;
     void **resid;        /* [L+1] layer inputs, then the head's input */
-    llama_layer_acts *layer_acts; /* [L], or [1] with activation checkpointing */
+    llama_layer_acts *layer_acts; /* [L]: a layer's own parts or shared ones (llama_layers_acts_carve) */
     llama_head_acts head;
     llama_scratch scratch;
     void *dresid;
@@ -184,13 +184,15 @@ typedef struct fsdp {
     void *stats;         /* [world] per-rank step statistics, gathered (context memory) */
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
-    long layer_forwards; /* decoder-layer forward passes run (activation checkpointing doubles it) */
+    long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
 } fsdp;
 
 typedef struct fsdp_options {
     job_sharding sharding;
-    int checkpoint_activations;
+    /* Activation checkpointing: what each decoder layer keeps (llama.h); {n_layers, any}
+     * is none.  fsdp_recompute_of_job turns the job's setting into it. */
+    llama_recompute recompute;
     /* Overlap (fsdp.forward_prefetch / backward_prefetch in the job): all-gather the next
      * unit while the current one computes, in forward / in backward, where the latter also
      * lets each unit's gradient reduction run during the next unit's backward.  Off, every

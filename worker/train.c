@@ -11,6 +11,7 @@
 #include "base/fault.h"
 #include "base/path.h"
 #include "model/memory_plan.h"
+#include "model/step_plan.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
 #include "proto/model_image.h"
@@ -89,6 +90,31 @@ static int check_memory(const train_env *env, model_image_quant quant, errbuf *e
                                  k_compute_size(env->ctx), err);
 }
 
+/* What fsdp.activation_checkpointing auto may plan for: runtime.gpu_memory_limit, else the
+ * device's memory less the context and fsdpd's admission margin (one worker a GPU), else
+ * (the CPU backend) no bound. */
+static size_t recompute_budget(const train_env *env) {
+    const job_config *j = env->job;
+    if (j->runtime.gpu_memory_limit > 0) return (size_t)j->runtime.gpu_memory_limit;
+    size_t device = env->ctx->backend == K_CUDA ? k_cuda_device_memory(env->ctx->device) : 0;
+    if (device == 0) return SIZE_MAX;
+    return device > PLAN_CONTEXT_BYTES + PLAN_MARGIN_BYTES ? device - PLAN_CONTEXT_BYTES - PLAN_MARGIN_BYTES : 0;
+}
+
+/* The job's activation checkpointing for fsdp (auto: decided here, and logged). */
+static llama_recompute job_recompute(const train_env *env, model_image_quant quant) {
+    lora_config lora;
+    memory_plan_options o;
+    memory_plan_job_options(env->job, env->model, env->world, env->rank, quant, k_compute_size(env->ctx),
+                            recompute_budget(env), &lora, &o);
+    if (env->job->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO && env->rank == 0) {
+        char text[160];
+        llama_recompute_format(o.recompute, env->model->num_hidden_layers, text, sizeof text);
+        fprintf(stderr, "fsdp-worker rank 0: fsdp.activation_checkpointing auto: %s\n", text);
+    }
+    return o.recompute;
+}
+
 /* This rank's initial state: from the checkpoint when resuming, else the initial
  * parameters.  *image_out: the model memory, left mapped when fsdp reads it while training
  * (offload_params; the caller unmaps it after fsdp_destroy), else NULL. */
@@ -102,7 +128,6 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     job_lora_config(j, &lora);
     int adapters = j->train.type != JOB_TRAIN_FULL;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
-                        .checkpoint_activations = j->fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch,
                         .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed,
@@ -113,6 +138,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
     if (env->resume_dir && !adapters) {
+        opt.recompute = job_recompute(env, MODEL_IMAGE_PLAIN);
         if (check_memory(env, MODEL_IMAGE_PLAIN, err) ||
             fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err))
             return -1;
@@ -129,6 +155,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     opt.quant = model_image_quant_of(image);
     if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
         rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
+    opt.recompute = job_recompute(env, opt.quant);
     if (rc == 0) rc = check_memory(env, opt.quant, err);
     if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
     if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);

@@ -127,6 +127,7 @@ typedef struct offload_run {
     double loss[STEPS], norm[STEPS], eval;
     float *state; /* every unit's master, m, v after the steps */
     size_t n, in_use; /* elements of state; context memory in use after the steps */
+    long forwards;    /* fsdp's layer_forwards */
 } offload_run;
 
 /* STEPS steps of two micro-batches from the image, with weight decay, clipping (a small
@@ -165,6 +166,7 @@ static void run_offloaded(const llama_config *cfg, const void *image, size_t byt
         for (int k = 0; k < 3; k++, at += U->shard) memcpy(at, kinds[k], U->shard * sizeof *at);
     }
     r->in_use = k_bytes_in_use(&c);
+    r->forwards = f.layer_forwards;
     fsdp_destroy(&f);
     kctx_destroy(&c);
 }
@@ -217,10 +219,64 @@ static void test_cpu_offload_same_bits(void **state) {
     free(image);
 }
 
+/* ---- activation checkpointing ---- */
+
+/* Every activation checkpointing gives the bits of none (losses, norms, evaluation, master,
+ * m and v), on 4 layers: full and selective recompute 3 a micro-batch (the last layer's
+ * activations are still in place), 1 whole layer and the others' attention 2, 2 whole and
+ * the others' inputs 1; and with cpu_offload as without. */
+static void test_recompute_same_bits(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.initializer_range = 0.3;
+    cfg.num_hidden_layers = 4;
+    llama_layout lo;
+    errbuf err = {{0}};
+    if (llama_layout_init(&lo, &cfg, &err)) fail_msg("%s", err.msg);
+    size_t bytes = model_image_bytes(&lo, MODEL_IMAGE_F32);
+    void *image = calloc(1, bytes);
+    assert_non_null(image);
+    if (model_image_fill_random(image, &lo, MODEL_IMAGE_F32, 11, NULL, NULL, &err)) fail_msg("%s", err.msg);
+    llama_layout_free(&lo);
+    static const struct {
+        llama_recompute r;
+        long recomputed; /* a micro-batch */
+        int cpu_offload;
+    } cases[] = {{{4, LLAMA_KEEP_INPUT}, 3, 0},     {{4, LLAMA_KEEP_ATTENTION}, 3, 0},
+                 {{3, LLAMA_KEEP_ATTENTION}, 2, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0},
+                 {{4, LLAMA_KEEP_ATTENTION}, 3, 1}};
+    fsdp_options none = {.sharding = JOB_SHARD_FULL, .offload_threads = 2};
+    offload_run a, b;
+    run_offloaded(&cfg, image, bytes, &none, &a);
+    long micro = STEPS * 2, eval_micro = 2; /* two micro-batches a step, and the evaluation's
+                                             * (which runs the backward too) */
+    assert_int_equal(a.forwards, 4 * (micro + eval_micro));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_options opt = none;
+        opt.recompute = cases[i].r;
+        opt.cpu_offload = cases[i].cpu_offload;
+        run_offloaded(&cfg, image, bytes, &opt, &b);
+        printf("recomputed layers %d, keep %d, cpu_offload %d: losses %.7f %.7f %.7f, %ld layer forwards\n",
+               cases[i].r.layers, (int)cases[i].r.keep, cases[i].cpu_offload, b.loss[0], b.loss[1],
+               b.loss[2], b.forwards);
+        assert_memory_equal(a.loss, b.loss, sizeof a.loss);
+        assert_memory_equal(a.norm, b.norm, sizeof a.norm);
+        assert_true(a.eval == b.eval);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
+        assert_int_equal(b.forwards, a.forwards + cases[i].recomputed * (micro + eval_micro));
+        if (!cases[i].cpu_offload) assert_true(b.in_use < a.in_use); /* fewer activations kept */
+        free(b.state);
+    }
+    free(a.state);
+    free(image);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
         cmocka_unit_test(test_cpu_offload_same_bits),
+        cmocka_unit_test(test_recompute_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -438,10 +438,11 @@ static void test_fsdp_qlora_step(void **state) {
     golden_close(&g);
 }
 
-/* (6) Offload: a LoRA and a QLoRA job with fsdp.cpu_offload, offload_params or both give the
- * bits of the job without (three steps with dropout, clipping and weight decay, and an
- * evaluation): the host optimizer is the CPU backend's AdamW, and a frozen unit streamed
- * from the image is the one that was loaded. */
+/* (6) Offload and activation checkpointing: a LoRA and a QLoRA job with fsdp.cpu_offload,
+ * offload_params or both, or with any activation checkpointing, give the bits of the job
+ * without (three steps with dropout, clipping and weight decay, and an evaluation): the host
+ * optimizer is the CPU backend's AdamW, a frozen unit streamed from the image is the one that
+ * was loaded, and a recomputation redraws the same dropout masks. */
 typedef struct flat_adapters {
     float *data;
     size_t n;
@@ -456,13 +457,14 @@ static int append_adapter(const llama_tensor_slot *slot, const float *data, void
 }
 
 static void run_adapters(golden *g, const void *image, size_t bytes, model_image_quant q,
-                         int cpu_offload, int offload_params, double *losses, flat_adapters *out) {
+                         int cpu_offload, int offload_params, llama_recompute recompute,
+                         double *losses, flat_adapters *out) {
     errbuf err = {{0}};
     lora_config lc = golden_lora(0.1);
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = q,
                         .cpu_offload = cpu_offload, .offload_params = offload_params,
-                        .offload_threads = 2};
+                        .recompute = recompute, .offload_threads = 2};
     if (fsdp_init(&f, &g->cfg, &g->ctx, NULL, 0, 1, &opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err) || fsdp_init_adapters(&f, &err))
         fail_msg("%s", err.msg);
@@ -501,12 +503,21 @@ static void test_fsdp_offload_same_bits(void **state) {
             fail_msg("%s", err.msg);
         double want[4], got[4];
         flat_adapters a, b;
-        run_adapters(&g, image, bytes, q, 0, 0, want, &a);
+        run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){0}, want, &a);
         assert_true(want[2] < want[0]); /* it trains */
-        for (int mode = 1; mode < 4; mode++) {
-            run_adapters(&g, image, bytes, q, mode & 1, mode >> 1, got, &b);
-            printf("%s, cpu_offload %d, offload_params %d: losses %.7f %.7f %.7f, eval %.7f\n",
-                   qi ? "qlora" : "lora", mode & 1, mode >> 1, got[0], got[1], got[2], got[3]);
+        /* offload, then activation checkpointing: full, selective, and (auto's mix) the last
+         * layer whole and the other's attention (the MLP recomputed: with the down adapter's
+         * inner activation, without down_proj) */
+        static const llama_recompute recomputes[] = {{2, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_ATTENTION},
+                                                     {1, LLAMA_KEEP_ATTENTION}};
+        assert_int_equal(g.cfg.num_hidden_layers, 2);
+        for (int mode = 1; mode < 7; mode++) {
+            llama_recompute r = mode < 4 ? (llama_recompute){0} : recomputes[mode - 4];
+            int offload = mode < 4 ? mode : 0;
+            run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, got, &b);
+            printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d: losses %.7f %.7f "
+                   "%.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1, r.layers,
+                   (int)r.keep, got[0], got[1], got[2], got[3]);
             assert_memory_equal(want, got, sizeof want);
             assert_int_equal(a.n, b.n);
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);

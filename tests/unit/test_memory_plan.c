@@ -50,9 +50,16 @@ static const lora_config small_lora = {.rank = 3, .alpha = 6, .dropout = 0.1, .t
 typedef enum kind { FULL, LORA, QLORA, QLORA_SINGLE } kind;
 static const char *const kind_names[] = {"full", "lora", "qlora", "qlora (NF4, single quantization)"};
 
+/* Activation checkpointing of a case (ckpt): none, full, selective, and the two mixes of
+ * auto on the 2-layer model: the last layer whole, the first its attention or its input. */
+static const llama_recompute recomputes[] = {
+    {0, LLAMA_KEEP_ALL}, {2, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_ATTENTION},
+    {1, LLAMA_KEEP_ATTENTION}, {1, LLAMA_KEEP_INPUT}};
+#define N_RECOMPUTES ((int)(sizeof recomputes / sizeof recomputes[0]))
+
 typedef struct plan_case {
     kind kind;
-    int world, ckpt, tied;
+    int world, ckpt, tied; /* ckpt: an index of recomputes */
     job_sharding sharding;
     int cpu_offload, offload_params;
 } plan_case;
@@ -64,7 +71,7 @@ static model_image_quant quant_of(kind k) {
 static memory_plan_options options_of(const plan_case *pc, const llama_config *cfg, int rank) {
     return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world, .group = pc->world,
                                  .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
-                                 .quant = quant_of(pc->kind), .checkpoint_activations = pc->ckpt,
+                                 .quant = quant_of(pc->kind), .recompute = recomputes[pc->ckpt],
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params};
 }
@@ -115,7 +122,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
     errbuf err = {{0}};
     llama_config cfg = small_config(pc->tied);
     memory_plan_options o = options_of(pc, &cfg, rank);
-    fsdp_options fo = {.sharding = pc->sharding, .checkpoint_activations = pc->ckpt,
+    fsdp_options fo = {.sharding = pc->sharding, .recompute = recomputes[pc->ckpt],
                        .forward_prefetch = 1, .backward_prefetch = 1,
                        .lora = o.lora, .seed = 42, .quant = o.quant,
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
@@ -209,12 +216,12 @@ static void check_case(const plan_case *pc) {
     }
 }
 
-/* Every kind x world 1, 2 x checkpointing off, on. */
+/* Every kind x world 1, 2 x every kind of checkpointing. */
 static void test_plan_equals_fsdp_peak(void **state) {
     (void)state;
     for (int k = FULL; k <= QLORA; k++)
         for (int world = 1; world <= 2; world++)
-            for (int ckpt = 0; ckpt <= 1; ckpt++)
+            for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
                 check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL});
 }
 
@@ -330,13 +337,13 @@ static void test_hand_computed(void **state) {
     o.micro_batch = 2 * MICRO;
     assert_true(plan_of(&o).activations > base.activations);
     o.micro_batch = MICRO;
-    o.checkpoint_activations = 1;
+    o.recompute = recomputes[1];
     assert_true(plan_of(&o).activations < base.activations);
     assert_int_equal(plan_of(&o).total, base.total); /* the staging buffer is the peak */
     o.lora = NULL;
-    o.checkpoint_activations = 0;
+    o.recompute = recomputes[0];
     base = plan_of(&o);
-    o.checkpoint_activations = 1;
+    o.recompute = recomputes[1];
     assert_true(plan_of(&o).total < base.total);
 }
 
@@ -416,7 +423,7 @@ static job_config small_job(int64_t limit) {
 static size_t job_total(const job_config *j, const llama_config *cfg, int world, model_image_quant q) {
     lora_config lora;
     memory_plan_options o;
-    memory_plan_job_options(j, cfg, world, 0, q, 4, &lora, &o);
+    memory_plan_job_options(j, cfg, world, 0, q, 4, SIZE_MAX, &lora, &o);
     return plan_of(&o).total;
 }
 
