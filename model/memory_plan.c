@@ -113,7 +113,7 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
         if (base_slots) p->gather_slots += n * in->cs;
         if (has_lora && slot < 2) p->gather_slots += train_padded * in->cs;
         size_t g = slot < 2 ? train_padded : tied && !has_lora ? embed_padded : 0;
-        if (slot == 0 || in->o->world > 1) p->grad_slots += g * sizeof(float);
+        if (in->o->world > 1) p->grad_slots += g * sizeof(float);
     }
 }
 

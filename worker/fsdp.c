@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "base/fault.h"
 #include "base/philox.h"
 #include "proto/model_image.h"
@@ -171,10 +172,9 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
             return -1;
         /* Gradients exist for trainable units only; one rank accumulates straight into its
-         * grad shards (grad_buffer), so it needs full_grad[0] only, as fsdp_gather_params'
-         * scratch. */
+         * grad shards (grad_buffer), so it needs none. */
         size_t g = slot < 2 ? train_padded : is_tied(f) && !f->has_lora ? embed_padded : 0;
-        if (g == 0 || (slot > 0 && f->world == 1)) continue;
+        if (g == 0 || f->world == 1) continue;
         if (!(f->full_grad[slot] = k_alloc(f->ctx, g * sizeof(float), err))) return -1;
     }
     return 0;
@@ -1271,12 +1271,28 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
     return rc ? rc : masters_changed(f, err);
 }
 
+/* n values of the compute dtype (host) as fp32 (host): the CPU backend's are fp32, CUDA's
+ * bf16. */
+static void compute_to_host_f32(const fsdp *f, float *dst, const void *src, size_t n) {
+    if (k_compute_size(f->ctx) == sizeof(float)) {
+        memcpy(dst, src, n * sizeof *dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
+}
+
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     size_t max_padded = 0;
     for (int u = 0; u < f->n_train; u++)
         if (f->units[u].padded > max_padded) max_padded = f->units[u].padded;
     float *host = malloc(max_padded * sizeof *host);
-    if (!host) return errf(err, "fsdp: out of host memory");
+    void *copy = malloc(max_padded * k_compute_size(f->ctx)); /* the gathered unit, as is */
+    if (!host || !copy) {
+        free(host);
+        free(copy);
+        return errf(err, "fsdp: out of host memory");
+    }
     void *slot = f->has_lora ? f->gathered_adapter[0] : f->gathered[0];
     int rc = 0;
     for (int u = 0; u < f->n_train && rc == 0; u++) {
@@ -1285,13 +1301,14 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
         rc = gather_trainable(f, u, slot, &t, err);
         if (rc == 0 && t) rc = comm_wait(f->shard_comm, t, err);
         if (rc) break;
-        k_compute_to_f32(f->ctx, f->full_grad[0], slot, f->units[u].padded);
-        k_copy_d2h(f->ctx, host, f->full_grad[0], f->units[u].padded * sizeof *host);
+        k_copy_d2h(f->ctx, copy, slot, f->units[u].padded * k_compute_size(f->ctx));
         rc = k_sync(f->ctx, err);
+        if (rc == 0) compute_to_host_f32(f, host, copy, f->units[u].padded);
         const llama_unit *lu = &f->train_units[u];
         for (int i = lu->first; i < lu->first + lu->count && rc == 0; i++)
             rc = fn(&f->train_tensors[i], host + f->train_tensors[i].offset, arg, err);
     }
     free(host);
+    free(copy);
     return rc;
 }

@@ -2,8 +2,8 @@
 # FSDP on the CPU backend (F5): one 12-sequence global batch with variable masks, run with
 # 1, 2, 3 and 4 workers and 1 or 2 micro-batches per rank (flat sizes that divide by neither
 # 3 nor 4), gives the same loss at every step and the same final parameters (relative
-# difference <= 1e-5); no_shard agrees too; activation checkpointing gives the same result
-# and runs every layer's forward twice; tied embeddings train; an injected NaN stops the
+# difference <= 1e-5); no_shard agrees too; activation checkpointing (full, selective, auto)
+# gives the same bits and recomputes what it says; tied embeddings train; an injected NaN stops the
 # job naming the step and the rank.  Overlap off gives the same bits; save_final=false
 # writes no checkpoint.
 source "$(dirname "$0")/lib.sh"
@@ -72,14 +72,33 @@ run ns3 3 2 --fsdp.sharding=no_shard
 same_losses w1m1 ns3
 same_params w1m1 ns3
 
-# Activation checkpointing: same result, and each layer's forward ran twice.
+# Activation checkpointing (full, selective, auto): same result; full and selective recompute
+# every layer but the last (whose activations are still in place), auto keeps everything
+# without a limit on the CPU backend and recomputes as full when only full fits the limit.
 run ac2 2 3 --fsdp.activation_checkpointing=full
-same_losses w2m2 ac2
-same_params w2m2 ac2 1e-6
+run sel2 2 3 --fsdp.activation_checkpointing=selective
+run auto2 2 3 --fsdp.activation_checkpointing=auto
+grep -q "fsdp.activation_checkpointing auto: none: every layer keeps its activations" "$tmp/auto2.log" ||
+    { cat "$tmp/auto2.log"; fail "auto without a limit did not keep everything"; }
+# what full needs: a limit of 1 byte leaves auto full, and the refusal says the need
+"$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=2 --train.micro_batch=3 \
+    --fsdp.activation_checkpointing=auto --runtime.gpu_memory_limit=1 > "$tmp/need.log" 2>&1 &&
+    fail "a 1-byte limit trained"
+need=$(sed -n 's/.*each worker needs [0-9.]* GiB (\([0-9]*\) bytes).*/\1/p' "$tmp/need.log" | head -1)
+[ -n "$need" ] || { cat "$tmp/need.log"; fail "no need in the refusal"; }
+run autofull2 2 3 --fsdp.activation_checkpointing=auto --runtime.gpu_memory_limit="$need"
+grep -q "fsdp.activation_checkpointing auto: full: every layer recomputed from its input" "$tmp/autofull2.log" ||
+    { cat "$tmp/autofull2.log"; fail "auto at full's need did not recompute as full"; }
+for r in ac2 sel2 auto2 autofull2; do
+    same_losses w2m2 "$r"
+    cmp "$tmp/w2m2.safetensors" "$tmp/$r.safetensors" || fail "$r changed the parameters' bits"
+done
 fwd() { tail -1 "$tmp/$1.jsonl" | sed -n 's/.*"layer_forwards": *\([0-9]*\).*/\1/p'; }
-# 2 layers x 2 micro-batches x 4 steps = 16 forwards without, 32 with.
-[ "$(fwd w2m2)" -eq 16 ] || fail "expected 16 layer forwards without checkpointing, got $(fwd w2m2)"
-[ "$(fwd ac2)" -eq 32 ] || fail "expected 32 layer forwards with checkpointing, got $(fwd ac2)"
+# 2 layers x 2 micro-batches x 4 steps = 16 forwards without, and 8 recomputations of the
+# first layer with full, selective (its MLP) and auto at full's need.
+for r in w2m2:16 auto2:16 ac2:24 sel2:24 autofull2:24; do
+    [ "$(fwd "${r%:*}")" -eq "${r#*:}" ] || fail "${r%:*}: expected ${r#*:} layer forwards, got $(fwd "${r%:*}")"
+done
 
 # Tied embeddings: 1 and 3 workers agree.
 make_small_model "$tmp/tied" true

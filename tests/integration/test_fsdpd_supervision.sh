@@ -27,7 +27,7 @@ expect_status 2 "trian" "$fsdpd" --job "$tmp/bad2.json"
 echo '{"model": {"init": "random"' > "$tmp/bad3.json"
 expect_status 2 "bad3.json" "$fsdpd" --job "$tmp/bad3.json"
 expect_status 2 "global_batch" "$fsdpd" --job "$tmp/job.json" --train.global_batch=7
-expect_status 2 "not built yet" "$fsdpd" --job "$tmp/job.json" --fsdp.activation_checkpointing=selective
+expect_status 2 "not built yet" "$fsdpd" --job "$tmp/job.json" --fsdp.sharding=shard_grad_op --train.type=lora
 expect_status 2 "usage" "$fsdpd"
 
 # --- under SLURM on more than one node: refused, not one independent world a node ------------

@@ -164,8 +164,8 @@ static const bad_case bad_cases[] = {
      "fsdp.sharding: 'shard_grad_op' with fsdp.cpu_offload is not built yet", NULL},
     {"{\"fsdp\":{\"sharding\":\"zero3\"}}", 1, "fsdp.sharding: unknown choice 'zero3'",
      "full_shard, shard_grad_op, no_shard, hybrid_shard"},
-    {"{\"fsdp\":{\"activation_checkpointing\":\"selective\"}}", 1,
-     "fsdp.activation_checkpointing: 'selective' is not built yet", NULL},
+    {"{\"fsdp\":{\"activation_checkpointing\":\"some\"}}", 1,
+     "fsdp.activation_checkpointing: unknown choice 'some'", "none, full, selective, auto"},
     {"{" MD ",\"fsdp\":{\"offload_params\":true}}", 1, "fsdp.offload_params: a full fine-tune's parameters are its master shards", NULL},
     {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
      "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
@@ -346,8 +346,11 @@ static void test_overrides(void **state) {
     override_fails(&j, "--train.betas=[0.9,", "train.betas: '[0.9,' is not a JSON list");
     override_fails(&j, "--train.lrr=1", "train.lrr: unknown key (did you mean train.lr?)");
     override_fails(&j, "--trian.lr=1", "trian: unknown section (did you mean train?)");
-    override_fails(&j, "--fsdp.activation_checkpointing=selective",
-                   "fsdp.activation_checkpointing: 'selective' is not built");
+    must_override(&j, "--fsdp.activation_checkpointing=selective");
+    assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_SELECTIVE);
+    must_override(&j, "--fsdp.activation_checkpointing=auto");
+    assert_int_equal(j.fsdp.activation_checkpointing, JOB_ACT_CKPT_AUTO);
+    must_override(&j, "--fsdp.activation_checkpointing=none");
     must_override(&j, "--fsdp.sharding=hybrid_shard");
     assert_int_equal(j.fsdp.sharding, JOB_SHARD_HYBRID);
     must_override(&j, "--fsdp.sharding=shard_grad_op");
@@ -543,10 +546,6 @@ static void test_validate_rechecks_keys(void **state) {
     assert_int_equal(job_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "train.schedule: invalid value 99");
     j.train.schedule = JOB_SCHEDULE_LINEAR;
-    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_SELECTIVE;
-    assert_int_equal(job_validate(&j, 1, &err), -1);
-    assert_contains(err.msg, "fsdp.activation_checkpointing: 'selective' is not built yet");
-    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_NONE;
     j.fsdp.sharding = JOB_SHARD_GRAD_OP;
     j.train.type = JOB_TRAIN_LORA;
     assert_int_equal(job_validate(&j, 1, &err), -1);

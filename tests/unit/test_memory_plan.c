@@ -347,6 +347,36 @@ static void test_hand_computed(void **state) {
     assert_true(plan_of(&o).total < base.total);
 }
 
+/* auto: no bound keeps everything; a budget of selective's plan gets selective (it
+ * recomputes less than full), one byte less full; nothing fitting is full too.  The
+ * recomputed FLOPs: the first layer's MLP (gate, up) and, for full, its attention. */
+static void test_auto_recompute(void **state) {
+    (void)state;
+    llama_config cfg = small_config(0);
+    memory_plan_options o = options_of(&(plan_case){.kind = FULL, .world = 1, .sharding = JOB_SHARD_FULL}, &cfg, 0);
+    llama_recompute r = memory_plan_auto_recompute(&o, SIZE_MAX);
+    assert_int_equal(r.layers, 0);
+    o.recompute = recomputes[2];
+    size_t selective = plan_of(&o).total;
+    o.recompute = recomputes[1];
+    size_t full = plan_of(&o).total;
+    assert_true(full < selective);
+    r = memory_plan_auto_recompute(&o, selective);
+    assert_int_equal(r.layers, 2);
+    assert_int_equal(r.keep, LLAMA_KEEP_ATTENTION);
+    r = memory_plan_auto_recompute(&o, selective - 1);
+    assert_int_equal(r.keep, LLAMA_KEEP_INPUT);
+    assert_int_equal(r.layers, 2);
+    r = memory_plan_auto_recompute(&o, full / 2);
+    assert_int_equal(r.keep, LLAMA_KEEP_INPUT);
+    assert_int_equal(r.layers, 2);
+    double N = MICRO * T, mlp = 2 * N * 2 * 35 * 70;
+    double attention = 2 * N * (35 * 40 + 2 * 35 * 20 + 40 * 35) + 2.0 * MICRO * 4 * T * T * 10;
+    assert_true(memory_plan_recompute_flops(&o, recomputes[2]) == mlp);
+    assert_true(memory_plan_recompute_flops(&o, recomputes[1]) == mlp + attention);
+    assert_true(memory_plan_recompute_flops(&o, recomputes[0]) == 0);
+}
+
 static void test_bad_options(void **state) {
     (void)state;
     llama_config cfg = small_config(0);
@@ -541,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),
+        cmocka_unit_test(test_auto_recompute),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_format),
         cmocka_unit_test(test_check_job),

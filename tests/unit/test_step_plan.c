@@ -84,7 +84,9 @@ static void near(double got, double want) {
 }
 
 /* A layer: 7 forward GEMMs + attention = 12 ms; backward 7 x (2 + 3) + 7 = 42 ms; the head's
- * one chunk 1 + 2 + 3 = 6 ms: 2 x (12 + 42) + 6 = 114 ms; recompute adds 2 x 12. */
+ * one chunk 1 + 2 + 3 = 6 ms: 2 x (12 + 42) + 6 = 114 ms.  Full recompute adds the first
+ * layer's forward but down_proj, 11 ms (the last layer's activations are still in place);
+ * selective its gate and up, 2 ms; auto on an H200 keeps everything. */
 static void test_full_fine_tune(void **state) {
     (void)state;
     plan_rates r = table();
@@ -96,10 +98,18 @@ static void test_full_fine_tune(void **state) {
     assert_true(p.validated);
     near(p.tokens_per_s, 16 / 0.114);
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
-    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.138);
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.125);
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).attention_s, 2 * 0.012 + 0.005);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_SELECTIVE;
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.116);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_AUTO;
+    step_plan a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    near(a.step_s, 0.114);
+    assert_int_equal(a.recompute.layers, 0);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
     /* two micro-batches: twice the compute */
     j.train.global_batch = 2;
-    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.276);
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.250);
 }
 
 /* LoRA on q (r 2): forward + A + B = 14 ms a layer; backward: 7 input gradients (14), B's and
