@@ -3,90 +3,180 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 
-#define CE_THREADS 512
+#define CE_THREADS 256
+#define CE_UNROLL 6 // packs a thread loads before it uses the first
+#define CE_LOG2E 1.4426950408889634f
+#define CE_LN2 0.6931471805599453f
 
 // ---- cross-entropy ----
 
-// Merges softmax state (m2, s2) into (m, s): m is a running max and s the sum of exp(x - m).
-__device__ inline void softmax_merge(float &m, float &s, float m2, float s2) {
-    float top = fmaxf(m, m2);
+// 2^y by the special-function unit (ex2.approx: relative error about 2^-22; 0 at -inf): the
+// softmax's exponentials, two an element, as exp(x - m) = 2^(x log2(e) - m log2(e)) with the
+// argument one fma.
+__device__ inline float fast_exp2(float y) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+    return r;
+}
+
+// Softmax state in base 2: m2 a running max of x log2(e), s the sum of 2^(x log2(e) - m2).
+// Merges (m2b, sb) into (m2, s).
+__device__ inline void softmax_merge(float &m2, float &s, float m2b, float sb) {
+    float top = fmaxf(m2, m2b);
     if (top == -INFINITY) return; // both still empty
-    s = s * expf(m - top) + s2 * expf(m2 - top);
-    m = top;
+    s = s * exp2f(m2 - top) + sb * exp2f(m2b - top);
+    m2 = top;
 }
 
 // The softmax state of the whole block, returned to every thread, in a fixed order.
-__device__ inline void block_softmax_merge(float &m, float &s) {
+__device__ inline void block_softmax_merge(float &m2, float &s) {
     __shared__ float max_part[32], sum_part[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
-        softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
+        softmax_merge(m2, s, __shfl_xor_sync(0xffffffffu, m2, offset),
                       __shfl_xor_sync(0xffffffffu, s, offset));
     if (lane == 0) {
-        max_part[warp] = m;
+        max_part[warp] = m2;
         sum_part[warp] = s;
     }
     __syncthreads();
-    m = lane < warps ? max_part[lane] : -INFINITY;
+    m2 = lane < warps ? max_part[lane] : -INFINITY;
     s = lane < warps ? sum_part[lane] : 0.0f;
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
-        softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
+        softmax_merge(m2, s, __shfl_xor_sync(0xffffffffu, m2, offset),
                       __shfl_xor_sync(0xffffffffu, s, offset));
 }
 
-// One block per row n: lse = max + log sum exp(x - max) in fp32 (one pass, online),
-// row_loss[n] = lse - x[target], and when dlogits is not NULL
-// dlogits = dscale (exp(x - lse) - onehot).  A masked row (K_IGNORE_INDEX) or a bad target
-// (reported) gives no loss and a zero gradient.  dlogits may be logits: the only element
-// read by another thread than its writer is x[target], read before the block's barrier.
+// A pack of 8 moved as one 16-byte access (a copy of the struct through a reference may be
+// split into its 8 elements: 4-way bank conflicts in shared memory).
 template <int VEC>
-__global__ void cross_entropy_kernel(float *row_loss, bf16 *dlogits, const bf16 *logits,
-                                     const int32_t *targets, int V, float dscale,
-                                     cuda_input_error *err) {
+__device__ inline cuda_pack<bf16, VEC> pack_load(const cuda_pack<bf16, VEC> *p) {
+    if constexpr (VEC == 8) {
+        uint4 u = *reinterpret_cast<const uint4 *>(p);
+        cuda_pack<bf16, VEC> r;
+        memcpy(&r, &u, sizeof r);
+        return r;
+    } else {
+        return *p;
+    }
+}
+template <int VEC> __device__ inline void pack_store_zero(cuda_pack<bf16, VEC> *p) {
+    if constexpr (VEC == 8) {
+        *reinterpret_cast<uint4 *>(p) = make_uint4(0, 0, 0, 0);
+    } else {
+        cuda_pack<bf16, VEC> zero;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) zero.v[e] = __float2bfloat16_rn(0.0f);
+        *p = zero;
+    }
+}
+
+// Adds the VEC logits of a pack to a thread's softmax state.
+template <int VEC>
+__device__ inline void softmax_add(float &m2, float &s, const cuda_pack<bf16, VEC> &pk) {
+    float v[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) v[e] = __bfloat162float(pk.v[e]);
+    float top = v[0];
+#pragma unroll
+    for (int e = 1; e < VEC; e++) top = fmaxf(top, v[e]);
+    top *= CE_LOG2E;
+    if (top > m2) { // a new max: rescale the sum (rare once a row is under way)
+        s *= fast_exp2(m2 - top);
+        m2 = top;
+    }
+    if (m2 == -INFINITY) return; // every logit so far is -inf
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) sum += fast_exp2(fmaf(v[e], CE_LOG2E, -m2));
+    s += sum;
+}
+
+// dscale (softmax - onehot) of the pack of elements first.. first + VEC - 1 of a row whose
+// log-sum-exp is lse2 / log2(e).
+template <int VEC>
+__device__ inline cuda_pack<bf16, VEC> softmax_grad(const cuda_pack<bf16, VEC> &pk, int first,
+                                                    int target, float lse2, float dscale) {
+    float v[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+        v[e] = fast_exp2(fmaf(__bfloat162float(pk.v[e]), CE_LOG2E, -lse2));
+    if ((unsigned)(target - first) < (unsigned)VEC) // the pack holding the target
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            if (first + e == target) v[e] -= 1.0f;
+    cuda_pack<bf16, VEC> out;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) out.v[e] = __float2bfloat16_rn(v[e] * dscale);
+    return out;
+}
+
+// One block per row n, one pass over the logits where the row fits in shared memory: each
+// thread loads its packs k = threadIdx.x + j * blockDim.x (CE_UNROLL loads in flight), adds
+// them to its softmax state (online, base 2) and keeps packs k < cached in shared memory;
+// then the block's state gives lse, row_loss[n] = lse - x[target], and when dlogits is not
+// NULL each thread writes dlogits = dscale (exp(x - lse) - onehot) of its own packs, from
+// shared memory (k < cached) or read again from logits (the rest; cached is all the packs,
+// or a multiple of blockDim.x, so the rest are whole rounds).  A masked row (K_IGNORE_INDEX)
+// or a bad target (reported) gives no loss and a zero gradient.  dlogits may be logits: a
+// thread writes only packs it alone read, and x[target] is read (by thread 0) before the
+// block's barrier.
+template <int VEC>
+__global__ void __launch_bounds__(CE_THREADS, 3)
+    cross_entropy_kernel(float *row_loss, bf16 *dlogits, const bf16 *logits,
+                         const int32_t *targets, int V, int cached, float dscale,
+                         cuda_input_error *err) {
+    typedef cuda_pack<bf16, VEC> pack;
+    extern __shared__ __align__(16) unsigned char ce_smem[];
+    pack *cache = reinterpret_cast<pack *>(ce_smem); // packs [0, cached) of the row
+    const int packs = V / VEC, step = blockDim.x;
     int n = blockIdx.x;
     size_t row = (size_t)n * V;
+    pack *d = dlogits ? reinterpret_cast<pack *>(dlogits + row) : NULL;
     int target = targets[n];
     if (target < 0 || target >= V) {
         if (threadIdx.x == 0) {
             if (target != K_IGNORE_INDEX) cuda_report(err, CUDA_CE_TARGET, target, n, V);
             row_loss[n] = 0.0f;
         }
-        if (!dlogits) return;
-        float zero[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; j++) zero[j] = 0.0f;
-        for (int i = threadIdx.x * VEC; i < V; i += blockDim.x * VEC)
-            store_floats<VEC>(dlogits + row + i, zero);
+        for (int k = threadIdx.x; d && k < packs; k += step) pack_store_zero<VEC>(d + k);
         return;
     }
-    const bf16 *x = logits + row;
-    float x_target = __bfloat162float(x[target]);
-    float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x * VEC; i < V; i += blockDim.x * VEC) {
-        float v[VEC];
-        load_floats<VEC>(v, x + i);
-        float top = m;
+    const pack *x = reinterpret_cast<const pack *>(logits + row);
+    float x_target = threadIdx.x == 0 ? __bfloat162float(logits[row + target]) : 0.0f;
+    float m2 = -INFINITY, s = 0.0f;
+    for (int k0 = threadIdx.x; k0 < packs; k0 += step * CE_UNROLL) {
+        pack pk[CE_UNROLL];
 #pragma unroll
-        for (int j = 0; j < VEC; j++) top = fmaxf(top, v[j]);
-        float sum = 0.0f;
+        for (int u = 0; u < CE_UNROLL; u++)
+            if (k0 + u * step < packs) pk[u] = x[k0 + u * step];
 #pragma unroll
-        for (int j = 0; j < VEC; j++) sum += expf(v[j] - top);
-        softmax_merge(m, s, top, sum);
+        for (int u = 0; u < CE_UNROLL; u++) {
+            int k = k0 + u * step;
+            if (k >= packs) break;
+            if (k < cached) cache[k] = pk[u];
+            softmax_add<VEC>(m2, s, pk[u]);
+        }
     }
-    block_softmax_merge(m, s);
-    float lse = m + logf(s);
-    if (threadIdx.x == 0) row_loss[n] = lse - x_target;
-    if (!dlogits) return;
-    bf16 *d = dlogits + row;
-    for (int i = threadIdx.x * VEC; i < V; i += blockDim.x * VEC) {
-        float v[VEC];
-        load_floats<VEC>(v, x + i);
+    block_softmax_merge(m2, s);
+    float lse2 = m2 + log2f(s);
+    if (threadIdx.x == 0) row_loss[n] = lse2 * CE_LN2 - x_target;
+    if (!d) return;
+    for (int k = threadIdx.x; k < cached; k += step)
+        d[k] = softmax_grad<VEC>(pack_load<VEC>(cache + k), k * VEC, target, lse2, dscale);
+    for (int k0 = cached + threadIdx.x; k0 < packs; k0 += step * CE_UNROLL) {
+        pack pk[CE_UNROLL];
 #pragma unroll
-        for (int j = 0; j < VEC; j++)
-            v[j] = dscale * (expf(v[j] - lse) - (i + j == target ? 1.0f : 0.0f));
-        store_floats<VEC>(d + i, v);
+        for (int u = 0; u < CE_UNROLL; u++)
+            if (k0 + u * step < packs) pk[u] = x[k0 + u * step];
+#pragma unroll
+        for (int u = 0; u < CE_UNROLL; u++) {
+            int k = k0 + u * step;
+            if (k >= packs) break;
+            d[k] = softmax_grad<VEC>(pk[u], k * VEC, target, lse2, dscale);
+        }
     }
 }
 
@@ -98,6 +188,43 @@ __global__ void loss_sum_kernel(float *loss_sum, const float *row_loss, int N) {
     if (threadIdx.x == 0) *loss_sum = (float)(*loss_sum + acc);
 }
 
+// Packs of a row kept in shared memory: all of them where the row fits in half an SM's
+// shared memory (two blocks or more an SM: one row's load overlaps another's reduction and
+// writes); else what fits there, rounded down to whole rounds of the block.  -1: failed.
+static int ce_cached_packs(kctx *c, int V, int vec) {
+    int per_sm = 0;
+    if (cuda_check_call(c, cudaDeviceGetAttribute(&per_sm,
+                                                  cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                                  c->device),
+                        "cross_entropy: reading the shared memory of an SM"))
+        return -1;
+    int budget = per_sm / 2 - 2048; // 1 KB a block the runtime keeps, and the static arrays
+    if (budget > cuda_state(c)->smem_optin) budget = cuda_state(c)->smem_optin;
+    int packs = V / vec, fit = budget > 0 ? budget / (int)(vec * sizeof(bf16)) : 0;
+    return fit >= packs ? packs : fit / CE_THREADS * CE_THREADS;
+}
+
+template <int VEC>
+static void launch_cross_entropy(kctx *c, float *row_loss, bf16 *d, const bf16 *x,
+                                 const int32_t *targets, int N, int V, float dscale) {
+    int cached = ce_cached_packs(c, V, VEC);
+    if (cached < 0) return;
+    size_t smem = (size_t)cached * VEC * sizeof(bf16);
+    if (cuda_check_call(c,
+                        cudaFuncSetAttribute(cross_entropy_kernel<VEC>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem),
+                        "cross_entropy: raising the shared-memory limit") ||
+        cuda_check_call(c,
+                        cudaFuncSetAttribute(cross_entropy_kernel<VEC>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared),
+                        "cross_entropy: preferring shared memory to L1"))
+        return;
+    cross_entropy_kernel<VEC><<<N, CE_THREADS, smem, cuda_stream(c)>>>(
+        row_loss, d, x, targets, V, cached, dscale, cuda_state(c)->error);
+}
+
 extern "C" void cuda_cross_entropy(kctx *c, float *loss_sum, void *dlogits, const void *logits,
                                    const int32_t *targets, int N, int V, float dscale) {
     if (N <= 0 || V <= 0) return;
@@ -105,16 +232,12 @@ extern "C" void cuda_cross_entropy(kctx *c, float *loss_sum, void *dlogits, cons
     if (!row_loss) return;
     bf16 *d = (bf16 *)dlogits;
     const bf16 *x = (const bf16 *)logits;
-    cuda_input_error *err = cuda_state(c)->error;
-    cudaStream_t stream = cuda_stream(c);
     if (V % 8 == 0 && cuda_aligned(logits, 16) && (!dlogits || cuda_aligned(dlogits, 16)))
-        cross_entropy_kernel<8><<<N, CE_THREADS, 0, stream>>>(row_loss, d, x, targets, V, dscale,
-                                                              err);
+        launch_cross_entropy<8>(c, row_loss, d, x, targets, N, V, dscale);
     else
-        cross_entropy_kernel<1><<<N, CE_THREADS, 0, stream>>>(row_loss, d, x, targets, V, dscale,
-                                                              err);
+        launch_cross_entropy<1>(c, row_loss, d, x, targets, N, V, dscale);
     cuda_check_launch(c, "cross_entropy");
-    loss_sum_kernel<<<1, 1024, 0, stream>>>(loss_sum, row_loss, N);
+    loss_sum_kernel<<<1, 1024, 0, cuda_stream(c)>>>(loss_sum, row_loss, N);
     cuda_check_launch(c, "cross_entropy (loss sum)");
 }
 

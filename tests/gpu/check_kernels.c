@@ -876,6 +876,18 @@ static void check_determinism(void) {
                 same_bits(loss_a, loss_b, 4) && same_bits(log_a, log_b, nv * esize),
                 "same bits twice");
 
+    /* Llama 3's rows, longer than shared memory: their tail is read twice */
+    int N3 = 64, V3 = 128256;
+    size_t nv3 = (size_t)N3 * V3;
+    float *logits3 = hrandom(nv3, 4.0f);
+    void *log3_a = dcomp(logits3, nv3), *log3_b = dcomp(logits3, nv3);
+    float *loss3_a = df32(&(float){0.0f}, 1), *loss3_b = df32(&(float){0.0f}, 1);
+    k_cross_entropy(&gpu, loss3_a, log3_a, log3_a, dtargets, N3, V3, 1.0f / N3);
+    k_cross_entropy(&gpu, loss3_b, log3_b, log3_b, dtargets, N3, V3, 1.0f / N3);
+    report_bool("deterministic cross_entropy", shape("N=%d V=%d", N3, V3),
+                same_bits(loss3_a, loss3_b, 4) && same_bits(log3_a, log3_b, nv3 * esize),
+                "same bits twice");
+
     size_t n = (size_t)50 << 20;
     float *big = df32(hrandom(n, 1.0f), n);
     float *sum_a = df32(&(float){0.0f}, 1), *sum_b = df32(&(float){0.0f}, 1);
@@ -1118,6 +1130,8 @@ static void run_bench(void) {
     snprintf(sh, sizeof sh, "B=4 T=2048 H=%d hd=%d", H, hd);
     BENCH("rope", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 0));
     BENCH("rope inverse", sh, 4.0 * nc, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, H, hd, 1));
+    snprintf(sh, sizeof sh, "B=4 T=2048 H=8 hd=%d", hd); /* GQA 4:1 k */
+    BENCH("rope", sh, 4.0 * N * 8 * hd, 0, k_rope(&gpu, out, inv, NULL, 4, 2048, 8, hd, 0));
 
     /* MLP activations [N, I] */
     void *gate = bench_bf16(ni, 2.0f), *up = bench_bf16(ni, 1.0f), *sw = bench_bf16(ni, 1.0f);
@@ -1165,6 +1179,13 @@ static void run_bench(void) {
     snprintf(sh, sizeof sh, "N=%d V=%d in place", N, V);
     BENCH("cross_entropy", sh, 4.0 * nv + 8.0 * N, 0,
           k_cross_entropy(&gpu, loss, logits, logits, targets, N, V, 1.0f / N));
+    /* Llama 3's head, a chunk of 2048 rows: rows longer than shared memory */
+    const int N3 = 2048, V3 = 128256;
+    const size_t nv3 = (size_t)N3 * V3;
+    void *logits3 = bench_bf16(nv3, 2.0f);
+    snprintf(sh, sizeof sh, "N=%d V=%d in place", N3, V3);
+    BENCH("cross_entropy", sh, 4.0 * nv3 + 8.0 * N3, 0,
+          k_cross_entropy(&gpu, loss, logits3, logits3, targets, N3, V3, 1.0f / N3));
 
     /* NF4 dequantization of a QLoRA layer's base weights (bf16 out): q_proj and gate_proj;
      * bytes: codes n/2, bf16 out 2n, absmax (1 byte a block double quantized, else 4) */
@@ -1242,6 +1263,14 @@ int main(int argc, char **argv) {
     check_rope(1, 4096, 32, 128, &llama2_rope, "llama2");
     check_rope(1, 131072, 1, 128, &llama3_rope, "llama3 long");
     check_rope_docs(2, 1023, 8, 128, &llama3_rope, "llama3 kv", 300); /* packed rows */
+    check_rope(2, 333, 128, 128, &llama3_rope, "llama3 405B q"); /* 128 heads: a token in two rounds */
+    check_rope(2, 300, 8, 64, &llama2_rope, "llama2");
+    check_rope_docs(2, 1023, 4, 64, &llama2_rope, "llama2", 17);
+    check_rope(3, 77, 5, 72, &llama2_rope, "llama2");        /* hd/2 % 8 != 0: one at a time */
+    check_rope(1, 3, 2, 12800, &llama2_rope, "llama2"); /* angles past shared memory */
+    misalign = 1;
+    check_rope(2, 100, 4, 128, &llama2_rope, "llama2");
+    misalign = 0;
 
     check_linear(2046, 4096, 4096);
     check_linear(2046, 4096, 1024);   /* GQA k/v */
@@ -1260,6 +1289,13 @@ int main(int argc, char **argv) {
     check_cross_entropy(2046, 32000);
     check_cross_entropy(257, 128256);
     check_cross_entropy(65, 32001); /* V % 8 != 0 */
+    check_cross_entropy(3, 128256); /* a few rows of Llama 3: longer than shared memory */
+    check_cross_entropy(5, 200000); /* many rounds of the block past shared memory */
+    check_cross_entropy(1, 8);      /* a row shorter than a block */
+    misalign = 1;                   /* one element at a time, row in shared memory or not */
+    check_cross_entropy(33, 32000);
+    check_cross_entropy(9, 128256);
+    misalign = 0;
 
     check_adamw((size_t)16 << 20, 1);
     check_adamw((size_t)16 << 20, 1000);
