@@ -174,9 +174,11 @@ profile() {
     wrap=()
     rep=$(ls "$work"/profile.nsys-rep "$work"/profile.qdrep 2>/dev/null | head -1)
     [ -n "$rep" ] || { failed "profile: nsys wrote no report"; return; }
-    # cuda_gpu_kern_sum since nsys 2023; gpukernsum before
-    "$nsys" stats --report cuda_gpu_kern_sum --format csv --output - "$rep" > "$out/profile_kernels.csv" 2> "$out/profile_stats.log" ||
-        "$nsys" stats --report gpukernsum --format csv --output - "$rep" > "$out/profile_kernels.csv" 2>> "$out/profile_stats.log"
+    # cuda_gpu_kern_sum since nsys 2023; gpukernsum before.  Bounded too (at least 20 s).
+    lim=$(run_limit 120)
+    [ "$lim" -ge 20 ] || lim=20
+    timeout "$lim" "$nsys" stats --report cuda_gpu_kern_sum --format csv --output - "$rep" > "$out/profile_kernels.csv" 2> "$out/profile_stats.log" ||
+        timeout "$lim" "$nsys" stats --report gpukernsum --format csv --output - "$rep" > "$out/profile_kernels.csv" 2>> "$out/profile_stats.log"
     check "profile: the kernel table" python3 bench/step_table.py kernels "$out/profile_kernels.csv" 5 15
 }
 [ "${PROFILE:-0}" = 1 ] && [ -n "$first_row" ] && profile
