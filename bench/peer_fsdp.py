@@ -6,6 +6,9 @@
 #
 #   torchrun --standalone --nproc_per_node=N bench/peer_fsdp.py --model llama2-7b --batch 4 --seq 2048
 #
+# --model: llama-1.1b, llama2-7b, llama2-13b, llama3-8b (the shapes and RoPE of
+# configs/models/llama3.1-8b.json; tie_word_embeddings false everywhere).
+#
 # Rank 0 prints one JSON line: step time, tokens/s in all and per GPU, MFU (the formula of
 # ../shared/bench/peer_torch.py), peak memory of rank 0 (max_memory_allocated).
 import argparse
@@ -25,15 +28,50 @@ CFG = {  # the shapes of configs/models/*.json
                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
     "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
                        num_attention_heads=40, num_key_value_heads=40, vocab_size=32000),
+    # llama3.1-8b.json: GQA (8 KV heads), 128256 tokens, RoPE theta 500000 with llama3 scaling
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=131072,
+                      rope=dict(rope_theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                high_freq_factor=4.0, original_max_position_embeddings=8192)),
 }
 
 
+def rope_kwargs(rope):
+    """RoPE settings in this transformers' spelling: rope_parameters (5.x) or rope_theta and
+    rope_scaling (4.x); none: its default (theta 10000, no scaling)."""
+    if rope is None:
+        return {}
+    if hasattr(LlamaConfig(), "rope_parameters"):
+        return dict(rope_parameters=dict(rope))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return dict(rope_theta=rope["rope_theta"], rope_scaling=scaling)
+
+
+def built_rope_type(model, cfg):
+    """The RoPE the model was built with: its rotary embedding's, else its config's."""
+    emb = getattr(model.model, "rotary_emb", None)
+    if hasattr(emb, "rope_type"):
+        return emb.rope_type
+    for attr in ("rope_parameters", "rope_scaling"):
+        r = getattr(cfg, attr, None)
+        if isinstance(r, dict) and "rope_type" in r:
+            return r["rope_type"]
+    return "default"
+
+
 def build(name, seq, ckpt):
-    cfg = LlamaConfig(**CFG[name], max_position_embeddings=seq, attn_implementation="sdpa",
-                      use_cache=False, tie_word_embeddings=False)
+    shape = dict(CFG[name])
+    rope = shape.pop("rope", None)
+    shape.setdefault("max_position_embeddings", seq)
+    cfg = LlamaConfig(**shape, **rope_kwargs(rope), attn_implementation="sdpa", use_cache=False,
+                      tie_word_embeddings=False)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)  # fp32, initialised on the GPU, then sharded
     n_total = sum(p.numel() for p in model.parameters())
+    rope_type = built_rope_type(model, cfg)
+    if rope_type != (rope or {}).get("rope_type", "default"):  # a spelling this transformers ignored
+        raise SystemExit(f"{name}: transformers built RoPE '{rope_type}', not {rope}")
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -5,10 +5,12 @@
 
 section() { echo; echo "=== $* ($(date +%T))"; }
 
-failures=()
+failures=() skips=()
 exec 9>&1 # the script's stdout, for failed: a step's own output may be redirected to a log
 # failed WHAT: records a failure (the script will exit 1) and says so at once.
 failed() { failures+=("$*"); echo "FAILED: $*" >&9; }
+# skipped WHAT: records a step left out (not a failure; finish counts it) and says so at once.
+skipped() { skips+=("$*"); echo "SKIPPED: $*" >&9; }
 # check WHAT CMD...: runs CMD; a non-zero exit is a failure of WHAT.  Returns CMD's status.
 check() {
     local what=$1 rc=0
@@ -17,15 +19,18 @@ check() {
     [ "$rc" -eq 0 ] || failed "$what: exit $rc"
     return "$rc"
 }
-# finish: the summary; exits 1 when anything failed, else 0.
+# finish: the summary, the steps skipped first; exits 1 when anything failed, else 0.
 finish() {
     section "summary"
+    [ "${#skips[@]}" -eq 0 ] || printf 'skipped: %s\n' "${skips[@]}"
+    local skip_count=
+    [ "${#skips[@]}" -eq 0 ] || skip_count="; ${#skips[@]} skipped"
     if [ "${#failures[@]}" -gt 0 ]; then
         printf 'failed: %s\n' "${failures[@]}"
-        echo "${#failures[@]} failed"
+        echo "${#failures[@]} failed$skip_count"
         exit 1
     fi
-    echo "nothing failed"
+    echo "nothing failed$skip_count"
     exit 0
 }
 
@@ -107,28 +112,40 @@ unsample() {
     for p in "${samplers[@]+"${samplers[@]}"}"; do kill "$p" 2>/dev/null; done
     samplers=()
 }
+# gpu_peaks NAME: the peak GPU memory of each process sample NAME saw, MiB, largest first, as
+# "[a, b]"; "[]" when it saw none (no nvidia-smi, or a CPU run).
+gpu_peaks() {
+    local v
+    v=$(awk -F', *' 'NF == 2 && $2 ~ /^[0-9]+$/ { if ($2 + 0 > m[$1] + 0) m[$1] = $2 }
+                     END { for (p in m) print m[p] }' "$out/$1.gpu" 2>/dev/null | sort -rn | paste -sd, -)
+    echo "[${v//,/, }]"
+}
 
 # measured_run NAME MODEL TYPE WORKERS STEPS BATCH TIMEOUT [overrides...]: fsdpd training a
 # random MODEL (TYPE full, lora or qlora: r 64, alpha 16 on every linear), BATCH sequences of
-# 2048 tokens a worker a step, activation checkpointing, on synthetic tokens; prints a line of
-# figures: tokens/s after the first two steps, the loss, fsdpd's peak allocated, nvidia-smi's
-# peak per process, host RAM used (MemTotal - MemAvailable, less the idle machine's).
-# Expects $build, $out, $work.
+# SEQ tokens a worker a step, activation checkpointing (full; an override changes it), on
+# synthetic tokens; prints a line of figures: tokens/s after the first WARM steps, the loss,
+# fsdpd's peak allocated, nvidia-smi's peak per process, host RAM used (MemTotal -
+# MemAvailable, less the idle machine's), and writes them to $out/NAME.fig (one JSON object).
+# Expects $build, $out, $work.  Optional, set in front of the call as BACKEND is for job:
+# SEQ (2048), WARM (2), BACKEND (cuda); and the array `wrap`, a command fsdpd runs under
+# (e.g. nsys profile ...; empty by default).
 measured_run() {
     local name=$1 model=$2 type=$3 workers=$4 steps=$5 batch=$6 limit=$7
+    local seq=${SEQ:-2048} warm=${WARM:-2} run_backend=${BACKEND:-cuda}
     shift 7
-    "$build/fsdpctl" synth --out "$work/data.tokens" --seq-len 2048 --records $((batch * workers * (steps + 1))) \
+    "$build/fsdpctl" synth --out "$work/data.tokens" --seq-len "$seq" --records $((batch * workers * (steps + 1))) \
         --vocab 32000 --alphabet 64 > /dev/null || { failed "$name: synth"; return 1; }
     local base_host
     base_host=$(awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t - a}' /proc/meminfo)
     sample "$name"
-    rm -f "$out/$name.jsonl"
-    timeout "$limit" "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.path= --model.init=random \
+    rm -f "$out/$name.jsonl" "$out/$name.fig"
+    timeout "$limit" "${wrap[@]+"${wrap[@]}"}" "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.path= --model.init=random \
         --model.config="$model" --model.dtype=bf16 --data.path="$work/data.tokens" --data.format=tokens \
-        --data.seq_len=2048 --train.type="$type" --lora.rank=64 --lora.alpha=16 --lora.dropout=0 \
+        --data.seq_len="$seq" --train.type="$type" --lora.rank=64 --lora.alpha=16 --lora.dropout=0 \
         --lora.targets=all-linear --train.global_batch=$((batch * workers)) --train.micro_batch="$batch" \
         --train.max_steps="$steps" --train.warmup_steps=1 --train.lr=2e-4 --train.min_lr=0 \
-        --fsdp.activation_checkpointing=full --runtime.backend=cuda --runtime.workers_per_node="$workers" \
+        --fsdp.activation_checkpointing=full --runtime.backend="$run_backend" --runtime.workers_per_node="$workers" \
         --checkpoint.dir="$work/ckpt-$name" --checkpoint.resume=never --checkpoint.save_final=false \
         --output.consolidate=false --output.dir="$work/out-$name" --runtime.metrics="$out/$name.jsonl" \
         --runtime.heartbeat_s=30 --runtime.comm_timeout_s=600 "$@" > "$out/$name.log" 2>&1
@@ -136,24 +153,25 @@ measured_run() {
     unsample
     [ $rc -eq 0 ] || { grep -v '^step' "$out/$name.log" | tail -8; failed "$name: exit $rc"; return 1; }
     grep -E 'quantized|memory|offload' "$out/$name.log" | grep -v '^step' | cut -c1-220 | head -4
-    python3 - "$name" "$out" "$batch" "$workers" "$base_host" <<'PY'
-import json, sys, collections
+    python3 - "$name" "$out" "$batch" "$workers" "$base_host" "$seq" "$warm" "$(gpu_peaks "$name")" <<'PY' ||
+import json, sys
 name, out, batch, workers, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+seq, warm, gpu = int(sys.argv[6]), int(sys.argv[7]), json.loads(sys.argv[8])
 rows = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
-steady = rows[2:] or rows[1:]
+steady = rows[warm:] or rows[1:]
 sec = sum(r["seconds"] for r in steady)
-tok = batch * workers * 2048 * len(steady)
-per_pid = collections.defaultdict(int)
-for line in open(f"{out}/{name}.gpu"):
-    p = [x.strip() for x in line.split(",")]
-    if len(p) == 2 and p[1].isdigit(): per_pid[p[0]] = max(per_pid[p[0]], int(p[1]))
+tok = batch * workers * seq * len(steady)
 host = [tuple(map(int, l.split())) for l in open(f"{out}/{name}.host") if l.strip()]
 used = max(h[0] for h in host) - base
 shm = max(h[1] for h in host)
+peak = max(r['mem_peak_bytes'] for r in rows)
 print(f"{name}: {tok / sec:.0f} tokens/s ({sec / len(steady):.2f} s a step, {len(steady)} steps after the first "
       f"{len(rows) - len(steady)}), loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, peak allocated "
-      f"{max(r['mem_peak_bytes'] for r in rows) / 2**30:.1f} GiB (rank 0), GPU per process "
-      f"{sorted(per_pid.values(), reverse=True)} MiB, host RAM used +{used / 2**20:.1f} GiB "
+      f"{peak / 2**30:.1f} GiB (rank 0), GPU per process "
+      f"{gpu} MiB, host RAM used +{used / 2**20:.1f} GiB "
       f"(shared memory {shm / 2**20:.1f} GiB)")
+json.dump(dict(tokens_per_s=tok / sec, step_s=sec / len(steady), timed_steps=len(steady), gpu_mib=gpu,
+               own_peak_gib=peak / 2**30, loss=rows[-1]["loss"]), open(f"{out}/{name}.fig", "w"))
 PY
+        { failed "$name: no figures from $out/$name.jsonl"; return 1; }
 }

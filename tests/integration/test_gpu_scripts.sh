@@ -2,11 +2,12 @@
 # tests/gpu/*.sh run only on a GPU machine; what of them needs no GPU is checked here: they
 # parse (bash -n), the helpers of tests/gpu/lib.sh on handmade metrics files (losses fails
 # past its limit, on zero steps and on runs of different lengths; rate on no timed steps;
-# job on a failed fsdpd, with BACKEND=cpu reaching it), and both scripts exit 1 when a step
+# job on a failed fsdpd, with BACKEND=cpu reaching it; skipped counted; gpu_peaks;
+# measured_run's settings and figures on a fake fsdpd), and both scripts exit 1 when a step
 # fails (fake fsdpd and fsdpctl that always fail).
 source "$(dirname "$0")/lib.sh"
 
-for s in tests/gpu/lib.sh tests/gpu/run_h200.sh tests/gpu/run_multi.sh; do
+for s in tests/gpu/lib.sh tests/gpu/run_h200.sh tests/gpu/run_multi.sh tests/gpu/run_70b.sh bench/plan_accuracy.sh; do
     bash -n "$s" || fail "$s does not parse"
 done
 
@@ -69,6 +70,34 @@ expect_lib_failure 'job j1 2 --train.max_steps=3' "FAILED: job j1: exit 3"
 grep -q -- "--runtime.backend=cuda --runtime.workers_per_node=2" "$tmp/out/j1.log" || fail "job: wrong arguments"
 expect_lib_failure 'BACKEND=cpu job j2 2' "FAILED: job j2: exit 3"
 grep -q -- "--runtime.backend=cpu " "$tmp/out/j2.log" || { cat "$tmp/out/j2.log"; fail "BACKEND=cpu did not reach the job"; }
+
+# skipped: said at once, listed and counted by finish, not a failure.
+gpu_lib 'skipped "profile: no nsys"; finish' || { cat "$tmp/lib.out"; fail "a skip alone failed"; }
+grep -q "^SKIPPED: profile: no nsys" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "skipped: not said"; }
+grep -q "^skipped: profile: no nsys" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "finish: the skip not listed"; }
+grep -q "^nothing failed; 1 skipped$" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "finish: the skip not counted"; }
+expect_lib_failure 'skipped s; false || failed f' "1 failed; 1 skipped"
+
+# gpu_peaks: each process's peak from nvidia-smi --query-compute-apps samples, largest first.
+printf '11, 100\n12, 50\n11, 300\nNo running processes found\n' > "$tmp/out/g.gpu"
+gpu_lib 'gpu_peaks g; gpu_peaks missing' || { cat "$tmp/lib.out"; fail "gpu_peaks failed"; }
+[ "$(cat "$tmp/lib.out")" = "$(printf '[300, 50]\n[]')" ] || { cat "$tmp/lib.out"; fail "gpu_peaks: wrong peaks"; }
+
+# measured_run: SEQ, WARM, BACKEND and the wrap command reach the run; its figures file.
+mkdir -p "$tmp/ok"
+printf '#!/bin/sh\nexit 0\n' > "$tmp/ok/fsdpctl"
+cat > "$tmp/ok/fsdpd" <<'SH'
+#!/bin/sh
+echo "wrapped=${WRAPPED:-no} $*"
+for a; do case $a in --runtime.metrics=*) m=${a#*=} ;; esac; done
+for s in 1 2 3 4; do echo "{\"step\":$s,\"loss\":5.0,\"seconds\":0.5,\"mem_peak_bytes\":1073741824,\"rank\":0}" >> "$m"; done
+SH
+chmod +x "$tmp/ok/fsdpd" "$tmp/ok/fsdpctl"
+gpu_lib "build='$tmp/ok' wrap=(env WRAPPED=yes); SEQ=256 WARM=3 BACKEND=cpu measured_run m1 cfg full 1 4 2 10; cat \"\$out/m1.fig\"" ||
+    { cat "$tmp/lib.out"; fail "measured_run on a fake fsdpd failed"; }
+grep -qF "m1: 1024 tokens/s (0.50 s a step, 1 steps after the first 3)" "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "measured_run: wrong figures"; }
+grep -qF '"tokens_per_s": 1024.0, "step_s": 0.5, "timed_steps": 1' "$tmp/lib.out" || { cat "$tmp/lib.out"; fail "measured_run: wrong figures file"; }
+grep -q -- "^wrapped=yes .*--data.seq_len=256 .*--runtime.backend=cpu " "$tmp/out/m1.log" || { cat "$tmp/out/m1.log"; fail "measured_run: SEQ, BACKEND or wrap did not reach fsdpd"; }
 
 # The scripts end non-zero when a step failed (here every step fails: fake fsdpd and fsdpctl).
 mkdir -p "$tmp/carry/golden/tiny-mha"

@@ -1,0 +1,160 @@
+"""The arithmetic and the table of bench/step_bench.sh (no third-party imports).
+
+  step_table.py flops MODEL.json SEQ     parameters and training FLOPs a token of a model json
+  step_table.py peer-fig LOG GPU_PEAKS   the peer's JSON line in LOG and nvidia-smi's peaks as a
+                                         figures file (stdout), the keys measured_run writes
+  step_table.py table OUT                the table of OUT/rows.tsv and OUT/NAME.fig: stdout and
+                                         OUT/step_bench.md; exit 1 when a peer's model is not
+                                         the model json's (its parameter count differs)
+  step_table.py kernels CSV STEPS [TOP]  the kernels taking the most GPU time in an nsys
+                                         cuda_gpu_kern_sum CSV, per step
+
+FLOPs a token as ../shared/bench/peer_torch.py and bench/peer_fsdp.py count them (the PaLM
+convention): 6 (N - N_embedding) + 12 L d T, N every parameter, N_embedding the input
+embedding (V d), over the H200's 989 TFLOP/s of dense bf16 for MFU.
+"""
+import csv
+import json
+import os
+import sys
+
+PEAK_FLOPS = 989e12
+
+
+def params(cfg):
+    """Every parameter of a Llama config.json: embedding, layers, final norm, lm_head."""
+    d, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or d // heads
+    attn = d * heads * hd * 2 + d * kv * hd * 2  # q, o; k, v
+    mlp = 3 * d * cfg["intermediate_size"]
+    layer = attn + mlp + 2 * d  # two RMSNorms
+    head = 0 if cfg.get("tie_word_embeddings") else V * d
+    return V * d + L * layer + d + head
+
+
+def flops_per_token(cfg, seq):
+    d, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    return 6 * (params(cfg) - V * d) + 12 * L * d * seq
+
+
+def load_model(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def peer_fig(log, gpu_peaks):
+    lines = [l for l in open(log) if l.startswith("{")]
+    if not lines:
+        sys.exit(f"{log}: no JSON line from the peer")
+    r = json.loads(lines[-1])
+    return dict(tokens_per_s=r["tokens_per_s"], step_s=r["step_s"], gpu_mib=json.loads(gpu_peaks),
+                own_peak_gib=r["peak_mem_gib"], loss=r["loss"], params=round(r["params_b"] * 1e9),
+                peer_mfu=r["mfu"], optimizer=r.get("optimizer", ""))
+
+
+def gib(mib_list):
+    return f"{max(mib_list) / 1024:.1f}" if mib_list else "-"
+
+
+def percent(x):
+    """x as a percentage, 1 decimal; 2 significant digits below 1% (a CPU run's MFU)."""
+    return f"{100 * x:.1f}%" if x >= 0.01 else f"{100 * x:.2g}%"
+
+
+def fig_of(out, name):
+    try:
+        with open(os.path.join(out, name + ".fig")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def table(out):
+    """rows.tsv: row, label, model json, batch, seq, side (fsdpd|peer), run name, what, status."""
+    head = ["row", "run", "tokens a step", "GFLOP a token", "step s", "tokens/s", "MFU", "fsdpd / peer",
+            "GPU peak GiB (nvidia-smi, a process)", "own peak GiB", "loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    problems = []
+    rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "rows.tsv")) if l.strip()]
+    peer_tps = {}
+    for r in rows:
+        if r[5] == "peer":
+            f = fig_of(out, r[6])
+            if r[8] == "ran" or r[8].startswith("reused"):
+                peer_tps[r[0]] = f and f["tokens_per_s"]
+    for row, label, model, batch, seq, side, name, what, status in rows:
+        cfg = load_model(model)
+        fpt = flops_per_token(cfg, int(seq))
+        f = fig_of(out, name) if status == "ran" or status.startswith("reused") else None
+        run = f"{'fsdpd' if side == 'fsdpd' else 'PyTorch FSDP2'}, {what}"
+        if status.startswith("reused"):
+            run += f" ({status})"
+        cells = [f"{row}: {label}", run, f"{batch} x {seq}", f"{fpt / 1e9:.3f}"]
+        if f is None:
+            cells += [status if status != "ran" else "no figures"] + ["-"] * 6
+        else:
+            mfu = fpt * f["tokens_per_s"] / PEAK_FLOPS
+            if side == "peer" and f.get("params") != params(cfg):
+                problems.append(f"row {row}: the peer's model has {f.get('params')} parameters, "
+                                f"{model} {params(cfg)}")
+            ratio = "-"
+            if side == "fsdpd" and peer_tps.get(row):
+                ratio = f"{f['tokens_per_s'] / peer_tps[row]:.2f}x"
+            own = f"{f['own_peak_gib']:.1f} " + ("(context peak allocated)" if side == "fsdpd"
+                                                 else "(max_memory_allocated)")
+            cells += [f"{f['step_s']:.3f}", f"{f['tokens_per_s']:,.0f}", percent(mfu), ratio,
+                      gib(f["gpu_mib"]), own, f"{f['loss']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["MFU: (6 (N - N_embedding) + 12 L d T) x tokens/s / 989 TFLOP/s, from each row's model json; "
+             "tokens/s = batch x seq / step time, mean of the timed steps; one GPU, so per GPU = total.",
+             "GPU peak: the largest process's peak in nvidia-smi --query-compute-apps, sampled every 500 ms "
+             "over the whole run, the same way on both sides."]
+    text = "\n".join(lines + [""] + notes)
+    print(text)
+    with open(os.path.join(out, "step_bench.md"), "w") as f:
+        f.write(text + "\n")
+    for p in problems:
+        print("MISMATCH: " + p)
+    return 1 if problems else 0
+
+
+def kernels(path, steps, top):
+    rows = list(csv.reader(open(path, newline="")))
+    start = next((i for i, r in enumerate(rows) if r and r[0].strip().startswith("Time")), None)
+    if start is None:
+        sys.exit(f"{path}: no kernel table (no header row starting with 'Time')")
+    hdr = [h.strip() for h in rows[start]]
+    col = {h.split(" (")[0].replace("(%)", "").strip(): i for i, h in enumerate(hdr)}
+    data = [r for r in rows[start + 1:] if len(r) == len(hdr)]
+    t_col, n_col, name_col = col["Total Time"], col["Instances"], col["Name"]
+    data.sort(key=lambda r: -float(r[t_col]))
+    total = sum(float(r[t_col]) for r in data)
+    print(f"GPU kernel time: {total / 1e6:.1f} ms over {steps} steps = {total / 1e6 / steps:.1f} ms a step; "
+          f"the top {min(top, len(data))}:")
+    print(f"{'%':>6} {'ms a step':>10} {'calls a step':>12}  kernel")
+    for r in data[:top]:
+        t = float(r[t_col])
+        print(f"{100 * t / total:6.1f} {t / 1e6 / steps:10.2f} {int(r[n_col]) / steps:12.1f}  {r[name_col][:110]}")
+    return 0
+
+
+def main(argv):
+    if len(argv) == 3 and argv[0] == "flops":
+        cfg = load_model(argv[1])
+        print(f"{argv[1]}: {params(cfg)} parameters, {flops_per_token(cfg, int(argv[2])) / 1e9:.3f} "
+              f"GFLOP a token at seq {argv[2]}")
+        return 0
+    if len(argv) == 3 and argv[0] == "peer-fig":
+        print(json.dumps(peer_fig(argv[1], argv[2])))
+        return 0
+    if len(argv) == 2 and argv[0] == "table":
+        return table(argv[1])
+    if len(argv) in (3, 4) and argv[0] == "kernels":
+        return kernels(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 15)
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
