@@ -172,121 +172,65 @@ extern "C" void cuda_rmsnorm_bwd(kctx *c, void *din, float *dw, const void *dout
 // ---- RoPE ----
 
 // Pairs (i, i + hd/2) of every head rotate by angle pos * inv_freq[i] (negated for the
-// inverse).  The angle and its sine and cosine are computed in double: pos * inv_freq reaches
-// 1e5 radians at long contexts, where fp32 would lose about 1e-2 of the angle.
+// inverse).  The angles' sines and cosines are computed in double: pos * inv_freq reaches
+// 1e5 radians at long contexts, where fp32 would lose about 1e-2 of the angle.  They depend
+// on the position only, so a call first tabulates them for positions 0..T-1 (T x hd/2 pairs,
+// 1 MiB at T = 2048, hd = 128, in the backend's scratch: L2-resident while the rotation
+// reads it); the rotation is then a stream over x, read and written once, 16-byte packs.
 // doc_start: NULL, or each token's document start (k_docs), its position then t - start.
-__device__ inline void rope_angle(float &c, float &s, const float *inv_freq,
-                                  const int32_t *doc_start, size_t bt, int T, int i,
-                                  int inverse) {
-    int t = (int)(bt % T), pos = doc_start ? t - doc_start[bt] : t;
-    double sn, cs;
-    sincos((double)pos * inv_freq[i], &sn, &cs);
-    c = (float)cs;
-    s = inverse ? (float)-sn : (float)sn;
-}
-
-#define ROPE_ITEMS 2                      // pair-packs a thread holds at once
-#define ROPE_WORK (THREADS * ROPE_ITEMS)  // pair-packs a block takes per group of tokens
-#define ROPE_SMEM (16 * 1024)             // angles per block: 8 blocks still fit on an SM
-#define ROPE_SMEM_MAX (48 * 1024)         // past this (hd > 12288), rope_scalar_kernel
-
-// A block takes `tokens` consecutive tokens (bt = b * T + t) at a time: their hd/2 angles
-// each, once, into shared memory (cosines, then sines, [tokens][hd/2] floats), then every
-// (token, head, pack of VEC pairs) of the group, VEC elements at i and VEC at i + hd/2, as
-// 16-byte loads and stores when VEC = 8.  Consecutive threads take consecutive packs of a
-// head, then the next head, so a warp reads whole heads.  A thread loads its first
-// ROPE_ITEMS pair-packs before it computes angles, so the loads are in flight meanwhile.
-template <int VEC>
-__global__ void rope_tokens_kernel(bf16 *x, const float *inv_freq, const int32_t *doc_start,
-                                   size_t BT, int T, int H, int hd, int tokens, int inverse) {
-    extern __shared__ __align__(32) float rope_angles[]; // load_floats<8>: 32-byte packs
-    const int half = hd / 2, packs = half / VEC;
-    float *cos_s = rope_angles, *sin_s = rope_angles + (size_t)tokens * half;
-    size_t groups = (BT + tokens - 1) / tokens;
-    for (size_t g = blockIdx.x; g < groups; g += gridDim.x) {
-        size_t bt0 = g * tokens;
-        int ntok = BT - bt0 < (size_t)tokens ? (int)(BT - bt0) : tokens;
-        int items = ntok * H * packs; // pair-packs of the group
-        bf16 *base = x + bt0 * H * hd; // head 0 of token bt0
-        cuda_pack<bf16, VEC> lo[ROPE_ITEMS], hi[ROPE_ITEMS];
-        for (int first = 0; first < items; first += blockDim.x * ROPE_ITEMS) {
-#pragma unroll
-            for (int j = 0; j < ROPE_ITEMS; j++) { // item = (token k, head h) row r, pack p
-                int item = first + j * blockDim.x + threadIdx.x;
-                if (item >= items) break;
-                int r = item / packs, p = item - r * packs;
-                bf16 *v = base + (size_t)r * hd + p * VEC;
-                lo[j] = *reinterpret_cast<const cuda_pack<bf16, VEC> *>(v);
-                hi[j] = *reinterpret_cast<const cuda_pack<bf16, VEC> *>(v + half);
-            }
-            if (first == 0) { // this group's angles
-                for (int a = threadIdx.x; a < ntok * half; a += blockDim.x) {
-                    int k = a / half;
-                    rope_angle(cos_s[a], sin_s[a], inv_freq, doc_start, bt0 + k, T, a - k * half,
-                               inverse);
-                }
-                __syncthreads();
-            }
-#pragma unroll
-            for (int j = 0; j < ROPE_ITEMS; j++) {
-                int item = first + j * blockDim.x + threadIdx.x;
-                if (item >= items) break;
-                int r = item / packs, p = item - r * packs, k = r / H;
-                float cv[VEC], sv[VEC];
-                load_floats<VEC>(cv, cos_s + k * half + p * VEC);
-                load_floats<VEC>(sv, sin_s + k * half + p * VEC);
-                float x1[VEC], x2[VEC];
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    float a = __bfloat162float(lo[j].v[e]), b = __bfloat162float(hi[j].v[e]);
-                    x1[e] = a * cv[e] - b * sv[e];
-                    x2[e] = b * cv[e] + a * sv[e];
-                }
-                bf16 *v = base + (size_t)r * hd + p * VEC;
-                store_floats<VEC>(v, x1);
-                store_floats<VEC>(v + half, x2);
-            }
-        }
-        __syncthreads(); // the next group overwrites the angles
-    }
-}
-
-// One thread per (b, t, i < hd/2), looping over the heads: for head dims whose angles would
-// not fit in shared memory (hd > 12288).
-__global__ void rope_scalar_kernel(bf16 *x, const float *inv_freq, const int32_t *doc_start,
-                                   int B, int T, int H, int hd, int inverse) {
-    int half = hd / 2;
-    size_t total = (size_t)B * T * half;
+__global__ void rope_table_kernel(float2 *table, const float *inv_freq, int T, int half) {
+    size_t total = (size_t)T * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
-        int i = (int)(idx % half);
-        size_t bt = idx / half;
-        float c, s;
-        rope_angle(c, s, inv_freq, doc_start, bt, T, i, inverse);
-        bf16 *v = x + bt * H * hd;
-        for (int h = 0; h < H; h++, v += hd) {
-            float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-            v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
-            v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
-        }
+        int pos = (int)(idx / half), i = (int)(idx % half);
+        double sn, cs;
+        sincos((double)pos * inv_freq[i], &sn, &cs);
+        table[idx] = make_float2((float)cs, (float)sn);
     }
 }
 
-// Tokens per block: enough for ROPE_WORK pair-packs, as many as ROPE_SMEM of angles allows.
+// One thread a (token, head, pack of VEC pairs): VEC elements at i and VEC at i + hd/2.
+// Consecutive threads take consecutive packs of a head, then the next head, so a warp reads
+// whole heads.  I: the index type (32 bits when the packs fit, saving 64-bit divisions).
+template <int VEC, typename I>
+__global__ void rope_apply_kernel(bf16 *x, const float2 *table, const int32_t *doc_start, I BT,
+                                  int T, int H, int hd, int inverse) {
+    const int half = hd / 2, packs = half / VEC;
+    const I total = BT * (I)H * (I)packs;
+    for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (I)gridDim.x * blockDim.x) {
+        I r = idx / (I)packs; // (token, head) row
+        int p = (int)(idx - r * (I)packs);
+        I bt = r / (I)H;
+        int t = (int)(bt % (I)T), pos = doc_start ? t - doc_start[bt] : t;
+        const float2 *angle = table + (size_t)pos * half + p * VEC;
+        bf16 *v = x + (size_t)r * hd + p * VEC;
+        cuda_pack<bf16, VEC> lo = *reinterpret_cast<const cuda_pack<bf16, VEC> *>(v);
+        cuda_pack<bf16, VEC> hi = *reinterpret_cast<const cuda_pack<bf16, VEC> *>(v + half);
+        float x1[VEC], x2[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            float2 cs = angle[e];
+            float c = cs.x, s = inverse ? -cs.y : cs.y;
+            float a = __bfloat162float(lo.v[e]), b = __bfloat162float(hi.v[e]);
+            x1[e] = a * c - b * s;
+            x2[e] = b * c + a * s;
+        }
+        store_floats<VEC>(v, x1);
+        store_floats<VEC>(v + half, x2);
+    }
+}
+
 template <int VEC>
-static void launch_rope_tokens(kctx *c, bf16 *x, const float *inv_freq,
-                               const int32_t *doc_start, size_t BT, int T, int H, int hd,
-                               int inverse) {
-    size_t angle_bytes = (size_t)hd * sizeof(float); // cos and sin of hd/2 angles
-    size_t per_token = (size_t)H * (hd / 2 / VEC);
-    size_t tokens = per_token >= ROPE_WORK ? 1 : ROPE_WORK / per_token;
-    if (tokens * angle_bytes > ROPE_SMEM) tokens = ROPE_SMEM / angle_bytes;
-    if (tokens < 1) tokens = 1;
-    if (tokens > BT) tokens = BT;
-    size_t groups = (BT + tokens - 1) / tokens;
-    unsigned blocks = groups < (1u << 20) ? (unsigned)groups : 1u << 20;
-    rope_tokens_kernel<VEC><<<blocks, THREADS, tokens * angle_bytes, cuda_stream(c)>>>(
-        x, inv_freq, doc_start, BT, T, H, hd, (int)tokens, inverse);
+static void launch_rope_apply(kctx *c, bf16 *x, const float2 *table, const int32_t *doc_start,
+                              size_t BT, int T, int H, int hd, int inverse) {
+    size_t total = BT * H * (hd / 2 / VEC);
+    unsigned blocks = cuda_blocks(total, THREADS);
+    if (total < (1ull << 31))
+        rope_apply_kernel<VEC, uint32_t><<<blocks, THREADS, 0, cuda_stream(c)>>>(
+            x, table, doc_start, (uint32_t)BT, T, H, hd, inverse);
+    else
+        rope_apply_kernel<VEC, size_t><<<blocks, THREADS, 0, cuda_stream(c)>>>(
+            x, table, doc_start, BT, T, H, hd, inverse);
 }
 
 extern "C" void cuda_rope(kctx *c, void *x, const float *inv_freq, const k_docs *docs, int B,
@@ -296,15 +240,18 @@ extern "C" void cuda_rope(kctx *c, void *x, const float *inv_freq, const k_docs 
         return;
     }
     if (B <= 0 || T <= 0 || H <= 0 || hd <= 0) return;
+    int half = hd / 2;
+    float2 *table = (float2 *)cuda_scratch(c, (size_t)T * half * sizeof(float2), "rope table");
+    if (!table) return;
+    rope_table_kernel<<<cuda_blocks((size_t)T * half, THREADS), THREADS, 0, cuda_stream(c)>>>(
+        table, inv_freq, T, half);
+    cuda_check_launch(c, "rope (table)");
     bf16 *v = (bf16 *)x;
     const int32_t *start = docs ? docs->start : NULL;
     size_t BT = (size_t)B * T;
-    if ((size_t)hd * sizeof(float) > ROPE_SMEM_MAX)
-        rope_scalar_kernel<<<cuda_blocks(BT * (hd / 2), THREADS), THREADS, 0, cuda_stream(c)>>>(
-            v, inv_freq, start, B, T, H, hd, inverse);
-    else if ((hd / 2) % 8 == 0 && cuda_aligned(x, 16))
-        launch_rope_tokens<8>(c, v, inv_freq, start, BT, T, H, hd, inverse);
+    if (half % 8 == 0 && cuda_aligned(x, 16))
+        launch_rope_apply<8>(c, v, table, start, BT, T, H, hd, inverse);
     else
-        launch_rope_tokens<1>(c, v, inv_freq, start, BT, T, H, hd, inverse);
+        launch_rope_apply<1>(c, v, table, start, BT, T, H, hd, inverse);
     cuda_check_launch(c, "rope");
 }
