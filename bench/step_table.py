@@ -8,6 +8,9 @@
                                          the model json's (its parameter count differs)
   step_table.py kernels CSV STEPS [TOP]  the kernels taking the most GPU time in an nsys
                                          cuda_gpu_kern_sum CSV, per step
+  step_table.py cupti STEP_S TOP TSV...  the largest process's kernel table of
+                                         bench/kernel_profile.c by category and its top
+                                         kernels, in ms a step of STEP_S seconds
 
 FLOPs a token as ../shared/bench/peer_torch.py and bench/peer_fsdp.py count them (the PaLM
 convention): 6 (N - N_embedding) + 12 L d T, N every parameter, N_embedding the input
@@ -16,6 +19,7 @@ embedding (V d), over the H200's 989 TFLOP/s of dense bf16 for MFU.
 import csv
 import json
 import os
+import re
 import sys
 
 PEAK_FLOPS = 989e12
@@ -140,6 +144,55 @@ def kernels(path, steps, top):
     return 0
 
 
+# Kernel categories of a CUPTI table, first match wins (flash and cuDNN attention kernels
+# have "gemm"-like parts in their names, so attention comes first).
+CATEGORIES = [("attention", r"attention|flash|fmha|sdpa|attn"),
+              ("GEMM", r"gemm|nvjet|xmma|cutlass|cublas|matmul"),
+              ("NCCL", r"nccl"),
+              ("optimizer", r"adam|multi_tensor"),
+              ("cross-entropy", r"cross_entropy|log_softmax|nll_loss"),
+              ("norms", r"rms|norm"),
+              ("RoPE", r"rope|rotary"),
+              ("other", r".")]
+
+
+def cupti(paths, step_s, top):
+    """The largest process's table of bench/kernel_profile.c: its kernels by category and the
+    top ones, as shares of the recorded span and ms a step (share x the run's step time)."""
+    tables = []
+    for path in paths:
+        span, rows = 0, []
+        for line in open(path):
+            if line.startswith("# span_ns"):
+                span = int(line.split("\t")[1])
+            elif line.startswith("#"):
+                print(path + ": " + line[2:].strip())
+            elif line.strip():
+                count, ns, name = line.rstrip("\n").split("\t", 2)
+                rows.append((int(count), int(ns), name))
+        tables.append((sum(r[1] for r in rows), span, rows, path))
+    busy, span, rows, path = max(tables)
+    if not rows or span <= 0:
+        sys.exit(f"{path}: no kernels recorded")
+    per_step = step_s * 1e3 / span  # ms a step per ns of the span
+    print(f"{path}: kernels busy {busy / 1e6:.1f} ms of a {span / 1e6:.1f} ms span ({100 * busy / span:.1f}%); "
+          f"a step of {step_s * 1e3:.1f} ms:")
+    cats = {}
+    for count, ns, name in rows:
+        cat = next(c for c, rx in CATEGORIES if re.search(rx, name, re.I))
+        cats[cat] = cats.get(cat, 0) + ns
+    print(f"{'category':>14} {'ms a step':>10} {'% of step':>10}")
+    for cat, _ in CATEGORIES:
+        if cat in cats:
+            print(f"{cat:>14} {cats[cat] * per_step:10.1f} {100 * cats[cat] / span:10.1f}")
+    idle = max(0, span - busy)
+    print(f"{'GPU idle':>14} {idle * per_step:10.1f} {100 * idle / span:10.1f}  (or overlapped streams)")
+    print(f"the top {min(top, len(rows))} kernels:")
+    for count, ns, name in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"{ns * per_step:8.2f} ms a step {100 * ns / span:5.1f}% {count:7d} calls  {name[:100]}")
+    return 0
+
+
 def main(argv):
     if len(argv) == 3 and argv[0] == "flops":
         cfg = load_model(argv[1])
@@ -151,6 +204,8 @@ def main(argv):
         return 0
     if len(argv) == 2 and argv[0] == "table":
         return table(argv[1])
+    if len(argv) >= 4 and argv[0] == "cupti":
+        return cupti(argv[3:], float(argv[1]), int(argv[2]))
     if len(argv) in (3, 4) and argv[0] == "kernels":
         return kernels(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 15)
     sys.exit(__doc__)

@@ -1,0 +1,114 @@
+/* kernel_profile: a CUPTI activity collector loaded into any CUDA process through
+ * CUDA_INJECTION64_PATH (the way Nsight Systems attaches), for a step's profile where nsys
+ * is not installed.  Every kernel's name and GPU time is summed per process; the table is
+ * rewritten to $KPROF_OUT.<pid>.tsv (count, total ns, name) whenever CUPTI hands back a
+ * buffer and at exit, so a process that is killed still leaves its last table.  Only
+ * kernels are recorded (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: they keep their real
+ * overlap); KPROF_SKIP_S (default 0) leaves out what ran in the first seconds after
+ * CUDA's start (initialisation, a model's random fill).
+ *
+ * Built and run by bench/kernel_profile.sh on a machine with CUPTI (it is not part of the
+ * product or of `make`); KERNEL_RECORD names the CUpti_ActivityKernelN that this CUPTI
+ * emits (the script takes the newest in cupti_activity.h). */
+#include <cupti.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef KERNEL_RECORD
+#error "KERNEL_RECORD: the CUpti_ActivityKernelN of this CUPTI (bench/kernel_profile.sh sets it)"
+#endif
+
+#define BUFFER_BYTES (1u << 20)
+#define MAX_KERNELS 4096
+
+typedef struct kernel_sum {
+    char *name;
+    uint64_t count, ns;
+} kernel_sum;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's thread and exit's */
+static kernel_sum sums[MAX_KERNELS];
+static int n_sums, overflowed;
+static uint64_t skip_before_ns; /* GPU timestamps before this are left out */
+static uint64_t first_ns, last_ns; /* the recorded kernels' span */
+
+static kernel_sum *sum_of(const char *name) {
+    for (int i = 0; i < n_sums; i++)
+        if (strcmp(sums[i].name, name) == 0) return &sums[i];
+    if (n_sums == MAX_KERNELS) {
+        overflowed = 1;
+        return NULL;
+    }
+    char *copy = strdup(name);
+    if (!copy) return NULL;
+    sums[n_sums] = (kernel_sum){copy, 0, 0};
+    return &sums[n_sums++];
+}
+
+static void write_table(void) {
+    const char *prefix = getenv("KPROF_OUT");
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s.%d.tsv", prefix ? prefix : "kprof", (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "# span_ns\t%llu\n", (unsigned long long)(last_ns > first_ns ? last_ns - first_ns : 0));
+    if (overflowed) fprintf(f, "# more than %d kernel names: the rest are not counted\n", MAX_KERNELS);
+    for (int i = 0; i < n_sums; i++)
+        fprintf(f, "%llu\t%llu\t%s\n", (unsigned long long)sums[i].count, (unsigned long long)sums[i].ns,
+                sums[i].name);
+    if (fclose(f) == 0) rename(tmp, path);
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *buffer = aligned_alloc(8, BUFFER_BYTES);
+    *size = *buffer ? BUFFER_BYTES : 0;
+    *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                      size_t valid) {
+    (void)ctx, (void)stream, (void)size;
+    CUpti_Activity *record = NULL;
+    pthread_mutex_lock(&lock);
+    while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+        if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+            continue;
+        const KERNEL_RECORD *k = (const KERNEL_RECORD *)record;
+        if (k->start < skip_before_ns || !k->name) continue;
+        kernel_sum *s = sum_of(k->name);
+        if (!s) continue;
+        s->count++;
+        s->ns += k->end - k->start;
+        if (!first_ns || k->start < first_ns) first_ns = k->start;
+        if (k->end > last_ns) last_ns = k->end;
+    }
+    write_table();
+    pthread_mutex_unlock(&lock);
+    free(buffer);
+}
+
+static void at_exit(void) {
+    cuptiActivityFlushAll(1);
+    pthread_mutex_lock(&lock);
+    write_table();
+    pthread_mutex_unlock(&lock);
+}
+
+/* Called by the CUDA driver when CUDA_INJECTION64_PATH names this library. */
+int InitializeInjection(void) {
+    const char *skip = getenv("KPROF_SKIP_S");
+    uint64_t now = 0;
+    if (cuptiGetTimestamp(&now) != CUPTI_SUCCESS) return 0;
+    skip_before_ns = now + (uint64_t)((skip ? atof(skip) : 0.0) * 1e9);
+    if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)
+        return 0;
+    atexit(at_exit);
+    return 1;
+}
