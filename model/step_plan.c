@@ -345,12 +345,9 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     p->context = (size_t)r->context_bytes;
     size_t capacity = (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
     if (j->runtime.gpu_memory_limit > 0) capacity = (size_t)j->runtime.gpu_memory_limit + p->context;
-    /* auto checkpointing plans for what the worker would see: the limit, or the GPU less
-     * the context and the admission's margin */
-    size_t budget = j->runtime.gpu_memory_limit > 0 ? (size_t)j->runtime.gpu_memory_limit
-                    : capacity > p->context + PLAN_MARGIN_BYTES ? capacity - p->context - PLAN_MARGIN_BYTES
-                                                                : 0;
-    memory_plan_job_options(j, cfg, world, 0, quant, cs, budget, &lora, &o);
+    memory_plan_job_options(j, cfg, world, 0, quant, cs,
+                            step_plan_auto_budget(j, (size_t)(m->gpu->memory_gib * (double)(1ull << 30)), p->context),
+                            &lora, &o);
     if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
     p->validated = table_gpu == m->gpu;
     p->gpu_bytes = p->mem.total + p->context;
@@ -386,6 +383,13 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
                 .memory = table_gpu->hbm_gbps / m->gpu->hbm_gbps, .copy = table_gpu->pcie_gbps / m->gpu->pcie_gbps};
     step_time(j, &s, o.recompute, m, &rt, p);
     return 0;
+}
+
+size_t step_plan_auto_budget(const job_config *j, size_t gpu_bytes, size_t context) {
+    if (j->runtime.gpu_memory_limit > 0) return (size_t)j->runtime.gpu_memory_limit;
+    if (gpu_bytes == 0) return SIZE_MAX;
+    size_t kept = context + PLAN_MARGIN_BYTES + PLAN_AUTO_HEADROOM_BYTES;
+    return gpu_bytes > kept ? gpu_bytes - kept : 0;
 }
 
 int step_plan_admit(const job_config *j, const llama_config *cfg, int world, model_image_quant quant,

@@ -93,6 +93,12 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
 #define PLAN_MARGIN_BYTES ((size_t)256 << 20)
 /* A CUDA context with its workspace when no rates table says (the H200's measured 563 MiB). */
 #define PLAN_CONTEXT_BYTES ((size_t)600 << 20)
+/* What fsdp.activation_checkpointing auto leaves free besides PLAN_MARGIN_BYTES: what the plan
+ * does not count (NCCL's buffers, the backend's scratch). */
+#define PLAN_AUTO_HEADROOM_BYTES ((size_t)1 << 30)
+/* The bytes auto plans a worker's activations within: runtime.gpu_memory_limit, else
+ * gpu_bytes (0: unbounded, SIZE_MAX) less the context, the margin and the headroom. */
+size_t step_plan_auto_budget(const job_config *j, size_t gpu_bytes, size_t context);
 int step_plan_admit(const job_config *j, const llama_config *cfg, int world, model_image_quant quant,
                     size_t compute_size, size_t gpu_bytes, size_t context, errbuf *err);
 

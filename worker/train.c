@@ -90,15 +90,11 @@ static int check_memory(const train_env *env, model_image_quant quant, errbuf *e
                                  k_compute_size(env->ctx), err);
 }
 
-/* What fsdp.activation_checkpointing auto may plan for: runtime.gpu_memory_limit, else the
- * device's memory less the context and fsdpd's admission margin (one worker a GPU), else
- * (the CPU backend) no bound. */
+/* What fsdp.activation_checkpointing auto may plan for (step_plan_auto_budget): the limit,
+ * else the device's memory (one worker a GPU), else (the CPU backend) no bound. */
 static size_t recompute_budget(const train_env *env) {
-    const job_config *j = env->job;
-    if (j->runtime.gpu_memory_limit > 0) return (size_t)j->runtime.gpu_memory_limit;
     size_t device = env->ctx->backend == K_CUDA ? k_cuda_device_memory(env->ctx->device) : 0;
-    if (device == 0) return SIZE_MAX;
-    return device > PLAN_CONTEXT_BYTES + PLAN_MARGIN_BYTES ? device - PLAN_CONTEXT_BYTES - PLAN_MARGIN_BYTES : 0;
+    return step_plan_auto_budget(env->job, device, PLAN_CONTEXT_BYTES);
 }
 
 /* The job's activation checkpointing for fsdp (auto: decided here, and logged). */
