@@ -113,6 +113,16 @@ __device__ inline cuda_pack<bf16, VEC> softmax_grad(const cuda_pack<bf16, VEC> &
     return out;
 }
 
+// A thread's round of packs k0, k0 + step, ... (CE_UNROLL of them, those below packs), loaded
+// before any is used: that many loads in flight.
+template <int VEC>
+__device__ inline void load_round(cuda_pack<bf16, VEC> (&pk)[CE_UNROLL], const cuda_pack<bf16, VEC> *x,
+                                  int k0, int step, int packs) {
+#pragma unroll
+    for (int u = 0; u < CE_UNROLL; u++)
+        if (k0 + u * step < packs) pk[u] = x[k0 + u * step];
+}
+
 // One block per row n, one pass over the logits where the row fits in shared memory: each
 // thread loads its packs k = threadIdx.x + j * blockDim.x (CE_UNROLL loads in flight), adds
 // them to its softmax state (online, base 2) and keeps packs k < cached in shared memory;
@@ -149,9 +159,7 @@ __global__ void __launch_bounds__(CE_THREADS, 3)
     float m2 = -INFINITY, s = 0.0f;
     for (int k0 = threadIdx.x; k0 < packs; k0 += step * CE_UNROLL) {
         pack pk[CE_UNROLL];
-#pragma unroll
-        for (int u = 0; u < CE_UNROLL; u++)
-            if (k0 + u * step < packs) pk[u] = x[k0 + u * step];
+        load_round<VEC>(pk, x, k0, step, packs);
 #pragma unroll
         for (int u = 0; u < CE_UNROLL; u++) {
             int k = k0 + u * step;
@@ -168,9 +176,7 @@ __global__ void __launch_bounds__(CE_THREADS, 3)
         d[k] = softmax_grad<VEC>(pack_load<VEC>(cache + k), k * VEC, target, lse2, dscale);
     for (int k0 = cached + threadIdx.x; k0 < packs; k0 += step * CE_UNROLL) {
         pack pk[CE_UNROLL];
-#pragma unroll
-        for (int u = 0; u < CE_UNROLL; u++)
-            if (k0 + u * step < packs) pk[u] = x[k0 + u * step];
+        load_round<VEC>(pk, x, k0, step, packs);
 #pragma unroll
         for (int u = 0; u < CE_UNROLL; u++) {
             int k = k0 + u * step;

@@ -130,6 +130,21 @@ typedef struct offload_run {
     long forwards;    /* fsdp's layer_forwards */
 } offload_run;
 
+/* A random fp32 model image of cfg (*bytes), and its parameter count (one rank: no padding). */
+static void *random_image(const llama_config *cfg, size_t *bytes, size_t *params) {
+    llama_layout lo;
+    errbuf err = {{0}};
+    if (llama_layout_init(&lo, cfg, &err)) fail_msg("%s", err.msg);
+    *bytes = model_image_bytes(&lo, MODEL_IMAGE_F32);
+    void *image = calloc(1, *bytes);
+    assert_non_null(image);
+    if (model_image_fill_random(image, &lo, MODEL_IMAGE_F32, 11, NULL, NULL, &err)) fail_msg("%s", err.msg);
+    *params = 0;
+    for (int u = 0; u < lo.n_units; u++) *params += lo.units[u].numel;
+    llama_layout_free(&lo);
+    return image;
+}
+
 /* STEPS steps of two micro-batches from the image, with weight decay, clipping (a small
  * clip_norm: every step is clipped) and an evaluation after the first. */
 static void run_offloaded(const llama_config *cfg, const void *image, size_t bytes,
@@ -178,16 +193,8 @@ static void test_cpu_offload_same_bits(void **state) {
     (void)state;
     llama_config cfg = tiny_config();
     cfg.initializer_range = 0.3;
-    llama_layout lo;
-    errbuf err = {{0}};
-    if (llama_layout_init(&lo, &cfg, &err)) fail_msg("%s", err.msg);
-    size_t bytes = model_image_bytes(&lo, MODEL_IMAGE_F32);
-    void *image = calloc(1, bytes);
-    assert_non_null(image);
-    if (model_image_fill_random(image, &lo, MODEL_IMAGE_F32, 11, NULL, NULL, &err)) fail_msg("%s", err.msg);
-    size_t params = 0;
-    for (int u = 0; u < lo.n_units; u++) params += lo.units[u].numel; /* one rank: no padding */
-    llama_layout_free(&lo);
+    size_t bytes, params;
+    void *image = random_image(&cfg, &bytes, &params);
 
     fsdp_options none = {.sharding = JOB_SHARD_FULL};
     fsdp_options offload = {.sharding = JOB_SHARD_FULL, .cpu_offload = 1, .offload_threads = 3};
@@ -230,14 +237,8 @@ static void test_recompute_same_bits(void **state) {
     llama_config cfg = tiny_config();
     cfg.initializer_range = 0.3;
     cfg.num_hidden_layers = 4;
-    llama_layout lo;
-    errbuf err = {{0}};
-    if (llama_layout_init(&lo, &cfg, &err)) fail_msg("%s", err.msg);
-    size_t bytes = model_image_bytes(&lo, MODEL_IMAGE_F32);
-    void *image = calloc(1, bytes);
-    assert_non_null(image);
-    if (model_image_fill_random(image, &lo, MODEL_IMAGE_F32, 11, NULL, NULL, &err)) fail_msg("%s", err.msg);
-    llama_layout_free(&lo);
+    size_t bytes, params;
+    void *image = random_image(&cfg, &bytes, &params);
     static const struct {
         llama_recompute r;
         long recomputed; /* a micro-batch */
