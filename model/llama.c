@@ -79,13 +79,12 @@ size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout
     return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_BOTH, lo, lora, elem_size, B, T);
 }
 
-llama_keep llama_keep_of(llama_recompute r, int l, int L) {
-    (void)L;
+llama_keep llama_keep_of(llama_recompute r, int l) {
     return l < r.layers ? r.keep : LLAMA_KEEP_ALL;
 }
 
 llama_keep llama_backward_from(llama_recompute r, int l, int L) {
-    return l == (r.layers < L ? r.layers : L) - 1 ? LLAMA_KEEP_ALL : llama_keep_of(r, l, L);
+    return l == (r.layers < L ? r.layers : L) - 1 ? LLAMA_KEEP_ALL : llama_keep_of(r, l);
 }
 
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
@@ -125,7 +124,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
     llama_layer_acts shared = {0}, unused;
     llama_acts_part shared_parts = 0;
     for (int l = 0; l < L; l++) {
-        llama_acts_part own = owned_part(llama_keep_of(r, l, L));
+        llama_acts_part own = owned_part(llama_keep_of(r, l));
         shared_parts |= LLAMA_ACTS_BOTH & ~own;
         if (own)
             at += llama_layer_acts_carve_part(acts ? &acts[l] : &unused, base ? base + at : NULL,
@@ -135,7 +134,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
         at += llama_layer_acts_carve_part(&shared, base ? base + at : NULL, shared_parts, lo, lora,
                                           elem_size, B, T);
     for (int l = 0; acts && l < L; l++)
-        share_part(&acts[l], &shared, LLAMA_ACTS_BOTH & ~owned_part(llama_keep_of(r, l, L)));
+        share_part(&acts[l], &shared, LLAMA_ACTS_BOTH & ~owned_part(llama_keep_of(r, l)));
     return at;
 }
 

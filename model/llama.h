@@ -98,8 +98,8 @@ typedef struct llama_recompute {
     llama_keep keep;
 } llama_recompute;
 
-/* What layer l of L keeps under r. */
-llama_keep llama_keep_of(llama_recompute r, int l, int L);
+/* What layer l keeps under r. */
+llama_keep llama_keep_of(llama_recompute r, int l);
 /* What layer l's backward starts from under r, as llama_layer_recompute takes it: what it
  * kept, but LLAMA_KEEP_ALL (nothing to recompute) for the last layer that shares
  * activations, which still hold its forward (llama_layers_acts_carve). */
