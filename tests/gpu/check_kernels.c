@@ -837,10 +837,26 @@ static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
     return memcmp(a, b, bytes) == 0;
 }
 
+/* cross_entropy in place twice on the same logits: the same loss and dlogits bits. */
+static void check_ce_determinism(int N, int V) {
+    size_t nv = (size_t)N * V;
+    float *logits = hrandom(nv, 4.0f);
+    int32_t *targets = hints((size_t)N);
+    for (int n = 0; n < N; n++) targets[n] = irand(V);
+    int32_t *dtargets = dints(targets, (size_t)N);
+    void *log_a = dcomp(logits, nv), *log_b = dcomp(logits, nv);
+    float *loss_a = df32(&(float){0.0f}, 1), *loss_b = df32(&(float){0.0f}, 1);
+    k_cross_entropy(&gpu, loss_a, log_a, log_a, dtargets, N, V, 1.0f / N);
+    k_cross_entropy(&gpu, loss_b, log_b, log_b, dtargets, N, V, 1.0f / N);
+    report_bool("deterministic cross_entropy", shape("N=%d V=%d", N, V),
+                same_bits(loss_a, loss_b, 4) && same_bits(log_a, log_b, nv * esize),
+                "same bits twice");
+}
+
 static void check_determinism(void) {
     seed(12);
     int N = 2046, C = 4096, V = 32000;
-    size_t nc = (size_t)N * C, vc = (size_t)V * C, nv = (size_t)N * V;
+    size_t nc = (size_t)N * C, vc = (size_t)V * C;
 
     int32_t *tok = dints(repeating_tokens(N, V), (size_t)N);
     void *dout = dcomp(hrandom(nc, 1.0f), nc);
@@ -864,29 +880,8 @@ static void check_determinism(void) {
                 same_bits(din_a, din_b, nc * esize) && same_bits(dw_a, dw_b, (size_t)C * 4),
                 "same bits twice");
 
-    float *logits = hrandom(nv, 4.0f);
-    int32_t *targets = hints((size_t)N);
-    for (int n = 0; n < N; n++) targets[n] = irand(V);
-    int32_t *dtargets = dints(targets, (size_t)N);
-    void *log_a = dcomp(logits, nv), *log_b = dcomp(logits, nv);
-    float *loss_a = df32(&(float){0.0f}, 1), *loss_b = df32(&(float){0.0f}, 1);
-    k_cross_entropy(&gpu, loss_a, log_a, log_a, dtargets, N, V, 1.0f / N);
-    k_cross_entropy(&gpu, loss_b, log_b, log_b, dtargets, N, V, 1.0f / N);
-    report_bool("deterministic cross_entropy", shape("N=%d V=%d", N, V),
-                same_bits(loss_a, loss_b, 4) && same_bits(log_a, log_b, nv * esize),
-                "same bits twice");
-
-    /* Llama 3's rows, longer than shared memory: their tail is read twice */
-    int N3 = 64, V3 = 128256;
-    size_t nv3 = (size_t)N3 * V3;
-    float *logits3 = hrandom(nv3, 4.0f);
-    void *log3_a = dcomp(logits3, nv3), *log3_b = dcomp(logits3, nv3);
-    float *loss3_a = df32(&(float){0.0f}, 1), *loss3_b = df32(&(float){0.0f}, 1);
-    k_cross_entropy(&gpu, loss3_a, log3_a, log3_a, dtargets, N3, V3, 1.0f / N3);
-    k_cross_entropy(&gpu, loss3_b, log3_b, log3_b, dtargets, N3, V3, 1.0f / N3);
-    report_bool("deterministic cross_entropy", shape("N=%d V=%d", N3, V3),
-                same_bits(loss3_a, loss3_b, 4) && same_bits(log3_a, log3_b, nv3 * esize),
-                "same bits twice");
+    check_ce_determinism(N, V);
+    check_ce_determinism(64, 128256); /* Llama 3's rows, longer than shared memory: the tail read twice */
 
     size_t n = (size_t)50 << 20;
     float *big = df32(hrandom(n, 1.0f), n);
