@@ -23,6 +23,10 @@ uint16_t bf16_from_f32(float f) {
 
 float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
+void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
 float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
     if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | mant << 13); /* inf, NaN */

@@ -3,10 +3,13 @@
 #ifndef FSDP_BF16_H
 #define FSDP_BF16_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 uint16_t bf16_from_f32(float f);
 float bf16_to_f32(uint16_t h);
+/* dst[i] = bf16_to_f32(src[i]) for i < n. */
+void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 uint16_t f16_from_f32(float f);
 float f16_to_f32(uint16_t h);
 

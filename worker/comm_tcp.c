@@ -639,8 +639,7 @@ static void load_f32(float *dst, const void *src, comm_dtype dt, size_t off, siz
         memcpy(dst, (const float *)src + off, len * sizeof(float));
         return;
     }
-    const uint16_t *s = (const uint16_t *)src + off;
-    for (size_t i = 0; i < len; i++) dst[i] = bf16_to_f32(s[i]);
+    bf16_to_f32_n(dst, (const uint16_t *)src + off, len);
 }
 
 /* dst[i] = partial[i] + src[off + i]: the sum so far, then this rank's value. */

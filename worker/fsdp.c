@@ -1278,8 +1278,7 @@ static void compute_to_host_f32(const fsdp *f, float *dst, const void *src, size
         memcpy(dst, src, n * sizeof *dst);
         return;
     }
-    const uint16_t *h = src;
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
+    bf16_to_f32_n(dst, src, n);
 }
 
 int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
