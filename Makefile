@@ -64,6 +64,10 @@ $(BUILD)/%.o: %.c
 # (IEEE operations in SIMD lanes: the same bits as the scalar loop).
 $(BUILD)/kernels/cpu/cpu_loss_optim.o: CFLAGS += -O3 -fno-math-errno
 
+# The Hopper attention uses wgmma and TMA: sm_90a code only (cuda_attention.cu picks it at run
+# time on a compute capability 9.0 device).
+$(BUILD)/kernels/cuda/cuda_attention_sm90.cu.o: CUDA_ARCHS := -gencode arch=compute_90a,code=sm_90a
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@

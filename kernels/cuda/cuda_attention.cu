@@ -702,16 +702,20 @@ template <int HD, int NW, bool DOCS> static void launch_fwd(kctx *c, const fwd_a
     cuda_check_launch(c, "attention forward");
 }
 
+// The backward's first kernel (both paths): delta and lse2 into scratch.
+template <int HD> static void launch_delta(kctx *c, const bwd_params &p) {
+    constexpr int ROWS = 256 / (HD / 8); // delta rows per block; divides Tp
+    unsigned delta_blocks = (unsigned)((size_t)p.B * p.Hq * p.Tp / ROWS);
+    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention backward (delta)");
+}
+
 template <int HD, int NW, bool DOCS> static void launch_bwd(kctx *c, const bwd_args<DOCS> &p) {
     typedef tiles<HD, NW> G;
     if (allow_smem(c, attention_dkdv_kernel<HD, NW, DOCS>, G::dkv_smem) ||
         allow_smem(c, attention_dq_kernel<HD, NW, DOCS>, G::dq_smem))
         return;
-    constexpr int ROWS = 256 / (HD / 8); // delta rows per block; divides Tp
-    unsigned delta_blocks = (unsigned)((size_t)p.B * p.Hq * p.Tp / ROWS);
-    const bwd_params &plain = p; // the delta kernel takes no documents
-    attention_delta_kernel<HD><<<delta_blocks, 256, 0, cuda_stream(c)>>>(plain);
-    cuda_check_launch(c, "attention backward (delta)");
+    launch_delta<HD>(c, p); // the delta kernel takes no documents
     dim3 kv_grid(p.Hkv, p.B, (p.T + G::ROWS - 1) / G::ROWS);
     attention_dkdv_kernel<HD, NW, DOCS><<<kv_grid, G::THREADS, G::dkv_smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (dK, dV)");
@@ -761,6 +765,10 @@ extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q
         cuda_attention_generic_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
         return;
     }
+    if (cuda_state(c)->attention_sm90) {
+        cuda_attention_sm90_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
+        return;
+    }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     B, T, Hq, Hkv, LOG2E / sqrtf((float)hd)};
     if (hd == 64)
@@ -789,6 +797,12 @@ extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const 
     bwd_params p = {(bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, scratch + rows,
                     (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E};
+    if (cuda_state(c)->attention_sm90) {
+        hd == 64 ? launch_delta<64>(c, p) : launch_delta<128>(c, p);
+        cuda_attention_sm90_bwd(c, dq, dk, dv, dout, q, k, v, p.lse2, p.delta, Tp, docs, B, T, Hq,
+                                Hkv, hd);
+        return;
+    }
     if (hd == 64)
         attention_bwd_hd<64>(c, p, docs);
     else

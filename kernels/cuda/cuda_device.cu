@@ -125,6 +125,10 @@ extern "C" int cuda_init(kctx *c, int device, errbuf *err) {
     if ((e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                     device)) != cudaSuccess)
         return init_failed(c, err, "reading the shared-memory limit", cudaGetErrorString(e));
+    if (cuda_attention_sm90_setup(c, device, err)) {
+        cuda_destroy(c);
+        return -1;
+    }
     cublasStatus_t st = cublasLtCreate(&s->lt);
     if (st != CUBLAS_STATUS_SUCCESS)
         return init_failed(c, err, "cublasLtCreate", cublasLtGetStatusString(st));

@@ -57,6 +57,20 @@ void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv, const voi
                                 const float *lse, const k_docs *docs, int B, int T, int Hq,
                                 int Hkv, int hd);
 
+/* The sm_90a attention (cuda_attention_sm90.cu; cuda_attention.cu dispatches to it).  setup
+ * sets attention_sm90 on a compute capability 9.0 device unless FSDP_CUDA_ATTENTION=mma (the
+ * mma.sync kernels; "wgmma" or unset: the default), and fails on any other value.  fwd has
+ * the op's contract for hd 64 and 128; bwd that of the backward, given delta and lse2
+ * (cuda_attention.cu's delta kernel, rows padded to Tp). */
+int cuda_attention_sm90_setup(kctx *c, int device, errbuf *err);
+void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
+                             const void *v, const k_docs *docs, int B, int T, int Hq, int Hkv,
+                             int hd);
+void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
+                             const void *q, const void *k, const void *v, const float *lse2,
+                             const float *delta, int Tp, const k_docs *docs, int B, int T, int Hq,
+                             int Hkv, int hd);
+
 #ifdef __cplusplus
 }
 #endif
@@ -105,6 +119,8 @@ typedef struct cuda_impl {
     size_t scratch_bytes;
     cuda_input_error *error; /* device memory */
     int smem_optin;          /* the most dynamic shared memory a block may have */
+    int attention_sm90;      /* attention runs cuda_attention_sm90.cu's kernels (sm_90 device) */
+    void *tensor_map_encode; /* the driver's cuTensorMapEncodeTiled, when attention_sm90 */
     cudaStream_t copy_stream; /* k_copy_h2d_start's, made on first use */
     cudaEvent_t copy_ready, copy_done;
     cuda_gemm gemms[CUDA_GEMM_CACHE];

@@ -1,0 +1,943 @@
+// The CUDA backend's causal attention on Hopper (sm_90a only; cuda_attention.cu dispatches here
+// on a compute capability 9.0 device, and keeps its mma.sync kernels for sm_80-89).  The same
+// contract as cuda_attention.cu: [B, T, H, hd] bf16 (hd 64 or 128), grouped-query heads, the
+// log-sum-exp [B, Hq, T] in natural log, varlen documents (k_docs), a deterministic backward.
+//
+// What Hopper adds, after the FlashAttention-3 schedule:
+//   - wgmma: a warpgroup (4 warps, 128 threads) multiplies 64 rows at a time, its B operand
+//     (and A, except for the probabilities) read straight from shared memory through a matrix
+//     descriptor; the fp32 accumulators of S = Q K^T become the bf16 A operand of O += P V in
+//     registers (an accumulator's layout is the A fragment's, as with mma.sync);
+//   - TMA: one thread copies whole tiles global -> shared (cp.async.bulk.tensor, 128-byte
+//     swizzle: in row r of a 64-column chunk the 16-byte unit u sits at u ^ (r % 8), which
+//     is the layout wgmma's SW128 descriptors read, without bank conflicts), rows past T
+//     zero-filled by the hardware; completion is counted on an mbarrier in bytes;
+//   - warp specialisation: a block is two consumer warpgroups (128 query rows; dK/dV: 128
+//     key rows) and one producer warp, which streams tiles through a STAGES-deep ring of
+//     buffers guarded by full (TMA landed) and empty (both consumers done) mbarriers.
+// The consumers of a block run their softmax while the other's wgmma runs (the two
+// warpgroups are scheduled independently on the SM's four tensor-core partitions).
+//
+// Blocks, and the order of the work in them, are those of cuda_attention.cu: the forward and
+// dQ a block per (query head, batch, 128 queries), dK/dV a block per (kv head, batch, 128
+// keys) looping over the group's query heads; causal tiles past the diagonal are skipped
+// whole, and varlen tiles before a document's start (or after its end).  Every output
+// element is summed by one thread in a fixed order: no atomics, the same bits every run.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "cuda_attention_sm90.cu is built for sm_90a only (see the Makefile)"
+#endif
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+namespace {
+
+// Warpgroups 0 and 1 compute; warpgroup 2 produces (one thread issues the copies).  The
+// producer gives its registers to the consumers (setmaxnreg): 128 x 24 + 256 x 240 <= 64K.
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = (CONSUMERS + 1) * 128;
+constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+constexpr int ROWS = 64 * CONSUMERS; // a block's queries (forward, dQ) or keys (dK/dV)
+constexpr int STAGES = 2;            // buffers in the producer's ring
+constexpr int SW = 128;              // bytes of a swizzled row: 64 bf16
+
+__device__ __forceinline__ int imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+// ---- mbarriers, TMA ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+extern __shared__ __align__(1024) unsigned char sm90_smem[];
+
+// The dynamic shared memory, from a 1024-byte boundary (the swizzle repeats every 1024 bytes,
+// so a tile must start on one); launches ask for 1024 bytes more than they use.
+__device__ __forceinline__ uint32_t smem_base() {
+    return (smem_u32(sm90_smem) + 1023u) & ~1023u;
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the barriers' initialisation visible to the async proxy (TMA) and other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits for the phase of parity `parity` to complete.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+// One box of a 4-D tensor map (columns, head, row, batch) into shared memory at dst.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int col, int head,
+                                         int row, int batch, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(row), "r"(batch),
+                 "r"(bar)
+                 : "memory");
+}
+
+// `bytes` (a multiple of 16) contiguous bytes into shared memory at dst.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// A tile of R rows x HD columns, as TMA writes it: HD/64 chunks of R swizzled rows.  Rows
+// [row0, row0 + R) of one head; `bar` learns of every byte.
+template <int R, int HD>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *map, int head, int row0,
+                                         int batch, uint32_t bar) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++) tma_load(dst + c * R * SW, map, c * 64, head, row0, batch, bar);
+}
+
+template <int N> __device__ __forceinline__ void regs_shrink() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void regs_grow() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Lets the other 127 threads of warpgroup `wg` meet this one (named barrier 1 + wg).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+// ---- wgmma ----
+
+// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (each >> 4), layout type 1 (SW128) in bits 62-63.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead >> 4) << 16 |
+           (uint64_t)(stride >> 4) << 32 | 1ull << 62;
+}
+
+// Operand rows along M or N, K along the row (K-major; Q, K, V, dO as the multiplicand whose
+// rows are the product's rows or columns): the 16 columns of k-step kk.  rows points at the
+// operand's first row in chunk 0; chunks are `chunk` bytes apart; 8-row groups 1024.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t rows, uint32_t chunk, int kk) {
+    return smem_desc(rows + (kk / 4) * chunk + (kk % 4) * 32, 16, 8 * SW);
+}
+
+// Operand rows along K, M or N along the row (MN-major; V, dO, Q, K as the B of P V, P^T dO,
+// dS^T Q, dS K): the 16 rows of k-step kk; 64-column chunks `chunk` bytes apart.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, uint32_t chunk, int kk) {
+    return smem_desc(tile + kk * 16 * SW, chunk, 8 * SW);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait (it
+// does not know the asynchronous wgmma writes them).
+template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// d (64 x N, fp32 accumulators) = (accumulate ? d : 0) + A B: A and B in shared memory,
+// both K-major (wgmma_ss), or A in registers and B MN-major (wgmma_rs).  Accumulator layout:
+// warp w of the warpgroup holds rows 16w.., lane l rows l/4 and l/4 + 8, columns 2(l%4) and
+// 2(l%4)+1 of each 8-column block; d[j] = {(r, c), (r, c+1), (r+8, c), (r+8, c+1)}.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b,
+                                         int accumulate);
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b,
+                                         int accumulate);
+
+// The wgmma instructions, one per shape (written out from one pattern: the operand lists are
+// long).  scale-d is `accumulate`; A and B unscaled; ss: neither transposed, rs: B MN-major.
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(float (&d)[16][4], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+                 "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+                 "%58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                 int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
+                                                 int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+                 "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+                 "%58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+
+// Two floats as bf16 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// The A fragment of k-step kk (16 columns) of a 64 x K accumulator, rounded to bf16.
+template <int K>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&p)[K / 8][4], int kk) {
+    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
+template <int N> __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+}
+
+// acc (64 x N) = A B^T, A (64 x K) and B (N x K) K-major tiles in shared memory.
+template <int N, int K>
+__device__ __forceinline__ void gemm_ss(float (&acc)[N / 8][4], uint32_t a_rows, uint32_t a_chunk,
+                                        uint32_t b_rows, uint32_t b_chunk) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++)
+        wgmma_ss<N>(acc, desc_k_major(a_rows, a_chunk, kk), desc_k_major(b_rows, b_chunk, kk),
+                    kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(acc);
+}
+
+// acc (64 x N) += P B: P the fp32 accumulators of a 64 x K product (rounded to bf16 here), B
+// K x N, MN-major in shared memory (64-column chunks `b_chunk` bytes apart).
+template <int N, int K>
+__device__ __forceinline__ void gemm_rs(float (&acc)[N / 8][4], const float (&p)[K / 8][4],
+                                        uint32_t b_tile, uint32_t b_chunk) {
+    uint32_t a[K / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) acc_to_a<K>(a[kk], p, kk);
+    acc_fence(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) wgmma_rs<N>(acc, a[kk], desc_mn_major(b_tile, b_chunk, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    acc_fence(acc);
+}
+
+// Writes a warpgroup's 64 x HD accumulator as bf16 rows [row0, row0 + 64) of one head (rows at
+// or past T are dropped), row r scaled by scale[r] (this lane's rows g and g + 8 of its warp).
+// The rows go through `stage` (64 swizzled rows in HD/64 chunks `chunk` bytes apart, only
+// this warpgroup's) so that global stores are 16 bytes wide.
+template <int HD>
+__device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const float (&scale)[2],
+                                           uint32_t stage, uint32_t chunk, bf16 *head,
+                                           size_t stride, int row0, int T, int wg) {
+    const int tid = threadIdx.x % 128, w = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = w * 16 + g + 8 * r; // row % 8 == g
+            const uint32_t at = stage + (j / 8) * chunk + row * SW + (((j % 8) ^ g) * 16) + t4 * 4;
+            const uint32_t v = pack_bf16(acc[j][2 * r] * scale[r], acc[j][2 * r + 1] * scale[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+        }
+    warpgroup_sync(wg);
+    constexpr int UNITS = HD / 8; // 16-byte units of a row
+#pragma unroll
+    for (int it = 0; it < 64 * UNITS / 128; it++) {
+        const int i = tid + it * 128, row = i / UNITS, u = i % UNITS;
+        if (row0 + row >= T) continue;
+        const uint32_t at = stage + (u / 8) * chunk + row * SW + (((u % 8) ^ (row % 8)) * 16);
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(at));
+        *reinterpret_cast<uint4 *>(head + (size_t)(row0 + row) * stride + u * 8) = v;
+    }
+}
+
+// ---- the key/value stream of the forward and dQ ----
+
+// A block's shared memory: FIXED tiles of its own ROWS rows (Q; dQ: Q and dO), then a ring of
+// STAGES key tiles and STAGES value tiles of BN rows, then the mbarriers.
+template <int HD, int BN, int FIXED> struct stream_smem {
+    static constexpr uint32_t ROWS_BYTES = ROWS * HD * 2, KV_BYTES = BN * HD * 2;
+    static constexpr uint32_t K = FIXED * ROWS_BYTES, V = K + STAGES * KV_BYTES;
+    static constexpr uint32_t BARS = V + STAGES * KV_BYTES;
+    static constexpr size_t BYTES = BARS + 8 * (1 + 3 * STAGES) + 1024;
+};
+
+// The mbarriers at `at`: the fixed tiles landed; ring stage s landed (keys, values); ring
+// stage s read by both consumers.  The dK/dV kernel's ring holds one kind of tile (its k_full).
+struct ring_bars {
+    uint32_t at;
+    __device__ __forceinline__ uint32_t fixed_full() const { return at; }
+    __device__ __forceinline__ uint32_t k_full(int s) const { return at + 8 + 8 * s; }
+    __device__ __forceinline__ uint32_t v_full(int s) const { return at + 8 * (1 + STAGES + s); }
+    __device__ __forceinline__ uint32_t empty(int s) const { return at + 8 * (1 + 2 * STAGES + s); }
+    // By thread 0 before the block's first __syncthreads.
+    __device__ __forceinline__ void init() const {
+        mbar_init(fixed_full(), 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(empty(s), CONSUMERS * 128);
+        }
+        mbar_init_fence();
+    }
+};
+
+// The producer of the forward and dQ: the fixed tiles (rows q0.. of query head h: map0, then
+// map1 when FIXED is 2) once, then key/value tiles j0 .. n_tiles-1 of kv head kvh.
+template <int HD, int BN, int FIXED>
+__device__ void stream_produce(const CUtensorMap *map0, const CUtensorMap *map1,
+                               const CUtensorMap *k, const CUtensorMap *v, uint32_t base, int h,
+                               int kvh, int b, int q0, int j0, int n_tiles) {
+    typedef stream_smem<HD, BN, FIXED> L;
+    const ring_bars bars = {base + L::BARS};
+    mbar_expect_bytes(bars.fixed_full(), FIXED * L::ROWS_BYTES);
+    tma_tile<ROWS, HD>(base, map0, h, q0, b, bars.fixed_full());
+    if (FIXED == 2) tma_tile<ROWS, HD>(base + L::ROWS_BYTES, map1, h, q0, b, bars.fixed_full());
+    for (int it = 0; it < n_tiles - j0; it++) {
+        const int s = it % STAGES, j = j0 + it;
+        if (it >= STAGES) mbar_wait(bars.empty(s), (it / STAGES - 1) & 1);
+        mbar_expect_bytes(bars.k_full(s), L::KV_BYTES);
+        tma_tile<BN, HD>(base + L::K + s * L::KV_BYTES, k, kvh, j * BN, b, bars.k_full(s));
+        mbar_expect_bytes(bars.v_full(s), L::KV_BYTES);
+        tma_tile<BN, HD>(base + L::V + s * L::KV_BYTES, v, kvh, j * BN, b, bars.v_full(s));
+    }
+}
+
+// Varlen: the documents of a warpgroup's query rows, for this lane's rows g and g + 8 of its
+// warp (rows past T count as row T-1).
+struct query_docs {
+    int first[2];   // the first key each of the lane's two rows sees
+    int wg_first;   // the smallest first key of the warpgroup's rows
+    int warp_first; // the largest first key of the warp's rows
+};
+
+template <bool DOCS>
+__device__ __forceinline__ query_docs query_docs_of(const int32_t *doc_start, int b, int T,
+                                                    int wg_lo, int row_lo) {
+    query_docs d = {{0, 0}, 0, 0};
+    if (DOCS) {
+        const int32_t *start = doc_start + (size_t)b * T;
+        const int g = threadIdx.x % 32 / 4;
+        d.first[0] = start[imin(row_lo + g, T - 1)];
+        d.first[1] = start[imin(row_lo + g + 8, T - 1)];
+        d.wg_first = start[imin(wg_lo, T - 1)];
+        d.warp_first = start[imin(row_lo + 15, T - 1)];
+    }
+    return d;
+}
+
+// ---- forward ----
+
+struct fwd_tma {
+    CUtensorMap q, k, v; // [B, T, H, hd]: boxes of 64 columns x 1 head x ROWS (q), FWD_KEYS rows
+    bf16 *out;
+    float *lse;
+    const int32_t *doc_start; // varlen only: [B, T]
+    int T, Hq, Hkv;
+    float scale_log2; // log2(e) / sqrt(hd)
+};
+
+constexpr int FWD_KEYS = 128; // keys a tile
+template <int HD> using fwd_smem = stream_smem<HD, FWD_KEYS, 1>;
+
+// The online softmax of one tile for this lane's rows g and g + 8: scores s (scaled to the
+// log2 domain and masked here) become probabilities exp2(s - max); the running max and sum
+// and the output accumulator o are rescaled.  masked: some key of the tile may be past a
+// row, or (varlen) before its document (first[r]: the row's first key).
+template <int BN, int HD, bool DOCS>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&o)[HD / 8][4],
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             float scale_log2, int key0, int row_lo, bool masked,
+                                             const int (&first)[2]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_lo + g + 8 * r;
+        float top = -INFINITY;
+#pragma unroll
+        for (int jn = 0; jn < BN / 8; jn++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float x = s[jn][2 * r + e] * scale_log2;
+                const int key = key0 + jn * 8 + 2 * t4 + e;
+                if (masked && key > row) x = -INFINITY;
+                if (DOCS && masked && key < first[r]) x = -INFINITY; // another document
+                s[jn][2 * r + e] = x;
+                top = fmaxf(top, x);
+            }
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)); // the row's 4 lanes
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+        const float new_max = fmaxf(row_max[r], top);
+        // A row's tiles may all be masked so far (varlen); the guard keeps exp2(-inf - -inf)
+        // from making a NaN.
+        const float base = new_max == -INFINITY ? 0.0f : new_max;
+        const float rescale = exp2f(row_max[r] - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int jn = 0; jn < BN / 8; jn++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float x = exp2f(s[jn][2 * r + e] - base);
+                s[jn][2 * r + e] = x;
+                sum += x;
+            }
+        row_sum[r] = row_sum[r] * rescale + sum; // this lane's part of the row
+        row_max[r] = new_max;
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            o[dn][2 * r] *= rescale;
+            o[dn][2 * r + 1] *= rescale;
+        }
+    }
+}
+
+// A consumer warpgroup: its 64 query rows against every key tile the producer streams.
+template <int HD, bool DOCS>
+__device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q0, int j0,
+                            int n_tiles) {
+    typedef fwd_smem<HD> L;
+    constexpr int BN = FWD_KEYS;
+    const ring_bars bars = {base + L::BARS};
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, T = p.T;
+    const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16; // the warp's rows
+    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, wg_lo, row_lo);
+    const uint32_t sQ = base + wg * 64 * SW;
+    float o[HD / 8][4], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    zero_acc(o);
+    mbar_wait(bars.fixed_full(), 0);
+    for (int it = 0; it < n_tiles - j0; it++) {
+        const int s = it % STAGES, j = j0 + it;
+        const uint32_t parity = (it / STAGES) & 1;
+        const uint32_t sK = base + L::K + s * L::KV_BYTES, sV = base + L::V + s * L::KV_BYTES;
+        // else every key is past the warpgroup's rows, or (varlen) before their documents
+        const bool live = j * BN <= wg_lo + 63 && (!DOCS || j * BN + BN - 1 >= docs.wg_first);
+        mbar_wait(bars.k_full(s), parity);
+        float sc[BN / 8][4];
+        if (live) {
+            gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK, BN * SW);
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
+            softmax_tile<BN, HD, DOCS>(sc, o, row_max, row_sum, p.scale_log2, j * BN, row_lo,
+                                       masked, docs.first);
+        }
+        mbar_wait(bars.v_full(s), parity);
+        if (live) gemm_rs<HD, BN>(o, sc, sV, BN * SW);
+        mbar_arrive(bars.empty(s));
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+        inv[r] = 1.0f / row_sum[r];
+    }
+    const size_t qs = (size_t)p.Hq * HD;
+    // The warpgroup's Q rows are free now (its last wgmma has completed): stage O there.
+    store_rows<HD>(o, inv, sQ, ROWS * SW, p.out + (size_t)b * T * qs + (size_t)h * HD, qs, wg_lo,
+                   T, wg);
+    if (lane % 4 == 0) {
+        float *lse = p.lse + ((size_t)b * p.Hq + h) * T;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = row_lo + g + 8 * r;
+            if (row < T) lse[row] = (row_max[r] + log2f(row_sum[r])) * LN2;
+        }
+    }
+}
+
+template <int HD, bool DOCS>
+__global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_constant__ fwd_tma p) {
+    const uint32_t base = smem_base();
+    const int h = blockIdx.x, b = blockIdx.y, m = gridDim.z - 1 - blockIdx.z; // longest first
+    const int kvh = h / (p.Hq / p.Hkv), q0 = m * ROWS;
+    const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / FWD_KEYS + 1; // up to the diagonal
+    const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / FWD_KEYS : 0;
+    if (threadIdx.x == 0) ring_bars{base + fwd_smem<HD>::BARS}.init();
+    __syncthreads();
+    if (threadIdx.x / 128 == CONSUMERS) {
+        regs_shrink<PRODUCER_REGS>();
+        if (threadIdx.x == CONSUMERS * 128)
+            stream_produce<HD, FWD_KEYS, 1>(&p.q, nullptr, &p.k, &p.v, base, h, kvh, b, q0, j0,
+                                            n_tiles);
+        return;
+    }
+    regs_grow<CONSUMER_REGS>();
+    fwd_consume<HD, DOCS>(p, base, h, b, q0, j0, n_tiles);
+}
+
+// ---- backward ----
+
+struct bwd_tma {
+    CUtensorMap q, dout, k, v; // boxes: dK/dV: BQ rows of q, dout; ROWS of k, v.  dQ: the reverse
+    bf16 *dq, *dk, *dv;
+    const float *lse2, *delta;          // [B, Hq, Tp]: lse * log2(e), rowsum(dO * O); 0 past T
+    const int32_t *doc_start, *doc_end; // varlen only: [B, T]
+    int T, Hq, Hkv, Tp;
+    float scale, scale_log2;
+};
+
+constexpr int BQ = 64;      // dK/dV: queries a step
+constexpr int DQ_KEYS = 64; // dQ: keys a tile
+
+// dK/dV: K and V (ROWS rows each), then a ring of STAGES steps (Q, dO: BQ rows; lse2, delta).
+template <int HD> struct dkv_smem {
+    static constexpr uint32_t KV_BYTES = ROWS * HD * 2, TILE = BQ * HD * 2;
+    static constexpr uint32_t STATS = 2 * BQ * 4;      // lse2 and delta
+    static constexpr uint32_t STEP = 2 * TILE + 1024; // the stats padded: steps start on 1024
+    static constexpr uint32_t K = 0, V = KV_BYTES, STEPS = 2 * KV_BYTES;
+    static constexpr uint32_t BARS = STEPS + STAGES * STEP;
+    static constexpr size_t BYTES = BARS + 8 * (1 + 3 * STAGES) + 1024;
+    static_assert(STATS <= 1024 && TILE % 1024 == 0, "a step's tiles start on 1024 bytes");
+};
+
+// The dK/dV producer: K and V once, then every (query head, query tile) step.
+template <int HD>
+__device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
+                            int per_head, int n_steps) {
+    typedef dkv_smem<HD> L;
+    const ring_bars bars = {base + L::BARS};
+    const int group = p.Hq / p.Hkv;
+    mbar_expect_bytes(bars.fixed_full(), 2 * L::KV_BYTES);
+    tma_tile<ROWS, HD>(base + L::K, &p.k, kvh, k0, b, bars.fixed_full());
+    tma_tile<ROWS, HD>(base + L::V, &p.v, kvh, k0, b, bars.fixed_full());
+    for (int it = 0; it < n_steps; it++) {
+        const int s = it % STAGES, h = kvh * group + it / per_head, i = first + it % per_head;
+        const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
+        if (it >= STAGES) mbar_wait(bars.empty(s), (it / STAGES - 1) & 1);
+        mbar_expect_bytes(full, 2 * L::TILE + L::STATS);
+        tma_tile<BQ, HD>(step, &p.q, h, i * BQ, b, full);
+        tma_tile<BQ, HD>(step + L::TILE, &p.dout, h, i * BQ, b, full);
+        const size_t stats = ((size_t)b * p.Hq + h) * p.Tp + (size_t)i * BQ; // < Tp: padded
+        bulk_load(step + 2 * L::TILE, p.lse2 + stats, BQ * 4, full);
+        bulk_load(step + 2 * L::TILE + BQ * 4, p.delta + stats, BQ * 4, full);
+    }
+}
+
+__device__ __forceinline__ float lds_f32(uint32_t at) {
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at));
+    return x;
+}
+
+// A dK/dV consumer warpgroup: its 64 keys against every step, dK and dV in registers.
+template <int HD, bool DOCS>
+__device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
+                            int per_head, int n_steps) {
+    typedef dkv_smem<HD> L;
+    const ring_bars bars = {base + L::BARS};
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4, T = p.T;
+    const int wg_lo = k0 + wg * 64, k_lo = wg_lo + warp * 16; // the warp's keys k_lo..+15
+    // varlen: one past the last query that sees each of this lane's keys g and g + 8; the
+    // smallest over the warp's keys; the largest over the warpgroup's
+    int end[2] = {T, T}, warp_end = T, wg_end = T;
+    if (DOCS) {
+        const int32_t *e = p.doc_end + (size_t)b * T;
+        end[0] = e[imin(k_lo + g, T - 1)];
+        end[1] = e[imin(k_lo + g + 8, T - 1)];
+        warp_end = e[imin(k_lo, T - 1)];
+        wg_end = e[imin(wg_lo + 63, T - 1)];
+    }
+    const uint32_t sK = base + L::K + wg * 64 * SW, sV = base + L::V + wg * 64 * SW;
+    float dk[HD / 8][4], dv[HD / 8][4];
+    zero_acc(dk);
+    zero_acc(dv);
+    mbar_wait(bars.fixed_full(), 0);
+    for (int it = 0; it < n_steps; it++) {
+        const int s = it % STAGES, q0 = (first + it % per_head) * BQ;
+        const uint32_t sQ = base + L::STEPS + s * L::STEP, sdO = sQ + L::TILE;
+        const uint32_t lse2 = sdO + L::TILE, delta = lse2 + BQ * 4;
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        // else every query is before the warpgroup's keys, or (varlen) past their documents
+        if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < wg_end)) {
+            float st[BQ / 8][4], dpt[BQ / 8][4]; // S^T then P^T then dS^T; dP^T: rows are keys
+            gemm_ss<BQ, HD>(st, sK, ROWS * SW, sQ, BQ * SW);
+            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > warp_end);
+#pragma unroll
+            for (int jn = 0; jn < BQ / 8; jn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
+                    float pr = exp2f(st[jn][e] * p.scale_log2 - lds_f32(lse2 + col * 4));
+                    if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
+                    if (DOCS && masked && q0 + col >= end[e / 2]) pr = 0.0f; // another document
+                    st[jn][e] = pr;
+                }
+            gemm_rs<HD, BQ>(dv, st, sdO, BQ * SW);
+            gemm_ss<BQ, HD>(dpt, sV, ROWS * SW, sdO, BQ * SW);
+#pragma unroll
+            for (int jn = 0; jn < BQ / 8; jn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    st[jn][e] *= dpt[jn][e] - lds_f32(delta + (jn * 8 + 2 * t4 + e % 2) * 4);
+            gemm_rs<HD, BQ>(dk, st, sQ, BQ * SW);
+        }
+        mbar_arrive(bars.empty(s));
+    }
+    // The warpgroup's K and V rows were read by it alone: stage its results there.
+    const size_t kvs = (size_t)p.Hkv * HD, head = (size_t)b * T * kvs + (size_t)kvh * HD;
+    const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
+    store_rows<HD>(dk, dk_scale, sK, ROWS * SW, p.dk + head, kvs, wg_lo, T, wg);
+    store_rows<HD>(dv, one, sV, ROWS * SW, p.dv + head, kvs, wg_lo, T, wg);
+}
+
+template <int HD, bool DOCS>
+__global__ void __launch_bounds__(THREADS, 1) attention_dkdv_sm90(const __grid_constant__ bwd_tma p) {
+    const uint32_t base = smem_base();
+    const int kvh = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * ROWS, T = p.T;
+    // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
+    const int q_end = DOCS ? p.doc_end[(size_t)b * T + imin(k0 + ROWS, T) - 1] : T;
+    const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
+    const int n_steps = p.Hq / p.Hkv * per_head;
+    if (threadIdx.x == 0) ring_bars{base + dkv_smem<HD>::BARS}.init();
+    __syncthreads();
+    if (threadIdx.x / 128 == CONSUMERS) {
+        regs_shrink<PRODUCER_REGS>();
+        if (threadIdx.x == CONSUMERS * 128)
+            dkv_produce<HD>(p, base, kvh, b, k0, first, per_head, n_steps);
+        return;
+    }
+    regs_grow<CONSUMER_REGS>();
+    dkv_consume<HD, DOCS>(p, base, kvh, b, k0, first, per_head, n_steps);
+}
+
+template <int HD> using dq_smem = stream_smem<HD, DQ_KEYS, 2>;
+
+// A dQ consumer warpgroup: its 64 query rows against every key tile, dQ in registers.
+template <int HD, bool DOCS>
+__device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0, int j0,
+                           int n_tiles) {
+    typedef dq_smem<HD> L;
+    constexpr int BN = DQ_KEYS;
+    const ring_bars bars = {base + L::BARS};
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4, T = p.T;
+    const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16;
+    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, wg_lo, row_lo);
+    const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lse2[r] = p.lse2[stats + row_lo + g + 8 * r];
+        delta[r] = p.delta[stats + row_lo + g + 8 * r];
+    }
+    const uint32_t sQ = base + wg * 64 * SW, sdO = sQ + L::ROWS_BYTES;
+    float dq[HD / 8][4];
+    zero_acc(dq);
+    mbar_wait(bars.fixed_full(), 0);
+    for (int it = 0; it < n_tiles - j0; it++) {
+        const int s = it % STAGES, j = j0 + it;
+        const uint32_t parity = (it / STAGES) & 1;
+        const uint32_t sK = base + L::K + s * L::KV_BYTES, sV = base + L::V + s * L::KV_BYTES;
+        mbar_wait(bars.k_full(s), parity);
+        mbar_wait(bars.v_full(s), parity);
+        if (j * BN <= wg_lo + 63 && (!DOCS || j * BN + BN - 1 >= docs.wg_first)) {
+            float sc[BN / 8][4], dp[BN / 8][4];
+            gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK, BN * SW);
+            gemm_ss<BN, HD>(dp, sdO, ROWS * SW, sV, BN * SW);
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
+#pragma unroll
+            for (int jn = 0; jn < BN / 8; jn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e / 2, row = row_lo + g + 8 * r;
+                    const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
+                    float pr = exp2f(sc[jn][e] * p.scale_log2 - lse2[r]);
+                    if (masked && key > row) pr = 0.0f;
+                    if (DOCS && masked && key < docs.first[r]) pr = 0.0f; // another document
+                    sc[jn][e] = pr * (dp[jn][e] - delta[r]);          // dS
+                }
+            gemm_rs<HD, BN>(dq, sc, sK, BN * SW);
+        }
+        mbar_arrive(bars.empty(s));
+    }
+    const size_t qs = (size_t)p.Hq * HD;
+    const float dq_scale[2] = {p.scale, p.scale};
+    store_rows<HD>(dq, dq_scale, sQ, ROWS * SW, p.dq + (size_t)b * T * qs + (size_t)h * HD, qs,
+                   wg_lo, T, wg);
+}
+
+template <int HD, bool DOCS>
+__global__ void __launch_bounds__(THREADS, 1) attention_dq_sm90(const __grid_constant__ bwd_tma p) {
+    const uint32_t base = smem_base();
+    const int h = blockIdx.x, b = blockIdx.y, m = gridDim.z - 1 - blockIdx.z; // longest first
+    const int kvh = h / (p.Hq / p.Hkv), q0 = m * ROWS;
+    const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / DQ_KEYS + 1;
+    const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / DQ_KEYS : 0;
+    if (threadIdx.x == 0) ring_bars{base + dq_smem<HD>::BARS}.init();
+    __syncthreads();
+    if (threadIdx.x / 128 == CONSUMERS) {
+        regs_shrink<PRODUCER_REGS>();
+        if (threadIdx.x == CONSUMERS * 128)
+            stream_produce<HD, DQ_KEYS, 2>(&p.q, &p.dout, &p.k, &p.v, base, h, kvh, b, q0, j0,
+                                           n_tiles);
+        return;
+    }
+    regs_grow<CONSUMER_REGS>();
+    dq_consume<HD, DOCS>(p, base, h, b, q0, j0, n_tiles);
+}
+
+} // namespace
+
+// ---- host side ----
+
+// A 4-D map over [B, T, H, hd] bf16 at base: boxes of 64 columns, one head, `rows` rows;
+// 128-byte swizzle; rows past T read as zeros.
+static int encode_map(kctx *c, CUtensorMap *map, const void *base, int B, int T, int H, int hd,
+                      int rows) {
+    const cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)hd * 2, (cuuint64_t)H * hd * 2,
+                                   (cuuint64_t)T * H * hd * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, step[4] = {1, 1, 1, 1};
+    PFN_cuTensorMapEncodeTiled_v12000 encode =
+        (PFN_cuTensorMapEncodeTiled_v12000)cuda_state(c)->tensor_map_encode;
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims,
+                        strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        k_fail(c, "CUDA attention (sm_90a): cuTensorMapEncodeTiled failed (CUresult %d) for "
+                  "B=%d T=%d H=%d hd=%d", (int)r, B, T, H, hd);
+        return -1;
+    }
+    return 0;
+}
+
+template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t bytes) {
+    if (bytes > (size_t)cuda_state(c)->smem_optin) {
+        k_fail(c, "CUDA attention (sm_90a): a block needs %zu bytes of shared memory, the device "
+                  "gives %d", bytes, cuda_state(c)->smem_optin);
+        return -1;
+    }
+    return cuda_check_call(c,
+                           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)bytes),
+                           "attention (sm_90a): cudaFuncSetAttribute");
+}
+
+template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p, int B) {
+    const size_t smem = fwd_smem<HD>::BYTES;
+    if (allow_smem(c, attention_fwd_sm90<HD, DOCS>, smem)) return;
+    dim3 grid(p.Hq, B, (p.T + ROWS - 1) / ROWS);
+    attention_fwd_sm90<HD, DOCS><<<grid, THREADS, smem, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention forward (sm_90a)");
+}
+
+template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &kv, const bwd_tma &q,
+                                                    int B) {
+    if (allow_smem(c, attention_dkdv_sm90<HD, DOCS>, dkv_smem<HD>::BYTES) ||
+        allow_smem(c, attention_dq_sm90<HD, DOCS>, dq_smem<HD>::BYTES))
+        return;
+    dim3 kv_grid(kv.Hkv, B, (kv.T + ROWS - 1) / ROWS), q_grid(q.Hq, B, (q.T + ROWS - 1) / ROWS);
+    attention_dkdv_sm90<HD, DOCS><<<kv_grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(kv);
+    cuda_check_launch(c, "attention backward (dK, dV; sm_90a)");
+    attention_dq_sm90<HD, DOCS><<<q_grid, THREADS, dq_smem<HD>::BYTES, cuda_stream(c)>>>(q);
+    cuda_check_launch(c, "attention backward (dQ; sm_90a)");
+}
+
+extern "C" int cuda_attention_sm90_setup(kctx *c, int device, errbuf *err) {
+    cuda_impl *s = cuda_state(c);
+    int major = 0, minor = 0;
+    cudaError_t e;
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+            cudaSuccess)
+        return errf(err, "CUDA backend on device %d: reading the compute capability: %s", device,
+                    cudaGetErrorString(e));
+    const char *choice = getenv("FSDP_CUDA_ATTENTION");
+    if (choice && strcmp(choice, "mma") && strcmp(choice, "wgmma"))
+        return errf(err, "FSDP_CUDA_ATTENTION=%s: expected \"wgmma\" (the sm_90a kernels, the "
+                         "default on Hopper) or \"mma\" (the mma.sync kernels)", choice);
+    s->attention_sm90 = 0;
+    if (major != 9 || minor != 0 || (choice && !strcmp(choice, "mma"))) return 0;
+    cudaDriverEntryPointQueryResult found;
+    if ((e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &s->tensor_map_encode,
+                                              12000, cudaEnableDefault, &found)) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || !s->tensor_map_encode)
+        return errf(err, "CUDA backend on device %d: the driver has no cuTensorMapEncodeTiled "
+                         "(TMA, for the sm_90a attention): %s", device,
+                    e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found");
+    s->attention_sm90 = 1;
+    return 0;
+}
+
+extern "C" void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const void *q,
+                                        const void *k, const void *v, const k_docs *docs, int B,
+                                        int T, int Hq, int Hkv, int hd) {
+    fwd_tma p;
+    memset(&p, 0, sizeof p);
+    if (encode_map(c, &p.q, q, B, T, Hq, hd, ROWS) || encode_map(c, &p.k, k, B, T, Hkv, hd, FWD_KEYS) ||
+        encode_map(c, &p.v, v, B, T, Hkv, hd, FWD_KEYS))
+        return;
+    p.out = (bf16 *)out;
+    p.lse = lse;
+    p.doc_start = docs ? docs->start : nullptr;
+    p.T = T;
+    p.Hq = Hq;
+    p.Hkv = Hkv;
+    p.scale_log2 = LOG2E / sqrtf((float)hd);
+    if (hd == 64)
+        docs ? launch_fwd<64, true>(c, p, B) : launch_fwd<64, false>(c, p, B);
+    else
+        docs ? launch_fwd<128, true>(c, p, B) : launch_fwd<128, false>(c, p, B);
+}
+
+// The maps of one backward kernel: q and dout in boxes of q_rows rows, k and v of kv_rows.
+static int encode_bwd_maps(kctx *c, bwd_tma *p, const void *q, const void *dout, const void *k,
+                           const void *v, int B, int hd, int q_rows, int kv_rows) {
+    return encode_map(c, &p->q, q, B, p->T, p->Hq, hd, q_rows) ||
+           encode_map(c, &p->dout, dout, B, p->T, p->Hq, hd, q_rows) ||
+           encode_map(c, &p->k, k, B, p->T, p->Hkv, hd, kv_rows) ||
+           encode_map(c, &p->v, v, B, p->T, p->Hkv, hd, kv_rows);
+}
+
+extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
+                                        const void *q, const void *k, const void *v,
+                                        const float *lse2, const float *delta, int Tp,
+                                        const k_docs *docs, int B, int T, int Hq, int Hkv,
+                                        int hd) {
+    bwd_tma kv;
+    memset(&kv, 0, sizeof kv);
+    kv.dq = (bf16 *)dq;
+    kv.dk = (bf16 *)dk;
+    kv.dv = (bf16 *)dv;
+    kv.lse2 = lse2;
+    kv.delta = delta;
+    kv.doc_start = docs ? docs->start : nullptr;
+    kv.doc_end = docs ? docs->end : nullptr;
+    kv.T = T;
+    kv.Hq = Hq;
+    kv.Hkv = Hkv;
+    kv.Tp = Tp;
+    kv.scale = 1.0f / sqrtf((float)hd);
+    kv.scale_log2 = kv.scale * LOG2E;
+    bwd_tma qp = kv;
+    if (encode_bwd_maps(c, &kv, q, dout, k, v, B, hd, BQ, ROWS) ||
+        encode_bwd_maps(c, &qp, q, dout, k, v, B, hd, ROWS, DQ_KEYS))
+        return;
+    if (hd == 64)
+        docs ? launch_bwd<64, true>(c, kv, qp, B) : launch_bwd<64, false>(c, kv, qp, B);
+    else
+        docs ? launch_bwd<128, true>(c, kv, qp, B) : launch_bwd<128, false>(c, kv, qp, B);
+}
