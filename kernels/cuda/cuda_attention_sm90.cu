@@ -52,6 +52,9 @@ constexpr int SW = 128;              // bytes of a swizzled row: 64 bf16
 __device__ __forceinline__ int imin(int a, int b) {
     return a < b ? a : b;
 }
+__device__ __forceinline__ int imax(int a, int b) {
+    return a > b ? a : b;
+}
 
 // ---- mbarriers, TMA ----
 
@@ -127,6 +130,19 @@ template <int N> __device__ __forceinline__ void regs_shrink() {
 }
 template <int N> __device__ __forceinline__ void regs_grow() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Pingpong (the forward without docs): the two consumers take turns issuing their products,
+// so that one's softmax runs while the other's products do.  Warpgroup wg waits at named
+// barrier 3 + wg for the other's signal, issues, then signals the other.
+#ifndef SM90_PINGPONG
+#define SM90_PINGPONG 1
+#endif
+__device__ __forceinline__ void turn_wait(int wg) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory");
 }
 
 // Lets the other 127 threads of warpgroup `wg` meet this one (named barrier 1 + wg).
@@ -283,6 +299,13 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t 
 }
 
 
+// 2^x (MUFU.EX2, denormals flushed: the probabilities they would be are below bf16's anyway).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Two floats as bf16 (round to nearest even), lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     uint32_t r;
@@ -306,6 +329,11 @@ template <int N> __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
         for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
 }
 
+// The products, issued (wgmma_fence, then one wgmma per k-step) and left running: the caller
+// commits them as a group (wgmma_commit), later waits for it (wgmma_wait<pending>) and then
+// fences the accumulators (and for gemm_rs the A fragments, which must stay untouched until
+// then) with acc_fence / frag_fence.
+//
 // acc (64 x N) = A B^T, A (64 x K) and B (N x K) K-major tiles in shared memory.
 template <int N, int K>
 __device__ __forceinline__ void gemm_ss(float (&acc)[N / 8][4], uint32_t a_rows, uint32_t a_chunk,
@@ -315,26 +343,31 @@ __device__ __forceinline__ void gemm_ss(float (&acc)[N / 8][4], uint32_t a_rows,
     for (int kk = 0; kk < K / 16; kk++)
         wgmma_ss<N>(acc, desc_k_major(a_rows, a_chunk, kk), desc_k_major(b_rows, b_chunk, kk),
                     kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    acc_fence(acc);
 }
 
-// acc (64 x N) += P B: P the fp32 accumulators of a 64 x K product (rounded to bf16 here), B
-// K x N, MN-major in shared memory (64-column chunks `b_chunk` bytes apart).
+// acc (64 x N) += A B: A the bf16 fragments of a 64 x K matrix (acc_to_frags), B K x N,
+// MN-major in shared memory (64-column chunks `b_chunk` bytes apart).
 template <int N, int K>
-__device__ __forceinline__ void gemm_rs(float (&acc)[N / 8][4], const float (&p)[K / 8][4],
+__device__ __forceinline__ void gemm_rs(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
                                         uint32_t b_tile, uint32_t b_chunk) {
-    uint32_t a[K / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) acc_to_a<K>(a[kk], p, kk);
     acc_fence(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) wgmma_rs<N>(acc, a[kk], desc_mn_major(b_tile, b_chunk, kk), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    acc_fence(acc);
+}
+
+// The bf16 A fragments of a 64 x K accumulator.
+template <int K>
+__device__ __forceinline__ void acc_to_frags(uint32_t (&a)[K / 16][4], const float (&p)[K / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) acc_to_a<K>(a[kk], p, kk);
+}
+
+template <int N> __device__ __forceinline__ void frag_fence(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 // Writes a warpgroup's 64 x HD accumulator as bf16 rows [row0, row0 + 64) of one head (rows at
@@ -372,30 +405,35 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const 
 
 // ---- the key/value stream of the forward and dQ ----
 
+constexpr uint32_t RING_BARS_BYTES = 8 * (1 + 4 * STAGES); // ring_bars
+
 // A block's shared memory: FIXED tiles of its own ROWS rows (Q; dQ: Q and dO), then a ring of
 // STAGES key tiles and STAGES value tiles of BN rows, then the mbarriers.
 template <int HD, int BN, int FIXED> struct stream_smem {
     static constexpr uint32_t ROWS_BYTES = ROWS * HD * 2, KV_BYTES = BN * HD * 2;
     static constexpr uint32_t K = FIXED * ROWS_BYTES, V = K + STAGES * KV_BYTES;
     static constexpr uint32_t BARS = V + STAGES * KV_BYTES;
-    static constexpr size_t BYTES = BARS + 8 * (1 + 3 * STAGES) + 1024;
+    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
 };
 
-// The mbarriers at `at`: the fixed tiles landed; ring stage s landed (keys, values); ring
-// stage s read by both consumers.  The dK/dV kernel's ring holds one kind of tile (its k_full).
+// The mbarriers at `at`: the fixed tiles landed; ring stage s's keys (values) landed; its
+// keys (values) read by both consumers.  The dK/dV kernel's ring holds one kind of step (its
+// k_full and k_empty).
 struct ring_bars {
     uint32_t at;
     __device__ __forceinline__ uint32_t fixed_full() const { return at; }
-    __device__ __forceinline__ uint32_t k_full(int s) const { return at + 8 + 8 * s; }
+    __device__ __forceinline__ uint32_t k_full(int s) const { return at + 8 * (1 + s); }
     __device__ __forceinline__ uint32_t v_full(int s) const { return at + 8 * (1 + STAGES + s); }
-    __device__ __forceinline__ uint32_t empty(int s) const { return at + 8 * (1 + 2 * STAGES + s); }
+    __device__ __forceinline__ uint32_t k_empty(int s) const { return at + 8 * (1 + 2 * STAGES + s); }
+    __device__ __forceinline__ uint32_t v_empty(int s) const { return at + 8 * (1 + 3 * STAGES + s); }
     // By thread 0 before the block's first __syncthreads.
     __device__ __forceinline__ void init() const {
         mbar_init(fixed_full(), 1);
         for (int s = 0; s < STAGES; s++) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(empty(s), CONSUMERS * 128);
+            mbar_init(k_empty(s), CONSUMERS * 128);
+            mbar_init(v_empty(s), CONSUMERS * 128);
         }
         mbar_init_fence();
     }
@@ -414,9 +452,10 @@ __device__ void stream_produce(const CUtensorMap *map0, const CUtensorMap *map1,
     if (FIXED == 2) tma_tile<ROWS, HD>(base + L::ROWS_BYTES, map1, h, q0, b, bars.fixed_full());
     for (int it = 0; it < n_tiles - j0; it++) {
         const int s = it % STAGES, j = j0 + it;
-        if (it >= STAGES) mbar_wait(bars.empty(s), (it / STAGES - 1) & 1);
+        if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
         mbar_expect_bytes(bars.k_full(s), L::KV_BYTES);
         tma_tile<BN, HD>(base + L::K + s * L::KV_BYTES, k, kvh, j * BN, b, bars.k_full(s));
+        if (it >= STAGES) mbar_wait(bars.v_empty(s), (it / STAGES - 1) & 1);
         mbar_expect_bytes(bars.v_full(s), L::KV_BYTES);
         tma_tile<BN, HD>(base + L::V + s * L::KV_BYTES, v, kvh, j * BN, b, bars.v_full(s));
     }
@@ -445,6 +484,17 @@ __device__ __forceinline__ query_docs query_docs_of(const int32_t *doc_start, in
     return d;
 }
 
+// A block's work (grid: heads, batch, tiles): tile-major, so that the longest tiles of every
+// head run first and the short ones fill the end.
+struct block_work {
+    int head, batch, tile;
+};
+
+__device__ __forceinline__ block_work block_of(bool longest_first) {
+    const int i = blockIdx.z;
+    return {(int)blockIdx.x, (int)blockIdx.y, longest_first ? (int)gridDim.z - 1 - i : i};
+}
+
 // ---- forward ----
 
 struct fwd_tma {
@@ -457,15 +507,17 @@ struct fwd_tma {
 };
 
 constexpr int FWD_KEYS = 128; // keys a tile
+static_assert(FWD_KEYS == ROWS, "every forward tile up to the diagonal has keys both warpgroups see");
 template <int HD> using fwd_smem = stream_smem<HD, FWD_KEYS, 1>;
 
-// The online softmax of one tile for this lane's rows g and g + 8: scores s (scaled to the
-// log2 domain and masked here) become probabilities exp2(s - max); the running max and sum
-// and the output accumulator o are rescaled.  masked: some key of the tile may be past a
-// row, or (varlen) before its document (first[r]: the row's first key).
-template <int BN, int HD, bool DOCS>
-__device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&o)[HD / 8][4],
-                                             float (&row_max)[2], float (&row_sum)[2],
+// The online softmax of one tile for this lane's rows g and g + 8: scores s (masked here)
+// become probabilities exp2(s * scale_log2 - max) (one FFMA and one EX2 each); the running
+// max (of the raw scores) and sum are updated, and rescale[r] is what the output
+// accumulator's row must be multiplied by.  masked: some key of the tile may be past a row,
+// or (varlen) before its document (first[r]: the row's first key).
+template <int BN, bool DOCS>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float (&rescale)[2],
                                              float scale_log2, int key0, int row_lo, bool masked,
                                              const int (&first)[2]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -477,7 +529,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&o)[H
         for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                float x = s[jn][2 * r + e] * scale_log2;
+                float x = s[jn][2 * r + e];
                 const int key = key0 + jn * 8 + 2 * t4 + e;
                 if (masked && key > row) x = -INFINITY;
                 if (DOCS && masked && key < first[r]) x = -INFINITY; // another document
@@ -487,27 +539,30 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&o)[H
         top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)); // the row's 4 lanes
         top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
         const float new_max = fmaxf(row_max[r], top);
-        // A row's tiles may all be masked so far (varlen); the guard keeps exp2(-inf - -inf)
-        // from making a NaN.
-        const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const float rescale = exp2f(row_max[r] - base);
+        // A row's tiles may all be masked so far (varlen); the guard keeps -inf - -inf from
+        // ever making a NaN.
+        const float base = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+        rescale[r] = ex2(row_max[r] * scale_log2 - base);
         float sum = 0.0f;
 #pragma unroll
         for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const float x = exp2f(s[jn][2 * r + e] - base);
+                const float x = ex2(fmaf(s[jn][2 * r + e], scale_log2, -base));
                 s[jn][2 * r + e] = x;
                 sum += x;
             }
-        row_sum[r] = row_sum[r] * rescale + sum; // this lane's part of the row
+        row_sum[r] = row_sum[r] * rescale[r] + sum; // this lane's part of the row
         row_max[r] = new_max;
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            o[dn][2 * r] *= rescale;
-            o[dn][2 * r + 1] *= rescale;
-        }
     }
+}
+
+template <int HD>
+__device__ __forceinline__ void rescale_rows(float (&o)[HD / 8][4], const float (&rescale)[2]) {
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[dn][e] *= rescale[e / 2];
 }
 
 // A consumer warpgroup: its 64 query rows against every key tile the producer streams.
@@ -522,26 +577,79 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16; // the warp's rows
     const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, wg_lo, row_lo);
     const uint32_t sQ = base + wg * 64 * SW;
+    const uint32_t sK = base + L::K, sV = base + L::V;
+    // The warpgroup's first tile with keys of its documents (without docs, j0); tiles from
+    // there to the diagonal all have keys its rows see (FWD_KEYS == ROWS).
+    const int jw = DOCS ? imax(j0, docs.wg_first / BN) : j0;
     float o[HD / 8][4], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    float rescale[2] = {1.0f, 1.0f};
+    uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
     zero_acc(o);
     mbar_wait(bars.fixed_full(), 0);
-    for (int it = 0; it < n_tiles - j0; it++) {
-        const int s = it % STAGES, j = j0 + it;
-        const uint32_t parity = (it / STAGES) & 1;
-        const uint32_t sK = base + L::K + s * L::KV_BYTES, sV = base + L::V + s * L::KV_BYTES;
-        // else every key is past the warpgroup's rows, or (varlen) before their documents
-        const bool live = j * BN <= wg_lo + 63 && (!DOCS || j * BN + BN - 1 >= docs.wg_first);
-        mbar_wait(bars.k_full(s), parity);
+    for (int j = j0; j < jw; j++) { // released unread
+        const int it = j - j0, s = it % STAGES;
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        mbar_arrive(bars.k_empty(s));
+        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
+        mbar_arrive(bars.v_empty(s));
+    }
+    // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
+    // second product does (O is rescaled, by tile j-1's factor, before it).
+    constexpr bool PINGPONG = !DOCS && SM90_PINGPONG; // both take the same number of turns
+    if (PINGPONG && wg == 1) turn_pass(wg);           // warpgroup 0 goes first
+    { // the first tile: its S alone (a loop of uniform bodies keeps ptxas from serialising)
+        const int it = jw - j0, s = it % STAGES;
         float sc[BN / 8][4];
-        if (live) {
-            gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK, BN * SW);
-            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
-            softmax_tile<BN, HD, DOCS>(sc, o, row_max, row_sum, p.scale_log2, j * BN, row_lo,
-                                       masked, docs.first);
-        }
-        mbar_wait(bars.v_full(s), parity);
-        if (live) gemm_rs<HD, BN>(o, sc, sV, BN * SW);
-        mbar_arrive(bars.empty(s));
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        if (PINGPONG) turn_wait(wg);
+        gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        if (PINGPONG) turn_pass(wg);
+        wgmma_wait<0>();
+        acc_fence(sc);
+        mbar_arrive(bars.k_empty(s));
+        const bool masked = jw * BN + BN - 1 > row_lo || (DOCS && jw * BN < docs.warp_first);
+        softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, jw * BN, row_lo,
+                               masked, docs.first);
+        acc_to_frags<BN>(pa, sc);
+    }
+    for (int j = jw + 1; j < n_tiles; j++) {
+        const int it = j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
+        float sc[BN / 8][4];
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        if (PINGPONG) turn_wait(wg);
+        gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        rescale_rows<HD>(o, rescale);
+        mbar_wait(bars.v_full(ps), ((it - 1) / STAGES) & 1);
+        gemm_rs<HD, BN>(o, pa, sV + ps * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        if (PINGPONG) turn_pass(wg);
+        wgmma_wait<1>();
+        acc_fence(sc);
+        mbar_arrive(bars.k_empty(s));
+        const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
+        softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, j * BN, row_lo, masked,
+                               docs.first);
+        wgmma_wait<0>();
+        acc_fence(o);
+        frag_fence(pa);
+        mbar_arrive(bars.v_empty(ps));
+        acc_to_frags<BN>(pa, sc);
+    }
+    {
+        const int it = n_tiles - 1 - j0, s = it % STAGES;
+        rescale_rows<HD>(o, rescale);
+        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
+        if (PINGPONG) turn_wait(wg);
+        gemm_rs<HD, BN>(o, pa, sV + s * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        if (PINGPONG) turn_pass(wg);
+        if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
+        wgmma_wait<0>();
+        acc_fence(o);
+        frag_fence(pa);
+        mbar_arrive(bars.v_empty(s));
     }
 
     float inv[2];
@@ -560,7 +668,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = row_lo + g + 8 * r;
-            if (row < T) lse[row] = (row_max[r] + log2f(row_sum[r])) * LN2;
+            if (row < T) lse[row] = (row_max[r] * p.scale_log2 + log2f(row_sum[r])) * LN2;
         }
     }
 }
@@ -568,8 +676,8 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_constant__ fwd_tma p) {
     const uint32_t base = smem_base();
-    const int h = blockIdx.x, b = blockIdx.y, m = gridDim.z - 1 - blockIdx.z; // longest first
-    const int kvh = h / (p.Hq / p.Hkv), q0 = m * ROWS;
+    const block_work w = block_of(true);
+    const int h = w.head, b = w.batch, kvh = h / (p.Hq / p.Hkv), q0 = w.tile * ROWS;
     const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / FWD_KEYS + 1; // up to the diagonal
     const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / FWD_KEYS : 0;
     if (threadIdx.x == 0) ring_bars{base + fwd_smem<HD>::BARS}.init();
@@ -606,7 +714,7 @@ template <int HD> struct dkv_smem {
     static constexpr uint32_t STEP = 2 * TILE + 1024; // the stats padded: steps start on 1024
     static constexpr uint32_t K = 0, V = KV_BYTES, STEPS = 2 * KV_BYTES;
     static constexpr uint32_t BARS = STEPS + STAGES * STEP;
-    static constexpr size_t BYTES = BARS + 8 * (1 + 3 * STAGES) + 1024;
+    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
     static_assert(STATS <= 1024 && TILE % 1024 == 0, "a step's tiles start on 1024 bytes");
 };
 
@@ -623,7 +731,7 @@ __device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int
     for (int it = 0; it < n_steps; it++) {
         const int s = it % STAGES, h = kvh * group + it / per_head, i = first + it % per_head;
         const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
-        if (it >= STAGES) mbar_wait(bars.empty(s), (it / STAGES - 1) & 1);
+        if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
         mbar_expect_bytes(full, 2 * L::TILE + L::STATS);
         tma_tile<BQ, HD>(step, &p.q, h, i * BQ, b, full);
         tma_tile<BQ, HD>(step + L::TILE, &p.dout, h, i * BQ, b, full);
@@ -672,27 +780,41 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
         if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < wg_end)) {
             float st[BQ / 8][4], dpt[BQ / 8][4]; // S^T then P^T then dS^T; dP^T: rows are keys
             gemm_ss<BQ, HD>(st, sK, ROWS * SW, sQ, BQ * SW);
+            gemm_ss<BQ, HD>(dpt, sV, ROWS * SW, sdO, BQ * SW);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(st);
+            acc_fence(dpt);
             const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > warp_end);
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
-                    float pr = exp2f(st[jn][e] * p.scale_log2 - lds_f32(lse2 + col * 4));
+                    float pr = ex2(fmaf(st[jn][e], p.scale_log2, -lds_f32(lse2 + col * 4)));
                     if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
                     if (DOCS && masked && q0 + col >= end[e / 2]) pr = 0.0f; // another document
                     st[jn][e] = pr;
                 }
-            gemm_rs<HD, BQ>(dv, st, sdO, BQ * SW);
-            gemm_ss<BQ, HD>(dpt, sV, ROWS * SW, sdO, BQ * SW);
+            uint32_t pf[BQ / 16][4], df[BQ / 16][4];
+            acc_to_frags<BQ>(pf, st);
+            gemm_rs<HD, BQ>(dv, pf, sdO, BQ * SW); // runs while dS^T is computed
+            wgmma_commit();
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     st[jn][e] *= dpt[jn][e] - lds_f32(delta + (jn * 8 + 2 * t4 + e % 2) * 4);
-            gemm_rs<HD, BQ>(dk, st, sQ, BQ * SW);
+            acc_to_frags<BQ>(df, st);
+            gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(dv);
+            acc_fence(dk);
+            frag_fence(pf);
+            frag_fence(df);
         }
-        mbar_arrive(bars.empty(s));
+        mbar_arrive(bars.k_empty(s));
     }
     // The warpgroup's K and V rows were read by it alone: stage its results there.
     const size_t kvs = (size_t)p.Hkv * HD, head = (size_t)b * T * kvs + (size_t)kvh * HD;
@@ -704,7 +826,8 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_dkdv_sm90(const __grid_constant__ bwd_tma p) {
     const uint32_t base = smem_base();
-    const int kvh = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * ROWS, T = p.T;
+    const block_work w = block_of(false); // the first key tiles see the most queries
+    const int kvh = w.head, b = w.batch, k0 = w.tile * ROWS, T = p.T;
     // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
     const int q_end = DOCS ? p.doc_end[(size_t)b * T + imin(k0 + ROWS, T) - 1] : T;
     const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
@@ -755,6 +878,10 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
             float sc[BN / 8][4], dp[BN / 8][4];
             gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK, BN * SW);
             gemm_ss<BN, HD>(dp, sdO, ROWS * SW, sV, BN * SW);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(sc);
+            acc_fence(dp);
             const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
 #pragma unroll
             for (int jn = 0; jn < BN / 8; jn++)
@@ -762,14 +889,21 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
                 for (int e = 0; e < 4; e++) {
                     const int r = e / 2, row = row_lo + g + 8 * r;
                     const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
-                    float pr = exp2f(sc[jn][e] * p.scale_log2 - lse2[r]);
+                    float pr = ex2(fmaf(sc[jn][e], p.scale_log2, -lse2[r]));
                     if (masked && key > row) pr = 0.0f;
                     if (DOCS && masked && key < docs.first[r]) pr = 0.0f; // another document
                     sc[jn][e] = pr * (dp[jn][e] - delta[r]);          // dS
                 }
-            gemm_rs<HD, BN>(dq, sc, sK, BN * SW);
+            uint32_t df[BN / 16][4];
+            acc_to_frags<BN>(df, sc);
+            gemm_rs<HD, BN>(dq, df, sK, BN * SW);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(dq);
+            frag_fence(df);
         }
-        mbar_arrive(bars.empty(s));
+        mbar_arrive(bars.k_empty(s));
+        mbar_arrive(bars.v_empty(s));
     }
     const size_t qs = (size_t)p.Hq * HD;
     const float dq_scale[2] = {p.scale, p.scale};
@@ -780,8 +914,8 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_dq_sm90(const __grid_constant__ bwd_tma p) {
     const uint32_t base = smem_base();
-    const int h = blockIdx.x, b = blockIdx.y, m = gridDim.z - 1 - blockIdx.z; // longest first
-    const int kvh = h / (p.Hq / p.Hkv), q0 = m * ROWS;
+    const block_work w = block_of(true);
+    const int h = w.head, b = w.batch, kvh = h / (p.Hq / p.Hkv), q0 = w.tile * ROWS;
     const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / DQ_KEYS + 1;
     const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / DQ_KEYS : 0;
     if (threadIdx.x == 0) ring_bars{base + dq_smem<HD>::BARS}.init();
@@ -838,7 +972,7 @@ template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t 
 template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p, int B) {
     const size_t smem = fwd_smem<HD>::BYTES;
     if (allow_smem(c, attention_fwd_sm90<HD, DOCS>, smem)) return;
-    dim3 grid(p.Hq, B, (p.T + ROWS - 1) / ROWS);
+    dim3 grid(p.Hq, B, (p.T + ROWS - 1) / ROWS); // block_of
     attention_fwd_sm90<HD, DOCS><<<grid, THREADS, smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention forward (sm_90a)");
 }
@@ -848,7 +982,8 @@ template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &kv, 
     if (allow_smem(c, attention_dkdv_sm90<HD, DOCS>, dkv_smem<HD>::BYTES) ||
         allow_smem(c, attention_dq_sm90<HD, DOCS>, dq_smem<HD>::BYTES))
         return;
-    dim3 kv_grid(kv.Hkv, B, (kv.T + ROWS - 1) / ROWS), q_grid(q.Hq, B, (q.T + ROWS - 1) / ROWS);
+    const int n_tiles = (kv.T + ROWS - 1) / ROWS; // block_of
+    dim3 kv_grid(kv.Hkv, B, n_tiles), q_grid(q.Hq, B, n_tiles);
     attention_dkdv_sm90<HD, DOCS><<<kv_grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(kv);
     cuda_check_launch(c, "attention backward (dK, dV; sm_90a)");
     attention_dq_sm90<HD, DOCS><<<q_grid, THREADS, dq_smem<HD>::BYTES, cuda_stream(c)>>>(q);
