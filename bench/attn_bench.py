@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Causal attention: our CUDA kernel beside PyTorch's scaled_dot_product_attention.
 
-Times PyTorch's flash backend (and cuDNN's, for context) at the shapes of
+Times PyTorch's flash and cuDNN backends, and its memory-efficient one deterministic (ours
+is deterministic), at the shapes of
 `check_attention --bench`: Llama-2-7B (B=4, Hq=Hkv=32, hd=128) and 70B (B=4, Hq=64, Hkv=8,
 hd=128) at T 2048 and 8192, and one hd=64 shape.  Tensors are laid out as ours, [B, T, H, hd]
 (PyTorch gets the [B, H, T, hd] view, as a Llama model would give it); bf16, is_causal=True,
@@ -9,7 +10,8 @@ random data.  Each figure is the median of 10 timed runs (CUDA events) after 3 w
 FLOPs: forward 4*B*Hq*T^2*hd/2 (causal), backward 2.5x the forward, forward+backward 3.5x.
 
 With --ours PATH it first runs `PATH --bench` (tests/gpu/check_attention), prints its output,
-and ends with one table of both and the ratios (ours / PyTorch flash; above 1 is faster).
+and ends with one table of both and the ratios (ours / flash, ours / cuDNN; above 1 is
+faster).
 
     python3 bench/attn_bench.py --ours build/gpu/check_attention
 """
@@ -30,7 +32,13 @@ SHAPES = [  # model, B, T, Hq, Hkv, hd: the rows of check_attention --bench
     ("hd64", 4, 2048, 32, 8, 64),
 ]
 WARMUP, REPS = 3, 10
-BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+# name, backend, deterministic: ours is deterministic; of PyTorch's, the memory-efficient
+# backend is under torch.use_deterministic_algorithms(True) (one key split in its backward);
+# cuDNN's deterministic backward (cuDNN >= 9.18, opt-in) is not reachable from PyTorch 2.11
+# (pytorch/pytorch#182551), and flash's backward sums dQ with atomics.
+BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION, False),
+            ("cudnn", SDPBackend.CUDNN_ATTENTION, False),
+            ("eff-det", SDPBackend.EFFICIENT_ATTENTION, True)]
 
 
 def fwd_flops(B, T, Hq, hd):
@@ -63,7 +71,7 @@ def attention(q, k, v, gqa):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def bench_torch(backend, B, T, Hq, Hkv, hd):
+def bench_torch(backend, deterministic, B, T, Hq, Hkv, hd):
     """(fwd ms, fwd+bwd ms, note), or None when the backend refuses these inputs."""
     dev, dt = "cuda", torch.bfloat16
     q = (2 * torch.rand(B, T, Hq, hd, device=dev, dtype=dt) - 1).requires_grad_()
@@ -71,6 +79,7 @@ def bench_torch(backend, B, T, Hq, Hkv, hd):
     v = (2 * torch.rand(B, T, Hkv, hd, device=dev, dtype=dt) - 1).requires_grad_()
     dout = 2 * torch.rand(B, Hq, T, hd, device=dev, dtype=dt) - 1
     result = None
+    torch.use_deterministic_algorithms(deterministic)
     with sdpa_kernel(backend):
         for gqa in ("native", "repeat"):
             try:
@@ -85,6 +94,7 @@ def bench_torch(backend, B, T, Hq, Hkv, hd):
                 last = str(e).splitlines()[0]
         else:
             print(f"  {backend}: refused B={B} T={T} Hq={Hq} Hkv={Hkv} hd={hd}: {last}")
+    torch.use_deterministic_algorithms(False)
     del q, k, v, dout
     torch.cuda.empty_cache()
     return result
@@ -119,11 +129,11 @@ def main():
         model, B, T, Hq, Hkv, hd = shape
         f = fwd_flops(B, T, Hq, hd)
         row = {"shape": shape}
-        for name, backend in BACKENDS:
-            r = bench_torch(backend, B, T, Hq, Hkv, hd)
+        for name, backend, deterministic in BACKENDS:
+            r = bench_torch(backend, deterministic, B, T, Hq, Hkv, hd)
             if r:
                 row[name] = (f / r[0] / 1e9, 3.5 * f / r[1] / 1e9)
-                print(f"{name:6s} {model:5s} B={B} T={T:5d} Hq={Hq:2d} Hkv={Hkv:2d} hd={hd:3d}  "
+                print(f"{name:7s} {model:5s} B={B} T={T:5d} Hq={Hq:2d} Hkv={Hkv:2d} hd={hd:3d}  "
                       f"fwd {r[0]:8.3f} ms {row[name][0]:6.1f} TFLOP/s   "
                       f"fwd+bwd {r[1]:8.3f} ms {row[name][1]:6.1f} TFLOP/s  {r[2]}", flush=True)
         if shape in ours:
@@ -134,17 +144,22 @@ def main():
     def cell(row, key, i):
         return f"{row[key][i]:7.1f}" if key in row else "      -"
 
-    def ratio(row, i):
-        return f"{row['ours'][i] / row['flash'][i]:6.2f}" if "ours" in row and "flash" in row else "     -"
+    def ratio(row, peer, i):
+        return f"{row['ours'][i] / row[peer][i]:5.2f}" if "ours" in row and peer in row else "    -"
 
-    print("\nTFLOP/s                |           forward                |       forward+backward")
-    print(f"{'model':5s} {'T':>5s} {'Hq/Hkv':>7s}  |   ours   flash   cudnn ours/flash |"
-          "   ours   flash   cudnn ours/flash")
+    print("\nTFLOP/s              |                forward                 |"
+          "            forward+backward")
+    print(f"{'model':5s} {'T':>5s} {'Hq/Hkv':>6s} |   ours   flash   cudnn eff-det /fl   /cu |"
+          "   ours   flash   cudnn eff-det /fl   /cu")
     for row in table:
         model, B, T, Hq, Hkv, hd = row["shape"]
-        print(f"{model:5s} {T:5d} {f'{Hq}/{Hkv}':>7s}  |{cell(row, 'ours', 0)} {cell(row, 'flash', 0)} "
-              f"{cell(row, 'cudnn', 0)} {ratio(row, 0):>10s} |{cell(row, 'ours', 1)} "
-              f"{cell(row, 'flash', 1)} {cell(row, 'cudnn', 1)} {ratio(row, 1):>10s}")
+        sides = []
+        for i in (0, 1):
+            cells = " ".join(cell(row, key, i) for key in ("ours", "flash", "cudnn", "eff-det"))
+            sides.append(f"{cells} {ratio(row, 'flash', i)} {ratio(row, 'cudnn', i)}")
+        print(f"{model:5s} {T:5d} {f'{Hq}/{Hkv}':>6s} |{sides[0]} |{sides[1]}")
+    print("/fl, /cu: ours over flash, over cudnn (above 1: ours is faster); eff-det: PyTorch's "
+          "memory-efficient backend, deterministic")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_attention_docs.cuh"
 
 // ---- device primitives (begin) ----
 extern __shared__ __align__(16) unsigned char cuda_attention_smem[];
@@ -154,50 +155,6 @@ template <int HD, int NW> struct tiles {
     static constexpr size_t dkv_smem = (size_t)2 * ROWS * RB + 2 * dkv_step;
     static constexpr size_t bwd_smem = dkv_smem > dq_smem ? dkv_smem : dq_smem;
 };
-
-__device__ __forceinline__ int imin(int a, int b) {
-    return a < b ? a : b;
-}
-
-// Varlen: the documents of a warp's 16 query rows row_lo.. (rows past T count as row T-1).
-struct query_docs {
-    int first[2];         // the first key rows g and g + 8 (this lane's) see
-    int warp_lo, warp_hi; // the smallest and the largest first key of the warp's rows
-};
-
-template <bool DOCS>
-__device__ __forceinline__ query_docs query_docs_of(const int32_t *doc_start, int b, int T,
-                                                    int row_lo, int g) {
-    query_docs d = {{0, 0}, 0, 0};
-    if (DOCS) {
-        const int32_t *start = doc_start + (size_t)b * T;
-        d.first[0] = start[imin(row_lo + g, T - 1)];
-        d.first[1] = start[imin(row_lo + g + 8, T - 1)];
-        d.warp_lo = start[imin(row_lo, T - 1)];
-        d.warp_hi = start[imin(row_lo + 15, T - 1)];
-    }
-    return d;
-}
-
-// Varlen: the documents of a warp's 16 key rows k_lo.. (rows past T count as row T-1).
-struct key_docs {
-    int end[2];           // one past the last query keys g and g + 8 (this lane's) are seen by
-    int warp_lo, warp_hi; // the smallest and the largest end of the warp's keys
-};
-
-template <bool DOCS>
-__device__ __forceinline__ key_docs key_docs_of(const int32_t *doc_end, int b, int T, int k_lo,
-                                                int g) {
-    key_docs d = {{T, T}, T, T};
-    if (DOCS) {
-        const int32_t *end = doc_end + (size_t)b * T;
-        d.end[0] = end[imin(k_lo + g, T - 1)];
-        d.end[1] = end[imin(k_lo + g + 8, T - 1)];
-        d.warp_lo = end[imin(k_lo, T - 1)];
-        d.warp_hi = end[imin(k_lo + 15, T - 1)];
-    }
-    return d;
-}
 
 // Copies rows [row0, row0 + ROWS) of one head into a shared tile of padded rows.  head points
 // at the head's row 0, rows are `stride` elements apart, rows at or past T become zeros.
@@ -364,7 +321,8 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_args<D
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1; // key tiles up to the diagonal
-    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const query_docs docs =
+        query_docs_of<DOCS>(p.starts(), b, T, row_lo, g, row_lo, row_lo + 15);
     const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     load_rows<HD, BM, G::THREADS>(sQ, qh, qs, q0, T);
@@ -383,12 +341,12 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const fwd_args<D
         const int buf = j & 1;
         next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
         // else every key of the tile is past the warp's rows, or (varlen) before their documents
-        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.warp_lo)) {
+        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.lo)) {
             float s[BN / 8][4];
             zero_acc(s);
             mma_regs_rows<BN, HD, RB>(s, qf, sK + buf * BN * RB + b_rows_offset(lane, RB));
             // some key past some row, or (varlen) before some row's document
-            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_hi);
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
 #pragma unroll
             for (int r = 0; r < 2; r++) { // rows g and g + 8
                 const int row = row_lo + g + 8 * r;
@@ -518,7 +476,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<
     const int q_end = DOCS ? p.ends()[(size_t)b * T + imin(k0 + BK, T) - 1] : T;
     const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
     const int n_steps = group * per_head;
-    const key_docs docs = key_docs_of<DOCS>(p.ends(), b, T, k_lo, g);
+    const key_docs docs = key_docs_of<DOCS>(p.ends(), b, T, k_lo, g, k_lo, k_lo + 15);
 
     load_rows<HD, BK, G::THREADS>(sK, p.k + kv_head, kvs, k0, T);
     load_rows<HD, BK, G::THREADS>(sV, p.v + kv_head, kvs, k0, T);
@@ -541,7 +499,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<
         __syncthreads();
         const int q0 = (first + s % per_head) * BQ;
         // else every query of the tile is before the warp's keys, or (varlen) past their documents
-        if (q0 + BQ - 1 >= k_lo && (!DOCS || q0 < docs.warp_hi)) {
+        if (q0 + BQ - 1 >= k_lo && (!DOCS || q0 < docs.hi)) {
             const uint32_t sQ = steps + buf * (uint32_t)G::dkv_step, sdO = sQ + BQ * RB;
             const float *lse2 = reinterpret_cast<const float *>(smem + (sQ - sK) + 2 * BQ * RB);
             const float *delta = lse2 + BQ;
@@ -549,7 +507,7 @@ __global__ void __launch_bounds__(NW * 32) attention_dkdv_kernel(const bwd_args<
             zero_acc(st);
             mma_rows_rows<BQ, HD, RB>(st, sK + warp * 16 * RB + a_offset(lane, RB),
                                       sQ + b_rows_offset(lane, RB));
-            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > docs.warp_lo);
+            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > docs.lo);
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
@@ -597,7 +555,8 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_args<DO
     const bf16 *kh = p.k + (size_t)b * T * kvs + (size_t)kvh * HD;
     const bf16 *vh = p.v + (size_t)b * T * kvs + (size_t)kvh * HD;
     const int n_tiles = (imin(T, q0 + BM) - 1) / BN + 1;
-    const query_docs docs = query_docs_of<DOCS>(p.starts(), b, T, row_lo, g);
+    const query_docs docs =
+        query_docs_of<DOCS>(p.starts(), b, T, row_lo, g, row_lo, row_lo + 15);
     const int j0 = DOCS ? p.starts()[(size_t)b * T + q0] / BN : 0; // the block's first key tile
 
     const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
@@ -625,14 +584,14 @@ __global__ void __launch_bounds__(NW * 32) attention_dq_kernel(const bwd_args<DO
     for (int j = j0; j < n_tiles; j++) {
         const int buf = j & 1;
         next_kv_tile<HD, BN, G::THREADS>(sK, sV, kh, vh, kvs, j, n_tiles, T);
-        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.warp_lo)) {
+        if (j * BN <= row_lo + 15 && (!DOCS || j * BN + BN - 1 >= docs.lo)) {
             const uint32_t kt = sK + buf * BN * RB, vt = sV + buf * BN * RB;
             float s[BN / 8][4], dp[BN / 8][4];
             zero_acc(s);
             zero_acc(dp);
             mma_regs_rows<BN, HD, RB>(s, qf, kt + b_rows_offset(lane, RB));
             mma_regs_rows<BN, HD, RB>(dp, dof, vt + b_rows_offset(lane, RB));
-            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_hi);
+            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
 #pragma unroll
             for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll

@@ -13,10 +13,14 @@
 //     is the layout wgmma's SW128 descriptors read, without bank conflicts), rows past T
 //     zero-filled by the hardware; completion is counted on an mbarrier in bytes;
 //   - warp specialisation: a block is two consumer warpgroups (128 query rows; dK/dV: 128
-//     key rows) and one producer warp, which streams tiles through a STAGES-deep ring of
-//     buffers guarded by full (TMA landed) and empty (both consumers done) mbarriers.
-// The consumers of a block run their softmax while the other's wgmma runs (the two
-// warpgroups are scheduled independently on the SM's four tensor-core partitions).
+//     key rows) and a producer warpgroup (one thread issues the copies; setmaxnreg gives its
+//     registers to the consumers), which streams tiles through a STAGES-deep ring of buffers
+//     guarded by full (TMA landed) and empty (both consumers done) mbarriers;
+//   - overlap: within a consumer, tile j's first product is issued before tile j-1's second,
+//     so that the softmax (forward) or dS (dQ) of tile j runs while the tensor cores work;
+//     between the consumers, pingpong turns (named barriers) stagger their products.
+// Measured on the H200 (bench/NOTES.md, F30): forward 430 TFLOP/s at Llama-2-7B T=2048, 1.9x
+// the mma.sync kernels; forward+backward 345.
 //
 // Blocks, and the order of the work in them, are those of cuda_attention.cu: the forward and
 // dQ a block per (query head, batch, 128 queries), dK/dV a block per (kv head, batch, 128
@@ -30,6 +34,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_attention_docs.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "cuda_attention_sm90.cu is built for sm_90a only (see the Makefile)"
@@ -46,12 +51,11 @@ constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * 128;
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 constexpr int ROWS = 64 * CONSUMERS; // a block's queries (forward, dQ) or keys (dK/dV)
-constexpr int STAGES = 2;            // buffers in the producer's ring
+// Buffers in the producer's ring: 3, because the dQ kernel holds a key tile until the next
+// tile's dQ product completes (with 2 its backward ran 15% slower on the H200).
+constexpr int STAGES = 3;
 constexpr int SW = 128;              // bytes of a swizzled row: 64 bf16
 
-__device__ __forceinline__ int imin(int a, int b) {
-    return a < b ? a : b;
-}
 __device__ __forceinline__ int imax(int a, int b) {
     return a > b ? a : b;
 }
@@ -132,12 +136,10 @@ template <int N> __device__ __forceinline__ void regs_grow() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Pingpong (the forward without docs): the two consumers take turns issuing their products,
-// so that one's softmax runs while the other's products do.  Warpgroup wg waits at named
-// barrier 3 + wg for the other's signal, issues, then signals the other.
-#ifndef SM90_PINGPONG
-#define SM90_PINGPONG 1
-#endif
+// Pingpong: the two consumers take turns issuing their products, so that one's softmax runs
+// while the other's products do (the forward and dQ without docs, where both take the same
+// number of turns; dK/dV always, a turn a step).  Warpgroup wg waits at named barrier 3 + wg
+// for the other's signal, issues, then signals the other; warpgroup 1 signals first.
 __device__ __forceinline__ void turn_wait(int wg) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
 }
@@ -202,102 +204,58 @@ template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b,
                                          int accumulate);
 
-// The wgmma instructions, one per shape (written out from one pattern: the operand lists are
-// long).  scale-d is `accumulate`; A and B unscaled; ss: neither transposed, rs: B MN-major.
+// The wgmma instructions, one per shape: scale-d is `accumulate`, A and B unscaled; ss:
+// neither transposed, rs: B MN-major.  The accumulator operand lists, 4 registers an 8-column
+// block, and their "%n" strings:
+#define ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define ACC_N64 ACC8(0), ACC8(1), ACC8(2), ACC8(3), ACC8(4), ACC8(5), ACC8(6), ACC8(7)
+#define ACC_N128                                                                            \
+    ACC_N64, ACC8(8), ACC8(9), ACC8(10), ACC8(11), ACC8(12), ACC8(13), ACC8(14), ACC8(15)
+#define REGS_0_31                                                                           \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS_32_63                                                                          \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+    "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SET_P(n) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #n ", 0;\n"
+#define WGMMA(n) "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 "
+
 template <>
 __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t a, uint64_t b,
-                                                 int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-                 "%30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
+                                             int accumulate) {
+    asm volatile(SET_P(34) WGMMA(64) "{" REGS_0_31 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : ACC_N64
                  : "l"(a), "l"(b), "r"(accumulate));
 }
-
 template <>
 __device__ __forceinline__ void wgmma_ss<128>(float (&d)[16][4], uint64_t a, uint64_t b,
-                                                 int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-                 "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-                 "%58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                                              int accumulate) {
+    asm volatile(SET_P(66) WGMMA(128) "{" REGS_0_31 ", " REGS_32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : ACC_N128
                  : "l"(a), "l"(b), "r"(accumulate));
 }
-
 template <>
 __device__ __forceinline__ void wgmma_rs<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                                 int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-                 "%30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
+                                             int accumulate) {
+    asm volatile(SET_P(37) WGMMA(64) "{" REGS_0_31 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : ACC_N64
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
-
 template <>
-__device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
-                                                 int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-                 "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-                 "%58, %59, %60, %61, %62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4],
+                                              uint64_t b, int accumulate) {
+    asm volatile(SET_P(69) WGMMA(128) "{" REGS_0_31 ", " REGS_32_63 "}, {%64, %65, %66, %67}, "
+                                                                    "%68, p, 1, 1, 1;\n}\n"
+                 : ACC_N128
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
-
+#undef ACC8
+#undef ACC_N64
+#undef ACC_N128
+#undef REGS_0_31
+#undef REGS_32_63
+#undef SET_P
+#undef WGMMA
 
 // 2^x (MUFU.EX2, denormals flushed: the probabilities they would be are below bf16's anyway).
 __device__ __forceinline__ float ex2(float x) {
@@ -461,29 +419,6 @@ __device__ void stream_produce(const CUtensorMap *map0, const CUtensorMap *map1,
     }
 }
 
-// Varlen: the documents of a warpgroup's query rows, for this lane's rows g and g + 8 of its
-// warp (rows past T count as row T-1).
-struct query_docs {
-    int first[2];   // the first key each of the lane's two rows sees
-    int wg_first;   // the smallest first key of the warpgroup's rows
-    int warp_first; // the largest first key of the warp's rows
-};
-
-template <bool DOCS>
-__device__ __forceinline__ query_docs query_docs_of(const int32_t *doc_start, int b, int T,
-                                                    int wg_lo, int row_lo) {
-    query_docs d = {{0, 0}, 0, 0};
-    if (DOCS) {
-        const int32_t *start = doc_start + (size_t)b * T;
-        const int g = threadIdx.x % 32 / 4;
-        d.first[0] = start[imin(row_lo + g, T - 1)];
-        d.first[1] = start[imin(row_lo + g + 8, T - 1)];
-        d.wg_first = start[imin(wg_lo, T - 1)];
-        d.warp_first = start[imin(row_lo + 15, T - 1)];
-    }
-    return d;
-}
-
 // A block's work (grid: heads, batch, tiles): tile-major, so that the longest tiles of every
 // head run first and the short ones fill the end.
 struct block_work {
@@ -575,12 +510,13 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, T = p.T;
     const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16; // the warp's rows
-    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, wg_lo, row_lo);
+    const query_docs docs =
+        query_docs_of<DOCS>(p.doc_start, b, T, row_lo, g, wg_lo, row_lo + 15);
     const uint32_t sQ = base + wg * 64 * SW;
     const uint32_t sK = base + L::K, sV = base + L::V;
     // The warpgroup's first tile with keys of its documents (without docs, j0); tiles from
     // there to the diagonal all have keys its rows see (FWD_KEYS == ROWS).
-    const int jw = DOCS ? imax(j0, docs.wg_first / BN) : j0;
+    const int jw = DOCS ? imax(j0, docs.lo / BN) : j0;
     float o[HD / 8][4], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     float rescale[2] = {1.0f, 1.0f};
     uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
@@ -595,8 +531,8 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     }
     // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
     // second product does (O is rescaled, by tile j-1's factor, before it).
-    constexpr bool PINGPONG = !DOCS && SM90_PINGPONG; // both take the same number of turns
-    if (PINGPONG && wg == 1) turn_pass(wg);           // warpgroup 0 goes first
+    constexpr bool PINGPONG = !DOCS; // both take the same number of turns
+    if (PINGPONG && wg == 1) turn_pass(wg);
     { // the first tile: its S alone (a loop of uniform bodies keeps ptxas from serialising)
         const int it = jw - j0, s = it % STAGES;
         float sc[BN / 8][4];
@@ -608,7 +544,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_wait<0>();
         acc_fence(sc);
         mbar_arrive(bars.k_empty(s));
-        const bool masked = jw * BN + BN - 1 > row_lo || (DOCS && jw * BN < docs.warp_first);
+        const bool masked = jw * BN + BN - 1 > row_lo || (DOCS && jw * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, jw * BN, row_lo,
                                masked, docs.first);
         acc_to_frags<BN>(pa, sc);
@@ -628,7 +564,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_wait<1>();
         acc_fence(sc);
         mbar_arrive(bars.k_empty(s));
-        const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
+        const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, j * BN, row_lo, masked,
                                docs.first);
         wgmma_wait<0>();
@@ -741,10 +677,10 @@ __device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int
     }
 }
 
-__device__ __forceinline__ float lds_f32(uint32_t at) {
-    float x;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at));
-    return x;
+// The shared floats at address `at` (a plain pointer, so the compiler may keep them in
+// registers across a loop body; the mbarrier waits are compiler barriers).
+__device__ __forceinline__ const float *smem_floats(uint32_t at) {
+    return reinterpret_cast<const float *>(sm90_smem + (at - smem_u32(sm90_smem)));
 }
 
 // A dK/dV consumer warpgroup: its 64 keys against every step, dK and dV in registers.
@@ -756,44 +692,40 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4, T = p.T;
     const int wg_lo = k0 + wg * 64, k_lo = wg_lo + warp * 16; // the warp's keys k_lo..+15
-    // varlen: one past the last query that sees each of this lane's keys g and g + 8; the
-    // smallest over the warp's keys; the largest over the warpgroup's
-    int end[2] = {T, T}, warp_end = T, wg_end = T;
-    if (DOCS) {
-        const int32_t *e = p.doc_end + (size_t)b * T;
-        end[0] = e[imin(k_lo + g, T - 1)];
-        end[1] = e[imin(k_lo + g + 8, T - 1)];
-        warp_end = e[imin(k_lo, T - 1)];
-        wg_end = e[imin(wg_lo + 63, T - 1)];
-    }
+    // varlen: lo, the smallest end of the warp's keys; hi, the largest of the warpgroup's
+    const key_docs docs = key_docs_of<DOCS>(p.doc_end, b, T, k_lo, g, k_lo, wg_lo + 63);
     const uint32_t sK = base + L::K + wg * 64 * SW, sV = base + L::V + wg * 64 * SW;
     float dk[HD / 8][4], dv[HD / 8][4];
     zero_acc(dk);
     zero_acc(dv);
+    // The consumers take turns issuing S^T and dP^T (pingpong), a turn a step.
+    if (wg == 1) turn_pass(wg);
     mbar_wait(bars.fixed_full(), 0);
     for (int it = 0; it < n_steps; it++) {
         const int s = it % STAGES, q0 = (first + it % per_head) * BQ;
         const uint32_t sQ = base + L::STEPS + s * L::STEP, sdO = sQ + L::TILE;
-        const uint32_t lse2 = sdO + L::TILE, delta = lse2 + BQ * 4;
+        const float *lse2 = smem_floats(sdO + L::TILE), *delta = lse2 + BQ;
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
         // else every query is before the warpgroup's keys, or (varlen) past their documents
-        if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < wg_end)) {
+        if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < docs.hi)) {
             float st[BQ / 8][4], dpt[BQ / 8][4]; // S^T then P^T then dS^T; dP^T: rows are keys
+            turn_wait(wg);
             gemm_ss<BQ, HD>(st, sK, ROWS * SW, sQ, BQ * SW);
             gemm_ss<BQ, HD>(dpt, sV, ROWS * SW, sdO, BQ * SW);
             wgmma_commit();
+            turn_pass(wg);
             wgmma_wait<0>();
             acc_fence(st);
             acc_fence(dpt);
-            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > warp_end);
+            const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > docs.lo);
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
-                    float pr = ex2(fmaf(st[jn][e], p.scale_log2, -lds_f32(lse2 + col * 4)));
+                    float pr = ex2(fmaf(st[jn][e], p.scale_log2, -lse2[col]));
                     if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
-                    if (DOCS && masked && q0 + col >= end[e / 2]) pr = 0.0f; // another document
+                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
                     st[jn][e] = pr;
                 }
             uint32_t pf[BQ / 16][4], df[BQ / 16][4];
@@ -804,7 +736,7 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    st[jn][e] *= dpt[jn][e] - lds_f32(delta + (jn * 8 + 2 * t4 + e % 2) * 4);
+                    st[jn][e] *= dpt[jn][e] - delta[jn * 8 + 2 * t4 + e % 2];
             acc_to_frags<BQ>(df, st);
             gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW);
             wgmma_commit();
@@ -813,9 +745,13 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
             acc_fence(dk);
             frag_fence(pf);
             frag_fence(df);
+        } else { // a turn all the same: both warpgroups take one a step
+            turn_wait(wg);
+            turn_pass(wg);
         }
         mbar_arrive(bars.k_empty(s));
     }
+    if (wg == 0) turn_wait(wg); // warpgroup 1's last signal
     // The warpgroup's K and V rows were read by it alone: stage its results there.
     const size_t kvs = (size_t)p.Hkv * HD, head = (size_t)b * T * kvs + (size_t)kvh * HD;
     const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
@@ -856,7 +792,8 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4, T = p.T;
     const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16;
-    const query_docs docs = query_docs_of<DOCS>(p.doc_start, b, T, wg_lo, row_lo);
+    const query_docs docs =
+        query_docs_of<DOCS>(p.doc_start, b, T, row_lo, g, wg_lo, row_lo + 15);
     const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
     float lse2[2], delta[2];
 #pragma unroll
@@ -865,45 +802,79 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
         delta[r] = p.delta[stats + row_lo + g + 8 * r];
     }
     const uint32_t sQ = base + wg * 64 * SW, sdO = sQ + L::ROWS_BYTES;
+    const uint32_t sK = base + L::K, sV = base + L::V;
+    // The warpgroup's first tile with keys of its documents; later tiles whose keys are all
+    // past its rows (warpgroup 0's last) are computed, masked to zero, to keep the loop
+    // uniform.
+    const int jw = DOCS ? imax(j0, docs.lo / BN) : j0;
     float dq[HD / 8][4];
+    uint32_t df[BN / 16][4]; // the previous tile's dS, bf16
     zero_acc(dq);
     mbar_wait(bars.fixed_full(), 0);
-    for (int it = 0; it < n_tiles - j0; it++) {
-        const int s = it % STAGES, j = j0 + it;
-        const uint32_t parity = (it / STAGES) & 1;
-        const uint32_t sK = base + L::K + s * L::KV_BYTES, sV = base + L::V + s * L::KV_BYTES;
-        mbar_wait(bars.k_full(s), parity);
-        mbar_wait(bars.v_full(s), parity);
-        if (j * BN <= wg_lo + 63 && (!DOCS || j * BN + BN - 1 >= docs.wg_first)) {
-            float sc[BN / 8][4], dp[BN / 8][4];
-            gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK, BN * SW);
-            gemm_ss<BN, HD>(dp, sdO, ROWS * SW, sV, BN * SW);
+    for (int j = j0; j < jw; j++) { // released unread
+        const int it = j - j0, s = it % STAGES;
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        mbar_arrive(bars.k_empty(s));
+        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
+        mbar_arrive(bars.v_empty(s));
+    }
+    // dS of tile j is computed while tile j-1's dQ += dS K runs (the first tile peeled, as in
+    // the forward).
+    constexpr bool PINGPONG = !DOCS; // both take the same number of turns
+    if (PINGPONG && wg == 1) turn_pass(wg);
+    for (int j = jw; j < n_tiles; j++) {
+        const int it = j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
+        const bool later = j > jw;
+        float sc[BN / 8][4], dp[BN / 8][4];
+        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
+        if (PINGPONG) turn_wait(wg);
+        gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
+        gemm_ss<BN, HD>(dp, sdO, ROWS * SW, sV + s * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        if (later) {
+            gemm_rs<HD, BN>(dq, df, sK + ps * L::KV_BYTES, BN * SW);
             wgmma_commit();
+            if (PINGPONG) turn_pass(wg);
+            wgmma_wait<1>();
+        } else {
+            if (PINGPONG) turn_pass(wg);
             wgmma_wait<0>();
-            acc_fence(sc);
-            acc_fence(dp);
-            const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.warp_first);
+        }
+        acc_fence(sc);
+        acc_fence(dp);
+        mbar_arrive(bars.v_empty(s));
+        const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
 #pragma unroll
-            for (int jn = 0; jn < BN / 8; jn++)
+        for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e / 2, row = row_lo + g + 8 * r;
-                    const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
-                    float pr = ex2(fmaf(sc[jn][e], p.scale_log2, -lse2[r]));
-                    if (masked && key > row) pr = 0.0f;
-                    if (DOCS && masked && key < docs.first[r]) pr = 0.0f; // another document
-                    sc[jn][e] = pr * (dp[jn][e] - delta[r]);          // dS
-                }
-            uint32_t df[BN / 16][4];
-            acc_to_frags<BN>(df, sc);
-            gemm_rs<HD, BN>(dq, df, sK, BN * SW);
-            wgmma_commit();
+            for (int e = 0; e < 4; e++) {
+                const int r = e / 2, row = row_lo + g + 8 * r;
+                const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
+                float pr = ex2(fmaf(sc[jn][e], p.scale_log2, -lse2[r]));
+                if (masked && key > row) pr = 0.0f;
+                if (DOCS && masked && key < docs.first[r]) pr = 0.0f; // another document
+                sc[jn][e] = pr * (dp[jn][e] - delta[r]);          // dS
+            }
+        if (later) {
             wgmma_wait<0>();
             acc_fence(dq);
             frag_fence(df);
+            mbar_arrive(bars.k_empty(ps));
         }
+        acc_to_frags<BN>(df, sc);
+    }
+    {
+        const int s = (n_tiles - 1 - j0) % STAGES;
+        if (PINGPONG) turn_wait(wg);
+        gemm_rs<HD, BN>(dq, df, sK + s * L::KV_BYTES, BN * SW);
+        wgmma_commit();
+        if (PINGPONG) turn_pass(wg);
+        if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
+        wgmma_wait<0>();
+        acc_fence(dq);
+        frag_fence(df);
         mbar_arrive(bars.k_empty(s));
-        mbar_arrive(bars.v_empty(s));
     }
     const size_t qs = (size_t)p.Hq * HD;
     const float dq_scale[2] = {p.scale, p.scale};

@@ -190,6 +190,7 @@ static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *pack
         cuda_impl impl;
         impl.stream = NULL;
         impl.smem_optin = mode.smem_optin;
+        impl.attention_sm90 = 0;
         kctx gpu = make_gpu(&impl);
         char shape[96];
         snprintf(shape, sizeof shape, "B=%d T=%d Hq=%d Hkv=%d hd=%d", B, T, Hq, Hkv, hd);
@@ -220,6 +221,7 @@ static void check_failure(const char *what, int Hq, int Hkv, int hd, int offset,
     cuda_impl impl;
     impl.stream = NULL;
     impl.smem_optin = 232448;
+    impl.attention_sm90 = 0;
     kctx gpu = make_gpu(&impl);
     dbuf buf(4096);
     fbuf lse(64);

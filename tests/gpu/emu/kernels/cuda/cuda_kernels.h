@@ -425,6 +425,7 @@ static void emu_launch(void (*kernel)(P), dim3 grid, int threads, size_t smem, c
 typedef struct cuda_impl {
     cudaStream_t stream;
     int smem_optin;
+    int attention_sm90; /* always 0: the emulation is of cuda_attention.cu's mma.sync kernels */
     std::vector<float> scratch;
 } cuda_impl;
 
@@ -458,6 +459,19 @@ extern "C" {
 #define K_OP(name, params, args) void cuda_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret cuda_##name params;
 #include "kernels/kernels_ops.h"
+}
+
+/* The sm_90a kernels (cuda_attention_sm90.cu: wgmma, TMA) are not emulated; attention_sm90
+ * is 0, so these are never called. */
+static inline void cuda_attention_sm90_fwd(kctx *, void *, float *, const void *, const void *,
+                                           const void *, const k_docs *, int, int, int, int, int) {
+    emu_die("the sm_90a attention is not emulated");
+}
+static inline void cuda_attention_sm90_bwd(kctx *, void *, void *, void *, const void *,
+                                           const void *, const void *, const void *, const float *,
+                                           const float *, int, const k_docs *, int, int, int, int,
+                                           int) {
+    emu_die("the sm_90a attention is not emulated");
 }
 
 /* The plain path for other head dims is CUDA-only (cuda_attention_generic.cu); the emulation
