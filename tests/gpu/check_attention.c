@@ -11,7 +11,10 @@
  * documents of 1, 17, 300 and 2047 tokens mixed in every row (each row rotated, so its
  * boundaries differ), GQA 4:1 and 3:1, head dims 128, 64 and the plain path's 32; the CPU
  * reference gets the same documents.  Determinism: the same inputs twice
- * give the same bits.  Bad arguments fail the context with a message.  One line per check; the
+ * give the same bits.  Bad arguments fail the context with a message, and a bad
+ * FSDP_CUDA_ATTENTION fails a context's set-up.  On a compute capability 9.0 device the
+ * checks run the sm_90a kernels, with FSDP_CUDA_ATTENTION=mma the mma.sync ones (the first
+ * line says which).  One line per check; the
  * last line is "N passed, N failed"; exit status 1 on any failure.
  *
  * The CPU reference is O(T^2) in double, so it runs one query head per task on every core
@@ -491,6 +494,37 @@ static void check_failures(void) {
     release_all();
 }
 
+/* FSDP_CUDA_ATTENTION picks the kernels ("wgmma": the sm_90a ones, the default on Hopper;
+ * "mma": the mma.sync ones): any other value fails a context's set-up, naming it. */
+static void check_path_choice(void) {
+    const char *was = getenv("FSDP_CUDA_ATTENTION");
+    char *saved = was ? strdup(was) : NULL;
+    if (was && !saved) die("out of host memory");
+    if (setenv("FSDP_CUDA_ATTENTION", "bogus", 1)) die("setenv failed");
+    kctx other;
+    errbuf err = {{0}};
+    int failed = kctx_init(&other, K_CUDA, 0, &err) != 0;
+    if (!failed) kctx_destroy(&other);
+    if (saved ? setenv("FSDP_CUDA_ATTENTION", saved, 1) : unsetenv("FSDP_CUDA_ATTENTION"))
+        die("restoring FSDP_CUDA_ATTENTION failed");
+    free(saved);
+    char note[1200];
+    snprintf(note, sizeof note, "\"%s\"", failed ? err.msg : "the context was set up");
+    verdict("attention bad input", "FSDP_CUDA_ATTENTION=bogus", "kctx_init fails",
+            failed && strstr(err.msg, "FSDP_CUDA_ATTENTION=bogus") != NULL, note);
+}
+
+/* Which kernels the checks run: the sm_90a ones on a compute capability 9.0 device unless
+ * FSDP_CUDA_ATTENTION=mma (kernels/cuda/cuda_kernels.h). */
+static void print_path(void) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, gpu.device) != cudaSuccess) die("cudaGetDeviceProperties");
+    const char *choice = getenv("FSDP_CUDA_ATTENTION");
+    int sm90 = prop.major == 9 && prop.minor == 0 && !(choice && !strcmp(choice, "mma"));
+    printf("attention on %s (compute capability %d.%d): %s kernels (head dims 64, 128)\n",
+           prop.name, prop.major, prop.minor, sm90 ? "sm_90a (wgmma, TMA)" : "mma.sync");
+}
+
 /* ---- bench ---- */
 
 #define REPS 10
@@ -653,7 +687,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     double start = now();
-    if (gpu.backend == K_CUDA) check_failures();
+    if (gpu.backend == K_CUDA) {
+        print_path();
+        check_failures();
+        check_path_choice();
+    }
     check_attention(2, 1, 4, 2, 128, 0);
     check_attention(2, 17, 4, 1, 128, 1);
     check_attention(2, 17, 6, 3, 64, 0);
