@@ -19,8 +19,8 @@
 //   - overlap: within a consumer, tile j's first product is issued before tile j-1's second,
 //     so that the softmax (forward) or dS (dQ) of tile j runs while the tensor cores work;
 //     between the consumers, pingpong turns (named barriers) stagger their products.
-// Measured on the H200 (bench/NOTES.md, F30): forward 430 TFLOP/s at Llama-2-7B T=2048, 1.9x
-// the mma.sync kernels; forward+backward 345.
+// Measured on the H200 (bench/NOTES.md, F30): at Llama-2-7B T=2048 the forward runs 443
+// TFLOP/s, forward+backward 358 (1.9x and 2.0x the mma.sync kernels, 0.84x and 0.80x cuDNN).
 //
 // Blocks, and the order of the work in them, are those of cuda_attention.cu: the forward and
 // dQ a block per (query head, batch, 128 queries), dK/dV a block per (kv head, batch, 128
