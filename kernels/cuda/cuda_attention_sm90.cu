@@ -384,6 +384,17 @@ struct ring_bars {
     __device__ __forceinline__ uint32_t v_full(int s) const { return at + 8 * (1 + STAGES + s); }
     __device__ __forceinline__ uint32_t k_empty(int s) const { return at + 8 * (1 + 2 * STAGES + s); }
     __device__ __forceinline__ uint32_t v_empty(int s) const { return at + 8 * (1 + 3 * STAGES + s); }
+    // A consumer's first n key/value tiles, waited for and released unread (varlen: tiles
+    // before its documents that the other consumer reads).
+    __device__ __forceinline__ void skip(int n) const {
+        for (int it = 0; it < n; it++) {
+            const int s = it % STAGES;
+            mbar_wait(k_full(s), (it / STAGES) & 1);
+            mbar_arrive(k_empty(s));
+            mbar_wait(v_full(s), (it / STAGES) & 1);
+            mbar_arrive(v_empty(s));
+        }
+    }
     // By thread 0 before the block's first __syncthreads.
     __device__ __forceinline__ void init() const {
         mbar_init(fixed_full(), 1);
@@ -522,13 +533,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
     zero_acc(o);
     mbar_wait(bars.fixed_full(), 0);
-    for (int j = j0; j < jw; j++) { // released unread
-        const int it = j - j0, s = it % STAGES;
-        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
-        mbar_arrive(bars.k_empty(s));
-        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
-        mbar_arrive(bars.v_empty(s));
-    }
+    bars.skip(jw - j0);
     // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
     // second product does (O is rescaled, by tile j-1's factor, before it).
     constexpr bool PINGPONG = !DOCS; // both take the same number of turns
@@ -811,15 +816,9 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
     uint32_t df[BN / 16][4]; // the previous tile's dS, bf16
     zero_acc(dq);
     mbar_wait(bars.fixed_full(), 0);
-    for (int j = j0; j < jw; j++) { // released unread
-        const int it = j - j0, s = it % STAGES;
-        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
-        mbar_arrive(bars.k_empty(s));
-        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
-        mbar_arrive(bars.v_empty(s));
-    }
-    // dS of tile j is computed while tile j-1's dQ += dS K runs (the first tile peeled, as in
-    // the forward).
+    bars.skip(jw - j0);
+    // dS of tile j is computed while tile j-1's dQ += dS K runs.  The first tile's wait is in
+    // its own branch, with its issue (ptxas must see which groups a wait completes).
     constexpr bool PINGPONG = !DOCS; // both take the same number of turns
     if (PINGPONG && wg == 1) turn_pass(wg);
     for (int j = jw; j < n_tiles; j++) {
