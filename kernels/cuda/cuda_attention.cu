@@ -1,4 +1,7 @@
-// The CUDA backend: causal attention with grouped-query heads, FlashAttention-2 style.
+// The CUDA backend: causal attention with grouped-query heads, FlashAttention-2 style.  On a
+// compute capability 9.0 device (H100, H200) head dims 64 and 128 go to cuda_attention_sm90.cu
+// instead (wgmma, TMA; FSDP_CUDA_ATTENTION=mma keeps these kernels): these are the path of
+// sm_80-89.
 //
 // Tensors are [B, T, H, hd] bf16 (hd 64 or 128); the log-sum-exp is [B, Hq, T] fp32, natural
 // log.  No T x T matrix is ever stored: the forward pass walks tiles of keys and values for
