@@ -184,13 +184,20 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait (it
-// does not know the asynchronous wgmma writes them).
-template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N][4]) {
+// Keeps the compiler from moving reads or writes of registers across a wgmma wait (it does
+// not know the asynchronous wgmma writes its accumulators and reads its A fragments).
+__device__ __forceinline__ void reg_fence(float &x) {
+    asm volatile("" : "+f"(x)::"memory");
+}
+__device__ __forceinline__ void reg_fence(uint32_t &x) {
+    asm volatile("" : "+r"(x)::"memory");
+}
+// Every register of accumulators (float) or A fragments (uint32_t).
+template <typename R, int N> __device__ __forceinline__ void regs_fence(R (&d)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+        for (int e = 0; e < 4; e++) reg_fence(d[i][e]);
 }
 
 // d (64 x N, fp32 accumulators) = (accumulate ? d : 0) + A B: A and B in shared memory,
@@ -290,7 +297,7 @@ template <int N> __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 // The products, issued (wgmma_fence, then one wgmma per k-step) and left running: the caller
 // commits them as a group (wgmma_commit), later waits for it (wgmma_wait<pending>) and then
 // fences the accumulators (and for gemm_rs the A fragments, which must stay untouched until
-// then) with acc_fence / frag_fence.
+// then) with regs_fence.
 //
 // acc (64 x N) = A B^T, A (64 x K) and B (N x K) K-major tiles in shared memory.
 template <int N, int K>
@@ -308,7 +315,7 @@ __device__ __forceinline__ void gemm_ss(float (&acc)[N / 8][4], uint32_t a_rows,
 template <int N, int K>
 __device__ __forceinline__ void gemm_rs(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
                                         uint32_t b_tile, uint32_t b_chunk) {
-    acc_fence(acc);
+    regs_fence(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) wgmma_rs<N>(acc, a[kk], desc_mn_major(b_tile, b_chunk, kk), 1);
@@ -319,13 +326,6 @@ template <int K>
 __device__ __forceinline__ void acc_to_frags(uint32_t (&a)[K / 16][4], const float (&p)[K / 8][4]) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) acc_to_a<K>(a[kk], p, kk);
-}
-
-template <int N> __device__ __forceinline__ void frag_fence(uint32_t (&a)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 // Writes a warpgroup's 64 x HD accumulator as bf16 rows [row0, row0 + 64) of one head (rows at
@@ -547,7 +547,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_commit();
         if (PINGPONG) turn_pass(wg);
         wgmma_wait<0>();
-        acc_fence(sc);
+        regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
         const bool masked = jw * BN + BN - 1 > row_lo || (DOCS && jw * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, jw * BN, row_lo,
@@ -567,14 +567,14 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_commit();
         if (PINGPONG) turn_pass(wg);
         wgmma_wait<1>();
-        acc_fence(sc);
+        regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
         const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, j * BN, row_lo, masked,
                                docs.first);
         wgmma_wait<0>();
-        acc_fence(o);
-        frag_fence(pa);
+        regs_fence(o);
+        regs_fence(pa);
         mbar_arrive(bars.v_empty(ps));
         acc_to_frags<BN>(pa, sc);
     }
@@ -588,8 +588,8 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         if (PINGPONG) turn_pass(wg);
         if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
         wgmma_wait<0>();
-        acc_fence(o);
-        frag_fence(pa);
+        regs_fence(o);
+        regs_fence(pa);
         mbar_arrive(bars.v_empty(s));
     }
 
@@ -720,8 +720,8 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
             wgmma_commit();
             turn_pass(wg);
             wgmma_wait<0>();
-            acc_fence(st);
-            acc_fence(dpt);
+            regs_fence(st);
+            regs_fence(dpt);
             const bool masked = q0 < k_lo + 15 || q0 + BQ > T || (DOCS && q0 + BQ > docs.lo);
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
@@ -746,10 +746,10 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
             gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW);
             wgmma_commit();
             wgmma_wait<0>();
-            acc_fence(dv);
-            acc_fence(dk);
-            frag_fence(pf);
-            frag_fence(df);
+            regs_fence(dv);
+            regs_fence(dk);
+            regs_fence(pf);
+            regs_fence(df);
         } else { // a turn all the same: both warpgroups take one a step
             turn_wait(wg);
             turn_pass(wg);
@@ -840,8 +840,8 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
             if (PINGPONG) turn_pass(wg);
             wgmma_wait<0>();
         }
-        acc_fence(sc);
-        acc_fence(dp);
+        regs_fence(sc);
+        regs_fence(dp);
         mbar_arrive(bars.v_empty(s));
         const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
 #pragma unroll
@@ -857,8 +857,8 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
             }
         if (later) {
             wgmma_wait<0>();
-            acc_fence(dq);
-            frag_fence(df);
+            regs_fence(dq);
+            regs_fence(df);
             mbar_arrive(bars.k_empty(ps));
         }
         acc_to_frags<BN>(df, sc);
@@ -871,8 +871,8 @@ __device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0
         if (PINGPONG) turn_pass(wg);
         if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
         wgmma_wait<0>();
-        acc_fence(dq);
-        frag_fence(df);
+        regs_fence(dq);
+        regs_fence(df);
         mbar_arrive(bars.k_empty(s));
     }
     const size_t qs = (size_t)p.Hq * HD;
