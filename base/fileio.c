@@ -71,10 +71,8 @@ int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {
     return 0;
 }
 
-int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
-    *out = NULL;
-    int fd = file_open_regular(path, err);
-    if (fd < 0) return -1;
+/* Reads fd (closed here) to its end: at most max bytes, NUL-terminated. */
+static int read_fd_all(int fd, const char *path, size_t max, char **out, size_t *len, errbuf *err) {
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         int e = errno;
@@ -101,6 +99,40 @@ int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf 
     *out = buf;
     if (len) *len = n;
     return 0;
+}
+
+int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
+    *out = NULL;
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    return read_fd_all(fd, path, max, out, len, err);
+}
+
+int file_read_private(const char *path, size_t max, char **out, size_t *len, errbuf *err) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) return 1;
+    if (fd < 0 && errno == ELOOP) return errf(err, "%s: is a symbolic link, not a file this user wrote", path);
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+    struct stat st = {0};
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0) why = strerror(errno);
+    else if (!S_ISREG(st.st_mode)) why = file_type_name(st.st_mode);
+    else if (st.st_uid != geteuid()) why = "owned by another user";
+    else if ((st.st_mode & 07777) != 0600) why = "readable or writable by others";
+    if (why) {
+        close(fd);
+        return errf(err, "%s: not trusted: %s (owner uid %u, mode %04o; it must be a regular file of uid %u "
+                    "with mode 0600)", path, why, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                    (unsigned)geteuid());
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fcntl: %s", path, strerror(e));
+    }
+    return read_fd_all(fd, path, max, out, len, err);
 }
 
 int file_write_full(int fd, const void *data, size_t len, const char *path, errbuf *err) {

@@ -25,6 +25,10 @@ int file_open_regular(const char *path, errbuf *err);
 int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err);
 /* Reads a whole (small) regular file into a NUL-terminated malloc'd buffer of at most max bytes. */
 int file_read_all(const char *path, size_t max, char **out, size_t *len, errbuf *err);
+/* The same for a file only this user can have written (a secret another uid must not plant):
+ * a regular file, not a symbolic link, owned by the effective uid, mode 0600.  Returns 1 when
+ * it does not exist; -1 naming the file, why, its owner and mode when it is not such a file. */
+int file_read_private(const char *path, size_t max, char **out, size_t *len, errbuf *err);
 /* Writes the chunks back to back into path atomically (path.tmp.PID, fsync, rename, fsync dir). */
 int file_write_atomic(const char *path, const file_chunk *chunks, size_t n, errbuf *err);
 /* The same with the file created with `mode` (0600 for a secret), not 0644. */

@@ -196,11 +196,34 @@ int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
     return rc;
 }
 
+/* The leader's plan may only name a committed step of this job's own checkpoint.dir: a
+ * directory step-N right inside it (symbolic links resolved, so none leads out), with its
+ * manifest.  Anything else is not this job's checkpoint, whoever sent it. */
+static int check_leaders_resume(const job_config *job, const char *resume_dir, errbuf *err) {
+    char dir[PATH_MAX], real[PATH_MAX], parent[PATH_MAX];
+    int64_t step;
+    if (!realpath(job->checkpoint.dir, dir)) return errf(err, "%s: %s", job->checkpoint.dir, strerror(errno));
+    if (!realpath(resume_dir, real))
+        return errf(err, "the leader's plan resumes from %s: %s", resume_dir, strerror(errno));
+    snprintf(parent, sizeof parent, "%s", real);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = '\0';
+    char manifest[PATH_MAX + 32];
+    snprintf(manifest, sizeof manifest, "%s/%s", real, CKPT_MANIFEST);
+    struct stat st;
+    if (!slash || strcmp(parent, dir) != 0 || !ckpt_parse_step_name(slash + 1, &step) ||
+        stat(manifest, &st) != 0 || !S_ISREG(st.st_mode))
+        return errf(err, "the leader's plan resumes from %s (%s), which is not a committed step-N of this job's "
+                    "checkpoint.dir %s: refused", resume_dir, real, dir);
+    return 0;
+}
+
 int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     out->attempt = attempt;
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
         return errf(err, "the leader's checkpoint path is too long");
+    if (resume_dir[0] && check_leaders_resume(job, resume_dir, err)) return -1;
     if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
     if (base_fingerprint(job, out->model_config, out->base_fingerprint, err) ||
         (resume_dir[0] && check_resume(job, resume_dir, out, &out->resume_step, err))) {

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <netdb.h>
@@ -23,6 +24,7 @@
 #include "base/clock.h"
 #include "base/fileio.h"
 #include "base/path.h"
+#include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
 #include "daemon/pmix_join.h"
 
@@ -94,10 +96,24 @@ static int node_address(cluster *c, const slurm_env *env, const job_config *job,
 
 /* ---- the rendezvous file ---- */
 
+/* A strange connection to the leader's port must prove the secret and JOIN within this, apart
+ * from runtime.join_timeout_s: one that sends nothing, or a byte at a time, is dropped while
+ * the real nodes join beside it. */
+#define HANDSHAKE_S 5.0
+#define MAX_PENDING 32 /* connections authenticating at once; past it the oldest is dropped */
+#define RENDEZVOUS_MAX (1 << 16)
+
 static int rendezvous_path(char *out, const slurm_env *env, const job_config *job, int attempt, errbuf *err) {
     char name[160];
     snprintf(name, sizeof name, "fsdpd-rendezvous-%s-r%d-a%d.json", env->job_id, env->restart_count, attempt);
     return path_join(out, PATH_BYTES, job->checkpoint.dir, name, err);
+}
+
+/* What every node of this launch computes alike: a second srun in one allocation (another
+ * SLURM_STEP_ID) never takes the file of the first for its own. */
+static void launch_name(char *out, size_t n, const slurm_env *env, int attempt) {
+    snprintf(out, n, "job %s step %s restart %d attempt %d", env->job_id, env->step_id[0] ? env->step_id : "-",
+             env->restart_count, attempt);
 }
 
 /* Removes the rendezvous files earlier runs of this job left (a leader that was killed cannot
@@ -126,6 +142,7 @@ static int publish(cluster *c, int port, const slurm_env *env, int attempt, cons
     snprintf(r->job_id, sizeof r->job_id, "%s", env->job_id);
     strcpy(r->secret, pmix_join_active() ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
     strcpy(r->nonce, nonce);
+    launch_name(r->launch, sizeof r->launch, env, attempt);
     json_t *o = msg_to_json(&m, err);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -136,32 +153,53 @@ static int publish(cluster *c, int port, const slurm_env *env, int attempt, cons
     return rc;
 }
 
-/* Waits for the leader's file until the deadline. */
-static int read_rendezvous(const char *path, msg_rendezvous *out, double deadline, errbuf *err) {
-    struct stat st;
-    while (stat(path, &st) != 0) {
-        if (clock_now_s() > deadline)
-            return errf(err, "no rendezvous file %s: checkpoint.dir must be one directory shared by every node",
-                        path);
-        clock_sleep_s(0.1);
-    }
+/* One look at the leader's file: 1 with it in *out; 0 when it is not there for this launch
+ * yet (why says what was seen: missing, incomplete, an earlier launch's); -1 when it is there
+ * but cannot be trusted (another uid's, readable by others, not a regular file). */
+static int look_for_rendezvous(const char *path, const char *launch, msg_rendezvous *out, char *why, size_t n,
+                               errbuf *err) {
     char *text;
     size_t len;
-    if (file_read_all(path, 1 << 16, &text, &len, err)) return -1;
+    int rc = file_read_private(path, RENDEZVOUS_MAX, &text, &len, err);
+    if (rc) {
+        if (rc > 0) snprintf(why, n, "no rendezvous file %s: checkpoint.dir must be one directory shared by every node",
+                             path);
+        return rc > 0 ? 0 : -1;
+    }
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
     free(text);
     msg m;
-    int rc = o ? msg_from_json(&m, MSG_RENDEZVOUS, o, err) : errf(err, "%s: not JSON", path);
+    errbuf bad;
+    rc = o && msg_from_json(&m, MSG_RENDEZVOUS, o, &bad) == 0;
     json_decref(o);
-    if (rc) return errprefix(err, "%s", path);
+    if (!rc) {
+        snprintf(why, n, "the rendezvous file %s is not a whole one (%.200s)", path, o ? bad.msg : "not JSON yet");
+        return 0;
+    }
+    if (strcmp(m.u.rendezvous.launch, launch) != 0) {
+        snprintf(why, n, "the rendezvous file %s is of another launch (%s, this one is %s): its leader never wrote "
+                 "this launch's", path, m.u.rendezvous.launch, launch);
+        return 0;
+    }
     *out = m.u.rendezvous;
-    return 0;
+    return 1;
+}
+
+/* Waits for this launch's file from the leader until the deadline. */
+static int read_rendezvous(const char *path, const char *launch, msg_rendezvous *out, double deadline, errbuf *err) {
+    char why[PATH_BYTES + 512];
+    for (;;) {
+        int rc = look_for_rendezvous(path, launch, out, why, sizeof why, err);
+        if (rc) return rc > 0 ? 0 : -1;
+        if (clock_now_s() > deadline) return errf(err, "%s", why);
+        clock_sleep_s(0.1);
+    }
 }
 
 /* ---- the leader's side of the join ---- */
 
 static int listen_on(const char *host, int *port, errbuf *err) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return errf(err, "socket: %s", strerror(errno));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
     socklen_t len = sizeof a;
@@ -175,30 +213,150 @@ static int listen_on(const char *host, int *port, errbuf *err) {
     return fd;
 }
 
-/* One connection: the secret proven, then a JOIN that fits. */
-static int admit(cluster *c, int fd, const char *nonce, double deadline, errbuf *err) {
-    if (auth_handshake(fd, c->secret, sizeof c->secret, 0, AUTH_CONTEXT, deadline, err)) return -1;
-    msg m;
-    int left_ms = (int)((deadline - clock_now_s()) * 1000);
-    if (msg_recv(fd, &m, left_ms > 0 ? left_ms : 1, err)) return errprefix(err, "waiting for JOIN");
-    int rc = 0;
-    const msg_join *j = &m.u.join;
-    if (m.type != MSG_JOIN) rc = errf(err, "expected JOIN, got %s", msg_type_name(m.type));
-    else if (j->nodes != c->nodes || j->node < 1 || j->node >= c->nodes)
-        rc = errf(err, "JOIN from %s: node %d of %d, but this job has %d nodes", j->host, j->node, j->nodes, c->nodes);
-    else if (j->workers != c->workers)
-        rc = errf(err, "JOIN from node %d: %d workers, this node has %d", j->node, j->workers, c->workers);
-    else if (strcmp(j->nonce, nonce) != 0)
-        rc = errf(err, "JOIN from node %d: it did not read this run's rendezvous file", j->node);
-    else if (c->fds[j->node] >= 0)
-        rc = errf(err, "JOIN from a second node %d", j->node);
+static int set_blocking(int fd) {
+    int flags = fcntl(fd, F_GETFL);
+    return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+/* A connection the leader has accepted and not yet admitted: authenticating, then its JOIN. */
+typedef struct pending {
+    int fd;
+    char peer[64];   /* address:port, for the log */
+    double deadline; /* HANDSHAKE_S after it was accepted */
+    auth_session auth;
+    int authed;
+    msg_decoder dec;
+} pending;
+
+/* What the leader's join holds while the nodes come in. */
+typedef struct admission {
+    cluster *c;
+    const char *nonce;
+    json_t *settings; /* this node's job_shared_settings */
+    pending p[MAX_PENDING];
+    int n;
+    int joined;
+} admission;
+
+/* Tells a node that authenticated why it is turned away (best effort: it closes next). */
+static void send_refusal(int fd, const char *reason) {
+    msg m = {.type = MSG_REFUSED};
+    snprintf(m.u.refused.reason, sizeof m.u.refused.reason, "%s", reason);
+    errbuf ignored;
+    msg_send(fd, &m, &ignored);
+}
+
+/* A JOIN from a node that proved the secret: 0 it fits (admitted), -1 it does not (why: a
+ * node of this job misconfigured, or of another run; the join goes on), -2 it runs another
+ * job (why: the whole job stops, every node told). */
+static int judge_join(admission *a, const msg_join *j, errbuf *why) {
+    cluster *c = a->c;
+    if (j->nodes != c->nodes || j->node < 1 || j->node >= c->nodes)
+        return errf(why, "JOIN from %s: node %d of %d, but this job has %d nodes (its leader is node 0)", j->host,
+                    j->node, j->nodes, c->nodes);
+    if (j->workers != c->workers)
+        return errf(why, "JOIN from node %d: %d workers, the leader has %d", j->node, j->workers, c->workers);
+    if (strcmp(j->nonce, a->nonce) != 0)
+        return errf(why, "JOIN from node %d: it did not read this run's rendezvous file", j->node);
+    if (c->fds[j->node] >= 0)
+        return errf(why, "JOIN from a second node %d (%s): node %d already joined from %s", j->node, j->host,
+                    j->node, c->hosts[j->node]);
+    job_difference d;
+    if (job_settings_diff(a->settings, j->settings, &d)) {
+        errf(why, "node %d (%s) runs another job: %s is %s on the leader, %s on node %d", j->node, j->host, d.key,
+             d.a, d.b, j->node);
+        return -2;
+    }
+    return 0;
+}
+
+static void drop_pending(admission *a, int i, const char *what) {
+    pending *p = &a->p[i];
+    if (what) log_event(-1, "refused a connection from %s: %s", p->peer, what);
+    if (p->fd >= 0) close(p->fd);
+    msg_decoder_free(&p->dec);
+    a->p[i] = a->p[--a->n];
+}
+
+/* The JOIN that follows the handshake: 1 once it is judged (*node: the node admitted, or 0
+ * with why; *fatal when it runs another job), 0 while it is still coming. */
+static int read_join(admission *a, pending *p, int *node, int *fatal, errbuf *why) {
+    unsigned char chunk[4096];
+    ssize_t got;
+    while ((got = recv(p->fd, chunk, sizeof chunk, MSG_DONTWAIT)) > 0)
+        if (msg_decoder_feed(&p->dec, chunk, (size_t)got, why)) return 1;
+    msg_frame f;
+    int rc = msg_decoder_next(&p->dec, &f, why);
+    if (rc < 0) return errprefix(why, "waiting for JOIN"), 1;
     if (rc == 0) {
-        c->fds[j->node] = fd;
-        snprintf(c->hosts[j->node], sizeof c->hosts[j->node], "%s", j->host);
-        log_event(-1, "node %d (%s) joined", j->node, j->host);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+        return errf(why, "it closed the connection before its JOIN"), 1;
+    }
+    msg m;
+    rc = msg_decode(&f, &m, why);
+    msg_frame_free(&f);
+    if (rc) return errprefix(why, "its JOIN"), 1;
+    if (m.type != MSG_JOIN) rc = errf(why, "expected JOIN, got %s", msg_type_name(m.type));
+    else rc = judge_join(a, &m.u.join, why);
+    *fatal = rc == -2;
+    if (rc == 0) {
+        *node = m.u.join.node;
+        snprintf(a->c->hosts[*node], sizeof a->c->hosts[*node], "%s", m.u.join.host);
+        log_event(-1, "node %d (%s) joined", *node, m.u.join.host);
     }
     msg_free(&m);
-    return rc;
+    return 1;
+}
+
+/* Moves connection i on as far as its bytes allow: it authenticates, then JOINs, and is
+ * admitted (its fd becomes the node's) or refused.  -1 (err) when the whole join fails. */
+static int step_pending(admission *a, int i, errbuf *err) {
+    pending *p = &a->p[i];
+    errbuf why;
+    if (!p->authed) {
+        int rc = auth_step(&p->auth, p->fd, &why);
+        if (rc < 0) return drop_pending(a, i, why.msg), 0;
+        if (rc == 0) return 0;
+        p->authed = 1;
+    }
+    int node = 0, fatal = 0;
+    if (!read_join(a, p, &node, &fatal, &why)) return 0;
+    if (node > 0 && set_blocking(p->fd) == 0) {
+        a->c->fds[node] = p->fd;
+        p->fd = -1;
+        a->joined++;
+        drop_pending(a, i, NULL);
+        return 0;
+    }
+    if (node > 0) errf(&why, "node %d: fcntl: %s", node, strerror(errno));
+    send_refusal(p->fd, why.msg);
+    drop_pending(a, i, why.msg);
+    return fatal ? errf(err, "%s", why.msg) : 0;
+}
+
+/* Accepts what waits on the listening socket; a connection past MAX_PENDING makes room by
+ * dropping the oldest (the nearest its deadline). */
+static void accept_pending(admission *a, int lfd) {
+    for (;;) {
+        struct sockaddr_in from;
+        socklen_t len = sizeof from;
+        int fd = accept4(lfd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) return;
+        if (a->n == MAX_PENDING) {
+            int oldest = 0;
+            for (int i = 1; i < a->n; i++)
+                if (a->p[i].deadline < a->p[oldest].deadline) oldest = i;
+            drop_pending(a, oldest, "too many connections authenticating at once");
+        }
+        pending *p = &a->p[a->n];
+        errbuf why;
+        *p = (pending){.fd = fd, .deadline = clock_now_s() + HANDSHAKE_S};
+        snprintf(p->peer, sizeof p->peer, "%s:%d", inet_ntoa(from.sin_addr), ntohs(from.sin_port));
+        msg_decoder_init(&p->dec);
+        a->n++;
+        if (auth_start(&p->auth, a->c->secret, sizeof a->c->secret, 0, AUTH_CONTEXT, &why))
+            drop_pending(a, a->n - 1, why.msg);
+    }
 }
 
 static void missing_nodes(const cluster *c, char *out, size_t n) {
@@ -206,6 +364,61 @@ static void missing_nodes(const cluster *c, char *out, size_t n) {
     out[0] = '\0';
     for (int i = 1; i < c->nodes && at < n; i++)
         if (c->fds[i] < 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", i);
+}
+
+/* One round: every connection whose handshake ran out is dropped, then poll() until the
+ * nearest deadline, then every connection that is ready is moved on. */
+static int admit_round(admission *a, int lfd, double deadline, errbuf *err) {
+    double now = clock_now_s(), wake = deadline;
+    for (int i = a->n - 1; i >= 0; i--)
+        if (a->p[i].deadline <= now) {
+            char what[96];
+            snprintf(what, sizeof what, "no %s within %.0f s", a->p[i].authed ? "JOIN" : "authentication", HANDSHAKE_S);
+            drop_pending(a, i, what);
+        }
+    struct pollfd fds[MAX_PENDING + 1] = {{.fd = lfd, .events = POLLIN}};
+    for (int i = 0; i < a->n; i++) {
+        fds[i + 1] = (struct pollfd){.fd = a->p[i].fd, .events = a->p[i].authed ? POLLIN : auth_events(&a->p[i].auth)};
+        if (a->p[i].deadline < wake) wake = a->p[i].deadline;
+    }
+    int n = a->n;
+    if (poll(fds, (nfds_t)n + 1, clock_poll_ms(wake)) < 0 && errno != EINTR)
+        return errf(err, "poll: %s", strerror(errno));
+    /* From the last: step_pending may move the last connection into a dropped one's slot. */
+    for (int i = n - 1; i >= 0; i--)
+        if (fds[i + 1].revents && step_pending(a, i, err)) return -1;
+    if (fds[0].revents & POLLIN) accept_pending(a, lfd);
+    return 0;
+}
+
+/* The leader could not start the job: every node that joined hears why. */
+static void refuse_joined(cluster *c, const char *reason) {
+    for (int i = 1; i < c->nodes; i++)
+        if (c->fds[i] >= 0) send_refusal(c->fds[i], reason);
+}
+
+static int admit_nodes(cluster *c, const job_config *job, int lfd, const char *nonce, double deadline, errbuf *err) {
+    admission a = {.c = c, .nonce = nonce, .joined = 1};
+    int rc = 0;
+    json_t *model = NULL;
+    llama_config ignored;
+    if (ckpt_job_model_config(job, &model, &ignored, err) || !(a.settings = job_shared_settings(job, model, err)))
+        rc = -1;
+    json_decref(model);
+    while (rc == 0 && a.joined < c->nodes) {
+        if (clock_now_s() >= deadline) {
+            char missing[256];
+            missing_nodes(c, missing, sizeof missing);
+            rc = errf(err, "node(s) %s never joined within runtime.join_timeout_s = %d s", missing,
+                      job->runtime.join_timeout_s);
+            break;
+        }
+        rc = admit_round(&a, lfd, deadline, err);
+    }
+    while (a.n > 0) drop_pending(&a, a.n - 1, rc ? "the leader gave up the join" : "every node had joined");
+    json_decref(a.settings);
+    if (rc) refuse_joined(c, err->msg);
+    return rc;
 }
 
 static int lead(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
@@ -222,73 +435,81 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     if (rc == 0 && pmix_join_active())
         rc = pmix_join_lead(c->host, port, c->secret_hex, attempt, job->runtime.join_timeout_s, err);
     if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
-    for (int joined = 1; rc == 0 && joined < c->nodes;) {
-        struct pollfd p = {.fd = lfd, .events = POLLIN};
-        int left_ms = (int)((deadline - clock_now_s()) * 1000);
-        if (left_ms <= 0) {
-            char missing[256];
-            missing_nodes(c, missing, sizeof missing);
-            rc = errf(err, "node(s) %s never joined within runtime.join_timeout_s = %d s", missing,
-                      job->runtime.join_timeout_s);
-            break;
-        }
-        if (poll(&p, 1, left_ms) <= 0) continue;
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        errbuf why;
-        if (admit(c, fd, nonce, deadline, &why) == 0) {
-            joined++;
-        } else {
-            log_event(-1, "refused a connection: %s", why.msg); /* a stranger, or a node of another run */
-            close(fd);
-        }
-    }
+    if (rc == 0) rc = admit_nodes(c, job, lfd, nonce, deadline, err);
     close(lfd);
     return rc;
 }
 
 /* ---- a follower's side ---- */
 
-static int connect_to(const char *host, int port, double deadline, errbuf *err) {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return errf(err, "leader address '%s' is not IPv4", host);
-    for (;;) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return errf(err, "socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
-        int e = errno;
+/* One attempt at the leader the file names: connected, the secret proven both ways, JOIN
+ * sent.  The fd, or -1 with why (the caller reads the file again and retries). */
+static int join_leader(cluster *c, const msg_rendezvous *r, const json_t *settings, double deadline, errbuf *why) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)r->port)};
+    if (inet_pton(AF_INET, r->host, &a.sin_addr) != 1) return errf(why, "leader address '%s' is not IPv4", r->host);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errf(why, "socket: %s", strerror(errno));
+    msg join = {.type = MSG_JOIN, .u.join = {.node = c->node, .nodes = c->nodes, .workers = c->workers,
+                                             .settings = (json_t *)settings}};
+    snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
+    strcpy(join.u.join.nonce, r->nonce);
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errf(why, "%s", strerror(errno));
+    if (rc == 0) rc = auth_handshake(fd, c->secret, sizeof c->secret, 1, AUTH_CONTEXT, deadline, why);
+    if (rc == 0) rc = msg_send(fd, &join, why);
+    if (rc) {
         close(fd);
-        if (clock_now_s() > deadline) return errf(err, "cannot reach the leader at %s:%d: %s", host, port, strerror(e));
-        clock_sleep_s(0.2);
+        return errprefix(why, "the leader at %s:%d", r->host, r->port);
     }
+    return fd;
 }
 
+/* The leader's address and secret: its file (with PMIx, the address and secret from PMIx and
+ * the nonce from the file), which must be this launch's and trusted (file_read_private). */
+static int find_leader(cluster *c, const slurm_env *env, const job_config *job, int attempt, const pmix_join_endpoint *ep,
+                       msg_rendezvous *r, double deadline, errbuf *err) {
+    char path[PATH_BYTES], launch[128];
+    launch_name(launch, sizeof launch, env, attempt);
+    if (rendezvous_path(path, env, job, attempt, err) || read_rendezvous(path, launch, r, deadline, err)) return -1;
+    if (ep) {
+        snprintf(r->host, sizeof r->host, "%s", ep->host);
+        r->port = ep->port;
+        strcpy(r->secret, ep->secret_hex);
+    }
+    if (r->nodes != c->nodes)
+        return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r->nodes, c->nodes);
+    if (hex_decode(r->secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
+    strcpy(c->secret_hex, r->secret);
+    return 0;
+}
+
+/* Until the deadline: the file read again after every failed attempt, since a relaunch's
+ * leader may replace a dead one's file (another port, another secret) at any moment. */
 static int follow(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
-    char path[PATH_BYTES];
-    msg_rendezvous r;
     pmix_join_endpoint ep; /* with PMIx: the leader's address and the secret, before the file exists */
     int pmix = pmix_join_active();
     if (pmix && pmix_join_follow(&ep, c->node, attempt, job->runtime.join_timeout_s, err)) return -1;
-    if (rendezvous_path(path, env, job, attempt, err) || read_rendezvous(path, &r, deadline, err)) return -1;
-    if (pmix) {
-        snprintf(r.host, sizeof r.host, "%s", ep.host);
-        r.port = ep.port;
-        strcpy(r.secret, ep.secret_hex);
+    json_t *model = NULL, *settings = NULL;
+    llama_config ignored;
+    if (ckpt_job_model_config(job, &model, &ignored, err) == 0) settings = job_shared_settings(job, model, err);
+    json_decref(model);
+    if (!settings) return -1;
+    msg_rendezvous r;
+    int fd = -1;
+    char last[MSG_TEXT_MAX] = "";
+    while (fd < 0) {
+        if (find_leader(c, env, job, attempt, pmix ? &ep : NULL, &r, deadline, err)) break;
+        errbuf why;
+        if ((fd = join_leader(c, &r, settings, deadline, &why)) >= 0) break;
+        if (clock_now_s() > deadline) {
+            errf(err, "cannot join: %s", why.msg);
+            break;
+        }
+        if (strcmp(last, why.msg)) log_event(-1, "%s; trying again until runtime.join_timeout_s", why.msg);
+        snprintf(last, sizeof last, "%s", why.msg);
+        clock_sleep_s(0.2);
     }
-    if (r.nodes != c->nodes)
-        return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r.nodes, c->nodes);
-    if (hex_decode(r.secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
-    strcpy(c->secret_hex, r.secret);
-    int fd = connect_to(r.host, r.port, deadline, err);
+    json_decref(settings);
     if (fd < 0) return -1;
-    msg join = {.type = MSG_JOIN, .u.join = {.node = c->node, .nodes = c->nodes, .workers = c->workers}};
-    snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
-    strcpy(join.u.join.nonce, r.nonce);
-    if (auth_handshake(fd, c->secret, sizeof c->secret, 1, AUTH_CONTEXT, deadline, err) ||
-        msg_send(fd, &join, err)) {
-        close(fd);
-        return errprefix(err, "joining the leader at %s:%d", r.host, r.port);
-    }
     c->fds[0] = fd;
     snprintf(c->hosts[0], sizeof c->hosts[0], "%s:%d", r.host, r.port);
     log_event(-1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
@@ -370,7 +591,8 @@ int cluster_recv_plan(cluster *c, msg_plan *plan, errbuf *err) {
     if (msg_recv(c->fds[0], &m, c->join_timeout_s * 1000, err))
         return errprefix(err, "waiting for the leader's plan (runtime.join_timeout_s = %d s)", c->join_timeout_s);
     int rc = 0;
-    if (m.type != MSG_PLAN) rc = errf(err, "the leader sent %s, not its PLAN", msg_type_name(m.type));
+    if (m.type == MSG_REFUSED) rc = errf(err, "the leader refused this node: %s", m.u.refused.reason);
+    else if (m.type != MSG_PLAN) rc = errf(err, "the leader sent %s, not its PLAN", msg_type_name(m.type));
     else if (m.u.plan.error[0]) rc = errf(err, "the leader cannot run the job: %s", m.u.plan.error);
     else *plan = m.u.plan;
     msg_free(&m);

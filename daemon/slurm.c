@@ -205,6 +205,7 @@ int slurm_env_read(slurm_env *e, errbuf *err) {
     e->in_slurm = true;
     int rc = env_str("SLURM_JOB_ID", e->job_id, sizeof e->job_id, err);
     if (rc == 0) rc = env_int("SLURM_RESTART_COUNT", 0, &e->restart_count, &e->restarted, err);
+    if (rc == 0) rc = env_str("SLURM_STEP_ID", e->step_id, sizeof e->step_id, err);
     if (rc == 0) rc = read_nodes(e, err);
     if (rc == 0) rc = env_str("SLURMD_NODENAME", e->nodename, sizeof e->nodename, err);
     const char *list = getenv("SLURM_JOB_NODELIST");

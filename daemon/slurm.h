@@ -3,6 +3,7 @@
  *
  *   SLURM_JOB_ID              the job id ("" outside SLURM)
  *   SLURM_RESTART_COUNT       requeues so far; unset on the first run (read as 0)
+ *   SLURM_STEP_ID             the job step (one srun) every node of it shares ("" unset)
  *   SLURM_NNODES (or SLURM_JOB_NUM_NODES), SLURM_NODEID   node count and this node's index
  *   SLURMD_NODENAME           this node's name
  *   SLURM_JOB_NODELIST        every node, in SLURM's hostlist syntax (n[01-04],gpu7)
@@ -26,6 +27,7 @@ typedef struct slurm_env {
     char job_id[64];
     int restart_count;           /* 0 when unset */
     bool restarted;              /* SLURM_RESTART_COUNT was set */
+    char step_id[32];            /* "" when unset: a second srun in one allocation has another */
     int nnodes, node_id;         /* 1 and 0 outside SLURM */
     char nodename[SLURM_HOST_MAX];
     int n_hosts;

@@ -1155,3 +1155,64 @@ int job_from_object(job_config *j, const json_t *root, errbuf *err) {
     return apply_object(j, root, true, err) ? errprefix(err, "CONFIG") : 0;
 }
 
+/* The keys that may differ from node to node: where a node listens and writes its own files. */
+static const char *const node_own_keys[] = {"bind_addr", "status_socket", "metrics"};
+
+json_t *job_shared_settings(const job_config *j, const json_t *model_config, errbuf *err) {
+    json_t *root = job_to_object(j, err);
+    if (!root) return NULL;
+    json_t *runtime = json_object_get(root, "runtime");
+    for (size_t i = 0; i < COUNT(node_own_keys); i++) json_object_del(runtime, node_own_keys[i]);
+    json_t *model = model_config ? json_deep_copy(model_config) : json_null();
+    if (!model || json_object_set_new(root, "model_config", model)) {
+        json_decref(root);
+        return errf(err, "out of memory"), NULL;
+    }
+    return root;
+}
+
+static void value_text(const json_t *v, char *out, size_t n) {
+    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(out, n, "%s", v ? (text ? text : "(unprintable)") : "(absent)");
+    free(text);
+}
+
+static int cmp_keys(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* The members of a and b (either may be NULL) as one sorted list without repeats, malloc'd. */
+static const char **union_keys(const json_t *a, const json_t *b, size_t *n) {
+    size_t cap = json_object_size(a) + json_object_size(b), k = 0;
+    const char **keys = malloc((cap ? cap : 1) * sizeof *keys);
+    const char *key;
+    json_t *v;
+    if (!keys) return NULL;
+    json_object_foreach((json_t *)a, key, v) keys[k++] = key;
+    json_object_foreach((json_t *)b, key, v) if (!json_object_get(a, key)) keys[k++] = key;
+    qsort(keys, k, sizeof *keys, cmp_keys);
+    *n = k;
+    return keys;
+}
+
+static int diff_at(const json_t *a, const json_t *b, const char *prefix, job_difference *out) {
+    if (json_is_object(a) && json_is_object(b)) {
+        size_t n;
+        const char **keys = union_keys(a, b, &n);
+        int found = keys ? 0 : -1;
+        for (size_t i = 0; keys && i < n && !found; i++) {
+            char key[sizeof out->key];
+            snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", keys[i]);
+            found = diff_at(json_object_get(a, keys[i]), json_object_get(b, keys[i]), key, out);
+        }
+        free(keys);
+        if (found >= 0) return found;
+    } else if (a && b && json_equal((json_t *)a, (json_t *)b)) {
+        return 0;
+    }
+    snprintf(out->key, sizeof out->key, "%s", *prefix ? prefix : "(the whole job)");
+    value_text(a, out->a, sizeof out->a);
+    value_text(b, out->b, sizeof out->b);
+    return 1;
+}
+
+int job_settings_diff(const json_t *a, const json_t *b, job_difference *out) { return diff_at(a, b, "", out); }
+

@@ -209,4 +209,19 @@ int job_validate(const job_config *j, int world_size, errbuf *err);
 json_t *job_to_object(const job_config *j, errbuf *err);
 int job_from_object(job_config *j, const json_t *root, errbuf *err);
 
+/* What every node of one job must agree on (the JOIN of daemon/cluster.h carries it):
+ * job_to_object less the keys that are each node's own (runtime.bind_addr,
+ * runtime.status_socket, runtime.metrics), with the model's config.json (model_config, may
+ * be NULL) as the member "model_config".  A new reference, NULL with the reason. */
+json_t *job_shared_settings(const job_config *j, const json_t *model_config, errbuf *err);
+
+/* The first difference between two such objects, keys walked in sorted order and nested
+ * objects entered ("train.lr", "model_config.hidden_size"): 1 with that key and both
+ * values as compact JSON text ("(absent)" for a missing key), each cut to fit; 0 when equal. */
+typedef struct job_difference {
+    char key[128];
+    char a[160], b[160];
+} job_difference;
+int job_settings_diff(const json_t *a, const json_t *b, job_difference *out);
+
 #endif

@@ -162,12 +162,14 @@ static const field fatal_fields[] = {
 static const field addr_fields[] = {STR(msg_addr, "addr", addr)};
 static const field peers_fields[] = {OF(msg_peers, "addrs", n, F_ADDRS)};
 
+static int check_join(void *body, const char *type, errbuf *err);
 static const field join_fields[] = {
     INT(msg_join, "node", node, 0, INT_MAX),
     INT(msg_join, "nodes", nodes, 1, INT_MAX),
     STR(msg_join, "host", host),
     INT(msg_join, "workers", workers, 1, INT_MAX),
     STR(msg_join, "nonce", nonce),
+    {"settings", F_JSON, offsetof(msg_join, settings), sizeof(json_t *), 0, 0, false, 0, NULL},
 };
 
 static const field rendezvous_fields[] = {
@@ -179,7 +181,10 @@ static const field rendezvous_fields[] = {
     INT(msg_rendezvous, "attempt", attempt, 0, INT_MAX),
     STR(msg_rendezvous, "secret", secret),
     STR(msg_rendezvous, "nonce", nonce),
+    STR(msg_rendezvous, "launch", launch),
 };
+
+static const field refused_fields[] = {STR(msg_refused, "reason", reason)};
 
 static const field node_addrs_fields[] = {
     INT(msg_node_addrs, "node", node, 0, INT_MAX),
@@ -229,7 +234,7 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_FATAL] = BODY(fatal_fields),
     [MSG_ADDR] = BODY(addr_fields),
     [MSG_PEERS] = BODY(peers_fields),
-    [MSG_JOIN] = BODY(join_fields),
+    [MSG_JOIN] = {join_fields, COUNT(join_fields), check_join},
     [MSG_NODE_HEARTBEAT] = {node_heartbeat_fields, COUNT(node_heartbeat_fields), check_node_heartbeat},
     [MSG_CKPT_REQUEST] = {ckpt_request_fields, COUNT(ckpt_request_fields), check_ckpt_request},
     [MSG_PLAN] = BODY(plan_fields),
@@ -237,6 +242,7 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_NODE_ADDRS] = BODY(node_addrs_fields),
     [MSG_NODE_READY] = BODY(node_ready_fields),
     [MSG_NODE_DONE] = BODY(node_done_fields),
+    [MSG_REFUSED] = BODY(refused_fields),
 };
 
 static int check_config(void *body, const char *type, errbuf *err) {
@@ -250,6 +256,11 @@ static int check_config(void *body, const char *type, errbuf *err) {
     return job_resolve(&c->job, c->world, err) || job_validate(&c->job, c->world, err)
                ? errprefix(err, "%s: field 'job'", type)
                : 0;
+}
+
+static int check_join(void *body, const char *type, errbuf *err) {
+    if (!json_is_object(((msg_join *)body)->settings)) return errf(err, "%s: field 'settings' must be an object", type);
+    return 0;
 }
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err) {

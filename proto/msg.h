@@ -70,6 +70,7 @@ typedef enum msg_type {
     MSG_NODE_ADDRS = 19, /* D->d: a node's workers' addresses, for the rank table */
     MSG_NODE_READY = 20, /* D->d: every worker of a node is connected and ready */
     MSG_NODE_DONE = 21,  /* D->d: a node's workers have exited (ok, or why not) */
+    MSG_REFUSED = 22,    /* d->D: the leader will not take this node (why), then it closes */
     MSG_TYPE_END         /* one past the last type */
 } msg_type;
 
@@ -201,6 +202,7 @@ typedef struct msg_join {
     char host[MSG_ADDR_MAX];
     int workers;
     char nonce[MSG_NONCE_HEX]; /* the rendezvous file's: proof that checkpoint.dir is shared */
+    json_t *settings;   /* the node's resolved job as every node must share it (job_shared_settings) */
 } msg_join;
 
 typedef struct msg_rendezvous {
@@ -209,6 +211,7 @@ typedef struct msg_rendezvous {
     int nodes;
     char job_id[64];
     int restart, attempt;     /* SLURM_RESTART_COUNT and fsdpd's own run attempt */
+    char launch[128];         /* the launch it was written for: job, step, restart, attempt */
     char secret[2 * MSG_SECRET_BYTES + 1]; /* hex; the file is 0600 */
     char nonce[MSG_NONCE_HEX];
 } msg_rendezvous;
@@ -244,6 +247,11 @@ typedef struct msg_ckpt_request {
     char why[MSG_TEXT_MAX];
 } msg_ckpt_request;
 
+/* REFUSED: why the leader turned this node away (a JOIN that does not fit the job). */
+typedef struct msg_refused {
+    char reason[MSG_TEXT_MAX];
+} msg_refused;
+
 /* PLAN: what the leader's ckpt_prepare found, for every node's workers: the partial
  * directories' attempt number and the checkpoint to resume ("" for none); or error. */
 typedef struct msg_plan {
@@ -276,6 +284,7 @@ typedef struct msg {
         msg_node_addrs node_addrs;
         msg_node node_ready;
         msg_node_done node_done;
+        msg_refused refused;
     } u;
 } msg;
 

@@ -33,6 +33,7 @@ static const char *const type_names[MSG_TYPE_END] = {
     [MSG_NODE_ADDRS] = "NODE_ADDRS",
     [MSG_NODE_READY] = "NODE_READY",
     [MSG_NODE_DONE] = "NODE_DONE",
+    [MSG_REFUSED] = "REFUSED",
 };
 
 /* A decoder keeps at most this much buffer around while idle. */

@@ -167,9 +167,10 @@ static void test_silent_peer_times_out(void **state) {
     assert_true(elapsed >= 0.29 && elapsed < 1.5);
 }
 
-/* A man in the middle who only listens: forwards both ways between an initiator's end
- * `ia` and a responder's end `ra` until each has sent its share, recording the initiator's. */
-static void relay(int ia, int ra, unsigned char *from_initiator) {
+/* A man in the middle: forwards both ways between an initiator's end `ia` and a responder's
+ * end `ra` until each has sent its share, recording the initiator's; flip_i / flip_r >= 0:
+ * that byte of the initiator's / responder's share arrives with its lowest bit flipped. */
+static void relay(int ia, int ra, unsigned char *from_initiator, int flip_i, int flip_r) {
     unsigned char from_responder[AUTH_WIRE_BYTES];
     size_t gi = 0, gr = 0;
     while (gi < AUTH_WIRE_BYTES || gr < AUTH_WIRE_BYTES) {
@@ -178,12 +179,14 @@ static void relay(int ia, int ra, unsigned char *from_initiator) {
         if (p[0].revents && gi < AUTH_WIRE_BYTES) {
             ssize_t n = recv(ia, from_initiator + gi, AUTH_WIRE_BYTES - gi, 0);
             assert_true(n > 0);
+            if (flip_i >= (int)gi && flip_i < (int)gi + n) from_initiator[flip_i] ^= 1;
             assert_int_equal(send(ra, from_initiator + gi, (size_t)n, MSG_NOSIGNAL), n);
             gi += (size_t)n;
         }
         if (p[1].revents && gr < AUTH_WIRE_BYTES) {
             ssize_t n = recv(ra, from_responder + gr, AUTH_WIRE_BYTES - gr, 0);
             assert_true(n > 0);
+            if (flip_r >= (int)gr && flip_r < (int)gr + n) from_responder[flip_r] ^= 1;
             assert_int_equal(send(ia, from_responder + gr, (size_t)n, MSG_NOSIGNAL), n);
             gr += (size_t)n;
         }
@@ -198,22 +201,28 @@ static void replay(int fd, void *arg) {
 
 /* An eavesdropper's recording of a good session does not pass later: the responder's nonce
  * is new.  The recording does not contain the secret either. */
-static void test_replayed_session_fails(void **state) {
-    (void)state;
-    unsigned char transcript[AUTH_WIRE_BYTES];
+/* Both ends of one handshake through the relay (flip_i, flip_r as relay's). */
+static void through_relay(side *i, side *r, unsigned char *transcript, int flip_i, int flip_r) {
     int fi[2], fr[2];
     make_pair(fi);
     make_pair(fr);
-    side i = {fi[0], secret_a, 1, "fsdp-daemon", 5, 0, {""}};
-    side r = {fr[0], secret_a, 0, "fsdp-daemon", 5, 0, {""}};
+    *i = (side){fi[0], secret_a, 1, "fsdp-daemon", 5, 0, {""}};
+    *r = (side){fr[0], secret_a, 0, "fsdp-daemon", 5, 0, {""}};
     pthread_t ti, tr;
-    assert_int_equal(pthread_create(&ti, NULL, run_side, &i), 0);
-    assert_int_equal(pthread_create(&tr, NULL, run_side, &r), 0);
-    relay(fi[1], fr[1], transcript);
+    assert_int_equal(pthread_create(&ti, NULL, run_side, i), 0);
+    assert_int_equal(pthread_create(&tr, NULL, run_side, r), 0);
+    relay(fi[1], fr[1], transcript, flip_i, flip_r);
     assert_int_equal(pthread_join(ti, NULL), 0);
     assert_int_equal(pthread_join(tr, NULL), 0);
-    if (i.rc || r.rc) fail_msg("through the relay: %s / %s", i.err.msg, r.err.msg);
     for (int k = 0; k < 2; k++) close(fi[k]), close(fr[k]);
+}
+
+static void test_replayed_session_fails(void **state) {
+    (void)state;
+    unsigned char transcript[AUTH_WIRE_BYTES];
+    side i, r;
+    through_relay(&i, &r, transcript, -1, -1);
+    if (i.rc || r.rc) fail_msg("through the relay: %s / %s", i.err.msg, r.err.msg);
     assert_null(memmem(transcript, sizeof transcript, secret_a, 8));
 
     side again = {-1, secret_a, 0, "fsdp-daemon", 5, 0, {""}};
@@ -247,6 +256,24 @@ static void test_reflection_fails(void **state) {
     }
 }
 
+/* Every byte of a right proof counts, the last one included: one bit flipped anywhere in
+ * either side's proof and the other side refuses it. */
+static void test_every_proof_byte_counts(void **state) {
+    (void)state;
+    unsigned char transcript[AUTH_WIRE_BYTES];
+    for (int k = AUTH_HELLO_BYTES; k < AUTH_WIRE_BYTES; k++) {
+        side i, r;
+        through_relay(&i, &r, transcript, k, -1);
+        if (r.rc == 0 || !strstr(r.err.msg, AUTH_WRONG_SECRET))
+            fail_msg("byte %d of the initiator's proof flipped: the responder %s", k - AUTH_HELLO_BYTES,
+                     r.rc ? r.err.msg : "passed it");
+        through_relay(&i, &r, transcript, -1, k);
+        if (i.rc == 0 || !strstr(i.err.msg, AUTH_WRONG_SECRET))
+            fail_msg("byte %d of the responder's proof flipped: the initiator %s", k - AUTH_HELLO_BYTES,
+                     i.rc ? i.err.msg : "passed it");
+    }
+}
+
 static void test_empty_secret_refused(void **state) {
     (void)state;
     errbuf err = {""};
@@ -263,6 +290,7 @@ int main(void) {
         cmocka_unit_test(test_silent_peer_times_out),
         cmocka_unit_test(test_replayed_session_fails),
         cmocka_unit_test(test_reflection_fails),
+        cmocka_unit_test(test_every_proof_byte_counts),
         cmocka_unit_test(test_empty_secret_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
