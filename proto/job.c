@@ -1172,7 +1172,7 @@ json_t *job_shared_settings(const job_config *j, const json_t *model_config, err
 }
 
 static void value_text(const json_t *v, char *out, size_t n) {
-    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
     snprintf(out, n, "%s", v ? (text ? text : "(unprintable)") : "(absent)");
     free(text);
 }

@@ -645,6 +645,52 @@ static void test_round_trip(void **state) {
     assert_int_equal(job_parse_text(&b, "{\"train\":{\"lr\":1e-4}}", 21, "job.json", &err), 0);
 }
 
+/* What nodes must share: the per-node keys left out, the first difference named with both
+ * values, nested model_config keys included, a missing key shown as absent. */
+static void test_shared_settings_diff(void **state) {
+    (void)state;
+    job_config a, b;
+    errbuf err;
+    job_defaults(&a);
+    job_defaults(&b);
+    snprintf(b.runtime.bind_addr, sizeof b.runtime.bind_addr, "10.0.0.2");
+    snprintf(b.runtime.metrics, sizeof b.runtime.metrics, "/tmp/n1.jsonl");
+    snprintf(b.runtime.status_socket, sizeof b.runtime.status_socket, "/tmp/n1.sock");
+    json_t *model_a = json_pack("{s:i, s:f}", "hidden_size", 36, "rms_norm_eps", 1e-5);
+    json_t *model_b = json_pack("{s:i, s:f}", "hidden_size", 36, "rms_norm_eps", 1e-6);
+    json_t *sa = job_shared_settings(&a, model_a, &err), *sb = job_shared_settings(&b, model_a, &err);
+    assert_non_null(sa);
+    assert_non_null(sb);
+    job_difference d;
+    assert_int_equal(job_settings_diff(sa, sb, &d), 0);
+    json_decref(sb);
+    b.train.lr = 0.02;
+    b.data.seq_len = 99; /* "data" sorts before "train": the first difference */
+    sb = job_shared_settings(&b, model_a, &err);
+    assert_int_equal(job_settings_diff(sa, sb, &d), 1);
+    assert_string_equal(d.key, "data.seq_len");
+    assert_string_equal(d.b, "99");
+    json_decref(sb);
+    b.data.seq_len = a.data.seq_len;
+    sb = job_shared_settings(&b, model_a, &err);
+    assert_int_equal(job_settings_diff(sa, sb, &d), 1);
+    assert_string_equal(d.key, "train.lr");
+    assert_string_equal(d.a, "2e-05");
+    assert_string_equal(d.b, "0.02");
+    json_decref(sb);
+    b.train.lr = a.train.lr;
+    sb = job_shared_settings(&b, model_b, &err);
+    assert_int_equal(job_settings_diff(sa, sb, &d), 1);
+    assert_string_equal(d.key, "model_config.rms_norm_eps");
+    json_object_del(json_object_get(sb, "model_config"), "rms_norm_eps");
+    assert_int_equal(job_settings_diff(sa, sb, &d), 1);
+    assert_string_equal(d.b, "(absent)");
+    json_decref(sa);
+    json_decref(sb);
+    json_decref(model_a);
+    json_decref(model_b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_are_valid),
@@ -661,6 +707,7 @@ int main(void) {
         cmocka_unit_test(test_validate_rechecks_keys),
         cmocka_unit_test(test_validate_changes_nothing),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_shared_settings_diff),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
