@@ -675,7 +675,7 @@ static void test_shared_settings_diff(void **state) {
     sb = job_shared_settings(&b, model_a, &err);
     assert_int_equal(job_settings_diff(sa, sb, &d), 1);
     assert_string_equal(d.key, "train.lr");
-    assert_string_equal(d.a, "2e-05");
+    assert_string_equal(d.a, "2e-5");
     assert_string_equal(d.b, "0.02");
     json_decref(sb);
     b.train.lr = a.train.lr;
