@@ -4,14 +4,26 @@
  * Rendezvous (cluster_join, before the event loop):
  *   - the leader binds an ephemeral port on its node address (runtime.bind_addr, else the
  *     address SLURMD_NODENAME or the host name resolves to; loopback is refused when there is
- *     more than one node), draws the job secret and a nonce, and publishes host, port, secret
- *     and nonce in a 0600 file in checkpoint.dir named after the job id, the restart count and
- *     fsdpd's attempt (written tmp + rename); then it accepts the other nodes until
- *     runtime.join_timeout_s, and names the nodes that never joined;
- *   - every other node waits for that file up to the same deadline ("no rendezvous file
- *     PATH: checkpoint.dir must be one directory shared by every node"), connects, proves the
- *     secret by challenge and response (base/auth.h: the secret never travels) and sends JOIN
- *     with the nonce it read (proof that the directory is shared).
+ *     more than one node), draws the job secret and a nonce, and publishes host, port, secret,
+ *     nonce and the launch (job id, SLURM_STEP_ID, restart count, fsdpd's attempt) in a 0600
+ *     file in checkpoint.dir named after the job id, the restart count and the attempt
+ *     (written tmp + rename); then it accepts the other nodes until runtime.join_timeout_s,
+ *     every connection at once on one poll() loop: each must prove the secret (base/auth.h)
+ *     and send its JOIN within HANDSHAKE_S (5 s) of connecting, or it is dropped and logged,
+ *     so strangers that say nothing never delay a node.  A JOIN must match the job (node
+ *     index and count, workers, the file's nonce, a node index not yet taken) and carry the
+ *     same job (job_shared_settings: every key but a node's own, and the model's config.json);
+ *     a refusal is sent to the node as REFUSED with its reason.  A node with another job stops
+ *     the whole join: every node that joined hears the same reason, and every node exits
+ *     non-zero.  The leader names the nodes that never joined;
+ *   - every other node waits for a trusted file of this launch up to the same deadline: a
+ *     regular file of its own uid with mode 0600 (anything else is refused at once, naming it,
+ *     its owner and mode: file_read_private), written for this launch (one of an earlier
+ *     srun, or not whole yet, is waited past); it connects, proves the secret by challenge and
+ *     response (the secret never travels) and sends JOIN with the nonce it read (proof that
+ *     the directory is shared).  A failed attempt (a dead leader's port, a stale file) reads
+ *     the file again until the deadline.  The leader's PLAN may resume only from a committed
+ *     step of this job's checkpoint.dir (ckpt_adopt).
  * One node (or none of SLURM) joins nobody: the secret is drawn and kept.
  *
  * Before the loop the leader prepares the checkpoints (ckpt_prepare) and sends every node

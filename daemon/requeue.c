@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -101,29 +102,47 @@ static int run_scontrol(char *const argv[], char *out, size_t n, errbuf *err) {
     return errf(err, "scontrol %s %s was killed by signal %d", argv[1], argv[2], WTERMSIG(status));
 }
 
-/* The job's JobState (RUNNING, COMPLETING, ...) from `scontrol show job -o ID`. */
-static int job_state(const char *job_id, char *state, size_t n, errbuf *err) {
-    char *argv[] = {"scontrol", "show", "job", "-o", (char *)job_id, NULL}, text[8192];
-    if (run_scontrol(argv, text, sizeof text, err)) return -1;
-    const char *at = strstr(text, "JobState=");
-    if (!at) return errf(err, "scontrol show job %s: no JobState", job_id);
-    at += strlen("JobState=");
+/* One field of `scontrol show job -o ID` (JobState=RUNNING, Restarts=1, ...). */
+static int job_field(const char *text, const char *job_id, const char *name, char *out, size_t n, errbuf *err) {
+    char key[32];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *at = strstr(text, key);
+    if (!at) return errf(err, "scontrol show job %s: no %s", job_id, name);
+    at += strlen(key);
     size_t len = strcspn(at, " \n");
-    if (len == 0 || len >= n) return errf(err, "scontrol show job %s: a malformed JobState", job_id);
-    memcpy(state, at, len);
-    state[len] = '\0';
+    if (len == 0 || len >= n) return errf(err, "scontrol show job %s: a malformed %s", job_id, name);
+    memcpy(out, at, len);
+    out[len] = '\0';
+    return 0;
+}
+
+/* The job's JobState and Restarts (the requeues SLURM has counted so far). */
+static int job_state(const char *job_id, char *state, size_t n, int *restarts, errbuf *err) {
+    char *argv[] = {"scontrol", "show", "job", "-o", (char *)job_id, NULL}, text[8192], count[16];
+    if (run_scontrol(argv, text + 1, sizeof text - 1, err)) return -1;
+    text[0] = ' '; /* every field then follows a space */
+    if (job_field(text, job_id, "JobState", state, n, err) || job_field(text, job_id, "Restarts", count, sizeof count, err))
+        return -1;
+    char *end;
+    long v = strtol(count, &end, 10);
+    if (*end || v < 0 || v > INT_MAX) return errf(err, "scontrol show job %s: Restarts=%s is not a count", job_id, count);
+    *restarts = (int)v;
     return 0;
 }
 
 /* Only a job still RUNNING is requeued: during a preemption's GraceTime and after the
  * time-limit warning it is; after `scancel` it is COMPLETING (observed on SLURM 22.05), and
- * `scontrol requeue` would bring a cancelled job back. */
-static int requeue_job(const char *job_id, errbuf *err) {
+ * `scontrol requeue` would bring a cancelled job back.  A job COMPLETING whose Restarts is
+ * past this run's SLURM_RESTART_COUNT is being requeued by SLURM already (a user's
+ * `scontrol requeue`, observed on 22.05): 1, nothing to do. */
+static int requeue_job(const slurm_env *env, errbuf *err) {
     char state[64];
-    if (job_state(job_id, state, sizeof state, err)) return -1;
+    int restarts = 0;
+    if (job_state(env->job_id, state, sizeof state, &restarts, err)) return -1;
+    if (strcmp(state, "RUNNING") != 0 && restarts > env->restart_count) return 1;
     if (strcmp(state, "RUNNING") != 0)
-        return errf(err, "job %s is %s, not RUNNING (cancelled?)", job_id, state);
-    char *argv[] = {"scontrol", "requeue", (char *)job_id, NULL}, ignored[256];
+        return errf(err, "job %s is %s, not RUNNING (cancelled?)", env->job_id, state);
+    char *argv[] = {"scontrol", "requeue", (char *)env->job_id, NULL}, ignored[256];
     return run_scontrol(argv, ignored, sizeof ignored, err);
 }
 
@@ -150,10 +169,16 @@ int requeue_after_stop(const job_config *job, const slurm_env *env, int64_t star
     /* scontrol requeue signals every process of the job at once, this one too: the stop is
      * done, so fsdpd ends with its own status, 0. */
     signal(SIGTERM, SIG_IGN);
-    if (requeue_job(env->job_id, &err)) {
+    int rc = requeue_job(env, &err);
+    if (rc < 0) {
         fprintf(stderr, "fsdpd: %s after the checkpoint of step %lld; no requeue: %s\n", why,
                 (long long)now, err.msg);
         return 1;
+    }
+    if (rc > 0) {
+        log_event(-1, "%s after the checkpoint of step %lld: SLURM is requeueing job %s already (scontrol "
+                  "requeue?); the next run resumes from it", why, (long long)now, env->job_id);
+        return 0;
     }
     log_event(-1, "%s after the checkpoint of step %lld: job %s requeued (scontrol requeue); the next run "
               "resumes from it", why, (long long)now, env->job_id);

@@ -9,11 +9,16 @@
 #   TMPDIR is node-local, so the same query on the submitting host finds nothing;
 # - scancel: fsdpd gets the same SIGTERM, commits a checkpoint, and does not requeue the
 #   cancelled job (it is COMPLETING, no longer RUNNING);
+# - a user's `scontrol requeue`: the same SIGTERM, a checkpoint; SLURM requeues the job itself
+#   (Restarts is past the run's SLURM_RESTART_COUNT), fsdpd says so and does not requeue it
+#   again; the next run resumes and finishes;
 # - preemption (1 node): a job of partition "high" takes the nodes of the running job (partition
 #   "low", GraceTime): fsdpd commits a checkpoint, requeues the job itself, exits 0; the
 #   requeued run (Restarts=1) resumes from `latest` and finishes;
 # - the time limit on 2 nodes (--time=1 --signal=USR1@45): SIGUSR1, a checkpoint across the
 #   nodes, a requeue by the leader, and the requeued runs resume and finish.
+# Every scenario checks how often the job was requeued (Restarts) and that only the leader's
+# log says it requeued the job.
 # Needs root, SLURM (slurmctld, slurmd, munge, the PMIx plugin) and network namespaces.
 # schedule: first (~200 s, mostly waiting on SLURM: tests/run.sh runs the others beside it)
 source "$(dirname "$0")/lib.sh"
@@ -50,6 +55,18 @@ same_bits() { # NAME
     cmp "$tmp/ref.safetensors" "$tmp/$1.safetensors" || { cat "$tmp/$1.out"; fail "$1: final parameters differ from the uninterrupted run"; }
     echo "$1: the same final bits as the uninterrupted run"
 }
+# requeues NAME JOBID N: SLURM counts N requeues of the job (Restarts), and the leader's log
+# says it requeued the job itself as often as SLURM counts (SELF: "self", else the number of
+# requeues fsdpd did not do: a user's); no other node ever requeues.
+requeues() {
+    local restarts self follower
+    restarts=$(slurm_job_field "$2" Restarts)
+    self=$(grep -c "fsdpd node 0: .*: job $2 requeued (scontrol requeue)" "$tmp/$1.out" || true)
+    follower=$(grep -c "fsdpd node [1-9][0-9]*: .*job $2 requeued" "$tmp/$1.out" || true)
+    [ "$restarts" = "$3" ] || { cat "$tmp/$1.out"; fail "$1: job $2 was requeued $restarts times, expected $3"; }
+    [ "$self" -eq $(($3 - ${4:-0})) ] || { cat "$tmp/$1.out"; fail "$1: the leader says it requeued $self times, expected $(($3 - ${4:-0}))"; }
+    [ "$follower" -eq 0 ] || { cat "$tmp/$1.out"; fail "$1: a follower requeued the job"; }
+}
 finished() { # NAME JOBID SECONDS: the job ends COMPLETED, exit code 0
     local state
     state=$(slurm_wait_end "$2" "$3")
@@ -77,6 +94,7 @@ grep -q "PMIx: published the leader's address" "$tmp/two.out" && grep -q "node 1
 grep -q "node 0: job .*checkpoints in $tmp/two-ckpt, output in $tmp/two-out" "$tmp/two.out" ||
     { cat "$tmp/two.out"; fail "two: the log does not say where checkpoints and output are"; }
 same_bits two
+requeues two "$id" 0
 echo "two nodes: $((SECONDS - t0)) s"
 
 # --- scancel: the same SIGTERM, but the job is COMPLETING: a checkpoint, no requeue ----------
@@ -88,6 +106,19 @@ state=$(slurm_wait_end "$id" 60)
     { cat "$tmp/cancel.out"; fail "cancel: job $id ended $state after $(slurm_job_field "$id" Restarts) requeues"; }
 wait_for 20 grep -qs "no requeue: job $id is COMPLETING, not RUNNING" "$tmp/cancel.out" ||
     { cat "$tmp/cancel.out"; fail "cancel: fsdpd does not say why it did not requeue"; }
+requeues cancel "$id" 0
+
+# --- a user's scontrol requeue: SLURM requeues the job; fsdpd checkpoints, does not requeue it
+# again, and says so (not an error); the next run resumes -------------------------------------
+id=$(submit user 0.3 --nodes=1 -- --checkpoint.resume=auto --output.consolidate=false)
+wait_for 90 grep -qs "step 3/" "$tmp/user.out"
+slurm_cmd scontrol requeue "$id"
+finished user "$id" 150
+grep -q "stopped by signal SIGTERM after the checkpoint of step [0-9]*: SLURM is requeueing job $id already" "$tmp/user.out" ||
+    { cat "$tmp/user.out"; fail "user: fsdpd does not say SLURM requeued the job"; }
+! grep -q "no requeue" "$tmp/user.out" || { cat "$tmp/user.out"; fail "user: fsdpd took the user's requeue for an error"; }
+requeues user "$id" 1 1
+same_bits user
 
 # --- preemption: checkpoint, requeue, resume ---------------------------------------------------
 t0=$SECONDS
@@ -98,7 +129,7 @@ finished high "$high" 90
 finished pre "$id" 150
 grep -q "stopped by signal SIGTERM after the checkpoint of step [0-9]*: job $id requeued" "$tmp/pre.out" ||
     { cat "$tmp/pre.out"; fail "pre: fsdpd did not requeue its job after the preemption"; }
-[ "$(slurm_job_field "$id" Restarts)" = 1 ] || { slurm_cmd scontrol show job "$id"; fail "pre: the job ran $(slurm_job_field "$id" Restarts) more times, expected 1"; }
+requeues pre "$id" 1
 grep -q "fsdpd-launch: job $id, run 1 " "$tmp/pre.out" && grep -q "resum.*step-0" "$tmp/pre.out" ||
     { cat "$tmp/pre.out"; fail "pre: the requeued run did not resume"; }
 same_bits pre
@@ -112,5 +143,8 @@ finished limit "$id" 300
 grep -q "stopped by signal SIGUSR1 after the checkpoint of step [0-9]*: job $id requeued" "$tmp/limit.out" ||
     { cat "$tmp/limit.out"; fail "limit: fsdpd did not requeue its job on the time-limit warning"; }
 same_bits limit
-echo "time limit: $((SECONDS - t0)) s, $(slurm_job_field "$id" Restarts) requeue(s)"
+n=$(slurm_job_field "$id" Restarts)
+[ "$n" -ge 1 ] || { cat "$tmp/limit.out"; fail "limit: the job was never requeued"; }
+requeues limit "$id" "$n"
+echo "time limit: $((SECONDS - t0)) s, $n requeue(s), each by the leader"
 echo "slurm: ok"
