@@ -83,13 +83,12 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
     return rc;
 }
 
-/* An adapter job's base: the fingerprint of model.path's weights, which its checkpoints
- * record and its resume checks; for a random base (benchmarks) the SHA-256 of its config
- * and seed, which determine it. */
-static int base_fingerprint(const job_config *job, const json_t *config, char out[ST_FINGERPRINT_HEX],
-                            errbuf *err) {
+/* The job's model: the fingerprint of model.path's weights (an adapter job's frozen base),
+ * which its checkpoints record and its resume checks; for a random init the SHA-256 of its
+ * config and seed, which determine it. */
+static int model_fingerprint(const job_config *job, const json_t *config, char out[ST_FINGERPRINT_HEX],
+                             errbuf *err) {
     out[0] = '\0';
-    if (job->train.type == JOB_TRAIN_FULL) return 0;
     if (job->model.init == JOB_INIT_RANDOM) {
         char *text = json_dumps(config, JSON_SORT_KEYS | JSON_COMPACT), seed[32];
         if (!text) return errf(err, "out of memory");
@@ -105,16 +104,59 @@ static int base_fingerprint(const job_config *job, const json_t *config, char ou
         return 0;
     }
     st_model st;
-    if (st_model_open(&st, job->model.path, err)) return errprefix(err, "the adapters' base");
+    if (st_model_open(&st, job->model.path, err))
+        return errprefix(err, job->train.type == JOB_TRAIN_FULL ? "the model" : "the adapters' base");
     st_model_fingerprint(&st, out);
     st_model_close(&st);
     return 0;
 }
 
-/* The checkpoint's kind is the job's: adapters of the same settings over the same base, or a
- * whole model. */
-static int check_adapter(const job_config *job, const ckpt_manifest *m, const char *fingerprint,
-                         const char *name, errbuf *err) {
+static const char *train_type_name(job_train_type t) {
+    return t == JOB_TRAIN_FULL ? "full" : t == JOB_TRAIN_LORA ? "lora" : "qlora";
+}
+
+static void job_train_settings(const job_config *j, ckpt_train_settings *t) {
+    static const char *const schedules[] = {[JOB_SCHEDULE_CONSTANT] = "constant",
+                                            [JOB_SCHEDULE_LINEAR] = "linear",
+                                            [JOB_SCHEDULE_COSINE] = "cosine"};
+    *t = (ckpt_train_settings){.lr = j->train.lr, .min_lr = j->train.min_lr,
+                               .weight_decay = j->train.weight_decay,
+                               .betas = {j->train.betas[0], j->train.betas[1]},
+                               .eps = j->train.eps, .clip_norm = j->train.clip_norm,
+                               .warmup_steps = j->train.warmup_steps};
+    snprintf(t->schedule, sizeof t->schedule, "%s", schedules[j->train.schedule]);
+}
+
+static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapter *a) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->type, sizeof a->type, "%s", train_type_name(j->train.type));
+    job_lora_config(j, &a->lora);
+    snprintf(a->base_fingerprint, sizeof a->base_fingerprint, "%s", fingerprint);
+}
+
+/* The job's identity for its manifests and for the comparison with a checkpoint's. */
+static void job_identity(const job_config *j, const ckpt_data_identity *data, const char *fingerprint,
+                         ckpt_identity *id) {
+    static const char *const formats[] = {[JOB_DATA_TOKENS] = "tokens", [JOB_DATA_ALPACA] = "alpaca",
+                                          [JOB_DATA_CHAT] = "chat", [JOB_DATA_TEXT] = "text"};
+    memset(id, 0, sizeof *id);
+    snprintf(id->train_type, sizeof id->train_type, "%s", train_type_name(j->train.type));
+    snprintf(id->model_fingerprint, sizeof id->model_fingerprint, "%s", fingerprint);
+    snprintf(id->optimizer, sizeof id->optimizer, "adamw");
+    if (data) id->data = *data;
+    snprintf(id->data_format, sizeof id->data_format, "%s", formats[j->data.format]);
+    snprintf(id->data_template, sizeof id->data_template, "%s", j->data.template_name);
+    id->seq_len = j->data.seq_len;
+    id->packing = j->data.packing;
+    id->shuffle = j->data.shuffle;
+    id->eval_fraction = j->data.eval_fraction;
+    id->max_steps = j->train.max_steps;
+    id->epochs = j->train.epochs;
+}
+
+/* The checkpoint's kind is the job's: adapters of the same shapes (rank, targets) over the same
+ * base's shapes, or a whole model.  What else differs is the identity's (check_identity). */
+static int check_adapter(const job_config *job, const ckpt_manifest *m, const char *name, errbuf *err) {
     int adapters = job->train.type != JOB_TRAIN_FULL;
     if (m->has_adapter != adapters)
         return errf(err, "%s: %s, but the job is %s", name,
@@ -124,17 +166,39 @@ static int check_adapter(const job_config *job, const ckpt_manifest *m, const ch
     lora_config want;
     job_lora_config(job, &want);
     const lora_config *got = &m->adapter.lora;
-    if (!lora_config_same_adapters(got, &want) || got->dropout != want.dropout)
-        return errf(err, "%s: adapters of rank %d, alpha %g, rslora %d, dropout %g and other "
-                         "targets than the job's lora settings (rank %d, alpha %g, rslora %d, "
-                         "dropout %g)", name, got->rank, got->alpha, got->rslora, got->dropout,
-                    want.rank, want.alpha, want.rslora, want.dropout);
-    if (strcmp(m->adapter.base_fingerprint, fingerprint))
-        return errf(err, "%s: its adapters were trained on another base model (fingerprint "
-                         "%.16s..., %s), not on %s (%.16s...): resume with that base, or start "
-                         "afresh (checkpoint.resume never, or another checkpoint.dir)", name,
-                    m->adapter.base_fingerprint, m->model_path, job->model.path, fingerprint);
+    if (got->rank != want.rank || got->targets != want.targets)
+        return errf(err, "%s: adapters of rank %d on other targets or of another rank than the job's "
+                         "lora settings (rank %d): their shapes differ, no resume can read them; start "
+                         "afresh in another checkpoint.dir", name, got->rank, want.rank);
     return 0;
+}
+
+/* The checkpoint must be this job's (the same identity, train and adapter settings): each
+ * difference is logged with both values; any that the documented rule does not allow refuses
+ * the resume, unless checkpoint.resume is force. */
+static int check_identity(const job_config *job, const ckpt_manifest *m, const ckpt_start *start,
+                          const char *name, errbuf *err) {
+    ckpt_train_settings train;
+    ckpt_adapter adapter;
+    static ckpt_difference d[CKPT_MAX_DIFFERENCES]; /* fsdpd prepares from its main thread only */
+    job_train_settings(job, &train);
+    job_adapter(job, start->base_fingerprint, &adapter);
+    int n = ckpt_identity_compare(m, &start->identity, &train, job->train.type != JOB_TRAIN_FULL ? &adapter : NULL, d);
+    int force = job->checkpoint.resume == JOB_RESUME_FORCE, refused = 0;
+    char fields[512] = "";
+    for (int i = 0; i < n && i < CKPT_MAX_DIFFERENCES; i++) {
+        log_event(-1, "%s: %s is %s in the checkpoint, %s in this job%s", name, d[i].field, d[i].checkpoint,
+                  d[i].job, d[i].allowed ? " (allowed: the job's is used)" : force ? " (checkpoint.resume force: resumed anyway)" : "");
+        if (d[i].allowed) continue;
+        size_t at = strlen(fields);
+        if (at + sizeof d[i].field + 2 < sizeof fields)
+            snprintf(fields + at, sizeof fields - at, "%s%.39s", refused ? ", " : "", d[i].field);
+        refused++;
+    }
+    if (!refused || force) return 0;
+    return errf(err, "%s: a checkpoint of another job (%s differ%s; each is logged with both values): "
+                     "start afresh in a new checkpoint.dir, or resume it anyway with checkpoint.resume=force",
+                name, fields, refused == 1 ? "s" : "");
 }
 
 /* Every strategy's checkpoint is read the same way (re-sliced from its n_files shards), by
@@ -145,30 +209,46 @@ static int known_sharding(const char *name) {
     return 0;
 }
 
-/* Checks the checkpoint at path fits the job, and takes its global_batch and seed. */
-static int check_resume(job_config *job, const char *path, const ckpt_start *start,
-                        long long *step, errbuf *err) {
+/* train.global_batch and train.seed are the checkpoint's for the job's life: a job's own other
+ * values are said, one line each. */
+static void take_fixed(job_config *job, const ckpt_manifest *m, const char *name) {
+    if (m->global_batch != job->train.global_batch)
+        log_event(-1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
+                  "a checkpoint fixes it for the job's life)", m->global_batch, name,
+                  job->train.global_batch);
+    if (m->seed != job->train.seed)
+        log_event(-1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
+                  "a checkpoint fixes it for the job's life)", (long long)m->seed, name,
+                  (long long)job->train.seed);
+    job->train.global_batch = m->global_batch;
+    job->train.seed = m->seed;
+}
+
+/* The model's fingerprint (after the checkpoint's seed: a random init depends on it) and the
+ * job's identity. */
+static int identify(const job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
+    if (model_fingerprint(job, out->model_config, out->base_fingerprint, err)) return -1;
+    job_identity(job, data, out->base_fingerprint, &out->identity);
+    return 0;
+}
+
+/* Checks the checkpoint at out->resume_dir fits the job and is its own (data NULL: a
+ * follower, the leader compared the identities), and takes its global_batch and seed. */
+static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
     ckpt_manifest m;
     char name[PATH_BYTES];
-    snprintf(name, sizeof name, "%s/%s", path, CKPT_MANIFEST);
-    if (ckpt_manifest_load(&m, path, err)) return -1;
-    int rc = ckpt_manifest_check_model(&m, &start->model, name, err);
-    if (rc == 0) rc = check_adapter(job, &m, start->base_fingerprint, name, err);
+    const char *path = out->resume_dir;
+    if (path_join(name, sizeof name, path, CKPT_MANIFEST, err) || ckpt_manifest_load(&m, path, err)) return -1;
+    take_fixed(job, &m, name);
+    int rc = identify(job, data, out, err);
+    if (rc == 0) rc = ckpt_manifest_check_model(&m, &out->model, name, err);
+    if (rc == 0) rc = check_adapter(job, &m, name, err);
+    if (rc == 0 && data) rc = check_identity(job, &m, out, name, err);
     if (rc == 0) rc = ckpt_verify(path, &m, 0, err);
     if (rc == 0 && !known_sharding(m.sharding))
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
-        if (m.global_batch != job->train.global_batch)
-            log_event(-1, "train.global_batch is %d, from the checkpoint %s (the job says %d; "
-                      "a checkpoint fixes it for the job's life)", m.global_batch, name,
-                      job->train.global_batch);
-        if (m.seed != job->train.seed)
-            log_event(-1, "train.seed is %lld, from the checkpoint %s (the job says %lld; "
-                      "a checkpoint fixes it for the job's life)", (long long)m.seed, name,
-                      (long long)job->train.seed);
-        job->train.global_batch = m.global_batch;
-        job->train.seed = m.seed;
-        *step = m.step;
+        out->resume_step = m.step;
         log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
                   (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
     }
@@ -176,19 +256,50 @@ static int check_resume(job_config *job, const char *path, const ckpt_start *sta
     return rc;
 }
 
-int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err) {
+/* No silent loss: the committed steps after the one the job starts from (0: a fresh start)
+ * would be overwritten by this run's saves; they move to superseded/step-N, which `keep`
+ * never prunes (one moved there before under that name gets a .K suffix). */
+static int supersede_later(const char *dir, long long from, errbuf *err) {
+    int64_t *steps;
+    int n, rc = 0;
+    char sup[PATH_BYTES];
+    if (ckpt_list(dir, &steps, &n, err) || path_join(sup, sizeof sup, dir, CKPT_SUPERSEDED, err)) return -1;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        char name[64], src[PATH_BYTES], dst[PATH_BYTES + 16];
+        if (steps[i] <= from) continue;
+        rc = file_mkdir_p(sup, err);
+        if (rc == 0) rc = ckpt_step_name(name, sizeof name, steps[i]) ? errf(err, "bad step") : 0;
+        if (rc == 0) rc = path_join(src, sizeof src, dir, name, err);
+        for (int k = 0; rc == 0; k++) {
+            struct stat st;
+            snprintf(dst, sizeof dst, k ? "%s/%s.%d" : "%s/%s", sup, name, k);
+            if (lstat(dst, &st) != 0) break;
+        }
+        if (rc == 0 && rename(src, dst) != 0)
+            rc = errf(err, "rename %s -> %s: %s", src, dst, strerror(errno));
+        if (rc == 0)
+            log_event(-1, "moved %s to %s: this run starts from step %lld and would replace it (it is kept; "
+                          "remove it by hand)", src, dst, from);
+    }
+    free(steps);
+    if (rc == 0 && n) rc = file_fsync_dir(dir, 1, err);
+    return rc;
+}
+
+int ckpt_prepare(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
     if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
-    int rc = base_fingerprint(job, out->model_config, out->base_fingerprint, err);
-    if (rc == 0) rc = file_mkdir_p(dir, err);
+    int rc = file_mkdir_p(dir, err);
     if (rc == 0) rc = clear_partials(dir, &out->attempt, err);
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
                                        out->resume_dir, sizeof out->resume_dir, err)
                         : -1;
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
-    if (found == 1) rc = check_resume(job, out->resume_dir, out, &out->resume_step, err);
+    if (found == 0) rc = identify(job, data, out, err);
+    if (found == 1) rc = check_resume(job, data, out, err);
+    if (rc == 0) rc = supersede_later(dir, found == 1 ? out->resume_step : 0, err);
     if (rc) {
         json_decref(out->model_config);
         out->model_config = NULL;
@@ -225,8 +336,8 @@ int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start 
         return errf(err, "the leader's checkpoint path is too long");
     if (resume_dir[0] && check_leaders_resume(job, resume_dir, err)) return -1;
     if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
-    if (base_fingerprint(job, out->model_config, out->base_fingerprint, err) ||
-        (resume_dir[0] && check_resume(job, resume_dir, out, &out->resume_step, err))) {
+    /* No data identity: the leader compared the checkpoint's identity with the job's. */
+    if (resume_dir[0] ? check_resume(job, NULL, out, err) : identify(job, NULL, out, err)) {
         json_decref(out->model_config);
         out->model_config = NULL;
         return -1;
@@ -268,6 +379,9 @@ struct ckpt_coord {
     long long requests;      /* request ids handed out */
     long long latest_step;   /* what `latest` points to, -1 for nothing yet */
     long long total_steps;   /* of the training run, from rank 0's METRICS */
+    int failed_saves;        /* consecutive failed saves (a failure and its retry count once) */
+    int retry_pending;       /* a save failed: the next one to settle is its retry */
+    char last_error[768];    /* the last failed save's reason ("" for none) */
 };
 
 /* The shard files of a checkpoint: one a rank of the shard group, which writes them (no_shard:
@@ -349,6 +463,37 @@ static void arm_ready(ckpt_coord *c) {
     }
 }
 
+/* An async save failed.  The first failure asks for a save at once (its retry: a request,
+ * which the ranks serve at the next step, in the job's mode), and does not count; a failed
+ * retry counts one, and checkpoint.max_failed_saves consecutive ones stop the job (no
+ * restart or requeue can cure a full or read-only file system): training on with no
+ * checkpoint would lose everything at the final save.  `latest` stays as it was. */
+static void count_failure(ckpt_coord *c, long long step, const char *why) {
+    snprintf(c->last_error, sizeof c->last_error, "checkpoint of step %lld: %s", step, why);
+    if (!c->retry_pending) {
+        c->retry_pending = 1;
+        log_event(-1, "checkpoint of step %lld failed; retrying at the next step before it counts", step);
+        ckpt_coord_request(c, "retrying a failed save", 0);
+        return;
+    }
+    c->retry_pending = 0;
+    int max = c->job->checkpoint.max_failed_saves;
+    c->failed_saves++;
+    log_event(-1, "%d consecutive failed checkpoint save%s (checkpoint.max_failed_saves = %d); the last: %s",
+              c->failed_saves, c->failed_saves == 1 ? "" : "s", max, c->last_error);
+    if (c->failed_saves < max) return;
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%d consecutive checkpoint saves failed (checkpoint.max_failed_saves); "
+             "the last: %.700s; stopping the job (latest is unchanged)", c->failed_saves, c->last_error);
+    if (c->opt.hooks.fatal_permanent) c->opt.hooks.fatal_permanent(c->opt.hooks.arg, reason);
+    else c->opt.hooks.fatal(c->opt.hooks.arg, reason);
+}
+
+void ckpt_coord_save_failures(const ckpt_coord *c, int *consecutive, const char **last_error) {
+    *consecutive = c->failed_saves;
+    *last_error = c->last_error[0] ? c->last_error : NULL;
+}
+
 /* The commit cannot finish: an async save is abandoned (its writers are told to stop, the
  * directory goes once they have), a sync one stops the job.  The writers get timeout_s to
  * honour the abort before later saves stop waiting for them. */
@@ -369,11 +514,13 @@ static void give_up(commit *m, const char *why) {
         if (!m->ranks[r].reported) c->opt.hooks.send(c->opt.hooks.arg, r, &abort);
     }
     long long step = m->step;
+    int sync = m->sync;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
         free_commit(m);
     }
     arm_ready(c);
+    if (!sync) count_failure(c, step, why);
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 0);
 }
 
@@ -443,9 +590,6 @@ static void record_model_path(const job_config *j, char *out, size_t n) {
 static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     const ckpt_coord *c = m->coord;
     const job_config *j = c->job;
-    static const char *const schedules[] = {[JOB_SCHEDULE_CONSTANT] = "constant",
-                                            [JOB_SCHEDULE_LINEAR] = "linear",
-                                            [JOB_SCHEDULE_COSINE] = "cosine"};
     memset(man, 0, sizeof *man);
     man->step = m->step;
     man->optimizer_step = m->optimizer_step;
@@ -455,22 +599,17 @@ static int build_manifest(const commit *m, ckpt_manifest *man, errbuf *err) {
     man->global_batch = j->train.global_batch;
     man->world_size = c->opt.world;
     snprintf(man->sharding, sizeof man->sharding, "%s", job_sharding_name(j->fsdp.sharding));
-    man->train = (ckpt_train_settings){.lr = j->train.lr, .min_lr = j->train.min_lr,
-                                       .weight_decay = j->train.weight_decay,
-                                       .betas = {j->train.betas[0], j->train.betas[1]},
-                                       .eps = j->train.eps, .clip_norm = j->train.clip_norm,
-                                       .warmup_steps = j->train.warmup_steps,
-                                       .total_steps = c->total_steps};
-    snprintf(man->train.schedule, sizeof man->train.schedule, "%s", schedules[j->train.schedule]);
+    job_train_settings(j, &man->train);
+    man->train.total_steps = c->total_steps;
     man->model_config = json_incref(c->opt.model_config);
     record_model_path(j, man->model_path, sizeof man->model_path);
     if (j->train.type != JOB_TRAIN_FULL) {
         man->has_adapter = 1;
-        snprintf(man->adapter.type, sizeof man->adapter.type, "%s",
-                 j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
-        job_lora_config(j, &man->adapter.lora);
-        snprintf(man->adapter.base_fingerprint, sizeof man->adapter.base_fingerprint, "%s",
-                 c->opt.base_fingerprint ? c->opt.base_fingerprint : "");
+        job_adapter(j, c->opt.base_fingerprint ? c->opt.base_fingerprint : "", &man->adapter);
+    }
+    if (c->opt.identity) {
+        man->has_identity = 1;
+        man->identity = *c->opt.identity;
     }
     if (!m->units) return errf(err, "rank 0 sent no layout");
     if (ckpt_layout_from_json(&man->layout, m->units, c->n_files, "rank 0's layout", err)) return -1;
@@ -649,6 +788,8 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
         return;
     }
     free_commit(m);
+    c->failed_saves = 0;
+    c->retry_pending = 0;
     arm_ready(c);
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 1);
 }

@@ -1,13 +1,19 @@
 /* ckpt_commit: fsdpd's checkpoint coordinator (DESIGN.md, Checkpoints; format in
  * proto/ckpt.h).
  *
- * Before the workers start, ckpt_prepare creates checkpoint.dir, removes partial directories
- * left by earlier runs (their writers are gone) and picks this run's attempt number above
- * theirs, then resolves checkpoint.resume: the checkpoint's manifest is read and checked
- * (the job's model, every file present with its size and a header matching the manifest)
+ * Before the workers start (the leader holding checkpoint.dir's lock, daemon/ckpt_lock.h),
+ * ckpt_prepare creates checkpoint.dir, removes partial directories left by earlier runs
+ * (their writers are gone: no other job writes under the lock) and picks this run's attempt
+ * number above theirs, then resolves checkpoint.resume: the checkpoint's manifest is read
  * and its global_batch and seed replace the job's (they are fixed for a job's life; a
- * change is logged).  The workers then load their own byte ranges, checking every section's
- * CRC32C.
+ * change is logged), then checked: the job's model shapes, adapters of the job's shapes,
+ * the job's identity (proto/ckpt.h's "identity": model or base fingerprint, training type
+ * and adapter settings, tokenizer, data, optimizer and schedule; each difference logged
+ * with both values, any but train.max_steps and train.epochs refuses the resume unless
+ * checkpoint.resume is force), every file present with its size and a header matching the
+ * manifest.  The committed steps after the one the run starts from (all of them for a
+ * fresh start) move to superseded/step-N, logged: nothing committed is lost.  The workers
+ * then load their own byte ranges, checking every section's CRC32C.
  *
  * During training the workers decide when to save (worker/train.h) and rank 0 announces
  * each save in its METRICS ("checkpoint": {"step", "attempt", "mode"}).  A save's deadline
@@ -23,7 +29,11 @@
  * A commit that cannot finish — the deadline passes, or a rank reports a failed write — is
  * handled by the save's mode.  Async: abandoned; the ranks still writing get CKPT_ABORT, the
  * log names the late ranks, training goes on, and the partial directory is removed once
- * every writer has reported (aborted or not) or the job is over.  Sync: a rank stuck in its
+ * every writer has reported (aborted or not) or the job is over.  A failed async save is
+ * retried once at once (a checkpoint request, served at the next step in the job's mode);
+ * a failed retry counts one failed save, a commit resets the count, and
+ * checkpoint.max_failed_saves consecutive ones stop the job (fatal_permanent), naming the
+ * last error: a job must not train for hours unprotected.  Sync: a rank stuck in its
  * write would stall the next collective, so the job is stopped (the `fatal` hook) with the
  * reason.
  *
@@ -38,6 +48,7 @@
 #include <jansson.h>
 
 #include "base/errbuf.h"
+#include "proto/ckpt.h"
 #include "proto/job.h"
 #include "proto/model_config.h"
 #include "proto/msg.h"
@@ -49,7 +60,9 @@ typedef struct ckpt_start {
     long long resume_step;
     json_t *model_config;         /* the job's config.json object (new reference) */
     llama_config model;           /* the same, parsed: config.json is read here only */
-    char base_fingerprint[ST_FINGERPRINT_HEX]; /* adapter jobs: model.path's (st_model_fingerprint) */
+    char base_fingerprint[ST_FINGERPRINT_HEX]; /* model.path's (st_model_fingerprint): the
+                                                * frozen base's for adapter jobs */
+    ckpt_identity identity;       /* the job's, for the manifests */
 } ckpt_start;
 
 /* Prepares checkpoint.dir and resolves the resume (see above); job's global_batch and seed
@@ -59,7 +72,7 @@ typedef struct ckpt_start {
  * checked and its global_batch and seed taken, as here).  An adapter job's checkpoint must
  * hold adapters of the job's settings for the same base (its fingerprint, computed here);
  * a full fine-tune's must hold a whole model. */
-int ckpt_prepare(job_config *job, ckpt_start *out, errbuf *err);
+int ckpt_prepare(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err);
 /* The job's model config.json (model.path's, or model.config with model.init random), as JSON
  * (for the manifest) and parsed. */
 int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err);
@@ -73,6 +86,9 @@ typedef struct ckpt_coord_hooks {
     void (*broadcast)(void *arg, const msg *m);
     /* The job cannot go on (a sync save failed or missed its deadline). */
     void (*fatal)(void *arg, const char *reason);
+    /* Optional: the same, for what no restart cures (checkpoint.max_failed_saves consecutive
+     * failed saves); fatal when NULL. */
+    void (*fatal_permanent)(void *arg, const char *reason);
     /* Optional: the commit of step's save is over, committed (1) or given up (0). */
     void (*settled)(void *arg, long long step, int committed);
 } ckpt_coord_hooks;
@@ -83,6 +99,7 @@ typedef struct ckpt_coord_options {
     int attempt;
     json_t *model_config;   /* borrowed */
     const char *base_fingerprint; /* adapter jobs: the frozen base's, for the manifests */
+    const ckpt_identity *identity; /* the job's, for the manifests (NULL: none recorded) */
     struct event_base *base;
     ckpt_coord_hooks hooks;
 } ckpt_coord_options;
@@ -97,6 +114,8 @@ void ckpt_coord_free(ckpt_coord *c);
 void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics);
 /* A CKPT_DONE message from `rank`. */
 void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *done);
+/* The consecutive failed saves and the last failure's reason (NULL: none yet), for status. */
+void ckpt_coord_save_failures(const ckpt_coord *c, int *consecutive, const char **last_error);
 /* Asks every worker for a checkpoint (stop: a synchronous one, then a stop); returns the
  * request's id. */
 long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop);

@@ -305,6 +305,9 @@ static void print_status(const json_t *r) {
     const json_t *v;
     json_array_foreach(flight, i, v) printf("%s step %lld", i ? "," : "; being written:", json_integer_value(get(v, "step")));
     printf("\n");
+    if (json_integer_value(get(ck, "failed_saves")) > 0 || json_is_string(get(ck, "last_save_error")))
+        printf("failed saves in a row: %lld; the last save error: %s\n", json_integer_value(get(ck, "failed_saves")),
+               json_is_string(get(ck, "last_save_error")) ? json_string_value(get(ck, "last_save_error")) : "none");
     json_array_foreach(get(r, "nodes"), i, v) {
         const json_t *heard = get(v, "last_heard_s");
         printf("node %lld  %s  %s  %s", json_integer_value(get(v, "node")), json_string_value(get(v, "role")),

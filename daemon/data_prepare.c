@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "base/fileio.h"
 #include "base/sha256.h"
 #include "daemon/log.h"
@@ -41,16 +42,16 @@ static int file_sha256(const char *path, uint8_t out[SHA256_BYTES], errbuf *err)
 }
 
 /* checkpoint.dir/data-<hash of the inputs>.tokens */
-static int cache_name(const job_config *j, const cache_build_opts *o, char *out, size_t n, errbuf *err) {
-    uint8_t data_hash[SHA256_BYTES], tk_hash[SHA256_BYTES], key[SHA256_BYTES];
-    if (file_sha256(j->data.path, data_hash, err) || tokenizer_file_sha256(o->tokenizer, tk_hash, err))
-        return -1;
+static int cache_name(const job_config *j, const cache_build_opts *o, const uint8_t data_hash[SHA256_BYTES],
+                      char *out, size_t n, errbuf *err) {
+    uint8_t tk_hash[SHA256_BYTES], key[SHA256_BYTES];
+    if (tokenizer_file_sha256(o->tokenizer, tk_hash, err)) return -1;
     char params[128];
     int len = snprintf(params, sizeof params, "v%d f%d t%d L%d tr%d bad%d", TOK_VERSION, (int)o->format,
                        (int)o->tpl, o->seq_len, (int)o->truncate, (int)o->on_bad_record);
     sha256_ctx c;
     sha256_init(&c);
-    sha256_update(&c, data_hash, sizeof data_hash);
+    sha256_update(&c, data_hash, SHA256_BYTES);
     sha256_update(&c, tk_hash, sizeof tk_hash);
     sha256_update(&c, params, (size_t)len);
     sha256_final(&c, key);
@@ -89,7 +90,7 @@ static int build_cache(const cache_build_opts *o, const char *path, errbuf *err)
     return 0;
 }
 
-static int prepare_jsonl(job_config *j, const char *tk_dir, errbuf *err) {
+static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *id, errbuf *err) {
     if (!tk_dir[0])
         return errf(err, "data.path: %s is JSONL, which needs a tokenizer: model.path's tokenizer.json "
                          "(with model.init random: a tokenizer.json next to model.config); none found",
@@ -100,7 +101,12 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, errbuf *err) {
                           .progress = isatty(2)};
     if (resolve_template(j->data.template_name, j->data.format, tk_dir, &o.tpl, err)) return -1;
     char path[JOB_PATH_MAX];
-    if (file_mkdir_p(j->checkpoint.dir, err) || cache_name(j, &o, path, sizeof path, err)) return -1;
+    uint8_t data_hash[SHA256_BYTES];
+    if (file_sha256(j->data.path, data_hash, err) || file_mkdir_p(j->checkpoint.dir, err) ||
+        cache_name(j, &o, data_hash, path, sizeof path, err))
+        return -1;
+    snprintf(id->source, sizeof id->source, "jsonl");
+    hex_encode(data_hash, SHA256_BYTES, id->sha256);
     tok_cache c;
     errbuf ignored;
     if (tok_open(&c, path, &ignored) == 0) {
@@ -129,9 +135,33 @@ static int check_cache(const job_config *j, const char *tk_dir, errbuf *err) {
     return 0;
 }
 
-int data_prepare(job_config *j, errbuf *err) {
+/* A token cache's identity: the sha256 of its header, which holds its counts and the CRC32C of
+ * every byte after it.  A file that is no cache (missing, short) gets none: the workers' data
+ * loader reports it, before any checkpoint is written. */
+static void cache_identity(const char *path, ckpt_data_identity *id) {
+    uint8_t header[TOK_HEADER_BYTES], h[SHA256_BYTES];
+    errbuf ignored;
+    snprintf(id->source, sizeof id->source, "tokens");
+    int fd = file_open_regular(path, &ignored);
+    if (fd < 0) return;
+    int rc = file_pread_full(fd, header, sizeof header, 0, path, &ignored);
+    close(fd);
+    if (rc) return;
+    sha256(header, sizeof header, h);
+    hex_encode(h, SHA256_BYTES, id->sha256);
+}
+
+int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
     char tk_dir[JOB_PATH_MAX];
+    uint8_t h[SHA256_BYTES];
+    memset(id, 0, sizeof *id);
     tokenizer_dir(j, tk_dir, sizeof tk_dir);
-    if (ends_with(j->data.path, ".jsonl")) return prepare_jsonl(j, tk_dir, err);
-    return check_cache(j, tk_dir, err);
+    if (tk_dir[0]) {
+        if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
+        hex_encode(h, SHA256_BYTES, id->tokenizer_sha256);
+    }
+    if (ends_with(j->data.path, ".jsonl")) return prepare_jsonl(j, tk_dir, id, err);
+    if (check_cache(j, tk_dir, err)) return -1;
+    cache_identity(j->data.path, id);
+    return 0;
 }

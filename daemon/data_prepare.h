@@ -9,13 +9,19 @@
  * data.template auto reads that directory's tokenizer_config.json.
  *
  * A token cache made from a tokenizer must match the model's tokenizer.json (its sha256),
- * where the model has one, else the job is refused. */
+ * where the model has one, else the job is refused.
+ *
+ * *id gets what identifies the data for the checkpoints' manifests (proto/ckpt.h): a JSONL
+ * file's sha256, or a token cache's header's (it carries the cache's counts and the CRC32C of
+ * all its bytes, so reading 128 bytes identifies a file of any size), and the sha256 of the
+ * model's tokenizer.json ("" when there is none). */
 #ifndef FSDP_DAEMON_DATA_PREPARE_H
 #define FSDP_DAEMON_DATA_PREPARE_H
 
 #include "base/errbuf.h"
+#include "proto/ckpt.h"
 #include "proto/job.h"
 
-int data_prepare(job_config *j, errbuf *err);
+int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err);
 
 #endif

@@ -18,6 +18,7 @@
 #include "daemon/consolidate.h"
 #include "daemon/fabric.h"
 #include "daemon/data_prepare.h"
+#include "daemon/dir_lock.h"
 #include "daemon/log.h"
 #include "daemon/requeue.h"
 #include "daemon/slurm.h"
@@ -83,6 +84,18 @@ static int probe_fabric(const job_config *job, fabric_found *f, char *found, siz
     return fabric_setenv(f, job->fabric.require, dir, err);
 }
 
+/* checkpoint.dir's lock, held by the leader from before it writes there to its exit. */
+static dir_lock ckpt_lock = {.fd = -1};
+static void release_ckpt_lock(void) { dir_lock_release(&ckpt_lock); }
+
+static int lock_checkpoint_dir(const job_config *job, const slurm_env *slurm, errbuf *err) {
+    if (slurm->node_id != 0) return 0; /* the other nodes write only their own files */
+    if (file_mkdir_p(job->checkpoint.dir, err) || dir_lock_acquire(&ckpt_lock, job->checkpoint.dir, slurm->job_id, err))
+        return -1;
+    atexit(release_ckpt_lock);
+    return 0;
+}
+
 /* One run: the nodes joined, then the workers supervised to the end. */
 static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
     if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
@@ -119,8 +132,9 @@ int main(int argc, char **argv) {
     if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err) ||
         check_multi_node(&job, slurm.nnodes, &err))
         goto bad_job;
-    if (file_mkdir_p(job.output.dir, &err)) goto bad_job;
-    if (data_prepare(&job, &err)) goto bad_job;
+    if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
+    static ckpt_data_identity data_identity;
+    if (data_prepare(&job, &data_identity, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */
@@ -142,7 +156,8 @@ int main(int argc, char **argv) {
     static char found[4 * PATH_BYTES];
     if (probe_fabric(&job, &fabric, found, sizeof found, &err)) goto bad_job;
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
-                              .fabric_kind = fabric_kind(&fabric), .fabric_found = found};
+                              .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
+                              .data_identity = &data_identity};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */

@@ -476,7 +476,12 @@ static json_t *job_status(job_binding *b) {
         json_object_set_new(reply, "ranks", status_rank_rows(json_object_get(sup, "ranks"),
                                                              b->job->runtime.backend == JOB_BACKEND_CUDA));
         json_object_set(reply, "nodes", json_object_get(sup, "nodes"));
-        json_object_set_new(reply, "checkpoint", checkpoint_table(b->job->checkpoint.dir));
+        json_t *ck = checkpoint_table(b->job->checkpoint.dir);
+        if (ck && json_object_get(sup, "failed_saves")) {
+            json_object_set(ck, "failed_saves", json_object_get(sup, "failed_saves"));
+            json_object_set(ck, "last_save_error", json_object_get(sup, "last_save_error"));
+        }
+        json_object_set_new(reply, "checkpoint", ck);
         json_object_set_new(reply, "restarts", json_integer(b->place.restart));
         json_object_set(reply, "last_error", json_object_get(sup, "last_error"));
         json_object_set_new(reply, "backend", json_string(backend_name(b->job->runtime.backend)));

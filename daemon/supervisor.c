@@ -334,6 +334,10 @@ static void ckpt_fatal(void *arg, const char *reason) {
     fail((supervisor *)arg, "%s", reason);
 }
 
+static void ckpt_fatal_permanent(void *arg, const char *reason) {
+    record_failure((supervisor *)arg, FAILURE_PERMANENT, "%s", reason);
+}
+
 static long long request_checkpoint(supervisor *s, const char *why) {
     if (s->phase != PHASE_TRAINING) return 0;
     if (is_follower(s)) return forward_request(s, "checkpoint", why);
@@ -486,6 +490,11 @@ static void status_of(void *arg, json_t *out) {
                                                               (json_int_t)s->eval_step)
                                                   : json_null());
     json_object_set_new(out, "fabric_found", s->opt->fabric_found ? json_string(s->opt->fabric_found) : json_null());
+    int failed = 0;
+    const char *save_error = NULL;
+    if (s->ckpt) ckpt_coord_save_failures(s->ckpt, &failed, &save_error);
+    json_object_set_new(out, "failed_saves", json_integer(failed));
+    json_object_set_new(out, "last_save_error", save_error ? json_string(save_error) : json_null());
 }
 
 /* CONFIG: the worker's place, the resolved job and the model's config. */
@@ -883,7 +892,7 @@ static int plan_checkpoints(supervisor *s, errbuf *err) {
         if (cluster_recv_plan(c, &plan, err)) return -1;
         return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &s->ckpt_start, err);
     }
-    int rc = ckpt_prepare(&s->job, &s->ckpt_start, err);
+    int rc = ckpt_prepare(&s->job, s->opt->data_identity, &s->ckpt_start, err);
     if (!multi_node(s)) return rc;
     msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt};
     if (rc) snprintf(plan.error, sizeof plan.error, "%s", err->msg);
@@ -904,9 +913,11 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
     if (is_follower(s)) return 0;
     ckpt_coord_options copt = {.job = &s->job, .world = world, .attempt = s->ckpt_start.attempt,
                                .model_config = s->ckpt_start.model_config,
-                               .base_fingerprint = s->ckpt_start.base_fingerprint, .base = s->base,
+                               .base_fingerprint = s->ckpt_start.base_fingerprint,
+                               .identity = &s->ckpt_start.identity, .base = s->base,
                                .hooks = {.arg = s, .send = ckpt_send, .broadcast = ckpt_broadcast,
-                                         .fatal = ckpt_fatal, .settled = ckpt_settled}};
+                                         .fatal = ckpt_fatal, .fatal_permanent = ckpt_fatal_permanent,
+                                         .settled = ckpt_settled}};
     return ckpt_coord_new(&s->ckpt, &copt, err);
 }
 

@@ -39,6 +39,7 @@ typedef struct supervisor_options {
                               * index and address (where workers listen for their peers) */
     const char *fabric_kind;  /* what the fabric probe found (daemon/fabric.h): "efa", "ib", "none" */
     const char *fabric_found; /* and in words, for the status */
+    const struct ckpt_data_identity *data_identity; /* the job's data (daemon/data_prepare.h) */
 } supervisor_options;
 
 typedef struct supervisor supervisor;

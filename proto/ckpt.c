@@ -547,6 +547,84 @@ static int read_adapter(ckpt_manifest *m, const json_t *ja, const char *name, er
     return 0;
 }
 
+static json_t *identity_json(const ckpt_manifest *m) {
+    if (!m->has_identity) return NULL; /* no key: only a test writes an old manifest */
+    const ckpt_identity *id = &m->identity;
+    json_t *data = json_pack("{s:s, s:s, s:s, s:s, s:i, s:b, s:b, s:f}", "source", id->data.source, "sha256",
+                             id->data.sha256, "format", id->data_format, "template", id->data_template,
+                             "seq_len", id->seq_len, "packing", id->packing, "shuffle", id->shuffle,
+                             "eval_fraction", id->eval_fraction);
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:i, s:i}", "train_type", id->train_type, "model_fingerprint",
+                     id->model_fingerprint, "tokenizer_sha256", id->data.tokenizer_sha256, "optimizer",
+                     id->optimizer, "data", data, "max_steps", id->max_steps, "epochs", id->epochs);
+}
+
+static int is_hex64(const char *s) { return strlen(s) == 64 && strspn(s, "0123456789abcdef") == 64; }
+
+static int get_bool(const json_t *obj, const char *key, int *out, const char *name, errbuf *err) {
+    const json_t *v = json_object_get(obj, key);
+    if (!json_is_boolean(v)) return errf(err, "%s: \"%s\": missing or not a boolean", name, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int one_of(const char *s, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(s, *names)) return 1;
+    return 0;
+}
+
+/* The "data" block of "identity", every key checked. */
+static int read_data_identity(ckpt_identity *id, const json_t *jd, const char *name, errbuf *err) {
+    static const char *const sources[] = {"tokens", "jsonl", NULL};
+    static const char *const formats[] = {"tokens", "alpaca", "chat", "text", NULL};
+    if (!json_is_object(jd)) return errf(err, "%s: \"identity.data\": missing or not an object", name);
+    if (get_str(jd, "source", id->data.source, sizeof id->data.source, name, err) ||
+        get_str(jd, "sha256", id->data.sha256, sizeof id->data.sha256, name, err) ||
+        get_str(jd, "format", id->data_format, sizeof id->data_format, name, err) ||
+        get_str(jd, "template", id->data_template, sizeof id->data_template, name, err) ||
+        get_int32(jd, "seq_len", 1, &id->seq_len, name, err) || get_bool(jd, "packing", &id->packing, name, err) ||
+        get_bool(jd, "shuffle", &id->shuffle, name, err) ||
+        get_real(jd, "eval_fraction", &id->eval_fraction, name, err))
+        return -1;
+    if (!one_of(id->data.source, sources))
+        return errf(err, "%s: \"identity.data.source\": \"%s\", expected tokens or jsonl", name, id->data.source);
+    if (!one_of(id->data_format, formats))
+        return errf(err, "%s: \"identity.data.format\": \"%s\" is not a data format", name, id->data_format);
+    if (!is_hex64(id->data.sha256))
+        return errf(err, "%s: \"identity.data.sha256\": not 64 hex digits", name);
+    return 0;
+}
+
+/* The "identity" block: absent in manifests written before it (has_identity 0); else every
+ * key, checked. */
+static int read_identity(ckpt_manifest *m, const json_t *ji, const char *name, errbuf *err) {
+    static const char *const types[] = {"full", "lora", "qlora", NULL};
+    if (!ji) return 0;
+    ckpt_identity *id = &m->identity;
+    if (!json_is_object(ji)) return errf(err, "%s: \"identity\": not an object", name);
+    if (get_str(ji, "train_type", id->train_type, sizeof id->train_type, name, err) ||
+        get_str(ji, "model_fingerprint", id->model_fingerprint, sizeof id->model_fingerprint, name, err) ||
+        get_str(ji, "tokenizer_sha256", id->data.tokenizer_sha256, sizeof id->data.tokenizer_sha256, name, err) ||
+        get_str(ji, "optimizer", id->optimizer, sizeof id->optimizer, name, err) ||
+        get_int32(ji, "max_steps", 0, &id->max_steps, name, err) || get_int32(ji, "epochs", 0, &id->epochs, name, err) ||
+        read_data_identity(id, json_object_get(ji, "data"), name, err))
+        return -1;
+    if (!one_of(id->train_type, types))
+        return errf(err, "%s: \"identity.train_type\": \"%s\", expected full, lora or qlora", name, id->train_type);
+    if (!is_hex64(id->model_fingerprint))
+        return errf(err, "%s: \"identity.model_fingerprint\": not 64 hex digits", name);
+    if (id->data.tokenizer_sha256[0] && !is_hex64(id->data.tokenizer_sha256))
+        return errf(err, "%s: \"identity.tokenizer_sha256\": not 64 hex digits or \"\"", name);
+    if (strcmp(id->optimizer, "adamw"))
+        return errf(err, "%s: \"identity.optimizer\": \"%s\" (this build trains adamw only)", name, id->optimizer);
+    if ((strcmp(id->train_type, "full") != 0) != (m->has_adapter != 0))
+        return errf(err, "%s: \"identity.train_type\" is %s but the manifest %s an adapter block", name,
+                    id->train_type, m->has_adapter ? "has" : "has no");
+    m->has_identity = 1;
+    return 0;
+}
+
 int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
     *text = NULL;
     json_t *files = json_array();
@@ -568,6 +646,11 @@ int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
         m->model_path, "adapter", adapter_json(m), "units", ckpt_layout_to_json(&m->layout),
         "files", files);
     if (!root) return errf(err, "manifest: out of memory building the JSON");
+    json_t *identity = identity_json(m);
+    if (m->has_identity && (!identity || json_object_set_new(root, "identity", identity))) {
+        json_decref(root);
+        return errf(err, "manifest: out of memory building the JSON");
+    }
     *text = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     json_decref(root);
     return *text ? 0 : errf(err, "manifest: out of memory formatting the JSON");
@@ -656,7 +739,8 @@ int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const ch
         (json_object_get(root, "model_path") &&
          get_str(root, "model_path", m->model_path, sizeof m->model_path, name, err)) ||
         read_train(&m->train, json_object_get(root, "train"), name, err) ||
-        read_adapter(m, json_object_get(root, "adapter"), name, err))
+        read_adapter(m, json_object_get(root, "adapter"), name, err) ||
+        read_identity(m, json_object_get(root, "identity"), name, err))
         goto out;
     if (strcmp(dtype, "f32") != 0) {
         errf(err, "%s: dtype \"%s\" (only f32 is written)", name, dtype);
@@ -898,6 +982,80 @@ int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t
     return 0;
 }
 
+/* ---- identity ---- */
+
+typedef struct differ {
+    ckpt_difference *out;
+    int n;
+} differ;
+
+static void differ_add(differ *d, const char *field, int allowed, const char *fmt_ckpt, const char *fmt_job) {
+    if (d->n < CKPT_MAX_DIFFERENCES) {
+        ckpt_difference *x = &d->out[d->n];
+        snprintf(x->field, sizeof x->field, "%s", field);
+        snprintf(x->checkpoint, sizeof x->checkpoint, "%s", fmt_ckpt);
+        snprintf(x->job, sizeof x->job, "%s", fmt_job);
+        x->allowed = allowed;
+    }
+    d->n++;
+}
+
+static void diff_str(differ *d, const char *field, const char *ckpt, const char *job) {
+    if (strcmp(ckpt, job)) differ_add(d, field, 0, ckpt[0] ? ckpt : "(none)", job[0] ? job : "(none)");
+}
+
+static void diff_num(differ *d, const char *field, double ckpt, double job, int allowed) {
+    char a[48], b[48];
+    if (ckpt == job) return;
+    snprintf(a, sizeof a, "%.17g", ckpt);
+    snprintf(b, sizeof b, "%.17g", job);
+    differ_add(d, field, allowed, a, b);
+}
+
+static void diff_identity(differ *d, const ckpt_identity *c, const ckpt_identity *j) {
+    diff_str(d, "train.type", c->train_type, j->train_type);
+    diff_str(d, "model (fingerprint)", c->model_fingerprint, j->model_fingerprint);
+    diff_str(d, "tokenizer (sha256)", c->data.tokenizer_sha256, j->data.tokenizer_sha256);
+    diff_str(d, "optimizer", c->optimizer, j->optimizer);
+    diff_str(d, "data (source)", c->data.source, j->data.source);
+    diff_str(d, "data (sha256)", c->data.sha256, j->data.sha256);
+    diff_str(d, "data.format", c->data_format, j->data_format);
+    diff_str(d, "data.template", c->data_template, j->data_template);
+    diff_num(d, "data.seq_len", c->seq_len, j->seq_len, 0);
+    diff_num(d, "data.packing", c->packing, j->packing, 0);
+    diff_num(d, "data.shuffle", c->shuffle, j->shuffle, 0);
+    diff_num(d, "data.eval_fraction", c->eval_fraction, j->eval_fraction, 0);
+    diff_num(d, "train.max_steps", c->max_steps, j->max_steps, 1);
+    diff_num(d, "train.epochs", c->epochs, j->epochs, 1);
+}
+
+static void diff_train(differ *d, const ckpt_train_settings *c, const ckpt_train_settings *j) {
+    diff_num(d, "train.lr", c->lr, j->lr, 0);
+    diff_num(d, "train.min_lr", c->min_lr, j->min_lr, 0);
+    diff_str(d, "train.schedule", c->schedule, j->schedule);
+    diff_num(d, "train.warmup_steps", c->warmup_steps, j->warmup_steps, 0);
+    diff_num(d, "train.weight_decay", c->weight_decay, j->weight_decay, 0);
+    diff_num(d, "train.betas[0]", c->betas[0], j->betas[0], 0);
+    diff_num(d, "train.betas[1]", c->betas[1], j->betas[1], 0);
+    diff_num(d, "train.eps", c->eps, j->eps, 0);
+    diff_num(d, "train.clip_norm", c->clip_norm, j->clip_norm, 0);
+}
+
+int ckpt_identity_compare(const ckpt_manifest *m, const ckpt_identity *id, const ckpt_train_settings *train,
+                          const ckpt_adapter *adapter, ckpt_difference *out) {
+    differ d = {out, 0};
+    if (!m->has_identity) differ_add(&d, "identity", 0, "(not recorded: written before fsdpd recorded it)", "this job's");
+    else diff_identity(&d, &m->identity, id);
+    diff_train(&d, &m->train, train);
+    if (adapter && m->has_adapter) {
+        diff_str(&d, "adapter type (train.type)", m->adapter.type, adapter->type);
+        diff_num(&d, "lora.alpha", m->adapter.lora.alpha, adapter->lora.alpha, 0);
+        diff_num(&d, "lora.dropout", m->adapter.lora.dropout, adapter->lora.dropout, 0);
+        diff_num(&d, "lora.rslora", m->adapter.lora.rslora, adapter->lora.rslora, 0);
+    }
+    return d.n;
+}
+
 /* ---- the checkpoint directory ---- */
 
 /* dir/name is a committed checkpoint: it holds a manifest. */
@@ -922,6 +1080,7 @@ int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *ou
                  errbuf *err) {
     char name[256];
     if (mode == JOB_RESUME_NEVER) return 0;
+    if (mode == JOB_RESUME_FORCE) mode = JOB_RESUME_LATEST;
     if (mode == JOB_RESUME_STEP) {
         if (ckpt_step_name(name, sizeof name, resume_step)) return errf(err, "step %lld: bad step", (long long)resume_step);
     } else {

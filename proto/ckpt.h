@@ -6,6 +6,9 @@
  *     CKPT/step-000400.partial.3/   being written (3: the attempt, see below)
  *     CKPT/step-000400/             committed: manifest.json + rank-00000-of-00016.bin ...
  *     CKPT/latest -> step-000400    symlink, swapped atomically after each commit
+ *     CKPT/superseded/step-000800/  a committed step moved aside by a run that started from an
+ *                                   earlier one (never pruned, never resumed by `latest`)
+ *     CKPT/fsdpd.lock               the leader's lock (proto/ckpt_lock.h)
  *
  * Only a directory named step-N that holds manifest.json is a checkpoint.  Step numbers have
  * at least six digits (ckpt_step_name).  The attempt number is unique per fsdpd run, so a late
@@ -71,6 +74,19 @@
  *                "base_fingerprint": 64 hex digits (st_dir_fingerprint of model_path)},
  *               and then "units" are the adapter units (lora_layout.h: one per decoder
  *               layer, tensors under PEFT's saved names), the frozen base not saved,
+ *     "identity": the job's identity (F36), which a resume compares with its own
+ *               (ckpt_identity_compare): {"train_type": "full" | "lora" | "qlora",
+ *                "model_fingerprint": 64 hex digits (st_model_fingerprint of model_path, the
+ *                    frozen base's for adapter jobs; for model.init random the SHA-256 of
+ *                    its config and seed), "tokenizer_sha256": 64 hex digits or "" (no
+ *                    tokenizer.json), "optimizer": "adamw",
+ *                "data": {"source": "tokens" (a token cache) | "jsonl" (tokenized by fsdpd),
+ *                         "sha256": tokens: of the cache's 128-byte header (its counts and
+ *                         the CRC32C of everything after it); jsonl: of the JSONL file,
+ *                         "format", "template", "seq_len", "packing", "shuffle",
+ *                         "eval_fraction"},
+ *                "max_steps", "epochs"}; absent in manifests written before F36 (their
+ *               identity is unknown: only checkpoint.resume force resumes them),
  *     "units": [{"numel", "padded", "shard",
  *                "tensors": [{"name", "offset", "shape": [..], "is_norm"}, ...]}, ...]
  *              (unit 0 = embedding, 1..L = decoder layers, L+1 = final norm + lm_head),
@@ -112,6 +128,7 @@
 #define CKPT_KINDS 3
 #define CKPT_MANIFEST "manifest.json"
 #define CKPT_LATEST "latest"
+#define CKPT_SUPERSEDED "superseded" /* committed steps a resume from an earlier one moved aside */
 #define CKPT_MANIFEST_MAX (256u << 20)
 #define CKPT_NAME_MAX 64
 #define CKPT_TENSOR_NAME_MAX 96
@@ -250,6 +267,27 @@ typedef struct ckpt_adapter {
     char base_fingerprint[65];
 } ckpt_adapter;
 
+/* What identifies the job's data: a token cache (data.path as given) or a JSONL file fsdpd
+ * tokenized; and the tokenizer (daemon/data_prepare fills it). */
+typedef struct ckpt_data_identity {
+    char source[8];              /* "tokens" or "jsonl" */
+    char sha256[65];             /* tokens: of the cache's header; jsonl: of the file */
+    char tokenizer_sha256[65];   /* of the model's tokenizer.json, "" when it has none */
+} ckpt_data_identity;
+
+/* The manifest's "identity" block. */
+typedef struct ckpt_identity {
+    char train_type[8];          /* "full", "lora", "qlora" */
+    char model_fingerprint[65];
+    char optimizer[8];           /* "adamw" */
+    ckpt_data_identity data;
+    char data_format[8];         /* data.format */
+    char data_template[32];      /* data.template ("" = auto) */
+    int seq_len, packing, shuffle;
+    double eval_fraction;
+    int max_steps, epochs;
+} ckpt_identity;
+
 typedef struct ckpt_manifest {
     int64_t step, optimizer_step, global_sample, tokens_seen, seed;
     int global_batch;
@@ -260,6 +298,8 @@ typedef struct ckpt_manifest {
     char model_path[JOB_PATH_MAX]; /* the job's model directory, "" for init random */
     int has_adapter;        /* an adapter job: units are adapters (ckpt_adapter) */
     ckpt_adapter adapter;
+    int has_identity;       /* 0: written before F36, the job's identity unknown */
+    ckpt_identity identity;
     ckpt_layout layout;     /* layout.n_files files */
     ckpt_file_entry *files; /* [layout.n_files], files[r].rank == r */
 } ckpt_manifest;
@@ -277,6 +317,24 @@ void ckpt_manifest_free(ckpt_manifest *m);
  * otherwise an error naming the first difference. */
 int ckpt_manifest_check_model(const ckpt_manifest *m, const llama_config *cfg, const char *name,
                               errbuf *err);
+
+/* One way the checkpoint's job differs from the resuming one: the field ("train.lr",
+ * "identity.data.sha256"), both values as text, and whether the documented rule allows
+ * the change (train.max_steps, train.epochs: logged only). */
+typedef struct ckpt_difference {
+    char field[40];
+    char checkpoint[96], job[96];
+    int allowed;
+} ckpt_difference;
+#define CKPT_MAX_DIFFERENCES 40
+
+/* Compares the manifest's identity, train settings and adapter settings (type, alpha,
+ * dropout, rslora; rank and targets change the shapes, ckpt_commit refuses them first) with
+ * the job's (id, train, adapter: NULL for a full fine-tune); fills out[] (up to
+ * CKPT_MAX_DIFFERENCES) and returns how many differ.  A manifest without an identity gives
+ * one difference, "identity", not allowed. */
+int ckpt_identity_compare(const ckpt_manifest *m, const ckpt_identity *id, const ckpt_train_settings *train,
+                          const ckpt_adapter *adapter, ckpt_difference *out);
 
 /* Checks file `file` of the checkpoint in ckpt_path against the manifest: present, the
  * manifest's size, a header that decodes, matches the plan and has the manifest's CRC; with
@@ -310,7 +368,8 @@ void ckpt_reader_close(ckpt_reader *r);
 /* ---- the checkpoint directory ---- */
 
 /* The checkpoint a job resumes from: JOB_RESUME_NEVER gives 0; AUTO gives 1 and
- * DIR/step-N when DIR/latest names a committed checkpoint, else 0; LATEST requires latest;
+ * DIR/step-N when DIR/latest names a committed checkpoint, else 0; LATEST and FORCE require
+ * latest;
  * STEP requires DIR/step-N (resume_step).  A latest or step-N that is not a committed
  * checkpoint (no manifest) is an error, naming the path.  Returns 1, 0 or -1. */
 int ckpt_resolve(const char *dir, job_resume mode, int64_t resume_step, char *out, size_t n,

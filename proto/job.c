@@ -144,13 +144,14 @@ static const job_key keys[] = {
     OTHER("fsdp", "forward_prefetch", K_BOOL, fsdp.forward_prefetch),
     OTHER("fsdp", "backward_prefetch", K_BOOL, fsdp.backward_prefetch),
 
-    STR("checkpoint", "dir", checkpoint.dir, 1),
+    STR("checkpoint", "dir", checkpoint.dir, 0),
     NUM("checkpoint", "interval_steps", K_INT, checkpoint.interval_steps, 0, INT_MAX),
     NUM("checkpoint", "keep", K_INT, checkpoint.keep, 1, INT_MAX),
     OTHER("checkpoint", "async", K_BOOL, checkpoint.async),
     OTHER("checkpoint", "save_final", K_BOOL, checkpoint.save_final),
     NUM("checkpoint", "timeout_s", K_INT, checkpoint.timeout_s, 1, INT_MAX),
     OTHER("checkpoint", "resume", K_RESUME, checkpoint.resume),
+    NUM("checkpoint", "max_failed_saves", K_INT, checkpoint.max_failed_saves, 1, INT_MAX),
 
     STR("output", "dir", output.dir, 1),
     CHOICE("output", "dtype", output.dtype, output_dtype_choices),
@@ -257,13 +258,14 @@ void job_defaults(job_config *j) {
     j->fsdp.forward_prefetch = true;
     j->fsdp.backward_prefetch = true;
 
-    strcpy(j->checkpoint.dir, "checkpoints");
+    j->checkpoint.dir[0] = '\0'; /* job_resolve: OUTPUT_DIR.checkpoints */
     j->checkpoint.interval_steps = 0;
     j->checkpoint.keep = 2;
     j->checkpoint.async = true;
     j->checkpoint.save_final = true;
     j->checkpoint.timeout_s = 600;
     j->checkpoint.resume = JOB_RESUME_AUTO;
+    j->checkpoint.max_failed_saves = 3;
 
     strcpy(j->output.dir, "output");
     j->output.dtype = JOB_DTYPE_BF16;
@@ -551,7 +553,8 @@ static int set_resume(job_config *j, const job_key *k, const json_t *v, errbuf *
     if (!json_is_string(v)) return wrong_type(k, "a string", v, err);
     const char *s = json_string_value(v);
     static const choice modes[] = {
-        {"auto", JOB_RESUME_AUTO}, {"never", JOB_RESUME_NEVER}, {"latest", JOB_RESUME_LATEST}};
+        {"auto", JOB_RESUME_AUTO}, {"never", JOB_RESUME_NEVER}, {"latest", JOB_RESUME_LATEST},
+        {"force", JOB_RESUME_FORCE}};
     for (size_t i = 0; i < COUNT(modes); i++) {
         if (strcmp(s, modes[i].name) == 0) {
             j->checkpoint.resume = (job_resume)modes[i].value;
@@ -567,7 +570,7 @@ static int set_resume(job_config *j, const job_key *k, const json_t *v, errbuf *
         step = step * 10 + (*p - '0');
     }
     if (!ok)
-        return errf(err, "%s.%s: unknown choice '%s' (valid: auto, never, latest, step-N)",
+        return errf(err, "%s.%s: unknown choice '%s' (valid: auto, never, latest, force, step-N)",
                     k->section, k->name, s);
     j->checkpoint.resume = JOB_RESUME_STEP;
     j->checkpoint.resume_step = step;
@@ -659,11 +662,12 @@ static json_t *get_key(const job_config *j, const job_key *k, errbuf *err) {
         }
         break;
     case K_RESUME: {
-        static const char *const names[] = {"auto", "never", "latest"};
+        static const char *const names[] = {[JOB_RESUME_AUTO] = "auto", [JOB_RESUME_NEVER] = "never",
+                                            [JOB_RESUME_LATEST] = "latest", [JOB_RESUME_FORCE] = "force"};
         char buf[32];
         if (j->checkpoint.resume == JOB_RESUME_STEP)
             snprintf(buf, sizeof buf, "step-%lld", (long long)j->checkpoint.resume_step);
-        else if ((unsigned)j->checkpoint.resume < COUNT(names))
+        else if ((unsigned)j->checkpoint.resume < COUNT(names) && names[j->checkpoint.resume])
             snprintf(buf, sizeof buf, "%s", names[j->checkpoint.resume]);
         else {
             errf(err, "%s.%s: invalid value %d", k->section, k->name, (int)j->checkpoint.resume);
@@ -1038,9 +1042,26 @@ static int resolve_metrics(job_config *j, errbuf *err) {
     return 0;
 }
 
+/* An empty checkpoint.dir becomes OUTPUT_DIR.checkpoints: beside output.dir, not inside it (the
+ * output stays a model directory to upload), and two jobs with different outputs never meet. */
+static int resolve_checkpoint_dir(job_config *j, errbuf *err) {
+    if (j->checkpoint.dir[0]) return 0;
+    size_t n = strlen(j->output.dir);
+    while (n > 1 && j->output.dir[n - 1] == '/') n--;
+    if (n == 0 || (n == 1 && j->output.dir[0] == '/'))
+        return errf(err, "checkpoint.dir: cannot derive it from output.dir '%s' (set checkpoint.dir)",
+                    j->output.dir);
+    int len = snprintf(j->checkpoint.dir, sizeof j->checkpoint.dir, "%.*s.checkpoints", (int)n, j->output.dir);
+    if (len < 0 || (size_t)len >= sizeof j->checkpoint.dir) {
+        j->checkpoint.dir[0] = '\0';
+        return errf(err, "checkpoint.dir: OUTPUT_DIR.checkpoints is longer than %d bytes", JOB_PATH_MAX - 1);
+    }
+    return 0;
+}
+
 int job_resolve(job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
-        resolve_metrics(j, err))
+        resolve_metrics(j, err) || resolve_checkpoint_dir(j, err))
         return -1;
     return 0;
 }
@@ -1052,6 +1073,8 @@ static int check_resolved(const job_config *j, int world_size, errbuf *err) {
                     world_size);
     if (!j->runtime.metrics[0])
         return errf(err, "runtime.metrics: not resolved (job_resolve first)");
+    if (!j->checkpoint.dir[0])
+        return errf(err, "checkpoint.dir: not resolved (job_resolve first)");
     return 0;
 }
 

@@ -53,7 +53,8 @@ typedef enum job_act_ckpt {
     JOB_ACT_CKPT_NONE, JOB_ACT_CKPT_FULL, JOB_ACT_CKPT_SELECTIVE, JOB_ACT_CKPT_AUTO
 } job_act_ckpt;
 typedef enum job_resume {
-    JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP
+    JOB_RESUME_AUTO, JOB_RESUME_NEVER, JOB_RESUME_LATEST, JOB_RESUME_STEP,
+    JOB_RESUME_FORCE /* latest, even a checkpoint of another job (every difference logged) */
 } job_resume;
 typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA } job_backend;
 /* SIGUSR1: auto = requeue under SLURM (its time-limit warning), checkpoint elsewhere. */
@@ -118,7 +119,7 @@ typedef struct job_config {
         bool backward_prefetch;
     } fsdp;
     struct {
-        char dir[JOB_PATH_MAX];
+        char dir[JOB_PATH_MAX]; /* "": OUTPUT_DIR.checkpoints, beside output.dir (job_resolve) */
         int interval_steps; /* 0: only at the end */
         bool save_final;    /* save after the last step (synchronously) */
         int keep;
@@ -126,6 +127,7 @@ typedef struct job_config {
         int timeout_s;
         job_resume resume;
         int64_t resume_step; /* for JOB_RESUME_STEP ("step-N") */
+        int max_failed_saves; /* consecutive failed saves that stop the job */
     } checkpoint;
     struct {
         char dir[JOB_PATH_MAX];
@@ -190,8 +192,9 @@ int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
 
 /* Fills what a job of world_size ranks derives: train.grad_accum_request (from
  * --gradient_accumulation_steps) into train.global_batch, train.grad_accum (global_batch /
- * (micro_batch x world_size), which must divide) and an empty runtime.metrics
- * (output.dir/metrics.jsonl).  Running it again changes nothing but grad_accum, which it
+ * (micro_batch x world_size), which must divide), an empty runtime.metrics
+ * (output.dir/metrics.jsonl) and an empty checkpoint.dir (OUTPUT_DIR.checkpoints: beside the
+ * output, never inside it, so two jobs with different outputs never share checkpoints).  Running it again changes nothing but grad_accum, which it
  * recomputes (after a checkpoint's global_batch, or for a job read back with
  * job_from_object, which does not carry it). */
 int job_resolve(job_config *j, int world_size, errbuf *err);

@@ -67,12 +67,22 @@ cmp -s "$tmp/straight.safetensors" "$tmp/resumed.safetensors" || fail "final par
 tokens() { tail -1 "$tmp/$1.jsonl" | sed -n 's/.*"tokens_seen":\([0-9]*\).*/\1/p'; }
 [ "$(tokens straight)" = "$(tokens resumed)" ] || fail "tokens_seen differs: $(tokens straight) vs $(tokens resumed)"
 echo "same workers: steps 4-6 bit-identical: $(cut -d' ' -f2 "$tmp/resumed.loss" | tr '\n' ' ')"
-# Again from step 3: step-000006 exists and is replaced by the new one (atomically).
+# Again from step 3 (F36: no silent loss): the committed step-000006 is moved aside to
+# superseded/step-000006 (logged, byte for byte), the new one committed in its place.
+cp -a "$tmp/ck/step-000006" "$tmp/step6-before"
 run again "$tmp/ck" 2 3 -- --checkpoint.resume=step-3
 must_succeed again
+grep -qF "moved $tmp/ck/step-000006 to $tmp/ck/superseded/step-000006" "$tmp/again.log" ||
+    { cat "$tmp/again.log"; fail "step 6 was not moved aside"; }
+diff -r "$tmp/step6-before" "$tmp/ck/superseded/step-000006" || fail "the superseded step 6 changed"
 grep -q "checkpoint $tmp/ck/step-000006 committed" "$tmp/again.log" || fail "step 6 was not committed again"
 same_losses straight again 0
-[ "$(ls "$tmp/ck" | tr '\n' ' ')" = "latest step-000003 step-000006 " ] || fail "unexpected entries: $(ls "$tmp/ck")"
+[ "$(ls "$tmp/ck" | tr '\n' ' ')" = "fsdpd.lock latest step-000003 step-000006 superseded " ] || fail "unexpected entries: $(ls "$tmp/ck")"
+# keep = 2 never prunes superseded/: a third resume from step 3 moves the new step 6 beside it.
+run again2 "$tmp/ck" 2 3 -- --checkpoint.resume=step-3 --checkpoint.keep=1
+must_succeed again2
+[ "$(ls "$tmp/ck/superseded" | tr '\n' ' ')" = "step-000006 step-000006.1 " ] ||
+    fail "superseded/ holds: $(ls "$tmp/ck/superseded")"
 
 # --- global_batch is the manifest's: a job asking for 6 resumes with the checkpoint's 12 -----
 cp -a "$tmp/ck-copy" "$tmp/ckgb"

@@ -16,6 +16,7 @@
 #include "base/crc32c.h"
 #include "base/fileio.h"
 #include "proto/ckpt.h"
+#include "proto/ckpt_lock.h"
 
 static char tmpdir[] = "/tmp/fsdp-test-ckpt-XXXXXX";
 
@@ -236,6 +237,109 @@ static void test_plan_and_header(void **state) {
     assert_int_equal(ckpt_decode_header(&back, block, 10, "f", &err), -1);
     ckpt_file_header_free(&h);
     ckpt_layout_free(&lo);
+}
+
+static void sample_identity(ckpt_identity *id) {
+    memset(id, 0, sizeof *id);
+    strcpy(id->train_type, "full");
+    memset(id->model_fingerprint, 'a', 64);
+    strcpy(id->optimizer, "adamw");
+    strcpy(id->data.source, "jsonl");
+    memset(id->data.sha256, 'b', 64);
+    memset(id->data.tokenizer_sha256, 'c', 64);
+    strcpy(id->data_format, "chat");
+    strcpy(id->data_template, "llama3");
+    id->seq_len = 512;
+    id->packing = 1;
+    id->eval_fraction = 0.05;
+    id->max_steps = 100;
+    id->epochs = 1;
+}
+
+/* F36: the identity block round-trips, is strictly decoded, and compares field by field. */
+static void test_identity(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_manifest m, back;
+    errbuf err;
+    make_layout(&lo, 2);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", in_tmp("id"));
+    write_checkpoint(dir, &lo, &m);
+    m.has_identity = 1;
+    sample_identity(&m.identity);
+    char *text;
+    assert_int_equal(ckpt_manifest_to_json(&m, &text, &err), 0);
+    assert_int_equal(ckpt_manifest_parse(&back, text, strlen(text), "m", &err), 0);
+    assert_true(back.has_identity);
+    assert_string_equal(back.identity.data_template, "llama3");
+    assert_string_equal(back.identity.data.tokenizer_sha256, m.identity.data.tokenizer_sha256);
+    assert_int_equal(back.identity.packing, 1);
+
+    ckpt_difference d[CKPT_MAX_DIFFERENCES];
+    ckpt_identity job = m.identity;
+    assert_int_equal(ckpt_identity_compare(&back, &job, &m.train, NULL, d), 0);
+    strcpy(job.train_type, "lora");
+    job.data.sha256[0] = 'f';
+    job.max_steps = 200;
+    ckpt_train_settings train = m.train;
+    train.lr = 2e-3;
+    assert_int_equal(ckpt_identity_compare(&back, &job, &train, NULL, d), 4);
+    assert_string_equal(d[0].field, "train.type");
+    assert_string_equal(d[0].checkpoint, "full");
+    assert_string_equal(d[0].job, "lora");
+    assert_false(d[0].allowed);
+    assert_string_equal(d[1].field, "data (sha256)");
+    assert_string_equal(d[2].field, "train.max_steps");
+    assert_true(d[2].allowed);
+    assert_string_equal(d[3].field, "train.lr");
+    assert_string_equal(d[3].job, "0.002");
+    ckpt_manifest_free(&back);
+
+    /* strict: a bad value is refused naming the key; a manifest without it is unknown */
+    char *bad = strdup(text), *at = strstr(bad, "\"adamw\"");
+    assert_non_null(at);
+    memcpy(at + 1, "sgd  ", 5);
+    assert_int_equal(ckpt_manifest_parse(&back, bad, strlen(bad), "m", &err), -1);
+    assert_non_null(strstr(err.msg, "identity.optimizer"));
+    free(bad);
+    m.has_identity = 0;
+    free(text);
+    assert_int_equal(ckpt_manifest_to_json(&m, &text, &err), 0);
+    assert_int_equal(ckpt_manifest_parse(&back, text, strlen(text), "m", &err), 0);
+    assert_false(back.has_identity);
+    assert_int_equal(ckpt_identity_compare(&back, &job, &m.train, NULL, d), 1);
+    assert_string_equal(d[0].field, "identity");
+    assert_false(d[0].allowed);
+    ckpt_manifest_free(&back);
+    free(text);
+    ckpt_manifest_free(&m);
+    ckpt_layout_free(&lo);
+}
+
+/* The lock file's holder round-trips; anything else is refused. */
+static void test_lock_file(void **state) {
+    (void)state;
+    ckpt_lock_holder h = {.job_id = "4711", .host = "n0", .pid = 42, .start_time = 123456789, .boot_id = "b-1",
+                          .started = 1700000000}, back;
+    errbuf err;
+    char *text, who[256];
+    assert_int_equal(ckpt_lock_to_json(&h, &text, &err), 0);
+    assert_int_equal(ckpt_lock_parse(&back, text, strlen(text), "L", &err), 0);
+    assert_memory_equal(&h, &back, sizeof h);
+    ckpt_lock_describe(&back, who, sizeof who);
+    assert_string_equal(who, "SLURM job 4711, host n0, pid 42, since 2023-11-14 22:13:20 UTC");
+    free(text);
+    static const char *const bad[] = {
+        "{}", "[]", "not json",
+        "{\"format\":\"fsdpd-lock\",\"version\":2,\"job_id\":\"\",\"host\":\"h\",\"pid\":1,\"start_time\":1,\"boot_id\":\"\",\"started\":0}",
+        "{\"format\":\"fsdpd-lock\",\"version\":1,\"job_id\":\"\",\"host\":\"h\",\"pid\":0,\"start_time\":1,\"boot_id\":\"\",\"started\":0}",
+        "{\"format\":\"fsdpd-lock\",\"version\":1,\"job_id\":\"\",\"host\":\"h\",\"pid\":1,\"start_time\":1,\"boot_id\":\"\",\"started\":0,\"x\":1}",
+        "{\"format\":\"fsdpd-lock\",\"version\":1,\"job_id\":\"\",\"host\":\"h\",\"pid\":1,\"start_time\":-1,\"boot_id\":\"\",\"started\":0}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(ckpt_lock_parse(&back, bad[i], strlen(bad[i]), "L", &err), -1);
+    assert_non_null(strstr(err.msg, "start_time"));
 }
 
 static void test_write_verify_and_manifest(void **state) {
@@ -574,6 +678,8 @@ int main(void) {
         cmocka_unit_test(test_read_range_checks_crc),
         cmocka_unit_test(test_write_abandoned),
         cmocka_unit_test(test_resolve_and_list),
+        cmocka_unit_test(test_identity),
+        cmocka_unit_test(test_lock_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

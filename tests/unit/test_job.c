@@ -54,7 +54,8 @@ static void test_defaults_are_valid(void **state) {
     assert_string_equal(j.lora.targets[6], "down_proj");
     assert_int_equal(j.output.shard_size, 5000000000LL);
     assert_true(j.output.consolidate);
-    assert_string_equal(j.checkpoint.dir, "checkpoints");
+    assert_string_equal(j.checkpoint.dir, ""); /* job_resolve: OUTPUT_DIR.checkpoints */
+    assert_int_equal(j.checkpoint.max_failed_saves, 3);
     /* Packing is off unless asked for; no evaluation split unless asked for. */
     assert_false(j.data.packing);
     assert_true(j.data.eval_fraction == 0);
@@ -72,6 +73,19 @@ static void test_defaults_are_valid(void **state) {
     if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 8);
     assert_string_equal(j.runtime.metrics, "output/metrics.jsonl");
+    /* Beside the output, not inside it (F36); a trailing slash does not move it inside. */
+    assert_string_equal(j.checkpoint.dir, "output.checkpoints");
+    job_config k;
+    job_defaults(&k);
+    strcpy(k.output.dir, "/runs/llama-qlora//");
+    assert_int_equal(job_resolve(&k, 1, &err), 0);
+    assert_string_equal(k.checkpoint.dir, "/runs/llama-qlora.checkpoints");
+    assert_int_equal(job_apply_override(&k, "--checkpoint.resume=force", &err), 0);
+    assert_int_equal(k.checkpoint.resume, JOB_RESUME_FORCE);
+    json_t *obj = job_to_object(&k, &err);
+    assert_non_null(obj);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(obj, "checkpoint"), "resume")), "force");
+    json_decref(obj);
     if (resolve_and_validate(&j, 8, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.train.grad_accum, 1);
 
@@ -177,9 +191,10 @@ static const bad_case bad_cases[] = {
     {"{\"model\":{\"path\":7}}", 1, "model.path: expected a string, got an integer", NULL},
     {"{\"checkpoint\":{\"keep\":0}}", 1, "checkpoint.keep: 0 is out of range", NULL},
     {"{\"checkpoint\":{\"timeout_s\":0}}", 1, "checkpoint.timeout_s: 0 is out of range", NULL},
-    {"{\"checkpoint\":{\"dir\":\"\"}}", 1, "checkpoint.dir: must not be empty", NULL},
+    {"{\"output\":{\"dir\":\"/\"}}", 1, "checkpoint.dir: cannot derive it from output.dir '/'", NULL},
+    {"{\"checkpoint\":{\"max_failed_saves\":0}}", 1, "checkpoint.max_failed_saves: 0 is out of range", NULL},
     {"{\"checkpoint\":{\"resume\":\"step-x\"}}", 1, "checkpoint.resume: unknown choice 'step-x'",
-     "auto, never, latest, step-N"},
+     "auto, never, latest, force, step-N"},
     {"{\"output\":{\"shard_size\":\"5XB\"}}", 1, "output.shard_size: '5XB' is not a size", NULL},
     {"{\"output\":{\"shard_size\":0}}", 1, "output.shard_size: 0 is out of range", NULL},
     {"{\"runtime\":{\"gpu_memory_limit\":-1}}", 1, "runtime.gpu_memory_limit: -1 is out of range",
