@@ -463,17 +463,20 @@ static void arm_ready(ckpt_coord *c) {
     }
 }
 
-/* An async save failed.  The first failure asks for a save at once (its retry: a request,
- * which the ranks serve at the next step, in the job's mode), and does not count; a failed
+/* An async save failed.  The first failure asks for a save at once (its retry: a request
+ * for a synchronous save, which the ranks serve at the next step), and does not count; a failed
  * retry counts one, and checkpoint.max_failed_saves consecutive ones stop the job (no
  * restart or requeue can cure a full or read-only file system): training on with no
  * checkpoint would lose everything at the final save.  `latest` stays as it was. */
+static long long request_save(ckpt_coord *c, const char *why, int stop, int sync);
+
 static void count_failure(ckpt_coord *c, long long step, const char *why) {
     snprintf(c->last_error, sizeof c->last_error, "checkpoint of step %lld: %s", step, why);
     if (!c->retry_pending) {
         c->retry_pending = 1;
-        log_event(-1, "checkpoint of step %lld failed; retrying at the next step before it counts", step);
-        ckpt_coord_request(c, "retrying a failed save", 0);
+        log_event(-1, "checkpoint of step %lld failed; retrying it synchronously at the next step before it counts",
+                  step);
+        request_save(c, "retrying a failed save", 0, 1);
         return;
     }
     c->retry_pending = 0;
@@ -495,12 +498,16 @@ void ckpt_coord_save_failures(const ckpt_coord *c, int *consecutive, const char 
 }
 
 /* The commit cannot finish: an async save is abandoned (its writers are told to stop, the
- * directory goes once they have), a sync one stops the job.  The writers get timeout_s to
- * honour the abort before later saves stop waiting for them. */
-static void give_up(commit *m, const char *why) {
+ * directory goes once they have), a sync one stops the job, except a sync save while a failed
+ * save's retry is pending (that retry; never the final save, whose failure must fail the job)
+ * that failed without being stuck (no rank still writing: the next collective cannot stall),
+ * which counts as a failed save.  The writers get timeout_s to honour the abort
+ * before later saves stop waiting for them. */
+static void give_up(commit *m, const char *why, int stuck) {
     ckpt_coord *c = m->coord;
     char reason[1024];
-    if (m->sync) {
+    int counted = !m->sync || (c->retry_pending && !stuck && m->step < c->total_steps);
+    if (!counted) {
         snprintf(reason, sizeof reason, "checkpoint of step %lld (sync): %s; stopping the job", m->step, why);
         c->opt.hooks.fatal(c->opt.hooks.arg, reason); /* which logs it */
     } else {
@@ -514,13 +521,12 @@ static void give_up(commit *m, const char *why) {
         if (!m->ranks[r].reported) c->opt.hooks.send(c->opt.hooks.arg, r, &abort);
     }
     long long step = m->step;
-    int sync = m->sync;
     if (m->n_reported == c->n_files) {
         remove_partial(m);
         free_commit(m);
     }
     arm_ready(c);
-    if (!sync) count_failure(c, step, why);
+    if (counted) count_failure(c, step, why);
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 0);
 }
 
@@ -538,7 +544,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     }
     snprintf(why, sizeof why, "%s did not finish writing within checkpoint.timeout_s = %d s", late,
              m->coord->job->checkpoint.timeout_s);
-    give_up(m, why);
+    give_up(m, why, 1);
 }
 
 static commit *find_commit(ckpt_coord *c, long long step, int attempt) {
@@ -775,7 +781,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
         char why[1200];
         snprintf(why, sizeof why, "rank %d %s: %s", rank,
                  b->aborted ? "stopped writing" : "could not write its shard", b->error);
-        give_up(m, why);
+        give_up(m, why, 0);
         return;
     }
     if (m->n_reported < c->n_files) return;
@@ -784,7 +790,7 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
         char why[1200];
         snprintf(why, sizeof why, "commit failed: %s", err.msg);
         m->n_reported = c->n_files; /* nobody is writing any more */
-        give_up(m, why);
+        give_up(m, why, 0);
         return;
     }
     free_commit(m);
@@ -794,14 +800,16 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     if (c->opt.hooks.settled) c->opt.hooks.settled(c->opt.hooks.arg, step, 1);
 }
 
-long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) {
+static long long request_save(ckpt_coord *c, const char *why, int stop, int sync) {
     long long id = ++c->requests;
     log_event(-1, "checkpoint requested (%s): asking the workers (request %lld%s)", why, id,
-              stop ? ", synchronous, then stop" : "");
-    msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0}};
+              stop ? ", synchronous, then stop" : sync ? ", synchronous" : "");
+    msg begin = {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = id, .stop = stop != 0, .sync = sync != 0}};
     c->opt.hooks.broadcast(c->opt.hooks.arg, &begin);
     return id;
 }
+
+long long ckpt_coord_request(ckpt_coord *c, const char *why, int stop) { return request_save(c, why, stop, 0); }
 
 int ckpt_coord_finish(ckpt_coord *c) {
     int open = 0;

@@ -20,7 +20,7 @@
 typedef struct plan_rank_stats {
     double loss_sum, sumsq;
     int64_t count;
-    int64_t vote[3];
+    int64_t vote[4];
 } plan_rank_stats;
 
 /* What every category's arithmetic reads. */

@@ -128,6 +128,7 @@ static const field metrics_fields[] = {
 static const field ckpt_begin_fields[] = {
     I64(msg_ckpt_begin, "request", request, 1),
     BOOL(msg_ckpt_begin, "stop", stop),
+    BOOL(msg_ckpt_begin, "sync", sync),
 };
 
 static const field ckpt_done_fields[] = {

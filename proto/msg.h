@@ -153,6 +153,7 @@ typedef struct msg_metrics {
 typedef struct msg_ckpt_begin {
     int64_t request;
     bool stop;          /* SIGTERM: a synchronous save after the step in progress, then stop */
+    bool sync;          /* a synchronous save whatever checkpoint.async says (a failed save's retry) */
 } msg_ckpt_begin;
 
 typedef struct msg_ckpt_done {

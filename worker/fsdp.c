@@ -957,6 +957,7 @@ typedef struct rank_stats {
     int64_t count;
     int64_t vote[FSDP_VOTES];
 } rank_stats;
+_Static_assert(FSDP_VOTES == 4, "model/memory_plan.c's plan_rank_stats counts FSDP_VOTES votes: change both");
 
 static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf *err) {
     if (f->world == 1) {

@@ -23,7 +23,7 @@
 #include "worker/schedule.h"
 
 /* Votes every rank casts before a step (fsdp.vote). */
-enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP };
+enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP, VOTE_SYNC };
 
 /* fsdpd's model memory, mapped. */
 typedef struct model_memory {
@@ -214,6 +214,10 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
     }
+    if (requested && res->vote_max[VOTE_SYNC] > *served) { /* a failed save's retry: now, in the foreground */
+        *served = res->vote_max[VOTE_REQUEST];
+        return TRAIN_CKPT_SYNC;
+    }
     if (res->vote_max[VOTE_WRITING]) return TRAIN_CKPT_SKIPPED;
     if (requested) *served = res->vote_max[VOTE_REQUEST];
     return j->checkpoint.async ? TRAIN_CKPT_ASYNC : TRAIN_CKPT_SYNC;
@@ -279,6 +283,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
          * stop that comes with a checkpoint request (TRAIN_STOP_SAVE) is set after it. */
         f->vote[VOTE_STOP] = h->should_stop ? h->should_stop(h->arg) : 0;
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
+        f->vote[VOTE_SYNC] = h->ckpt_sync_request ? h->ckpt_sync_request(h->arg) : 0;
         f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
         fsdp_step_result res;
         rc = fsdp_train_step(f, &batch, &hp, &res, err);

@@ -55,6 +55,9 @@ typedef struct train_hooks {
     /* Polled before every step: the newest checkpoint request this rank has received (ids
      * increase; 0: none).  NULL: never. */
     int64_t (*ckpt_request)(void *arg);
+    /* The newest request that asked for a synchronous save (0: none; NULL: never): a request
+     * served with one of these saves synchronously whatever checkpoint.async says. */
+    int64_t (*ckpt_sync_request)(void *arg);
 } train_hooks;
 
 struct ckpt_writer;

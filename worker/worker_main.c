@@ -57,6 +57,7 @@ typedef struct worker {
     atomic_long step;
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
+    atomic_llong ckpt_sync_request; /* the newest that asked for a synchronous save */
     comm_progress progress;    /* its collectives, for the heartbeats (the locator) */
     atomic_int have_comm;      /* progress is tracked: a communicator exists */
     int ckpt_attempt;
@@ -320,6 +321,7 @@ static void *heartbeat_loop(void *arg) {
 }
 
 static void on_ckpt_begin(worker *w, const msg_ckpt_begin *b) {
+    if (b->sync) atomic_store(&w->ckpt_sync_request, b->request); /* before the request: read after it */
     long long seen = atomic_load(&w->ckpt_request);
     while (b->request > seen && !atomic_compare_exchange_weak(&w->ckpt_request, &seen, b->request)) {
     }
@@ -352,6 +354,11 @@ static void *control_loop(void *arg) {
 static int64_t ckpt_request(void *arg) {
     worker *w = arg;
     return atomic_load(&w->ckpt_request);
+}
+
+static int64_t ckpt_sync_request(void *arg) {
+    worker *w = arg;
+    return atomic_load(&w->ckpt_sync_request);
 }
 
 /* Called by the thread that wrote (or failed to write) a shard file. */
@@ -441,7 +448,7 @@ static int run(worker *w, errbuf *err) {
         train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c,
                          .shard_comm = p.shard, .replica_comm = p.replica, .ctx = &ctx,
                          .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
-                                   .ckpt_request = ckpt_request},
+                                   .ckpt_request = ckpt_request, .ckpt_sync_request = ckpt_sync_request},
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
                          .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
                          .model_fd = w->model_fd};

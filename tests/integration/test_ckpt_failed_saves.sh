@@ -2,7 +2,7 @@
 # Failed saves surface (F36), reproducing the finding: with checkpoint.async true (the default)
 # on a full checkpoint file system, every save used to be "abandoned ... training goes on" and
 # the job failed only at its final save.  Now each failed save is logged with the count of
-# failures in a row; a failed save is retried once before it counts, and after
+# failures in a row; a failed save is retried once, synchronously, before it counts, and after
 # checkpoint.max_failed_saves (3) the job stops, non-zero, naming the error, long before its
 # last step; `latest` is intact and resumes once there is space.  Single node: checkpoint.dir
 # on a small tmpfs, filled mid-run.  Two nodes (network namespaces): node 1 sees checkpoint.dir
@@ -39,7 +39,10 @@ wait "$pid" || status=$?
 [ "$status" -ne 0 ] || { cat "$tmp/full.log"; fail "the job trained on with no checkpoint"; }
 grep -qF "3 consecutive checkpoint saves failed (checkpoint.max_failed_saves)" "$tmp/full.log" &&
     grep -q "No space left on device" "$tmp/full.log" || { cat "$tmp/full.log"; fail "the stop does not name the error"; }
-grep -q "retrying at the next step before it counts" "$tmp/full.log" || fail "no retry"
+grep -q "retrying it synchronously at the next step before it counts" "$tmp/full.log" &&
+    grep -q "checkpoint requested (retrying a failed save): asking the workers (request [0-9]*, synchronous)" "$tmp/full.log" ||
+    { cat "$tmp/full.log"; fail "no synchronous retry asked for"; }
+grep -q "checkpoint of step [0-9]* (sync) into" "$tmp/full.log" || { cat "$tmp/full.log"; fail "the retry was not synchronous"; }
 grep -q "1 consecutive failed checkpoint save (checkpoint.max_failed_saves = 3)" "$tmp/full.log" || fail "no count logged"
 last=$(sed -n 's/.*"step":\([0-9]*\),.*/\1/p' "$tmp/full.jsonl" | tail -1)
 [ "$last" -lt 30 ] || fail "the job ran to step $last before stopping"

@@ -462,6 +462,7 @@ static void test_every_type_round_trips(void **state) {
     (void)state;
     char addrs[2][MSG_ADDR_MAX] = {"127.0.0.1:4000", "127.0.0.1:4001"};
     json_t *units = json_pack("[{s:i}]", "unit", 0);
+    json_t *settings = json_pack("{s:{s:f}, s:n}", "train", "lr", 1e-4, "model_config");
     json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n}]", "rank", 4, "pid", 99, "running", 1, "host_rss_bytes",
                              (json_int_t)1 << 30, "gpu_bytes");
     msg all[] = {
@@ -480,6 +481,7 @@ static void test_every_type_round_trips(void **state) {
                                             .has_eval_loss = true, .eval_loss = 1.75}},
         {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 3}},
         {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 4, .stop = true}},
+        {.type = MSG_CKPT_BEGIN, .u.ckpt_begin = {.request = 5, .sync = true}},
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 0, .ok = true, .file = "rank-0.bin",
                                                 .bytes = 4096, .header_crc32c = 0xfffffffful, .stage_s = 0.5,
                                                 .has_optimizer_step = true, .optimizer_step = 4,
@@ -491,9 +493,12 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
-        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8, .nonce = "00ff"}},
+        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8, .nonce = "00ff",
+                                      .settings = settings}},
         {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
-                                                  .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd"}},
+                                                  .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd",
+                                                  .launch = "job 77 step 0 restart 1 attempt 0"}},
+        {.type = MSG_REFUSED, .u.refused = {"JOIN from a second node 1"}},
         {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = 1, .list = {.n = 2, .addrs = addrs}}},
         {.type = MSG_NODE_READY, .u.node_ready = {.node = 1}},
         {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .error = "rank 3 failed"}},
@@ -522,13 +527,14 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[16], &back);
+    through_wire(&all[17], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
     assert_null(back.u.peers.addrs);
     json_decref(units);
     json_decref(rows);
+    json_decref(settings);
 
     msg id = {.type = MSG_NCCL_ID};
     for (int i = 0; i < MSG_NCCL_ID_BYTES; i++) id.u.nccl_id.id[i] = (unsigned char)(i * 7);
@@ -543,6 +549,10 @@ static void test_strict_decoder(void **state) {
     (void)state;
     refused(MSG_HELLO, "{\"pid\":1,\"rank\":0}", "HELLO: unknown field 'rank'");
     refused(MSG_HELLO, "{}", "HELLO: field 'pid' is missing");
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":[]}",
+            "JOIN: field 'settings' must be an object");
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\"}",
+            "JOIN: field 'settings' is missing");
     refused(MSG_HELLO, "{\"pid\":\"12\"}", "HELLO: field 'pid' must be an integer, got a string");
     refused(MSG_HELLO, "{\"pid\":0}", "HELLO: field 'pid' = 0 is out of range [1, 2147483647]");
     refused(MSG_HELLO, "{\"pid\":4294967296}", "out of range");
