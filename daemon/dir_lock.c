@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/fileio.h"
 #include "daemon/log.h"
+#include "daemon/slurm.h"
 #include "proto/ckpt_lock.h"
 
 /* Field 22 of /proc/PID/stat (starttime); -1 when the process does not exist. */
@@ -62,8 +63,31 @@ static int read_holder(int fd, const char *path, ckpt_lock_holder *h, int *named
     return 0;
 }
 
-/* Whether the named holder is gone (why says how that is known); 0: alive, or not knowable. */
-static int holder_gone(const ckpt_lock_holder *h, const ckpt_lock_holder *self, char *why, size_t n) {
+/* A holder on another host, of another SLURM job: SLURM says whether that job still runs.  1
+ * gone (ended, or no longer known), 0 alive or not knowable (*asked: SLURM answered). */
+static int slurm_job_over(const char *job_id, int *asked, char *why, size_t n) {
+    static const char *const over[] = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+                                       "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "PREEMPTED"};
+    char state[64];
+    int restarts;
+    errbuf err;
+    int rc = slurm_job_query(job_id, state, sizeof state, &restarts, &err);
+    *asked = rc >= 0;
+    if (rc > 0) snprintf(why, n, "SLURM no longer knows job %s", job_id);
+    if (rc != 0) return rc > 0;
+    for (size_t i = 0; i < sizeof over / sizeof over[0]; i++)
+        if (!strcmp(state, over[i])) {
+            snprintf(why, n, "SLURM says job %s is %s", job_id, state);
+            return 1;
+        }
+    return 0;
+}
+
+/* Whether the named holder is gone (why says how that is known); 0: alive, or not knowable
+ * (*verified: known to be alive). */
+static int holder_gone(const ckpt_lock_holder *h, const ckpt_lock_holder *self, int *verified, char *why,
+                       size_t n) {
+    *verified = 1;
     if (!strcmp(h->host, self->host) && !strcmp(h->boot_id, self->boot_id)) {
         uint64_t start;
         if (proc_start_time(h->pid, &start) == 0 && start == h->start_time) return 0;
@@ -78,7 +102,8 @@ static int holder_gone(const ckpt_lock_holder *h, const ckpt_lock_holder *self, 
         snprintf(why, n, "an earlier run of this SLURM job (%s): a requeue", h->job_id);
         return 1;
     }
-    return 0;
+    *verified = 0;
+    return h->job_id[0] && slurm_job_over(h->job_id, verified, why, n);
 }
 
 static int refuse(const char *dir, const char *path, const ckpt_lock_holder *h, int verified, errbuf *err) {
@@ -89,8 +114,8 @@ static int refuse(const char *dir, const char *path, const ckpt_lock_holder *h, 
                          "directory overwrite each other's checkpoints; give this job another "
                          "checkpoint.dir, or stop that job first", dir, who);
     return errf(err, "checkpoint.dir %s is locked by a job on another host (%s), which this host cannot "
-                     "check; give this job another checkpoint.dir, or, once that job is known to be over, "
-                     "remove %s", dir, who, path);
+                     "check (no SLURM job id, or scontrol cannot tell); give this job another checkpoint.dir, "
+                     "or, once that job is known to be over, remove %s", dir, who, path);
 }
 
 /* Waits a little for a holder whose file is still being written (truncated, not yet written). */
@@ -120,8 +145,8 @@ static int take(dir_lock *l, const char *dir, const ckpt_lock_holder *self, errb
     int named;
     char why[320], who[512];
     if (read_holder(l->fd, l->path, &h, &named, err)) return -1;
-    if (named && !holder_gone(&h, self, why, sizeof why))
-        return refuse(dir, l->path, &h, !strcmp(h.host, self->host), err);
+    int verified;
+    if (named && !holder_gone(&h, self, &verified, why, sizeof why)) return refuse(dir, l->path, &h, verified, err);
     if (named) {
         ckpt_lock_describe(&h, who, sizeof who);
         log_event(-1, "taking over the stale lock %s of %s: %s", l->path, who, why);

@@ -12,8 +12,12 @@
  *         time: refused; else stale (the process is gone);
  *       same host name, another boot: stale (the host rebooted);
  *       another host, the same SLURM job id: stale (an earlier run of this job: a requeue);
- *       another host otherwise: refused — this host cannot tell whether it still runs (the
- *         message names the file to remove once that job is known to be over).
+ *       another host, another SLURM job: SLURM is asked (`scontrol show job`): stale when it
+ *         no longer knows the job or says it ended (COMPLETED, CANCELLED, FAILED, ...),
+ *         refused while it runs, is pending or completing;
+ *       another host otherwise (no job id, or scontrol cannot tell): refused — this host
+ *         cannot tell whether it still runs (the message names the file to remove once that
+ *         job is known to be over).
  *     A stale lock is taken over with a log line naming the old holder and why.
  *   - a file system without flock (ENOLCK, EOPNOTSUPP): the file's content alone decides, as
  *     above, logged.

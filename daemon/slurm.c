@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- hostlists ---- */
 
@@ -223,4 +227,76 @@ void slurm_env_free(slurm_env *e) {
     free(e->hosts);
     e->hosts = NULL;
     e->n_hosts = 0;
+}
+
+/* ---- scontrol ---- */
+
+extern char **environ;
+
+/* Reads fd to its end: the first n - 1 bytes into out, NUL-terminated; the rest dropped. */
+static void read_output(int fd, char *out, size_t n) {
+    size_t have = 0;
+    for (;;) {
+        char sink[512];
+        int keep = have + 1 < n;
+        ssize_t got = read(fd, keep ? out + have : sink, keep ? n - 1 - have : sizeof sink);
+        if (got == 0 || (got < 0 && errno != EINTR)) break;
+        if (got > 0 && keep) have += (size_t)got;
+    }
+    out[have] = '\0';
+}
+
+int slurm_scontrol(char *const argv[], char *out, size_t n, errbuf *err) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return errf(err, "pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+    int rc = posix_spawn_file_actions_init(&fa);
+    if (rc == 0) {
+        rc = posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+        if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+        if (rc == 0) rc = posix_spawnp(&pid, "scontrol", &fa, NULL, argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+    }
+    close(fds[1]);
+    if (rc) {
+        close(fds[0]);
+        return errf(err, "cannot run scontrol: %s", strerror(rc));
+    }
+    read_output(fds[0], out, n);
+    close(fds[0]);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return errf(err, "waiting for scontrol: %s", strerror(errno));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    if (WIFEXITED(status)) return errf(err, "scontrol %s %s exited %d", argv[1], argv[2], WEXITSTATUS(status));
+    return errf(err, "scontrol %s %s was killed by signal %d", argv[1], argv[2], WTERMSIG(status));
+}
+
+/* One field of `scontrol show job -o ID` (JobState=RUNNING, Restarts=1, ...). */
+static int job_field(const char *text, const char *job_id, const char *name, char *out, size_t n, errbuf *err) {
+    char key[32];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *at = strstr(text, key);
+    if (!at) return errf(err, "scontrol show job %s: no %s", job_id, name);
+    at += strlen(key);
+    size_t len = strcspn(at, " \n");
+    if (len == 0 || len >= n) return errf(err, "scontrol show job %s: a malformed %s", job_id, name);
+    memcpy(out, at, len);
+    out[len] = '\0';
+    return 0;
+}
+
+int slurm_job_query(const char *job_id, char *state, size_t n, int *restarts, errbuf *err) {
+    char *argv[] = {"scontrol", "show", "job", "-o", (char *)job_id, NULL}, text[8192], count[16];
+    text[1] = '\0'; /* what scontrol said, if it ran */
+    if (slurm_scontrol(argv, text + 1, sizeof text - 1, err)) return strstr(text + 1, "Invalid job id") ? 1 : -1;
+    text[0] = ' '; /* every field then follows a space */
+    if (job_field(text, job_id, "JobState", state, n, err) || job_field(text, job_id, "Restarts", count, sizeof count, err))
+        return -1;
+    char *end;
+    long v = strtol(count, &end, 10);
+    if (*end || v < 0 || v > INT_MAX) return errf(err, "scontrol show job %s: Restarts=%s is not a count", job_id, count);
+    *restarts = (int)v;
+    return 0;
 }

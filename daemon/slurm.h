@@ -51,4 +51,14 @@ int slurm_hostlist_expand(const char *list, char (**hosts)[SLURM_HOST_MAX], int 
 /* The tasks of node `index` from SLURM_TASKS_PER_NODE's syntax ("8(x2),4"). */
 int slurm_tasks_on_node(const char *spec, int index, int *tasks, errbuf *err);
 
+/* Runs scontrol ARGS... (argv[0] "scontrol"); its output, stdout and stderr together, the
+ * first n - 1 bytes in out (NUL-terminated).  0 when it exited 0, else -1 saying how it ended. */
+int slurm_scontrol(char *const argv[], char *out, size_t n, errbuf *err);
+
+/* `scontrol show job -o ID`: the job's JobState (RUNNING, COMPLETING, PENDING, COMPLETED...)
+ * into state, and Restarts (the requeues SLURM has counted).  1 when SLURM no longer knows the
+ * job ("Invalid job id": ended and purged); -1 when scontrol cannot tell (not installed, no
+ * controller), with the reason. */
+int slurm_job_query(const char *job_id, char *state, size_t n, int *restarts, errbuf *err);
+
 #endif

@@ -4,7 +4,8 @@
 # one checkpoint.dir (seeds 1 and 2) — the second is refused within a second, naming the
 # holder (its pid), and the first is unharmed: its final parameters are identical, bit for
 # bit, to a lone run's.  A lock left by a killed job (its pid gone) is taken over with a log
-# line; a lock naming a job on another host, which this host cannot check, is refused.
+# line; a lock naming a job on another host is refused while SLURM says that job runs or is
+# pending, taken over once it says the job ended, and refused when nothing can tell.
 source "$(dirname "$0")/lib.sh"
 
 make_small_model "$tmp"
@@ -60,6 +61,32 @@ run_job remote -- "${common[@]}" --checkpoint.dir="$tmp/ck3"
 [ "$status" -ne 0 ] || fail "a lock of another host's job was ignored"
 grep -qF "is locked by a job on another host (SLURM job 4711, host elsewhere, pid 1234" "$tmp/remote.log" &&
     grep -qF "remove $tmp/ck3/fsdpd.lock" "$tmp/remote.log" || { cat "$tmp/remote.log"; fail "no reason given"; }
+# SLURM says what became of that job: a stand-in scontrol that knows job 4711 as $STATE
+# (gone: "Invalid job id").
+mkdir -p "$tmp/bin"
+cat > "$tmp/bin/scontrol" <<'SH'
+#!/bin/sh
+[ "$1 $2 $3 $4" = "show job -o 4711" ] || exit 2
+[ "$STATE" = gone ] && { echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }
+echo "JobId=4711 JobName=fsdpd UserId=root(0) JobState=$STATE Reason=None Restarts=0 BatchFlag=1"
+SH
+chmod +x "$tmp/bin/scontrol"
+for state in RUNNING PENDING; do
+    PATH="$tmp/bin:$PATH" STATE=$state run_job "slurm-$state" -- "${common[@]}" --checkpoint.dir="$tmp/ck3"
+    [ "$status" -ne 0 ] || fail "a lock of job 4711, $state on another host, was taken"
+    grep -qF "is in use by another job (SLURM job 4711, host elsewhere, pid 1234" "$tmp/slurm-$state.log" ||
+        { cat "$tmp/slurm-$state.log"; fail "no reason given for job 4711 $state"; }
+done
+cp "$tmp/ck3/fsdpd.lock" "$tmp/remote.lock"
+for state in COMPLETED gone; do
+    cp "$tmp/remote.lock" "$tmp/ck3/fsdpd.lock"
+    PATH="$tmp/bin:$PATH" STATE=$state run_job "slurm-$state" -- "${common[@]}" --checkpoint.dir="$tmp/ck3" --train.max_steps=2
+    must_succeed "slurm-$state"
+    want="SLURM says job 4711 is COMPLETED"; [ "$state" = gone ] && want="SLURM no longer knows job 4711"
+    grep -qF "taking over the stale lock $tmp/ck3/fsdpd.lock of SLURM job 4711, host elsewhere" "$tmp/slurm-$state.log" &&
+        grep -qF "$want" "$tmp/slurm-$state.log" || { cat "$tmp/slurm-$state.log"; fail "no take-over of job 4711 ($state)"; }
+done
+echo "another host's lock: kept while SLURM runs or queues its job, taken over once SLURM says it ended"
 printf 'garbage' > "$tmp/ck3/fsdpd.lock"
 run_job garbage -- "${common[@]}" --checkpoint.dir="$tmp/ck3"
 [ "$status" -ne 0 ] || fail "a corrupt lock file was ignored"
