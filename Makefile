@@ -65,8 +65,8 @@ $(BUILD)/%.o: %.c
 $(BUILD)/kernels/cpu/cpu_loss_optim.o: CFLAGS += -O3 -fno-math-errno
 
 # The Hopper attention uses wgmma and TMA: sm_90a code only (cuda_attention.cu picks it at run
-# time on a compute capability 9.0 device).
-$(BUILD)/kernels/cuda/cuda_attention_sm90.cu.o: CUDA_ARCHS := -gencode arch=compute_90a,code=sm_90a
+# time on a compute capability 9.0 device), whatever CUDA_ARCHS the command line sets.
+$(BUILD)/kernels/cuda/cuda_attention_sm90.cu.o: override CUDA_ARCHS := -gencode arch=compute_90a,code=sm_90a
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)

@@ -117,4 +117,20 @@ OUT="$tmp/multi" GPUS=2 BACKEND=cpu timeout 60 bash tests/gpu/run_multi.sh "$tmp
     > "$tmp/multi.out" 2>&1 || status=$?
 [ "$status" -eq 1 ] || { cat "$tmp/multi.out"; fail "run_multi.sh exited $status on an unknown phase"; }
 grep -q "unknown phase 'corect'" "$tmp/multi.out" || fail "run_multi.sh: the unknown phase is not named"
+
+# The H200 build command tests/gpu/README.md gives (CUDA_ARCHS for sm_90 only) keeps the sm_90a
+# rule of the Hopper attention, and gives every other kernel the caller's architectures.
+archs=$(sed -n 's/.*make BUILD=build-h200 CUDA_ARCHS="\([^"]*\)".*/\1/p' tests/gpu/README.md)
+[ -n "$archs" ] || fail "tests/gpu/README.md gives no H200 build command"
+make -n BUILD="$tmp/b" CUDA=1 NVCC=nvcc CUDA_ARCHS="$archs" "$tmp/b/kernels/cuda/cuda_attention_sm90.cu.o" \
+    "$tmp/b/kernels/cuda/cuda_linear.cu.o" > "$tmp/make.out" || fail "make -n of the H200 command failed"
+grep "cuda_attention_sm90.cu " "$tmp/make.out" | grep -q -- "-gencode arch=compute_90a,code=sm_90a" &&
+    ! grep "cuda_attention_sm90.cu " "$tmp/make.out" | grep -qF -- "$archs" ||
+    { cat "$tmp/make.out"; fail "the H200 command builds cuda_attention_sm90.cu for $archs, not sm_90a"; }
+grep "cuda_linear.cu " "$tmp/make.out" | grep -qF -- "$archs" || { cat "$tmp/make.out"; fail "CUDA_ARCHS did not reach the other kernels"; }
+if command -v nvcc > /dev/null; then
+    make BUILD="$tmp/b" CUDA_ARCHS="$archs" "$tmp/b/kernels/cuda/cuda_attention_sm90.cu.o" > "$tmp/nvcc.out" 2>&1 ||
+        { cat "$tmp/nvcc.out"; fail "the H200 build command does not compile cuda_attention_sm90.cu"; }
+fi
+
 echo "tests/gpu scripts: helpers and exit status checked without a GPU"
