@@ -23,10 +23,9 @@ const char *file_type_name(mode_t mode) {
     return "of an unknown file type";
 }
 
-int file_open_regular(const char *path, errbuf *err) {
-    /* O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+/* fd (from an open with O_NONBLOCK) checked to be a regular file, then blocking again; closed
+ * on failure. */
+static int keep_if_regular(int fd, const char *path, errbuf *err) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -44,6 +43,22 @@ int file_open_regular(const char *path, errbuf *err) {
         return errf(err, "%s: fcntl: %s", path, strerror(e));
     }
     return fd;
+}
+
+int file_open_regular(const char *path, errbuf *err) {
+    /* O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+    return keep_if_regular(fd, path, err);
+}
+
+int file_open_append(const char *path, errbuf *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return errf(err, "%s: is %s, not a regular file", path, file_type_name(st.st_mode));
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0) return errf(err, "%s: open: %s", path, strerror(errno));
+    return keep_if_regular(fd, path, err);
 }
 
 int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err) {

@@ -21,6 +21,9 @@ const char *file_type_name(mode_t mode);
  * with a message naming the path and what it is, without blocking: a FIFO with no writer
  * would block open() and read() forever.  Returns the fd (blocking again), or -1. */
 int file_open_regular(const char *path, errbuf *err);
+/* Opens a regular file for appending (created with mode 0644 when missing); anything else is
+ * refused as file_open_regular does, without blocking.  Returns the fd (blocking), or -1. */
+int file_open_append(const char *path, errbuf *err);
 /* Maps a whole regular file read-only.  An empty file gives *map = NULL, *len = 0. */
 int file_map_readonly(const char *path, void **map, size_t *len, errbuf *err);
 /* Reads a whole (small) regular file into a NUL-terminated malloc'd buffer of at most max bytes. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/errbuf.h"
 #include "base/fileio.h"
@@ -81,8 +82,12 @@ static int by_step_then_line(const void *a, const void *b) {
 
 /* The records of path, by step, one per step. */
 static int read_metrics(const char *path, point **out, size_t *n_out, errbuf *err) {
-    FILE *f = fopen(path, "re");
-    if (!f) return errf(err, "%s: %s", path, strerror(errno));
+    int fd = file_open_regular(path, err);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return fd >= 0 ? errf(err, "%s: fdopen: %s", path, strerror(errno)) : -1;
+    }
     point *pts = NULL;
     size_t n = 0, cap = 0, linecap = 0;
     char *line = NULL;

@@ -20,6 +20,7 @@
  * rows become records, one a row, in order: every input id is a token, and a label either
  * repeats its row's input id (a training target, mask 1) or is -100 (context, mask 0).  A
  * cache keeps a loss mask, not free labels, so any other label is refused. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "base/fileio.h"
 #include "daemon/fsdpctl.h"
 #include "data/cache_build.h"
 #include "data/tokenizer.h"
@@ -184,8 +186,13 @@ static int jsonl_line(const tokenizer *tk, tk_state *st, const char *line, size_
 }
 
 static int tokenize_jsonl(const tokenizer *tk, tk_state *st, const tok_opts *o, errbuf *err) {
-    FILE *f = strcmp(o->jsonl, "-") ? fopen(o->jsonl, "r") : stdin;
-    if (!f) return errf(err, "%s: cannot open", o->jsonl);
+    int fd = strcmp(o->jsonl, "-") ? file_open_regular(o->jsonl, err) : STDIN_FILENO; /* "-": a pipe is fine */
+    if (fd < 0) return -1;
+    FILE *f = fd == STDIN_FILENO ? stdin : fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return errf(err, "%s: fdopen: %s", o->jsonl, strerror(errno));
+    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;

@@ -72,11 +72,8 @@ static int source_open(source *s, const char *dir, const ckpt_manifest *m, errbu
     for (int f = 0; f < n; f++) {
         char path[PATH_BYTES];
         if (shard_path(path, s, f, err) || ckpt_verify_file(dir, m, f, 0, err)) goto fail;
-        s->fds[f] = open(path, O_RDONLY | O_CLOEXEC);
-        if (s->fds[f] < 0) {
-            errf(err, "%s: %s", path, strerror(errno));
-            goto fail;
-        }
+        s->fds[f] = file_open_regular(path, err);
+        if (s->fds[f] < 0) goto fail;
         if (ckpt_read_header(&s->headers[f], s->fds[f], path, err)) goto fail;
         if (s->headers[f].crc != m->files[f].header_crc) {
             errf(err, "%s: header CRC32C %08x, the manifest says %08x", path, s->headers[f].crc,

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/fileio.h"
 #include "base/fault.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/cluster.h"
@@ -837,8 +838,13 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
 
 static int open_metrics(supervisor *s, errbuf *err) {
     const char *path = s->job.runtime.metrics;
-    s->metrics = fopen(path, "ae");
-    if (!s->metrics) return errf(err, "%s: %s", path, strerror(errno));
+    int fd = file_open_append(path, err); /* a FIFO there would block the loop, signals and all */
+    if (fd < 0) return -1;
+    s->metrics = fdopen(fd, "a");
+    if (!s->metrics) {
+        close(fd);
+        return errf(err, "%s: fdopen: %s", path, strerror(errno));
+    }
     return 0;
 }
 

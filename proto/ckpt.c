@@ -836,8 +836,8 @@ static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file,
     char path[PATH_BYTES];
     *fd_out = -1;
     if (path_join(path, sizeof path, ckpt_path, f->name, err)) return -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errf(err, "%s: %s", path, errno == ENOENT ? "missing" : strerror(errno));
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return access(path, F_OK) != 0 ? errf(err, "%s: missing", path) : -1;
     ckpt_file_header plan;
     if (ckpt_read_header(h, fd, path, err)) {
         close(fd);

@@ -119,8 +119,8 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
 }
 
 int tok_read_source(const char *path, tok_source *src, errbuf *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
     tok_header h;
     int rc = file_pread_full(fd, &h, sizeof h, 0, path, err);
     close(fd);

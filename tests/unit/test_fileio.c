@@ -145,6 +145,40 @@ static void test_token_cache_fifo(void **state) {
     errbuf err = {""};
     tok_cache c;
     refused_as_fifo(tok_open(&c, f->fifo, &err), &err, f->fifo);
+    tok_source src;
+    refused_as_fifo(tok_read_source(f->fifo, &src, &err), &err, f->fifo);
+}
+
+/* Appending (runtime.metrics) and reading a private file (the rendezvous file) refuse a FIFO
+ * too, without blocking; a missing private file is 1, a regular one of mode 0644 refused. */
+static void test_append_and_private_fifo(void **state) {
+    fixture *f = *state;
+    errbuf err = {""};
+    refused_as_fifo(file_open_append(f->fifo, &err) >= 0 ? 0 : -1, &err, f->fifo);
+    char *text = NULL;
+    size_t len;
+    assert_int_equal(file_read_private(f->fifo, 1024, &text, &len, &err), -1);
+    assert_non_null(strstr(err.msg, "not trusted: a FIFO"));
+    char path[128];
+    snprintf(path, sizeof path, "%s/appended", f->dir);
+    for (int i = 0; i < 2; i++) {
+        int fd = file_open_append(path, &err);
+        if (fd < 0) fail_msg("%s", err.msg);
+        assert_int_equal(write(fd, "ab", 2), 2);
+        close(fd);
+    }
+    assert_int_equal(file_read_all(path, 16, &text, &len, &err), 0);
+    assert_string_equal(text, "abab");
+    free(text);
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(file_read_private(path, 16, &text, &len, &err), -1);
+    assert_non_null(strstr(err.msg, "not trusted: readable or writable by others (owner uid"));
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(file_read_private(path, 16, &text, &len, &err), 0);
+    assert_string_equal(text, "abab");
+    free(text);
+    snprintf(path, sizeof path, "%s/absent", f->dir);
+    assert_int_equal(file_read_private(path, 16, &text, &len, &err), 1);
 }
 
 /* file_copy: 1 for a missing source, the bytes copied, an existing target or a FIFO refused. */
@@ -176,6 +210,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_file_fifo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_model_files_fifo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_token_cache_fifo, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_append_and_private_fifo, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
