@@ -292,8 +292,10 @@ int slurm_job_query(const char *job_id, char *state, size_t n, int *restarts, er
     text[1] = '\0'; /* what scontrol said, if it ran */
     if (slurm_scontrol(argv, text + 1, sizeof text - 1, err)) return strstr(text + 1, "Invalid job id") ? 1 : -1;
     text[0] = ' '; /* every field then follows a space */
-    if (job_field(text, job_id, "JobState", state, n, err) || job_field(text, job_id, "Restarts", count, sizeof count, err))
-        return -1;
+    if (job_field(text, job_id, "JobState", state, n, err)) return -1;
+    *restarts = -1;
+    if (!strstr(text, " Restarts=")) return 0; /* older or trimmed output: unknown */
+    if (job_field(text, job_id, "Restarts", count, sizeof count, err)) return -1;
     char *end;
     long v = strtol(count, &end, 10);
     if (*end || v < 0 || v > INT_MAX) return errf(err, "scontrol show job %s: Restarts=%s is not a count", job_id, count);

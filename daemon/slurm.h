@@ -56,7 +56,7 @@ int slurm_tasks_on_node(const char *spec, int index, int *tasks, errbuf *err);
 int slurm_scontrol(char *const argv[], char *out, size_t n, errbuf *err);
 
 /* `scontrol show job -o ID`: the job's JobState (RUNNING, COMPLETING, PENDING, COMPLETED...)
- * into state, and Restarts (the requeues SLURM has counted).  1 when SLURM no longer knows the
+ * into state, and Restarts (the requeues SLURM has counted; -1 when it does not say).  1 when SLURM no longer knows the
  * job ("Invalid job id": ended and purged); -1 when scontrol cannot tell (not installed, no
  * controller), with the reason. */
 int slurm_job_query(const char *job_id, char *state, size_t n, int *restarts, errbuf *err);
