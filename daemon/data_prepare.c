@@ -49,6 +49,8 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
     char params[128];
     int len = snprintf(params, sizeof params, "v%d f%d t%d L%d tr%d bad%d", TOK_VERSION, (int)o->format,
                        (int)o->tpl, o->seq_len, (int)o->truncate, (int)o->on_bad_record);
+    if (o->max_record_bytes != (size_t)JOB_MAX_RECORD_BYTES) /* the default keeps earlier caches' names */
+        len += snprintf(params + len, sizeof params - (size_t)len, " max%zu", o->max_record_bytes);
     sha256_ctx c;
     sha256_init(&c);
     sha256_update(&c, data_hash, SHA256_BYTES);
@@ -97,7 +99,8 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
                     j->data.path);
     cache_build_opts o = {.tokenizer = tk_dir, .data = j->data.path, .format = j->data.format,
                           .seq_len = j->data.seq_len, .truncate = j->data.truncate,
-                          .on_bad_record = j->data.on_bad_record, .log = stderr,
+                          .on_bad_record = j->data.on_bad_record,
+                          .max_record_bytes = (size_t)j->data.max_record_bytes, .log = stderr,
                           .progress = isatty(2)};
     if (resolve_template(j->data.template_name, j->data.format, tk_dir, &o.tpl, err)) return -1;
     char path[JOB_PATH_MAX];

@@ -27,6 +27,7 @@ typedef struct cache_build_opts {
     int seq_len;
     bool truncate;
     job_bad_record on_bad_record;
+    size_t max_record_bytes; /* a longer line is a bad record; 0: JOB_MAX_RECORD_BYTES */
     int threads;            /* 0: every core */
     FILE *log;              /* skipped records are reported here (NULL: nowhere) */
     bool progress;          /* a progress bar on stderr */

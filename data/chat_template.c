@@ -56,10 +56,10 @@ int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *er
     if (file_read_all(path, 64u << 20, &text, &len, &ignored))
         return errf(err, "data.template: auto needs %s's chat_template (%s); set data.template to "
                          "llama3, llama2, chatml or alpaca", path, ignored.msg);
-    json_error_t je;
-    json_t *cfg = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &je);
+    json_t *cfg = tokenizer_config_parse(text, len, path, err);
     free(text);
-    const char *jinja = cfg ? config_template(cfg) : NULL;
+    if (!cfg) return errprefix(err, "data.template: auto");
+    const char *jinja = config_template(cfg);
     *t = jinja ? chat_template_recognise(jinja) : TPL_NONE;
     json_decref(cfg);
     if (*t == TPL_NONE)

@@ -101,21 +101,24 @@ static int config_side(tokenizer *tk, json_t *cfg, const char *flag, const char 
     return 1;
 }
 
-static int apply_config(tokenizer *tk, const char *config, size_t len, const char *name,
-                        errbuf *err) {
+json_t *tokenizer_config_parse(const char *text, size_t len, const char *path, errbuf *err) {
     json_error_t je;
     /* model_max_length is often 1e30 written as an integer: too big for json_int_t */
-    json_t *cfg = json_loadb(config, len, JSON_DECODE_INT_AS_REAL, &je);
-    if (!cfg) return errf(err, "%s: tokenizer_config.json: %s (line %d)", name, je.text, je.line);
-    int rc = 0, bos = 0, eos = 0;
-    if (json_is_object(cfg)) {
-        bos = config_side(tk, cfg, "add_bos_token", "bos_token", &tk->prefix, &tk->nprefix, name, err);
-        eos = bos < 0 ? 0
-                      : config_side(tk, cfg, "add_eos_token", "eos_token", &tk->suffix,
-                                    &tk->nsuffix, name, err);
-        rc = bos < 0 || eos < 0 ? -1 : 0;
-    }
-    find_bos_eos(tk, json_is_object(cfg) ? cfg : NULL);
+    json_t *cfg = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &je);
+    if (!cfg) return errf(err, "%s: not JSON: %s (line %d)", path, je.text, je.line), NULL;
+    if (json_is_object(cfg)) return cfg;
+    json_decref(cfg);
+    return errf(err, "%s: not a JSON object", path), NULL;
+}
+
+static int apply_config(tokenizer *tk, const char *config, size_t len, const char *name, const char *cfg_path,
+                        errbuf *err) {
+    json_t *cfg = tokenizer_config_parse(config, len, cfg_path, err);
+    if (!cfg) return -1;
+    int bos = config_side(tk, cfg, "add_bos_token", "bos_token", &tk->prefix, &tk->nprefix, name, err);
+    int eos = bos < 0 ? 0 : config_side(tk, cfg, "add_eos_token", "eos_token", &tk->suffix, &tk->nsuffix, name, err);
+    int rc = bos < 0 || eos < 0 ? -1 : 0;
+    find_bos_eos(tk, cfg);
     if (rc == 0 && (bos || eos))
         snprintf(tk->note, sizeof tk->note,
                  "%s: tokenizer_config.json's add_bos_token/add_eos_token differ from "
@@ -126,8 +129,9 @@ static int apply_config(tokenizer *tk, const char *config, size_t len, const cha
     return rc;
 }
 
-tokenizer *tokenizer_parse(const char *json, size_t len, const char *config, size_t config_len,
-                           const char *name, errbuf *err) {
+/* tokenizer_parse, with cfg_name naming the config in messages. */
+static tokenizer *parse_with_config(const char *json, size_t len, const char *config, size_t config_len,
+                                    const char *name, const char *cfg_name, errbuf *err) {
     tokenizer *tk = calloc(1, sizeof *tk);
     if (!tk) {
         errf(err, "out of memory");
@@ -139,13 +143,18 @@ tokenizer *tokenizer_parse(const char *json, size_t len, const char *config, siz
     int rc = root ? tk_read_json(tk, root, name, err)
                   : errf(err, "%s: %s (line %d, column %d)", name, je.text, je.line, je.column);
     json_decref(root);
-    if (rc == 0 && config) rc = apply_config(tk, config, config_len, name, err);
+    if (rc == 0 && config) rc = apply_config(tk, config, config_len, name, cfg_name, err);
     else if (rc == 0) find_bos_eos(tk, NULL);
     if (rc) {
         tokenizer_free(tk);
         return NULL;
     }
     return tk;
+}
+
+tokenizer *tokenizer_parse(const char *json, size_t len, const char *config, size_t config_len,
+                           const char *name, errbuf *err) {
+    return parse_with_config(json, len, config, config_len, name, "tokenizer_config.json", err);
 }
 
 static int is_dir(const char *path) {
@@ -167,7 +176,7 @@ tokenizer *tokenizer_load(const char *path, errbuf *err) {
         free(json);
         return NULL;
     }
-    tokenizer *tk = tokenizer_parse(json, len, cfg, cfg_len, file, err);
+    tokenizer *tk = parse_with_config(json, len, cfg, cfg_len, file, cfg_file, err);
     free(json);
     free(cfg);
     return tk;

@@ -34,6 +34,11 @@ enum {
  * tokenizer_config.json, whose add_bos_token/add_eos_token win over the post-processor, as in
  * transformers' fast tokenizers; tokenizer_note() then says so). */
 tokenizer *tokenizer_load(const char *path, errbuf *err);
+/* tokenizer_config.json's text as a JSON object (a new reference; big integers read as reals,
+ * as model_max_length often is 1e30): "PATH: not JSON: ... (line N)" or "PATH: not a JSON
+ * object" otherwise, on every path that reads it. */
+struct json_t;
+struct json_t *tokenizer_config_parse(const char *text, size_t len, const char *path, errbuf *err);
 /* Parses tokenizer.json text; config (tokenizer_config.json text) may be NULL.  name is used
  * in messages. */
 tokenizer *tokenizer_parse(const char *json, size_t len, const char *config, size_t config_len,

@@ -113,6 +113,7 @@ static const job_key keys[] = {
     OTHER("data", "truncate", K_BOOL, data.truncate),
     RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
+    NUM("data", "max_record_bytes", K_SIZE, data.max_record_bytes, 1, INFINITY),
 
     CHOICE("train", "type", train.type, train_type_choices),
     NUM("train", "global_batch", K_INT, train.global_batch, 1, INT_MAX),
@@ -228,6 +229,7 @@ void job_defaults(job_config *j) {
     j->data.packing = false; /* DESIGN.md's default is true; false keeps a token cache's rows as they are */
     j->data.eval_fraction = 0;
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
+    j->data.max_record_bytes = JOB_MAX_RECORD_BYTES;
     j->data.truncate = true;
 
     j->train.type = JOB_TRAIN_FULL;

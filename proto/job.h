@@ -35,6 +35,7 @@
 #define JOB_HOST_MAX 256
 #define JOB_MAX_TARGETS 16
 #define JOB_FILE_MAX (1u << 20) /* job_load refuses larger files */
+#define JOB_MAX_RECORD_BYTES (64ll << 20) /* data.max_record_bytes' default */
 
 typedef enum job_init { JOB_INIT_PRETRAINED, JOB_INIT_RANDOM } job_init;
 typedef enum job_dtype { JOB_DTYPE_AUTO, JOB_DTYPE_F32, JOB_DTYPE_BF16 } job_dtype;
@@ -78,6 +79,7 @@ typedef struct job_config {
         double eval_fraction;      /* held out for evaluation, chosen by sample index */
         job_bad_record on_bad_record;
         bool truncate;             /* cut samples longer than seq_len (false: a bad record) */
+        int64_t max_record_bytes;  /* a longer JSONL line is a bad record (its memory is bounded) */
     } data;
     struct {
         job_train_type type;

@@ -293,6 +293,65 @@ static void test_bad_records(void **state) {
     tok_writer_free(&w);
 }
 
+/* A line above max_record_bytes is a bad record, refused unread: named by its line under
+ * fail, skipped and counted under skip; a line of exactly the bound is read. */
+static void test_record_bound(void **state) {
+    (void)state;
+    const char *good = "{\"text\":\"short\"}\n";
+    char big[300];
+    int n = snprintf(big, sizeof big, "{\"text\":\"%0200d\"}", 7);
+    char text[1024];
+    snprintf(text, sizeof text, "%s%s\n%s", good, big, good);
+    cache_build_opts o = {.tokenizer = model_dir("sp32k", 0), .data = write_file("big.jsonl", text),
+                          .format = JOB_DATA_TEXT, .seq_len = 64, .truncate = true, .threads = 1,
+                          .max_record_bytes = (size_t)n - 1};
+    tok_writer w;
+    cache_build_stats st;
+    errbuf err = {{0}};
+    assert_int_equal(cache_build(&o, &w, &st, &err), -1);
+    assert_non_null(strstr(err.msg, "big.jsonl:2: a record of 211 bytes, above data.max_record_bytes = 210"));
+    tok_writer_free(&w);
+    o.on_bad_record = JOB_BAD_RECORD_SKIP;
+    if (cache_build(&o, &w, &st, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(st.skipped, 1);
+    assert_int_equal(st.samples, 2);
+    tok_writer_free(&w);
+    o.max_record_bytes = (size_t)n;
+    if (cache_build(&o, &w, &st, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(st.skipped, 0);
+    assert_int_equal(st.samples, 3);
+    tok_writer_free(&w);
+}
+
+/* A tokenizer_config.json that is not JSON (or not an object) is said to be so, naming it,
+ * when the tokenizer loads and when data.template auto reads its chat_template. */
+static void test_config_not_json(void **state) {
+    (void)state;
+    char dir[700], src[4096], real[4096], path[800];
+    snprintf(dir, sizeof dir, "%s/badcfg", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(src, sizeof src, "%s/tokenizers/sp32k-tokenizer.json", shared_dir());
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_non_null(realpath(src, real));
+    assert_int_equal(symlink(real, path), 0);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    const char *bodies[] = {"{\"chat_template\": ", "[1, 2]"}, *said[] = {"not JSON", "not a JSON object"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(bodies[i], f);
+        fclose(f);
+        char want[900];
+        snprintf(want, sizeof want, "%s: %s", path, said[i]);
+        errbuf err = {{0}};
+        assert_null(tokenizer_load(dir, &err));
+        if (!strstr(err.msg, want)) fail_msg("\"%s\" lacks \"%s\"", err.msg, want);
+        chat_template t;
+        assert_int_equal(resolve_template("auto", JOB_DATA_CHAT, dir, &t, &err), -1);
+        if (!strstr(err.msg, want)) fail_msg("\"%s\" lacks \"%s\"", err.msg, want);
+    }
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(tmpdir) ? 0 : -1;
@@ -315,6 +374,8 @@ int main(void) {
         cmocka_unit_test(test_text_and_alpaca),
         cmocka_unit_test(test_py_strip),
         cmocka_unit_test(test_bad_records),
+        cmocka_unit_test(test_record_bound),
+        cmocka_unit_test(test_config_not_json),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
