@@ -1,7 +1,9 @@
 /* fsdpctl fabric [--no-require]: what fsdpd's fabric probe finds on this node and the
- * environment it would give the workers of a CUDA job (daemon/fabric.h); exit 1 when fsdpd
- * would refuse to start (EFA without an NCCL net plugin). */
+ * environment it would give the workers of a CUDA job (daemon/fabric.h; the workers'
+ * LD_LIBRARY_PATH as a last line when it has one); exit 1 when fsdpd would refuse to start
+ * (EFA without an NCCL net plugin). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/fault.h"
@@ -31,5 +33,7 @@ int cmd_fabric(int argc, char **argv) {
         fprintf(stderr, "fsdpctl fabric: fsdpd would refuse to start: %s\n", err.msg);
         return 1;
     }
+    const char *ld = getenv("LD_LIBRARY_PATH");
+    if (ld && *ld) printf("workers' LD_LIBRARY_PATH=%s\n", ld);
     return 0;
 }

@@ -5,6 +5,9 @@
 # A skipped test is counted, never silent: a cmocka case that calls skip() (print_message
 # says why), and an integration script that exits 77 after printing why on its last line
 # (lib.sh's skip_test does both); a script that exits 77 saying nothing has failed.
+# Under CI (CI=true) a skip is a failure where CI must run the test: a cmocka case that
+# skips (the unit tests need no GPU: they skip only for a tool or privilege CI has), and a
+# script whose skip lib.sh's ci_may_skip does not allow (lib.sh's skip_test then exits 1).
 # Ends with the line "N passed, N failed, N skipped" and lists what failed and what was
 # skipped above it; exits non-zero when anything failed.
 # FSDP_TEST_JOBS (default 1) integration scripts run at a time, each reported when it ends;
@@ -42,7 +45,13 @@ for t in "$build"/tests/test_*; do
     if [ "$s" -gt 0 ]; then
         # the names cmocka lists after "[  SKIPPED ] N test(s), listed below:"
         names=$(printf '%s\n' "$out" | sed -n '/\[  SKIPPED \] [0-9]* test(s), listed below/,$ s/^\[  SKIPPED \] \([^ ]*\)$/\1/p' | paste -sd ' ')
-        skips+=("$t: $names")
+        if [ "${CI:-}" = true ]; then
+            echo "$t: CI=true, and CI must run every unit test: skipped $names"
+            failed=$((failed + s)) skipped=$((skipped - s))
+            [ "$f" -gt 0 ] || failures+=("$t (skipped under CI: $names)")
+        else
+            skips+=("$t: $names")
+        fi
     fi
 done
 

@@ -61,9 +61,15 @@ out=$(probe "$fsdpctl" fabric 2>&1) || { echo "$out"; fail "EFA with its plugin 
 echo "$out"
 for want in "fabric: efa (EFA devices: rdmap0s31;" "libfabric: $root/opt/amazon/efa/lib64/libfabric.so.1 (efa provider)" \
             "NCCL net plugin: $plugin_dir/libnccl-net-ofi.so" "fabric: NCCL_NET_PLUGIN=ofi" "fabric: FI_PROVIDER=efa" \
-            "fabric: FI_EFA_USE_DEVICE_RDMA=1" "fabric: FI_EFA_FORK_SAFE=1" "fabric: LD_LIBRARY_PATH starts with $plugin_dir"; do
+            "fabric: FI_EFA_USE_DEVICE_RDMA=1" "fabric: FI_EFA_FORK_SAFE=1" \
+            "fabric: LD_LIBRARY_PATH starts with $plugin_dir (for $plugin_dir/libnccl-net-ofi.so)" \
+            "fabric: LD_LIBRARY_PATH starts with $root/opt/amazon/efa/lib64 (for $root/opt/amazon/efa/lib64/libfabric.so.1)"; do
     grep -qF "$want" <<<"$out" || fail "EFA with its plugin: no '$want'"
 done
+# libfabric's directory, then the plugin's, before what LD_LIBRARY_PATH held
+out=$(LD_LIBRARY_PATH=/usr/lib/extra probe "$fsdpctl" fabric 2>&1) || { echo "$out"; fail "EFA with its plugin was refused"; }
+grep -qxF "workers' LD_LIBRARY_PATH=$root/opt/amazon/efa/lib64:$plugin_dir:/usr/lib/extra" <<<"$out" ||
+    { echo "$out"; fail "the workers' LD_LIBRARY_PATH lacks libfabric's or the plugin's directory"; }
 # what the user set is kept
 out=$(FSDP_FAULTS="fabric_root=$root" FI_PROVIDER=tcp env -u NCCL_NET_PLUGIN "$fsdpctl" fabric 2>&1) || fail "a user's FI_PROVIDER made it fail"
 ! grep -q "FI_PROVIDER=efa" <<<"$out" || fail "the user's FI_PROVIDER was overridden"

@@ -5,7 +5,9 @@
 #  - activation checkpointing redraws the same dropout masks (the same losses, bit for bit);
 #  - a checkpoint holds the adapters only (PEFT's names), their AdamW state and the base's
 #    fingerprint; a crash and a resume give the uninterrupted run's bits;
-#  - resuming with another base, or as a full fine-tune, is refused, naming why.
+#  - resuming with another base, or as a full fine-tune, is refused, naming why;
+#  - rsLoRA (lora.rslora, r 16, alpha 16): one step of the golden Llama from the golden's init
+#    gives PEFT's loss and adapters (../shared/golden/tiny-mha/rslora*, 1e-5).
 source "$(dirname "$0")/lib.sh"
 
 write_base_job lora
@@ -125,4 +127,49 @@ run random -- --checkpoint.dir="$tmp/ckrand" --model.path= --model.init=random \
     --model.config="$tmp/model.json" --train.max_steps=2
 must_succeed random
 grep -q '"base_fingerprint": "[0-9a-f]\{64\}"' "$tmp/ckrand/step-000002/manifest.json" || fail "no fingerprint for a random base"
+# --- rsLoRA against PEFT: one fsdpd step from rslora_expected's init.* ---------------------------
+golden=$shared/golden/tiny-mha
+python3 - "$golden/rslora_expected.safetensors" "$tmp/rs-init" <<'PY'
+import json, os, struct, sys
+src, out = sys.argv[1:]
+f = open(src, "rb")
+n = struct.unpack("<Q", f.read(8))[0]
+head = json.loads(f.read(n))
+data = f.read()
+keep = {k[len("init."):].replace(".default.weight", ".weight"): v for k, v in head.items() if k.startswith("init.")}
+blobs, header, at = [], {}, 0
+for k, v in sorted(keep.items()):
+    b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    header[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [at, at + len(b)]}
+    blobs.append(b)
+    at += len(b)
+header["__metadata__"] = {"format": "pt"}
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+os.makedirs(out)
+with open(out + "/adapter_model.safetensors", "wb") as w:
+    w.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+loss = head["loss"]["data_offsets"][0]
+print(struct.unpack("<f", data[loss:loss + 4])[0], file=open(out + "/loss", "w"))
+PY
+cp "$golden/rslora/adapter_config.json" "$tmp/rs-init/"
+"$fsdpctl" tokenize --from-safetensors "$golden/batch.safetensors" --out "$tmp/golden.tokens" > /dev/null
+"$fsdpd" --job "$tmp/job.json" --model.path="$golden" --model.dtype=f32 --data.path="$tmp/golden.tokens" \
+    --data.seq_len=33 --data.shuffle=false --train.global_batch=2 --train.micro_batch=2 --train.max_steps=1 \
+    --train.lr=1e-3 --train.schedule=constant --train.warmup_steps=0 --train.weight_decay=0 --train.clip_norm=0 \
+    --lora.rank=16 --lora.alpha=16 --lora.rslora=true --lora.dropout=0 --lora.init_from="$tmp/rs-init" \
+    --runtime.workers_per_node=1 --checkpoint.dir="$tmp/ckrs" --output.consolidate=true --output.dtype=f32 \
+    --output.dir="$tmp/outrs" --runtime.metrics="$tmp/rs.jsonl" > "$tmp/rs.log" 2>&1 || { cat "$tmp/rs.log"; fail "the rsLoRA job failed"; }
+python3 - "$tmp/rs.jsonl" "$(cat "$tmp/rs-init/loss")" <<'PY' || fail "rsLoRA: fsdpd's loss is not PEFT's"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+want = float(sys.argv[2])
+assert len(m) == 1 and abs(m[0]["loss"] - want) <= 1e-5 * want, (m, want)
+print("rsLoRA step: loss %.7f, PEFT %.7f" % (m[0]["loss"], want))
+PY
+"$fsdpctl" compare "$tmp/outrs/adapter_model.safetensors" "$golden/rslora/adapter_model.safetensors" --rtol 1e-5 \
+    > "$tmp/cmp.out" || { cat "$tmp/cmp.out"; fail "rsLoRA: fsdpd's adapters after a step are not PEFT's"; }
+grep -q '^28 tensors compared' "$tmp/cmp.out" || { cat "$tmp/cmp.out"; fail "rsLoRA: not every adapter compared"; }
+grep -q '"use_rslora": true' "$tmp/outrs/adapter_config.json" || fail "rsLoRA: the adapter written is not use_rslora"
+tail -1 "$tmp/cmp.out"
 echo "lora: ok"

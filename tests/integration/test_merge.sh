@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PEFT adapters out and merged in (F27), end to end against golden/tiny-mha (PEFT 0.21):
 # `fsdpctl merge` of the golden base and adapter gives lora_expected's merged.* within 1e-6
-# (f32) and leaves every other tensor equal to the base; an adapter job's checkpoint (the
+# (f32) and leaves every other tensor equal to the base, and of the rsLoRA adapter (use_rslora)
+# rslora_expected's merged.*; an adapter job's checkpoint (the
 # golden adapter as its masters, written by the unit test's helper) consolidates into a PEFT
 # adapter directory that the Python safetensors package reads with PEFT's names, shapes and
 # dtype, and into the same merged model with --merge; what is not built is refused.
@@ -34,6 +35,12 @@ others=$(grep -vE '_proj\.weight |tensors compared' "$tmp/base.txt" | grep -c ' 
 grep -q '"dtype": "bfloat16"' "$tmp/merged_bf16/config.json" || fail "bf16: config.json dtype"
 "$fsdpctl" compare "$tmp/merged_bf16" "$tmp/merged" --rtol 4e-3 > "$tmp/cmp.txt" ||
     { cat "$tmp/cmp.txt"; fail "bf16: further from f32 than rounding"; }
+
+# --- rsLoRA (use_rslora, r 16, alpha 16: scale 4): rslora_expected's merged.* --------------------
+"$fsdpctl" merge "$golden" "$golden/rslora" "$tmp/rsmerged" --dtype f32 > /dev/null
+"$fsdpctl" compare "$tmp/rsmerged" "$golden/rslora_expected.safetensors" --prefix merged. --rtol 1e-6 > "$tmp/cmp.txt" ||
+    { cat "$tmp/cmp.txt"; fail "rsLoRA merged: not PEFT's merged weights within 1e-6"; }
+grep -q "^21 tensors compared" "$tmp/cmp.txt" || { cat "$tmp/cmp.txt"; fail "rsLoRA merged: not every tensor compared"; }
 
 # --- an adapter job's checkpoint: a PEFT adapter directory, and --merge ---------------------
 "$helper" --write-adapter-checkpoint "$golden" "$golden/lora" "$tmp/ckpt" 3

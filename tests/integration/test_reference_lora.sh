@@ -3,16 +3,18 @@
 # adapters written as a PEFT adapter directory, the logits, the loss, every adapter gradient
 # and one AdamW step (lora_expected.safetensors, 1e-5), and with --quant nf4 the same over
 # the base quantized by bitsandbytes (qlora_expected.safetensors: logits, loss, gradients,
-# 1e-4).  Then --adapter's refusals.
+# 1e-4); rsLoRA (use_rslora, r 16, alpha 16: rslora_expected.safetensors, 1e-5), and the same
+# adapter read without use_rslora is off it.  Then --adapter's refusals.
 source "$(dirname "$0")/lib.sh"
 golden=$shared/golden/tiny-mha
 use_venv safetensors numpy
 
-# init_dir GOLDEN_FILE DIR: its init.* as a PEFT adapter directory (PEFT's saved names: no
-# "init." and no ".default"), with the golden adapter's config (r 8, alpha 16, every linear).
+# init_dir GOLDEN_FILE DIR [ADAPTER]: its init.* as a PEFT adapter directory (PEFT's saved
+# names: no "init." and no ".default"), with the config of the golden adapter directory
+# ADAPTER (default lora: r 8, alpha 16, every linear).
 init_dir() {
     mkdir -p "$2"
-    cp "$golden/lora/adapter_config.json" "$2/"
+    cp "$golden/${3:-lora}/adapter_config.json" "$2/"
     "$venv/bin/python" - "$1" "$2/adapter_model.safetensors" <<'PY'
 import sys
 from safetensors.numpy import load_file, save_file
@@ -23,6 +25,7 @@ PY
 }
 init_dir "$golden/lora_expected.safetensors" "$tmp/lora-init"
 init_dir "$golden/qlora_expected.safetensors" "$tmp/qlora-init"
+init_dir "$golden/rslora_expected.safetensors" "$tmp/rslora-init" rslora
 
 # --- LoRA ------------------------------------------------------------------------------------
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/lora-init" \
@@ -42,6 +45,23 @@ grep -q '"lora_dropout": 0.1' "$tmp/lora-drop/adapter_config.json" || fail "no d
     --adamw 1e-3,0.9,0.95,1e-8,0 --out "$tmp/drop.safetensors" > /dev/null
 "$fsdpctl" compare "$tmp/drop.safetensors" "$tmp/lora.safetensors" --rtol 0 > "$tmp/cmp.txt" ||
     { cat "$tmp/cmp.txt"; fail "the adapter's dropout changed the reference"; }
+
+# --- rsLoRA: scale alpha / sqrt(r) = 4 where alpha / r would be 1 -------------------------------
+grep -q '"use_rslora": true' "$tmp/rslora-init/adapter_config.json" && grep -q '"r": 16,' "$tmp/rslora-init/adapter_config.json" ||
+    fail "the rsLoRA golden's config is not use_rslora, r 16"
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/rslora-init" \
+    --adamw 1e-3,0.9,0.95,1e-8,0 --out "$tmp/rslora.safetensors" > /dev/null
+"$fsdpctl" compare "$tmp/rslora.safetensors" "$golden/rslora_expected.safetensors" --rtol 1e-5 --subset \
+    --peft-default > "$tmp/rslora.txt" || { cat "$tmp/rslora.txt" >&2; fail "rsLoRA reference does not match PEFT"; }
+tail -1 "$tmp/rslora.txt"
+grep -q '^58 tensors compared, .*: 0 problems$' "$tmp/rslora.txt" || fail "rsLoRA: not every tensor was compared"
+# the same adapter as plain LoRA (scale 1) is off the golden: the check can fail
+mkdir -p "$tmp/rslora-off" && cp "$tmp/rslora-init/adapter_model.safetensors" "$tmp/rslora-off/"
+sed 's/"use_rslora": true/"use_rslora": false/' "$tmp/rslora-init/adapter_config.json" > "$tmp/rslora-off/adapter_config.json"
+"$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/rslora-off" \
+    --adamw 1e-3,0.9,0.95,1e-8,0 --out "$tmp/rslora-off.safetensors" > /dev/null
+expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/rslora-off.safetensors" "$golden/rslora_expected.safetensors" \
+    --rtol 1e-5 --subset --peft-default
 
 # --- QLoRA -----------------------------------------------------------------------------------
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/qlora-init" --quant nf4 \

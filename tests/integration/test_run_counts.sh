@@ -2,6 +2,7 @@
 # tests/run.sh counts what it ran: cmocka cases passed, failed and skipped (a real cmocka
 # binary, built here), and integration scripts that pass, fail, or exit 77 to be skipped
 # (saying why; a silent 77 is a failure).  The last line is "N passed, N failed, N skipped".
+# Under CI=true a cmocka skip and a script's skip for anything but a missing GPU fail.
 # With FSDP_TEST_JOBS=2 the counts are the same, two scripts run side by side, a script with
 # "# schedule: first" starts before the others and one with "# schedule: alone" has none beside
 # it.
@@ -30,8 +31,8 @@ printf 'exit 0\n' > "$tmp/it/test_a_pass.sh"
 printf 'source tests/integration/lib.sh\nskip_test "no GPU on this machine"\n' > "$tmp/it/test_b_skip.sh"
 printf 'exit 77\n' > "$tmp/it/test_c_silent.sh"
 
-run() { # [JOBS [FOLDER]]
-    FSDP_RUN_COUNTS_NESTED=1 FSDP_TEST_JOBS="${1:-1}" FSDP_INTEGRATION="${2:-$tmp/it}" timeout 60 \
+run() { # [JOBS [FOLDER]]: CI is $RUN_CI (unset: not CI, whatever runs this test)
+    CI="${RUN_CI:-}" FSDP_RUN_COUNTS_NESTED=1 FSDP_TEST_JOBS="${1:-1}" FSDP_INTEGRATION="${2:-$tmp/it}" timeout 60 \
         tests/run.sh "$tmp/build" all > "$tmp/run.out" 2>&1
 }
 status=0
@@ -54,6 +55,20 @@ run || { cat "$tmp/run.out"; fail "run.sh failed with nothing failing"; }
 last=$(tail -1 "$tmp/run.out")
 [ "$last" = "2 passed, 0 failed, 3 skipped" ] || { cat "$tmp/run.out"; fail "last line: '$last'"; }
 echo "run.sh: $last"
+
+# --- CI=true: the cmocka skips and a script's skip for a missing package fail, "no GPU" skips ---
+printf 'source tests/integration/lib.sh\nskip_test "cannot install safetensors into the venv"\n' > "$tmp/it/test_d_pkg.sh"
+status=0
+RUN_CI=true run || status=$?
+last=$(tail -1 "$tmp/run.out")
+[ "$status" -ne 0 ] && [ "$last" = "2 passed, 3 failed, 1 skipped" ] || { cat "$tmp/run.out"; fail "CI=true: '$last'"; }
+grep -qxF "failed: $tmp/build/tests/test_cases (skipped under CI: skips_a skips_b)" "$tmp/run.out" &&
+    grep -qxF "failed: $tmp/it/test_d_pkg.sh" "$tmp/run.out" &&
+    grep -qF "FAIL: CI=true, and CI must run this test: it would have been skipped: cannot install safetensors" "$tmp/run.out" &&
+    grep -qxF "skipped: $tmp/it/test_b_skip.sh: SKIP: no GPU on this machine" "$tmp/run.out" ||
+    { cat "$tmp/run.out"; fail "CI=true: the skips CI must not take are not failures, or 'no GPU' is"; }
+rm "$tmp/it/test_d_pkg.sh"
+echo "run.sh, CI=true: $last"
 
 # --- FSDP_TEST_JOBS=2: side by side, first, alone ---------------------------------------------
 # Each script records itself in $tmp/par.running while it runs and its start in $tmp/par.order.

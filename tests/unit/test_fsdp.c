@@ -119,6 +119,75 @@ static void test_packed_step_equals_documents(void **state) {
     kctx_destroy(&c);
 }
 
+/* ---- gradient accumulation ---- */
+
+/* One step (lr 0: the model stays) over rows split into n_micro micro-batches of rows / n_micro. */
+static fsdp_step_result split_step(fsdp *f, const int32_t *ids, const int32_t *labels, int rows, int n_micro) {
+    fsdp_hparams hp = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    fsdp_step_result res;
+    errbuf err = {{0}};
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .n_micro = n_micro, .micro_batch = rows / n_micro, .T = T};
+    if (fsdp_train_step(f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
+    return res;
+}
+
+/* Loss normalisation over micro-batches (DESIGN.md, Numerics): a step's loss and gradient are
+ * those of the sum of token losses over every unmasked target of the whole batch divided by
+ * their count, however the batch is split.  Rows with very different target counts: 1 x 4,
+ * 2 x 2 and 4 x 1 micro-batches give one loss and gradient norm, the loss is the rows' loss
+ * sums (each row evaluated alone) over their summed counts, and four micro-batches of one
+ * same row give that row's own gradient (a mean, not a sum, of the micro-batches). */
+static void test_grad_accum_normalised(void **state) {
+    (void)state;
+    enum { R = 4 };
+    static const int masked[R] = {0, 9, 14, 3}; /* leading labels masked: 15, 7, 2, 13 targets */
+    llama_config cfg = tiny_config();
+    kctx c;
+    fsdp f;
+    init_fsdp(&f, &c, &cfg);
+    int32_t ids[R * T], labels[R * T];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < T; i++) {
+            ids[r * T + i] = (int32_t)(rng_u64(9, (uint64_t)r, (uint64_t)i) % (uint64_t)cfg.vocab_size);
+            labels[r * T + i] = i < masked[r] ? K_IGNORE_INDEX : ids[r * T + i];
+        }
+    /* each row alone: its loss sum and target count */
+    double sum = 0;
+    int64_t count = 0;
+    for (int r = 0; r < R; r++) {
+        double s;
+        int64_t n;
+        errbuf err = {{0}};
+        fsdp_batch b = {.input_ids = ids + r * T, .labels = labels + r * T, .n_micro = 1, .micro_batch = 1, .T = T};
+        if (fsdp_eval_loss(&f, &b, &s, &n, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(n, T - 1 - (masked[r] > 0 ? masked[r] - 1 : 0));
+        sum += s;
+        count += n;
+    }
+    fsdp_step_result one = split_step(&f, ids, labels, R, 1), two = split_step(&f, ids, labels, R, 2),
+                     four = split_step(&f, ids, labels, R, R);
+    printf("grad accumulation: loss %.7f / %.7f / %.7f (rows: %.7f), grad norm %.7f / %.7f / %.7f\n", one.loss,
+           two.loss, four.loss, sum / (double)count, one.grad_norm, two.grad_norm, four.grad_norm);
+    const fsdp_step_result *splits[] = {&one, &two, &four};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(splits[i]->tokens, count);
+        assert_true(fabs(splits[i]->loss - sum / (double)count) <= 1e-5 * fabs(sum / (double)count));
+        assert_true(fabs(splits[i]->grad_norm - one.grad_norm) <= 1e-5 * one.grad_norm);
+    }
+    /* row 1 four times over, one a micro-batch: row 1's own loss and gradient */
+    int32_t same_ids[R * T], same_labels[R * T];
+    for (int r = 0; r < R; r++) {
+        memcpy(same_ids + r * T, ids + T, T * sizeof *ids);
+        memcpy(same_labels + r * T, labels + T, T * sizeof *labels);
+    }
+    fsdp_step_result alone = split_step(&f, ids + T, labels + T, 1, 1), repeated = split_step(&f, same_ids, same_labels, R, R);
+    assert_int_equal(repeated.tokens, R * alone.tokens);
+    assert_true(fabs(repeated.loss - alone.loss) <= 1e-5 * alone.loss);
+    assert_true(fabs(repeated.grad_norm - alone.grad_norm) <= 1e-5 * alone.grad_norm);
+    fsdp_destroy(&f);
+    kctx_destroy(&c);
+}
+
 /* ---- CPU offload ---- */
 
 enum { STEPS = 3, OFF_ROWS = 4 };
@@ -276,6 +345,7 @@ static void test_recompute_same_bits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
+        cmocka_unit_test(test_grad_accum_normalised),
         cmocka_unit_test(test_cpu_offload_same_bits),
         cmocka_unit_test(test_recompute_same_bits),
     };

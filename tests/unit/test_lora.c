@@ -1,7 +1,9 @@
 /* LoRA (model/llama with adapters, worker/fsdp with a frozen base) against PEFT's golden
  * outputs (../shared/golden/tiny-mha/lora_expected.safetensors: r 8, alpha 16 on every
- * linear, dropout 0, lora_B random), and dropout (> 0) on its own: reproducible, redrawn the
- * same by a recomputation, and differentiated through correctly (finite differences). */
+ * linear, dropout 0, lora_B random; rslora_expected.safetensors: the same with use_rslora,
+ * r 16, alpha 16, so the scale alpha / sqrt(r) = 4 is not alpha / r = 1), and dropout (> 0)
+ * on its own: reproducible, redrawn the same by a recomputation, and differentiated through
+ * correctly (finite differences). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -49,7 +51,8 @@ typedef struct golden {
     int64_t count;
 } golden;
 
-static void golden_open(golden *g) {
+/* Opens the golden with EXPECTED (a file of golden/tiny-mha) as its expected outputs. */
+static void golden_open_with(golden *g, const char *expected) {
     errbuf err = {{0}};
     char path[700];
     snprintf(g->dir, sizeof g->dir, "%s/golden/tiny-mha", shared_dir());
@@ -58,7 +61,7 @@ static void golden_open(golden *g) {
         fail_msg("%s", err.msg);
     snprintf(path, sizeof path, "%s/batch.safetensors", g->dir);
     if (st_open(&g->batch, path, &err)) fail_msg("%s", err.msg);
-    snprintf(path, sizeof path, "%s/lora_expected.safetensors", g->dir);
+    snprintf(path, sizeof path, "%s/%s", g->dir, expected);
     if (st_open(&g->expected, path, &err)) fail_msg("%s", err.msg);
     const st_tensor *ids = st_find(&g->batch, "input_ids"), *labels = st_find(&g->batch, "labels");
     assert_non_null(ids);
@@ -74,6 +77,8 @@ static void golden_open(golden *g) {
     free(shifted);
 }
 
+static void golden_open(golden *g) { golden_open_with(g, "lora_expected.safetensors"); }
+
 static void golden_close(golden *g) {
     kctx_destroy(&g->ctx);
     free(g->ids);
@@ -88,6 +93,11 @@ static lora_config golden_lora(double dropout) {
     return (lora_config){.rank = 8, .alpha = 16, .dropout = dropout, .targets = LORA_ALL_LINEAR};
 }
 
+/* rslora_expected's: r 16, alpha 16, use_rslora, every linear, dropout 0. */
+static lora_config golden_rslora(void) {
+    return (lora_config){.rank = 16, .alpha = 16, .rslora = 1, .targets = LORA_ALL_LINEAR};
+}
+
 /* The expected tensor `prefix` + a PEFT saved name with PEFT's in-memory ".default" put back
  * ("...lora_A.weight" -> "...lora_A.default.weight"), as host fp32 of n elements. */
 static const float *expected_adapter(const golden *g, const char *prefix, const char *name, size_t n) {
@@ -96,7 +106,7 @@ static const float *expected_adapter(const golden *g, const char *prefix, const 
     assert_non_null(dot);
     snprintf(full, sizeof full, "%s%.*s.default.weight", prefix, (int)(dot - name), name);
     const st_tensor *t = st_find(&g->expected, full);
-    if (!t) fail_msg("lora_expected.safetensors has no %s", full);
+    if (!t) fail_msg("the expected file has no %s", full);
     assert_int_equal(t->dtype, ST_F32);
     assert_int_equal(t->numel, n);
     return t->data;
@@ -108,10 +118,9 @@ static double check(const char *what, const float *got, const float *want, size_
     return e;
 }
 
-/* A model with the golden base and adapters from init.*; checkpoint_activations as given. */
-static void golden_model(llama_model *m, golden *g, double dropout, int ckpt) {
+/* A model with the golden base and adapters lc from init.*; checkpoint_activations as given. */
+static void golden_model_with(llama_model *m, golden *g, lora_config lc, int ckpt) {
     errbuf err = {{0}};
-    lora_config lc = golden_lora(dropout);
     if (llama_model_init(m, &g->cfg, &g->ctx, ckpt, &err) || llama_model_load_hf(m, &g->model, &err) ||
         llama_model_init_lora(m, &lc, 42, &err))
         fail_msg("%s", err.msg);
@@ -122,6 +131,10 @@ static void golden_model(llama_model *m, golden *g, double dropout, int ckpt) {
                                   s->numel, &err))
             fail_msg("%s", err.msg);
     }
+}
+
+static void golden_model(llama_model *m, golden *g, double dropout, int ckpt) {
+    golden_model_with(m, g, golden_lora(dropout), ckpt);
 }
 
 static void run(llama_model *m, const golden *g, float *loss, float *logits) {
@@ -151,14 +164,14 @@ static float *adapter_grads(llama_model *m) {
     return all;
 }
 
-/* (1) logits, loss, every adapter gradient and one AdamW step, as PEFT computes them. */
-static void test_golden_lora(void **state) {
-    (void)state;
+/* (1) logits, loss, every adapter gradient and one AdamW step, as PEFT computes them: with
+ * the adapters lc from the golden file EXPECTED. */
+static void check_golden_model(const char *expected, lora_config lc) {
     golden g;
-    golden_open(&g);
+    golden_open_with(&g, expected);
     errbuf err = {{0}};
     llama_model m;
-    golden_model(&m, &g, 0.0, 0);
+    golden_model_with(&m, &g, lc, 0);
     size_t N = (size_t)g.B * g.T, V = (size_t)g.cfg.vocab_size;
     float *logits = xcalloc(N * V, sizeof *logits), loss;
     run(&m, &g, &loss, logits);
@@ -190,11 +203,22 @@ static void test_golden_lora(void **state) {
         free(grad), free(p), free(mom), free(var);
     }
     assert_int_equal(ll->n_tensors, 2 * 7 * g.cfg.num_hidden_layers);
-    printf("golden lora: logits %.2e, loss %.2e, worst adapter grad %.2e, worst adamw %.2e\n",
-           e_logits, e_loss, worst_grad, worst_adamw);
+    printf("%s: logits %.2e, loss %.2e, worst adapter grad %.2e, worst adamw %.2e\n",
+           expected, e_logits, e_loss, worst_grad, worst_adamw);
     free(logits);
     llama_model_destroy(&m);
     golden_close(&g);
+}
+
+static void test_golden_lora(void **state) {
+    (void)state;
+    check_golden_model("lora_expected.safetensors", golden_lora(0.0));
+}
+
+/* rsLoRA: PEFT's use_rslora scale alpha / sqrt(r) (proto/lora_layout.c lora_scale). */
+static void test_golden_rslora(void **state) {
+    (void)state;
+    check_golden_model("rslora_expected.safetensors", golden_rslora());
 }
 
 /* (2) dropout > 0: the same bits on a second run and after recomputation (activation
@@ -334,13 +358,11 @@ static int check_qlora_step(const llama_tensor_slot *slot, const float *data, vo
 }
 
 /* (4) worker/fsdp with a frozen base: one optimizer step from init.* on one rank gives
- * PEFT's loss and AdamW step, and the base is untouched. */
-static void test_fsdp_lora_step(void **state) {
-    (void)state;
+ * PEFT's loss and AdamW step, and the base is untouched (adapters lc, golden file EXPECTED). */
+static void check_fsdp_step(const char *expected, lora_config lc) {
     golden g;
-    golden_open(&g);
+    golden_open_with(&g, expected);
     errbuf err = {{0}};
-    lora_config lc = golden_lora(0.0);
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42};
     if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err))
@@ -363,12 +385,22 @@ static void test_fsdp_lora_step(void **state) {
     const st_tensor *embed = st_model_find(&g.model, "model.embed_tokens.weight");
     assert_non_null(embed);
     assert_memory_equal(f.frozen[LLAMA_EMBED_UNIT].param, embed->data, embed->nbytes);
-    printf("fsdp lora step: loss %.7f, worst adamw %.2e over %d adapters\n", res.loss, a.worst, a.n);
+    printf("fsdp step (%s): loss %.7f, worst adamw %.2e over %d adapters\n", expected, res.loss, a.worst, a.n);
     for (int u = 0; u < ll->n_units; u++) free(units[u]);
     free(units);
     free(image);
     fsdp_destroy(&f);
     golden_close(&g);
+}
+
+static void test_fsdp_lora_step(void **state) {
+    (void)state;
+    check_fsdp_step("lora_expected.safetensors", golden_lora(0.0));
+}
+
+static void test_fsdp_rslora_step(void **state) {
+    (void)state;
+    check_fsdp_step("rslora_expected.safetensors", golden_rslora());
 }
 
 /* (5) QLoRA through worker/fsdp: the golden model quantized into an NF4 image (the same
@@ -533,9 +565,11 @@ static void test_fsdp_offload_same_bits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_lora),
+        cmocka_unit_test(test_golden_rslora),
         cmocka_unit_test(test_dropout_reproducible),
         cmocka_unit_test(test_dropout_gradient),
         cmocka_unit_test(test_fsdp_lora_step),
+        cmocka_unit_test(test_fsdp_rslora_step),
         cmocka_unit_test(test_fsdp_qlora_step),
         cmocka_unit_test(test_fsdp_offload_same_bits),
     };

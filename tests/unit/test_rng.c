@@ -27,12 +27,38 @@ static void test_philox_known_answers(void **state) {
     }
 }
 
+/* A pure function of (seed, stream, counter): the values drawn in order equal those drawn
+ * again backwards with other streams drawn in between, rng_u64 is the raw Philox block of
+ * counter (counter, stream) under key seed, and rng_normal is rng_fill_normal's element. */
 static void test_deterministic(void **state) {
     (void)state;
-    for (uint64_t i = 0; i < 100; i++) {
-        assert_int_equal(rng_u64(42, 7, i), rng_u64(42, 7, i));
-        assert_true(rng_normal(42, 7, i) == rng_normal(42, 7, i));
+    enum { N = 100 };
+    const uint64_t seed = UINT64_C(0x123456789a), stream = rng_stream(RNG_PURPOSE_INIT, 7);
+    uint64_t u[N];
+    float z[N], filled[N];
+    for (uint64_t i = 0; i < N; i++) {
+        u[i] = rng_u64(seed, stream, i);
+        z[i] = rng_normal(seed, stream, i);
     }
+    rng_fill_normal(filled, N, 1.0f, seed, stream, 0);
+    for (uint64_t k = 0; k < N; k++) {
+        uint64_t i = N - 1 - k;
+        (void)rng_u64(seed + 1, stream, i);
+        (void)rng_normal(seed, stream + 1, k);
+        assert_int_equal(rng_u64(seed, stream, i), u[i]);
+        assert_true(rng_normal(seed, stream, i) == z[i]);
+        assert_true(filled[i] == z[i]);
+        const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)(i >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)};
+        const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+        uint32_t block[4];
+        rng_philox4x32(ctr, key, block);
+        assert_int_equal(u[i], (uint64_t)block[1] << 32 | block[0]);
+        assert_true(rng_uniform(seed, stream, i) == (double)(u[i] >> 11) * 0x1.0p-53);
+    }
+    /* a slice of a fill is the same part of the whole */
+    float part[7];
+    rng_fill_normal(part, 7, 1.0f, seed, stream, 41);
+    assert_memory_equal(part, filled + 41, sizeof part);
     /* Pinned values: a change here silently changes every initialised model. */
     assert_int_equal(rng_u64(1234, 3, 5), UINT64_C(0x6257e120ca93914e));
     assert_true(rng_uniform(1234, 3, 5) == 0x1.895f84832a4e4p-2);

@@ -106,12 +106,78 @@ static void test_data_order(void **state) {
     unlink(path);
 }
 
+/* held_out(i, p, q): the documented rule (configs/jobs/README.md, data.eval_fraction f = p/q)
+ * in integers: sample i is held out when floor((i+1) f) > floor(i f). */
+static int held_out(uint64_t i, uint64_t p, uint64_t q) { return (i + 1) * p / q > i * p / q; }
+
+/* The eval split: which samples are held out and which are trained on, read back from what
+ * data_fill and data_fill_eval fill (record r's first token is r), against the rule. */
+static void test_eval_split(void **state) {
+    (void)state;
+    enum { RECORDS = 96 };
+    char path[] = "/tmp/fsdp-test-split-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tok_writer w;
+    errbuf err;
+    tok_writer_init(&w, 1000);
+    for (int32_t r = 0; r < RECORDS; r++) {
+        int32_t t[2] = {r, r + 100};
+        uint8_t m[2] = {1, 1};
+        assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
+    }
+    assert_int_equal(tok_writer_save(&w, path, &err), 0);
+    tok_writer_free(&w);
+
+    static const struct {
+        double f;
+        uint64_t p, q;
+        bool shuffle;
+    } cases[] = {{0.25, 1, 4, true}, {0.375, 3, 8, false}, {0.25, 1, 4, false}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint64_t want_eval[RECORDS], want_train[RECORDS], n_eval = 0, n_train = 0;
+        for (uint64_t i = 0; i < RECORDS; i++) {
+            if (held_out(i, cases[c].p, cases[c].q)) want_eval[n_eval++] = i;
+            else want_train[n_train++] = i;
+        }
+        assert_int_equal(n_eval, RECORDS * cases[c].p / cases[c].q);
+        data_loader d;
+        assert_int_equal(data_open(&d, path, 2, 8, 42, cases[c].shuffle, false, cases[c].f, 1000, &err), 0);
+        assert_int_equal(d.n_eval, n_eval);
+        assert_int_equal(d.n_train, n_train);
+        assert_int_equal(d.epoch_len, n_train / 8 * 8);
+        /* held out: every one, in sample order */
+        int32_t ids[2 * 2 * RECORDS], labels[2 * 2 * RECORDS];
+        data_fill_eval(&d, 0, (int)n_eval, ids, labels, NULL);
+        for (uint64_t i = 0; i < n_eval; i++) assert_int_equal(ids[2 * i], want_eval[i]);
+        /* trained: two epochs, never a held-out sample, each epoch the first epoch_len of the
+         * trained samples (in file order without shuffling, a permutation of them with) */
+        int n = (int)(2 * d.epoch_len);
+        data_fill(&d, 0, n, ids, labels, NULL);
+        for (int e = 0; e < 2; e++) {
+            int seen[RECORDS] = {0};
+            for (uint64_t i = 0; i < d.epoch_len; i++) {
+                int32_t r = ids[2 * (e * d.epoch_len + i)];
+                assert_true(r >= 0 && r < RECORDS);
+                assert_false(held_out((uint64_t)r, cases[c].p, cases[c].q));
+                seen[r]++;
+                if (!cases[c].shuffle) assert_int_equal(r, want_train[i]);
+            }
+            for (uint64_t i = 0; i < n_train && d.epoch_len == n_train; i++) assert_int_equal(seen[want_train[i]], 1);
+        }
+        data_close(&d);
+    }
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_warmup_is_linear_from_zero),
         cmocka_unit_test(test_cosine_matches_hf),
         cmocka_unit_test(test_linear_and_constant_and_floor),
         cmocka_unit_test(test_data_order),
+        cmocka_unit_test(test_eval_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
