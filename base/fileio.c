@@ -247,6 +247,22 @@ fail:
     return -1;
 }
 
+int file_private_dir(const char *path, int create, errbuf *err) {
+    if (create && mkdir(path, 0700) != 0 && errno != EEXIST) return errf(err, "%s: mkdir: %s", path, strerror(errno));
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errf(err, "%s: %s", path, errno == ENOENT ? "does not exist (no job of yours made it here)" : strerror(errno));
+    const char *why = !S_ISDIR(st.st_mode)                        ? file_type_name(st.st_mode)
+                      : st.st_uid != geteuid() && st.st_uid != 0 ? "owned by another user"
+                      : (st.st_mode & 077)                        ? "open to other users"
+                                                                  : NULL;
+    if (why)
+        return errf(err, "%s: not a private directory: %s (owner uid %u, mode %04o; it must be a directory of uid %u "
+                    "with mode 0700: remove it, or set runtime.status_socket)", path, why, (unsigned)st.st_uid,
+                    (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    return 0;
+}
+
 int file_mkdir(const char *path, errbuf *err) {
     if (mkdir(path, 0755) == 0) return 0;
     struct stat st;

@@ -45,6 +45,11 @@ int file_pwrite_full(int fd, const void *data, size_t len, off_t off, const char
 int file_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *path, errbuf *err);
 /* fsync the directory holding path (or the directory itself when is_dir). */
 int file_fsync_dir(const char *path, int is_dir, errbuf *err);
+/* A directory only this user can write and list (the status sockets'): with create, made with
+ * mode 0700 when missing.  It must be a directory, not a symbolic link, owned by the effective
+ * uid (or root), with no group or other permissions; else an error naming its owner and mode
+ * (another user made it first).  A missing one (without create) is an error saying so. */
+int file_private_dir(const char *path, int create, errbuf *err);
 /* mkdir that accepts an existing directory. */
 int file_mkdir(const char *path, errbuf *err);
 /* mkdir -p: the directory and any missing parents. */

@@ -11,11 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/fileio.h"
 #include "daemon/fsdpctl.h"
 #include "proto/status.h"
 
@@ -83,11 +85,18 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
 
 /* ---- talking to the socket ---- */
 
-/* A connected socket, or -1 with why no job answers at path. */
+/* A connected socket, or -1 with why no job answers at path.  Only a socket of this user (or
+ * root) is asked: another user's, at a job's name, would answer whatever it likes. */
 static int connect_to(const char *path, errbuf *err) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path)
         return errf(err, "%s: longer than a Unix socket path can be (%zu bytes)", path, sizeof a.sun_path - 1);
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        return errf(err, "%s: is %s, not a job's status socket", path, file_type_name(st.st_mode));
+    if (lstat(path, &st) == 0 && st.st_uid != geteuid() && st.st_uid != 0)
+        return errf(err, "%s: the socket belongs to uid %u, not to you (uid %u) or root: not your job's, not asked",
+                    path, (unsigned)st.st_uid, (unsigned)geteuid());
     memcpy(a.sun_path, path, strlen(path) + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return errf(err, "socket: %s", strerror(errno));
@@ -249,7 +258,11 @@ static int resolve_socket(const client_options *o, char *path, errbuf *err) {
     }
     const char *slurm_job = getenv("SLURM_JOB_ID");
     int under_slurm = slurm_job && *slurm_job;
-    const char *dir = status_socket_dir(under_slurm, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"));
+    char dir[JOB_PATH_MAX];
+    if (status_socket_dir(dir, sizeof dir, under_slurm, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"),
+                          (unsigned)geteuid(), err) ||
+        file_private_dir(dir, 0, err))
+        return -1;
     const char *job_id = o->job_id ? o->job_id : under_slurm ? slurm_job : NULL;
     if (job_id) return find_job_socket(dir, job_id, path, err);
     return find_only_job(dir, path, err);
@@ -359,6 +372,12 @@ static int run(status_cmd cmd, int argc, char **argv) {
     }
     json_t *reply = NULL;
     rc = status_reply_parse(line, strlen(line), &reply, &err);
+    if (rc == 0 && !o.json && status_reply_check(cmd, reply, &err)) {
+        fprintf(stderr, "fsdpctl %s: %s answered something fsdpd does not send: %s\n", name, path, err.msg);
+        json_decref(reply);
+        free(line);
+        return 1;
+    }
     if (o.json) printf("%s\n", line);
     else if (rc == 0) print_reply(cmd, reply);
     if (rc) fprintf(stderr, "fsdpctl %s: the job at %s refused: %s\n", name, path, err.msg);

@@ -1,4 +1,5 @@
 /* status_server: the status socket on fsdpd's event loop.  See status_server.h. */
+#include "base/fileio.h"
 #include "base/path.h"
 #include "daemon/status_server.h"
 
@@ -545,8 +546,8 @@ int status_server_open(status_server **out, struct event_base *base, const statu
     if (rc == 0 && job->runtime.status_socket[0])
         snprintf(b->path, sizeof b->path, "%s", job->runtime.status_socket);
     else if (rc == 0)
-        rc = status_socket_path(b->path, sizeof b->path, b->place.dir, b->place.job_id, b->place.restart, node,
-                                err);
+        rc = file_private_dir(b->place.dir, 1, err) ||
+             status_socket_path(b->path, sizeof b->path, b->place.dir, b->place.job_id, b->place.restart, node, err);
     status_server_options opt = {.base = base, .path = b->path, .handle = job_handle, .arg = b};
     if (rc == 0) rc = status_server_new(out, &opt, err);
     if (rc) {

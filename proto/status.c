@@ -97,6 +97,98 @@ int status_reply_parse(const char *line, size_t len, json_t **reply, errbuf *err
     return 0;
 }
 
+/* ---- the fields a reply must have for fsdpctl to print it ---- */
+
+typedef enum reply_kind { R_STR, R_INT, R_NUM, R_BOOL, R_OBJ, R_ARR } reply_kind;
+
+typedef struct reply_field {
+    const char *key;
+    reply_kind kind;
+    int nullable, optional;
+    const struct reply_field *sub; /* R_OBJ: its fields; R_ARR: each element's (an object) */
+} reply_field;
+
+#define END {NULL, 0, 0, 0, NULL}
+static const reply_field job_fields[] = {{"id", R_STR, 0, 0, NULL}, {"node", R_INT, 0, 0, NULL},
+                                         {"restart", R_INT, 0, 0, NULL}, {"pid", R_INT, 0, 0, NULL}, END};
+static const reply_field step_fields[] = {{"step", R_INT, 0, 0, NULL}, END};
+static const reply_field eval_fields[] = {{"loss", R_NUM, 0, 0, NULL}, {"step", R_INT, 0, 0, NULL}, END};
+static const reply_field ckpt_fields[] = {{"dir", R_STR, 0, 0, NULL},
+                                          {"last", R_OBJ, 1, 0, step_fields},
+                                          {"in_flight", R_ARR, 0, 0, step_fields},
+                                          {"failed_saves", R_INT, 0, 1, NULL},
+                                          {"last_save_error", R_STR, 1, 1, NULL},
+                                          END};
+static const reply_field node_fields[] = {{"node", R_INT, 0, 0, NULL},         {"role", R_STR, 0, 0, NULL},
+                                          {"host", R_STR, 0, 0, NULL},         {"connected", R_BOOL, 0, 0, NULL},
+                                          {"state", R_STR, 0, 0, NULL},        {"last_heard_s", R_NUM, 1, 1, NULL},
+                                          END};
+static const reply_field rank_fields[] = {{"rank", R_INT, 0, 0, NULL},          {"node", R_INT, 0, 1, NULL},
+                                          {"pid", R_INT, 0, 0, NULL},           {"running", R_BOOL, 0, 0, NULL},
+                                          {"host_rss_bytes", R_INT, 1, 1, NULL}, {"gpu_bytes", R_INT, 1, 1, NULL},
+                                          END};
+static const reply_field status_fields[] = {
+    {"job", R_OBJ, 0, 0, job_fields},        {"state", R_STR, 0, 0, NULL},
+    {"stop_requested", R_BOOL, 0, 0, NULL},  {"step", R_INT, 1, 0, NULL},
+    {"total_steps", R_INT, 1, 0, NULL},      {"loss", R_NUM, 1, 0, NULL},
+    {"lr", R_NUM, 1, 0, NULL},               {"grad_norm", R_NUM, 1, 0, NULL},
+    {"tokens_per_s", R_NUM, 1, 1, NULL},     {"eta_s", R_NUM, 1, 1, NULL},
+    {"eval", R_OBJ, 1, 1, eval_fields},      {"checkpoint", R_OBJ, 0, 0, ckpt_fields},
+    {"nodes", R_ARR, 0, 1, node_fields},     {"ranks", R_ARR, 0, 0, rank_fields},
+    {"backend", R_STR, 0, 0, NULL},          {"fabric", R_STR, 1, 0, NULL},
+    {"restarts", R_INT, 0, 0, NULL},         {"last_error", R_STR, 1, 0, NULL},
+    END};
+static const reply_field request_fields[] = {{"message", R_STR, 0, 0, NULL}, {"request", R_INT, 0, 1, NULL},
+                                             {"checkpoint_request", R_INT, 0, 1, NULL}, END};
+#undef END
+
+static int kind_is(reply_kind k, const json_t *v) {
+    switch (k) {
+    case R_STR: return json_is_string(v);
+    case R_INT: return json_is_integer(v);
+    case R_NUM: return json_is_number(v);
+    case R_BOOL: return json_is_boolean(v);
+    case R_OBJ: return json_is_object(v);
+    case R_ARR: return json_is_array(v);
+    }
+    return 0;
+}
+
+static const char *const kind_names[] = {"a string", "an integer", "a number", "a boolean", "an object", "an array"};
+
+static int check_fields(const reply_field *fields, const json_t *o, const char *at, errbuf *err);
+
+static int check_value(const reply_field *f, const json_t *v, const char *name, errbuf *err) {
+    if (!v) return f->optional ? 0 : errf(err, "the reply's field '%s' is missing", name);
+    if (json_is_null(v) && f->nullable) return 0;
+    if (!kind_is(f->kind, v))
+        return errf(err, "the reply's field '%s' is %s, not %s", name, json_kind(v), kind_names[f->kind]);
+    if (f->kind == R_OBJ) return check_fields(f->sub, v, name, err);
+    size_t i;
+    const json_t *e;
+    if (f->kind == R_ARR) json_array_foreach(v, i, e) {
+            char item[192];
+            snprintf(item, sizeof item, "%s[%zu]", name, i);
+            if (!json_is_object(e)) return errf(err, "the reply's field '%s' is %s, not an object", item, json_kind(e));
+            if (check_fields(f->sub, e, item, err)) return -1;
+        }
+    return 0;
+}
+
+static int check_fields(const reply_field *fields, const json_t *o, const char *at, errbuf *err) {
+    for (const reply_field *f = fields; f->key; f++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s%s%s", at, *at ? "." : "", f->key);
+        if (check_value(f, json_object_get(o, f->key), name, err)) return -1;
+    }
+    return 0;
+}
+
+int status_reply_check(status_cmd cmd, const json_t *reply, errbuf *err) {
+    if (!json_is_object(reply)) return errf(err, "the reply is %s, not an object", json_kind(reply));
+    return check_fields(cmd == STATUS_CMD_STATUS ? status_fields : request_fields, reply, "", err);
+}
+
 int status_job_id_valid(const char *id) {
     size_t n = strlen(id);
     if (n == 0 || n >= STATUS_JOB_ID_MAX || id[0] == '.' || id[0] == '-') return 0;
@@ -105,10 +197,13 @@ int status_job_id_valid(const char *id) {
     return 1;
 }
 
-const char *status_socket_dir(int under_slurm, const char *xdg_runtime_dir, const char *tmpdir) {
-    if (!under_slurm && xdg_runtime_dir && *xdg_runtime_dir) return xdg_runtime_dir;
-    if (tmpdir && *tmpdir) return tmpdir;
-    return "/tmp";
+int status_socket_dir(char *out, size_t n, int under_slurm, const char *xdg_runtime_dir, const char *tmpdir,
+                      unsigned uid, errbuf *err) {
+    int len = !under_slurm && xdg_runtime_dir && *xdg_runtime_dir
+                  ? snprintf(out, n, "%s", xdg_runtime_dir)
+                  : snprintf(out, n, "%s/fsdpd-%u", tmpdir && *tmpdir ? tmpdir : "/tmp", uid);
+    if (len < 0 || (size_t)len >= n) return errf(err, "the status socket directory '%.64s...' is too long", out);
+    return 0;
 }
 
 int status_socket_path(char *out, size_t n, const char *dir, const char *job_id, int restart,
@@ -184,8 +279,6 @@ int status_place_from_env(status_place *p, errbuf *err) {
     }
     if (restart && *restart && (p->restart = parse_count(restart, strlen(restart))) < 0)
         return errf(err, "SLURM_RESTART_COUNT '%.64s' is not a count", restart);
-    const char *dir = status_socket_dir(p->under_slurm, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"));
-    if (snprintf(p->dir, sizeof p->dir, "%s", dir) >= (int)sizeof p->dir)
-        return errf(err, "the socket directory '%.64s...' is too long", dir);
-    return 0;
+    return status_socket_dir(p->dir, sizeof p->dir, p->under_slurm, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"),
+                             (unsigned)geteuid(), err);
 }

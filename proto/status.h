@@ -14,7 +14,9 @@
  *     DIR/fsdpd-JOBID-rRESTART-nNODE.sock
  * JOBID is SLURM_JOB_ID (or "local-PID" outside SLURM), RESTART is SLURM_RESTART_COUNT (0
  * when unset), NODE the node index.  DIR is $XDG_RUNTIME_DIR outside SLURM when it is set
- * (under SLURM it belongs to the login host), else $TMPDIR, else /tmp. */
+ * (under SLURM it belongs to the login host), else fsdpd-UID in $TMPDIR, else in /tmp: a
+ * directory of the user's own (0700, made and checked by fsdpd, checked by fsdpctl), so no
+ * other user can take a job's socket name first or serve a socket in its place. */
 #ifndef FSDP_STATUS_H
 #define FSDP_STATUS_H
 
@@ -44,13 +46,27 @@ int status_request_parse(const char *line, size_t len, status_cmd *cmd, errbuf *
  * error saying so. */
 int status_reply_parse(const char *line, size_t len, json_t **reply, errbuf *err);
 
+/* Checks every field fsdpctl prints of a reply to cmd, with its JSON kind ("field
+ * 'job.id' is missing", "field 'ranks[2].pid' is a string, not an integer"); members it
+ * does not print are free.  A status reply: job {id, node, restart, pid}, state,
+ * stop_requested, step / total_steps (integers or null), loss / lr / grad_norm /
+ * tokens_per_s / eta_s (numbers or null), eval ({loss, step} or null), checkpoint {dir,
+ * last ({step} or null), in_flight [{step}], failed_saves, last_save_error (string or
+ * null)}, nodes (optional) [{node, role, host, connected, state, last_heard_s (number or
+ * null)}], ranks [{rank, node (optional), pid, running, host_rss_bytes / gpu_bytes
+ * (integers or null, optional)}], backend, fabric (string or null), restarts, last_error
+ * (string or null).  A checkpoint or stop reply: message, request / checkpoint_request
+ * (optional integers). */
+int status_reply_check(status_cmd cmd, const json_t *reply, errbuf *err);
+
 /* Whether `id` can name a job in a socket file name: 1 to STATUS_JOB_ID_MAX - 1 characters
  * from [A-Za-z0-9_.-], not starting with '.' or '-'. */
 int status_job_id_valid(const char *id);
 
-/* Where default sockets live (see above); returns one of the arguments or "/tmp".  Empty
- * strings count as unset. */
-const char *status_socket_dir(int under_slurm, const char *xdg_runtime_dir, const char *tmpdir);
+/* Where default sockets live (see above) into out: xdg_runtime_dir, or TMPDIR/fsdpd-UID
+ * (tmpdir, else /tmp).  Empty strings count as unset; a path too long is an error. */
+int status_socket_dir(char *out, size_t n, int under_slurm, const char *xdg_runtime_dir, const char *tmpdir,
+                      unsigned uid, errbuf *err);
 
 /* DIR/fsdpd-JOBID-rRESTART-nNODE.sock into out; an invalid job id, a negative number or a
  * path longer than a Unix socket address allows is an error. */

@@ -1,5 +1,6 @@
 /* Fuzzes proto/status: the input, as a status socket would receive it, is cut into lines and
- * each is parsed as a request (and as a reply, and as a socket file name).  A request that
+ * each is parsed as a request (and as a reply, whose fields are checked for every command, and
+ * as a socket file name).  A request that
  * parses must name a command, and the parser never reads past the line it is given. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@ static void one_line(const uint8_t *data, size_t len) {
     json_t *reply = NULL;
     if (status_reply_parse(line, len, &reply, &err) == 0) {
         if (!json_is_true(json_object_get(reply, "ok"))) abort();
+        for (int c = STATUS_CMD_STATUS; c <= STATUS_CMD_STOP; c++) (void)status_reply_check((status_cmd)c, reply, &err);
         json_decref(reply);
     }
     if (len < 256) {

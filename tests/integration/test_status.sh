@@ -15,11 +15,12 @@ make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
 ck=$tmp/ckpt
 
-# Default sockets go to $TMPDIR outside SLURM when XDG_RUNTIME_DIR is unset: here, a directory
-# only this test's jobs use.
+# Default sockets go to $TMPDIR/fsdpd-UID outside SLURM when XDG_RUNTIME_DIR is unset (a 0700
+# directory fsdpd makes): here, under a directory only this test's jobs use.
 unset XDG_RUNTIME_DIR SLURM_JOB_ID SLURM_RESTART_COUNT
 export TMPDIR=$tmp/run
 mkdir -p "$TMPDIR"
+private=$TMPDIR/fsdpd-$(id -u)
 
 # json FIELD (stdin: a reply): one top-level field of a JSON reply.
 json() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
@@ -28,10 +29,11 @@ steps_of() { ls "$1" | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' | sort -n | tr '
 "$fsdpd" --job "$tmp/job.json" --train.max_steps=100000 --checkpoint.keep=10 > "$tmp/run.log" 2>&1 &
 pid=$!
 bg_pids+=("$pid")
-sock=$TMPDIR/fsdpd-local-$pid-r0-n0.sock
+sock=$private/fsdpd-local-$pid-r0-n0.sock
 wait_for 10 grep -qs "step 2/" "$tmp/run.log"
 grep -qF "status socket $sock (job local-$pid)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the log does not name $sock"; }
 [ "$(stat -c %a "$sock")" = 600 ] || fail "the socket's mode is $(stat -c %a "$sock"), not 600"
+[ "$(stat -c %a "$private")" = 700 ] || fail "the socket directory's mode is $(stat -c %a "$private"), not 700"
 
 # --- status while training: the numbers move -------------------------------------------------
 first=$("$fsdpctl" status --json --socket "$sock") || fail "status failed"
@@ -75,13 +77,46 @@ grep -q "rank 1  pid [0-9]*  running  host [0-9.]* MB" "$tmp/cmd.out" || fail "n
 if [ "$(id -u)" -eq 0 ] && command -v setpriv > /dev/null; then
     mkdir "$tmp/bin"
     cp "$fsdpctl" "$tmp/bin/fsdpctl"
-    chmod 711 "$tmp" "$TMPDIR"
+    chmod 711 "$tmp" "$TMPDIR" "$private"
     chmod 755 "$tmp/bin" "$tmp/bin/fsdpctl"
     chmod 666 "$sock"
     expect_error 1 "permission denied: uid 65534 is not the job's owner (uid 0)" \
         setpriv --reuid=65534 --regid=65534 --clear-groups "$tmp/bin/fsdpctl" stop --socket "$sock"
     grep -q "status socket: refused pid [0-9]* (uid 65534)" "$tmp/run.log" || fail "the refusal is not logged"
     chmod 600 "$sock"
+    chmod 700 "$private"
+
+    # Another user's socket at a job's name, serving {"ok": true}: not asked, its owner named;
+    # one of root's that answers so is refused for what it lacks, never a crash.
+    mkdir -m 1777 "$tmp/open"
+    fake() { # PATH: a server at PATH answering every line with {"ok": true}
+        python3 -c '
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4); print("up", flush=True)
+while True:
+    c, _ = s.accept(); c.recv(4096); c.sendall(b"{\"ok\": true}\n"); c.close()' "$1"
+    }
+    setpriv --reuid=65534 --regid=65534 --clear-groups bash -c "$(declare -f fake); fake $tmp/open/other.sock" > "$tmp/fake1.out" &
+    bg_pids+=("$!")
+    fake "$tmp/open/root.sock" > "$tmp/fake2.out" &
+    bg_pids+=("$!")
+    wait_for 10 test -S "$tmp/open/other.sock"
+    wait_for 10 test -S "$tmp/open/root.sock"
+    expect_error 1 "$tmp/open/other.sock: the socket belongs to uid 65534, not to you (uid 0) or root: not your job's" \
+        "$fsdpctl" status --socket "$tmp/open/other.sock"
+    for cmd in status stop checkpoint; do
+        want="the reply's field 'job' is missing"; [ "$cmd" = status ] || want="the reply's field 'message' is missing"
+        expect_error 1 "$tmp/open/root.sock answered something fsdpd does not send: $want" \
+            "$fsdpctl" "$cmd" --socket "$tmp/open/root.sock"
+    done
+
+    # A squatted socket directory (another user's fsdpd-UID): fsdpd and fsdpctl name its owner.
+    mkdir -p "$tmp/squat/fsdpd-$(id -u)"
+    chown 65534 "$tmp/squat/fsdpd-$(id -u)"
+    expect_status 1 "$tmp/squat/fsdpd-$(id -u): not a private directory: owned by another user (owner uid 65534" \
+        env TMPDIR="$tmp/squat" "$fsdpd" --job "$tmp/job.json" --checkpoint.dir="$tmp/squat-ckpt" --output.dir="$tmp/squat-out"
+    expect_error 1 "$tmp/squat/fsdpd-$(id -u): not a private directory: owned by another user (owner uid 65534" \
+        env TMPDIR="$tmp/squat" "$fsdpctl" status --job-id 1
 else
     other_uid_skipped="not root, or no setpriv" # a counted skip at the end, the rest checked first
 fi
@@ -178,5 +213,6 @@ for label in ("loss", "learning rate", "tokens/s", "step"):
     assert label in texts, label
 print("%s: %d steps in each of %s" % (sys.argv[1], len(steps), ", ".join(sorted(lines))))
 EOF
-expect_error 1 "no metrics records" "$fsdpctl" plot /dev/null --out "$tmp/empty.svg"
+: > "$tmp/empty.jsonl"
+expect_error 1 "no metrics records" "$fsdpctl" plot "$tmp/empty.jsonl" --out "$tmp/empty.svg"
 [ -z "${other_uid_skipped:-}" ] || skip_test "the other-uid check: $other_uid_skipped (every other check passed)"

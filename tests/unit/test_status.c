@@ -138,11 +138,17 @@ static void test_job_ids_and_dirs(void **state) {
     long_id[STATUS_JOB_ID_MAX - 1] = '\0';
     assert_true(status_job_id_valid(long_id));
 
-    assert_string_equal(status_socket_dir(0, "/run/user/5", "/scratch"), "/run/user/5");
-    assert_string_equal(status_socket_dir(1, "/run/user/5", "/scratch"), "/scratch"); /* SLURM */
-    assert_string_equal(status_socket_dir(0, "", "/scratch"), "/scratch");
-    assert_string_equal(status_socket_dir(0, NULL, NULL), "/tmp");
-    assert_string_equal(status_socket_dir(1, "/run/user/5", ""), "/tmp");
+    char dir[64];
+    errbuf e;
+    static const struct { int slurm; const char *xdg, *tmp, *want; } cases[] = {
+        {0, "/run/user/5", "/scratch", "/run/user/5"}, {1, "/run/user/5", "/scratch", "/scratch/fsdpd-5"}, /* SLURM */
+        {0, "", "/scratch", "/scratch/fsdpd-5"},      {0, NULL, NULL, "/tmp/fsdpd-5"},
+        {1, "/run/user/5", "", "/tmp/fsdpd-5"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(status_socket_dir(dir, sizeof dir, cases[i].slurm, cases[i].xdg, cases[i].tmp, 5, &e), 0);
+        assert_string_equal(dir, cases[i].want);
+    }
+    assert_int_equal(status_socket_dir(dir, 8, 0, NULL, "/scratch", 5, &e), -1);
 }
 
 static void test_socket_paths(void **state) {
@@ -193,7 +199,9 @@ static void test_place_from_env(void **state) {
     assert_true(p.under_slurm);
     assert_string_equal(p.job_id, "9876");
     assert_int_equal(p.restart, 2);
-    assert_string_equal(p.dir, "/scratch/t");
+    char want[64];
+    snprintf(want, sizeof want, "/scratch/t/fsdpd-%u", (unsigned)geteuid());
+    assert_string_equal(p.dir, want);
 
     setenv("SLURM_RESTART_COUNT", "two", 1);
     assert_int_equal(status_place_from_env(&p, &err), -1);
@@ -205,7 +213,6 @@ static void test_place_from_env(void **state) {
     unsetenv("SLURM_JOB_ID");
     unsetenv("SLURM_RESTART_COUNT");
     assert_int_equal(status_place_from_env(&p, &err), 0);
-    char want[64];
     snprintf(want, sizeof want, "local-%d", (int)getpid());
     assert_string_equal(p.job_id, want);
     assert_int_equal(p.restart, 0);
