@@ -1,3 +1,4 @@
+/* auth: the job secret proven by HMAC challenge and response; see auth.h. */
 #include "base/auth.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* bf16: bfloat16 and half <-> fp32 conversions, round to nearest even; see bf16.h. */
 #include "base/bf16.h"
 
 #include <string.h>

@@ -1,3 +1,4 @@
+/* clock: the monotonic clock and a sleep signals do not cut short; see clock.h. */
 #include "base/clock.h"
 
 #include <errno.h>

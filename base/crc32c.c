@@ -1,3 +1,4 @@
+/* crc32c: the Castagnoli CRC, SSE4.2 when the CPU has it, else tables; see crc32c.h. */
 #include "base/crc32c.h"
 
 #include <string.h>

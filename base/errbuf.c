@@ -1,3 +1,4 @@
+/* errbuf: error messages written, prefixed and carried up; see errbuf.h. */
 #include "base/errbuf.h"
 
 #include <stdarg.h>

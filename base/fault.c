@@ -1,3 +1,4 @@
+/* fault: the test-only fault-injection table read from FSDP_FAULTS; see fault.h. */
 #include "base/fault.h"
 
 #include <errno.h>

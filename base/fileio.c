@@ -1,3 +1,4 @@
+/* fileio: regular-file opens, mappings, atomic writes, private files and directories; see fileio.h. */
 #include "base/fileio.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* path: joining a directory and a name, too long an error; see path.h. */
 #include "base/path.h"
 
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* sha256: SHA-256 and HMAC-SHA256 in plain C; see sha256.h. */
 #include "base/sha256.h"
 
 #include <string.h>

@@ -1,3 +1,4 @@
+/* data_prepare: a JSONL data.path tokenized once into checkpoint.dir's cache, before the first run; see data_prepare.h. */
 #include "daemon/data_prepare.h"
 
 #include <errno.h>

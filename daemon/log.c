@@ -1,3 +1,4 @@
+/* log: fsdpd's one line per event (time, node, rank, what); see log.h. */
 #include "daemon/log.h"
 
 #include <stdarg.h>

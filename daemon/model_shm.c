@@ -1,3 +1,4 @@
+/* model_shm: the model once per node in sealed shared memory; see model_shm.h. */
 #include "daemon/model_shm.h"
 
 #include <errno.h>

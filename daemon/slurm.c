@@ -1,3 +1,4 @@
+/* slurm: SLURM's environment (job, nodes, hostlists, tasks) and scontrol; see slurm.h. */
 #include "daemon/slurm.h"
 
 #include <ctype.h>

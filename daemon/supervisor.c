@@ -1,3 +1,4 @@
+/* supervisor: fsdpd's workers on one libevent loop, from spawn to exit; see supervisor.h. */
 #include "daemon/supervisor.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* cache_build: a JSONL file tokenized into a token cache on every core; see cache_build.h. */
 #include "data/cache_build.h"
 
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* chat_template: the built-in chat templates, and data.template auto; see chat_template.h. */
 #include "data/chat_template.h"
 
 #include <jansson.h>

@@ -1,3 +1,4 @@
+/* jsonl: a JSONL file's lines read as records of their format; see jsonl.h. */
 #include "data/jsonl.h"
 
 #include <jansson.h>

@@ -1,3 +1,4 @@
+/* sample: one JSONL record rendered and tokenized into ids and a loss mask; see sample.h. */
 #include "data/sample.h"
 
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* batch: the golden references' batch files (input_ids, labels, positions) read; see batch.h. */
 #include "proto/batch.h"
 
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* job: the job file's keys, defaults, overrides, resolution and checks; see job.h. */
 #include "job.h"
 #include "lora_layout.h"
 

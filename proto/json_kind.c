@@ -1,3 +1,4 @@
+/* json_kind: the name of a JSON value's type for messages; see json_kind.h. */
 #include "json_kind.h"
 
 const char *json_kind(const json_t *v) {

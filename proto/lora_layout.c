@@ -1,3 +1,4 @@
+/* lora_layout: where every LoRA adapter tensor sits in the flat parameters; see lora_layout.h. */
 #include "proto/lora_layout.h"
 
 #include <math.h>

@@ -1,3 +1,4 @@
+/* model_config: Hugging Face config.json read strictly and written; see model_config.h. */
 #include "proto/model_config.h"
 
 #include <jansson.h>

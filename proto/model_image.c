@@ -1,3 +1,4 @@
+/* model_image: a whole model in flat-parameter order, as node-shared memory holds it; see model_image.h. */
 #include "model_image.h"
 
 #include <errno.h>

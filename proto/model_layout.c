@@ -1,3 +1,4 @@
+/* model_layout: where every Hugging Face tensor sits in the FSDP units; see model_layout.h. */
 #include "model_layout.h"
 
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* rng: Philox4x32-10, every number a pure function of (seed, stream, counter); see rng.h. */
 #include "proto/rng.h"
 
 #include <math.h>

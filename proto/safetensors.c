@@ -1,3 +1,4 @@
+/* safetensors: the tensor file format read (mmap) and written, single and sharded; see safetensors.h. */
 #include "safetensors.h"
 
 #include <errno.h>

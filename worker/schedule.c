@@ -1,3 +1,4 @@
+/* schedule: the learning rate at each step, as the Hugging Face schedulers give it; see schedule.h. */
 #include "worker/schedule.h"
 
 #include <math.h>

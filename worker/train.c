@@ -1,3 +1,4 @@
+/* train: one worker's training loop: data, steps, schedule, checkpoint triggers; see train.h. */
 #include "worker/train.h"
 
 #include <stdio.h>
