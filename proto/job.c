@@ -67,7 +67,7 @@ static const choice init_choices[] = {
 static const choice model_dtype_choices[] = {
     {"auto", JOB_DTYPE_AUTO}, {"f32", JOB_DTYPE_F32}, {"bf16", JOB_DTYPE_BF16}, {NULL, 0}};
 static const choice output_dtype_choices[] = {
-    {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
+    {"auto", JOB_DTYPE_AUTO}, {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
 static const choice format_choices[] = {
     {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
     {"tokens", JOB_DATA_TOKENS}, {NULL, 0}};
@@ -268,7 +268,7 @@ void job_defaults(job_config *j) {
     j->checkpoint.max_failed_saves = 3;
 
     strcpy(j->output.dir, "output");
-    j->output.dtype = JOB_DTYPE_BF16;
+    j->output.dtype = JOB_DTYPE_AUTO; /* a model bf16, an adapter f32 (PEFT's) */
     j->output.shard_size = 5000000000LL;
     j->output.consolidate = true;
 

@@ -131,7 +131,7 @@ typedef struct job_config {
     } checkpoint;
     struct {
         char dir[JOB_PATH_MAX];
-        job_dtype dtype; /* bf16 or f32 */
+        job_dtype dtype; /* bf16, f32 or auto: a model (and output.merge's) bf16, an adapter f32 */
         int64_t shard_size; /* bytes */
         bool consolidate;
         bool merge;         /* adapter jobs: also the merged model, in output.dir/merged */

@@ -202,7 +202,7 @@ static const bad_case bad_cases[] = {
     {"{\"runtime\":{\"gpu_memory_limit\":\"22 GiB\"}}", 1,
      "runtime.gpu_memory_limit: '22 GiB' is not a size", NULL},
     {"{\"runtime\":{\"gpu_memory_limit\":1.5}}", 1, "runtime.gpu_memory_limit: expected a size", NULL},
-    {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
+    {"{\"output\":{\"dtype\":\"f16\"}}", 1, "output.dtype: unknown choice 'f16'", "auto, bf16, f32"},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
     {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"}}", 1,
