@@ -17,7 +17,7 @@ ours() {
         --vocab 32000 --alphabet 64 > /dev/null || return 1
     smi ours
     "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.config="$model" --data.path="$work/data.tokens" \
-        --data.format=tokens --data.seq_len="$seq" --train.type="$1" --lora.rank=64 --lora.alpha=16 \
+        --data.format=tokens --data.template= --data.seq_len="$seq" --train.type="$1" --lora.rank=64 --lora.alpha=16 \
         --lora.dropout=0 --lora.targets=all-linear --train.global_batch="$batch" --train.micro_batch="$batch" \
         --train.max_steps="$steps" --train.warmup_steps=1 --train.lr=1e-5 --train.min_lr=0 --fsdp.activation_checkpointing=full \
         --runtime.backend="$backend" --runtime.workers_per_node=1 --checkpoint.dir="$work/ckpt" \

@@ -21,7 +21,7 @@ PY
     --seq-len "$seq" --out "$work/text.tokens" | tail -2
 run() { # NAME PACKING
     "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.config="$model" --data.path="$work/text.tokens" \
-        --data.format=tokens --data.seq_len="$seq" --data.packing="$2" --train.global_batch=8 --train.micro_batch=4 \
+        --data.format=tokens --data.template= --data.seq_len="$seq" --data.packing="$2" --train.global_batch=8 --train.micro_batch=4 \
         --train.max_steps="$steps" --train.warmup_steps=1 --fsdp.activation_checkpointing=full \
         --runtime.backend="$backend" --runtime.workers_per_node=1 --checkpoint.dir="$work/$1.ckpt" \
         --checkpoint.resume=never --checkpoint.save_final=false --output.consolidate=false \

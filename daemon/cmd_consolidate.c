@@ -18,8 +18,9 @@ static void consolidate_usage(FILE *f) {
                "  CKPT: a checkpoint directory (its latest checkpoint) or one step-N directory\n"
                "  the tokenizer files and generation_config.json come from MODEL_DIR, else from\n"
                "  the model directory the checkpoint's job started from (if any)\n"
-               "  an adapter job's checkpoint gives a PEFT adapter directory (F32); --merge also\n"
-               "  writes OUT/merged, the base model with the adapters merged in (in --dtype)\n");
+               "  an adapter job's checkpoint gives a PEFT adapter directory, in --dtype when given,\n"
+               "  else F32 as PEFT saves it; --merge also writes OUT/merged, the base model with the\n"
+               "  adapters merged in (in --dtype, default bf16)\n");
 }
 
 int fsdpctl_parse_dtype(const char *text, st_dtype *out) {
@@ -59,7 +60,8 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
         {"threads", required_argument, 0, 't'}, {"tokenizer-from", required_argument, 0, 'k'},
         {"merge", no_argument, 0, 'm'},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    *o = (consolidate_options){.dtype = ST_BF16, .shard_bytes = CONSOLIDATE_SHARD_SIZE, .threads = 4};
+    *o = (consolidate_options){.dtype = ST_BF16, .adapter_dtype = ST_F32, .shard_bytes = CONSOLIDATE_SHARD_SIZE,
+                               .threads = 4};
     int opt;
     optind = 1;
     opterr = 0;
@@ -71,6 +73,7 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
                 fprintf(stderr, "fsdpctl consolidate: --dtype '%s' is not bf16 or f32\n", optarg);
                 return -1;
             }
+            o->adapter_dtype = o->dtype;
             break;
         case 'm': o->merge = 1; break;
         case 'z':
@@ -117,9 +120,9 @@ int cmd_consolidate(int argc, char **argv) {
     }
     if (r.warning[0]) fprintf(stderr, "fsdpctl consolidate: warning: %s\n", r.warning);
     if (r.adapter) {
-        printf("%s: step %" PRId64 " (%s): a PEFT adapter, %d tensors, %" PRIu64 " bytes F32, %d "
-               "tokenizer file%s", o.out, r.step, r.ckpt, r.tensors, r.bytes, r.tokenizer_files,
-               r.tokenizer_files == 1 ? "" : "s");
+        printf("%s: step %" PRId64 " (%s): a PEFT adapter, %d tensors, %" PRIu64 " bytes %s, %d "
+               "tokenizer file%s", o.out, r.step, r.ckpt, r.tensors, r.bytes, st_dtype_name(o.adapter_dtype),
+               r.tokenizer_files, r.tokenizer_files == 1 ? "" : "s");
         if (o.merge)
             printf("; merged/: %d tensors in %d file%s, %" PRIu64 " bytes %s", r.merged_tensors,
                    r.merged_files, r.merged_files == 1 ? "" : "s", r.merged_bytes, st_dtype_name(o.dtype));

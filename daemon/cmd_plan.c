@@ -11,6 +11,7 @@
 
 #include "base/path.h"
 #include "daemon/ckpt_commit.h"
+#include "daemon/data_prepare.h"
 #include "daemon/fsdpctl.h"
 #include "daemon/model_shm.h"
 #include "model/step_plan.h"
@@ -21,11 +22,14 @@ static void plan_usage(FILE *f) {
                "                    [--net-gbps X] [--json] [--section.key=value ...]\n"
                "  the job's device memory a GPU, host RAM a node, checkpoint size and write time,\n"
                "  step time and tokens/s, and the largest micro_batch that fits, on N nodes of G\n"
-               "  GPUs (default 1 x 8) of NAME (%s; default h200).  FILE: the rates\n"
-               "  table (default configs/plan/h200.json beside this program's build, measured by\n"
-               "  bench/plan_rates.c); other GPUs than its own are scaled from datasheets and\n"
-               "  marked unvalidated.  X: a node's network bandwidth across nodes, GB/s\n"
-               "  (default 50: 400 Gb/s of EFA).  Overrides as fsdpd takes them.\n",
+               "  GPUs (default 1 x 8) of NAME (%s; default h200), with\n"
+               "  runtime.workers_per_node workers a node (0: one a GPU), and whether fsdpd admits\n"
+               "  it (its own check: DOES NOT FIT with fsdpd's reason).  runtime.backend as the job\n"
+               "  says (auto: cuda); cpu plans the workers' memory and host RAM, with no step time.\n"
+               "  FILE: the rates table (default configs/plan/h200.json beside this program's\n"
+               "  build, measured by bench/plan_rates.c); other GPUs than its own are scaled from\n"
+               "  datasheets and marked unvalidated.  X: a node's network bandwidth across nodes,\n"
+               "  GB/s (default 50: 400 Gb/s of EFA).  Overrides as fsdpd takes them.\n",
             plan_gpu_names());
 }
 
@@ -102,14 +106,27 @@ static void default_rates(char *out, size_t n) {
 
 static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
 
+static void print_verdict(const step_plan *p) {
+    if (!p->fits) printf("  fsdpd refuses it: %s\n", p->verdict);
+}
+
 static void print_text(const plan_args *a, const job_config *j, int n_layers, const plan_rates *r,
                        const step_plan *p, const plan_machine *m) {
-    printf("fsdpctl plan: %s on %d node%s x %d %s GPU%s (%s)\n", a->job, a->nodes, a->nodes == 1 ? "" : "s",
-           a->gpus, m->gpu->name, a->gpus == 1 ? "" : "s",
-           p->validated ? "rates measured on this GPU" : "unvalidated: the rates scaled from datasheets");
-    printf("per GPU: %.1f GiB of %.1f (fsdp's %.1f GiB + the CUDA context %.1f GiB)%s\n", gib(p->gpu_bytes),
-           m->gpu->memory_gib, gib(p->mem.total), gib(p->context),
-           p->gpu_bytes + PLAN_MARGIN_BYTES > (size_t)(m->gpu->memory_gib * (1ull << 30)) ? ": DOES NOT FIT" : "");
+    int w = m->gpus_per_node;
+    if (p->cpu) {
+        printf("fsdpctl plan: %s on %d node%s x %d worker%s, CPU backend (memory and host RAM; no step time)\n",
+               a->job, a->nodes, a->nodes == 1 ? "" : "s", w, w == 1 ? "" : "s");
+        printf("per worker: %.1f GiB of host memory%s%s\n", gib(p->mem.total),
+               j->runtime.gpu_memory_limit > 0 ? " (runtime.gpu_memory_limit applies)" : "",
+               p->fits ? "" : ": DOES NOT FIT");
+    } else {
+        printf("fsdpctl plan: %s on %d node%s x %d %s GPU%s, %d worker%s a node (%s)\n", a->job, a->nodes,
+               a->nodes == 1 ? "" : "s", a->gpus, m->gpu->name, a->gpus == 1 ? "" : "s", w, w == 1 ? "" : "s",
+               p->validated ? "rates measured on this GPU" : "unvalidated: the rates scaled from datasheets");
+        printf("per GPU: %.1f GiB of %.1f (fsdp's %.1f GiB + the CUDA context %.1f GiB)%s\n", gib(p->gpu_bytes),
+               m->gpu->memory_gib, gib(p->mem.total), gib(p->context), p->fits ? "" : ": DOES NOT FIT");
+    }
+    print_verdict(p);
     printf("  parameters %.1f GiB, gradients %.1f GiB, optimizer state %.1f GiB, gathered units %.1f GiB,\n"
            "  activations %.1f GiB, workspaces %.1f GiB%s\n", gib(p->params), gib(p->grads), gib(p->optimizer),
            gib(p->gathered), gib(p->activations), gib(p->workspace),
@@ -122,28 +139,35 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
     printf("host RAM a node: %.1f GiB: model memory %.1f, offloaded state %.1f, checkpoint staging %.1f, "
            "token cache %.1f, processes %.1f\n", gib(p->host_total), gib(p->host_model), gib(p->host_offload),
            gib(p->host_ckpt), gib(p->host_data), gib(p->host_processes));
-    printf("checkpoint: %.1f GB in all, %.1f GB a node, %.1f s to write at %.2f GB/s\n", p->ckpt_bytes / 1e9,
-           p->ckpt_node_bytes / 1e9, p->ckpt_write_s, r->disk_gbps);
+    if (p->cpu) printf("  the workers' memory: %.1f GiB (included)\n", gib(p->host_workers));
+    if (r)
+        printf("checkpoint: %.1f GB in all, %.1f GB a node, %.1f s to write at %.2f GB/s\n", p->ckpt_bytes / 1e9,
+               p->ckpt_node_bytes / 1e9, p->ckpt_write_s, r->disk_gbps);
+    else
+        printf("checkpoint: %.1f GB in all, %.1f GB a node\n", p->ckpt_bytes / 1e9, p->ckpt_node_bytes / 1e9);
+    if (p->cpu) return;
     printf("step: %.3f s, %.0f tokens/s (%.0f a GPU): GEMMs %.3f s, attention %.3f s, other kernels %.3f s, "
            "communication %.3f s of which %.3f exposed, offload exposed %.3f s, optimizer %.3f s\n",
-           p->step_s, p->tokens_per_s, p->tokens_per_s / (a->nodes * a->gpus), p->gemm_s, p->attention_s,
+           p->step_s, p->tokens_per_s, p->tokens_per_s / (a->nodes * w), p->gemm_s, p->attention_s,
            p->memory_s, p->comm_s, p->comm_exposed_s, p->offload_exposed_s, p->optimizer_s);
 }
 
 static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m) {
     json_t *o = json_pack(
-        "{s:s, s:i, s:i, s:s, s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
+        "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
         "s:i, s:{s:i, s:s}}",
-        "job", a->job, "nodes", a->nodes, "gpus_per_node", a->gpus, "gpu", m->gpu->name, "validated", p->validated,
+        "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
+        "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
+        "fits", p->fits, "refused", p->fits ? NULL : p->verdict,
         "gpu_memory", "total", (json_int_t)p->gpu_bytes, "fsdp", (json_int_t)p->mem.total, "context",
         (json_int_t)p->context, "parameters", (json_int_t)p->params, "gradients", (json_int_t)p->grads,
         "optimizer", (json_int_t)p->optimizer, "gathered", (json_int_t)p->gathered, "activations",
         (json_int_t)p->activations, "workspaces", (json_int_t)p->workspace, "load_staging",
         (json_int_t)p->mem.load_staging, "offloaded", (json_int_t)p->mem.host_offload,
         "host_memory", "total", (json_int_t)p->host_total, "model", (json_int_t)p->host_model, "offloaded",
-        (json_int_t)p->host_offload, "checkpoint_staging", (json_int_t)p->host_ckpt, "token_cache",
-        (json_int_t)p->host_data, "processes", (json_int_t)p->host_processes,
+        (json_int_t)p->host_offload, "workers", (json_int_t)p->host_workers, "checkpoint_staging",
+        (json_int_t)p->host_ckpt, "token_cache", (json_int_t)p->host_data, "processes", (json_int_t)p->host_processes,
         "checkpoint", "bytes", (json_int_t)p->ckpt_bytes, "node_bytes", (json_int_t)p->ckpt_node_bytes,
         "write_s", p->ckpt_write_s,
         "step", "seconds", p->step_s, "tokens_per_s", p->tokens_per_s, "gemm_s", p->gemm_s, "attention_s",
@@ -152,21 +176,29 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
         "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all");
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
+    /* the CPU backend: no step time (the rates are a GPU's), no GPU */
+    if (p->cpu && json_object_set_new(o, "step", json_null())) return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && printf("\n") > 0 ? 0 : 1;
     json_decref(o);
     return rc;
 }
 
-/* The job as fsdpd would run it on a.nodes x a.gpus GPUs. */
+/* The job as fsdpd would run it on a.nodes nodes of a.gpus GPUs: its runtime.backend (auto: cuda,
+ * the machine planned has GPUs) and runtime.workers_per_node (0: one a GPU; 2 on cpu), resolved
+ * by job_resolve_runtime as fsdpd resolves them; its data file checked as fsdpd checks it. */
 static int load_job(const plan_args *a, job_config *j, errbuf *err) {
     if (job_load(j, a->job, err)) return -1;
     for (int i = 0; i < a->n_overrides; i++)
         if (job_apply_override(j, a->overrides[i], err)) return -1;
-    j->runtime.backend = JOB_BACKEND_CUDA;
-    j->runtime.workers_per_node = a->gpus;
-    int world = a->nodes * a->gpus;
-    if (job_resolve_runtime(j, a->gpus, err) || job_resolve(j, world, err) || job_validate(j, world, err))
-        return -1;
+    if (j->runtime.backend == JOB_BACKEND_AUTO) j->runtime.backend = JOB_BACKEND_CUDA;
+    int cuda = j->runtime.backend == JOB_BACKEND_CUDA;
+    if (job_resolve_runtime(j, cuda ? a->gpus : 0, err)) return -1;
+    if (cuda && j->runtime.workers_per_node > a->gpus)
+        return errf(err, "runtime.workers_per_node: %d workers on %d GPUs a node share them, which the plan does "
+                         "not model (plan at most one worker a GPU: --gpus-per-node)", j->runtime.workers_per_node,
+                    a->gpus);
+    int world = a->nodes * j->runtime.workers_per_node;
+    if (job_resolve(j, world, err) || job_validate(j, world, err) || data_check(j, err)) return -1;
     return 0;
 }
 
@@ -194,17 +226,22 @@ int cmd_plan(int argc, char **argv) {
     int bnb = 0, rc = 1;
     plan_machine m = {.nodes = a.nodes, .gpus_per_node = a.gpus, .gpu = plan_gpu_find(a.gpu), .net_gbps = a.net_gbps};
     step_plan p;
+    int cpu = 0;
     if (!m.gpu) {
         fprintf(stderr, "fsdpctl plan: --gpu '%s' is none of %s\n", a.gpu, plan_gpu_names());
     } else if (load_job(&a, &j, &err) || ckpt_job_model_config(&j, &config, &cfg, &err) ||
                (j.train.type != JOB_TRAIN_FULL && model_shm_quant(&j, config, &q, &bnb, &err)) ||
-               plan_rates_load(&r, rates_path, &err)) {
+               /* the CPU backend reads the rates only for the checkpoint's write time, when asked */
+               ((!(cpu = j.runtime.backend == JOB_BACKEND_CPU) || a.rates) && plan_rates_load(&r, rates_path, &err))) {
         fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
     } else {
+        const plan_rates *rates = cpu && !a.rates ? NULL : &r;
         m.data_bytes = data_bytes(&j);
-        if (step_plan_job(&j, &cfg, q, &m, &r, &p, &err)) fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
+        m.gpus_per_node = j.runtime.workers_per_node;
+        if (cpu) m.gpu = NULL;
+        if (step_plan_job(&j, &cfg, q, &m, rates, &p, &err)) fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
         else if (a.json) rc = print_json(&a, &p, &m);
-        else print_text(&a, &j, cfg.num_hidden_layers, &r, &p, &m), rc = 0;
+        else print_text(&a, &j, cfg.num_hidden_layers, rates, &p, &m), rc = 0;
     }
     json_decref(config);
     plan_rates_free(&r);

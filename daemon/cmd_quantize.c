@@ -32,6 +32,7 @@
 #include "daemon/fsdpctl.h"
 #include "proto/lora_layout.h"
 #include "proto/model_config.h"
+#include "proto/model_layout.h"
 #include "proto/nf4.h"
 #include "proto/safetensors.h"
 
@@ -315,6 +316,20 @@ static int write_bnb_dir(const char *model_dir, const char *partial, const char 
     return rc;
 }
 
+/* Every tensor config.json describes is in m with its shape (what fsdpd checks when it loads the
+ * model), so a directory whose config.json disagrees with its weights is refused here rather than
+ * written and then refused by fsdpd. */
+static int check_shapes(const st_model *m, const llama_config *cfg, const char *model_dir, errbuf *err) {
+    llama_layout lo;
+    if (llama_layout_init(&lo, cfg, err)) return errprefix(err, "%s/%s", model_dir, CONFIG_NAME);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < lo.n_tensors; i++)
+        if (!llama_checkpoint_tensor(&lo.tensors[i], m, err))
+            rc = errprefix(err, "%s/%s disagrees with the weights", model_dir, CONFIG_NAME);
+    llama_layout_free(&lo);
+    return rc;
+}
+
 static int quantize_model(const char *model_dir, const char *out_dir, st_dtype compute_dtype) {
     errbuf err = {{0}};
     char partial[PATH_BYTES];
@@ -330,6 +345,7 @@ static int quantize_model(const char *model_dir, const char *out_dir, st_dtype c
     if (rc == 0) rc = llama_config_load(&cfg, model_dir, &err);
     if (rc == 0 && !(config = bnb_config_text(model_dir, compute_dtype, &err))) rc = -1;
     if (rc == 0) rc = st_model_open(&m, model_dir, &err);
+    if (rc == 0) rc = check_shapes(&m, &cfg, model_dir, &err);
     if (rc == 0) rc = plan_model(&p, &m, cfg.num_hidden_layers, &err);
     if (rc == 0) rc = write_bnb_dir(model_dir, partial, config, &p, &side_files, &err);
     if (rc == 0 && rename(partial, out_dir) != 0) {

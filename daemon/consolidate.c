@@ -718,13 +718,17 @@ static int read_merged(const merge_source *ms, const out_tensor *o, uint64_t fir
                        float *dst, errbuf *err) {
     int i = (int)(o->t - ms->layout.tensors), l = o->unit - 1;
     int m = i - ms->layout.units[o->unit].first;
-    if (st_read_f32(ms->tensors[i], (size_t)first, (size_t)n, dst, err)) return -1;
+    if (st_read_f32(ms->tensors[i], (size_t)first, (size_t)n, dst, err) ||
+        st_check_finite(dst, (size_t)n, (size_t)first, ms->base.dir, o->t->name,
+                        "a non-finite base is refused", err))
+        return -1;
     if (l < 0 || l >= ms->lo->n_layers || m >= LORA_MODULES || !ms->lo->site[m].on) return 0;
     float *row = malloc((size_t)ms->lo->site[m].in * sizeof *row);
     if (!row) return errf(err, "%s: out of memory", o->t->name);
     add_delta(ms, l, m, first, n, dst, row);
     free(row);
-    return 0;
+    return st_check_finite(dst, (size_t)n, (size_t)first, "merged", o->t->name,
+                           "the base plus the adapter's scaled B A overflows fp32", err);
 }
 
 /* What a merged model is made of. */
@@ -875,7 +879,7 @@ static int write_adapter(const consolidate_options *o, const out_settings *os, c
         return -1;
     int rc = check_adapter_layout(m, &lo, err);
     lora_layout_free(&lo);
-    if (rc || plan_build(&p, &m->layout, ST_F32, UINT64_MAX, PEFT_WEIGHTS_NAME, err)) return -1;
+    if (rc || plan_build(&p, &m->layout, o->adapter_dtype, UINT64_MAX, PEFT_WEIGHTS_NAME, err)) return -1;
     feed fd = {.shards = s};
     const char *from = model_source(o, m);
     note_weights(o->result, &p);
@@ -898,6 +902,8 @@ int consolidate(const consolidate_options *o, errbuf *err) {
     out_settings os;
     if (check_settings("consolidate", o->dtype, o->threads, o->shard_bytes, o->buffer_bytes, &os, err))
         return -1;
+    if (o->adapter_dtype != ST_BF16 && o->adapter_dtype != ST_F32)
+        return errf(err, "consolidate: adapter dtype %s (bf16 or f32 only)", st_dtype_name(o->adapter_dtype));
     if (!o->ckpt || !o->out || !o->out[0]) return errf(err, "consolidate: no checkpoint or output");
     if (resolve_checkpoint(o->ckpt, step_dir, err) || output_paths(o->out, out, partial, err)) return -1;
     ckpt_manifest m;

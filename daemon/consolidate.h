@@ -37,8 +37,9 @@
  * files in, without a config.json).
  *
  * An adapter job's checkpoint (the manifest's "adapter" block) is written as a PEFT adapter
- * directory instead (proto/peft.h): adapter_model.safetensors (F32, whatever dtype says, one
- * file, tensors by name, from the master sections as above), adapter_config.json from the
+ * directory instead (proto/peft.h): adapter_model.safetensors (in adapter_dtype: PEFT saves
+ * the adapter weights' dtype; one file, never sharded; tensors by name, from the master
+ * sections as above), adapter_config.json from the
  * manifest's adapter settings with base_model_name_or_path = its model_path, and the
  * tokenizer files; adapter_config.json plays config.json's part in the commit (moved in last;
  * an existing OUT loses its stale weights, config.json, adapter_config.json and merged/).
@@ -87,7 +88,9 @@ typedef struct consolidate_options {
     const char *ckpt;           /* a checkpoint directory (its `latest` is used) or a step-N
                                  * directory (one with a manifest.json) */
     const char *out;            /* the model directory to write */
-    st_dtype dtype;             /* ST_BF16 or ST_F32 */
+    st_dtype dtype;             /* ST_BF16 or ST_F32: a model's (and the merged model's) */
+    st_dtype adapter_dtype;     /* ST_BF16 or ST_F32: an adapter checkpoint's
+                                 * adapter_model.safetensors */
     uint64_t shard_bytes;       /* largest safetensors file, as transformers' max_shard_size */
     int threads;                /* output files written at once, >= 1 */
     const char *tokenizer_from; /* the source model directory, or NULL for the manifest's

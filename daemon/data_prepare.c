@@ -15,10 +15,6 @@
 #include "data/cache_build.h"
 #include "proto/tokens.h"
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
 
 /* The directory whose tokenizer.json goes with the model ("" when there is none). */
 static void tokenizer_dir(const job_config *j, char *out, size_t n) {
@@ -155,6 +151,38 @@ static void cache_identity(const char *path, ckpt_data_identity *id) {
     hex_encode(h, SHA256_BYTES, id->sha256);
 }
 
+static const char *source_format_name(uint32_t format) {
+    return format == TOK_FORMAT_ALPACA ? "alpaca" : format == TOK_FORMAT_CHAT ? "chat"
+         : format == TOK_FORMAT_TEXT   ? "text"   : "token ids (no tokenizer)";
+}
+
+int data_check(const job_config *j, errbuf *err) {
+    tok_file_kind kind;
+    const char *format = job_data_format_name(j->data.format);
+    if (tok_probe(j->data.path, &kind, err)) return errprefix(err, "data.path");
+    if (kind == TOK_FILE_CACHE && j->data.format != JOB_DATA_TOKENS) {
+        tok_source src;
+        char made[96] = "";
+        if (tok_read_source(j->data.path, &src, err) == 0)
+            snprintf(made, sizeof made, ", made from %s data", source_format_name(src.format));
+        return errf(err, "data.format: '%s' but data.path %s is a token cache (FSDPTOK1%s): its format, "
+                         "template, truncation and bad-record handling were fixed when it was tokenized; "
+                         "leave data.format at tokens", format, j->data.path, made);
+    }
+    if (kind == TOK_FILE_JSONL && j->data.format == JOB_DATA_TOKENS)
+        return errf(err, "data.format: tokens, but data.path %s is JSONL (its first record starts with '{'), "
+                         "not a token cache: set data.format to alpaca, chat or text", j->data.path);
+    if (kind == TOK_FILE_JSON_ARRAY)
+        return errf(err, "data.path: %s is a JSON array; data.format %s reads %s: %s", j->data.path, format,
+                    j->data.format == JOB_DATA_TOKENS ? "a token cache" : "JSONL, one JSON object a line",
+                    "write one record a line (jq -c '.[]' FILE) and set data.format to alpaca, chat or text");
+    if (kind == TOK_FILE_EMPTY || kind == TOK_FILE_OTHER)
+        return errf(err, "data.path: %s is %s (data.format %s wants %s)", j->data.path, tok_file_kind_name(kind),
+                    format, j->data.format == JOB_DATA_TOKENS ? "a token cache, made by fsdpctl tokenize"
+                                                              : "JSONL, one JSON object a line");
+    return 0;
+}
+
 int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
     char tk_dir[JOB_PATH_MAX];
     uint8_t h[SHA256_BYTES];
@@ -164,7 +192,8 @@ int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
         if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
         hex_encode(h, SHA256_BYTES, id->tokenizer_sha256);
     }
-    if (ends_with(j->data.path, ".jsonl")) return prepare_jsonl(j, tk_dir, id, err);
+    if (data_check(j, err)) return -1;
+    if (j->data.format != JOB_DATA_TOKENS) return prepare_jsonl(j, tk_dir, id, err);
     if (check_cache(j, tk_dir, err)) return -1;
     cache_identity(j->data.path, id);
     return 0;

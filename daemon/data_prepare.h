@@ -1,6 +1,6 @@
 /* data_prepare: the job's data, ready for the workers, before the first run.
  *
- * A JSONL data.path (data.format alpaca, chat or text) is tokenized into a token cache
+ * A JSONL data.path (by its content, whatever its name; data.format alpaca, chat or text) is tokenized into a token cache
  * (data/cache_build.h) in checkpoint.dir, named after a hash of everything that makes it
  * (the data file's and tokenizer.json's contents, format, template, seq_len, truncate,
  * on_bad_record), written atomically (tmp + rename, so nodes building it at once cannot
@@ -22,6 +22,12 @@
 #include "proto/ckpt.h"
 #include "proto/job.h"
 
+/* data.path against data.format, decided by the file's content (proto/tokens.h tok_probe),
+ * never its name: a token cache needs data.format tokens (its format, template, truncation
+ * and bad-record handling were fixed when it was made), JSONL needs alpaca, chat or text; a
+ * JSON array, an empty file or anything else is refused.  Messages name the format found.
+ * data_prepare runs it first; fsdpctl plan runs it too. */
+int data_check(const job_config *j, errbuf *err);
 int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err);
 
 #endif

@@ -60,15 +60,27 @@ static int consolidate_output(const job_config *job, errbuf *err) {
     consolidate_options o = {
         .ckpt = job->checkpoint.dir, .out = job->output.dir,
         .dtype = job->output.dtype == JOB_DTYPE_F32 ? ST_F32 : ST_BF16,
+        /* auto: the adapter in F32, as PEFT saves it (its autocast_adapter_dtype keeps a bf16
+         * model's adapters in fp32), the model and the merged model in BF16 */
+        .adapter_dtype = job->output.dtype == JOB_DTYPE_BF16 ? ST_BF16 : ST_F32,
         .shard_bytes = (uint64_t)job->output.shard_size, .threads = 4,
         .tokenizer_from = job->model.init == JOB_INIT_PRETRAINED ? job->model.path : NULL,
         .merge = job->output.merge, .result = &r};
     if (consolidate(&o, err)) return -1;
-    log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s%s",
-              (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
-              st_dtype_name(o.dtype), r.seconds,
-              job->output.merge ? " (a PEFT adapter, and the merged model in merged/)" :
-              job->train.type != JOB_TRAIN_FULL ? " (a PEFT adapter)" : "");
+    if (!r.adapter)
+        log_event(-1, "consolidated step %lld into %s: %d tensors in %d files, %.3f GB %s, %.1f s",
+                  (long long)r.step, job->output.dir, r.tensors, r.files, (double)r.bytes / 1e9,
+                  st_dtype_name(o.dtype), r.seconds);
+    else if (!job->output.merge)
+        log_event(-1, "consolidated step %lld into %s: a PEFT adapter, %d tensors in 1 file, %.3f GB %s, %.1f s",
+                  (long long)r.step, job->output.dir, r.tensors, (double)r.bytes / 1e9,
+                  st_dtype_name(o.adapter_dtype), r.seconds);
+    else
+        log_event(-1, "consolidated step %lld into %s: a PEFT adapter, %d tensors in 1 file, %.3f GB %s; "
+                      "the merged model in merged/, %d tensors in %d files, %.3f GB %s, %.1f s",
+                  (long long)r.step, job->output.dir, r.tensors, (double)r.bytes / 1e9,
+                  st_dtype_name(o.adapter_dtype), r.merged_tensors, r.merged_files,
+                  (double)r.merged_bytes / 1e9, st_dtype_name(o.dtype), r.seconds);
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include "model/step_plan.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -334,39 +335,49 @@ static void by_kind(const job_config *j, step_plan *p, size_t cs) {
 int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quant quant,
                   const plan_machine *m, const plan_rates *r, step_plan *p, errbuf *err) {
     memset(p, 0, sizeof *p);
-    const plan_gpu *table_gpu = plan_gpu_find(r->gpu);
-    if (!m->gpu || !table_gpu)
-        return errf(err, "plan: unknown GPU '%s' (known: %s)", m->gpu ? r->gpu : "?", plan_gpu_names());
-    if (m->nodes < 1 || m->gpus_per_node < 1) return errf(err, "plan: %d nodes of %d GPUs", m->nodes, m->gpus_per_node);
+    int cpu = j->runtime.backend == JOB_BACKEND_CPU;
+    if (!cpu && j->runtime.backend != JOB_BACKEND_CUDA)
+        return errf(err, "plan: runtime.backend not resolved (cpu or cuda)");
+    const plan_gpu *table_gpu = cpu || !r ? NULL : plan_gpu_find(r->gpu);
+    if (!cpu && (!m->gpu || !table_gpu))
+        return errf(err, "plan: unknown GPU '%s' (known: %s)", m->gpu && r ? r->gpu : "?", plan_gpu_names());
+    if (m->nodes < 1 || m->gpus_per_node < 1) return errf(err, "plan: %d nodes of %d workers", m->nodes, m->gpus_per_node);
     int world = m->nodes * m->gpus_per_node;
-    size_t cs = 2; /* bf16 compute on every GPU */
+    size_t cs = cpu ? 4 : 2; /* the CPU kernels compute in fp32, the GPUs in bf16 (k_compute_size) */
+    size_t gpu_total = cpu ? 0 : (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
     lora_config lora;
     memory_plan_options o;
-    p->context = (size_t)r->context_bytes;
-    size_t capacity = (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
-    if (j->runtime.gpu_memory_limit > 0) capacity = (size_t)j->runtime.gpu_memory_limit + p->context;
-    memory_plan_job_options(j, cfg, world, 0, quant, cs,
-                            step_plan_auto_budget(j, (size_t)(m->gpu->memory_gib * (double)(1ull << 30)), p->context),
-                            &lora, &o);
+    p->context = cpu ? 0 : (size_t)r->context_bytes;
+    memory_plan_job_options(j, cfg, world, 0, quant, cs, step_plan_auto_budget(j, gpu_total, p->context), &lora, &o);
     if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
-    p->validated = table_gpu == m->gpu;
+    p->cpu = cpu;
+    p->validated = !cpu && table_gpu == m->gpu;
     p->gpu_bytes = p->mem.total + p->context;
     p->recompute = o.recompute;
     by_kind(j, p, cs);
+    /* The verdict is fsdpd's own admission check (step_plan_admit, as daemon/supervisor.c calls it):
+     * the plan and fsdpd never disagree on whether a job fits. */
+    errbuf verdict = {{0}};
+    p->fits = step_plan_admit(j, cfg, world, quant, cs, gpu_total, PLAN_CONTEXT_BYTES, &verdict) == 0;
+    if (!p->fits) snprintf(p->verdict, sizeof p->verdict, "%s", verdict.msg);
+    size_t limit = j->runtime.gpu_memory_limit > 0 ? (size_t)j->runtime.gpu_memory_limit
+                 : cpu                            ? SIZE_MAX
+                 : gpu_total > PLAN_CONTEXT_BYTES + PLAN_MARGIN_BYTES ? gpu_total - PLAN_CONTEXT_BYTES - PLAN_MARGIN_BYTES
+                                                                      : 0;
     int rows = j->train.global_batch / world;
     size_t fitted;
-    p->max_micro_batch = capacity > p->context
-                             ? memory_plan_largest_micro_batch(&o, rows, rows, capacity - p->context, &fitted)
-                             : 0;
+    p->max_micro_batch = limit ? memory_plan_largest_micro_batch(&o, rows, rows, limit, &fitted) : 0;
 
     /* host RAM of a node */
     if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
     int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final;
     p->host_offload = p->mem.host_offload * (size_t)m->gpus_per_node;
+    p->host_workers = cpu ? p->mem.total * (size_t)m->gpus_per_node : 0;
     p->host_ckpt = saves ? 12 * p->mem.trainable_elems * (size_t)m->gpus_per_node : 0;
     p->host_data = m->data_bytes;
     p->host_processes = (size_t)m->gpus_per_node * ((size_t)600 << 20); /* measured: 0.5 to 1 GiB a worker */
-    p->host_total = p->host_model + p->host_offload + p->host_ckpt + p->host_data + p->host_processes;
+    p->host_total = p->host_model + p->host_offload + p->host_workers + p->host_ckpt + p->host_data +
+                    p->host_processes;
 
     model_shape s = {.c = cfg, .B = j->train.micro_batch, .T = j->data.seq_len, .C = cfg->hidden_size,
                      .I = cfg->intermediate_size, .q = cfg->num_attention_heads * cfg->head_dim,
@@ -377,7 +388,8 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     unit_sizes_of(&s, &u);
     p->ckpt_bytes = (size_t)(12.0 * u.trained_total);
     p->ckpt_node_bytes = p->ckpt_bytes / (size_t)m->nodes;
-    p->ckpt_write_s = (double)p->ckpt_node_bytes / (r->disk_gbps * 1e9);
+    p->ckpt_write_s = r ? (double)p->ckpt_node_bytes / (r->disk_gbps * 1e9) : 0;
+    if (cpu) return 0; /* no step time: the rates are a GPU's */
 
     rates rt = {.t = r, .compute = table_gpu->tflops / m->gpu->tflops,
                 .memory = table_gpu->hbm_gbps / m->gpu->hbm_gbps, .copy = table_gpu->pcie_gbps / m->gpu->pcie_gbps};

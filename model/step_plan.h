@@ -67,8 +67,8 @@ typedef struct step_plan {
     size_t gpu_bytes; /* mem.total + context: a worker's device memory at its peak */
     /* The same bytes by what they hold (they sum to mem.total, the staging buffer aside) */
     size_t params, grads, optimizer, gathered, activations, workspace;
-    /* host RAM of a node */
-    size_t host_model, host_offload, host_ckpt, host_data, host_processes, host_total;
+    /* host RAM of a node (host_workers: on the CPU backend, the workers' memory above) */
+    size_t host_model, host_offload, host_workers, host_ckpt, host_data, host_processes, host_total;
     /* the checkpoint: all of it, a node's part, the seconds a node writes it */
     size_t ckpt_bytes, ckpt_node_bytes;
     double ckpt_write_s;
@@ -79,10 +79,17 @@ typedef struct step_plan {
     int max_micro_batch; /* the largest micro_batch that fits the GPU (dividing the rows of a
                             rank); 0: none */
     int validated;       /* the rates were measured on this GPU */
+    int cpu;             /* the CPU backend: the memory is host memory; no context, no step time */
+    int fits;            /* fsdpd admits the job (step_plan_admit); else verdict says why */
+    char verdict[1024];
 } step_plan;
 
 /* The plan of job j (resolved and validated for nodes x gpus_per_node workers) over a model of
- * config cfg whose base is stored as quant, on m, from the rates table r. */
+ * config cfg whose base is stored as quant, on m, from the rates table r, on the job's
+ * runtime.backend: cuda needs m->gpu and r; cpu plans the memory (fp32 compute, no CUDA
+ * context) and host RAM only (m->gpu and r may be NULL; with r, the checkpoint's write time).
+ * fits and verdict are fsdpd's admission check (step_plan_admit with PLAN_CONTEXT_BYTES, as
+ * daemon/supervisor.c runs it); max_micro_batch is the largest that this check admits. */
 int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quant quant,
                   const plan_machine *m, const plan_rates *r, step_plan *p, errbuf *err);
 

@@ -68,7 +68,7 @@ static const choice init_choices[] = {
 static const choice model_dtype_choices[] = {
     {"auto", JOB_DTYPE_AUTO}, {"f32", JOB_DTYPE_F32}, {"bf16", JOB_DTYPE_BF16}, {NULL, 0}};
 static const choice output_dtype_choices[] = {
-    {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
+    {"auto", JOB_DTYPE_AUTO}, {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
 static const choice format_choices[] = {
     {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
     {"tokens", JOB_DATA_TOKENS}, {NULL, 0}};
@@ -210,6 +210,12 @@ const char *job_sharding_name(job_sharding s) {
     return NULL;
 }
 
+const char *job_data_format_name(job_data_format f) {
+    for (const choice *c = format_choices; c->name; c++)
+        if (c->value == (int)f) return c->name;
+    return NULL;
+}
+
 void job_lora_config(const job_config *j, lora_config *out) {
     *out = (lora_config){.rank = j->lora.rank, .alpha = j->lora.alpha, .rslora = j->lora.rslora,
                          .dropout = j->lora.dropout};
@@ -271,7 +277,7 @@ void job_defaults(job_config *j) {
     j->checkpoint.max_failed_saves = 3;
 
     strcpy(j->output.dir, "output");
-    j->output.dtype = JOB_DTYPE_BF16;
+    j->output.dtype = JOB_DTYPE_AUTO; /* a model bf16, an adapter f32 (PEFT's) */
     j->output.shard_size = 5000000000LL;
     j->output.consolidate = true;
 
@@ -1091,20 +1097,12 @@ static int check_schedule(const job_config *j, errbuf *err) {
     return 0;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* The template names data/chat_template.h knows ("" = auto); fsdpd resolves auto. */
 static int check_data(const job_config *j, errbuf *err) {
     static const char *const templates[] = {"", "auto", "llama3", "llama2", "chatml", "alpaca"};
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
                          "JSONL file with data.format alpaca, chat or text)");
-    if (j->data.format == JOB_DATA_TOKENS && ends_with(j->data.path, ".jsonl"))
-        return errf(err, "data.format: %s is a JSONL file: set data.format to alpaca, chat or text",
-                    j->data.path);
     for (size_t i = 0; i < COUNT(templates); i++)
         if (!strcmp(j->data.template_name, templates[i])) return 0;
     return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, alpaca, auto",
@@ -1128,6 +1126,60 @@ static int check_adapters(const job_config *j, errbuf *err) {
     return 0;
 }
 
+static void value_text(const json_t *v, char *out, size_t n);
+
+/* Whether key `section.name` of j holds another value than job_defaults gives it (*text: that
+ * value as JSON).  "Set" means changed from the default: a default is never refused, whatever
+ * the job file spells out, and job_validate needs no record of what the file or the overrides
+ * named. */
+static int key_set(const job_config *j, const job_config *defaults, const job_key *k, bool *set, char *text,
+                   size_t n, errbuf *err) {
+    json_t *a = get_key(j, k, err), *b = a ? get_key(defaults, k, err) : NULL;
+    if (!b) {
+        json_decref(a);
+        return -1;
+    }
+    *set = !json_equal(a, b);
+    value_text(a, text, n);
+    json_decref(a);
+    json_decref(b);
+    return 0;
+}
+
+/* Values that would be accepted and then ignored: refused, naming the key and why. */
+static int check_unused(const job_config *j, errbuf *err) {
+    job_config *d = malloc(sizeof *d);
+    if (!d) return errf(err, "out of memory checking the job's keys");
+    job_defaults(d);
+    bool adapters = j->train.type != JOB_TRAIN_FULL, tokens = j->data.format == JOB_DATA_TOKENS;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < COUNT(keys); i++) {
+        const job_key *k = &keys[i];
+        const char *why = NULL;
+        if (!strcmp(k->section, "lora") && !adapters)
+            why = "train.type is full: adapters are not trained in a full fine-tune (set train.type lora "
+                  "or qlora, or leave lora.* at its defaults)";
+        else if (!strcmp(k->section, "data") && tokens &&
+                 (!strcmp(k->name, "template") || !strcmp(k->name, "truncate") || !strcmp(k->name, "on_bad_record")))
+            why = "data.format is tokens: a token cache was templated, truncated and filtered when it was "
+                  "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat or text)";
+        else if (!strcmp(k->section, "output") && !strcmp(k->name, "shard_size") && adapters && !j->output.merge)
+            why = "an adapter job's output is one adapter_model.safetensors, never sharded (PEFT's layout); "
+                  "output.shard_size applies to the merged model of output.merge";
+        if (!why) continue;
+        bool set;
+        char text[160];
+        rc = key_set(j, d, k, &set, text, sizeof text, err);
+        if (rc == 0 && set) rc = errf(err, "%s.%s: %s is set but %s", k->section, k->name, text, why);
+    }
+    free(d);
+    if (rc) return -1;
+    if (j->train.eval_interval > 0 && j->data.eval_fraction == 0)
+        return errf(err, "train.eval_interval: %d is set but data.eval_fraction is 0: no data is held out to "
+                         "evaluate (set data.eval_fraction, e.g. 0.05)", j->train.eval_interval);
+    return 0;
+}
+
 /* Strategies built for part of the jobs only. */
 static int check_sharding(const job_config *j, errbuf *err) {
     if (j->fsdp.sharding == JOB_SHARD_GRAD_OP && (j->train.type != JOB_TRAIN_FULL || j->fsdp.cpu_offload))
@@ -1148,7 +1200,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return check_adapters(j, err) || check_sharding(j, err) ? -1 : 0;
+    return check_adapters(j, err) || check_sharding(j, err) || check_unused(j, err) ? -1 : 0;
 }
 
 json_t *job_to_object(const job_config *j, errbuf *err) {

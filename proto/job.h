@@ -133,7 +133,7 @@ typedef struct job_config {
     } checkpoint;
     struct {
         char dir[JOB_PATH_MAX];
-        job_dtype dtype; /* bf16 or f32 */
+        job_dtype dtype; /* bf16, f32 or auto: a model (and output.merge's) bf16, an adapter f32 */
         int64_t shard_size; /* bytes */
         bool consolidate;
         bool merge;         /* adapter jobs: also the merged model, in output.dir/merged */
@@ -166,6 +166,8 @@ void job_lora_config(const job_config *j, struct lora_config *out);
 /* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
  * another value. */
 const char *job_sharding_name(job_sharding s);
+/* "tokens", "alpaca", "chat", "text" (data.format's), NULL for another value. */
+const char *job_data_format_name(job_data_format f);
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */

@@ -344,6 +344,9 @@ int peft_read_weights(const char *path, const lora_layout *lo, float *const *uni
     for (int i = 0; rc == 0 && i < f.n_tensors; i++) {
         const llama_tensor_slot *s = slot_of(lo, &f.tensors[i], path, err);
         rc = s ? st_read_f32(&f.tensors[i], 0, s->numel, units[s->unit] + s->offset, err) : -1;
+        if (rc == 0)
+            rc = st_check_finite(units[s->unit] + s->offset, s->numel, 0, path, s->name,
+                                 "a non-finite adapter is refused", err);
         if (rc == 0) seen[s - lo->tensors] = 1;
     }
     for (int i = 0; rc == 0 && i < lo->n_tensors; i++)

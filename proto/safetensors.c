@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -750,6 +751,15 @@ int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *
         return errf(err, "tensor %s: dtype %s is not a floating-point type", t->name,
                     st_dtype_name(t->dtype));
     }
+}
+
+int st_check_finite(const float *v, size_t n, size_t first, const char *where, const char *name,
+                    const char *why, errbuf *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return errf(err, "%s%stensor %s: element %zu is %s%s%s", where, where[0] ? ": " : "", name, first + i,
+                        isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf", why[0] ? ": " : "", why);
+    return 0;
 }
 
 /* The bytes of a tensor the fingerprint hashes (st_model_fingerprint). */

@@ -123,5 +123,11 @@ int st_write_model(const char *dir, const st_wtensor *t, int n, uint64_t shard_b
  * fp32; any other dtype is an error naming the tensor.  The caller keeps first+n <= numel. */
 int st_read_f32(const st_tensor *t, size_t first, size_t n, float *dst, errbuf *err);
 
+/* 0 when v[n] (elements [first, first+n) of tensor `name`) are all finite; else -1 with
+ * "WHERE: tensor NAME: element K is nan (or inf, -inf): WHY" (where and why may be "";
+ * weights read for a merge or a fine-tune are refused this way, never passed on). */
+int st_check_finite(const float *v, size_t n, size_t first, const char *where, const char *name,
+                    const char *why, errbuf *err);
+
 
 #endif

@@ -136,6 +136,48 @@ int tok_read_source(const char *path, tok_source *src, errbuf *err) {
     return 0;
 }
 
+int tok_probe(const char *path, tok_file_kind *kind, errbuf *err) {
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return -1;
+    unsigned char buf[4096];
+    size_t have = 0;
+    int rc = 0;
+    *kind = TOK_FILE_EMPTY;
+    for (off_t at = 0;; at += (off_t)have) {
+        ssize_t n = pread(fd, buf, sizeof buf, at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            rc = errf(err, "%s: %s", path, strerror(errno));
+            break;
+        }
+        if (at == 0 && (size_t)n >= 8 && memcmp(buf, TOK_MAGIC, 8) == 0) {
+            *kind = TOK_FILE_CACHE;
+            break;
+        }
+        have = (size_t)n;
+        size_t i = 0;
+        while (i < have && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' || buf[i] == '\r')) i++;
+        if (i < have) {
+            *kind = buf[i] == '{' ? TOK_FILE_JSONL : buf[i] == '[' ? TOK_FILE_JSON_ARRAY : TOK_FILE_OTHER;
+            break;
+        }
+        if (have == 0) break;
+    }
+    close(fd);
+    return rc;
+}
+
+const char *tok_file_kind_name(tok_file_kind kind) {
+    switch (kind) {
+    case TOK_FILE_CACHE: return "a token cache";
+    case TOK_FILE_JSONL: return "JSONL";
+    case TOK_FILE_JSON_ARRAY: return "a JSON array";
+    case TOK_FILE_EMPTY: return "empty";
+    case TOK_FILE_OTHER: break;
+    }
+    return "neither a token cache nor JSONL";
+}
+
 int tok_open(tok_cache *c, const char *path, errbuf *err) {
     void *map;
     size_t len;

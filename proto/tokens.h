@@ -66,6 +66,17 @@ typedef struct tok_cache {
     const uint8_t *mask;
 } tok_cache;
 
+/* What a data file is, by its content (never its name): a token cache (it starts with
+ * TOK_MAGIC), JSONL (its first byte that is not white space is '{'), a JSON array ('['), empty
+ * (or only white space), or something else. */
+typedef enum tok_file_kind {
+    TOK_FILE_CACHE, TOK_FILE_JSONL, TOK_FILE_JSON_ARRAY, TOK_FILE_EMPTY, TOK_FILE_OTHER
+} tok_file_kind;
+/* -1 (with the reason) when path cannot be read (or is not a regular file). */
+int tok_probe(const char *path, tok_file_kind *kind, errbuf *err);
+/* "a token cache", "JSONL", "a JSON array", "empty", "neither a token cache nor JSONL". */
+const char *tok_file_kind_name(tok_file_kind kind);
+
 int tok_open(tok_cache *c, const char *path, errbuf *err);
 /* Only the header's provenance (fsdpd checks it without reading the whole file). */
 int tok_read_source(const char *path, tok_source *src, errbuf *err);

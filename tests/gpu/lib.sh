@@ -140,10 +140,11 @@ measured_run() {
     base_host=$(awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t - a}' /proc/meminfo)
     sample "$name"
     rm -f "$out/$name.jsonl" "$out/$name.fig"
+    local adapter=() # lora.* only for an adapter job (with train.type full they are refused)
+    [ "$type" = full ] || adapter=(--lora.rank=64 --lora.alpha=16 --lora.dropout=0 --lora.targets=all-linear)
     timeout "$limit" "${wrap[@]+"${wrap[@]}"}" "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.path= --model.init=random \
         --model.config="$model" --model.dtype=bf16 --data.path="$work/data.tokens" --data.format=tokens \
-        --data.seq_len="$seq" --train.type="$type" --lora.rank=64 --lora.alpha=16 --lora.dropout=0 \
-        --lora.targets=all-linear --train.global_batch=$((batch * workers)) --train.micro_batch="$batch" \
+        --data.template= --data.seq_len="$seq" --train.type="$type" "${adapter[@]}" --train.global_batch=$((batch * workers)) --train.micro_batch="$batch" \
         --train.max_steps="$steps" --train.warmup_steps=1 --train.lr=2e-4 --train.min_lr=0 \
         --fsdp.activation_checkpointing=full --runtime.backend="$run_backend" --runtime.workers_per_node="$workers" \
         --checkpoint.dir="$work/ckpt-$name" --checkpoint.resume=never --checkpoint.save_final=false \

@@ -50,7 +50,7 @@ check "synth" "$fsdpctl" synth --out "$work/d.tokens" --records 256 --seq-len 32
 for kind in lora qlora; do
     merge=false; [ $kind = lora ] && merge=true
     check "fsdpd $kind" timeout 200 "$fsdpd" --job configs/jobs/tiny-chat.json --model.init= --model.config= \
-        --model.path="$g" --data.path="$work/d.tokens" --data.format=tokens --data.seq_len=32 --train.type=$kind \
+        --model.path="$g" --data.path="$work/d.tokens" --data.format=tokens --data.template= --data.seq_len=32 --train.type=$kind \
         --lora.rank=8 --lora.alpha=16 --lora.dropout=0.1 --train.global_batch=8 --train.micro_batch=8 \
         --train.max_steps=20 --train.lr=3e-3 --train.min_lr=0 --runtime.backend=cuda --runtime.workers_per_node=1 \
         --checkpoint.dir="$work/$kind.ckpt" --checkpoint.resume=never --output.dir="$work/$kind.out" \

@@ -108,7 +108,13 @@ JSON
 # write_base_job TYPE: $tmp/base, a small pretrained model (seed 5), $tmp/data.tokens and
 # $tmp/job.json, a CPU job of train.type TYPE over it (2 workers, 6 steps, clipping and weight
 # decay, LoRA r 4 with dropout 0.1 when TYPE is an adapter type, a checkpoint every 3 steps).
+# A full job has no lora section (set with train.type full, lora.* is refused); as_full: the
+# overrides that turn an adapter job of it into a full fine-tune (lora.* back at the defaults).
+as_full=(--train.type=full --lora.rank=8 --lora.alpha=16 --lora.dropout=0.05)
 write_base_job() {
+    local lora='
+  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},'
+    [ "$1" = full ] && lora=
     make_small_model "$tmp"
     "$fsdpctl" init --model-config "$tmp/model.json" --out "$tmp/base" --seed 5 > /dev/null
     make_small_data "$tmp/data.tokens"
@@ -118,8 +124,7 @@ write_base_job() {
   "data": {"path": "$tmp/data.tokens", "format": "tokens", "seq_len": 20},
   "train": {"type": "$1", "global_batch": 12, "micro_batch": 3, "max_steps": 6, "lr": 1e-2,
             "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1, "clip_norm": 1.0,
-            "seed": 3},
-  "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
+            "seed": 3},$lora
   "checkpoint": {"dir": "$tmp/ckpt", "resume": "never", "interval_steps": 3, "async": false},
   "output": {"dir": "$tmp/out", "consolidate": false},
   "runtime": {"backend": "cpu", "workers_per_node": 2, "heartbeat_s": 1, "stop_grace_s": 3,

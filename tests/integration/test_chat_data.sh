@@ -103,5 +103,24 @@ grep -q "reusing the token cache" "$tmp/run2.log" || fail "the second run did no
 # A cache from another tokenizer is refused.
 "$fsdpctl" tokenize --tokenizer "$l3" --data "$tmp/arith.jsonl" --format chat --template llama3 --seq-len 48 \
     --out "$tmp/l3.tokens" > /dev/null
-expect_error 2 "was tokenized with another tokenizer" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/l3.tokens"
+expect_error 2 "was tokenized with another tokenizer" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/l3.tokens" \
+    --data.format=tokens --data.template=
+
+# JSONL or a token cache is decided by the content, never the name (F37): chat JSONL named .json
+# trains; a cache with a JSONL format, JSONL with format tokens, a JSON array: refused, naming
+# what the file is.
+cp "$tmp/arith.jsonl" "$tmp/arith.json"
+timeout 300 "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/arith.json" --train.max_steps=1 --train.warmup_steps=0 \
+    --checkpoint.dir="$tmp/ck-json" > "$tmp/json.log" 2>&1 || { tail -30 "$tmp/json.log"; fail "fsdpd on chat JSONL named .json failed"; }
+grep -q "tokenizing $tmp/arith.json (format chat" "$tmp/json.log" || { cat "$tmp/json.log"; fail "the .json JSONL was not tokenized"; }
+cp "$tmp/l3.tokens" "$tmp/cache.jsonl"
+expect_error 2 "data.format: 'chat' but data.path $tmp/cache.jsonl is a token cache (FSDPTOK1, made from chat data)" \
+    "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/cache.jsonl"
+expect_error 2 "data.format: tokens, but data.path $tmp/arith.json is JSONL" \
+    "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/arith.json" --data.format=tokens --data.template=
+python3 -c 'import json, sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))' "$tmp/arith.jsonl" > "$tmp/array.json"
+expect_error 2 "data.path: $tmp/array.json is a JSON array; data.format chat reads JSONL, one JSON object a line" \
+    "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/array.json"
+expect_error 2 "data.template: \"llama2\" is set but data.format is tokens" \
+    "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/l3.tokens" --data.format=tokens
 echo "ok"

@@ -61,10 +61,10 @@ grep -q "resuming from $ck/step-000006" "$tmp/forced.log" || fail "force did not
 echo "force: resumed, differences logged"
 
 # --- a full fine-tune of another model ----------------------------------------------------------
-run_job full -- --checkpoint.dir="$tmp/ckfull" --train.type=full --checkpoint.resume=auto
+run_job full -- --checkpoint.dir="$tmp/ckfull" "${as_full[@]}" --checkpoint.resume=auto
 must_succeed full
 ck=$tmp/ckfull
-refused fullother "model (fingerprint) is" -- --checkpoint.dir="$tmp/ckfull" --train.type=full \
+refused fullother "model (fingerprint) is" -- --checkpoint.dir="$tmp/ckfull" "${as_full[@]}" \
     --model.path="$tmp/other-base"
 echo "full fine-tune of another model: refused"
 
@@ -74,8 +74,8 @@ import json, sys
 m = json.load(open(sys.argv[1])); del m["identity"]
 json.dump(m, open(sys.argv[1], "w"), indent=1)
 PY
-refused old "identity is (not recorded" -- --checkpoint.dir="$tmp/ckfull" --train.type=full
-run_job oldforced -- --checkpoint.dir="$tmp/ckfull" --train.type=full --checkpoint.resume=force --train.max_steps=7
+refused old "identity is (not recorded" -- --checkpoint.dir="$tmp/ckfull" "${as_full[@]}"
+run_job oldforced -- --checkpoint.dir="$tmp/ckfull" "${as_full[@]}" --checkpoint.resume=force --train.max_steps=7
 must_succeed oldforced
 echo "a manifest without identity: refused, resumed with force"
 

@@ -58,6 +58,10 @@ trained "$tmp/c2"
 truncate -s 100 "$tmp/c2/step-000004/rank-00000-of-00002.bin"
 expect_no_restart truncated "rank-00000-of-00002.bin" --checkpoint.dir="$tmp/c2" --checkpoint.resume=latest --train.max_steps=8
 
-# --- a missing data file ---------------------------------------------------------------------
-expect_no_restart missing "missing.tokens" --data.path="$tmp/missing.tokens" --checkpoint.dir="$tmp/c3"
+# --- a broken token cache (the workers' data loader) ------------------------------------------
+# (a missing data file is fsdpd's own refusal now, before any worker: data_check)
+printf 'FSDPTOK1' > "$tmp/short.tokens"
+expect_no_restart short "short.tokens" --data.path="$tmp/short.tokens" --checkpoint.dir="$tmp/c3"
+expect_error 2 "data.path: $tmp/missing.tokens: open: No such file or directory" \
+    "$fsdpd" --job "$tmp/job.json" --runtime.max_restarts=2 --data.path="$tmp/missing.tokens" --checkpoint.dir="$tmp/c4"
 echo ok

@@ -39,8 +39,9 @@ expect_status 2 "SLURM_NNODES 'two' is not an integer >= 1" env "${slurm2[@]}" S
 expect_status 2 "SLURM_JOB_NODELIST names 2 hosts but SLURM_NNODES is 3" env "${slurm2[@]}" SLURM_NNODES=3 "$fsdpd" --job "$tmp/job.json"
 
 # --- a worker's own error reaches fsdpd's message ------------------------------------------
-expect_status 1 "rank 0 failed" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/missing.tokens"
-grep -q "missing.tokens" "$tmp/cmd.out" || fail "the worker's error does not name the missing file"
+printf 'FSDPTOK1' > "$tmp/short.tokens" # a cache by its magic, too short: the worker's loader fails
+expect_status 1 "rank 0 failed" "$fsdpd" --job "$tmp/job.json" --data.path="$tmp/short.tokens"
+grep -q "short.tokens" "$tmp/cmd.out" || fail "the worker's error does not name the broken file"
 
 # run_timed NAME ENV...: runs the job in the background with the given environment, returns
 # once fsdpd has exited (or fails after 10 s); sets $status and $elapsed.

@@ -100,7 +100,7 @@ run otherbase -- --checkpoint.dir="$tmp/ckr-copy" --checkpoint.resume=auto --mod
 [ "$status" -ne 0 ] || fail "resuming on another base was accepted"
 grep -q 'model (fingerprint) is [0-9a-f]* in the checkpoint, [0-9a-f]* in this job' "$tmp/otherbase.log" &&
     grep -q 'a checkpoint of another job' "$tmp/otherbase.log" || { cat "$tmp/otherbase.log"; fail "no reason given"; }
-run asfull -- --checkpoint.dir="$tmp/ckr-copy" --checkpoint.resume=auto --train.type=full
+run asfull -- --checkpoint.dir="$tmp/ckr-copy" --checkpoint.resume=auto "${as_full[@]}"
 [ "$status" -ne 0 ] || fail "a full fine-tune resumed adapters"
 grep -q 'an adapter checkpoint, but the job is a full fine-tune' "$tmp/asfull.log" || { cat "$tmp/asfull.log"; fail "no reason given"; }
 # --- QLoRA: the base quantized to NF4 at load, or a bnb-4bit directory of it as it is ---------

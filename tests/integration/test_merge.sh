@@ -97,6 +97,31 @@ expect_error 1 "merging into a quantized base is not built yet" \
 make_small_model "$tmp/small"
 "$helper" --write-checkpoint "$tmp/small/model.json" "$tmp/full" 2 dense
 expect_error 1 "there is no adapter to merge" "$fsdpctl" consolidate "$tmp/full" "$tmp/refused" --merge
+# Non-finite weights (F37): an adapter or a base with a NaN or an Inf is refused naming the
+# tensor, and nothing is written.
+mkdir "$tmp/nan_adapter" "$tmp/inf_base"
+cp "$golden/lora/adapter_config.json" "$tmp/nan_adapter/"
+cp "$golden/config.json" "$golden/generation_config.json" "$tmp/inf_base/"
+"$venv/bin/python" - "$golden" "$tmp/nan_adapter" "$tmp/inf_base" <<'PY' || fail "poisoned copies not made"
+import sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+golden, adapter, base = sys.argv[1:]
+a = load_file(f"{golden}/lora/adapter_model.safetensors")
+k = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"
+a[k] = a[k].copy(); a[k].flat[3] = np.nan
+save_file(a, f"{adapter}/adapter_model.safetensors", metadata={"format": "pt"})
+b = load_file(f"{golden}/model.safetensors")
+k = "model.layers.0.self_attn.v_proj.weight"
+b[k] = b[k].copy(); b[k].flat[5] = -np.inf
+save_file(b, f"{base}/model.safetensors", metadata={"format": "pt"})
+PY
+expect_error 1 "tensor base_model.model.model.layers.1.mlp.down_proj.lora_B.weight: element 3 is nan: a non-finite adapter is refused" \
+    "$fsdpctl" merge "$golden" "$tmp/nan_adapter" "$tmp/refused"
+[ ! -e "$tmp/refused" ] && [ ! -e "$tmp/refused.partial" ] || fail "a refused merge (NaN adapter) left files"
+expect_error 1 "tensor model.layers.0.self_attn.v_proj.weight: element 5 is -inf: a non-finite base is refused" \
+    "$fsdpctl" merge "$tmp/inf_base" "$golden/lora" "$tmp/refused"
+[ ! -e "$tmp/refused" ] && [ ! -e "$tmp/refused.partial" ] || fail "a refused merge (Inf base) left files"
 expect_error 2 "usage" "$fsdpctl" merge "$golden" "$golden/lora"
 expect_error 2 "--dtype" "$fsdpctl" merge "$golden" "$golden/lora" "$tmp/refused" --dtype f16
 echo "test_merge: ok"

@@ -15,7 +15,7 @@ awk -v p="$packed" -v q="$padded" 'BEGIN { exit !(p > 80 && q < 30 && p <= 100) 
 run() { # NAME ARGS...
     local name=$1
     shift
-    "$fsdpd" --job configs/jobs/tiny-chat.json --data.path="$tmp/chat.tokens" --data.format=tokens --data.seq_len=256 \
+    "$fsdpd" --job configs/jobs/tiny-chat.json --data.path="$tmp/chat.tokens" --data.format=tokens --data.template= --data.seq_len=256 \
         --checkpoint.dir="$tmp/$name.ckpt" --output.dir="$tmp/$name.out" --checkpoint.resume=never \
         --checkpoint.save_final=false --output.consolidate=false --train.max_steps=16 --train.micro_batch=2 \
         --runtime.metrics="$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 || { tail -20 "$tmp/$name.log"; fail "$name failed"; }

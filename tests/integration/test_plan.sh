@@ -8,15 +8,15 @@ source "$(dirname "$0")/lib.sh"
 make_small_model "$tmp"
 make_small_data "$tmp/data.tokens"
 write_job "$tmp/job.json" "$tmp/model.json" "$tmp/data.tokens"
-"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 > "$tmp/plan.txt" || { cat "$tmp/plan.txt"; fail "plan failed"; }
-for part in "on 1 node x 2 h200 GPUs (rates measured on this GPU)" "per GPU:" "parameters" "gradients" \
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda > "$tmp/plan.txt" || { cat "$tmp/plan.txt"; fail "plan failed"; }
+for part in "on 1 node x 2 h200 GPUs, 2 workers a node (rates measured on this GPU)" "per GPU:" "parameters" "gradients" \
             "optimizer state" "gathered units" "activations" "workspaces" "largest train.micro_batch that fits: 6" \
             "host RAM a node" "checkpoint:" "step:" "tokens/s"; do
     grep -qF -- "$part" "$tmp/plan.txt" || { cat "$tmp/plan.txt"; fail "the plan lacks '$part'"; }
 done
 
 # --json: the same, for scripts; what a GPU holds adds up
-"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --json > "$tmp/plan.json"
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --json > "$tmp/plan.json"
 python3 - "$tmp/plan.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -41,10 +41,50 @@ JSON
 "$fsdpctl" plan "$tmp/q70.json" --gpus-per-node 1 --gpu 4090 > "$tmp/q70.txt" || { cat "$tmp/q70.txt"; fail "70B plan failed"; }
 grep -q "unvalidated" "$tmp/q70.txt" || fail "a 4090 plan from H200 rates is not marked unvalidated"
 grep -q "DOES NOT FIT" "$tmp/q70.txt" && { cat "$tmp/q70.txt"; fail "70B QLoRA with offload does not fit a 24 GB card"; }
-"$fsdpctl" plan "$tmp/q70.json" --gpus-per-node 1 --gpu 4090 --train.type=full --fsdp.cpu_offload=false \
+"$fsdpctl" plan "$tmp/q70.json" --gpus-per-node 1 --gpu 4090 --train.type=full --lora.rank=8 --lora.dropout=0.05 --fsdp.cpu_offload=false \
     --fsdp.offload_params=false > "$tmp/f70.txt"
 grep -q "DOES NOT FIT" "$tmp/f70.txt" && grep -q "largest train.micro_batch that fits: 0" "$tmp/f70.txt" ||
     { cat "$tmp/f70.txt"; fail "a 70B full fine-tune on one 4090 was not found unfit"; }
+
+# plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
+# fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"
+grep -q "^per GPU: .*: DOES NOT FIT$" "$tmp/lim.txt" && grep -q "fsdpd refuses it: runtime.gpu_memory_limit: each worker needs" "$tmp/lim.txt" ||
+    { cat "$tmp/lim.txt"; fail "a 1-byte gpu_memory_limit was not found unfit"; }
+grep -q "largest train.micro_batch that fits: 0" "$tmp/lim.txt" || { cat "$tmp/lim.txt"; fail "a micro_batch fits in 1 byte"; }
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit=1 > "$tmp/limcpu.txt"
+grep -q "^per worker: .*: DOES NOT FIT$" "$tmp/limcpu.txt" || { cat "$tmp/limcpu.txt"; fail "cpu: 1 byte fits"; }
+"$fsdpd" --job "$tmp/job.json" --runtime.gpu_memory_limit=1 > "$tmp/limfsdpd.log" 2>&1 && fail "fsdpd admitted a job of 1 byte"
+why=$(sed -n 's/^  fsdpd refuses it: //p' "$tmp/limcpu.txt")
+[ -n "$why" ] && grep -qF -- "$why" "$tmp/limfsdpd.log" ||
+    { cat "$tmp/limcpu.txt" "$tmp/limfsdpd.log"; fail "plan and fsdpd refuse for different reasons"; }
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda > "$tmp/fits.txt"
+grep -q "DOES NOT FIT\|fsdpd refuses" "$tmp/fits.txt" && { cat "$tmp/fits.txt"; fail "the small job does not fit an h200"; }
+
+# runtime.workers_per_node and runtime.backend are the job's (F37), not overwritten
+"$fsdpctl" plan "$tmp/job.json" --runtime.backend=cuda --runtime.workers_per_node=1 --json > "$tmp/w1.json"
+python3 - "$tmp/w1.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["backend"] == "cuda" and p["workers_per_node"] == 1 and p["gpus_per_node"] == 8 and p["fits"] is True, p
+assert p["max_micro_batch"] == 12, p["max_micro_batch"]  # global_batch 12 on one rank
+PY
+expect_error 1 "runtime.workers_per_node: 4 workers on 2 GPUs a node share them" \
+    "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.workers_per_node=4
+# the CPU backend (the job's): the workers' memory in host RAM, no step time
+"$fsdpctl" plan "$tmp/job.json" > "$tmp/cpu.txt" || { cat "$tmp/cpu.txt"; fail "cpu plan failed"; }
+grep -q "on 1 node x 2 workers, CPU backend (memory and host RAM; no step time)" "$tmp/cpu.txt" &&
+    grep -q "the workers' memory" "$tmp/cpu.txt" && ! grep -q "^step:" "$tmp/cpu.txt" && ! grep -q "GPU" "$tmp/cpu.txt" ||
+    { cat "$tmp/cpu.txt"; fail "the CPU backend's plan"; }
+"$fsdpctl" plan "$tmp/job.json" --runtime.workers_per_node=3 --train.global_batch=18 --json > "$tmp/cpu.json"
+python3 - "$tmp/cpu.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["backend"] == "cpu" and p["workers_per_node"] == 3 and p["gpu"] is None and p["step"] is None, p
+h = p["host_memory"]
+assert h["workers"] == 3 * p["gpu_memory"]["fsdp"] > 0 and p["gpu_memory"]["context"] == 0, p
+assert h["total"] == sum(h[k] for k in ("model", "offloaded", "workers", "checkpoint_staging", "token_cache", "processes")), h
+PY
 
 # bad arguments
 expect_error 1 "--gpu 'v100' is none of h200, h100, a100-80" "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --gpu v100

@@ -141,4 +141,15 @@ from safetensors.numpy import save_file
 save_file({"ids": np.arange(6, dtype=np.int32)}, sys.argv[1])
 PY
 expect_error 1 "no F32, BF16 or F16 tensor" "$fsdpctl" quantize --tensors "$tmp/ints.safetensors" "$tmp/x.safetensors"
+# A config.json that disagrees with the weights' shapes (F37): refused before anything is
+# written, naming the tensor, as fsdpd would refuse the directory.
+mkdir "$tmp/wrong"
+cp "$tmp/src/model.safetensors" "$tmp/wrong/"
+sed 's/"intermediate_size": 172/"intermediate_size": 128/' "$tmp/src/config.json" > "$tmp/wrong/config.json"
+grep -q '"intermediate_size": 128' "$tmp/wrong/config.json" || fail "the wrong config.json was not made"
+expect_error 1 "config.json disagrees with the weights: $tmp/wrong: tensor model.layers.0.mlp.gate_proj.weight has shape [172, 64], expected [128, 64]" \
+    "$fsdpctl" quantize "$tmp/wrong" "$tmp/wrong_q"
+[ ! -e "$tmp/wrong_q" ] && [ ! -e "$tmp/wrong_q.partial" ] || fail "a refused quantize left an output"
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$tmp/src/config.json" > "$tmp/wrong/config.json"
+expect_error 1 "tensor model.layers.2.self_attn.q_proj.weight is missing" "$fsdpctl" quantize "$tmp/wrong" "$tmp/wrong_q"
 echo "test_quantize: ok"

@@ -290,7 +290,7 @@ static int teardown(void **state) {
 }
 
 static consolidate_options options(const fixture *f, st_dtype dtype, consolidate_result *r) {
-    return (consolidate_options){.ckpt = f->ckpt, .out = f->out, .dtype = dtype,
+    return (consolidate_options){.ckpt = f->ckpt, .out = f->out, .dtype = dtype, .adapter_dtype = ST_F32,
                                  .shard_bytes = CONSOLIDATE_SHARD_SIZE, .threads = 2, .result = r};
 }
 
@@ -791,8 +791,8 @@ static void assert_golden_adapter(const char *dir) {
     lora_layout_free(&want_lo);
 }
 
-/* OUT is a PEFT adapter directory: F32 weights (whatever the dtype), the config naming the
- * base, no model files. */
+/* OUT is a PEFT adapter directory: weights in the adapter dtype (F32 here, whatever the
+ * model dtype), the config naming the base, no model files. */
 static void test_adapter_directory(void **state) {
     fixture *f = *state;
     consolidate_result r;
@@ -817,6 +817,44 @@ static void test_adapter_directory(void **state) {
     assert_false(exists(f->out, "model.safetensors"));
     assert_false(exists(f->out, "merged"));
     assert_false(exists(f->root, "out.partial"));
+}
+
+/* adapter_dtype bf16 (output.dtype bf16, F37): adapter_model.safetensors in BF16, each value
+ * the golden fp32 one rounded to bf16, and the model dtype does not change it. */
+static void test_adapter_bf16(void **state) {
+    fixture *f = *state;
+    consolidate_result r;
+    consolidate_options o = options(f, ST_F32, &r);
+    o.adapter_dtype = ST_BF16;
+    errbuf err = {{0}};
+    if (consolidate(&o, &err)) fail_msg("%s", err.msg);
+    char path[4096], golden[4096];
+    snprintf(path, sizeof path, "%s/%s", f->out, PEFT_WEIGHTS_NAME);
+    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/lora/%s", shared_dir(), PEFT_WEIGHTS_NAME);
+    st_file file, want;
+    assert_int_equal(st_open(&file, path, &err), 0);
+    assert_int_equal(st_open(&want, golden, &err), 0);
+    assert_int_equal(file.n_tensors, 28);
+    uint64_t bytes = 0;
+    for (int i = 0; i < file.n_tensors; i++) {
+        const st_tensor *t = &file.tensors[i], *w = st_find(&want, t->name);
+        assert_int_equal(t->dtype, ST_BF16);
+        assert_non_null(w);
+        assert_int_equal(t->numel, w->numel);
+        bytes += t->nbytes;
+        for (uint64_t e = 0; e < t->numel; e++) {
+            float a, b;
+            assert_int_equal(st_read_f32(t, e, 1, &a, &err), 0);
+            assert_int_equal(st_read_f32(w, e, 1, &b, &err), 0);
+            assert_true(a == bf16_to_f32(bf16_from_f32(b)));
+        }
+    }
+    assert_int_equal(r.bytes, bytes);
+    st_close(&file);
+    st_close(&want);
+    o.adapter_dtype = ST_F16;
+    assert_int_not_equal(consolidate(&o, &err), 0);
+    assert_non_null(strstr(err.msg, "adapter dtype F16 (bf16 or f32 only)"));
 }
 
 /* Relative error of dir's merged tensor `name` against lora_expected's merged.<name>. */
@@ -1092,6 +1130,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tied, setup_tied, teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup_untied, teardown),
         cmocka_unit_test_setup_teardown(test_adapter_directory, setup_adapter, teardown),
+        cmocka_unit_test_setup_teardown(test_adapter_bf16, setup_adapter, teardown),
         cmocka_unit_test_setup_teardown(test_adapter_merged, setup_adapter, teardown),
         cmocka_unit_test_setup_teardown(test_adapter_existing_output, setup_adapter, teardown),
         cmocka_unit_test_setup_teardown(test_merge_refusals, setup_adapter, teardown),

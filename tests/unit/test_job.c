@@ -202,7 +202,7 @@ static const bad_case bad_cases[] = {
     {"{\"runtime\":{\"gpu_memory_limit\":\"22 GiB\"}}", 1,
      "runtime.gpu_memory_limit: '22 GiB' is not a size", NULL},
     {"{\"runtime\":{\"gpu_memory_limit\":1.5}}", 1, "runtime.gpu_memory_limit: expected a size", NULL},
-    {"{\"output\":{\"dtype\":\"auto\"}}", 1, "output.dtype: unknown choice 'auto'", "bf16, f32"},
+    {"{\"output\":{\"dtype\":\"f16\"}}", 1, "output.dtype: unknown choice 'f16'", "auto, bf16, f32"},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
     {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"}}", 1,
@@ -285,7 +285,8 @@ static void test_job_load_errors(void **state) {
 }
 
 /* F25: the JSONL formats, templates, skip and truncate are accepted; a template name that is
- * not a built-in one and a JSONL path with format tokens are refused. */
+ * not a built-in one is refused.  (Whether data.path is JSONL or a token cache is decided by
+ * its content, by fsdpd: daemon/data_prepare.h, test_chat_data.sh; never by its name here.) */
 static void test_data_keys(void **state) {
     (void)state;
     job_config j;
@@ -294,8 +295,7 @@ static void test_data_keys(void **state) {
     assert_true(j.data.truncate);
     strcpy(j.model.path, "models/llama");
     must_override(&j, "--data.path=chat.jsonl");
-    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
-    assert_contains(err.msg, "data.format: chat.jsonl is a JSONL file");
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
     must_override(&j, "--data.format=chat");
     must_override(&j, "--data.template=llama2");
     must_override(&j, "--data.on_bad_record=skip");
@@ -307,6 +307,66 @@ static void test_data_keys(void **state) {
     must_override(&j, "--data.template=vicuna");
     assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, alpaca, auto");
+}
+
+/* F37: a value whose feature the job does not use is refused naming the key and why; the
+ * same key at its default (spelled out in the file, or never named) is not "set". */
+static void test_unused_values_refused(void **state) {
+    (void)state;
+    static const struct {
+        const char *override, *want;
+    } cases[] = {
+        {"--lora.rank=16", "lora.rank: 16 is set but train.type is full: adapters are not trained in a full fine-tune"},
+        {"--lora_alpha=32", "lora.alpha: 32.0 is set but train.type is full"},
+        {"--lora.dropout=0", "lora.dropout: 0.0 is set but train.type is full"},
+        {"--lora.targets=q_proj,v_proj", "lora.targets: [\"q_proj\",\"v_proj\"] is set but train.type is full"},
+        {"--lora.rslora=true", "lora.rslora: true is set but train.type is full"},
+        {"--train.eval_interval=5", "train.eval_interval: 5 is set but data.eval_fraction is 0: no data is held out"},
+        {"--data.template=llama3", "data.template: \"llama3\" is set but data.format is tokens: a token cache was "
+                                   "templated, truncated and filtered when it was made"},
+        {"--data.truncate=false", "data.truncate: false is set but data.format is tokens"},
+        {"--data.on_bad_record=skip", "data.on_bad_record: \"skip\" is set but data.format is tokens"},
+    };
+    errbuf err;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        job_config j;
+        job_defaults(&j);
+        strcpy(j.model.path, "models/llama");
+        strcpy(j.data.path, "data.tokens");
+        must_override(&j, cases[i].override);
+        assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
+        assert_contains(err.msg, cases[i].want);
+    }
+    /* the same keys where they are used: accepted */
+    job_config j;
+    job_defaults(&j);
+    strcpy(j.model.path, "models/llama");
+    strcpy(j.data.path, "data.jsonl");
+    const char *used[] = {"--train.type=lora", "--lora.rank=16", "--lora.rslora=true", "--data.eval_fraction=0.1",
+                          "--train.eval_interval=5", "--data.format=chat", "--data.template=llama3",
+                          "--data.truncate=false", "--data.on_bad_record=skip"};
+    for (size_t i = 0; i < sizeof used / sizeof used[0]; i++) must_override(&j, used[i]);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    /* output.shard_size: an adapter is one file; with output.merge it sizes the merged model */
+    must_override(&j, "--output.shard_size=1GB");
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "output.shard_size: 1000000000 is set but an adapter job's output is one "
+                             "adapter_model.safetensors, never sharded");
+    must_override(&j, "--output.merge=true");
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    /* output.dtype is built for adapters (the adapter is written in it) */
+    must_override(&j, "--output.merge=false");
+    must_override(&j, "--output.shard_size=5GB");
+    must_override(&j, "--output.dtype=bf16");
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    /* defaults spelled out in a full fine-tune's file are not set */
+    const char *file = "{\"model\": {\"path\": \"m\"}, \"data\": {\"path\": \"d.tokens\", \"template\": \"\", "
+                       "\"truncate\": true, \"on_bad_record\": \"fail\"}, \"train\": {\"type\": \"full\", "
+                       "\"eval_interval\": 0}, \"lora\": {\"rank\": 8, \"alpha\": 16, \"dropout\": 0.05, "
+                       "\"targets\": \"all-linear\", \"rslora\": false, \"init_from\": \"\"}, "
+                       "\"output\": {\"shard_size\": \"5GB\"}}";
+    assert_int_equal(job_parse_text(&j, file, strlen(file), "t.json", &err), 0);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
 }
 
 static void test_overrides(void **state) {
@@ -715,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_job_load_errors),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_data_keys),
+        cmocka_unit_test(test_unused_values_refused),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_gradient_accumulation_too_large),
         cmocka_unit_test(test_sizes),

@@ -63,6 +63,50 @@ static void open_sample_cache(const char *name, tok_cache *c) {
     assert_int_equal(tok_open(c, path, &err), 0);
 }
 
+static void write_text(const char *name, const char *text, char *path, size_t n) {
+    path_in_tmp(path, n, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* F37: what a data file is comes from its content, whatever its name says. */
+static void test_probe_by_content(void **state) {
+    (void)state;
+    static const struct {
+        const char *name, *text;
+        tok_file_kind kind;
+    } cases[] = {
+        {"chat.json", "{\"messages\": []}\n{\"messages\": []}\n", TOK_FILE_JSONL},
+        {"x.tokens", "\n  \t{\"text\": \"a\"}\n", TOK_FILE_JSONL},
+        {"array.jsonl", " [{\"text\": \"a\"}]", TOK_FILE_JSON_ARRAY},
+        {"empty.jsonl", " \n\n", TOK_FILE_EMPTY},
+        {"notes.jsonl", "hello", TOK_FILE_OTHER},
+        {"short.tokens", "FSDPTOK", TOK_FILE_OTHER},
+    };
+    char path[512];
+    errbuf err;
+    tok_file_kind kind;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_text(cases[i].name, cases[i].text, path, sizeof path);
+        assert_int_equal(tok_probe(path, &kind, &err), 0);
+        assert_int_equal(kind, cases[i].kind);
+    }
+    tok_cache c;
+    open_sample_cache("probe.jsonl", &c); /* a cache, named like JSONL */
+    tok_close(&c);
+    path_in_tmp(path, sizeof path, "probe.jsonl");
+    assert_int_equal(tok_probe(path, &kind, &err), 0);
+    assert_int_equal(kind, TOK_FILE_CACHE);
+    assert_string_equal(tok_file_kind_name(TOK_FILE_CACHE), "a token cache");
+    assert_string_equal(tok_file_kind_name(TOK_FILE_JSONL), "JSONL");
+    path_in_tmp(path, sizeof path, "missing");
+    assert_int_equal(tok_probe(path, &kind, &err), -1);
+    assert_non_null(strstr(err.msg, "missing"));
+    assert_int_equal(tok_probe(tmpdir, &kind, &err), -1); /* a directory */
+}
+
 static void test_round_trip_and_samples(void **state) {
     (void)state;
     tok_cache c;
@@ -274,6 +318,7 @@ int main(void) {
         cmocka_unit_test(test_crc32c_known_values),
         cmocka_unit_test(test_round_trip_and_samples),
         cmocka_unit_test(test_packing),
+        cmocka_unit_test(test_probe_by_content),
         cmocka_unit_test(test_writer_rejects_bad_token),
         cmocka_unit_test(test_source_round_trip_and_strict),
         cmocka_unit_test(test_rejects_corruption),
