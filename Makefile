@@ -42,7 +42,8 @@ MODEL_SRC   := $(wildcard model/*.c)
 DATA_SRC    := $(wildcard data/*.c)
 WORKER_SRC  := $(filter-out %_main.c,$(wildcard worker/*.c))
 DAEMON_SRC  := $(filter-out %_main.c,$(wildcard daemon/*.c))
-LIB_SRC     := $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(DATA_SRC) $(KERNELS_SRC) $(PROTO_SRC) $(BASE_SRC)
+CTL_SRC     := $(filter-out %_main.c,$(wildcard ctl/*.c))
+LIB_SRC     := $(CTL_SRC) $(DAEMON_SRC) $(WORKER_SRC) $(MODEL_SRC) $(DATA_SRC) $(KERNELS_SRC) $(PROTO_SRC) $(BASE_SRC)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB         := $(BUILD)/libfsdp.a
 
@@ -78,7 +79,7 @@ $(LIB): $(LIB_OBJ)
 
 $(BUILD)/fsdpd: $(BUILD)/daemon/fsdpd_main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/fsdpctl: $(BUILD)/daemon/fsdpctl_main.o $(LIB)
+$(BUILD)/fsdpctl: $(BUILD)/ctl/fsdpctl_main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/fsdp-worker: $(BUILD)/worker/worker_main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

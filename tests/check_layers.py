@@ -21,6 +21,9 @@ FLOORS = {
     "data": {"proto", "base"},
     "worker": {"model", "data", "proto", "kernels", "base"},
     "daemon": {"model", "data", "proto", "kernels", "base"},
+    # fsdpctl: its offline tools and the status client, over fsdpd's own modules (consolidate,
+    # fabric, the checkpoint coordinator's checks), which fsdpd never takes from it
+    "ctl": {"daemon", "model", "data", "proto", "kernels", "base"},
 }
 
 # (from-file, included file) edges allowed for now, with the issue that removes them.

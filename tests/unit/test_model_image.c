@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "base/bf16.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "daemon/model_shm.h"
 #include "proto/model_image.h"
 #include "proto/nf4.h"

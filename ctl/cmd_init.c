@@ -28,7 +28,7 @@
 #include "base/bf16.h"
 #include "base/fileio.h"
 #include "base/path.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/model_config.h"
 #include "proto/rng.h"
 #include "proto/safetensors.h"

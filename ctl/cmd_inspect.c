@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
 

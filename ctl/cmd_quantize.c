@@ -29,7 +29,7 @@
 #include "base/fileio.h"
 #include "base/path.h"
 #include "daemon/consolidate.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/lora_layout.h"
 #include "proto/model_config.h"
 #include "proto/model_layout.h"

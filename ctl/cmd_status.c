@@ -18,7 +18,7 @@
 
 #include "base/clock.h"
 #include "base/fileio.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/status.h"
 
 #define REPLY_MAX (1u << 20)

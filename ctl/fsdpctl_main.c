@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 
 typedef struct subcommand {
     const char *name;

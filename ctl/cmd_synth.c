@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/rng.h"
 #include "proto/tokens.h"
 

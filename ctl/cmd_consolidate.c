@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "daemon/consolidate.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/job.h"
 
 static void consolidate_usage(FILE *f) {

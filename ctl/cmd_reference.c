@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/batch.h"
 #include "proto/model_image.h"
 #include "proto/nf4.h"

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 #include "base/bf16.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "proto/safetensors.h"
 
 static const char compare_usage[] =

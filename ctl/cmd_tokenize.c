@@ -31,7 +31,7 @@
 #include <jansson.h>
 
 #include "base/fileio.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "data/cache_build.h"
 #include "data/tokenizer.h"
 #include "proto/batch.h"

@@ -8,7 +8,7 @@
 
 #include "base/fault.h"
 #include "daemon/fabric.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 
 int cmd_fabric(int argc, char **argv) {
     int require = 1;

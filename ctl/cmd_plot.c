@@ -18,7 +18,7 @@
 #include "base/errbuf.h"
 #include "base/fileio.h"
 #include "base/path.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 
 typedef struct point {
     long step;

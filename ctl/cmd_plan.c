@@ -12,7 +12,7 @@
 #include "base/path.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/data_prepare.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 #include "daemon/model_shm.h"
 #include "model/step_plan.h"
 #include "proto/plan_rates.h"

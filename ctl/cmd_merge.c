@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "daemon/consolidate.h"
-#include "daemon/fsdpctl.h"
+#include "ctl/fsdpctl.h"
 
 static void merge_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl merge MODEL_DIR PEFT_DIR OUT_DIR [--dtype bf16|f32] [--shard-size 5GB] "
