@@ -29,11 +29,11 @@
 #include "base/fileio.h"
 #include "base/path.h"
 #include "ctl/fsdpctl.h"
+#include "daemon/consolidate.h"
 #include "proto/model_config.h"
 #include "proto/rng.h"
 #include "proto/safetensors.h"
 
-#define DEFAULT_SHARD_BYTES UINT64_C(5000000000) /* "5GB", transformers' default */
 #define BF16_CHUNK 65536                         /* floats generated per step for bf16 */
 
 typedef struct init_options {
@@ -87,7 +87,7 @@ static int parse_options(int argc, char **argv, init_options *o, int *status) {
         {"seed", required_argument, 0, 's'},         {"dtype", required_argument, 0, 'd'},
         {"shard-size", required_argument, 0, 'z'},   {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    *o = (init_options){NULL, NULL, 0, DEFAULT_SHARD_BYTES, ST_F32};
+    *o = (init_options){NULL, NULL, 0, CONSOLIDATE_SHARD_SIZE, ST_F32};
     int opt;
     optind = 1;
     opterr = 0;

@@ -98,7 +98,7 @@ static const char *const lora_modules[] = {
 static const char *const sections[] = {
     "model", "data", "train", "lora", "fsdp", "checkpoint", "output", "runtime", "fabric"};
 
-/* Every key of the job file, in the order job_to_json writes them. */
+/* Every key of the job file, in the order job_to_object writes them. */
 static const job_key keys[] = {
     STR("model", "path", model.path, 0),
     CHOICE("model", "init", model.init, init_choices),

@@ -2,7 +2,7 @@
  * form in which fsdpd holds the model once per node in shared memory and every worker copies
  * its shard slices out of (DESIGN.md, Node-shared memory).
  *
- *     [0, H)   header, H = model_image_header_bytes(n_units) (a multiple of 4096):
+ *     [0, H)   header, H = model_image.c's header_bytes(n_units) (a multiple of 4096):
  *         0   char[8] magic "FSDPMIMG"
  *         8   u32 version 1
  *         12  u32 dtype (MODEL_IMAGE_F32 or MODEL_IMAGE_BF16)

@@ -191,7 +191,7 @@ typedef struct fsdp {
 typedef struct fsdp_options {
     job_sharding sharding;
     /* Activation checkpointing: what each decoder layer keeps (llama.h); {n_layers, any}
-     * is none.  fsdp_recompute_of_job turns the job's setting into it. */
+     * is none.  worker/train.c's job_recompute turns the job's setting into it. */
     llama_recompute recompute;
     /* Overlap (fsdp.forward_prefetch / backward_prefetch in the job): all-gather the next
      * unit while the current one computes, in forward / in backward, where the latter also
