@@ -1,6 +1,7 @@
 /* supervisor: fsdpd's workers on one libevent loop, from spawn to exit; see supervisor.h. */
 #include "daemon/supervisor.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -37,7 +38,7 @@
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
 
-typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase;
+typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase; /* supervisor.h draws them */
 
 typedef struct worker {
     supervisor *sup;
@@ -134,6 +135,12 @@ static void arm_grace(supervisor *s, int seconds) {
 
 /* Sends STOP to every worker still running and gives them stop_grace_s to exit (after a
  * failure, FAILURE_GRACE_S at most). */
+/* The one place the phase changes: forward only (SETUP -> TRAINING, either -> STOPPING). */
+static void set_phase(supervisor *s, phase to) {
+    assert(to > s->phase && (to == PHASE_STOPPING || s->phase == PHASE_SETUP));
+    s->phase = to;
+}
+
 static void begin_stop(supervisor *s, const char *reason) {
     int grace_s = s->job.runtime.stop_grace_s;
     if (s->failed && grace_s > FAILURE_GRACE_S) grace_s = FAILURE_GRACE_S;
@@ -141,7 +148,7 @@ static void begin_stop(supervisor *s, const char *reason) {
         if (s->failed) arm_grace(s, grace_s); /* a failure during a graceful stop: sooner */
         return;
     }
-    s->phase = PHASE_STOPPING;
+    set_phase(s, PHASE_STOPPING);
     log_event(-1, "stopping the workers: %s", reason);
     if (!s->failed && multi_node(s)) cluster_stop_all(s->opt->cluster, reason); /* the leader's */
     msg stop = {.type = MSG_STOP};
@@ -369,7 +376,7 @@ static long long request_stop(supervisor *s, const char *why, int sync) {
     return id;
 }
 
-/* ---- the status socket's hooks ---- */
+/* ---- the status socket's requests (status_server.h's hooks: fsdpctl checkpoint|stop) ---- */
 
 static long long status_request_checkpoint(void *arg, const char *why) {
     return request_checkpoint(arg, why);
@@ -382,6 +389,8 @@ static long long status_request_stop(void *arg, const char *why) {
 
 /* Kept for the status socket; a save that serves the stop's request names the step whose
  * commit the stop waits for. */
+/* ---- rank 0's figures and settled saves (on_metrics; the coordinator's settled hook) ---- */
+
 static void note_rank0_metrics(supervisor *s, const msg *m) {
     errbuf err;
     json_decref(s->last_metrics);
@@ -406,6 +415,8 @@ static void ckpt_settled(void *arg, long long step, int committed) {
               committed ? "committed" : "not committed (latest is the one before)");
     begin_stop(s, s->stop_why);
 }
+
+/* ---- the status reply (status_of: the status socket; the cluster's heartbeat rows) ---- */
 
 static const char *phase_name(const supervisor *s) {
     static const char *const phases[] = {[PHASE_SETUP] = "setup", [PHASE_TRAINING] = "training",
@@ -499,6 +510,8 @@ static void status_of(void *arg, json_t *out) {
     json_object_set_new(out, "last_save_error", save_error ? json_string(save_error) : json_null());
 }
 
+/* ---- the workers' set-up: CONFIG and START (handle_message; the cluster's start hook) ---- */
+
 /* CONFIG: the worker's place, the resolved job and the model's config. */
 static void send_config(supervisor *s, worker *w) {
     static msg m; /* one job config at a time, from the event loop */
@@ -517,12 +530,14 @@ static void send_config(supervisor *s, worker *w) {
 
 static void start_training(void *arg) {
     supervisor *s = arg;
-    if (s->phase != PHASE_SETUP) return;
-    s->phase = PHASE_TRAINING;
+    if (s->phase != PHASE_SETUP) return; /* a stop came first */
+    set_phase(s, PHASE_TRAINING);
     log_event(-1, "all %d workers ready: training", s->opt->workers * cluster_nodes(s->opt->cluster));
     msg start = {.type = MSG_START};
     for (int r = 0; r < s->opt->workers; r++) send_msg(&s->workers[r], &start);
 }
+
+/* ---- the cluster's hooks (daemon/cluster.h: what the other nodes say) ---- */
 
 /* Another node failed, or the link to it: this node stops too; or the leader stops the job
  * gracefully. */
@@ -567,6 +582,8 @@ static json_t *cluster_ranks(void *arg) {
     return rows;
 }
 
+/* ---- a worker's heartbeats and network check (handle_message) ---- */
+
 /* A rank's network (its ready heartbeat): logged, kept for the status, and checked against
  * the fabric found and fabric.min_busbw_gbps.  Non-zero when the job cannot go on. */
 static int check_net(supervisor *s, worker *w, const msg_net *net) {
@@ -609,6 +626,8 @@ static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     if (multi_node(s)) cluster_ready(s->opt->cluster); /* the leader starts every node */
     else start_training(s);
 }
+
+/* ---- a worker's messages and connection (the loop: on_readable, on_connection_event) ---- */
 
 static void handle_message(worker *w, const msg_frame *frame) {
     supervisor *s = w->sup;
@@ -691,6 +710,8 @@ static void on_connection_event(struct bufferevent *bev, short events, void *arg
     close_connection(w);
     maybe_finish(w);
 }
+
+/* ---- spawning a worker (supervisor_run) ---- */
 
 /* Forks one worker with its end of a socketpair as WORKER_CTL_FD.  Only the main thread
  * forks: PR_SET_PDEATHSIG follows the thread that forked. */

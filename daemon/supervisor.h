@@ -3,7 +3,17 @@
  *
  * Phases: SETUP (HELLO -> CONFIG, ADDR -> PEERS once all are in, ready -> START once all
  * are ready), TRAINING (METRICS, HEARTBEAT), STOPPING (STOP sent, then SIGKILL after
- * runtime.stop_grace_s).  The job ends when every worker has exited.  It succeeded when
+ * runtime.stop_grace_s), and the functions that move between them (set_phase asserts each
+ * move is one of these, in debug builds):
+ *
+ *            start_training                  begin_stop
+ *     SETUP ----------------> TRAINING ------------------> STOPPING --> every worker exited
+ *       |  (every node ready)        (a failure, a signal,    ^          (the loop ends)
+ *       |                             fsdpctl stop, the end)  |
+ *       +-----------------------------------------------------+
+ *                 begin_stop (a failure or a stop before training)
+ *
+ *   The job ends when every worker has exited.  It succeeded when
  * each exited with status 0 and nothing failed; the first failure (a worker's FATAL, a
  * non-zero exit or a death by signal, missed heartbeats) stops the others and is the reason
  * fsdpd gives.  The grace of a stop is armed once: a failure seen again (a stalled rank, at
