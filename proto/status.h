@@ -56,7 +56,7 @@ int status_reply_parse(const char *line, size_t len, json_t **reply, errbuf *err
  * null)}], ranks [{rank, node (optional), pid, running, host_rss_bytes / gpu_bytes
  * (integers or null, optional)}], backend, fabric (string or null), restarts, last_error
  * (string or null).  A checkpoint or stop reply: message, request / checkpoint_request
- * (optional integers). */
+ * (optional integers or null: a follower forwards the request and knows no id). */
 int status_reply_check(status_cmd cmd, const json_t *reply, errbuf *err);
 
 /* Whether `id` can name a job in a socket file name: 1 to STATUS_JOB_ID_MAX - 1 characters
