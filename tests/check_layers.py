@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """The layering check (DESIGN.md, "Layout"): folders depend downward only.
 
-Reads every #include "..." of the product's C and CUDA sources and headers (.c, .h, .cu, .cuh) and fails
-when
+Reads every #include "..." of the product's C and CUDA files (.c, .h, .cu, .cuh) and fails when
   - a folder includes one it may not (the FLOORS table below is DESIGN.md's rule), or
   - modules include each other in a loop (a module is a .c/.cu with its .h).
 Exceptions that are still being removed are listed in ALLOWED and ALLOWED_LOOPS with the
