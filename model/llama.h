@@ -49,8 +49,8 @@ int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const i
  * host int32 [B*T] each: row positions start[b*T+t] .. end[b*T+t] - 1 hold the document of
  * token (b, t), the k_docs of kctx.h (its RoPE position is t - start).  data/rows.h builds
  * them with the rows.  llama_check_docs checks that they tile each row as k_docs says
- * (start <= t < end, a document's tokens agree, the next starts where one ends); errors
- * name the place. */
+ * (start <= t < end <= T; a token's bounds are the previous token's unless a document starts
+ * at it, where the previous one ends); errors name the token. */
 int llama_check_docs(const int32_t *start, const int32_t *end, int B, int T, errbuf *err);
 /* A batch that comes as positions instead, host int32 [B,T]: each token's position in its
  * document, as Hugging Face's position_ids from DataCollatorWithFlattening: 0 starts a

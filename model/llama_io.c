@@ -44,9 +44,9 @@ int llama_check_docs(const int32_t *start, const int32_t *end, int B, int T, err
                              : opens ? e[t - 1] == t : s[t] == s[t - 1] && e[t] == e[t - 1]);
             if (!ok)
                 return errf(err, "batch: document bounds [%d, %d) of token [%d,%d] do not tile "
-                                 "the row (start <= t < end <= %d, a document's tokens alike, "
-                                 "the next starting where one ends)", (int)s[t], (int)e[t], b, t,
-                            T);
+                                 "the row (they must hold the token, lie within [0, %d) and be "
+                                 "the previous token's unless a document starts at the token, "
+                                 "where the previous one ends)", (int)s[t], (int)e[t], b, t, T);
         }
     }
     return 0;
