@@ -33,6 +33,7 @@
 #include "base/fileio.h"
 #include "ctl/fsdpctl.h"
 #include "data/cache_build.h"
+#include "data/rows.h"
 #include "data/tokenizer.h"
 #include "proto/batch.h"
 #include "proto/tokens.h"
@@ -306,7 +307,7 @@ static int print_packing(const tok_writer *w, int seq_len, errbuf *err) {
                       .offsets = w->offsets, .tokens = w->tokens, .mask = w->mask};
     uint64_t *starts, rows, real;
     if (w->n_records == 0) return 0;
-    if (tok_pack(&view, seq_len, &starts, &rows, &real, err)) return -1;
+    if (rows_pack(&view, seq_len, &starts, &rows, &real, err)) return -1;
     free(starts);
     printf("packing (data.packing=true): %llu rows of %d, efficiency %.1f%% (real tokens / row tokens); "
            "one sample a row: %.1f%%\n", (unsigned long long)rows, seq_len,

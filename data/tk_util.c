@@ -3,21 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/grow.h"
 #include "data/tk_internal.h"
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return -1;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 int tk_buf_put(tk_buf *b, const void *data, size_t len) {
-    if (grow((void **)&b->p, &b->cap, b->n + len + 1, 1)) return -1;
+    if (grow_array((void **)&b->p, &b->cap, b->n + len + 1, 1)) return -1;
     if (len) memcpy(b->p + b->n, data, len);
     b->n += len;
     b->p[b->n] = 0;
@@ -30,7 +20,7 @@ void tk_buf_free(tk_buf *b) {
 }
 
 int tk_spans_push(tk_spans *s, size_t off, size_t len) {
-    if (grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return -1;
+    if (grow_array((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return -1;
     s->v[s->n++] = (tk_span){off, len};
     return 0;
 }
@@ -41,7 +31,7 @@ void tk_spans_free(tk_spans *s) {
 }
 
 int tk_ids_push(tk_ids *a, int32_t id) {
-    if (grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v)) return -1;
+    if (grow_array((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v)) return -1;
     a->v[a->n++] = id;
     return 0;
 }
@@ -213,11 +203,11 @@ int tk_strmap_put(tk_strmap *m, const char *k, size_t len, int32_t val) {
         return 0;
     }
     size_t cap = m->cap;
-    if (grow((void **)&m->keys, &cap, m->n + 1, sizeof *m->keys)) return -1;
+    if (grow_array((void **)&m->keys, &cap, m->n + 1, sizeof *m->keys)) return -1;
     cap = m->cap;
-    if (grow((void **)&m->klens, &cap, m->n + 1, sizeof *m->klens)) return -1;
+    if (grow_array((void **)&m->klens, &cap, m->n + 1, sizeof *m->klens)) return -1;
     cap = m->cap;
-    if (grow((void **)&m->vals, &cap, m->n + 1, sizeof *m->vals)) return -1;
+    if (grow_array((void **)&m->vals, &cap, m->n + 1, sizeof *m->vals)) return -1;
     m->cap = cap;
     char *copy = malloc(len + 1);
     if (!copy) return -1;

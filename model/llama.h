@@ -45,11 +45,18 @@ int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, flo
 int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
                       int B, int T, errbuf *err);
 
-/* A packed batch (several documents in a row) is given by its positions, host int32 [B,T]:
- * each token's position in its document, as Hugging Face's position_ids from
- * DataCollatorWithFlattening: 0 starts a document, anything else is the previous token's
- * position + 1 (so every row starts with 0).  From them the document bounds of k_docs
- * (kctx.h): start[b*T+t] and end[b*T+t], host int32 [B*T].  Errors name the position. */
+/* A packed batch (several documents in a row) is given by each token's document bounds,
+ * host int32 [B*T] each: row positions start[b*T+t] .. end[b*T+t] - 1 hold the document of
+ * token (b, t), the k_docs of kctx.h (its RoPE position is t - start).  data/rows.h builds
+ * them with the rows.  llama_check_docs checks that they tile each row as k_docs says
+ * (start <= t < end <= T; a token's bounds are the previous token's unless a document starts
+ * at it, where the previous one ends); errors name the token. */
+int llama_check_docs(const int32_t *start, const int32_t *end, int B, int T, errbuf *err);
+/* A batch that comes as positions instead, host int32 [B,T]: each token's position in its
+ * document, as Hugging Face's position_ids from DataCollatorWithFlattening: 0 starts a
+ * document, anything else is the previous token's position + 1 (so every row starts with
+ * 0).  Their document bounds, computed once where such a batch is made (never in a step):
+ * start[b*T+t] and end[b*T+t], host int32 [B*T].  Errors name the position. */
 int llama_doc_bounds(const int32_t *positions, int B, int T, int32_t *start, int32_t *end,
                      errbuf *err);
 
@@ -290,13 +297,15 @@ void llama_model_zero_grad(llama_model *m);
 int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
                                  const int32_t *labels, int B, int T, float dscale,
                                  float *loss_sum, int64_t *count, float *logits, errbuf *err);
-/* The same for a packed batch: positions (host int32 [B,T], see llama_doc_bounds) restart at
- * each document, and no token attends across a document boundary; NULL positions is
+/* The same for a packed batch: doc_start/doc_end (host int32 [B*T], see llama_check_docs,
+ * which checks them) bound each token's document: RoPE positions restart at each document,
+ * and no token attends across a document boundary; NULL bounds is
  * llama_model_forward_backward.  Labels are as given: the data side masks each document's
  * first label (-100), and *count counts what is left. */
 int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids,
-                                        const int32_t *labels, const int32_t *positions, int B,
-                                        int T, float dscale, float *loss_sum, int64_t *count,
-                                        float *logits, errbuf *err);
+                                        const int32_t *labels, const int32_t *doc_start,
+                                        const int32_t *doc_end, int B, int T, float dscale,
+                                        float *loss_sum, int64_t *count, float *logits,
+                                        errbuf *err);
 
 #endif

@@ -1,5 +1,5 @@
-/* llama_io: reading checkpoint tensors into the unit layout, checking a batch, RoPE
- * frequencies from the config. */
+/* llama_io: reading checkpoint tensors into the unit layout, checking a batch and its
+ * document bounds, RoPE frequencies from the config. */
 #include "model/llama.h"
 
 #include <stdio.h>
@@ -31,6 +31,24 @@ int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const i
                 return errf(err, "batch: labels[%d,%d] = %d is neither a token id in [0, %d) "
                                  "nor %d", b, t, (int)y, V, K_IGNORE_INDEX);
         }
+    return 0;
+}
+
+int llama_check_docs(const int32_t *start, const int32_t *end, int B, int T, errbuf *err) {
+    for (int b = 0; b < B; b++) {
+        const int32_t *s = start + (size_t)b * T, *e = end + (size_t)b * T;
+        for (int t = 0; t < T; t++) {
+            int opens = s[t] == t; /* the token starts a document: the last one ended here */
+            int ok = s[t] <= t && t < e[t] && e[t] <= T &&
+                     (t == 0 ? opens
+                             : opens ? e[t - 1] == t : s[t] == s[t - 1] && e[t] == e[t - 1]);
+            if (!ok)
+                return errf(err, "batch: document bounds [%d, %d) of token [%d,%d] do not tile "
+                                 "the row (they must hold the token, lie within [0, %d) and be "
+                                 "the previous token's unless a document starts at the token, "
+                                 "where the previous one ends)", (int)s[t], (int)e[t], b, t, T);
+        }
+    }
     return 0;
 }
 

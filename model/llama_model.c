@@ -280,7 +280,7 @@ int llama_model_load_hf(llama_model *m, const st_model *st, errbuf *err) {
 int llama_model_forward_backward(llama_model *m, const int32_t *input_ids,
                                  const int32_t *labels, int B, int T, float dscale,
                                  float *loss_sum, int64_t *count, float *logits, errbuf *err) {
-    return llama_model_forward_backward_packed(m, input_ids, labels, NULL, B, T, dscale,
+    return llama_model_forward_backward_packed(m, input_ids, labels, NULL, NULL, B, T, dscale,
                                                loss_sum, count, logits, err);
 }
 
@@ -304,37 +304,33 @@ static void upload_samples(llama_model *m, int B) {
     m->lora.samples = m->samples;
 }
 
-/* The documents of positions [B,T] (NULL: none) copied into m's doc_start/doc_end; *docs
- * points at them, or is NULL without positions. */
-static int upload_docs(llama_model *m, const int32_t *positions, int B, int T,
-                       const k_docs **docs, errbuf *err) {
+/* The document bounds (NULL: none) checked and copied into m's doc_start/doc_end; *docs
+ * points at them, or is NULL without bounds. */
+static int upload_docs(llama_model *m, const int32_t *doc_start, const int32_t *doc_end, int B,
+                       int T, const k_docs **docs, errbuf *err) {
     *docs = NULL;
-    if (!positions) return 0;
-    size_t N = (size_t)B * T;
-    int32_t *bounds = malloc(2 * N * sizeof *bounds);
-    if (!bounds) return errf(err, "llama model: out of host memory");
-    int rc = llama_doc_bounds(positions, B, T, bounds, bounds + N, err);
-    if (rc == 0) { /* pageable sources: consumed when the copies return */
-        k_copy_h2d(m->ctx, m->doc_start, bounds, N * sizeof *bounds);
-        k_copy_h2d(m->ctx, m->doc_end, bounds + N, N * sizeof *bounds);
-        m->docs = (k_docs){m->doc_start, m->doc_end};
-        *docs = &m->docs;
-    }
-    free(bounds);
-    return rc;
+    if (!doc_start) return 0;
+    if (llama_check_docs(doc_start, doc_end, B, T, err)) return -1;
+    size_t N = (size_t)B * T; /* pageable sources: consumed when the copies return */
+    k_copy_h2d(m->ctx, m->doc_start, doc_start, N * sizeof *doc_start);
+    k_copy_h2d(m->ctx, m->doc_end, doc_end, N * sizeof *doc_end);
+    m->docs = (k_docs){m->doc_start, m->doc_end};
+    *docs = &m->docs;
+    return 0;
 }
 
 int llama_model_forward_backward_packed(llama_model *m, const int32_t *input_ids,
-                                        const int32_t *labels, const int32_t *positions, int B,
-                                        int T, float dscale, float *loss_sum, int64_t *count,
-                                        float *logits, errbuf *err) {
+                                        const int32_t *labels, const int32_t *doc_start,
+                                        const int32_t *doc_end, int B, int T, float dscale,
+                                        float *loss_sum, int64_t *count, float *logits,
+                                        errbuf *err) {
     const llama_layout *lo = &m->layout;
     kctx *c = m->ctx;
     if (llama_check_batch(&lo->cfg, input_ids, labels, B, T, err)) return -1;
     if ((int64_t)B * T > INT32_MAX / lo->cfg.vocab_size)
         return errf(err, "batch: [%d, %d] x vocab %d too large", B, T, lo->cfg.vocab_size);
     const k_docs *docs;
-    if (ensure_activations(m, B, T, err) || upload_docs(m, positions, B, T, &docs, err))
+    if (ensure_activations(m, B, T, err) || upload_docs(m, doc_start, doc_end, B, T, &docs, err))
         return -1;
     int N = B * T, L = lo->n_layers, V = lo->cfg.vocab_size;
     if (logits && !m->logits_f32) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/fileio.h"
+#include "base/grow.h"
 
 typedef struct tok_header {
     char magic[8];
@@ -202,73 +203,9 @@ void tok_close(tok_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids, int32_t *labels) {
-    uint64_t begin = c->offsets[r], n = tok_record_len(c, r);
-    for (int t = 0; t < seq_len; t++) {
-        if ((uint64_t)t < n) {
-            input_ids[t] = c->tokens[begin + t];
-            labels[t] = c->mask[begin + t] ? c->tokens[begin + t] : -100;
-        } else {
-            input_ids[t] = 0;
-            labels[t] = -100;
-        }
-    }
-}
-
-int tok_pack(const tok_cache *c, int seq_len, uint64_t **row_start, uint64_t *n_rows,
-             uint64_t *real_tokens, errbuf *err) {
-    uint64_t *starts = malloc((c->n_records + 1) * sizeof *starts), rows = 0, fill = 0, real = 0;
-    if (!starts) return errf(err, "%s: out of memory packing %llu records", c->path,
-                             (unsigned long long)c->n_records);
-    for (uint64_t r = 0; r < c->n_records; r++) {
-        uint64_t len = tok_record_len(c, r);
-        if (len > (uint64_t)seq_len) len = (uint64_t)seq_len;
-        if (rows == 0 || fill + len > (uint64_t)seq_len) {
-            starts[rows++] = r;
-            fill = 0;
-        }
-        fill += len;
-        real += len;
-    }
-    starts[rows] = c->n_records;
-    *row_start = starts;
-    *n_rows = rows;
-    if (real_tokens) *real_tokens = real;
-    return 0;
-}
-
-void tok_packed_row(const tok_cache *c, const uint64_t *row_start, uint64_t row, int seq_len,
-                    int32_t *input_ids, int32_t *labels, int32_t *positions) {
-    int t = 0;
-    for (uint64_t r = row_start[row]; r < row_start[row + 1] && t < seq_len; r++) {
-        uint64_t begin = c->offsets[r], n = tok_record_len(c, r);
-        for (uint64_t k = 0; k < n && t < seq_len; k++, t++) {
-            input_ids[t] = c->tokens[begin + k];
-            labels[t] = k > 0 && c->mask[begin + k] ? c->tokens[begin + k] : -100;
-            positions[t] = (int32_t)k;
-        }
-    }
-    for (int p = 0; t < seq_len; t++, p++) {
-        input_ids[t] = 0;
-        labels[t] = -100;
-        positions[t] = p;
-    }
-}
-
 void tok_writer_init(tok_writer *w, uint32_t vocab_size) {
     memset(w, 0, sizeof *w);
     w->vocab_size = vocab_size;
-}
-
-static int grow(void **p, uint64_t *cap, uint64_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    uint64_t n = *cap ? *cap : 1024;
-    while (n < need) n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q) return -1;
-    *p = q;
-    *cap = n;
-    return 0;
 }
 
 int tok_writer_add(tok_writer *w, const int32_t *tokens, const uint8_t *mask, uint64_t n,
@@ -277,10 +214,10 @@ int tok_writer_add(tok_writer *w, const int32_t *tokens, const uint8_t *mask, ui
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= w->vocab_size)
             return errf(err, "record %llu: token id %d outside [0, %u)",
                         (unsigned long long)w->n_records, tokens[i], w->vocab_size);
-    uint64_t cap_mask = w->cap_tokens;
-    if (grow((void **)&w->offsets, &w->cap_records, w->n_records + 2, sizeof *w->offsets) ||
-        grow((void **)&w->tokens, &w->cap_tokens, w->n_tokens + n, sizeof *w->tokens) ||
-        grow((void **)&w->mask, &cap_mask, w->n_tokens + n, sizeof *w->mask))
+    size_t cap_mask = w->cap_tokens;
+    if (grow_array((void **)&w->offsets, &w->cap_records, w->n_records + 2, sizeof *w->offsets) ||
+        grow_array((void **)&w->tokens, &w->cap_tokens, w->n_tokens + n, sizeof *w->tokens) ||
+        grow_array((void **)&w->mask, &cap_mask, w->n_tokens + n, sizeof *w->mask))
         return errf(err, "token cache: out of memory at %llu tokens",
                     (unsigned long long)(w->n_tokens + n));
     if (w->n_records == 0) w->offsets[0] = 0;

@@ -1,5 +1,5 @@
 /* tokens: the token-cache file, a tokenized dataset.  Each worker maps it read-only
- * (tok_open, worker/data.c), so a node's workers share its pages in the page cache; fsdpd
+ * (tok_open, data/rows.c), so a node's workers share its pages in the page cache; fsdpd
  * itself does not open it.  `fsdpctl synth` writes one.
  *
  * A cache holds records (documents or prompt/answer pairs): each a run of int32 token ids
@@ -96,9 +96,11 @@ static inline uint64_t tok_record_len(const tok_cache *c, uint64_t r) {
 typedef struct tok_writer {
     uint32_t vocab_size;
     tok_source source; /* zero (format tokens) unless set before saving */
-    uint64_t n_records, cap_records;
+    uint64_t n_records;
+    size_t cap_records;
     uint64_t *offsets;
-    uint64_t n_tokens, cap_tokens;
+    uint64_t n_tokens;
+    size_t cap_tokens;
     int32_t *tokens;
     uint8_t *mask;
 } tok_writer;
@@ -108,24 +110,5 @@ int tok_writer_add(tok_writer *w, const int32_t *tokens, const uint8_t *mask, ui
                    errbuf *err);
 int tok_writer_save(const tok_writer *w, const char *path, errbuf *err);
 void tok_writer_free(tok_writer *w);
-
-/* One training sample of seq_len positions from record r: its tokens, truncated or padded
- * (pad id 0), and labels: the token where the mask is 1, else -100 (padding is -100).  The
- * Hugging Face shift (position t predicts label t+1) happens in the loss, not here. */
-void tok_sample(const tok_cache *c, uint64_t r, int seq_len, int32_t *input_ids, int32_t *labels);
-
-/* Packing (data.packing): the records, in file order, placed whole into rows of seq_len
- * tokens, each row the consecutive records that fit (next fit; a record longer than seq_len
- * is a row of its own, cut at seq_len: the cache builder already applied data.truncate).
- * *row_start ([n_rows + 1], malloc'd): row r holds records row_start[r] .. row_start[r+1]-1.
- * *real_tokens: the tokens the rows hold (their efficiency is real / (n_rows x seq_len)). */
-int tok_pack(const tok_cache *c, int seq_len, uint64_t **row_start, uint64_t *n_rows,
-             uint64_t *real_tokens, errbuf *err);
-/* One packed row: its records one after another with positions restarting at 0 at each,
- * each record's first label -100 (its first token would be predicted from another
- * document's last), then padding (id 0, label -100, positions 0, 1, ... as one more
- * document), as transformers' DataCollatorWithFlattening lays them out. */
-void tok_packed_row(const tok_cache *c, const uint64_t *row_start, uint64_t row, int seq_len,
-                    int32_t *input_ids, int32_t *labels, int32_t *positions);
 
 #endif

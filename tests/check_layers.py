@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layering check (DESIGN.md, "Layout"): folders depend downward only.
 
-Reads every #include "..." of the product's C, CUDA and header files and fails when
+Reads every #include "..." of the product's C and CUDA files (.c, .h, .cu, .cuh) and fails when
   - a folder includes one it may not (the FLOORS table below is DESIGN.md's rule), or
   - modules include each other in a loop (a module is a .c/.cu with its .h).
 Exceptions that are still being removed are listed in ALLOWED and ALLOWED_LOOPS with the
@@ -41,7 +41,7 @@ def sources(root):
     for folder in FLOORS:
         for dirpath, _, files in os.walk(os.path.join(root, folder)):
             for f in files:
-                if f.endswith((".c", ".h", ".cu")):
+                if f.endswith((".c", ".h", ".cu", ".cuh")):
                     yield os.path.relpath(os.path.join(dirpath, f), root)
 
 

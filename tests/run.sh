@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs the test suite: every unit-test binary in BUILD/tests (cmocka; each case counted),
-# then, for "all", every tests/integration/test_*.sh (each counted as one test; the folder
-# is $FSDP_INTEGRATION when set, for run.sh's own test).
+# tests/run.sh BUILD [unit|integration|all] [NAME...]
+# Runs the test suite: every unit-test binary in BUILD/tests (cmocka; each case counted;
+# "unit" and "all"), then every tests/integration/test_*.sh (each counted as one test;
+# "integration" and "all"; the folder is $FSDP_INTEGRATION when set, for run.sh's own test).
+# NAMEs run only those of the set: a unit binary (test_job) or a script (test_status or
+# test_status.sh); a NAME that is none of the set's is an error (exit 2), before anything runs.
 # A skipped test is counted, never silent: a cmocka case that calls skip() (print_message
 # says why), and an integration script that exits 77 after printing why on its last line
 # (lib.sh's skip_test does both); a script that exits 77 saying nothing has failed.
@@ -18,6 +21,8 @@
 set -u
 build=${1:-build}
 what=${2:-all}
+names=("${@:3}")
+case "$what" in unit|integration|all) ;; *) echo "tests/run.sh: '$what' is not unit, integration or all"; exit 2 ;; esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 2
 case "$build" in /*) ;; *) build="$here/$build" ;; esac
@@ -27,6 +32,24 @@ integration=${FSDP_INTEGRATION:-tests/integration}
 [ -d "$FSDP_SHARED/golden" ] || { echo "tests/run.sh: no golden data under $FSDP_SHARED (set FSDP_SHARED)"; exit 2; }
 passed=0 failed=0 skipped=0 failures=() skips=()
 
+units=() scripts=()
+[ "$what" = integration ] || for t in "$build"/tests/test_*; do [ -x "$t" ] && units+=("$t"); done
+[ "$what" = unit ] || for s in "$integration"/test_*.sh; do [ -f "$s" ] && scripts+=("$s"); done
+if [ "${#names[@]}" -gt 0 ]; then # keep the named ones only; every name must be one of them
+    chosen_units=() chosen_scripts=()
+    for n in "${names[@]}"; do
+        found=0
+        for t in "${units[@]+"${units[@]}"}"; do
+            [ "$(basename "$t")" != "$n" ] || { chosen_units+=("$t"); found=1; }
+        done
+        for s in "${scripts[@]+"${scripts[@]}"}"; do
+            [ "$(basename "$s" .sh)" != "${n%.sh}" ] || { chosen_scripts+=("$s"); found=1; }
+        done
+        [ "$found" = 1 ] || { echo "tests/run.sh: no $what test named '$n'"; exit 2; }
+    done
+    units=("${chosen_units[@]+"${chosen_units[@]}"}") scripts=("${chosen_scripts[@]+"${chosen_scripts[@]}"}")
+fi
+
 # The count N of cmocka's summary line "[  WORD  ] N test(s)" in $out, 0 when absent.
 summary_count() {
     local n
@@ -34,8 +57,7 @@ summary_count() {
     echo "${n:-0}"
 }
 
-for t in "$build"/tests/test_*; do
-    [ -x "$t" ] || continue
+for t in "${units[@]+"${units[@]}"}"; do
     out=$("$t" 2>&1); rc=$?
     printf '%s\n' "$out"
     p=$(summary_count PASSED) f=$(summary_count FAILED) s=$(summary_count SKIPPED)
@@ -82,7 +104,7 @@ collect() {
     report "${scripts[$POOL_ID]}" "$POOL_RC" "$POOL_SECONDS" "$pool_dir/$POOL_ID.log"
 }
 
-if [ "$what" = all ]; then
+if [ "${#scripts[@]}" -gt 0 ]; then
     jobs=${FSDP_TEST_JOBS:-1}
     [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: FSDP_TEST_JOBS must be a positive count, got '$jobs'"; exit 2; }
     source "$here/tests/pool.sh"
@@ -90,8 +112,7 @@ if [ "$what" = all ]; then
     trap 'rm -rf "$pool_dir"' EXIT
     pool_init "$pool_dir"
     first=() rest=()
-    for s in "$integration"/test_*.sh; do
-        [ -f "$s" ] || continue
+    for s in "${scripts[@]}"; do
         if [ "$(schedule_of "$s")" = first ]; then first+=("$s"); else rest+=("$s"); fi
     done
     scripts=("${first[@]+"${first[@]}"}" "${rest[@]+"${rest[@]}"}")

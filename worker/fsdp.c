@@ -1031,18 +1031,6 @@ static void poison_gradient(fsdp *f) {
     k_copy_h2d(f->ctx, f->units[0].grad, &nan, sizeof nan);
 }
 
-/* Packed rows: the document bounds of all `rows` rows of positions, host [2, rows*T] (the
- * starts, then the ends), checked before anything runs; NULL with *rc = -1 on bad positions. */
-static int32_t *doc_bounds(const int32_t *positions, int rows, int T, int *rc, errbuf *err) {
-    size_t n = (size_t)rows * T;
-    int32_t *bounds = malloc(2 * n * sizeof *bounds);
-    *rc = bounds ? llama_doc_bounds(positions, rows, T, bounds, bounds + n, err)
-                 : errf(err, "fsdp: out of host memory");
-    if (*rc == 0) return bounds;
-    free(bounds);
-    return NULL;
-}
-
 /* Row b of micro-batch mb: its sample index, uploaded for the dropout masks. */
 static void upload_samples(fsdp *f, const fsdp_batch *b, int mb) {
     int64_t host[256];
@@ -1058,10 +1046,9 @@ static void upload_samples(fsdp *f, const fsdp_batch *b, int mb) {
 
 /* Every micro-batch's forward and backward, the loss sum accumulating in scalars[0] (zeroed
  * here) and the gradients, scaled by dscale, reduced into the grad shards. */
-static int run_micro_batches(fsdp *f, const fsdp_batch *b, const int32_t *bounds, float dscale,
-                             errbuf *err) {
+static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf *err) {
     kctx *c = f->ctx;
-    int rows = b->n_micro * b->micro_batch, T = b->T, rc = 0;
+    int T = b->T, rc = 0;
     k_zero(c, f->scalars, 2 * sizeof(float));
     size_t N = (size_t)b->micro_batch * T;
     int32_t *targets = malloc(N * sizeof *targets);
@@ -1072,41 +1059,34 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, const int32_t *bounds
         k_shift_labels(b->labels + mb * N, targets, b->micro_batch, T);
         k_copy_h2d(c, f->tokens, b->input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
-        if (bounds) { /* pageable sources: consumed when the copies return */
-            k_copy_h2d(c, f->doc_start, bounds + mb * N, N * sizeof(int32_t));
-            k_copy_h2d(c, f->doc_end, bounds + (size_t)rows * T + mb * N, N * sizeof(int32_t));
+        if (b->doc_start) { /* pageable sources: consumed when the copies return */
+            k_copy_h2d(c, f->doc_start, b->doc_start + mb * N, N * sizeof(int32_t));
+            k_copy_h2d(c, f->doc_end, b->doc_end + mb * N, N * sizeof(int32_t));
         }
         if (f->has_lora) upload_samples(f, b, mb);
-        rc = forward_backward(f, bounds ? &docs : NULL, dscale, err);
+        rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
     }
     free(targets);
     return rc;
 }
 
-/* Checks batch b and readies what its micro-batches need: *bounds (NULL unless packed). */
-static int prepare_batch(fsdp *f, const fsdp_batch *b, int32_t **bounds, errbuf *err) {
-    int rows = b->n_micro * b->micro_batch, rc = 0;
-    *bounds = NULL;
+/* Checks batch b (its document bounds too, when packed) and readies the activations its
+ * micro-batches need. */
+static int prepare_batch(fsdp *f, const fsdp_batch *b, errbuf *err) {
+    int rows = b->n_micro * b->micro_batch;
     if (llama_check_batch(&f->layout.cfg, b->input_ids, b->labels, rows, b->T, err)) return -1;
-    if (b->positions && !(*bounds = doc_bounds(b->positions, rows, b->T, &rc, err))) return -1;
-    if (ensure_activations(f, b->micro_batch, b->T, err)) {
-        free(*bounds);
-        *bounds = NULL;
-        return -1;
-    }
-    return 0;
+    if (b->doc_start && llama_check_docs(b->doc_start, b->doc_end, rows, b->T, err)) return -1;
+    return ensure_activations(f, b->micro_batch, b->T, err);
 }
 
 int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err) {
-    int32_t *bounds;
-    if (prepare_batch(f, b, &bounds, err)) return -1;
+    if (prepare_batch(f, b, err)) return -1;
     rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
     rank_stats *all = calloc((size_t)f->world, sizeof *all);
     float dropout = f->lora.dropout;
     f->lora.dropout = 0; /* evaluation: no dropout, as model.eval() */
-    int rc = all ? run_micro_batches(f, b, bounds, 0.0f, err) : errf(err, "fsdp: out of host memory");
+    int rc = all ? run_micro_batches(f, b, 0.0f, err) : errf(err, "fsdp: out of host memory");
     f->lora.dropout = dropout;
-    free(bounds);
     float scalars[2];
     if (rc == 0) k_copy_d2h(f->ctx, scalars, f->scalars, sizeof scalars);
     if (rc == 0) rc = k_sync(f->ctx, err);
@@ -1127,14 +1107,10 @@ int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *coun
 int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_step_result *res,
                     errbuf *err) {
     kctx *c = f->ctx;
-    int32_t *bounds;
-    if (prepare_batch(f, b, &bounds, err)) return -1;
+    if (prepare_batch(f, b, err)) return -1;
     rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
     rank_stats *all = calloc((size_t)f->world, sizeof *all);
-    if (!all) {
-        free(bounds);
-        return errf(err, "fsdp: out of host memory");
-    }
+    if (!all) return errf(err, "fsdp: out of host memory");
     memcpy(mine.vote, f->vote, sizeof mine.vote);
     int rc = gather_stats(f, &mine, all, err);
     int64_t count = 0, vote_max[FSDP_VOTES];
@@ -1148,8 +1124,7 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
         for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
-    if (rc == 0) rc = run_micro_batches(f, b, bounds, dscale, err);
-    free(bounds);
+    if (rc == 0) rc = run_micro_batches(f, b, dscale, err);
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < f->n_train && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];

@@ -249,11 +249,13 @@ typedef struct fsdp_step_result {
 
 /* This rank's share of a global batch: n_micro micro-batches of micro_batch sequences of T
  * tokens, input_ids/labels host int32 [n_micro*micro_batch, T] (labels unshifted, -100
- * masked).  positions: NULL, or the same shape for packed rows (llama_doc_bounds: positions
- * restart at each document, attention stays inside it).  samples: host int64 [rows], each
- * row's global sample index (LoRA dropout keys), or NULL: the row's index. */
+ * masked).  doc_start/doc_end: NULL, or the same shape for packed rows: each token's
+ * document bounds as data/rows.h builds them (model/llama.h's llama_check_docs checks them;
+ * RoPE positions restart at each document, attention stays inside it).  samples: host int64
+ * [rows], each row's global sample index (LoRA dropout keys), or NULL: the row's index. */
 typedef struct fsdp_batch {
-    const int32_t *input_ids, *labels, *positions;
+    const int32_t *input_ids, *labels;
+    const int32_t *doc_start, *doc_end;
     const int64_t *samples;
     int n_micro, micro_batch, T;
 } fsdp_batch;

@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/fault.h"
 #include "base/path.h"
+#include "data/rows.h"
 #include "model/memory_plan.h"
 #include "model/step_plan.h"
 #include "proto/ckpt.h"
@@ -19,7 +20,6 @@
 #include "proto/peft.h"
 #include "proto/safetensors.h"
 #include "worker/ckpt_writer.h"
-#include "worker/data.h"
 #include "worker/fsdp.h"
 #include "worker/schedule.h"
 
@@ -194,9 +194,9 @@ static int write_final_params(fsdp *f, int rank, const char *path, errbuf *err) 
     return rc;
 }
 
-static long total_steps(const job_config *j, const data_loader *d) {
+static long total_steps(const job_config *j, const row_source *d) {
     if (j->train.max_steps > 0) return j->train.max_steps;
-    return (long)data_steps_per_epoch(d) * j->train.epochs;
+    return (long)row_source_steps_per_epoch(d) * j->train.epochs;
 }
 
 /* Whether a checkpoint follows step `done` (see train.h), from the votes every rank cast. */
@@ -226,27 +226,24 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
 
 /* Whether an evaluation follows step `done`: every train.eval_interval steps and after the
  * last, when samples are held out. */
-static int eval_due(const job_config *j, const data_loader *d, long done, long total) {
+static int eval_due(const job_config *j, const row_source *d, long done, long total) {
     if (d->n_eval == 0) return 0;
     return done == total || (j->train.eval_interval > 0 && done % j->train.eval_interval == 0);
 }
 
 /* The mean token loss over the held-out samples: whole global batches, each rank its share,
  * in the training step's micro-batches. */
-static int evaluate(fsdp *f, data_loader *d, const train_env *env, int32_t *ids, int32_t *labels,
-                    int32_t *positions, double *eval_loss, errbuf *err) {
+static int evaluate(fsdp *f, row_source *d, const train_env *env, row_batch *rows,
+                    const fsdp_batch *batch, double *eval_loss, errbuf *err) {
     const job_config *j = env->job;
-    int rows = j->train.global_batch / env->world, micro = j->train.micro_batch;
     double sum = 0;
     int64_t count = 0;
-    for (uint64_t b = 0; b < data_eval_batches(d); b++) {
+    for (uint64_t b = 0; b < row_source_eval_batches(d); b++) {
         double s;
         int64_t n;
-        uint64_t first = b * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
-        data_fill_eval(d, first, rows, ids, labels, positions);
-        fsdp_batch batch = {.input_ids = ids, .labels = labels, .positions = positions,
-                            .n_micro = rows / micro, .micro_batch = micro, .T = j->data.seq_len};
-        if (fsdp_eval_loss(f, &batch, &s, &n, err)) return -1;
+        uint64_t first = b * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows->n;
+        row_source_fill_eval(d, first, rows);
+        if (fsdp_eval_loss(f, batch, &s, &n, err)) return -1;
         sum += s;
         count += n;
     }
@@ -254,20 +251,23 @@ static int evaluate(fsdp *f, data_loader *d, const train_env *env, int32_t *ids,
     return 0;
 }
 
-static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
+static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     const train_hooks *h = &env->hooks;
     int T = j->data.seq_len, rows = j->train.global_batch / env->world;
     int micro = j->train.micro_batch, n_micro = rows / micro;
     long total = total_steps(j, d);
     int64_t served = 0; /* checkpoint requests served so far */
-    int32_t *ids = malloc((size_t)rows * T * sizeof *ids);
-    int32_t *labels = malloc((size_t)rows * T * sizeof *labels);
-    int32_t *positions = d->packing ? malloc((size_t)rows * T * sizeof *positions) : NULL;
+    row_batch rb;
+    if (row_batch_init(&rb, rows, T, d->packing, err)) return -1;
     int64_t *samples = malloc((size_t)rows * sizeof *samples);
-    int rc = (ids && labels && samples && (positions || !d->packing)) ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
-    fsdp_batch batch = {.input_ids = ids, .labels = labels, .positions = positions,
-                        .samples = samples, .n_micro = n_micro, .micro_batch = micro, .T = T};
+    int rc = samples ? 0 : errf(err, "out of memory for a batch of %d x %d", rows, T);
+    /* the training batch; an evaluation's is the same rows without the sample keys */
+    fsdp_batch batch = {.input_ids = rb.input_ids, .labels = rb.labels, .doc_start = rb.doc_start,
+                        .doc_end = rb.doc_end, .samples = samples, .n_micro = n_micro,
+                        .micro_batch = micro, .T = T};
+    fsdp_batch eval_batch = batch;
+    eval_batch.samples = NULL;
     fsdp_hparams hp = {.beta1 = j->train.betas[0], .beta2 = j->train.betas[1], .eps = j->train.eps,
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
@@ -276,7 +276,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
-        data_fill(d, first, rows, ids, labels, positions);
+        row_source_fill(d, first, &rb);
         for (int r = 0; r < rows; r++) samples[r] = (int64_t)(first + (uint64_t)r); /* dropout keys */
         hp.lr = schedule_lr(j, step, total);
         /* Stopping is voted too: every rank leaves after the same step (one leaving alone
@@ -294,7 +294,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
         train_ckpt_action ckpt = ckpt_due(env, step + 1, total, &res, &served);
         double eval_loss = 0;
         int has_eval = eval_due(j, d, step + 1, total);
-        if (has_eval && (rc = evaluate(f, d, env, ids, labels, positions, &eval_loss, err)) != 0) break;
+        if (has_eval && (rc = evaluate(f, d, env, &rb, &eval_batch, &eval_loss, err)) != 0) break;
         if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
@@ -312,9 +312,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
             rc = ckpt_writer_save(env->writer, f, step + 1, env->ckpt_attempt, ckpt == TRAIN_CKPT_SYNC,
                                   tokens_seen, err);
     }
-    free(ids);
-    free(labels);
-    free(positions);
+    row_batch_free(&rb);
     free(samples);
     return rc;
 }
@@ -322,7 +320,7 @@ static int run_steps(fsdp *f, data_loader *d, const train_env *env, int64_t toke
 int train_run(const train_env *env, errbuf *err) {
     const job_config *j = env->job;
     fsdp f;
-    data_loader d;
+    row_source d;
     int64_t tokens_seen;
     model_memory image = {NULL, 0};
     if (load_model(&f, env, &image, &tokens_seen, err)) {
@@ -332,13 +330,13 @@ int train_run(const train_env *env, errbuf *err) {
     }
     int rc = env->writer ? ckpt_writer_prepare(env->writer, &f, err) : 0;
     if (rc == 0)
-        rc = data_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
-                       (uint64_t)j->train.seed, j->data.shuffle, j->data.packing, j->data.eval_fraction,
-                       f.layout.cfg.vocab_size, err);
+        rc = row_source_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
+                             (uint64_t)j->train.seed, j->data.shuffle, j->data.packing,
+                             j->data.eval_fraction, f.layout.cfg.vocab_size, err);
     if (rc) rc = TRAIN_ERR_SETUP;
     else {
         rc = run_steps(&f, &d, env, tokens_seen, err);
-        data_close(&d);
+        row_source_close(&d);
     }
     const fault *final = fault_get(FAULT_FINAL_PARAMS, env->rank);
     if (rc == 0 && final) rc = write_final_params(&f, env->rank, final->path, err);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The layering check (tests/check_layers.py): the tree holds DESIGN.md's floors, and the
-# check itself fails on an upward include and on an include loop.
+# check itself fails on an upward include (from a .c, .h, .cu or .cuh file) and on an
+# include loop.
 source "$(dirname "$0")/lib.sh"
 
 python3 tests/check_layers.py . || fail "the tree breaks the layering rule"
@@ -11,6 +12,10 @@ cp -r base model data proto kernels worker daemon ctl "$tmp/tree/" 2>/dev/null |
 echo '#include "daemon/log.h"' >> "$tmp/tree/proto/rng.c"
 expect_status 1 "proto/rng.c includes daemon/log.h: proto/ may use only base" python3 tests/check_layers.py "$tmp/tree"
 sed -i '$d' "$tmp/tree/proto/rng.c"
+# a CUDA header is read too
+echo '#include "worker/fsdp.h"' >> "$tmp/tree/kernels/cuda/cuda_attention_docs.cuh"
+expect_status 1 "kernels/cuda/cuda_attention_docs.cuh includes worker/fsdp.h: kernels/ may use only base" python3 tests/check_layers.py "$tmp/tree"
+sed -i '$d' "$tmp/tree/kernels/cuda/cuda_attention_docs.cuh"
 echo '#include "proto/rng.h"' >> "$tmp/tree/proto/tokens.h"
 echo '#include "proto/tokens.h"' >> "$tmp/tree/proto/rng.h"
 expect_status 1 "include loop between the modules proto/rng, proto/tokens" python3 tests/check_layers.py "$tmp/tree"

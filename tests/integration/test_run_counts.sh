@@ -3,6 +3,7 @@
 # binary, built here), and integration scripts that pass, fail, or exit 77 to be skipped
 # (saying why; a silent 77 is a failure).  The last line is "N passed, N failed, N skipped".
 # Under CI=true a cmocka skip and a script's skip for anything but a missing GPU fail.
+# Names run only the named unit binaries and scripts.
 # With FSDP_TEST_JOBS=2 the counts are the same, two scripts run side by side, a script with
 # "# schedule: first" starts before the others and one with "# schedule: alone" has none beside
 # it.
@@ -55,6 +56,22 @@ run || { cat "$tmp/run.out"; fail "run.sh failed with nothing failing"; }
 last=$(tail -1 "$tmp/run.out")
 [ "$last" = "2 passed, 0 failed, 3 skipped" ] || { cat "$tmp/run.out"; fail "last line: '$last'"; }
 echo "run.sh: $last"
+
+# --- names: only the named unit binary and script; a name of none is an error ---------------
+names() { # SET NAME...
+    CI="" FSDP_RUN_COUNTS_NESTED=1 FSDP_INTEGRATION="$tmp/it" timeout 60 tests/run.sh "$tmp/build" "$@" > "$tmp/run.out" 2>&1
+}
+names all test_cases test_a_pass.sh && [ "$(tail -1 "$tmp/run.out")" = "2 passed, 0 failed, 2 skipped" ] &&
+    ! grep -q test_b_skip "$tmp/run.out" || { cat "$tmp/run.out"; fail "all test_cases test_a_pass.sh: other tests ran"; }
+names integration test_b_skip && [ "$(tail -1 "$tmp/run.out")" = "0 passed, 0 failed, 1 skipped" ] ||
+    { cat "$tmp/run.out"; fail "integration test_b_skip: other counts"; }
+names unit test_cases && [ "$(tail -1 "$tmp/run.out")" = "1 passed, 0 failed, 2 skipped" ] ||
+    { cat "$tmp/run.out"; fail "unit test_cases: other counts"; }
+status=0
+names unit test_a_pass || status=$?
+[ "$status" = 2 ] && grep -qxF "tests/run.sh: no unit test named 'test_a_pass'" "$tmp/run.out" ||
+    { cat "$tmp/run.out"; fail "a script named in the unit set: exit $status"; }
+echo "run.sh: names run only the named tests"
 
 # --- CI=true: the cmocka skips and a script's skip for a missing package fail, "no GPU" skips ---
 printf 'source tests/integration/lib.sh\nskip_test "cannot install safetensors into the venv"\n' > "$tmp/it/test_d_pkg.sh"

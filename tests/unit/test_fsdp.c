@@ -3,7 +3,7 @@
  *
  * A step over rows packed with documents (positions restarting at each) has the loss, the
  * target count and the gradient norm of a step over the same documents as rows of their
- * own, padded: the positions reach every layer's RoPE and attention (varlen), and the loss
+ * own, padded: the document bounds reach every layer's RoPE and attention (varlen), and the loss
  * is normalised by the real label count.  lr = 0 keeps the parameters, so both steps run on
  * one model. */
 #include <math.h>
@@ -58,14 +58,19 @@ static void init_fsdp(fsdp *f, kctx *c, const llama_config *cfg) {
     }
 }
 
+/* A step over rows given by positions (NULL: unpacked), their document bounds computed as
+ * a batch of them is made. */
 static fsdp_step_result step(fsdp *f, const int32_t *ids, const int32_t *labels,
                              const int32_t *positions, int rows) {
     fsdp_hparams hp = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_step_result res;
     errbuf err = {{0}};
-    fsdp_batch b = {.input_ids = ids, .labels = labels, .positions = positions, .n_micro = 1,
-                    .micro_batch = rows, .T = T};
-    if (fsdp_train_step(f, &b, &hp, &res, &err))
+    int32_t start[DOCS * T], end[DOCS * T];
+    assert_true(rows <= DOCS);
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .doc_start = positions ? start : NULL,
+                    .doc_end = positions ? end : NULL, .n_micro = 1, .micro_batch = rows, .T = T};
+    if ((positions && llama_doc_bounds(positions, rows, T, start, end, &err)) ||
+        fsdp_train_step(f, &b, &hp, &res, &err))
         fail_msg("%s", err.msg);
     return res;
 }
@@ -106,15 +111,21 @@ static void test_packed_step_equals_documents(void **state) {
     fsdp_step_result crossing = step(&f, ids, labels, NULL, ROWS);
     assert_true(fabs(crossing.loss - alone.loss) > 1e-3 * alone.loss);
 
-    /* positions that neither restart nor count up are refused, naming the place */
+    /* positions that neither restart nor count up are refused, naming the place, and so
+     * are bounds that do not tile a row */
     errbuf err = {{0}};
     fsdp_hparams hp = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_step_result res;
+    int32_t start[ROWS * T], end[ROWS * T];
+    assert_int_equal(llama_doc_bounds(positions, ROWS, T, start, end, &err), 0);
     positions[T + 4] = 9;
-    fsdp_batch b = {.input_ids = ids, .labels = labels, .positions = positions, .n_micro = 1,
-                    .micro_batch = ROWS, .T = T};
-    assert_int_equal(fsdp_train_step(&f, &b, &hp, &res, &err), -1);
+    assert_int_equal(llama_doc_bounds(positions, ROWS, T, start, end, &err), -1);
     assert_non_null(strstr(err.msg, "positions[1,4] = 9"));
+    start[T + 4] = 9;
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .doc_start = start, .doc_end = end,
+                    .n_micro = 1, .micro_batch = ROWS, .T = T};
+    assert_int_equal(fsdp_train_step(&f, &b, &hp, &res, &err), -1);
+    assert_non_null(strstr(err.msg, "of token [1,4] do not tile the row"));
     fsdp_destroy(&f);
     kctx_destroy(&c);
 }

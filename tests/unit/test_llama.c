@@ -659,7 +659,9 @@ static void check_packed_equals_documents(int checkpoint) {
     errbuf err = {{0}};
     float loss;
     int64_t count;
-    if (llama_model_forward_backward_packed(&packed.m, ids, labels, positions, PB, PT, 1.0f,
+    int32_t start[PB * PT], end[PB * PT];
+    if (llama_doc_bounds(positions, PB, PT, start, end, &err) ||
+        llama_model_forward_backward_packed(&packed.m, ids, labels, start, end, PB, PT, 1.0f,
                                             &loss, &count, NULL, &err))
         fail_msg("%s", err.msg);
 
@@ -698,7 +700,7 @@ static void test_packed_equals_documents(void **state) {
     check_packed_equals_documents(1);
 }
 
-/* Positions must restart at 0 or count up by one; and NULL positions are one document a row. */
+/* Positions must restart at 0 or count up by one; and one document a row is the unpacked batch. */
 static void test_packed_positions(void **state) {
     (void)state;
     int32_t pos[2 * 4] = {0, 1, 0, 1, 0, 1, 2, 3}, start[8], end[8];
@@ -715,25 +717,34 @@ static void test_packed_positions(void **state) {
     assert_int_equal(llama_doc_bounds(pos, 2, 4, start, end, &err), -1);
     assert_non_null(strstr(err.msg, "positions[1,0] = 1"));
 
-    /* the model refuses them too, and a packed batch of one document a row is the plain one */
+    /* so does a batch made of them, and a packed batch of one document a row is the plain
+     * one; the model refuses bounds that do not tile a row */
     fixture f;
     fixture_init(&f, 2, 0);
-    int32_t ids[RB * RT], labels[RB * RT], positions[RB * RT];
+    int32_t ids[RB * RT], labels[RB * RT], positions[RB * RT], bs[RB * RT], be[RB * RT];
     random_batch(RB, RT, f.cfg.vocab_size, 6, ids, labels);
     for (int i = 0; i < RB * RT; i++) positions[i] = i % RT;
     positions[RT + 2] = 7;
     float l1, l2;
     int64_t n1, n2;
-    assert_int_equal(llama_model_forward_backward_packed(&f.m, ids, labels, positions, RB, RT,
-                                                         1.0f, &l1, &n1, NULL, &err), -1);
+    assert_int_equal(llama_doc_bounds(positions, RB, RT, bs, be, &err), -1);
     assert_non_null(strstr(err.msg, "positions[1,2] = 7"));
     positions[RT + 2] = 2;
-    if (llama_model_forward_backward_packed(&f.m, ids, labels, positions, RB, RT, 1.0f, &l1, &n1,
+    if (llama_doc_bounds(positions, RB, RT, bs, be, &err) ||
+        llama_model_forward_backward_packed(&f.m, ids, labels, bs, be, RB, RT, 1.0f, &l1, &n1,
                                             NULL, &err))
         fail_msg("%s", err.msg);
     forward_backward(&f.m, ids, labels, RB, RT, 1.0f, &l2, &n2, NULL);
     assert_true(l1 == l2);
     assert_int_equal(n1, n2);
+    bs[RT + 2] = 1; /* token [1,2] in a document that starts at 1, which [1,1] is not in */
+    assert_int_equal(llama_model_forward_backward_packed(&f.m, ids, labels, bs, be, RB, RT,
+                                                         1.0f, &l1, &n1, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "of token [1,2] do not tile the row"));
+    bs[RT + 2] = 0;
+    be[RT - 1] = RT - 1; /* a document that ends before its last token */
+    assert_int_equal(llama_check_docs(bs, be, RB, RT, &err), -1);
+    assert_non_null(strstr(err.msg, "of token [0,"));
     fixture_free(&f);
 }
 

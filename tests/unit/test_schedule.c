@@ -11,7 +11,7 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "worker/data.h"
+#include "data/rows.h"
 #include "worker/schedule.h"
 
 static job_config job_with(job_schedule s, double lr, double min_lr, int warmup) {
@@ -74,12 +74,13 @@ static void test_data_order(void **state) {
     assert_int_equal(tok_writer_save(&w, path, &err), 0);
     tok_writer_free(&w);
 
-    data_loader d;
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 0, 1000, &err), 0);
+    row_source d;
+    assert_int_equal(row_source_open(&d, path, 2, 8, 42, true, false, 0, 1000, &err), 0);
     assert_int_equal(d.epoch_len, 48);
-    assert_int_equal(data_steps_per_epoch(&d), 6);
+    assert_int_equal(row_source_steps_per_epoch(&d), 6);
     int32_t ids[96 * 2], labels[96 * 2];
-    data_fill(&d, 0, 96, ids, labels, NULL);
+    row_batch rows = {.n = 96, .seq_len = 2, .input_ids = ids, .labels = labels};
+    row_source_fill(&d, 0, &rows);
     int seen[50] = {0}, same_order = 1;
     for (int i = 0; i < 48; i++) {
         seen[ids[2 * i]]++;
@@ -89,19 +90,20 @@ static void test_data_order(void **state) {
     for (int r = 0; r < 50; r++) assert_true(seen[r] <= 1);
     assert_false(same_order); /* epoch 1 is shuffled differently */
     int32_t one[2], one_labels[2];
-    data_fill(&d, 57, 1, one, one_labels, NULL);
+    row_batch row = {.n = 1, .seq_len = 2, .input_ids = one, .labels = one_labels};
+    row_source_fill(&d, 57, &row);
     assert_int_equal(one[0], ids[2 * 57]);
-    data_close(&d);
+    row_source_close(&d);
 
     /* Without shuffling every epoch is the file's order. */
-    assert_int_equal(data_open(&d, path, 2, 8, 42, false, false, 0, 1000, &err), 0);
-    data_fill(&d, 0, 96, ids, labels, NULL);
+    assert_int_equal(row_source_open(&d, path, 2, 8, 42, false, false, 0, 1000, &err), 0);
+    row_source_fill(&d, 0, &rows);
     for (int i = 0; i < 96; i++) assert_int_equal(ids[2 * i], i % 48);
-    data_close(&d);
+    row_source_close(&d);
 
-    assert_int_equal(data_open(&d, path, 2, 64, 42, true, false, 0, 1000, &err), -1);
+    assert_int_equal(row_source_open(&d, path, 2, 64, 42, true, false, 0, 1000, &err), -1);
     assert_non_null(strstr(err.msg, "fewer than one global batch"));
-    assert_int_equal(data_open(&d, path, 2, 8, 42, true, false, 0, 500, &err), -1);
+    assert_int_equal(row_source_open(&d, path, 2, 8, 42, true, false, 0, 500, &err), -1);
     assert_non_null(strstr(err.msg, "vocabulary"));
     unlink(path);
 }
@@ -111,7 +113,7 @@ static void test_data_order(void **state) {
 static int held_out(uint64_t i, uint64_t p, uint64_t q) { return (i + 1) * p / q > i * p / q; }
 
 /* The eval split: which samples are held out and which are trained on, read back from what
- * data_fill and data_fill_eval fill (record r's first token is r), against the rule. */
+ * row_source_fill and row_source_fill_eval fill (record r's first token is r), against the rule. */
 static void test_eval_split(void **state) {
     (void)state;
     enum { RECORDS = 96 };
@@ -142,19 +144,21 @@ static void test_eval_split(void **state) {
             else want_train[n_train++] = i;
         }
         assert_int_equal(n_eval, RECORDS * cases[c].p / cases[c].q);
-        data_loader d;
-        assert_int_equal(data_open(&d, path, 2, 8, 42, cases[c].shuffle, false, cases[c].f, 1000, &err), 0);
+        row_source d;
+        assert_int_equal(row_source_open(&d, path, 2, 8, 42, cases[c].shuffle, false, cases[c].f, 1000, &err), 0);
         assert_int_equal(d.n_eval, n_eval);
         assert_int_equal(d.n_train, n_train);
         assert_int_equal(d.epoch_len, n_train / 8 * 8);
         /* held out: every one, in sample order */
         int32_t ids[2 * 2 * RECORDS], labels[2 * 2 * RECORDS];
-        data_fill_eval(&d, 0, (int)n_eval, ids, labels, NULL);
+        row_batch held = {.n = (int)n_eval, .seq_len = 2, .input_ids = ids, .labels = labels};
+        row_source_fill_eval(&d, 0, &held);
         for (uint64_t i = 0; i < n_eval; i++) assert_int_equal(ids[2 * i], want_eval[i]);
         /* trained: two epochs, never a held-out sample, each epoch the first epoch_len of the
          * trained samples (in file order without shuffling, a permutation of them with) */
         int n = (int)(2 * d.epoch_len);
-        data_fill(&d, 0, n, ids, labels, NULL);
+        row_batch trained = {.n = n, .seq_len = 2, .input_ids = ids, .labels = labels};
+        row_source_fill(&d, 0, &trained);
         for (int e = 0; e < 2; e++) {
             int seen[RECORDS] = {0};
             for (uint64_t i = 0; i < d.epoch_len; i++) {
@@ -166,7 +170,7 @@ static void test_eval_split(void **state) {
             }
             for (uint64_t i = 0; i < n_train && d.epoch_len == n_train; i++) assert_int_equal(seen[want_train[i]], 1);
         }
-        data_close(&d);
+        row_source_close(&d);
     }
     unlink(path);
 }

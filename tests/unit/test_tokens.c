@@ -1,4 +1,4 @@
-/* Token cache and CRC32C. */
+/* Token cache and CRC32C; the rows data/rows assembles from a cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +12,8 @@
 
 #include "base/crc32c.h"
 #include "base/fileio.h"
+#include "data/rows.h"
+#include "model/llama.h"
 #include "proto/tokens.h"
 
 static char tmpdir[] = "/tmp/fsdp-test-tokens-XXXXXX";
@@ -118,16 +120,29 @@ static void test_round_trip_and_samples(void **state) {
     assert_int_equal(tok_record_len(&c, 2), 0);
 
     int32_t ids[9], labels[9];
-    tok_sample(&c, 0, 9, ids, labels);
+    row_fill_record(&c, 0, 9, ids, labels);
     int32_t want_ids[] = {1, 5, 6, 3, 7, 8, 2, 0, 0};
     int32_t want_labels[] = {-100, -100, -100, -100, 7, 8, 2, -100, -100};
     assert_memory_equal(ids, want_ids, sizeof ids);
     assert_memory_equal(labels, want_labels, sizeof labels);
-    tok_sample(&c, 1, 2, ids, labels); /* truncated */
+    row_fill_record(&c, 1, 2, ids, labels); /* truncated */
     assert_int_equal(ids[0], 9);
     assert_int_equal(ids[1], 10);
     assert_int_equal(labels[1], 10);
     tok_close(&c);
+}
+
+/* A packed row's document bounds are those of the positions want_pos[n] (restarting at each
+ * record, llama_doc_bounds), and t - start[t] is each token's position. */
+static void assert_positions(const int32_t *start, const int32_t *end, const int32_t *want_pos,
+                             int n) {
+    int32_t want_start[16], want_end[16];
+    errbuf err;
+    assert_true(n <= 16);
+    assert_int_equal(llama_doc_bounds(want_pos, 1, n, want_start, want_end, &err), 0);
+    assert_memory_equal(start, want_start, (size_t)n * sizeof *start);
+    assert_memory_equal(end, want_end, (size_t)n * sizeof *end);
+    for (int t = 0; t < n; t++) assert_int_equal(t - start[t], want_pos[t]);
 }
 
 /* Packing: records 0 (7 tokens) and 1 (3) fill a row of 10 with the empty record 2; at seq 9
@@ -139,38 +154,38 @@ static void test_packing(void **state) {
     errbuf err;
     open_sample_cache("pack.tok", &c);
     uint64_t *starts, rows, real;
-    assert_int_equal(tok_pack(&c, 10, &starts, &rows, &real, &err), 0);
+    assert_int_equal(rows_pack(&c, 10, &starts, &rows, &real, &err), 0);
     assert_int_equal(rows, 1);
     assert_int_equal(real, 10);
-    int32_t ids[12], labels[12], pos[12];
-    tok_packed_row(&c, starts, 0, 10, ids, labels, pos);
+    int32_t ids[12], labels[12], start[12], end[12];
+    row_fill_packed(&c, starts, 0, 10, ids, labels, start, end);
     int32_t want_ids[] = {1, 5, 6, 3, 7, 8, 2, 9, 10, 11};
     int32_t want_labels[] = {-100, -100, -100, -100, 7, 8, 2, -100, 10, 11};
     int32_t want_pos[] = {0, 1, 2, 3, 4, 5, 6, 0, 1, 2};
     assert_memory_equal(ids, want_ids, sizeof want_ids);
     assert_memory_equal(labels, want_labels, sizeof want_labels);
-    assert_memory_equal(pos, want_pos, sizeof want_pos);
+    assert_positions(start, end, want_pos, 10);
     free(starts);
 
-    assert_int_equal(tok_pack(&c, 9, &starts, &rows, &real, &err), 0);
+    assert_int_equal(rows_pack(&c, 9, &starts, &rows, &real, &err), 0);
     assert_int_equal(rows, 2); /* 7 + 3 > 9 */
     assert_int_equal(starts[0], 0);
     assert_int_equal(starts[1], 1);
     assert_int_equal(starts[2], 3);
-    tok_packed_row(&c, starts, 1, 9, ids, labels, pos); /* record 1, the empty record 2, padding */
+    row_fill_packed(&c, starts, 1, 9, ids, labels, start, end); /* record 1, the empty record 2, padding */
     int32_t want_ids1[] = {9, 10, 11, 0, 0, 0, 0, 0, 0};
     int32_t want_labels1[] = {-100, 10, 11, -100, -100, -100, -100, -100, -100};
     int32_t want_pos1[] = {0, 1, 2, 0, 1, 2, 3, 4, 5};
     assert_memory_equal(ids, want_ids1, sizeof want_ids1);
     assert_memory_equal(labels, want_labels1, sizeof want_labels1);
-    assert_memory_equal(pos, want_pos1, sizeof want_pos1);
+    assert_positions(start, end, want_pos1, 9);
     free(starts);
 
-    assert_int_equal(tok_pack(&c, 5, &starts, &rows, &real, &err), 0); /* record 0 cut at 5 */
+    assert_int_equal(rows_pack(&c, 5, &starts, &rows, &real, &err), 0); /* record 0 cut at 5 */
     assert_int_equal(rows, 2);
     assert_int_equal(real, 8);
-    tok_packed_row(&c, starts, 0, 5, ids, labels, pos);
-    assert_int_equal(pos[4], 4);
+    row_fill_packed(&c, starts, 0, 5, ids, labels, start, end);
+    assert_int_equal(4 - start[4], 4);
     assert_int_equal(labels[4], 7);
     free(starts);
     tok_close(&c);
