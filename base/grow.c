@@ -1,3 +1,4 @@
+/* grow: a growable array's capacity doubled until it holds what is needed; see grow.h. */
 #include "base/grow.h"
 
 #include <stdint.h>

@@ -1,3 +1,4 @@
+/* rows: the token cache's records assembled into training rows (packing, the split, the epoch order); see rows.h. */
 #include "data/rows.h"
 
 #include <math.h>

@@ -1,3 +1,4 @@
+/* tokens: the token cache file format, read (mapped, checked) and written; see tokens.h. */
 #include "tokens.h"
 
 #include <errno.h>
