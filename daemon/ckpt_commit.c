@@ -130,7 +130,7 @@ static void job_train_settings(const job_config *j, ckpt_train_settings *t) {
 static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapter *a) {
     memset(a, 0, sizeof *a);
     snprintf(a->type, sizeof a->type, "%s", train_type_name(j->train.type));
-    job_lora_config(j, &a->lora);
+    a->lora = j->lora.config;
     snprintf(a->base_fingerprint, sizeof a->base_fingerprint, "%s", fingerprint);
 }
 
@@ -163,8 +163,7 @@ static int check_adapter(const job_config *job, const ckpt_manifest *m, const ch
                     m->has_adapter ? "an adapter checkpoint" : "a full model's checkpoint",
                     adapters ? "an adapter job (train.type lora)" : "a full fine-tune");
     if (!adapters) return 0;
-    lora_config want;
-    job_lora_config(job, &want);
+    lora_config want = job->lora.config;
     const lora_config *got = &m->adapter.lora;
     if (got->rank != want.rank || got->targets != want.targets)
         return errf(err, "%s: adapters of rank %d on other targets or of another rank than the job's "

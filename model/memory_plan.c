@@ -240,9 +240,9 @@ static llama_recompute recompute_of(job_act_ckpt a, int L) {
 
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
                              model_image_quant quant, size_t compute_size, size_t budget,
-                             lora_config *lora, memory_plan_options *out) {
+                             memory_plan_options *out) {
     int adapters = j->train.type != JOB_TRAIN_FULL;
-    job_lora_config(j, lora);
+    const lora_config *lora = &j->lora.config; /* job_resolve's */
     *out = (memory_plan_options){
         .model = cfg, .sharding = j->fsdp.sharding, .world = world, .rank = rank,
         .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
@@ -378,15 +378,19 @@ int memory_plan_check_job(const job_config *j, const llama_config *cfg, int worl
 int memory_plan_check_limit(const job_config *j, const llama_config *cfg, int world, int rank,
                             model_image_quant quant, size_t compute_size, size_t limit,
                             const char *what, errbuf *err) {
-    lora_config lora;
     memory_plan_options o;
+    memory_plan_job_options(j, cfg, world, rank, quant, compute_size, limit, &o);
+    return memory_plan_check_options(j, &o, limit, what, err);
+}
+
+int memory_plan_check_options(const job_config *j, const memory_plan_options *o, size_t limit, const char *what,
+                              errbuf *err) {
     memory_plan p;
-    memory_plan_job_options(j, cfg, world, rank, quant, compute_size, limit, &lora, &o);
-    if (memory_plan_compute(&o, &p, err)) return errprefix(err, "%s", what);
+    if (memory_plan_compute(o, &p, err)) return errprefix(err, "%s", what);
     if (p.total <= limit) return 0;
     char need[400], alternatives[500];
     memory_plan_format(&p, need, sizeof need);
-    suggest(j, &o, &lora, limit, alternatives, sizeof alternatives);
+    suggest(j, o, &j->lora.config, limit, alternatives, sizeof alternatives);
     return errf(err, "%s: each worker needs %s; the limit is %.1f GiB (%zu "
                      "bytes). %s%s", what, need, gib(limit), limit,
                 alternatives[0] ? "Each of these alone would fit: " : "No single change of "

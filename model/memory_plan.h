@@ -62,14 +62,14 @@ int memory_plan_compute(const memory_plan_options *o, memory_plan *p, errbuf *er
  * out[n]: the total, then every category in GiB with one decimal. */
 void memory_plan_format(const memory_plan *p, char *out, size_t n);
 
-/* Job j's options on `world` ranks: its fsdp, train and adapter settings (the latter into
- * *lora, which out->lora then points at, unless a full fine-tune), the base's quantization
+/* Job j's options on `world` ranks: its fsdp, train and adapter settings (out->lora points
+ * at j->lora.config, job_resolve's, unless a full fine-tune: j must outlive out), the base's quantization
  * and the compute dtype's size.  fsdp.activation_checkpointing: none keeps every layer
  * whole, full their inputs only, selective their attention parts (the MLP is recomputed),
  * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound). */
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
                              model_image_quant quant, size_t compute_size, size_t budget,
-                             lora_config *lora, memory_plan_options *out);
+                             memory_plan_options *out);
 
 /* fsdp.activation_checkpointing auto: of every {layers, keep} (llama.h), the one that
  * recomputes the fewest FLOPs a micro-batch and whose plan (o with it) fits in budget
@@ -98,5 +98,9 @@ int memory_plan_check_job(const job_config *j, const llama_config *cfg, int worl
 int memory_plan_check_limit(const job_config *j, const llama_config *cfg, int world, int rank,
                             model_image_quant quant, size_t compute_size, size_t limit,
                             const char *what, errbuf *err);
+/* The same check on options already resolved (memory_plan_job_options with limit as the
+ * budget): a worker resolves them once and both trains and checks with them. */
+int memory_plan_check_options(const job_config *j, const memory_plan_options *o, size_t limit, const char *what,
+                              errbuf *err);
 
 #endif

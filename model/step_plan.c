@@ -345,10 +345,9 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     int world = m->nodes * m->gpus_per_node;
     size_t cs = cpu ? 4 : 2; /* the CPU kernels compute in fp32, the GPUs in bf16 (k_compute_size) */
     size_t gpu_total = cpu ? 0 : (size_t)(m->gpu->memory_gib * (double)(1ull << 30));
-    lora_config lora;
     memory_plan_options o;
     p->context = cpu ? 0 : (size_t)r->context_bytes;
-    memory_plan_job_options(j, cfg, world, 0, quant, cs, step_plan_auto_budget(j, gpu_total, p->context), &lora, &o);
+    memory_plan_job_options(j, cfg, world, 0, quant, cs, step_plan_auto_budget(j, gpu_total, p->context), &o);
     if (memory_plan_compute(&o, &p->mem, err)) return errprefix(err, "plan");
     p->cpu = cpu;
     p->validated = !cpu && table_gpu == m->gpu;

@@ -216,9 +216,14 @@ const char *job_data_format_name(job_data_format f) {
     return NULL;
 }
 
-void job_lora_config(const job_config *j, lora_config *out) {
-    *out = (lora_config){.rank = j->lora.rank, .alpha = j->lora.alpha, .rslora = j->lora.rslora,
-                         .dropout = j->lora.dropout};
+/* Member by member into zeroed storage: job configs built alike stay equal byte for byte
+ * (job_defaults), padding included. */
+static void lora_config_of(const job_config *j, lora_config *out) {
+    memset(out, 0, sizeof *out);
+    out->rank = j->lora.rank;
+    out->alpha = j->lora.alpha;
+    out->rslora = j->lora.rslora;
+    out->dropout = j->lora.dropout;
     for (int t = 0; t < j->lora.n_targets && t < JOB_MAX_TARGETS; t++) {
         int m = lora_module_from_name(j->lora.targets[t]);
         if (m >= 0) out->targets |= 1u << m;
@@ -291,6 +296,7 @@ void job_defaults(job_config *j) {
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
     j->fabric.require = true;
+    lora_config_of(j, &j->lora.config); /* the defaults' own, as job_resolve derives it */
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */
@@ -1072,6 +1078,7 @@ int job_resolve(job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
         resolve_metrics(j, err) || resolve_checkpoint_dir(j, err))
         return -1;
+    lora_config_of(j, &j->lora.config);
     return 0;
 }
 
@@ -1084,6 +1091,10 @@ static int check_resolved(const job_config *j, int world_size, errbuf *err) {
         return errf(err, "runtime.metrics: not resolved (job_resolve first)");
     if (!j->checkpoint.dir[0])
         return errf(err, "checkpoint.dir: not resolved (job_resolve first)");
+    lora_config want;
+    lora_config_of(j, &want);
+    if (!lora_config_same_adapters(&want, &j->lora.config) || want.dropout != j->lora.config.dropout)
+        return errf(err, "lora.config: not resolved from lora.* (job_resolve first)");
     return 0;
 }
 

@@ -28,6 +28,7 @@
 
 #include "base/errbuf.h"
 #include "base/path.h"
+#include "lora_layout.h"
 
 #define JOB_PATH_MAX PATH_BYTES
 #define JOB_SOCKET_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), terminating NUL included */
@@ -111,6 +112,9 @@ typedef struct job_config {
         char targets[JOB_MAX_TARGETS][JOB_NAME_MAX]; /* the file may say "all-linear" */
         bool rslora;                 /* scale alpha / sqrt(rank) */
         char init_from[JOB_PATH_MAX]; /* "": fresh adapters; else a PEFT adapter directory */
+        /* Not a job-file key: derived by job_resolve, the one place it is (every reader
+         * takes it from here): lora.* as proto/lora_layout.h takes them. */
+        lora_config config;
     } lora;
     struct {
         job_sharding sharding;
@@ -160,9 +164,6 @@ typedef struct job_config {
     } fabric;
 } job_config;
 
-/* The job's adapter settings (lora.*) as proto/lora_layout.h takes them. */
-struct lora_config;
-void job_lora_config(const job_config *j, struct lora_config *out);
 /* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
  * another value. */
 const char *job_sharding_name(job_sharding s);
@@ -198,9 +199,10 @@ int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
  * --gradient_accumulation_steps) into train.global_batch, train.grad_accum (global_batch /
  * (micro_batch x world_size), which must divide), an empty runtime.metrics
  * (output.dir/metrics.jsonl) and an empty checkpoint.dir (OUTPUT_DIR.checkpoints: beside the
- * output, never inside it, so two jobs with different outputs never share checkpoints).  Running it again changes nothing but grad_accum, which it
- * recomputes (after a checkpoint's global_batch, or for a job read back with
- * job_from_object, which does not carry it). */
+ * output, never inside it, so two jobs with different outputs never share checkpoints) and
+ * lora.config (the adapter settings as proto/lora_layout.h takes them).  Running it again
+ * changes nothing but grad_accum and lora.config, which it recomputes (after a checkpoint's
+ * global_batch, or for a job read back with job_from_object, which carries neither). */
 int job_resolve(job_config *j, int world_size, errbuf *err);
 
 /* Checks, changing nothing: every key again (a config may have been filled in by code), the

@@ -84,13 +84,6 @@ static int offload_threads(const job_config *j) {
     return cores > workers ? (int)(cores / workers) : 1;
 }
 
-/* runtime.gpu_memory_limit: this job's plan (model/memory_plan.h) against the limit, before
- * fsdp allocates anything; a job that needs more stops here, saying what would fit. */
-static int check_memory(const train_env *env, model_image_quant quant, errbuf *err) {
-    return memory_plan_check_job(env->job, env->model, env->world, env->rank, quant,
-                                 k_compute_size(env->ctx), err);
-}
-
 /* What fsdp.activation_checkpointing auto may plan for (step_plan_auto_budget): the limit,
  * else the device's memory (one worker a GPU), else (the CPU backend) no bound. */
 static size_t recompute_budget(const train_env *env) {
@@ -98,18 +91,24 @@ static size_t recompute_budget(const train_env *env) {
     return step_plan_auto_budget(env->job, device, PLAN_CONTEXT_BYTES);
 }
 
-/* The job's activation checkpointing for fsdp (auto: decided here, and logged). */
-static llama_recompute job_recompute(const train_env *env, model_image_quant quant) {
-    lora_config lora;
+/* This rank's memory plan (model/memory_plan.h), resolved once: the activation
+ * checkpointing fsdp runs with (auto: decided here, and logged) and, under
+ * runtime.gpu_memory_limit (which is then auto's budget too), the same plan checked against
+ * the limit before fsdp allocates anything: a job that needs more stops here, saying what
+ * would fit. */
+static int plan_memory(const train_env *env, model_image_quant quant, llama_recompute *recompute, errbuf *err) {
+    const job_config *j = env->job;
     memory_plan_options o;
-    memory_plan_job_options(env->job, env->model, env->world, env->rank, quant, k_compute_size(env->ctx),
-                            recompute_budget(env), &lora, &o);
-    if (env->job->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO && env->rank == 0) {
+    memory_plan_job_options(j, env->model, env->world, env->rank, quant, k_compute_size(env->ctx),
+                            recompute_budget(env), &o);
+    if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO && env->rank == 0) {
         char text[160];
         llama_recompute_format(o.recompute, env->model->num_hidden_layers, text, sizeof text);
         fprintf(stderr, "fsdp-worker rank 0: fsdp.activation_checkpointing auto: %s\n", text);
     }
-    return o.recompute;
+    *recompute = o.recompute;
+    int64_t limit = j->runtime.gpu_memory_limit;
+    return limit > 0 ? memory_plan_check_options(j, &o, (size_t)limit, "runtime.gpu_memory_limit", err) : 0;
 }
 
 /* This rank's initial state: from the checkpoint when resuming, else the initial
@@ -121,13 +120,11 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     const llama_config *cfg = env->model;
     memset(f, 0, sizeof *f); /* fsdp_destroy works on it whatever fails */
     *tokens_seen = 0;
-    lora_config lora;
-    job_lora_config(j, &lora);
     int adapters = j->train.type != JOB_TRAIN_FULL;
     fsdp_options opt = {.sharding = j->fsdp.sharding,
                         .forward_prefetch = j->fsdp.forward_prefetch,
                         .backward_prefetch = j->fsdp.backward_prefetch,
-                        .lora = adapters ? &lora : NULL, .seed = (uint64_t)j->train.seed,
+                        .lora = adapters ? &j->lora.config : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
                         .offload_threads = offload_threads(j),
                         .shard_comm = env->shard_comm, .replica_comm = env->replica_comm};
@@ -135,8 +132,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
     if (env->resume_dir && !adapters) {
-        opt.recompute = job_recompute(env, MODEL_IMAGE_PLAIN);
-        if (check_memory(env, MODEL_IMAGE_PLAIN, err) ||
+        if (plan_memory(env, MODEL_IMAGE_PLAIN, &opt.recompute, err) ||
             fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err))
             return -1;
         return resume(f, env, cfg, tokens_seen, err);
@@ -152,8 +148,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     opt.quant = model_image_quant_of(image);
     if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
         rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
-    opt.recompute = job_recompute(env, opt.quant);
-    if (rc == 0) rc = check_memory(env, opt.quant, err);
+    if (rc == 0) rc = plan_memory(env, opt.quant, &opt.recompute, err);
     if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
     if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);
     if (f->image) *image_out = (model_memory){image, bytes};

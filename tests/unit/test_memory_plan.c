@@ -447,13 +447,14 @@ static job_config small_job(int64_t limit) {
     j.data.seq_len = 48;
     j.lora.rank = 3;
     j.runtime.gpu_memory_limit = limit;
+    errbuf err = {{0}};
+    if (job_resolve(&j, 2, &err)) fail_msg("%s", err.msg); /* lora.config from lora.* */
     return j;
 }
 
 static size_t job_total(const job_config *j, const llama_config *cfg, int world, model_image_quant q) {
-    lora_config lora;
     memory_plan_options o;
-    memory_plan_job_options(j, cfg, world, 0, q, 4, SIZE_MAX, &lora, &o);
+    memory_plan_job_options(j, cfg, world, 0, q, 4, SIZE_MAX, &o);
     return plan_of(&o).total;
 }
 
