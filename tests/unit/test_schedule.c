@@ -1,4 +1,4 @@
-/* Learning-rate schedules against the Hugging Face formulas, and the data order. */
+/* Learning-rate schedules against the Hugging Face formulas. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +11,6 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "data/rows.h"
 #include "worker/schedule.h"
 
 static job_config job_with(job_schedule s, double lr, double min_lr, int warmup) {
@@ -55,133 +54,11 @@ static void test_linear_and_constant_and_floor(void **state) {
     assert_float_equal(schedule_lr(&floor, 50, 100), 1e-4 + 0.9e-3 * 0.5, 1e-15);
 }
 
-/* The data order: each epoch is a permutation, different epochs differ, and the same
- * position gives the same sample whatever batch of positions it is read in. */
-static void test_data_order(void **state) {
-    (void)state;
-    char path[] = "/tmp/fsdp-test-data-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tok_writer w;
-    errbuf err;
-    tok_writer_init(&w, 1000);
-    for (int32_t r = 0; r < 50; r++) {
-        int32_t t[2] = {r, r + 100};
-        uint8_t m[2] = {1, 1};
-        assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
-    }
-    assert_int_equal(tok_writer_save(&w, path, &err), 0);
-    tok_writer_free(&w);
-
-    row_source d;
-    assert_int_equal(row_source_open(&d, path, 2, 8, 42, true, false, 0, 1000, &err), 0);
-    assert_int_equal(d.epoch_len, 48);
-    assert_int_equal(row_source_steps_per_epoch(&d), 6);
-    int32_t ids[96 * 2], labels[96 * 2];
-    row_batch rows = {.n = 96, .seq_len = 2, .input_ids = ids, .labels = labels};
-    row_source_fill(&d, 0, &rows);
-    int seen[50] = {0}, same_order = 1;
-    for (int i = 0; i < 48; i++) {
-        seen[ids[2 * i]]++;
-        same_order &= ids[2 * i] == ids[2 * (48 + i)];
-        assert_int_equal(ids[2 * i + 1], ids[2 * i] + 100);
-    }
-    for (int r = 0; r < 50; r++) assert_true(seen[r] <= 1);
-    assert_false(same_order); /* epoch 1 is shuffled differently */
-    int32_t one[2], one_labels[2];
-    row_batch row = {.n = 1, .seq_len = 2, .input_ids = one, .labels = one_labels};
-    row_source_fill(&d, 57, &row);
-    assert_int_equal(one[0], ids[2 * 57]);
-    row_source_close(&d);
-
-    /* Without shuffling every epoch is the file's order. */
-    assert_int_equal(row_source_open(&d, path, 2, 8, 42, false, false, 0, 1000, &err), 0);
-    row_source_fill(&d, 0, &rows);
-    for (int i = 0; i < 96; i++) assert_int_equal(ids[2 * i], i % 48);
-    row_source_close(&d);
-
-    assert_int_equal(row_source_open(&d, path, 2, 64, 42, true, false, 0, 1000, &err), -1);
-    assert_non_null(strstr(err.msg, "fewer than one global batch"));
-    assert_int_equal(row_source_open(&d, path, 2, 8, 42, true, false, 0, 500, &err), -1);
-    assert_non_null(strstr(err.msg, "vocabulary"));
-    unlink(path);
-}
-
-/* held_out(i, p, q): the documented rule (configs/jobs/README.md, data.eval_fraction f = p/q)
- * in integers: sample i is held out when floor((i+1) f) > floor(i f). */
-static int held_out(uint64_t i, uint64_t p, uint64_t q) { return (i + 1) * p / q > i * p / q; }
-
-/* The eval split: which samples are held out and which are trained on, read back from what
- * row_source_fill and row_source_fill_eval fill (record r's first token is r), against the rule. */
-static void test_eval_split(void **state) {
-    (void)state;
-    enum { RECORDS = 96 };
-    char path[] = "/tmp/fsdp-test-split-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tok_writer w;
-    errbuf err;
-    tok_writer_init(&w, 1000);
-    for (int32_t r = 0; r < RECORDS; r++) {
-        int32_t t[2] = {r, r + 100};
-        uint8_t m[2] = {1, 1};
-        assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
-    }
-    assert_int_equal(tok_writer_save(&w, path, &err), 0);
-    tok_writer_free(&w);
-
-    static const struct {
-        double f;
-        uint64_t p, q;
-        bool shuffle;
-    } cases[] = {{0.25, 1, 4, true}, {0.375, 3, 8, false}, {0.25, 1, 4, false}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        uint64_t want_eval[RECORDS], want_train[RECORDS], n_eval = 0, n_train = 0;
-        for (uint64_t i = 0; i < RECORDS; i++) {
-            if (held_out(i, cases[c].p, cases[c].q)) want_eval[n_eval++] = i;
-            else want_train[n_train++] = i;
-        }
-        assert_int_equal(n_eval, RECORDS * cases[c].p / cases[c].q);
-        row_source d;
-        assert_int_equal(row_source_open(&d, path, 2, 8, 42, cases[c].shuffle, false, cases[c].f, 1000, &err), 0);
-        assert_int_equal(d.n_eval, n_eval);
-        assert_int_equal(d.n_train, n_train);
-        assert_int_equal(d.epoch_len, n_train / 8 * 8);
-        /* held out: every one, in sample order */
-        int32_t ids[2 * 2 * RECORDS], labels[2 * 2 * RECORDS];
-        row_batch held = {.n = (int)n_eval, .seq_len = 2, .input_ids = ids, .labels = labels};
-        row_source_fill_eval(&d, 0, &held);
-        for (uint64_t i = 0; i < n_eval; i++) assert_int_equal(ids[2 * i], want_eval[i]);
-        /* trained: two epochs, never a held-out sample, each epoch the first epoch_len of the
-         * trained samples (in file order without shuffling, a permutation of them with) */
-        int n = (int)(2 * d.epoch_len);
-        row_batch trained = {.n = n, .seq_len = 2, .input_ids = ids, .labels = labels};
-        row_source_fill(&d, 0, &trained);
-        for (int e = 0; e < 2; e++) {
-            int seen[RECORDS] = {0};
-            for (uint64_t i = 0; i < d.epoch_len; i++) {
-                int32_t r = ids[2 * (e * d.epoch_len + i)];
-                assert_true(r >= 0 && r < RECORDS);
-                assert_false(held_out((uint64_t)r, cases[c].p, cases[c].q));
-                seen[r]++;
-                if (!cases[c].shuffle) assert_int_equal(r, want_train[i]);
-            }
-            for (uint64_t i = 0; i < n_train && d.epoch_len == n_train; i++) assert_int_equal(seen[want_train[i]], 1);
-        }
-        row_source_close(&d);
-    }
-    unlink(path);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_warmup_is_linear_from_zero),
         cmocka_unit_test(test_cosine_matches_hf),
         cmocka_unit_test(test_linear_and_constant_and_floor),
-        cmocka_unit_test(test_data_order),
-        cmocka_unit_test(test_eval_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
