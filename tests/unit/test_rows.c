@@ -13,24 +13,31 @@
 
 #include "data/rows.h"
 
-/* The data order: each epoch is a permutation, different epochs differ, and the same
- * position gives the same sample whatever batch of positions it is read in. */
-static void test_data_order(void **state) {
-    (void)state;
-    char path[] = "/tmp/fsdp-test-data-XXXXXX";
+/* A token cache of n records {r, r + 100} (record r's first token is r) at a new temporary
+ * path (template, rewritten). */
+static void write_records(char *path, int32_t n) {
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
     tok_writer w;
     errbuf err;
     tok_writer_init(&w, 1000);
-    for (int32_t r = 0; r < 50; r++) {
+    for (int32_t r = 0; r < n; r++) {
         int32_t t[2] = {r, r + 100};
         uint8_t m[2] = {1, 1};
         assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
     }
     assert_int_equal(tok_writer_save(&w, path, &err), 0);
     tok_writer_free(&w);
+}
+
+/* The data order: each epoch is a permutation, different epochs differ, and the same
+ * position gives the same sample whatever batch of positions it is read in. */
+static void test_data_order(void **state) {
+    (void)state;
+    char path[] = "/tmp/fsdp-test-data-XXXXXX";
+    errbuf err;
+    write_records(path, 50);
 
     row_source d;
     assert_int_equal(row_source_open(&d, path, 2, 8, 42, true, false, 0, 1000, &err), 0);
@@ -76,19 +83,8 @@ static void test_eval_split(void **state) {
     (void)state;
     enum { RECORDS = 96 };
     char path[] = "/tmp/fsdp-test-split-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tok_writer w;
     errbuf err;
-    tok_writer_init(&w, 1000);
-    for (int32_t r = 0; r < RECORDS; r++) {
-        int32_t t[2] = {r, r + 100};
-        uint8_t m[2] = {1, 1};
-        assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
-    }
-    assert_int_equal(tok_writer_save(&w, path, &err), 0);
-    tok_writer_free(&w);
+    write_records(path, RECORDS);
 
     static const struct {
         double f;
