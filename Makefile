@@ -69,6 +69,13 @@ $(BUILD)/kernels/cpu/cpu_loss_optim.o: CFLAGS += -O3 -fno-math-errno
 # time on a compute capability 9.0 device), whatever CUDA_ARCHS the command line sets.
 $(BUILD)/kernels/cuda/cuda_attention_sm90.cu.o: override CUDA_ARCHS := -gencode arch=compute_90a,code=sm_90a
 
+# fsdpd's version and the CUDA architectures of this build, for run.json (daemon/run_report.c
+# alone: nothing else is rebuilt when they change).
+comma := ,
+FSDP_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+FSDP_CUDA_ARCH_LIST := $(if $(filter 1,$(CUDA)),$(sort $(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(CUDA_ARCHS))))))
+$(BUILD)/daemon/run_report.o: CFLAGS += -DFSDP_VERSION='"$(FSDP_VERSION)"' -DFSDP_CUDA_ARCHS='"$(FSDP_CUDA_ARCH_LIST)"'
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
