@@ -3,6 +3,8 @@
 #include "daemon/run_report.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 #include "model/llama.h"
 #include "model/memory_plan.h"
 #include "model/step_plan.h"
+#include "proto/status.h"
 #include "proto/lora_layout.h"
 #include "proto/model_layout.h"
 
@@ -215,6 +218,21 @@ static int write_record(const run_record *r, errbuf *err) {
     return rc;
 }
 
+/* DIR/fsdpd-JOBID.output beside the status sockets (proto/status.h): where `fsdpctl status
+ * --job-id ID` finds run.json once the job is over. */
+static int leave_output_record(const job_config *j, errbuf *err) {
+    status_place place;
+    char path[PATH_BYTES], dir[PATH_MAX + 1];
+    if (status_place_from_env(&place, err) || file_private_dir(place.dir, 1, err) ||
+        status_output_record_path(path, sizeof path, place.dir, place.job_id, err))
+        return -1;
+    if (!realpath(j->output.dir, dir)) return errf(err, "%s: %s", j->output.dir, strerror(errno));
+    size_t len = strlen(dir);
+    dir[len] = '\n';
+    file_chunk c = {dir, len + 1};
+    return file_write_atomic_mode(path, &c, 1, 0600, err);
+}
+
 int run_report_start(const run_record *r, const job_config *j, errbuf *err) {
     log_event(-1, "the job as resolved (a * marks a key set away from its default):");
     if (log_sections(j, err)) return -1;
@@ -226,7 +244,7 @@ int run_report_start(const run_record *r, const job_config *j, errbuf *err) {
     if (!text) return errf(err, "job.json: out of memory");
     int rc = write_text(j->output.dir, RUN_JOB_FILE, text, err);
     free(text);
-    return rc ? -1 : write_record(r, err);
+    return rc || write_record(r, err) ? -1 : leave_output_record(j, err);
 }
 
 /* ---- progress ---- */

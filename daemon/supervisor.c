@@ -83,6 +83,7 @@ struct supervisor {
     FILE *metrics;
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
+    int run_marked;         /* this run's first metrics line carries "run_start" */
     int has_eval;           /* the last eval loss rank 0 reported (data.eval_fraction) */
     double eval_loss;
     long long eval_step;
@@ -308,6 +309,20 @@ static void print_step(supervisor *s, const msg_metrics *x) {
     printf("\n");
 }
 
+/* The first metrics line of a run says how the run began ("run_start": {"kind", "from_step"}),
+ * for `fsdpctl plot`'s markers: "start" (step 0), "resume" (from a checkpoint), "restart"
+ * (fsdpd's own, after a failure), "requeue" (SLURM's relaunch, SLURM_RESTART_COUNT > 0). */
+static int mark_run_start(supervisor *s, json_t *line) {
+    if (s->run_marked) return 0;
+    s->run_marked = 1;
+    const char *requeue = getenv("SLURM_RESTART_COUNT");
+    long long from = s->ckpt_start.resume_dir[0] ? s->ckpt_start.resume_step : 0;
+    const char *kind = s->opt->restart > 0 ? "restart"
+                       : requeue && *requeue && strcmp(requeue, "0") && from > 0 ? "requeue"
+                       : from > 0 ? "resume" : "start";
+    return json_object_set_new(line, "run_start", json_pack("{s:s, s:I}", "kind", kind, "from_step", (json_int_t)from));
+}
+
 /* Prints the step and appends the metrics line: the METRICS message, its rank and the time. */
 static void on_metrics(supervisor *s, worker *w, const msg *m) {
     const msg_metrics *x = &m->u.metrics;
@@ -320,7 +335,7 @@ static void on_metrics(supervisor *s, worker *w, const msg *m) {
     json_t *line = msg_to_json(m, &err);
     char *text = NULL;
     if (line && !json_object_set_new(line, "rank", json_integer(w->rank)) &&
-        !json_object_set_new(line, "time", json_real((double)time(NULL))))
+        !json_object_set_new(line, "time", json_real((double)time(NULL))) && !mark_run_start(s, line))
         text = json_dumps(line, JSON_COMPACT);
     if (!text || fprintf(s->metrics, "%s\n", text) < 0 || fflush(s->metrics) != 0)
         log_event(-1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
