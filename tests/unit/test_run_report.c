@@ -12,10 +12,12 @@
 
 #include <cmocka.h>
 
+#include "base/clock.h"
 #include "base/fileio.h"
 #include "daemon/run_report.h"
 #include "proto/job.h"
 #include "proto/run_record.h"
+#include "proto/status.h"
 
 /* The small model of tests/integration/lib.sh: hidden 36, intermediate 70, 2 layers, 4 heads
  * of 10, 2 KV heads, vocabulary 61, untied. */
@@ -165,7 +167,19 @@ static void test_files_reload(void **state) {
     f->job.runtime.log_every = 10;
     derive(f, &r);
     assert_int_equal(file_mkdir_p(f->job.output.dir, &err), 0);
+    /* the output record beside the status sockets: here, in TMPDIR/fsdpd-UID */
+    setenv("TMPDIR", f->dir, 1);
+    setenv("XDG_RUNTIME_DIR", "", 1);
+    unsetenv("SLURM_JOB_ID");
     if (run_report_start(&r, &f->job, &err)) fail_msg("%s", err.msg);
+    char record[PATH_BYTES + 128], *text, named[PATH_BYTES];
+    size_t len;
+    snprintf(record, sizeof record, "%s/fsdpd-%u/fsdpd-local-%d.output", f->dir, (unsigned)geteuid(), (int)getpid());
+    if (file_read_private(record, 8192, &text, &len, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(status_output_record_parse(text, len, named, sizeof named, record, &err), 0);
+    free(text);
+    assert_non_null(strstr(named, "/out"));
+    assert_int_equal(strncmp(named, "/tmp/", 5), 0);
     char path[PATH_BYTES + 16];
     snprintf(path, sizeof path, "%s/job.json", f->job.output.dir);
     if (job_load(&back, path, &err)) fail_msg("%s", err.msg);
@@ -179,6 +193,67 @@ static void test_files_reload(void **state) {
     json_decref(b);
     if (run_record_load(&back_r, f->job.output.dir, &err)) fail_msg("%s", err.msg);
     assert_memory_equal(&r, &back_r, sizeof r);
+}
+
+/* The summary from the progress: the figures, the best eval (not the last), the committed
+ * checkpoints only, how to load the output; and run.json holds it. */
+static void test_summary(void **state) {
+    fixture *f = *state;
+    static run_record r, back;
+    errbuf err;
+    f->job.train.type = JOB_TRAIN_LORA;
+    derive(f, &r);
+    char dir[PATH_BYTES + 64];
+    const char *names[] = {"step-000002", "step-000004", "step-000006.partial.1", "superseded", "latest-x"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", f->job.checkpoint.dir, names[i]);
+        assert_int_equal(file_mkdir_p(dir, &err), 0);
+    }
+    assert_int_equal(file_mkdir_p(f->job.output.dir, &err), 0);
+    run_progress p = {.started = clock_now_s() - 5};
+    for (int s = 1; s <= 4; s++) run_report_note_step(&p, s, 4, 3.0 - s * 0.1, 100 + s, 100 * s + s * (s + 1) / 2, 0.5);
+    run_report_note_eval(&p, 2, 1.0);
+    run_report_note_eval(&p, 4, 1.5);
+    if (run_report_finish(&r, &f->job, &p, &err)) fail_msg("%s", err.msg);
+    const run_summary *s = &r.summary;
+    assert_true(r.has_summary);
+    assert_int_equal(s->steps, 4);
+    assert_int_equal(s->tokens, 410);
+    assert_int_equal(s->tokens_computed, 4 * r.tokens_per_step);
+    assert_true(s->tokens_per_s > 205 - 1e-9 && s->tokens_per_s < 205 + 1e-9); /* 410 / 2 s */
+    assert_true(s->wall_s >= 5);
+    assert_true(s->final_loss > 2.6 - 1e-9 && s->final_loss < 2.6 + 1e-9);
+    assert_true(s->has_eval && s->final_eval_loss == 1.5 && s->best_eval_loss == 1.0);
+    assert_int_equal(s->best_eval_step, 2);
+    assert_int_equal(s->n_checkpoints, 2);
+    assert_string_equal(s->checkpoints[0], "step-000002");
+    assert_string_equal(s->checkpoints[1], "step-000004");
+    assert_false(s->has_mfu); /* the CPU backend */
+    assert_true(s->adapter);
+    assert_non_null(strstr(s->load, "PeftModel.from_pretrained(base, \""));
+    if (run_record_load(&back, f->job.output.dir, &err)) fail_msg("%s", err.msg);
+    assert_memory_equal(&r, &back, sizeof r);
+}
+
+/* The output record's strict reading: one absolute path and a newline. */
+static void test_output_record(void **state) {
+    (void)state;
+    char out[64], path[128];
+    errbuf err;
+    assert_int_equal(status_output_record_parse("/runs/x/out\n", 12, out, sizeof out, "r", &err), 0);
+    assert_string_equal(out, "/runs/x/out");
+    const char *bad[] = {"runs/x\n", "/a\n/b\n", "/a", "\n", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(status_output_record_parse(bad[i], strlen(bad[i]), out, sizeof out, "r", &err), -1);
+    assert_int_equal(status_output_record_parse("/a\0b\n", 5, out, sizeof out, "r", &err), -1);
+    char longer[80];
+    memset(longer, 'a', sizeof longer);
+    longer[0] = '/';
+    longer[79] = '\n';
+    assert_int_equal(status_output_record_parse(longer, sizeof longer, out, sizeof out, "r", &err), -1);
+    assert_int_equal(status_output_record_path(path, sizeof path, "/run/user/1", "123", &err), 0);
+    assert_string_equal(path, "/run/user/1/fsdpd-123.output");
+    assert_int_equal(status_output_record_path(path, sizeof path, "/d", "../x", &err), -1);
 }
 
 /* The ETA: the mean of the last 16 steps' seconds times the steps left. */
@@ -265,6 +340,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_qlora, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_reload, setup, teardown),
         cmocka_unit_test(test_eta),
+        cmocka_unit_test(test_output_record),
+        cmocka_unit_test_setup_teardown(test_summary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_strict, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
