@@ -128,7 +128,13 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--job") && i + 1 < argc) job_path = argv[++i];
-        else if (strncmp(argv[i], "--", 2) != 0) return usage();
+        else if (strncmp(argv[i], "--", 2) != 0) {
+            /* "--train.lr 1e-4": name the argument, not only the usage */
+            fprintf(stderr, "fsdpd: '%s': unexpected argument%s\n", argv[i],
+                    i > 1 && !strncmp(argv[i - 1], "--", 2) && !strchr(argv[i - 1], '=')
+                        ? " (an override is --section.key=value, with '=')" : "");
+            return usage();
+        }
     }
     if (!job_path) return usage();
 
