@@ -531,7 +531,9 @@ static void status_of(void *arg, json_t *out) {
     add_ranks(s, out);
     json_object_set_new(out, "state", json_string(phase_name(s)));
     json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
-    json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
+    /* a follower's ranks send no METRICS: the job's step is the leader's (its heartbeats) */
+    const json_t *metrics = s->last_metrics ? s->last_metrics : cluster_leader_progress(s->opt->cluster);
+    json_object_set(out, "metrics", metrics ? (json_t *)metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
     json_object_set(out, "behind", s->behind ? s->behind : json_null());
@@ -609,6 +611,11 @@ static void cluster_ckpt_request(void *arg, const msg_ckpt_request *req) {
 }
 
 static const char *cluster_state(void *arg) { return phase_name(arg); }
+
+static json_t *cluster_progress(void *arg) {
+    const supervisor *s = arg;
+    return s->last_metrics ? json_incref(s->last_metrics) : NULL;
+}
 
 static json_t *cluster_ranks(void *arg) {
     const supervisor *s = arg;
@@ -1049,7 +1056,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     cluster_hooks links = {.arg = &s, .peers = send_peers, .nccl_id = send_nccl_id, .start = start_training,
                            .stop = cluster_stopped, .to_workers = cluster_to_workers,
                            .ckpt_done = cluster_ckpt_done, .ckpt_request = cluster_ckpt_request,
-                           .state = cluster_state, .ranks = cluster_ranks};
+                           .state = cluster_state, .ranks = cluster_ranks, .progress = cluster_progress};
     if (rc == 0) rc = setup_events(&s, err);
     if (rc == 0) rc = plan_checkpoints(&s, err);
     if (rc == 0) rc = cluster_attach(opt->cluster, s.base, &links, err);
