@@ -76,7 +76,12 @@ static int plan_memory(run_record *r, const job_config *j, const llama_config *c
     memory_plan_job_options(j, cfg, (int)r->world_size, 0, j->train.type == JOB_TRAIN_FULL ? MODEL_IMAGE_PLAIN : q,
                             cuda ? 2 : 4, budget, &lc, &o);
     memory_plan p;
-    if (memory_plan_compute(&o, &p, err)) return -1;
+    errbuf why;
+    if (memory_plan_compute(&o, &p, &why)) { /* the workers' own check says it; the block goes on */
+        (void)err;
+        snprintf(r->recompute, sizeof r->recompute, "not planned: %.160s", why.msg);
+        return 0;
+    }
     r->peak_gpu_bytes = (int64_t)p.total;
     llama_recompute_format(o.recompute, cfg->num_hidden_layers, r->recompute, sizeof r->recompute);
     return 0;

@@ -138,8 +138,10 @@ static const reply_field status_fields[] = {
     {"backend", R_STR, 0, 0, NULL},          {"fabric", R_STR, 1, 0, NULL},
     {"restarts", R_INT, 0, 0, NULL},         {"last_error", R_STR, 1, 0, NULL},
     END};
-static const reply_field request_fields[] = {{"message", R_STR, 0, 0, NULL}, {"request", R_INT, 0, 1, NULL},
-                                             {"checkpoint_request", R_INT, 0, 1, NULL}, END};
+/* "request" and "checkpoint_request" are null when a follower forwarded the request to the
+ * leader (whose id it does not know), or when a stop needs no checkpoint */
+static const reply_field request_fields[] = {{"message", R_STR, 0, 0, NULL}, {"request", R_INT, 1, 1, NULL},
+                                             {"checkpoint_request", R_INT, 1, 1, NULL}, END};
 #undef END
 
 static int kind_is(reply_kind k, const json_t *v) {
