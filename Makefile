@@ -54,7 +54,7 @@ TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TESTS       := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all unit-tests test test-unit test-asan fuzz check-fuzz tiny clean
+.PHONY: FORCE all unit-tests test test-unit test-asan fuzz check-fuzz tiny clean
 all: $(PROGRAMS) $(TESTS)
 
 $(BUILD)/%.o: %.c
@@ -68,6 +68,19 @@ $(BUILD)/kernels/cpu/cpu_loss_optim.o: CFLAGS += -O3 -fno-math-errno
 # The Hopper attention uses wgmma and TMA: sm_90a code only (cuda_attention.cu picks it at run
 # time on a compute capability 9.0 device), whatever CUDA_ARCHS the command line sets.
 $(BUILD)/kernels/cuda/cuda_attention_sm90.cu.o: override CUDA_ARCHS := -gencode arch=compute_90a,code=sm_90a
+
+# fsdpd's version and the CUDA architectures of this build, for run.json (daemon/run_report.c
+# alone: nothing else is rebuilt when they change).
+comma := ,
+FSDP_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+FSDP_CUDA_ARCH_LIST := $(if $(filter 1,$(CUDA)),$(sort $(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(CUDA_ARCHS))))))
+$(BUILD)/daemon/run_report.o: CFLAGS += -DFSDP_VERSION='"$(FSDP_VERSION)"' -DFSDP_CUDA_ARCHS='"$(FSDP_CUDA_ARCH_LIST)"'
+# rebuilt when either changes (a stamp rewritten only then)
+$(BUILD)/daemon/run_report.o: $(BUILD)/version.stamp
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(FSDP_VERSION) $(FSDP_CUDA_ARCH_LIST)' | cmp -s - $@ || echo '$(FSDP_VERSION) $(FSDP_CUDA_ARCH_LIST)' > $@
+FORCE:
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)

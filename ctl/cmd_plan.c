@@ -76,6 +76,11 @@ static int parse_args(int argc, char **argv, plan_args *a, int *status) {
             a->job = s;
             continue;
         } else {
+            if (!strncmp(s, "--", 2) && !v && strcmp(s, "--json"))
+                fprintf(stderr, "fsdpctl plan: %s needs a value\n", s);
+            else if (!strncmp(s, "--", 2) && strchr(s + 2, '.'))
+                fprintf(stderr, "fsdpctl plan: %s: an override is --section.key=value, with '='\n", s);
+            else fprintf(stderr, "fsdpctl plan: %s: %s\n", s, s[0] == '-' ? "unknown flag" : "unexpected argument");
             plan_usage(stderr);
             return -1;
         }

@@ -1,7 +1,10 @@
-/* fsdpctl plot METRICS --out FILE.svg: loss, learning rate and tokens/s over the steps of a
- * metrics file (runtime.metrics: one JSON object per step with "step", "loss", "lr",
- * "tokens", "seconds"), drawn as an SVG written here: three panels over a shared step axis,
- * each with ticks, grid lines and labels, one polyline point per step.
+/* fsdpctl plot METRICS --out FILE.svg: loss, learning rate, tokens/s and the eval loss over the
+ * steps of a metrics file (runtime.metrics: one JSON object per step with "step", "loss", "lr",
+ * "tokens", "seconds", "eval_loss" after an evaluation), drawn as an SVG written here: one panel
+ * a series that has data, over a shared step axis, each with ticks, grid lines and labels, one
+ * polyline point per step.  A run's first line carries "run_start" (daemon/supervisor.c): a
+ * resume, a restart or a requeue is drawn as a dashed vertical line at the step it started
+ * from, across every panel, labelled with its kind.
  *
  * A metrics file is appended to by every run of a job: a step seen again (a resumed or
  * restarted run) replaces the earlier record.  A last line without its '\n' is a record
@@ -24,7 +27,16 @@ typedef struct point {
     long step;
     long line;       /* where it was read: the later record of a step wins */
     double value[4]; /* loss, lr, tokens/s, eval loss (NAN when not known) */
+    char run_start[16]; /* the kind of run it began ("" for none) */
+    long from_step;
 } point;
+
+/* A run that did not start at step 0: where it started from and how. */
+#define MAX_MARKERS 256
+typedef struct marker {
+    long step;
+    char kind[16];
+} marker;
 
 enum { SERIES_LOSS, SERIES_LR, SERIES_TPS, SERIES_EVAL, N_SERIES };
 
@@ -37,15 +49,15 @@ static const struct {
     [SERIES_EVAL] = {"eval_loss", "eval loss", "#9467bd"},
 };
 
-/* The page: the panels stacked over one step axis (eval loss: the steps an evaluation
- * followed, "no data" without data.eval_fraction). */
+/* The page: the panels with data stacked over one step axis (eval loss: the steps an
+ * evaluation followed; no panel without data.eval_fraction). */
 #define WIDTH 900
 #define LEFT 90
 #define RIGHT 30
 #define TOP 50
 #define PANEL_H 160
 #define PANEL_GAP 70
-#define HEIGHT (TOP + N_SERIES * (PANEL_H + PANEL_GAP) + 10)
+#define HEIGHT(panels) (TOP + (panels) * (PANEL_H + PANEL_GAP) + 10)
 
 /* ---- reading ---- */
 
@@ -55,13 +67,27 @@ static int parse_record(const char *text, size_t len, point *p, const char *wher
     if (!m) return errf(err, "%s: not JSON: %s", where, je.text);
     const json_t *step = json_object_get(m, "step"), *loss = json_object_get(m, "loss"),
                  *lr = json_object_get(m, "lr"), *tokens = json_object_get(m, "tokens"),
-                 *secs = json_object_get(m, "seconds"), *eval = json_object_get(m, "eval_loss");
+                 *secs = json_object_get(m, "seconds"), *eval = json_object_get(m, "eval_loss"),
+                 *start = json_object_get(m, "run_start");
     int rc = 0;
+    p->run_start[0] = '\0';
+    if (start) {
+        const json_t *kind = json_object_get(start, "kind"), *from = json_object_get(start, "from_step");
+        const char *k = json_string_value(kind);
+        if (!k || (strcmp(k, "start") && strcmp(k, "resume") && strcmp(k, "restart") && strcmp(k, "requeue")) ||
+            !json_is_integer(from) || json_integer_value(from) < 0)
+            rc = errf(err, "%s: \"run_start\" is not {\"kind\": start|resume|restart|requeue, \"from_step\": N}",
+                      where);
+        else {
+            snprintf(p->run_start, sizeof p->run_start, "%s", k);
+            p->from_step = (long)json_integer_value(from);
+        }
+    }
     if (!json_is_integer(step) || json_integer_value(step) < 1)
         rc = errf(err, "%s: no \"step\" (a metrics record has a step from 1)", where);
     else if (!json_is_number(loss) || !json_is_number(lr))
         rc = errf(err, "%s: a metrics record has numbers \"loss\" and \"lr\"", where);
-    if (rc == 0) {
+    if (rc == 0 && json_is_integer(step) && json_integer_value(step) >= 1) {
         p->step = (long)json_integer_value(step);
         p->value[SERIES_LOSS] = json_number_value(loss);
         p->value[SERIES_LR] = json_number_value(lr);
@@ -80,8 +106,9 @@ static int by_step_then_line(const void *a, const void *b) {
     return (p->line > q->line) - (p->line < q->line);
 }
 
-/* The records of path, by step, one per step. */
-static int read_metrics(const char *path, point **out, size_t *n_out, errbuf *err) {
+/* The records of path, by step, one per step; the runs that began past step 0 (or after
+ * another run), in file order, into markers. */
+static int read_metrics(const char *path, point **out, size_t *n_out, marker *markers, int *n_markers, errbuf *err) {
     int fd = file_open_regular(path, err);
     FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (!f) {
@@ -107,7 +134,15 @@ static int read_metrics(const char *path, point **out, size_t *n_out, errbuf *er
         char where[PATH_BYTES];
         snprintf(where, sizeof where, "%s:%ld", path, lineno);
         pts[n].line = lineno;
-        if ((rc = parse_record(line, (size_t)len, &pts[n], where, err)) == 0) n++;
+        if ((rc = parse_record(line, (size_t)len, &pts[n], where, err)) == 0) {
+            /* every run_start but a fresh start that opens the file */
+            if (pts[n].run_start[0] && (n > 0 || pts[n].from_step > 0) && *n_markers < MAX_MARKERS) {
+                markers[*n_markers].step = pts[n].from_step;
+                snprintf(markers[*n_markers].kind, sizeof markers[0].kind, "%s", pts[n].run_start);
+                (*n_markers)++;
+            }
+            n++;
+        }
     }
     if (rc == 0 && ferror(f)) rc = errf(err, "%s: %s", path, strerror(errno));
     free(line);
@@ -173,16 +208,22 @@ static void draw_frame(FILE *f, double top, double left, double right) {
             PANEL_H);
 }
 
-static void draw_panel(FILE *f, int s, const point *pts, size_t n, const axis *x) {
-    double top = TOP + s * (PANEL_H + PANEL_GAP), bottom = top + PANEL_H, left = LEFT, right = WIDTH - RIGHT;
+static int has_data(int s, const point *pts, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(pts[i].value[s])) return 1;
+    return 0;
+}
+
+/* Series s in the slot-th panel from the top (a series with data). */
+static void draw_panel(FILE *f, int s, int slot, const point *pts, size_t n, const axis *x, const marker *mk,
+                       int n_markers) {
+    double top = TOP + slot * (PANEL_H + PANEL_GAP), bottom = top + PANEL_H, left = LEFT, right = WIDTH - RIGHT;
     double lo = INFINITY, hi = -INFINITY;
-    size_t shown = 0;
     for (size_t i = 0; i < n; i++) {
         double v = pts[i].value[s];
         if (!isfinite(v)) continue;
         lo = fmin(lo, v);
         hi = fmax(hi, v);
-        shown++;
     }
     fprintf(f, "<g class=\"panel\" id=\"%s\">\n", series[s].name);
     fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"title\">%s</text>\n", left, top - 8, series[s].label);
@@ -198,12 +239,6 @@ static void draw_panel(FILE *f, int s, const point *pts, size_t n, const axis *x
     fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"xtitle\">step</text>\n", (left + right) / 2, bottom + 36);
     fprintf(f, "<text transform=\"translate(%g %g) rotate(-90)\" class=\"ytitle\">%s</text>\n", left - 62,
             (top + bottom) / 2, series[s].label);
-    if (shown == 0) {
-        draw_frame(f, top, left, right);
-        fprintf(f, "<text x=\"%g\" y=\"%g\" class=\"empty\">no data</text>\n</g>\n", (left + right) / 2,
-                (top + bottom) / 2);
-        return;
-    }
     axis y = nice_axis(lo, hi, 5, 0);
     for (double t = y.lo; t <= y.hi + y.tick * 1e-9; t += y.tick) {
         double py = scale(&y, t, bottom, top);
@@ -219,11 +254,25 @@ static void draw_panel(FILE *f, int s, const point *pts, size_t n, const axis *x
         if (isfinite(pts[i].value[s]))
             fprintf(f, "%s%.2f,%.2f", k++ ? " " : "", scale(x, (double)pts[i].step, left, right),
                     scale(&y, pts[i].value[s], bottom, top));
-    fprintf(f, "\"/>\n</g>\n");
+    fprintf(f, "\"/>\n");
+    for (int i = 0; i < n_markers; i++) {
+        double px = scale(x, (double)mk[i].step, left, right);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%g\" x2=\"%.2f\" y2=\"%g\" class=\"marker\" data-kind=\"%s\" "
+                   "data-step=\"%ld\"/>\n", px, top, px, bottom, mk[i].kind, mk[i].step);
+        if (slot == 0)
+            fprintf(f, "<text x=\"%.2f\" y=\"%g\" class=\"mlabel\">%s at %ld</text>\n", px + 3, top + 12,
+                    mk[i].kind, mk[i].step);
+    }
+    fprintf(f, "</g>\n");
 }
 
-static void draw(FILE *f, const char *source, const point *pts, size_t n) {
-    axis x = nice_axis((double)pts[0].step, (double)pts[n - 1].step, 10, 1);
+static void draw(FILE *f, const char *source, const point *pts, size_t n, const marker *mk, int n_markers) {
+    long first = pts[0].step;
+    for (int i = 0; i < n_markers; i++)
+        if (mk[i].step < first) first = mk[i].step;
+    axis x = nice_axis((double)first, (double)pts[n - 1].step, 10, 1);
+    int panels = 0;
+    for (int s = 0; s < N_SERIES; s++) panels += has_data(s, pts, n);
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
                "<style>\n"
@@ -236,22 +285,26 @@ static void draw(FILE *f, const char *source, const point *pts, size_t n) {
                ".grid { stroke: #e4e4e4; }\n"
                ".tick { stroke: #444; }\n"
                ".series { fill: none; stroke-width: 1.5; }\n"
+               ".marker { stroke: #ff7f0e; stroke-width: 1.2; stroke-dasharray: 4 3; }\n"
+               ".mlabel { font-size: 11px; fill: #ff7f0e; }\n"
                "</style>\n"
                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            WIDTH, HEIGHT, WIDTH, HEIGHT);
+            WIDTH, HEIGHT(panels), WIDTH, HEIGHT(panels));
     fprintf(f, "<text x=\"%d\" y=\"22\" class=\"heading\">", LEFT);
     xml_text(f, source);
     fprintf(f, ": steps %ld to %ld (%zu points)</text>\n", pts[0].step, pts[n - 1].step, n);
-    for (int s = 0; s < N_SERIES; s++) draw_panel(f, s, pts, n, &x);
+    for (int s = 0, slot = 0; s < N_SERIES; s++)
+        if (has_data(s, pts, n)) draw_panel(f, s, slot++, pts, n, &x, mk, n_markers);
     fprintf(f, "</svg>\n");
 }
 
-static int write_svg(const char *out, const char *source, const point *pts, size_t n, errbuf *err) {
+static int write_svg(const char *out, const char *source, const point *pts, size_t n, const marker *mk,
+                     int n_markers, errbuf *err) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return errf(err, "out of memory");
-    draw(f, source, pts, n);
+    draw(f, source, pts, n, mk, n_markers);
     if (fclose(f) != 0) {
         free(text);
         return errf(err, "out of memory");
@@ -264,7 +317,9 @@ static int write_svg(const char *out, const char *source, const point *pts, size
 
 static void plot_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl plot METRICS.jsonl --out FILE.svg\n"
-               "  loss, learning rate and tokens/s over the steps of a job's metrics file\n");
+               "  loss, learning rate, tokens/s and the eval loss (when there is one) over the steps of\n"
+               "  a job's metrics file; resumes, restarts and requeues as vertical lines\n"
+               "  --out FILE.svg  the SVG to write\n");
 }
 
 int cmd_plot(int argc, char **argv) {
@@ -280,11 +335,14 @@ int cmd_plot(int argc, char **argv) {
             plot_usage(stdout);
             return 0;
         } else {
+            fprintf(stderr, "fsdpctl plot: %s: %s\n", argv[optind - 1], optopt ? "needs a value" : "unknown flag");
             plot_usage(stderr);
             return 2;
         }
     }
     if (!out || argc - optind != 1) {
+        if (!out) fprintf(stderr, "fsdpctl plot: --out FILE.svg is required\n");
+        else fprintf(stderr, "fsdpctl plot: one metrics file, not %d arguments\n", argc - optind);
         plot_usage(stderr);
         return 2;
     }
@@ -292,12 +350,16 @@ int cmd_plot(int argc, char **argv) {
     point *pts = NULL;
     size_t n = 0;
     errbuf err;
-    if (read_metrics(metrics, &pts, &n, &err)) {
+    static marker markers[MAX_MARKERS];
+    int n_markers = 0;
+    if (read_metrics(metrics, &pts, &n, markers, &n_markers, &err)) {
         fprintf(stderr, "fsdpctl plot: %s\n", err.msg);
         return 1;
     }
-    int rc = write_svg(out, metrics, pts, n, &err);
+    int rc = write_svg(out, metrics, pts, n, markers, n_markers, &err);
     if (rc) fprintf(stderr, "fsdpctl plot: %s\n", err.msg);
+    else if (n_markers) printf("%s: %zu steps (%ld to %ld), %d run%s marked\n", out, n, pts[0].step,
+                               pts[n - 1].step, n_markers, n_markers == 1 ? " start" : " starts");
     else printf("%s: %zu steps (%ld to %ld)\n", out, n, pts[0].step, pts[n - 1].step);
     free(pts);
     return rc ? 1 : 0;

@@ -19,6 +19,7 @@
 #include "base/clock.h"
 #include "base/fileio.h"
 #include "ctl/fsdpctl.h"
+#include "proto/run_record.h"
 #include "proto/status.h"
 
 #define REPLY_MAX (1u << 20)
@@ -28,16 +29,23 @@ typedef struct client_options {
     status_cmd cmd;
     const char *socket;
     const char *job_id;
+    const char *output; /* status of a job that may have ended: its run.json */
     int json;
     int timeout_s;
 } client_options;
 
 static void usage(FILE *f, const char *name) {
-    fprintf(f, "usage: fsdpctl %s [--socket PATH | --job-id ID] [--json] [--timeout S]\n"
+    int status = !strcmp(name, "status");
+    fprintf(f, "usage: fsdpctl %s [--socket PATH | --job-id ID%s] [--json] [--timeout S]\n"
                "  --socket PATH  the job's status socket (fsdpd logs it when it starts)\n"
-               "  --job-id ID    the job's socket in the default directory (SLURM_JOB_ID when set)\n"
-               "  --json         print the job's reply as it came (one JSON line)\n",
-            name);
+               "  --job-id ID    the job's socket in the default directory (SLURM_JOB_ID when set)%s\n"
+               "%s"
+               "  --json         print the job's reply as it came (one JSON line)\n"
+               "  --timeout S    seconds to wait for the reply (default %d)\n",
+            name, status ? " | --output DIR" : "",
+            status ? ";\n                 once the job has ended, its summary (OUTPUT_DIR/run.json)" : "",
+            status ? "  --output DIR   the job of output.dir DIR from its run.json (running or ended)\n" : "",
+            DEFAULT_TIMEOUT_S);
 }
 
 /* Returns 0 to go on, or -1 to stop with *status (0 after --help, 2 for bad usage). */
@@ -45,7 +53,8 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
     static const struct option longopts[] = {
         {"socket", required_argument, 0, 's'}, {"job-id", required_argument, 0, 'j'},
         {"json", no_argument, 0, 'J'},         {"timeout", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},         {"output", required_argument, 0, 'o'},
+        {0, 0, 0, 0}};
     const char *name = status_cmd_name(o->cmd);
     int opt;
     char *end;
@@ -57,6 +66,13 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
         case 's': o->socket = optarg; break;
         case 'j': o->job_id = optarg; break;
         case 'J': o->json = 1; break;
+        case 'o':
+            if (o->cmd != STATUS_CMD_STATUS) {
+                fprintf(stderr, "fsdpctl %s: --output is for fsdpctl status only\n", name);
+                return -1;
+            }
+            o->output = optarg;
+            break;
         case 't':
             o->timeout_s = (int)strtol(optarg, &end, 10);
             if (!*optarg || *end || o->timeout_s < 1 || o->timeout_s > 3600) {
@@ -69,10 +85,21 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
             usage(stdout, name);
             *status = 0;
             return -1;
-        default: usage(stderr, name); return -1;
+        default:
+            /* the flag itself, not only the usage: "--sockt" or "--socket" without its value */
+            fprintf(stderr, "fsdpctl %s: %s: %s\n", name, argv[optind - 1],
+                    optopt ? "needs a value" : "unknown flag");
+            usage(stderr, name);
+            return -1;
         }
     }
-    if (optind != argc || (o->socket && o->job_id)) {
+    if (optind != argc) {
+        fprintf(stderr, "fsdpctl %s: unexpected argument '%s'\n", name, argv[optind]);
+        usage(stderr, name);
+        return -1;
+    }
+    if (!!o->socket + !!o->job_id + !!o->output > 1) {
+        fprintf(stderr, "fsdpctl %s: give one of --socket, --job-id and --output\n", name);
         usage(stderr, name);
         return -1;
     }
@@ -356,16 +383,83 @@ static void print_reply(status_cmd cmd, const json_t *r) {
     else printf("%s\n", json_string_value(get(r, "message")));
 }
 
+/* ---- a job from its run.json (ended, or running without a socket here) ---- */
+
+static void print_record(const run_record *r) {
+    printf("job %s%s (output %s): %s\n", r->job_id[0] ? "" : "started ", r->job_id[0] ? r->job_id : "", r->output_dir,
+           r->has_summary ? "finished" : "no summary: running, or it ended without finishing");
+    time_t t = (time_t)r->started;
+    struct tm tm;
+    char when[64] = "?";
+    if (gmtime_r(&t, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    printf("started %s by fsdpd %s, %s backend, %lld node%s x %lld worker%s, train.type %s\n", when, r->fsdpd_version,
+           r->backend, (long long)r->nodes, r->nodes == 1 ? "" : "s", (long long)r->workers_per_node,
+           r->workers_per_node == 1 ? "" : "s", r->train_type);
+    if (!r->has_summary) return;
+    const run_summary *s = &r->summary;
+    printf("steps %lld, tokens %lld, wall ", (long long)s->steps, (long long)s->tokens);
+    print_duration(s->wall_s);
+    printf(", %.0f tokens/s", s->tokens_per_s);
+    if (s->has_mfu) printf(", MFU %.1f%%", 100 * s->mfu);
+    printf("\nfinal loss %.4f", s->final_loss);
+    if (s->has_eval) printf(", eval loss %.4f (best %.4f after step %lld)", s->final_eval_loss, s->best_eval_loss,
+                            (long long)s->best_eval_step);
+    printf("\ncheckpoints in %s:", r->checkpoint_dir);
+    for (int i = 0; i < s->n_checkpoints; i++) printf("%s %s", i ? "," : "", s->checkpoints[i]);
+    printf("%s\nload: %s\n", s->n_checkpoints ? "" : " none", s->load);
+}
+
+static int status_from_record(const char *output_dir, int json) {
+    static run_record r;
+    errbuf err;
+    if (run_record_load(&r, output_dir, &err)) {
+        fprintf(stderr, "fsdpctl status: %s\n", err.msg);
+        return 1;
+    }
+    if (json) {
+        char *text;
+        if (run_record_to_json(&r, &text, &err)) return fprintf(stderr, "fsdpctl status: %s\n", err.msg), 1;
+        printf("%s\n", text);
+        free(text);
+    } else {
+        print_record(&r);
+    }
+    return 0;
+}
+
+/* --job-id ID whose socket does not answer: the output directory its leader recorded. */
+static int record_of_job(const char *job_id, char *out, size_t n, errbuf *err) {
+    const char *slurm_job = getenv("SLURM_JOB_ID");
+    char dir[JOB_PATH_MAX], path[PATH_BYTES];
+    if (status_socket_dir(dir, sizeof dir, slurm_job && *slurm_job, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"),
+                          (unsigned)geteuid(), err) ||
+        status_output_record_path(path, sizeof path, dir, job_id, err))
+        return -1;
+    char *text;
+    size_t len;
+    if (file_read_private(path, STATUS_OUTPUT_RECORD_MAX, &text, &len, err)) return -1;
+    int rc = status_output_record_parse(text, len, out, n, path, err);
+    free(text);
+    return rc;
+}
+
 static int run(status_cmd cmd, int argc, char **argv) {
     client_options o = {.cmd = cmd, .timeout_s = DEFAULT_TIMEOUT_S};
     const char *name = status_cmd_name(cmd);
     int status;
     if (parse_options(argc, argv, &o, &status)) return status;
+    if (o.output) return status_from_record(o.output, o.json);
     char path[STATUS_SOCKET_MAX], *line = NULL;
     errbuf err;
     int fd = resolve_socket(&o, path, &err) == 0 ? connect_to(path, &err) : -1;
     int rc = fd < 0 ? -1 : exchange(fd, path, cmd, o.timeout_s, &line, &err);
     if (fd >= 0) close(fd);
+    char output_dir[PATH_BYTES];
+    errbuf why;
+    const char *job_id = o.job_id ? o.job_id : o.socket ? NULL : getenv("SLURM_JOB_ID");
+    if (rc && fd < 0 && cmd == STATUS_CMD_STATUS && job_id && *job_id && status_job_id_valid(job_id) &&
+        record_of_job(job_id, output_dir, sizeof output_dir, &why) == 0)
+        return status_from_record(output_dir, o.json);
     if (rc) {
         fprintf(stderr, "fsdpctl %s: %s\n", name, err.msg);
         return 1;

@@ -372,6 +372,7 @@ int cmd_tokenize(int argc, char **argv) {
     data_opts d = {.truncate = true};
     int opt;
     optind = 1;
+    opterr = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end;
         if (opt == 'f') from = optarg;
@@ -393,9 +394,16 @@ int cmd_tokenize(int argc, char **argv) {
         else if (opt == 'J') d.dump = optarg;
         else if (opt == 'N') d.truncate = false;
         else if (opt == 'B' && (!strcmp(optarg, "skip") || !strcmp(optarg, "fail"))) d.skip_bad = !strcmp(optarg, "skip");
-        else return tokenize_usage();
+        else {
+            fprintf(stderr, "fsdpctl tokenize: %s: %s\n", argv[optind - 1],
+                    opt == '?' ? (optopt ? "needs a value" : "unknown flag") : "bad value");
+            return tokenize_usage();
+        }
     }
-    if (optind != argc) return tokenize_usage();
+    if (optind != argc) {
+        fprintf(stderr, "fsdpctl tokenize: unexpected argument '%s'\n", argv[optind]);
+        return tokenize_usage();
+    }
     errbuf err;
     if (d.data) {
         d.out = out;

@@ -15,32 +15,38 @@ static const subcommand subcommands[] = {
     {"init", cmd_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
     {"reference", cmd_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
-     "                    [--backend cpu|cuda]"},
+     "                    [--backend cpu|cuda] [--adapter PEFT_DIR] [--quant nf4]"},
     {"compare", cmd_compare,
-     "compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R]"},
+     "compare A.safetensors B.safetensors [--rtol R] [--prefix P] [--total-rtol R] [--subset]\n"
+     "                  [--peft-default]"},
     {"synth", cmd_synth,
      "synth --out FILE [--records N] [--seq-len T] [--vocab V] [--alphabet A] [--seed S]"},
     {"tokenize", cmd_tokenize,
      "tokenize --from-safetensors FILE --out CACHE [--vocab V]\n"
      "  fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | --jsonl FILE)\n"
-     "                   [--no-add-special] [--split-special] [--json]"},
+     "                   [--no-add-special] [--split-special] [--json]\n"
+     "  fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format alpaca|chat|text --seq-len N\n"
+     "                   [--template llama3|llama2|chatml|alpaca|auto] [--out CACHE] [--show K]\n"
+     "                   [--dump-jsonl OUT] [--no-truncate] [--on-bad-record fail|skip] [--threads N]"},
     {"consolidate", cmd_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "
      "[--tokenizer-from MODEL_DIR] [--merge]"},
     {"merge", cmd_merge, "merge MODEL_DIR PEFT_DIR OUT_DIR [--dtype bf16|f32] [--shard-size 5GB] [--threads N]"},
-    {"status", cmd_status, "status [--socket PATH | --job-id ID] [--json]"},
-    {"checkpoint", cmd_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json]"},
-    {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json]"},
+    {"status", cmd_status, "status [--socket PATH | --job-id ID | --output DIR] [--json] [--timeout S]"},
+    {"checkpoint", cmd_checkpoint, "checkpoint [--socket PATH | --job-id ID] [--json] [--timeout S]"},
+    {"stop", cmd_stop, "stop [--socket PATH | --job-id ID] [--json] [--timeout S]"},
     {"plot", cmd_plot, "plot METRICS.jsonl --out FILE.svg"},
     {"fabric", cmd_fabric, "fabric [--no-require]"},
-    {"plan", cmd_plan, "plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE] [--json]"},
+    {"plan", cmd_plan,
+     "plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE] [--net-gbps X] [--json]\n"
+     "               [--section.key=value ...]"},
     {"quantize", cmd_quantize,
      "quantize --tensors IN.safetensors OUT.safetensors [--double-quant]\n"
      "  fsdpctl quantize MODEL_DIR OUT_DIR [--compute-dtype bf16|f16|f32]"},
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: fsdpctl COMMAND [ARGS]\ncommands:\n");
+    fprintf(f, "usage: fsdpctl COMMAND [ARGS]   (fsdpctl COMMAND --help: the command's own)\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  fsdpctl %s\n", subcommands[i].usage);
 }

@@ -40,6 +40,7 @@ typedef struct node_link {
     int heard;               /* it has sent a heartbeat: its loop runs */
     char state[16];          /* the leader's view of a follower: its last heartbeat */
     json_t *ranks;
+    json_t *progress;        /* a follower's view of the leader: rank 0's last METRICS */
 } node_link;
 
 struct cluster {
@@ -561,6 +562,8 @@ void cluster_detach(cluster *c) {
         msg_decoder_free(&c->links[i].dec);
         json_decref(c->links[i].ranks);
         c->links[i].ranks = NULL;
+        json_decref(c->links[i].progress);
+        c->links[i].progress = NULL;
     }
 }
 
@@ -615,6 +618,10 @@ static void to_followers(cluster *c, const msg *m) {
 }
 
 static node_link *to_leader(cluster *c) { return &c->links[0]; }
+
+const json_t *cluster_leader_progress(const cluster *c) {
+    return c && c->node != 0 && c->links ? c->links[0].progress : NULL;
+}
 
 /* Sends m (NULL: nothing more) on the link now, after whatever the bufferevent still holds
  * (a CKPT_DONE relayed just before), waiting up to 5 s for the socket: the loop that would
@@ -683,6 +690,10 @@ static int owns_rank(const cluster *c, int node, int rank) {
 static void on_heartbeat_from(node_link *l, const msg_node_heartbeat *h) {
     l->heard = 1;
     snprintf(l->state, sizeof l->state, "%s", h->state);
+    if (h->progress) {
+        json_decref(l->progress);
+        l->progress = json_incref(h->progress);
+    }
     if (!h->ranks) return;
     json_decref(l->ranks);
     l->ranks = json_incref(h->ranks);
@@ -812,9 +823,11 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg) {
     msg hb = {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = c->node}};
     snprintf(hb.u.node_heartbeat.state, sizeof hb.u.node_heartbeat.state, "%s", c->hooks.state(c->hooks.arg));
     if (!is_leader(c)) hb.u.node_heartbeat.ranks = c->hooks.ranks(c->hooks.arg);
+    else if (c->hooks.progress) hb.u.node_heartbeat.progress = c->hooks.progress(c->hooks.arg);
     if (is_leader(c)) to_followers(c, &hb);
     else send_to(to_leader(c), &hb);
     json_decref(hb.u.node_heartbeat.ranks);
+    json_decref(hb.u.node_heartbeat.progress);
     double now = clock_now_s();
     for (int i = 0; i < c->nodes; i++) {
         node_link *l = &c->links[i];

@@ -70,6 +70,9 @@ typedef struct cluster_hooks {
      * array, as status_rank_rows makes them) */
     const char *(*state)(void *arg);
     json_t *(*ranks)(void *arg);
+    /* optional, the leader: rank 0's last METRICS body (a new reference, NULL: none yet), sent
+     * in its heartbeats so that a follower's status shows the job's step */
+    json_t *(*progress)(void *arg);
 } cluster_hooks;
 
 typedef struct cluster cluster;
@@ -79,6 +82,9 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int
 void cluster_free(cluster *c);
 
 int cluster_node(const cluster *c);
+/* A follower: the leader's last progress (msg_node_heartbeat.progress), borrowed; NULL when
+ * none came yet, and on the leader. */
+const json_t *cluster_leader_progress(const cluster *c);
 int cluster_nodes(const cluster *c);
 const char *cluster_host(const cluster *c);          /* where this node's workers listen */
 const char *cluster_secret_hex(const cluster *c);    /* the job secret, hex */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/fault.h"
 #include "base/fileio.h"
 #include "base/path.h"
@@ -21,6 +22,7 @@
 #include "daemon/dir_lock.h"
 #include "daemon/log.h"
 #include "daemon/requeue.h"
+#include "daemon/run_report.h"
 #include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
@@ -126,7 +128,13 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--job") && i + 1 < argc) job_path = argv[++i];
-        else if (strncmp(argv[i], "--", 2) != 0) return usage();
+        else if (strncmp(argv[i], "--", 2) != 0) {
+            /* "--train.lr 1e-4": name the argument, not only the usage */
+            fprintf(stderr, "fsdpd: '%s': unexpected argument%s\n", argv[i],
+                    i > 1 && !strncmp(argv[i - 1], "--", 2) && !strchr(argv[i - 1], '=')
+                        ? " (an override is --section.key=value, with '=')" : "");
+            return usage();
+        }
     }
     if (!job_path) return usage();
 
@@ -167,15 +175,18 @@ int main(int argc, char **argv) {
     static fabric_found fabric;
     static char found[4 * PATH_BYTES];
     if (probe_fabric(&job, &fabric, found, sizeof found, &err)) goto bad_job;
+    static run_record record;
+    static run_progress progress;
+    progress.started = clock_now_s();
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
-                              .data_identity = &data_identity};
+                              .data_identity = &data_identity, .record = &record, .progress = &progress};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */
     int64_t start_step = requeue_start_step(&job); /* a requeue needs a checkpoint past it */
     int rc;
-    for (int restarts = 0; (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
+    for (int restarts = 0; opt.restart = restarts, (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
             return 1;
@@ -196,6 +207,11 @@ int main(int argc, char **argv) {
     /* The checkpoint is one, in the shared directory: the leader consolidates it. */
     if (job.output.consolidate && slurm.node_id == 0 && consolidate_output(&job, &err)) {
         fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
+        return 1;
+    }
+    /* The summary, in the log and run.json (the leader's: the one that wrote run.json). */
+    if (slurm.node_id == 0 && run_report_finish(&record, opt.job, &progress, &err)) {
+        fprintf(stderr, "fsdpd: the run's summary: %s\n", err.msg);
         return 1;
     }
     return 0;

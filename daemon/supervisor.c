@@ -29,6 +29,7 @@
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
+#include "daemon/run_report.h"
 #include "daemon/status_server.h"
 #include "kernels/kernels.h"
 #include "model/step_plan.h"
@@ -82,6 +83,7 @@ struct supervisor {
     FILE *metrics;
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
+    int run_marked;         /* this run's first metrics line carries "run_start" */
     int has_eval;           /* the last eval loss rank 0 reported (data.eval_fraction) */
     double eval_loss;
     long long eval_step;
@@ -286,21 +288,54 @@ static void collect_addrs(supervisor *s) {
     free(addrs);
 }
 
+/* The step line: after the step's figures, the label tokens beside the tokens the step
+ * computed, the elapsed time and the ETA (daemon/run_report.h); every runtime.log_every steps,
+ * the last step and a step with an eval loss always. */
+static void print_step(supervisor *s, const msg_metrics *x) {
+    run_progress *p = s->opt->progress;
+    if (p) run_report_note_step(p, x->step, x->total_steps, x->loss, x->tokens, x->tokens_seen, x->seconds);
+    int every = s->job.runtime.log_every > 0 ? s->job.runtime.log_every : 1;
+    if (x->step % every != 0 && x->step != x->total_steps && !x->has_eval_loss) return;
+    printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s", (long long)x->step,
+           (long long)x->total_steps, x->loss, x->lr, x->grad_norm,
+           x->seconds > 0 ? (double)x->tokens / x->seconds : 0.0);
+    if (p) {
+        char elapsed[32], eta[32];
+        run_report_duration(clock_now_s() - p->started, elapsed, sizeof elapsed);
+        run_report_duration(run_report_eta(p), eta, sizeof eta);
+        printf("  tokens %lld/%lld  elapsed %s  eta %s", (long long)x->tokens,
+               (long long)s->job.train.global_batch * s->job.data.seq_len, elapsed, eta);
+    }
+    printf("\n");
+}
+
+/* The first metrics line of a run says how the run began ("run_start": {"kind", "from_step"}),
+ * for `fsdpctl plot`'s markers: "start" (step 0), "resume" (from a checkpoint), "restart"
+ * (fsdpd's own, after a failure), "requeue" (SLURM's relaunch, SLURM_RESTART_COUNT > 0). */
+static int mark_run_start(supervisor *s, json_t *line) {
+    if (s->run_marked) return 0;
+    s->run_marked = 1;
+    const char *requeue = getenv("SLURM_RESTART_COUNT");
+    long long from = s->ckpt_start.resume_dir[0] ? s->ckpt_start.resume_step : 0;
+    const char *kind = s->opt->restart > 0 ? "restart"
+                       : requeue && *requeue && strcmp(requeue, "0") && from > 0 ? "requeue"
+                       : from > 0 ? "resume" : "start";
+    return json_object_set_new(line, "run_start", json_pack("{s:s, s:I}", "kind", kind, "from_step", (json_int_t)from));
+}
+
 /* Prints the step and appends the metrics line: the METRICS message, its rank and the time. */
 static void on_metrics(supervisor *s, worker *w, const msg *m) {
     const msg_metrics *x = &m->u.metrics;
     const fault *request = fault_get(FAULT_CKPT_REQUEST, -1);
     if (request && x->step >= request->n && fault_once(request)) request_checkpoint(s, "fault ckpt_request");
-    printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tokens/s\n", (long long)x->step,
-           (long long)x->total_steps, x->loss, x->lr, x->grad_norm,
-           x->seconds > 0 ? (double)x->tokens / x->seconds : 0.0);
+    print_step(s, x);
     fflush(stdout);
     if (!s->metrics) return;
     errbuf err;
     json_t *line = msg_to_json(m, &err);
     char *text = NULL;
     if (line && !json_object_set_new(line, "rank", json_integer(w->rank)) &&
-        !json_object_set_new(line, "time", json_real((double)time(NULL))))
+        !json_object_set_new(line, "time", json_real((double)time(NULL))) && !mark_run_start(s, line))
         text = json_dumps(line, JSON_COMPACT);
     if (!text || fprintf(s->metrics, "%s\n", text) < 0 || fflush(s->metrics) != 0)
         log_event(-1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
@@ -400,6 +435,7 @@ static void note_rank0_metrics(supervisor *s, const msg *m) {
         s->has_eval = 1;
         s->eval_loss = x->eval_loss;
         s->eval_step = x->step;
+        if (s->opt->progress) run_report_note_eval(s->opt->progress, x->step, x->eval_loss);
         log_event(-1, "eval loss %.4f after step %lld", x->eval_loss, (long long)x->step);
     }
     if (s->stop_request && !s->stop_step && x->has_checkpoint && strcmp(x->checkpoint.mode, "skipped") != 0 &&
@@ -495,7 +531,9 @@ static void status_of(void *arg, json_t *out) {
     add_ranks(s, out);
     json_object_set_new(out, "state", json_string(phase_name(s)));
     json_object_set_new(out, "stop_requested", json_boolean(s->stop_request != 0));
-    json_object_set(out, "metrics", s->last_metrics ? s->last_metrics : json_null());
+    /* a follower's ranks send no METRICS: the job's step is the leader's (its heartbeats) */
+    const json_t *metrics = s->last_metrics ? s->last_metrics : cluster_leader_progress(s->opt->cluster);
+    json_object_set(out, "metrics", metrics ? (json_t *)metrics : json_null());
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
     json_object_set(out, "behind", s->behind ? s->behind : json_null());
@@ -573,6 +611,11 @@ static void cluster_ckpt_request(void *arg, const msg_ckpt_request *req) {
 }
 
 static const char *cluster_state(void *arg) { return phase_name(arg); }
+
+static json_t *cluster_progress(void *arg) {
+    const supervisor *s = arg;
+    return s->last_metrics ? json_incref(s->last_metrics) : NULL;
+}
 
 static json_t *cluster_ranks(void *arg) {
     const supervisor *s = arg;
@@ -962,6 +1005,18 @@ static int check_fits(supervisor *s, model_image_quant q, errbuf *err) {
                            cuda ? k_cuda_device_memory(0) : 0, PLAN_CONTEXT_BYTES, err);
 }
 
+/* The resolved job and what fsdpd derived, before the model loads (daemon/run_report.h): in the
+ * leader's log and output.dir. */
+static int report_start(supervisor *s, errbuf *err) {
+    run_record *r = s->opt->record;
+    if (!r) return 0;
+    if (run_report_derive(r, &s->job, &s->ckpt_start.model, s->ckpt_start.model_config, s->ckpt_start.resume_dir,
+                          s->ckpt_start.resume_step, cluster_nodes(s->opt->cluster), s->opt->workers,
+                          s->opt->restart, err))
+        return errprefix(err, "the job's derived values");
+    return is_follower(s) ? 0 : run_report_start(r, &s->job, err);
+}
+
 static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
     if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL)
@@ -1001,7 +1056,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     cluster_hooks links = {.arg = &s, .peers = send_peers, .nccl_id = send_nccl_id, .start = start_training,
                            .stop = cluster_stopped, .to_workers = cluster_to_workers,
                            .ckpt_done = cluster_ckpt_done, .ckpt_request = cluster_ckpt_request,
-                           .state = cluster_state, .ranks = cluster_ranks};
+                           .state = cluster_state, .ranks = cluster_ranks, .progress = cluster_progress};
     if (rc == 0) rc = setup_events(&s, err);
     if (rc == 0) rc = plan_checkpoints(&s, err);
     if (rc == 0) rc = cluster_attach(opt->cluster, s.base, &links, err);
@@ -1009,6 +1064,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
                               .request_stop = status_request_stop};
     if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
+    if (rc == 0) rc = report_start(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
     if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {

@@ -50,6 +50,11 @@ typedef struct supervisor_options {
     const char *fabric_kind;  /* what the fabric probe found (daemon/fabric.h): "efa", "ib", "none" */
     const char *fabric_found; /* and in words, for the status */
     const struct ckpt_data_identity *data_identity; /* the job's data (daemon/data_prepare.h) */
+    /* daemon/run_report.h: filled before the model loads (the leader logs the resolved job and
+     * writes job.json and run.json), and the progress from rank 0's METRICS; both NULL: none. */
+    struct run_record *record;
+    struct run_progress *progress;
+    int restart;                /* fsdpd's restarts before this run */
 } supervisor_options;
 
 typedef struct supervisor supervisor;

@@ -173,6 +173,7 @@ static const job_key keys[] = {
     NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+    NUM("runtime", "log_every", K_INT, runtime.log_every, 1, INT_MAX),
     NUM("runtime", "gpu_memory_limit", K_SIZE, runtime.gpu_memory_limit, 0, INFINITY),
 
     OTHER("fabric", "require", K_BOOL, fabric.require),
@@ -198,6 +199,7 @@ static const struct alias {
     {"context_length", "data.seq_len"},
     {"num_epochs", "train.epochs"},
     {"max_steps", "train.max_steps"},
+    {"logging_steps", "runtime.log_every"},
     {"dataset", "data.path"},
     {"model_name", "model.path"},                           /* a local directory */
     {"use_gradient_checkpointing", "fsdp.activation_checkpointing"}, /* true: full */
@@ -293,6 +295,7 @@ void job_defaults(job_config *j) {
     j->runtime.stop_grace_s = 30;
     j->runtime.on_usr1 = JOB_USR1_AUTO;
     j->runtime.comm_timeout_s = 600;
+    j->runtime.log_every = 1;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
     j->fabric.require = true;

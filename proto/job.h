@@ -155,6 +155,7 @@ typedef struct job_config {
         int node_timeout_s;           /* a node's daemon not heard from for this long is dead */
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
+    int log_every;            /* the step line every N steps (the last and eval steps always) */
         int64_t gpu_memory_limit; /* bytes of context memory per worker; 0: none */
     } runtime;
     struct {

@@ -205,6 +205,7 @@ static const field node_heartbeat_fields[] = {
     INT(msg_node_heartbeat, "node", node, 0, INT_MAX),
     STR(msg_node_heartbeat, "state", state),
     {"ranks", F_JSON, offsetof(msg_node_heartbeat, ranks), sizeof(json_t *), 0, 0, true, 0, NULL},
+    {"progress", F_JSON, offsetof(msg_node_heartbeat, progress), sizeof(json_t *), 0, 0, true, 0, NULL},
 };
 
 static int check_ckpt_request(void *body, const char *type, errbuf *err);
@@ -317,6 +318,12 @@ static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf 
 }
 
 static int check_node_heartbeat(void *body, const char *type, errbuf *err) {
+    const json_t *progress = ((msg_node_heartbeat *)body)->progress;
+    if (progress) { /* a METRICS body, as strict as the message */
+        msg metrics;
+        if (msg_from_json(&metrics, MSG_METRICS, progress, err)) return errprefix(err, "%s: field 'progress'", type);
+        msg_free(&metrics);
+    }
     const json_t *ranks = ((msg_node_heartbeat *)body)->ranks;
     if (!ranks) return 0;
     if (!json_is_array(ranks)) return errf(err, "%s: field 'ranks' must be an array", type);

@@ -239,6 +239,8 @@ typedef struct msg_node_heartbeat {
     int node;
     char state[16];     /* the supervisor's phase: setup, training, stopping */
     json_t *ranks;
+    json_t *progress;   /* the leader's: rank 0's last METRICS body (a follower's status shows
+                         * the job's step); NULL: none yet, or a follower's heartbeat */
 } msg_node_heartbeat;
 
 /* CKPT_REQUEST: kind "checkpoint" (SIGUSR1, fsdpctl checkpoint), "stop" (fsdpctl stop: a

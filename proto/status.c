@@ -138,6 +138,8 @@ static const reply_field status_fields[] = {
     {"backend", R_STR, 0, 0, NULL},          {"fabric", R_STR, 1, 0, NULL},
     {"restarts", R_INT, 0, 0, NULL},         {"last_error", R_STR, 1, 0, NULL},
     END};
+/* "request" and "checkpoint_request" are null when a follower forwarded the request to the
+ * leader (whose id it does not know), or when a stop needs no checkpoint */
 static const reply_field request_fields[] = {{"message", R_STR, 0, 0, NULL}, {"request", R_INT, 1, 1, NULL},
                                              {"checkpoint_request", R_INT, 1, 1, NULL}, END};
 #undef END
@@ -281,4 +283,23 @@ int status_place_from_env(status_place *p, errbuf *err) {
         return errf(err, "SLURM_RESTART_COUNT '%.64s' is not a count", restart);
     return status_socket_dir(p->dir, sizeof p->dir, p->under_slurm, getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"),
                              (unsigned)geteuid(), err);
+}
+
+int status_output_record_path(char *out, size_t n, const char *dir, const char *job_id, errbuf *err) {
+    if (!status_job_id_valid(job_id)) return errf(err, "'%.64s' is not a job id", job_id);
+    int len = snprintf(out, n, "%s/fsdpd-%s.output", dir, job_id);
+    return len < 0 || (size_t)len >= n ? errf(err, "%s: the directory's path is too long", dir) : 0;
+}
+
+int status_output_record_parse(const char *text, size_t len, char *out, size_t n, const char *name, errbuf *err) {
+    if (len > STATUS_OUTPUT_RECORD_MAX) return errf(err, "%s: %zu bytes, more than the record holds", name, len);
+    if (len < 2 || text[len - 1] != '\n') return errf(err, "%s: not one line ending in a newline", name);
+    size_t dir = len - 1;
+    if (memchr(text, '\n', dir) || memchr(text, '\0', dir))
+        return errf(err, "%s: more than one line, or a NUL byte", name);
+    if (text[0] != '/') return errf(err, "%s: '%.*s' is not an absolute path", name, (int)(dir < 200 ? dir : 200), text);
+    if (dir >= n) return errf(err, "%s: the path is longer than %zu bytes", name, n - 1);
+    memcpy(out, text, dir);
+    out[dir] = '\0';
+    return 0;
 }

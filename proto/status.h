@@ -78,6 +78,16 @@ int status_socket_path(char *out, size_t n, const char *dir, const char *job_id,
 int status_socket_name_parse(const char *name, char job_id[STATUS_JOB_ID_MAX], int *restart,
                              int *node);
 
+/* The record a job's leader leaves beside the sockets, DIR/fsdpd-JOBID.output (0600), naming
+ * its output directory, so that `fsdpctl status --job-id ID` finds the finished job's
+ * OUTPUT_DIR/run.json once no socket answers.  Its content: the absolute output directory and
+ * a newline, nothing else.  path: the record's path into out (an invalid job id or a path too
+ * long is an error); parse: the directory of such text into out[n] (an empty, relative or
+ * multi-line path, a NUL, or one too long is an error naming `name`). */
+#define STATUS_OUTPUT_RECORD_MAX 8192
+int status_output_record_path(char *out, size_t n, const char *dir, const char *job_id, errbuf *err);
+int status_output_record_parse(const char *text, size_t len, char *out, size_t n, const char *name, errbuf *err);
+
 /* Where this process's job is: the job id, restart count and socket directory from the
  * environment (SLURM_JOB_ID, SLURM_RESTART_COUNT, XDG_RUNTIME_DIR, TMPDIR).  A malformed
  * SLURM_JOB_ID or SLURM_RESTART_COUNT is an error naming it. */

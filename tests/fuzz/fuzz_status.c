@@ -1,6 +1,6 @@
 /* Fuzzes proto/status: the input, as a status socket would receive it, is cut into lines and
  * each is parsed as a request (and as a reply, whose fields are checked for every command, and
- * as a socket file name).  A request that
+ * as a socket file name, and as the output record of proto/status.h).  A request that
  * parses must name a command, and the parser never reads past the line it is given. */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +24,10 @@ static void one_line(const uint8_t *data, size_t len) {
         for (int c = STATUS_CMD_STATUS; c <= STATUS_CMD_STOP; c++) (void)status_reply_check((status_cmd)c, reply, &err);
         json_decref(reply);
     }
+    char dir[256];
+    if (status_output_record_parse(line, len, dir, sizeof dir, "record", &err) == 0 &&
+        (dir[0] != '/' || strchr(dir, '\n') || strlen(dir) + 1 != len))
+        abort();
     if (len < 256) {
         char name[256], id[STATUS_JOB_ID_MAX], path[STATUS_SOCKET_MAX], again[STATUS_SOCKET_MAX];
         int restart, node;

@@ -196,6 +196,9 @@ assert [n["node"] for n in fol["nodes"]] == [0, 1], fol["nodes"]
 assert fol["nodes"][0]["role"] == "leader" and fol["nodes"][0]["host"].startswith(addr0 + ":"), fol["nodes"][0]
 assert [(r["rank"], r["node"]) for r in fol["ranks"]] == [(1, 1)], fol["ranks"]
 PY
+# a follower's status shows the job's step: the leader's, from its heartbeats (F39)
+follower_step() { "$fsdpctl" status --socket "$tmp/st-n1.sock" 2>/dev/null | grep -q "^step [1-9][0-9]*/20 "; }
+wait_for 20 follower_step
 "$fsdpctl" status --socket "$tmp/st-n0.sock" | grep -q "node 2" || { "$fsdpctl" status --socket "$tmp/st-n0.sock"; fail "st: the leader's status text does not list node 2"; }
 expect_status 0 "checkpoint requested from the leader" "$fsdpctl" checkpoint --socket "$tmp/st-n1.sock"
 wait_for 20 has_latest st

@@ -465,6 +465,12 @@ static void test_every_type_round_trips(void **state) {
     json_t *settings = json_pack("{s:{s:f}, s:n}", "train", "lr", 1e-4, "model_config");
     json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n}]", "rank", 4, "pid", 99, "running", 1, "host_rss_bytes",
                              (json_int_t)1 << 30, "gpu_bytes");
+    /* the leader's progress: a METRICS body (msg_to_json of one) */
+    msg rank0 = {.type = MSG_METRICS, .u.metrics = {.step = 7, .total_steps = 9, .loss = 2.0, .lr = 1e-4, .tokens = 5,
+                                                    .tokens_seen = 35, .seconds = 0.5}};
+    errbuf perr;
+    json_t *progress = msg_to_json(&rank0, &perr);
+    assert_non_null(progress);
     msg all[] = {
         {.type = MSG_HELLO, .u.hello = {.pid = 77}},
         {.type = MSG_START},
@@ -504,6 +510,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .error = "rank 3 failed"}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training"}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 2, .state = "setup", .ranks = rows}},
+        {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training", .progress = progress}},
         {.type = MSG_CKPT_REQUEST, .u.ckpt_request = {.kind = "stop_sync", .why = "SIGTERM on node 1"}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8"}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest"}},
@@ -534,6 +541,7 @@ static void test_every_type_round_trips(void **state) {
     assert_null(back.u.peers.addrs);
     json_decref(units);
     json_decref(rows);
+    json_decref(progress);
     json_decref(settings);
 
     msg id = {.type = MSG_NCCL_ID};
@@ -575,6 +583,8 @@ static void test_strict_decoder(void **state) {
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":[{\"rank\":2,\"pid\":3,\"running\":true,"
                                 "\"cpu\":1}]}", "NODE_HEARTBEAT: ranks[0] has an unknown member");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":{}}", "NODE_HEARTBEAT: field 'ranks' must be an array");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":0,\"state\":\"t\",\"progress\":{\"step\":1}}",
+            "NODE_HEARTBEAT: field 'progress': METRICS");
     refused(MSG_PLAN, "{\"attempt\":0,\"resume_dir\":\"\",\"error\":\"\"}", "PLAN: field 'attempt' = 0 is out of range");
     refused(MSG_PEERS, "{\"addrs\":[]}", "PEERS: field 'addrs' must be a non-empty array of strings");
     refused(MSG_PEERS, "{\"addrs\":[\"a\",2]}", "PEERS: addrs[1] must be a string");

@@ -116,6 +116,16 @@ static void test_replies(void **state) {
     assert_contains(err.msg, "a list, not an object");
     assert_int_equal(status_reply_parse("{\"ok\":tru", 9, &r, &err), -1);
     assert_contains(err.msg, "not JSON");
+    /* a follower's forwarded checkpoint or stop: the leader's request id is not known (null) */
+    json_t *fwd = json_pack("{s:b, s:n, s:s}", "ok", 1, "request", "message", "checkpoint requested from the leader");
+    assert_int_equal(status_reply_check(STATUS_CMD_CHECKPOINT, fwd, &err), 0);
+    json_object_set_new(fwd, "request", json_string("7"));
+    assert_int_equal(status_reply_check(STATUS_CMD_CHECKPOINT, fwd, &err), -1);
+    assert_contains(err.msg, "'request' is a string, not an integer");
+    json_decref(fwd);
+    fwd = json_pack("{s:b, s:n, s:s}", "ok", 1, "checkpoint_request", "message", "stopping: asked the leader");
+    assert_int_equal(status_reply_check(STATUS_CMD_STOP, fwd, &err), 0);
+    json_decref(fwd);
 }
 
 /* ---- socket names and places ---- */
