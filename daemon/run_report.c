@@ -50,8 +50,7 @@ static int count_params(run_record *r, const job_config *j, const llama_config *
     llama_layout_free(&lo);
     r->trainable_params = r->total_params;
     if (j->train.type == JOB_TRAIN_FULL) return 0;
-    lora_config lc;
-    job_lora_config(j, &lc);
+    const lora_config lc = j->lora.config; /* job_resolve's */
     lora_layout la;
     if (lora_layout_init(&la, cfg, &lc, err)) return -1;
     r->trainable_params = (int64_t)layout_elems(la.n_units, la.units);
@@ -71,10 +70,9 @@ static int plan_memory(run_record *r, const job_config *j, const llama_config *c
                        errbuf *err) {
     int cuda = j->runtime.backend == JOB_BACKEND_CUDA;
     size_t budget = step_plan_auto_budget(j, cuda ? k_cuda_device_memory(0) : 0, cuda ? PLAN_CONTEXT_BYTES : 0);
-    lora_config lc;
     memory_plan_options o;
     memory_plan_job_options(j, cfg, (int)r->world_size, 0, j->train.type == JOB_TRAIN_FULL ? MODEL_IMAGE_PLAIN : q,
-                            cuda ? 2 : 4, budget, &lc, &o);
+                            cuda ? 2 : 4, budget, &o);
     memory_plan p;
     errbuf why;
     if (memory_plan_compute(&o, &p, &why)) { /* the workers' own check says it; the block goes on */
