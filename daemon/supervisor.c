@@ -180,7 +180,12 @@ static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ..
     va_end(ap);
     log_event(-1, "%s", msg);
     int silent_death = kind == FAILURE_SILENT_DEATH;
-    if (!s->failed || (silent_death && s->reason_reported)) {
+    /* A later failure is the job's reason when it is the likelier cause: a death without a
+     * word over the others' reports of it, and a failure no restart cures (a rank that cannot
+     * load its checkpoint) over a peer's report of the connection it then closed, which would
+     * otherwise have the job restarted into the same failure. */
+    if (!s->failed || (silent_death && s->reason_reported && !s->reason_permanent) ||
+        (kind == FAILURE_PERMANENT && !s->reason_permanent)) {
         s->failed = 1;
         s->reason_reported = !silent_death;
         s->reason_permanent = kind == FAILURE_PERMANENT;
