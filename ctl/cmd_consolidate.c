@@ -95,7 +95,10 @@ static int parse_options(int argc, char **argv, consolidate_options *o, int *sta
             consolidate_usage(stdout);
             *status = 0;
             return -1;
-        default: consolidate_usage(stderr); return -1;
+        default:
+            ctl_flag_error("consolidate", argv);
+            consolidate_usage(stderr);
+            return -1;
         }
     }
     if (argc - optind != 2) {

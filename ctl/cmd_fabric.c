@@ -17,7 +17,8 @@ int cmd_fabric(int argc, char **argv) {
             require = 0;
             continue;
         }
-        fprintf(stderr, "usage: fsdpctl fabric [--no-require]\n");
+        fprintf(stderr, "fsdpctl fabric: %s: %s\nusage: fsdpctl fabric [--no-require]\n", argv[i],
+                argv[i][0] == '-' ? "unknown flag" : "unexpected argument");
         return 2;
     }
     errbuf err;

@@ -122,7 +122,10 @@ static int parse_options(int argc, char **argv, init_options *o, int *status) {
                 return -1;
             }
             break;
-        default: init_usage(stderr); return -1;
+        default:
+            ctl_flag_error("init", argv);
+            init_usage(stderr);
+            return -1;
         }
     }
     if (!o->config_path || !o->out || optind != argc) {

@@ -126,6 +126,8 @@ int cmd_inspect(int argc, char **argv) {
         return 0;
     }
     if (argc != 2 || argv[1][0] == '-') {
+        for (int i = 1; i < argc; i++)
+            if (argv[i][0] == '-') fprintf(stderr, "fsdpctl inspect: %s: unknown flag\n", argv[i]);
         fprintf(stderr, "usage: fsdpctl inspect MODEL_DIR\n");
         return 2;
     }

@@ -42,7 +42,10 @@ static int parse_options(int argc, char **argv, merge_options *o, int *status) {
             merge_usage(stdout);
             *status = 0;
             return -1;
-        default: merge_usage(stderr); return -1;
+        default:
+            ctl_flag_error("merge", argv);
+            merge_usage(stderr);
+            return -1;
         }
         if (bad) {
             fprintf(stderr, "fsdpctl merge: ");

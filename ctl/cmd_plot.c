@@ -335,7 +335,7 @@ int cmd_plot(int argc, char **argv) {
             plot_usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "fsdpctl plot: %s: %s\n", argv[optind - 1], optopt ? "needs a value" : "unknown flag");
+            ctl_flag_error("plot", argv);
             plot_usage(stderr);
             return 2;
         }

@@ -381,6 +381,7 @@ int cmd_quantize(int argc, char **argv) {
     int tensors = 0, double_quant = 0, compute_given = 0, opt;
     st_dtype compute_dtype = ST_BF16;
     optind = 1;
+    opterr = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
         case 't': tensors = 1; break;
@@ -393,7 +394,10 @@ int cmd_quantize(int argc, char **argv) {
             }
             break;
         case 'h': fputs(quantize_usage, stdout); return 0;
-        default: fputs(quantize_usage, stderr); return 2;
+        default:
+            ctl_flag_error("quantize", argv);
+            fputs(quantize_usage, stderr);
+            return 2;
         }
     }
     if (argc - optind != 2) {

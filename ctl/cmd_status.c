@@ -87,8 +87,7 @@ static int parse_options(int argc, char **argv, client_options *o, int *status) 
             return -1;
         default:
             /* the flag itself, not only the usage: "--sockt" or "--socket" without its value */
-            fprintf(stderr, "fsdpctl %s: %s: %s\n", name, argv[optind - 1],
-                    optopt ? "needs a value" : "unknown flag");
+            ctl_flag_error(name, argv);
             usage(stderr, name);
             return -1;
         }

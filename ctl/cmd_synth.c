@@ -64,9 +64,11 @@ int cmd_synth(int argc, char **argv) {
         {0, 0, 0, 0}};
     int opt;
     optind = 1;
+    opterr = 0;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         long *dst = opt == 'n' ? &o.records : opt == 't' ? &o.seq_len : opt == 'v' ? &o.vocab
                   : opt == 'a' ? &o.alphabet : opt == 's' ? &o.seed : NULL;
+        if (opt == '?') ctl_flag_error("synth", argv);
         if (opt == 'o') o.out = optarg;
         else if (!dst || parse_long(optarg, opt == 's' ? 0 : 1, dst) != 0) return synth_usage();
     }

@@ -395,8 +395,8 @@ int cmd_tokenize(int argc, char **argv) {
         else if (opt == 'N') d.truncate = false;
         else if (opt == 'B' && (!strcmp(optarg, "skip") || !strcmp(optarg, "fail"))) d.skip_bad = !strcmp(optarg, "skip");
         else {
-            fprintf(stderr, "fsdpctl tokenize: %s: %s\n", argv[optind - 1],
-                    opt == '?' ? (optopt ? "needs a value" : "unknown flag") : "bad value");
+            if (opt == '?') ctl_flag_error("tokenize", argv);
+            else fprintf(stderr, "fsdpctl tokenize: %s: bad value\n", argv[optind - 1]);
             return tokenize_usage();
         }
     }

@@ -29,4 +29,8 @@ int fsdpctl_parse_shard_size(const char *text, uint64_t *out);  /* as output.sha
 int fsdpctl_parse_threads(const char *text, int *out);          /* 1 to 256 */
 int fsdpctl_parse_int(const char *text, int lo, int hi, int *out); /* a whole decimal in [lo, hi] */
 
+/* After getopt_long (opterr 0) returned '?': says which flag, argv[optind - 1], is unknown
+ * or lacks its value (ctl/usage.c). */
+void ctl_flag_error(const char *cmd, char *const argv[]);
+
 #endif

@@ -38,6 +38,10 @@ expect_error 2 "fsdpctl plan: --nodes needs a value" "$fsdpctl" plan job.json --
 expect_error 2 "fsdpctl status: --bogus: unknown flag" "$fsdpctl" status --bogus
 expect_error 2 "fsdpctl status: --socket: needs a value" "$fsdpctl" status --socket
 expect_error 2 "fsdpctl plot: --out: needs a value" "$fsdpctl" plot m.jsonl --out
+for cmd in init synth consolidate merge quantize inspect fabric; do
+    expect_error 2 "fsdpctl $cmd: --bogus: unknown flag" "$fsdpctl" "$cmd" --bogus
+done
+expect_error 2 "fsdpctl init: --out: needs a value" "$fsdpctl" init --model-config c.json --out
 expect_error 2 "fsdpd: '1e-4': unexpected argument (an override is --section.key=value, with '=')" \
     "$fsdpd" --job job.json --train.lr 1e-4
 echo "usage texts and flag errors as documented"
