@@ -24,6 +24,18 @@ const char *file_type_name(mode_t mode) {
     return "of an unknown file type";
 }
 
+/* fd blocking again (it was opened O_NONBLOCK, so that a FIFO could not block the open);
+ * closed on failure. */
+static int clear_nonblock(int fd, const char *path, errbuf *err) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return errf(err, "%s: fcntl: %s", path, strerror(e));
+    }
+    return fd;
+}
+
 /* fd (from an open with O_NONBLOCK) checked to be a regular file, then blocking again; closed
  * on failure. */
 static int keep_if_regular(int fd, const char *path, errbuf *err) {
@@ -37,13 +49,7 @@ static int keep_if_regular(int fd, const char *path, errbuf *err) {
         close(fd);
         return errf(err, "%s: is %s, not a regular file", path, file_type_name(st.st_mode));
     }
-    int flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-        int e = errno;
-        close(fd);
-        return errf(err, "%s: fcntl: %s", path, strerror(e));
-    }
-    return fd;
+    return clear_nonblock(fd, path, err);
 }
 
 int file_open_regular(const char *path, errbuf *err) {
@@ -142,12 +148,7 @@ int file_read_private(const char *path, size_t max, char **out, size_t *len, err
                     "with mode 0600)", path, why, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
                     (unsigned)geteuid());
     }
-    int flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-        int e = errno;
-        close(fd);
-        return errf(err, "%s: fcntl: %s", path, strerror(e));
-    }
+    if (clear_nonblock(fd, path, err) < 0) return -1;
     return read_fd_all(fd, path, max, out, len, err);
 }
 
@@ -259,8 +260,8 @@ int file_private_dir(const char *path, int create, errbuf *err) {
                                                                   : NULL;
     if (why)
         return errf(err, "%s: not a private directory: %s (owner uid %u, mode %04o; it must be a directory of uid %u "
-                    "with mode 0700: remove it, or set runtime.status_socket)", path, why, (unsigned)st.st_uid,
-                    (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+                    "with mode 0700)", path, why, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                    (unsigned)geteuid());
     return 0;
 }
 

@@ -118,9 +118,10 @@ static int connect_to(const char *path, errbuf *err) {
     if (strlen(path) >= sizeof a.sun_path)
         return errf(err, "%s: longer than a Unix socket path can be (%zu bytes)", path, sizeof a.sun_path - 1);
     struct stat st;
-    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+    int exists = lstat(path, &st) == 0; /* a missing one: connect says so */
+    if (exists && !S_ISSOCK(st.st_mode))
         return errf(err, "%s: is %s, not a job's status socket", path, file_type_name(st.st_mode));
-    if (lstat(path, &st) == 0 && st.st_uid != geteuid() && st.st_uid != 0)
+    if (exists && st.st_uid != geteuid() && st.st_uid != 0)
         return errf(err, "%s: the socket belongs to uid %u, not to you (uid %u) or root: not your job's, not asked",
                     path, (unsigned)st.st_uid, (unsigned)geteuid());
     memcpy(a.sun_path, path, strlen(path) + 1);

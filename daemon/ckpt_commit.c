@@ -111,25 +111,18 @@ static int model_fingerprint(const job_config *job, const json_t *config, char o
     return 0;
 }
 
-static const char *train_type_name(job_train_type t) {
-    return t == JOB_TRAIN_FULL ? "full" : t == JOB_TRAIN_LORA ? "lora" : "qlora";
-}
-
 static void job_train_settings(const job_config *j, ckpt_train_settings *t) {
-    static const char *const schedules[] = {[JOB_SCHEDULE_CONSTANT] = "constant",
-                                            [JOB_SCHEDULE_LINEAR] = "linear",
-                                            [JOB_SCHEDULE_COSINE] = "cosine"};
     *t = (ckpt_train_settings){.lr = j->train.lr, .min_lr = j->train.min_lr,
                                .weight_decay = j->train.weight_decay,
                                .betas = {j->train.betas[0], j->train.betas[1]},
                                .eps = j->train.eps, .clip_norm = j->train.clip_norm,
                                .warmup_steps = j->train.warmup_steps};
-    snprintf(t->schedule, sizeof t->schedule, "%s", schedules[j->train.schedule]);
+    snprintf(t->schedule, sizeof t->schedule, "%s", job_schedule_name(j->train.schedule));
 }
 
 static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapter *a) {
     memset(a, 0, sizeof *a);
-    snprintf(a->type, sizeof a->type, "%s", train_type_name(j->train.type));
+    snprintf(a->type, sizeof a->type, "%s", job_train_type_name(j->train.type));
     a->lora = j->lora.config;
     snprintf(a->base_fingerprint, sizeof a->base_fingerprint, "%s", fingerprint);
 }
@@ -137,14 +130,12 @@ static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapt
 /* The job's identity for its manifests and for the comparison with a checkpoint's. */
 static void job_identity(const job_config *j, const ckpt_data_identity *data, const char *fingerprint,
                          ckpt_identity *id) {
-    static const char *const formats[] = {[JOB_DATA_TOKENS] = "tokens", [JOB_DATA_ALPACA] = "alpaca",
-                                          [JOB_DATA_CHAT] = "chat", [JOB_DATA_TEXT] = "text"};
     memset(id, 0, sizeof *id);
-    snprintf(id->train_type, sizeof id->train_type, "%s", train_type_name(j->train.type));
+    snprintf(id->train_type, sizeof id->train_type, "%s", job_train_type_name(j->train.type));
     snprintf(id->model_fingerprint, sizeof id->model_fingerprint, "%s", fingerprint);
     snprintf(id->optimizer, sizeof id->optimizer, "adamw");
     if (data) id->data = *data;
-    snprintf(id->data_format, sizeof id->data_format, "%s", formats[j->data.format]);
+    snprintf(id->data_format, sizeof id->data_format, "%s", job_data_format_name(j->data.format));
     snprintf(id->data_template, sizeof id->data_template, "%s", j->data.template_name);
     id->seq_len = j->data.seq_len;
     id->packing = j->data.packing;

@@ -170,11 +170,11 @@ static int look_for_rendezvous(const char *path, const char *launch, msg_rendezv
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
     free(text);
     msg m;
-    errbuf bad;
+    errbuf bad = {"not JSON yet"};
     rc = o && msg_from_json(&m, MSG_RENDEZVOUS, o, &bad) == 0;
     json_decref(o);
     if (!rc) {
-        snprintf(why, n, "the rendezvous file %s is not a whole one (%.200s)", path, o ? bad.msg : "not JSON yet");
+        snprintf(why, n, "the rendezvous file %s is not a whole one (%.200s)", path, bad.msg);
         return 0;
     }
     if (strcmp(m.u.rendezvous.launch, launch) != 0) {

@@ -32,10 +32,6 @@
 #define FSDP_CUDA_ARCHS ""
 #endif
 
-static const char *train_type_name(job_train_type t) {
-    return t == JOB_TRAIN_FULL ? "full" : t == JOB_TRAIN_LORA ? "lora" : "qlora";
-}
-
 static size_t layout_elems(int n_units, const llama_unit *u) {
     size_t n = 0;
     for (int i = 0; i < n_units; i++) n += u[i].numel;
@@ -120,7 +116,7 @@ int run_report_derive(run_record *r, const job_config *j, const llama_config *cf
     r->tokens_per_step = (int64_t)j->train.global_batch * j->data.seq_len;
     r->max_steps = j->train.max_steps;
     r->epochs = j->train.epochs;
-    snprintf(r->train_type, sizeof r->train_type, "%s", train_type_name(j->train.type));
+    snprintf(r->train_type, sizeof r->train_type, "%s", job_train_type_name(j->train.type));
     model_image_quant q = MODEL_IMAGE_PLAIN;
     int bnb = 0;
     if (j->train.type != JOB_TRAIN_FULL && model_shm_quant(j, config, &q, &bnb, err)) return -1;

@@ -537,6 +537,13 @@ static json_t *job_handle(void *arg, status_cmd cmd, errbuf *err) {
     return reply;
 }
 
+/* The default sockets' directory, made (0700) and checked; another user's there is refused. */
+static int private_socket_dir(const char *dir, errbuf *err) {
+    if (file_private_dir(dir, 1, err) == 0) return 0;
+    errbuf why = *err;
+    return errf(err, "%s: remove it, or set runtime.status_socket", why.msg);
+}
+
 int status_server_open(status_server **out, struct event_base *base, const status_job_hooks *hooks,
                        const job_config *job, int node, errbuf *err) {
     job_binding *b = calloc(1, sizeof *b);
@@ -546,7 +553,7 @@ int status_server_open(status_server **out, struct event_base *base, const statu
     if (rc == 0 && job->runtime.status_socket[0])
         snprintf(b->path, sizeof b->path, "%s", job->runtime.status_socket);
     else if (rc == 0)
-        rc = file_private_dir(b->place.dir, 1, err) ||
+        rc = private_socket_dir(b->place.dir, err) ||
              status_socket_path(b->path, sizeof b->path, b->place.dir, b->place.job_id, b->place.restart, node, err);
     status_server_options opt = {.base = base, .path = b->path, .handle = job_handle, .arg = b};
     if (rc == 0) rc = status_server_new(out, &opt, err);

@@ -206,17 +206,16 @@ static const struct alias {
     {"use_cpu_offload", "fsdp.cpu_offload"},
 };
 
-const char *job_sharding_name(job_sharding s) {
-    for (const choice *c = sharding_choices; c->name; c++)
-        if (c->value == (int)s) return c->name;
+static const char *choice_name(const choice *c, int value) {
+    for (; c->name; c++)
+        if (c->value == value) return c->name;
     return NULL;
 }
 
-const char *job_data_format_name(job_data_format f) {
-    for (const choice *c = format_choices; c->name; c++)
-        if (c->value == (int)f) return c->name;
-    return NULL;
-}
+const char *job_sharding_name(job_sharding s) { return choice_name(sharding_choices, (int)s); }
+const char *job_data_format_name(job_data_format f) { return choice_name(format_choices, (int)f); }
+const char *job_train_type_name(job_train_type t) { return choice_name(train_type_choices, (int)t); }
+const char *job_schedule_name(job_schedule s) { return choice_name(schedule_choices, (int)s); }
 
 /* Member by member into zeroed storage: job configs built alike stay equal byte for byte
  * (job_defaults), padding included. */

@@ -170,6 +170,10 @@ typedef struct job_config {
 const char *job_sharding_name(job_sharding s);
 /* "tokens", "alpaca", "chat", "text" (data.format's), NULL for another value. */
 const char *job_data_format_name(job_data_format f);
+/* "full", "lora", "qlora" (train.type's); "constant", "linear", "cosine" (train.schedule's);
+ * NULL for another value. */
+const char *job_train_type_name(job_train_type t);
+const char *job_schedule_name(job_schedule s);
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */
