@@ -106,13 +106,17 @@ wait "$pid" 2>/dev/null || true
 FSDP_FAULTS=final_params="$tmp/straight.safetensors" "$fsdpd" --job "$tmp/job.json" \
     --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
     --checkpoint.dir="$tmp/straight-ckpt" > "$tmp/straight.log" 2>&1 || { cat "$tmp/straight.log"; fail "straight run"; }
-FSDP_FAULTS=final_params="$tmp/restarted.safetensors" "$fsdpd" --job "$tmp/job.json" \
+# step_delay keeps step-000004 on disk long enough to be seen (checkpoint.keep 2 prunes it once
+# step 8 commits); a run that ends first is a failure that shows its log, not a 180 s wait.
+FSDP_FAULTS="final_params=$tmp/restarted.safetensors;step_delay=1:0.3" "$fsdpd" --job "$tmp/job.json" \
     --train.max_steps=8 --checkpoint.interval_steps=2 --checkpoint.resume=never \
     --checkpoint.dir="$tmp/restart-ckpt" --runtime.max_restarts=1 --runtime.metrics="$tmp/restarted.jsonl" \
     > "$tmp/restarted.log" 2>&1 &
 pid=$!
 bg_pids+=("$pid")
-wait_for 180 sh -c "ls '$tmp/restart-ckpt' 2>/dev/null | grep -q '^step-000004$'"
+step4_or_exit() { [ -d "$tmp/restart-ckpt/step-000004" ] || ! kill -0 "$pid" 2>/dev/null; }
+wait_for 180 step4_or_exit
+kill -0 "$pid" 2>/dev/null || { cat "$tmp/restarted.log"; fail "the run ended before a worker could be killed after step 4"; }
 kill -9 $(worker_pids "$tmp/restarted.log" | tail -1)
 finish restarted
 [ "$status" -eq 0 ] || { cat "$tmp/restarted.log"; fail "the restarted run failed"; }
