@@ -11,6 +11,7 @@
 #include "daemon/consolidate.h"
 #include "ctl/fsdpctl.h"
 #include "proto/job.h"
+#include "proto/job_flags.h"
 
 static void consolidate_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] "

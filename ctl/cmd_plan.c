@@ -11,6 +11,7 @@
 
 #include "base/path.h"
 #include "daemon/ckpt_commit.h"
+#include "proto/job_flags.h"
 #include "daemon/data_prepare.h"
 #include "ctl/fsdpctl.h"
 #include "daemon/model_shm.h"

@@ -13,6 +13,7 @@
 #include "base/sha256.h"
 #include "daemon/log.h"
 #include "data/cache_build.h"
+#include "data/jsonl.h"
 #include "proto/tokens.h"
 
 
@@ -43,11 +44,13 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
                       char *out, size_t n, errbuf *err) {
     uint8_t tk_hash[SHA256_BYTES], key[SHA256_BYTES];
     if (tokenizer_file_sha256(o->tokenizer, tk_hash, err)) return -1;
-    char params[128];
+    char params[192];
     int len = snprintf(params, sizeof params, "v%d f%d t%d L%d tr%d bad%d", TOK_VERSION, (int)o->format,
                        (int)o->tpl, o->seq_len, (int)o->truncate, (int)o->on_bad_record);
     if (o->max_record_bytes != (size_t)JOB_MAX_RECORD_BYTES) /* the default keeps earlier caches' names */
         len += snprintf(params + len, sizeof params - (size_t)len, " max%zu", o->max_record_bytes);
+    if (o->format == JOB_DATA_TEXT && o->text_field && strcmp(o->text_field, "text"))
+        len += snprintf(params + len, sizeof params - (size_t)len, " field %.40s", o->text_field);
     sha256_ctx c;
     sha256_init(&c);
     sha256_update(&c, data_hash, SHA256_BYTES);
@@ -95,6 +98,7 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
                          "(with model.init random: a tokenizer.json next to model.config); none found",
                     j->data.path);
     cache_build_opts o = {.tokenizer = tk_dir, .data = j->data.path, .format = j->data.format,
+                          .text_field = j->data.text_field,
                           .seq_len = j->data.seq_len, .truncate = j->data.truncate,
                           .on_bad_record = j->data.on_bad_record,
                           .max_record_bytes = (size_t)j->data.max_record_bytes, .log = stderr,
@@ -183,6 +187,32 @@ int data_check(const job_config *j, errbuf *err) {
     return 0;
 }
 
+/* data.format auto: a token cache is tokens; a JSONL file's format is its first record's. */
+static int resolve_format(job_config *j, errbuf *err) {
+    tok_file_kind kind;
+    if (j->data.format != JOB_DATA_AUTO) return 0;
+    if (tok_probe(j->data.path, &kind, err)) return errprefix(err, "data.path");
+    if (kind != TOK_FILE_JSONL) {
+        j->data.format = JOB_DATA_TOKENS; /* a cache; anything else data_check names */
+        return 0;
+    }
+    void *map = NULL;
+    size_t len = 0;
+    if (file_map_readonly(j->data.path, &map, &len, err)) return errprefix(err, "data.path");
+    jsonl_cursor c;
+    const char *line = NULL;
+    size_t n = 0;
+    jsonl_cursor_init(&c, map, len);
+    char why[96] = "";
+    int rc = jsonl_next(&c, &line, &n) ? record_guess_format(line, n, j->data.text_field, &j->data.format, why,
+                                                             sizeof why, err)
+                                       : errf(err, "no record");
+    if (map && len) munmap(map, len);
+    if (rc) return errprefix(err, "data.format auto: %s", j->data.path);
+    log_event(-1, "data.format auto: %s (%s)", job_data_format_name(j->data.format), why);
+    return 0;
+}
+
 int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
     char tk_dir[JOB_PATH_MAX];
     uint8_t h[SHA256_BYTES];
@@ -192,7 +222,7 @@ int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
         if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
         hex_encode(h, SHA256_BYTES, id->tokenizer_sha256);
     }
-    if (data_check(j, err)) return -1;
+    if (resolve_format(j, err) || data_check(j, err)) return -1;
     if (j->data.format != JOB_DATA_TOKENS) return prepare_jsonl(j, tk_dir, id, err);
     if (check_cache(j, tk_dir, err)) return -1;
     cache_identity(j->data.path, id);

@@ -27,10 +27,12 @@
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
 #include "proto/job.h"
+#include "proto/job_flags.h"
 
 static int usage(void) {
-    fprintf(stderr, "usage: fsdpd --job JOB.json [--section.key=value ...]\n"
-                    "       (recipe aliases such as --lr, --max_steps, --dataset also work)\n");
+    fprintf(stderr, "usage: fsdpd [--job JOB.json] [--defaults fsdpd|fsdp_qlora|trainer] [--section.key VALUE ...]\n"
+                    "       [FLAG VALUE ...]  (fsdp_qlora's and the Trainer's flags: --lr, --batch_size,\n"
+                    "       --per_device_train_batch_size, --dataset, ...: configs/jobs/README.md)\n");
     return 2;
 }
 
@@ -121,32 +123,23 @@ static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt
 
 int main(int argc, char **argv) {
     requeue_catch_early_usr1(); /* SLURM's time-limit warning must never kill fsdpd */
-    const char *job_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage();
-            return 0;
-        }
-        if (!strcmp(argv[i], "--job") && i + 1 < argc) job_path = argv[++i];
-        else if (strncmp(argv[i], "--", 2) != 0) {
-            /* "--train.lr 1e-4": name the argument, not only the usage */
-            fprintf(stderr, "fsdpd: '%s': unexpected argument%s\n", argv[i],
-                    i > 1 && !strncmp(argv[i - 1], "--", 2) && !strchr(argv[i - 1], '=')
-                        ? " (an override is --section.key=value, with '=')" : "");
-            return usage();
-        }
-    }
-    if (!job_path) return usage();
-
+    static job_args args;
     static job_config job;
+    static job_notes notes;
     errbuf err;
-    static slurm_env slurm;
-    if (fault_init(&err) || slurm_env_read(&slurm, &err) || job_load(&job, job_path, &err)) goto bad_job;
-    log_set_node(slurm.node_id);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--job")) i++;
-        else if (job_apply_override(&job, argv[i], &err)) goto bad_job;
+    if (job_args_parse(argc, argv, &args, &err)) {
+        fprintf(stderr, "fsdpd: %s\n", err.msg);
+        return usage();
     }
+    if (args.help) {
+        usage();
+        return 0;
+    }
+    static slurm_env slurm;
+    if (fault_init(&err) || slurm_env_read(&slurm, &err)) goto bad_job;
+    log_set_node(slurm.node_id);
+    if (job_args_load(&job, &args, &notes, &err)) goto bad_job;
+    for (int i = 0; i < notes.n; i++) log_event(-1, "note: %s", notes.line[i]);
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
     if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err) ||
@@ -169,8 +162,8 @@ int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
 
-    log_event(-1, "job %s: %d workers, backend %s; checkpoints in %s, output in %s, metrics %s", job_path,
-              workers, job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu", job.checkpoint.dir,
+    log_event(-1, "job %s: %d workers, backend %s; checkpoints in %s, output in %s, metrics %s",
+              args.job_path ? args.job_path : "(from the command line)", workers, job.runtime.backend == JOB_BACKEND_CUDA ? "cuda" : "cpu", job.checkpoint.dir,
               job.output.dir, job.runtime.metrics);
     static fabric_found fabric;
     static char found[4 * PATH_BYTES];

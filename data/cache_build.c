@@ -262,6 +262,7 @@ int cache_build(const cache_build_opts *o, tok_writer *w, cache_build_stats *sta
     int rc = tokenizer_file_sha256(o->tokenizer, w->source.tokenizer_sha256, err) ||
              sample_spec_init(&B.spec, tk, o->format, o->tpl, o->seq_len, o->truncate, err) ||
              file_map_readonly(o->data, &map, &len, err);
+    if (o->text_field) B.spec.text_field = o->text_field;
     if (rc == 0) {
         B.text = map;
         rc = build_from_text(&B, w, stats, len, err);

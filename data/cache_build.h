@@ -23,6 +23,7 @@ typedef struct cache_build_opts {
     const char *tokenizer;  /* a model directory or a tokenizer.json */
     const char *data;       /* the JSONL file */
     job_data_format format; /* alpaca, chat or text */
+    const char *text_field; /* text's field; NULL: "text" */
     chat_template tpl;      /* TPL_NONE for text (alpaca: TPL_NONE or TPL_ALPACA) */
     int seq_len;
     bool truncate;

@@ -123,8 +123,8 @@ static int parse_chat(data_record *r, json_t *root, errbuf *err) {
     return errf(err, "no \"messages\" or \"conversations\" list");
 }
 
-int record_parse(data_record *r, job_data_format format, const char *line, size_t len,
-                 errbuf *err) {
+int record_parse(data_record *r, job_data_format format, const char *text_field, const char *line,
+                 size_t len, errbuf *err) {
     record_clear(r);
     json_error_t je;
     /* no JSON_ALLOW_NUL: a string with \u0000 in it is refused here */
@@ -140,8 +140,33 @@ int record_parse(data_record *r, job_data_format format, const char *line, size_
                    ? -1
                    : 0;
     case JOB_DATA_CHAT: return parse_chat(r, root, err);
-    case JOB_DATA_TEXT: return get_string(root, "text", false, &r->text, "", err);
-    case JOB_DATA_TOKENS: break;
+    case JOB_DATA_TEXT: return get_string(root, text_field, false, &r->text, "", err);
+    case JOB_DATA_TOKENS:
+    case JOB_DATA_AUTO: break;
     }
-    return errf(err, "data.format tokens has no JSONL records");
+    return errf(err, "data.format %s has no JSONL records", job_data_format_name(format));
+}
+
+int record_guess_format(const char *line, size_t len, const char *text_field, job_data_format *out,
+                        char *why, size_t why_n, errbuf *err) {
+    json_error_t je;
+    json_t *root = json_loadb(line, len, 0, &je);
+    if (!root) return errf(err, "the first record is not JSON: %s (column %d)", je.text, je.column);
+    int rc = 0;
+    if (!json_is_object(root)) rc = errf(err, "the first record is not a JSON object");
+    else if (json_object_get(root, "messages") || json_object_get(root, "conversations")) {
+        *out = JOB_DATA_CHAT;
+        snprintf(why, why_n, "its first record has %s", json_object_get(root, "messages") ? "messages" : "conversations");
+    } else if (json_object_get(root, "instruction") && json_object_get(root, "output")) {
+        *out = JOB_DATA_ALPACA;
+        snprintf(why, why_n, "its first record has instruction and output");
+    } else if (json_object_get(root, text_field)) {
+        *out = JOB_DATA_TEXT;
+        snprintf(why, why_n, "its first record has %s", text_field);
+    } else {
+        rc = errf(err, "the first record has none of messages, conversations, instruction + output, or %s: set "
+                       "data.format (alpaca, chat or text) and for text data.text_field", text_field);
+    }
+    json_decref(root);
+    return rc;
 }

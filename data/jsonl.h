@@ -4,7 +4,7 @@
  *   chat    {"messages": [{"role": "system"|"user"|"assistant", "content": S}, ...]} or
  *           ShareGPT's {"conversations": [{"from": "system"|"human"|"user"|"gpt"|"assistant",
  *           "value": S}, ...]}; at least one assistant turn
- *   text    {"text": S}
+ *   text    {"text": S} (or another field: data.text_field)
  *
  * Other fields are ignored.  Strings are UTF-8 without NUL characters.  A record's strings
  * point into its parsed JSON, valid until record_clear or the next record_parse. */
@@ -48,10 +48,15 @@ typedef struct data_record {
     text_field text;                       /* text */
 } data_record;
 
-/* Reads one line as a record of format (alpaca, chat or text); the reason in err when it
- * is not one. */
-int record_parse(data_record *r, job_data_format format, const char *line, size_t len,
-                 errbuf *err);
+/* Reads one line as a record of format (alpaca, chat or text, whose string is the field
+ * text_field); the reason in err when it is not one. */
+int record_parse(data_record *r, job_data_format format, const char *text_field, const char *line,
+                 size_t len, errbuf *err);
+/* data.format auto: the format of the JSONL record `line` by its fields: "messages" or
+ * "conversations": chat; "instruction" and "output": alpaca; text_field: text.  *why says
+ * which fields decided. */
+int record_guess_format(const char *line, size_t len, const char *text_field, job_data_format *out,
+                        char *why, size_t why_n, errbuf *err);
 /* Forgets the record's JSON (its message list is kept for the next line). */
 void record_clear(data_record *r);
 void record_free(data_record *r);

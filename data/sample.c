@@ -15,7 +15,8 @@ int sample_spec_init(sample_spec *s, const tokenizer *tk, job_data_format format
                     chat_template_name(tpl));
     if (format == JOB_DATA_CHAT && tpl == TPL_NONE)
         return errf(err, "data.template: chat records need a template (llama3, llama2, chatml or alpaca)");
-    if (format == JOB_DATA_TOKENS) return errf(err, "data.format: tokens has no JSONL records");
+    if (format == JOB_DATA_TOKENS || format == JOB_DATA_AUTO)
+        return errf(err, "data.format: %s has no JSONL records", job_data_format_name(format));
     if (format == JOB_DATA_ALPACA) tpl = TPL_ALPACA;
     if (tpl_tokens_find(tpl, tk, &s->tok, err)) return -1;
     s->tk = tk;
@@ -23,6 +24,7 @@ int sample_spec_init(sample_spec *s, const tokenizer *tk, job_data_format format
     s->tpl = tpl;
     s->seq_len = seq_len;
     s->truncate = truncate;
+    s->text_field = "text";
     return 0;
 }
 
@@ -122,7 +124,8 @@ static int render(const sample_spec *s, sample_buf *b, errbuf *err) {
         rc = rc || tpl_text(&b->segs, r->text.s, r->text.len, true) || tpl_control(&b->segs, s->tok.eos, true);
         return rc ? errf(err, "out of memory") : 0;
     }
-    case JOB_DATA_TOKENS: break;
+    case JOB_DATA_TOKENS:
+    case JOB_DATA_AUTO: break;
     }
     return errf(err, "data.format tokens has no JSONL records");
 }
@@ -131,7 +134,7 @@ int sample_from_line(const sample_spec *s, sample_buf *b, const char *line, size
                      errbuf *err) {
     b->ids.n = 0;
     b->truncated = false;
-    if (record_parse(&b->rec, s->format, line, len, err) || render(s, b, err) ||
+    if (record_parse(&b->rec, s->format, s->text_field, line, len, err) || render(s, b, err) ||
         encode_segments(s, b, err))
         return -1;
     if (b->ids.n > (size_t)s->seq_len) {

@@ -33,6 +33,7 @@ typedef struct sample_spec {
     tpl_tokens tok;
     int seq_len;
     bool truncate;
+    const char *text_field; /* data.format text's field: "text" unless set after init */
 } sample_spec;
 
 /* Checks that format and template go together and that the tokenizer has their tokens. */

@@ -71,7 +71,10 @@ static const choice output_dtype_choices[] = {
     {"auto", JOB_DTYPE_AUTO}, {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
 static const choice format_choices[] = {
     {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
-    {"tokens", JOB_DATA_TOKENS}, {NULL, 0}};
+    {"tokens", JOB_DATA_TOKENS}, {"auto", JOB_DATA_AUTO}, {NULL, 0}};
+static const choice profile_choices[] = {
+    {"fsdpd", JOB_PROFILE_FSDPD}, {"fsdp_qlora", JOB_PROFILE_FSDP_QLORA},
+    {"trainer", JOB_PROFILE_TRAINER}, {NULL, 0}};
 static const choice bad_record_choices[] = {
     {"skip", JOB_BAD_RECORD_SKIP}, {"fail", JOB_BAD_RECORD_FAIL}, {NULL, 0}};
 static const choice train_type_choices[] = {
@@ -108,6 +111,7 @@ static const job_key keys[] = {
     STR("data", "path", data.path, 0),
     CHOICE("data", "format", data.format, format_choices),
     STR("data", "template", data.template_name, 0),
+    STR("data", "text_field", data.text_field, 1),
     NUM("data", "seq_len", K_INT, data.seq_len, 2, 1 << 20),
     OTHER("data", "shuffle", K_BOOL, data.shuffle),
     OTHER("data", "packing", K_BOOL, data.packing),
@@ -116,15 +120,18 @@ static const job_key keys[] = {
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
     NUM("data", "max_record_bytes", K_SIZE, data.max_record_bytes, 1, INFINITY),
 
+    CHOICE("train", "defaults", train.defaults, profile_choices),
     CHOICE("train", "type", train.type, train_type_choices),
     NUM("train", "global_batch", K_INT, train.global_batch, 1, INT_MAX),
     NUM("train", "micro_batch", K_INT, train.micro_batch, 1, 1 << 20),
+    NUM("train", "accumulation", K_INT, train.accumulation, 0, 1 << 20),
     NUM("train", "max_steps", K_INT, train.max_steps, 0, INT_MAX),
     NUM("train", "eval_interval", K_INT, train.eval_interval, 0, INT_MAX),
     NUM("train", "epochs", K_INT, train.epochs, 1, 1000000),
     NUM("train", "lr", K_DOUBLE, train.lr, 0, INFINITY),
     CHOICE("train", "schedule", train.schedule, schedule_choices),
     NUM("train", "warmup_steps", K_INT, train.warmup_steps, 0, INT_MAX),
+    RANGE("train", "warmup_ratio", K_DOUBLE, train.warmup_ratio, 0, 1, false, true),
     NUM("train", "min_lr", K_DOUBLE, train.min_lr, 0, INFINITY),
     NUM("train", "weight_decay", K_DOUBLE, train.weight_decay, 0, INFINITY),
     RANGE("train", "betas", K_BETAS, train.betas, 0, 1, false, true),
@@ -182,29 +189,8 @@ static const job_key keys[] = {
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-
-/* The recipe flags users know; key NULL is --gradient_accumulation_steps. */
-static const struct alias {
-    const char *name, *key;
-} aliases[] = {
-    {"train_type", "train.type"},
-    {"batch_size", "train.micro_batch"},
-    {"gradient_accumulation_steps", NULL},
-    {"output_dir", "output.dir"},
-    {"lr", "train.lr"},
-    {"lora_rank", "lora.rank"},
-    {"lora_alpha", "lora.alpha"},
-    {"lora_dropout", "lora.dropout"},
-    {"lora_target_modules", "lora.targets"}, /* fsdp_qlora's all / default, or a list */
-    {"context_length", "data.seq_len"},
-    {"num_epochs", "train.epochs"},
-    {"max_steps", "train.max_steps"},
-    {"logging_steps", "runtime.log_every"},
-    {"dataset", "data.path"},
-    {"model_name", "model.path"},                           /* a local directory */
-    {"use_gradient_checkpointing", "fsdp.activation_checkpointing"}, /* true: full */
-    {"use_cpu_offload", "fsdp.cpu_offload"},
-};
+_Static_assert(COUNT(keys) <= JOB_KEYS_MAX, "job_config.given has a bit for every key");
+_Static_assert(sizeof(job_profile) == sizeof(int), "enum size");
 
 static const char *choice_name(const choice *c, int value) {
     for (; c->name; c++)
@@ -216,6 +202,16 @@ const char *job_sharding_name(job_sharding s) { return choice_name(sharding_choi
 const char *job_data_format_name(job_data_format f) { return choice_name(format_choices, (int)f); }
 const char *job_train_type_name(job_train_type t) { return choice_name(train_type_choices, (int)t); }
 const char *job_schedule_name(job_schedule s) { return choice_name(schedule_choices, (int)s); }
+const char *job_profile_name(job_profile p) { return choice_name(profile_choices, (int)p); }
+
+int job_profile_from_name(const char *name, job_profile *out) {
+    for (const choice *c = profile_choices; c->name; c++)
+        if (strcmp(c->name, name) == 0) {
+            *out = (job_profile)c->value;
+            return 0;
+        }
+    return -1;
+}
 
 /* Member by member into zeroed storage: job configs built alike stay equal byte for byte
  * (job_defaults), padding included. */
@@ -244,6 +240,7 @@ void job_defaults(job_config *j) {
     j->data.on_bad_record = JOB_BAD_RECORD_FAIL;
     j->data.max_record_bytes = JOB_MAX_RECORD_BYTES;
     j->data.truncate = true;
+    strcpy(j->data.text_field, "text");
 
     j->train.type = JOB_TRAIN_FULL;
     j->train.global_batch = 8;
@@ -299,6 +296,58 @@ void job_defaults(job_config *j) {
     j->runtime.node_timeout_s = 60;
     j->fabric.require = true;
     lora_config_of(j, &j->lora.config); /* the defaults' own, as job_resolve derives it */
+}
+
+/* fsdp_qlora's train.py: its argument defaults, its AdamW (betas 0.9/0.95, eps 1e-5), its
+ * LoRA targets ("all": every linear but o_proj), gradient checkpointing on, no clipping
+ * unless --apply_gradient_clipping.  Its constant schedule has no warm-up; a batch is
+ * batch_size x accumulation x ranks. */
+static void fsdp_qlora_defaults(job_config *j) {
+    static const char *const targets[] = {"k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"};
+    j->train.type = JOB_TRAIN_QLORA;
+    j->train.micro_batch = 1;
+    j->train.accumulation = 1;
+    j->train.epochs = 1;
+    j->train.lr = 1e-5;
+    j->train.schedule = JOB_SCHEDULE_CONSTANT;
+    j->train.weight_decay = 0.1;
+    j->train.betas[0] = 0.9;
+    j->train.betas[1] = 0.95;
+    j->train.eps = 1e-5;
+    j->train.clip_norm = 0;
+    j->train.seed = 42;
+    j->data.seq_len = 512;
+    j->lora.rank = 64;
+    j->lora.alpha = 16;
+    j->lora.dropout = 0.1;
+    memset(j->lora.targets, 0, sizeof j->lora.targets);
+    for (size_t i = 0; i < COUNT(targets); i++) strcpy(j->lora.targets[i], targets[i]);
+    j->lora.n_targets = (int)COUNT(targets);
+    j->fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
+}
+
+/* transformers' TrainingArguments: lr 5e-5, linear decay, no warm-up, no weight decay, AdamW
+ * (0.9, 0.999, 1e-8), clipping at 1.0, 3 epochs, 8 sequences a device, seed 42. */
+static void trainer_defaults(job_config *j) {
+    j->train.micro_batch = 8;
+    j->train.accumulation = 1;
+    j->train.epochs = 3;
+    j->train.lr = 5e-5;
+    j->train.schedule = JOB_SCHEDULE_LINEAR;
+    j->train.weight_decay = 0;
+    j->train.betas[0] = 0.9;
+    j->train.betas[1] = 0.999;
+    j->train.eps = 1e-8;
+    j->train.clip_norm = 1.0;
+    j->train.seed = 42;
+}
+
+void job_apply_profile(job_config *j, job_profile p) {
+    job_defaults(j);
+    j->train.defaults = p;
+    if (p == JOB_PROFILE_FSDP_QLORA) fsdp_qlora_defaults(j);
+    else if (p == JOB_PROFILE_TRAINER) trainer_defaults(j);
+    lora_config_of(j, &j->lora.config);
 }
 
 /* ---- looking keys up, and suggesting the one that was meant ---- */
@@ -594,7 +643,17 @@ static int set_resume(job_config *j, const job_key *k, const json_t *v, errbuf *
     return 0;
 }
 
+static int set_value(job_config *j, const job_key *k, const json_t *v, errbuf *err);
+
+/* Sets the key and records that it was given (job_key_given). */
 static int set_key(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
+    if (set_value(j, k, v, err)) return -1;
+    size_t i = (size_t)(k - keys);
+    j->given[i / 64] |= 1ull << (i % 64);
+    return 0;
+}
+
+static int set_value(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
     char *field = (char *)j + k->offset;
     char what[128];
     snprintf(what, sizeof what, "%s.%s", k->section, k->name);
@@ -724,30 +783,58 @@ static int apply_object(job_config *j, const json_t *root, bool strict, errbuf *
     return 0;
 }
 
-static int parse(job_config *j, const char *json, size_t len, const char *name, errbuf *err) {
+/* The profile a job file names in train.defaults, applied before its other keys (so that
+ * they override it); `profile` >= 0 (the command line's --defaults) is used instead. */
+static int start_from_profile(job_config *j, const json_t *root, int profile, errbuf *err) {
     job_defaults(j);
+    const json_t *named = json_object_get(json_object_get(root, "train"), "defaults");
+    if (profile < 0 && named) {
+        if (set_key(j, find_key("train", "defaults"), named, err)) return -1;
+        profile = (int)j->train.defaults;
+    }
+    if (profile >= 0) job_apply_profile(j, (job_profile)profile);
+    return 0;
+}
+
+static int parse(job_config *j, const char *json, size_t len, const char *name, int profile, errbuf *err) {
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return errf(err, "%s:%d:%d: %s", name, je.line, je.column, je.text);
-    int rc = apply_object(j, root, false, err);
+    int rc = start_from_profile(j, root, profile, err) || apply_object(j, root, false, err) ? -1 : 0;
     json_decref(root);
     if (rc) return errprefix(err, "%s", name);
+    if (profile >= 0) j->train.defaults = (job_profile)profile;
     return 0;
 }
 
 int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
                    errbuf *err) {
-    return parse(j, json, len, name, err);
+    return parse(j, json, len, name, -1, err);
 }
 
-
-int job_load(job_config *j, const char *path, errbuf *err) {
+int job_load_profile(job_config *j, const char *path, int profile, errbuf *err) {
     char *text = NULL;
     size_t len = 0;
     if (file_read_all(path, JOB_FILE_MAX, &text, &len, err)) return -1;
-    int rc = job_parse_text(j, text, len, path, err);
+    int rc = parse(j, text, len, path, profile, err);
     free(text);
     return rc;
+}
+
+int job_load(job_config *j, const char *path, errbuf *err) { return job_load_profile(j, path, -1, err); }
+
+static void mark_given(job_config *j, const char *full, bool given) {
+    const job_key *k = find_full_key(full);
+    size_t i = (size_t)(k - keys);
+    if (given) j->given[i / 64] |= 1ull << (i % 64);
+    else j->given[i / 64] &= ~(1ull << (i % 64));
+}
+
+bool job_key_given(const job_config *j, const char *full) {
+    const job_key *k = find_full_key(full);
+    if (!k) return false;
+    size_t i = (size_t)(k - keys);
+    return (j->given[i / 64] >> (i % 64)) & 1;
 }
 
 /* ---- command-line overrides ---- */
@@ -842,13 +929,16 @@ static json_t *value_from_text(const job_key *k, const char *text, errbuf *err) 
         }
         v = json_real(x);
         break;
-    case K_BOOL:
-        if (strcmp(text, "true") != 0 && strcmp(text, "false") != 0) {
-            errf(err, "%s.%s: '%s' is not true or false", k->section, k->name, text);
+    case K_BOOL: {
+        bool b;
+        if (job_parse_bool(text, &b)) {
+            errf(err, "%s.%s: '%s' is not a boolean (true, false, True, False, 1, 0, yes or no)",
+                 k->section, k->name, text);
             return NULL;
         }
-        v = json_boolean(text[0] == 't');
+        v = json_boolean(b);
         break;
+    }
     case K_STRING:
     case K_CHOICE:
     case K_SIZE:
@@ -872,76 +962,57 @@ static int set_from_text(job_config *j, const job_key *k, const char *text, errb
     return rc;
 }
 
-static int unknown_option(const char *name, errbuf *err) {
+int job_typo_distance(const char *word, const char *candidate) {
+    int d = edit_distance(word, candidate);
+    return d <= (int)strlen(candidate) / 3 + 1 ? d : INT_MAX;
+}
+
+int job_parse_bool(const char *text, bool *out) {
+    static const char *const words[][2] = {{"true", "false"}, {"True", "False"}, {"1", "0"},
+                                           {"yes", "no"}, {"TRUE", "FALSE"}};
+    for (size_t i = 0; i < COUNT(words); i++)
+        for (int v = 0; v < 2; v++)
+            if (strcmp(text, words[i][v]) == 0) {
+                *out = v == 0;
+                return 0;
+            }
+    return -1;
+}
+
+int job_key_type(const char *full) {
+    const job_key *k = find_full_key(full);
+    if (!k) return -1;
+    return k->type == K_BOOL ? JOB_KEY_BOOL : JOB_KEY_VALUE;
+}
+
+int job_set_text(job_config *j, const char *full, const char *text, errbuf *err) {
+    const char *dot = strchr(full, '.');
+    if (!dot) return errf(err, "'%s': a key is section.key", full);
+    char section[32];
+    size_t n = (size_t)(dot - full);
+    if (n >= sizeof section) return unknown_section(full, err);
+    memcpy(section, full, n);
+    section[n] = '\0';
+    if (!is_section(section)) return unknown_section(section, err);
+    const job_key *k = find_key(section, dot + 1);
+    if (!k) return unknown_key(section, dot + 1, err);
+    return set_from_text(j, k, text, err);
+}
+
+const char *job_nearest_key(const char *word, int *distance) {
+    static char full[JOB_KEYS_MAX][64];
     const char *best = NULL;
     int best_d = INT_MAX;
-    for (size_t i = 0; i < COUNT(aliases); i++) consider(name, aliases[i].name, &best, &best_d);
-    if (best) return errf(err, "--%s: unknown option (did you mean --%s?)", name, best);
-    for (size_t i = 0; i < COUNT(keys); i++)
-        if (strcmp(keys[i].name, name) == 0)
-            return errf(err, "--%s: unknown option (did you mean --%s.%s?)", name,
-                        keys[i].section, keys[i].name);
-    return errf(err, "--%s: unknown option (overrides look like --section.key=value)", name);
-}
-
-static int apply_alias(job_config *j, const char *name, const char *text, errbuf *err) {
-    const struct alias *a = NULL;
-    for (size_t i = 0; i < COUNT(aliases); i++)
-        if (strcmp(aliases[i].name, name) == 0) a = &aliases[i];
-    if (!a) return unknown_option(name, err);
-    if (!a->key) {
-        long long steps;
-        if (!parse_integer(text, &steps) || steps < 1 || steps > INT_MAX)
-            return errf(err, "--%s: '%s' is not a positive integer", name, text);
-        j->train.grad_accum_request = (int)steps;
-        return 0;
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        snprintf(full[i], sizeof full[i], "%s.%s", keys[i].section, keys[i].name);
+        consider(word, full[i], &best, &best_d);
+        if (strcmp(word, keys[i].name) == 0 && best_d > 0) {
+            best = full[i];
+            best_d = 1;
+        }
     }
-    /* fsdp_qlora's --dataset takes names of Hugging Face datasets it downloads; fsdpd reads
-     * files only. */
-    static const char *const hub_datasets[] = {"alpaca", "alpaca_sample", "dummy", "guanaco",
-                                               "sql", "orca_math", "chat"};
-    for (size_t d = 0; strcmp(name, "dataset") == 0 && d < COUNT(hub_datasets); d++)
-        if (strcmp(text, hub_datasets[d]) == 0 && access(text, F_OK) != 0)
-            return errf(err, "--dataset: '%s' is a dataset name of fsdp_qlora's, which downloads "
-                             "it; fsdpd trains on a file: give its path (JSONL records or a token "
-                             "cache, see configs/jobs/README.md)", text);
-    if (strcmp(name, "use_gradient_checkpointing") == 0) {
-        if (strcmp(text, "true") && strcmp(text, "false"))
-            return errf(err, "--%s: '%s' is not true or false", name, text);
-        text = strcmp(text, "true") == 0 ? "full" : "none";
-    }
-    /* fsdp_qlora's names: all = every linear but o_proj, default = PEFT's Llama default. */
-    if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "all") == 0)
-        text = "k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj";
-    else if (strcmp(name, "lora_target_modules") == 0 && strcmp(text, "default") == 0)
-        text = "q_proj,v_proj";
-    const job_key *k = find_full_key(a->key);
-    if (set_from_text(j, k, text, err)) return errprefix(err, "--%s", name);
-    /* fsdp_qlora's flag is torch's CPUOffload(offload_params=True): the parameters too. */
-    if (strcmp(name, "use_cpu_offload") == 0) j->fsdp.offload_params = j->fsdp.cpu_offload;
-    return 0;
-}
-
-int job_apply_override(job_config *j, const char *arg, errbuf *err) {
-    if (strncmp(arg, "--", 2) != 0)
-        return errf(err, "'%s': an override looks like --section.key=value", arg);
-    const char *name = arg + 2, *eq = strchr(name, '=');
-    if (!eq)
-        return errf(err, "'%s': missing '=value' (an override looks like --section.key=value)",
-                    arg);
-    char key[128];
-    size_t n = (size_t)(eq - name);
-    if (n == 0 || n >= sizeof key)
-        return errf(err, "'%s': an override looks like --section.key=value", arg);
-    memcpy(key, name, n);
-    key[n] = '\0';
-    char *dot = strchr(key, '.');
-    if (!dot) return apply_alias(j, key, eq + 1, err);
-    *dot = '\0';
-    if (!is_section(key)) return unknown_section(key, err);
-    const job_key *k = find_key(key, dot + 1);
-    if (!k) return unknown_key(key, dot + 1, err);
-    return set_from_text(j, k, eq + 1, err);
+    *distance = best_d;
+    return best;
 }
 
 /* ---- resolution and cross-field rules ---- */
@@ -1029,20 +1100,31 @@ static int grad_accum_of(const job_config *j, int world_size) {
     return (int)(j->train.global_batch / ((long long)j->train.micro_batch * world_size));
 }
 
-/* --gradient_accumulation_steps into global_batch, then grad_accum. */
+/* The batch from what was given: train.accumulation given makes global_batch micro_batch x
+ * accumulation x world size (both given must agree); global_batch given is used as it is;
+ * neither: the profile's accumulation when it has one (fsdp_qlora's, the Trainer's: 1),
+ * else the default global_batch.  Then train.accumulation holds the resolved grad_accum. */
 static int resolve_batch(job_config *j, int world_size, errbuf *err) {
-    long long micro = j->train.micro_batch;
-    if (j->train.grad_accum_request > 0) {
-        long long gb = micro * j->train.grad_accum_request * world_size;
+    long long micro = j->train.micro_batch, acc = j->train.accumulation;
+    bool acc_given = job_key_given(j, "train.accumulation"), gb_given = job_key_given(j, "train.global_batch");
+    if (acc > 0 && (acc_given || !gb_given)) {
+        long long gb = micro * acc * world_size;
         if (gb > INT_MAX)
-            return errf(err, "--gradient_accumulation_steps: %d x train.micro_batch (%lld) x "
-                             "world size (%d) = %lld is too large",
-                        j->train.grad_accum_request, micro, world_size, gb);
+            return errf(err, "train.accumulation: %lld x train.micro_batch (%lld) x world size (%d) = %lld is "
+                             "too large", acc, micro, world_size, gb);
+        if (gb_given && gb != j->train.global_batch)
+            return errf(err, "train.accumulation (--gradient_accumulation_steps) %lld and train.global_batch %d "
+                             "disagree: %lld x micro-batch %lld x world size %d = %lld; give one of them",
+                        acc, j->train.global_batch, acc, micro, world_size, gb);
         j->train.global_batch = (int)gb;
-        j->train.grad_accum_request = 0;
     }
     if (check_batch_divides(j, world_size, err)) return -1;
     j->train.grad_accum = grad_accum_of(j, world_size);
+    j->train.accumulation = j->train.grad_accum;
+    /* Resolved: global_batch is the batch from now on (a checkpoint may replace it, and
+     * resolving again must not derive it back from accumulation). */
+    mark_given(j, "train.global_batch", true);
+    mark_given(j, "train.accumulation", false);
     return 0;
 }
 
@@ -1076,6 +1158,12 @@ static int resolve_checkpoint_dir(job_config *j, errbuf *err) {
     return 0;
 }
 
+int job_warmup_steps(const job_config *j, long long total_steps) {
+    if (j->train.warmup_steps > 0 || j->train.warmup_ratio <= 0) return j->train.warmup_steps;
+    double w = ceil(j->train.warmup_ratio * (double)total_steps);
+    return w > INT_MAX ? INT_MAX : (int)w;
+}
+
 int job_resolve(job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
         resolve_metrics(j, err) || resolve_checkpoint_dir(j, err))
@@ -1086,7 +1174,7 @@ int job_resolve(job_config *j, int world_size, errbuf *err) {
 
 /* What job_resolve fills must be filled, and agree with what it derives from. */
 static int check_resolved(const job_config *j, int world_size, errbuf *err) {
-    if (j->train.grad_accum_request > 0 || j->train.grad_accum != grad_accum_of(j, world_size))
+    if (j->train.grad_accum != grad_accum_of(j, world_size) || j->train.accumulation != j->train.grad_accum)
         return errf(err, "train.grad_accum: not resolved for world size %d (job_resolve first)",
                     world_size);
     if (!j->runtime.metrics[0])
@@ -1163,7 +1251,7 @@ static int key_set(const job_config *j, const job_config *defaults, const job_ke
 static int check_unused(const job_config *j, errbuf *err) {
     job_config *d = malloc(sizeof *d);
     if (!d) return errf(err, "out of memory checking the job's keys");
-    job_defaults(d);
+    job_apply_profile(d, j->train.defaults); /* "set": changed from the defaults the job took */
     bool adapters = j->train.type != JOB_TRAIN_FULL, tokens = j->data.format == JOB_DATA_TOKENS;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < COUNT(keys); i++) {

@@ -9,7 +9,7 @@
  *
  * How the daemon uses it:
  *   job_load(&j, path)                      file over the defaults
- *   job_apply_override(&j, "--train.lr=1e-4") for each command-line override
+ *   job_args_apply (proto/job_flags.h)     the command line: overrides and other tools' flags
  *   job_resolve_runtime(&j, gpus_on_node)   backend, model dtype, workers per node
  *   job_resolve(&j, world_size)             fills the derived fields
  *   job_validate(&j, world_size)            checks (changes nothing)
@@ -41,7 +41,8 @@
 typedef enum job_init { JOB_INIT_PRETRAINED, JOB_INIT_RANDOM } job_init;
 typedef enum job_dtype { JOB_DTYPE_AUTO, JOB_DTYPE_F32, JOB_DTYPE_BF16 } job_dtype;
 typedef enum job_data_format {
-    JOB_DATA_TOKENS, JOB_DATA_ALPACA, JOB_DATA_CHAT, JOB_DATA_TEXT
+    JOB_DATA_TOKENS, JOB_DATA_ALPACA, JOB_DATA_CHAT, JOB_DATA_TEXT,
+    JOB_DATA_AUTO /* chosen from the file's content by the daemon (data_prepare) */
 } job_data_format;
 typedef enum job_bad_record { JOB_BAD_RECORD_FAIL, JOB_BAD_RECORD_SKIP } job_bad_record;
 typedef enum job_train_type { JOB_TRAIN_FULL, JOB_TRAIN_LORA, JOB_TRAIN_QLORA } job_train_type;
@@ -62,6 +63,10 @@ typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA }
 /* SIGUSR1: auto = requeue under SLURM (its time-limit warning), checkpoint elsewhere. */
 typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
+/* train.defaults: whose defaults the keys a job does not give take (job_apply_profile). */
+typedef enum job_profile { JOB_PROFILE_FSDPD, JOB_PROFILE_FSDP_QLORA, JOB_PROFILE_TRAINER } job_profile;
+
+#define JOB_KEYS_MAX 128 /* room in job_config.given; proto/job.c asserts the table fits */
 
 typedef struct job_config {
     struct {
@@ -74,6 +79,7 @@ typedef struct job_config {
         char path[JOB_PATH_MAX];
         job_data_format format;
         char template_name[JOB_NAME_MAX]; /* key "template" */
+        char text_field[JOB_NAME_MAX];    /* data.format text: the record's field ("text") */
         int seq_len;
         bool shuffle;              /* false: records in file order */
         bool packing;
@@ -83,25 +89,26 @@ typedef struct job_config {
         int64_t max_record_bytes;  /* a longer JSONL line is a bad record (its memory is bounded) */
     } data;
     struct {
+        job_profile defaults; /* key "defaults" */
         job_train_type type;
         int global_batch; /* sequences per optimizer step, whole job */
         int micro_batch;  /* sequences per forward/backward, per rank */
+        int accumulation; /* micro-batches a rank accumulates a step; 0: from global_batch */
         int max_steps;    /* 0: run train.epochs epochs */
         int eval_interval;   /* eval loss every N steps (0: at the end only), with data.eval_fraction */
         int epochs;
         double lr;
         job_schedule schedule;
         int warmup_steps;
+        double warmup_ratio; /* with warmup_steps 0: ceil(ratio x total steps), the Trainer's */
         double min_lr;
         double weight_decay;
         double betas[2];
         double eps;
         double clip_norm; /* 0: no clipping */
         int64_t seed;
-        /* Not job-file keys.  grad_accum_request is set by --gradient_accumulation_steps
-         * and turned into global_batch by job_resolve; grad_accum is derived by
-         * job_resolve: global_batch / (micro_batch * world_size). */
-        int grad_accum_request;
+        /* Not a job-file key: derived by job_resolve, global_batch / (micro_batch x world
+         * size) (train.accumulation holds the same once resolved). */
         int grad_accum;
     } train;
     struct {
@@ -163,6 +170,9 @@ typedef struct job_config {
         job_preflight preflight; /* the network check at start; auto: on for several nodes */
         double min_busbw_gbps; /* the check's floor, GB/s of bus bandwidth (0: none) */
     } fabric;
+    /* Not a key: which keys a job file or an override gave (bit i: the table's key i), so
+     * that a value given is told from a default (job_key_given). */
+    uint64_t given[JOB_KEYS_MAX / 64];
 } job_config;
 
 /* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
@@ -181,28 +191,52 @@ void job_defaults(job_config *j);
 
 /* Reads a job file over the defaults; messages start with the path. */
 int job_load(job_config *j, const char *path, errbuf *err);
+/* The same over profile `profile`'s defaults (job_profile; -1: the one the file names in
+ * train.defaults, else fsdpd's). */
+int job_load_profile(job_config *j, const char *path, int profile, errbuf *err);
 /* Parses job-file text over the defaults; `name` starts every message.  Per-key checks
- * (type, range, choices, not built yet) happen here; cross-field rules in job_validate. */
+ * (type, range, choices, not built yet) happen here; cross-field rules in job_validate.
+ * A file's train.defaults is applied before its other keys. */
 int job_parse_text(job_config *j, const char *json, size_t len, const char *name,
                    errbuf *err);
 
-/* Applies one command-line override: "--section.key=value" (the value is read according
- * to the key's type: a number, true/false, a string, a list as JSON text or comma
- * separated) or a recipe alias: --train_type, --batch_size (train.micro_batch),
- * --gradient_accumulation_steps (global_batch = micro_batch x steps x world size, resolved
- * by job_resolve, overriding train.global_batch), --output_dir, --lr, --lora_rank,
- * --lora_alpha, --context_length (data.seq_len), --num_epochs, --max_steps, --dataset
- * (data.path).  An alias whose feature is not built yet is rejected. */
-int job_apply_override(job_config *j, const char *arg, errbuf *err);
+/* job_defaults, then profile p's (train.defaults): fsdpd's own, fsdp_qlora's train.py's,
+ * or transformers' TrainingArguments' (configs/jobs/README.md lists them). */
+void job_apply_profile(job_config *j, job_profile p);
+/* "fsdpd", "fsdp_qlora", "trainer"; NULL for another value / -1 for an unknown name. */
+const char *job_profile_name(job_profile p);
+int job_profile_from_name(const char *name, job_profile *out);
+
+/* Whether key "section.key" was given by the job file or an override (not a default). */
+bool job_key_given(const job_config *j, const char *full);
+/* Sets key "section.key" from command-line text (a number, a boolean word, a string, a
+ * list as JSON or comma separated), as an override does; errors name the key. */
+int job_set_text(job_config *j, const char *full, const char *text, errbuf *err);
+/* JOB_KEY_BOOL or JOB_KEY_VALUE for key "section.key", -1 when there is none. */
+enum { JOB_KEY_VALUE, JOB_KEY_BOOL };
+int job_key_type(const char *full);
+/* The key "section.key" closest to `word` (a typo of it, or its name alone), or NULL;
+ * *distance: how far. */
+const char *job_nearest_key(const char *word, int *distance);
+/* The edit distance of word from candidate when it is close enough to be a typo of it
+ * (about one edit per three characters), else INT_MAX. */
+int job_typo_distance(const char *word, const char *candidate);
+/* true/false, True/False, TRUE/FALSE, 1/0, yes/no into *out; -1 for another word. */
+int job_parse_bool(const char *text, bool *out);
+
+/* Warm-up steps of a run of total_steps optimizer steps: train.warmup_steps, or with it 0,
+ * ceil(train.warmup_ratio x total_steps) (transformers' get_warmup_steps). */
+int job_warmup_steps(const job_config *j, long long total_steps);
 
 /* Resolves what depends on the machine: runtime.backend auto (cpu until the CUDA backend
  * is built), runtime.workers_per_node 0 (gpus_on_node on cuda, 2 on cpu) and model.dtype
  * auto (bf16 on cuda, f32 on cpu). */
 int job_resolve_runtime(job_config *j, int gpus_on_node, errbuf *err);
 
-/* Fills what a job of world_size ranks derives: train.grad_accum_request (from
- * --gradient_accumulation_steps) into train.global_batch, train.grad_accum (global_batch /
- * (micro_batch x world_size), which must divide), an empty runtime.metrics
+/* Fills what a job of world_size ranks derives: train.global_batch from train.accumulation
+ * when that was given (or the profile has one and global_batch was not given),
+ * train.grad_accum (global_batch / (micro_batch x world_size), which must divide; also
+ * written back to train.accumulation), an empty runtime.metrics
  * (output.dir/metrics.jsonl) and an empty checkpoint.dir (OUTPUT_DIR.checkpoints: beside the
  * output, never inside it, so two jobs with different outputs never share checkpoints) and
  * lora.config (the adapter settings as proto/lora_layout.h takes them).  Running it again

@@ -5,7 +5,7 @@
 
 double schedule_lr(const job_config *j, long step, long total) {
     double lr = j->train.lr, min_lr = j->train.min_lr;
-    long warmup = j->train.warmup_steps;
+    long warmup = job_warmup_steps(j, total);
     if (step < warmup) return lr * (double)step / (double)warmup;
     long decay_steps = total - warmup > 1 ? total - warmup : 1;
     double progress = (double)(step - warmup) / (double)decay_steps;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "proto/job.h"
+#include "proto/job_flags.h"
 
 static void apply_overrides(job_config *j, const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);

@@ -32,8 +32,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     while (jsonl_next(&c, &line, &len)) {
         if (c.line_no < 1 || line < (const char *)data || line + len > (const char *)data + size) abort();
         for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
-            if (record_parse(&r, formats[f], line, len, &err) == 0 && formats[f] == JOB_DATA_CHAT)
+            if (record_parse(&r, formats[f], "text", line, len, &err) == 0 && formats[f] == JOB_DATA_CHAT)
                 render_all(&r, &segs);
+        job_data_format guessed;
+        char why[96];
+        if (record_guess_format(line, len, "content", &guessed, why, sizeof why, &err) == 0 &&
+            guessed != JOB_DATA_CHAT && guessed != JOB_DATA_ALPACA && guessed != JOB_DATA_TEXT)
+            abort();
     }
     record_free(&r);
     tpl_segs_free(&segs);
