@@ -116,8 +116,10 @@ static void job_train_settings(const job_config *j, ckpt_train_settings *t) {
                                .weight_decay = j->train.weight_decay,
                                .betas = {j->train.betas[0], j->train.betas[1]},
                                .eps = j->train.eps, .clip_norm = j->train.clip_norm,
-                               .warmup_steps = j->train.warmup_steps};
+                               .warmup_steps = j->train.warmup_steps,
+                               .warmup_ratio = j->train.warmup_ratio};
     snprintf(t->schedule, sizeof t->schedule, "%s", job_schedule_name(j->train.schedule));
+    snprintf(t->warmup_round, sizeof t->warmup_round, "%s", j->train.warmup_round == JOB_ROUND_DOWN ? "down" : "up");
 }
 
 static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapter *a) {

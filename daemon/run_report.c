@@ -134,10 +134,11 @@ int run_report_derive(run_record *r, const job_config *j, const llama_config *cf
 
 /* ---- the block in the log ---- */
 
-/* One line a section: key=value, a * after the keys set away from their defaults. */
+/* One line a section: key=value, a * after the keys set away from their defaults (the
+ * defaults the job took: train.defaults). */
 static int log_sections(const job_config *j, errbuf *err) {
     static job_config d;
-    job_defaults(&d);
+    job_apply_profile(&d, j->train.defaults);
     json_t *have = job_to_object(j, err), *dflt = have ? job_to_object(&d, err) : NULL;
     if (!dflt) return json_decref(have), -1;
     const char *section;
@@ -233,7 +234,8 @@ static int leave_output_record(const job_config *j, errbuf *err) {
 }
 
 int run_report_start(const run_record *r, const job_config *j, errbuf *err) {
-    log_event(-1, "the job as resolved (a * marks a key set away from its default):");
+    log_event(-1, "the job as resolved (a * marks a key set away from its default; defaults: %s's):",
+              job_profile_name(j->train.defaults));
     if (log_sections(j, err)) return -1;
     log_derived(r, j);
     json_t *o = job_to_object(j, err);

@@ -497,8 +497,9 @@ int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
 /* ---- manifest ---- */
 
 static json_t *train_json(const ckpt_train_settings *t) {
-    return json_pack("{s:f, s:f, s:s, s:i, s:I, s:f, s:[f, f], s:f, s:f}", "lr", t->lr, "min_lr",
+    return json_pack("{s:f, s:f, s:s, s:i, s:f, s:s, s:I, s:f, s:[f, f], s:f, s:f}", "lr", t->lr, "min_lr",
                      t->min_lr, "schedule", t->schedule, "warmup_steps", t->warmup_steps,
+                     "warmup_ratio", t->warmup_ratio, "warmup_round", t->warmup_round[0] ? t->warmup_round : "up",
                      "total_steps", (json_int_t)t->total_steps, "weight_decay", t->weight_decay,
                      "betas", t->betas[0], t->betas[1], "eps", t->eps, "clip_norm", t->clip_norm);
 }
@@ -659,10 +660,15 @@ int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err) {
 static int read_train(ckpt_train_settings *t, const json_t *jt, const char *name, errbuf *err) {
     const json_t *betas = json_object_get(jt, "betas");
     if (!json_is_object(jt)) return errf(err, "%s: \"train\": missing or not an object", name);
+    t->warmup_ratio = 0;
+    snprintf(t->warmup_round, sizeof t->warmup_round, "up");
     if (get_real(jt, "lr", &t->lr, name, err) || get_real(jt, "min_lr", &t->min_lr, name, err) ||
         get_str(jt, "schedule", t->schedule, sizeof t->schedule, name, err) ||
         get_int32(jt, "warmup_steps", 0, &t->warmup_steps, name, err) ||
         get_int(jt, "total_steps", 0, &t->total_steps, name, err) ||
+        (json_object_get(jt, "warmup_ratio") && get_real(jt, "warmup_ratio", &t->warmup_ratio, name, err)) ||
+        (json_object_get(jt, "warmup_round") &&
+         get_str(jt, "warmup_round", t->warmup_round, sizeof t->warmup_round, name, err)) ||
         get_real(jt, "weight_decay", &t->weight_decay, name, err) ||
         get_real(jt, "eps", &t->eps, name, err) || get_real(jt, "clip_norm", &t->clip_norm, name, err))
         return -1;
@@ -1034,6 +1040,8 @@ static void diff_train(differ *d, const ckpt_train_settings *c, const ckpt_train
     diff_num(d, "train.min_lr", c->min_lr, j->min_lr, 0);
     diff_str(d, "train.schedule", c->schedule, j->schedule);
     diff_num(d, "train.warmup_steps", c->warmup_steps, j->warmup_steps, 0);
+    diff_num(d, "train.warmup_ratio", c->warmup_ratio, j->warmup_ratio, 0);
+    diff_str(d, "train.warmup_round", c->warmup_round, j->warmup_round);
     diff_num(d, "train.weight_decay", c->weight_decay, j->weight_decay, 0);
     diff_num(d, "train.betas[0]", c->betas[0], j->betas[0], 0);
     diff_num(d, "train.betas[1]", c->betas[1], j->betas[1], 0);

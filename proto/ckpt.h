@@ -61,7 +61,7 @@
  *     ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard": recorded, any reads any),
  *     "n_files": the shard group's world, one file a member (no_shard 1, hybrid_shard a
  *     node's workers: node 0's ranks write them), "dtype": "f32",
- *     "train": {"lr", "min_lr", "schedule", "warmup_steps", "total_steps", "weight_decay",
+ *     "train": {"lr", "min_lr", "schedule", "warmup_steps", "warmup_ratio", "total_steps", "weight_decay",
  *               "betas": [b1, b2], "eps", "clip_norm"},
  *     "model_config": the model's Hugging Face config.json object,
  *     "model_path": the Hugging Face model directory the job started from (model.path, made
@@ -250,6 +250,8 @@ typedef struct ckpt_train_settings {
     double lr, min_lr, weight_decay, betas[2], eps, clip_norm;
     char schedule[16]; /* "constant", "linear", "cosine" */
     int warmup_steps;
+    double warmup_ratio; /* absent from manifests written before it: 0, "up" */
+    char warmup_round[8]; /* "up" or "down" */
     int64_t total_steps;
 } ckpt_train_settings;
 

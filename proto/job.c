@@ -72,6 +72,7 @@ static const choice output_dtype_choices[] = {
 static const choice format_choices[] = {
     {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
     {"tokens", JOB_DATA_TOKENS}, {"auto", JOB_DATA_AUTO}, {NULL, 0}};
+static const choice round_choices[] = {{"up", JOB_ROUND_UP}, {"down", JOB_ROUND_DOWN}, {NULL, 0}};
 static const choice profile_choices[] = {
     {"fsdpd", JOB_PROFILE_FSDPD}, {"fsdp_qlora", JOB_PROFILE_FSDP_QLORA},
     {"trainer", JOB_PROFILE_TRAINER}, {NULL, 0}};
@@ -132,6 +133,7 @@ static const job_key keys[] = {
     CHOICE("train", "schedule", train.schedule, schedule_choices),
     NUM("train", "warmup_steps", K_INT, train.warmup_steps, 0, INT_MAX),
     RANGE("train", "warmup_ratio", K_DOUBLE, train.warmup_ratio, 0, 1, false, true),
+    CHOICE("train", "warmup_round", train.warmup_round, round_choices),
     NUM("train", "min_lr", K_DOUBLE, train.min_lr, 0, INFINITY),
     NUM("train", "weight_decay", K_DOUBLE, train.weight_decay, 0, INFINITY),
     RANGE("train", "betas", K_BETAS, train.betas, 0, 1, false, true),
@@ -191,6 +193,7 @@ static const job_key keys[] = {
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 _Static_assert(COUNT(keys) <= JOB_KEYS_MAX, "job_config.given has a bit for every key");
 _Static_assert(sizeof(job_profile) == sizeof(int), "enum size");
+_Static_assert(sizeof(job_round) == sizeof(int), "enum size");
 
 static const char *choice_name(const choice *c, int value) {
     for (; c->name; c++)
@@ -1160,7 +1163,8 @@ static int resolve_checkpoint_dir(job_config *j, errbuf *err) {
 
 int job_warmup_steps(const job_config *j, long long total_steps) {
     if (j->train.warmup_steps > 0 || j->train.warmup_ratio <= 0) return j->train.warmup_steps;
-    double w = ceil(j->train.warmup_ratio * (double)total_steps);
+    double x = j->train.warmup_ratio * (double)total_steps;
+    double w = j->train.warmup_round == JOB_ROUND_DOWN ? floor(x) : ceil(x);
     return w > INT_MAX ? INT_MAX : (int)w;
 }
 

@@ -63,6 +63,7 @@ typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA }
 /* SIGUSR1: auto = requeue under SLURM (its time-limit warning), checkpoint elsewhere. */
 typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
+typedef enum job_round { JOB_ROUND_UP, JOB_ROUND_DOWN } job_round;
 /* train.defaults: whose defaults the keys a job does not give take (job_apply_profile). */
 typedef enum job_profile { JOB_PROFILE_FSDPD, JOB_PROFILE_FSDP_QLORA, JOB_PROFILE_TRAINER } job_profile;
 
@@ -100,7 +101,9 @@ typedef struct job_config {
         double lr;
         job_schedule schedule;
         int warmup_steps;
-        double warmup_ratio; /* with warmup_steps 0: ceil(ratio x total steps), the Trainer's */
+        double warmup_ratio; /* with warmup_steps 0: ratio x total steps, rounded up (the
+                              * Trainer's) or down (warmup_round, fsdp_qlora's int()) */
+        job_round warmup_round;
         double min_lr;
         double weight_decay;
         double betas[2];
@@ -225,7 +228,8 @@ int job_typo_distance(const char *word, const char *candidate);
 int job_parse_bool(const char *text, bool *out);
 
 /* Warm-up steps of a run of total_steps optimizer steps: train.warmup_steps, or with it 0,
- * ceil(train.warmup_ratio x total_steps) (transformers' get_warmup_steps). */
+ * train.warmup_ratio x total_steps rounded as train.warmup_round says (up: transformers'
+ * get_warmup_steps; down: fsdp_qlora's int()). */
 int job_warmup_steps(const job_config *j, long long total_steps);
 
 /* Resolves what depends on the machine: runtime.backend auto (cpu until the CUDA backend

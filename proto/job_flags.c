@@ -555,11 +555,9 @@ static int finish(job_config *j, flag_state *st, errbuf *err) {
     if (st->qlora_schedule >= 0) {
         j->train.warmup_steps = 0;
         j->train.warmup_ratio = st->qlora_schedule == JOB_SCHEDULE_CONSTANT ? 0 : 0.1;
+        j->train.warmup_round = JOB_ROUND_DOWN; /* its int(0.1 x steps) */
         j->train.min_lr = st->qlora_schedule == JOB_SCHEDULE_COSINE ? 0.1 * j->train.lr : 0;
-        if (st->qlora_schedule != JOB_SCHEDULE_CONSTANT)
-            note(st, "--lr_scheduler %s: warm-up over ceil(10%% of the steps) (fsdp_qlora's int() rounds down: one "
-                     "step fewer when 10%% of the steps is not whole)%s", job_schedule_name(j->train.schedule),
-                 st->qlora_schedule == JOB_SCHEDULE_COSINE ? ", then down to 10% of train.lr" : "");
+
     }
     if (st->trainer_constant && (j->train.warmup_steps > 0 || j->train.warmup_ratio > 0))
         return errf(err, "--lr_scheduler_type constant has no warm-up in transformers (get_constant_schedule): use "

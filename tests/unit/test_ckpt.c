@@ -69,7 +69,7 @@ static void write_checkpoint(const char *dir, const ckpt_layout *lo, ckpt_manife
     strcpy(m->model_path, "/models/llama \"3.1\" 8B");
     m->train = (ckpt_train_settings){.lr = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1,
                                      .betas = {0.9, 0.95}, .eps = 1e-8, .clip_norm = 1.0,
-                                     .schedule = "cosine", .warmup_steps = 2, .total_steps = 20};
+                                     .schedule = "cosine", .warmup_steps = 2, .warmup_round = "up", .total_steps = 20};
     m->model_config = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "model_type",
                                 "llama", "hidden_size", 8, "intermediate_size", 16,
                                 "num_hidden_layers", 1, "num_attention_heads", 2,
