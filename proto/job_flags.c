@@ -469,7 +469,7 @@ static int unknown_flag(const char *name, errbuf *err) {
         job_config scratch;
         job_defaults(&scratch);
         job_set_text(&scratch, name, "", &key_err); /* names the section or key that is wrong */
-        return errf(err, "--%s: %s", name, key_err.msg);
+        return errf(err, "%s", key_err.msg);
     }
     const char *best = NULL;
     int best_d = INT_MAX;
