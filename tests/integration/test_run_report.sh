@@ -23,7 +23,7 @@ must_succeed a
 log=$tmp/a.log out=$tmp/out
 
 # --- the resolved block and the two files ------------------------------------------------------
-grep -q 'fsdpd node 0: job train: type="lora"\* global_batch=12\* micro_batch=3\*' "$log" ||
+grep -q 'fsdpd node 0: job train: defaults="fsdpd" type="lora"\* global_batch=12\* micro_batch=3\*' "$log" ||
     { cat "$log"; fail "no resolved train section with its set keys marked"; }
 grep -q 'job runtime: .*log_every=2\*' "$log" || fail "runtime.log_every is not in the resolved block"
 grep -q 'job fsdp: sharding="full_shard" activation_checkpointing="none" ' "$log" ||
