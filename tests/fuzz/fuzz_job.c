@@ -1,5 +1,6 @@
 /* Fuzzes proto/job: input starting with "--" is a list of overrides (one per line) applied
- * to the defaults, anything else is job-file text.  Whatever parses is validated, and a
+ * to the defaults, input starting with "@" a command line (proto/job_flags: words separated
+ * by spaces, without --job), anything else is job-file text.  Whatever parses is validated, and a
  * valid config must survive job_to_object -> job_from_object unchanged. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,6 +20,23 @@ static void apply_overrides(job_config *j, const uint8_t *data, size_t size) {
     free(text);
 }
 
+static void apply_command_line(job_config *j, const uint8_t *data, size_t size) {
+    static char text[4096], *argv[JOB_ARGS_MAX + 2];
+    static job_args a;
+    static job_notes notes;
+    if (size > sizeof text - 1) size = sizeof text - 1;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    int argc = 0;
+    argv[argc++] = "fsdpd";
+    for (char *w = strtok(text + 1, " \n"); w && argc < JOB_ARGS_MAX + 2; w = strtok(NULL, " \n")) argv[argc++] = w;
+    errbuf err;
+    job_defaults(j);
+    if (job_args_parse(argc, argv, &a, &err) || a.job_path) return; /* never a file the input names */
+    if (job_args_load(j, &a, &notes, &err)) job_defaults(j);
+    if (notes.n < 0 || notes.n > JOB_NOTES_MAX) abort();
+}
+
 /* A config that validated must come back identical from its JSON. */
 static void check_round_trip(const job_config *j, int world) {
     static job_config back;
@@ -36,7 +54,11 @@ static void check_round_trip(const job_config *j, int world) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static job_config j;
     errbuf err;
-    if (size >= 2 && data[0] == '-' && data[1] == '-') {
+    if (size >= 1 && data[0] == '@') {
+        apply_command_line(&j, data, size);
+        strcpy(j.model.path, "m");
+        strcpy(j.data.path, "d");
+    } else if (size >= 2 && data[0] == '-' && data[1] == '-') {
         job_defaults(&j);
         apply_overrides(&j, data, size);
         strcpy(j.model.path, "m");
