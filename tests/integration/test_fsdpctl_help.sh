@@ -42,6 +42,8 @@ for cmd in init synth consolidate merge quantize inspect fabric; do
     expect_error 2 "fsdpctl $cmd: --bogus: unknown flag" "$fsdpctl" "$cmd" --bogus
 done
 expect_error 2 "fsdpctl init: --out: needs a value" "$fsdpctl" init --model-config c.json --out
-expect_error 2 "fsdpd: '1e-4': unexpected argument (an override is --section.key=value, with '=')" \
-    "$fsdpd" --job job.json --train.lr 1e-4
+expect_error 2 "fsdpd: 'stray': unexpected argument (flags look like --name value or --name=value)" \
+    "$fsdpd" --train.lr 1e-4 stray
+expect_error 2 "fsdpd: --lr: needs a value (--lr VALUE or --lr=VALUE)" "$fsdpd" --lr
+expect_error 2 "fsdpd: --learning_rat: unknown option (did you mean --learning_rate?)" "$fsdpd" --learning_rat 1
 echo "usage texts and flag errors as documented"
