@@ -654,8 +654,13 @@ static void test_config(void **state) {
         json_decref(o);
     }
     json_t *o = json_deep_copy(good);
-    json_object_set_new(json_object_get(json_object_get(o, "job"), "train"), "global_batch", json_integer(3));
+    json_t *train = json_object_get(json_object_get(o, "job"), "train");
+    json_object_set_new(train, "global_batch", json_integer(3));
     msg out;
+    assert_int_equal(msg_from_json(&out, MSG_CONFIG, o, &err), -1);
+    assert_contains(err.msg, "CONFIG: field 'job': train.accumulation (--gradient_accumulation_steps) 2 and "
+                             "train.global_batch 3 disagree");
+    json_object_set_new(train, "accumulation", json_integer(0)); /* then the batch itself is wrong */
     assert_int_equal(msg_from_json(&out, MSG_CONFIG, o, &err), -1);
     assert_contains(err.msg, "CONFIG: field 'job': train.global_batch");
     json_decref(o);
