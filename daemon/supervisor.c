@@ -27,6 +27,7 @@
 #include "daemon/cluster.h"
 #include "daemon/locator.h"
 #include "daemon/log.h"
+#include "daemon/mlflow_log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
@@ -333,6 +334,7 @@ static int mark_run_start(supervisor *s, json_t *line) {
 /* Rank 0's step to runtime.log_to's destinations; a TensorBoard file that cannot be written is
  * logged once and closed (the job goes on: metrics.jsonl has every step). */
 static void log_step(supervisor *s, const msg_metrics *x) {
+    mlflow_log_step(s->opt->mlflow, x);
     errbuf err;
     if (s->tb && tb_writer_step(s->tb, x, &err)) {
         log_event(-1, "runtime.log_to tensorboard: %s; no more TensorBoard events this run", err.msg);

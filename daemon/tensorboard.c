@@ -11,6 +11,7 @@
 
 #include "base/fileio.h"
 #include "base/path.h"
+#include "daemon/step_scalars.h"
 #include "proto/tb_event.h"
 
 struct tb_writer {
@@ -79,15 +80,10 @@ int tb_writer_open(tb_writer **out, const job_config *j, int restart, int64_t fi
 }
 
 int tb_writer_step(tb_writer *w, const msg_metrics *m, errbuf *err) {
-    tb_scalar s[7];
-    size_t n = 0;
-    s[n++] = (tb_scalar){"train/loss", (float)m->loss};
-    s[n++] = (tb_scalar){"train/lr", (float)m->lr};
-    s[n++] = (tb_scalar){"train/grad_norm", (float)m->grad_norm};
-    s[n++] = (tb_scalar){"train/tokens_per_s", m->seconds > 0 ? (float)((double)m->tokens / m->seconds) : 0.0f};
-    s[n++] = (tb_scalar){"memory/bytes", (float)m->mem_bytes};
-    s[n++] = (tb_scalar){"memory/peak_bytes", (float)m->mem_peak_bytes};
-    if (m->has_eval_loss) s[n++] = (tb_scalar){"eval/loss", (float)m->eval_loss};
+    step_scalar v[STEP_SCALARS_MAX];
+    tb_scalar s[STEP_SCALARS_MAX];
+    size_t n = step_scalars(m, v);
+    for (size_t i = 0; i < n; i++) s[i] = (tb_scalar){v[i].name, (float)v[i].value};
     tb_buf b = {0};
     return write_out(w, &b, tb_record_scalars(&b, wall_time(), m->step, s, n, err), err);
 }

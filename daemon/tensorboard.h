@@ -6,10 +6,8 @@
  * sorts after the one before.  It opens with the file version, a SessionLog START at the run's
  * first step (TensorBoard drops what an earlier file holds from that step on: the steps a
  * restart repeats) and the resolved job as the text summary "job" (a JSON code block); then
- * each step's scalars, written (no buffering) as the step's METRICS arrives:
- *   train/loss, train/lr, train/grad_norm, train/tokens_per_s (the step's label tokens over
- *   its seconds, as the step line), memory/bytes and memory/peak_bytes (mem_bytes and
- *   mem_peak_bytes of metrics.jsonl), and eval/loss at a step with an eval loss. */
+ * each step's scalars (daemon/step_scalars.h, as float32), written (no buffering) as the
+ * step's METRICS arrives. */
 #ifndef FSDP_TENSORBOARD_H
 #define FSDP_TENSORBOARD_H
 
