@@ -212,7 +212,7 @@ static void send_batch(mlflow_log *m, const queued *b, size_t n) {
         pthread_mutex_unlock(&m->mu);
         ok = request(m, "runs/log-batch", NULL, body, &retry, &err) == 0;
         pthread_mutex_lock(&m->mu);
-        if (ok || !retry) break;
+        if (ok || !retry || attempt + 1 == ATTEMPTS) break; /* no wait after the last try */
         double wait = 0.5 * (1 << attempt);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -317,10 +317,10 @@ void mlflow_log_finish(mlflow_log *m, const char *status) {
         log_event(-1, "mlflow: run %s not marked %s: %s", m->run_id, status, err.msg);
     free(body);
     if (m->dropped)
-        log_event(-1, "mlflow: run %s %s; %lld metric values sent, %lld dropped (last: %s)", m->run_id, status,
+        log_event(-1, "mlflow: run %s ended %s: %lld metric values sent, %lld dropped (last: %s)", m->run_id, status,
                   m->sent, m->dropped, m->last_error);
     else
-        log_event(-1, "mlflow: run %s %s; %lld metric values sent, none dropped", m->run_id, status, m->sent);
+        log_event(-1, "mlflow: run %s ended %s: %lld metric values sent, none dropped", m->run_id, status, m->sent);
     pthread_cond_destroy(&m->wake);
     pthread_mutex_destroy(&m->mu);
     free_log(m);

@@ -44,11 +44,24 @@ char *mlflow_metrics_body(const char *run_id, const mlflow_metric *m, size_t n, 
     return dump(list ? json_pack("{s:s, s:o}", "run_id", run_id, "metrics", list) : NULL, err);
 }
 
+/* v's JSON text with the fewest digits (15 to 17) that read back to the same numbers: "0.0002",
+ * not jansson's "0.00020000000000000001". */
+static char *value_text(const json_t *v) {
+    for (int digits = 15;; digits++) {
+        char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(digits));
+        json_t *back = text && digits < 17 ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+        int same = back && json_equal(back, (json_t *)v);
+        json_decref(back);
+        if (same || !text || digits == 17) return text;
+        free(text);
+    }
+}
+
 /* One flattened param: "section.key" and the value's text. */
 static json_t *param(const char *section, const char *key, const json_t *v) {
     char name[256];
     snprintf(name, sizeof name, "%s.%s", section, key);
-    char *text = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *text = json_is_string(v) ? strdup(json_string_value(v)) : value_text(v);
     if (!text) return NULL;
     if (strlen(text) > MLFLOW_PARAM_VALUE_MAX) { /* cut at a UTF-8 character's start */
         size_t k = MLFLOW_PARAM_VALUE_MAX;
