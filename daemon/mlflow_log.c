@@ -4,9 +4,11 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +104,12 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
     return errf(err, "%s: HTTP %ld %s", endpoint, m->http_status, why);
 }
 
+/* The connection's socket is not the workers' (fsdpd forks them while the sender runs). */
+static int close_on_exec(void *arg, curl_socket_t fd, curlsocktype purpose) {
+    (void)arg, (void)purpose;
+    return fcntl(fd, F_SETFD, FD_CLOEXEC) == 0 ? CURL_SOCKOPT_OK : CURL_SOCKOPT_ERROR;
+}
+
 static int setup_curl(mlflow_log *m, errbuf *err) {
     m->curl = curl_easy_init();
     if (!m->curl) return errf(err, "libcurl: cannot create a handle");
@@ -130,6 +138,7 @@ static int setup_curl(mlflow_log *m, errbuf *err) {
     bad |= curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)REQUEST_TIMEOUT_S) != CURLE_OK;
     bad |= curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) != CURLE_OK; /* timeouts without SIGALRM: a thread */
     bad |= curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK;
+    bad |= curl_easy_setopt(c, CURLOPT_SOCKOPTFUNCTION, close_on_exec) != CURLE_OK;
     return bad ? errf(err, "libcurl refused the connection options") : 0;
 }
 
@@ -271,8 +280,14 @@ int mlflow_log_start(mlflow_log **out, const job_config *j, errbuf *err) {
     if (rc == 0) rc = open_run(m, j, err);
     if (rc == 0 && (pthread_mutex_init(&m->mu, NULL) || pthread_cond_init(&m->wake, NULL)))
         rc = errf(err, "cannot set up the sender's lock");
-    if (rc == 0 && (errno = pthread_create(&m->thread, NULL, sender, m)) != 0)
-        rc = errf(err, "cannot start the sender thread: %s", strerror(errno));
+    if (rc == 0) { /* the sender takes no signal: fsdpd's loop handles them */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int e = pthread_create(&m->thread, NULL, sender, m);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (e) rc = errf(err, "cannot start the sender thread: %s", strerror(e));
+    }
     if (rc == 0) {
         *out = m;
         return 0;
