@@ -74,6 +74,9 @@ static size_t on_answer(char *data, size_t size, size_t n, void *arg) {
     return bytes;
 }
 
+/* The last answer's body ("" when it had none). */
+static const char *answer(const mlflow_log *m) { return m->answer ? m->answer : ""; }
+
 /* POST body (or GET with query when body is NULL) to API/endpoint.  0 for an HTTP 2xx answer
  * (in m->answer); else -1 with the reason, *retry set when trying again may help (no
  * connection, a timeout, HTTP 429 or 5xx). */
@@ -84,6 +87,7 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
     *retry = 0;
     if (n < 0 || (size_t)n >= sizeof url) return errf(err, "%s: the URL is too long", endpoint);
     m->answer_len = 0;
+    if (m->answer) m->answer[0] = '\0';
     m->http_status = 0;
     m->curl_error[0] = '\0';
     CURL *c = m->curl;
@@ -100,7 +104,7 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
     if (m->http_status >= 200 && m->http_status < 300) return 0;
     *retry = m->http_status == 429 || m->http_status >= 500;
     char why[300];
-    mlflow_error_text(m->answer ? m->answer : "", m->answer_len, why, sizeof why);
+    mlflow_error_text(answer(m), m->answer_len, why, sizeof why);
     return errf(err, "%s: HTTP %ld %s", endpoint, m->http_status, why);
 }
 
@@ -149,12 +153,12 @@ static int find_experiment(mlflow_log *m, const char *name, char id[MLFLOW_ID_MA
     int retry;
     if (mlflow_query_escape(name, query + strlen(query), sizeof query - strlen(query), err)) return -1;
     if (request(m, "experiments/get-by-name", query, NULL, &retry, err) == 0)
-        return mlflow_parse_experiment(m->answer, m->answer_len, id, err);
+        return mlflow_parse_experiment(answer(m), m->answer_len, id, err);
     if (m->http_status != 404) return -1;
     char *body = mlflow_experiment_create_body(name, err);
     int rc = body ? request(m, "experiments/create", NULL, body, &retry, err) : -1;
     free(body);
-    if (rc == 0) rc = mlflow_parse_experiment_created(m->answer, m->answer_len, id, err);
+    if (rc == 0) rc = mlflow_parse_experiment_created(answer(m), m->answer_len, id, err);
     if (rc == 0) log_event(-1, "mlflow: created experiment '%s' (%s)", name, id);
     return rc;
 }
@@ -187,7 +191,7 @@ static int open_run(mlflow_log *m, const job_config *j, errbuf *err) {
     char *body = mlflow_run_create_body(experiment, name, now_ms(), err);
     int retry, rc = body ? request(m, "runs/create", NULL, body, &retry, err) : -1;
     free(body);
-    if (rc == 0) rc = mlflow_parse_run(m->answer, m->answer_len, m->run_id, err);
+    if (rc == 0) rc = mlflow_parse_run(answer(m), m->answer_len, m->run_id, err);
     if (rc == 0) rc = log_params(m, j, err);
     if (rc == 0)
         log_event(-1, "mlflow: run %s ('%s') in experiment '%s' (%s) at %s", m->run_id, name,

@@ -6,8 +6,9 @@
 #   marks the run FINISHED; the token of MLFLOW_TRACKING_TOKEN is in no log or output file;
 # - the server killed mid-run: the job trains to its end and succeeds, the dropped metrics are
 #   logged with the reason and counted at the end (no assert on the time: it is reported);
-# - a server that cannot be reached at the start: a warning naming the reason and the job
-#   trains; with runtime.log_required=true the job fails at start.
+# - a server that cannot serve at the start (a stub answering 503): a warning naming the reason,
+#   and the job trains (the stub saw the token as "Authorization: Bearer"); none there at all,
+#   with runtime.log_required=true: the job fails at start.
 source "$(dirname "$0")/lib.sh"
 use_venv mlflow==3.17.2
 make_small_model "$tmp"
@@ -83,13 +84,41 @@ grep -q "mlflow: run [0-9a-f]* ended FINISHED: [0-9]* metric values sent, [1-9][
     { cat "$tmp/b.log"; fail "the dropped metrics are not counted"; }
 echo "server killed after step $killed_at; the 30-step job took $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
 
-# --- no server at the start: a warning, or an error under log_required -------------------------
-"$fsdpd" --job "$tmp/job.json" "${common[@]}" --checkpoint.dir="$tmp/c.ckpt" --runtime.metrics="$tmp/c.jsonl" \
-    > "$tmp/c.log" 2>&1 || { cat "$tmp/c.log"; fail "an unreachable tracking server failed the job"; }
-grep -q "warning: runtime.log_to mlflow: cannot log to $uri: experiments/get-by-name: .*; training without MLflow" "$tmp/c.log" ||
+# --- a server that cannot serve at the start: a warning, or an error under log_required ---------
+# A stub that answers its one request (fsdpd's get-by-name) HTTP 503 and records the
+# Authorization header: MLFLOW_TRACKING_TOKEN goes there as a bearer token, and nowhere else.
+"$py" - "$tmp/stub.port" "$tmp/stub.auth" <<'PY' &
+import http.server, os, sys
+class Stub(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        open(sys.argv[2], "a").write("%s\n" % self.headers.get("Authorization"))
+        body = b'{"error_code": "TEMPORARILY_UNAVAILABLE", "message": "down for maintenance"}'
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = answer
+    def log_message(self, *args): pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Stub)
+server.timeout = 60  # it ends by itself
+open(sys.argv[1] + ".new", "w").write(str(server.server_port))
+os.rename(sys.argv[1] + ".new", sys.argv[1])
+server.handle_request()
+PY
+bg_pids+=("$!")
+wait_for 20 test -s "$tmp/stub.port"
+stub=http://127.0.0.1:$(cat "$tmp/stub.port")
+MLFLOW_TRACKING_TOKEN=$token "$fsdpd" --job "$tmp/job.json" "${common[@]}" --runtime.mlflow_uri="$stub" \
+    --checkpoint.dir="$tmp/c.ckpt" --runtime.metrics="$tmp/c.jsonl" > "$tmp/c.log" 2>&1 ||
+    { cat "$tmp/c.log"; fail "a tracking server that cannot serve failed the job"; }
+grep -q "warning: runtime.log_to mlflow: cannot log to $stub: experiments/get-by-name: HTTP 503 TEMPORARILY_UNAVAILABLE: down for maintenance; training without MLflow" "$tmp/c.log" ||
     { cat "$tmp/c.log"; fail "no warning with the reason"; }
+[ "$(cat "$tmp/stub.auth")" = "Bearer $token" ] || fail "the token was not sent as a bearer token: $(cat "$tmp/stub.auth")"
+! grep -qF "$token" "$tmp/c.log" || fail "the token is in the log"
 [ "$(wc -l < "$tmp/c.jsonl")" -eq 4 ] || fail "the job without its tracking server did not train"
+# The killed server's address: nothing listens there any more.
 expect_error 1 "runtime.log_required: MLflow at $uri: experiments/get-by-name: " "$fsdpd" --job "$tmp/job.json" \
     "${common[@]}" --checkpoint.dir="$tmp/d.ckpt" --runtime.log_required=true
+grep -q "Couldn't connect\|Connection refused\|Failed to connect" "$tmp/cmd.err" || { cat "$tmp/cmd.err"; fail "the reason is not named"; }
 ! grep -q "rank 0: started" "$tmp/cmd.err" || fail "workers started although the tracking server is required"
 echo "PASS: mlflow"
