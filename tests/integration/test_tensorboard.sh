@@ -4,8 +4,9 @@
 # every step's scalars exactly as metrics.jsonl has them (as float32), across a restart inside
 # one launch and a resume in a second launch: one file per run, TensorBoard dropping the steps
 # a later run repeats (its SessionLog START); the resolved job as the text summary "job" (the
-# text plugin's), equal to OUTPUT_DIR/job.json. A tensorboard directory that cannot be written
-# fails the job at start; wandb is refused with the wandb sync recipe.
+# text plugin's), equal to OUTPUT_DIR/job.json; written as the steps come (read mid-run). A
+# tensorboard directory that cannot be written fails the job at start; wandb is refused with the
+# wandb sync recipe.
 source "$(dirname "$0")/lib.sh"
 use_venv tensorboard==2.21.0
 make_small_model "$tmp"
@@ -65,6 +66,25 @@ assert json.loads(text[8:-4]) == json.load(open(job)), "the text summary is not 
 assert texts[-1].step == 5, texts[-1].step  # the resume's first step
 print("ok: %d steps, %d tags" % (len(last), len(tags)))
 EOF
+
+# Written as the steps come: mid-run (step_delay), TensorBoard reads every step metrics.jsonl
+# has so far.
+FSDP_FAULTS="step_delay=0:0.3" "$fsdpd" --job "$tmp/job.json" --runtime.log_to=tensorboard --train.max_steps=12 \
+    --output.dir="$tmp/live" --checkpoint.dir="$tmp/live.ckpt" --checkpoint.resume=never > "$tmp/live.log" 2>&1 &
+job=$!
+bg_pids+=("$job")
+three_steps() { [ -f "$tmp/live/metrics.jsonl" ] && [ "$(wc -l < "$tmp/live/metrics.jsonl")" -ge 3 ]; }
+wait_for 60 three_steps
+seen=$(wc -l < "$tmp/live/metrics.jsonl")
+"$venv/bin/python" - "$tmp/live/tensorboard" "$seen" <<'EOF' || fail "the event file lags behind metrics.jsonl mid-run"
+import sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0})
+acc.Reload()
+steps = [e.step for e in acc.Scalars("train/loss")]
+assert steps and steps[-1] >= int(sys.argv[2]) and steps[-1] < 12, (steps, sys.argv[2])
+EOF
+wait "$job" || { cat "$tmp/live.log"; fail "the live job failed"; }
 
 # The directory cannot be made (a file is in its place): an error at start, before any worker.
 mkdir -p "$tmp/bad"
