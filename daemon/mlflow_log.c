@@ -100,7 +100,8 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
         *retry = 1;
         return errf(err, "%s: %s", endpoint, m->curl_error[0] ? m->curl_error : curl_easy_strerror(rc));
     }
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &m->http_status);
+    if (curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &m->http_status) != CURLE_OK)
+        return errf(err, "%s: libcurl has no HTTP status for the answer", endpoint);
     if (m->http_status >= 200 && m->http_status < 300) return 0;
     *retry = m->http_status == 429 || m->http_status >= 500;
     char why[300];
@@ -287,9 +288,11 @@ int mlflow_log_start(mlflow_log **out, const job_config *j, errbuf *err) {
     if (rc == 0) { /* the sender takes no signal: fsdpd's loop handles them */
         sigset_t all, old;
         sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int e = pthread_create(&m->thread, NULL, sender, m);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        int e = pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (e == 0) {
+            e = pthread_create(&m->thread, NULL, sender, m);
+            (void)pthread_sigmask(SIG_SETMASK, &old, NULL); /* the mask it gave back: cannot fail (EINVAL is for `how`) */
+        }
         if (e) rc = errf(err, "cannot start the sender thread: %s", strerror(e));
     }
     if (rc == 0) {
