@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #define REQUEST_TIMEOUT_S 10
 #define ATTEMPTS 4            /* a batch's tries, 0.5, 1 and 2 s apart */
 #define FINISH_S 10           /* mlflow_log_finish's time to send what is queued */
+#define UPDATE_S 3            /* and then to mark the run */
 
 typedef struct queued {
     const char *key; /* a step_scalars name (static) */
@@ -47,7 +49,9 @@ struct mlflow_log {
     queued q[QUEUE_VALUES];     /* a ring */
     size_t head, count;
     int stopping;
-    double deadline;            /* once stopping: when queued values are dropped unsent */
+    /* Once stopping: when queued values are dropped unsent and a request in flight is cut
+     * (curl's progress callback reads it without the lock); 0 before. */
+    _Atomic double deadline;
     long long sent, dropped;
     int drop_logged;
     char last_error[sizeof(errbuf)];
@@ -96,6 +100,7 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
     else bad |= curl_easy_setopt(c, CURLOPT_HTTPGET, 1L) != CURLE_OK;
     if (bad) return errf(err, "%s: libcurl refused the request's options", endpoint);
     CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_ABORTED_BY_CALLBACK) return errf(err, "%s: no answer before the deadline at the job's end", endpoint);
     if (rc != CURLE_OK) {
         *retry = 1;
         return errf(err, "%s: %s", endpoint, m->curl_error[0] ? m->curl_error : curl_easy_strerror(rc));
@@ -107,6 +112,15 @@ static int request(mlflow_log *m, const char *endpoint, const char *query, const
     char why[300];
     mlflow_error_text(answer(m), m->answer_len, why, sizeof why);
     return errf(err, "%s: HTTP %ld %s", endpoint, m->http_status, why);
+}
+
+/* A request still in flight at the deadline is cut: a server that accepts and never answers
+ * holds fsdpd's end back FINISH_S + UPDATE_S seconds at most. */
+static int past_deadline(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+    mlflow_log *m = arg;
+    double d = atomic_load(&m->deadline);
+    return d > 0 && clock_now_s() > d;
 }
 
 /* The connection's socket is not the workers' (fsdpd forks them while the sender runs). */
@@ -144,6 +158,9 @@ static int setup_curl(mlflow_log *m, errbuf *err) {
     bad |= curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) != CURLE_OK; /* timeouts without SIGALRM: a thread */
     bad |= curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK;
     bad |= curl_easy_setopt(c, CURLOPT_SOCKOPTFUNCTION, close_on_exec) != CURLE_OK;
+    bad |= curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, past_deadline) != CURLE_OK;
+    bad |= curl_easy_setopt(c, CURLOPT_XFERINFODATA, m) != CURLE_OK;
+    bad |= curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L) != CURLE_OK;
     return bad ? errf(err, "libcurl refused the connection options") : 0;
 }
 
@@ -221,7 +238,7 @@ static void send_batch(mlflow_log *m, const queued *b, size_t n) {
     char *body = mlflow_metrics_body(m->run_id, metrics, n, &err);
     int ok = 0;
     for (int attempt = 0; body && attempt < ATTEMPTS; attempt++) {
-        if (m->stopping && (attempt > 0 || clock_now_s() > m->deadline)) break; /* no retries at the end */
+        if (m->stopping && (attempt > 0 || clock_now_s() > atomic_load(&m->deadline))) break; /* no retries at the end */
         int retry;
         pthread_mutex_unlock(&m->mu);
         ok = request(m, "runs/log-batch", NULL, body, &retry, &err) == 0;
@@ -328,10 +345,12 @@ void mlflow_log_finish(mlflow_log *m, const char *status) {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
     m->stopping = 1;
-    m->deadline = clock_now_s() + FINISH_S;
+    atomic_store(&m->deadline, clock_now_s() + FINISH_S);
     pthread_cond_broadcast(&m->wake);
     pthread_mutex_unlock(&m->mu);
-    pthread_join(m->thread, NULL);
+    int e = pthread_join(m->thread, NULL);
+    if (e) log_event(-1, "mlflow: cannot join the sender thread: %s", strerror(e));
+    atomic_store(&m->deadline, clock_now_s() + UPDATE_S);
     errbuf err;
     int retry;
     char *body = mlflow_run_update_body(m->run_id, status, now_ms(), &err);

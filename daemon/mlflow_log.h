@@ -15,9 +15,10 @@
  * HTTP 429 or 5xx) is retried with backoff (0.5, 1, 2 s), then its values are dropped and
  * counted; the first drop is logged with the reason, and the totals at the end.
  *
- * mlflow_log_finish sends what is queued (for at most FINISH_S seconds; nothing is retried
- * then), marks the run FINISHED, FAILED or KILLED (runs/update) and logs what was sent and
- * what was dropped.  A token in MLFLOW_TRACKING_TOKEN goes in an "Authorization: Bearer"
+ * mlflow_log_finish sends what is queued (for at most FINISH_S = 10 seconds, a request still in
+ * flight then cut; nothing is retried), marks the run FINISHED, FAILED or KILLED (runs/update,
+ * within 3 s) and logs what was sent and what was dropped: a server that accepts and never
+ * answers holds the end of fsdpd back 13 s at most.  A token in MLFLOW_TRACKING_TOKEN goes in an "Authorization: Bearer"
  * header; it is never logged, nor are the answers' bodies beyond an error's code and
  * message. */
 #ifndef FSDP_MLFLOW_LOG_H

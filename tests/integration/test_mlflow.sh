@@ -4,8 +4,10 @@
 # - a CPU job creates its experiment and a run, logs the resolved job as the run's parameters
 #   (every key of job.json) and every step's metrics (each history equal to metrics.jsonl), and
 #   marks the run FINISHED; the token of MLFLOW_TRACKING_TOKEN is in no log or output file;
-# - the server killed mid-run: the job trains to its end and succeeds, the dropped metrics are
-#   logged with the reason and counted at the end (no assert on the time: it is reported);
+# - the server stopped mid-run (SIGSTOP: it accepts connections and never answers), then,
+#   resumed, killed mid-run: each time the job trains to its end and succeeds, the dropped
+#   metrics are logged with the reason and counted at the end (no assert on the time: it is
+#   reported);
 # - a server that cannot serve at the start (a stub answering 503): a warning naming the reason,
 #   and the job trains (the stub saw the token as "Authorization: Bearer"); none there at all,
 #   with runtime.log_required=true: the job fails at start.
@@ -61,15 +63,37 @@ for key, f in expect.items():
 print("ok: %d params, %d metrics" % (len(params), len(expect)))
 EOF
 
-# --- the server killed mid-run: the job goes on -----------------------------------------------
+# --- the server stopped mid-run (SIGSTOP: it accepts and never answers), then killed mid-run:
+# both times the job goes on ---------------------------------------------------------------------
+# step_delay: 30 steps of at least 0.2 s, so that the stop lands mid-run.
+FSDP_FAULTS="step_delay=0:0.2" "$fsdpd" --job "$tmp/job.json" "${common[@]}" --train.max_steps=30 \
+    --checkpoint.dir="$tmp/s.ckpt" --runtime.metrics="$tmp/s.jsonl" > "$tmp/s.log" 2>&1 &
+job=$!
+bg_pids+=("$job")
+five_steps() { [ -f "$1" ] && [ "$(wc -l < "$1")" -ge 5 ]; }
+wait_for 60 five_steps "$tmp/s.jsonl"
+kill -STOP -- "-$server"
+start=$(date +%s.%N)
+status=0
+wait "$job" || status=$?
+end=$(date +%s.%N)
+kill -CONT -- "-$server"
+[ "$status" -eq 0 ] || { cat "$tmp/s.log"; fail "the job whose tracking server hung exited $status"; }
+[ "$(wc -l < "$tmp/s.jsonl")" -eq 30 ] || { cat "$tmp/s.log"; fail "not every step ran beside the hung server"; }
+grep -q "mlflow: metrics dropped (runs/log-batch: .*); training goes on" "$tmp/s.log" || { cat "$tmp/s.log"; fail "the drop beside the hung server is not logged"; }
+grep -q "mlflow: run [0-9a-f]* ended FINISHED: [0-9]* metric values sent, [1-9][0-9]* dropped (last: " "$tmp/s.log" ||
+    { cat "$tmp/s.log"; fail "the metrics dropped beside the hung server are not counted"; }
+echo "server stopped after step 5; the job's remaining 25 steps and its end took $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
+wait_for 60 healthy
+
+
 # step_delay: 30 steps of at least 0.2 s, so that the kill lands mid-run.
 start=$(date +%s.%N)
 FSDP_FAULTS="step_delay=0:0.2" "$fsdpd" --job "$tmp/job.json" "${common[@]}" --train.max_steps=30 \
     --checkpoint.dir="$tmp/b.ckpt" --runtime.metrics="$tmp/b.jsonl" > "$tmp/b.log" 2>&1 &
 job=$!
 bg_pids+=("$job")
-five_steps() { [ -f "$tmp/b.jsonl" ] && [ "$(wc -l < "$tmp/b.jsonl")" -ge 5 ]; }
-wait_for 60 five_steps
+wait_for 60 five_steps "$tmp/b.jsonl"
 kill -9 -- "-$server"
 killed_at=$(wc -l < "$tmp/b.jsonl")
 status=0
