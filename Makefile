@@ -15,10 +15,13 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # PMIx (libpmix-dev): fsdpd's rendezvous under `srun --mpi=pmix` (daemon/pmix_join.h).
 PMIX_CFLAGS := $(shell pkg-config --cflags pmix 2>/dev/null)
 PMIX_LIBS   := $(shell pkg-config --libs pmix 2>/dev/null || echo -lpmix)
+# libcurl (libcurl4-openssl-dev): runtime.log_to mlflow's HTTP(S) client (daemon/mlflow_log.h).
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 
 OPT      ?= -O2 -g
-CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) $(PMIX_CFLAGS) -MMD -MP
-LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) $(PMIX_LIBS) -lpthread -lm -ldl
+CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. $(BLAS_CFLAGS) $(PMIX_CFLAGS) $(CURL_CFLAGS) -MMD -MP
+LDLIBS   := -levent -levent_pthreads -ljansson -lpcre2-8 $(BLAS_LIBS) $(PMIX_LIBS) $(CURL_LIBS) -lpthread -lm -ldl
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined

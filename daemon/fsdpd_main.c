@@ -21,6 +21,7 @@
 #include "daemon/data_prepare.h"
 #include "daemon/dir_lock.h"
 #include "daemon/log.h"
+#include "daemon/mlflow_log.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
 #include "daemon/slurm.h"
@@ -112,6 +113,15 @@ static int lock_checkpoint_dir(const job_config *job, const slurm_env *slurm, er
     return 0;
 }
 
+/* runtime.log_to mlflow's run, on the leader, marked with the launch's outcome at each exit
+ * after training began. */
+static mlflow_log *mlflow;
+static int ended(int code, const char *status) {
+    mlflow_log_finish(mlflow, status);
+    mlflow = NULL;
+    return code;
+}
+
 /* One run: the nodes joined, then the workers supervised to the end. */
 static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
     if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
@@ -168,12 +178,17 @@ int main(int argc, char **argv) {
     static fabric_found fabric;
     static char found[4 * PATH_BYTES];
     if (probe_fabric(&job, &fabric, found, sizeof found, &err)) goto bad_job;
+    if (slurm.node_id == 0 && mlflow_log_start(&mlflow, &job, &err)) {
+        fprintf(stderr, "fsdpd: %s\n", err.msg);
+        return 1;
+    }
     static run_record record;
     static run_progress progress;
     progress.started = clock_now_s();
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
-                              .data_identity = &data_identity, .record = &record, .progress = &progress};
+                              .data_identity = &data_identity, .record = &record, .progress = &progress,
+                              .mlflow = mlflow};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */
@@ -182,32 +197,32 @@ int main(int argc, char **argv) {
     for (int restarts = 0; opt.restart = restarts, (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
-            return 1;
+            return ended(1, "FAILED");
         }
         if (restarts >= job.runtime.max_restarts) {
             fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
-            return 1;
+            return ended(1, "FAILED");
         }
         log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;
     }
-    if (rc == SUPERVISOR_PREEMPTED) return requeue_after_stop(&job, &slurm, start_step, err.msg);
+    if (rc == SUPERVISOR_PREEMPTED) return ended(requeue_after_stop(&job, &slurm, start_step, err.msg), "KILLED");
     if (rc > 0) {
         fprintf(stderr, "fsdpd: %s\n", err.msg);
-        return 1;
+        return ended(1, "KILLED");
     }
     log_event(-1, "job finished");
     /* The checkpoint is one, in the shared directory: the leader consolidates it. */
     if (job.output.consolidate && slurm.node_id == 0 && consolidate_output(&job, &err)) {
         fprintf(stderr, "fsdpd: consolidation failed: %s\n", err.msg);
-        return 1;
+        return ended(1, "FAILED");
     }
     /* The summary, in the log and run.json (the leader's: the one that wrote run.json). */
     if (slurm.node_id == 0 && run_report_finish(&record, opt.job, &progress, &err)) {
         fprintf(stderr, "fsdpd: the run's summary: %s\n", err.msg);
-        return 1;
+        return ended(1, "FAILED");
     }
-    return 0;
+    return ended(0, "FINISHED");
 
 bad_job:
     fprintf(stderr, "fsdpd: %s\n", err.msg);

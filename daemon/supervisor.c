@@ -27,10 +27,12 @@
 #include "daemon/cluster.h"
 #include "daemon/locator.h"
 #include "daemon/log.h"
+#include "daemon/mlflow_log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
 #include "daemon/status_server.h"
+#include "daemon/tensorboard.h"
 #include "kernels/kernels.h"
 #include "model/step_plan.h"
 #include "proto/msg.h"
@@ -81,6 +83,7 @@ struct supervisor {
     double grace_at;      /* when the grace timer fires (0: not armed) */
     int sigint_count;
     FILE *metrics;
+    tb_writer *tb;          /* runtime.log_to tensorboard, on the leader */
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
     int run_marked;         /* this run's first metrics line carries "run_start" */
@@ -328,6 +331,18 @@ static int mark_run_start(supervisor *s, json_t *line) {
     return json_object_set_new(line, "run_start", json_pack("{s:s, s:I}", "kind", kind, "from_step", (json_int_t)from));
 }
 
+/* Rank 0's step to runtime.log_to's destinations; a TensorBoard file that cannot be written is
+ * logged once and closed (the job goes on: metrics.jsonl has every step). */
+static void log_step(supervisor *s, const msg_metrics *x) {
+    mlflow_log_step(s->opt->mlflow, x);
+    errbuf err;
+    if (s->tb && tb_writer_step(s->tb, x, &err)) {
+        log_event(-1, "runtime.log_to tensorboard: %s; no more TensorBoard events this run", err.msg);
+        tb_writer_close(s->tb);
+        s->tb = NULL;
+    }
+}
+
 /* Prints the step and appends the metrics line: the METRICS message, its rank and the time. */
 static void on_metrics(supervisor *s, worker *w, const msg *m) {
     const msg_metrics *x = &m->u.metrics;
@@ -346,6 +361,7 @@ static void on_metrics(supervisor *s, worker *w, const msg *m) {
         log_event(-1, "cannot append to the metrics file: %s", text ? strerror(errno) : "out of memory");
     free(text);
     json_decref(line);
+    if (w->rank == 0) log_step(s, x);
 }
 
 /* ---- checkpoints ---- */
@@ -918,6 +934,15 @@ static int open_metrics(supervisor *s, errbuf *err) {
     return 0;
 }
 
+/* This run's TensorBoard file, on the leader (where rank 0's METRICS arrive). */
+static int open_tensorboard(supervisor *s, errbuf *err) {
+    if (!(s->job.runtime.log_to & JOB_LOG_TENSORBOARD) || is_follower(s)) return 0;
+    int64_t first = s->ckpt_start.resume_dir[0] ? s->ckpt_start.resume_step + 1 : 1;
+    if (tb_writer_open(&s->tb, &s->job, s->opt->restart, first, err)) return -1;
+    log_event(-1, "TensorBoard events in %s", tb_writer_path(s->tb));
+    return 0;
+}
+
 static int setup_events(supervisor *s, errbuf *err) {
     s->base = event_base_new();
     if (!s->base) return errf(err, "cannot create the event loop");
@@ -955,6 +980,7 @@ static void teardown(supervisor *s) {
         if (events[i]) event_free(events[i]);
     if (s->base) event_base_free(s->base);
     if (s->metrics) fclose(s->metrics);
+    tb_writer_close(s->tb);
     if (s->model_fd >= 0) close(s->model_fd);
     free(s->workers);
 }
@@ -1070,6 +1096,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = report_start(&s, err);
+    if (rc == 0) rc = open_tensorboard(&s, err);
     if (rc == 0) rc = setup_model(&s, err);
     if (rc == 0) rc = open_metrics(&s, err);
     for (int r = 0; rc == 0 && r < opt->workers; r++) {

@@ -54,6 +54,7 @@ typedef struct supervisor_options {
      * writes job.json and run.json), and the progress from rank 0's METRICS; both NULL: none. */
     struct run_record *record;
     struct run_progress *progress;
+    struct mlflow_log *mlflow;  /* runtime.log_to mlflow (daemon/mlflow_log.h): rank 0's steps; NULL: none */
     int restart;                /* fsdpd's restarts before this run */
 } supervisor_options;
 

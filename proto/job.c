@@ -39,6 +39,7 @@ typedef enum key_type {
     K_BETAS,   /* double[2], each in [0, 1) */
     K_TARGETS, /* lora.targets: a list of projection names */
     K_RESUME,  /* checkpoint.resume and checkpoint.resume_step */
+    K_LOG_TO,  /* runtime.log_to: a list of destination names, JOB_LOG_* bits */
 } key_type;
 
 typedef struct choice {
@@ -184,6 +185,10 @@ static const job_key keys[] = {
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
     NUM("runtime", "log_every", K_INT, runtime.log_every, 1, INT_MAX),
     NUM("runtime", "gpu_memory_limit", K_SIZE, runtime.gpu_memory_limit, 0, INFINITY),
+    OTHER("runtime", "log_to", K_LOG_TO, runtime.log_to),
+    STR("runtime", "mlflow_uri", runtime.mlflow_uri, 0),
+    STR("runtime", "mlflow_experiment", runtime.mlflow_experiment, 1),
+    OTHER("runtime", "log_required", K_BOOL, runtime.log_required),
 
     OTHER("fabric", "require", K_BOOL, fabric.require),
     CHOICE("fabric", "preflight", fabric.preflight, preflight_choices),
@@ -297,6 +302,7 @@ void job_defaults(job_config *j) {
     j->runtime.log_every = 1;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
+    strcpy(j->runtime.mlflow_experiment, "Default"); /* the one every MLflow server has */
     j->fabric.require = true;
     lora_config_of(j, &j->lora.config); /* the defaults' own, as job_resolve derives it */
 }
@@ -618,6 +624,57 @@ static int set_targets(job_config *j, const job_key *k, const json_t *v, errbuf 
     return 0;
 }
 
+/* runtime.log_to's names, in the order job_to_object writes them; "tqdm" is stdout's other
+ * name (the step lines), "none" an empty list (the Trainer's report_to spelling). */
+static const choice log_to_names[] = {
+    {"stdout", JOB_LOG_STDOUT}, {"tensorboard", JOB_LOG_TENSORBOARD}, {"mlflow", JOB_LOG_MLFLOW},
+    {"tqdm", JOB_LOG_STDOUT}, {"none", 0}, {NULL, 0}};
+
+static int log_to_name(const job_key *k, size_t i, const char *s, unsigned *bits, errbuf *err) {
+    if (!strcmp(s, "wandb"))
+        return errf(err, "%s.%s[%zu]: 'wandb' is not built yet: compute nodes usually have no network. "
+                         "Log to tensorboard and upload its event files from a machine that has: "
+                         "wandb sync --sync-tensorboard OUTPUT_DIR/tensorboard", k->section, k->name, i);
+    for (const choice *c = log_to_names; c->name; c++)
+        if (!strcmp(c->name, s)) {
+            *bits |= (unsigned)c->value;
+            return 0;
+        }
+    return errf(err, "%s.%s[%zu]: unknown destination '%s' (valid: stdout, tqdm, tensorboard, mlflow, none)",
+                k->section, k->name, i, s);
+}
+
+/* A list of names, or one name as a string. */
+static int set_log_to(unsigned *field, const job_key *k, const json_t *v, errbuf *err) {
+    unsigned bits = 0;
+    if (json_is_string(v)) {
+        if (log_to_name(k, 0, json_string_value(v), &bits, err)) return -1;
+        *field = bits;
+        return 0;
+    }
+    if (!json_is_array(v)) return wrong_type(k, "a list of destination names", v, err);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_string(e))
+            return errf(err, "%s.%s[%zu]: expected a string, got %s", k->section, k->name, i, json_kind(e));
+        if (!strcmp(json_string_value(e), "none") && json_array_size(v) > 1)
+            return errf(err, "%s.%s[%zu]: 'none' with other destinations", k->section, k->name, i);
+        if (log_to_name(k, i, json_string_value(e), &bits, err)) return -1;
+    }
+    *field = bits;
+    return 0;
+}
+
+static json_t *get_log_to(unsigned bits) {
+    json_t *v = json_array();
+    for (const choice *c = log_to_names; v && c->name && strcmp(c->name, "tqdm"); c++)
+        if ((bits & (unsigned)c->value) && json_array_append_new(v, json_string(c->name))) {
+            json_decref(v);
+            v = NULL;
+        }
+    return v;
+}
+
 static int set_resume(job_config *j, const job_key *k, const json_t *v, errbuf *err) {
     if (!json_is_string(v)) return wrong_type(k, "a string", v, err);
     const char *s = json_string_value(v);
@@ -674,6 +731,7 @@ static int set_value(job_config *j, const job_key *k, const json_t *v, errbuf *e
     case K_BETAS: return set_betas((double *)field, k, v, err);
     case K_TARGETS: return set_targets(j, k, v, err);
     case K_RESUME: return set_resume(j, k, v, err);
+    case K_LOG_TO: return set_log_to((unsigned *)field, k, v, err);
     }
     return errf(err, "%s: unknown key type %d", what, (int)k->type);
 }
@@ -755,6 +813,7 @@ static json_t *get_key(const job_config *j, const job_key *k, errbuf *err) {
         v = json_string(buf);
         break;
     }
+    case K_LOG_TO: v = get_log_to(*(const unsigned *)field); break;
     }
     return v ? v : oom(err);
 }
@@ -871,7 +930,7 @@ static json_t *list_item(const job_key *k, const char *p, size_t n, errbuf *err)
     }
     memcpy(item, p, n);
     item[n] = '\0';
-    if (k->type == K_TARGETS) {
+    if (k->type == K_TARGETS || k->type == K_LOG_TO) {
         json_t *e = json_string(item);
         if (!e) errf(err, "%s.%s: '%s' is not valid UTF-8", k->section, k->name, item);
         return e;
@@ -952,7 +1011,8 @@ static json_t *value_from_text(const job_key *k, const char *text, errbuf *err) 
     case K_TARGETS:
         if (strcmp(text, "all-linear") == 0) return json_string(text);
         return list_from_text(k, text, err);
-    case K_BETAS: return list_from_text(k, text, err);
+    case K_BETAS:
+    case K_LOG_TO: return list_from_text(k, text, err);
     }
     return v ? v : oom(err);
 }
@@ -1268,6 +1328,10 @@ static int check_unused(const job_config *j, errbuf *err) {
                  (!strcmp(k->name, "template") || !strcmp(k->name, "truncate") || !strcmp(k->name, "on_bad_record")))
             why = "data.format is tokens: a token cache was templated, truncated and filtered when it was "
                   "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat or text)";
+        else if (!strcmp(k->section, "runtime") && !strncmp(k->name, "mlflow_", 7) && !(j->runtime.log_to & JOB_LOG_MLFLOW))
+            why = "runtime.log_to has no mlflow";
+        else if (!strcmp(k->section, "runtime") && !strcmp(k->name, "log_required") && !(j->runtime.log_to & JOB_LOG_MLFLOW))
+            why = "runtime.log_to has no mlflow (it is what may be unreachable at the start)";
         else if (!strcmp(k->section, "output") && !strcmp(k->name, "shard_size") && adapters && !j->output.merge)
             why = "an adapter job's output is one adapter_model.safetensors, never sharded (PEFT's layout); "
                   "output.shard_size applies to the merged model of output.merge";
@@ -1282,6 +1346,19 @@ static int check_unused(const job_config *j, errbuf *err) {
     if (j->train.eval_interval > 0 && j->data.eval_fraction == 0)
         return errf(err, "train.eval_interval: %d is set but data.eval_fraction is 0: no data is held out to "
                          "evaluate (set data.eval_fraction, e.g. 0.05)", j->train.eval_interval);
+    return 0;
+}
+
+/* runtime.log_to mlflow: a tracking server over HTTP(S). */
+static int check_logging(const job_config *j, errbuf *err) {
+    const char *uri = j->runtime.mlflow_uri;
+    if (!(j->runtime.log_to & JOB_LOG_MLFLOW)) return 0;
+    if (!uri[0])
+        return errf(err, "runtime.mlflow_uri: required with runtime.log_to mlflow (the tracking server, "
+                         "e.g. http://127.0.0.1:5000)");
+    if (strncmp(uri, "http://", 7) && strncmp(uri, "https://", 8))
+        return errf(err, "runtime.mlflow_uri: '%s': only an http:// or https:// tracking server is built "
+                         "(a local file store or databricks URI is not built yet)", uri);
     return 0;
 }
 
@@ -1305,7 +1382,8 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return check_adapters(j, err) || check_sharding(j, err) || check_unused(j, err) ? -1 : 0;
+    return check_adapters(j, err) || check_sharding(j, err) || check_logging(j, err) || check_unused(j, err) ? -1
+                                                                                                            : 0;
 }
 
 json_t *job_to_object(const job_config *j, errbuf *err) {

@@ -37,6 +37,11 @@
 #define JOB_MAX_TARGETS 16
 #define JOB_FILE_MAX (1u << 20) /* job_load refuses larger files */
 #define JOB_MAX_RECORD_BYTES (64ll << 20) /* data.max_record_bytes' default */
+#define JOB_URI_MAX 512
+
+/* runtime.log_to's destinations, a bit each (the job file names them: "stdout" (or "tqdm"),
+ * "tensorboard", "mlflow"). */
+enum { JOB_LOG_STDOUT = 1u << 0, JOB_LOG_TENSORBOARD = 1u << 1, JOB_LOG_MLFLOW = 1u << 2 };
 
 typedef enum job_init { JOB_INIT_PRETRAINED, JOB_INIT_RANDOM } job_init;
 typedef enum job_dtype { JOB_DTYPE_AUTO, JOB_DTYPE_F32, JOB_DTYPE_BF16 } job_dtype;
@@ -167,6 +172,10 @@ typedef struct job_config {
         int comm_timeout_s;
     int log_every;            /* the step line every N steps (the last and eval steps always) */
         int64_t gpu_memory_limit; /* bytes of context memory per worker; 0: none */
+        unsigned log_to;          /* JOB_LOG_* bits */
+        char mlflow_uri[JOB_URI_MAX];        /* the tracking server, http:// or https:// */
+        char mlflow_experiment[JOB_HOST_MAX]; /* its experiment's name */
+        bool log_required;        /* an unreachable tracking server fails the job at start */
     } runtime;
     struct {
         bool require;          /* refuse to start when EFA is present but no NCCL plugin loads */

@@ -8,6 +8,6 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential pkg-config clang libclang-rt-dev \
     libevent-dev libjansson-dev libopenblas-dev libcmocka-dev \
-    libpmix-dev libfabric-dev libpcre2-dev \
+    libpmix-dev libfabric-dev libpcre2-dev libcurl4-openssl-dev \
     python3 python3-venv ca-certificates util-linux procps iproute2 \
     slurm-client slurmctld slurmd munge >/dev/null

@@ -569,6 +569,72 @@ static void test_sizes(void **state) {
     override_fails(&j, "--runtime.gpu_memory_limit=lots", "runtime.gpu_memory_limit: 'lots' is not a size");
 }
 
+/* runtime.log_to: names in a list (or one as a string), comma separated on the command line,
+ * wandb refused with the recipe, the mlflow keys only with mlflow. */
+static void test_log_to(void **state) {
+    (void)state;
+    job_config j;
+    errbuf err = {""};
+    assert_int_equal(parse(&j, "{}", &err), 0);
+    assert_int_equal(j.runtime.log_to, 0);
+    assert_string_equal(j.runtime.mlflow_experiment, "Default");
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":[\"tensorboard\",\"tqdm\"]}}", &err), 0);
+    assert_int_equal(j.runtime.log_to, JOB_LOG_TENSORBOARD | JOB_LOG_STDOUT);
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":\"mlflow\"}}", &err), 0);
+    assert_int_equal(j.runtime.log_to, JOB_LOG_MLFLOW);
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":[\"none\"]}}", &err), 0);
+    assert_int_equal(j.runtime.log_to, 0);
+    must_override(&j, "--runtime.log_to=tensorboard,mlflow");
+    assert_int_equal(j.runtime.log_to, JOB_LOG_TENSORBOARD | JOB_LOG_MLFLOW);
+    must_override(&j, "--runtime.log_to=[\"stdout\"]");
+    assert_int_equal(j.runtime.log_to, JOB_LOG_STDOUT);
+    must_override(&j, "--runtime.log_to=none");
+    assert_int_equal(j.runtime.log_to, 0);
+    override_fails(&j, "--runtime.log_to=tensorboard,wandb",
+                   "runtime.log_to[1]: 'wandb' is not built yet: compute nodes usually have no network");
+    override_fails(&j, "--runtime.log_to=wandb", "wandb sync --sync-tensorboard OUTPUT_DIR/tensorboard");
+    override_fails(&j, "--runtime.log_to=comet", "runtime.log_to[0]: unknown destination 'comet'");
+    override_fails(&j, "--runtime.log_to=", "unknown destination ''");
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":[\"none\",\"mlflow\"]}}", &err), -1);
+    assert_contains(err.msg, "runtime.log_to[0]: 'none' with other destinations");
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":[1]}}", &err), -1);
+    assert_contains(err.msg, "runtime.log_to[0]: expected a string, got an integer");
+    assert_int_equal(parse(&j, "{\"runtime\":{\"log_to\":{}}}", &err), -1);
+    assert_contains(err.msg, "runtime.log_to: expected a list of destination names, got an object");
+
+    /* job_to_object writes the canonical names, which read back the same */
+    assert_int_equal(parse(&j, "{" MD ",\"runtime\":{\"log_to\":[\"mlflow\",\"tqdm\",\"tensorboard\"],"
+                               "\"mlflow_uri\":\"http://127.0.0.1:5000\"}}", &err), 0);
+    assert_int_equal(resolve_and_validate(&j, 1, &err), 0);
+    json_t *o = job_to_object(&j, &err);
+    assert_non_null(o);
+    char *text = json_dumps(json_object_get(json_object_get(o, "runtime"), "log_to"), JSON_COMPACT);
+    assert_string_equal(text, "[\"stdout\",\"tensorboard\",\"mlflow\"]");
+    free(text);
+    job_config back;
+    if (job_from_object(&back, o, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(back.runtime.log_to, j.runtime.log_to);
+    json_decref(o);
+
+    /* mlflow needs an http(s) URI; its keys and log_required are refused without it */
+    static const bad_case bad[] = {
+        {"{" MD ",\"runtime\":{\"log_to\":[\"mlflow\"]}}", 1, "runtime.mlflow_uri: required with runtime.log_to mlflow", NULL},
+        {"{" MD ",\"runtime\":{\"log_to\":[\"mlflow\"],\"mlflow_uri\":\"file:///tmp/mlruns\"}}", 1,
+         "runtime.mlflow_uri: 'file:///tmp/mlruns': only an http:// or https:// tracking server is built", NULL},
+        {"{" MD ",\"runtime\":{\"mlflow_uri\":\"http://x\"}}", 1, "runtime.mlflow_uri: \"http://x\" is set but runtime.log_to has no mlflow", NULL},
+        {"{" MD ",\"runtime\":{\"log_to\":[\"tensorboard\"],\"mlflow_experiment\":\"e\"}}", 1,
+         "runtime.mlflow_experiment: \"e\" is set but runtime.log_to has no mlflow", NULL},
+        {"{" MD ",\"runtime\":{\"log_required\":true}}", 1, "runtime.log_required: true is set but runtime.log_to has no mlflow", NULL},
+        {"{\"runtime\":{\"mlflow_experiment\":\"\"}}", 1, "runtime.mlflow_experiment: must not be empty", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = parse(&j, bad[i].json, &err);
+        if (rc == 0) rc = resolve_and_validate(&j, bad[i].world, &err);
+        if (rc == 0) fail_msg("accepted: %s", bad[i].json);
+        assert_contains(err.msg, bad[i].part1);
+    }
+}
+
 static void test_resolve_runtime(void **state) {
     (void)state;
     job_config j;
@@ -783,6 +849,7 @@ int main(void) {
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_gradient_accumulation_too_large),
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_log_to),
         cmocka_unit_test(test_resolve_runtime),
         cmocka_unit_test(test_validate_rechecks_keys),
         cmocka_unit_test(test_validate_changes_nothing),
