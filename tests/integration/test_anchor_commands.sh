@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The anchors' command lines (../shared/anchors/commands.md, F40), each as its users type it with
 # only the program name changed: it stops at start with exactly the refusal its mapping defines (a
-# hub id, --world_size, --log_to wandb until F42), and run again with only the refused flags
+# hub id, --world_size, --log_to wandb), and run again with only the refused flags
 # changed as the message says (a local path for a hub id), it trains on the CPU backend, and its
 # resolved job (OUTPUT_DIR/job.json) holds what its flags mean, with its tool's defaults.
 source "$(dirname "$0")/lib.sh"
@@ -114,10 +114,12 @@ refused full "--world_size: fsdpd runs one worker per GPU on every node SLURM gi
 line full --master_port 12356 --model_name Llama-2-7b-hf "${full[@]}" --log_to wandb --dataset alpaca64.jsonl
 refused full "--master_port: fsdpd's nodes find each other through SLURM (PMIx or its rendezvous file) and choose their ports: drop it"
 line full --model_name Llama-2-7b-hf "${full[@]}" --log_to wandb --dataset alpaca64.jsonl
-refused full "--log_to wandb: not built yet (F42: runtime.log_to); fsdpd writes metrics.jsonl and its step lines (drop --log_to, or --log_to none)"
+refused full "--log_to: runtime.log_to[0]: 'wandb' is not built yet: compute nodes usually have no network. Log to tensorboard and upload its event files from a machine that has: wandb sync --sync-tensorboard OUTPUT_DIR/tensorboard"
 rm -rf output output.checkpoints
-line full --model_name Llama-2-7b-hf "${full[@]}" --log_to none --dataset alpaca64.jsonl
+line full --model_name Llama-2-7b-hf "${full[@]}" --log_to tensorboard --dataset alpaca64.jsonl
 trained full
+ls output/tensorboard/events.out.tfevents.* > /dev/null || fail "--log_to tensorboard wrote no event file"
+resolved $j runtime.log_to '["tensorboard"]' 
 resolved $j train.type '"full"'
 resolved $j train.global_batch 64 # 8 x 4 x 2 ranks
 resolved $j train.accumulation 4
@@ -134,9 +136,9 @@ refused guanaco "--dataset: 'guanaco' is a data set name of fsdp_qlora's"
 line guanaco --train_type qlora --dataset guanaco.jsonl --batch_size 8 --lr_scheduler cosine \
     --log_to wandb --save_model True --output_dir guanaco_7B --gradient_accumulation_steps 2 --lr 2e-4 \
     --model_name Llama-2-7b-hf
-refused guanaco "--log_to wandb: not built yet (F42: runtime.log_to)"
+refused guanaco "'wandb' is not built yet: compute nodes usually have no network"
 line guanaco --train_type qlora --dataset guanaco.jsonl --batch_size 8 --lr_scheduler cosine \
-    --log_to none --save_model True --output_dir guanaco_7B --gradient_accumulation_steps 2 --lr 2e-4 \
+    --log_to stdout --save_model True --output_dir guanaco_7B --gradient_accumulation_steps 2 --lr 2e-4 \
     --model_name Llama-2-7b-hf
 trained guanaco
 j=guanaco_7B/job.json

@@ -247,8 +247,10 @@ static void test_refusals_and_notes(void **state) {
     fails("--model_name meta-llama/Llama-2-70b-hf",
           "--model_name: 'meta-llama/Llama-2-70b-hf' looks like a Hugging Face hub id and is no directory here");
     fails("--dataset_name smangrul/code-chat-assistant-v1", "huggingface-cli download smangrul/code-chat-assistant-v1");
-    fails("--log_to wandb", "--log_to wandb: not built yet (F42: runtime.log_to)");
-    fails("--report_to wandb --learning_rate 1e-4", "--report_to wandb: not built yet (F42: runtime.log_to)");
+    fails("--log_to wandb", "--log_to: runtime.log_to[0]: 'wandb' is not built yet: compute nodes usually have no "
+                            "network. Log to tensorboard");
+    fails("--report_to wandb --learning_rate 1e-4", "wandb sync --sync-tensorboard OUTPUT_DIR/tensorboard");
+    fails("--report_to all", "--report_to all: name the destinations");
     fails("--push_to_hub True", "upload the output from a login node: huggingface-cli upload REPO_ID OUTPUT_DIR");
     fails("--precision fp32", "--precision fp32: not built yet");
     fails("--precision mp_fp16_autocast", "not built yet: fp16 needs loss scaling");
@@ -271,6 +273,11 @@ static void test_refusals_and_notes(void **state) {
     assert_true(noted(&notes, "--reentrant_checkpointing true: no meaning in fsdpd"));
     assert_true(noted(&notes, "--precision mp_bf16_buffers_autocast: fsdpd computes in bf16"));
     assert_true(noted(&notes, "--log_to stdout: fsdpd's step lines"));
+    assert_int_equal(j.runtime.log_to, JOB_LOG_STDOUT);
+    must_load("--report_to tensorboard,mlflow --learning_rate 1e-4", &j, NULL);
+    assert_int_equal(j.runtime.log_to, JOB_LOG_TENSORBOARD | JOB_LOG_MLFLOW);
+    must_load("--report_to none --learning_rate 1e-4", &j, NULL);
+    assert_int_equal(j.runtime.log_to, 0);
     assert_true(noted(&notes, "--verbose true: fsdpd's log already says"));
     must_load("--use_flash_attn True --per_device_eval_batch_size 4 --bf16 True --push_to_hub False", &j, &notes);
     assert_true(noted(&notes, "--use_flash_attn True: fsdpd's attention is always its fused"));
