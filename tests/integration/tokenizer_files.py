@@ -9,10 +9,13 @@
         where Llama 3 takes up to three; then ByteLevel without its regex), decoder and added
         tokens (22 for Qwen2.5, Qwen3 four more: <tool_response>, </tool_response>, <think>,
         </think>).  With a template, a tokenizer_config.json holding it as chat_template.
-    tokenizer_files.py spm TOKENIZER_MODEL OUT_DIR
+    tokenizer_files.py spm TOKENIZER_MODEL OUT_DIR [CHAT_TEMPLATE.jinja]
         a SentencePiece tokenizer.model (Mistral v0.3's, from mistral-common) as transformers
         converts it (LlamaTokenizer, legacy=False: a Metaspace pre-tokenizer with
-        prepend_scheme "first"), with BOS added by its post-processor as Mistral's config says.
+        prepend_scheme "first"), with BOS added by its post-processor as Mistral's config says;
+        with a template, a tokenizer_config.json (<s>, </s>) holding it.
+    tokenizer_files.py config OUT_DIR CHAT_TEMPLATE.jinja BOS EOS
+        only that tokenizer_config.json.
 """
 import json
 import os
@@ -64,15 +67,19 @@ def qwen(tiktoken_file, variant, out, template=None):
     with open(f"{out}/tokenizer.json", "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False)
     if template:
-        cfg = {"add_bos_token": False, "bos_token": None, "eos_token": "<|im_end|>",
-               "pad_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer",
-               "chat_template": open(template, encoding="utf-8").read()}
-        with open(f"{out}/tokenizer_config.json", "w", encoding="utf-8") as f:
-            json.dump(cfg, f, ensure_ascii=False)
+        config(out, template, None, "<|im_end|>", add_bos_token=False, pad_token="<|endoftext|>",
+               tokenizer_class="Qwen2Tokenizer")
     print(f"{out}: {variant}, {QWEN_REGULAR} + {len(added)} tokens")
 
 
-def spm(model_file, out):
+def config(out, template, bos, eos, **extra):
+    cfg = dict({"bos_token": bos, "eos_token": eos,
+                "chat_template": open(template, encoding="utf-8").read()}, **extra)
+    with open(f"{out}/tokenizer_config.json", "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False)
+
+
+def spm(model_file, out, template=None):
     import shutil
     import tempfile
     from transformers import LlamaTokenizer
@@ -81,9 +88,11 @@ def spm(model_file, out):
         tok = LlamaTokenizer.from_pretrained(d, legacy=False, add_bos_token=True, add_eos_token=False)
     os.makedirs(out, exist_ok=True)
     tok.backend_tokenizer.save(f"{out}/tokenizer.json")
+    if template:
+        config(out, template, "<s>", "</s>")
     print(f"{out}: {model_file}, {tok.backend_tokenizer.get_vocab_size()} tokens")
 
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"qwen": qwen, "spm": spm}.get(cmd, lambda *a: sys.exit(f"unknown command {cmd}"))(*args)
+    {"qwen": qwen, "spm": spm, "config": config}.get(cmd, lambda *a: sys.exit(f"unknown command {cmd}"))(*args)
