@@ -14,6 +14,10 @@
         converts it (LlamaTokenizer, legacy=False: a Metaspace pre-tokenizer with
         prepend_scheme "first"), with BOS added by its post-processor as Mistral's config says;
         with a template, a tokenizer_config.json (<s>, </s>) holding it.
+    tokenizer_files.py tekken TEKKEN_JSON OUT_DIR
+        Mistral's tekken (Nemo and later; mistral-common ships tekken_240718.json) as
+        transformers' MistralConverter writes it: byte-level BPE with tiktoken's semantics
+        (ignore_merges), the tekken pattern, the 1,000 special tokens first.
     tokenizer_files.py config OUT_DIR CHAT_TEMPLATE.jinja BOS EOS
         only that tokenizer_config.json.
 """
@@ -93,6 +97,14 @@ def spm(model_file, out, template=None):
     print(f"{out}: {model_file}, {tok.backend_tokenizer.get_vocab_size()} tokens")
 
 
+def tekken(tekken_file, out):
+    from transformers.integrations.mistral.tokenizer import MistralConverter
+    tok = MistralConverter(tekken_file).converted()
+    os.makedirs(out, exist_ok=True)
+    tok.save(f"{out}/tokenizer.json")
+    print(f"{out}: {tekken_file}, {tok.get_vocab_size()} tokens")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"qwen": qwen, "spm": spm, "config": config}.get(cmd, lambda *a: sys.exit(f"unknown command {cmd}"))(*args)
+    {"qwen": qwen, "spm": spm, "tekken": tekken, "config": config}.get(cmd, lambda *a: sys.exit(f"unknown command {cmd}"))(*args)
