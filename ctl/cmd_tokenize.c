@@ -49,7 +49,7 @@ static int tokenize_usage(void) {
                     "       fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format "
                     "alpaca|chat|text\n"
                     "                        [--template llama3|llama2|chatml|qwen2.5|qwen3|mistral|\n"
-                    "                        mistral-v3|alpaca|auto] "
+                    "                        mistral-v3|mistral-tekken|alpaca|auto] "
                     "--seq-len N\n"
                     "                        [--out CACHE] [--show K] [--dump-jsonl OUT] "
                     "[--no-truncate]\n"

@@ -11,7 +11,8 @@
 #define QWEN_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 static const char *const template_names[TPL_COUNT] = {
-    "none", "llama3", "llama2", "chatml", "alpaca", "qwen2.5", "qwen3", "mistral", "mistral-v3"};
+    "none",  "llama3",  "llama2",     "chatml",        "alpaca",
+    "qwen2.5", "qwen3", "mistral", "mistral-v3", "mistral-tekken"};
 
 int chat_template_parse(const char *name, chat_template *t, errbuf *err) {
     *t = TPL_NONE;
@@ -29,13 +30,14 @@ const char *chat_template_name(chat_template t) {
 }
 
 /* The [INST] templates: Llama 2's by its <<SYS>> block; Mistral v0.1/v0.2's puts a space
- * before [INST], v0.3's none there nor before [/INST]; others (Nemo's "[INST]" + content,
- * the first v0.1 template's content + eos) are not built. */
+ * before [INST], v0.3's only after it and none before [/INST], Nemo's (tekken) none at all;
+ * the first v0.1 template ('[INST] ' + content + ' [/INST]', then content + eos) is not
+ * built. */
 static chat_template inst_template(const char *jinja) {
     if (strstr(jinja, "<<SYS>>")) return TPL_LLAMA2;
     if (strstr(jinja, " [INST] ")) return TPL_MISTRAL;
-    if (strstr(jinja, "[INST] ") && !strstr(jinja, " [/INST]")) return TPL_MISTRAL_V3;
-    return TPL_NONE;
+    if (strstr(jinja, " [/INST]")) return TPL_NONE;
+    return strstr(jinja, "[INST] ") ? TPL_MISTRAL_V3 : TPL_MISTRAL_TEKKEN;
 }
 
 /* Each built-in template by the strings its Jinja form always holds. */
@@ -115,6 +117,7 @@ int tpl_tokens_find(chat_template t, const tokenizer *tk, tpl_tokens *out, errbu
                              "and later): use mistral-v3");
         return need_id(out->bos, "bos", t, err) || need_id(out->eos, "eos", t, err);
     case TPL_MISTRAL_V3:
+    case TPL_MISTRAL_TEKKEN:
         return need_id(out->bos, "bos", t, err) || need_id(out->eos, "eos", t, err) ||
                need(&out->inst, tk, "[INST]", t, err) || need(&out->inst_end, tk, "[/INST]", t, err);
     case TPL_CHATML:
@@ -359,22 +362,25 @@ static int mistral_user(text_field sys, bool with_sys, const chat_msg *u, tpl_se
     return tpl_text(out, u->text, u->len, false);
 }
 
-static int render_mistral(const tpl_tokens *tok, const chat_msg *m, size_t n, bool v3, tpl_segs *out,
-                          errbuf *err) {
+/* mistral, mistral-v3 and mistral-tekken (t). */
+static int render_mistral(const tpl_tokens *tok, const chat_msg *m, size_t n, chat_template t,
+                          tpl_segs *out, errbuf *err) {
     text_field sys;
-    if (inst_roles(v3 ? "mistral-v3" : "mistral", &m, &n, &sys, err)) return -1;
+    if (inst_roles(chat_template_name(t), &m, &n, &sys, err)) return -1;
     size_t last_user = n && m[n - 1].role == ROLE_USER ? n - 1 : n - 2; /* n - 2 >= 0: roles alternate */
+    bool v3 = t == TPL_MISTRAL_V3, tekken = t == TPL_MISTRAL_TEKKEN;
     int rc = tpl_control(out, tok->bos, false);
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        if (m[i].role == ROLE_USER && v3)
-            rc = tpl_control(out, tok->inst, false) || LIT(out, " ", false) ||
+        if (m[i].role == ROLE_USER && (v3 || tekken))
+            rc = tpl_control(out, tok->inst, false) || (v3 && LIT(out, " ", false)) ||
                  mistral_user(sys, i == last_user, &m[i], out) || tpl_control(out, tok->inst_end, false);
         else if (m[i].role == ROLE_USER)
             rc = LIT(out, " [INST] ", false) || mistral_user(sys, i == 0, &m[i], out) ||
                  LIT(out, " [/INST]", false);
         else {
             text_field c = v3 ? py_strip(m[i].text, m[i].len) : (text_field){m[i].text, m[i].len};
-            rc = LIT(out, " ", true) || tpl_text(out, c.s, c.len, true) || tpl_control(out, tok->eos, true);
+            rc = (!tekken && LIT(out, " ", true)) || tpl_text(out, c.s, c.len, true) ||
+                 tpl_control(out, tok->eos, true);
         }
     }
     return rc ? errf(err, "out of memory") : 0;
@@ -410,7 +416,8 @@ int chat_render(chat_template t, const tpl_tokens *tok, const chat_msg *m, size_
     case TPL_QWEN25: return render_chatml(tok, m, n, t == TPL_QWEN25, out) ? errf(err, "out of memory") : 0;
     case TPL_QWEN3: return render_qwen3(tok, m, n, out) ? errf(err, "out of memory") : 0;
     case TPL_MISTRAL:
-    case TPL_MISTRAL_V3: return render_mistral(tok, m, n, t == TPL_MISTRAL_V3, out, err);
+    case TPL_MISTRAL_V3:
+    case TPL_MISTRAL_TEKKEN: return render_mistral(tok, m, n, t, out, err);
     case TPL_ALPACA:
         if (n != 2 || m[0].role != ROLE_USER || m[1].role != ROLE_ASSISTANT)
             return errf(err, "template alpaca: a conversation of one user turn and one assistant "

@@ -35,6 +35,9 @@
  *           alternate.  A system message joins the last user turn (S "\n\n" U), as the
  *           template does at inference and mistral-common always does (the Jinja template,
  *           given a conversation that ends with the assistant's turn, drops it).
+ *   mistral-tekken  Mistral Nemo's (tekken vocabulary): as mistral-v3 without the spaces:
+ *           [INST] content [/INST], assistant content [eos] (no strip); loss on the content
+ *           and [eos].
  *   alpaca  fsdp_qlora's InstructionDataset prompt (with or without an input), the output
  *           right after "### Response:", then [eos]; loss on the output and [eos].  Chat data
  *           with it: one user turn (the instruction) and one assistant turn.
@@ -61,11 +64,13 @@ typedef enum chat_template {
     TPL_QWEN3 = 6,
     TPL_MISTRAL = 7,
     TPL_MISTRAL_V3 = 8,
+    TPL_MISTRAL_TEKKEN = 9,
     TPL_COUNT
 } chat_template;
 
 /* The names, for messages. */
-#define CHAT_TEMPLATE_NAMES "llama3, llama2, chatml, qwen2.5, qwen3, mistral, mistral-v3, alpaca"
+#define CHAT_TEMPLATE_NAMES \
+    "llama3, llama2, chatml, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca"
 
 /* A name of CHAT_TEMPLATE_NAMES -> the template; "auto" and "" -> TPL_NONE (the caller
  * resolves it); anything else is an error naming data.template. */
@@ -73,7 +78,7 @@ int chat_template_parse(const char *name, chat_template *t, errbuf *err);
 const char *chat_template_name(chat_template t); /* "none" for TPL_NONE */
 /* The built-in template that a model's Jinja chat_template is, or TPL_NONE: by the strings
  * each always holds (Llama 2's <<SYS>> block tells it from Mistral's [INST]; Mistral v0.1's
- * " [INST] " from v0.3's "[INST] " and Nemo's "[INST]"+, which is not built). */
+ * " [INST] " from v0.3's "[INST] " and Nemo's "[INST]" without a space). */
 chat_template chat_template_recognise(const char *jinja);
 /* The template of model_dir/tokenizer_config.json's chat_template; an error naming
  * data.template when it is missing or not recognised. */

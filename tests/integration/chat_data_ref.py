@@ -96,7 +96,7 @@ def loss_spans(template, text, messages):
     spans, at = [], 0
     if template in ("llama2", "mistral"):
         return after_until(text, " [/INST]", "</s>")
-    if template == "mistral-v3":
+    if template in ("mistral-v3", "mistral-tekken"):
         return after_until(text, "[/INST]", "</s>")
     if template in ("qwen2.5", "qwen3"):
         return after_until(text, "<|im_start|>assistant\n", "<|im_end|>")
@@ -132,7 +132,7 @@ def chat(template, tokenizer_json, jinja_path, bos, eos, data, dump):
     want = []
     for line in open(data, encoding="utf-8"):
         messages = json.loads(line)["messages"]
-        if template == "mistral-v3" and messages[0]["role"] == "system" and messages[-1]["role"] != "user":
+        if template in ("mistral-v3", "mistral-tekken") and messages[0]["role"] == "system" and messages[-1]["role"] != "user":
             # fsdpd's rule (data/chat_template.h): the system message joins the last user
             # turn, where the template puts it when the conversation ends with that turn
             last = max(i for i, m in enumerate(messages) if m["role"] == "user")

