@@ -147,6 +147,24 @@ PY
 timeout 300 "$fsdpd" --job "$tmp/job.json" --train.max_steps=1 --train.warmup_steps=0 > "$tmp/run2.log" 2>&1 || { tail -30 "$tmp/run2.log"; fail "second run failed"; }
 grep -q "reusing the token cache" "$tmp/run2.log" || fail "the second run did not reuse the cache"
 
+# F43: fsdpd on chat JSONL with Qwen3's tokenizer and template (auto, from the tokenizer
+# directory next to the config): a small model of its vocabulary takes three steps.
+mkdir -p "$tmp/qmodel"
+ln -s "$tmp/qwen3/tokenizer.json" "$tmp/qmodel/tokenizer.json"
+ln -s "$tmp/qwen3/tokenizer_config.json" "$tmp/qmodel/tokenizer_config.json"
+cat > "$tmp/qmodel/config.json" <<JSON
+{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 151669,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
+ "rope_theta": 10000.0, "bos_token_id": 151643, "eos_token_id": 151645}
+JSON
+timeout 300 "$fsdpd" --job "$tmp/job.json" --model.config="$tmp/qmodel/config.json" --data.template=auto \
+    --data.path="$tmp/think.jsonl" --data.seq_len=64 --data.truncate=true --train.max_steps=3 --train.warmup_steps=0 \
+    --checkpoint.dir="$tmp/ck-qwen" --output.dir="$tmp/out-qwen" > "$tmp/qwen.log" 2>&1 ||
+    { tail -30 "$tmp/qwen.log"; fail "fsdpd on JSONL with Qwen3's tokenizer failed"; }
+grep -q "tokenizing $tmp/think.jsonl (format chat, template qwen3" "$tmp/qwen.log" || { cat "$tmp/qwen.log"; fail "fsdpd did not tokenize with qwen3"; }
+[ "$(grep -c '"loss"' "$tmp/out-qwen/metrics.jsonl")" = 3 ] || fail "the Qwen3 run did not take 3 steps"
+
 # A cache from another tokenizer is refused.
 "$fsdpctl" tokenize --tokenizer "$l3" --data "$tmp/arith.jsonl" --format chat --template llama3 --seq-len 48 \
     --out "$tmp/l3.tokens" > /dev/null
