@@ -1,9 +1,10 @@
 """Writes data/tk_unicode.c: the characters the `tokenizers` library's regex engine (Oniguruma)
 counts as \\p{L}, \\p{N}, \\s and the letter and mark categories Mistral's tekken pattern names
-(\\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo}, \\p{M}), as code point ranges, read from that engine itself (a Split
-pre-tokenizer removing everything else from a string of every code point).  PCRE2's own tables
-follow its release's Unicode version (10.42: Unicode 14; tokenizers 0.23: Unicode 16, and no
-U+180E in \\s), so data/tk_regex.c spells these classes out from this table instead.
+(\\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo}, \\p{M}), as code point ranges, read from that
+engine itself (a Split pre-tokenizer removing everything else from a string of every code
+point).  PCRE2's own tables follow its release's Unicode version (10.42: Unicode 14;
+tokenizers 0.23: Unicode 16, and no U+180E in \\s), so data/tk_regex.c spells these classes
+out from this table instead.
 
 usage: python scripts/gen_tokenizer_unicode.py > data/tk_unicode.c   (needs `tokenizers`)"""
 import tokenizers

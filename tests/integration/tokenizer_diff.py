@@ -2,8 +2,9 @@
 
 usage: tokenizer_diff.py FSDPCTL TOKENIZER.json COUNT SEED WORKDIR
 
-Generates COUNT seeded random strings (mixed scripts, combining marks and jamo, emoji, runs of spaces, tabs and newlines,
-U+00A0, U+3000, U+2028, U+0085, digits, text that looks like special tokens), encodes them
+Generates COUNT seeded random strings (mixed scripts, combining marks and jamo, emoji, runs of
+spaces, tabs and newlines, U+00A0, U+3000, U+2028, U+0085, digits, text that looks like special
+tokens), encodes them
 with both in both special-token modes (add_special_tokens on and off; special-token text
 matched, and with --split-special as plain text), and decodes the ids; any difference is
 printed and the exit status is 1.
