@@ -48,7 +48,7 @@ static int tokenize_usage(void) {
                     "                        [--no-add-special] [--split-special] [--json]\n"
                     "       fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format "
                     "alpaca|chat|text\n"
-                    "                        [--template llama3|llama2|chatml|qwen2.5|qwen3|mistral|\n"
+                    "                        [--template llama3|llama2|chatml|qwen2|qwen2.5|qwen3|mistral|\n"
                     "                        mistral-v3|mistral-tekken|alpaca|auto] "
                     "--seq-len N\n"
                     "                        [--out CACHE] [--show K] [--dump-jsonl OUT] "

@@ -8,11 +8,13 @@
 #include "base/fileio.h"
 #include "base/path.h"
 
-#define QWEN_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+/* The default system messages of Qwen2.5's and Qwen2's templates. */
+#define QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+#define QWEN2_SYSTEM "You are a helpful assistant."
 
 static const char *const template_names[TPL_COUNT] = {
     "none",  "llama3",  "llama2",     "chatml",        "alpaca",
-    "qwen2.5", "qwen3", "mistral", "mistral-v3", "mistral-tekken"};
+    "qwen2.5", "qwen3", "mistral", "mistral-v3", "mistral-tekken", "qwen2"};
 
 int chat_template_parse(const char *name, chat_template *t, errbuf *err) {
     *t = TPL_NONE;
@@ -46,7 +48,8 @@ chat_template chat_template_recognise(const char *jinja) {
     if (strstr(jinja, "[INST]") && strstr(jinja, "[/INST]")) return inst_template(jinja);
     if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
         if (strstr(jinja, "<think>") && strstr(jinja, "</think>")) return TPL_QWEN3;
-        if (strstr(jinja, QWEN_SYSTEM)) return TPL_QWEN25;
+        if (strstr(jinja, QWEN25_SYSTEM)) return TPL_QWEN25;
+        if (strstr(jinja, QWEN2_SYSTEM "<|im_end|>")) return TPL_QWEN2;
         return TPL_CHATML;
     }
     if (strstr(jinja, "### Instruction:") && strstr(jinja, "### Response:")) return TPL_ALPACA;
@@ -122,6 +125,7 @@ int tpl_tokens_find(chat_template t, const tokenizer *tk, tpl_tokens *out, errbu
                need(&out->inst, tk, "[INST]", t, err) || need(&out->inst_end, tk, "[/INST]", t, err);
     case TPL_CHATML:
     case TPL_QWEN25:
+    case TPL_QWEN2:
     case TPL_QWEN3:
         return need(&out->im_start, tk, "<|im_start|>", t, err) || need(&out->im_end, tk, "<|im_end|>", t, err);
     case TPL_ALPACA:
@@ -258,10 +262,13 @@ static int chatml_turn(const tpl_tokens *tok, chat_role r, text_field head, text
            LIT(out, "\n", false);
 }
 
-static int render_chatml(const tpl_tokens *tok, const chat_msg *m, size_t n, bool qwen_system,
+/* ChatML, with the default system message first (when not NULL) where the conversation has
+ * none. */
+static int render_chatml(const tpl_tokens *tok, const chat_msg *m, size_t n, const char *default_system,
                          tpl_segs *out) {
-    static const text_field none = {"", 0}, sys = {QWEN_SYSTEM, sizeof QWEN_SYSTEM - 1};
-    if (qwen_system && (!n || m[0].role != ROLE_SYSTEM) && chatml_turn(tok, ROLE_SYSTEM, none, sys, out))
+    static const text_field none = {"", 0};
+    if (default_system && (!n || m[0].role != ROLE_SYSTEM) &&
+        chatml_turn(tok, ROLE_SYSTEM, none, (text_field){default_system, strlen(default_system)}, out))
         return -1;
     for (size_t i = 0; i < n; i++)
         if (chatml_turn(tok, m[i].role, none, (text_field){m[i].text, m[i].len}, out)) return -1;
@@ -413,7 +420,11 @@ int chat_render(chat_template t, const tpl_tokens *tok, const chat_msg *m, size_
     case TPL_LLAMA3: return render_llama3(tok, m, n, out) ? errf(err, "out of memory") : 0;
     case TPL_LLAMA2: return render_llama2(tok, m, n, out, err);
     case TPL_CHATML:
-    case TPL_QWEN25: return render_chatml(tok, m, n, t == TPL_QWEN25, out) ? errf(err, "out of memory") : 0;
+    case TPL_QWEN25:
+    case TPL_QWEN2: {
+        const char *sys = t == TPL_QWEN25 ? QWEN25_SYSTEM : t == TPL_QWEN2 ? QWEN2_SYSTEM : NULL;
+        return render_chatml(tok, m, n, sys, out) ? errf(err, "out of memory") : 0;
+    }
     case TPL_QWEN3: return render_qwen3(tok, m, n, out) ? errf(err, "out of memory") : 0;
     case TPL_MISTRAL:
     case TPL_MISTRAL_V3:

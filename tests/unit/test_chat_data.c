@@ -168,6 +168,8 @@ static void test_template_auto(void **state) {
     assert_int_equal(chat_template_recognise("<|im_start|>{{ c }}<|im_end|>"), TPL_CHATML);
     assert_int_equal(chat_template_recognise("<|im_start|>You are Qwen, created by Alibaba Cloud. "
                                              "You are a helpful assistant.<|im_end|>"), TPL_QWEN25);
+    assert_int_equal(chat_template_recognise("<|im_start|>system\\nYou are a helpful assistant.<|im_end|>"),
+                     TPL_QWEN2);
     assert_int_equal(chat_template_recognise("<|im_start|><think>\\n</think><|im_end|>"), TPL_QWEN3);
     free(jinja);
     assert_int_equal(chat_template_parse("vicuna", &t, &err), -1);
