@@ -26,7 +26,9 @@ static const subcommand subcommands[] = {
      "  fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | --jsonl FILE)\n"
      "                   [--no-add-special] [--split-special] [--json]\n"
      "  fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format alpaca|chat|text --seq-len N\n"
-     "                   [--template llama3|llama2|chatml|alpaca|auto] [--out CACHE] [--show K]\n"
+     "                   [--template llama3|llama2|chatml|qwen2|qwen2.5|qwen3|mistral|mistral-v3|\n"
+     "                    mistral-tekken|alpaca|auto]\n"
+     "                   [--out CACHE] [--show K]\n"
      "                   [--dump-jsonl OUT] [--no-truncate] [--on-bad-record fail|skip] [--threads N]"},
     {"consolidate", cmd_consolidate,
      "consolidate CKPT[/step-N] OUT [--dtype bf16|f32] [--shard-size 5GB] [--threads N] "

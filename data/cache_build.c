@@ -300,7 +300,7 @@ int resolve_template(const char *name, job_data_format format, const char *token
     struct stat st;
     if (stat(tokenizer_path, &st) != 0 || !S_ISDIR(st.st_mode))
         return errf(err, "data.template: auto needs a model directory's tokenizer_config.json (%s "
-                         "is a file); set data.template to llama3, llama2, chatml or alpaca",
+                         "is a file); set data.template to one of " CHAT_TEMPLATE_NAMES,
                     tokenizer_path);
     return chat_template_from_model(tokenizer_path, t, err);
 }

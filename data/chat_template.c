@@ -8,8 +8,13 @@
 #include "base/fileio.h"
 #include "base/path.h"
 
-static const char *const template_names[TPL_COUNT] = {"none", "llama3", "llama2", "chatml",
-                                                      "alpaca"};
+/* The default system messages of Qwen2.5's and Qwen2's templates. */
+#define QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+#define QWEN2_SYSTEM "You are a helpful assistant."
+
+static const char *const template_names[TPL_COUNT] = {
+    "none",  "llama3",  "llama2",     "chatml",        "alpaca",
+    "qwen2.5", "qwen3", "mistral", "mistral-v3", "mistral-tekken", "qwen2"};
 
 int chat_template_parse(const char *name, chat_template *t, errbuf *err) {
     *t = TPL_NONE;
@@ -19,18 +24,34 @@ int chat_template_parse(const char *name, chat_template *t, errbuf *err) {
             *t = (chat_template)i;
             return 0;
         }
-    return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, alpaca, auto", name);
+    return errf(err, "data.template: '%s' is not one of " CHAT_TEMPLATE_NAMES ", auto", name);
 }
 
 const char *chat_template_name(chat_template t) {
     return t >= 0 && t < TPL_COUNT ? template_names[t] : "unknown";
 }
 
+/* The [INST] templates: Llama 2's by its <<SYS>> block; Mistral v0.1/v0.2's puts a space
+ * before [INST], v0.3's only after it and none before [/INST], Nemo's (tekken) none at all;
+ * the first v0.1 template ('[INST] ' + content + ' [/INST]', then content + eos) is not
+ * built. */
+static chat_template inst_template(const char *jinja) {
+    if (strstr(jinja, "<<SYS>>")) return TPL_LLAMA2;
+    if (strstr(jinja, " [INST] ")) return TPL_MISTRAL;
+    if (strstr(jinja, " [/INST]")) return TPL_NONE;
+    return strstr(jinja, "[INST] ") ? TPL_MISTRAL_V3 : TPL_MISTRAL_TEKKEN;
+}
+
 /* Each built-in template by the strings its Jinja form always holds. */
 chat_template chat_template_recognise(const char *jinja) {
     if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>")) return TPL_LLAMA3;
-    if (strstr(jinja, "[INST]") && strstr(jinja, "[/INST]")) return TPL_LLAMA2;
-    if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) return TPL_CHATML;
+    if (strstr(jinja, "[INST]") && strstr(jinja, "[/INST]")) return inst_template(jinja);
+    if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
+        if (strstr(jinja, "<think>") && strstr(jinja, "</think>")) return TPL_QWEN3;
+        if (strstr(jinja, QWEN25_SYSTEM)) return TPL_QWEN25;
+        if (strstr(jinja, QWEN2_SYSTEM "<|im_end|>")) return TPL_QWEN2;
+        return TPL_CHATML;
+    }
     if (strstr(jinja, "### Instruction:") && strstr(jinja, "### Response:")) return TPL_ALPACA;
     return TPL_NONE;
 }
@@ -56,7 +77,7 @@ int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *er
     errbuf ignored;
     if (file_read_all(path, 64u << 20, &text, &len, &ignored))
         return errf(err, "data.template: auto needs %s's chat_template (%s); set data.template to "
-                         "llama3, llama2, chatml or alpaca", path, ignored.msg);
+                         "one of " CHAT_TEMPLATE_NAMES, path, ignored.msg);
     json_t *cfg = tokenizer_config_parse(text, len, path, err);
     free(text);
     if (!cfg) return errprefix(err, "data.template: auto");
@@ -64,8 +85,8 @@ int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *er
     *t = jinja ? chat_template_recognise(jinja) : TPL_NONE;
     json_decref(cfg);
     if (*t == TPL_NONE)
-        return errf(err, "data.template: auto found %s in %s; set data.template to llama3, "
-                         "llama2, chatml or alpaca",
+        return errf(err, "data.template: auto found %s in %s; set data.template to one of "
+                         CHAT_TEMPLATE_NAMES,
                     jinja ? "a chat_template it does not recognise" : "no chat_template", path);
     return 0;
 }
@@ -93,7 +114,19 @@ int tpl_tokens_find(chat_template t, const tokenizer *tk, tpl_tokens *out, errbu
         return need_id(out->bos, "bos", t, err) || need(&out->start_header, tk, "<|start_header_id|>", t, err) ||
                need(&out->end_header, tk, "<|end_header_id|>", t, err) || need(&out->eot, tk, "<|eot_id|>", t, err);
     case TPL_LLAMA2: return need_id(out->bos, "bos", t, err) || need_id(out->eos, "eos", t, err);
+    case TPL_MISTRAL:
+        if (tokenizer_token_id(tk, "[INST]", 6) >= 0)
+            return errf(err, "data.template mistral: the tokenizer has an [INST] token (Mistral v0.3 "
+                             "and later): use mistral-v3");
+        return need_id(out->bos, "bos", t, err) || need_id(out->eos, "eos", t, err);
+    case TPL_MISTRAL_V3:
+    case TPL_MISTRAL_TEKKEN:
+        return need_id(out->bos, "bos", t, err) || need_id(out->eos, "eos", t, err) ||
+               need(&out->inst, tk, "[INST]", t, err) || need(&out->inst_end, tk, "[/INST]", t, err);
     case TPL_CHATML:
+    case TPL_QWEN25:
+    case TPL_QWEN2:
+    case TPL_QWEN3:
         return need(&out->im_start, tk, "<|im_start|>", t, err) || need(&out->im_end, tk, "<|im_end|>", t, err);
     case TPL_ALPACA:
     case TPL_NONE: return need_id(out->eos, "eos", t, err);
@@ -218,16 +251,146 @@ static int render_llama2(const tpl_tokens *tok, const chat_msg *m, size_t n, tpl
     return 0;
 }
 
-static int render_chatml(const tpl_tokens *tok, const chat_msg *m, size_t n, tpl_segs *out) {
+/* <|im_start|>ROLE\n, then the turn's text (head: no loss; body: an assistant's loss). */
+static int chatml_turn(const tpl_tokens *tok, chat_role r, text_field head, text_field body,
+                       tpl_segs *out) {
+    bool loss = r == ROLE_ASSISTANT;
+    const char *role = role_names[r];
+    return tpl_control(out, tok->im_start, false) || tpl_text(out, role, strlen(role), false) ||
+           LIT(out, "\n", false) || tpl_text(out, head.s, head.len, loss) ||
+           tpl_text(out, body.s, body.len, loss) || tpl_control(out, tok->im_end, loss) ||
+           LIT(out, "\n", false);
+}
+
+/* ChatML, with the default system message first (when not NULL) where the conversation has
+ * none. */
+static int render_chatml(const tpl_tokens *tok, const chat_msg *m, size_t n, const char *default_system,
+                         tpl_segs *out) {
+    static const text_field none = {"", 0};
+    if (default_system && (!n || m[0].role != ROLE_SYSTEM) &&
+        chatml_turn(tok, ROLE_SYSTEM, none, (text_field){default_system, strlen(default_system)}, out))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (chatml_turn(tok, m[i].role, none, (text_field){m[i].text, m[i].len}, out)) return -1;
+    return 0;
+}
+
+/* s without the newlines at its start (lead) and/or end (trail), as Python's strip('\n'). */
+static text_field strip_newlines(text_field s, bool lead, bool trail) {
+    while (lead && s.len && s.s[0] == '\n') s.s++, s.len--;
+    while (trail && s.len && s.s[s.len - 1] == '\n') s.len--;
+    return s;
+}
+
+/* The first / last occurrence of needle in s, or NULL. */
+static const char *find_first(text_field s, const char *needle) {
+    return memmem(s.s, s.len, needle, strlen(needle));
+}
+static const char *find_last(text_field s, const char *needle) {
+    const char *last = NULL;
+    for (const char *p = s.s; (p = find_first((text_field){p, (size_t)(s.s + s.len - p)}, needle)); p++)
+        last = p;
+    return last;
+}
+
+/* Qwen3's split of an assistant turn into reasoning and content (see chat_template.h). */
+static void qwen3_split(text_field c, text_field *reasoning, text_field *content) {
+    const char *end = find_first(c, "</think>");
+    *reasoning = (text_field){"", 0};
+    *content = c;
+    if (!end) return;
+    const char *last_end = find_last(c, "</think>") + 8;
+    *content = strip_newlines((text_field){last_end, (size_t)(c.s + c.len - last_end)}, true, false);
+    text_field before = strip_newlines((text_field){c.s, (size_t)(end - c.s)}, false, true);
+    const char *open = find_last(before, "<think>");
+    if (open) before = (text_field){open + 7, (size_t)(before.s + before.len - open - 7)};
+    *reasoning = strip_newlines(before, true, false);
+}
+
+/* The last user turn that is not a tool response (Qwen3's last query), or n - 1. */
+static size_t qwen3_last_query(const chat_msg *m, size_t n) {
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    for (size_t i = n; i-- > 0;) {
+        if (m[i].role != ROLE_USER) continue;
+        bool tool = m[i].len >= sizeof open - 1 + sizeof close - 1 && !memcmp(m[i].text, open, sizeof open - 1) &&
+                    !memcmp(m[i].text + m[i].len - (sizeof close - 1), close, sizeof close - 1);
+        if (!tool) return i;
+    }
+    return n ? n - 1 : 0;
+}
+
+static int render_qwen3(const tpl_tokens *tok, const chat_msg *m, size_t n, tpl_segs *out) {
+    static const text_field none = {"", 0};
+    size_t last_query = qwen3_last_query(m, n);
     for (size_t i = 0; i < n; i++) {
-        bool loss = m[i].role == ROLE_ASSISTANT;
-        const char *role = role_names[m[i].role];
-        if (tpl_control(out, tok->im_start, false) || tpl_text(out, role, strlen(role), false) ||
-            LIT(out, "\n", false) || tpl_text(out, m[i].text, m[i].len, loss) ||
-            tpl_control(out, tok->im_end, loss) || LIT(out, "\n", false))
+        text_field c = {m[i].text, m[i].len}, reasoning, content;
+        if (m[i].role != ROLE_ASSISTANT) {
+            if (chatml_turn(tok, m[i].role, none, c, out)) return -1;
+            continue;
+        }
+        qwen3_split(c, &reasoning, &content);
+        bool think = i > last_query && (i == n - 1 || reasoning.len);
+        if (!think) {
+            if (chatml_turn(tok, ROLE_ASSISTANT, none, content, out)) return -1;
+            continue;
+        }
+        reasoning = strip_newlines(reasoning, true, true);
+        content = strip_newlines(content, true, false);
+        if (tpl_control(out, tok->im_start, false) || LIT(out, "assistant\n", false) ||
+            LIT(out, "<think>\n", true) || tpl_text(out, reasoning.s, reasoning.len, true) ||
+            LIT(out, "\n</think>\n\n", true) || tpl_text(out, content.s, content.len, true) ||
+            tpl_control(out, tok->im_end, true) || LIT(out, "\n", false))
             return -1;
     }
     return 0;
+}
+
+/* Roles alternate user/assistant after an optional first system message (the [INST]
+ * templates); the system message's text, or NULL. */
+static int inst_roles(const char *name, const chat_msg **m, size_t *n, text_field *sys, errbuf *err) {
+    *sys = (text_field){NULL, 0};
+    if (*n && (*m)[0].role == ROLE_SYSTEM) {
+        *sys = (text_field){(*m)[0].text, (*m)[0].len};
+        (*m)++, (*n)--;
+    }
+    for (size_t i = 0; i < *n; i++) {
+        chat_role want = i % 2 ? ROLE_ASSISTANT : ROLE_USER;
+        if ((*m)[i].role != want)
+            return errf(err, "template %s: turn %zu is %s where %s comes (roles alternate "
+                             "user/assistant after an optional first system message)",
+                        name, i + (sys->s != NULL), role_names[(*m)[i].role], role_names[want]);
+    }
+    return 0;
+}
+
+/* Mistral's user text: S "\n\n" U where the system message goes, else U. */
+static int mistral_user(text_field sys, bool with_sys, const chat_msg *u, tpl_segs *out) {
+    if (with_sys && sys.s && (tpl_text(out, sys.s, sys.len, false) || LIT(out, "\n\n", false))) return -1;
+    return tpl_text(out, u->text, u->len, false);
+}
+
+/* mistral, mistral-v3 and mistral-tekken (t). */
+static int render_mistral(const tpl_tokens *tok, const chat_msg *m, size_t n, chat_template t,
+                          tpl_segs *out, errbuf *err) {
+    text_field sys;
+    if (inst_roles(chat_template_name(t), &m, &n, &sys, err)) return -1;
+    size_t last_user = n && m[n - 1].role == ROLE_USER ? n - 1 : n - 2; /* n - 2 >= 0: roles alternate */
+    bool v3 = t == TPL_MISTRAL_V3, tekken = t == TPL_MISTRAL_TEKKEN;
+    int rc = tpl_control(out, tok->bos, false);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (m[i].role == ROLE_USER && (v3 || tekken))
+            rc = tpl_control(out, tok->inst, false) || (v3 && LIT(out, " ", false)) ||
+                 mistral_user(sys, i == last_user, &m[i], out) || tpl_control(out, tok->inst_end, false);
+        else if (m[i].role == ROLE_USER)
+            rc = LIT(out, " [INST] ", false) || mistral_user(sys, i == 0, &m[i], out) ||
+                 LIT(out, " [/INST]", false);
+        else {
+            text_field c = v3 ? py_strip(m[i].text, m[i].len) : (text_field){m[i].text, m[i].len};
+            rc = (!tekken && LIT(out, " ", true)) || tpl_text(out, c.s, c.len, true) ||
+                 tpl_control(out, tok->eos, true);
+        }
+    }
+    return rc ? errf(err, "out of memory") : 0;
 }
 
 int alpaca_render(const tpl_tokens *tok, text_field instruction, text_field input,
@@ -256,7 +419,16 @@ int chat_render(chat_template t, const tpl_tokens *tok, const chat_msg *m, size_
     switch (t) {
     case TPL_LLAMA3: return render_llama3(tok, m, n, out) ? errf(err, "out of memory") : 0;
     case TPL_LLAMA2: return render_llama2(tok, m, n, out, err);
-    case TPL_CHATML: return render_chatml(tok, m, n, out) ? errf(err, "out of memory") : 0;
+    case TPL_CHATML:
+    case TPL_QWEN25:
+    case TPL_QWEN2: {
+        const char *sys = t == TPL_QWEN25 ? QWEN25_SYSTEM : t == TPL_QWEN2 ? QWEN2_SYSTEM : NULL;
+        return render_chatml(tok, m, n, sys, out) ? errf(err, "out of memory") : 0;
+    }
+    case TPL_QWEN3: return render_qwen3(tok, m, n, out) ? errf(err, "out of memory") : 0;
+    case TPL_MISTRAL:
+    case TPL_MISTRAL_V3:
+    case TPL_MISTRAL_TEKKEN: return render_mistral(tok, m, n, t, out, err);
     case TPL_ALPACA:
         if (n != 2 || m[0].role != ROLE_USER || m[1].role != ROLE_ASSISTANT)
             return errf(err, "template alpaca: a conversation of one user turn and one assistant "

@@ -12,7 +12,34 @@
  *           assistant: " " STRIP(content) " " [eos], its loss from that first space
  *           through [eos]; roles alternate user/assistant.
  *   chatml  <|im_start|>ROLE\n content <|im_end|>\n; loss on an assistant turn's content and
- *           <|im_end|>.
+ *           <|im_end|>.  Qwen2.5's template when the conversation opens with a system message.
+ *   qwen2.5 Qwen2.5's template: chatml, with Qwen's default system message ("You are Qwen,
+ *           created by Alibaba Cloud. You are a helpful assistant.") first when the
+ *           conversation has none.
+ *   qwen2   Qwen2's (and Qwen1.5's) Instruct template: the same with "You are a helpful
+ *           assistant.".  Other ChatML templates are chatml.
+ *   qwen3   Qwen3's template as it renders a whole conversation (no generation prompt):
+ *           chatml without a default system message; an assistant turn's "<think>R</think>"
+ *           is taken out of its content (R: the text after the last <think> before the first
+ *           </think>, its newlines trimmed; the content: after the last </think>, leading
+ *           newlines removed); the assistant turns after the last user turn get
+ *           "<think>\nR\n</think>\n\n" before their content, an empty think block when R is
+ *           empty for the last turn, nothing for the others; earlier turns lose R.  Loss on
+ *           everything after "<|im_start|>assistant\n" through <|im_end|>: the think block is
+ *           what the model learns to write.
+ *   mistral Mistral-7B-Instruct v0.1/v0.2's template: [bos], user " [INST] " content
+ *           " [/INST]" (the first with a system message as S "\n\n" U), assistant " " content
+ *           [eos] (no strip); loss from that space through [eos]; roles alternate.  For the
+ *           v0.1 SentencePiece vocabulary, where [INST] is text: a tokenizer with an [INST]
+ *           token is refused (mistral-v3).
+ *   mistral-v3  Mistral v0.3's: [bos], user [INST] " " content [/INST] (control tokens),
+ *           assistant " " STRIP(content) [eos]; loss from that space through [eos]; roles
+ *           alternate.  A system message joins the last user turn (S "\n\n" U), as the
+ *           template does at inference and mistral-common always does (the Jinja template,
+ *           given a conversation that ends with the assistant's turn, drops it).
+ *   mistral-tekken  Mistral Nemo's (tekken vocabulary): as mistral-v3 without the spaces:
+ *           [INST] content [/INST], assistant content [eos] (no strip); loss on the content
+ *           and [eos].
  *   alpaca  fsdp_qlora's InstructionDataset prompt (with or without an input), the output
  *           right after "### Response:", then [eos]; loss on the output and [eos].  Chat data
  *           with it: one user turn (the instruction) and one assistant turn.
@@ -35,14 +62,26 @@ typedef enum chat_template {
     TPL_LLAMA2 = 2,
     TPL_CHATML = 3,
     TPL_ALPACA = 4,
+    TPL_QWEN25 = 5,
+    TPL_QWEN3 = 6,
+    TPL_MISTRAL = 7,
+    TPL_MISTRAL_V3 = 8,
+    TPL_MISTRAL_TEKKEN = 9,
+    TPL_QWEN2 = 10,
     TPL_COUNT
 } chat_template;
 
-/* "llama3", "llama2", "chatml", "alpaca" -> the template; "auto" and "" -> TPL_NONE (the
- * caller resolves it); anything else is an error naming data.template. */
+/* The names, for messages. */
+#define CHAT_TEMPLATE_NAMES \
+    "llama3, llama2, chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca"
+
+/* A name of CHAT_TEMPLATE_NAMES -> the template; "auto" and "" -> TPL_NONE (the caller
+ * resolves it); anything else is an error naming data.template. */
 int chat_template_parse(const char *name, chat_template *t, errbuf *err);
 const char *chat_template_name(chat_template t); /* "none" for TPL_NONE */
-/* The built-in template that a model's Jinja chat_template is, or TPL_NONE. */
+/* The built-in template that a model's Jinja chat_template is, or TPL_NONE: by the strings
+ * each always holds (Llama 2's <<SYS>> block tells it from Mistral's [INST]; Mistral v0.1's
+ * " [INST] " from v0.3's "[INST] " and Nemo's "[INST]" without a space). */
 chat_template chat_template_recognise(const char *jinja);
 /* The template of model_dir/tokenizer_config.json's chat_template; an error naming
  * data.template when it is missing or not recognised. */
@@ -50,7 +89,7 @@ int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *er
 
 /* The control tokens a template needs, from the tokenizer (-1: not needed). */
 typedef struct tpl_tokens {
-    int32_t bos, eos, start_header, end_header, eot, im_start, im_end;
+    int32_t bos, eos, start_header, end_header, eot, im_start, im_end, inst, inst_end;
     const int32_t *prefix; /* the post-processor's leading ids (alpaca's BOS) */
     size_t n_prefix;
 } tpl_tokens;

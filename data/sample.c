@@ -14,7 +14,7 @@ int sample_spec_init(sample_spec *s, const tokenizer *tk, job_data_format format
         return errf(err, "data.template: text records take no template (%s given)",
                     chat_template_name(tpl));
     if (format == JOB_DATA_CHAT && tpl == TPL_NONE)
-        return errf(err, "data.template: chat records need a template (llama3, llama2, chatml or alpaca)");
+        return errf(err, "data.template: chat records need a template (one of " CHAT_TEMPLATE_NAMES ")");
     if (format == JOB_DATA_TOKENS || format == JOB_DATA_AUTO)
         return errf(err, "data.format: %s has no JSONL records", job_data_format_name(format));
     if (format == JOB_DATA_ALPACA) tpl = TPL_ALPACA;

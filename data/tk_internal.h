@@ -81,20 +81,24 @@ const tk_merge *tk_pairmap_get(const tk_pairmap *m, int32_t a, int32_t b);
 void tk_pairmap_free(tk_pairmap *m);
 
 /* ---- the parts of a tokenizer.json ------------------------------------------------------ */
-enum { NORM_PREPEND, NORM_REPLACE };
+enum { NORM_PREPEND, NORM_REPLACE, NORM_NFC };
 typedef struct tk_norm {
     int kind;
     char *a, *b; /* PREPEND: a; REPLACE: a -> b */
     size_t alen, blen;
 } tk_norm;
 
-enum { PRE_SPLIT, PRE_BYTELEVEL };
+enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_METASPACE };
 enum { SPLIT_ISOLATED, SPLIT_REMOVED };
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER }; /* Metaspace's prepend_scheme */
 typedef struct tk_pre {
     int kind;
     pcre2_code *re; /* SPLIT, or BYTELEVEL with use_regex */
     int behavior;
     int add_prefix_space;
+    char rep[5]; /* METASPACE: the replacement character (UTF-8), and prepend_scheme */
+    size_t rep_len;
+    int prepend;
 } tk_pre;
 
 enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP };
@@ -200,13 +204,27 @@ struct tk_state {
 
 /* ---- stages (tk_normalize.c, tk_pretok.c, tk_bpe.c, tk_added.c, tk_decode.c) ---------- */
 int tk_normalize(const tokenizer *tk, const char *s, size_t n, tk_buf *out);
+/* Appends the NFC form of the valid UTF-8 s to out (tk_nfc.c). */
+int tk_nfc(const char *s, size_t n, tk_buf *out);
+/* tk_nfc.c's tables (tk_nfc_tables.c): a code point's full canonical decomposition
+ * (tk_nfc_decomp_cps[off .. off+len)), combining class ranges, composition pairs, each
+ * sorted. */
+typedef struct tk_nfc_decomp {
+    uint32_t cp, off, len;
+} tk_nfc_decomp;
+typedef struct tk_nfc_class {
+    uint32_t lo, hi, ccc;
+} tk_nfc_class;
+typedef struct tk_nfc_pair {
+    uint32_t a, b, c;
+} tk_nfc_pair;
 /* Appends s to out with every non-overlapping a (left to right) replaced by b. */
 int tk_replace_all(const char *a, size_t alen, const char *b, size_t blen, const char *s,
                    size_t n, tk_buf *out);
 /* Splits s into pieces (written to st->pieces_a / st->spans_a; the result is in *buf and
- * *spans). */
-int tk_pretokenize(tk_state *st, const char *s, size_t n, tk_buf **buf, tk_spans **spans,
-                   errbuf *err);
+ * *spans).  at_start: s begins the input text (Metaspace's prepend_scheme "first"). */
+int tk_pretokenize(tk_state *st, const char *s, size_t n, int at_start, tk_buf **buf,
+                   tk_spans **spans, errbuf *err);
 int tk_bpe_word(tk_state *st, const char *w, size_t n, tk_ids *out, errbuf *err);
 /* Splits s by the added tokens of m. */
 int tk_split_added(const tk_matcher *m, const char *s, size_t n, int split_special,

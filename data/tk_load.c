@@ -249,8 +249,9 @@ static int read_normalizer(const reader *r, tokenizer *tk, json_t *n, int depth)
         }
         return 0;
     }
+    if (strcmp(type, "NFC") == 0) return push_norm(r, tk, (tk_norm){NORM_NFC, NULL, NULL, 0, 0});
     return errf(r->err, "%s: normalizer type \"%s\" is not supported (only Sequence, Prepend, "
-                "Replace)", r->name, type);
+                "Replace, NFC)", r->name, type);
 }
 
 /* ---- pre-tokenizer -------------------------------------------------------------------- */
@@ -302,7 +303,7 @@ static int read_split(const reader *r, tokenizer *tk, json_t *p) {
         get_string(r, p, "pre_tokenizer Split", "behavior", &behavior, &blen) ||
         get_bool(r, p, "pre_tokenizer Split", "invert", &invert))
         return -1;
-    tk_pre pre = {PRE_SPLIT, NULL, SPLIT_ISOLATED, 0};
+    tk_pre pre = {.kind = PRE_SPLIT, .behavior = SPLIT_ISOLATED};
     if (strcmp(behavior, "Removed") == 0) pre.behavior = SPLIT_REMOVED;
     else if (strcmp(behavior, "Isolated") != 0)
         return errf(r->err, "%s: pre_tokenizer Split behavior \"%s\" is not supported (only "
@@ -314,11 +315,38 @@ static int read_split(const reader *r, tokenizer *tk, json_t *p) {
 
 static int read_byte_level_pre(const reader *r, tokenizer *tk, json_t *p) {
     int use_regex = 1;
-    tk_pre pre = {PRE_BYTELEVEL, NULL, SPLIT_ISOLATED, 0};
+    tk_pre pre = {.kind = PRE_BYTELEVEL, .behavior = SPLIT_ISOLATED};
     if (get_bool(r, p, "pre_tokenizer ByteLevel", "add_prefix_space", &pre.add_prefix_space) ||
         get_bool(r, p, "pre_tokenizer ByteLevel", "use_regex", &use_regex))
         return -1;
     if (use_regex && compile(r, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, 0, &pre.re)) return -1;
+    return push_pre(r, tk, pre);
+}
+
+/* Metaspace as tokenizers reads it: prepend_scheme (default "always"; the older
+ * add_prefix_space true/false means always/never), split (default true: refused). */
+static int read_metaspace(const reader *r, tokenizer *tk, json_t *p) {
+    const char *rep, *scheme = "always";
+    size_t len, slen;
+    int split = 1, add_prefix_space = 1;
+    if (get_string(r, p, "pre_tokenizer Metaspace", "replacement", &rep, &len) ||
+        get_bool(r, p, "pre_tokenizer Metaspace", "split", &split) ||
+        get_bool(r, p, "pre_tokenizer Metaspace", "add_prefix_space", &add_prefix_space))
+        return -1;
+    if (!add_prefix_space) scheme = "never";
+    if (get(p, "prepend_scheme") && get_string(r, p, "pre_tokenizer Metaspace", "prepend_scheme", &scheme, &slen))
+        return -1;
+    if (split)
+        return errf(r->err, "%s: pre_tokenizer Metaspace with split true is not supported", r->name);
+    if (len == 0 || len > 4 || utf8_seq_len((const unsigned char *)rep, len) != len)
+        return errf(r->err, "%s: pre_tokenizer Metaspace.replacement must be one character", r->name);
+    tk_pre pre = {.kind = PRE_METASPACE, .rep_len = len, .prepend = PREPEND_ALWAYS};
+    memcpy(pre.rep, rep, len);
+    if (!strcmp(scheme, "first")) pre.prepend = PREPEND_FIRST;
+    else if (!strcmp(scheme, "never")) pre.prepend = PREPEND_NEVER;
+    else if (strcmp(scheme, "always"))
+        return errf(r->err, "%s: pre_tokenizer Metaspace.prepend_scheme \"%s\" is not one of always, "
+                    "first, never", r->name, scheme);
     return push_pre(r, tk, pre);
 }
 
@@ -335,8 +363,9 @@ static int read_pre_tokenizer(const reader *r, tokenizer *tk, json_t *p, int dep
     }
     if (strcmp(type, "Split") == 0) return read_split(r, tk, p);
     if (strcmp(type, "ByteLevel") == 0) return read_byte_level_pre(r, tk, p);
+    if (strcmp(type, "Metaspace") == 0) return read_metaspace(r, tk, p);
     return errf(r->err, "%s: pre_tokenizer type \"%s\" is not supported (only Sequence, Split, "
-                "ByteLevel)", r->name, type);
+                "ByteLevel, Metaspace)", r->name, type);
 }
 
 /* ---- post-processor ------------------------------------------------------------------- */

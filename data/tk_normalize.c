@@ -1,6 +1,6 @@
-/* The normalizers: Prepend (only to non-empty text, as tokenizers does) and Replace with a
- * String pattern (non-overlapping, left to right; an empty pattern replaces nothing),
- * applied in the order of the (flattened) Sequence. */
+/* The normalizers: Prepend (only to non-empty text, as tokenizers does), Replace with a
+ * String pattern (non-overlapping, left to right; an empty pattern replaces nothing) and NFC
+ * (tk_nfc.c), applied in the order of the (flattened) Sequence. */
 #include <string.h>
 
 #include "data/tk_internal.h"
@@ -21,6 +21,7 @@ int tk_replace_all(const char *a, size_t alen, const char *b, size_t blen, const
 
 static int apply(const tk_norm *nm, const char *s, size_t n, tk_buf *out) {
     out->n = 0;
+    if (nm->kind == NORM_NFC) return tk_nfc(s, n, out);
     if (nm->kind == NORM_PREPEND) {
         if (n && tk_buf_put(out, nm->a, nm->alen)) return -1;
         return tk_buf_put(out, s, n);

@@ -1,6 +1,9 @@
 /* The pre-tokenizers: Split (a PCRE2 regex in UTF + UCP mode; the matches are pieces of
- * their own (Isolated) or dropped (Removed), the text between them pieces too) and ByteLevel
- * (optional prefix space and GPT-2 regex split, then every byte as its GPT-2 character).
+ * their own (Isolated) or dropped (Removed), the text between them pieces too), ByteLevel
+ * (optional prefix space and GPT-2 regex split, then every byte as its GPT-2 character) and
+ * Metaspace without split (SentencePiece models as transformers converts them: every ' '
+ * replaced by "▁", and "▁" put before a piece not starting with one: always, never, or
+ * "first": only before the piece that begins the input, so not after an added token).
  * Empty pieces are dropped, as tokenizers does. */
 #include <string.h>
 
@@ -94,8 +97,25 @@ static int byte_level(tk_state *st, const tk_pre *p, const tk_buf *in, const tk_
     return rc;
 }
 
-int tk_pretokenize(tk_state *st, const char *s, size_t n, tk_buf **buf, tk_spans **spans,
-                   errbuf *err) {
+/* Metaspace on every piece of (in, ins): into (out, outs). */
+static int metaspace(const tk_pre *p, int at_start, const tk_buf *in, const tk_spans *ins,
+                     tk_buf *out, tk_spans *outs) {
+    for (size_t i = 0; i < ins->n; i++) {
+        const char *s = in->p + ins->v[i].off;
+        size_t n = ins->v[i].len, at = out->n;
+        int first = at_start && ins->v[i].off == 0;
+        int lead = n && s[0] == ' ' ? 1 : n >= p->rep_len && !memcmp(s, p->rep, p->rep_len);
+        int prepend = !lead && (p->prepend == PREPEND_ALWAYS || (p->prepend == PREPEND_FIRST && first));
+        if ((prepend && tk_buf_put(out, p->rep, p->rep_len)) ||
+            tk_replace_all(" ", 1, p->rep, p->rep_len, s, n, out) ||
+            (out->n > at && tk_spans_push(outs, at, out->n - at)))
+            return -1;
+    }
+    return 0;
+}
+
+int tk_pretokenize(tk_state *st, const char *s, size_t n, int at_start, tk_buf **buf,
+                   tk_spans **spans, errbuf *err) {
     tk_buf *cur = &st->pieces_a, *next = &st->pieces_b;
     tk_spans *cs = &st->spans_a, *ns = &st->spans_b;
     cur->n = 0;
@@ -114,7 +134,9 @@ int tk_pretokenize(tk_state *st, const char *s, size_t n, tk_buf **buf, tk_spans
             continue;
         }
         next->n = 0;
-        if (byte_level(st, p, cur, cs, next, ns, err)) return -1;
+        if (p->kind == PRE_METASPACE ? metaspace(p, at_start, cur, cs, next, ns) && errf(err, "out of memory")
+                                     : byte_level(st, p, cur, cs, next, ns, err))
+            return -1;
         tk_buf *tb = cur;
         cur = next;
         next = tb;

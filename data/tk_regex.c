@@ -1,5 +1,6 @@
 /* Compiling a tokenizer.json regex with PCRE2 so that it matches as tokenizers' Oniguruma does:
- * \p{L}, \p{N}, \s and their negations are spelt out as the code point ranges of
+ * \p{L}, \p{N}, \s, the categories \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo}, \p{M} (Mistral's
+ * tekken pattern) and their negations are spelt out as the code point ranges of
  * data/tk_unicode.c (Oniguruma's Unicode version, not PCRE2's: 10.42 knows Unicode 14, so the
  * letters and digits added since, and U+180E, which PCRE2 counts as a space, would split
  * differently).  Everything else of the pattern is PCRE2's own, in UTF + UCP mode. */
@@ -8,13 +9,33 @@
 
 #include "data/tk_internal.h"
 
-extern const uint32_t tk_unicode_letter[][2], tk_unicode_number[][2], tk_unicode_space[][2];
-extern const size_t tk_unicode_letter_n, tk_unicode_number_n, tk_unicode_space_n;
+extern const uint32_t tk_unicode_letter[][2], tk_unicode_number[][2], tk_unicode_space[][2],
+    tk_unicode_upper[][2], tk_unicode_lower[][2], tk_unicode_title[][2], tk_unicode_modifier[][2],
+    tk_unicode_other_letter[][2], tk_unicode_mark[][2];
+extern const size_t tk_unicode_letter_n, tk_unicode_number_n, tk_unicode_space_n, tk_unicode_upper_n,
+    tk_unicode_lower_n, tk_unicode_title_n, tk_unicode_modifier_n, tk_unicode_other_letter_n,
+    tk_unicode_mark_n;
 
 typedef struct uset {
     const uint32_t (*r)[2];
     size_t n;
 } uset;
+
+/* The \p{...} names spelt out: the short and the long one of each category. */
+static const struct {
+    const char *name, *long_name;
+    const uint32_t (*r)[2];
+    const size_t *n;
+} categories[] = {
+    {"L", "Letter", tk_unicode_letter, &tk_unicode_letter_n},
+    {"N", "Number", tk_unicode_number, &tk_unicode_number_n},
+    {"Lu", "Uppercase_Letter", tk_unicode_upper, &tk_unicode_upper_n},
+    {"Ll", "Lowercase_Letter", tk_unicode_lower, &tk_unicode_lower_n},
+    {"Lt", "Titlecase_Letter", tk_unicode_title, &tk_unicode_title_n},
+    {"Lm", "Modifier_Letter", tk_unicode_modifier, &tk_unicode_modifier_n},
+    {"Lo", "Other_Letter", tk_unicode_other_letter, &tk_unicode_other_letter_n},
+    {"M", "Mark", tk_unicode_mark, &tk_unicode_mark_n},
+};
 
 static int put_range(tk_buf *out, uint32_t a, uint32_t b) {
     char s[40];
@@ -47,7 +68,6 @@ static int put_set(tk_buf *out, uset set, int negate) {
 
 /* The set an escape at p (after the backslash) names, and its length; 0 when none. */
 static size_t class_escape(const char *p, size_t n, uset *set, int *negate) {
-    static const uset letter = {tk_unicode_letter, 0}, number = {tk_unicode_number, 0};
     *set = (uset){NULL, 0};
     *negate = n && (p[0] == 'P' || p[0] == 'S');
     if (n && (p[0] == 's' || p[0] == 'S')) {
@@ -59,12 +79,13 @@ static size_t class_escape(const char *p, size_t n, uset *set, int *negate) {
     if (!end) return 0;
     size_t len = (size_t)(end - (p + 2));
     const char *name = p + 2;
-    if ((len == 1 && name[0] == 'L') || (len == 6 && !memcmp(name, "Letter", 6)))
-        *set = (uset){letter.r, tk_unicode_letter_n};
-    else if ((len == 1 && name[0] == 'N') || (len == 6 && !memcmp(name, "Number", 6)))
-        *set = (uset){number.r, tk_unicode_number_n};
-    else return 0;
-    return len + 3;
+    for (size_t i = 0; i < sizeof categories / sizeof categories[0]; i++)
+        if ((len == strlen(categories[i].name) && !memcmp(name, categories[i].name, len)) ||
+            (len == strlen(categories[i].long_name) && !memcmp(name, categories[i].long_name, len))) {
+            *set = (uset){categories[i].r, *categories[i].n};
+            return len + 3;
+        }
+    return 0;
 }
 
 /* The bytes of a class opening at p ("[", "[^", and a ']' right after them, a literal). */

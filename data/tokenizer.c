@@ -236,28 +236,30 @@ static int push_ids(tk_ids *out, const int32_t *ids, size_t n, errbuf *err) {
     return 0;
 }
 
-/* Normalized text (not an added token): pre-tokenized, each piece through BPE. */
-static int encode_normalized(tk_state *st, const char *s, size_t n, tk_ids *out, errbuf *err) {
+/* Normalized text (not an added token; at_start: it begins the input): pre-tokenized, each
+ * piece through BPE. */
+static int encode_normalized(tk_state *st, const char *s, size_t n, int at_start, tk_ids *out,
+                             errbuf *err) {
     tk_buf *buf;
     tk_spans *spans;
-    if (tk_pretokenize(st, s, n, &buf, &spans, err)) return -1;
+    if (tk_pretokenize(st, s, n, at_start, &buf, &spans, err)) return -1;
     for (size_t i = 0; i < spans->n; i++)
         if (tk_bpe_word(st, buf->p + spans->v[i].off, spans->v[i].len, out, err)) return -1;
     return 0;
 }
 
 /* Raw text between added tokens. */
-static int encode_plain(tk_state *st, const char *s, size_t n, int split_special, tk_ids *out,
-                        errbuf *err) {
+static int encode_plain(tk_state *st, const char *s, size_t n, int at_start, int split_special,
+                        tk_ids *out, errbuf *err) {
     const tokenizer *tk = st->tk;
     if (tk_normalize(tk, s, n, &st->norm)) return errf(err, "out of memory");
-    if (!tk->norm_added.n) return encode_normalized(st, st->norm.p, st->norm.n, out, err);
+    if (!tk->norm_added.n) return encode_normalized(st, st->norm.p, st->norm.n, at_start, out, err);
     if (tk_split_added(&tk->norm_added, st->norm.p, st->norm.n, split_special, &st->norm_pieces))
         return errf(err, "out of memory");
     for (size_t i = 0; i < st->norm_pieces.n; i++) {
         tk_piece p = st->norm_pieces.v[i];
         int rc = p.id >= 0 ? push_ids(out, &p.id, 1, err)
-                           : encode_normalized(st, st->norm.p + p.off, p.len, out, err);
+                           : encode_normalized(st, st->norm.p + p.off, p.len, at_start && !p.off, out, err);
         if (rc) return -1;
     }
     return 0;
@@ -275,7 +277,7 @@ int tokenizer_encode(const tokenizer *tk, tk_state *st, const char *text, size_t
     for (size_t i = 0; i < st->raw_pieces.n; i++) {
         tk_piece p = st->raw_pieces.v[i];
         int rc = p.id >= 0 ? push_ids(out, &p.id, 1, err)
-                           : encode_plain(st, text + p.off, p.len, split_special, out, err);
+                           : encode_plain(st, text + p.off, p.len, !p.off, split_special, out, err);
         if (rc) return -1;
     }
     if ((flags & TK_ADD_SPECIAL) && push_ids(out, tk->suffix, tk->nsuffix, err)) return -1;

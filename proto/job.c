@@ -1264,14 +1264,17 @@ static int check_schedule(const job_config *j, errbuf *err) {
 
 /* The template names data/chat_template.h knows ("" = auto); fsdpd resolves auto. */
 static int check_data(const job_config *j, errbuf *err) {
-    static const char *const templates[] = {"", "auto", "llama3", "llama2", "chatml", "alpaca"};
+    static const char *const templates[] = {"",        "auto",       "llama3",         "llama2",
+                                            "chatml",  "qwen2",      "qwen2.5",        "qwen3",
+                                            "mistral",
+                                            "mistral-v3", "mistral-tekken", "alpaca"};
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
                          "JSONL file with data.format alpaca, chat or text)");
     for (size_t i = 0; i < COUNT(templates); i++)
         if (!strcmp(j->data.template_name, templates[i])) return 0;
-    return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, alpaca, auto",
-                j->data.template_name);
+    return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, "
+                     "mistral, mistral-v3, mistral-tekken, alpaca, auto", j->data.template_name);
 }
 
 /* Adapter keys: only with an adapter job, whose frozen base is a model directory. */

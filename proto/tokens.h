@@ -44,8 +44,9 @@
 
 /* format: the job's data.format of the source (tokens: synthetic data or a batch file). */
 enum { TOK_FORMAT_TOKENS = 0, TOK_FORMAT_ALPACA = 1, TOK_FORMAT_CHAT = 2, TOK_FORMAT_TEXT = 3 };
-/* template: data/chat_template.h's values. */
-enum { TOK_TEMPLATE_NONE = 0, TOK_TEMPLATE_MAX = 4 };
+/* template: data/chat_template.h's values (1..10: llama3, llama2, chatml, alpaca, qwen2.5, qwen3,
+ * mistral, mistral-v3, mistral-tekken, qwen2). */
+enum { TOK_TEMPLATE_NONE = 0, TOK_TEMPLATE_MAX = 10 };
 
 /* The provenance a cache records. */
 typedef struct tok_source {

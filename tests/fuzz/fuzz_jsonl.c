@@ -9,7 +9,8 @@
 #include "data/jsonl.h"
 
 static const tpl_tokens fake_tokens = {.bos = 1, .eos = 2, .start_header = 3, .end_header = 4,
-                                       .eot = 5, .im_start = 6, .im_end = 7};
+                                       .eot = 5, .im_start = 6, .im_end = 7, .inst = 8,
+                                       .inst_end = 9};
 
 static void render_all(const data_record *r, tpl_segs *segs) {
     errbuf err;

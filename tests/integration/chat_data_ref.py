@@ -2,6 +2,7 @@
 tokenizers, jinja2; no torch).
 
     chat_data_ref.py gen DIR         conversations and alpaca records of our own -> DIR/*.jsonl
+                                     (think.jsonl: with Qwen3's reasoning and tool responses)
     chat_data_ref.py chat TEMPLATE TOKENIZER_JSON JINJA BOS EOS DATA DUMP
         transformers' apply_chat_template renders each conversation (the trailing generation
         header of the Llama 3 template dropped), tokenizers encodes the whole text, and the
@@ -44,7 +45,25 @@ def conversation(rng):
     return {"messages": messages}
 
 
+def think_conversation(rng):
+    """Qwen3's cases: reasoning in assistant turns, tool responses as user turns."""
+    conv = conversation(rng)
+    for m in conv["messages"]:
+        r = rng.random()
+        if m["role"] == "assistant" and r < 0.5:
+            m["content"] = (rng.choice(["", "\n", "<think>", "<think>\n", "x<think>"]) + phrase(rng) +
+                            rng.choice(["", "\n", "\n\n"]) + "</think>" + rng.choice(["", "\n", "\n\n"]) +
+                            m["content"] + rng.choice(["", "</think>tail"]))
+        elif m["role"] == "user" and r < 0.2:
+            m["content"] = "<tool_response>" + m["content"] + "</tool_response>"
+    return conv
+
+
 def gen(out):
+    with open(f"{out}/think.jsonl", "w", encoding="utf-8") as f:
+        rng = random.Random(43)
+        for _ in range(60):
+            f.write(json.dumps(think_conversation(rng)) + "\n")
     rng = random.Random(25)
     with open(f"{out}/chat.jsonl", "w", encoding="utf-8") as f:
         for _ in range(60):
@@ -62,15 +81,25 @@ def gen(out):
             f.write(json.dumps({"text": phrase(rng, 1, 20)}) + "\n")
 
 
+def after_until(text, start, end):
+    """The spans from after each `start` through the next `end`."""
+    spans, at = [], 0
+    while (i := text.find(start, at)) >= 0:
+        j = text.index(end, i + len(start)) + len(end)
+        spans.append((i + len(start), j))
+        at = j
+    return spans
+
+
 def loss_spans(template, text, messages):
     """(start, end) character spans that carry the loss."""
     spans, at = [], 0
-    if template == "llama2":
-        while (i := text.find(" [/INST]", at)) >= 0:
-            j = text.index("</s>", i) + len("</s>")
-            spans.append((i + len(" [/INST]"), j))
-            at = j
-        return spans
+    if template in ("llama2", "mistral"):
+        return after_until(text, " [/INST]", "</s>")
+    if template in ("mistral-v3", "mistral-tekken"):
+        return after_until(text, "[/INST]", "</s>")
+    if template in ("qwen2", "qwen2.5", "qwen3"):
+        return after_until(text, "<|im_start|>assistant\n", "<|im_end|>")
     for m in messages:
         if m["role"] != "assistant":
             continue
@@ -103,6 +132,12 @@ def chat(template, tokenizer_json, jinja_path, bos, eos, data, dump):
     want = []
     for line in open(data, encoding="utf-8"):
         messages = json.loads(line)["messages"]
+        if template in ("mistral-v3", "mistral-tekken") and messages[0]["role"] == "system" and messages[-1]["role"] != "user":
+            # fsdpd's rule (data/chat_template.h): the system message joins the last user
+            # turn, where the template puts it when the conversation ends with that turn
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages = [dict(m) for m in messages[1:]]
+            messages[last - 1]["content"] = json.loads(line)["messages"][0]["content"] + "\n\n" + messages[last - 1]["content"]
         text = hf.apply_chat_template(messages, tokenize=False, chat_template=jinja)
         gen_header = "<|start_header_id|>assistant<|end_header_id|>\n\n"
         if template == "llama3":

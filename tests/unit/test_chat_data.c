@@ -159,6 +159,18 @@ static void test_template_auto(void **state) {
     assert_true(len > 0);
     assert_int_equal(chat_template_recognise(jinja), TPL_LLAMA2);
     assert_int_equal(chat_template_recognise("{{ messages }}"), TPL_NONE);
+    /* F43: the strings that tell the families apart (the models' own templates:
+     * tests/integration/test_chat_data.sh) */
+    assert_int_equal(chat_template_recognise("{{ ' [INST] ' + c + ' [/INST]' }}"), TPL_MISTRAL);
+    assert_int_equal(chat_template_recognise("{{ \"[INST] \" + c + \"[/INST]\" }}"), TPL_MISTRAL_V3);
+    assert_int_equal(chat_template_recognise("{{ \"[INST]\" + c + \"[/INST]\" }}"), TPL_MISTRAL_TEKKEN);
+    assert_int_equal(chat_template_recognise("{{ '[INST] ' + c + ' [/INST]' }}{{ c + eos }}"), TPL_NONE);
+    assert_int_equal(chat_template_recognise("<|im_start|>{{ c }}<|im_end|>"), TPL_CHATML);
+    assert_int_equal(chat_template_recognise("<|im_start|>You are Qwen, created by Alibaba Cloud. "
+                                             "You are a helpful assistant.<|im_end|>"), TPL_QWEN25);
+    assert_int_equal(chat_template_recognise("<|im_start|>system\\nYou are a helpful assistant.<|im_end|>"),
+                     TPL_QWEN2);
+    assert_int_equal(chat_template_recognise("<|im_start|><think>\\n</think><|im_end|>"), TPL_QWEN3);
     free(jinja);
     assert_int_equal(chat_template_parse("vicuna", &t, &err), -1);
     assert_non_null(strstr(err.msg, "data.template"));

@@ -307,7 +307,7 @@ static void test_data_keys(void **state) {
     if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
     must_override(&j, "--data.template=vicuna");
     assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
-    assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, alpaca, auto");
+    assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca, auto");
 }
 
 /* F37: a value whose feature the job does not use is refused naming the key and why; the

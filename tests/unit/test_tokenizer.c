@@ -1,7 +1,7 @@
 /* Tests of data/tokenizer: the two real tokenizers of ../shared/tokenizers against the ids
  * and decodings the Hugging Face tokenizers library gives (*-expected.json, with and without
  * special tokens), the split-special mode, a tiny tokenizer.json exercising byte fallback,
- * fuse_unk, ignore_merges, normalized added tokens and tokenizers' added-token ids (its
+ * fuse_unk, ignore_merges, normalized added tokens, NFC, Metaspace and tokenizers' added-token ids (its
  * expected values come from tokenizers 0.23), tokenizer_config.json's add_bos/add_eos, and
  * every refusal.  Run from the repository root (tests/run.sh does), or set FSDP_SHARED. */
 #include <setjmp.h>
@@ -283,6 +283,38 @@ static void test_tiny_options(void **state) {
     tokenizer_free(tk);
 }
 
+/* NFC (Qwen) and Metaspace (SentencePiece models as transformers converts them): the tiny
+ * tokenizer with them, its ids from tokenizers 0.23. */
+static tokenizer *tiny_nfc_metaspace(const char *scheme) {
+    json_t *j = tiny();
+    json_error_t je;
+    char pre[160];
+    snprintf(pre, sizeof pre, "{\"type\": \"Metaspace\", \"replacement\": \"_\", "
+             "\"prepend_scheme\": \"%s\", \"split\": false}", scheme);
+    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    json_object_set_new(j, "pre_tokenizer", json_loads(pre, 0, &je));
+    errbuf err = {{0}};
+    tokenizer *tk = parse_obj(j, NULL, &err);
+    if (!tk) fail_msg("%s", err.msg);
+    return tk;
+}
+
+static void test_nfc_metaspace(void **state) {
+    (void)state;
+    tokenizer *tk = tiny_nfc_metaspace("first");
+    EXPECT(tk, "e\xcc\x81", 0, 5, 3, 4); /* e + U+0301 is U+00E9: "_" and its two bytes */
+    EXPECT(tk, "<s>a bc", 0, 1, 6, 5, 10); /* no "_" after an added token */
+    EXPECT(tk, "a bc", 0, 9, 5, 10);
+    EXPECT(tk, " ab", 0, 5, 14);
+    tokenizer_free(tk);
+    tk = tiny_nfc_metaspace("always");
+    EXPECT(tk, "<s>a bc", 0, 1, 9, 5, 10);
+    tokenizer_free(tk);
+    tk = tiny_nfc_metaspace("never");
+    EXPECT(tk, "a bc", 0, 6, 5, 10);
+    tokenizer_free(tk);
+}
+
 /* tokenizer_config.json's add_bos_token/add_eos_token win over the post-processor. */
 static void test_config_bos_eos(void **state) {
     (void)state;
@@ -345,12 +377,15 @@ static void test_refuses_unsupported_parts(void **state) {
     static const refusal cases[] = {
         {"model", "type", "\"WordPiece\"", "model type \"WordPiece\" is not supported"},
         {"model", "type", "\"Unigram\"", "model type \"Unigram\" is not supported"},
-        {"", "normalizer", "{\"type\": \"NFC\"}", "normalizer type \"NFC\" is not supported"},
+        {"", "normalizer", "{\"type\": \"NFKC\"}", "normalizer type \"NFKC\" is not supported"},
         {"", "normalizer", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Lowercase\"}]}",
          "normalizer type \"Lowercase\""},
         {"", "normalizer", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \"_\"}",
          "normalizer Replace with a Regex pattern"},
-        {"", "pre_tokenizer", "{\"type\": \"Metaspace\"}", "pre_tokenizer type \"Metaspace\""},
+        {"", "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", "Metaspace with split true"},
+        {"", "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"split\": false, "
+         "\"prepend_scheme\": \"sometimes\"}", "prepend_scheme \"sometimes\""},
+        {"", "pre_tokenizer", "{\"type\": \"Unigram\"}", "pre_tokenizer type \"Unigram\""},
         {"", "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": "
          "\"MergedWithNext\", \"invert\": false}", "Split behavior \"MergedWithNext\""},
         {"", "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": "
@@ -401,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_rejects_bad_text_and_ids),
         cmocka_unit_test(test_tiny_bpe),
         cmocka_unit_test(test_tiny_options),
+        cmocka_unit_test(test_nfc_metaspace),
         cmocka_unit_test(test_config_bos_eos),
         cmocka_unit_test(test_load_model_dir),
         cmocka_unit_test(test_refuses_unsupported_parts),
