@@ -1,6 +1,7 @@
 /* Fuzzes the JSONL reader: the input's lines as records of each format, and every chat
  * record rendered by each template (control tokens given made-up ids), then checked: the
- * segments stay inside the record's strings or the templates' own text. */
+ * segments stay inside the record's strings or the templates' own text.  Each line also as a
+ * generation prompt (record_parse_prompt: an empty assistant turn last; rendered too). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
             if (record_parse(&r, formats[f], line, len, &err) == 0 && formats[f] == JOB_DATA_CHAT)
                 render_all(&r, &segs);
+        text_field reply;
+        if (record_parse_prompt(&r, line, len, &reply, &err) == 0) {
+            if (r.msgs[r.n_msgs - 1].role != ROLE_ASSISTANT || r.msgs[r.n_msgs - 1].len) abort();
+            render_all(&r, &segs);
+        }
     }
     record_free(&r);
     tpl_segs_free(&segs);
