@@ -12,7 +12,9 @@ typedef struct subcommand {
 
 static const subcommand subcommands[] = {
     {"inspect", cmd_inspect, "inspect MODEL_DIR"},
-    {"init", cmd_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
+    {"init", cmd_init,
+     "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16] [--shard-size 5GB]\n"
+     "                [--tokenizer PATH [--template llama3|llama2|chatml|alpaca]]"},
     {"reference", cmd_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
      "                    [--backend cpu|cuda] [--adapter PEFT_DIR] [--quant nf4]"},
