@@ -12,7 +12,12 @@
  * scratch file in the output directory (unlinked as soon as it is created, so nothing is
  * left behind) and mapped shared: the kernel writes the pages back and evicts them as it
  * needs, so a 70B model initialises in bounded RAM at the cost of a second copy on disk
- * while init runs. */
+ * while init runs.
+ *
+ * --tokenizer PATH (a model directory, whose tokenizer files are copied, or a tokenizer.json)
+ * completes the directory, its ids checked against the vocabulary; --template T then writes
+ * that chat template's Jinja into chat_template.jinja and tokenizer_config.json, and its end of
+ * turn into generation_config.json's eos ids (daemon/model_card.h, as fsdpd's outputs). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -30,6 +35,9 @@
 #include "base/path.h"
 #include "ctl/fsdpctl.h"
 #include "daemon/consolidate.h"
+#include "daemon/model_card.h"
+#include "data/chat_template.h"
+#include "data/tokenizer.h"
 #include "proto/model_config.h"
 #include "proto/rng.h"
 #include "proto/safetensors.h"
@@ -37,14 +45,16 @@
 #define BF16_CHUNK 65536                         /* floats generated per step for bf16 */
 
 typedef struct init_options {
-    const char *config_path, *out;
+    const char *config_path, *out, *tokenizer, *template_name;
     uint64_t seed, shard_bytes;
     st_dtype dtype;
 } init_options;
 
 static void init_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl init --model-config CFG.json --out DIR [--seed N] "
-               "[--dtype f32|bf16] [--shard-size BYTES|5GB|500MiB]\n");
+               "[--dtype f32|bf16] [--shard-size BYTES|5GB|500MiB]\n"
+               "         [--tokenizer PATH [--template llama3|llama2|chatml|alpaca]]\n"
+               "  --tokenizer: a model directory (its tokenizer files) or a tokenizer.json to copy in\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -86,8 +96,9 @@ static int parse_options(int argc, char **argv, init_options *o, int *status) {
         {"model-config", required_argument, 0, 'c'}, {"out", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 's'},         {"dtype", required_argument, 0, 'd'},
         {"shard-size", required_argument, 0, 'z'},   {"help", no_argument, 0, 'h'},
+        {"tokenizer", required_argument, 0, 't'},    {"template", required_argument, 0, 'T'},
         {0, 0, 0, 0}};
-    *o = (init_options){NULL, NULL, 0, CONSOLIDATE_SHARD_SIZE, ST_F32};
+    *o = (init_options){.shard_bytes = CONSOLIDATE_SHARD_SIZE, .dtype = ST_F32};
     int opt;
     optind = 1;
     opterr = 0;
@@ -96,6 +107,8 @@ static int parse_options(int argc, char **argv, init_options *o, int *status) {
         switch (opt) {
         case 'c': o->config_path = optarg; break;
         case 'o': o->out = optarg; break;
+        case 't': o->tokenizer = optarg; break;
+        case 'T': o->template_name = optarg; break;
         case 'h':
             init_usage(stdout);
             *status = 0;
@@ -132,6 +145,43 @@ static int parse_options(int argc, char **argv, init_options *o, int *status) {
         init_usage(stderr);
         return -1;
     }
+    if (o->template_name && !o->tokenizer) {
+        fprintf(stderr, "fsdpctl init: --template needs --tokenizer\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* --tokenizer: one the model's vocabulary holds (and, with --template, the template's tokens). */
+static int check_tokenizer(const init_options *o, const llama_config *c, chat_template *t, errbuf *err) {
+    *t = TPL_NONE;
+    if (!o->tokenizer) return 0;
+    if (o->template_name && chat_template_parse(o->template_name, t, err)) return errprefix(err, "--template");
+    if (o->template_name && *t == TPL_NONE) return errf(err, "--template %s: not a template", o->template_name);
+    tokenizer *tk = tokenizer_load(o->tokenizer, err);
+    if (!tk) return errprefix(err, "--tokenizer");
+    tpl_tokens tt;
+    int rc = 0;
+    if (tokenizer_vocab_size(tk) > c->vocab_size)
+        rc = errf(err, "--tokenizer %s: its ids reach %d, past the model's vocab_size %d", o->tokenizer,
+                  tokenizer_vocab_size(tk) - 1, c->vocab_size);
+    else if (*t != TPL_NONE && tpl_tokens_find(*t, tk, &tt, err))
+        rc = errprefix(err, "--tokenizer %s", o->tokenizer);
+    tokenizer_free(tk);
+    return rc;
+}
+
+/* The tokenizer files of a model directory, or a tokenizer.json, into dir. */
+static int copy_tokenizer(const char *from, const char *dir, errbuf *err) {
+    struct stat st;
+    char dst[PATH_BYTES], src[PATH_BYTES];
+    if (stat(from, &st) != 0) return errf(err, "--tokenizer %s: %s", from, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return path_join(dst, PATH_BYTES, dir, "tokenizer.json", err) || file_copy(from, dst, err) ? -1 : 0;
+    for (size_t i = 0; i < HF_TOKENIZER_FILES; i++)
+        if (path_join(src, PATH_BYTES, from, hf_tokenizer_files[i], err) ||
+            path_join(dst, PATH_BYTES, dir, hf_tokenizer_files[i], err) || file_copy(src, dst, err) < 0)
+            return -1;
     return 0;
 }
 
@@ -263,9 +313,16 @@ static int init_model(const init_options *o, errbuf *err) {
         return errf(err, "%s already exists: refusing to overwrite a model; choose a new --out",
                     config_path);
     if (errno != ENOENT) return errf(err, "%s: %s", config_path, strerror(errno));
-    if (file_mkdir(o->out, err) < 0) return -1;
+    chat_template t;
+    if (check_tokenizer(o, &c, &t, err) || file_mkdir(o->out, err) < 0) return -1;
     if (write_weights(o, &c, err) < 0 || write_generation_config(o->out, &c, err) < 0)
         return -1;
+    bool written;
+    if (o->tokenizer && (copy_tokenizer(o->tokenizer, o->out, err) || model_card_template(o->out, t, &written, err)))
+        return -1;
+    if (o->tokenizer && t != TPL_NONE && !written)
+        fprintf(stderr, "fsdpctl init: no chat template written: fsdpd has no Jinja of its own for %s and the "
+                        "tokenizer's tokenizer_config.json has none that renders it\n", chat_template_name(t));
     return llama_config_save(&c, config_path, err);
 }
 

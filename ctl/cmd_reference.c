@@ -177,21 +177,16 @@ done:
  * rounding of them), what bitsandbytes computes with. */
 static int quantize_base(llama_model *m, const st_model *st, errbuf *err) {
     const llama_layout *lo = &m->layout;
-    float *w = malloc(lo->max_tensor_numel * sizeof *w), *dq = malloc(lo->max_tensor_numel * sizeof *dq);
-    int rc = w && dq ? 0 : errf(err, "reference: out of memory");
+    float *w = malloc(lo->max_tensor_numel * sizeof *w);
+    int rc = w ? 0 : errf(err, "reference: out of memory");
     for (int l = 0; rc == 0 && l < lo->n_layers; l++)
         for (int k = 0; rc == 0 && k < MODEL_IMAGE_LINEARS; k++) {
             const llama_tensor_slot *s = &lo->tensors[lo->units[llama_layer_unit(l)].first + k];
-            nf4_tensor t;
-            memset(&t, 0, sizeof t);
             rc = llama_read_tensor_f32(s, st, w, err);
-            if (rc == 0) rc = nf4_quantize(w, ST_F32, s->ndim, s->shape, 1, &t, err);
-            if (rc == 0) rc = nf4_dequantize(&t, dq, err);
-            if (rc == 0) rc = llama_model_set_param(m, s->name, dq, s->numel, err);
-            nf4_free(&t);
+            if (rc == 0) rc = nf4_round_trip(w, s->ndim, s->shape, w, err);
+            if (rc == 0) rc = llama_model_set_param(m, s->name, w, s->numel, err);
         }
     free(w);
-    free(dq);
     return rc;
 }
 

@@ -22,6 +22,7 @@ int cmd_plot(int argc, char **argv);       /* ctl/cmd_plot.c */
 int cmd_fabric(int argc, char **argv);     /* ctl/cmd_fabric.c */
 int cmd_quantize(int argc, char **argv);   /* ctl/cmd_quantize.c */
 int cmd_plan(int argc, char **argv);       /* ctl/cmd_plan.c */
+int cmd_generate(int argc, char **argv);   /* ctl/cmd_generate.c */
 
 /* Option values shared by consolidate and merge (ctl/cmd_consolidate.c); 0 or -1. */
 int fsdpctl_parse_dtype(const char *text, st_dtype *out);       /* bf16|bfloat16|f32|float32 */

@@ -12,7 +12,9 @@ typedef struct subcommand {
 
 static const subcommand subcommands[] = {
     {"inspect", cmd_inspect, "inspect MODEL_DIR"},
-    {"init", cmd_init, "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16]"},
+    {"init", cmd_init,
+     "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16] [--shard-size 5GB]\n"
+     "                [--tokenizer PATH [--template llama3|llama2|chatml|alpaca]]"},
     {"reference", cmd_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
      "                    [--backend cpu|cuda] [--adapter PEFT_DIR] [--quant nf4]"},
@@ -42,6 +44,11 @@ static const subcommand subcommands[] = {
     {"plan", cmd_plan,
      "plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE] [--net-gbps X] [--json]\n"
      "               [--section.key=value ...]"},
+    {"generate", cmd_generate,
+     "generate MODEL_DIR (--prompt TEXT | --prompt-ids \"1 2 3\" | --chat FILE.jsonl) ... [--adapter PEFT_DIR]\n"
+     "                   [--quant nf4] [--template T] [--max-new-tokens N] [--greedy | --temperature T\n"
+     "                   --top-p P --top-k K --seed S] [--stop TEXT|ID ...] [--ignore-eos] [--batch N]\n"
+     "                   [--backend cpu|cuda] [--json]"},
     {"quantize", cmd_quantize,
      "quantize --tensors IN.safetensors OUT.safetensors [--double-quant]\n"
      "  fsdpctl quantize MODEL_DIR OUT_DIR [--compute-dtype bf16|f16|f32]"},

@@ -18,7 +18,7 @@
 
 
 /* The directory whose tokenizer.json goes with the model ("" when there is none). */
-static void tokenizer_dir(const job_config *j, char *out, size_t n) {
+void data_tokenizer_dir(const job_config *j, char *out, size_t n) {
     if (j->model.init == JOB_INIT_PRETRAINED) snprintf(out, n, "%s", j->model.path);
     else {
         const char *slash = strrchr(j->model.config, '/');
@@ -217,7 +217,7 @@ int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err) {
     char tk_dir[JOB_PATH_MAX];
     uint8_t h[SHA256_BYTES];
     memset(id, 0, sizeof *id);
-    tokenizer_dir(j, tk_dir, sizeof tk_dir);
+    data_tokenizer_dir(j, tk_dir, sizeof tk_dir);
     if (tk_dir[0]) {
         if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
         hex_encode(h, SHA256_BYTES, id->tokenizer_sha256);

@@ -29,5 +29,8 @@
  * data_prepare runs it first; fsdpctl plan runs it too. */
 int data_check(const job_config *j, errbuf *err);
 int data_prepare(job_config *j, ckpt_data_identity *id, errbuf *err);
+/* The directory of the tokenizer a JSONL data.path is tokenized with: model.path, or with
+ * model.init random model.config's directory; "" when it has no tokenizer.json. */
+void data_tokenizer_dir(const job_config *j, char *out, size_t n);
 
 #endif

@@ -22,6 +22,7 @@
 #include "daemon/dir_lock.h"
 #include "daemon/log.h"
 #include "daemon/mlflow_log.h"
+#include "daemon/model_card.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
 #include "daemon/slurm.h"
@@ -157,6 +158,8 @@ int main(int argc, char **argv) {
         goto bad_job;
     if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
     static ckpt_data_identity data_identity;
+    static char data_file[JOB_PATH_MAX]; /* data.path as given: data_prepare names the cache there */
+    snprintf(data_file, sizeof data_file, "%s", job.data.path);
     if (data_prepare(&job, &data_identity, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
@@ -221,6 +224,14 @@ int main(int argc, char **argv) {
     if (slurm.node_id == 0 && run_report_finish(&record, opt.job, &progress, &err)) {
         fprintf(stderr, "fsdpd: the run's summary: %s\n", err.msg);
         return ended(1, "FAILED");
+    }
+    /* The output ready to use: template, stops, tokenizer, loss curve, model card. */
+    if (job.output.consolidate && slurm.node_id == 0) {
+        if (model_card_write(&job, data_file, &record, &err)) {
+            fprintf(stderr, "fsdpd: %s\n", err.msg);
+            return ended(1, "FAILED");
+        }
+        log_event(-1, "%s: %s with its model card", job.output.dir, MODEL_CARD_NAME);
     }
     return ended(0, "FINISHED");
 

@@ -56,6 +56,48 @@ chat_template chat_template_recognise(const char *jinja) {
     return TPL_NONE;
 }
 
+/* The Jinja of each template (chat_template_jinja): what transformers' apply_chat_template
+ * renders into the text whose tokens are the ones chat_render's segments give (Jinja string
+ * literals: \n inside them is Jinja's escape, not a newline).  llama2 is the Llama-2-chat
+ * template as Meta ships it; llama3 and chatml the models' templates without a system prompt
+ * of their own; alpaca fsdp_qlora's prompt without an input. */
+static const char jinja_llama3[] =
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] +"
+    " '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endi"
+    "f %}";
+static const char jinja_llama2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set sys"
+    "tem_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% se"
+    "t system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['"
+    "role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles mus"
+    "t alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and "
+    "system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\"
+    "n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% "
+    "if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }"
+    "}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}";
+static const char jinja_chatml[] =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['conte"
+    "nt'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>a"
+    "ssistant\\n' }}{% endif %}";
+static const char jinja_alpaca[] =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ 'Below "
+    "is an instruction that describes a task. Write a response that appropriately completes t"
+    "he request.\\n\\n### Instruction:\\n' + message['content'] + '\\n\\n### Response:' }}{% elif "
+    "message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfo"
+    "r %}";
+
+const char *chat_template_jinja(chat_template t) {
+    switch (t) {
+    case TPL_LLAMA3: return jinja_llama3;
+    case TPL_LLAMA2: return jinja_llama2;
+    case TPL_CHATML: return jinja_chatml;
+    case TPL_ALPACA: return jinja_alpaca;
+    default: return NULL;
+    }
+}
+
 /* chat_template is a string, or a list of {name, template} (the "default" one counts). */
 static const char *config_template(json_t *cfg) {
     json_t *v = json_object_get(cfg, "chat_template");

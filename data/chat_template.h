@@ -83,6 +83,12 @@ const char *chat_template_name(chat_template t); /* "none" for TPL_NONE */
  * each always holds (Llama 2's <<SYS>> block tells it from Mistral's [INST]; Mistral v0.1's
  * " [INST] " from v0.3's "[INST] " and Nemo's "[INST]" without a space). */
 chat_template chat_template_recognise(const char *jinja);
+/* The Jinja chat_template of t (NULL for TPL_NONE), which transformers' apply_chat_template
+ * renders into the text whose tokens are chat_render's for a conversation that ends with an
+ * assistant turn (and, with add_generation_prompt, the prompt sample_prompt_from_line gives
+ * for one that ends with a user turn); chat_template_recognise gives t back.  alpaca: its
+ * prompt without an input (chat data's one user turn). */
+const char *chat_template_jinja(chat_template t);
 /* The template of model_dir/tokenizer_config.json's chat_template; an error naming
  * data.template when it is missing or not recognised. */
 int chat_template_from_model(const char *model_dir, chat_template *t, errbuf *err);

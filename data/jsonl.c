@@ -89,7 +89,8 @@ static const role_name sharegpt_roles[] = {
 
 /* list[i] = {role_key: name, text_key: S} for every i. */
 static int read_turns(data_record *r, json_t *list, const char *list_key, const char *role_key,
-                      const char *text_key, const role_name *roles, errbuf *err) {
+                      const char *text_key, const role_name *roles, bool need_assistant,
+                      errbuf *err) {
     bool any_assistant = false;
     for (size_t i = 0; i < json_array_size(list); i++) {
         json_t *m = json_array_get(list, i);
@@ -109,22 +110,24 @@ static int read_turns(data_record *r, json_t *list, const char *list_key, const 
             return -1;
         any_assistant |= k->role == ROLE_ASSISTANT;
     }
-    if (!any_assistant) return errf(err, "\"%s\" has no assistant turn (nothing to learn)", list_key);
+    if (need_assistant && !any_assistant) return errf(err, "\"%s\" has no assistant turn (nothing to learn)", list_key);
     return 0;
 }
 
-static int parse_chat(data_record *r, json_t *root, errbuf *err) {
+static int parse_chat(data_record *r, json_t *root, bool need_assistant, errbuf *err) {
     json_t *messages = json_object_get(root, "messages");
     json_t *conversations = json_object_get(root, "conversations");
     if (json_is_array(messages))
-        return read_turns(r, messages, "messages", "role", "content", message_roles, err);
+        return read_turns(r, messages, "messages", "role", "content", message_roles,
+                          need_assistant, err);
     if (json_is_array(conversations))
-        return read_turns(r, conversations, "conversations", "from", "value", sharegpt_roles, err);
+        return read_turns(r, conversations, "conversations", "from", "value", sharegpt_roles,
+                          need_assistant, err);
     return errf(err, "no \"messages\" or \"conversations\" list");
 }
 
-int record_parse(data_record *r, job_data_format format, const char *text_field, const char *line,
-                 size_t len, errbuf *err) {
+/* The line's JSON object into r->root. */
+static int load_object(data_record *r, const char *line, size_t len, errbuf *err) {
     record_clear(r);
     json_error_t je;
     /* no JSON_ALLOW_NUL: a string with \u0000 in it is refused here */
@@ -132,6 +135,27 @@ int record_parse(data_record *r, job_data_format format, const char *text_field,
     if (!root) return errf(err, "not JSON: %s (column %d)", je.text, je.column);
     r->root = root;
     if (!json_is_object(root)) return errf(err, "not a JSON object");
+    return 0;
+}
+
+int record_parse_prompt(data_record *r, const char *line, size_t len, text_field *reference,
+                        errbuf *err) {
+    *reference = (text_field){NULL, 0};
+    if (load_object(r, line, len, err) || parse_chat(r, r->root, false, err)) return -1;
+    if (r->n_msgs && r->msgs[r->n_msgs - 1].role == ROLE_ASSISTANT) {
+        r->n_msgs--;
+        *reference = (text_field){r->msgs[r->n_msgs].text, r->msgs[r->n_msgs].len};
+    }
+    if (!r->n_msgs || r->msgs[r->n_msgs - 1].role != ROLE_USER)
+        return errf(err, "the conversation does not end with a user turn (or a user turn and "
+                         "the assistant's reply)");
+    return push_msg(r, ROLE_ASSISTANT, (text_field){"", 0}, err);
+}
+
+int record_parse(data_record *r, job_data_format format, const char *text_field, const char *line,
+                 size_t len, errbuf *err) {
+    if (load_object(r, line, len, err)) return -1;
+    json_t *root = r->root;
     switch (format) {
     case JOB_DATA_ALPACA:
         return get_string(root, "instruction", false, &r->instruction, "", err) ||
@@ -139,7 +163,7 @@ int record_parse(data_record *r, job_data_format format, const char *text_field,
                        get_string(root, "output", false, &r->output, "", err)
                    ? -1
                    : 0;
-    case JOB_DATA_CHAT: return parse_chat(r, root, err);
+    case JOB_DATA_CHAT: return parse_chat(r, root, true, err);
     case JOB_DATA_TEXT: return get_string(root, text_field, false, &r->text, "", err);
     case JOB_DATA_TOKENS:
     case JOB_DATA_AUTO: break;

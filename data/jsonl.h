@@ -57,6 +57,12 @@ int record_parse(data_record *r, job_data_format format, const char *text_field,
  * which fields decided. */
 int record_guess_format(const char *line, size_t len, const char *text_field, job_data_format *out,
                         char *why, size_t why_n, errbuf *err);
+/* A chat line as a prompt to generate from (fsdpctl generate --chat, samples during
+ * training): a conversation that ends with a user turn, or with the assistant's reply to it,
+ * which is taken off (*reference: its text, else {NULL, 0}); an empty assistant turn is
+ * appended for the template to render the reply's start.  No assistant turn is needed. */
+int record_parse_prompt(data_record *r, const char *line, size_t len, text_field *reference,
+                        errbuf *err);
 /* Forgets the record's JSON (its message list is kept for the next line). */
 void record_clear(data_record *r);
 void record_free(data_record *r);

@@ -148,3 +148,20 @@ int sample_from_line(const sample_spec *s, sample_buf *b, const char *line, size
         if (b->mask[i]) return SAMPLE_OK;
     return SAMPLE_DROPPED;
 }
+
+int sample_prompt_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len,
+                            text_field *reference, errbuf *err) {
+    b->ids.n = 0;
+    if (s->format != JOB_DATA_CHAT) return errf(err, "a prompt is a chat record");
+    if (record_parse_prompt(&b->rec, line, len, reference, err) || render(s, b, err) ||
+        encode_segments(s, b, err))
+        return -1;
+    size_t start = b->ids.n; /* the reply's first token: the last run of loss tokens' */
+    while (start > 0 && !b->mask[start - 1]) start--;
+    while (start > 0 && b->mask[start - 1]) start--;
+    if (start == 0) return errf(err, "the template rendered no prompt before the reply");
+    b->ids.n = start;
+    if (b->ids.n > (size_t)s->seq_len)
+        return errf(err, "the prompt has %zu tokens, more than %d", b->ids.n, s->seq_len);
+    return 0;
+}

@@ -61,4 +61,11 @@ void sample_buf_free(sample_buf *b);
 int sample_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len,
                      errbuf *err);
 
+/* A chat line as a generation prompt (record_parse_prompt): b->ids are the tokens training
+ * puts before the reply (the conversation and the reply's header, rendered and tokenized as
+ * sample_from_line does, cut before the reply's first loss token); more than seq_len of them
+ * is an error.  *reference: the reply the line had, if any. */
+int sample_prompt_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len,
+                            text_field *reference, errbuf *err);
+
 #endif

@@ -40,9 +40,9 @@ int k_sync(kctx *c, errbuf *err);
  *   k_alloc k_free k_host_alloc k_host_free k_copy_h2d k_copy_h2d_start k_copy_h2d_wait
  *   k_host_register k_host_unregister k_copy_d2h k_zero k_f32_to_compute k_compute_to_f32
  *   k_accumulate k_add_f32 k_sumsq_f32 k_embedding_fwd k_embedding_bwd k_rmsnorm_fwd
- *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_swiglu_fwd k_swiglu_bwd
- *   k_linear_fwd k_linear_bwd k_linear_fwd_acc k_scale k_dropout k_nf4_dequant k_cross_entropy
- *   k_adamw */
+ *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_attention_kv k_swiglu_fwd
+ *   k_swiglu_bwd k_linear_fwd k_linear_bwd k_linear_fwd_acc k_scale k_dropout k_nf4_dequant
+ *   k_cross_entropy k_adamw */
 #define K_OP(name, params, args) void k_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret k_##name params;
 #include "kernels_ops.h"

@@ -123,6 +123,20 @@ K_OP(attention_bwd,
       int Hq, int Hkv, int hd),
      (c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv, hd))
 
+/* k_attention_kv: generation's attention over a KV cache.  S new tokens a row: q [B,S,Hq,hd]
+ * and k, v [B,S,Hkv,hd], as the projections give them (before RoPE); row b's new tokens sit
+ * at positions pos[b] .. pos[b]+S-1 (pos: int32 [B], context memory; pos[b] + S <= T_max).
+ * Rotates q and k in place by RoPE at those positions (k_rope's convention and inv_freq),
+ * writes k and v into the caches k_cache, v_cache [B,T_max,Hkv,hd] at those positions, and
+ * out [B,S,Hq,hd] = the attention of each new query over cache positions 0 .. its own (scale
+ * 1/sqrt(hd), query head h uses kv head h / (Hq/Hkv)).  Cache positions past pos[b] + S are
+ * neither read nor written.  What k_rope then k_attention_fwd give on the whole row. */
+K_OP(attention_kv,
+     (kctx *c, void *out, void *q, void *k, const void *v, void *k_cache, void *v_cache,
+      const int32_t *pos, const float *inv_freq, int B, int S, int T_max, int Hq, int Hkv,
+      int hd),
+     (c, out, q, k, v, k_cache, v_cache, pos, inv_freq, B, S, T_max, Hq, Hkv, hd))
+
 /* ---- SwiGLU: out = silu(gate) * up ---- */
 
 /* k_swiglu_fwd: out = silu(gate) * up, elementwise. */

@@ -549,3 +549,12 @@ json_t *nf4_model_quant_json(const nf4_model_quant *q) {
                      "llm_int8_enable_fp32_cpu_offload", 0, "llm_int8_has_fp16_weight", 0, "llm_int8_skip_modules",
                      "llm_int8_threshold", 6.0, "load_in_4bit", 1, "load_in_8bit", 0, "quant_method", "bitsandbytes");
 }
+
+int nf4_round_trip(const float *w, int ndim, const int64_t *shape, float *out, errbuf *err) {
+    nf4_tensor t;
+    memset(&t, 0, sizeof t);
+    int rc = nf4_quantize(w, ST_F32, ndim, shape, 1, &t, err);
+    if (rc == 0) rc = nf4_dequantize(&t, out, err);
+    nf4_free(&t);
+    return rc;
+}

@@ -73,6 +73,11 @@ void nf4_block_absmax(const nf4_tensor *t, float *out);
 /* out[t->numel]: the dequantized values rounded to t->dtype, as fp32. */
 int nf4_dequantize(const nf4_tensor *t, float *out, errbuf *err);
 
+/* out[numel] = w[numel] (an fp32 tensor of that shape) quantized to NF4 with double
+ * quantization and dequantized: the weights QLoRA's forward computes with (fsdpctl reference
+ * and generate --quant nf4).  out may be w. */
+int nf4_round_trip(const float *w, int ndim, const int64_t *shape, float *out, errbuf *err);
+
 /* x rounded to dtype (F32: as is; BF16, F16: nearest even), back as fp32. */
 float nf4_round_to(st_dtype dtype, float x);
 

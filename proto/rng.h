@@ -41,6 +41,7 @@ typedef enum rng_purpose {
     RNG_PURPOSE_SHUFFLE = 3, /* the data order: index = epoch */
     RNG_PURPOSE_DROPOUT = 4, /* LoRA dropout masks: index = sample (base/philox.h) */
     RNG_PURPOSE_LORA_INIT = 5, /* adapter init: index = layer * 8 + module */
+    RNG_PURPOSE_SAMPLE = 6, /* generation's sampling: index = prompt, counter = new token */
 } rng_purpose;
 
 static inline uint64_t rng_stream(rng_purpose purpose, uint64_t index) {

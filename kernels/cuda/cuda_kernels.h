@@ -41,7 +41,8 @@ void cuda_test_spin(void *stream, int *flag);
  * dropout),
  * cuda_embedding.cu, cuda_norm_rope.cu (RMSNorm, RoPE), cuda_attention.cu (head dim 64 or
  * 128; buffers 16-byte aligned; the others go to cuda_attention_generic.cu), cuda_linear.cu
- * (cuBLASLt), cuda_loss_optim.cu (cross-entropy, AdamW), cuda_nf4.cu (NF4 dequantization). */
+ * (cuBLASLt), cuda_loss_optim.cu (cross-entropy, AdamW), cuda_nf4.cu (NF4 dequantization),
+ * cuda_attention_kv.cu (attention over a KV cache). */
 #define K_OP(name, params, args) void cuda_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret cuda_##name params;
 #include "kernels/kernels_ops.h"

@@ -1,6 +1,7 @@
 /* Fuzzes the JSONL reader: the input's lines as records of each format, and every chat
  * record rendered by each template (control tokens given made-up ids), then checked: the
- * segments stay inside the record's strings or the templates' own text. */
+ * segments stay inside the record's strings or the templates' own text.  Each line also as a
+ * generation prompt (record_parse_prompt: an empty assistant turn last; rendered too). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (record_guess_format(line, len, "content", &guessed, why, sizeof why, &err) == 0 &&
             guessed != JOB_DATA_CHAT && guessed != JOB_DATA_ALPACA && guessed != JOB_DATA_TEXT)
             abort();
+        text_field reply;
+        if (record_parse_prompt(&r, line, len, &reply, &err) == 0) {
+            if (r.msgs[r.n_msgs - 1].role != ROLE_ASSISTANT || r.msgs[r.n_msgs - 1].len) abort();
+            render_all(&r, &segs);
+        }
     }
     record_free(&r);
     tpl_segs_free(&segs);

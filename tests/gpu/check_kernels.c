@@ -610,6 +610,34 @@ static void check_rope(int B, int T, int H, int hd, const k_rope_params *p, cons
     check_rope_docs(B, T, H, hd, p, name, 0);
 }
 
+/* ---- attention over a KV cache (generation) ---- */
+
+/* Rows at positions pos[B] (each row's earlier cache filled by a first call of pos[b] new
+ * tokens at 0, then S new tokens): the output and both caches against the CPU's. */
+static void check_attention_kv(int B, int S, int T_max, int Hq, int Hkv, int hd, const int32_t *pos) {
+    seed(12);
+    size_t qn = (size_t)B * S * Hq * hd, kn = (size_t)B * S * Hkv * hd, cn = (size_t)B * T_max * Hkv * hd;
+    k_rope_params rp = {.theta = 10000.0};
+    float *inv_freq = hfloats((size_t)hd / 2);
+    k_rope_inv_freq(&rp, hd, inv_freq);
+    float *dinv = df32(inv_freq, (size_t)hd / 2);
+    /* the caches as earlier tokens left them: random keys and values, bf16-exact */
+    float *kc = hrandom(cn, 1.0f), *vc = hrandom(cn, 1.0f);
+    for (size_t i = 0; i < cn; i++) kc[i] = bf16_value(bf16_bits(kc[i])), vc[i] = bf16_value(bf16_bits(vc[i]));
+    float *q = hrandom(qn, 1.0f), *k = hrandom(kn, 1.0f), *v = hrandom(kn, 1.0f);
+    void *dq = dcomp(q, qn), *dk = dcomp(k, kn), *dv = dcomp(v, kn), *dkc = dcomp(kc, cn), *dvc = dcomp(vc, cn);
+    q = get_comp(dq, qn), k = get_comp(dk, kn), v = get_comp(dv, kn); /* the inputs as the GPU sees them */
+    float *out = hfloats(qn);
+    void *dout = dcomp(out, qn);
+    k_attention_kv(&cpu, out, q, k, v, kc, vc, pos, inv_freq, B, S, T_max, Hq, Hkv, hd);
+    k_attention_kv(&gpu, dout, dq, dk, dv, dkc, dvc, dints(pos, (size_t)B), dinv, B, S, T_max, Hq, Hkv, hd);
+    const char *shp = shape("B=%d S=%d T_max=%d Hq=%d Hkv=%d hd=%d pos0=%d", B, S, T_max, Hq, Hkv, hd, pos[0]);
+    report("attention_kv", shp, get_comp(dout, qn), out, qn, TOL_BF16);
+    report("attention_kv k cache", shp, get_comp(dkc, cn), kc, cn, TOL_BF16);
+    report("attention_kv v cache", shp, get_comp(dvc, cn), vc, cn, TOL_EXACT);
+    release_all();
+}
+
 /* ---- linear ---- */
 
 static void check_linear(int N, int I, int O) {
@@ -1291,6 +1319,14 @@ int main(int argc, char **argv) {
     check_cross_entropy(33, 32000);
     check_cross_entropy(9, 128256);
     misalign = 0;
+
+    { /* decode steps of rows at their own positions, a prefill, a long row (several chunks) */
+        const int32_t pos3[] = {0, 37, 300}, pos1[] = {0}, pos_long[] = {1500};
+        check_attention_kv(3, 1, 512, 32, 8, 128, pos3);
+        check_attention_kv(3, 1, 512, 8, 8, 64, pos3);
+        check_attention_kv(1, 77, 512, 32, 8, 128, pos1);
+        check_attention_kv(1, 1, 2048, 4, 4, 16, pos_long);
+    }
 
     check_adamw((size_t)16 << 20, 1);
     check_adamw((size_t)16 << 20, 1000);

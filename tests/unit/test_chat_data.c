@@ -376,6 +376,19 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* Each template's Jinja (what fsdpd writes into its outputs) is recognised as that template, so
+ * data.template auto and fsdpctl generate --chat read an output's template back; TPL_NONE has
+ * none.  (test_output_card.sh renders them with transformers.) */
+static void test_jinja_recognised(void **state) {
+    (void)state;
+    for (int t = TPL_LLAMA3; t < TPL_COUNT; t++) {
+        const char *j = chat_template_jinja((chat_template)t);
+        assert_non_null(j);
+        assert_int_equal(chat_template_recognise(j), t);
+    }
+    assert_null(chat_template_jinja(TPL_NONE));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama3),
@@ -388,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_bad_records),
         cmocka_unit_test(test_record_bound),
         cmocka_unit_test(test_config_not_json),
+        cmocka_unit_test(test_jinja_recognised),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

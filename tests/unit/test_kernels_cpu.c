@@ -940,6 +940,75 @@ static void test_attention_varlen(void **state) {
     kctx_destroy(&c);
 }
 
+/* k_attention_kv: rows decoded in pieces (a prefill of a few tokens, then one at a time, row
+ * 1 behind row 0) give what k_rope then k_attention_fwd give on the whole rows; the cache
+ * holds the rotated keys and the values; a position past the cache fails naming the row. */
+static void test_attention_kv(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err;
+    init_cpu(&c);
+    seed(44);
+    attn_shape s = {2, 9, 4, 2, 8};
+    int T_max = 11;
+    size_t qrow = (size_t)s.Hq * s.hd, kvrow = (size_t)s.Hkv * s.hd;
+    size_t nq = s.B * s.T * qrow, nkv = s.B * s.T * kvrow;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f), *v = random_floats(nkv, 1.0f);
+    float *inv_freq = floats((size_t)s.hd / 2);
+    k_rope_params rp = {.theta = 10000.0};
+    k_rope_inv_freq(&rp, s.hd, inv_freq);
+    float *qr = floats(nq), *kr = floats(nkv), *out = floats(nq), *lse = floats((size_t)s.B * s.Hq * s.T);
+    memcpy(qr, q, nq * sizeof *q);
+    memcpy(kr, k, nkv * sizeof *k);
+    k_rope(&c, qr, inv_freq, NULL, s.B, s.T, s.Hq, s.hd, 0);
+    k_rope(&c, kr, inv_freq, NULL, s.B, s.T, s.Hkv, s.hd, 0);
+    k_attention_fwd(&c, out, lse, qr, kr, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    expect_ok(&c);
+    float *kc = floats((size_t)s.B * T_max * kvrow), *vc = floats((size_t)s.B * T_max * kvrow);
+    float *qs = floats(nq), *ks = floats(nkv), *o = floats(nq);
+    /* row b's tokens [t0, t0 + n) through the cache of row b alone */
+    for (int b = 0; b < s.B; b++) {
+        int t0 = 0;
+        while (t0 < s.T) {
+            int n = t0 == 0 ? 3 + b : 1;
+            size_t at = (size_t)b * s.T + t0;
+            int32_t pos = t0;
+            memcpy(qs, q + at * qrow, n * qrow * sizeof *q);
+            memcpy(ks, k + at * kvrow, n * kvrow * sizeof *k);
+            k_attention_kv(&c, o, qs, ks, v + at * kvrow, kc + (size_t)b * T_max * kvrow,
+                           vc + (size_t)b * T_max * kvrow, &pos, inv_freq, 1, n, T_max, s.Hq,
+                           s.Hkv, s.hd);
+            expect_ok(&c);
+            for (size_t j = 0; j < n * qrow; j++) assert_true(fabsf(o[j] - out[at * qrow + j]) <= 1e-6f);
+            for (size_t j = 0; j < n * kvrow; j++) {
+                assert_true(fabsf(kc[((size_t)b * T_max + t0) * kvrow + j] - kr[at * kvrow + j]) <= 1e-6f);
+                assert_true(vc[((size_t)b * T_max + t0) * kvrow + j] == v[at * kvrow + j]);
+            }
+            t0 += n;
+        }
+    }
+    /* both rows' next token in one call, each at its own position */
+    int32_t pos2[2] = {s.T, s.T - 1};
+    float *q2 = random_floats(2 * qrow, 1.0f), *k2 = random_floats(2 * kvrow, 1.0f);
+    float *v2 = random_floats(2 * kvrow, 1.0f), *o2 = floats(2 * qrow), *o1 = floats(qrow);
+    float *q1 = floats(qrow), *k1 = floats(kvrow);
+    memcpy(q1, q2 + qrow, qrow * sizeof *q1);
+    memcpy(k1, k2 + kvrow, kvrow * sizeof *k1);
+    k_attention_kv(&c, o1, q1, k1, v2 + kvrow, kc + (size_t)T_max * kvrow, vc + (size_t)T_max * kvrow,
+                   &pos2[1], inv_freq, 1, 1, T_max, s.Hq, s.Hkv, s.hd);
+    k_attention_kv(&c, o2, q2, k2, v2, kc, vc, pos2, inv_freq, 2, 1, T_max, s.Hq, s.Hkv, s.hd);
+    expect_ok(&c);
+    for (size_t j = 0; j < qrow; j++) assert_true(fabsf(o2[qrow + j] - o1[j]) <= 1e-6f);
+    int32_t past = T_max;
+    k_attention_kv(&c, o1, q1, k1, v2, kc, vc, &past, inv_freq, 1, 1, T_max, s.Hq, s.Hkv, s.hd);
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "row 0's 1 new tokens at position 11 do not fit a cache of 11"));
+    free(q), free(k), free(v), free(inv_freq), free(qr), free(kr), free(out), free(lse);
+    free(kc), free(vc), free(qs), free(ks), free(o), free(q2), free(k2), free(v2), free(o2);
+    free(o1), free(q1), free(k1);
+    kctx_destroy(&c);
+}
+
 /* Document bounds that do not tile a row are a failure naming the token. */
 static void test_attention_bad_docs(void **state) {
     (void)state;
@@ -1304,6 +1373,7 @@ int main(void) {
         cmocka_unit_test(test_attention_bad_heads),
         cmocka_unit_test(test_attention_varlen),
         cmocka_unit_test(test_attention_bad_docs),
+        cmocka_unit_test(test_attention_kv),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_fwd_acc),
