@@ -218,8 +218,9 @@ int model_image_fill_hf(void *image, const llama_layout *lo, model_image_dtype d
 static int fill_random(const llama_layout *lo, int slot, size_t first, size_t n, float *dst,
                        const void *arg, errbuf *err) {
     (void)err;
-    if (lo->tensors[slot].is_norm) {
-        for (size_t i = 0; i < n; i++) dst[i] = 1.0f;
+    const llama_tensor_slot *t = &lo->tensors[slot];
+    if (t->is_norm || t->is_bias) {
+        for (size_t i = 0; i < n; i++) dst[i] = t->is_norm ? 1.0f : 0.0f;
     } else {
         rng_fill_normal(dst, n, (float)lo->cfg.initializer_range, *(const uint64_t *)arg,
                         rng_stream(RNG_PURPOSE_INIT, (uint64_t)slot), first);

@@ -239,7 +239,7 @@ static int lay_out_tasks(fsdp *f, host_optim_task *tasks) {
                     .grad = f->host_grad + (U->grad - f->units[0].grad) + o,
                     .param = (char *)U->host_param + o * cs,
                     .n = b - at < HOST_OPTIM_TASK_ELEMS ? b - at : HOST_OPTIM_TASK_ELEMS,
-                    .decay = !f->train_tensors[i].is_norm};
+                    .decay = llama_tensor_decays(&f->train_tensors[i])};
             }
         }
     }
@@ -997,7 +997,7 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
         size_t at = a - U->shard_off;
         k_adamw(f->ctx, U->master + at, U->grad + at, U->m + at, U->v + at, b - a, (float)hp->lr,
                 (float)hp->beta1, (float)hp->beta2, (float)hp->eps,
-                s->is_norm ? 0.0f : (float)hp->weight_decay, f->step, grad_scale);
+                llama_tensor_decays(s) ? (float)hp->weight_decay : 0.0f, f->step, grad_scale);
     }
 }
 

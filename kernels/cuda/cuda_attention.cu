@@ -719,10 +719,14 @@ static void attention_bwd_hd(kctx *c, const bwd_params &p, const k_docs *docs) {
 }
 
 extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                   const void *v, const k_docs *docs, int B, int T, int Hq,
-                                   int Hkv, int hd) {
+                                   const void *v, const k_docs *docs, int window, int B, int T,
+                                   int Hq, int Hkv, int hd) {
     const void *bufs[] = {out, lse, q, k, v};
     if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) || B == 0 || T == 0) return;
+    if (window) {
+        k_fail(c, "attention: a sliding window is not built yet on CUDA");
+        return;
+    }
     if (hd != 64 && hd != 128) {
         cuda_attention_generic_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
         return;
@@ -741,11 +745,15 @@ extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q
 
 extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                    const void *q, const void *k, const void *v, const void *out,
-                                   const float *lse, const k_docs *docs, int B, int T, int Hq,
-                                   int Hkv, int hd) {
+                                   const float *lse, const k_docs *docs, int window, int B,
+                                   int T, int Hq, int Hkv, int hd) {
     const void *bufs[] = {dq, dk, dv, dout, q, k, v, out, lse};
     if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) || B == 0 || T == 0)
         return;
+    if (window) {
+        k_fail(c, "attention backward: a sliding window is not built yet on CUDA");
+        return;
+    }
     if (hd != 64 && hd != 128) {
         cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv,
                                    hd);

@@ -312,9 +312,9 @@ static void *reference_worker(void *arg) {
         const k_docs row_docs = {r->docs ? r->docs->start + (size_t)b * T : NULL,
                                  r->docs ? r->docs->end + (size_t)b * T : NULL};
         const k_docs *docs = r->docs ? &row_docs : NULL; /* row b's documents */
-        k_attention_fwd(&cpu, out, lse, q, k, v, docs, 1, T, 1, 1, hd);
+        k_attention_fwd(&cpu, out, lse, q, k, v, docs, 0, 1, T, 1, 1, hd);
         for (size_t i = 0; i < th; i++) out16[i] = round_bf16(out[i]); /* bf16 on the GPU */
-        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, docs, 1, T, 1, 1, hd);
+        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, docs, 0, 1, T, 1, 1, hd);
         if (k_check(&cpu, &err)) {
             pthread_mutex_lock(&r->lock);
             if (!r->failed) r->failure = err;
@@ -425,7 +425,7 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     void *ddout = dcomp(dout, nq);
     void *out = dpoisoned(nq * esize);
     float *lse = dpoisoned(nl * sizeof(float));
-    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
+    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, docs, 0, B, T, Hq, Hkv, hd);
     report("attention_fwd out", shp, get_comp(out, nq), r.out, nq, TOL_BF16, 0.0);
     report("attention_fwd lse", shp, get_f32(lse, nl), r.lse, nl, TOL_LSE_REL, TOL_LSE_ABS);
 
@@ -435,7 +435,7 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     void *dout_in = dcomp(out16, nq);
     float *dlse = df32(r.lse, nl);
     void *gq = dpoisoned(nq * esize), *gk = dpoisoned(nkv * esize), *gv = dpoisoned(nkv * esize);
-    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T, Hq,
+    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, 0, B, T, Hq,
                     Hkv, hd);
     report("attention_bwd dq", shp, get_comp(gq, nq), r.dq, nq, TOL_BF16, 0.0);
     report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
@@ -444,13 +444,13 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     if (determinism) {
         void *out2 = dpoisoned(nq * esize);
         float *lse2 = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
+        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, 0, B, T, Hq, Hkv, hd);
         report_bool("deterministic fwd", shp,
                     same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
                     "out, lse: same bits twice");
         void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
         void *gv2 = dpoisoned(nkv * esize);
-        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T,
+        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, 0, B, T,
                         Hq, Hkv, hd);
         report_bool("deterministic bwd", shp,
                     same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
@@ -485,11 +485,11 @@ static void expect_failure(const char *what, const char *wanted) {
 static void check_failures(void) {
     char *buf = dev_bytes(1 << 20);
     float *lse = dev_bytes(4096);
-    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 300);
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 0, 1, 4, 2, 1, 300);
     expect_failure("head dim 300", "head dim 300 is not supported");
-    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 1, 4, 6, 4, 64);
+    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 0, 1, 4, 6, 4, 64);
     expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
-    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 64);
+    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 0, 1, 4, 2, 1, 64);
     expect_failure("unaligned out", "16-byte aligned");
     release_all();
 }
@@ -570,11 +570,11 @@ typedef struct bench_case {
 
 static void bench_run(const bench_case *c, bench_kind kind) {
     if (kind != BENCH_BWD)
-        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->docs, c->B, c->T, c->Hq,
+        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->docs, 0, c->B, c->T, c->Hq,
                         c->Hkv, c->hd);
     if (kind != BENCH_FWD)
         k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
-                        c->docs, c->B, c->T, c->Hq, c->Hkv, c->hd);
+                        c->docs, 0, c->B, c->T, c->Hq, c->Hkv, c->hd);
 }
 
 /* Median milliseconds of REPS runs after WARMUP. */

@@ -568,7 +568,7 @@ static void check_rmsnorm_frozen(int N, int C) {
 
 static const k_rope_params llama2_rope = {.theta = 10000.0};
 static const k_rope_params llama3_rope = {.theta = 500000.0,
-                                          .llama3 = 1,
+                                          .kind = K_ROPE_LLAMA3,
                                           .factor = 8.0,
                                           .low_freq_factor = 1.0,
                                           .high_freq_factor = 4.0,
@@ -954,9 +954,9 @@ static void check_failures(void) {
     expect_failure("dropout", "dropout: probability 1 is outside [0, 1)");
 
     if (gpu.backend == K_CUDA) {
-        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
+        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 0, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
-        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 1, 4, 2, 1, 300);
+        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 0, 1, 4, 2, 1, 300);
         expect_failure("attention_bwd", "head dim 300 is not supported");
     }
     release_all();

@@ -623,7 +623,7 @@ static void test_rope_inv_freq_default(void **state) {
 static void test_rope_inv_freq_llama3(void **state) {
     (void)state;
     k_rope_params p = {.theta = 500000.0,
-                       .llama3 = 1,
+                       .kind = K_ROPE_LLAMA3,
                        .factor = 8.0,
                        .low_freq_factor = 1.0,
                        .high_freq_factor = 4.0,
@@ -791,7 +791,7 @@ static void check_attention_forward(attn_shape s) {
     float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
     float *v = random_floats(nkv, 1.0f), *out = floats(nq), *lse = floats(nl);
     double *ref = doubles(nq), *ref_lse = doubles(nl);
-    k_attention_fwd(&c, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     naive_attention(&s, q, k, v, ref, ref_lse);
     expect_close("attention out", out, ref, nq, 1e-6);
     expect_close("attention lse", lse, ref_lse, nl, 1e-6);
@@ -818,7 +818,7 @@ static void test_attention_causal(void **state) {
     float *q = random_floats(nq, 1.0f), *k = random_floats(nkv, 1.0f);
     float *v = random_floats(nkv, 1.0f), *a = floats(nq), *b = floats(nq);
     float lse[2 * 4 * 5];
-    k_attention_fwd(&c, a, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, a, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     const int p = 3;
     for (int bb = 0; bb < s.B; bb++)
         for (int g = 0; g < s.Hkv; g++)
@@ -826,7 +826,7 @@ static void test_attention_causal(void **state) {
                 k[attn_at(&s, bb, p, g, s.Hkv) + d] += 1.0f;
                 v[attn_at(&s, bb, p, g, s.Hkv) + d] -= 2.0f;
             }
-    k_attention_fwd(&c, b, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, b, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     for (int bb = 0; bb < s.B; bb++) {
         size_t row = (size_t)s.Hq * s.hd; /* one position, all heads */
         size_t t0 = (size_t)bb * s.T * row;
@@ -849,7 +849,7 @@ typedef struct {
 static double attn_loss(void *arg) {
     attn_case *e = arg;
     attn_shape s = e->s;
-    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, s.B, s.T, s.Hq, s.Hkv,
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, 0, s.B, s.T, s.Hq, s.Hkv,
                     s.hd);
     return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
 }
@@ -867,7 +867,7 @@ static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
     attn_case e = {&c, s, q, k, v, out, lse, R, docs};
     attn_loss(&e);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
     check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
@@ -908,18 +908,18 @@ static void test_attention_varlen(void **state) {
     float *v = random_floats(nkv, 1.0f), *R = random_floats(nq, 1.0f);
     float *out = floats(nq), *lse = floats(nl), *dq = floats(nq), *dk = floats(nkv);
     float *dv = floats(nkv);
-    k_attention_fwd(&c, out, lse, q, k, v, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, &docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, &docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     float *o1 = floats(nq), *l1 = floats(nl), *dq1 = floats(nq), *dk1 = floats(nkv);
     float *dv1 = floats(nkv);
     for (int i = 0; i < s.B * s.T; i++) {
         if (start[i] != i % s.T) continue; /* document [i, i + n) of row i / T starts here */
         int b = i / s.T, t0 = i % s.T, n = end[i] - start[i];
-        k_attention_fwd(&c, o1, l1, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 1, n,
+        k_attention_fwd(&c, o1, l1, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 0, 1, n,
                         s.Hq, s.Hkv, s.hd);
         k_attention_bwd(&c, dq1, dk1, dv1, R + i * qrow, q + i * qrow, k + i * kvrow,
-                        v + i * kvrow, o1, l1, NULL, 1, n, s.Hq, s.Hkv, s.hd);
+                        v + i * kvrow, o1, l1, NULL, 0, 1, n, s.Hq, s.Hkv, s.hd);
         expect_ok(&c);
         for (size_t j = 0; j < n * qrow; j++) {
             assert_true(fabsf(out[i * qrow + j] - o1[j]) <= 1e-6f);
@@ -949,12 +949,12 @@ static void test_attention_bad_docs(void **state) {
     float x[1 * 4 * 8] = {0}, lse[4];
     int32_t start[4] = {0, 0, 2, 2}, end[4] = {2, 2, 4, 3}; /* token 3's document ends at 3 */
     k_docs docs = {start, end};
-    k_attention_fwd(&c, x, lse, x, x, x, &docs, 1, 4, 1, 1, 8);
+    k_attention_fwd(&c, x, lse, x, x, x, &docs, 0, 1, 4, 1, 1, 8);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "document bounds [2, 3) of token [0,3] do not tile"));
     end[3] = 4;
     start[1] = 1; /* token 1 starts a document while token 0's runs on to 2 */
-    k_attention_bwd(&c, x, x, x, x, x, x, x, x, lse, &docs, 1, 4, 1, 1, 8);
+    k_attention_bwd(&c, x, x, x, x, x, x, x, x, lse, &docs, 0, 1, 4, 1, 1, 8);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "token [0,1]"));
     kctx_destroy(&c);
@@ -966,7 +966,7 @@ static void test_attention_bad_heads(void **state) {
     errbuf err;
     init_cpu(&c);
     float x[2 * 3 * 4] = {0}, lse[6];
-    k_attention_fwd(&c, x, lse, x, x, x, NULL, 1, 2, 3, 2, 4);
+    k_attention_fwd(&c, x, lse, x, x, x, NULL, 0, 1, 2, 3, 2, 4);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "3 query heads"));
     kctx_destroy(&c);

@@ -193,7 +193,8 @@ static void test_layout_matches_config_params(void **state) {
         const llama_tensor_slot *q = &lo.tensors[lo.units[llama_layer_unit(1)].first];
         assert_string_equal(q[LLAMA_Q].name, "model.layers.1.self_attn.q_proj.weight");
         assert_string_equal(q[LLAMA_LN2].name, "model.layers.1.post_attention_layernorm.weight");
-        for (int t = 1; t < LLAMA_LAYER_TENSORS; t++)
+        assert_int_equal(lo.layer_tensors, LLAMA_BASE_TENSORS);
+        for (int t = 1; t < lo.layer_tensors; t++)
             assert_int_equal(q[t].offset, q[t - 1].offset + q[t - 1].numel);
         const llama_unit *head = &lo.units[llama_head_unit(&lo)];
         assert_int_equal(head->count, tied ? 1 : 2);
