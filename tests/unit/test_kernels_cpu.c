@@ -753,9 +753,10 @@ static size_t attn_at(const attn_shape *s, int b, int t, int h, int H) {
     return (((size_t)b * s->T + t) * H + h) * s->hd;
 }
 
-/* Naive causal softmax attention in double: out and lse. */
-static void naive_attention(const attn_shape *s, const float *q, const float *k, const float *v,
-                            double *out, double *lse) {
+/* Naive causal softmax attention in double: out and lse; window > 0: only keys j > t -
+ * window (Mistral's sliding window). */
+static void naive_attention_window(const attn_shape *s, const float *q, const float *k,
+                                   const float *v, int window, double *out, double *lse) {
     double *w = doubles(s->T);
     for (int b = 0; b < s->B; b++)
         for (int h = 0; h < s->Hq; h++) {
@@ -763,7 +764,8 @@ static void naive_attention(const attn_shape *s, const float *q, const float *k,
             for (int t = 0; t < s->T; t++) {
                 const float *qr = q + attn_at(s, b, t, h, s->Hq);
                 double sum = 0.0;
-                for (int j = 0; j <= t; j++) {
+                int j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = j0; j <= t; j++) {
                     const float *kr = k + attn_at(s, b, j, g, s->Hkv);
                     double score = 0.0;
                     for (int d = 0; d < s->hd; d++) score += (double)qr[d] * kr[d];
@@ -773,13 +775,18 @@ static void naive_attention(const attn_shape *s, const float *q, const float *k,
                 double *o = out + attn_at(s, b, t, h, s->Hq);
                 for (int d = 0; d < s->hd; d++) {
                     o[d] = 0.0;
-                    for (int j = 0; j <= t; j++)
+                    for (int j = j0; j <= t; j++)
                         o[d] += w[j] / sum * v[attn_at(s, b, j, g, s->Hkv) + d];
                 }
                 lse[((size_t)b * s->Hq + h) * s->T + t] = log(sum);
             }
         }
     free(w);
+}
+
+static void naive_attention(const attn_shape *s, const float *q, const float *k, const float *v,
+                            double *out, double *lse) {
+    naive_attention_window(s, q, k, v, 0, out, lse);
 }
 
 static void check_attention_forward(attn_shape s) {
@@ -844,18 +851,20 @@ typedef struct {
     float *q, *k, *v, *out, *lse;
     const float *R;
     const k_docs *docs;
+    int window;
 } attn_case;
 
 static double attn_loss(void *arg) {
     attn_case *e = arg;
     attn_shape s = e->s;
-    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, 0, s.B, s.T, s.Hq, s.Hkv,
-                    s.hd);
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, e->window, s.B, s.T, s.Hq,
+                    s.Hkv, s.hd);
     return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
 }
 
-/* Finite differences of the attention's inputs; docs NULL: whole causal rows. */
-static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
+/* Finite differences of the attention's inputs; docs NULL: whole causal rows; window 0:
+ * none. */
+static void check_attention_grad_window(attn_shape s, const k_docs *docs, int window) {
     kctx c;
     init_cpu(&c);
     seed(8 + s.Hq);
@@ -865,9 +874,10 @@ static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     float *out = floats(nq), *lse = floats((size_t)s.B * s.Hq * s.T);
     /* dq, dk, dv are overwritten: start them from garbage */
     float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
-    attn_case e = {&c, s, q, k, v, out, lse, R, docs};
+    attn_case e = {&c, s, q, k, v, out, lse, R, docs, window};
     attn_loss(&e);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, window, s.B, s.T, s.Hq, s.Hkv,
+                    s.hd);
     expect_ok(&c);
     check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
     check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
@@ -876,8 +886,60 @@ static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     kctx_destroy(&c);
 }
 
+static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
+    check_attention_grad_window(s, docs, 0);
+}
+
 static void check_attention_grad(attn_shape s) {
     check_attention_grad_docs(s, NULL);
+}
+
+/* The sliding window (Mistral): forward against the naive band, a window as long as the row
+ * is none, finite differences of the backward with and without packed documents, and a
+ * document of a packed row sees, windowed, what it sees alone in a row. */
+static void test_attention_window(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(43);
+    attn_shape s = {2, 9, 4, 2, 8};
+    size_t nq = (size_t)s.B * s.T * s.Hq * s.hd, nkv = (size_t)s.B * s.T * s.Hkv * s.hd;
+    size_t nl = (size_t)s.B * s.Hq * s.T;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f), *v = random_floats(nkv, 1.0f);
+    float *out = floats(nq), *lse = floats(nl), *full = floats(nq);
+    double *ref = doubles(nq), *ref_lse = doubles(nl);
+    k_attention_fwd(&c, full, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    const int windows[] = {1, 3, 8, 9, 40};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        k_attention_fwd(&c, out, lse, q, k, v, NULL, windows[i], s.B, s.T, s.Hq, s.Hkv, s.hd);
+        naive_attention_window(&s, q, k, v, windows[i], ref, ref_lse);
+        expect_close("windowed attention out", out, ref, nq, 1e-6);
+        expect_close("windowed attention lse", lse, ref_lse, nl, 1e-6);
+        /* the window matters exactly when it is shorter than the row */
+        int same = !memcmp(out, full, nq * sizeof *out);
+        assert_int_equal(same, windows[i] >= s.T);
+    }
+    expect_ok(&c);
+    check_attention_grad_window(s, NULL, 3);
+    const int lens[] = {2, 7, 5, 4};
+    int32_t start[2 * 9], end[2 * 9];
+    k_docs docs = pack_docs(s.B, s.T, lens, 4, start, end);
+    check_attention_grad_window(s, &docs, 3);
+    k_attention_fwd(&c, out, lse, q, k, v, &docs, 3, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    size_t qrow = (size_t)s.Hq * s.hd, kvrow = (size_t)s.Hkv * s.hd;
+    for (int i = 0; i < s.B * s.T; i++) {
+        if (start[i] != i % s.T) continue;
+        int n = end[i] - start[i];
+        k_attention_fwd(&c, full, lse, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 3, 1, n,
+                        s.Hq, s.Hkv, s.hd);
+        for (size_t j = 0; j < n * qrow; j++) assert_true(fabsf(out[i * qrow + j] - full[j]) <= 1e-6f);
+    }
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, -1, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    errbuf err;
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "sliding window -1"));
+    free(q), free(k), free(v), free(out), free(lse), free(full), free(ref), free(ref_lse);
+    kctx_destroy(&c);
 }
 
 static void test_attention_grad_mha(void **state) {
@@ -1006,6 +1068,33 @@ static void test_swiglu(void **state) {
     check_grad("swiglu dup", up, n, swiglu_loss, &e, dup, 0.05);
     expect_ok(&c);
     free(gate), free(up), free(R), free(dgate), free(dup);
+    kctx_destroy(&c);
+}
+
+/* ---- biases ---- */
+
+/* k_bias_fwd adds the bias to every row; k_bias_bwd accumulates the column sums. */
+static void test_bias(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(44);
+    const int N = 7, O = 5;
+    float *y = random_floats((size_t)N * O, 1.0f), *y0 = floats((size_t)N * O);
+    float *b = random_floats(O, 1.0f), *db = filled(O, 0.5f);
+    memcpy(y0, y, (size_t)N * O * sizeof *y);
+    k_bias_fwd(&c, y, b, N, O);
+    k_bias_bwd(&c, db, y0, N, O);
+    expect_ok(&c);
+    for (int o = 0; o < O; o++) {
+        double sum = 0.5;
+        for (int n = 0; n < N; n++) {
+            assert_true(y[n * O + o] == y0[n * O + o] + b[o]);
+            sum += y0[n * O + o];
+        }
+        assert_true(fabs(db[o] - sum) <= 1e-6 * (1 + fabs(sum)));
+    }
+    free(y), free(y0), free(b), free(db);
     kctx_destroy(&c);
 }
 
@@ -1299,6 +1388,8 @@ int main(void) {
         cmocka_unit_test(test_rope_positions_restart),
         cmocka_unit_test(test_attention_forward),
         cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_bias),
         cmocka_unit_test(test_attention_grad_mha),
         cmocka_unit_test(test_attention_grad_gqa),
         cmocka_unit_test(test_attention_bad_heads),
