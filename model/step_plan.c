@@ -233,8 +233,8 @@ static void unit_sizes_of(const model_shape *s, unit_sizes *u) {
         if (s->lora && (s->lora->targets >> k & 1u)) lora += (double)s->lora->rank * (in[k] + out[k]);
     }
     u->embed = (double)s->V * s->C;
-    u->layer = lin + 2.0 * s->C;
-    u->head = (double)s->V * s->C + s->C;
+    u->layer = (double)llama_config_layer_params(s->c); /* with its norms, biases, q/k norms */
+    u->head = (s->c->tie_word_embeddings ? 0.0 : (double)s->V * s->C) + s->C;
     u->layer_nf4_bytes = lin / 2 + lin / 64;
     u->trained_layer = s->lora ? lora : u->layer;
     u->trained_total = s->lora ? lora * s->c->num_hidden_layers

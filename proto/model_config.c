@@ -660,13 +660,18 @@ int llama_config_params(const llama_config *c, llama_param_info *out, int max) {
     return n;
 }
 
-uint64_t llama_config_num_params(const llama_config *c) {
-    uint64_t embed = (uint64_t)dim_size(c, DIM_VOCAB) * (uint64_t)dim_size(c, DIM_HIDDEN);
+uint64_t llama_config_layer_params(const llama_config *c) {
     uint64_t layer = 0;
     for (int i = 0; i < LAYER_PARAMS; i++)
         if (has_param(c, layer_params[i].when))
             layer += (uint64_t)dim_size(c, layer_params[i].rows) *
                      (uint64_t)dim_size(c, layer_params[i].cols);
+    return layer;
+}
+
+uint64_t llama_config_num_params(const llama_config *c) {
+    uint64_t embed = (uint64_t)dim_size(c, DIM_VOCAB) * (uint64_t)dim_size(c, DIM_HIDDEN);
+    uint64_t layer = llama_config_layer_params(c);
     uint64_t total = embed + layer * (uint64_t)c->num_hidden_layers + (uint64_t)c->hidden_size;
     return c->tie_word_embeddings ? total : total + embed;
 }

@@ -105,6 +105,8 @@ double rope_attention_factor(const rope_config *rope);
 /* Parameter counting (HF names: model.embed_tokens.weight, model.layers.N.*, model.norm.weight,
  * lm_head.weight unless tied; Qwen2's q/k/v biases and Qwen3's q_norm/k_norm in the layers). */
 uint64_t llama_config_num_params(const llama_config *c);
+/* One decoder layer's (every layer alike). */
+uint64_t llama_config_layer_params(const llama_config *c);
 
 /* The HF parameter list of the model, in checkpoint order.  Fills up to max entries and
  * returns the total count (call with max 0 to size).  Shapes are [rows, cols] or [n]. */
