@@ -145,17 +145,21 @@ const char *llama_family_architecture(llama_family f) {
     return f >= 0 && f < FAMILY_COUNT ? family_archs[f] : "unknown";
 }
 
-/* model_type: one of the families (absent: llama). */
-static int read_family(const reader *r, json_t *root, llama_family *out) {
-    const char *s;
+int llama_family_of(const char *model_type, llama_family *out) {
     *out = FAMILY_LLAMA;
-    if (read_string(r, root, "model_type", 0, &s) < 0) return -1;
-    if (!s) return 0;
-    for (int f = 0; f < FAMILY_COUNT; f++)
-        if (!strcmp(s, family_types[f])) {
+    for (int f = 0; model_type && f < FAMILY_COUNT; f++)
+        if (!strcmp(model_type, family_types[f])) {
             *out = (llama_family)f;
             return 0;
         }
+    return model_type ? -1 : 0;
+}
+
+/* model_type: one of the families (absent: llama). */
+static int read_family(const reader *r, json_t *root, llama_family *out) {
+    const char *s;
+    if (read_string(r, root, "model_type", 0, &s) < 0) return -1;
+    if (llama_family_of(s, out) == 0) return 0;
     return errf(r->err, "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral)",
                 r->name, s);
 }

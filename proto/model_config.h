@@ -47,6 +47,8 @@ typedef enum llama_family {
 /* "llama", "qwen2", ...; and the transformers class, "LlamaForCausalLM", ... */
 const char *llama_family_model_type(llama_family f);
 const char *llama_family_architecture(llama_family f);
+/* The family of a model_type string (NULL: llama); -1 when it is none of ours. */
+int llama_family_of(const char *model_type, llama_family *out);
 
 typedef struct llama_config {
     llama_family family;

@@ -79,17 +79,34 @@ PY
 
     # --- LoRA and QLoRA, 2 and 1 workers ---------------------------------------------------------
     run "$family-lora2" -- --checkpoint.dir="$tmp/$family-ck3" "${lora[@]}"
-    run "$family-lora1" -- --checkpoint.dir="$tmp/$family-ck4" "${lora[@]}" --runtime.workers_per_node=1
+    run "$family-lora1" -- --checkpoint.dir="$tmp/$family-ck4" "${lora[@]}" --runtime.workers_per_node=1 \
+        --output.consolidate=true --output.merge=true --output.dir="$tmp/$family-lout"
     same "$family-lora1" "$family-lora2" "$family LoRA"
     # what LoRA trains is the adapters only: the biases and norms stay frozen (PEFT's bias "none")
     grep -q '^28 tensors compared' "$tmp/cmp.out" && ! grep -q '\.bias \|norm\.weight ' "$tmp/cmp.out" ||
         { cat "$tmp/cmp.out"; fail "$family LoRA: more than the adapters were trained"; }
+    # the merged model is the family's, its biases and norms the base's
+    grep -q "\"model_type\": \"$family\"" "$tmp/$family-lout/merged/config.json" ||
+        { cat "$tmp/$family-lout/merged/config.json"; fail "$family: the merged model's config.json is not the family's"; }
+    "$fsdpctl" compare "$tmp/$family-lout/merged" "$tmp/base" --rtol 0 > "$tmp/cmp.out" || true
+    awk '/ > rtol$/ && ($1 ~ /bias$/ || $1 ~ /norm\.weight$/) { bad = 1 } / tensors compared/ { done = 1 }
+         END { exit bad || !done }' "$tmp/cmp.out" || { cat "$tmp/cmp.out"; fail "$family: merging changed a bias or norm"; }
+    grep -q 'q_proj.weight .* > rtol$' "$tmp/cmp.out" || { cat "$tmp/cmp.out"; fail "$family: nothing was merged"; }
     run "$family-qlora2" -- --checkpoint.dir="$tmp/$family-ck5" "${lora[@]}" --train.type=qlora
     grep -q 'quantized to NF4' "$tmp/$family-qlora2.log" || fail "$family: the QLoRA base was not quantized"
     run "$family-qlora1" -- --checkpoint.dir="$tmp/$family-ck6" "${lora[@]}" --train.type=qlora --runtime.workers_per_node=1
     same "$family-qlora1" "$family-qlora2" "$family QLoRA"
     join "$tmp/$family-lora2.loss" "$tmp/$family-qlora2.loss" | awk '$2 != $3 { d = 1 } END { exit !d }' ||
         fail "$family: NF4 changed no loss"
+    # a random base from a config.json that names no class: the output names the family's
+    run "$family-random" -- --checkpoint.dir="$tmp/$family-ck7" --model.path= --model.init=random \
+        --model.config="$tmp/model.json" --train.max_steps=1 --output.consolidate=true --output.dir="$tmp/$family-rout"
+    grep -q '"architectures"' "$tmp/model.json" && fail "the model config names a class"
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))
+a = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}[sys.argv[2]]
+got = c["architectures"]
+sys.exit(None if got == [a] else f"architectures {got}, not [{a}]")' \
+        "$tmp/$family-rout/config.json" "$family" || fail "$family: a random base consolidated under another class"
     echo "$family: full, LoRA and QLoRA on 1 and 2 workers agree; consolidated as $(sed -n 's/^family *//p' "$tmp/$family-out.txt")"
 done
 
