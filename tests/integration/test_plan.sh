@@ -67,6 +67,22 @@ python3 -c 'import json, sys; b = json.load(open(sys.argv[1]))["checkpoint"]["by
 n = 61 * 36 + 2 * (36 * 40 + 2 * 36 * 20 + 40 * 36 + 3 * 36 * 70 + 2 * 36 + 2 * 10) + 36
 if b != 12 * n: sys.exit(f"checkpoint {b} bytes, not 12 x {n}")' "$tmp/tied-plan.json" || fail "a tied Qwen3 is not counted exactly"
 
+# Mistral 7B v0.1's window of 4096 over 8192 tokens: the attention costs the band's share of the
+# causal pairs, (4096 x 8192 - 4096 x 4095 / 2) / (8192 x 8193 / 2)
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["sliding_window"] = 4096; json.dump(c, open(sys.argv[2], "w"))' \
+    configs/models/mistral-7b-v0.3.json "$tmp/mistral-v0.1.json"
+for m in mistral-7b-v0.3.json:nowindow "$tmp/mistral-v0.1.json":window; do
+    cfg=${m%:*}; [ "${cfg#/}" = "$cfg" ] && cfg=configs/models/$cfg
+    "$fsdpctl" plan "$tmp/job.json" --model.init=random --model.config="$cfg" --data.seq_len=8192 \
+        --train.micro_batch=1 --train.global_batch=8 --runtime.backend=cuda --json > "$tmp/${m#*:}.json" ||
+        { cat "$tmp/${m#*:}.json"; fail "mistral plan failed"; }
+done
+python3 -c 'import json, sys
+a, b = (json.load(open(f))["step"]["attention_s"] for f in sys.argv[1:3])
+share = (4096 * 8192 - 4096 * 4095 / 2) / (8192 * 8193 / 2)
+if abs(b / a - share) > 1e-9: sys.exit(f"windowed attention {b} s, without {a} s: ratio {b / a}, not {share}")' \
+    "$tmp/nowindow.json" "$tmp/window.json" || fail "the plan does not count the window"
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"
