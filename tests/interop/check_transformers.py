@@ -11,10 +11,10 @@ For each case directory (made by make_cases.sh):
          one rounded to bf16;
   the class transformers builds is config.json's architectures[0] (F43: Qwen2ForCausalLM,
          Qwen3ForCausalLM, MistralForCausalLM as well as LlamaForCausalLM);
-  bnb4/  (qwen2) fsdpctl quantize's bnb-4bit directory: loaded with bitsandbytes, its logits
-         against reference_nf4.safetensors (fsdpctl reference --quant nf4 on f32/) to 1e-3
-         (bitsandbytes' dequantization rounds through the compute dtype); skipped, said so,
-         when bitsandbytes does not import.
+  bnb4/  (qwen2) fsdpctl quantize's bnb-4bit directory (fp32 compute dtype): loaded with
+         bitsandbytes, its logits against reference_nf4.safetensors (fsdpctl reference --quant
+         nf4 on f32/, the same NF4 round trip) to 1e-3; skipped, said so, when bitsandbytes
+         does not import.
 Prints one line per check and exits 1 if any fails.
 """
 import argparse

@@ -71,9 +71,9 @@ family_case qwen3 '"model_type": "qwen3", "hidden_size": 36, "head_dim": 12, "ti
  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": false'
 family_case mistral '"model_type": "mistral", "hidden_size": 36, "head_dim": 10, "sliding_window": 12,
  "rms_norm_eps": 1e-5, "rope_theta": 10000.0'
-# A bnb-4bit Qwen2 directory (fsdpctl quantize: the linears NF4 with double quantization, the
+# A bnb-4bit Qwen2 directory (fsdpctl quantize, fp32 compute: the linears NF4 with double quantization, the
 # biases and norms as they are), what fsdpctl reference --quant nf4 computes from the f32 one.
-"$fsdpctl" quantize "$out/qwen2/f32" "$out/qwen2/bnb4" > /dev/null
+"$fsdpctl" quantize "$out/qwen2/f32" "$out/qwen2/bnb4" --compute-dtype f32 > /dev/null
 OPENBLAS_NUM_THREADS=1 "$fsdpctl" reference "$out/qwen2/f32" "$batch" --quant nf4 \
     --out "$out/qwen2/reference_nf4.safetensors" > /dev/null
 echo "qwen2: bnb4/ $(ls "$out/qwen2/bnb4" | tr '\n' ' ')"
