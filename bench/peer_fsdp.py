@@ -1,5 +1,5 @@
 # The PyTorch FSDP2 peer of fsdpd's multi-GPU figures (F15): transformers' LlamaForCausalLM
-# sharded with fully_shard (one unit per decoder layer, the rest in the root), bf16
+# (or, F43, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM) sharded with fully_shard (one unit per decoder layer, the rest in the root), bf16
 # parameters for compute and fp32 gradient reduction (MixedPrecisionPolicy), fp32 master
 # weights and AdamW state, activation checkpointing, SDPA attention: the precision and
 # sharding fsdpd uses.  Each rank trains on its own random batch of --batch sequences.
@@ -7,7 +7,9 @@
 #   torchrun --standalone --nproc_per_node=N bench/peer_fsdp.py --model llama2-7b --batch 4 --seq 2048
 #
 # --model: llama-1.1b, llama2-7b, llama2-13b, llama3-8b (the shapes and RoPE of
-# configs/models/llama3.1-8b.json; tie_word_embeddings false everywhere).
+# configs/models/llama3.1-8b.json), qwen2.5-7b, qwen3-8b, mistral-7b-v0.3 (those of
+# configs/models/qwen2.5-7b.json, qwen3-8b.json, mistral-7b-v0.3.json: Qwen2's q/k/v biases,
+# Qwen3's q/k norms); tie_word_embeddings false everywhere.
 #
 # Rank 0 prints one JSON line: step time, tokens/s in all and per GPU, MFU (the formula of
 # ../shared/bench/peer_torch.py), peak memory of rank 0 (max_memory_allocated).
@@ -19,7 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import LlamaConfig, LlamaForCausalLM
+import transformers
+from transformers import LlamaConfig
 
 CFG = {  # the shapes of configs/models/*.json
     "llama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
@@ -34,7 +37,22 @@ CFG = {  # the shapes of configs/models/*.json
                       max_position_embeddings=131072,
                       rope=dict(rope_theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                 high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    # F43: the other families, as configs/models/ has them (sliding windows off, as released)
+    "qwen2.5-7b": dict(family="Qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
+                       rope=dict(rope_theta=1000000.0, rope_type="default")),
+    "qwen3-8b": dict(family="Qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     rms_norm_eps=1e-6, rope=dict(rope_theta=1000000.0, rope_type="default")),
+    "mistral-7b-v0.3": dict(family="Mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+                            sliding_window=None, rope=dict(rope_theta=1000000.0, rope_type="default")),
 }
+
+
+def classes(family):
+    """transformers' config and model classes of a family ("Llama", "Qwen2", ...)."""
+    return getattr(transformers, family + "Config"), getattr(transformers, family + "ForCausalLM")
 
 
 def rope_kwargs(rope):
@@ -63,11 +81,12 @@ def built_rope_type(model, cfg):
 def build(name, seq, ckpt):
     shape = dict(CFG[name])
     rope = shape.pop("rope", None)
+    config_class, model_class = classes(shape.pop("family", "Llama"))
     shape.setdefault("max_position_embeddings", seq)
-    cfg = LlamaConfig(**shape, **rope_kwargs(rope), attn_implementation="sdpa", use_cache=False,
-                      tie_word_embeddings=False)
+    cfg = config_class(**shape, **rope_kwargs(rope), attn_implementation="sdpa", use_cache=False,
+                       tie_word_embeddings=False)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg)  # fp32, initialised on the GPU, then sharded
+        model = model_class(cfg)  # fp32, initialised on the GPU, then sharded
     n_total = sum(p.numel() for p in model.parameters())
     rope_type = built_rope_type(model, cfg)
     if rope_type != (rope or {}).get("rope_type", "default"):  # a spelling this transformers ignored
@@ -129,7 +148,7 @@ def main():
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     flops_tok = 6 * (n_total - cfg.vocab_size * d) + 12 * L * d * a.seq
     if rank == 0:
-        print(json.dumps(dict(peer="torch fully_shard", model=a.model, gpus=world, batch_per_gpu=a.batch,
+        print(json.dumps(dict(peer="torch fully_shard", model=a.model, model_class=type(model).__name__, gpus=world, batch_per_gpu=a.batch,
                               seq=a.seq, activation_checkpointing=not a.no_ckpt, optimizer=opt_kind, params_b=n_total / 1e9, step_s=dt,
                               tokens_per_s=tok, tokens_per_s_per_gpu=tok / world,
                               mfu=flops_tok * tok / world / 989e12,

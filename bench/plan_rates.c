@@ -136,8 +136,8 @@ typedef struct attn_case {
 
 static void run_attn(void *arg) {
     attn_case *a = arg;
-    if (!a->bwd) k_attention_fwd(&gpu, a->out, a->lse, a->q, a->k, a->v, NULL, a->B, a->T, a->Hq, a->Hkv, a->hd);
-    else k_attention_bwd(&gpu, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, NULL, a->B,
+    if (!a->bwd) k_attention_fwd(&gpu, a->out, a->lse, a->q, a->k, a->v, NULL, 0, a->B, a->T, a->Hq, a->Hkv, a->hd);
+    else k_attention_bwd(&gpu, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, NULL, 0, a->B,
                          a->T, a->Hq, a->Hkv, a->hd);
 }
 

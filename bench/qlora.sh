@@ -7,17 +7,18 @@
 #   bench/qlora.sh BUILD PEER_QLORA [STEPS]
 # BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; PEER_QLORA is
 # ../shared/bench/peer_qlora.py (run at its Llama-2-7B configuration), carried as
-# dev-carry/peer_qlora.py.  The device has no bitsandbytes: BNB_SITE (default
+# dev-carry/peer_qlora.py, or bench/peer_qlora.py (its copy that knows Qwen2, Qwen3 and
+# Mistral too, F43): MODEL=configs/models/qwen2.5-7b.json PEER_MODEL=qwen2.5-7b for Qwen2.5-7B.  The device has no bitsandbytes: BNB_SITE (default
 # dev-carry/bnb/site, see its README.txt) is put first on PYTHONPATH.  Memory as bench/lora.sh.
 set -eu
 build=${1:-build} peer=${2:-dev-carry/peer_qlora.py} steps=${3:-10}
-model=${MODEL:-configs/models/llama2-7b.json} seq=${SEQ:-2048} batch=${BATCH:-4} backend=${BACKEND:-cuda}
+model=${MODEL:-configs/models/llama2-7b.json} peer_model=${PEER_MODEL:-llama2-7b} seq=${SEQ:-2048} batch=${BATCH:-4} backend=${BACKEND:-cuda}
 bnb_site=${BNB_SITE:-dev-carry/bnb/site}
 . "$(dirname "$0")/lora_common.sh"
 
 ours qlora || exit 1
 smi peer
-PYTHONPATH="$bnb_site${PYTHONPATH:+:$PYTHONPATH}" python3 "$peer" --model llama2-7b --batch "$batch" \
+PYTHONPATH="$bnb_site${PYTHONPATH:+:$PYTHONPATH}" python3 "$peer" --model "$peer_model" --batch "$batch" \
     --seq "$seq" --rank 64 --steps "$steps" > "$work/peer.json" 2> "$work/peer.err" ||
     { smi_stop; tail -5 "$work/peer.err"; echo "qlora bench: the peer failed"; exit 1; }
 peer_smi=$(smi_peak peer)

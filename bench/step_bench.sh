@@ -13,7 +13,10 @@
 #      recompute: the fp32 state alone is 16 B a parameter = 120 GiB of the 139, and at 4 the
 #      128256-wide fp32 logits (with their log-softmax and gradient in the peer's loss) leave
 #      no margin on the peer's side;
-#   e  Llama-2-7B, 2, no activation checkpointing on either side.
+#   e  Llama-2-7B, 2, no activation checkpointing on either side;
+#   q  Qwen2.5-7B (qwen2.5-7b.json: q/k/v biases, vocabulary 152064; the peer's
+#      Qwen2ForCausalLM, bench/peer_fsdp.py --model qwen2.5-7b), Q_BATCH (2) sequences, full
+#      recompute (F43; not in the default rows).
 # ROWS (default a,b,c,d,e) picks some: two calls of < 10 minutes are ROWS=a,b,c and
 # ROWS=d,e.  STEPS (8) steps a run, the mean over those after the first 3 (the peer: --warm 3
 # --steps STEPS-3).  Every run has a timeout, cut to what is left of BUDGET_S (560 s from the
@@ -143,7 +146,8 @@ for r in ${rows//,/ }; do
     d) bench_row d "Llama-3-8B" configs/models/llama3.1-8b.json llama3-8b "${D_BATCH:-2}" 300 full "full recompute" full ;;
     e) bench_row e "Llama-2-7B, no recompute" configs/models/llama2-7b.json llama2-7b 2 240 none \
            "no activation checkpointing (--no-ckpt)" none ;;
-    *) failed "unknown row '$r' (a, b, c, d, e)"; continue ;;
+    q) bench_row q "Qwen2.5-7B" configs/models/qwen2.5-7b.json qwen2.5-7b "${Q_BATCH:-2}" 300 full "full recompute" full ;;
+    *) failed "unknown row '$r' (a, b, c, d, e, q)"; continue ;;
     esac
     first_row=${first_row:-$r}
 done

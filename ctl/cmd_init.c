@@ -225,8 +225,8 @@ static void init_param(const llama_param_info *p, int index, const llama_config 
     float std = (float)c->initializer_range;
     if (dtype == ST_F32) {
         float *out = dst;
-        if (p->is_norm)
-            for (uint64_t j = 0; j < numel; j++) out[j] = 1.0f;
+        if (p->is_norm || p->is_bias)
+            for (uint64_t j = 0; j < numel; j++) out[j] = p->is_norm ? 1.0f : 0.0f;
         else
             rng_fill_normal(out, numel, std, seed, stream, 0);
         return;
@@ -234,8 +234,8 @@ static void init_param(const llama_param_info *p, int index, const llama_config 
     uint16_t *out = dst;
     for (uint64_t first = 0; first < numel; first += BF16_CHUNK) {
         size_t n = numel - first < BF16_CHUNK ? (size_t)(numel - first) : BF16_CHUNK;
-        if (p->is_norm)
-            for (size_t j = 0; j < n; j++) chunk[j] = 1.0f;
+        if (p->is_norm || p->is_bias)
+            for (size_t j = 0; j < n; j++) chunk[j] = p->is_norm ? 1.0f : 0.0f;
         else
             rng_fill_normal(chunk, n, std, seed, stream, first);
         for (size_t j = 0; j < n; j++) out[first + j] = bf16_from_f32(chunk[j]);

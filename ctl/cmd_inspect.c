@@ -1,17 +1,41 @@
-/* fsdpctl inspect MODEL_DIR: prints a Hugging Face Llama directory's config and tensors and
- * checks them against each other: every parameter the config implies must be present with
- * its shape and a floating-point dtype. */
+/* fsdpctl inspect MODEL_DIR: prints a Hugging Face Llama-family directory's config and
+ * tensors and checks them against each other: every parameter the config implies must be
+ * present with its shape and a floating-point dtype.
+ * fsdpctl inspect --rope CONFIG: the config and the RoPE frequencies and attention factor the
+ * model computes from it (tests/integration/test_rope_scaling.sh checks them against
+ * transformers). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ctl/fsdpctl.h"
+#include "model/llama.h"
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
 
+static void print_rope(const rope_config *r) {
+    switch (r->type) {
+    case ROPE_LLAMA3:
+        printf("rope              llama3 theta %g (factor %g, low %g, high %g, original %d)\n",
+               r->theta, r->factor, r->low_freq_factor, r->high_freq_factor,
+               r->original_max_position_embeddings);
+        break;
+    case ROPE_LINEAR: printf("rope              linear theta %g (factor %g)\n", r->theta, r->factor); break;
+    case ROPE_YARN:
+        printf("rope              yarn theta %g (factor %g, original %d, beta %g/%g, attention "
+               "factor %.6g)\n",
+               r->theta, r->factor, r->original_max_position_embeddings, r->beta_fast,
+               r->beta_slow, rope_attention_factor(r));
+        break;
+    default: printf("rope              default theta %g\n", r->theta);
+    }
+}
+
 static void print_config(const char *dir, const llama_config *c) {
     printf("model             %s\n", dir);
+    printf("family            %s (%s)\n", llama_family_model_type(c->family),
+           llama_family_architecture(c->family));
     printf("layers            %d\n", c->num_hidden_layers);
     printf("hidden            %d\n", c->hidden_size);
     printf("intermediate      %d\n", c->intermediate_size);
@@ -19,14 +43,26 @@ static void print_config(const char *dir, const llama_config *c) {
     printf("head_dim          %d\n", c->head_dim);
     printf("vocab             %d\n", c->vocab_size);
     printf("max_position      %d\n", c->max_position_embeddings);
-    if (c->rope.type == ROPE_LLAMA3)
-        printf("rope              llama3 theta %g (factor %g, low %g, high %g, original %d)\n",
-               c->rope.theta, c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
-               c->rope.original_max_position_embeddings);
-    else
-        printf("rope              default theta %g\n", c->rope.theta);
+    print_rope(&c->rope);
+    if (c->attention_bias) printf("attention bias    q, k, v\n");
+    if (c->qk_norm) printf("q/k norm          per head\n");
+    if (c->sliding_window) printf("sliding window    %d\n", c->sliding_window);
     printf("tied embeddings   %s\n", c->tie_word_embeddings ? "yes" : "no");
     if (c->dtype[0]) printf("dtype             %s\n", c->dtype);
+}
+
+/* --rope: one "inv_freq I VALUE" line per frequency, then "attention_factor VALUE". */
+static int inspect_rope(const char *path, errbuf *err) {
+    llama_config c;
+    if (llama_config_load(&c, path, err) < 0) return -1;
+    print_config(path, &c);
+    float *inv_freq = calloc((size_t)c.head_dim / 2, sizeof *inv_freq);
+    if (!inv_freq) return errf(err, "%s: out of memory", path);
+    llama_rope_inv_freq(&c, inv_freq);
+    for (int i = 0; i < c.head_dim / 2; i++) printf("inv_freq %d %.9g\n", i, inv_freq[i]);
+    printf("attention_factor %.17g\n", rope_attention_factor(&c.rope));
+    free(inv_freq);
+    return 0;
 }
 
 static void format_shape(char *buf, size_t size, const int64_t *shape, int ndim) {
@@ -120,19 +156,23 @@ static int inspect(const char *dir, errbuf *err) {
     return rc;
 }
 
+#define INSPECT_USAGE "usage: fsdpctl inspect MODEL_DIR\n       fsdpctl inspect --rope CONFIG\n"
+
 int cmd_inspect(int argc, char **argv) {
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: fsdpctl inspect MODEL_DIR\n");
+        printf(INSPECT_USAGE);
         return 0;
     }
-    if (argc != 2 || argv[1][0] == '-') {
+    int rope = argc == 3 && !strcmp(argv[1], "--rope");
+    if (!rope && (argc != 2 || argv[1][0] == '-')) {
         for (int i = 1; i < argc; i++)
-            if (argv[i][0] == '-') fprintf(stderr, "fsdpctl inspect: %s: unknown flag\n", argv[i]);
-        fprintf(stderr, "usage: fsdpctl inspect MODEL_DIR\n");
+            if (argv[i][0] == '-' && strcmp(argv[i], "--rope"))
+                fprintf(stderr, "fsdpctl inspect: %s: unknown flag\n", argv[i]);
+        fprintf(stderr, INSPECT_USAGE);
         return 2;
     }
     errbuf err = {{0}};
-    if (inspect(argv[1], &err) < 0) {
+    if ((rope ? inspect_rope(argv[2], &err) : inspect(argv[1], &err)) < 0) {
         fflush(stdout);
         fprintf(stderr, "fsdpctl inspect: %s\n", err.msg);
         return 1;

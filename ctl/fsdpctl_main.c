@@ -11,10 +11,10 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand subcommands[] = {
-    {"inspect", cmd_inspect, "inspect MODEL_DIR"},
+    {"inspect", cmd_inspect, "inspect MODEL_DIR\n  fsdpctl inspect --rope CONFIG"},
     {"init", cmd_init,
      "init --model-config CFG.json --out DIR [--seed N] [--dtype f32|bf16] [--shard-size 5GB]\n"
-     "                [--tokenizer PATH [--template llama3|llama2|chatml|alpaca]]"},
+     "                [--tokenizer PATH [--template TEMPLATE]]"},
     {"reference", cmd_reference,
      "reference MODEL_DIR BATCH.safetensors --out OUT.safetensors [--adamw lr,b1,b2,eps,wd]\n"
      "                    [--backend cpu|cuda] [--adapter PEFT_DIR] [--quant nf4]"},

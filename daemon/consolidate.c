@@ -440,7 +440,9 @@ static int write_index(const plan *p, const char *dir, name_list *names, errbuf 
     return rc;
 }
 
-/* config.json: the checkpoint's model config, with the dtype of these weights. */
+/* config.json: the checkpoint's model config, with the dtype of these weights; a config
+ * without model_type is Llama's, and one without architectures gets its family's class (a
+ * job's model.config need not say: AutoModel loads the class architectures names). */
 static int write_config(const json_t *model_config, st_dtype dtype, const char *dir, name_list *names,
                         errbuf *err) {
     json_t *c = json_deep_copy(model_config);
@@ -450,8 +452,15 @@ static int write_config(const json_t *model_config, st_dtype dtype, const char *
         failed = json_object_set_new(c, "torch_dtype", json_string(name));
     if (!failed && !json_object_get(c, "model_type")) /* AutoConfig needs it */
         failed = json_object_set_new(c, "model_type", json_string("llama"));
+    const char *type = c ? json_string_value(json_object_get(c, "model_type")) : NULL;
+    llama_family family;
+    if (!failed && llama_family_of(type, &family)) {
+        errf(err, "%s: the checkpoint's model_type \"%s\" is none of ours", dir, type);
+        json_decref(c);
+        return -1;
+    }
     if (!failed && !json_object_get(c, "architectures"))
-        failed = json_object_set_new(c, "architectures", json_pack("[s]", "LlamaForCausalLM"));
+        failed = json_object_set_new(c, "architectures", json_pack("[s]", llama_family_architecture(family)));
     int rc = failed ? errf(err, "%s: out of memory", dir) : write_json(dir, CONFIG_NAME, c, names, err);
     json_decref(c);
     return rc;

@@ -112,25 +112,58 @@ int k_sync(kctx *c, errbuf *err) {
 
 /* ---- host helpers (the same for every backend) ---- */
 
-/* inv_freq[i] = theta^(-2i/hd); Llama 3 scaling as transformers' _compute_llama3_parameters:
- * wavelengths longer than original/low_freq_factor are slowed down by factor, those shorter
- * than original/high_freq_factor are kept, and those in between are interpolated. */
-void k_rope_inv_freq(const k_rope_params *p, int head_dim, float *host_inv_freq) {
+/* Llama 3 scaling as transformers' _compute_llama3_parameters: wavelengths longer than
+ * original/low_freq_factor are slowed down by factor, those shorter than
+ * original/high_freq_factor are kept, and those in between are interpolated. */
+static double llama3_scaled(const k_rope_params *p, double inv_freq) {
     double orig = p->original_max_position_embeddings;
     double low_freq_wavelen = orig / p->low_freq_factor;
     double high_freq_wavelen = orig / p->high_freq_factor;
+    double wavelen = 2.0 * M_PI / inv_freq;
+    if (wavelen > low_freq_wavelen) return inv_freq / p->factor;
+    if (wavelen < high_freq_wavelen) return inv_freq;
+    double smooth = (orig / wavelen - p->low_freq_factor) / (p->high_freq_factor - p->low_freq_factor);
+    return (1.0 - smooth) * inv_freq / p->factor + smooth * inv_freq;
+}
+
+/* yarn's find_correction_dim: the dimension that turns num_rotations times over the
+ * original context. */
+static double yarn_correction_dim(double rotations, int dim, double base, double orig) {
+    return dim * log(orig / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+/* YaRN as transformers' _compute_yarn_parameters: frequency i blends the interpolated
+ * inv_freq / factor and the original by a linear ramp over the correction range of
+ * beta_fast .. beta_slow rotations. */
+static void yarn_inv_freq(const k_rope_params *p, int dim, float *out) {
+    double orig = p->original_max_position_embeddings;
+    double low = yarn_correction_dim(p->beta_fast, dim, p->theta, orig);
+    double high = yarn_correction_dim(p->beta_slow, dim, p->theta, orig);
+    if (p->truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (low == high) high += 0.001; /* as transformers: no division by zero */
+    for (int i = 0; i < dim / 2; i++) {
+        double extrapolation = 1.0 / pow(p->theta, 2.0 * i / dim);
+        double ramp = (i - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double keep = 1.0 - ramp; /* the extrapolation factor */
+        out[i] = (float)(extrapolation / p->factor * (1.0 - keep) + extrapolation * keep);
+    }
+}
+
+void k_rope_inv_freq(const k_rope_params *p, int head_dim, float *host_inv_freq) {
+    if (p->kind == K_ROPE_YARN) {
+        yarn_inv_freq(p, head_dim, host_inv_freq);
+        return;
+    }
     for (int i = 0; i < head_dim / 2; i++) {
         double inv_freq = 1.0 / pow(p->theta, 2.0 * i / head_dim);
-        if (p->llama3) {
-            double wavelen = 2.0 * M_PI / inv_freq;
-            if (wavelen > low_freq_wavelen) {
-                inv_freq /= p->factor;
-            } else if (wavelen >= high_freq_wavelen) {
-                double smooth = (orig / wavelen - p->low_freq_factor) /
-                                (p->high_freq_factor - p->low_freq_factor);
-                inv_freq = (1.0 - smooth) * inv_freq / p->factor + smooth * inv_freq;
-            }
-        }
+        if (p->kind == K_ROPE_LLAMA3) inv_freq = llama3_scaled(p, inv_freq);
+        if (p->kind == K_ROPE_LINEAR) inv_freq /= p->factor;
         host_inv_freq[i] = (float)inv_freq;
     }
 }

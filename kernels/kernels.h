@@ -41,8 +41,8 @@ int k_sync(kctx *c, errbuf *err);
  *   k_host_register k_host_unregister k_copy_d2h k_zero k_f32_to_compute k_compute_to_f32
  *   k_accumulate k_add_f32 k_sumsq_f32 k_embedding_fwd k_embedding_bwd k_rmsnorm_fwd
  *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_attention_kv k_swiglu_fwd
- *   k_swiglu_bwd k_linear_fwd k_linear_bwd k_linear_fwd_acc k_scale k_dropout k_nf4_dequant
- *   k_cross_entropy k_adamw */
+ *   k_swiglu_bwd k_linear_fwd k_linear_bwd k_bias_fwd k_bias_bwd k_linear_fwd_acc k_scale k_dropout
+ *   k_nf4_dequant k_cross_entropy k_adamw */
 #define K_OP(name, params, args) void k_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret k_##name params;
 #include "kernels_ops.h"
@@ -56,13 +56,17 @@ size_t k_peak_bytes(const kctx *c);   /* the most of it at any time since kctx_i
  * allocation that would bring k_bytes_in_use past it. */
 void k_set_memory_limit(kctx *c, size_t bytes);
 
-/* RoPE frequencies for k_rope, computed on the host: inv_freq[i] = theta^(-2i/hd), with the
- * Llama 3 scaling when p->llama3. */
+/* RoPE frequencies for k_rope, computed on the host as transformers' modeling_rope_utils
+ * does: inv_freq[i] = theta^(-2i/hd), with the scaling of p->kind. */
+typedef enum k_rope_kind { K_ROPE_DEFAULT, K_ROPE_LLAMA3, K_ROPE_LINEAR, K_ROPE_YARN } k_rope_kind;
 typedef struct k_rope_params {
     double theta;
-    int llama3; /* apply Llama 3 frequency scaling */
-    double factor, low_freq_factor, high_freq_factor;
-    int original_max_position_embeddings;
+    k_rope_kind kind;
+    double factor;                        /* llama3, linear, yarn */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    int original_max_position_embeddings; /* llama3, yarn */
+    double beta_fast, beta_slow;          /* yarn */
+    int truncate;                         /* yarn: the correction range rounded outwards */
 } k_rope_params;
 void k_rope_inv_freq(const k_rope_params *p, int head_dim, float *host_inv_freq);
 

@@ -111,17 +111,19 @@ K_OP(rope,
 /* k_attention_fwd: q [B,T,Hq,hd], k/v [B,T,Hkv,hd], Hq % Hkv == 0 (query head h uses kv
  * head h / (Hq/Hkv)), scale 1/sqrt(hd).  lse [B,Hq,T] (fp32) is saved for the backward pass.
  * docs NULL: causal over the whole row; else (varlen, kctx.h) query t sees keys
- * docs->start[b,t] .. t only, so no token attends across a document boundary. */
+ * docs->start[b,t] .. t only, so no token attends across a document boundary.
+ * window > 0 (Mistral's sliding window) narrows that to keys j > t - window: a band of
+ * `window` keys ending at the query (transformers' sliding_window_overlay); 0: no window. */
 K_OP(attention_fwd,
      (kctx *c, void *out, float *lse, const void *q, const void *k, const void *v,
-      const k_docs *docs, int B, int T, int Hq, int Hkv, int hd),
-     (c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd))
-/* k_attention_bwd: writes (overwrites) dq, dk, dv; docs as the forward's. */
+      const k_docs *docs, int window, int B, int T, int Hq, int Hkv, int hd),
+     (c, out, lse, q, k, v, docs, window, B, T, Hq, Hkv, hd))
+/* k_attention_bwd: writes (overwrites) dq, dk, dv; docs and window as the forward's. */
 K_OP(attention_bwd,
      (kctx *c, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-      const void *v, const void *out, const float *lse, const k_docs *docs, int B, int T,
-      int Hq, int Hkv, int hd),
-     (c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv, hd))
+      const void *v, const void *out, const float *lse, const k_docs *docs, int window, int B,
+      int T, int Hq, int Hkv, int hd),
+     (c, dq, dk, dv, dout, q, k, v, out, lse, docs, window, B, T, Hq, Hkv, hd))
 
 /* k_attention_kv: generation's attention over a KV cache.  S new tokens a row: q [B,S,Hq,hd]
  * and k, v [B,S,Hkv,hd], as the projections give them (before RoPE); row b's new tokens sit
@@ -159,6 +161,14 @@ K_OP(linear_bwd,
      (kctx *c, void *din, float *dw, const void *dout, const void *in, const void *w, int N,
       int I, int O, int accumulate_din),
      (c, din, dw, dout, in, w, N, I, O, accumulate_din))
+
+/* ---- biases (Qwen2's q, k and v projections) ---- */
+
+/* k_bias_fwd: out[n,:] += bias, out [N,O] and bias [O] in the compute dtype. */
+K_OP(bias_fwd, (kctx *c, void *out, const void *bias, int N, int O), (c, out, bias, N, O))
+/* k_bias_bwd: dbias[o] += sum over n of dout[n,o], dbias fp32 [O] (the sum in fp32 or better,
+ * in a fixed order). */
+K_OP(bias_bwd, (kctx *c, float *dbias, const void *dout, int N, int O), (c, dbias, dout, N, O))
 
 /* ---- LoRA (DESIGN.md, LoRA and QLoRA): y = x W^T + scale * B(A(dropout(x))) ---- */
 

@@ -24,7 +24,7 @@ static void *carve(carver *cv, size_t bytes) {
 }
 
 typedef struct dims {
-    size_t N, C, I, Q, KV, V, heads;
+    size_t N, C, I, Q, KV, V, heads, kv_heads;
 } dims;
 
 static dims dims_of(const llama_layout *lo, int B, int T) {
@@ -37,6 +37,7 @@ static dims dims_of(const llama_layout *lo, int B, int T) {
         .KV = (size_t)c->num_key_value_heads * (size_t)c->head_dim,
         .V = (size_t)c->vocab_size,
         .heads = (size_t)c->num_attention_heads,
+        .kv_heads = (size_t)c->num_key_value_heads,
     };
 }
 
@@ -60,6 +61,11 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
         a->h = carve(&cv, d.N * d.C * e);
         a->rstd1 = carve(&cv, d.N * sizeof(float));
         a->lse = carve(&cv, d.N * d.heads * sizeof(float));
+        int qk = lo->cfg.qk_norm;
+        a->q_pre = qk ? carve(&cv, d.N * d.Q * e) : NULL;
+        a->k_pre = qk ? carve(&cv, d.N * d.KV * e) : NULL;
+        a->rstd_q = qk ? carve(&cv, d.N * d.heads * sizeof(float)) : NULL;
+        a->rstd_k = qk ? carve(&cv, d.N * d.kv_heads * sizeof(float)) : NULL;
     }
     if (part & LLAMA_ACTS_MLP) {
         a->ln2 = carve(&cv, d.N * d.C * e);
@@ -106,6 +112,8 @@ static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama
     if (part & LLAMA_ACTS_ATTENTION) {
         dst->ln1 = src->ln1, dst->q = src->q, dst->k = src->k, dst->v = src->v;
         dst->att = src->att, dst->h = src->h, dst->rstd1 = src->rstd1, dst->lse = src->lse;
+        dst->q_pre = src->q_pre, dst->k_pre = src->k_pre;
+        dst->rstd_q = src->rstd_q, dst->rstd_k = src->rstd_k;
     }
     if (part & LLAMA_ACTS_MLP) {
         dst->ln2 = src->ln2, dst->gate = src->gate, dst->up = src->up, dst->sw = src->sw;
@@ -192,9 +200,10 @@ static float *grad_at(const llama_layout *lo, float *grads, int unit, int index)
     return grads ? grads + unit_slot(lo, unit, index)->offset : NULL;
 }
 
-/* Every decoder layer has the same offsets: layer 0's slots describe them all. */
-#define LAYER_W(t) param_at(c, lo, w->params, llama_layer_unit(0), (t))
-#define LAYER_DW(t) grad_at(lo, w->grads, llama_layer_unit(0), (t))
+/* Every decoder layer has the same offsets: layer 0's slots describe them all.  t is a
+ * llama_layer_tensor the layer has (model_layout.h: the extras only in their families). */
+#define LAYER_W(t) param_at(c, lo, w->params, llama_layer_unit(0), lo->layer_index[t])
+#define LAYER_DW(t) grad_at(lo, w->grads, llama_layer_unit(0), lo->layer_index[t])
 
 /* ---- LoRA: y += scale * B(A(dropout(x))) on module m (nothing when m has no adapter) ---- */
 
@@ -266,6 +275,30 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 
 /* ---- decoder layer ---- */
 
+/* y = x W_t^T (+ bias, Qwen2's q/k/v) (+ the adapter of module m), for a projection of
+ * the attention. */
+static void attn_proj_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                              int t, int bias, const void *x, void *y, llama_layer_acts *a,
+                              void *xd, int N, int in, int out, int B, int T) {
+    k_linear_fwd(c, y, x, LAYER_W(t), N, in, out);
+    if (lo->cfg.attention_bias) k_bias_fwd(c, y, LAYER_W(bias), N, out);
+    lora_forward(c, w, t, x, y, a, xd, B, T);
+}
+
+/* q or k from its projection: Qwen3's per-head RMSNorm (pre -> x, rstd saved) when the
+ * config has it, then RoPE, then yarn's attention factor. */
+static void qk_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w, int norm,
+                       const float *inv_freq, const k_docs *docs, const void *pre, void *x,
+                       float *rstd, int B, int T, int H) {
+    const llama_config *cfg = &lo->cfg;
+    int hd = cfg->head_dim;
+    if (cfg->qk_norm)
+        k_rmsnorm_fwd(c, x, rstd, pre, LAYER_W(norm), B * T * H, hd, (float)cfg->rms_norm_eps);
+    k_rope(c, x, inv_freq, docs, B, T, H, hd, 0);
+    double af = rope_attention_factor(&cfg->rope);
+    if (af != 1.0) k_scale(c, x, (float)af, (size_t)B * T * H * hd);
+}
+
 /* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
 static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               const float *inv_freq, const k_docs *docs, const void *x,
@@ -274,16 +307,15 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
     void *xd = s->lora_xd; /* a dropped-out adapter input, used at once */
+    void *q = cfg->qk_norm ? a->q_pre : a->q, *k = cfg->qk_norm ? a->k_pre : a->k;
     k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, (float)cfg->rms_norm_eps);
-    k_linear_fwd(c, a->q, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd);
-    lora_forward(c, w, LORA_Q, a->ln1, a->q, a, xd, B, T);
-    k_linear_fwd(c, a->k, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd);
-    lora_forward(c, w, LORA_K, a->ln1, a->k, a, xd, B, T);
-    k_linear_fwd(c, a->v, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd);
-    lora_forward(c, w, LORA_V, a->ln1, a->v, a, xd, B, T);
-    k_rope(c, a->q, inv_freq, docs, B, T, Hq, hd, 0);
-    k_rope(c, a->k, inv_freq, docs, B, T, Hkv, hd, 0);
-    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, B, T, Hq, Hkv, hd);
+    attn_proj_forward(c, lo, w, LLAMA_Q, LLAMA_Q_BIAS, a->ln1, q, a, xd, N, C, Hq * hd, B, T);
+    attn_proj_forward(c, lo, w, LLAMA_K, LLAMA_K_BIAS, a->ln1, k, a, xd, N, C, Hkv * hd, B, T);
+    attn_proj_forward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, a->v, a, xd, N, C, Hkv * hd, B, T);
+    qk_forward(c, lo, w, LLAMA_Q_NORM, inv_freq, docs, q, a->q, a->rstd_q, B, T, Hq);
+    qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
+    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
+                    Hkv, hd);
     k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
     lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
     k_accumulate(c, a->h, x, (size_t)N * C);
@@ -322,6 +354,37 @@ void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_we
     mlp_forward(c, lo, w, a, s, NULL, B, T);
 }
 
+/* Backward of qk_forward: dx (d/d of q or k as attention saw it) becomes d/d(pre).  Without
+ * q/k norms that is dx itself, returned; with them the norm's input gradient is written
+ * over x (consumed by the attention's backward) and x returned. */
+static void *qk_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w, int norm,
+                         const float *inv_freq, const k_docs *docs, void *dx, void *x,
+                         const void *pre, const float *rstd, int B, int T, int H) {
+    const llama_config *cfg = &lo->cfg;
+    int hd = cfg->head_dim;
+    size_t n = (size_t)B * T * H * hd;
+    double af = rope_attention_factor(&cfg->rope);
+    if (af != 1.0) k_scale(c, dx, (float)af, n);
+    k_rope(c, dx, inv_freq, docs, B, T, H, hd, 1);
+    if (!cfg->qk_norm) return dx;
+    k_zero(c, x, n * k_compute_size(c));
+    k_rmsnorm_bwd(c, x, LAYER_DW(norm), dx, pre, LAYER_W(norm), rstd, B * T * H, hd);
+    return x;
+}
+
+/* Backward of attn_proj_forward: din (+)= dy W_t (and the adapter's), dW_t and the bias's
+ * gradient += (unless frozen). */
+static void attn_proj_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                               int t, int bias, const void *x, void *din, const void *dy,
+                               const llama_layer_acts *a, llama_scratch *s, int accumulate,
+                               int in, int out, int B, int T) {
+    int N = B * T;
+    float *dbias = lo->cfg.attention_bias ? LAYER_DW(bias) : NULL;
+    if (dbias) k_bias_bwd(c, dbias, dy, N, out);
+    k_linear_bwd(c, din, LAYER_DW(t), dy, x, LAYER_W(t), N, in, out, accumulate);
+    lora_backward(c, w, t, x, din, dy, a, s, B, T);
+}
+
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
                           llama_layer_acts *a, llama_scratch *s, void *dresid, int B, int T) {
@@ -347,16 +410,18 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
     k_linear_bwd(c, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C,
                  0);
     lora_backward(c, w, LORA_O, a->att, s->datt, dresid, a, s, B, T);
-    k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs, B,
-                    T, Hq, Hkv, hd);
-    k_rope(c, s->dq, inv_freq, docs, B, T, Hq, hd, 1);
-    k_rope(c, s->dk, inv_freq, docs, B, T, Hkv, hd, 1);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_Q), s->dq, a->ln1, LAYER_W(LLAMA_Q), N, C, Hq * hd, 0);
-    lora_backward(c, w, LORA_Q, a->ln1, s->dln, s->dq, a, s, B, T);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_K), s->dk, a->ln1, LAYER_W(LLAMA_K), N, C, Hkv * hd, 1);
-    lora_backward(c, w, LORA_K, a->ln1, s->dln, s->dk, a, s, B, T);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_V), s->dv, a->ln1, LAYER_W(LLAMA_V), N, C, Hkv * hd, 1);
-    lora_backward(c, w, LORA_V, a->ln1, s->dln, s->dv, a, s, B, T);
+    k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs,
+                    cfg->sliding_window, B, T, Hq, Hkv, hd);
+    void *dq = qk_backward(c, lo, w, LLAMA_Q_NORM, inv_freq, docs, s->dq, a->q, a->q_pre,
+                           a->rstd_q, B, T, Hq);
+    void *dk = qk_backward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, s->dk, a->k, a->k_pre,
+                           a->rstd_k, B, T, Hkv);
+    attn_proj_backward(c, lo, w, LLAMA_Q, LLAMA_Q_BIAS, a->ln1, s->dln, dq, a, s, 0, C, Hq * hd,
+                       B, T);
+    attn_proj_backward(c, lo, w, LLAMA_K, LLAMA_K_BIAS, a->ln1, s->dln, dk, a, s, 1, C,
+                       Hkv * hd, B, T);
+    attn_proj_backward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, s->dln, s->dv, a, s, 1, C,
+                       Hkv * hd, B, T);
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN1), s->dln, x, LAYER_W(LLAMA_LN1), a->rstd1, N, C);
 }
 

@@ -80,6 +80,12 @@ typedef struct llama_layer_acts {
     void *h;     /* [N,C]  x + o_proj(att) */
     float *rstd1; /* [N] */
     float *lse;   /* [B,heads,T] */
+    /* q_norm / k_norm (qwen3; NULL without): the projections before the per-head norm and
+     * its rstd */
+    void *q_pre;   /* [N,Q] */
+    void *k_pre;   /* [N,KV] */
+    float *rstd_q; /* [N*heads] */
+    float *rstd_k; /* [N*kv_heads] */
     /* the MLP part */
     void *ln2;   /* [N,C]  post_attention_layernorm(h) */
     void *gate;  /* [N,I] */

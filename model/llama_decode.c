@@ -35,6 +35,7 @@ size_t llama_decode_acts_carve(llama_decode_acts *a, void *mem, const llama_layo
     a->up = carve(mem, &used, n * I * e);
     a->sw = carve(mem, &used, n * I * e);
     a->rstd = carve(mem, &used, n * sizeof(float));
+    a->rstd_qk = carve(mem, &used, n * (size_t)cfg->num_attention_heads * sizeof(float));
     a->logits = carve(mem, &used, (size_t)rows * cfg->vocab_size * e);
     return used;
 }
@@ -45,7 +46,7 @@ static const void *tensor_at(kctx *c, const llama_layout *lo, const void *params
     return (const char *)params + lo->tensors[lo->units[unit].first + index].offset * k_compute_size(c);
 }
 
-#define W(t) tensor_at(c, lo, params, llama_layer_unit(0), (t)) /* layers share offsets */
+#define W(t) tensor_at(c, lo, params, llama_layer_unit(0), lo->layer_index[t]) /* layers share offsets */
 
 void llama_layer_decode(kctx *c, const llama_layout *lo, const void *params,
                         const float *inv_freq, void *k_cache, void *v_cache,
@@ -59,6 +60,22 @@ void llama_layer_decode(kctx *c, const llama_layout *lo, const void *params,
     k_linear_fwd(c, a->q, a->ln, W(LLAMA_Q), N, C, Hq * hd);
     k_linear_fwd(c, a->k, a->ln, W(LLAMA_K), N, C, Hkv * hd);
     k_linear_fwd(c, a->v, a->ln, W(LLAMA_V), N, C, Hkv * hd);
+    if (cfg->attention_bias) { /* Qwen2's */
+        k_bias_fwd(c, a->q, W(LLAMA_Q_BIAS), N, Hq * hd);
+        k_bias_fwd(c, a->k, W(LLAMA_K_BIAS), N, Hkv * hd);
+        k_bias_fwd(c, a->v, W(LLAMA_V_BIAS), N, Hkv * hd);
+    }
+    if (cfg->qk_norm) { /* Qwen3's per-head RMSNorm, before RoPE (in place: a row at a time) */
+        k_rmsnorm_fwd(c, a->q, a->rstd_qk, a->q, W(LLAMA_Q_NORM), N * Hq, hd, eps);
+        k_rmsnorm_fwd(c, a->k, a->rstd_qk, a->k, W(LLAMA_K_NORM), N * Hkv, hd, eps);
+    }
+    /* yarn's attention factor: training scales q and k after RoPE, a rotation, so before it
+     * is the same */
+    double af = rope_attention_factor(&cfg->rope);
+    if (af != 1.0) {
+        k_scale(c, a->q, (float)af, (size_t)N * Hq * hd);
+        k_scale(c, a->k, (float)af, (size_t)N * Hkv * hd);
+    }
     k_attention_kv(c, a->att, a->q, a->k, a->v, k_cache, v_cache, pos, inv_freq, B, S, T_max, Hq,
                    Hkv, hd);
     k_linear_fwd(c, a->h, a->att, W(LLAMA_O), N, Hq * hd, C);
@@ -128,6 +145,11 @@ int llama_decoder_init(llama_decoder *d, const llama_config *cfg, kctx *ctx, int
     if (max_batch < 1 || max_len < 1 || max_len > cfg->max_position_embeddings)
         return errf(err, "decoder: %d rows of %d positions (max_position_embeddings %d)",
                     max_batch, max_len, cfg->max_position_embeddings);
+    /* The cache's attention sees every earlier position: within the window that is the band. */
+    if (cfg->sliding_window > 0 && max_len > cfg->sliding_window)
+        return errf(err, "decoder: %d positions, past the model's sliding_window %d: generation beyond the window "
+                         "is not built yet (fewer --max-new-tokens, or a shorter prompt)",
+                    max_len, cfg->sliding_window);
     if (llama_layout_init(&d->layout, cfg, err)) return -1;
     d->ctx = ctx;
     d->max_batch = max_batch;

@@ -27,6 +27,7 @@
 typedef struct llama_decode_acts {
     void *ln, *q, *k, *v, *att, *h, *gate, *up, *sw; /* [N, C|Q|KV|I] */
     float *rstd;                                     /* [N] */
+    float *rstd_qk;                                  /* [N, Hq]: Qwen3's q/k norms */
     void *logits;                                    /* [rows, V] */
 } llama_decode_acts;
 

@@ -71,13 +71,20 @@ int llama_doc_bounds(const int32_t *positions, int B, int T, int32_t *start, int
 
 void llama_rope_inv_freq(const llama_config *cfg, float *host_inv_freq) {
     const rope_config *r = &cfg->rope;
+    static const k_rope_kind kinds[] = {[ROPE_DEFAULT] = K_ROPE_DEFAULT,
+                                        [ROPE_LLAMA3] = K_ROPE_LLAMA3,
+                                        [ROPE_LINEAR] = K_ROPE_LINEAR,
+                                        [ROPE_YARN] = K_ROPE_YARN};
     k_rope_params p = {
         .theta = r->theta,
-        .llama3 = r->type == ROPE_LLAMA3,
+        .kind = kinds[r->type],
         .factor = r->factor,
         .low_freq_factor = r->low_freq_factor,
         .high_freq_factor = r->high_freq_factor,
         .original_max_position_embeddings = r->original_max_position_embeddings,
+        .beta_fast = r->beta_fast,
+        .beta_slow = r->beta_slow,
+        .truncate = r->truncate,
     };
     k_rope_inv_freq(&p, cfg->head_dim, host_inv_freq);
 }

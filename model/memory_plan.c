@@ -54,7 +54,6 @@ static size_t bytes_padded(const plan_in *in, size_t bytes, size_t align) {
  * its two slots of codes and absmax.  *max_padded: the largest plain frozen unit, padded. */
 static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
     const llama_layout *lo = in->lo;
-    size_t C = (size_t)lo->cfg.hidden_size;
     int dq = in->quant == MODEL_IMAGE_NF4_DQ;
     model_image_nf4_layer nl = {0};
     if (in->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(lo, MODEL_IMAGE_F32, in->quant, &nl);
@@ -69,7 +68,7 @@ static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
             continue;
         }
         p->frozen += (kept ? carved(packed / (size_t)in->group) + carved(absmax / (size_t)in->group) : 0) +
-                     (dq ? carved(nl.n_nested * sizeof(float)) : 0) + carved(2 * C * sizeof(float));
+                     (dq ? carved(nl.n_nested * sizeof(float)) : 0) + carved(nl.n_plain * sizeof(float));
     }
     if (in->quant == MODEL_IMAGE_PLAIN) return;
     p->gather_slots += padded_of(in, lo->units[llama_layer_unit(0)].numel) * in->cs; /* dequant */

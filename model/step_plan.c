@@ -66,8 +66,16 @@ static double gemm_s(const rates *r, int N, int I, int O, int k) {
     return ms * 1e-3 * scale * r->compute;
 }
 
-/* Seconds of causal attention over B rows of T tokens: forward (bwd 0) or backward. */
-static double attention_s(const rates *r, int B, int T, int Hq, int Hkv, int hd, int bwd) {
+/* The share of causal attention's work a sliding window (0: none) leaves: the (query, key)
+ * pairs of the band over those of the triangle. */
+static double window_share(int T, int window) {
+    if (window <= 0 || window >= T) return 1.0;
+    return ((double)window * T - (double)window * (window - 1) / 2) / ((double)T * (T + 1) / 2);
+}
+
+/* Seconds of causal attention over B rows of T tokens (a sliding window as its share of the
+ * pairs): forward (bwd 0) or backward. */
+static double attention_s(const rates *r, int B, int T, int window, int Hq, int Hkv, int hd, int bwd) {
     int want[5] = {B, T, Hq, Hkv, hd}, best = 0;
     double best_d = INFINITY;
     for (int i = 0; i < r->t->n_attention; i++) {
@@ -78,7 +86,7 @@ static double attention_s(const rates *r, int B, int T, int Hq, int Hkv, int hd,
     }
     const plan_attention_rate *a = &r->t->attention[best];
     double flops = (double)B * Hq * (double)T * T * hd, have = (double)a->B * a->Hq * (double)a->T * a->T * a->hd;
-    return (bwd ? a->bwd_ms : a->fwd_ms) * 1e-3 * flops / have * r->compute;
+    return (bwd ? a->bwd_ms : a->fwd_ms) * 1e-3 * flops / have * window_share(T, window) * r->compute;
 }
 
 /* Seconds to move bytes at gbps (a table rate), scaled by the GPU's memory bandwidth. */
@@ -144,12 +152,14 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
         }
     }
     if (part & LLAMA_ACTS_ATTENTION) {
-        t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
-                                    s->c->head_dim, 0);
+        t->attention += attention_s(r, s->B, s->T, s->c->sliding_window, s->c->num_attention_heads,
+                                    s->c->num_key_value_heads, s->c->head_dim, 0);
         t->launches++;
         moved(t, r, 2 * N * s->C * cs, ew);           /* RMSNorm */
         moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE on q and k */
         moved(t, r, 3 * N * s->C * cs, ew);           /* the residual add */
+        if (s->c->attention_bias) moved(t, r, 2 * N * (s->q + 2 * s->kv) * cs, ew); /* q/k/v biases */
+        if (s->c->qk_norm) moved(t, r, 2 * N * (s->q + s->kv) * cs, ew);          /* q/k norms */
     }
     if (part & LLAMA_ACTS_MLP) {
         moved(t, r, 2 * N * s->C * cs, ew); /* RMSNorm */
@@ -183,12 +193,14 @@ static void layer_backward(tally *t, const rates *r, const model_shape *s) {
             if (s->lora->dropout > 0) moved(t, r, 3 * N * in[k] * cs, ew);
         }
     }
-    t->attention += attention_s(r, s->B, s->T, s->c->num_attention_heads, s->c->num_key_value_heads,
-                                s->c->head_dim, 1);
+    t->attention += attention_s(r, s->B, s->T, s->c->sliding_window, s->c->num_attention_heads,
+                                s->c->num_key_value_heads, s->c->head_dim, 1);
     t->launches++;
     moved(t, r, 2 * 4 * N * s->C * cs, ew);       /* two RMSNorm backwards */
     moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE's inverse */
     moved(t, r, 5 * N * s->I * cs, ew);           /* SwiGLU's backward */
+    if (s->c->attention_bias) moved(t, r, N * (s->q + 2 * s->kv) * cs, ew); /* biases' sums */
+    if (s->c->qk_norm) moved(t, r, 4 * N * (s->q + s->kv) * cs, ew);      /* q/k norms' backward */
     moved(t, r, 2 * 3 * N * s->C * cs, ew);       /* gradient accumulations */
 }
 
@@ -233,8 +245,8 @@ static void unit_sizes_of(const model_shape *s, unit_sizes *u) {
         if (s->lora && (s->lora->targets >> k & 1u)) lora += (double)s->lora->rank * (in[k] + out[k]);
     }
     u->embed = (double)s->V * s->C;
-    u->layer = lin + 2.0 * s->C;
-    u->head = (double)s->V * s->C + s->C;
+    u->layer = (double)llama_config_layer_params(s->c); /* with its norms, biases, q/k norms */
+    u->head = (s->c->tie_word_embeddings ? 0.0 : (double)s->V * s->C) + s->C;
     u->layer_nf4_bytes = lin / 2 + lin / 64;
     u->trained_layer = s->lora ? lora : u->layer;
     u->trained_total = s->lora ? lora * s->c->num_hidden_layers

@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #include "proto/json_kind.h"
 
 #define MAX_CONFIG_BYTES (16u << 20)
-/* Bounds the parameter list (9 per layer + 3) well inside an int. */
+/* Bounds the parameter list (at most 14 per layer + 3) well inside an int. */
 #define MAX_LAYERS 100000
 
 /* ---- reading ------------------------------------------------------------------------ */
@@ -132,6 +133,37 @@ static int read_eos_ids(const reader *r, json_t *obj, llama_config *c) {
     return 0;
 }
 
+static const char *const family_types[FAMILY_COUNT] = {"llama", "qwen2", "qwen3", "mistral"};
+static const char *const family_archs[FAMILY_COUNT] = {
+    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"};
+
+const char *llama_family_model_type(llama_family f) {
+    return f >= 0 && f < FAMILY_COUNT ? family_types[f] : "unknown";
+}
+
+const char *llama_family_architecture(llama_family f) {
+    return f >= 0 && f < FAMILY_COUNT ? family_archs[f] : "unknown";
+}
+
+int llama_family_of(const char *model_type, llama_family *out) {
+    *out = FAMILY_LLAMA;
+    for (int f = 0; model_type && f < FAMILY_COUNT; f++)
+        if (!strcmp(model_type, family_types[f])) {
+            *out = (llama_family)f;
+            return 0;
+        }
+    return model_type ? -1 : 0;
+}
+
+/* model_type: one of the families (absent: llama). */
+static int read_family(const reader *r, json_t *root, llama_family *out) {
+    const char *s;
+    if (read_string(r, root, "model_type", 0, &s) < 0) return -1;
+    if (llama_family_of(s, out) == 0) return 0;
+    return errf(r->err, "%s: model_type \"%s\" is not supported (llama, qwen2, qwen3, mistral)",
+                r->name, s);
+}
+
 /* Keys that select a different architecture than ours must hold our value if present. */
 static int check_string_is(const reader *r, json_t *root, const char *key, const char *want) {
     const char *s;
@@ -142,28 +174,54 @@ static int check_string_is(const reader *r, json_t *root, const char *key, const
     return 0;
 }
 
-static int check_false(const reader *r, json_t *root, const char *key) {
+static int check_false(const reader *r, json_t *root, const char *key, const char *why) {
     int on = 0;
     if (read_bool(r, root, key, &on) < 0) return -1;
-    if (on) return errf(r->err, "%s: %s true is not supported (Llama has no biases)", r->name, key);
+    if (on) return errf(r->err, "%s: %s true is not supported (%s)", r->name, key, why);
     return 0;
 }
 
-/* rope_type (or the older "type") and, for llama3, its four scaling values. */
-static int read_rope_kind(const reader *r, json_t *obj, rope_config *rope) {
-    const char *type;
-    const char *key = json_object_get(obj, "type") && !json_object_get(obj, "rope_type")
-                          ? "type"
-                          : "rope_type";
-    if (read_string(r, obj, key, 1, &type) < 0) return -1;
-    if (!strcmp(type, "default")) {
-        rope->type = ROPE_DEFAULT;
-        return 0;
+/* Qwen's sliding window (on the layers from max_window_layers) is not built: refused when
+ * use_sliding_window is true or a layer_types entry is not "full_attention". */
+static int check_qwen_full_attention(const reader *r, json_t *root) {
+    int on = 0;
+    if (read_bool(r, root, "use_sliding_window", &on) < 0) return -1;
+    if (on) return errf(r->err, "%s: use_sliding_window true is not built yet", r->name);
+    json_t *types = json_object_get(root, "layer_types");
+    if (!types || json_is_null(types)) return 0;
+    if (!json_is_array(types)) return type_error(r, "layer_types", "a list", types);
+    for (size_t i = 0; i < json_array_size(types); i++) {
+        const char *t = json_string_value(json_array_get(types, i));
+        if (!t || strcmp(t, "full_attention"))
+            return errf(r->err, "%s: layer_types[%zu] is %s, only \"full_attention\" is built",
+                        r->name, i, t ? t : json_kind(json_array_get(types, i)));
     }
-    if (strcmp(type, "llama3"))
-        return errf(r->err, "%s: %s%s \"%s\" is not supported (only \"default\" and \"llama3\")",
-                    r->name, r->section, key, type);
-    rope->type = ROPE_LLAMA3;
+    return 0;
+}
+
+/* Mistral's sliding_window: an int, or null (none); absent is transformers' default 4096. */
+static int read_mistral_window(const reader *r, json_t *root, int *window) {
+    json_t *v = json_object_get(root, "sliding_window");
+    *window = v ? 0 : 4096;
+    return read_size(r, root, "sliding_window", 0, window);
+}
+
+/* What the family adds to Llama's layers, and the bias keys it must not set. */
+static int read_family_keys(const reader *r, json_t *root, llama_config *c) {
+    c->attention_bias = c->family == FAMILY_QWEN2;
+    c->qk_norm = c->family == FAMILY_QWEN3;
+    c->sliding_window = 0;
+    const char *why = c->family == FAMILY_QWEN2 ? "Qwen2's o_proj has no bias" : "no bias in this family";
+    if (c->family != FAMILY_QWEN2 && check_false(r, root, "attention_bias", why) < 0) return -1;
+    if (check_false(r, root, "mlp_bias", "no bias in this family") < 0) return -1;
+    if (c->family == FAMILY_QWEN2 || c->family == FAMILY_QWEN3)
+        return check_qwen_full_attention(r, root);
+    if (c->family == FAMILY_MISTRAL) return read_mistral_window(r, root, &c->sliding_window);
+    return 0;
+}
+
+/* llama3's four scaling values. */
+static int read_llama3(const reader *r, json_t *obj, rope_config *rope) {
     if (read_number(r, obj, "factor", 1, &rope->factor) < 0 ||
         read_number(r, obj, "low_freq_factor", 1, &rope->low_freq_factor) < 0 ||
         read_number(r, obj, "high_freq_factor", 1, &rope->high_freq_factor) < 0 ||
@@ -181,9 +239,71 @@ static int read_rope_kind(const reader *r, json_t *obj, rope_config *rope) {
     return 0;
 }
 
+/* yarn's values, defaults as transformers' _compute_yarn_parameters (original_max_position_
+ * embeddings: max_position_embeddings, as standardize_rope_params sets it). */
+static int read_yarn(const reader *r, json_t *obj, int max_positions, rope_config *rope) {
+    rope->original_max_position_embeddings = max_positions;
+    rope->beta_fast = 32;
+    rope->beta_slow = 1;
+    rope->truncate = 1;
+    if (read_number(r, obj, "factor", 1, &rope->factor) < 0 ||
+        read_size(r, obj, "original_max_position_embeddings", 0,
+                  &rope->original_max_position_embeddings) < 0 ||
+        read_number(r, obj, "beta_fast", 0, &rope->beta_fast) < 0 ||
+        read_number(r, obj, "beta_slow", 0, &rope->beta_slow) < 0 ||
+        read_bool(r, obj, "truncate", &rope->truncate) < 0 ||
+        read_number(r, obj, "attention_factor", 0, &rope->attention_factor) < 0 ||
+        read_number(r, obj, "mscale", 0, &rope->mscale) < 0 ||
+        read_number(r, obj, "mscale_all_dim", 0, &rope->mscale_all_dim) < 0)
+        return -1;
+    if (!(rope->factor >= 1) || !(rope->beta_fast > 0) || !(rope->beta_slow > 0) ||
+        !(rope->attention_factor >= 0))
+        return errf(r->err,
+                    "%s: %syarn needs factor >= 1, beta_fast and beta_slow > 0 and "
+                    "attention_factor >= 0 (factor %g, beta_fast %g, beta_slow %g, "
+                    "attention_factor %g)",
+                    r->name, r->section, rope->factor, rope->beta_fast, rope->beta_slow,
+                    rope->attention_factor);
+    return 0;
+}
+
+/* rope_type (or the older "type") and its scaling values. */
+static int read_rope_kind(const reader *r, json_t *obj, int max_positions, rope_config *rope) {
+    const char *type;
+    const char *key = json_object_get(obj, "type") && !json_object_get(obj, "rope_type")
+                          ? "type"
+                          : "rope_type";
+    if (read_string(r, obj, key, 1, &type) < 0) return -1;
+    if (!strcmp(type, "default")) {
+        rope->type = ROPE_DEFAULT;
+        return 0;
+    }
+    if (!strcmp(type, "llama3")) {
+        rope->type = ROPE_LLAMA3;
+        return read_llama3(r, obj, rope);
+    }
+    if (!strcmp(type, "yarn")) {
+        rope->type = ROPE_YARN;
+        return read_yarn(r, obj, max_positions, rope);
+    }
+    if (!strcmp(type, "linear")) {
+        rope->type = ROPE_LINEAR;
+        if (read_number(r, obj, "factor", 1, &rope->factor) < 0) return -1;
+        if (!(rope->factor > 0))
+            return errf(r->err, "%s: %slinear needs factor > 0, got %g", r->name, r->section,
+                        rope->factor);
+        return 0;
+    }
+    return errf(r->err,
+                "%s: %s%s \"%s\" is not supported (only \"default\", \"llama3\", \"linear\" "
+                "and \"yarn\")",
+                r->name, r->section, key, type);
+}
+
 /* Newer files: "rope_parameters" {rope_theta, rope_type, ...}.  Older: top-level
  * "rope_theta" and an optional "rope_scaling" object. */
-static int read_rope(const reader *top, json_t *root, rope_config *rope) {
+static int read_rope(const reader *top, json_t *root, int max_positions, rope_config *rope) {
+    memset(rope, 0, sizeof *rope);
     rope->type = ROPE_DEFAULT;
     rope->theta = 10000.0;
     json_t *params = json_object_get(root, "rope_parameters");
@@ -191,7 +311,7 @@ static int read_rope(const reader *top, json_t *root, rope_config *rope) {
         if (!json_is_object(params)) return type_error(top, "rope_parameters", "an object", params);
         reader r = {top->name, "rope_parameters.", top->err};
         if (read_number(&r, params, "rope_theta", 0, &rope->theta) < 0 ||
-            read_rope_kind(&r, params, rope) < 0)
+            read_rope_kind(&r, params, max_positions, rope) < 0)
             return -1;
     } else {
         if (read_number(top, root, "rope_theta", 0, &rope->theta) < 0) return -1;
@@ -200,7 +320,7 @@ static int read_rope(const reader *top, json_t *root, rope_config *rope) {
             if (!json_is_object(scaling))
                 return type_error(top, "rope_scaling", "an object", scaling);
             reader r = {top->name, "rope_scaling.", top->err};
-            if (read_rope_kind(&r, scaling, rope) < 0) return -1;
+            if (read_rope_kind(&r, scaling, max_positions, rope) < 0) return -1;
         }
     }
     if (!(rope->theta > 0))
@@ -224,9 +344,8 @@ static int read_config(llama_config *c, json_t *root, const reader *r) {
     if (!json_is_object(root))
         return errf(r->err, "%s: top level must be a JSON object, got %s", r->name,
                     json_kind(root));
-    if (check_string_is(r, root, "model_type", "llama") < 0 ||
-        check_string_is(r, root, "hidden_act", "silu") < 0 ||
-        check_false(r, root, "attention_bias") < 0 || check_false(r, root, "mlp_bias") < 0)
+    if (read_family(r, root, &c->family) < 0 ||
+        check_string_is(r, root, "hidden_act", "silu") < 0 || read_family_keys(r, root, c) < 0)
         return -1;
     if (read_size(r, root, "hidden_size", 1, &c->hidden_size) < 0 ||
         read_size(r, root, "intermediate_size", 1, &c->intermediate_size) < 0 ||
@@ -245,7 +364,8 @@ static int read_config(llama_config *c, json_t *root, const reader *r) {
         read_bool(r, root, "tie_word_embeddings", &c->tie_word_embeddings) < 0 ||
         read_token_id(r, root, "bos_token_id", &c->bos_token_id) < 0 ||
         read_eos_ids(r, root, c) < 0 ||
-        read_dtype(r, root, c->dtype, sizeof c->dtype) < 0 || read_rope(r, root, &c->rope) < 0)
+        read_dtype(r, root, c->dtype, sizeof c->dtype) < 0 ||
+        read_rope(r, root, c->max_position_embeddings, &c->rope) < 0)
         return -1;
     return 0;
 }
@@ -322,18 +442,29 @@ json_t *llama_config_eos_json(const llama_config *c) {
 }
 
 static json_t *rope_json(const rope_config *rope) {
+    static const char *const names[] = {"default", "llama3", "linear", "yarn"};
     json_t *o = json_object();
     if (!o) return NULL;
     int failed = json_object_set_new(o, "rope_theta", json_real(rope->theta));
-    if (rope->type == ROPE_DEFAULT) {
-        failed |= json_object_set_new(o, "rope_type", json_string("default"));
-    } else {
-        failed |= json_object_set_new(o, "rope_type", json_string("llama3"));
-        failed |= json_object_set_new(o, "factor", json_real(rope->factor));
+    failed |= json_object_set_new(o, "rope_type", json_string(names[rope->type]));
+    if (rope->type != ROPE_DEFAULT) failed |= json_object_set_new(o, "factor", json_real(rope->factor));
+    if (rope->type == ROPE_LLAMA3) {
         failed |= json_object_set_new(o, "low_freq_factor", json_real(rope->low_freq_factor));
         failed |= json_object_set_new(o, "high_freq_factor", json_real(rope->high_freq_factor));
+    }
+    if (rope->type == ROPE_LLAMA3 || rope->type == ROPE_YARN)
         failed |= json_object_set_new(o, "original_max_position_embeddings",
                                       json_integer(rope->original_max_position_embeddings));
+    if (rope->type == ROPE_YARN) {
+        failed |= json_object_set_new(o, "beta_fast", json_real(rope->beta_fast));
+        failed |= json_object_set_new(o, "beta_slow", json_real(rope->beta_slow));
+        failed |= json_object_set_new(o, "truncate", json_boolean(rope->truncate));
+        /* only what the file gave: 0 means "infer", as an absent key does */
+        if (rope->attention_factor > 0)
+            failed |= json_object_set_new(o, "attention_factor", json_real(rope->attention_factor));
+        if (rope->mscale != 0) failed |= json_object_set_new(o, "mscale", json_real(rope->mscale));
+        if (rope->mscale_all_dim != 0)
+            failed |= json_object_set_new(o, "mscale_all_dim", json_real(rope->mscale_all_dim));
     }
     if (failed) {
         json_decref(o);
@@ -342,18 +473,51 @@ static json_t *rope_json(const rope_config *rope) {
     return o;
 }
 
-/* The keys transformers' LlamaConfig writes, so AutoConfig/AutoModel load the file. */
+/* yarn's get_mscale. */
+static double yarn_mscale(double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+double rope_attention_factor(const rope_config *rope) {
+    if (rope->type != ROPE_YARN) return 1.0;
+    if (rope->attention_factor > 0) return rope->attention_factor;
+    if (rope->mscale != 0 && rope->mscale_all_dim != 0)
+        return yarn_mscale(rope->factor, rope->mscale) / yarn_mscale(rope->factor, rope->mscale_all_dim);
+    return yarn_mscale(rope->factor, 1.0);
+}
+
+/* The keys a family's config class adds to Llama's (or has instead of them). */
+static int family_json(const llama_config *c, json_t *o) {
+    int failed = 0;
+    if (c->family == FAMILY_LLAMA) {
+        failed |= json_object_set_new(o, "attention_bias", json_false());
+        failed |= json_object_set_new(o, "pretraining_tp", json_integer(1));
+    }
+    if (c->family == FAMILY_QWEN3) failed |= json_object_set_new(o, "attention_bias", json_false());
+    if (c->family != FAMILY_QWEN2 && c->family != FAMILY_QWEN3) {
+        failed |= json_object_set_new(o, "mlp_bias", json_false());
+    } else {
+        failed |= json_object_set_new(o, "use_sliding_window", json_false());
+        failed |= json_object_set_new(o, "max_window_layers", json_integer(c->num_hidden_layers));
+    }
+    if (c->family != FAMILY_LLAMA)
+        failed |= json_object_set_new(o, "sliding_window", c->sliding_window
+                                                               ? json_integer(c->sliding_window)
+                                                               : json_null());
+    return failed;
+}
+
+/* The keys transformers' config class of the family writes, so AutoConfig/AutoModel load
+ * the file as that class. */
 json_t *llama_config_to_json(const llama_config *c) {
     json_t *o = json_object();
     if (!o) return NULL;
     int failed = 0;
-    failed |= json_object_set_new(o, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    failed |= json_object_set_new(o, "model_type", json_string("llama"));
+    failed |= json_object_set_new(o, "architectures", json_pack("[s]", llama_family_architecture(c->family)));
+    failed |= json_object_set_new(o, "model_type", json_string(llama_family_model_type(c->family)));
     failed |= json_object_set_new(o, "hidden_act", json_string("silu"));
-    failed |= json_object_set_new(o, "attention_bias", json_false());
-    failed |= json_object_set_new(o, "mlp_bias", json_false());
+    failed |= family_json(c, o);
     failed |= json_object_set_new(o, "attention_dropout", json_real(0.0));
-    failed |= json_object_set_new(o, "pretraining_tp", json_integer(1));
     failed |= json_object_set_new(o, "use_cache", json_false());
     failed |= json_object_set_new(o, "pad_token_id", json_null());
     failed |= json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
@@ -388,7 +552,10 @@ json_t *llama_config_to_json(const llama_config *c) {
 static int real_precision(const llama_config *c) {
     const double reals[] = {c->rms_norm_eps,         c->initializer_range,
                             c->rope.theta,           c->rope.factor,
-                            c->rope.low_freq_factor, c->rope.high_freq_factor};
+                            c->rope.low_freq_factor, c->rope.high_freq_factor,
+                            c->rope.beta_fast,       c->rope.beta_slow,
+                            c->rope.attention_factor, c->rope.mscale,
+                            c->rope.mscale_all_dim};
     for (int digits = 15; digits < 17; digits++) {
         int exact = 1;
         for (size_t i = 0; i < sizeof reals / sizeof reals[0] && exact; i++) {
@@ -416,24 +583,40 @@ int llama_config_save(const llama_config *c, const char *path, errbuf *err) {
 
 /* ---- parameters --------------------------------------------------------------------- */
 
-typedef enum dim { DIM_NONE, DIM_HIDDEN, DIM_FFN, DIM_Q, DIM_KV, DIM_VOCAB } dim;
+typedef enum dim { DIM_NONE, DIM_HIDDEN, DIM_FFN, DIM_Q, DIM_KV, DIM_VOCAB, DIM_HEAD } dim;
 
-/* One decoder layer, in checkpoint order (= the FSDP flat order, DESIGN.md). */
+/* Which configs have a tensor. */
+typedef enum need { NEED_ALWAYS, NEED_BIAS, NEED_QK_NORM } need;
+
+/* One decoder layer, in checkpoint order (= the FSDP flat order, DESIGN.md): Llama's nine,
+ * then the families' extras (model_layout.h). */
 static const struct layer_param {
     const char *name;
     dim rows, cols; /* cols DIM_NONE: a vector */
+    need when;
+    int is_bias;
 } layer_params[] = {
-    {"self_attn.q_proj.weight", DIM_Q, DIM_HIDDEN},
-    {"self_attn.k_proj.weight", DIM_KV, DIM_HIDDEN},
-    {"self_attn.v_proj.weight", DIM_KV, DIM_HIDDEN},
-    {"self_attn.o_proj.weight", DIM_HIDDEN, DIM_Q},
-    {"mlp.gate_proj.weight", DIM_FFN, DIM_HIDDEN},
-    {"mlp.up_proj.weight", DIM_FFN, DIM_HIDDEN},
-    {"mlp.down_proj.weight", DIM_HIDDEN, DIM_FFN},
-    {"input_layernorm.weight", DIM_HIDDEN, DIM_NONE},
-    {"post_attention_layernorm.weight", DIM_HIDDEN, DIM_NONE},
+    {"self_attn.q_proj.weight", DIM_Q, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {"self_attn.k_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {"self_attn.v_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {"self_attn.o_proj.weight", DIM_HIDDEN, DIM_Q, NEED_ALWAYS, 0},
+    {"mlp.gate_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {"mlp.up_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {"mlp.down_proj.weight", DIM_HIDDEN, DIM_FFN, NEED_ALWAYS, 0},
+    {"input_layernorm.weight", DIM_HIDDEN, DIM_NONE, NEED_ALWAYS, 0},
+    {"post_attention_layernorm.weight", DIM_HIDDEN, DIM_NONE, NEED_ALWAYS, 0},
+    {"self_attn.q_proj.bias", DIM_Q, DIM_NONE, NEED_BIAS, 1},
+    {"self_attn.k_proj.bias", DIM_KV, DIM_NONE, NEED_BIAS, 1},
+    {"self_attn.v_proj.bias", DIM_KV, DIM_NONE, NEED_BIAS, 1},
+    {"self_attn.q_norm.weight", DIM_HEAD, DIM_NONE, NEED_QK_NORM, 0},
+    {"self_attn.k_norm.weight", DIM_HEAD, DIM_NONE, NEED_QK_NORM, 0},
 };
 #define LAYER_PARAMS (int)(sizeof layer_params / sizeof layer_params[0])
+
+static int has_param(const llama_config *c, need when) {
+    return when == NEED_ALWAYS || (when == NEED_BIAS && c->attention_bias) ||
+           (when == NEED_QK_NORM && c->qk_norm);
+}
 
 static int64_t dim_size(const llama_config *c, dim d) {
     switch (d) {
@@ -443,13 +626,14 @@ static int64_t dim_size(const llama_config *c, dim d) {
     case DIM_Q: return (int64_t)c->num_attention_heads * c->head_dim;
     case DIM_KV: return (int64_t)c->num_key_value_heads * c->head_dim;
     case DIM_VOCAB: return c->vocab_size;
+    case DIM_HEAD: return c->head_dim;
     }
     return 0;
 }
 
 /* Appends one entry when it fits; always counts it. */
 static void add_param(const llama_config *c, llama_param_info *out, int max, int *n, int layer,
-                      const char *name, dim rows, dim cols) {
+                      const char *name, dim rows, dim cols, int is_bias) {
     if (*n < max) {
         llama_param_info *p = &out[*n];
         if (layer < 0)
@@ -460,30 +644,38 @@ static void add_param(const llama_config *c, llama_param_info *out, int max, int
         p->shape[0] = dim_size(c, rows);
         p->shape[1] = cols == DIM_NONE ? 0 : dim_size(c, cols);
         p->layer = layer;
-        p->is_norm = cols == DIM_NONE;
+        p->is_bias = is_bias;
+        p->is_norm = cols == DIM_NONE && !is_bias;
     }
     (*n)++;
 }
 
 int llama_config_params(const llama_config *c, llama_param_info *out, int max) {
     int n = 0;
-    add_param(c, out, max, &n, -1, "model.embed_tokens.weight", DIM_VOCAB, DIM_HIDDEN);
+    add_param(c, out, max, &n, -1, "model.embed_tokens.weight", DIM_VOCAB, DIM_HIDDEN, 0);
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int i = 0; i < LAYER_PARAMS; i++)
-            add_param(c, out, max, &n, l, layer_params[i].name, layer_params[i].rows,
-                      layer_params[i].cols);
-    add_param(c, out, max, &n, -1, "model.norm.weight", DIM_HIDDEN, DIM_NONE);
+            if (has_param(c, layer_params[i].when))
+                add_param(c, out, max, &n, l, layer_params[i].name, layer_params[i].rows,
+                          layer_params[i].cols, layer_params[i].is_bias);
+    add_param(c, out, max, &n, -1, "model.norm.weight", DIM_HIDDEN, DIM_NONE, 0);
     if (!c->tie_word_embeddings)
-        add_param(c, out, max, &n, -1, "lm_head.weight", DIM_VOCAB, DIM_HIDDEN);
+        add_param(c, out, max, &n, -1, "lm_head.weight", DIM_VOCAB, DIM_HIDDEN, 0);
     return n;
+}
+
+uint64_t llama_config_layer_params(const llama_config *c) {
+    uint64_t layer = 0;
+    for (int i = 0; i < LAYER_PARAMS; i++)
+        if (has_param(c, layer_params[i].when))
+            layer += (uint64_t)dim_size(c, layer_params[i].rows) *
+                     (uint64_t)dim_size(c, layer_params[i].cols);
+    return layer;
 }
 
 uint64_t llama_config_num_params(const llama_config *c) {
     uint64_t embed = (uint64_t)dim_size(c, DIM_VOCAB) * (uint64_t)dim_size(c, DIM_HIDDEN);
-    uint64_t layer = 0;
-    for (int i = 0; i < LAYER_PARAMS; i++)
-        layer += (uint64_t)dim_size(c, layer_params[i].rows) *
-                 (uint64_t)dim_size(c, layer_params[i].cols);
+    uint64_t layer = llama_config_layer_params(c);
     uint64_t total = embed + layer * (uint64_t)c->num_hidden_layers + (uint64_t)c->hidden_size;
     return c->tie_word_embeddings ? total : total + embed;
 }

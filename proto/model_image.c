@@ -43,7 +43,8 @@ void model_image_nf4_layer_of(const llama_layout *lo, model_image_dtype dt, mode
         out->absmax_bytes += blocks * (q == MODEL_IMAGE_NF4_DQ ? 1 : 4);
         out->n_nested += q == MODEL_IMAGE_NF4_DQ ? (blocks + NF4_NESTED_BLOCK - 1) / NF4_NESTED_BLOCK : 0;
     }
-    size_t norms = 2 * (size_t)lo->cfg.hidden_size * elem_bytes(dt);
+    out->n_plain = lo->units[llama_layer_unit(0)].numel - t[MODEL_IMAGE_LINEARS].offset;
+    size_t norms = out->n_plain * elem_bytes(dt);
     out->norms = 0;
     out->packed = align64(norms);
     out->absmax = align64(out->packed + out->packed_bytes);
@@ -218,8 +219,9 @@ int model_image_fill_hf(void *image, const llama_layout *lo, model_image_dtype d
 static int fill_random(const llama_layout *lo, int slot, size_t first, size_t n, float *dst,
                        const void *arg, errbuf *err) {
     (void)err;
-    if (lo->tensors[slot].is_norm) {
-        for (size_t i = 0; i < n; i++) dst[i] = 1.0f;
+    const llama_tensor_slot *t = &lo->tensors[slot];
+    if (t->is_norm || t->is_bias) {
+        for (size_t i = 0; i < n; i++) dst[i] = t->is_norm ? 1.0f : 0.0f;
     } else {
         rng_fill_normal(dst, n, (float)lo->cfg.initializer_range, *(const uint64_t *)arg,
                         rng_stream(RNG_PURPOSE_INIT, (uint64_t)slot), first);
@@ -391,7 +393,7 @@ static int fill_plain(nf4_worker *w, int i, unsigned char *unit, errbuf *err) {
     const llama_tensor_slot *s = &f->lo->tensors[i];
     size_t at = s->offset; /* elements from the unit data's start */
     if (is_layer(f->lo, s->unit))
-        at = (size_t)(i - f->lo->units[s->unit].first == LLAMA_LN2) * (size_t)f->lo->cfg.hidden_size;
+        at = s->offset - f->lo->tensors[f->lo->units[s->unit].first + MODEL_IMAGE_LINEARS].offset;
     for (size_t first = 0; first < s->numel; first += IMAGE_CHUNK) {
         size_t n = s->numel - first < IMAGE_CHUNK ? s->numel - first : IMAGE_CHUNK;
         if (read_values(f, i, first, n, w->values, err)) return -1;

@@ -18,7 +18,11 @@
  * quantized as bitsandbytes does (proto/nf4.h), the rest in dtype.  A decoder layer's unit data
  * is then laid out by model_image_nf4_layer (the same for every layer), each region 64-byte
  * aligned:
- *     norms     input_layernorm then post_attention_layernorm, C elements each, in dtype
+ *     norms     the layer's other tensors in their unit order, in dtype: input_layernorm and
+ *               post_attention_layernorm (C elements each), then the family's extras
+ *               (Qwen2's q/k/v biases, Qwen3's q_norm/k_norm): n_plain elements, as they
+ *               follow the linears in the unit (an element at unit offset o sits at o - the
+ *               linears' numel)
  *     packed    the NF4 codes of q, k, v, o, gate, up, down, back to back (numel / 2 bytes each)
  *     absmax    their blocks' absmax: uint8 codes (double quantization) or fp32, back to back
  *     nested    double quantization: each linear's nested absmax (fp32, one per 256 blocks)
@@ -48,6 +52,7 @@ typedef enum model_image_quant {
  * each linear's first byte (packed), block (absmax) and nested value. */
 typedef struct model_image_nf4_layer {
     size_t norms, packed, absmax, nested, offsets, bytes;
+    size_t n_plain; /* elements of the norms region: the layer's tensors after its linears */
     size_t packed_bytes, absmax_bytes, n_nested;
     size_t t_packed[MODEL_IMAGE_LINEARS], t_block[MODEL_IMAGE_LINEARS];
     size_t t_nested[MODEL_IMAGE_LINEARS], t_numel[MODEL_IMAGE_LINEARS];

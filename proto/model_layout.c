@@ -5,9 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Appends a tensor to the end of `unit`, which must be the unit being built. */
+/* Appends a tensor to the end of `unit`, which must be the unit being built; cols 0: a
+ * vector. */
 static void add_tensor(llama_layout *lo, int unit, const char *name, int64_t rows, int64_t cols,
-                       int is_norm) {
+                       int is_norm, int is_bias) {
     llama_tensor_slot *s = &lo->tensors[lo->n_tensors++];
     llama_unit *u = &lo->units[unit];
     if (u->count == 0) u->first = (int)(s - lo->tensors);
@@ -20,32 +21,51 @@ static void add_tensor(llama_layout *lo, int unit, const char *name, int64_t row
     s->shape[1] = cols;
     s->numel = (size_t)rows * (size_t)(cols ? cols : 1);
     s->is_norm = is_norm;
+    s->is_bias = is_bias;
     u->numel += s->numel;
     if (s->numel > lo->max_tensor_numel) lo->max_tensor_numel = s->numel;
 }
 
+/* Which of a layer's tensors the config has. */
+static int layer_has(const llama_config *c, int t) {
+    if (t < LLAMA_BASE_TENSORS) return 1;
+    if (t <= LLAMA_V_BIAS) return c->attention_bias;
+    return c->qk_norm;
+}
+
 static void add_layer(llama_layout *lo, int l) {
     const llama_config *c = &lo->cfg;
-    int64_t C = c->hidden_size, I = c->intermediate_size;
+    int64_t C = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int64_t Q = (int64_t)c->num_attention_heads * c->head_dim;
     int64_t KV = (int64_t)c->num_key_value_heads * c->head_dim;
     static const char *const names[LLAMA_LAYER_TENSORS] = {
-        [LLAMA_Q] = "self_attn.q_proj",      [LLAMA_K] = "self_attn.k_proj",
-        [LLAMA_V] = "self_attn.v_proj",      [LLAMA_O] = "self_attn.o_proj",
-        [LLAMA_GATE] = "mlp.gate_proj",      [LLAMA_UP] = "mlp.up_proj",
-        [LLAMA_DOWN] = "mlp.down_proj",      [LLAMA_LN1] = "input_layernorm",
-        [LLAMA_LN2] = "post_attention_layernorm",
+        [LLAMA_Q] = "self_attn.q_proj.weight",   [LLAMA_K] = "self_attn.k_proj.weight",
+        [LLAMA_V] = "self_attn.v_proj.weight",   [LLAMA_O] = "self_attn.o_proj.weight",
+        [LLAMA_GATE] = "mlp.gate_proj.weight",   [LLAMA_UP] = "mlp.up_proj.weight",
+        [LLAMA_DOWN] = "mlp.down_proj.weight",   [LLAMA_LN1] = "input_layernorm.weight",
+        [LLAMA_LN2] = "post_attention_layernorm.weight",
+        [LLAMA_Q_BIAS] = "self_attn.q_proj.bias", [LLAMA_K_BIAS] = "self_attn.k_proj.bias",
+        [LLAMA_V_BIAS] = "self_attn.v_proj.bias", [LLAMA_Q_NORM] = "self_attn.q_norm.weight",
+        [LLAMA_K_NORM] = "self_attn.k_norm.weight",
     };
     const int64_t shapes[LLAMA_LAYER_TENSORS][2] = {
         [LLAMA_Q] = {Q, C},    [LLAMA_K] = {KV, C},  [LLAMA_V] = {KV, C},
         [LLAMA_O] = {C, Q},    [LLAMA_GATE] = {I, C}, [LLAMA_UP] = {I, C},
         [LLAMA_DOWN] = {C, I}, [LLAMA_LN1] = {C, 0},  [LLAMA_LN2] = {C, 0},
+        [LLAMA_Q_BIAS] = {Q, 0}, [LLAMA_K_BIAS] = {KV, 0}, [LLAMA_V_BIAS] = {KV, 0},
+        [LLAMA_Q_NORM] = {hd, 0}, [LLAMA_K_NORM] = {hd, 0},
     };
+    int at = 0;
     for (int t = 0; t < LLAMA_LAYER_TENSORS; t++) {
+        lo->layer_index[t] = layer_has(c, t) ? at++ : -1;
+        if (lo->layer_index[t] < 0) continue;
         char name[96];
-        snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, names[t]);
-        add_tensor(lo, llama_layer_unit(l), name, shapes[t][0], shapes[t][1], shapes[t][1] == 0);
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, names[t]);
+        int is_bias = t >= LLAMA_Q_BIAS && t <= LLAMA_V_BIAS;
+        add_tensor(lo, llama_layer_unit(l), name, shapes[t][0], shapes[t][1],
+                   shapes[t][1] == 0 && !is_bias, is_bias);
     }
+    lo->layer_tensors = at;
 }
 
 int llama_layout_init(llama_layout *lo, const llama_config *cfg, errbuf *err) {
@@ -66,7 +86,7 @@ int llama_layout_init(llama_layout *lo, const llama_config *cfg, errbuf *err) {
     lo->cfg = *cfg;
     lo->n_layers = c->num_hidden_layers;
     lo->n_units = lo->n_layers + 2;
-    int max_tensors = 1 + lo->n_layers * LLAMA_LAYER_TENSORS + 2;
+    int max_tensors = 1 + lo->n_layers * LLAMA_LAYER_TENSORS + 2; /* at most */
     lo->units = calloc((size_t)lo->n_units, sizeof *lo->units);
     lo->tensors = calloc((size_t)max_tensors, sizeof *lo->tensors);
     if (!lo->units || !lo->tensors) {
@@ -74,11 +94,11 @@ int llama_layout_init(llama_layout *lo, const llama_config *cfg, errbuf *err) {
         return errf(err, "llama layout: out of memory for %d layers", c->num_hidden_layers);
     }
     add_tensor(lo, LLAMA_EMBED_UNIT, "model.embed_tokens.weight", c->vocab_size, c->hidden_size,
-               0);
+               0, 0);
     for (int l = 0; l < lo->n_layers; l++) add_layer(lo, l);
-    add_tensor(lo, llama_head_unit(lo), "model.norm.weight", c->hidden_size, 0, 1);
+    add_tensor(lo, llama_head_unit(lo), "model.norm.weight", c->hidden_size, 0, 1, 0);
     if (!c->tie_word_embeddings)
-        add_tensor(lo, llama_head_unit(lo), "lm_head.weight", c->vocab_size, c->hidden_size, 0);
+        add_tensor(lo, llama_head_unit(lo), "lm_head.weight", c->vocab_size, c->hidden_size, 0, 0);
     return 0;
 }
 

@@ -57,7 +57,7 @@ static void *carve_frozen(char *mem, size_t *at, size_t bytes) {
  * replicated parts are kept: the rest is read from the model image at each use. */
 static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_plain) {
     const llama_layout *lo = &f->layout;
-    size_t cs = k_compute_size(f->ctx), at = 0, C = (size_t)lo->cfg.hidden_size;
+    size_t cs = k_compute_size(f->ctx), at = 0;
     int kept = !f->offload_params;
     *max_plain = 0;
     for (int u = 0; u < lo->n_units; u++) {
@@ -75,7 +75,7 @@ static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_plain) {
         F->packed.data = kept ? carve_frozen(mem, &at, F->packed.shard) : NULL;
         F->absmax.data = kept ? carve_frozen(mem, &at, F->absmax.shard) : NULL;
         F->nested = dq ? carve_frozen(mem, &at, f->nl.n_nested * sizeof(float)) : NULL;
-        F->norms = carve_frozen(mem, &at, 2 * C * sizeof(float));
+        F->norms = carve_frozen(mem, &at, f->nl.n_plain * sizeof(float));
     }
     return at;
 }
@@ -239,7 +239,7 @@ static int lay_out_tasks(fsdp *f, host_optim_task *tasks) {
                     .grad = f->host_grad + (U->grad - f->units[0].grad) + o,
                     .param = (char *)U->host_param + o * cs,
                     .n = b - at < HOST_OPTIM_TASK_ELEMS ? b - at : HOST_OPTIM_TASK_ELEMS,
-                    .decay = !f->train_tensors[i].is_norm};
+                    .decay = llama_tensor_decays(&f->train_tensors[i])};
             }
         }
     }
@@ -455,15 +455,14 @@ static int load_nf4_unit(fsdp *f, const void *image, int u, float *host, errbuf 
     model_image_nf4_layer nl; /* where the image keeps them (its norms in its dtype) */
     model_image_nf4_layer_of(&f->layout, model_image_dtype_of(image), f->quant, &nl);
     const unsigned char *unit = model_image_unit(image, &f->layout, u);
-    size_t C = (size_t)f->layout.cfg.hidden_size;
     load_bytes(f, &F->packed, unit + nl.packed);
     load_bytes(f, &F->absmax, unit + nl.absmax);
     if (F->nested) {
         k_copy_h2d(f->ctx, F->nested, unit + nl.nested, nl.n_nested * sizeof(float));
         memcpy(F->offsets, unit + nl.offsets, sizeof F->offsets);
     }
-    model_image_read_f32(image, &f->layout, u, 0, 2 * C, host);
-    k_copy_h2d(f->ctx, F->norms, host, 2 * C * sizeof *host);
+    model_image_read_f32(image, &f->layout, u, 0, nl.n_plain, host);
+    k_copy_h2d(f->ctx, F->norms, host, nl.n_plain * sizeof *host);
     return k_sync(f->ctx, err); /* host is reused */
 }
 
@@ -766,14 +765,14 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
     const uint8_t *packed = in_slot ? f->gathered_packed[slot] : F->packed.data;
     const uint8_t *absmax = in_slot ? f->gathered_absmax[slot] : F->absmax.data;
     int dq = f->quant == MODEL_IMAGE_NF4_DQ;
-    size_t cs = k_compute_size(f->ctx), C = (size_t)f->layout.cfg.hidden_size;
+    size_t cs = k_compute_size(f->ctx);
     char *dst = f->dequant;
     for (int k = 0; k < MODEL_IMAGE_LINEARS; k++)
         k_nf4_dequant(f->ctx, dst + t[k].offset * cs, packed + nl->t_packed[k],
                       absmax + nl->t_block[k] * (dq ? 1 : sizeof(float)),
                       dq ? F->nested + nl->t_nested[k] : NULL, F->offsets[k], nl->t_numel[k]);
-    k_f32_to_compute(f->ctx, dst + t[LLAMA_LN1].offset * cs, F->norms, C);
-    k_f32_to_compute(f->ctx, dst + t[LLAMA_LN2].offset * cs, F->norms + C, C);
+    /* the norms (and biases, q/k norms) follow the linears in the unit, as in the image */
+    k_f32_to_compute(f->ctx, dst + t[MODEL_IMAGE_LINEARS].offset * cs, F->norms, nl->n_plain);
 }
 
 /* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
@@ -997,7 +996,7 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
         size_t at = a - U->shard_off;
         k_adamw(f->ctx, U->master + at, U->grad + at, U->m + at, U->v + at, b - a, (float)hp->lr,
                 (float)hp->beta1, (float)hp->beta2, (float)hp->eps,
-                s->is_norm ? 0.0f : (float)hp->weight_decay, f->step, grad_scale);
+                llama_tensor_decays(s) ? (float)hp->weight_decay : 0.0f, f->step, grad_scale);
     }
 }
 

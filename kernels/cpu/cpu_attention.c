@@ -4,7 +4,8 @@
  * The plain O(T^2) algorithm, one query row at a time, in double.  The forward pass saves
  * the log-sum-exp of each row's scores so the backward pass can recompute the
  * probabilities P = exp(s - lse) instead of storing them.  Query t of row b sees keys
- * first_key(b, t) .. t: 0 without docs, its document's start with them. */
+ * first_key(b, t) .. t: 0 without docs, its document's start with them, and with a sliding
+ * window no key window or more back. */
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <math.h>
@@ -48,15 +49,25 @@ static int check_docs(kctx *c, const char *op, const k_docs *docs, int B, int T)
     return 0;
 }
 
-/* The first key query t of row b sees: its document's start, or 0 without docs. */
-static int first_key(const k_docs *docs, int b, int t, int T) {
-    return docs ? docs->start[(size_t)b * T + t] : 0;
+/* The first key query t of row b sees: its document's start (0 without docs), or with a
+ * window (> 0) t - window + 1 when that is later. */
+static int first_key(const k_docs *docs, int window, int b, int t, int T) {
+    int first = docs ? docs->start[(size_t)b * T + t] : 0;
+    return window > 0 && t - window + 1 > first ? t - window + 1 : first;
+}
+
+static int check_window(kctx *c, const char *op, int window) {
+    if (window >= 0) return 0;
+    k_fail(c, "%s: sliding window %d is negative", op, window);
+    return -1;
 }
 
 void cpu_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                       const void *v, const k_docs *docs, int B, int T, int Hq, int Hkv,
-                       int hd) {
-    if (check_heads(c, "attention", Hq, Hkv) || check_docs(c, "attention", docs, B, T)) return;
+                       const void *v, const k_docs *docs, int window, int B, int T, int Hq,
+                       int Hkv, int hd) {
+    if (check_heads(c, "attention", Hq, Hkv) || check_docs(c, "attention", docs, B, T) ||
+        check_window(c, "attention", window))
+        return;
     float *o = out;
     const float *Q = q, *K = k, *V = v;
     double *p = malloc(((size_t)T + hd) * sizeof(double)); /* scores [T], then acc [hd] */
@@ -72,7 +83,7 @@ void cpu_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void
             int g = h / group;
             for (int t = 0; t < T; t++) {
                 const float *qr = Q + at(b, t, h, T, Hq, hd);
-                const int j0 = first_key(docs, b, t, T);
+                const int j0 = first_key(docs, window, b, t, T);
                 double max = -INFINITY;
                 for (int j = j0; j <= t; j++) {
                     p[j] = scale * dot(qr, K + at(b, j, g, T, Hkv, hd), hd);
@@ -104,9 +115,10 @@ void cpu_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void
  * are accumulated in double per (batch, kv head) and written once. */
 void cpu_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout, const void *q,
                        const void *k, const void *v, const void *out, const float *lse,
-                       const k_docs *docs, int B, int T, int Hq, int Hkv, int hd) {
+                       const k_docs *docs, int window, int B, int T, int Hq, int Hkv, int hd) {
     if (check_heads(c, "attention backward", Hq, Hkv) ||
-        check_docs(c, "attention backward", docs, B, T))
+        check_docs(c, "attention backward", docs, B, T) ||
+        check_window(c, "attention backward", window))
         return;
     float *dQ = dq, *dK = dk, *dV = dv;
     const float *dO = dout, *Q = q, *K = k, *V = v, *O = out;
@@ -128,7 +140,7 @@ void cpu_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout, 
                     const float *dor = dO + at(b, t, h, T, Hq, hd);
                     double row_lse = lse[((size_t)b * Hq + h) * T + t];
                     double D = dot(dor, O + at(b, t, h, T, Hq, hd), hd);
-                    const int j0 = first_key(docs, b, t, T);
+                    const int j0 = first_key(docs, window, b, t, T);
                     for (int j = j0; j <= t; j++) {
                         const float *kr = K + at(b, j, g, T, Hkv, hd);
                         const float *vr = V + at(b, j, g, T, Hkv, hd);

@@ -34,3 +34,23 @@ void cpu_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void 
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f, dout, n_out,
                     in, n_in, 1.0f, dw, n_in);
 }
+
+/* out[n,:] += bias */
+void cpu_bias_fwd(kctx *c, void *out, const void *bias, int N, int n_out) {
+    (void)c;
+    float *o = out;
+    const float *b = bias;
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < n_out; j++) o[(size_t)n * n_out + j] += b[j];
+}
+
+/* dbias[o] += sum_n dout[n,o], each column's sum in double over the rows in order. */
+void cpu_bias_bwd(kctx *c, float *dbias, const void *dout, int N, int n_out) {
+    (void)c;
+    const float *g = dout;
+    for (int j = 0; j < n_out; j++) {
+        double sum = 0.0;
+        for (int n = 0; n < N; n++) sum += g[(size_t)n * n_out + j];
+        dbias[j] = (float)(dbias[j] + sum);
+    }
+}

@@ -35,6 +35,14 @@
 // before varlen: the same parameter struct, the varlen masks separate statements that fold
 // away (their sm_90 PTX is the same, instruction for instruction).
 //
+// Sliding window (Mistral, window > 0): query t sees keys t - window + 1 .. t only.  The
+// dispatchers below fold the window into document bounds (window_bounds): query t's keys start
+// at max(its document's start, t - window + 1) and key j's queries end at min(its document's
+// end, j + window).  Both still never decrease along a row, so the DOCS kernels (here and in
+// cuda_attention_sm90.cu) run the band as they run documents: the key tiles before a query
+// tile's band skipped, the query tiles after a key tile's band skipped, the band's edges
+// masked per element.  RoPE's positions come from the documents themselves, not these bounds.
+//
 // tests/gpu/emulate_attention runs these kernels on the host: it replaces the section between
 // the "device primitives" markers with an emulation of each instruction.
 #include <math.h>
@@ -718,17 +726,65 @@ static void attention_bwd_hd(kctx *c, const bwd_params &p, const k_docs *docs) {
         attention_bwd<HD, false>(c, bwd_args<false>{p});
 }
 
+// The bounds of window_bounds (see the top of this file) for n = B * T tokens, THREADS a
+// block (one parameter struct and a templated launch on one line: what the emulation build
+// rewrites, tests/gpu/Makefile).
+struct window_args {
+    int32_t *start, *end;
+    const int32_t *doc_start, *doc_end; // NULL: one document a row
+    int T, window;
+    size_t n;
+};
+
+template <int THREADS> __global__ void window_bounds_kernel(const window_args a) {
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < a.n;
+         i += (size_t)gridDim.x * THREADS) {
+        int t = (int)(i % a.T);
+        int first = a.doc_start ? a.doc_start[i] : 0, stop = a.doc_end ? a.doc_end[i] : a.T;
+        a.start[i] = t - a.window + 1 > first ? t - a.window + 1 : first;
+        a.end[i] = t + a.window < stop ? t + a.window : stop;
+    }
+}
+
+// The bounds the tensor-core kernels run a window as, in bounds (2 * B * T int32 of device
+// memory); docs unchanged when there is no window or it is no shorter than the row.
+static const k_docs *window_bounds(kctx *c, const k_docs *docs, int window, int B, int T,
+                                   int32_t *bounds, k_docs *out) {
+    if (window <= 0 || window >= T) return docs;
+    const size_t n = (size_t)B * T;
+    const window_args a = {bounds, bounds + n, docs ? docs->start : NULL, docs ? docs->end : NULL,
+                           T, window, n};
+    window_bounds_kernel<256><<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>(a);
+    cuda_check_launch(c, "attention (sliding window bounds)");
+    *out = k_docs{bounds, bounds + n};
+    return out;
+}
+
+static int check_window(kctx *c, const char *op, int window) {
+    if (window >= 0) return 0;
+    k_fail(c, "%s: sliding window %d is negative", op, window);
+    return -1;
+}
+
 extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                   const void *v, const k_docs *docs, int B, int T, int Hq,
-                                   int Hkv, int hd) {
+                                   const void *v, const k_docs *docs, int window, int B, int T,
+                                   int Hq, int Hkv, int hd) {
     const void *bufs[] = {out, lse, q, k, v};
-    if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) || B == 0 || T == 0) return;
+    if (check_args(c, "attention", bufs, 5, B, T, Hq, Hkv, hd) ||
+        check_window(c, "attention", window) || B == 0 || T == 0)
+        return;
     if (hd != 64 && hd != 128) {
-        cuda_attention_generic_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
+        cuda_attention_generic_fwd(c, out, lse, q, k, v, docs, window, B, T, Hq, Hkv, hd);
         return;
     }
+    k_docs banded;
+    int32_t *bounds = NULL;
+    if (window > 0 && window < T &&
+        !(bounds = (int32_t *)cuda_scratch(c, 2 * (size_t)B * T * sizeof(int32_t), "attention")))
+        return;
+    docs = window_bounds(c, docs, window, B, T, bounds, &banded);
     if (cuda_state(c)->attention_sm90) {
-        cuda_attention_sm90_fwd(c, out, lse, q, k, v, docs, B, T, Hq, Hkv, hd);
+        cuda_attention_sm90_fwd(c, out, lse, q, k, v, docs, 0, B, T, Hq, Hkv, hd);
         return;
     }
     fwd_params p = {(bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
@@ -741,28 +797,34 @@ extern "C" void cuda_attention_fwd(kctx *c, void *out, float *lse, const void *q
 
 extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                    const void *q, const void *k, const void *v, const void *out,
-                                   const float *lse, const k_docs *docs, int B, int T, int Hq,
-                                   int Hkv, int hd) {
+                                   const float *lse, const k_docs *docs, int window, int B,
+                                   int T, int Hq, int Hkv, int hd) {
     const void *bufs[] = {dq, dk, dv, dout, q, k, v, out, lse};
-    if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) || B == 0 || T == 0)
+    if (check_args(c, "attention backward", bufs, 9, B, T, Hq, Hkv, hd) ||
+        check_window(c, "attention backward", window) || B == 0 || T == 0)
         return;
     if (hd != 64 && hd != 128) {
-        cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, docs, B, T, Hq, Hkv,
-                                   hd);
+        cuda_attention_generic_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, docs, window, B, T,
+                                   Hq, Hkv, hd);
         return;
     }
     const int Tp = (T + STATS_PAD - 1) / STATS_PAD * STATS_PAD;
-    const size_t rows = (size_t)B * Hq * Tp;
-    float *scratch = (float *)cuda_scratch(c, 2 * rows * sizeof(float), "attention backward");
+    const size_t rows = (size_t)B * Hq * Tp, tokens = (size_t)B * T;
+    // delta and lse2, then the window's bounds (one scratch buffer: a second request could
+    // move the first)
+    float *scratch = (float *)cuda_scratch(c, 2 * rows * sizeof(float) + 2 * tokens * sizeof(int32_t),
+                                           "attention backward");
     if (!scratch) return;
+    k_docs banded;
+    docs = window_bounds(c, docs, window, B, T, (int32_t *)(scratch + 2 * rows), &banded);
     const float scale = 1.0f / sqrtf((float)hd);
     bwd_params p = {(bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, scratch + rows,
                     (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E};
     if (cuda_state(c)->attention_sm90) {
         hd == 64 ? launch_delta<64>(c, p) : launch_delta<128>(c, p);
-        cuda_attention_sm90_bwd(c, dq, dk, dv, dout, q, k, v, p.lse2, p.delta, Tp, docs, B, T, Hq,
-                                Hkv, hd);
+        cuda_attention_sm90_bwd(c, dq, dk, dv, dout, q, k, v, p.lse2, p.delta, Tp, docs, 0, B, T,
+                                Hq, Hkv, hd);
         return;
     }
     if (hd == 64)

@@ -3,7 +3,8 @@
 // slow on purpose — one warp per query row (forward, dQ) or key row (dK, dV), fp32 math,
 // online softmax, no atomics, so the backward is deterministic like the fast path.  With
 // k_docs (varlen) a query row's keys start at its document's start and a key row's queries
-// end at its document's end.
+// end at its document's end; a sliding window (window > 0) starts them no earlier than
+// t - window + 1 and ends them before j + window.
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -17,14 +18,17 @@ struct gen_shape {
     int B, T, Hq, Hkv, hd;
     float scale;
     const int32_t *doc_start, *doc_end; // k_docs, or NULL: one document per row
+    int window;                         // 0: none
 };
 
 // The first key query (b, t) sees, and one past the last query key (b, j) is seen by.
 __device__ inline int gen_first_key(const gen_shape &s, int b, int t) {
-    return s.doc_start ? s.doc_start[(size_t)b * s.T + t] : 0;
+    int first = s.doc_start ? s.doc_start[(size_t)b * s.T + t] : 0;
+    return s.window > 0 && t - s.window + 1 > first ? t - s.window + 1 : first;
 }
 __device__ inline int gen_query_end(const gen_shape &s, int b, int j) {
-    return s.doc_end ? s.doc_end[(size_t)b * s.T + j] : s.T;
+    int end = s.doc_end ? s.doc_end[(size_t)b * s.T + j] : s.T;
+    return s.window > 0 && j + s.window < end ? j + s.window : end;
 }
 
 // Row (b, h, t) of a [B, T, H, hd] tensor.
@@ -161,15 +165,16 @@ extern "C" int cuda_attention_generic_supports(int hd) {
     return hd > 0 && hd % 2 == 0 && hd <= GEN_MAX_HD;
 }
 
-static gen_shape gen_shape_of(const k_docs *docs, int B, int T, int Hq, int Hkv, int hd) {
+static gen_shape gen_shape_of(const k_docs *docs, int window, int B, int T, int Hq, int Hkv,
+                              int hd) {
     return gen_shape{B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd), docs ? docs->start : NULL,
-                     docs ? docs->end : NULL};
+                     docs ? docs->end : NULL, window};
 }
 
 extern "C" void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q,
                                            const void *k, const void *v, const k_docs *docs,
-                                           int B, int T, int Hq, int Hkv, int hd) {
-    gen_shape s = gen_shape_of(docs, B, T, Hq, Hkv, hd);
+                                           int window, int B, int T, int Hq, int Hkv, int hd) {
+    gen_shape s = gen_shape_of(docs, window, B, T, Hq, Hkv, hd);
     attention_generic_fwd<<<gen_blocks((size_t)B * Hq * T), 32 * GEN_WARPS, 0, cuda_stream(c)>>>(
         (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, s);
     cuda_check_launch(c, "attention forward (generic head dim)");
@@ -178,9 +183,9 @@ extern "C" void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const
 extern "C" void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv,
                                            const void *dout, const void *q, const void *k,
                                            const void *v, const void *out, const float *lse,
-                                           const k_docs *docs, int B, int T, int Hq, int Hkv,
-                                           int hd) {
-    gen_shape s = gen_shape_of(docs, B, T, Hq, Hkv, hd);
+                                           const k_docs *docs, int window, int B, int T, int Hq,
+                                           int Hkv, int hd) {
+    gen_shape s = gen_shape_of(docs, window, B, T, Hq, Hkv, hd);
     size_t q_rows = (size_t)B * Hq * T;
     float *delta = (float *)cuda_scratch(c, q_rows * sizeof(float), "attention backward");
     if (!delta) return;

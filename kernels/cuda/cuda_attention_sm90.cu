@@ -988,8 +988,12 @@ extern "C" int cuda_attention_sm90_setup(kctx *c, int device, errbuf *err) {
 }
 
 extern "C" void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const void *q,
-                                        const void *k, const void *v, const k_docs *docs, int B,
-                                        int T, int Hq, int Hkv, int hd) {
+                                        const void *k, const void *v, const k_docs *docs,
+                                        int window, int B, int T, int Hq, int Hkv, int hd) {
+    if (window) { // cuda_attention.cu folds a window into docs before it calls here
+        k_fail(c, "attention (sm90): a sliding window must come as document bounds");
+        return;
+    }
     fwd_tma p;
     memset(&p, 0, sizeof p);
     if (encode_map(c, &p.q, q, B, T, Hq, hd, ROWS) || encode_map(c, &p.k, k, B, T, Hkv, hd, FWD_KEYS) ||
@@ -1020,8 +1024,12 @@ static int encode_bwd_maps(kctx *c, bwd_tma *p, const void *q, const void *dout,
 extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                         const void *q, const void *k, const void *v,
                                         const float *lse2, const float *delta, int Tp,
-                                        const k_docs *docs, int B, int T, int Hq, int Hkv,
-                                        int hd) {
+                                        const k_docs *docs, int window, int B, int T, int Hq,
+                                        int Hkv, int hd) {
+    if (window) { // as the forward's
+        k_fail(c, "attention backward (sm90): a sliding window must come as document bounds");
+        return;
+    }
     bwd_tma kv;
     memset(&kv, 0, sizeof kv);
     kv.dq = (bf16 *)dq;

@@ -51,12 +51,12 @@ void cuda_test_spin(void *stream, int *flag);
  * (cuda_attention_generic.cu): any even head dim up to 256.  Same contract as the op. */
 int cuda_attention_generic_supports(int hd);
 void cuda_attention_generic_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                                const void *v, const k_docs *docs, int B, int T, int Hq,
-                                int Hkv, int hd);
+                                const void *v, const k_docs *docs, int window, int B, int T,
+                                int Hq, int Hkv, int hd);
 void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                 const void *q, const void *k, const void *v, const void *out,
-                                const float *lse, const k_docs *docs, int B, int T, int Hq,
-                                int Hkv, int hd);
+                                const float *lse, const k_docs *docs, int window, int B, int T,
+                                int Hq, int Hkv, int hd);
 
 /* The sm_90a attention (cuda_attention_sm90.cu; cuda_attention.cu dispatches to it).  setup
  * sets attention_sm90 on a compute capability 9.0 device unless FSDP_CUDA_ATTENTION=mma (the
@@ -65,12 +65,12 @@ void cuda_attention_generic_bwd(kctx *c, void *dq, void *dk, void *dv, const voi
  * (cuda_attention.cu's delta kernel, rows padded to Tp). */
 int cuda_attention_sm90_setup(kctx *c, int device, errbuf *err);
 void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const void *q, const void *k,
-                             const void *v, const k_docs *docs, int B, int T, int Hq, int Hkv,
-                             int hd);
+                             const void *v, const k_docs *docs, int window, int B, int T, int Hq,
+                             int Hkv, int hd);
 void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                              const void *q, const void *k, const void *v, const float *lse2,
-                             const float *delta, int Tp, const k_docs *docs, int B, int T, int Hq,
-                             int Hkv, int hd);
+                             const float *delta, int Tp, const k_docs *docs, int window, int B,
+                             int T, int Hq, int Hkv, int hd);
 
 #ifdef __cplusplus
 }

@@ -175,3 +175,52 @@ extern "C" void cuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout,
                accumulate_din ? 1.0f : 0.0f);
     if (dw) matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f);
 }
+
+// ---- biases ----
+
+// out[n, o] += bias[o], added in fp32, one element a thread.
+__global__ void bias_fwd_kernel(bf16 *out, const bf16 *bias, int O, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(__bfloat162float(out[i]) + __bfloat162float(bias[i % O]));
+}
+
+extern "C" void cuda_bias_fwd(kctx *c, void *out, const void *bias, int N, int O) {
+    if (N <= 0 || O <= 0) return;
+    size_t n = (size_t)N * O;
+    bias_fwd_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>((bf16 *)out,
+                                                                      (const bf16 *)bias, O, n);
+    cuda_check_launch(c, "bias_fwd");
+}
+
+// The column sums of dout in two passes, each in a fixed order (deterministic): pass 1 has
+// block (x, y) sum rows y, y + BIAS_PARTS, ... of columns x * 256 .. into partial[y, :];
+// pass 2 adds the BIAS_PARTS partials of each column in order onto dbias.
+#define BIAS_PARTS 64
+
+__global__ void bias_partial_kernel(float *partial, const bf16 *dout, int N, int O) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= O) return;
+    float acc = 0.0f;
+    for (int n = blockIdx.y; n < N; n += BIAS_PARTS) acc += __bfloat162float(dout[(size_t)n * O + o]);
+    partial[(size_t)blockIdx.y * O + o] = acc;
+}
+
+__global__ void bias_sum_kernel(float *dbias, const float *partial, int O) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= O) return;
+    float acc = 0.0f;
+    for (int p = 0; p < BIAS_PARTS; p++) acc += partial[(size_t)p * O + o];
+    dbias[o] += acc;
+}
+
+extern "C" void cuda_bias_bwd(kctx *c, float *dbias, const void *dout, int N, int O) {
+    if (N <= 0 || O <= 0) return;
+    float *partial = (float *)cuda_scratch(c, (size_t)BIAS_PARTS * O * sizeof(float), "bias_bwd scratch");
+    if (!partial) return;
+    unsigned cols = (unsigned)((O + 255) / 256);
+    bias_partial_kernel<<<dim3(cols, BIAS_PARTS), 256, 0, cuda_stream(c)>>>(partial, (const bf16 *)dout, N, O);
+    cuda_check_launch(c, "bias_bwd");
+    bias_sum_kernel<<<cols, 256, 0, cuda_stream(c)>>>(dbias, partial, O);
+    cuda_check_launch(c, "bias_bwd (sum)");
+}

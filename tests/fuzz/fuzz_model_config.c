@@ -17,7 +17,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* Enumerate a bounded prefix; the count itself is computed for any size. */
     llama_param_info params[32];
     int n = llama_config_params(&c, params, 32);
-    if (n != c.num_hidden_layers * 9 + 2 + !c.tie_word_embeddings) abort();
+    int per_layer = 9 + 3 * c.attention_bias + 2 * c.qk_norm; /* Qwen2's biases, Qwen3's norms */
+    if (n != c.num_hidden_layers * per_layer + 2 + !c.tie_word_embeddings) abort();
+    if (c.sliding_window < 0 || !(rope_attention_factor(&c.rope) > 0)) abort();
     for (int i = 0; i < n && i < 32; i++)
         if (!params[i].name[0] || params[i].shape[0] <= 0) abort();
     (void)llama_config_num_params(&c);

@@ -270,6 +270,7 @@ static void report_bool(const char *op, const char *shp, int ok, const char *mea
 typedef struct reference {
     int B, T, Hq, Hkv, hd;
     const k_docs *docs; /* host [B*T], or NULL: whole causal rows */
+    int window;         /* sliding window, 0: none */
     const float *q, *k, *v, *dout;
     float *out, *lse, *dq;
     float *dk_part, *dv_part; /* [B, Hq, T, hd]: each query head's share of dK and dV */
@@ -312,9 +313,10 @@ static void *reference_worker(void *arg) {
         const k_docs row_docs = {r->docs ? r->docs->start + (size_t)b * T : NULL,
                                  r->docs ? r->docs->end + (size_t)b * T : NULL};
         const k_docs *docs = r->docs ? &row_docs : NULL; /* row b's documents */
-        k_attention_fwd(&cpu, out, lse, q, k, v, docs, 1, T, 1, 1, hd);
+        k_attention_fwd(&cpu, out, lse, q, k, v, docs, r->window, 1, T, 1, 1, hd);
         for (size_t i = 0; i < th; i++) out16[i] = round_bf16(out[i]); /* bf16 on the GPU */
-        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, docs, 1, T, 1, 1, hd);
+        k_attention_bwd(&cpu, dq, dk, dv, dout, q, k, v, out16, lse, docs, r->window, 1, T, 1, 1,
+                        hd);
         if (k_check(&cpu, &err)) {
             pthread_mutex_lock(&r->lock);
             if (!r->failed) r->failure = err;
@@ -402,21 +404,24 @@ static int pack_rows(packing *pk, int B, const int *lens, int n) {
     return T;
 }
 
-/* One shape; pk NULL: whole causal rows, else the packed rows of pk (made for B, T). */
-static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
+/* One shape; pk NULL: whole causal rows, else the packed rows of pk (made for B, T); window
+ * > 0: Mistral's sliding window (the band mask), 0: none. */
+static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk, int window,
                        int determinism) {
     seed((uint64_t)T * 1000003u + (uint64_t)Hq * 101u + (uint64_t)hd);
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
     const k_docs *docs = pk ? &pk->dev : NULL;
     char shp[96];
-    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d%s", B, T, Hq, Hkv, hd,
-             pk ? pk->name : "");
+    char band[24] = "";
+    if (window) snprintf(band, sizeof band, " window %d", window);
+    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d%s%s", B, T, Hq, Hkv, hd,
+             pk ? pk->name : "", band);
     /* scores q.k/sqrt(hd) with a spread of a few units: peaked rows, the online rescaling
      * exercised */
     float *q = hrandom(nq, 4.0f), *k = hrandom(nkv, 2.0f), *v = hrandom(nkv, 1.0f);
     float *dout = hrandom(nq, 1.0f);
     reference r = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .docs = pk ? &pk->host : NULL,
-                   .q = q, .k = k, .v = v, .dout = dout, .out = hfloats(nq), .lse = hfloats(nl),
+                   .window = window, .q = q, .k = k, .v = v, .dout = dout, .out = hfloats(nq), .lse = hfloats(nl),
                    .dq = hfloats(nq)};
     float *want_dk = hfloats(nkv), *want_dv = hfloats(nkv);
     run_reference(&r, want_dk, want_dv);
@@ -425,7 +430,7 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     void *ddout = dcomp(dout, nq);
     void *out = dpoisoned(nq * esize);
     float *lse = dpoisoned(nl * sizeof(float));
-    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
+    k_attention_fwd(&gpu, out, lse, dq_in, dk_in, dv_in, docs, window, B, T, Hq, Hkv, hd);
     report("attention_fwd out", shp, get_comp(out, nq), r.out, nq, TOL_BF16, 0.0);
     report("attention_fwd lse", shp, get_f32(lse, nl), r.lse, nl, TOL_LSE_REL, TOL_LSE_ABS);
 
@@ -435,8 +440,8 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     void *dout_in = dcomp(out16, nq);
     float *dlse = df32(r.lse, nl);
     void *gq = dpoisoned(nq * esize), *gk = dpoisoned(nkv * esize), *gv = dpoisoned(nkv * esize);
-    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T, Hq,
-                    Hkv, hd);
+    k_attention_bwd(&gpu, gq, gk, gv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, window, B,
+                    T, Hq, Hkv, hd);
     report("attention_bwd dq", shp, get_comp(gq, nq), r.dq, nq, TOL_BF16, 0.0);
     report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
     report("attention_bwd dv", shp, get_comp(gv, nkv), want_dv, nkv, TOL_BF16, 0.0);
@@ -444,14 +449,14 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     if (determinism) {
         void *out2 = dpoisoned(nq * esize);
         float *lse2 = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, B, T, Hq, Hkv, hd);
+        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, window, B, T, Hq, Hkv, hd);
         report_bool("deterministic fwd", shp,
                     same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
                     "out, lse: same bits twice");
         void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
         void *gv2 = dpoisoned(nkv * esize);
-        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, B, T,
-                        Hq, Hkv, hd);
+        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs,
+                        window, B, T, Hq, Hkv, hd);
         report_bool("deterministic bwd", shp,
                     same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
                         same_bits(gv, gv2, nkv * esize),
@@ -461,7 +466,13 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
 }
 
 static void check_attention(int B, int T, int Hq, int Hkv, int hd, int determinism) {
-    check_case(B, T, Hq, Hkv, hd, NULL, determinism);
+    check_case(B, T, Hq, Hkv, hd, NULL, 0, determinism);
+}
+
+/* Mistral's sliding window over whole rows. */
+static void check_attention_window(int B, int T, int Hq, int Hkv, int hd, int window,
+                                   int determinism) {
+    check_case(B, T, Hq, Hkv, hd, NULL, window, determinism);
 }
 
 /* Varlen: B rows packed with the n documents of lens (see pack_rows). */
@@ -469,7 +480,15 @@ static void check_attention_docs(int B, int Hq, int Hkv, int hd, const int *lens
                                  int determinism) {
     packing pk;
     int T = pack_rows(&pk, B, lens, n);
-    check_case(B, T, Hq, Hkv, hd, &pk, determinism);
+    check_case(B, T, Hq, Hkv, hd, &pk, 0, determinism);
+}
+
+/* The window inside packed documents. */
+static void check_attention_docs_window(int B, int Hq, int Hkv, int hd, const int *lens, int n,
+                                        int window) {
+    packing pk;
+    int T = pack_rows(&pk, B, lens, n);
+    check_case(B, T, Hq, Hkv, hd, &pk, window, 1);
 }
 
 /* Bad arguments: k_sync reports the wanted message, then the context is clear again. */
@@ -485,12 +504,14 @@ static void expect_failure(const char *what, const char *wanted) {
 static void check_failures(void) {
     char *buf = dev_bytes(1 << 20);
     float *lse = dev_bytes(4096);
-    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 300);
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, 0, 1, 4, 2, 1, 300);
     expect_failure("head dim 300", "head dim 300 is not supported");
-    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 1, 4, 6, 4, 64);
+    k_attention_bwd(&gpu, buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, 0, 1, 4, 6, 4, 64);
     expect_failure("6 query heads, 4 kv heads", "6 query heads are not a multiple of 4");
-    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 1, 4, 2, 1, 64);
+    k_attention_fwd(&gpu, buf + 2, lse, buf, buf, buf, NULL, 0, 1, 4, 2, 1, 64);
     expect_failure("unaligned out", "16-byte aligned");
+    k_attention_fwd(&gpu, buf, lse, buf, buf, buf, NULL, -1, 1, 4, 2, 1, 64);
+    expect_failure("window -1", "sliding window -1 is negative");
     release_all();
 }
 
@@ -566,15 +587,16 @@ typedef struct bench_case {
     float *lse;
     int B, T, Hq, Hkv, hd;
     const k_docs *docs; /* packed rows, or NULL */
+    int window;         /* sliding window, 0: none */
 } bench_case;
 
 static void bench_run(const bench_case *c, bench_kind kind) {
     if (kind != BENCH_BWD)
-        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->docs, c->B, c->T, c->Hq,
-                        c->Hkv, c->hd);
+        k_attention_fwd(&gpu, c->out, c->lse, c->q, c->k, c->v, c->docs, c->window, c->B, c->T,
+                        c->Hq, c->Hkv, c->hd);
     if (kind != BENCH_FWD)
         k_attention_bwd(&gpu, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
-                        c->docs, c->B, c->T, c->Hq, c->Hkv, c->hd);
+                        c->docs, c->window, c->B, c->T, c->Hq, c->Hkv, c->hd);
 }
 
 /* Median milliseconds of REPS runs after WARMUP. */
@@ -599,11 +621,13 @@ static double bench_ms(const bench_case *c, bench_kind kind) {
     return (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2.0;
 }
 
-/* doc > 0: rows packed with documents of doc tokens (T a multiple of it); FLOPs count the
- * work inside the documents only. */
-static void bench_shape_docs(const char *model, int B, int T, int Hq, int Hkv, int hd, int doc) {
+/* doc > 0: rows packed with documents of doc tokens (T a multiple of it); window > 0: a
+ * sliding window over whole rows.  FLOPs count the work inside the documents or the band
+ * only. */
+static void bench_shape_band(const char *model, int B, int T, int Hq, int Hkv, int hd, int doc,
+                             int window) {
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd;
-    bench_case c = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
+    bench_case c = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .window = window};
     packing pk;
     int lens[64];
     if (doc > 0) {
@@ -624,12 +648,14 @@ static void bench_shape_docs(const char *model, int B, int T, int Hq, int Hkv, i
     c.lse = dev_bytes((size_t)B * Hq * T * sizeof(float));
     bench_run(&c, BENCH_FWD); /* out and lse for the backward-only runs */
     double span = doc > 0 ? doc : T; /* the causal span of each query's keys */
+    if (window > 0 && window < T) /* twice the mean keys a query sees */
+        span = 2.0 * ((double)window * T - (double)window * (window - 1) / 2) / T;
     double fwd_flops = 4.0 * B * Hq * (double)T * span * hd / 2.0;
     double f = bench_ms(&c, BENCH_FWD), b = bench_ms(&c, BENCH_BWD);
     double fb = bench_ms(&c, BENCH_FWD_BWD);
     char name[32];
-    if (doc > 0)
-        snprintf(name, sizeof name, "%s/%d", model, doc);
+    if (doc > 0 || window > 0)
+        snprintf(name, sizeof name, "%s/%d", model, doc > 0 ? doc : window);
     else
         snprintf(name, sizeof name, "%s", model);
     printf("%-9s %3d %6d %4d %4d %4d %10.3f %8.1f %10.3f %8.1f %10.3f %8.1f\n", name, B, T, Hq,
@@ -637,6 +663,10 @@ static void bench_shape_docs(const char *model, int B, int T, int Hq, int Hkv, i
            3.5 * fwd_flops / fb / 1e9);
     fflush(stdout);
     release_all();
+}
+
+static void bench_shape_docs(const char *model, int B, int T, int Hq, int Hkv, int hd, int doc) {
+    bench_shape_band(model, B, T, Hq, Hkv, hd, doc, 0);
 }
 
 static void bench_shape(const char *model, int B, int T, int Hq, int Hkv, int hd) {
@@ -661,6 +691,7 @@ static void run_bench(void) {
     bench_shape_docs("7B", 4, 8192, 32, 32, 128, 8192); /* one document a row: varlen overhead */
     bench_shape_docs("7B", 4, 8192, 32, 32, 128, 1024);
     bench_shape_docs("70B", 4, 8192, 64, 8, 128, 512);
+    bench_shape_band("w", 4, 8192, 32, 8, 128, 0, 4096); /* Mistral 7B v0.1's window */
 }
 
 /* ---- main ---- */
@@ -707,7 +738,21 @@ int main(int argc, char **argv) {
     check_attention_docs(2, 4, 1, 128, small, 5, 1);
     check_attention_docs(2, 6, 2, 64, small, 5, 0);
     check_attention_docs(2, 4, 2, 32, small, 5, 1); /* the plain path */
+    /* Mistral's sliding window (F43): the band across tile edges, key tiles before it skipped
+     * (forward, dQ) and query tiles after it (dK/dV), alone and inside packed documents, on
+     * the tensor-core paths (hd 128, 64) and the plain one (hd 32); a window of 1 (a token
+     * sees itself only) and one as long as the row (none) */
+    check_attention_window(2, 300, 4, 2, 128, 37, 1);
+    check_attention_window(2, 300, 6, 2, 64, 100, 0);
+    check_attention_window(2, 65, 4, 2, 32, 12, 1);
+    check_attention_window(1, 129, 2, 2, 128, 1, 0);
+    check_attention_window(1, 200, 2, 1, 128, 200, 0);
+    check_attention_docs_window(2, 4, 2, 128, small, 5, 23);
+    check_attention_docs_window(2, 4, 2, 32, small, 5, 23);
     if (!quick) {
+        check_attention_window(1, 4097, 8, 1, 128, 4096, 1); /* Mistral 7B v0.1's window */
+        check_attention_window(1, 4097, 8, 2, 64, 1000, 0);
+        check_attention_docs_window(2, 8, 2, 128, mixed, 4, 500);
         check_attention_docs(2, 8, 2, 128, mixed, 4, 1); /* GQA 4:1 */
         check_attention_docs(2, 6, 2, 64, mixed, 4, 1);  /* GQA 3:1 */
         check_attention_docs(2, 4, 4, 128, mixed, 4, 0);

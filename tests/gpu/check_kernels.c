@@ -421,6 +421,25 @@ static void check_elementwise(size_t n) {
     release_all();
 }
 
+/* Qwen2's q/k/v biases (F43): out += bias on every row; dbias += the column sums (onto a
+ * nonzero dbias: it accumulates). */
+static void check_bias(int N, int O) {
+    seed(43);
+    size_t n = (size_t)N * O;
+    float *y = hrandom(n, 1.0f), *b = hrandom((size_t)O, 1.0f), *db = hrandom((size_t)O, 1.0f);
+    float *want = hcopy(y, n);
+    k_bias_fwd(&cpu, want, b, N, O);
+    void *out = dcomp(y, n);
+    k_bias_fwd(&gpu, out, dcomp(b, (size_t)O), N, O);
+    report("bias_fwd", shape("N=%d O=%d", N, O), get_comp(out, n), want, n, TOL_BF16);
+    float *want_db = hcopy(db, (size_t)O);
+    k_bias_bwd(&cpu, want_db, y, N, O);
+    float *ddb = df32(db, (size_t)O);
+    k_bias_bwd(&gpu, ddb, dcomp(y, n), N, O);
+    report("bias_bwd", shape("N=%d O=%d", N, O), get_f32(ddb, (size_t)O), want_db, (size_t)O, TOL_SUM);
+    release_all();
+}
+
 static void check_swiglu(size_t n) {
     seed(4);
     float *gate = hrandom(n, 4.0f), *up = hrandom(n, 1.0f), *dout = hrandom(n, 1.0f);
@@ -568,7 +587,7 @@ static void check_rmsnorm_frozen(int N, int C) {
 
 static const k_rope_params llama2_rope = {.theta = 10000.0};
 static const k_rope_params llama3_rope = {.theta = 500000.0,
-                                          .llama3 = 1,
+                                          .kind = K_ROPE_LLAMA3,
                                           .factor = 8.0,
                                           .low_freq_factor = 1.0,
                                           .high_freq_factor = 4.0,
@@ -982,9 +1001,9 @@ static void check_failures(void) {
     expect_failure("dropout", "dropout: probability 1 is outside [0, 1)");
 
     if (gpu.backend == K_CUDA) {
-        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 1, 4, 2, 1, 300);
+        k_attention_fwd(&gpu, out, p, out, out, out, NULL, 0, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
-        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 1, 4, 2, 1, 300);
+        k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 0, 1, 4, 2, 1, 300);
         expect_failure("attention_bwd", "head dim 300 is not supported");
     }
     release_all();
@@ -1307,6 +1326,9 @@ int main(int argc, char **argv) {
     check_linear(2046, 16, 4096);     /* LoRA B */
     misalign = 1;
     check_linear(33, 100, 77);
+    check_bias(4096, 3584 + 2 * 512); /* Qwen2.5-7B's q, k and v biases side by side */
+    check_bias(8191, 512);            /* more rows than a partial pass has */
+    check_bias(3, 37);
     misalign = 0;
 
     check_cross_entropy(2046, 32000);

@@ -8,8 +8,9 @@
  *
  * Every shape runs with 8-warp blocks (shared-memory limit of sm_90) and 4-warp blocks (that
  * of sm_86), once with thread 0 first and copies landing late, once with the last thread
- * first and copies landing early; unpacked and packed (varlen documents, k_docs).  One line
- * per check; the last line is "N passed, N failed". */
+ * first and copies landing early; unpacked and packed (varlen documents, k_docs), with and
+ * without a sliding window (Mistral: the band the dispatcher folds into document bounds).
+ * One line per check; the last line is "N passed, N failed". */
 #include "emu_cuda_attention.inc"
 
 extern "C" {
@@ -145,7 +146,8 @@ struct packed_docs {
     }
 };
 
-static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *packed = NULL) {
+static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *packed = NULL,
+                  int window = 0) {
     const k_docs *docs = packed ? &packed->docs : NULL;
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
     dbuf q(nq), k(nkv), v(nkv), dout(nq);
@@ -159,8 +161,7 @@ static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *pack
     memset(&cpu, 0, sizeof cpu);
     std::vector<float> want_out(nq), want_lse(nl), want_dq(nq), want_dk(nkv), want_dv(nkv);
     cpu_attention_fwd(&cpu, want_out.data(), want_lse.data(), hq.data(), hk.data(), hv.data(),
-                      docs, B,
-                      T, Hq, Hkv, hd);
+                      docs, window, B, T, Hq, Hkv, hd);
     /* the backward's `out` input is bf16 on the GPU: give the CPU the same values */
     dbuf out_in(nq);
     std::vector<float> out_rounded(nq);
@@ -172,7 +173,7 @@ static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *pack
     memcpy(lse_in.p(), want_lse.data(), nl * sizeof(float));
     cpu_attention_bwd(&cpu, want_dq.data(), want_dk.data(), want_dv.data(), hdout.data(),
                       hq.data(), hk.data(), hv.data(), out_rounded.data(), want_lse.data(), docs,
-                      B, T, Hq, Hkv, hd);
+                      window, B, T, Hq, Hkv, hd);
     if (cpu.failed) emu_die("CPU reference: %s", cpu.failure);
 
     static const struct {
@@ -194,20 +195,20 @@ static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *pack
         kctx gpu = make_gpu(&impl);
         char shape[96];
         snprintf(shape, sizeof shape, "B=%d T=%d Hq=%d Hkv=%d hd=%d", B, T, Hq, Hkv, hd);
-        std::string tag =
-            std::string(shape) + (packed ? packed->name : "") + " (" + mode.name + ")";
+        std::string tag = std::string(shape) + (packed ? packed->name : "") +
+                          (window ? " window " + std::to_string(window) : "") + " (" + mode.name + ")";
 
         dbuf out(nq);
         fbuf lse(nl);
-        cuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), docs, B, T, Hq, Hkv,
-                           hd);
+        cuda_attention_fwd(&gpu, out.p(), lse.p(), q.p(), k.p(), v.p(), docs, window, B, T, Hq,
+                           Hkv, hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("fwd out  " + tag, values(out).data(), want_out.data(), nq, guard_ok(out), 2e-2, 0);
         compare("fwd lse  " + tag, lse.p(), want_lse.data(), nl, guard_ok(lse), 1e-3, 1e-2);
 
         dbuf dq(nq), dk(nkv), dv(nkv);
         cuda_attention_bwd(&gpu, dq.p(), dk.p(), dv.p(), dout.p(), q.p(), k.p(), v.p(),
-                           out_in.p(), lse_in.p(), docs, B, T, Hq, Hkv, hd);
+                           out_in.p(), lse_in.p(), docs, window, B, T, Hq, Hkv, hd);
         if (gpu.failed) emu_die("%s: %s", tag.c_str(), gpu.failure);
         compare("bwd dq   " + tag, values(dq).data(), want_dq.data(), nq, guard_ok(dq), 2e-2, 0);
         compare("bwd dk   " + tag, values(dk).data(), want_dk.data(), nkv, guard_ok(dk), 2e-2, 0);
@@ -217,7 +218,7 @@ static void check(int B, int T, int Hq, int Hkv, int hd, const packed_docs *pack
 
 /* Bad arguments fail the context with a message naming the problem. */
 static void check_failure(const char *what, int Hq, int Hkv, int hd, int offset,
-                          const char *wanted) {
+                          const char *wanted, int window = 0) {
     cuda_impl impl;
     impl.stream = NULL;
     impl.smem_optin = 232448;
@@ -226,7 +227,7 @@ static void check_failure(const char *what, int Hq, int Hkv, int hd, int offset,
     dbuf buf(4096);
     fbuf lse(64);
     bf16 *p = buf.p() + offset;
-    cuda_attention_fwd(&gpu, p, lse.p(), p, p, p, NULL, 1, 4, Hq, Hkv, hd);
+    cuda_attention_fwd(&gpu, p, lse.p(), p, p, p, NULL, window, 1, 4, Hq, Hkv, hd);
     bool ok = gpu.failed && strstr(gpu.failure, wanted);
     std::string note = std::string(what) + ": \"" + (gpu.failed ? gpu.failure : "no failure") + "\"";
     verdict(note, ok, "k_fail message");
@@ -241,6 +242,7 @@ int main(int argc, char **argv) {
     check_failure("head dim 96", 2, 1, 96, 0, "head dim 96 is not supported");
     check_failure("heads 6/4", 6, 4, 64, 0, "6 query heads are not a multiple of 4");
     check_failure("unaligned", 2, 2, 64, 1, "16-byte aligned");
+    check_failure("window -1", 2, 2, 64, 0, "sliding window -1 is negative", -1);
 
     check(2, 1, 2, 1, 128);
     check(2, 17, 4, 2, 64);
@@ -249,11 +251,19 @@ int main(int argc, char **argv) {
      * (the second query block of each row starts in a document that starts past key 64) */
     const packed_docs mixed(2, 200, {1, 17, 100, 5, 77});
     check(2, 200, 4, 2, 64, &mixed);
+    /* sliding window: a band across tile edges, whole key tiles before it skipped (the second
+     * query block's band starts at key 92), and the band inside packed documents */
+    check(2, 200, 4, 2, 64, NULL, 37);
+    check(2, 200, 4, 2, 64, &mixed, 23);
     if (!quick) {
+        check(1, 300, 3, 1, 128, NULL, 64);
+        check(1, 150, 2, 2, 128, NULL, 1);
+        check(1, 150, 2, 2, 64, NULL, 150); /* as long as the row: no window */
         const packed_docs long_doc(1, 300, {1, 17, 260, 3});
         check(1, 300, 3, 1, 128, &long_doc);
         const packed_docs short_docs(2, 150, {1, 2, 31, 16, 9});
         check(2, 150, 2, 2, 128, &short_docs);
+        check(1, 300, 3, 1, 128, &long_doc, 100);
         check(1, 17, 2, 2, 128);
         check(1, 200, 6, 2, 64);
         check(1, 257, 2, 1, 128);

@@ -46,6 +46,43 @@ grep -q "DOES NOT FIT" "$tmp/q70.txt" && { cat "$tmp/q70.txt"; fail "70B QLoRA w
 grep -q "DOES NOT FIT" "$tmp/f70.txt" && grep -q "largest train.micro_batch that fits: 0" "$tmp/f70.txt" ||
     { cat "$tmp/f70.txt"; fail "a 70B full fine-tune on one 4090 was not found unfit"; }
 
+# the families' parameters counted exactly (F43): a full fine-tune's checkpoint is 12 bytes (fp32
+# master, m, v) for each of the published parameters, Qwen2's biases and Qwen3's q/k norms
+# included, a tied head's embedding once
+for m in qwen2.5-7b:7615616512 qwen2.5-72b:72706203648 qwen3-8b:8190735360 mistral-7b-v0.3:7248023552 \
+         llama3.1-8b:8030261248; do
+    "$fsdpctl" plan "$tmp/job.json" --model.init=random --model.config="configs/models/${m%:*}.json" --data.seq_len=64 \
+        --json > "$tmp/fam.json" || { cat "$tmp/fam.json"; fail "${m%:*}: plan failed"; }
+    python3 -c 'import json, sys; b = json.load(open(sys.argv[1]))["checkpoint"]["bytes"]
+if b != 12 * int(sys.argv[2]): sys.exit(f"checkpoint {b} bytes, not 12 x {sys.argv[2]}")' "$tmp/fam.json" "${m#*:}" ||
+        fail "${m%:*}: the plan does not count its parameters"
+done
+python3 - "$tmp/model.json" "$tmp/tied.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c.update(model_type="qwen3", tie_word_embeddings=True); json.dump(c, open(sys.argv[2], "w"))
+PY
+"$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/tied.json" --json > "$tmp/tied-plan.json"
+python3 -c 'import json, sys; b = json.load(open(sys.argv[1]))["checkpoint"]["bytes"]
+# 36 hidden, 70 ffn, 2 layers, 4 heads / 2 kv of 10, vocab 61: embed + 2 x (layer + q/k norms) + norm
+n = 61 * 36 + 2 * (36 * 40 + 2 * 36 * 20 + 40 * 36 + 3 * 36 * 70 + 2 * 36 + 2 * 10) + 36
+if b != 12 * n: sys.exit(f"checkpoint {b} bytes, not 12 x {n}")' "$tmp/tied-plan.json" || fail "a tied Qwen3 is not counted exactly"
+
+# Mistral 7B v0.1's window of 4096 over 8192 tokens: the attention costs the band's share of the
+# causal pairs, (4096 x 8192 - 4096 x 4095 / 2) / (8192 x 8193 / 2)
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["sliding_window"] = 4096; json.dump(c, open(sys.argv[2], "w"))' \
+    configs/models/mistral-7b-v0.3.json "$tmp/mistral-v0.1.json"
+for m in mistral-7b-v0.3.json:nowindow "$tmp/mistral-v0.1.json":window; do
+    cfg=${m%:*}; [ "${cfg#/}" = "$cfg" ] && cfg=configs/models/$cfg
+    "$fsdpctl" plan "$tmp/job.json" --model.init=random --model.config="$cfg" --data.seq_len=8192 \
+        --train.micro_batch=1 --train.global_batch=8 --runtime.backend=cuda --json > "$tmp/${m#*:}.json" ||
+        { cat "$tmp/${m#*:}.json"; fail "mistral plan failed"; }
+done
+python3 -c 'import json, sys
+a, b = (json.load(open(f))["step"]["attention_s"] for f in sys.argv[1:3])
+share = (4096 * 8192 - 4096 * 4095 / 2) / (8192 * 8193 / 2)
+if abs(b / a - share) > 1e-9: sys.exit(f"windowed attention {b} s, without {a} s: ratio {b / a}, not {share}")' \
+    "$tmp/nowindow.json" "$tmp/window.json" || fail "the plan does not count the window"
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"

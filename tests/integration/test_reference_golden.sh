@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # fsdpctl reference against transformers' golden outputs: logits, loss, every gradient and
-# one AdamW step of the tiny golden Llama must match expected.safetensors to 1e-4 relative
-# per tensor (checked with fsdpctl compare); then compare's and reference's refusals.
+# one AdamW step of the tiny golden Llama, Qwen2 (q/k/v biases), Qwen3 (q_norm/k_norm, head_dim
+# 24, tied) and Mistral (sliding window 12 over 33 tokens) must match expected.safetensors to
+# 1e-4 relative per tensor (checked with fsdpctl compare); then compare's and reference's
+# refusals.
 source "$(dirname "$0")/lib.sh"
 golden=$shared/golden/tiny-mha
 
@@ -13,6 +15,30 @@ golden=$shared/golden/tiny-mha
 cat "$tmp/compare.txt"
 # 2 layers x 9 + embedding + norm + lm_head = 21 parameters: logits, loss, 21 grads, 21 steps.
 grep -q '^44 tensors compared, .*: 0 problems$' "$tmp/compare.txt" || fail "not every tensor was compared"
+
+# --- the other families -------------------------------------------------------------------
+# tensors: logits, loss, and a gradient and a step for each parameter
+for family in tiny-qwen2:27 tiny-qwen3:24 tiny-mistral-sw:21; do
+    dir=$shared/golden/${family%:*} params=${family#*:}
+    "$fsdpctl" reference "$dir" "$dir/batch.safetensors" --out "$tmp/$family.safetensors" \
+        --adamw 1e-3,0.9,0.95,1e-8,0.1 > /dev/null
+    "$fsdpctl" compare "$tmp/$family.safetensors" "$dir/expected.safetensors" --rtol 1e-4 \
+        > "$tmp/compare.txt" || { cat "$tmp/compare.txt" >&2; fail "${family%:*}: reference does not match the golden outputs"; }
+    echo "${family%:*}: $(tail -1 "$tmp/compare.txt")"
+    grep -q "^$((2 + 2 * params)) tensors compared, .*: 0 problems$" "$tmp/compare.txt" ||
+        fail "${family%:*}: not every tensor was compared"
+done
+grep -q '^grad.model.layers.1.self_attn.v_proj.bias ' <("$fsdpctl" compare "$tmp/tiny-qwen2:27.safetensors" \
+    "$shared/golden/tiny-qwen2/expected.safetensors") || fail "qwen2: the biases' gradients were not compared"
+grep -q '^adamw.model.layers.0.self_attn.k_norm.weight ' <("$fsdpctl" compare "$tmp/tiny-qwen3:24.safetensors" \
+    "$shared/golden/tiny-qwen3/expected.safetensors") || fail "qwen3: the q/k norms were not compared"
+# The window matters: the same Mistral without it is off the golden.
+mkdir -p "$tmp/nowindow" && cp "$shared/golden/tiny-mistral-sw/model.safetensors" "$tmp/nowindow/"
+sed 's/"sliding_window": 12/"sliding_window": null/' "$shared/golden/tiny-mistral-sw/config.json" > "$tmp/nowindow/config.json"
+grep -q '"sliding_window": null' "$tmp/nowindow/config.json" || fail "no window removed"
+"$fsdpctl" reference "$tmp/nowindow" "$shared/golden/tiny-mistral-sw/batch.safetensors" --out "$tmp/nowindow.safetensors" > /dev/null
+expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/nowindow.safetensors" "$shared/golden/tiny-mistral-sw/expected.safetensors" \
+    --rtol 1e-4 --subset
 
 # --- compare catches differences ----------------------------------------------------------
 expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/out.safetensors" "$golden/expected.safetensors" --rtol 1e-12

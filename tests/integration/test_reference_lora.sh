@@ -76,6 +76,26 @@ grep -q '^30 tensors compared, .*: 0 problems$' "$tmp/qlora.txt" || fail "not ev
 expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/plain.safetensors" "$golden/qlora_expected.safetensors" \
     --rtol 1e-4 --subset --peft-default
 
+# --- the other families ------------------------------------------------------------------------
+for family in tiny-qwen2 tiny-qwen3 tiny-mistral-sw; do
+    dir=$shared/golden/$family
+    "$venv/bin/python" tests/integration/lora_family_ref.py make "$dir" "$tmp/$family-lora" "$tmp/$family-merged"
+    cp "$golden/lora/adapter_config.json" "$tmp/$family-lora/"
+    "$fsdpctl" reference "$tmp/$family-merged" "$dir/batch.safetensors" --out "$tmp/$family-merged.safetensors" > /dev/null
+    "$venv/bin/python" tests/integration/lora_family_ref.py expect "$tmp/$family-lora" \
+        "$tmp/$family-merged.safetensors" "$tmp/$family-expected.safetensors"
+    "$fsdpctl" reference "$dir" "$dir/batch.safetensors" --adapter "$tmp/$family-lora" \
+        --out "$tmp/$family-out.safetensors" > /dev/null
+    "$fsdpctl" compare "$tmp/$family-out.safetensors" "$tmp/$family-expected.safetensors" --rtol 1e-4 \
+        --peft-default > "$tmp/$family.txt" || { cat "$tmp/$family.txt" >&2; fail "$family: LoRA is not the merged model"; }
+    echo "$family LoRA: $(tail -1 "$tmp/$family.txt")"
+    # logits, loss and 2 layers x 7 modules x (A, B): nothing of the base, the biases neither
+    grep -q '^30 tensors compared, .*: 0 problems$' "$tmp/$family.txt" || fail "$family: not every tensor was compared"
+done
+# the check can fail: the adapter of another family's model is not its merge
+expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/tiny-qwen2-out.safetensors" "$tmp/tiny-mistral-sw-expected.safetensors" \
+    --rtol 1e-4 --peft-default
+
 # --- refusals --------------------------------------------------------------------------------
 expect_status 1 "$tmp/none" "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --adapter "$tmp/none" --out "$tmp/x"
 expect_status 2 "--quant is nf4" "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --quant fp4 --out "$tmp/x"

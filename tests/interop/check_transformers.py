@@ -8,10 +8,17 @@ For each case directory (made by make_cases.sh):
          reference.safetensors (fsdpctl reference on the same directory) to a relative error
          ||a - b|| / ||b|| <= 1e-5;
   bf16/  fsdpd's own output.dir (bf16): loaded in bfloat16, every parameter must equal the f32
-         one rounded to bf16.
+         one rounded to bf16;
+  the class transformers builds is config.json's architectures[0] (F43: Qwen2ForCausalLM,
+         Qwen3ForCausalLM, MistralForCausalLM as well as LlamaForCausalLM);
+  bnb4/  (qwen2) fsdpctl quantize's bnb-4bit directory (fp32 compute dtype): loaded with
+         bitsandbytes, its logits against reference_nf4.safetensors (fsdpctl reference --quant
+         nf4 on f32/, the same NF4 round trip) to 1e-3; skipped, said so, when bitsandbytes
+         does not import.
 Prints one line per check and exits 1 if any fails.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -45,6 +52,10 @@ def check_case(case, device):
     labels = batch["labels"].long().to(device)
 
     model = load(os.path.join(case, "f32"), torch.float32, device)
+    arch = json.load(open(os.path.join(case, "f32", "config.json")))["architectures"][0]
+    good = type(model).__name__ == arch
+    ok &= good
+    print(f"{case}: loaded as {type(model).__name__} (config.json: {arch}): {'ok' if good else 'FAIL'}")
     with torch.no_grad():
         out = model(input_ids=ids, labels=labels)
     logits = out.logits.float().cpu()
@@ -62,7 +73,25 @@ def check_case(case, device):
     ok &= good
     print(f"{case}: bf16 {len(f32_params)} parameters == f32 rounded to bf16: "
           f"{'ok' if good else 'FAIL ' + ', '.join(bad[:3])}")
+    if os.path.isdir(os.path.join(case, "bnb4")):
+        ok &= check_bnb4(case, ids, device)
     return ok
+
+
+def check_bnb4(case, ids, device):
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        print(f"{case}: bnb4 skipped: bitsandbytes does not import")
+        return True
+    model = load(os.path.join(case, "bnb4"), torch.float32, device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float().cpu()
+    err = rel_error(logits, load_file(os.path.join(case, "reference_nf4.safetensors"))["logits"])
+    good = err <= 1e-3
+    print(f"{case}: bnb4 loaded as {type(model).__name__}, logits rel {err:.3e} vs fsdpctl reference "
+          f"--quant nf4 (<= 1e-3): {'ok' if good else 'FAIL'}")
+    return good
 
 
 def main():

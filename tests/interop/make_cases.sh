@@ -51,3 +51,29 @@ cat > "$tmp/llama3/model.json" <<JSON
  "bos_token_id": 1, "eos_token_id": 2}
 JSON
 case_run llama3 2 3
+
+# F43, the other families (batch rows of 33 tokens): Qwen2 with q/k/v biases and rope_theta 1e6;
+# Qwen3 with q_norm/k_norm, head_dim 12 apart from hidden 36 / 4 heads, tied embeddings;
+# Mistral with a sliding window of 12, shorter than the rows.  Each is loaded as its own class
+# (check_transformers.py checks the class against config.json's architectures).
+family_case() { # NAME JSON_MEMBERS
+    mkdir -p "$tmp/$1"
+    cat > "$tmp/$1/model.json" <<JSON
+{$2, "intermediate_size": 70, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "vocab_size": 211, "max_position_embeddings": 64,
+ "bos_token_id": 1, "eos_token_id": 2}
+JSON
+    case_run "$1" 2 3
+}
+family_case qwen2 '"model_type": "qwen2", "hidden_size": 40, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+ "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 2'
+family_case qwen3 '"model_type": "qwen3", "hidden_size": 36, "head_dim": 12, "tie_word_embeddings": true,
+ "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": false'
+family_case mistral '"model_type": "mistral", "hidden_size": 36, "head_dim": 10, "sliding_window": 12,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0'
+# A bnb-4bit Qwen2 directory (fsdpctl quantize, fp32 compute: the linears NF4 with double quantization, the
+# biases and norms as they are), what fsdpctl reference --quant nf4 computes from the f32 one.
+"$fsdpctl" quantize "$out/qwen2/f32" "$out/qwen2/bnb4" --compute-dtype f32 > /dev/null
+OPENBLAS_NUM_THREADS=1 "$fsdpctl" reference "$out/qwen2/f32" "$batch" --quant nf4 \
+    --out "$out/qwen2/reference_nf4.safetensors" > /dev/null
+echo "qwen2: bnb4/ $(ls "$out/qwen2/bnb4" | tr '\n' ' ')"

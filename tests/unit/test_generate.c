@@ -20,10 +20,12 @@
 #include "model/llama_generate.h"
 #include "proto/rng.h"
 
+static const char *golden = "tiny-mha"; /* the golden model the fixtures open */
+
 static const char *golden_dir(void) {
     static char dir[512];
     const char *s = getenv("FSDP_SHARED");
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", s && *s ? s : "../shared");
+    snprintf(dir, sizeof dir, "%s/golden/%s", s && *s ? s : "../shared", golden);
     return dir;
 }
 
@@ -68,11 +70,24 @@ static double rel_error(const float *a, const float *b, size_t n) {
 /* ---- the KV-cache forward against transformers' logits ---- */
 
 /* Row 0 prefilled with 5 tokens, row 1 with 9, then both a token a pass at their own
- * positions; every logits row after a fed token equals expected.safetensors' (1e-5). */
+ * positions; every logits row after a fed token equals expected.safetensors' (1e-5), on the
+ * golden model named by state (Llama; Qwen2's biases; Qwen3's q/k norms and head_dim;
+ * Mistral's window, whose 12 positions the cache may fill, no more). */
 static void test_decoder_logits_golden(void **state) {
-    (void)state;
+    golden = *state;
+    int limit = strcmp(golden, "tiny-mistral-sw") ? 33 : 12;
     fixture f;
-    open_decoder(&f, 2, 33);
+    if (limit < 33) { /* past the window: refused, not attended wrongly */
+        errbuf err = {{0}};
+        llama_config cfg;
+        kctx ctx;
+        llama_decoder d;
+        if (llama_config_load(&cfg, golden_dir(), &err) || kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(llama_decoder_init(&d, &cfg, &ctx, 2, 33, &err), -1);
+        assert_non_null(strstr(err.msg, "past the model's sliding_window 12: generation beyond the window is not built yet"));
+        kctx_destroy(&ctx);
+    }
+    open_decoder(&f, 2, limit);
     errbuf err = {{0}};
     char path[600];
     st_file batch, expected;
@@ -85,7 +100,7 @@ static void test_decoder_logits_golden(void **state) {
     assert_non_null(want_t);
     const int32_t *ids = ids_t->data;
     const float *want = want_t->data;
-    int T = (int)ids_t->shape[1], V = f.cfg.vocab_size;
+    int T = (int)ids_t->shape[1], V = f.cfg.vocab_size, end = limit < T ? limit : T;
     float *logits = xmalloc(2 * (size_t)V * sizeof *logits);
     int32_t pre[2] = {5, 9};
     double worst = 0;
@@ -96,7 +111,7 @@ static void test_decoder_logits_golden(void **state) {
         worst = e > worst ? e : worst;
     }
     int32_t pos[2] = {pre[0], pre[1]}, feed[2];
-    while (pos[1] < T) {
+    while (pos[1] < end) {
         feed[0] = ids[pos[0]], feed[1] = ids[T + pos[1]];
         if (llama_decoder_forward(&f.d, 0, 2, 1, feed, pos, logits, &err)) fail_msg("%s", err.msg);
         for (int b = 0; b < 2; b++) {
@@ -105,22 +120,26 @@ static void test_decoder_logits_golden(void **state) {
             pos[b]++;
         }
     }
-    printf("KV-cache logits vs transformers: worst relative error %.2e\n", worst);
+    printf("%s: KV-cache logits vs transformers: worst relative error %.2e\n", golden, worst);
     assert_true(worst < 1e-5);
     /* a whole row in one pass: its last logits */
     int32_t zero = 0;
-    if (llama_decoder_forward(&f.d, 1, 1, T, ids + T, &zero, logits, &err)) fail_msg("%s", err.msg);
-    assert_true(rel_error(logits, want + ((size_t)T + T - 1) * V, (size_t)V) < 1e-5);
+    if (llama_decoder_forward(&f.d, 1, 1, end, ids + T, &zero, logits, &err)) fail_msg("%s", err.msg);
+    assert_true(rel_error(logits, want + ((size_t)T + end - 1) * V, (size_t)V) < 1e-5);
     /* errors: past the cache, a token outside the vocabulary */
-    int32_t at = 33, bad = V;
+    int32_t at = end, bad = V;
+    char msg[96];
+    snprintf(msg, sizeof msg, "row 0's 1 new tokens at position %d pass its %d positions", end, end);
     assert_int_equal(llama_decoder_forward(&f.d, 0, 1, 1, ids, &at, logits, &err), -1);
-    assert_non_null(strstr(err.msg, "row 0's 1 new tokens at position 33 pass its 33 positions"));
+    assert_non_null(strstr(err.msg, msg));
     assert_int_equal(llama_decoder_forward(&f.d, 0, 1, 1, &bad, &zero, logits, &err), -1);
-    assert_non_null(strstr(err.msg, "211"));
+    snprintf(msg, sizeof msg, "%d", V);
+    assert_non_null(strstr(err.msg, msg));
     free(logits);
     st_close(&batch);
     st_close(&expected);
     close_decoder(&f);
+    golden = "tiny-mha";
 }
 
 /* ---- greedy against transformers' generate ---- */
@@ -395,7 +414,10 @@ static void test_sampling_distribution(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decoder_logits_golden),
+        cmocka_unit_test_prestate(test_decoder_logits_golden, "tiny-mha"),
+        cmocka_unit_test_prestate(test_decoder_logits_golden, "tiny-qwen2"),
+        cmocka_unit_test_prestate(test_decoder_logits_golden, "tiny-qwen3"),
+        cmocka_unit_test_prestate(test_decoder_logits_golden, "tiny-mistral-sw"),
         cmocka_unit_test(test_greedy_golden_one_by_one),
         cmocka_unit_test(test_greedy_golden_batched),
         cmocka_unit_test(test_stops),

@@ -623,7 +623,7 @@ static void test_rope_inv_freq_default(void **state) {
 static void test_rope_inv_freq_llama3(void **state) {
     (void)state;
     k_rope_params p = {.theta = 500000.0,
-                       .llama3 = 1,
+                       .kind = K_ROPE_LLAMA3,
                        .factor = 8.0,
                        .low_freq_factor = 1.0,
                        .high_freq_factor = 4.0,
@@ -753,9 +753,10 @@ static size_t attn_at(const attn_shape *s, int b, int t, int h, int H) {
     return (((size_t)b * s->T + t) * H + h) * s->hd;
 }
 
-/* Naive causal softmax attention in double: out and lse. */
-static void naive_attention(const attn_shape *s, const float *q, const float *k, const float *v,
-                            double *out, double *lse) {
+/* Naive causal softmax attention in double: out and lse; window > 0: only keys j > t -
+ * window (Mistral's sliding window). */
+static void naive_attention_window(const attn_shape *s, const float *q, const float *k,
+                                   const float *v, int window, double *out, double *lse) {
     double *w = doubles(s->T);
     for (int b = 0; b < s->B; b++)
         for (int h = 0; h < s->Hq; h++) {
@@ -763,7 +764,8 @@ static void naive_attention(const attn_shape *s, const float *q, const float *k,
             for (int t = 0; t < s->T; t++) {
                 const float *qr = q + attn_at(s, b, t, h, s->Hq);
                 double sum = 0.0;
-                for (int j = 0; j <= t; j++) {
+                int j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = j0; j <= t; j++) {
                     const float *kr = k + attn_at(s, b, j, g, s->Hkv);
                     double score = 0.0;
                     for (int d = 0; d < s->hd; d++) score += (double)qr[d] * kr[d];
@@ -773,13 +775,18 @@ static void naive_attention(const attn_shape *s, const float *q, const float *k,
                 double *o = out + attn_at(s, b, t, h, s->Hq);
                 for (int d = 0; d < s->hd; d++) {
                     o[d] = 0.0;
-                    for (int j = 0; j <= t; j++)
+                    for (int j = j0; j <= t; j++)
                         o[d] += w[j] / sum * v[attn_at(s, b, j, g, s->Hkv) + d];
                 }
                 lse[((size_t)b * s->Hq + h) * s->T + t] = log(sum);
             }
         }
     free(w);
+}
+
+static void naive_attention(const attn_shape *s, const float *q, const float *k, const float *v,
+                            double *out, double *lse) {
+    naive_attention_window(s, q, k, v, 0, out, lse);
 }
 
 static void check_attention_forward(attn_shape s) {
@@ -791,7 +798,7 @@ static void check_attention_forward(attn_shape s) {
     float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f);
     float *v = random_floats(nkv, 1.0f), *out = floats(nq), *lse = floats(nl);
     double *ref = doubles(nq), *ref_lse = doubles(nl);
-    k_attention_fwd(&c, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     naive_attention(&s, q, k, v, ref, ref_lse);
     expect_close("attention out", out, ref, nq, 1e-6);
     expect_close("attention lse", lse, ref_lse, nl, 1e-6);
@@ -818,7 +825,7 @@ static void test_attention_causal(void **state) {
     float *q = random_floats(nq, 1.0f), *k = random_floats(nkv, 1.0f);
     float *v = random_floats(nkv, 1.0f), *a = floats(nq), *b = floats(nq);
     float lse[2 * 4 * 5];
-    k_attention_fwd(&c, a, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, a, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     const int p = 3;
     for (int bb = 0; bb < s.B; bb++)
         for (int g = 0; g < s.Hkv; g++)
@@ -826,7 +833,7 @@ static void test_attention_causal(void **state) {
                 k[attn_at(&s, bb, p, g, s.Hkv) + d] += 1.0f;
                 v[attn_at(&s, bb, p, g, s.Hkv) + d] -= 2.0f;
             }
-    k_attention_fwd(&c, b, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, b, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     for (int bb = 0; bb < s.B; bb++) {
         size_t row = (size_t)s.Hq * s.hd; /* one position, all heads */
         size_t t0 = (size_t)bb * s.T * row;
@@ -844,18 +851,20 @@ typedef struct {
     float *q, *k, *v, *out, *lse;
     const float *R;
     const k_docs *docs;
+    int window;
 } attn_case;
 
 static double attn_loss(void *arg) {
     attn_case *e = arg;
     attn_shape s = e->s;
-    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, s.B, s.T, s.Hq, s.Hkv,
-                    s.hd);
+    k_attention_fwd(e->c, e->out, e->lse, e->q, e->k, e->v, e->docs, e->window, s.B, s.T, s.Hq,
+                    s.Hkv, s.hd);
     return dot_f32(e->out, e->R, (size_t)s.B * s.T * s.Hq * s.hd);
 }
 
-/* Finite differences of the attention's inputs; docs NULL: whole causal rows. */
-static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
+/* Finite differences of the attention's inputs; docs NULL: whole causal rows; window 0:
+ * none. */
+static void check_attention_grad_window(attn_shape s, const k_docs *docs, int window) {
     kctx c;
     init_cpu(&c);
     seed(8 + s.Hq);
@@ -865,9 +874,10 @@ static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     float *out = floats(nq), *lse = floats((size_t)s.B * s.Hq * s.T);
     /* dq, dk, dv are overwritten: start them from garbage */
     float *dq = filled(nq, 7.0f), *dk = filled(nkv, -3.0f), *dv = filled(nkv, 5.0f);
-    attn_case e = {&c, s, q, k, v, out, lse, R, docs};
+    attn_case e = {&c, s, q, k, v, out, lse, R, docs, window};
     attn_loss(&e);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, docs, window, s.B, s.T, s.Hq, s.Hkv,
+                    s.hd);
     expect_ok(&c);
     check_grad("attention dq", q, nq, attn_loss, &e, dq, 0.05);
     check_grad("attention dk", k, nkv, attn_loss, &e, dk, 0.05);
@@ -876,8 +886,60 @@ static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
     kctx_destroy(&c);
 }
 
+static void check_attention_grad_docs(attn_shape s, const k_docs *docs) {
+    check_attention_grad_window(s, docs, 0);
+}
+
 static void check_attention_grad(attn_shape s) {
     check_attention_grad_docs(s, NULL);
+}
+
+/* The sliding window (Mistral): forward against the naive band, a window as long as the row
+ * is none, finite differences of the backward with and without packed documents, and a
+ * document of a packed row sees, windowed, what it sees alone in a row. */
+static void test_attention_window(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(43);
+    attn_shape s = {2, 9, 4, 2, 8};
+    size_t nq = (size_t)s.B * s.T * s.Hq * s.hd, nkv = (size_t)s.B * s.T * s.Hkv * s.hd;
+    size_t nl = (size_t)s.B * s.Hq * s.T;
+    float *q = random_floats(nq, 1.5f), *k = random_floats(nkv, 1.5f), *v = random_floats(nkv, 1.0f);
+    float *out = floats(nq), *lse = floats(nl), *full = floats(nq);
+    double *ref = doubles(nq), *ref_lse = doubles(nl);
+    k_attention_fwd(&c, full, lse, q, k, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    const int windows[] = {1, 3, 8, 9, 40};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        k_attention_fwd(&c, out, lse, q, k, v, NULL, windows[i], s.B, s.T, s.Hq, s.Hkv, s.hd);
+        naive_attention_window(&s, q, k, v, windows[i], ref, ref_lse);
+        expect_close("windowed attention out", out, ref, nq, 1e-6);
+        expect_close("windowed attention lse", lse, ref_lse, nl, 1e-6);
+        /* the window matters exactly when it is shorter than the row */
+        int same = !memcmp(out, full, nq * sizeof *out);
+        assert_int_equal(same, windows[i] >= s.T);
+    }
+    expect_ok(&c);
+    check_attention_grad_window(s, NULL, 3);
+    const int lens[] = {2, 7, 5, 4};
+    int32_t start[2 * 9], end[2 * 9];
+    k_docs docs = pack_docs(s.B, s.T, lens, 4, start, end);
+    check_attention_grad_window(s, &docs, 3);
+    k_attention_fwd(&c, out, lse, q, k, v, &docs, 3, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    size_t qrow = (size_t)s.Hq * s.hd, kvrow = (size_t)s.Hkv * s.hd;
+    for (int i = 0; i < s.B * s.T; i++) {
+        if (start[i] != i % s.T) continue;
+        int n = end[i] - start[i];
+        k_attention_fwd(&c, full, lse, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 3, 1, n,
+                        s.Hq, s.Hkv, s.hd);
+        for (size_t j = 0; j < n * qrow; j++) assert_true(fabsf(out[i * qrow + j] - full[j]) <= 1e-6f);
+    }
+    k_attention_fwd(&c, out, lse, q, k, v, NULL, -1, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    errbuf err;
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "sliding window -1"));
+    free(q), free(k), free(v), free(out), free(lse), free(full), free(ref), free(ref_lse);
+    kctx_destroy(&c);
 }
 
 static void test_attention_grad_mha(void **state) {
@@ -908,18 +970,18 @@ static void test_attention_varlen(void **state) {
     float *v = random_floats(nkv, 1.0f), *R = random_floats(nq, 1.0f);
     float *out = floats(nq), *lse = floats(nl), *dq = floats(nq), *dk = floats(nkv);
     float *dv = floats(nkv);
-    k_attention_fwd(&c, out, lse, q, k, v, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
-    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, &docs, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, q, k, v, &docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_bwd(&c, dq, dk, dv, R, q, k, v, out, lse, &docs, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     float *o1 = floats(nq), *l1 = floats(nl), *dq1 = floats(nq), *dk1 = floats(nkv);
     float *dv1 = floats(nkv);
     for (int i = 0; i < s.B * s.T; i++) {
         if (start[i] != i % s.T) continue; /* document [i, i + n) of row i / T starts here */
         int b = i / s.T, t0 = i % s.T, n = end[i] - start[i];
-        k_attention_fwd(&c, o1, l1, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 1, n,
+        k_attention_fwd(&c, o1, l1, q + i * qrow, k + i * kvrow, v + i * kvrow, NULL, 0, 1, n,
                         s.Hq, s.Hkv, s.hd);
         k_attention_bwd(&c, dq1, dk1, dv1, R + i * qrow, q + i * qrow, k + i * kvrow,
-                        v + i * kvrow, o1, l1, NULL, 1, n, s.Hq, s.Hkv, s.hd);
+                        v + i * kvrow, o1, l1, NULL, 0, 1, n, s.Hq, s.Hkv, s.hd);
         expect_ok(&c);
         for (size_t j = 0; j < n * qrow; j++) {
             assert_true(fabsf(out[i * qrow + j] - o1[j]) <= 1e-6f);
@@ -962,7 +1024,7 @@ static void test_attention_kv(void **state) {
     memcpy(kr, k, nkv * sizeof *k);
     k_rope(&c, qr, inv_freq, NULL, s.B, s.T, s.Hq, s.hd, 0);
     k_rope(&c, kr, inv_freq, NULL, s.B, s.T, s.Hkv, s.hd, 0);
-    k_attention_fwd(&c, out, lse, qr, kr, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.hd);
+    k_attention_fwd(&c, out, lse, qr, kr, v, NULL, 0, s.B, s.T, s.Hq, s.Hkv, s.hd);
     expect_ok(&c);
     float *kc = floats((size_t)s.B * T_max * kvrow), *vc = floats((size_t)s.B * T_max * kvrow);
     float *qs = floats(nq), *ks = floats(nkv), *o = floats(nq);
@@ -1018,12 +1080,12 @@ static void test_attention_bad_docs(void **state) {
     float x[1 * 4 * 8] = {0}, lse[4];
     int32_t start[4] = {0, 0, 2, 2}, end[4] = {2, 2, 4, 3}; /* token 3's document ends at 3 */
     k_docs docs = {start, end};
-    k_attention_fwd(&c, x, lse, x, x, x, &docs, 1, 4, 1, 1, 8);
+    k_attention_fwd(&c, x, lse, x, x, x, &docs, 0, 1, 4, 1, 1, 8);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "document bounds [2, 3) of token [0,3] do not tile"));
     end[3] = 4;
     start[1] = 1; /* token 1 starts a document while token 0's runs on to 2 */
-    k_attention_bwd(&c, x, x, x, x, x, x, x, x, lse, &docs, 1, 4, 1, 1, 8);
+    k_attention_bwd(&c, x, x, x, x, x, x, x, x, lse, &docs, 0, 1, 4, 1, 1, 8);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "token [0,1]"));
     kctx_destroy(&c);
@@ -1035,7 +1097,7 @@ static void test_attention_bad_heads(void **state) {
     errbuf err;
     init_cpu(&c);
     float x[2 * 3 * 4] = {0}, lse[6];
-    k_attention_fwd(&c, x, lse, x, x, x, NULL, 1, 2, 3, 2, 4);
+    k_attention_fwd(&c, x, lse, x, x, x, NULL, 0, 1, 2, 3, 2, 4);
     assert_int_equal(k_check(&c, &err), -1);
     assert_non_null(strstr(err.msg, "3 query heads"));
     kctx_destroy(&c);
@@ -1075,6 +1137,33 @@ static void test_swiglu(void **state) {
     check_grad("swiglu dup", up, n, swiglu_loss, &e, dup, 0.05);
     expect_ok(&c);
     free(gate), free(up), free(R), free(dgate), free(dup);
+    kctx_destroy(&c);
+}
+
+/* ---- biases ---- */
+
+/* k_bias_fwd adds the bias to every row; k_bias_bwd accumulates the column sums. */
+static void test_bias(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(44);
+    const int N = 7, O = 5;
+    float *y = random_floats((size_t)N * O, 1.0f), *y0 = floats((size_t)N * O);
+    float *b = random_floats(O, 1.0f), *db = filled(O, 0.5f);
+    memcpy(y0, y, (size_t)N * O * sizeof *y);
+    k_bias_fwd(&c, y, b, N, O);
+    k_bias_bwd(&c, db, y0, N, O);
+    expect_ok(&c);
+    for (int o = 0; o < O; o++) {
+        double sum = 0.5;
+        for (int n = 0; n < N; n++) {
+            assert_true(y[n * O + o] == y0[n * O + o] + b[o]);
+            sum += y0[n * O + o];
+        }
+        assert_true(fabs(db[o] - sum) <= 1e-6 * (1 + fabs(sum)));
+    }
+    free(y), free(y0), free(b), free(db);
     kctx_destroy(&c);
 }
 
@@ -1368,6 +1457,8 @@ int main(void) {
         cmocka_unit_test(test_rope_positions_restart),
         cmocka_unit_test(test_attention_forward),
         cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_bias),
         cmocka_unit_test(test_attention_grad_mha),
         cmocka_unit_test(test_attention_grad_gqa),
         cmocka_unit_test(test_attention_bad_heads),

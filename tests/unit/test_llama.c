@@ -193,7 +193,8 @@ static void test_layout_matches_config_params(void **state) {
         const llama_tensor_slot *q = &lo.tensors[lo.units[llama_layer_unit(1)].first];
         assert_string_equal(q[LLAMA_Q].name, "model.layers.1.self_attn.q_proj.weight");
         assert_string_equal(q[LLAMA_LN2].name, "model.layers.1.post_attention_layernorm.weight");
-        for (int t = 1; t < LLAMA_LAYER_TENSORS; t++)
+        assert_int_equal(lo.layer_tensors, LLAMA_BASE_TENSORS);
+        for (int t = 1; t < lo.layer_tensors; t++)
             assert_int_equal(q[t].offset, q[t - 1].offset + q[t - 1].numel);
         const llama_unit *head = &lo.units[llama_head_unit(&lo)];
         assert_int_equal(head->count, tied ? 1 : 2);
@@ -749,6 +750,77 @@ static void test_packed_positions(void **state) {
 }
 
 /* (5) Bad inputs and bad checkpoints are errors that name what is wrong. */
+/* YaRN's attention factor s multiplies cos and sin, so q and k after RoPE: a yarn model with
+ * factor 1 (the frequencies unchanged) and s = 1.3 is a default-RoPE model whose q_proj and
+ * k_proj (Qwen2's biases with them) are s times as large.  The logits agree, and by the chain
+ * rule the yarn model's gradients of those four tensors are s times the scaled model's (the
+ * others equal). */
+static void test_yarn_attention_factor(void **state) {
+    (void)state;
+    const float s = 1.3f;
+    llama_config c = small_config();
+    c.tie_word_embeddings = 0;
+    c.family = FAMILY_QWEN2;
+    c.attention_bias = 1;
+    llama_config yarn = c;
+    c.rope = (rope_config){.type = ROPE_DEFAULT, .theta = 100.0};
+    yarn.rope = (rope_config){.type = ROPE_YARN, .theta = 100.0, .factor = 1.0, .beta_fast = 32,
+                              .beta_slow = 1, .truncate = 1, .attention_factor = s,
+                              .original_max_position_embeddings = 32};
+    assert_true(rope_attention_factor(&yarn.rope) == s);
+    kctx ctx;
+    errbuf err = {{0}};
+    llama_model m[2];
+    if (kctx_init(&ctx, K_CPU, 0, &err) || llama_model_init(&m[0], &yarn, &ctx, 0, &err) ||
+        llama_model_init(&m[1], &c, &ctx, 0, &err))
+        fail_msg("%s", err.msg);
+    const llama_layout *lo = &m[0].layout;
+    for (int i = 0; i < lo->n_tensors; i++) {
+        const llama_tensor_slot *t = &lo->tensors[i];
+        float *w = xmalloc(t->numel * sizeof *w);
+        rng_fill_normal(w, t->numel, 0.3f, 77, (uint64_t)i, 0);
+        if (t->is_norm)
+            for (size_t j = 0; j < t->numel; j++) w[j] += 1.0f;
+        if (llama_model_set_param(&m[0], t->name, w, t->numel, &err)) fail_msg("%s", err.msg);
+        int scaled = strstr(t->name, "q_proj") || strstr(t->name, "k_proj");
+        for (size_t j = 0; scaled && j < t->numel; j++) w[j] *= s;
+        if (llama_model_set_param(&m[1], t->name, w, t->numel, &err)) fail_msg("%s", err.msg);
+        free(w);
+    }
+    int32_t ids[RB * RT], labels[RB * RT];
+    random_batch(RB, RT, c.vocab_size, 5, ids, labels);
+    size_t nl = (size_t)RB * RT * c.vocab_size;
+    float *logits[2] = {xmalloc(nl * sizeof(float)), xmalloc(nl * sizeof(float))};
+    float loss[2];
+    int64_t count;
+    for (int k = 0; k < 2; k++)
+        if (llama_model_forward_backward(&m[k], ids, labels, RB, RT, 1.0f, &loss[k], &count,
+                                         logits[k], &err))
+            fail_msg("%s", err.msg);
+    double d = 0, n = 0;
+    for (size_t j = 0; j < nl; j++) d += pow(logits[0][j] - logits[1][j], 2), n += pow(logits[1][j], 2);
+    double logits_rel = sqrt(d / n);
+    if (logits_rel > 1e-5) fail_msg("yarn logits rel %.3e off the scaled model's", logits_rel);
+    for (int i = 0; i < lo->n_tensors; i++) {
+        const llama_tensor_slot *t = &lo->tensors[i];
+        float *g[2] = {xmalloc(t->numel * sizeof(float)), xmalloc(t->numel * sizeof(float))};
+        for (int k = 0; k < 2; k++)
+            if (llama_model_get_grad(&m[k], t->name, g[k], t->numel, &err)) fail_msg("%s", err.msg);
+        float mul = strstr(t->name, "q_proj") || strstr(t->name, "k_proj") ? s : 1.0f;
+        d = n = 0;
+        for (size_t j = 0; j < t->numel; j++) d += pow(g[0][j] - mul * g[1][j], 2), n += pow(mul * g[1][j], 2);
+        if (!(n > 0) || sqrt(d / n) > 1e-4)
+            fail_msg("%s: yarn gradient rel %.3e off %g x the scaled model's", t->name, sqrt(d / n), mul);
+        free(g[0]), free(g[1]);
+    }
+    printf("yarn attention factor %.2f: logits rel %.2e; %d gradients as the chain rule says\n", s,
+           logits_rel, lo->n_tensors);
+    free(logits[0]), free(logits[1]);
+    llama_model_destroy(&m[0]);
+    llama_model_destroy(&m[1]);
+    kctx_destroy(&ctx);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     fixture f;
@@ -823,6 +895,7 @@ int main(void) {
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_packed_equals_documents),
         cmocka_unit_test(test_packed_positions),
+        cmocka_unit_test(test_yarn_attention_factor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

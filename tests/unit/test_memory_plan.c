@@ -62,7 +62,18 @@ typedef struct plan_case {
     int world, ckpt, tied; /* ckpt: an index of recomputes */
     job_sharding sharding;
     int cpu_offload, offload_params;
+    llama_family family; /* F43: Qwen2's biases, Qwen3's q/k norms, Mistral's window */
 } plan_case;
+
+/* The model of a case: small_config in the case's family. */
+static llama_config config_of(const plan_case *pc) {
+    llama_config c = small_config(pc->tied);
+    c.family = pc->family;
+    c.attention_bias = pc->family == FAMILY_QWEN2;
+    c.qk_norm = pc->family == FAMILY_QWEN3;
+    c.sliding_window = pc->family == FAMILY_MISTRAL ? 5 : 0;
+    return c;
+}
 
 static model_image_quant quant_of(kind k) {
     return k == QLORA ? MODEL_IMAGE_NF4_DQ : k == QLORA_SINGLE ? MODEL_IMAGE_NF4 : MODEL_IMAGE_PLAIN;
@@ -120,7 +131,7 @@ static int train_one_step(fsdp *f, const plan_case *pc, int rank, void **image, 
 /* One rank of pc: fsdp's peak and the plan's total. */
 static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
     errbuf err = {{0}};
-    llama_config cfg = small_config(pc->tied);
+    llama_config cfg = config_of(pc);
     memory_plan_options o = options_of(pc, &cfg, rank);
     fsdp_options fo = {.sharding = pc->sharding, .recompute = recomputes[pc->ckpt],
                        .forward_prefetch = 1, .backward_prefetch = 1,
@@ -238,6 +249,18 @@ static void test_plan_equals_fsdp_peak_variants(void **state) {
     check_case(&(plan_case){.kind = LORA, .world = 2, .sharding = JOB_SHARD_NONE});
     /* hybrid_shard on one node: the node is the shard group */
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_HYBRID});
+}
+
+/* The families' extra tensors and activations (Qwen3's pre-norm q and k and their rstd) are
+ * planned exactly: every kind, world 1 and 2, with and without recomputation. */
+static void test_plan_equals_fsdp_peak_families(void **state) {
+    (void)state;
+    for (int fam = FAMILY_QWEN2; fam <= FAMILY_MISTRAL; fam++)
+        for (int k = FULL; k <= QLORA; k++)
+            for (int world = 1; world <= 2; world++)
+                for (int ckpt = 0; ckpt <= 2; ckpt += 2)
+                    check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = ckpt, .tied = fam == FAMILY_QWEN3,
+                                            .sharding = JOB_SHARD_FULL, .family = (llama_family)fam});
 }
 
 /* shard_grad_op: a kept slot for the embedding, each layer and the head (tied or not, with
@@ -569,6 +592,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_equals_fsdp_peak),
         cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_families),
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),

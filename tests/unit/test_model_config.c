@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,8 +79,24 @@ static void assert_configs_equal(const llama_config *a, const llama_config *b) {
     for (int i = 0; i < a->n_eos_token_ids; i++)
         assert_int_equal(a->eos_token_ids[i], b->eos_token_ids[i]);
     assert_string_equal(a->dtype, b->dtype);
+    assert_int_equal(a->family, b->family);
+    assert_int_equal(a->attention_bias, b->attention_bias);
+    assert_int_equal(a->qk_norm, b->qk_norm);
+    assert_int_equal(a->sliding_window, b->sliding_window);
     assert_int_equal(a->rope.type, b->rope.type);
     assert_true(a->rope.theta == b->rope.theta);
+    if (a->rope.type == ROPE_LINEAR || a->rope.type == ROPE_YARN)
+        assert_true(a->rope.factor == b->rope.factor);
+    if (a->rope.type == ROPE_YARN) {
+        assert_int_equal(a->rope.original_max_position_embeddings,
+                         b->rope.original_max_position_embeddings);
+        assert_true(a->rope.beta_fast == b->rope.beta_fast);
+        assert_true(a->rope.beta_slow == b->rope.beta_slow);
+        assert_int_equal(a->rope.truncate, b->rope.truncate);
+        assert_true(a->rope.attention_factor == b->rope.attention_factor);
+        assert_true(a->rope.mscale == b->rope.mscale);
+        assert_true(a->rope.mscale_all_dim == b->rope.mscale_all_dim);
+    }
     if (a->rope.type == ROPE_LLAMA3) {
         assert_true(a->rope.factor == b->rope.factor);
         assert_true(a->rope.low_freq_factor == b->rope.low_freq_factor);
@@ -159,7 +176,7 @@ static void test_every_model_file_parses(void **state) {
         files++;
     }
     closedir(d);
-    assert_true(files >= 7);
+    assert_true(files >= 14);
 }
 
 static void test_model_file_values(void **state) {
@@ -176,6 +193,13 @@ static void test_model_file_values(void **state) {
         {"configs/models/llama2-70b.json", 68976648192, 8, 128},
         {"configs/models/llama3.1-8b.json", 8030261248, 8, 128},
         {"configs/models/llama3.1-70b.json", 70553706496, 8, 128},
+        {"configs/models/qwen2.5-7b.json", 7615616512, 4, 128},
+        {"configs/models/qwen2.5-14b.json", 14770033664, 8, 128},
+        {"configs/models/qwen2.5-32b.json", 32763876352, 8, 128},
+        {"configs/models/qwen2.5-72b.json", 72706203648, 8, 128},
+        {"configs/models/qwen3-8b.json", 8190735360, 8, 128},
+        {"configs/models/qwen3-32b.json", 32762123264, 8, 128},
+        {"configs/models/mistral-7b-v0.3.json", 7248023552, 8, 128},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         llama_config c;
@@ -441,6 +465,158 @@ static void test_save_round_trip(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+
+/* ---------- families ---------- */
+
+static void test_golden_families(void **state) {
+    (void)state;
+    static const struct {
+        const char *dir;
+        llama_family family;
+        int bias, qk_norm, window, head_dim, tied;
+    } goldens[] = {
+        {"tiny-qwen2", FAMILY_QWEN2, 1, 0, 0, 16, 0},
+        {"tiny-qwen3", FAMILY_QWEN3, 0, 1, 0, 24, 1},
+        {"tiny-mistral-sw", FAMILY_MISTRAL, 0, 0, 12, 16, 0},
+        {"tiny-mha", FAMILY_LLAMA, 0, 0, 0, 16, 0},
+    };
+    for (size_t i = 0; i < sizeof goldens / sizeof goldens[0]; i++) {
+        char dir[4096], file[4200];
+        snprintf(dir, sizeof dir, "%s/golden/%s", shared_dir(), goldens[i].dir);
+        llama_config c;
+        load_ok(&c, dir);
+        assert_int_equal(c.family, goldens[i].family);
+        assert_int_equal(c.attention_bias, goldens[i].bias);
+        assert_int_equal(c.qk_norm, goldens[i].qk_norm);
+        assert_int_equal(c.sliding_window, goldens[i].window);
+        assert_int_equal(c.head_dim, goldens[i].head_dim);
+        assert_int_equal(c.tie_word_embeddings, goldens[i].tied);
+        /* the parameter list is the checkpoint's, biases and q/k norms included */
+        snprintf(file, sizeof file, "%s/model.safetensors", dir);
+        st_file f;
+        errbuf err = {{0}};
+        if (st_open(&f, file, &err) < 0) fail_msg("%s", err.msg);
+        int n = llama_config_params(&c, NULL, 0);
+        llama_param_info *p = calloc((size_t)n, sizeof *p);
+        assert_non_null(p);
+        llama_config_params(&c, p, n);
+        uint64_t numel = 0;
+        for (int j = 0; j < n; j++) {
+            const st_tensor *t = st_find(&f, p[j].name);
+            if (!t) fail_msg("%s: %s is not in the checkpoint", dir, p[j].name);
+            assert_int_equal(t->ndim, p[j].ndim);
+            assert_int_equal(t->shape[0], p[j].shape[0]);
+            if (p[j].ndim == 2) assert_int_equal(t->shape[1], p[j].shape[1]);
+            assert_int_equal(p[j].is_bias, strstr(p[j].name, ".bias") != NULL);
+            assert_int_equal(p[j].is_norm, strstr(p[j].name, "norm.weight") != NULL);
+            numel += (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1);
+        }
+        assert_int_equal(n, f.n_tensors);
+        assert_int_equal(numel, llama_config_num_params(&c));
+        free(p);
+        st_close(&f);
+    }
+}
+
+static void test_family_keys(void **state) {
+    (void)state;
+    llama_config c;
+    errbuf err = {{0}};
+    /* Mistral: sliding_window absent is transformers' 4096, null none, an int that int. */
+    if (parse_with(&c, "model_type", "\"mistral\"", &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.family, FAMILY_MISTRAL);
+    assert_int_equal(c.sliding_window, 4096);
+    load_ok(&c, "configs/models/mistral-7b-v0.3.json");
+    assert_int_equal(c.sliding_window, 0);
+    assert_true(c.rope.theta == 1e6);
+    /* Qwen2.5: biases, rope_theta 1e6, an unused sliding_window (use_sliding_window false) */
+    load_ok(&c, "configs/models/qwen2.5-7b.json");
+    assert_int_equal(c.family, FAMILY_QWEN2);
+    assert_true(c.attention_bias && !c.qk_norm && c.sliding_window == 0);
+    assert_true(c.rope.theta == 1e6);
+    load_ok(&c, "configs/models/qwen3-32b.json");
+    assert_int_equal(c.family, FAMILY_QWEN3);
+    assert_true(!c.attention_bias && c.qk_norm);
+    assert_int_equal(c.head_dim, 128); /* 64 heads of 128 over hidden 5120: q_proj not square */
+    assert_string_equal(llama_family_model_type(FAMILY_QWEN3), "qwen3");
+    assert_string_equal(llama_family_architecture(FAMILY_MISTRAL), "MistralForCausalLM");
+
+    /* Qwen2.5's YaRN, in the spelling its model card gives */
+    load_ok(&c, "configs/models/qwen2.5-7b.json");
+    json_t *root = llama_config_to_json(&c);
+    assert_non_null(root);
+    assert_int_equal(json_object_del(root, "rope_parameters"), 0);
+    assert_int_equal(json_object_set_new(root, "rope_scaling",
+                                         json_pack("{s:f,s:i,s:s}", "factor", 4.0,
+                                                   "original_max_position_embeddings", 32768,
+                                                   "type", "yarn")),
+                     0);
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    assert_non_null(text);
+    if (parse_text(&c, text, &err) < 0) fail_msg("%s", err.msg);
+    free(text);
+    assert_int_equal(c.rope.type, ROPE_YARN);
+    assert_true(c.rope.factor == 4.0 && c.rope.beta_fast == 32 && c.rope.beta_slow == 1);
+    assert_true(c.rope.truncate && c.rope.attention_factor == 0);
+    assert_int_equal(c.rope.original_max_position_embeddings, 32768);
+    assert_true(fabs(rope_attention_factor(&c.rope) - (0.1 * log(4.0) + 1)) < 1e-15);
+    /* without original_max_position_embeddings: max_position_embeddings (64 here) */
+    if (parse_with(&c, "rope_scaling", "{\"type\": \"yarn\", \"factor\": 2, \"mscale\": 2,"
+                                       " \"mscale_all_dim\": 1}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.original_max_position_embeddings, 64);
+    assert_true(fabs(rope_attention_factor(&c.rope) - (0.2 * log(2.0) + 1) / (0.1 * log(2.0) + 1)) < 1e-15);
+    if (parse_with(&c, "rope_scaling", "{\"type\": \"yarn\", \"factor\": 2, \"attention_factor\": 0.5}",
+                   &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_true(rope_attention_factor(&c.rope) == 0.5);
+    if (parse_with(&c, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.type, ROPE_LINEAR);
+    assert_true(rope_attention_factor(&c.rope) == 1.0);
+}
+
+/* Each family's config.json comes back as it went, under its own model_type and class. */
+static void test_family_round_trip(void **state) {
+    (void)state;
+    char dir[] = "/tmp/test_model_config.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    static const struct {
+        const char *file, *model_type, *arch;
+    } files[] = {
+        {"configs/models/qwen2.5-72b.json", "qwen2", "Qwen2ForCausalLM"},
+        {"configs/models/qwen3-8b.json", "qwen3", "Qwen3ForCausalLM"},
+        {"configs/models/mistral-7b-v0.3.json", "mistral", "MistralForCausalLM"},
+        {"configs/models/llama3.1-8b.json", "llama", "LlamaForCausalLM"},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        llama_config c, back;
+        load_ok(&c, files[i].file);
+        if (i == 2) c.sliding_window = 4096; /* an int survives too */
+        if (i == 0) {
+            c.rope.type = ROPE_YARN, c.rope.factor = 4, c.rope.beta_fast = 16;
+            c.rope.beta_slow = 2, c.rope.truncate = 0, c.rope.mscale = 0.7;
+            c.rope.original_max_position_embeddings = 32768;
+        }
+        errbuf err = {{0}};
+        if (llama_config_save(&c, path, &err) < 0) fail_msg("%s", err.msg);
+        load_ok(&back, path);
+        assert_configs_equal(&c, &back);
+        json_error_t jerr;
+        json_t *root = json_load_file(path, 0, &jerr);
+        assert_non_null(root);
+        assert_string_equal(json_string_value(json_object_get(root, "model_type")), files[i].model_type);
+        assert_string_equal(json_string_value(json_array_get(json_object_get(root, "architectures"), 0)),
+                            files[i].arch);
+        json_decref(root);
+    }
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* ---------- rejections ---------- */
 
 static void expect_error(int rc, const errbuf *err, const char *needle) {
@@ -467,6 +643,58 @@ static void test_rejects_bad_json(void **state) {
     expect_error(llama_config_load(&c, "configs", &err), &err, "configs/config.json");
 }
 
+/* Parses base_json as model_type family with key set to value (JSON text). */
+static int parse_family_with(llama_config *c, const char *family, const char *key,
+                             const char *value, errbuf *err) {
+    json_t *root = json_loads(base_json, 0, NULL);
+    assert_non_null(root);
+    assert_int_equal(json_object_set_new(root, "model_type", json_string(family)), 0);
+    json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+    assert_non_null(v);
+    assert_int_equal(json_object_set_new(root, key, v), 0);
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    assert_non_null(text);
+    int rc = parse_text(c, text, err);
+    free(text);
+    return rc;
+}
+
+static void test_rejects_family_values(void **state) {
+    (void)state;
+    static const struct {
+        const char *family, *key, *value, *needle;
+    } cases[] = {
+        {"qwen2", "use_sliding_window", "true", "use_sliding_window true is not built yet"},
+        {"qwen3", "use_sliding_window", "true", "use_sliding_window true is not built yet"},
+        {"qwen2", "layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[1]"},
+        {"qwen3", "layer_types", "[7]", "layer_types[0]"},
+        {"qwen2", "layer_types", "\"full_attention\"", "layer_types"},
+        {"qwen3", "attention_bias", "true", "attention_bias true"},
+        {"qwen2", "mlp_bias", "true", "mlp_bias true"},
+        {"mistral", "attention_bias", "true", "attention_bias true"},
+        {"mistral", "sliding_window", "0", "sliding_window"},
+        {"mistral", "sliding_window", "-4096", "sliding_window"},
+        {"mistral", "sliding_window", "\"4096\"", "sliding_window"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        llama_config c;
+        errbuf err = {{0}};
+        int rc = parse_family_with(&c, cases[i].family, cases[i].key, cases[i].value, &err);
+        if (rc != -1)
+            fail_msg("case %zu (%s: %s = %s) was accepted", i, cases[i].family, cases[i].key,
+                     cases[i].value);
+        expect_error(rc, &err, cases[i].needle);
+    }
+    /* and what the families allow */
+    llama_config c;
+    errbuf err = {{0}};
+    if (parse_family_with(&c, "qwen2", "layer_types", "[\"full_attention\"]", &err) < 0 ||
+        parse_family_with(&c, "qwen2", "attention_bias", "true", &err) < 0 || /* q/k/v have it */
+        parse_family_with(&c, "qwen3", "use_sliding_window", "false", &err) < 0)
+        fail_msg("%s", err.msg);
+}
+
 static void test_rejects_bad_values(void **state) {
     (void)state;
     static const struct {
@@ -488,7 +716,7 @@ static void test_rejects_bad_values(void **state) {
         {"eos_token_id", "[1, -2]", "eos_token_id"},
         {"eos_token_id", "[1, null]", "eos_token_id"},
         {"eos_token_id", "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "more than 16"},
-        {"model_type", "\"mistral\"", "mistral"},
+        {"model_type", "\"gemma\"", "gemma"},
         {"model_type", "7", "model_type"},
         {"hidden_act", "\"gelu\"", "gelu"},
         {"attention_bias", "true", "attention_bias"},
@@ -508,12 +736,17 @@ static void test_rejects_bad_values(void **state) {
         {"torch_dtype", "16", "torch_dtype"},
         {"rope_theta", "0", "rope_theta"},
         {"rope_theta", "\"10000\"", "rope_theta"},
-        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "yarn"},
-        {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", "linear"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 0.5}", "yarn needs factor >= 1"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": 0}", "beta_fast"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4, \"truncate\": 1}", "truncate"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4,"
+                         " \"original_max_position_embeddings\": 0}", "original_max_position_embeddings"},
+        {"rope_scaling", "{\"type\": \"linear\", \"factor\": -2.0}", "linear needs factor > 0"},
+        {"rope_scaling", "{\"type\": \"linear\"}", "rope_scaling.factor"},
         {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "dynamic"},
         {"rope_scaling", "{\"factor\": 2.0}", "rope_scaling.rope_type"},
         {"rope_scaling", "[]", "rope_scaling"},
-        {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}", "yarn"},
+        {"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}", "rope_parameters.factor"},
         {"rope_parameters", "\"default\"", "rope_parameters"},
         {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": -1}", "rope_theta"},
         {"rope_parameters",
@@ -553,8 +786,12 @@ int main(void) {
         cmocka_unit_test(test_rope_spellings),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_save_round_trip),
+        cmocka_unit_test(test_golden_families),
+        cmocka_unit_test(test_family_keys),
+        cmocka_unit_test(test_family_round_trip),
         cmocka_unit_test(test_rejects_bad_json),
         cmocka_unit_test(test_rejects_bad_values),
+        cmocka_unit_test(test_rejects_family_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

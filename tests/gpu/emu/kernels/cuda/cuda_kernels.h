@@ -442,6 +442,11 @@ static inline int cuda_check_call(kctx *, cudaError_t e, const char *) {
 static inline int cuda_aligned(const void *p, size_t bytes) {
     return (uintptr_t)p % bytes == 0;
 }
+/* As the real header's: blocks for a one-element-per-thread launch, capped. */
+static inline unsigned cuda_blocks(size_t count, unsigned threads) {
+    size_t b = (count + threads - 1) / threads;
+    return (unsigned)(b < (1u << 20) ? (b ? b : 1) : (1u << 20));
+}
 /* Fresh each call (NaN-filled) and registered as a device buffer in place of the last. */
 static void *cuda_scratch(kctx *c, size_t bytes, const char *) {
     cuda_impl *s = cuda_state(c);
@@ -464,13 +469,14 @@ extern "C" {
 /* The sm_90a kernels (cuda_attention_sm90.cu: wgmma, TMA) are not emulated; attention_sm90
  * is 0, so these are never called. */
 static inline void cuda_attention_sm90_fwd(kctx *, void *, float *, const void *, const void *,
-                                           const void *, const k_docs *, int, int, int, int, int) {
+                                           const void *, const k_docs *, int, int, int, int, int,
+                                           int) {
     emu_die("the sm_90a attention is not emulated");
 }
 static inline void cuda_attention_sm90_bwd(kctx *, void *, void *, void *, const void *,
                                            const void *, const void *, const void *, const float *,
                                            const float *, int, const k_docs *, int, int, int, int,
-                                           int) {
+                                           int, int) {
     emu_die("the sm_90a attention is not emulated");
 }
 
@@ -479,13 +485,13 @@ static inline void cuda_attention_sm90_bwd(kctx *, void *, void *, void *, const
 static inline int cuda_attention_generic_supports(int) { return 0; }
 static inline void cuda_attention_generic_fwd(kctx *, void *, float *, const void *, const void *,
                                               const void *, const k_docs *, int, int, int, int,
-                                              int) {
+                                              int, int) {
     emu_die("generic attention is not emulated");
 }
 static inline void cuda_attention_generic_bwd(kctx *, void *, void *, void *, const void *,
                                               const void *, const void *, const void *,
                                               const void *, const float *, const k_docs *, int,
-                                              int, int, int, int) {
+                                              int, int, int, int, int) {
     emu_die("generic attention is not emulated");
 }
 
