@@ -790,8 +790,9 @@ static void *gathered_params(fsdp *f, int k) {
     return unit_params(f, f->plan[k].unit, f->plan[k].slot);
 }
 
-void *fsdp_gather_unit(fsdp *f, int u, int slot, errbuf *err) {
+void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
     if (gather_start(f, u, slot, err) || gather_wait(f, u, slot, err)) return NULL;
+    *adapters = f->has_lora && train_index(f, u) >= 0 ? f->gathered_adapter[slot] : NULL;
     return unit_params(f, u, slot);
 }
 

@@ -19,6 +19,7 @@ typedef struct sharded {
     int32_t *tokens; /* [max_tokens] */
     int32_t *pos;    /* [rows] */
     float *logits;   /* [rows, V] fp32 */
+    void *merged;    /* LoRA: a decoder layer with its adapters merged [layer numel] */
 } sharded;
 
 static int sharded_init(sharded *d, fsdp *f, int rows, int max_len, int max_tokens, errbuf *err) {
@@ -35,7 +36,9 @@ static int sharded_init(sharded *d, fsdp *f, int rows, int max_len, int max_toke
     size_t resid = round_up((size_t)max_tokens * C * cs, ALIGN);
     size_t small = round_up((size_t)max_tokens * sizeof(int32_t), ALIGN);
     size_t logits = round_up((size_t)rows * cfg->vocab_size * sizeof(float), ALIGN);
-    char *m = d->memory = k_alloc(f->ctx, 2 * (size_t)L * cache + acts + 2 * resid + 2 * small + logits, err);
+    size_t merged = f->has_lora ? f->layout.units[llama_layer_unit(0)].numel * cs : 0;
+    char *m = d->memory =
+        k_alloc(f->ctx, 2 * (size_t)L * cache + acts + 2 * resid + 2 * small + logits + merged, err);
     if (!m) return -1;
     for (int l = 0; l < L; l++) {
         d->k_cache[l] = m + (2 * (size_t)l) * cache;
@@ -48,6 +51,7 @@ static int sharded_init(sharded *d, fsdp *f, int rows, int max_len, int max_toke
     d->tokens = (int32_t *)(m + acts + 2 * resid);
     d->pos = (int32_t *)(m + acts + 2 * resid + small);
     d->logits = (float *)(m + acts + 2 * resid + 2 * small);
+    d->merged = merged ? m + acts + 2 * resid + 2 * small + logits : NULL;
     return 0;
 }
 
@@ -55,6 +59,28 @@ static void sharded_destroy(sharded *d) {
     if (d->memory) k_free(d->f->ctx, d->memory);
     free(d->k_cache);
     free(d->v_cache);
+}
+
+/* A decoder layer's weights with its adapters merged, as PEFT's merge_and_unload: a copy of
+ * the gathered base (which may be a frozen shard itself) in d->merged, each targeted W += 
+ * (scale B) A (k_linear_bwd's din = dout W, with B scaled in its gathered copy). */
+static const void *merge_adapters(sharded *d, const void *base, void *adapters) {
+    fsdp *f = d->f;
+    kctx *c = f->ctx;
+    const llama_tensor_slot *t = &f->layout.tensors[f->layout.units[llama_layer_unit(0)].first];
+    const lora_layout *ll = &f->lora_layout;
+    size_t cs = k_compute_size(c), numel = f->layout.units[llama_layer_unit(0)].numel;
+    int r = ll->cfg.rank;
+    k_zero(c, d->merged, numel * cs);
+    k_accumulate(c, d->merged, base, numel);
+    for (int m = 0; m < LORA_MODULES; m++) {
+        const lora_site *s = &ll->site[m];
+        if (!s->on) continue;
+        char *A = (char *)adapters + s->a_off * cs, *B = (char *)adapters + s->b_off * cs;
+        k_scale(c, B, f->lora.scale, (size_t)s->out * r);
+        k_linear_bwd(c, (char *)d->merged + t[m].offset * cs, NULL, B, NULL, A, s->out, s->in, r, 1);
+    }
+    return d->merged;
 }
 
 /* gen_model's forward: every unit gathered in turn, the new tokens run through it. */
@@ -75,19 +101,22 @@ static int sharded_forward(void *self, int row0, int B, int S, const int32_t *to
     size_t row_cache = (size_t)row0 * d->max_len * lo->cfg.num_key_value_heads * lo->cfg.head_dim * cs;
     k_copy_h2d(c, d->tokens, tokens, (size_t)B * S * sizeof(int32_t));
     k_copy_h2d(c, d->pos, pos, (size_t)B * sizeof(int32_t));
-    const void *p = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, 0, err);
+    void *adapters;
+    const void *p = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, 0, &adapters, err);
     if (!p) return -1;
     llama_embed_forward(c, lo, p, d->tokens, d->resid[0], B * S);
     int at = 0;
     for (int l = 0; l < L; l++, at ^= 1) {
-        if (!(p = fsdp_gather_unit(f, llama_layer_unit(l), (l + 1) % 2, err))) return -1;
+        if (!(p = fsdp_gather_unit(f, llama_layer_unit(l), (l + 1) % 2, &adapters, err))) return -1;
+        if (adapters) p = merge_adapters(d, p, adapters);
         llama_layer_decode(c, lo, p, f->inv_freq, (char *)d->k_cache[l] + row_cache,
                            (char *)d->v_cache[l] + row_cache, d->pos, d->max_len, d->resid[at],
                            d->resid[at ^ 1], &d->acts, B, S);
     }
     const void *embed = NULL;
-    if (lo->cfg.tie_word_embeddings && !(embed = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, 2, err))) return -1;
-    const void *head = fsdp_gather_unit(f, llama_head_unit(lo), (L + 1) % 2, err);
+    if (lo->cfg.tie_word_embeddings && !(embed = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, 2, &adapters, err)))
+        return -1;
+    const void *head = fsdp_gather_unit(f, llama_head_unit(lo), (L + 1) % 2, &adapters, err);
     if (!head) return -1;
     for (int b = 0; b < B; b++) /* each row's last new token */
         llama_head_logits(c, lo, head, embed, (char *)d->resid[at] + ((size_t)b * S + S - 1) * C * cs,
@@ -100,7 +129,6 @@ static int sharded_forward(void *self, int row0, int B, int S, const int32_t *to
 
 int fsdp_generate(fsdp *f, const gen_prompt *prompts, int n, const gen_options *o,
                   gen_reply *replies, errbuf *err) {
-    if (f->has_lora) return errf(err, "samples during training with adapters: not built yet");
     int longest = 1;
     for (int i = 0; i < n; i++)
         if (prompts[i].n > longest) longest = prompts[i].n;

@@ -4,7 +4,8 @@
 # reply at each evaluation (train.eval_interval and the end), with its fields; the replies at
 # the last step are exactly `fsdpctl generate --greedy` of the consolidated output (f32, so the
 # same weights); 1 and 2 workers give the same replies; train.sample_every and "no evaluation:
-# at the end"; bad prompts files and keys refused before any worker starts.
+# at the end"; LoRA and QLoRA jobs (= fsdpctl generate --adapter [--quant nf4]); bad prompts
+# files and keys refused before any worker starts.
 source "$(dirname "$0")/lib.sh"
 
 mkdir -p "$tmp/rand"
@@ -39,6 +40,11 @@ job two 2 --data.eval_fraction=0.1 --train.eval_interval=2
 job one 1 --data.eval_fraction=0.1 --train.eval_interval=2
 job every 1 --train.sample_every=3
 job end 1
+# Adapters on the full job's output: each layer's adapters merged into a copy of its gathered
+# (for QLoRA dequantized) base.
+adapters="--model.path=$tmp/two --model.init= --model.config= --lora.rank=4 --lora.alpha=8 --train.lr=3e-3"
+job lora 2 $adapters --train.type=lora
+job qlora 2 $adapters --train.type=qlora
 
 python3 - "$tmp" <<'PY' || fail "samples.jsonl"
 import json, sys
@@ -67,23 +73,36 @@ every = sorted({s["step"] for s in read("every")})
 assert every == [3, 4], every
 end = sorted({s["step"] for s in read("end")})
 assert end == [4], end
-with open(f"{tmp}/last.txt", "w") as out: # the final replies, for fsdpctl generate
-    for s in sorted(two, key=lambda s: s["prompt_index"]):
-        if s["step"] == 4: out.write(" ".join(map(str, s["prompt_ids"])) + "\t" + " ".join(map(str, s["reply_ids"])) + "\n")
+final = [s["reply_ids"] for s in sorted(two, key=lambda s: s["prompt_index"]) if s["step"] == 4]
+for name in ("two", "lora", "qlora"): # the final replies, for fsdpctl generate
+    r = sorted(read(name), key=lambda s: s["prompt_index"])
+    if name != "two":
+        assert sorted({s["step"] for s in r}) == [4], name
+        assert [s["reply_ids"] for s in r] != final, f"{name}: the adapters changed no reply"
+    with open(f"{tmp}/{name}.last", "w") as out:
+        for s in r:
+            if s["step"] == 4: out.write(" ".join(map(str, s["prompt_ids"])) + "\t" + " ".join(map(str, s["reply_ids"])) + "\n")
 print(f"samples.jsonl: {len(two)} samples at steps 2 and 4, 1 worker = 2 workers; sample_every 3: {every}; no eval: {end}")
 PY
 grep -q 'sample after step 4, prompt 3' "$tmp/two.log" || fail "the log has no sample line"
 
 # The last samples are fsdpctl generate --greedy of the consolidated output, id for id.
-while IFS=$'\t' read -r prompt reply; do
-    "$fsdpctl" generate "$tmp/two" --prompt-ids "$prompt" --greedy --max-new-tokens 6 --json 2> /dev/null |
+same_as_generate() { # NAME GENERATE_ARGS...
+    local name=$1
+    shift
+    while IFS=$'\t' read -r prompt reply; do
+        "$fsdpctl" generate "$@" --prompt-ids "$prompt" --greedy --max-new-tokens 6 --json 2> /dev/null |
         python3 -c 'import json, sys
 want = sys.argv[1]
 got = [json.loads(l) for l in sys.stdin if "\"reply\"" in l]
 assert len(got) == 1, got
 ids = " ".join(map(str, got[0]["ids"]))
-assert ids == want, f"fsdpctl generate: {ids}, the sample: {want}"' "$reply" || fail "prompt $prompt: the sample is not fsdpctl generate's reply"
-done < "$tmp/last.txt"
+assert ids == want, f"fsdpctl generate: {ids}, the sample: {want}"' "$reply" || fail "$name, prompt $prompt: the sample is not fsdpctl generate's reply"
+    done < "$tmp/$name.last"
+}
+same_as_generate two "$tmp/two"
+same_as_generate lora "$tmp/two" --adapter "$tmp/lora"
+same_as_generate qlora "$tmp/two" --adapter "$tmp/qlora" --quant nf4
 
 # Bad input: refused by fsdpd before any worker starts.
 bad() { # NEEDLE ARGS...
@@ -106,5 +125,4 @@ bad "line 1:" --train.sample_prompts="$tmp/longchat.jsonl"
 : > "$tmp/empty.jsonl"
 bad "no prompts" --train.sample_prompts="$tmp/empty.jsonl"
 bad "train.sample_every: 2 is set but train.sample_prompts is not" --train.sample_every=2
-bad "train.sample_prompts with train.type lora: not built yet" --train.sample_prompts="$tmp/prompts.jsonl" --train.type=lora
 echo "samples during training: samples.jsonl at each eval, = fsdpctl generate of the output, 1 = 2 workers, bad input refused"
