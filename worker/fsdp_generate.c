@@ -62,7 +62,7 @@ static void sharded_destroy(sharded *d) {
 }
 
 /* A decoder layer's weights with its adapters merged, as PEFT's merge_and_unload: a copy of
- * the gathered base (which may be a frozen shard itself) in d->merged, each targeted W += 
+ * the gathered base (which may be a frozen shard itself) in d->merged, each targeted W +=
  * (scale B) A (k_linear_bwd's din = dout W, with B scaled in its gathered copy). */
 static const void *merge_adapters(sharded *d, const void *base, void *adapters) {
     fsdp *f = d->f;
