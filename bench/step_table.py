@@ -26,12 +26,17 @@ PEAK_FLOPS = 989e12
 
 
 def params(cfg):
-    """Every parameter of a Llama config.json: embedding, layers, final norm, lm_head."""
+    """Every parameter of a config.json of the Llama family: embedding, layers (Qwen2's q/k/v
+    biases, Qwen3's q/k norms), final norm, lm_head."""
     d, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or heads
     hd = cfg.get("head_dim") or d // heads
     attn = d * heads * hd * 2 + d * kv * hd * 2  # q, o; k, v
+    if cfg.get("model_type") == "qwen2" or (cfg.get("attention_bias") and cfg.get("model_type") != "qwen3"):
+        attn += heads * hd + 2 * kv * hd  # q, k, v biases
+    if cfg.get("model_type") == "qwen3":
+        attn += 2 * hd  # q_norm, k_norm
     mlp = 3 * d * cfg["intermediate_size"]
     layer = attn + mlp + 2 * d  # two RMSNorms
     head = 0 if cfg.get("tie_word_embeddings") else V * d

@@ -25,6 +25,7 @@
 #include "daemon/model_card.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
+#include "daemon/sample_prompts.h"
 #include "daemon/slurm.h"
 #include "daemon/supervisor.h"
 #include "kernels/kernels.h"
@@ -146,6 +147,7 @@ int main(int argc, char **argv) {
         usage();
         return 0;
     }
+    if (argc == 1) return usage(); /* nothing asked: say how to ask */
     static slurm_env slurm;
     if (fault_init(&err) || slurm_env_read(&slurm, &err)) goto bad_job;
     log_set_node(slurm.node_id);
@@ -161,6 +163,8 @@ int main(int argc, char **argv) {
     static char data_file[JOB_PATH_MAX]; /* data.path as given: data_prepare names the cache there */
     snprintf(data_file, sizeof data_file, "%s", job.data.path);
     if (data_prepare(&job, &data_identity, &err)) goto bad_job;
+    static sample_prompts samples; /* the workers' CONFIG carries them, every run */
+    if (sample_prompts_load(&samples, &job, &err)) goto bad_job;
 
     /* A worker that dies leaves a closed socket behind: writing to it must be an error the
      * loop handles, not a SIGPIPE that kills the daemon. */
@@ -191,7 +195,7 @@ int main(int argc, char **argv) {
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
                               .data_identity = &data_identity, .record = &record, .progress = &progress,
-                              .mlflow = mlflow};
+                              .mlflow = mlflow, .samples = samples.p.n ? &samples : NULL};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file). */

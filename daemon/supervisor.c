@@ -31,6 +31,7 @@
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
+#include "daemon/sample_prompts.h"
 #include "daemon/status_server.h"
 #include "daemon/tensorboard.h"
 #include "kernels/kernels.h"
@@ -83,6 +84,7 @@ struct supervisor {
     double grace_at;      /* when the grace timer fires (0: not armed) */
     int sigint_count;
     FILE *metrics;
+    FILE *samples; /* OUTPUT_DIR/samples.jsonl, opened at the first SAMPLE */
     tb_writer *tb;          /* runtime.log_to tensorboard, on the leader */
     status_server *status;
     json_t *last_metrics;   /* rank 0's last METRICS, for the status socket */
@@ -364,6 +366,69 @@ static void on_metrics(supervisor *s, worker *w, const msg *m) {
     if (w->rank == 0) log_step(s, x);
 }
 
+/* ---- samples during training (daemon/sample_prompts.h) ---- */
+
+static int open_samples(supervisor *s, errbuf *err) {
+    char path[JOB_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/samples.jsonl", s->job.output.dir);
+    int fd = file_open_append(path, err);
+    if (fd < 0) return -1;
+    if (!(s->samples = fdopen(fd, "a"))) {
+        close(fd);
+        return errf(err, "%s: fdopen: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+/* Rank 0's reply: to the log and samples.jsonl, the SAMPLE body with the prompt's and the
+ * reply's text (and the prompt's ids) beside. */
+static void on_sample(supervisor *s, const msg *m) {
+    const msg_sample *x = &m->u.sample;
+    const sample_prompts *sp = s->opt->samples;
+    errbuf err;
+    if (!sp || x->prompt_index >= sp->p.n) {
+        fail(s, "rank 0 sent a SAMPLE for prompt %d of %d", x->prompt_index, sp ? sp->p.n : 0);
+        return;
+    }
+    const int32_t *prompt = sp->p.ids + sp->p.offsets[x->prompt_index];
+    int prompt_n = sp->p.offsets[x->prompt_index + 1] - sp->p.offsets[x->prompt_index];
+    int32_t *ids = NULL;
+    int n = 0;
+    char *prompt_text = NULL, *reply = NULL, *line_text = NULL;
+    json_t *line = NULL;
+    int rc = msg_ids_read(x->reply_ids, &ids, &n, &err);
+    if (rc == 0 && (!(prompt_text = sample_prompts_text(sp, prompt, prompt_n, &err)) ||
+                    !(reply = sample_prompts_text(sp, ids, n, &err))))
+        rc = -1;
+    if (rc == 0 && !s->samples) rc = open_samples(s, &err);
+    if (rc == 0) {
+        line = msg_to_json(m, &err);
+        rc = line && !json_object_set_new(line, "prompt", json_string(prompt_text)) &&
+                     !json_object_set_new(line, "prompt_ids", msg_ids_json(prompt, prompt_n)) &&
+                     !json_object_set_new(line, "reply", json_string(reply)) &&
+                     !json_object_set_new(line, "time", json_real((double)time(NULL))) &&
+                     (line_text = json_dumps(line, JSON_COMPACT))
+                 ? 0
+                 : errf(&err, "out of memory");
+    }
+    if (rc == 0 && (fprintf(s->samples, "%s\n", line_text) < 0 || fflush(s->samples) != 0))
+        rc = errf(&err, "%s", strerror(errno));
+    if (rc == 0) {
+        char *quoted = json_dumps(json_object_get(line, "reply"), JSON_ENCODE_ANY);
+        log_event(-1, "sample after step %lld, prompt %d (%d tokens, %s): %s", (long long)x->step,
+                  x->prompt_index, n, x->stop, quoted ? quoted : "?");
+        free(quoted);
+    } else {
+        log_event(-1, "cannot write the sample of step %lld, prompt %d: %s", (long long)x->step,
+                  x->prompt_index, err.msg);
+    }
+    free(line_text);
+    json_decref(line);
+    free(prompt_text);
+    free(reply);
+    free(ids);
+}
+
 /* ---- checkpoints ---- */
 
 static void ckpt_send(void *arg, int rank, const msg *m) {
@@ -584,7 +649,13 @@ static void send_config(supervisor *s, worker *w) {
     snprintf(c->bind_host, sizeof c->bind_host, "%s", cluster_host(s->opt->cluster));
     strcpy(c->secret, cluster_secret_hex(s->opt->cluster));
     strcpy(c->resume_dir, s->ckpt_start.resume_dir);
+    const sample_prompts *sp = s->opt->samples;
+    if (sp && sp->p.n && !(c->samples = msg_sample_prompts_json(&sp->p))) {
+        fail(s, "rank %d: out of memory for its CONFIG", w->rank);
+        return;
+    }
     send_msg(w, &m);
+    msg_free(&m);
 }
 
 static void start_training(void *arg) {
@@ -719,6 +790,10 @@ static void handle_message(worker *w, const msg_frame *frame) {
             note_rank0_metrics(s, &m);
         }
         on_metrics(s, w, &m);
+        break;
+    case MSG_SAMPLE:
+        if (w->rank == 0) on_sample(s, &m);
+        else fail(s, "rank %d sent a SAMPLE (rank 0 reports them)", w->rank);
         break;
     case MSG_CKPT_DONE:
         if (m.u.ckpt_done.rank != w->rank) fail(s, "rank %d sent a CKPT_DONE of rank %d", w->rank, m.u.ckpt_done.rank);
@@ -980,6 +1055,7 @@ static void teardown(supervisor *s) {
         if (events[i]) event_free(events[i]);
     if (s->base) event_base_free(s->base);
     if (s->metrics) fclose(s->metrics);
+    if (s->samples) fclose(s->samples);
     tb_writer_close(s->tb);
     if (s->model_fd >= 0) close(s->model_fd);
     free(s->workers);

@@ -56,6 +56,9 @@ typedef struct supervisor_options {
     struct run_progress *progress;
     struct mlflow_log *mlflow;  /* runtime.log_to mlflow (daemon/mlflow_log.h): rank 0's steps; NULL: none */
     int restart;                /* fsdpd's restarts before this run */
+    /* train.sample_prompts (daemon/sample_prompts.h), sent in CONFIG; rank 0's SAMPLE replies
+     * go to the log and OUTPUT_DIR/samples.jsonl.  NULL: none. */
+    const struct sample_prompts *samples;
 } supervisor_options;
 
 typedef struct supervisor supervisor;

@@ -129,6 +129,9 @@ static const job_key keys[] = {
     NUM("train", "accumulation", K_INT, train.accumulation, 0, 1 << 20),
     NUM("train", "max_steps", K_INT, train.max_steps, 0, INT_MAX),
     NUM("train", "eval_interval", K_INT, train.eval_interval, 0, INT_MAX),
+    STR("train", "sample_prompts", train.sample_prompts, 0),
+    NUM("train", "sample_every", K_INT, train.sample_every, 0, INT_MAX),
+    NUM("train", "sample_max_new_tokens", K_INT, train.sample_max_new_tokens, 1, 1 << 20),
     NUM("train", "epochs", K_INT, train.epochs, 1, 1000000),
     NUM("train", "lr", K_DOUBLE, train.lr, 0, INFINITY),
     CHOICE("train", "schedule", train.schedule, schedule_choices),
@@ -265,6 +268,7 @@ void job_defaults(job_config *j) {
     j->train.eps = 1e-8;
     j->train.clip_norm = 1.0;
     j->train.seed = 42;
+    j->train.sample_max_new_tokens = 64;
 
     j->lora.rank = 8;
     j->lora.alpha = 16;
@@ -1338,6 +1342,9 @@ static int check_unused(const job_config *j, errbuf *err) {
         else if (!strcmp(k->section, "output") && !strcmp(k->name, "shard_size") && adapters && !j->output.merge)
             why = "an adapter job's output is one adapter_model.safetensors, never sharded (PEFT's layout); "
                   "output.shard_size applies to the merged model of output.merge";
+        else if (!strcmp(k->section, "train") && !strncmp(k->name, "sample_", 7) && strcmp(k->name, "sample_prompts") &&
+                 !j->train.sample_prompts[0])
+            why = "train.sample_prompts is not: there are no prompts to sample";
         if (!why) continue;
         bool set;
         char text[160];

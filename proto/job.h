@@ -102,6 +102,11 @@ typedef struct job_config {
         int accumulation; /* micro-batches a rank accumulates a step; 0: from global_batch */
         int max_steps;    /* 0: run train.epochs epochs */
         int eval_interval;   /* eval loss every N steps (0: at the end only), with data.eval_fraction */
+        /* Samples during training: a JSONL of prompts ("" none), generated greedily every
+         * sample_every steps (0: at each evaluation, else at the end) and after the last. */
+        char sample_prompts[JOB_PATH_MAX];
+        int sample_every;
+        int sample_max_new_tokens;
         int epochs;
         double lr;
         job_schedule schedule;

@@ -73,6 +73,7 @@ static const field config_fields[] = {
     INT(msg_config, "ckpt_attempt", ckpt_attempt, 1, INT_MAX),
     STR(msg_config, "resume_dir", resume_dir),
     INT(msg_config, "model_fd", model_fd, -1, INT_MAX),
+    {"samples", F_JSON, offsetof(msg_config, samples), sizeof(json_t *), 0, 0, true, 0, NULL},
 };
 
 static const field coll_fields[] = {
@@ -187,6 +188,14 @@ static const field rendezvous_fields[] = {
 
 static const field refused_fields[] = {STR(msg_refused, "reason", reason)};
 
+static int check_sample(void *body, const char *type, errbuf *err);
+static const field sample_fields[] = {
+    I64(msg_sample, "step", step, 1),
+    INT(msg_sample, "prompt_index", prompt_index, 0, INT_MAX),
+    {"reply_ids", F_JSON, offsetof(msg_sample, reply_ids), sizeof(json_t *), 0, 0, false, 0, NULL},
+    STR(msg_sample, "stop", stop),
+};
+
 static const field node_addrs_fields[] = {
     INT(msg_node_addrs, "node", node, 0, INT_MAX),
     OF(msg_node_addrs, "addrs", list, F_ADDRS),
@@ -245,6 +254,7 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_NODE_READY] = BODY(node_ready_fields),
     [MSG_NODE_DONE] = BODY(node_done_fields),
     [MSG_REFUSED] = BODY(refused_fields),
+    [MSG_SAMPLE] = {sample_fields, COUNT(sample_fields), check_sample},
 };
 
 static int check_config(void *body, const char *type, errbuf *err) {
@@ -255,9 +265,129 @@ static int check_config(void *body, const char *type, errbuf *err) {
         return errf(err, "%s: field 'secret' must be %d lower-case hex digits", type, 2 * MSG_SECRET_BYTES);
     /* The job arrives resolved, but without grad_accum (job_to_object leaves derived fields
      * out): job_resolve recomputes it, and fills nothing else of a resolved job. */
-    return job_resolve(&c->job, c->world, err) || job_validate(&c->job, c->world, err)
-               ? errprefix(err, "%s: field 'job'", type)
-               : 0;
+    if (job_resolve(&c->job, c->world, err) || job_validate(&c->job, c->world, err))
+        return errprefix(err, "%s: field 'job'", type);
+    if (!c->samples) return 0;
+    msg_sample_prompts p;
+    if (msg_sample_prompts_read(c->samples, c->model.vocab_size, &p, err))
+        return errprefix(err, "%s: field 'samples'", type);
+    msg_sample_prompts_free(&p);
+    return 0;
+}
+
+static int check_sample(void *body, const char *type, errbuf *err) {
+    msg_sample *m = body;
+    if (strcmp(m->stop, "stop") && strcmp(m->stop, "length") && strcmp(m->stop, "positions"))
+        return errf(err, "%s: field 'stop' is \"%s\", not stop, length or positions", type, m->stop);
+    int32_t *ids;
+    int n;
+    if (msg_ids_read(m->reply_ids, &ids, &n, err)) return errprefix(err, "%s: field 'reply_ids'", type);
+    free(ids);
+    return 0;
+}
+
+/* ---- token ids (SAMPLE's reply, CONFIG's samples) ---- */
+
+json_t *msg_ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) a = (json_decref(a), NULL);
+    return a;
+}
+
+int msg_ids_read(const json_t *a, int32_t **ids, int *n, errbuf *err) {
+    *ids = NULL;
+    *n = 0;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > INT32_MAX)
+        return errf(err, "must be a non-empty array of token ids, got %s", json_kind(a));
+    int32_t *v = malloc(json_array_size(a) * sizeof *v);
+    if (!v) return errf(err, "out of memory");
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(v);
+            return errf(err, "[%zu] is not a token id (an integer >= 0)", i);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *ids = v;
+    *n = (int)json_array_size(a);
+    return 0;
+}
+
+json_t *msg_sample_prompts_json(const msg_sample_prompts *p) {
+    json_t *prompts = json_array(), *stop = msg_ids_json(p->stop, p->n_stop);
+    for (int i = 0; prompts && i < p->n; i++)
+        if (json_array_append_new(prompts, msg_ids_json(p->ids + p->offsets[i], p->offsets[i + 1] - p->offsets[i])))
+            prompts = (json_decref(prompts), NULL);
+    if (!prompts || !stop) {
+        json_decref(prompts);
+        json_decref(stop);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o}", "prompts", prompts, "stop_ids", stop);
+}
+
+void msg_sample_prompts_free(msg_sample_prompts *p) {
+    free(p->ids);
+    free(p->offsets);
+    free(p->stop);
+    memset(p, 0, sizeof *p);
+}
+
+/* Every id below vocab. */
+static int ids_in_vocab(const int32_t *ids, int n, int vocab, errbuf *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= vocab) return errf(err, "[%d] = %d is not below the vocabulary size %d", i, ids[i], vocab);
+    return 0;
+}
+
+static int read_prompts(const json_t *a, int vocab, msg_sample_prompts *p, errbuf *err) {
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > INT_MAX / 2)
+        return errf(err, "'prompts' must be a non-empty array, got %s", json_kind(a));
+    p->n = (int)json_array_size(a);
+    if (!(p->offsets = calloc((size_t)p->n + 1, sizeof *p->offsets))) return errf(err, "out of memory");
+    size_t cap = 0;
+    for (int i = 0; i < p->n; i++) {
+        int32_t *ids;
+        int n;
+        if (msg_ids_read(json_array_get(a, (size_t)i), &ids, &n, err) || ids_in_vocab(ids, n, vocab, err)) {
+            free(ids);
+            return errprefix(err, "'prompts'[%d]", i);
+        }
+        if (n > INT_MAX - p->offsets[i]) {
+            free(ids);
+            return errf(err, "'prompts': too many ids");
+        }
+        p->offsets[i + 1] = p->offsets[i] + n;
+        if ((size_t)p->offsets[i + 1] > cap) {
+            cap = 2 * (size_t)p->offsets[i + 1];
+            int32_t *grown = realloc(p->ids, cap * sizeof *grown);
+            if (!grown) {
+                free(ids);
+                return errf(err, "out of memory");
+            }
+            p->ids = grown;
+        }
+        memcpy(p->ids + p->offsets[i], ids, (size_t)n * sizeof *ids);
+        free(ids);
+    }
+    return 0;
+}
+
+int msg_sample_prompts_read(const json_t *j, int vocab, msg_sample_prompts *out, errbuf *err) {
+    memset(out, 0, sizeof *out);
+    if (!json_is_object(j) || json_object_size(j) != 2 || !json_object_get(j, "prompts") ||
+        !json_object_get(j, "stop_ids"))
+        return errf(err, "must be an object of exactly 'prompts' and 'stop_ids'");
+    int rc = read_prompts(json_object_get(j, "prompts"), vocab, out, err);
+    const json_t *stop = json_object_get(j, "stop_ids");
+    if (rc == 0 && json_is_array(stop) && json_array_size(stop) == 0) return 0; /* no stop ids */
+    if (rc == 0 && (msg_ids_read(stop, &out->stop, &out->n_stop, err) ||
+                    ids_in_vocab(out->stop, out->n_stop, vocab, err)))
+        rc = errprefix(err, "'stop_ids'");
+    if (rc) msg_sample_prompts_free(out);
+    return rc;
 }
 
 static int check_join(void *body, const char *type, errbuf *err) {

@@ -71,6 +71,7 @@ typedef enum msg_type {
     MSG_NODE_READY = 20, /* D->d: every worker of a node is connected and ready */
     MSG_NODE_DONE = 21,  /* D->d: a node's workers have exited (ok, or why not) */
     MSG_REFUSED = 22,    /* d->D: the leader will not take this node (why), then it closes */
+    MSG_SAMPLE = 23,     /* w->d: one reply to a sample prompt during training (rank 0) */
     MSG_TYPE_END         /* one past the last type */
 } msg_type;
 
@@ -92,7 +93,39 @@ typedef struct msg_config {
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];         /* "" to start afresh */
     int model_fd;                          /* fsdpd's model memory, -1 for none */
+    /* train.sample_prompts, tokenized by fsdpd (msg_sample_prompts_json); NULL: none */
+    json_t *samples;
 } msg_config;
+
+/* CONFIG's samples, typed: {"prompts": [[ids], ...], "stop_ids": [ids]}, every id in
+ * [0, vocab), at least one prompt, none empty. */
+typedef struct msg_sample_prompts {
+    int n;          /* prompts */
+    int32_t *ids;   /* every prompt's ids, one after another */
+    int *offsets;   /* [n + 1]: prompt i is ids[offsets[i] .. offsets[i+1]) */
+    int n_stop;
+    int32_t *stop;
+} msg_sample_prompts;
+
+/* A new reference, NULL when out of memory. */
+json_t *msg_sample_prompts_json(const msg_sample_prompts *p);
+/* Strictly; free with msg_sample_prompts_free. */
+int msg_sample_prompts_read(const json_t *j, int vocab, msg_sample_prompts *out, errbuf *err);
+void msg_sample_prompts_free(msg_sample_prompts *p);
+
+/* SAMPLE: the reply the model at `step` gives prompt `prompt_index` of train.sample_prompts,
+ * greedily: its ids (an array of token ids, at least one; msg_ids_json, msg_ids_read) and
+ * why it ended ("stop", "length", "positions"). */
+typedef struct msg_sample {
+    int64_t step;
+    int prompt_index;
+    json_t *reply_ids;
+    char stop[16];
+} msg_sample;
+
+json_t *msg_ids_json(const int32_t *ids, int n);
+/* An array of n >= 1 integers in [0, INT32_MAX] into *ids (malloc'd). */
+int msg_ids_read(const json_t *a, int32_t **ids, int *n, errbuf *err);
 
 typedef struct msg_nccl_id {
     unsigned char id[MSG_NCCL_ID_BYTES];
@@ -288,6 +321,7 @@ typedef struct msg {
         msg_node node_ready;
         msg_node_done node_done;
         msg_refused refused;
+        msg_sample sample;
     } u;
 } msg;
 

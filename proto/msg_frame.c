@@ -34,6 +34,7 @@ static const char *const type_names[MSG_TYPE_END] = {
     [MSG_NODE_READY] = "NODE_READY",
     [MSG_NODE_DONE] = "NODE_DONE",
     [MSG_REFUSED] = "REFUSED",
+    [MSG_SAMPLE] = "SAMPLE",
 };
 
 /* A decoder keeps at most this much buffer around while idle. */

@@ -777,14 +777,22 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
 
 /* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
  * unit's own shard when one rank holds it whole. */
-static void *gathered_params(fsdp *f, int k) {
-    const fsdp_gather *g = &f->plan[k];
-    if (is_nf4(f, g->unit)) {
-        dequantize_layer(f, g->unit, g->slot);
+static void *unit_params(fsdp *f, int u, int slot) {
+    if (is_nf4(f, u)) {
+        dequantize_layer(f, u, slot);
         return f->dequant;
     }
-    return f->has_lora && f->group == 1 && !f->offload_params ? f->frozen[g->unit].param
-                                                               : f->gathered[g->slot];
+    return f->has_lora && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
+}
+
+static void *gathered_params(fsdp *f, int k) {
+    return unit_params(f, f->plan[k].unit, f->plan[k].slot);
+}
+
+void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
+    if (gather_start(f, u, slot, err) || gather_wait(f, u, slot, err)) return NULL;
+    *adapters = f->has_lora && train_index(f, u) >= 0 ? f->gathered_adapter[slot] : NULL;
+    return unit_params(f, u, slot);
 }
 
 /* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1

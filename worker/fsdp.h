@@ -283,6 +283,14 @@ int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err);
  * the same units and tensors. */
 int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err);
 
+/* Gathers model unit u whole into gather slot `slot` (0, 1 or 2; collective over the shard
+ * group) and returns its parameters in the compute dtype, as a training forward reads them,
+ * for the compute queued next (until the slot is gathered into again; read-only: with one
+ * rank and adapters they may be the frozen shard itself).  *adapters: with LoRA, a decoder
+ * layer's adapter unit (f->lora_layout's, gathered into the slot's adapter buffer, a copy
+ * the caller may change), else NULL.  NULL with the reason. */
+void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err);
+
 /* Gathers the full trainable parameters (the model's, or the adapters') of every tensor as
  * host fp32 (collective: every rank calls it); calls fn for each tensor in layout order.
  * For tests and small models. */

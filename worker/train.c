@@ -21,6 +21,7 @@
 #include "proto/safetensors.h"
 #include "worker/ckpt_writer.h"
 #include "worker/fsdp.h"
+#include "worker/fsdp_generate.h"
 #include "worker/schedule.h"
 
 /* Votes every rank casts before a step (fsdp.vote). */
@@ -246,6 +247,37 @@ static int evaluate(fsdp *f, row_source *d, const train_env *env, row_batch *row
     return 0;
 }
 
+/* Whether the sample prompts are answered after step `done`: every train.sample_every steps,
+ * else with each evaluation; and after the last step. */
+static int samples_due(const train_env *env, const row_source *d, long done, long total) {
+    const job_config *j = env->job;
+    if (!env->samples) return 0;
+    if (done == total) return 1;
+    if (j->train.sample_every > 0) return done % j->train.sample_every == 0;
+    return eval_due(j, d, done, total);
+}
+
+/* The greedy replies of the model after step `step` to the sample prompts (every rank
+ * generates them together), reported by rank 0. */
+static int answer_samples(fsdp *f, const train_env *env, long step, errbuf *err) {
+    const msg_sample_prompts *s = env->samples;
+    gen_prompt *prompts = malloc((size_t)s->n * sizeof *prompts);
+    gen_reply *replies = calloc((size_t)s->n, sizeof *replies);
+    int rc = prompts && replies ? 0 : errf(err, "out of memory");
+    for (int i = 0; rc == 0 && i < s->n; i++)
+        prompts[i] = (gen_prompt){s->ids + s->offsets[i], s->offsets[i + 1] - s->offsets[i]};
+    gen_options o = {.max_new_tokens = env->job->train.sample_max_new_tokens, .stop_ids = s->stop,
+                     .n_stop = s->n_stop, .sampling = {.greedy = 1}};
+    if (rc == 0) rc = fsdp_generate(f, prompts, s->n, &o, replies, err);
+    const train_hooks *h = &env->hooks;
+    for (int i = 0; rc == 0 && env->rank == 0 && h->on_sample && i < s->n; i++)
+        rc = h->on_sample(h->arg, step, i, replies[i].ids, replies[i].n, gen_stop_name(replies[i].stop));
+    if (rc == 0) gen_replies_free(replies, s->n);
+    free(prompts);
+    free(replies);
+    return rc ? errprefix(err, "samples after step %ld", step) : 0;
+}
+
 static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     const train_hooks *h = &env->hooks;
@@ -303,6 +335,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
                                     .ckpt_attempt = env->ckpt_attempt, .ckpt_request = served};
             h->on_step(h->arg, &info);
         }
+        if (samples_due(env, d, step + 1, total) && (rc = answer_samples(f, env, step + 1, err)) != 0) break;
         if (ckpt == TRAIN_CKPT_ASYNC || ckpt == TRAIN_CKPT_SYNC)
             rc = ckpt_writer_save(env->writer, f, step + 1, env->ckpt_attempt, ckpt == TRAIN_CKPT_SYNC,
                                   tokens_seen, err);

@@ -17,6 +17,7 @@
 
 #include "kernels/kernels.h"
 #include "proto/job.h"
+#include "proto/msg.h"
 #include "proto/model_config.h"
 #include "worker/comm.h"
 
@@ -58,6 +59,9 @@ typedef struct train_hooks {
     /* The newest request that asked for a synchronous save (0: none; NULL: never): a request
      * served with one of these saves synchronously whatever checkpoint.async says. */
     int64_t (*ckpt_sync_request)(void *arg);
+    /* Rank 0: the greedy reply to sample prompt `prompt` after step `step` (train.sample_prompts),
+     * ids[n], and why it ended (gen_stop_name).  NULL: not reported. */
+    int (*on_sample)(void *arg, long step, int prompt, const int32_t *ids, int n, const char *stop);
 } train_hooks;
 
 struct ckpt_writer;
@@ -75,6 +79,10 @@ typedef struct train_env {
     int ckpt_attempt;           /* in partial directory names (proto/ckpt.h) */
     const char *resume_dir;     /* a committed checkpoint to start from, or NULL */
     int model_fd;               /* fsdpd's model image (proto/model_image.h), when not resuming */
+    /* train.sample_prompts as token ids and the stop ids (NULL: none): every rank generates
+     * the replies together (fsdp_generate) every train.sample_every steps, else at each
+     * evaluation or with none at the end, and after the last step. */
+    const msg_sample_prompts *samples;
 } train_env;
 
 /* train_run's failure to load the model, the checkpoint or the data: a restart would fail

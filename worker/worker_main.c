@@ -67,6 +67,7 @@ typedef struct worker {
     int writer_live;
     const fault *fault; /* this rank's worker fault, or NULL */
     int permanent; /* the error is one no restart can cure */
+    msg_sample_prompts samples; /* train.sample_prompts, tokenized by fsdpd (n 0: none) */
 } worker;
 
 static int send(worker *w, const msg *m, errbuf *err) {
@@ -103,6 +104,8 @@ static int read_config(worker *w, errbuf *err) {
     strcpy(w->bind_host, c->bind_host);
     strcpy(w->resume_dir, c->resume_dir);
     rc = hex_decode(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
+    if (rc == 0 && c->samples && msg_sample_prompts_read(c->samples, c->model.vocab_size, &w->samples, err))
+        rc = errprefix(err, "CONFIG: samples");
     msg_free(&m);
     return rc;
 }
@@ -408,6 +411,19 @@ static void on_step(void *arg, const train_step_info *s) {
     if (w->fault && !strcmp(w->fault->action, "exit") && s->step == w->fault->n) _exit(3);
 }
 
+/* Rank 0's replies to the sample prompts, to fsdpd (which writes samples.jsonl). */
+static int on_sample(void *arg, long step, int prompt, const int32_t *ids, int n, const char *stop) {
+    worker *w = arg;
+    errbuf err;
+    msg m = {.type = MSG_SAMPLE, .u.sample = {.step = step, .prompt_index = prompt,
+                                              .reply_ids = msg_ids_json(ids, n)}};
+    snprintf(m.u.sample.stop, sizeof m.u.sample.stop, "%s", stop);
+    int rc = m.u.sample.reply_ids ? send(w, &m, &err) : -1;
+    msg_free(&m);
+    if (rc) _exit(1); /* as on_step: the daemon is gone */
+    return 0;
+}
+
 static int should_stop(void *arg) {
     worker *w = arg;
     int stop = atomic_load(&w->stop_requested);
@@ -448,7 +464,9 @@ static int run(worker *w, errbuf *err) {
         train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c,
                          .shard_comm = p.shard, .replica_comm = p.replica, .ctx = &ctx,
                          .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
-                                   .ckpt_request = ckpt_request, .ckpt_sync_request = ckpt_sync_request},
+                                   .ckpt_request = ckpt_request, .ckpt_sync_request = ckpt_sync_request,
+                                   .on_sample = on_sample},
+                         .samples = w->samples.n ? &w->samples : NULL,
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
                          .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
                          .model_fd = w->model_fd};
@@ -462,6 +480,7 @@ static int run(worker *w, errbuf *err) {
     if (have_writer) ckpt_writer_destroy(&w->writer, rc != 0 || atomic_load(&w->stop_requested));
     peers_close(&p);
     kctx_destroy(&ctx);
+    msg_sample_prompts_free(&w->samples);
     return rc;
 }
 

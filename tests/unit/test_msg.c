@@ -445,6 +445,13 @@ static void refused(msg_type type, const char *text, const char *want) {
 
 static void test_body_errors(void **state) {
     (void)state;
+    refused(MSG_SAMPLE, "{\"step\":1,\"prompt_index\":0,\"reply_ids\":[],\"stop\":\"stop\"}",
+            "SAMPLE: field 'reply_ids': must be a non-empty array of token ids");
+    refused(MSG_SAMPLE, "{\"step\":1,\"prompt_index\":0,\"reply_ids\":[1,-2],\"stop\":\"stop\"}",
+            "SAMPLE: field 'reply_ids': [1] is not a token id");
+    refused(MSG_SAMPLE, "{\"step\":1,\"prompt_index\":0,\"reply_ids\":[1],\"stop\":\"eos\"}",
+            "SAMPLE: field 'stop' is \"eos\", not stop, length or positions");
+    refused(MSG_SAMPLE, "{\"step\":0,\"prompt_index\":0,\"reply_ids\":[1],\"stop\":\"stop\"}", "SAMPLE: field 'step'");
     refused(MSG_CKPT_DONE, "[1]", "CKPT_DONE: body must be a JSON object, got a list");
     refused(MSG_HELLO, "{\"a\":", "HELLO: body is not JSON (line 1, column");
     refused(MSG_HEARTBEAT, "", "HEARTBEAT: body is not JSON");
@@ -463,6 +470,8 @@ static void test_every_type_round_trips(void **state) {
     char addrs[2][MSG_ADDR_MAX] = {"127.0.0.1:4000", "127.0.0.1:4001"};
     json_t *units = json_pack("[{s:i}]", "unit", 0);
     json_t *settings = json_pack("{s:{s:f}, s:n}", "train", "lr", 1e-4, "model_config");
+    int32_t reply[] = {5, 0, 2};
+    json_t *reply_ids = msg_ids_json(reply, 3);
     json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n}]", "rank", 4, "pid", 99, "running", 1, "host_rss_bytes",
                              (json_int_t)1 << 30, "gpu_bytes");
     /* the leader's progress: a METRICS body (msg_to_json of one) */
@@ -514,6 +523,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_CKPT_REQUEST, .u.ckpt_request = {.kind = "stop_sync", .why = "SIGTERM on node 1"}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8"}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest"}},
+        {.type = MSG_SAMPLE, .u.sample = {.step = 4, .prompt_index = 1, .reply_ids = reply_ids, .stop = "stop"}},
     };
     int seen[MSG_TYPE_END] = {0};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -543,6 +553,7 @@ static void test_every_type_round_trips(void **state) {
     json_decref(rows);
     json_decref(progress);
     json_decref(settings);
+    json_decref(reply_ids);
 
     msg id = {.type = MSG_NCCL_ID};
     for (int i = 0; i < MSG_NCCL_ID_BYTES; i++) id.u.nccl_id.id[i] = (unsigned char)(i * 7);
@@ -635,6 +646,44 @@ static void test_config(void **state) {
     assert_int_equal(back.u.config.job.train.global_batch, 4);
     assert_int_equal(back.u.config.job.train.grad_accum, 2); /* not carried: recomputed */
     assert_string_equal(back.u.config.job.data.path, "data.tokens");
+    assert_null(back.u.config.samples);
+    msg_free(&back);
+
+    /* The sample prompts: read back typed, every id below the model's vocabulary. */
+    int32_t ids[] = {1, 7, 9, 1, 210}, stop[] = {2};
+    int offsets[] = {0, 3, 5};
+    msg_sample_prompts p = {.n = 2, .ids = ids, .offsets = offsets, .n_stop = 1, .stop = stop}, q;
+    c->samples = msg_sample_prompts_json(&p);
+    through_wire(&m, &back);
+    assert_same_body(&m, &back);
+    if (msg_sample_prompts_read(back.u.config.samples, 211, &q, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(q.n, 2);
+    assert_memory_equal(q.offsets, offsets, sizeof offsets);
+    assert_memory_equal(q.ids, ids, sizeof ids);
+    assert_int_equal(q.n_stop, 1);
+    assert_int_equal(q.stop[0], 2);
+    msg_sample_prompts_free(&q);
+    msg_free(&back);
+    struct { const char *text, *want; } bad_samples[] = {
+        {"{\"prompts\":[[1,211]],\"stop_ids\":[2]}", "'prompts'[0]: [1] = 211 is not below the vocabulary size 211"},
+        {"{\"prompts\":[],\"stop_ids\":[2]}", "'prompts' must be a non-empty array"},
+        {"{\"prompts\":[[1],[]],\"stop_ids\":[]}", "'prompts'[1]: must be a non-empty array of token ids"},
+        {"{\"prompts\":[[1]],\"stop_ids\":[300]}", "'stop_ids': [0] = 300 is not below"},
+        {"{\"prompts\":[[1]]}", "must be an object of exactly 'prompts' and 'stop_ids'"},
+    };
+    json_t *with = msg_to_json(&m, &err);
+    for (size_t i = 0; i < sizeof bad_samples / sizeof bad_samples[0]; i++) {
+        json_t *o = json_deep_copy(with);
+        json_object_set_new(o, "samples", json_loads(bad_samples[i].text, 0, NULL));
+        msg out;
+        if (msg_from_json(&out, MSG_CONFIG, o, &err) == 0) fail_msg("CONFIG with samples %s accepted", bad_samples[i].text);
+        assert_contains(err.msg, "CONFIG: field 'samples': ");
+        assert_contains(err.msg, bad_samples[i].want);
+        json_decref(o);
+    }
+    json_decref(with);
+    json_decref(c->samples);
+    c->samples = NULL;
 
     /* Each part is checked: the rank, the secret, the job (all keys, valid for the world),
      * the model. */
