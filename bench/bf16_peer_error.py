@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 
 def rel(a, b):
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float(a.norm())
 
 
