@@ -14,7 +14,7 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Which tool a flag comes from: a line of one tool's flags takes that tool's defaults. */
-enum { OWN = 0, QLORA = 1, TRAINER = 2, BOTH = QLORA | TRAINER };
+enum { QLORA = 1, TRAINER = 2, BOTH = QLORA | TRAINER };
 
 /* What a flag leaves for the rules that need the whole line (finish). */
 typedef struct flag_state {
@@ -596,7 +596,7 @@ static int choose_profile(const job_args *a, job_profile *p, const char **exampl
     const char *seen[3] = {NULL, NULL, NULL};
     for (int i = 0; i < a->n; i++) {
         const flag *f = find_flag(a->arg[i].name);
-        if (f && f->from != BOTH && f->from != OWN && !seen[f->from]) seen[f->from] = f->name;
+        if (f && f->from != BOTH && !seen[f->from]) seen[f->from] = f->name;
     }
     if (seen[QLORA] && seen[TRAINER])
         return errf(err, "the command line mixes fsdp_qlora's flags (--%s) and the Trainer's (--%s): say whose "
