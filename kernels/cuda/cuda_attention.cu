@@ -810,21 +810,25 @@ extern "C" void cuda_attention_bwd(kctx *c, void *dq, void *dk, void *dv, const 
     }
     const int Tp = (T + STATS_PAD - 1) / STATS_PAD * STATS_PAD;
     const size_t rows = (size_t)B * Hq * Tp, tokens = (size_t)B * T;
-    // delta and lse2, then the window's bounds (one scratch buffer: a second request could
-    // move the first)
-    float *scratch = (float *)cuda_scratch(c, 2 * rows * sizeof(float) + 2 * tokens * sizeof(int32_t),
+    // delta and lse2, the sm_90a kernel's dQ accumulators, then the window's bounds (one
+    // scratch buffer: a second request could move the first)
+    const int sm90 = cuda_state(c)->attention_sm90;
+    const size_t accum = sm90 ? cuda_attention_sm90_bwd_scratch(B, Tp, Hq, Hkv, hd) : 0;
+    float *scratch = (float *)cuda_scratch(c, 2 * rows * sizeof(float) + accum +
+                                                  2 * tokens * sizeof(int32_t),
                                            "attention backward");
     if (!scratch) return;
     k_docs banded;
-    docs = window_bounds(c, docs, window, B, T, (int32_t *)(scratch + 2 * rows), &banded);
+    docs = window_bounds(c, docs, window, B, T, (int32_t *)((char *)(scratch + 2 * rows) + accum),
+                         &banded);
     const float scale = 1.0f / sqrtf((float)hd);
     bwd_params p = {(bf16 *)dq, (bf16 *)dk, (bf16 *)dv, scratch, scratch + rows,
                     (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                     (const bf16 *)out, lse, B, T, Hq, Hkv, Tp, scale, scale * LOG2E};
-    if (cuda_state(c)->attention_sm90) {
+    if (sm90) {
         hd == 64 ? launch_delta<64>(c, p) : launch_delta<128>(c, p);
-        cuda_attention_sm90_bwd(c, dq, dk, dv, dout, q, k, v, p.lse2, p.delta, Tp, docs, 0, B, T,
-                                Hq, Hkv, hd);
+        cuda_attention_sm90_bwd(c, dq, dk, dv, dout, q, k, v, p.lse2, p.delta, Tp,
+                                scratch + 2 * rows, docs, 0, B, T, Hq, Hkv, hd);
         return;
     }
     if (hd == 64)

@@ -50,9 +50,8 @@ namespace {
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * 128;
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-constexpr int ROWS = 64 * CONSUMERS; // a block's queries (forward, dQ) or keys (dK/dV)
-// Buffers in the producer's ring: 3, because the dQ kernel holds a key tile until the next
-// tile's dQ product completes (with 2 its backward ran 15% slower on the H200).
+constexpr int ROWS = 64 * CONSUMERS; // a block's queries (forward) or keys (backward)
+// Buffers in the producer's ring: 3 (with 2, F30's backward ran 15% slower on the H200).
 constexpr int STAGES = 3;
 constexpr int SW = 128;              // bytes of a swizzled row: 64 bf16
 
@@ -361,22 +360,22 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const 
     }
 }
 
-// ---- the key/value stream of the forward and dQ ----
+// ---- the key/value stream of the forward ----
 
 constexpr uint32_t RING_BARS_BYTES = 8 * (1 + 4 * STAGES); // ring_bars
 
-// A block's shared memory: FIXED tiles of its own ROWS rows (Q; dQ: Q and dO), then a ring of
-// STAGES key tiles and STAGES value tiles of BN rows, then the mbarriers.
-template <int HD, int BN, int FIXED> struct stream_smem {
+// A block's shared memory: its ROWS query rows, then a ring of STAGES key tiles and STAGES
+// value tiles of BN rows, then the mbarriers.
+template <int HD, int BN> struct stream_smem {
     static constexpr uint32_t ROWS_BYTES = ROWS * HD * 2, KV_BYTES = BN * HD * 2;
-    static constexpr uint32_t K = FIXED * ROWS_BYTES, V = K + STAGES * KV_BYTES;
+    static constexpr uint32_t K = ROWS_BYTES, V = K + STAGES * KV_BYTES;
     static constexpr uint32_t BARS = V + STAGES * KV_BYTES;
     static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
 };
 
-// The mbarriers at `at`: the fixed tiles landed; ring stage s's keys (values) landed; its
-// keys (values) read by both consumers.  The dK/dV kernel's ring holds one kind of step (its
-// k_full and k_empty).
+// The mbarriers at `at`: the fixed tiles landed (the forward's Q; the backward's K and V);
+// ring stage s's keys (values) landed; its keys (values) read by both consumers.  The
+// backward's ring holds one kind of step (its k_full and k_empty).
 struct ring_bars {
     uint32_t at;
     __device__ __forceinline__ uint32_t fixed_full() const { return at; }
@@ -408,17 +407,15 @@ struct ring_bars {
     }
 };
 
-// The producer of the forward and dQ: the fixed tiles (rows q0.. of query head h: map0, then
-// map1 when FIXED is 2) once, then key/value tiles j0 .. n_tiles-1 of kv head kvh.
-template <int HD, int BN, int FIXED>
-__device__ void stream_produce(const CUtensorMap *map0, const CUtensorMap *map1,
-                               const CUtensorMap *k, const CUtensorMap *v, uint32_t base, int h,
-                               int kvh, int b, int q0, int j0, int n_tiles) {
-    typedef stream_smem<HD, BN, FIXED> L;
+// The producer of the forward: rows q0.. of query head h once, then key/value tiles j0 ..
+// n_tiles-1 of kv head kvh.
+template <int HD, int BN>
+__device__ void stream_produce(const CUtensorMap *q, const CUtensorMap *k, const CUtensorMap *v,
+                               uint32_t base, int h, int kvh, int b, int q0, int j0, int n_tiles) {
+    typedef stream_smem<HD, BN> L;
     const ring_bars bars = {base + L::BARS};
-    mbar_expect_bytes(bars.fixed_full(), FIXED * L::ROWS_BYTES);
-    tma_tile<ROWS, HD>(base, map0, h, q0, b, bars.fixed_full());
-    if (FIXED == 2) tma_tile<ROWS, HD>(base + L::ROWS_BYTES, map1, h, q0, b, bars.fixed_full());
+    mbar_expect_bytes(bars.fixed_full(), L::ROWS_BYTES);
+    tma_tile<ROWS, HD>(base, q, h, q0, b, bars.fixed_full());
     for (int it = 0; it < n_tiles - j0; it++) {
         const int s = it % STAGES, j = j0 + it;
         if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
@@ -454,7 +451,7 @@ struct fwd_tma {
 
 constexpr int FWD_KEYS = 128; // keys a tile
 static_assert(FWD_KEYS == ROWS, "every forward tile up to the diagonal has keys both warpgroups see");
-template <int HD> using fwd_smem = stream_smem<HD, FWD_KEYS, 1>;
+template <int HD> using fwd_smem = stream_smem<HD, FWD_KEYS>;
 
 // The online softmax of one tile for this lane's rows g and g + 8: scores s (masked here)
 // become probabilities exp2(s * scale_log2 - max) (one FFMA and one EX2 each); the running
@@ -536,16 +533,24 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     bars.skip(jw - j0);
     // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
     // second product does (O is rescaled, by tile j-1's factor, before it).
-    constexpr bool PINGPONG = !DOCS; // both take the same number of turns
-    if (PINGPONG && wg == 1) turn_pass(wg);
+    // Both take the same number of turns: with documents the warpgroup whose first tile is
+    // later takes the difference idle first (the other's first tile: its first row's).
+    if (wg == 1) turn_pass(wg);
+    if (DOCS) {
+        const int other_lo = p.doc_start[(size_t)b * T + imin(q0 + (1 - wg) * 64, T - 1)];
+        for (int idle = jw - imax(j0, other_lo / BN); idle > 0; idle--) {
+            turn_wait(wg);
+            turn_pass(wg);
+        }
+    }
     { // the first tile: its S alone (a loop of uniform bodies keeps ptxas from serialising)
         const int it = jw - j0, s = it % STAGES;
         float sc[BN / 8][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
-        if (PINGPONG) turn_wait(wg);
+        turn_wait(wg);
         gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
         wgmma_commit();
-        if (PINGPONG) turn_pass(wg);
+        turn_pass(wg);
         wgmma_wait<0>();
         regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
@@ -558,14 +563,14 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         const int it = j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
         float sc[BN / 8][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
-        if (PINGPONG) turn_wait(wg);
+        turn_wait(wg);
         gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
         wgmma_commit();
         rescale_rows<HD>(o, rescale);
         mbar_wait(bars.v_full(ps), ((it - 1) / STAGES) & 1);
         gemm_rs<HD, BN>(o, pa, sV + ps * L::KV_BYTES, BN * SW);
         wgmma_commit();
-        if (PINGPONG) turn_pass(wg);
+        turn_pass(wg);
         wgmma_wait<1>();
         regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
@@ -582,11 +587,11 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         const int it = n_tiles - 1 - j0, s = it % STAGES;
         rescale_rows<HD>(o, rescale);
         mbar_wait(bars.v_full(s), (it / STAGES) & 1);
-        if (PINGPONG) turn_wait(wg);
+        turn_wait(wg);
         gemm_rs<HD, BN>(o, pa, sV + s * L::KV_BYTES, BN * SW);
         wgmma_commit();
-        if (PINGPONG) turn_pass(wg);
-        if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
+        turn_pass(wg);
+        if (wg == 0) turn_wait(wg); // warpgroup 1's last signal
         wgmma_wait<0>();
         regs_fence(o);
         regs_fence(pa);
@@ -626,8 +631,7 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
     if (threadIdx.x / 128 == CONSUMERS) {
         regs_shrink<PRODUCER_REGS>();
         if (threadIdx.x == CONSUMERS * 128)
-            stream_produce<HD, FWD_KEYS, 1>(&p.q, nullptr, &p.k, &p.v, base, h, kvh, b, q0, j0,
-                                            n_tiles);
+            stream_produce<HD, FWD_KEYS>(&p.q, &p.k, &p.v, base, h, kvh, b, q0, j0, n_tiles);
         return;
     }
     regs_grow<CONSUMER_REGS>();
@@ -635,34 +639,139 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 }
 
 // ---- backward ----
+//
+// One kernel of five products (FlashAttention-3's): a block per (kv head, batch, 128 keys)
+// loops over the group's query heads and the query tiles that see its keys, and each step
+// computes S^T, dP^T, dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K.  dK and
+// dV stay in registers; the dQ shares of every key block are summed in fp32 in global memory
+// (dq_accum), in a fixed order, then cast to bf16 (dq_convert_sm90):
+//   - each step's share goes through shared memory; a writer warp (of the producer
+//     warpgroup) adds it with one bulk reduction (cp.reduce.async.bulk .add.f32), the tile's
+//     first share with a bulk store (no zeroing);
+//   - the order: key blocks in ascending order, kept by a semaphore per (batch, query head,
+//     query tile) in global memory that counts the shares added so far; a block waits for
+//     its turn (its rank among the key blocks that see the tile) and counts itself after its
+//     share has landed.  The same additions in the same order every run: the same bits;
+//   - no block waits on one launched after it: blocks start in ascending key blocks
+//     (block_of(false)), and every block walks its query tiles from the last one down, the
+//     group's heads inside, so each reaches a tile at the same place of its walk as the
+//     blocks below it (which started no later): a wait is only for the share of a block
+//     that reached the tile at the same moment, never for a whole walk (the schedule that
+//     keeps FlashAttention-3's deterministic waits short).
 
 struct bwd_tma {
-    CUtensorMap q, dout, k, v; // boxes: dK/dV: BQ rows of q, dout; ROWS of k, v.  dQ: the reverse
+    CUtensorMap q, dout, k, v; // boxes: BQ rows of q and dout, ROWS rows of k and v
     bf16 *dq, *dk, *dv;
+    float *dq_accum;                    // the launch's heads: [B, heads, Tp / BQ tiles, BQ * HD]
+    int *dq_sem;                        // [B, heads, Tp / BQ]: shares added, zeroed a launch
     const float *lse2, *delta;          // [B, Hq, Tp]: lse * log2(e), rowsum(dO * O); 0 past T
     const int32_t *doc_start, *doc_end; // varlen only: [B, T]
-    int T, Hq, Hkv, Tp;
+    int B, T, Hq, Hkv, Tp;
+    int kv0, n_kv; // the launch's kv heads: kv0 .. kv0 + n_kv - 1 (dq_accum's budget)
     float scale, scale_log2;
 };
 
-constexpr int BQ = 64;      // dK/dV: queries a step
-constexpr int DQ_KEYS = 64; // dQ: keys a tile
+constexpr int BQ = 64; // queries a step
 
-// dK/dV: K and V (ROWS rows each), then a ring of STAGES steps (Q, dO: BQ rows; lse2, delta).
-template <int HD> struct dkv_smem {
-    static constexpr uint32_t KV_BYTES = ROWS * HD * 2, TILE = BQ * HD * 2;
-    static constexpr uint32_t STATS = 2 * BQ * 4;      // lse2 and delta
-    static constexpr uint32_t STEP = 2 * TILE + 1024; // the stats padded: steps start on 1024
-    static constexpr uint32_t K = 0, V = KV_BYTES, STEPS = 2 * KV_BYTES;
-    static constexpr uint32_t BARS = STEPS + STAGES * STEP;
-    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
-    static_assert(STATS <= 1024 && TILE % 1024 == 0, "a step's tiles start on 1024 bytes");
+// dQ's share is computed by both consumers: at head dim 128 each takes 64 of its columns over
+// the block's 128 keys (N split); at 64 each takes all columns over its own 64 keys and the
+// two are added in shared memory (K split).
+template <int HD> struct dq_split {
+    static constexpr bool N = HD == 128;
 };
 
-// The dK/dV producer: K and V once, then every (query head, query tile) step.
+// K and V (ROWS rows each), a ring of STAGES steps (Q, dO: BQ rows), the steps' statistics
+// (lse2, delta), dS (BQ x ROWS bf16, K-major: a query's keys along its row, 64-key chunks),
+// the step's dQ share (BQ x HD fp32, as the accumulators lie: see stage_dq), the mbarriers.
+template <int HD> struct dkv_smem {
+    static constexpr uint32_t KV_BYTES = ROWS * HD * 2, TILE = BQ * HD * 2;
+    static constexpr uint32_t STEP = 2 * TILE;
+    static constexpr uint32_t STATS_STEP = 2 * BQ * 4; // lse2 and delta
+    static constexpr uint32_t K = 0, V = KV_BYTES, STEPS = 2 * KV_BYTES;
+    static constexpr uint32_t STATS = STEPS + STAGES * STEP;
+    static constexpr uint32_t DS = STATS + 2048; // STAGES statistics, padded to 1024
+    static constexpr uint32_t DQ = DS + BQ * ROWS * 2, DQ_BYTES = BQ * HD * 4;
+    static constexpr uint32_t BARS = DQ + DQ_BYTES;
+    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
+    static_assert(STAGES * STATS_STEP <= 2048 && TILE % 1024 == 0, "tiles start on 1024 bytes");
+};
+
+// Named barriers (0: __syncthreads, 1-2: warpgroup_sync, 3-4: the turns).
+constexpr int BAR_DS_FREE = 5;  // warpgroup 1's dQ product of the last step done (256)
+constexpr int BAR_DS = 6;       // both consumers' dS written; also the end of the loop (256)
+constexpr int BAR_DQ_SUM = 7;   // K split: warpgroup 0's share staged (256)
+constexpr int BAR_DQ_FULL = 8;  // the share staged, for the writer (256 + 32)
+constexpr int BAR_DQ_EMPTY = 9; // the writer has read the stage (256 + 32)
+constexpr int WRITER_WARP = CONSUMERS * 4 + 1; // the producer's second warp
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// Makes this thread's shared-memory writes visible to the async proxy (wgmma, bulk copies).
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Four 8x8 bf16 matrices, as an mma accumulator holds them (r[i]: matrix i), stored
+// transposed: lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_trans(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+// ---- the dQ writer: bulk copies and the semaphores ----
+
+__device__ __forceinline__ void bulk_store(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                     dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The committed bulk copies have read their shared memory (read) or are complete.
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_done() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int load_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Counts a share as added: its bulk writes (async proxy) before the release.
+__device__ __forceinline__ void release_count(int *p) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
+// Step it of a block: query tiles from `last` down, the group's heads inside.
+struct bwd_step {
+    int head, tile;
+};
+__device__ __forceinline__ bwd_step step_of(int it, int kvh, int group, int last) {
+    return {kvh * group + it % group, last - it / group};
+}
+
+// The dK/dV producer: K and V once, then every step's Q, dO and statistics.
 template <int HD>
-__device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
-                            int per_head, int n_steps) {
+__device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int last,
+                            int n_steps) {
     typedef dkv_smem<HD> L;
     const ring_bars bars = {base + L::BARS};
     const int group = p.Hq / p.Hkv;
@@ -670,16 +779,168 @@ __device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int
     tma_tile<ROWS, HD>(base + L::K, &p.k, kvh, k0, b, bars.fixed_full());
     tma_tile<ROWS, HD>(base + L::V, &p.v, kvh, k0, b, bars.fixed_full());
     for (int it = 0; it < n_steps; it++) {
-        const int s = it % STAGES, h = kvh * group + it / per_head, i = first + it % per_head;
+        const bwd_step st = step_of(it, kvh, group, last);
+        const int s = it % STAGES;
         const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
+        const uint32_t stats = base + L::STATS + s * L::STATS_STEP;
         if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
-        mbar_expect_bytes(full, 2 * L::TILE + L::STATS);
-        tma_tile<BQ, HD>(step, &p.q, h, i * BQ, b, full);
-        tma_tile<BQ, HD>(step + L::TILE, &p.dout, h, i * BQ, b, full);
-        const size_t stats = ((size_t)b * p.Hq + h) * p.Tp + (size_t)i * BQ; // < Tp: padded
-        bulk_load(step + 2 * L::TILE, p.lse2 + stats, BQ * 4, full);
-        bulk_load(step + 2 * L::TILE + BQ * 4, p.delta + stats, BQ * 4, full);
+        mbar_expect_bytes(full, 2 * L::TILE + L::STATS_STEP);
+        tma_tile<BQ, HD>(step, &p.q, st.head, st.tile * BQ, b, full);
+        tma_tile<BQ, HD>(step + L::TILE, &p.dout, st.head, st.tile * BQ, b, full);
+        const size_t at = ((size_t)b * p.Hq + st.head) * p.Tp + (size_t)st.tile * BQ; // padded
+        bulk_load(stats, p.lse2 + at, BQ * 4, full);
+        bulk_load(stats + BQ * 4, p.delta + at, BQ * 4, full);
     }
+}
+
+// The dQ writer (one warp): every step, once the consumers have staged the share, waits for
+// the tile's semaphore to reach this block's rank, adds the share (the first stores it),
+// frees the stage, and counts the share once it has landed.
+template <int HD, bool DOCS>
+__device__ void dq_write(const bwd_tma &p, uint32_t base, int kvh, int b, int n, int last,
+                         int n_steps) {
+    typedef dkv_smem<HD> L;
+    const int lane = threadIdx.x % 32, group = p.Hq / p.Hkv, tiles = p.Tp / BQ;
+    bar_arrive(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+    for (int it = 0; it < n_steps; it++) {
+        const bwd_step st = step_of(it, kvh, group, last);
+        const size_t tile =
+            ((size_t)b * p.n_kv * group + (st.head - p.kv0 * group)) * tiles + st.tile;
+        bar_sync(BAR_DQ_FULL, CONSUMERS * 128 + 32);
+        if (lane == 0) {
+            // the key blocks that see tile i start at the block of its first query's first
+            // key (its document's start: cuda_attention.cu's bounds never decrease)
+            const int first_block =
+                DOCS ? p.doc_start[(size_t)b * p.T + st.tile * BQ] / ROWS : 0;
+            const int rank = n - first_block;
+            while (load_acquire(p.dq_sem + tile) != rank) {
+            }
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            float *dst = p.dq_accum + tile * (BQ * HD);
+            if (rank == 0)
+                bulk_store(dst, base + L::DQ, L::DQ_BYTES);
+            else
+                bulk_reduce_add(dst, base + L::DQ, L::DQ_BYTES);
+            bulk_commit();
+            bulk_wait_read();
+        }
+        __syncwarp();
+        if (it + 1 < n_steps) bar_arrive(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+        if (lane == 0) {
+            bulk_wait_done();
+            release_count(p.dq_sem + tile);
+        }
+        __syncwarp(); // bar.sync is aligned: the whole warp at once
+    }
+}
+
+// acc (64 x N) = A B: A (64 x K) K-major in shared memory, B (K x N) MN-major (a K row's N
+// columns along the row, 64-column chunks `b_chunk` bytes apart).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], uint64_t a, uint64_t b,
+                                            int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_ss_mn<64>(float (&d)[8][4], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <int K>
+__device__ __forceinline__ void gemm_ss_mn64(float (&acc)[8][4], uint32_t a_rows, uint32_t a_chunk,
+                                             uint32_t b_tile, uint32_t b_chunk) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++)
+        wgmma_ss_mn<64>(acc, desc_k_major(a_rows, a_chunk, kk), desc_mn_major(b_tile, b_chunk, kk),
+                        kk > 0);
+}
+
+// This warpgroup's dS^T (its 64 keys x BQ queries, the bf16 fragments of dkv_consume) into
+// dS's chunk of its keys, transposed: rows are queries.
+__device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&df)[BQ / 16][4], int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, m = lane / 8, r = lane % 8;
+    const uint32_t chunk = ds + wg * BQ * SW;
+    const int unit = 2 * warp + (m % 2); // 8 keys: this warp's 16, first or second half
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+        const int query = 16 * kk + 8 * (m / 2) + r; // query % 8 == r
+        stmatrix_trans(chunk + query * SW + ((unit ^ r) << 4), df[kk]);
+    }
+}
+
+// The share's staging: accumulator register j (0-7) of thread t of the consumer that computed
+// columns chunk c is the float4 at ((c * 8 + j) * 128 + t) (16-byte stores, no conflicts);
+// dq_convert_sm90 reads the same layout from dq_accum.
+__device__ __forceinline__ uint32_t stage_at(uint32_t stage, int c, int j) {
+    return stage + (uint32_t)(((c * 8 + j) * 128 + threadIdx.x % 128) * 16);
+}
+
+__device__ __forceinline__ void stage_store(uint32_t at, const float (&a)[4]) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(a[0]), "f"(a[1]),
+                 "f"(a[2]), "f"(a[3])
+                 : "memory");
+}
+
+__device__ __forceinline__ void stage_add(uint32_t at, float (&a)[4]) {
+    float s[4];
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(s[0]), "=f"(s[1]), "=f"(s[2]), "=f"(s[3])
+                 : "r"(at)
+                 : "memory");
+#pragma unroll
+    for (int e = 0; e < 4; e++) a[e] = s[e] + a[e];
+}
+
+// A step's dQ share, from this warpgroup's dS^T fragments df: dS to shared memory, the
+// product, the share staged for the writer.  Every dK/dV product of the step has been issued
+// and is left running; on return every product of the step has completed.
+template <int HD>
+__device__ __forceinline__ void dq_share(uint32_t base, const uint32_t (&df)[BQ / 16][4], int wg,
+                                         int it, int n_steps) {
+    typedef dkv_smem<HD> L;
+    const uint32_t ds = base + L::DS, stage = base + L::DQ;
+    float dq[8][4];
+    if (dq_split<HD>::N) {
+        // warpgroup 1's last product read warpgroup 0's half of dS (warpgroup 0's last read
+        // warpgroup 1's: warpgroup 1 passed its turn after warpgroup 0's step ended)
+        if (wg == 0 && it > 0) bar_sync(BAR_DS_FREE, 256);
+        store_ds(ds, df, wg);
+        fence_async_smem();
+        bar_sync(BAR_DS, 256);
+        gemm_ss_mn64<ROWS>(dq, ds, BQ * SW, base + L::K + wg * ROWS * SW, ROWS * SW);
+    } else {
+        store_ds(ds, df, wg);
+        fence_async_smem();
+        warpgroup_sync(wg);
+        gemm_ss_mn64<64>(dq, ds + wg * BQ * SW, BQ * SW, base + L::K + wg * 64 * SW, ROWS * SW);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    regs_fence(dq);
+    if (dq_split<HD>::N && wg == 1 && it + 1 < n_steps) bar_arrive(BAR_DS_FREE, 256);
+    bar_sync(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+    const int c = dq_split<HD>::N ? wg : 0;
+    if (!dq_split<HD>::N && wg == 1) bar_sync(BAR_DQ_SUM, 256); // warpgroup 0's share first
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (!dq_split<HD>::N && wg == 1) stage_add(stage_at(stage, c, j), dq[j]);
+        stage_store(stage_at(stage, c, j), dq[j]);
+    }
+    fence_async_smem();
+    if (!dq_split<HD>::N && wg == 0) bar_arrive(BAR_DQ_SUM, 256);
+    bar_arrive(BAR_DQ_FULL, CONSUMERS * 128 + 32);
 }
 
 // The shared floats at address `at` (a plain pointer, so the compiler may keep them in
@@ -688,14 +949,15 @@ __device__ __forceinline__ const float *smem_floats(uint32_t at) {
     return reinterpret_cast<const float *>(sm90_smem + (at - smem_u32(sm90_smem)));
 }
 
-// A dK/dV consumer warpgroup: its 64 keys against every step, dK and dV in registers.
+// A consumer warpgroup: its 64 keys against every step; dK and dV in registers, dQ's shares
+// through dq_share.
 template <int HD, bool DOCS>
-__device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
-                            int per_head, int n_steps) {
+__device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int last,
+                            int n_steps) {
     typedef dkv_smem<HD> L;
     const ring_bars bars = {base + L::BARS};
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, t4 = lane % 4, T = p.T;
+    const int g = lane / 4, t4 = lane % 4, T = p.T, group = p.Hq / p.Hkv;
     const int wg_lo = k0 + wg * 64, k_lo = wg_lo + warp * 16; // the warp's keys k_lo..+15
     // varlen: lo, the smallest end of the warp's keys; hi, the largest of the warpgroup's
     const key_docs docs = key_docs_of<DOCS>(p.doc_end, b, T, k_lo, g, k_lo, wg_lo + 63);
@@ -707,9 +969,10 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
     if (wg == 1) turn_pass(wg);
     mbar_wait(bars.fixed_full(), 0);
     for (int it = 0; it < n_steps; it++) {
-        const int s = it % STAGES, q0 = (first + it % per_head) * BQ;
+        const int s = it % STAGES, q0 = (last - it / group) * BQ;
         const uint32_t sQ = base + L::STEPS + s * L::STEP, sdO = sQ + L::TILE;
-        const float *lse2 = smem_floats(sdO + L::TILE), *delta = lse2 + BQ;
+        const float *lse2 = smem_floats(base + L::STATS + s * L::STATS_STEP), *delta = lse2 + BQ;
+        uint32_t pf[BQ / 16][4], df[BQ / 16][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
         // else every query is before the warpgroup's keys, or (varlen) past their documents
         if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < docs.hi)) {
@@ -733,7 +996,6 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
                     if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
                     st[jn][e] = pr;
                 }
-            uint32_t pf[BQ / 16][4], df[BQ / 16][4];
             acc_to_frags<BQ>(pf, st);
             gemm_rs<HD, BQ>(dv, pf, sdO, BQ * SW); // runs while dS^T is computed
             wgmma_commit();
@@ -743,162 +1005,80 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
                 for (int e = 0; e < 4; e++)
                     st[jn][e] *= dpt[jn][e] - delta[jn * 8 + 2 * t4 + e % 2];
             acc_to_frags<BQ>(df, st);
-            gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW);
+            gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW); // runs while dS goes to shared memory
             wgmma_commit();
-            wgmma_wait<0>();
-            regs_fence(dv);
-            regs_fence(dk);
-            regs_fence(pf);
-            regs_fence(df);
-        } else { // a turn all the same: both warpgroups take one a step
+        } else { // a turn all the same: both warpgroups take one a step; dS is zero
             turn_wait(wg);
             turn_pass(wg);
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) df[kk][e] = pf[kk][e] = 0u;
         }
+        dq_share<HD>(base, df, wg, it, n_steps);
+        regs_fence(dv);
+        regs_fence(dk);
+        regs_fence(pf);
+        regs_fence(df);
         mbar_arrive(bars.k_empty(s));
     }
     if (wg == 0) turn_wait(wg); // warpgroup 1's last signal
-    // The warpgroup's K and V rows were read by it alone: stage its results there.
-    const size_t kvs = (size_t)p.Hkv * HD, head = (size_t)b * T * kvs + (size_t)kvh * HD;
+    // Both consumers' products are done with K (the N split reads the other's rows): stage
+    // each one's results in its own K and V rows.
+    bar_sync(BAR_DS, 256);
+    const size_t kvs = (size_t)p.Hkv * HD, at = (size_t)b * T * kvs + (size_t)kvh * HD;
     const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
-    store_rows<HD>(dk, dk_scale, sK, ROWS * SW, p.dk + head, kvs, wg_lo, T, wg);
-    store_rows<HD>(dv, one, sV, ROWS * SW, p.dv + head, kvs, wg_lo, T, wg);
+    store_rows<HD>(dk, dk_scale, sK, ROWS * SW, p.dk + at, kvs, wg_lo, T, wg);
+    store_rows<HD>(dv, one, sV, ROWS * SW, p.dv + at, kvs, wg_lo, T, wg);
 }
 
 template <int HD, bool DOCS>
-__global__ void __launch_bounds__(THREADS, 1) attention_dkdv_sm90(const __grid_constant__ bwd_tma p) {
+__global__ void __launch_bounds__(THREADS, 1) attention_bwd_sm90(const __grid_constant__ bwd_tma p) {
     const uint32_t base = smem_base();
-    const block_work w = block_of(false); // the first key tiles see the most queries
-    const int kvh = w.head, b = w.batch, k0 = w.tile * ROWS, T = p.T;
+    const block_work w = block_of(false); // ascending key blocks: see the top of this section
+    const int kvh = p.kv0 + w.head, b = w.batch, n = w.tile, k0 = n * ROWS, T = p.T;
     // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
     const int q_end = DOCS ? p.doc_end[(size_t)b * T + imin(k0 + ROWS, T) - 1] : T;
-    const int first = k0 / BQ, per_head = (q_end - 1) / BQ + 1 - first;
-    const int n_steps = p.Hq / p.Hkv * per_head;
+    const int first = k0 / BQ, last = (q_end - 1) / BQ;
+    const int n_steps = p.Hq / p.Hkv * (last - first + 1);
     if (threadIdx.x == 0) ring_bars{base + dkv_smem<HD>::BARS}.init();
     __syncthreads();
     if (threadIdx.x / 128 == CONSUMERS) {
         regs_shrink<PRODUCER_REGS>();
+        const int warp = threadIdx.x / 32;
         if (threadIdx.x == CONSUMERS * 128)
-            dkv_produce<HD>(p, base, kvh, b, k0, first, per_head, n_steps);
+            dkv_produce<HD>(p, base, kvh, b, k0, last, n_steps);
+        else if (warp == WRITER_WARP)
+            dq_write<HD, DOCS>(p, base, kvh, b, n, last, n_steps);
         return;
     }
     regs_grow<CONSUMER_REGS>();
-    dkv_consume<HD, DOCS>(p, base, kvh, b, k0, first, per_head, n_steps);
+    dkv_consume<HD, DOCS>(p, base, kvh, b, k0, last, n_steps);
 }
 
-template <int HD> using dq_smem = stream_smem<HD, DQ_KEYS, 2>;
-
-// A dQ consumer warpgroup: its 64 query rows against every key tile, dQ in registers.
-template <int HD, bool DOCS>
-__device__ void dq_consume(const bwd_tma &p, uint32_t base, int h, int b, int q0, int j0,
-                           int n_tiles) {
-    typedef dq_smem<HD> L;
-    constexpr int BN = DQ_KEYS;
-    const ring_bars bars = {base + L::BARS};
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, t4 = lane % 4, T = p.T;
-    const int wg_lo = q0 + wg * 64, row_lo = wg_lo + warp * 16;
-    const query_docs docs =
-        query_docs_of<DOCS>(p.doc_start, b, T, row_lo, g, wg_lo, row_lo + 15);
-    const size_t stats = ((size_t)b * p.Hq + h) * p.Tp; // rows < Tp: padded
-    float lse2[2], delta[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lse2[r] = p.lse2[stats + row_lo + g + 8 * r];
-        delta[r] = p.delta[stats + row_lo + g + 8 * r];
+// dQ = scale * dq_accum as bf16, a thread per float4 of the launch's accumulators (the layout
+// of stage_at: tile, column chunk, register, thread).
+template <int HD> __global__ void dq_convert_sm90(const __grid_constant__ bwd_tma p) {
+    const int group = p.Hq / p.Hkv, heads = p.n_kv * group, tiles = p.Tp / BQ;
+    constexpr int PER_TILE = BQ * HD / 4;
+    const size_t total = (size_t)p.B * heads * tiles * PER_TILE;
+    const float4 *acc = reinterpret_cast<const float4 *>(p.dq_accum);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int f = (int)(i % PER_TILE);
+        const size_t tile = i / PER_TILE;
+        const int qt = (int)(tile % tiles), hc = (int)(tile / tiles % heads);
+        const int b = (int)(tile / tiles / heads);
+        const int t = f % 128, j = f / 128 % 8, c = f / 1024, lane = t % 32;
+        const int row = qt * BQ + (t / 32) * 16 + lane / 4, col = c * 64 + j * 8 + 2 * (lane % 4);
+        if (row >= p.T) continue;
+        const float4 v = acc[i];
+        const size_t h = (size_t)p.kv0 * group + hc, qs = (size_t)p.Hq * HD;
+        bf16 *out = p.dq + ((size_t)b * p.T + row) * qs + h * HD + col;
+        *reinterpret_cast<uint32_t *>(out) = pack_bf16(v.x * p.scale, v.y * p.scale);
+        if (row + 8 < p.T)
+            *reinterpret_cast<uint32_t *>(out + 8 * qs) = pack_bf16(v.z * p.scale, v.w * p.scale);
     }
-    const uint32_t sQ = base + wg * 64 * SW, sdO = sQ + L::ROWS_BYTES;
-    const uint32_t sK = base + L::K, sV = base + L::V;
-    // The warpgroup's first tile with keys of its documents; later tiles whose keys are all
-    // past its rows (warpgroup 0's last) are computed, masked to zero, to keep the loop
-    // uniform.
-    const int jw = DOCS ? imax(j0, docs.lo / BN) : j0;
-    float dq[HD / 8][4];
-    uint32_t df[BN / 16][4]; // the previous tile's dS, bf16
-    zero_acc(dq);
-    mbar_wait(bars.fixed_full(), 0);
-    bars.skip(jw - j0);
-    // dS of tile j is computed while tile j-1's dQ += dS K runs.  The first tile's wait is in
-    // its own branch, with its issue (ptxas must see which groups a wait completes).
-    constexpr bool PINGPONG = !DOCS; // both take the same number of turns
-    if (PINGPONG && wg == 1) turn_pass(wg);
-    for (int j = jw; j < n_tiles; j++) {
-        const int it = j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
-        const bool later = j > jw;
-        float sc[BN / 8][4], dp[BN / 8][4];
-        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
-        mbar_wait(bars.v_full(s), (it / STAGES) & 1);
-        if (PINGPONG) turn_wait(wg);
-        gemm_ss<BN, HD>(sc, sQ, ROWS * SW, sK + s * L::KV_BYTES, BN * SW);
-        gemm_ss<BN, HD>(dp, sdO, ROWS * SW, sV + s * L::KV_BYTES, BN * SW);
-        wgmma_commit();
-        if (later) {
-            gemm_rs<HD, BN>(dq, df, sK + ps * L::KV_BYTES, BN * SW);
-            wgmma_commit();
-            if (PINGPONG) turn_pass(wg);
-            wgmma_wait<1>();
-        } else {
-            if (PINGPONG) turn_pass(wg);
-            wgmma_wait<0>();
-        }
-        regs_fence(sc);
-        regs_fence(dp);
-        mbar_arrive(bars.v_empty(s));
-        const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
-#pragma unroll
-        for (int jn = 0; jn < BN / 8; jn++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e / 2, row = row_lo + g + 8 * r;
-                const int key = j * BN + jn * 8 + 2 * t4 + e % 2;
-                float pr = ex2(fmaf(sc[jn][e], p.scale_log2, -lse2[r]));
-                if (masked && key > row) pr = 0.0f;
-                if (DOCS && masked && key < docs.first[r]) pr = 0.0f; // another document
-                sc[jn][e] = pr * (dp[jn][e] - delta[r]);          // dS
-            }
-        if (later) {
-            wgmma_wait<0>();
-            regs_fence(dq);
-            regs_fence(df);
-            mbar_arrive(bars.k_empty(ps));
-        }
-        acc_to_frags<BN>(df, sc);
-    }
-    {
-        const int s = (n_tiles - 1 - j0) % STAGES;
-        if (PINGPONG) turn_wait(wg);
-        gemm_rs<HD, BN>(dq, df, sK + s * L::KV_BYTES, BN * SW);
-        wgmma_commit();
-        if (PINGPONG) turn_pass(wg);
-        if (PINGPONG && wg == 0) turn_wait(wg); // warpgroup 1's last signal
-        wgmma_wait<0>();
-        regs_fence(dq);
-        regs_fence(df);
-        mbar_arrive(bars.k_empty(s));
-    }
-    const size_t qs = (size_t)p.Hq * HD;
-    const float dq_scale[2] = {p.scale, p.scale};
-    store_rows<HD>(dq, dq_scale, sQ, ROWS * SW, p.dq + (size_t)b * T * qs + (size_t)h * HD, qs,
-                   wg_lo, T, wg);
-}
-
-template <int HD, bool DOCS>
-__global__ void __launch_bounds__(THREADS, 1) attention_dq_sm90(const __grid_constant__ bwd_tma p) {
-    const uint32_t base = smem_base();
-    const block_work w = block_of(true);
-    const int h = w.head, b = w.batch, kvh = h / (p.Hq / p.Hkv), q0 = w.tile * ROWS;
-    const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / DQ_KEYS + 1;
-    const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / DQ_KEYS : 0;
-    if (threadIdx.x == 0) ring_bars{base + dq_smem<HD>::BARS}.init();
-    __syncthreads();
-    if (threadIdx.x / 128 == CONSUMERS) {
-        regs_shrink<PRODUCER_REGS>();
-        if (threadIdx.x == CONSUMERS * 128)
-            stream_produce<HD, DQ_KEYS, 2>(&p.q, &p.dout, &p.k, &p.v, base, h, kvh, b, q0, j0,
-                                           n_tiles);
-        return;
-    }
-    regs_grow<CONSUMER_REGS>();
-    dq_consume<HD, DOCS>(p, base, h, b, q0, j0, n_tiles);
 }
 
 } // namespace
@@ -947,17 +1127,38 @@ template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p, i
     cuda_check_launch(c, "attention forward (sm_90a)");
 }
 
-template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &kv, const bwd_tma &q,
-                                                    int B) {
-    if (allow_smem(c, attention_dkdv_sm90<HD, DOCS>, dkv_smem<HD>::BYTES) ||
-        allow_smem(c, attention_dq_sm90<HD, DOCS>, dq_smem<HD>::BYTES))
+// The backward for the kv heads kv0 .. kv0 + n_kv - 1: the semaphores zeroed, the kernel,
+// then dQ from the accumulators.
+template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &p) {
+    if (allow_smem(c, attention_bwd_sm90<HD, DOCS>, dkv_smem<HD>::BYTES)) return;
+    const size_t tiles = (size_t)p.B * p.n_kv * (p.Hq / p.Hkv) * (p.Tp / BQ);
+    if (cuda_check_call(c, cudaMemsetAsync(p.dq_sem, 0, tiles * sizeof(int), cuda_stream(c)),
+                        "attention backward (sm_90a): zeroing the dQ semaphores"))
         return;
-    const int n_tiles = (kv.T + ROWS - 1) / ROWS; // block_of
-    dim3 kv_grid(kv.Hkv, B, n_tiles), q_grid(q.Hq, B, n_tiles);
-    attention_dkdv_sm90<HD, DOCS><<<kv_grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(kv);
-    cuda_check_launch(c, "attention backward (dK, dV; sm_90a)");
-    attention_dq_sm90<HD, DOCS><<<q_grid, THREADS, dq_smem<HD>::BYTES, cuda_stream(c)>>>(q);
+    dim3 grid(p.n_kv, p.B, (p.T + ROWS - 1) / ROWS); // block_of
+    attention_bwd_sm90<HD, DOCS><<<grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(p);
+    cuda_check_launch(c, "attention backward (sm_90a)");
+    const size_t float4s = tiles * BQ * HD / 4;
+    dq_convert_sm90<HD><<<cuda_blocks(float4s, 256), 256, 0, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (dQ; sm_90a)");
+}
+
+// dq_accum's budget: the backward runs as many kv heads a launch as fit (at least one).
+#define DQ_ACCUM_BUDGET ((size_t)256 << 20)
+
+static size_t dq_accum_bytes_per_kv(int B, int Tp, int Hq, int Hkv, int hd) {
+    return (size_t)B * (Hq / Hkv) * Tp * hd * sizeof(float);
+}
+
+static int kv_heads_a_launch(int B, int Tp, int Hq, int Hkv, int hd) {
+    size_t n = DQ_ACCUM_BUDGET / dq_accum_bytes_per_kv(B, Tp, Hq, Hkv, hd);
+    return n < 1 ? 1 : n > (size_t)Hkv ? Hkv : (int)n;
+}
+
+extern "C" size_t cuda_attention_sm90_bwd_scratch(int B, int Tp, int Hq, int Hkv, int hd) {
+    const size_t n = (size_t)kv_heads_a_launch(B, Tp, Hq, Hkv, hd);
+    const size_t sems = (size_t)B * n * (Hq / Hkv) * (Tp / BQ) * sizeof(int);
+    return n * dq_accum_bytes_per_kv(B, Tp, Hq, Hkv, hd) + (sems + 255) / 256 * 256;
 }
 
 extern "C" int cuda_attention_sm90_setup(kctx *c, int device, errbuf *err) {
@@ -1012,45 +1213,47 @@ extern "C" void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const vo
         docs ? launch_fwd<128, true>(c, p, B) : launch_fwd<128, false>(c, p, B);
 }
 
-// The maps of one backward kernel: q and dout in boxes of q_rows rows, k and v of kv_rows.
-static int encode_bwd_maps(kctx *c, bwd_tma *p, const void *q, const void *dout, const void *k,
-                           const void *v, int B, int hd, int q_rows, int kv_rows) {
-    return encode_map(c, &p->q, q, B, p->T, p->Hq, hd, q_rows) ||
-           encode_map(c, &p->dout, dout, B, p->T, p->Hq, hd, q_rows) ||
-           encode_map(c, &p->k, k, B, p->T, p->Hkv, hd, kv_rows) ||
-           encode_map(c, &p->v, v, B, p->T, p->Hkv, hd, kv_rows);
-}
-
 extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                                         const void *q, const void *k, const void *v,
                                         const float *lse2, const float *delta, int Tp,
-                                        const k_docs *docs, int window, int B, int T, int Hq,
-                                        int Hkv, int hd) {
+                                        void *scratch, const k_docs *docs, int window, int B,
+                                        int T, int Hq, int Hkv, int hd) {
     if (window) { // as the forward's
         k_fail(c, "attention backward (sm90): a sliding window must come as document bounds");
         return;
     }
-    bwd_tma kv;
-    memset(&kv, 0, sizeof kv);
-    kv.dq = (bf16 *)dq;
-    kv.dk = (bf16 *)dk;
-    kv.dv = (bf16 *)dv;
-    kv.lse2 = lse2;
-    kv.delta = delta;
-    kv.doc_start = docs ? docs->start : nullptr;
-    kv.doc_end = docs ? docs->end : nullptr;
-    kv.T = T;
-    kv.Hq = Hq;
-    kv.Hkv = Hkv;
-    kv.Tp = Tp;
-    kv.scale = 1.0f / sqrtf((float)hd);
-    kv.scale_log2 = kv.scale * LOG2E;
-    bwd_tma qp = kv;
-    if (encode_bwd_maps(c, &kv, q, dout, k, v, B, hd, BQ, ROWS) ||
-        encode_bwd_maps(c, &qp, q, dout, k, v, B, hd, ROWS, DQ_KEYS))
+    if (Tp % BQ || ((uintptr_t)scratch & 15)) {
+        k_fail(c, "attention backward (sm90): rows padded to %d (not a multiple of %d) or "
+                  "scratch not 16-byte aligned", Tp, BQ);
         return;
-    if (hd == 64)
-        docs ? launch_bwd<64, true>(c, kv, qp, B) : launch_bwd<64, false>(c, kv, qp, B);
-    else
-        docs ? launch_bwd<128, true>(c, kv, qp, B) : launch_bwd<128, false>(c, kv, qp, B);
+    }
+    bwd_tma p;
+    memset(&p, 0, sizeof p);
+    p.dq = (bf16 *)dq;
+    p.dk = (bf16 *)dk;
+    p.dv = (bf16 *)dv;
+    p.lse2 = lse2;
+    p.delta = delta;
+    p.doc_start = docs ? docs->start : nullptr;
+    p.doc_end = docs ? docs->end : nullptr;
+    p.B = B;
+    p.T = T;
+    p.Hq = Hq;
+    p.Hkv = Hkv;
+    p.Tp = Tp;
+    p.scale = 1.0f / sqrtf((float)hd);
+    p.scale_log2 = p.scale * LOG2E;
+    const int per_launch = kv_heads_a_launch(B, Tp, Hq, Hkv, hd);
+    p.dq_accum = (float *)scratch;
+    p.dq_sem = (int *)((char *)scratch + per_launch * dq_accum_bytes_per_kv(B, Tp, Hq, Hkv, hd));
+    if (encode_map(c, &p.q, q, B, T, Hq, hd, BQ) || encode_map(c, &p.dout, dout, B, T, Hq, hd, BQ) ||
+        encode_map(c, &p.k, k, B, T, Hkv, hd, ROWS) || encode_map(c, &p.v, v, B, T, Hkv, hd, ROWS))
+        return;
+    for (p.kv0 = 0; p.kv0 < Hkv; p.kv0 += per_launch) {
+        p.n_kv = Hkv - p.kv0 < per_launch ? Hkv - p.kv0 : per_launch;
+        if (hd == 64)
+            docs ? launch_bwd<64, true>(c, p) : launch_bwd<64, false>(c, p);
+        else
+            docs ? launch_bwd<128, true>(c, p) : launch_bwd<128, false>(c, p);
+    }
 }

@@ -69,8 +69,11 @@ void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const void *q, cons
                              int Hkv, int hd);
 void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,
                              const void *q, const void *k, const void *v, const float *lse2,
-                             const float *delta, int Tp, const k_docs *docs, int window, int B,
-                             int T, int Hq, int Hkv, int hd);
+                             const float *delta, int Tp, void *scratch, const k_docs *docs,
+                             int window, int B, int T, int Hq, int Hkv, int hd);
+/* The bytes of scratch cuda_attention_sm90_bwd needs (16-byte aligned): dQ's fp32
+ * accumulators for the kv heads of one launch, and their semaphores. */
+size_t cuda_attention_sm90_bwd_scratch(int B, int Tp, int Hq, int Hkv, int hd);
 
 #ifdef __cplusplus
 }

@@ -43,10 +43,15 @@
 #include "kernels/kernels.h"
 
 #define TOL_BF16 2e-2
+#define DETERMINISM_RUNS 10 /* runs after the first that must give its bits */
 #define TOL_LSE_REL 1e-3
 #define TOL_LSE_ABS 1e-2
 
 static kctx gpu;
+/* On an sm_90 device: a second context with FSDP_CUDA_ATTENTION=mma (the mma.sync kernels),
+ * whose backward every case is also compared with. */
+static kctx mma;
+static int have_mma;
 static size_t esize; /* k_compute_size(&gpu): 2 (bf16) on CUDA, 4 with --cpu */
 static int n_passed, n_failed;
 static double reference_seconds;
@@ -446,21 +451,34 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     report("attention_bwd dk", shp, get_comp(gk, nkv), want_dk, nkv, TOL_BF16, 0.0);
     report("attention_bwd dv", shp, get_comp(gv, nkv), want_dv, nkv, TOL_BF16, 0.0);
 
-    if (determinism) {
-        void *out2 = dpoisoned(nq * esize);
+    if (have_mma) { /* the sm_90a backward beside the mma.sync one, from the same inputs */
+        void *mq = dpoisoned(nq * esize), *mk = dpoisoned(nkv * esize), *mv = dpoisoned(nkv * esize);
+        k_attention_bwd(&mma, mq, mk, mv, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs, window,
+                        B, T, Hq, Hkv, hd);
+        errbuf err;
+        if (k_sync(&mma, &err)) die("the mma.sync context: %s", err.msg);
+        report("sm90 bwd dq ~ mma.sync", shp, get_comp(gq, nq), get_comp(mq, nq), nq, TOL_BF16, 0.0);
+        report("sm90 bwd dk ~ mma.sync", shp, get_comp(gk, nkv), get_comp(mk, nkv), nkv, TOL_BF16, 0.0);
+        report("sm90 bwd dv ~ mma.sync", shp, get_comp(gv, nkv), get_comp(mv, nkv), nkv, TOL_BF16, 0.0);
+    }
+    if (determinism) { /* DETERMINISM_RUNS more runs, each the first's bits */
+        void *out2 = dpoisoned(nq * esize), *gq2 = dpoisoned(nq * esize);
+        void *gk2 = dpoisoned(nkv * esize), *gv2 = dpoisoned(nkv * esize);
         float *lse2 = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, window, B, T, Hq, Hkv, hd);
-        report_bool("deterministic fwd", shp,
-                    same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float)),
-                    "out, lse: same bits twice");
-        void *gq2 = dpoisoned(nq * esize), *gk2 = dpoisoned(nkv * esize);
-        void *gv2 = dpoisoned(nkv * esize);
-        k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs,
-                        window, B, T, Hq, Hkv, hd);
-        report_bool("deterministic bwd", shp,
-                    same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
-                        same_bits(gv, gv2, nkv * esize),
-                    "dq, dk, dv: same bits twice");
+        int fwd_same = 1, bwd_same = 1;
+        for (int run = 0; run < DETERMINISM_RUNS; run++) {
+            k_attention_fwd(&gpu, out2, lse2, dq_in, dk_in, dv_in, docs, window, B, T, Hq, Hkv, hd);
+            k_attention_bwd(&gpu, gq2, gk2, gv2, ddout, dq_in, dk_in, dv_in, dout_in, dlse, docs,
+                            window, B, T, Hq, Hkv, hd);
+            fwd_same &= same_bits(out, out2, nq * esize) && same_bits(lse, lse2, nl * sizeof(float));
+            bwd_same &= same_bits(gq, gq2, nq * esize) && same_bits(gk, gk2, nkv * esize) &&
+                        same_bits(gv, gv2, nkv * esize);
+        }
+        char runs[64];
+        snprintf(runs, sizeof runs, "out, lse: the same bits %d more times", DETERMINISM_RUNS);
+        report_bool("deterministic fwd", shp, fwd_same, runs);
+        snprintf(runs, sizeof runs, "dq, dk, dv: the same bits %d more times", DETERMINISM_RUNS);
+        report_bool("deterministic bwd", shp, bwd_same, runs);
     }
     release_all();
 }
@@ -537,13 +555,33 @@ static void check_path_choice(void) {
 
 /* Which kernels the checks run: the sm_90a ones on a compute capability 9.0 device unless
  * FSDP_CUDA_ATTENTION=mma (kernels/cuda/cuda_kernels.h). */
+static int sm90_path(struct cudaDeviceProp *prop) {
+    if (cudaGetDeviceProperties(prop, gpu.device) != cudaSuccess) die("cudaGetDeviceProperties");
+    const char *choice = getenv("FSDP_CUDA_ATTENTION");
+    return prop->major == 9 && prop->minor == 0 && !(choice && !strcmp(choice, "mma"));
+}
+
 static void print_path(void) {
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, gpu.device) != cudaSuccess) die("cudaGetDeviceProperties");
-    const char *choice = getenv("FSDP_CUDA_ATTENTION");
-    int sm90 = prop.major == 9 && prop.minor == 0 && !(choice && !strcmp(choice, "mma"));
-    printf("attention on %s (compute capability %d.%d): %s kernels (head dims 64, 128)\n",
-           prop.name, prop.major, prop.minor, sm90 ? "sm_90a (wgmma, TMA)" : "mma.sync");
+    int sm90 = sm90_path(&prop);
+    printf("attention on %s (compute capability %d.%d): %s kernels (head dims 64, 128)%s\n",
+           prop.name, prop.major, prop.minor, sm90 ? "sm_90a (wgmma, TMA)" : "mma.sync",
+           sm90 ? "; the backward also beside the mma.sync one" : "");
+}
+
+static void open_mma_context(void) {
+    struct cudaDeviceProp prop;
+    if (!sm90_path(&prop)) return; /* the checks run the mma.sync kernels already */
+    const char *was = getenv("FSDP_CUDA_ATTENTION");
+    char *saved = was ? strdup(was) : NULL;
+    if (was && !saved) die("out of host memory");
+    errbuf err;
+    if (setenv("FSDP_CUDA_ATTENTION", "mma", 1)) die("setenv failed");
+    if (kctx_init(&mma, K_CUDA, 0, &err)) die("the mma.sync context: %s", err.msg);
+    if (saved ? setenv("FSDP_CUDA_ATTENTION", saved, 1) : unsetenv("FSDP_CUDA_ATTENTION"))
+        die("restoring FSDP_CUDA_ATTENTION failed");
+    free(saved);
+    have_mma = 1;
 }
 
 /* ---- bench ---- */
@@ -722,6 +760,7 @@ int main(int argc, char **argv) {
         print_path();
         check_failures();
         check_path_choice();
+        open_mma_context();
     }
     check_attention(2, 1, 4, 2, 128, 0);
     check_attention(2, 17, 4, 1, 128, 1);
@@ -765,6 +804,7 @@ int main(int argc, char **argv) {
     }
     printf("(%.0f s, %.0f s of it the CPU reference)\n", now() - start, reference_seconds);
     printf("%d passed, %d failed\n", n_passed, n_failed);
+    if (have_mma) kctx_destroy(&mma);
     kctx_destroy(&gpu);
     return n_failed ? 1 : 0;
 }
