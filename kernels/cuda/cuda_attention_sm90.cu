@@ -648,16 +648,16 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //   - each step's share goes through shared memory; a writer warp (of the producer
 //     warpgroup) adds it with one bulk reduction (cp.reduce.async.bulk .add.f32), the tile's
 //     first share with a bulk store (no zeroing);
-//   - the order: key blocks in ascending order, kept by a semaphore per (batch, query head,
-//     query tile) in global memory that counts the shares added so far; a block waits for
-//     its turn (its rank among the key blocks that see the tile) and counts itself after its
-//     share has landed.  The same additions in the same order every run: the same bits;
-//   - no block waits on one launched after it: blocks start in ascending key blocks
-//     (block_of(false)), and every block walks its query tiles from the last one down, the
-//     group's heads inside, so each reaches a tile at the same place of its walk as the
-//     blocks below it (which started no later): a wait is only for the share of a block
-//     that reached the tile at the same moment, never for a whole walk (the schedule that
-//     keeps FlashAttention-3's deterministic waits short).
+//   - the order: the key blocks that see a query tile add their shares from the diagonal's
+//     block down, kept by a semaphore per (batch, query head, query tile) in global memory that
+//     counts the shares added so far; a block waits for its turn (how far below the diagonal
+//     it is) and counts itself once its share has landed.  The same additions in the same
+//     order every run: the same bits;
+//   - the schedule keeps the waits away: every block walks its query tiles up from its
+//     diagonal (the group's heads inside), so a block reaches a tile after every block above
+//     it has (they start no later and reach it sooner); and no block waits on one that has
+//     not started: a (batch, head)'s key blocks are launched together, from the last one down
+//     (block_bwd), which also keeps the accumulators they add to in L2.
 
 struct bwd_tma {
     CUtensorMap q, dout, k, v; // boxes: BQ rows of q and dout, ROWS rows of k and v
@@ -680,25 +680,40 @@ template <int HD> struct dq_split {
     static constexpr bool N = HD == 128;
 };
 
-// K and V (ROWS rows each), a ring of STAGES steps (Q, dO: BQ rows), the steps' statistics
-// (lse2, delta), dS (BQ x ROWS bf16, K-major: a query's keys along its row, 64-key chunks),
-// the step's dQ share (BQ x HD fp32, as the accumulators lie: see stage_dq), the mbarriers.
+// K and V (ROWS rows each), a ring of STAGES steps (Q, dO: BQ rows), a ring of two dS
+// (BQ x ROWS bf16, K-major: a query's keys along its row, 64-key chunks), the step's dQ share
+// (BQ x HD fp32, as the accumulators lie: see stage_at), the steps' statistics (lse2, delta),
+// the mbarriers (the steps' ring_bars, then dS's).
 template <int HD> struct dkv_smem {
     static constexpr uint32_t KV_BYTES = ROWS * HD * 2, TILE = BQ * HD * 2;
-    static constexpr uint32_t STEP = 2 * TILE;
+    static constexpr uint32_t STEP = 2 * TILE, DS_BYTES = BQ * ROWS * 2;
     static constexpr uint32_t STATS_STEP = 2 * BQ * 4; // lse2 and delta
     static constexpr uint32_t K = 0, V = KV_BYTES, STEPS = 2 * KV_BYTES;
-    static constexpr uint32_t STATS = STEPS + STAGES * STEP;
-    static constexpr uint32_t DS = STATS + 2048; // STAGES statistics, padded to 1024
-    static constexpr uint32_t DQ = DS + BQ * ROWS * 2, DQ_BYTES = BQ * HD * 4;
-    static constexpr uint32_t BARS = DQ + DQ_BYTES;
-    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
-    static_assert(STAGES * STATS_STEP <= 2048 && TILE % 1024 == 0, "tiles start on 1024 bytes");
+    static constexpr uint32_t DS = STEPS + STAGES * STEP;
+    static constexpr uint32_t DQ = DS + 2 * DS_BYTES, DQ_BYTES = BQ * HD * 4;
+    static constexpr uint32_t STATS = DQ + DQ_BYTES;
+    static constexpr uint32_t BARS = STATS + STAGES * STATS_STEP;
+    static constexpr uint32_t DS_BARS = BARS + RING_BARS_BYTES;
+    static constexpr size_t BYTES = DS_BARS + 4 * 8 + 1024;
+    static_assert(TILE % 1024 == 0 && DS_BYTES % 1024 == 0, "tiles start on 1024 bytes");
+};
+
+// dS's ring: slot s written by both consumers (full), read by both consumers' dQ products
+// (empty).
+struct ds_bars {
+    uint32_t at;
+    __device__ __forceinline__ uint32_t full(int s) const { return at + 8 * s; }
+    __device__ __forceinline__ uint32_t empty(int s) const { return at + 8 * (2 + s); }
+    __device__ __forceinline__ void init() const { // by thread 0, before ring_bars' init
+        for (int s = 0; s < 2; s++) {
+            mbar_init(full(s), CONSUMERS * 128);
+            mbar_init(empty(s), CONSUMERS * 128);
+        }
+    }
 };
 
 // Named barriers (0: __syncthreads, 1-2: warpgroup_sync, 3-4: the turns).
-constexpr int BAR_DS_FREE = 5;  // warpgroup 1's dQ product of the last step done (256)
-constexpr int BAR_DS = 6;       // both consumers' dS written; also the end of the loop (256)
+constexpr int BAR_END = 5;      // both consumers' products done with K (256)
 constexpr int BAR_DQ_SUM = 7;   // K split: warpgroup 0's share staged (256)
 constexpr int BAR_DQ_FULL = 8;  // the share staged, for the writer (256 + 32)
 constexpr int BAR_DQ_EMPTY = 9; // the writer has read the stage (256 + 32)
@@ -760,17 +775,17 @@ __device__ __forceinline__ void release_count(int *p) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
 }
 
-// Step it of a block: query tiles from `last` down, the group's heads inside.
+// Step it of a block: query tiles from `first` (the diagonal's) up, the group's heads inside.
 struct bwd_step {
     int head, tile;
 };
-__device__ __forceinline__ bwd_step step_of(int it, int kvh, int group, int last) {
-    return {kvh * group + it % group, last - it / group};
+__device__ __forceinline__ bwd_step step_of(int it, int kvh, int group, int first) {
+    return {kvh * group + it % group, first + it / group};
 }
 
 // The dK/dV producer: K and V once, then every step's Q, dO and statistics.
 template <int HD>
-__device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int last,
+__device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
                             int n_steps) {
     typedef dkv_smem<HD> L;
     const ring_bars bars = {base + L::BARS};
@@ -779,7 +794,7 @@ __device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int
     tma_tile<ROWS, HD>(base + L::K, &p.k, kvh, k0, b, bars.fixed_full());
     tma_tile<ROWS, HD>(base + L::V, &p.v, kvh, k0, b, bars.fixed_full());
     for (int it = 0; it < n_steps; it++) {
-        const bwd_step st = step_of(it, kvh, group, last);
+        const bwd_step st = step_of(it, kvh, group, first);
         const int s = it % STAGES;
         const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
         const uint32_t stats = base + L::STATS + s * L::STATS_STEP;
@@ -794,30 +809,26 @@ __device__ void dkv_produce(const bwd_tma &p, uint32_t base, int kvh, int b, int
 }
 
 // The dQ writer (one warp): every step, once the consumers have staged the share, waits for
-// the tile's semaphore to reach this block's rank, adds the share (the first stores it),
+// the tile's semaphore to reach this block's turn, adds the share (the first stores it),
 // frees the stage, and counts the share once it has landed.
-template <int HD, bool DOCS>
-__device__ void dq_write(const bwd_tma &p, uint32_t base, int kvh, int b, int n, int last,
+template <int HD>
+__device__ void dq_write(const bwd_tma &p, uint32_t base, int kvh, int b, int n, int first,
                          int n_steps) {
     typedef dkv_smem<HD> L;
     const int lane = threadIdx.x % 32, group = p.Hq / p.Hkv, tiles = p.Tp / BQ;
     bar_arrive(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
     for (int it = 0; it < n_steps; it++) {
-        const bwd_step st = step_of(it, kvh, group, last);
+        const bwd_step st = step_of(it, kvh, group, first);
         const size_t tile =
             ((size_t)b * p.n_kv * group + (st.head - p.kv0 * group)) * tiles + st.tile;
         bar_sync(BAR_DQ_FULL, CONSUMERS * 128 + 32);
         if (lane == 0) {
-            // the key blocks that see tile i start at the block of its first query's first
-            // key (its document's start: cuda_attention.cu's bounds never decrease)
-            const int first_block =
-                DOCS ? p.doc_start[(size_t)b * p.T + st.tile * BQ] / ROWS : 0;
-            const int rank = n - first_block;
-            while (load_acquire(p.dq_sem + tile) != rank) {
+            const int turn = st.tile * BQ / ROWS - n; // the tile's diagonal block goes first
+            while (load_acquire(p.dq_sem + tile) != turn) {
             }
             asm volatile("fence.proxy.async.global;\n" ::: "memory");
             float *dst = p.dq_accum + tile * (BQ * HD);
-            if (rank == 0)
+            if (turn == 0)
                 bulk_store(dst, base + L::DQ, L::DQ_BYTES);
             else
                 bulk_reduce_add(dst, base + L::DQ, L::DQ_BYTES);
@@ -903,40 +914,54 @@ __device__ __forceinline__ void stage_add(uint32_t at, float (&a)[4]) {
     for (int e = 0; e < 4; e++) a[e] = s[e] + a[e];
 }
 
-// A step's dQ share, from this warpgroup's dS^T fragments df: dS to shared memory, the
-// product, the share staged for the writer.  Every dK/dV product of the step has been issued
-// and is left running; on return every product of the step has completed.
+// dS^T of step it (this warpgroup's bf16 fragments df) into slot it % 2 of dS's ring, once
+// both consumers' products of step it - 2 are done with the slot.
 template <int HD>
-__device__ __forceinline__ void dq_share(uint32_t base, const uint32_t (&df)[BQ / 16][4], int wg,
-                                         int it, int n_steps) {
+__device__ __forceinline__ void ds_put(uint32_t base, const uint32_t (&df)[BQ / 16][4], int wg,
+                                       int it) {
     typedef dkv_smem<HD> L;
-    const uint32_t ds = base + L::DS, stage = base + L::DQ;
-    float dq[8][4];
-    if (dq_split<HD>::N) {
-        // warpgroup 1's last product read warpgroup 0's half of dS (warpgroup 0's last read
-        // warpgroup 1's: warpgroup 1 passed its turn after warpgroup 0's step ended)
-        if (wg == 0 && it > 0) bar_sync(BAR_DS_FREE, 256);
-        store_ds(ds, df, wg);
-        fence_async_smem();
-        bar_sync(BAR_DS, 256);
+    const ds_bars bars = {base + L::DS_BARS};
+    const int s = it % 2;
+    if (it >= 2) mbar_wait(bars.empty(s), (it / 2 - 1) & 1);
+    store_ds(base + L::DS + s * L::DS_BYTES, df, wg);
+    fence_async_smem();
+    mbar_arrive(bars.full(s));
+}
+
+// Issues the dQ share of step it from slot it % 2 (once both consumers' dS are there): at head
+// dim 128 this warpgroup's 64 columns over the block's keys, at 64 every column over its keys.
+template <int HD>
+__device__ __forceinline__ void dq_issue(float (&dq)[8][4], uint32_t base, int wg, int it) {
+    typedef dkv_smem<HD> L;
+    const ds_bars bars = {base + L::DS_BARS};
+    // it -1 (the first step's, unconditional so that ptxas keeps the products asynchronous):
+    // slot 1 unwritten, its product never staged
+    const int s = (it + 2) % 2;
+    const uint32_t ds = base + L::DS + s * L::DS_BYTES;
+    if (it >= 0) mbar_wait(bars.full(s), (it / 2) & 1);
+    if (dq_split<HD>::N)
         gemm_ss_mn64<ROWS>(dq, ds, BQ * SW, base + L::K + wg * ROWS * SW, ROWS * SW);
-    } else {
-        store_ds(ds, df, wg);
-        fence_async_smem();
-        warpgroup_sync(wg);
+    else
         gemm_ss_mn64<64>(dq, ds + wg * BQ * SW, BQ * SW, base + L::K + wg * 64 * SW, ROWS * SW);
-    }
     wgmma_commit();
-    wgmma_wait<0>();
-    regs_fence(dq);
-    if (dq_split<HD>::N && wg == 1 && it + 1 < n_steps) bar_arrive(BAR_DS_FREE, 256);
+}
+
+// After dq_issue's product of step it has completed: the slot released, the share staged for
+// the writer (at head dim 64 warpgroup 1 adds its share to warpgroup 0's).
+template <int HD>
+__device__ __forceinline__ void dq_stage(const float (&dq)[8][4], uint32_t base, int wg, int it) {
+    typedef dkv_smem<HD> L;
+    const ds_bars bars = {base + L::DS_BARS};
+    const uint32_t stage = base + L::DQ;
+    mbar_arrive(bars.empty(it % 2));
     bar_sync(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
     const int c = dq_split<HD>::N ? wg : 0;
     if (!dq_split<HD>::N && wg == 1) bar_sync(BAR_DQ_SUM, 256); // warpgroup 0's share first
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        if (!dq_split<HD>::N && wg == 1) stage_add(stage_at(stage, c, j), dq[j]);
-        stage_store(stage_at(stage, c, j), dq[j]);
+        float v[4] = {dq[j][0], dq[j][1], dq[j][2], dq[j][3]};
+        if (!dq_split<HD>::N && wg == 1) stage_add(stage_at(stage, c, j), v);
+        stage_store(stage_at(stage, c, j), v);
     }
     fence_async_smem();
     if (!dq_split<HD>::N && wg == 0) bar_arrive(BAR_DQ_SUM, 256);
@@ -950,9 +975,9 @@ __device__ __forceinline__ const float *smem_floats(uint32_t at) {
 }
 
 // A consumer warpgroup: its 64 keys against every step; dK and dV in registers, dQ's shares
-// through dq_share.
+// a step behind (ds_put, dq_issue, dq_stage).
 template <int HD, bool DOCS>
-__device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int last,
+__device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int k0, int first,
                             int n_steps) {
     typedef dkv_smem<HD> L;
     const ring_bars bars = {base + L::BARS};
@@ -969,10 +994,10 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
     if (wg == 1) turn_pass(wg);
     mbar_wait(bars.fixed_full(), 0);
     for (int it = 0; it < n_steps; it++) {
-        const int s = it % STAGES, q0 = (last - it / group) * BQ;
+        const int s = it % STAGES, q0 = (first + it / group) * BQ;
         const uint32_t sQ = base + L::STEPS + s * L::STEP, sdO = sQ + L::TILE;
         const float *lse2 = smem_floats(base + L::STATS + s * L::STATS_STEP), *delta = lse2 + BQ;
-        uint32_t pf[BQ / 16][4], df[BQ / 16][4];
+        uint32_t df[BQ / 16][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
         // else every query is before the warpgroup's keys, or (varlen) past their documents
         if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < docs.hi)) {
@@ -996,6 +1021,7 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
                     if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
                     st[jn][e] = pr;
                 }
+            uint32_t pf[BQ / 16][4];
             acc_to_frags<BQ>(pf, st);
             gemm_rs<HD, BQ>(dv, pf, sdO, BQ * SW); // runs while dS^T is computed
             wgmma_commit();
@@ -1007,53 +1033,80 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, int kvh, int b, int
             acc_to_frags<BQ>(df, st);
             gemm_rs<HD, BQ>(dk, df, sQ, BQ * SW); // runs while dS goes to shared memory
             wgmma_commit();
+            wgmma_wait<1>(); // dV's: its fragments' registers free for dQ's accumulators
+            regs_fence(dv);
+            regs_fence(pf);
         } else { // a turn all the same: both warpgroups take one a step; dS is zero
             turn_wait(wg);
             turn_pass(wg);
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) df[kk][e] = pf[kk][e] = 0u;
+                for (int e = 0; e < 4; e++) df[kk][e] = 0u;
         }
-        dq_share<HD>(base, df, wg, it, n_steps);
-        regs_fence(dv);
+        // dS of this step to shared memory; the previous step's dQ share (its dS has been
+        // there since then, so the other consumer's half is rarely waited for: the two stay
+        // half a step apart, the pingpong)
+        ds_put<HD>(base, df, wg, it);
+        float dq[8][4];
+        dq_issue<HD>(dq, base, wg, it - 1); // it 0: a product of nothing, dropped
+        wgmma_wait<0>();
         regs_fence(dk);
-        regs_fence(pf);
         regs_fence(df);
+        if (it > 0) {
+            regs_fence(dq);
+            dq_stage<HD>(dq, base, wg, it - 1);
+        }
         mbar_arrive(bars.k_empty(s));
+    }
+    { // the last step's share
+        float dq[8][4];
+        dq_issue<HD>(dq, base, wg, n_steps - 1);
+        wgmma_wait<0>();
+        regs_fence(dq);
+        dq_stage<HD>(dq, base, wg, n_steps - 1);
     }
     if (wg == 0) turn_wait(wg); // warpgroup 1's last signal
     // Both consumers' products are done with K (the N split reads the other's rows): stage
     // each one's results in its own K and V rows.
-    bar_sync(BAR_DS, 256);
+    bar_sync(BAR_END, 256);
     const size_t kvs = (size_t)p.Hkv * HD, at = (size_t)b * T * kvs + (size_t)kvh * HD;
     const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
     store_rows<HD>(dk, dk_scale, sK, ROWS * SW, p.dk + at, kvs, wg_lo, T, wg);
     store_rows<HD>(dv, one, sV, ROWS * SW, p.dv + at, kvs, wg_lo, T, wg);
 }
 
+// A backward block's work (grid: key blocks, kv heads of the launch, batch): a (batch, head)'s
+// key blocks are neighbours, the last one first.
+__device__ __forceinline__ block_work block_bwd() {
+    return {(int)blockIdx.y, (int)blockIdx.z, (int)(gridDim.x - 1 - blockIdx.x)};
+}
+
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_bwd_sm90(const __grid_constant__ bwd_tma p) {
     const uint32_t base = smem_base();
-    const block_work w = block_of(false); // ascending key blocks: see the top of this section
+    const block_work w = block_bwd();
     const int kvh = p.kv0 + w.head, b = w.batch, n = w.tile, k0 = n * ROWS, T = p.T;
     // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
     const int q_end = DOCS ? p.doc_end[(size_t)b * T + imin(k0 + ROWS, T) - 1] : T;
     const int first = k0 / BQ, last = (q_end - 1) / BQ;
     const int n_steps = p.Hq / p.Hkv * (last - first + 1);
-    if (threadIdx.x == 0) ring_bars{base + dkv_smem<HD>::BARS}.init();
+    if (threadIdx.x == 0) {
+        ds_bars{base + dkv_smem<HD>::DS_BARS}.init();
+        ring_bars{base + dkv_smem<HD>::BARS}.init();
+    }
     __syncthreads();
     if (threadIdx.x / 128 == CONSUMERS) {
         regs_shrink<PRODUCER_REGS>();
         const int warp = threadIdx.x / 32;
         if (threadIdx.x == CONSUMERS * 128)
-            dkv_produce<HD>(p, base, kvh, b, k0, last, n_steps);
+            dkv_produce<HD>(p, base, kvh, b, k0, first, n_steps);
         else if (warp == WRITER_WARP)
-            dq_write<HD, DOCS>(p, base, kvh, b, n, last, n_steps);
+            dq_write<HD>(p, base, kvh, b, n, first, n_steps);
         return;
     }
     regs_grow<CONSUMER_REGS>();
-    dkv_consume<HD, DOCS>(p, base, kvh, b, k0, last, n_steps);
+    dkv_consume<HD, DOCS>(p, base, kvh, b, k0, first, n_steps);
 }
 
 // dQ = scale * dq_accum as bf16, a thread per float4 of the launch's accumulators (the layout
@@ -1135,7 +1188,7 @@ template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &p) {
     if (cuda_check_call(c, cudaMemsetAsync(p.dq_sem, 0, tiles * sizeof(int), cuda_stream(c)),
                         "attention backward (sm_90a): zeroing the dQ semaphores"))
         return;
-    dim3 grid(p.n_kv, p.B, (p.T + ROWS - 1) / ROWS); // block_of
+    dim3 grid((p.T + ROWS - 1) / ROWS, p.n_kv, p.B); // block_bwd
     attention_bwd_sm90<HD, DOCS><<<grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (sm_90a)");
     const size_t float4s = tiles * BQ * HD / 4;
