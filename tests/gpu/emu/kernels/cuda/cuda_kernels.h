@@ -475,10 +475,11 @@ static inline void cuda_attention_sm90_fwd(kctx *, void *, float *, const void *
 }
 static inline void cuda_attention_sm90_bwd(kctx *, void *, void *, void *, const void *,
                                            const void *, const void *, const void *, const float *,
-                                           const float *, int, const k_docs *, int, int, int, int,
-                                           int, int) {
+                                           const float *, int, void *, const k_docs *, int, int,
+                                           int, int, int, int) {
     emu_die("the sm_90a attention is not emulated");
 }
+static inline size_t cuda_attention_sm90_bwd_scratch(int, int, int, int, int) { return 0; }
 
 /* The plain path for other head dims is CUDA-only (cuda_attention_generic.cu); the emulation
  * covers the tensor-core kernels, so head dims 64 and 128 only. */
