@@ -17,16 +17,16 @@
 //     registers to the consumers), which streams tiles through a STAGES-deep ring of buffers
 //     guarded by full (TMA landed) and empty (both consumers done) mbarriers;
 //   - overlap: within a consumer, tile j's first product is issued before tile j-1's second,
-//     so that the softmax (forward) or dS (dQ) of tile j runs while the tensor cores work;
+//     so that the softmax of tile j runs while the tensor cores work (the forward);
 //     between the consumers, pingpong turns (named barriers) stagger their products.
 // Measured on the H200 (bench/NOTES.md, F30): at Llama-2-7B T=2048 the forward runs 443
 // TFLOP/s, forward+backward 358 (1.9x and 2.0x the mma.sync kernels, 0.84x and 0.80x cuDNN).
 //
-// Blocks, and the order of the work in them, are those of cuda_attention.cu: the forward and
-// dQ a block per (query head, batch, 128 queries), dK/dV a block per (kv head, batch, 128
-// keys) looping over the group's query heads; causal tiles past the diagonal are skipped
-// whole, and varlen tiles before a document's start (or after its end).  Every output
-// element is summed by one thread in a fixed order: no atomics, the same bits every run.
+// The forward is a block per (query head, batch, 128 queries), as in cuda_attention.cu; the
+// backward a block per (kv head, batch, 128 keys) looping over the group's query heads, all
+// five products in one kernel (see "backward" below).  Causal tiles past the diagonal are
+// skipped whole, and varlen tiles before a document's start (or after its end).  Every output
+// is summed in a fixed order (dQ's shares across blocks included): the same bits every run.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -139,16 +139,23 @@ template <int N> __device__ __forceinline__ void regs_grow() {
 // while the other's products do (the forward and dQ without docs, where both take the same
 // number of turns; dK/dV always, a turn a step).  Warpgroup wg waits at named barrier 3 + wg
 // for the other's signal, issues, then signals the other; warpgroup 1 signals first.
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 __device__ __forceinline__ void turn_wait(int wg) {
-    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+    bar_sync(3 + wg, 256);
 }
 __device__ __forceinline__ void turn_pass(int wg) {
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory");
+    bar_arrive(3 + (1 - wg), 256);
 }
 
 // Lets the other 127 threads of warpgroup `wg` meet this one (named barrier 1 + wg).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    bar_sync(1 + wg, 128);
 }
 
 // ---- wgmma ----
@@ -717,14 +724,8 @@ constexpr int BAR_END = 5;      // both consumers' products done with K (256)
 constexpr int BAR_DQ_SUM = 7;   // K split: warpgroup 0's share staged (256)
 constexpr int BAR_DQ_FULL = 8;  // the share staged, for the writer (256 + 32)
 constexpr int BAR_DQ_EMPTY = 9; // the writer has read the stage (256 + 32)
+constexpr int DQ_BAR_THREADS = CONSUMERS * 128 + 32; // BAR_DQ_FULL, BAR_DQ_EMPTY
 constexpr int WRITER_WARP = CONSUMERS * 4 + 1; // the producer's second warp
-
-__device__ __forceinline__ void bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 
 // Makes this thread's shared-memory writes visible to the async proxy (wgmma, bulk copies).
 __device__ __forceinline__ void fence_async_smem() {
@@ -769,9 +770,14 @@ __device__ __forceinline__ int load_acquire(const int *p) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+// Orders this thread's generic-proxy global accesses with its async-proxy (bulk) ones.
+__device__ __forceinline__ void fence_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // Counts a share as added: its bulk writes (async proxy) before the release.
 __device__ __forceinline__ void release_count(int *p) {
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    fence_async_global();
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
 }
 
@@ -816,17 +822,17 @@ __device__ void dq_write(const bwd_tma &p, uint32_t base, int kvh, int b, int n,
                          int n_steps) {
     typedef dkv_smem<HD> L;
     const int lane = threadIdx.x % 32, group = p.Hq / p.Hkv, tiles = p.Tp / BQ;
-    bar_arrive(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+    bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
     for (int it = 0; it < n_steps; it++) {
         const bwd_step st = step_of(it, kvh, group, first);
         const size_t tile =
             ((size_t)b * p.n_kv * group + (st.head - p.kv0 * group)) * tiles + st.tile;
-        bar_sync(BAR_DQ_FULL, CONSUMERS * 128 + 32);
+        bar_sync(BAR_DQ_FULL, DQ_BAR_THREADS);
         if (lane == 0) {
             const int turn = st.tile * BQ / ROWS - n; // the tile's diagonal block goes first
             while (load_acquire(p.dq_sem + tile) != turn) {
             }
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            fence_async_global();
             float *dst = p.dq_accum + tile * (BQ * HD);
             if (turn == 0)
                 bulk_store(dst, base + L::DQ, L::DQ_BYTES);
@@ -836,7 +842,7 @@ __device__ void dq_write(const bwd_tma &p, uint32_t base, int kvh, int b, int n,
             bulk_wait_read();
         }
         __syncwarp();
-        if (it + 1 < n_steps) bar_arrive(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+        if (it + 1 < n_steps) bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
         if (lane == 0) {
             bulk_wait_done();
             release_count(p.dq_sem + tile);
@@ -954,7 +960,7 @@ __device__ __forceinline__ void dq_stage(const float (&dq)[8][4], uint32_t base,
     const ds_bars bars = {base + L::DS_BARS};
     const uint32_t stage = base + L::DQ;
     mbar_arrive(bars.empty(it % 2));
-    bar_sync(BAR_DQ_EMPTY, CONSUMERS * 128 + 32);
+    bar_sync(BAR_DQ_EMPTY, DQ_BAR_THREADS);
     const int c = dq_split<HD>::N ? wg : 0;
     if (!dq_split<HD>::N && wg == 1) bar_sync(BAR_DQ_SUM, 256); // warpgroup 0's share first
 #pragma unroll
@@ -965,7 +971,7 @@ __device__ __forceinline__ void dq_stage(const float (&dq)[8][4], uint32_t base,
     }
     fence_async_smem();
     if (!dq_split<HD>::N && wg == 0) bar_arrive(BAR_DQ_SUM, 256);
-    bar_arrive(BAR_DQ_FULL, CONSUMERS * 128 + 32);
+    bar_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
 }
 
 // The shared floats at address `at` (a plain pointer, so the compiler may keep them in
