@@ -23,6 +23,10 @@ fuzz_one() {
     if ! "$f" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=0 \
          -artifact_prefix="$work/" "$work" > "$work.log" 2>&1; then
         tail -40 "$work.log"; echo "fuzz target $name failed"; status=1
+        # one line for the summary at the end (a long log's tail may be all a reader sees)
+        echo "$name: $(grep -m1 -E 'ERROR|SUMMARY|runtime error|out-of-memory|timeout' "$work.log" | cut -c1-200)" \
+            "crash input (hex): $(for a in "$work"/crash-* "$work"/oom-* "$work"/timeout-* "$work"/leak-*; do
+                [ -f "$a" ] && head -c 256 "$a" | od -An -tx1 | tr -d ' \n' && break; done)" >> "$pool_dir/failed"
     else
         grep -E "^#[0-9]+.*DONE" "$work.log" | tail -1
     fi
@@ -45,4 +49,5 @@ for f in "$@"; do
     i=$((i + 1))
 done
 while [ "$(pool_size)" -gt 0 ]; do collect; done
+if [ -s "$pool_dir/failed" ]; then echo "fuzz targets that failed:"; cat "$pool_dir/failed"; fi
 exit $status
