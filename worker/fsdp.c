@@ -288,6 +288,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
+    f->pref.cfg = opt->pref;
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
@@ -343,6 +344,8 @@ void fsdp_destroy(fsdp *f) {
     host_optim_destroy(f->optim); /* first: its threads write the host shards */
     if (f->ctx) {
         free_activations(f);
+        fsdp_pref_free(f);
+        if (f->pref.gathered) k_free(f->ctx, f->pref.gathered);
         if (f->image) k_host_unregister(f->ctx, f->image);
         if (f->cpu_offload && f->units) {
             k_free(f->ctx, f->units[0].grad);
@@ -896,6 +899,10 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     }
     void *g = gather_use(f, k++, err);
     if (!g || prepare_grad_slot(f, head, 0, err)) return -1;
+    if (f->pref.cfg.objective != FSDP_OBJ_SFT) {
+        if (fsdp_pref_head(f, g, grad_buffer(f, head, 0), embed, embed_grad, err)) return -1;
+        return reduce_start(f, head, 0, err) ? -1 : k;
+    }
     llama_head_forward_backward(f->ctx, lo, g, grad_buffer(f, head, 0), embed, embed_grad,
                                 f->resid[lo->n_layers], &f->head, &f->scratch, f->targets, B, T,
                                 dscale, &f->scalars[0], NULL, f->dresid);
@@ -1064,6 +1071,7 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
     for (int mb = 0; mb < b->n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
         k_shift_labels(b->labels + mb * N, targets, b->micro_batch, T);
+        if (f->pref.cfg.objective != FSDP_OBJ_SFT) rc = fsdp_pref_targets(f, b, mb, targets, err);
         k_copy_h2d(c, f->tokens, b->input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
         if (b->doc_start) { /* pageable sources: consumed when the copies return */
@@ -1071,7 +1079,8 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
             k_copy_h2d(c, f->doc_end, b->doc_end + mb * N, N * sizeof(int32_t));
         }
         if (f->has_lora) upload_samples(f, b, mb);
-        rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
+        if (rc == 0 && f->pref.cfg.objective == FSDP_OBJ_DPO) rc = fsdp_pref_reference(f, err);
+        if (rc == 0) rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
     }
     free(targets);
     return rc;
@@ -1087,6 +1096,8 @@ static int prepare_batch(fsdp *f, const fsdp_batch *b, errbuf *err) {
 }
 
 int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err) {
+    if (f->pref.cfg.objective != FSDP_OBJ_SFT)
+        return errf(err, "eval: the held-out loss of a preference objective is not built yet");
     if (prepare_batch(f, b, err)) return -1;
     rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
     rank_stats *all = calloc((size_t)f->world, sizeof *all);
@@ -1131,7 +1142,12 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
         for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+    int pref = f->pref.cfg.objective != FSDP_OBJ_SFT;
+    if (rc == 0 && pref) rc = fsdp_pref_begin_step(f, b, err);
     if (rc == 0) rc = run_micro_batches(f, b, dscale, err);
+    if (rc == 0 && pref) rc = fsdp_pref_end_step(f, res->pref, err);
+    if (rc == 0 && pref) /* this rank's share of the loss, summed over the ranks below */
+        k_copy_h2d(c, f->scalars, &(float){(float)f->pref.stats[PREF_LOSS]}, sizeof(float));
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < f->n_train && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
@@ -1178,7 +1194,7 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
         for (int u = 0; u < f->n_train; u++) adamw_unit(f, u, hp, grad_scale);
     }
     if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
-    res->loss = count > 0 ? loss_sum / (double)count : 0.0;
+    res->loss = pref ? res->pref[PREF_LOSS] : count > 0 ? loss_sum / (double)count : 0.0;
     res->tokens = count;
     res->grad_norm = norm;
     memcpy(res->vote_max, vote_max, sizeof vote_max);
