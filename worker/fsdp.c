@@ -899,7 +899,7 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     }
     void *g = gather_use(f, k++, err);
     if (!g || prepare_grad_slot(f, head, 0, err)) return -1;
-    if (f->pref.cfg.objective != FSDP_OBJ_SFT) {
+    if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT) {
         if (fsdp_pref_head(f, g, grad_buffer(f, head, 0), embed, embed_grad, err)) return -1;
         return reduce_start(f, head, 0, err) ? -1 : k;
     }
@@ -1071,7 +1071,7 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
     for (int mb = 0; mb < b->n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
         k_shift_labels(b->labels + mb * N, targets, b->micro_batch, T);
-        if (f->pref.cfg.objective != FSDP_OBJ_SFT) rc = fsdp_pref_targets(f, b, mb, targets, err);
+        if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT) rc = fsdp_pref_targets(f, b, mb, targets, err);
         k_copy_h2d(c, f->tokens, b->input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
         if (b->doc_start) { /* pageable sources: consumed when the copies return */
@@ -1079,7 +1079,7 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
             k_copy_h2d(c, f->doc_end, b->doc_end + mb * N, N * sizeof(int32_t));
         }
         if (f->has_lora) upload_samples(f, b, mb);
-        if (rc == 0 && f->pref.cfg.objective == FSDP_OBJ_DPO) rc = fsdp_pref_reference(f, err);
+        if (rc == 0 && f->pref.cfg.objective == JOB_OBJECTIVE_DPO) rc = fsdp_pref_reference(f, err);
         if (rc == 0) rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
     }
     free(targets);
@@ -1096,7 +1096,7 @@ static int prepare_batch(fsdp *f, const fsdp_batch *b, errbuf *err) {
 }
 
 int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err) {
-    if (f->pref.cfg.objective != FSDP_OBJ_SFT)
+    if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT)
         return errf(err, "eval: the held-out loss of a preference objective is not built yet");
     if (prepare_batch(f, b, err)) return -1;
     rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
@@ -1142,7 +1142,7 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
         for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
-    int pref = f->pref.cfg.objective != FSDP_OBJ_SFT;
+    int pref = f->pref.cfg.objective != JOB_OBJECTIVE_SFT;
     if (rc == 0 && pref) rc = fsdp_pref_begin_step(f, b, err);
     if (rc == 0) rc = run_micro_batches(f, b, dscale, err);
     if (rc == 0 && pref) rc = fsdp_pref_end_step(f, res->pref, err);

@@ -73,7 +73,7 @@ int fsdp_pref_begin_step(fsdp *f, const fsdp_batch *b, errbuf *err) {
     if (b->micro_batch % 2)
         return errf(err, "preference objective: a micro-batch of %d rows: pairs need an even count", b->micro_batch);
     if (b->doc_start) return errf(err, "preference objective: packed rows are not built yet");
-    if (p->cfg.objective == FSDP_OBJ_DPO && !f->has_lora)
+    if (p->cfg.objective == JOB_OBJECTIVE_DPO && !f->has_lora)
         return errf(err, "train.objective dpo with a full fine-tune is not built yet (the frozen reference copy)");
     double mine[PREF_STATS] = {0};
     for (int r = 0; r < rows; r++) {
@@ -114,7 +114,7 @@ int fsdp_pref_targets(fsdp *f, const fsdp_batch *b, int mb, int32_t *targets, er
         completion_of(labels + (size_t)r * T, T, &first, &last);
         p->n_completion[r] = last - first + 1;
         int32_t *tg = targets + (size_t)r * T;
-        if (p->cfg.objective == FSDP_OBJ_ORPO && r % 2 == 0) {
+        if (p->cfg.objective == JOB_OBJECTIVE_ORPO && r % 2 == 0) {
             for (int t = 0; t < first - 1; t++) tg[t] = ids[(size_t)r * T + t + 1];
             add_span(p, r * T, first - 1, rows + r);
             add_span(p, r * T + first - 1, T - first + 1, r);
@@ -164,7 +164,7 @@ int fsdp_pref_reference(fsdp *f, errbuf *err) {
 /* d(pair loss)/dz of DPO's sigmoid and robust losses, and the loss. */
 static double dpo_z_loss(const fsdp_pref_config *c, double z, double *dz) {
     double e = c->label_smoothing;
-    if (c->loss == FSDP_DPO_ROBUST) {
+    if (c->loss == JOB_DPO_ROBUST) {
         *dz = (-(1 - e) * sigmoid(-z) - e * sigmoid(z)) / (1 - 2 * e);
         return (-(1 - e) * log_sigmoid(z) + e * log_sigmoid(-z)) / (1 - 2 * e);
     }
@@ -177,7 +177,7 @@ static void dpo_pair(fsdp_pref *p, int i, double *wc, double *wr) {
     const fsdp_pref_config *c = &p->cfg;
     double pc = -p->host_sums[2 * i], pr = -p->host_sums[2 * i + 1];
     double rc = -p->ref[2 * i], rr = -p->ref[2 * i + 1], b = c->beta, loss, dpc, dpr;
-    if (c->loss == FSDP_DPO_IPO) {
+    if (c->loss == JOB_DPO_IPO) {
         double nc = p->n_completion[2 * i], nr = p->n_completion[2 * i + 1];
         double h = (pc - rc) / nc - (pr - rr) / nr - 1 / (2 * b);
         loss = h * h;
@@ -220,7 +220,7 @@ int fsdp_pref_head(fsdp *f, const void *head_params, float *head_grads, const vo
     if (span_sums(f, head_params, embed, err)) return -1;
     double *w = malloc(2 * (size_t)p->rows * sizeof *w);
     if (!w) return errf(err, "preference objective: out of host memory");
-    int orpo = p->cfg.objective == FSDP_OBJ_ORPO;
+    int orpo = p->cfg.objective == JOB_OBJECTIVE_ORPO;
     for (int i = 0; i < p->rows / 2; i++) {
         if (orpo) orpo_pair(p, i, &w[2 * i], &w[2 * i + 1]);
         else dpo_pair(p, i, &w[2 * i], &w[2 * i + 1]);

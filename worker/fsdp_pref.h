@@ -25,13 +25,12 @@
 
 #include "base/errbuf.h"
 #include "model/llama.h"
+#include "proto/job.h"
 
-typedef enum fsdp_objective { FSDP_OBJ_SFT, FSDP_OBJ_DPO, FSDP_OBJ_ORPO } fsdp_objective;
-typedef enum fsdp_dpo_loss { FSDP_DPO_SIGMOID, FSDP_DPO_ROBUST, FSDP_DPO_IPO } fsdp_dpo_loss;
 
 typedef struct fsdp_pref_config {
-    fsdp_objective objective;
-    fsdp_dpo_loss loss;
+    job_objective objective;
+    job_dpo_loss loss;
     double beta;            /* DPO's beta, ORPO's lambda */
     double label_smoothing; /* DPO sigmoid and robust */
 } fsdp_pref_config;

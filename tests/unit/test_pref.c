@@ -195,9 +195,9 @@ static void check_case(const char *name, int micro) {
     const char *loss = json_string_value(json_object_get(set, "loss_type"));
     const json_t *ls = json_object_get(set, "label_smoothing");
     int orpo = !strcmp(obj, "orpo");
-    fsdp_pref_config pc = {.objective = orpo ? FSDP_OBJ_ORPO : FSDP_OBJ_DPO, .beta = json_num(set, "beta"),
+    fsdp_pref_config pc = {.objective = orpo ? JOB_OBJECTIVE_ORPO : JOB_OBJECTIVE_DPO, .beta = json_num(set, "beta"),
                            .label_smoothing = ls ? json_number_value(ls) : 0};
-    if (loss) pc.loss = !strcmp(loss, "robust") ? FSDP_DPO_ROBUST : !strcmp(loss, "ipo") ? FSDP_DPO_IPO : FSDP_DPO_SIGMOID;
+    if (loss) pc.loss = !strcmp(loss, "robust") ? JOB_DPO_ROBUST : !strcmp(loss, "ipo") ? JOB_DPO_IPO : JOB_DPO_SIGMOID;
     lora_config lc = {.rank = 8, .alpha = 16, .targets = (1u << LORA_Q) | (1u << LORA_V)};
     int lora = !strcmp(mode, "lora");
     fsdp f;
@@ -258,7 +258,7 @@ static void test_full_dpo_refused(void **state) {
     golden_open(&g);
     errbuf err = {{0}};
     fsdp f;
-    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .pref = {.objective = FSDP_OBJ_DPO, .beta = 0.1}};
+    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .pref = {.objective = JOB_OBJECTIVE_DPO, .beta = 0.1}};
     if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err)) fail_msg("%s", err.msg);
     fsdp_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
