@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/fsdp.h"
 
 /* log(sigmoid(x)), without overflow. */
 static double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }
@@ -21,80 +20,44 @@ static void completion_of(const int32_t *labels, int T, int *first, int *last) {
         }
 }
 
-static int ensure_buffers(fsdp *f, int rows, errbuf *err) {
-    fsdp_pref *p = &f->pref;
+int fsdp_pref_buffers(fsdp_pref *p, kctx *c, int rows, int world, errbuf *err) {
     if (p->rows == rows) return 0;
-    fsdp_pref_free(f);
+    fsdp_pref_free(p, c);
     p->spans = malloc(3 * (size_t)rows * sizeof *p->spans);
     p->n_completion = malloc((size_t)rows * sizeof *p->n_completion);
     p->ref = malloc((size_t)rows * sizeof *p->ref);
     p->host_sums = malloc(2 * (size_t)rows * sizeof *p->host_sums);
     if (!p->spans || !p->n_completion || !p->ref || !p->host_sums)
         return errf(err, "preference objective: out of host memory");
-    if (!(p->sums = k_alloc(f->ctx, 2 * (size_t)rows * sizeof(float), err))) return -1;
-    if (f->world > 1 && !p->gathered &&
-        !(p->gathered = k_alloc(f->ctx, (size_t)f->world * PREF_STATS * sizeof(double), err)))
+    if (!(p->sums = k_alloc(c, 2 * (size_t)rows * sizeof(float), err))) return -1;
+    if (world > 1 && !p->gathered && !(p->gathered = k_alloc(c, (size_t)world * PREF_STATS * sizeof(double), err)))
         return -1;
     p->rows = rows;
     return 0;
 }
 
-void fsdp_pref_free(fsdp *f) {
-    fsdp_pref *p = &f->pref;
+void fsdp_pref_free(fsdp_pref *p, kctx *c) {
     free(p->spans);
     free(p->n_completion);
     free(p->ref);
     free(p->host_sums);
-    if (p->sums) k_free(f->ctx, p->sums);
+    if (p->sums) k_free(c, p->sums);
     p->spans = NULL, p->n_completion = NULL, p->ref = NULL, p->host_sums = NULL, p->sums = NULL;
     p->rows = 0;
 }
 
-/* Every rank's n doubles (mine), gathered in rank order into all[world x n]. */
-static int gather_doubles(fsdp *f, const double *mine, int n, double *all, errbuf *err) {
-    size_t bytes = (size_t)n * sizeof(double);
-    if (f->world == 1) {
-        memcpy(all, mine, bytes);
-        return 0;
-    }
-    char *dev = f->pref.gathered;
-    k_copy_h2d(f->ctx, dev + (size_t)f->rank * bytes, mine, bytes);
-    comm_set_unit(f->comm, -1);
-    if (k_sync(f->ctx, err) ||
-        comm_all_gather(f->comm, dev + (size_t)f->rank * bytes, dev, bytes, COMM_BYTE, err))
-        return -1;
-    k_copy_d2h(f->ctx, all, dev, (size_t)f->world * bytes);
-    return k_check(f->ctx, err);
-}
-
-int fsdp_pref_begin_step(fsdp *f, const fsdp_batch *b, errbuf *err) {
-    fsdp_pref *p = &f->pref;
-    int rows = b->n_micro * b->micro_batch;
-    if (b->micro_batch % 2)
-        return errf(err, "preference objective: a micro-batch of %d rows: pairs need an even count", b->micro_batch);
-    if (b->doc_start) return errf(err, "preference objective: packed rows are not built yet");
-    if (p->cfg.objective == JOB_OBJECTIVE_DPO && !f->has_lora)
-        return errf(err, "train.objective dpo with a full fine-tune is not built yet (the frozen reference copy)");
-    double mine[PREF_STATS] = {0};
+int fsdp_pref_check_rows(const int32_t *labels, int rows, int micro, int T, double *nll_targets, errbuf *err) {
+    if (micro % 2)
+        return errf(err, "preference objective: a micro-batch of %d rows: pairs need an even count", micro);
+    *nll_targets = 0;
     for (int r = 0; r < rows; r++) {
         int first, last;
-        completion_of(b->labels + (size_t)r * b->T, b->T, &first, &last);
+        completion_of(labels + (size_t)r * T, T, &first, &last);
         if (first < 1)
             return errf(err, "preference objective: row %d has %s", r, first < 0 ? "no completion token" : "no prompt");
-        if (r % 2 == 0) mine[0] += last; /* ORPO: the chosen row's targets, t = 0 .. last - 1 */
+        if (r % 2 == 0) *nll_targets += last; /* the chosen row's targets t = 0 .. last - 1 */
     }
-    double *all = malloc((size_t)f->world * sizeof mine);
-    if (!all || ensure_buffers(f, b->micro_batch, err)) {
-        free(all);
-        return all ? -1 : errf(err, "preference objective: out of host memory");
-    }
-    int rc = gather_doubles(f, mine, PREF_STATS, all, err);
-    p->nll_count = 0;
-    for (int r = 0; rc == 0 && r < f->world; r++) p->nll_count += all[(size_t)r * PREF_STATS];
-    free(all);
-    p->pairs = (double)rows / 2 * f->world;
-    memset(p->stats, 0, sizeof p->stats);
-    return rc;
+    return 0;
 }
 
 static void add_span(fsdp_pref *p, int start, int n, int slot) {
@@ -104,10 +67,7 @@ static void add_span(fsdp_pref *p, int start, int n, int slot) {
 /* Spans: DPO, each row one span (slot: the row); ORPO, a chosen row's prompt targets (slot
  * rows + row) then the rest (slot: the row).  Targets outside the completion are masked but
  * where ORPO's NLL reads the chosen prompt. */
-int fsdp_pref_targets(fsdp *f, const fsdp_batch *b, int mb, int32_t *targets, errbuf *err) {
-    fsdp_pref *p = &f->pref;
-    int T = b->T, rows = b->micro_batch;
-    const int32_t *ids = b->input_ids + (size_t)mb * rows * T, *labels = b->labels + (size_t)mb * rows * T;
+void fsdp_pref_targets(fsdp_pref *p, const int32_t *ids, const int32_t *labels, int rows, int T, int32_t *targets) {
     p->n_spans = 0;
     for (int r = 0; r < rows; r++) {
         int first, last;
@@ -122,43 +82,6 @@ int fsdp_pref_targets(fsdp *f, const fsdp_batch *b, int mb, int32_t *targets, er
             add_span(p, r * T, T, r);
         }
     }
-    (void)err;
-    return 0;
-}
-
-/* The loss sums of every span of the uploaded micro-batch under the head, host_sums. */
-static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf *err) {
-    fsdp_pref *p = &f->pref;
-    k_zero(f->ctx, p->sums, 2 * (size_t)p->rows * sizeof(float));
-    llama_head_spans(f->ctx, &f->layout, head_params, NULL, embed, NULL, f->resid[f->layout.n_layers],
-                     &f->head, &f->scratch, f->targets, f->B, f->T, p->spans, p->n_spans, p->sums, 0, NULL);
-    k_copy_d2h(f->ctx, p->host_sums, p->sums, 2 * (size_t)p->rows * sizeof(float));
-    return k_sync(f->ctx, err);
-}
-
-int fsdp_pref_reference(fsdp *f, errbuf *err) {
-    const llama_layout *lo = &f->layout;
-    kctx *c = f->ctx;
-    int L = lo->n_layers, k = 0;
-    void *adapters;
-    const void *g = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err);
-    if (!g) return -1;
-    llama_embed_forward(c, lo, g, f->tokens, f->resid[0], f->B * f->T);
-    for (int l = 0; l < L; l++) { /* the frozen base alone: the adapters off */
-        if (!(g = fsdp_gather_unit(f, llama_layer_unit(l), f->plan[k++].slot, &adapters, err))) return -1;
-        llama_layer_weights w = {.params = g, .layer = l};
-        llama_layer_forward(c, lo, &w, f->inv_freq, NULL, f->resid[l], f->resid[l + 1], &f->layer_acts[l],
-                            &f->scratch, f->B, f->T);
-    }
-    const void *embed = NULL;
-    if (lo->cfg.tie_word_embeddings &&
-        !(embed = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err)))
-        return -1;
-    if (!(g = fsdp_gather_unit(f, llama_head_unit(lo), f->plan[k].slot, &adapters, err)) ||
-        span_sums(f, g, embed, err))
-        return -1;
-    for (int r = 0; r < f->pref.rows; r++) f->pref.ref[r] = f->pref.host_sums[r];
-    return 0;
 }
 
 /* d(pair loss)/dz of DPO's sigmoid and robust losses, and the loss. */
@@ -214,10 +137,7 @@ static void orpo_pair(fsdp_pref *p, int i, double *wc, double *wr) {
     s[PREF_LOGPS_CHOSEN] += ac, s[PREF_LOGPS_REJECTED] += ar;
 }
 
-int fsdp_pref_head(fsdp *f, const void *head_params, float *head_grads, const void *embed, float *embed_grads,
-                   errbuf *err) {
-    fsdp_pref *p = &f->pref;
-    if (span_sums(f, head_params, embed, err)) return -1;
+int fsdp_pref_weights(fsdp_pref *p, errbuf *err) {
     double *w = malloc(2 * (size_t)p->rows * sizeof *w);
     if (!w) return errf(err, "preference objective: out of host memory");
     int orpo = p->cfg.objective == JOB_OBJECTIVE_ORPO;
@@ -231,21 +151,13 @@ int fsdp_pref_head(fsdp *f, const void *head_params, float *head_grads, const vo
         q->dscale = (float)(w[q->slot] + (orpo && q->slot < p->rows && q->slot % 2 == 0 ? w[p->rows + q->slot] : 0));
     }
     free(w);
-    llama_head_spans(f->ctx, &f->layout, head_params, head_grads, embed, embed_grads, f->resid[f->layout.n_layers],
-                     &f->head, &f->scratch, f->targets, f->B, f->T, p->spans, p->n_spans, p->sums, 1, f->dresid);
     return 0;
 }
 
-int fsdp_pref_end_step(fsdp *f, double *out, errbuf *err) {
-    fsdp_pref *p = &f->pref;
-    double *all = malloc((size_t)f->world * sizeof p->stats);
-    if (!all) return errf(err, "preference objective: out of host memory");
-    int rc = gather_doubles(f, p->stats, PREF_STATS, all, err);
+void fsdp_pref_means(const fsdp_pref *p, const double *all, int world, double *out) {
     for (int i = 0; i < PREF_STATS; i++) {
         out[i] = 0;
-        for (int r = 0; rc == 0 && r < f->world; r++) out[i] += all[(size_t)r * PREF_STATS + i];
+        for (int r = 0; r < world; r++) out[i] += all[(size_t)r * PREF_STATS + i];
         if (i != PREF_LOSS && i != PREF_NLL) out[i] /= p->pairs; /* those two are normalised already */
     }
-    free(all);
-    return rc;
 }

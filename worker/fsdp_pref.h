@@ -8,7 +8,8 @@
  * and its backward: the head runs over spans of tokens (model/llama.h's llama_head_spans),
  * each sequence's summed completion log-probabilities read back, each span's weight set from
  * them, then the head's backward with those weights.  No new kernel: the spans are
- * k_cross_entropy calls.
+ * k_cross_entropy calls.  This module is the host side (spans, weights, figures); the
+ * passes themselves are worker/fsdp.c's (its "preference objectives" part).
  *
  * DPO: per pair z = beta ((pc - rc) - (pr - rr)), p and r the summed completion log-probs
  * under the policy and the reference; sigmoid -(1-e) logsig(z) - e logsig(-z) (e =
@@ -24,6 +25,7 @@
 #define FSDP_FSDP_PREF_H
 
 #include "base/errbuf.h"
+#include "kernels/kernels.h"
 #include "model/llama.h"
 #include "proto/job.h"
 
@@ -57,22 +59,20 @@ typedef struct fsdp_pref {
     void *gathered;            /* [world x PREF_STATS] doubles, context memory */
 } fsdp_pref;
 
-struct fsdp;
-struct fsdp_batch;
-
-/* Checks a preference batch and readies the step: the global pair count and ORPO's token
- * count (a collective); the step's sums zeroed. */
-int fsdp_pref_begin_step(struct fsdp *f, const struct fsdp_batch *b, errbuf *err);
-/* Micro-batch mb's targets (host, shifted labels; ORPO: the chosen rows' whole sequences)
- * and spans; targets is [micro_batch x T]. */
-int fsdp_pref_targets(struct fsdp *f, const struct fsdp_batch *b, int mb, int32_t *targets, errbuf *err);
-/* DPO: the reference's loss sums of the uploaded micro-batch (adapters off, no gradients). */
-int fsdp_pref_reference(struct fsdp *f, errbuf *err);
-/* The head of the policy's pass: its forward over the spans, the weights, its backward. */
-int fsdp_pref_head(struct fsdp *f, const void *head_params, float *head_grads, const void *embed,
-                   float *embed_grads, errbuf *err);
-/* After the micro-batches: every rank's sums gathered into out[PREF_STATS] (global means). */
-int fsdp_pref_end_step(struct fsdp *f, double *out, errbuf *err);
-void fsdp_pref_free(struct fsdp *f);
+/* The buffers for micro-batches of `rows` rows (kept while rows stays; c: the context's
+ * memory for the span sums and, world > 1, the gathered figures). */
+int fsdp_pref_buffers(fsdp_pref *p, kctx *c, int rows, int world, errbuf *err);
+void fsdp_pref_free(fsdp_pref *p, kctx *c);
+/* A preference batch's rows (labels [rows x T]) checked: each a prompt then a completion,
+ * micro-batches of whole pairs; *nll_targets: ORPO's count of the chosen rows' targets. */
+int fsdp_pref_check_rows(const int32_t *labels, int rows, int micro, int T, double *nll_targets, errbuf *err);
+/* A micro-batch's targets (host, the shifted labels; ORPO: the chosen rows' prompts too, from
+ * ids) and its spans. */
+void fsdp_pref_targets(fsdp_pref *p, const int32_t *ids, const int32_t *labels, int rows, int T, int32_t *targets);
+/* From host_sums (the policy's span sums) and ref (DPO): each pair's loss, each span's
+ * dscale, the step's sums (stats) added. */
+int fsdp_pref_weights(fsdp_pref *p, errbuf *err);
+/* Every rank's stats (all[world x PREF_STATS]) into the step's figures out[PREF_STATS]. */
+void fsdp_pref_means(const fsdp_pref *p, const double *all, int world, double *out);
 
 #endif
