@@ -40,6 +40,21 @@ PY
 "$fsdpctl" tokenize --from-safetensors "$tmp/pairs.safetensors" --pairs --out "$tmp/pairs.tokens" | grep -q 'in preference pairs' ||
     fail "no cache of pairs"
 "$fsdpctl" tokenize --from-safetensors "$tmp/pairs.safetensors" --out "$tmp/rows.tokens" > /dev/null
+# --pairs refuses rows that are not pairs: an odd count, a row labelled from its first token
+"$venv/bin/python" - "$tmp" <<'PY'
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1] + "/pairs.safetensors")
+save_file({k: v[:7] for k, v in t.items()}, sys.argv[1] + "/odd.safetensors")
+labels = t["labels"].copy()
+labels[2, 0] = t["input_ids"][2, 0]
+save_file({"input_ids": t["input_ids"], "labels": labels}, sys.argv[1] + "/noprompt.safetensors")
+PY
+for bad in "odd:pairs need an even count" "noprompt:row 2 has no prompt"; do
+    "$fsdpctl" tokenize --from-safetensors "$tmp/${bad%%:*}.safetensors" --pairs --out "$tmp/bad.tokens" > "$tmp/bad.log" 2>&1 &&
+        fail "--pairs accepted ${bad%%:*}"
+    grep -q "${bad#*:}" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "--pairs on ${bad%%:*}: no '${bad#*:}'"; }
+done
 
 cat > "$tmp/job.json" <<JSON
 {
