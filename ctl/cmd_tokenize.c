@@ -19,7 +19,11 @@
  * --from-safetensors FILE: a batch file (proto/batch.h, the golden references' form) whose
  * rows become records, one a row, in order: every input id is a token, and a label either
  * repeats its row's input id (a training target, mask 1) or is -100 (context, mask 0).  A
- * cache keeps a loss mask, not free labels, so any other label is refused. */
+ * cache keeps a loss mask, not free labels, so any other label is refused.  With --pairs the
+ * rows are preference pairs (train.objective dpo, orpo): rows 2i and 2i+1 the prompt + chosen
+ * and prompt + rejected of pair i, labels on the completion only: a cache of pairs
+ * (proto/tokens.h's TOK_FORMAT_PAIRS); an odd row count, or a row without a completion or
+ * with a label before its prompt ends, is refused. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -41,8 +45,9 @@
 enum { IGNORE_INDEX = -100 };
 
 static int tokenize_usage(void) {
-    fprintf(stderr, "usage: fsdpctl tokenize --from-safetensors FILE --out CACHE [--vocab V]\n"
-                    "  (FILE holds input_ids and labels [N, T]; one record a row)\n"
+    fprintf(stderr, "usage: fsdpctl tokenize --from-safetensors FILE --out CACHE [--vocab V] [--pairs]\n"
+                    "  (FILE holds input_ids and labels [N, T]; one record a row; --pairs: rows 2i, 2i+1\n"
+                    "  the chosen and rejected of pair i)\n"
                     "       fsdpctl tokenize --tokenizer PATH (--text TEXT | --decode \"1 2 3\" | "
                     "--jsonl FILE)\n"
                     "                        [--no-add-special] [--split-special] [--json]\n"
@@ -73,9 +78,29 @@ static int add_row(tok_writer *w, const batch_file *b, int r, uint8_t *mask, con
     return tok_writer_add(w, ids, mask, (uint64_t)b->T, err);
 }
 
-static int tokenize_batch_file(const char *path, const char *out, long vocab, errbuf *err) {
+/* --pairs: every row a prompt (no label), then a completion (labels), then nothing labelled. */
+static int check_pair_rows(const batch_file *b, const char *path, errbuf *err) {
+    if (b->B % 2) return errf(err, "%s: --pairs with %d rows: pairs need an even count", path, b->B);
+    for (int r = 0; r < b->B; r++) {
+        const int32_t *labels = b->labels + (size_t)r * b->T;
+        int t = 0;
+        while (t < b->T && labels[t] == IGNORE_INDEX) t++;
+        if (t == 0 || t == b->T)
+            return errf(err, "%s: --pairs: row %d has %s", path, r, t ? "no completion (no label)" : "no prompt");
+        while (t < b->T && labels[t] != IGNORE_INDEX) t++;
+        while (t < b->T && labels[t] == IGNORE_INDEX) t++;
+        if (t < b->T) return errf(err, "%s: --pairs: row %d's labels are not one run after its prompt", path, r);
+    }
+    return 0;
+}
+
+static int tokenize_batch_file(const char *path, const char *out, long vocab, bool pairs, errbuf *err) {
     batch_file b;
     if (batch_read(&b, path, err)) return -1;
+    if (pairs && check_pair_rows(&b, path, err)) {
+        batch_free(&b);
+        return -1;
+    }
     int32_t max_id = 0;
     for (size_t i = 0; i < (size_t)b.B * b.T; i++)
         if (b.input_ids[i] > max_id) max_id = b.input_ids[i];
@@ -87,11 +112,12 @@ static int tokenize_batch_file(const char *path, const char *out, long vocab, er
     if (rc == 0 && !mask) rc = errf(err, "out of memory");
     tok_writer w;
     tok_writer_init(&w, (uint32_t)vocab);
+    if (pairs) w.source.format = TOK_FORMAT_PAIRS;
     for (int r = 0; rc == 0 && r < b.B; r++) rc = add_row(&w, &b, r, mask, path, err);
     if (rc == 0) rc = tok_writer_save(&w, out, err);
     if (rc == 0)
-        printf("wrote %s: %d records of %d tokens from %s (vocab %ld)\n", out, b.B, b.T, path,
-               vocab);
+        printf("wrote %s: %d records of %d tokens from %s (vocab %ld)%s\n", out, b.B, b.T, path,
+               vocab, pairs ? ", in preference pairs" : "");
     tok_writer_free(&w);
     free(mask);
     batch_free(&b);
@@ -369,8 +395,10 @@ int cmd_tokenize(int argc, char **argv) {
                                              {"threads", required_argument, 0, 'P'},
                                              {"no-truncate", no_argument, 0, 'N'},
                                              {"on-bad-record", required_argument, 0, 'B'},
+                                             {"pairs", no_argument, 0, 'p'},
                                              {0, 0, 0, 0}};
     data_opts d = {.truncate = true};
+    bool pairs = false;
     int opt;
     optind = 1;
     opterr = 0;
@@ -394,6 +422,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (opt == 'P' && parse_count(optarg, 1, &d.threads) == 0) continue;
         else if (opt == 'J') d.dump = optarg;
         else if (opt == 'N') d.truncate = false;
+        else if (opt == 'p') pairs = true;
         else if (opt == 'B' && (!strcmp(optarg, "skip") || !strcmp(optarg, "fail"))) d.skip_bad = !strcmp(optarg, "skip");
         else {
             if (opt == '?') ctl_flag_error("tokenize", argv);
@@ -427,7 +456,7 @@ int cmd_tokenize(int argc, char **argv) {
         return 0;
     }
     if (!from || !out) return tokenize_usage();
-    if (tokenize_batch_file(from, out, vocab, &err)) {
+    if (tokenize_batch_file(from, out, vocab, pairs, &err)) {
         fprintf(stderr, "fsdpctl tokenize: %s\n", err.msg);
         return 1;
     }

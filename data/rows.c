@@ -115,7 +115,12 @@ int row_source_open(row_source *s, const char *path, int seq_len, int global_bat
                     v - 1, vocab_size);
     }
     s->packing = packing;
-    s->n_samples = s->cache.n_records;
+    s->pairs = tok_format_pairs(s->cache.source.format);
+    if (s->pairs && packing) {
+        row_source_close(s);
+        return errf(err, "%s: packing a cache of pairs is not built yet", path);
+    }
+    s->n_samples = s->pairs ? s->cache.n_records / 2 : s->cache.n_records;
     if (packing && rows_pack(&s->cache, seq_len, &s->row_start, &s->n_samples, &s->real_tokens, err)) {
         row_source_close(s);
         return -1;
@@ -182,16 +187,26 @@ static void fill_row(const row_source *s, uint64_t sample, int i, row_batch *b) 
         row_fill_record(&s->cache, sample, s->seq_len, b->input_ids + at, b->labels + at);
 }
 
+/* Sample `sample` into b: row i, or pair i's rows 2i, 2i+1. */
+static void fill_sample(const row_source *s, uint64_t sample, int i, row_batch *b) {
+    if (!s->pairs) {
+        fill_row(s, sample, i, b);
+        return;
+    }
+    fill_row(s, 2 * sample, 2 * i, b);
+    fill_row(s, 2 * sample + 1, 2 * i + 1, b);
+}
+
 void row_source_fill(row_source *s, uint64_t first, row_batch *b) {
-    for (int i = 0; i < b->n; i++) {
+    for (int i = 0; i < b->n / (s->pairs ? 2 : 1); i++) {
         uint64_t pos = first + (uint64_t)i;
         int64_t epoch = (int64_t)(pos / s->epoch_len);
         if (epoch != s->perm_epoch) shuffle_epoch(s, epoch);
-        fill_row(s, s->perm[pos % s->epoch_len], i, b);
+        fill_sample(s, s->perm[pos % s->epoch_len], i, b);
     }
 }
 
 void row_source_fill_eval(row_source *s, uint64_t first, row_batch *b) {
-    for (int i = 0; i < b->n; i++)
-        fill_row(s, s->eval_idx[(first + (uint64_t)i) % s->n_eval], i, b);
+    for (int i = 0; i < b->n / (s->pairs ? 2 : 1); i++)
+        fill_sample(s, s->eval_idx[(first + (uint64_t)i) % s->n_eval], i, b);
 }

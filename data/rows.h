@@ -67,6 +67,7 @@ typedef struct row_source {
     uint64_t seed;
     bool shuffle;        /* false: every epoch in file order */
     bool packing;        /* samples are packed rows (row_start), else records */
+    bool pairs;          /* a cache of pairs (tok_format_pairs): a sample is a pair, two rows */
     uint64_t *row_start; /* [n_samples + 1] with packing */
     uint64_t n_samples;
     uint64_t real_tokens; /* with packing: the tokens the rows hold */
@@ -89,7 +90,7 @@ static inline uint64_t row_source_steps_per_epoch(const row_source *s) {
     return s->epoch_len / (uint64_t)s->global_batch;
 }
 /* Fills b (made by row_batch_init with s's seq_len, and packed as s is) with the b->n
- * samples starting at global position first. */
+ * samples starting at global position first (pairs: b->n / 2 pairs, rows 2i and 2i+1). */
 void row_source_fill(row_source *s, uint64_t first, row_batch *b);
 /* The held-out samples first .. first+b->n-1 (eval order), as row_source_fill fills them. */
 void row_source_fill_eval(row_source *s, uint64_t first, row_batch *b);

@@ -427,24 +427,64 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
 
 /* ---- head ---- */
 
+/* The head's weights: the final norm's and lm_head's (the embedding's when tied), with
+ * their gradients (NULL: frozen). */
+typedef struct head_weights {
+    const void *norm_w, *head_w;
+    float *dnorm_w, *dhead_w;
+} head_weights;
+
+static head_weights head_weights_of(kctx *c, const llama_layout *lo, const void *head_params,
+                                    float *head_grads, const void *embed_params, float *embed_grads) {
+    int hu = llama_head_unit(lo), tied = lo->cfg.tie_word_embeddings;
+    return (head_weights){.norm_w = param_at(c, lo, head_params, hu, LLAMA_NORM),
+                          .dnorm_w = grad_at(lo, head_grads, hu, LLAMA_NORM),
+                          .head_w = tied ? embed_params : param_at(c, lo, head_params, hu, LLAMA_LM_HEAD),
+                          .dhead_w = tied ? embed_grads : grad_at(lo, head_grads, hu, LLAMA_LM_HEAD)};
+}
+
+void llama_head_spans(kctx *c, const llama_layout *lo, const void *head_params, float *head_grads,
+                      const void *embed_params, float *embed_grads, const void *x, llama_head_acts *a,
+                      llama_scratch *s, const int32_t *targets, int B, int T, const llama_span *spans,
+                      int n_spans, float *sums, int backward, void *dresid) {
+    const llama_config *cfg = &lo->cfg;
+    int N = B * T, C = cfg->hidden_size, V = cfg->vocab_size;
+    head_weights hw = head_weights_of(c, lo, head_params, head_grads, embed_params, embed_grads);
+    k_rmsnorm_fwd(c, a->lnf, a->rstd, x, hw.norm_w, N, C, (float)cfg->rms_norm_eps);
+    size_t cs = k_compute_size(c), rows = head_rows((size_t)N);
+    int sp = 0;
+    for (size_t r0 = 0; r0 < (size_t)N; r0 += rows) {
+        int n = (int)((size_t)N - r0 < rows ? (size_t)N - r0 : rows), end = (int)r0 + n;
+        const char *lnf = (const char *)a->lnf + r0 * C * cs;
+        k_linear_fwd(c, a->logits, lnf, hw.head_w, n, C, V);
+        /* the spans partition [0, N) in order: those meeting this chunk, each cut to it */
+        for (; sp < n_spans && spans[sp].start < end; sp++) {
+            const llama_span *q = &spans[sp];
+            int a0 = q->start > (int)r0 ? q->start : (int)r0;
+            int a1 = q->start + q->n < end ? q->start + q->n : end;
+            char *lg = (char *)a->logits + (size_t)(a0 - (int)r0) * V * cs;
+            k_cross_entropy(c, &sums[q->slot], backward ? lg : NULL, lg, targets + a0, a1 - a0, V,
+                            q->dscale);
+            if (q->start + q->n > end) break; /* it goes on in the next chunk */
+        }
+        if (backward)
+            k_linear_bwd(c, (char *)s->dln + r0 * C * cs, hw.dhead_w, a->logits, lnf, hw.head_w, n, C, V, 0);
+    }
+    if (!backward) return;
+    k_zero(c, dresid, (size_t)N * C * k_compute_size(c));
+    k_rmsnorm_bwd(c, dresid, hw.dnorm_w, s->dln, x, hw.norm_w, a->rstd, N, C);
+}
+
 void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *head_params,
                                  float *head_grads, const void *embed_params, float *embed_grads,
                                  const void *x, llama_head_acts *a, llama_scratch *s,
                                  const int32_t *targets, int B, int T, float dscale,
                                  float *loss_sum, float *logits_f32, void *dresid) {
     const llama_config *cfg = &lo->cfg;
-    int N = B * T, C = cfg->hidden_size, V = cfg->vocab_size, hu = llama_head_unit(lo);
-    const void *norm_w = param_at(c, lo, head_params, hu, LLAMA_NORM);
-    float *dnorm_w = grad_at(lo, head_grads, hu, LLAMA_NORM);
-    const void *head_w;
-    float *dhead_w;
-    if (cfg->tie_word_embeddings) {
-        head_w = embed_params;
-        dhead_w = embed_grads;
-    } else {
-        head_w = param_at(c, lo, head_params, hu, LLAMA_LM_HEAD);
-        dhead_w = grad_at(lo, head_grads, hu, LLAMA_LM_HEAD);
-    }
+    int N = B * T, C = cfg->hidden_size, V = cfg->vocab_size;
+    head_weights hw = head_weights_of(c, lo, head_params, head_grads, embed_params, embed_grads);
+    const void *norm_w = hw.norm_w, *head_w = hw.head_w;
+    float *dnorm_w = hw.dnorm_w, *dhead_w = hw.dhead_w;
 
     k_rmsnorm_fwd(c, a->lnf, a->rstd, x, norm_w, N, C, (float)cfg->rms_norm_eps);
     /* The logits a few rows at a time, each chunk's backward right after its loss: the

@@ -239,6 +239,23 @@ void llama_head_forward_backward(kctx *c, const llama_layout *lo, const void *he
                                  const int32_t *targets, int B, int T, float dscale,
                                  float *loss_sum, float *logits_f32, void *dresid);
 
+/* A run of token positions [start, start + n) of the head's B*T rows: its summed token
+ * losses go to sums[slot], its gradients are those of dscale times that sum. */
+typedef struct llama_span {
+    int start, n, slot;
+    float dscale;
+} llama_span;
+
+/* The head over spans that partition [0, B*T) in order (preference objectives, whose
+ * gradient weights differ by sequence): sums (fp32, context memory) += each span's summed
+ * token losses against targets; with backward, the gradients of sum of dscale x span loss
+ * accumulate as llama_head_forward_backward's, and dresid = d/d(x).  Without backward only
+ * the sums (the weights and dresid untouched). */
+void llama_head_spans(kctx *c, const llama_layout *lo, const void *head_params, float *head_grads,
+                      const void *embed_params, float *embed_grads, const void *x, llama_head_acts *a,
+                      llama_scratch *s, const int32_t *targets, int B, int T, const llama_span *spans,
+                      int n_spans, float *sums, int backward, void *dresid);
+
 /* ---- the whole model in one process ---- */
 
 typedef struct llama_model {

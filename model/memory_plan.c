@@ -247,7 +247,7 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .group = world < j->runtime.workers_per_node ? world : j->runtime.workers_per_node,
         .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
         .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
-        .micro_batch = j->train.micro_batch, .seq_len = j->data.seq_len, .compute_size = compute_size,
+        .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);

@@ -97,6 +97,11 @@ static const choice backend_choices[] = {
 static const choice on_usr1_choices[] = {
     {"auto", JOB_USR1_AUTO}, {"checkpoint", JOB_USR1_CHECKPOINT}, {"requeue", JOB_USR1_REQUEUE}, {NULL, 0}};
 
+static const choice objective_choices[] = {
+    {"sft", JOB_OBJECTIVE_SFT}, {"dpo", JOB_OBJECTIVE_DPO}, {"orpo", JOB_OBJECTIVE_ORPO}, {NULL, 0}};
+static const choice dpo_loss_choices[] = {
+    {"sigmoid", JOB_DPO_SIGMOID}, {"robust", JOB_DPO_ROBUST}, {"ipo", JOB_DPO_IPO}, {NULL, 0}};
+
 static const char *const lora_modules[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
@@ -144,6 +149,11 @@ static const job_key keys[] = {
     RANGE("train", "eps", K_DOUBLE, train.eps, 0, INFINITY, true, false),
     NUM("train", "clip_norm", K_DOUBLE, train.clip_norm, 0, INFINITY),
     NUM("train", "seed", K_I64, train.seed, 0, INFINITY),
+    CHOICE("train", "objective", train.objective, objective_choices),
+    RANGE("train", "dpo_beta", K_DOUBLE, train.dpo_beta, 0, INFINITY, true, false),
+    CHOICE("train", "dpo_loss", train.dpo_loss, dpo_loss_choices),
+    RANGE("train", "dpo_label_smoothing", K_DOUBLE, train.dpo_label_smoothing, 0, 0.5, false, true),
+    RANGE("train", "orpo_lambda", K_DOUBLE, train.orpo_lambda, 0, INFINITY, true, false),
 
     NUM("lora", "rank", K_INT, lora.rank, 1, 65536),
     RANGE("lora", "alpha", K_DOUBLE, lora.alpha, 0, INFINITY, true, false),
@@ -269,6 +279,10 @@ void job_defaults(job_config *j) {
     j->train.clip_norm = 1.0;
     j->train.seed = 42;
     j->train.sample_max_new_tokens = 64;
+    j->train.objective = JOB_OBJECTIVE_SFT;
+    j->train.dpo_beta = 0.1;    /* TRL's DPOConfig.beta */
+    j->train.dpo_loss = JOB_DPO_SIGMOID;
+    j->train.orpo_lambda = 0.1; /* TRL's ORPOConfig.beta */
 
     j->lora.rank = 8;
     j->lora.alpha = 16;
@@ -1335,6 +1349,10 @@ static int check_unused(const job_config *j, errbuf *err) {
                  (!strcmp(k->name, "template") || !strcmp(k->name, "truncate") || !strcmp(k->name, "on_bad_record")))
             why = "data.format is tokens: a token cache was templated, truncated and filtered when it was "
                   "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat or text)";
+        else if (!strcmp(k->section, "train") && !strncmp(k->name, "dpo_", 4) && j->train.objective != JOB_OBJECTIVE_DPO)
+            why = "train.objective is not dpo";
+        else if (!strcmp(k->section, "train") && !strcmp(k->name, "orpo_lambda") && j->train.objective != JOB_OBJECTIVE_ORPO)
+            why = "train.objective is not orpo";
         else if (!strcmp(k->section, "runtime") && !strncmp(k->name, "mlflow_", 7) && !(j->runtime.log_to & JOB_LOG_MLFLOW))
             why = "runtime.log_to has no mlflow";
         else if (!strcmp(k->section, "runtime") && !strcmp(k->name, "log_required") && !(j->runtime.log_to & JOB_LOG_MLFLOW))
@@ -1372,6 +1390,25 @@ static int check_logging(const job_config *j, errbuf *err) {
     return 0;
 }
 
+/* Preference objectives (F49): what is built of them. */
+static int check_objective(const job_config *j, errbuf *err) {
+    const char *name = choice_name(objective_choices, (int)j->train.objective);
+    if (j->train.objective == JOB_OBJECTIVE_SFT) return 0;
+    if (j->train.objective == JOB_OBJECTIVE_DPO && j->train.type == JOB_TRAIN_FULL)
+        return errf(err, "train.objective: 'dpo' with a full fine-tune is not built yet (its reference, a frozen "
+                         "copy of the start weights); train.type lora or qlora uses the base, the adapters off");
+    if (j->data.packing)
+        return errf(err, "data.packing: packing the pairs of train.objective '%s' is not built yet", name);
+    if (j->data.eval_fraction > 0)
+        return errf(err, "data.eval_fraction: the held-out loss of train.objective '%s' is not built yet", name);
+    if (j->data.format != JOB_DATA_TOKENS && j->data.format != JOB_DATA_AUTO)
+        return errf(err, "data.format: train.objective '%s' trains on pairs: a token cache of pairs (fsdpctl "
+                         "tokenize --from-safetensors FILE --pairs); the JSONL preference format is not built yet", name);
+    if (j->fsdp.cpu_offload)
+        return errf(err, "fsdp.cpu_offload with train.objective '%s' is not built yet", name);
+    return 0;
+}
+
 /* Strategies built for part of the jobs only. */
 static int check_sharding(const job_config *j, errbuf *err) {
     if (j->fsdp.sharding == JOB_SHARD_GRAD_OP && (j->train.type != JOB_TRAIN_FULL || j->fsdp.cpu_offload))
@@ -1392,7 +1429,8 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
     if (j->output.consolidate && !j->checkpoint.save_final)
         return errf(err, "output.consolidate: needs checkpoint.save_final (the output is the "
                          "final checkpoint, consolidated); set one of them to false");
-    return check_adapters(j, err) || check_sharding(j, err) || check_logging(j, err) || check_unused(j, err) ? -1
+    return check_adapters(j, err) || check_objective(j, err) || check_sharding(j, err) || check_logging(j, err) ||
+                   check_unused(j, err) ? -1
                                                                                                             : 0;
 }
 

@@ -69,6 +69,9 @@ typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA }
 typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 typedef enum job_round { JOB_ROUND_UP, JOB_ROUND_DOWN } job_round;
+/* train.objective (worker/fsdp_pref.h): supervised, or preference pairs; train.dpo_loss. */
+typedef enum job_objective { JOB_OBJECTIVE_SFT, JOB_OBJECTIVE_DPO, JOB_OBJECTIVE_ORPO } job_objective;
+typedef enum job_dpo_loss { JOB_DPO_SIGMOID, JOB_DPO_ROBUST, JOB_DPO_IPO } job_dpo_loss;
 /* train.defaults: whose defaults the keys a job does not give take (job_apply_profile). */
 typedef enum job_profile { JOB_PROFILE_FSDPD, JOB_PROFILE_FSDP_QLORA, JOB_PROFILE_TRAINER } job_profile;
 
@@ -120,6 +123,13 @@ typedef struct job_config {
         double eps;
         double clip_norm; /* 0: no clipping */
         int64_t seed;
+        /* Preference tuning (F49): the objective; DPO's beta, loss and label smoothing;
+         * ORPO's lambda (TRL's ORPOConfig.beta).  global_batch and micro_batch count pairs. */
+        job_objective objective;
+        double dpo_beta;
+        job_dpo_loss dpo_loss;
+        double dpo_label_smoothing;
+        double orpo_lambda;
         /* Not a job-file key: derived by job_resolve, global_batch / (micro_batch x world
          * size) (train.accumulation holds the same once resolved). */
         int grad_accum;
@@ -191,6 +201,12 @@ typedef struct job_config {
      * that a value given is told from a default (job_key_given). */
     uint64_t given[JOB_KEYS_MAX / 64];
 } job_config;
+
+/* Rows a sample of train.global_batch / micro_batch is: 2 for a preference objective (a
+ * pair: chosen and rejected), else 1. */
+static inline int job_rows_per_sample(const job_config *j) {
+    return j->train.objective == JOB_OBJECTIVE_SFT ? 1 : 2;
+}
 
 /* "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (the job file's), NULL for
  * another value. */

@@ -124,6 +124,15 @@ static const field metrics_fields[] = {
     I64(msg_metrics, "replica_collectives", replica_collectives, 0),
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
     OPT_F64(msg_metrics, "eval_loss", eval_loss),
+    OPT_F64(msg_metrics, "rewards/chosen", rewards_chosen),
+    OPT_F64(msg_metrics, "rewards/rejected", rewards_rejected),
+    OPT_F64(msg_metrics, "rewards/accuracies", rewards_accuracies),
+    OPT_F64(msg_metrics, "rewards/margins", rewards_margins),
+    OPT_F64(msg_metrics, "logps/chosen", logps_chosen),
+    OPT_F64(msg_metrics, "logps/rejected", logps_rejected),
+    OPT_F64(msg_metrics, "nll_loss", nll_loss),
+    OPT_F64(msg_metrics, "log_odds_ratio", log_odds_ratio),
+    OPT_F64(msg_metrics, "log_odds_chosen", log_odds_chosen),
 };
 
 static const field ckpt_begin_fields[] = {

@@ -181,6 +181,14 @@ typedef struct msg_metrics {
     msg_ckpt_note checkpoint;
     bool has_eval_loss;
     double eval_loss;   /* after this step, over the held-out samples (data.eval_fraction) */
+    /* train.objective dpo and orpo: TRL's figures under TRL's names ("rewards/chosen", ...;
+     * nll_loss, log_odds_ratio and log_odds_chosen: ORPO's), means over the step's pairs. */
+    bool has_rewards_chosen, has_rewards_rejected, has_rewards_accuracies, has_rewards_margins;
+    double rewards_chosen, rewards_rejected, rewards_accuracies, rewards_margins;
+    bool has_logps_chosen, has_logps_rejected;
+    double logps_chosen, logps_rejected;
+    bool has_nll_loss, has_log_odds_ratio, has_log_odds_chosen;
+    double nll_loss, log_odds_ratio, log_odds_chosen;
 } msg_metrics;
 
 typedef struct msg_ckpt_begin {

@@ -46,11 +46,11 @@ static bool all_zero(const uint8_t *p, size_t n) {
 static int check_source(const tok_header *h, const char *name, errbuf *err) {
     if (h->reserved0 || !all_zero(h->reserved, sizeof h->reserved))
         return errf(err, "%s: reserved header bytes are not zero", name);
-    if (h->format > TOK_FORMAT_TEXT) return errf(err, "%s: unknown format %u", name, h->format);
+    if (h->format > TOK_FORMAT_PAIRS) return errf(err, "%s: unknown format %u", name, h->format);
     if (h->template_id > TOK_TEMPLATE_MAX)
         return errf(err, "%s: unknown template %u", name, h->template_id);
     bool no_hash = all_zero(h->tokenizer_sha256, TOK_SHA256_BYTES);
-    if ((h->format == TOK_FORMAT_TOKENS) != no_hash)
+    if ((h->format == TOK_FORMAT_TOKENS || h->format == TOK_FORMAT_PAIRS) != no_hash)
         return errf(err, "%s: format %u with%s a tokenizer hash", name, h->format,
                     no_hash ? "out" : "");
     bool templated = h->format == TOK_FORMAT_CHAT || h->format == TOK_FORMAT_ALPACA;
@@ -94,6 +94,9 @@ int tok_parse(tok_cache *c, const void *buf, size_t len, const char *name, errbu
     const unsigned char *base = buf;
     if (tok_checksum(base, len) != h.crc) return errf(err, "%s: checksum mismatch (file corrupt)", name);
     if (check_source(&h, name, err)) return -1;
+    if (tok_format_pairs(h.format) && h.n_records % 2)
+        return errf(err, "%s: a cache of pairs with an odd count of records (%llu)", name,
+                    (unsigned long long)h.n_records);
 
     c->vocab_size = h.vocab_size;
     c->n_records = h.n_records;

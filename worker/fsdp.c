@@ -288,6 +288,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
+    f->pref.cfg = opt->pref;
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
@@ -343,6 +344,8 @@ void fsdp_destroy(fsdp *f) {
     host_optim_destroy(f->optim); /* first: its threads write the host shards */
     if (f->ctx) {
         free_activations(f);
+        fsdp_pref_free(&f->pref, f->ctx);
+        if (f->pref.gathered) k_free(f->ctx, f->pref.gathered);
         if (f->image) k_host_unregister(f->ctx, f->image);
         if (f->cpu_offload && f->units) {
             k_free(f->ctx, f->units[0].grad);
@@ -883,6 +886,104 @@ static int prepare_grad_slot(fsdp *f, int u, int slot, errbuf *err) {
 
 /* ---- a step ---- */
 
+/* ---- preference objectives (fsdp_pref.h: the host side) ---- */
+
+/* Every rank's n doubles (mine), gathered in rank order into all[world x n] (n <= PREF_STATS). */
+static int gather_doubles(fsdp *f, const double *mine, int n, double *all, errbuf *err) {
+    size_t bytes = (size_t)n * sizeof(double);
+    if (f->world == 1) {
+        memcpy(all, mine, bytes);
+        return 0;
+    }
+    char *dev = f->pref.gathered;
+    k_copy_h2d(f->ctx, dev + (size_t)f->rank * bytes, mine, bytes);
+    comm_set_unit(f->comm, -1);
+    if (k_sync(f->ctx, err) ||
+        comm_all_gather(f->comm, dev + (size_t)f->rank * bytes, dev, bytes, COMM_BYTE, err))
+        return -1;
+    k_copy_d2h(f->ctx, all, dev, (size_t)f->world * bytes);
+    return k_check(f->ctx, err);
+}
+
+/* Batch b checked, the buffers readied, the global pair count and ORPO's target count (a
+ * collective), the step's sums zeroed. */
+static int pref_begin_step(fsdp *f, const fsdp_batch *b, errbuf *err) {
+    fsdp_pref *p = &f->pref;
+    int rows = b->n_micro * b->micro_batch;
+    double mine, *all = NULL;
+    if (b->doc_start) return errf(err, "preference objective: packed rows are not built yet");
+    if (p->cfg.objective == JOB_OBJECTIVE_DPO && !f->has_lora)
+        return errf(err, "train.objective dpo with a full fine-tune is not built yet (the frozen reference copy)");
+    if (fsdp_pref_check_rows(b->labels, rows, b->micro_batch, b->T, &mine, err) ||
+        fsdp_pref_buffers(p, f->ctx, b->micro_batch, f->world, err))
+        return -1;
+    if (!(all = malloc((size_t)f->world * sizeof mine))) return errf(err, "preference objective: out of host memory");
+    int rc = gather_doubles(f, &mine, 1, all, err);
+    p->nll_count = 0;
+    for (int r = 0; rc == 0 && r < f->world; r++) p->nll_count += all[r];
+    free(all);
+    p->pairs = (double)rows / 2 * f->world;
+    memset(p->stats, 0, sizeof p->stats);
+    return rc;
+}
+
+/* The loss sums of every span of the uploaded micro-batch under the head, into host_sums. */
+static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf *err) {
+    fsdp_pref *p = &f->pref;
+    k_zero(f->ctx, p->sums, 2 * (size_t)p->rows * sizeof(float));
+    llama_head_spans(f->ctx, &f->layout, head_params, NULL, embed, NULL, f->resid[f->layout.n_layers],
+                     &f->head, &f->scratch, f->targets, f->B, f->T, p->spans, p->n_spans, p->sums, 0, NULL);
+    k_copy_d2h(f->ctx, p->host_sums, p->sums, 2 * (size_t)p->rows * sizeof(float));
+    return k_sync(f->ctx, err);
+}
+
+/* DPO's reference: the uploaded micro-batch forward with the adapters off (the frozen base
+ * alone), each unit gathered into its plan slot, no backward; its row sums into pref.ref. */
+static int pref_reference(fsdp *f, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    kctx *c = f->ctx;
+    int L = lo->n_layers, k = 0;
+    void *adapters;
+    const void *g = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err);
+    if (!g) return -1;
+    llama_embed_forward(c, lo, g, f->tokens, f->resid[0], f->B * f->T);
+    for (int l = 0; l < L; l++) {
+        if (!(g = fsdp_gather_unit(f, llama_layer_unit(l), f->plan[k++].slot, &adapters, err))) return -1;
+        llama_layer_weights w = {.params = g, .layer = l}; /* .lora NULL: no adapters */
+        llama_layer_forward(c, lo, &w, f->inv_freq, NULL, f->resid[l], f->resid[l + 1], &f->layer_acts[l],
+                            &f->scratch, f->B, f->T);
+    }
+    const void *embed = NULL;
+    if (lo->cfg.tie_word_embeddings &&
+        !(embed = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err)))
+        return -1;
+    if (!(g = fsdp_gather_unit(f, llama_head_unit(lo), f->plan[k].slot, &adapters, err)) ||
+        span_sums(f, g, embed, err))
+        return -1;
+    memcpy(f->pref.ref, f->pref.host_sums, (size_t)f->pref.rows * sizeof *f->pref.ref);
+    return 0;
+}
+
+/* The policy's head: its forward over the spans, the weights on the host, its backward. */
+static int pref_head(fsdp *f, const void *head_params, float *head_grads, const void *embed, float *embed_grads,
+                     errbuf *err) {
+    fsdp_pref *p = &f->pref;
+    if (span_sums(f, head_params, embed, err) || fsdp_pref_weights(p, err)) return -1;
+    llama_head_spans(f->ctx, &f->layout, head_params, head_grads, embed, embed_grads, f->resid[f->layout.n_layers],
+                     &f->head, &f->scratch, f->targets, f->B, f->T, p->spans, p->n_spans, p->sums, 1, f->dresid);
+    return 0;
+}
+
+/* After the micro-batches: every rank's sums gathered into the step's figures out. */
+static int pref_end_step(fsdp *f, double *out, errbuf *err) {
+    double *all = malloc((size_t)f->world * sizeof f->pref.stats);
+    if (!all) return errf(err, "preference objective: out of host memory");
+    int rc = gather_doubles(f, f->pref.stats, PREF_STATS, all, err);
+    if (rc == 0) fsdp_pref_means(&f->pref, all, f->world, out);
+    free(all);
+    return rc;
+}
+
 /* Forward and backward of the head; returns the plan entry that comes next, or -1. */
 static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     const llama_layout *lo = &f->layout;
@@ -896,6 +997,10 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
     }
     void *g = gather_use(f, k++, err);
     if (!g || prepare_grad_slot(f, head, 0, err)) return -1;
+    if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT) {
+        if (pref_head(f, g, grad_buffer(f, head, 0), embed, embed_grad, err)) return -1;
+        return reduce_start(f, head, 0, err) ? -1 : k;
+    }
     llama_head_forward_backward(f->ctx, lo, g, grad_buffer(f, head, 0), embed, embed_grad,
                                 f->resid[lo->n_layers], &f->head, &f->scratch, f->targets, B, T,
                                 dscale, &f->scalars[0], NULL, f->dresid);
@@ -1064,6 +1169,8 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
     for (int mb = 0; mb < b->n_micro && rc == 0; mb++) {
         f->first_micro = mb == 0;
         k_shift_labels(b->labels + mb * N, targets, b->micro_batch, T);
+        if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT)
+            fsdp_pref_targets(&f->pref, b->input_ids + mb * N, b->labels + mb * N, b->micro_batch, T, targets);
         k_copy_h2d(c, f->tokens, b->input_ids + mb * N, N * sizeof(int32_t));
         k_copy_h2d(c, f->targets, targets, N * sizeof(int32_t));
         if (b->doc_start) { /* pageable sources: consumed when the copies return */
@@ -1071,7 +1178,8 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
             k_copy_h2d(c, f->doc_end, b->doc_end + mb * N, N * sizeof(int32_t));
         }
         if (f->has_lora) upload_samples(f, b, mb);
-        rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
+        if (rc == 0 && f->pref.cfg.objective == JOB_OBJECTIVE_DPO) rc = pref_reference(f, err);
+        if (rc == 0) rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
     }
     free(targets);
     return rc;
@@ -1087,6 +1195,8 @@ static int prepare_batch(fsdp *f, const fsdp_batch *b, errbuf *err) {
 }
 
 int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *count, errbuf *err) {
+    if (f->pref.cfg.objective != JOB_OBJECTIVE_SFT)
+        return errf(err, "eval: the held-out loss of a preference objective is not built yet");
     if (prepare_batch(f, b, err)) return -1;
     rank_stats mine = {.count = count_targets(b->labels, b->n_micro * b->micro_batch, b->T)};
     rank_stats *all = calloc((size_t)f->world, sizeof *all);
@@ -1131,7 +1241,12 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
         for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+    int pref = f->pref.cfg.objective != JOB_OBJECTIVE_SFT;
+    if (rc == 0 && pref) rc = pref_begin_step(f, b, err);
     if (rc == 0) rc = run_micro_batches(f, b, dscale, err);
+    if (rc == 0 && pref) rc = pref_end_step(f, res->pref, err);
+    if (rc == 0 && pref) /* this rank's share of the loss, summed over the ranks below */
+        k_copy_h2d(c, f->scalars, &(float){(float)f->pref.stats[PREF_LOSS]}, sizeof(float));
     if (rc == 0 && fault_now(f, FAULT_NAN_GRAD)) poison_gradient(f);
     for (int u = 0; u < f->n_train && rc == 0; u++) k_sumsq_f32(c, &f->scalars[1], f->units[u].grad, f->units[u].shard);
     float scalars[2];
@@ -1178,7 +1293,7 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
         for (int u = 0; u < f->n_train; u++) adamw_unit(f, u, hp, grad_scale);
     }
     if (k_sync(c, err)) return errprefix(err, "step %d, rank %d", f->step, f->rank);
-    res->loss = count > 0 ? loss_sum / (double)count : 0.0;
+    res->loss = pref ? res->pref[PREF_LOSS] : count > 0 ? loss_sum / (double)count : 0.0;
     res->tokens = count;
     res->grad_norm = norm;
     memcpy(res->vote_max, vote_max, sizeof vote_max);

@@ -39,6 +39,7 @@
 #include "proto/model_image.h"
 #include "proto/job.h"
 #include "worker/comm.h"
+#include "worker/fsdp_pref.h"
 #include "worker/host_optim.h"
 
 /* Numbers every rank contributes to a step's first all-gather (fsdp.vote); the step's result
@@ -184,6 +185,8 @@ typedef struct fsdp {
     void *stats;         /* [world] per-rank step statistics, gathered (context memory) */
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
+    fsdp_pref pref; /* train.objective dpo / orpo (fsdp_pref.h); pref.cfg.objective 0: SFT */
+
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
 } fsdp;
@@ -209,6 +212,7 @@ typedef struct fsdp_options {
      * size) and the replica group (this local rank on every node); NULL on one node, where
      * the world is the shard group. */
     comm *shard_comm, *replica_comm;
+    fsdp_pref_config pref; /* train.objective and its settings; zero: SFT */
 } fsdp_options;
 
 /* The gather slots fsdp holds for a model of n_layers layers under `sharding` (model/
@@ -245,9 +249,12 @@ typedef struct fsdp_step_result {
     int64_t tokens;    /* global count of unmasked targets */
     double grad_norm;  /* global, before clipping */
     int64_t vote_max[FSDP_VOTES]; /* the maximum of every rank's fsdp.vote */
+    double pref[PREF_STATS]; /* preference objectives: the step's figures (fsdp_pref.h); loss
+                                is pref[PREF_LOSS] */
 } fsdp_step_result;
 
 /* This rank's share of a global batch: n_micro micro-batches of micro_batch sequences of T
+ * (a preference objective: micro_batch / 2 pairs, rows 2i chosen and 2i+1 rejected)
  * tokens, input_ids/labels host int32 [n_micro*micro_batch, T] (labels unshifted, -100
  * masked).  doc_start/doc_end: NULL, or the same shape for packed rows: each token's
  * document bounds as data/rows.h builds them (model/llama.h's llama_check_docs checks them;

@@ -128,7 +128,11 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .lora = adapters ? &j->lora.config : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
                         .offload_threads = offload_threads(j),
-                        .shard_comm = env->shard_comm, .replica_comm = env->replica_comm};
+                        .shard_comm = env->shard_comm, .replica_comm = env->replica_comm,
+                        .pref = {.objective = j->train.objective, .loss = j->train.dpo_loss,
+                                 .beta = j->train.objective == JOB_OBJECTIVE_ORPO ? j->train.orpo_lambda
+                                                                                : j->train.dpo_beta,
+                                 .label_smoothing = j->train.dpo_label_smoothing}};
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized). */
@@ -281,8 +285,8 @@ static int answer_samples(fsdp *f, const train_env *env, long step, errbuf *err)
 static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     const train_hooks *h = &env->hooks;
-    int T = j->data.seq_len, rows = j->train.global_batch / env->world;
-    int micro = j->train.micro_batch, n_micro = rows / micro;
+    int per = job_rows_per_sample(j), share = j->train.global_batch / env->world; /* samples */
+    int T = j->data.seq_len, rows = share * per, micro = j->train.micro_batch * per, n_micro = rows / micro;
     long total = total_steps(j, d);
     int64_t served = 0; /* checkpoint requests served so far */
     row_batch rb;
@@ -302,9 +306,9 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
         if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
-        uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows;
+        uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)share;
         row_source_fill(d, first, &rb);
-        for (int r = 0; r < rows; r++) samples[r] = (int64_t)(first + (uint64_t)r); /* dropout keys */
+        for (int r = 0; r < rows; r++) samples[r] = (int64_t)(first * (uint64_t)per + (uint64_t)r); /* dropout keys */
         hp.lr = schedule_lr(j, step, total);
         /* Stopping is voted too: every rank leaves after the same step (one leaving alone
          * would leave the others waiting in a collective).  Polled before the request: a
@@ -331,8 +335,9 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt, .has_eval = has_eval,
-                                    .eval_loss = eval_loss,
+                                    .eval_loss = eval_loss, .objective = j->train.objective,
                                     .ckpt_attempt = env->ckpt_attempt, .ckpt_request = served};
+            memcpy(info.pref, res.pref, sizeof info.pref);
             h->on_step(h->arg, &info);
         }
         if (samples_due(env, d, step + 1, total) && (rc = answer_samples(f, env, step + 1, err)) != 0) break;
@@ -361,6 +366,12 @@ int train_run(const train_env *env, errbuf *err) {
         rc = row_source_open(&d, j->data.path, j->data.seq_len, j->train.global_batch,
                              (uint64_t)j->train.seed, j->data.shuffle, j->data.packing,
                              j->data.eval_fraction, f.layout.cfg.vocab_size, err);
+    if (rc == 0 && d.pairs != (j->train.objective != JOB_OBJECTIVE_SFT)) {
+        rc = errf(err, "%s: %s, but train.objective is %s", j->data.path,
+                  d.pairs ? "a cache of preference pairs" : "no cache of pairs",
+                  d.pairs ? "sft" : "a preference objective (dpo, orpo)");
+        row_source_close(&d);
+    }
     if (rc) rc = TRAIN_ERR_SETUP;
     else {
         rc = run_steps(&f, &d, env, tokens_seen, err);

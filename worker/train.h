@@ -20,6 +20,7 @@
 #include "proto/msg.h"
 #include "proto/model_config.h"
 #include "worker/comm.h"
+#include "worker/fsdp_pref.h"
 
 typedef struct train_step_info {
     long step, total_steps;   /* step counts from 1 */
@@ -33,6 +34,8 @@ typedef struct train_step_info {
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
     int has_eval;             /* an evaluation followed this step (train.eval_interval, the last) */
     double eval_loss;         /* its mean token loss over the held-out samples */
+    int objective;            /* job_objective: with dpo or orpo, pref holds the step's figures */
+    double pref[PREF_STATS];  /* worker/fsdp_pref.h's, means over the global batch's pairs */
     /* The checkpoint this step triggers, announced before it is written: */
     int ckpt;                 /* train_ckpt_action */
     int ckpt_attempt;

@@ -385,6 +385,20 @@ static void report_ckpt(void *arg, const ckpt_report *r) {
     msg_free(&m);
 }
 
+/* A preference objective's figures, under TRL's names (ORPO's three of its own). */
+static void set_pref_metrics(msg_metrics *m, const train_step_info *s) {
+    const double *p = s->pref;
+    m->has_rewards_chosen = m->has_rewards_rejected = m->has_rewards_accuracies = m->has_rewards_margins = true;
+    m->has_logps_chosen = m->has_logps_rejected = true;
+    m->rewards_chosen = p[PREF_REWARD_CHOSEN], m->rewards_rejected = p[PREF_REWARD_REJECTED];
+    m->rewards_accuracies = p[PREF_ACCURACY];
+    m->rewards_margins = p[PREF_REWARD_CHOSEN] - p[PREF_REWARD_REJECTED];
+    m->logps_chosen = p[PREF_LOGPS_CHOSEN], m->logps_rejected = p[PREF_LOGPS_REJECTED];
+    if (s->objective != JOB_OBJECTIVE_ORPO) return;
+    m->has_nll_loss = m->has_log_odds_ratio = m->has_log_odds_chosen = true;
+    m->nll_loss = p[PREF_NLL], m->log_odds_ratio = p[PREF_LOG_ODDS_RATIO], m->log_odds_chosen = p[PREF_LOG_ODDS_CHOSEN];
+}
+
 static void on_step(void *arg, const train_step_info *s) {
     worker *w = arg;
     atomic_store(&w->step, s->step);
@@ -406,6 +420,7 @@ static void on_step(void *arg, const train_step_info *s) {
             mm->checkpoint = (msg_ckpt_note){.step = s->step, .attempt = s->ckpt_attempt, .request = s->ckpt_request};
             snprintf(mm->checkpoint.mode, sizeof mm->checkpoint.mode, "%s", modes[s->ckpt]);
         }
+        if (s->objective != JOB_OBJECTIVE_SFT) set_pref_metrics(mm, s);
         if (send(w, &m, &err)) _exit(1);
     }
     if (w->fault && !strcmp(w->fault->action, "exit") && s->step == w->fault->n) _exit(3);

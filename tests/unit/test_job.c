@@ -310,6 +310,55 @@ static void test_data_keys(void **state) {
     assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca, auto");
 }
 
+/* F49: train.objective and its settings, strictly read; what is not built refused. */
+static void test_objective_keys(void **state) {
+    (void)state;
+    errbuf err;
+    job_config j;
+    job_defaults(&j);
+    assert_int_equal(j.train.objective, JOB_OBJECTIVE_SFT);
+    assert_true(j.train.dpo_beta == 0.1 && j.train.orpo_lambda == 0.1 && j.train.dpo_label_smoothing == 0);
+    override_fails(&j, "--train.objective=kto", "train.objective");
+    override_fails(&j, "--train.dpo_beta=0", "train.dpo_beta");
+    override_fails(&j, "--train.dpo_label_smoothing=0.5", "train.dpo_label_smoothing");
+    override_fails(&j, "--train.dpo_loss=hinge", "train.dpo_loss");
+    override_fails(&j, "--train.orpo_lambda=-1", "train.orpo_lambda");
+    strcpy(j.model.path, "models/llama");
+    strcpy(j.data.path, "pairs.tokens");
+    const char *lora_dpo[] = {"--train.type=lora", "--train.objective=dpo", "--train.dpo_beta=0.2",
+                              "--train.dpo_loss=robust", "--train.dpo_label_smoothing=0.1"};
+    for (size_t i = 0; i < sizeof lora_dpo / sizeof lora_dpo[0]; i++) must_override(&j, lora_dpo[i]);
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.train.dpo_loss, JOB_DPO_ROBUST);
+    assert_int_equal(job_rows_per_sample(&j), 2);
+    static const struct {
+        const char *override, *want;
+    } refused[] = {
+        {"--train.type=full", "train.objective: 'dpo' with a full fine-tune is not built yet"},
+        {"--data.packing=true", "data.packing: packing the pairs of train.objective 'dpo' is not built yet"},
+        {"--data.eval_fraction=0.1", "data.eval_fraction: the held-out loss of train.objective 'dpo' is not built yet"},
+        {"--data.format=chat", "the JSONL preference format is not built yet"},
+        {"--fsdp.cpu_offload=true", "fsdp.cpu_offload with train.objective 'dpo' is not built yet"},
+        {"--train.orpo_lambda=0.5", "train.orpo_lambda: 0.5 is set but train.objective is not orpo"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        job_config k = j;
+        must_override(&k, refused[i].override);
+        assert_int_equal(resolve_and_validate(&k, 1, &err), -1);
+        assert_contains(err.msg, refused[i].want);
+    }
+    must_override(&j, "--train.objective=orpo");
+    assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
+    assert_contains(err.msg, "train.dpo_beta: 0.2 is set but train.objective is not dpo");
+    must_override(&j, "--train.dpo_beta=0.1");
+    must_override(&j, "--train.dpo_loss=sigmoid");
+    must_override(&j, "--train.dpo_label_smoothing=0");
+    must_override(&j, "--train.type=full");
+    if (resolve_and_validate(&j, 1, &err)) fail_msg("%s", err.msg); /* ORPO needs no reference */
+    must_override(&j, "--train.objective=sft");
+    assert_int_equal(job_rows_per_sample(&j), 1);
+}
+
 /* F37: a value whose feature the job does not use is refused naming the key and why; the
  * same key at its default (spelled out in the file, or never named) is not "set". */
 static void test_unused_values_refused(void **state) {
@@ -846,6 +895,7 @@ int main(void) {
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_data_keys),
         cmocka_unit_test(test_unused_values_refused),
+        cmocka_unit_test(test_objective_keys),
         cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_gradient_accumulation_too_large),
         cmocka_unit_test(test_sizes),

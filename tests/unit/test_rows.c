@@ -15,13 +15,14 @@
 
 /* A token cache of n records {r, r + 100} (record r's first token is r) at a new temporary
  * path (template, rewritten). */
-static void write_records(char *path, int32_t n) {
+static void write_records_as(char *path, int32_t n, uint32_t format) {
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
     tok_writer w;
     errbuf err;
     tok_writer_init(&w, 1000);
+    w.source.format = format;
     for (int32_t r = 0; r < n; r++) {
         int32_t t[2] = {r, r + 100};
         uint8_t m[2] = {1, 1};
@@ -30,6 +31,8 @@ static void write_records(char *path, int32_t n) {
     assert_int_equal(tok_writer_save(&w, path, &err), 0);
     tok_writer_free(&w);
 }
+
+static void write_records(char *path, int32_t n) { write_records_as(path, n, TOK_FORMAT_TOKENS); }
 
 /* The data order: each epoch is a permutation, different epochs differ, and the same
  * position gives the same sample whatever batch of positions it is read in. */
@@ -129,10 +132,45 @@ static void test_eval_split(void **state) {
     unlink(path);
 }
 
+/* A cache of pairs (F49): a sample is records 2i, 2i+1, into rows 2j, 2j+1; shuffled as
+ * pairs; an odd record count and packing refused. */
+static void test_pairs(void **state) {
+    (void)state;
+    char path[] = "/tmp/fsdp-test-pairs-XXXXXX";
+    errbuf err;
+    write_records_as(path, 20, TOK_FORMAT_PAIRS); /* 10 pairs */
+    row_source d;
+    assert_int_equal(row_source_open(&d, path, 2, 4, 42, true, false, 0, 1000, &err), 0);
+    assert_true(d.pairs);
+    assert_int_equal(d.n_samples, 10);
+    assert_int_equal(d.epoch_len, 8);
+    int32_t ids[16 * 2], labels[16 * 2];
+    row_batch rows = {.n = 16, .seq_len = 2, .input_ids = ids, .labels = labels}; /* 8 pairs */
+    row_source_fill(&d, 0, &rows);
+    int seen[10] = {0};
+    for (int i = 0; i < 8; i++) {
+        int32_t chosen = ids[4 * i], rejected = ids[4 * i + 2];
+        assert_int_equal(chosen % 2, 0);
+        assert_int_equal(rejected, chosen + 1);
+        seen[chosen / 2]++;
+    }
+    for (int p = 0; p < 10; p++) assert_true(seen[p] <= 1);
+    row_source_close(&d);
+    assert_int_equal(row_source_open(&d, path, 2, 4, 42, true, true, 0, 1000, &err), -1);
+    assert_non_null(strstr(err.msg, "packing a cache of pairs is not built yet"));
+    unlink(path);
+    char odd[] = "/tmp/fsdp-test-pairs-XXXXXX";
+    write_records_as(odd, 21, TOK_FORMAT_PAIRS);
+    assert_int_equal(row_source_open(&d, odd, 2, 4, 42, true, false, 0, 1000, &err), -1);
+    assert_non_null(strstr(err.msg, "odd count of records"));
+    unlink(odd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_data_order),
         cmocka_unit_test(test_eval_split),
+        cmocka_unit_test(test_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

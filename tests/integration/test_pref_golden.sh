@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Preference tuning through fsdpd (F49) against TRL's golden (tests/fixtures/dpo, TRL 1.16.0's
+# DPOTrainer and ORPOTrainer on ../shared/golden/tiny-mha): the golden's batch of 4 pairs as a
+# cache of pairs (fsdpctl tokenize --from-safetensors --pairs), LoRA r 8, alpha 16 on q_proj
+# and v_proj from the golden's init (lora.init_from) or the whole model, at 1 and 2 workers
+# and micro-batches of 1 and 2 pairs:
+#  - two steps (AdamW lr 1e-2, betas 0.9/0.95): metrics.jsonl's loss and TRL's metrics
+#    (rewards/*, logps/*, ORPO's nll_loss, log_odds_*) of both against the golden, 1e-4 on the CPU;
+#  - every gradient: one step with eps 1e6 and lr 1e8 moves each parameter by -100 g / (1 +
+#    |g| 1e-6), so (start - end) / 100 is the gradient (to 1e-6 of it): against the golden's, 1e-4;
+#  - refusals: DPO with a full fine-tune, packing, a pairs cache under SFT, SFT data under DPO.
+# FSDP_GOLDEN_BACKEND=cuda runs it on the GPU (bf16 compute, fp32 masters) at DESIGN.md's 2e-2.
+source "$(dirname "$0")/lib.sh"
+golden=$shared/golden/tiny-mha
+fixture=tests/fixtures/dpo
+backend=${FSDP_GOLDEN_BACKEND:-cpu}
+if [ "$backend" = cuda ]; then tol=2e-2; else tol=1e-4; fi
+use_venv safetensors numpy
+
+# The golden batch as pairs (rows 2i, 2i+1: TRL's rows i and 4 + i; labels the completion),
+# the LoRA init as a PEFT adapter directory (PEFT's saved names: no ".default").
+"$venv/bin/python" - "$fixture/dpo_golden.safetensors" "$golden/lora/adapter_config.json" "$tmp" <<'PY'
+import json, sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+ids, mask = t["batch.input_ids"], t["batch.completion_mask"]
+P = ids.shape[0] // 2
+order = [r for i in range(P) for r in (i, P + i)]
+save_file({"input_ids": ids[order].astype(np.int32),
+           "labels": np.where(mask[order] == 1, ids[order], -100).astype(np.int32)}, sys.argv[3] + "/pairs.safetensors")
+cfg = json.load(open(sys.argv[2]))
+cfg.update(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+import os
+os.makedirs(sys.argv[3] + "/init", exist_ok=True)
+json.dump(cfg, open(sys.argv[3] + "/init/adapter_config.json", "w"))
+save_file({k[len("lora_init."):].replace(".default.weight", ".weight"): v for k, v in t.items()
+           if k.startswith("lora_init.")}, sys.argv[3] + "/init/adapter_model.safetensors", metadata={"format": "pt"})
+PY
+"$fsdpctl" tokenize --from-safetensors "$tmp/pairs.safetensors" --pairs --out "$tmp/pairs.tokens" | grep -q 'in preference pairs' ||
+    fail "no cache of pairs"
+"$fsdpctl" tokenize --from-safetensors "$tmp/pairs.safetensors" --out "$tmp/rows.tokens" > /dev/null
+# --pairs refuses rows that are not pairs: an odd count, a row labelled from its first token
+"$venv/bin/python" - "$tmp" <<'PY'
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1] + "/pairs.safetensors")
+save_file({k: v[:7] for k, v in t.items()}, sys.argv[1] + "/odd.safetensors")
+labels = t["labels"].copy()
+labels[2, 0] = t["input_ids"][2, 0]
+save_file({"input_ids": t["input_ids"], "labels": labels}, sys.argv[1] + "/noprompt.safetensors")
+PY
+for bad in "odd:pairs need an even count" "noprompt:row 2 has no prompt"; do
+    "$fsdpctl" tokenize --from-safetensors "$tmp/${bad%%:*}.safetensors" --pairs --out "$tmp/bad.tokens" > "$tmp/bad.log" 2>&1 &&
+        fail "--pairs accepted ${bad%%:*}"
+    grep -q "${bad#*:}" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "--pairs on ${bad%%:*}: no '${bad#*:}'"; }
+done
+
+cat > "$tmp/job.json" <<JSON
+{
+  "model": {"path": "$golden", "dtype": "f32"},
+  "data": {"path": "$tmp/pairs.tokens", "format": "tokens", "seq_len": 28, "shuffle": false},
+  "train": {"type": "lora", "global_batch": 4, "max_steps": 2, "lr": 1e-2, "schedule": "constant",
+            "betas": [0.9, 0.95], "eps": 1e-8, "clip_norm": 0, "objective": "dpo"},
+  "lora": {"rank": 8, "alpha": 16, "dropout": 0, "targets": ["q_proj", "v_proj"], "init_from": "$tmp/init"},
+  "checkpoint": {"resume": "never", "save_final": false},
+  "output": {"consolidate": false},
+  "runtime": {"backend": "$backend", "heartbeat_s": 1, "comm_timeout_s": 60}
+}
+JSON
+
+# run NAME WORKERS MICRO [overrides...]: fsdpd into $tmp/NAME, the final trainable parameters
+# in $tmp/NAME.safetensors.
+run() {
+    local name=$1 workers=$2 micro=$3
+    shift 3
+    FSDP_FAULTS="final_params=$tmp/$name.safetensors" "$fsdpd" --job "$tmp/job.json" \
+        --runtime.workers_per_node="$workers" --train.micro_batch="$micro" \
+        --checkpoint.dir="$tmp/$name.ckpt" --output.dir="$tmp/$name" "$@" > "$tmp/$name.log" 2>&1
+}
+
+# check_steps NAME CASE: both steps' loss and metrics against cases.CASE (and its step2).
+check_steps() {
+    python3 - "$tmp/$1/metrics.jsonl" "$fixture/dpo_golden.json" "$2" "$tol" <<'PY'
+import json, sys
+tol = float(sys.argv[4])
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+case = json.load(open(sys.argv[2]))["cases"][sys.argv[3]]
+names = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+if case["settings"]["objective"] == "orpo":
+    names += ["nll_loss", "log_odds_ratio", "log_odds_chosen"]
+bad = len(steps) != 2
+for got, want in zip(steps, [case, case["step2"]]):
+    for n in ["loss"] + names:
+        g, w = got.get(n), (want if n == "loss" else want["metrics"])[n]
+        e = abs(g - w) / max(abs(w), 1e-3) if g is not None else float("inf")
+        if not e <= tol:
+            bad = True
+            print(f"step {got['step']}: {n} {g!r}, the golden's {w!r} (error {e:.2e})")
+    print(f"step {got['step']}: loss {got['loss']:.9f}, golden {want['loss']:.9f}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+# check_grads NAME CASE START: START - NAME's final parameters against CASE's gradients.
+check_grads() {
+    "$venv/bin/python" - "$tmp/$1.safetensors" "$fixture/dpo_golden.safetensors" "$2" "$3" "$tol" <<'PY'
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+end, golden, case = load_file(sys.argv[1]), load_file(sys.argv[2]), sys.argv[3]
+start, tol = load_file(sys.argv[4]), float(sys.argv[5])
+prefix = case + ".grad."
+want = {k[len(prefix):]: v for k, v in golden.items() if k.startswith(prefix)}
+worst, n = 0.0, 0
+for name, g in want.items():
+    key = "base_model.model." + name.replace(".default.weight", ".weight") if "lora_" in name else name
+    d = (start[key].astype(np.float64) - end[key]) / 100
+    e = np.linalg.norm(d - g) / np.linalg.norm(g)
+    worst, n = max(worst, e), n + 1
+    if not e <= tol:
+        print(f"{case}: gradient {name} off by {e:.2e}")
+        sys.exit(1)
+print(f"{case}: {n} gradients, worst {worst:.2e}")
+sys.exit(0 if n == len(want) and n > 0 else 1)
+PY
+}
+
+# --- DPO (sigmoid, robust, ipo) and ORPO with LoRA; ORPO full -----------------------------------
+lora_case() { # CASE OVERRIDES...
+    local c=$1
+    shift
+    for wm in 1:2 2:1 2:2; do
+        w=${wm%:*} m=${wm#*:}
+        run "$c-w$w-m$m" "$w" "$m" "$@" || { cat "$tmp/$c-w$w-m$m.log"; fail "$c at $w workers failed"; }
+        echo "--- $c, $w worker(s), micro-batch $m pair(s)"
+        check_steps "$c-w$w-m$m" "$c" || fail "$c at $w workers, micro-batch $m: off the golden"
+    done
+    for w in 1 2; do
+        run "$c-g$w" "$w" 1 --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 "$@" ||
+            { cat "$tmp/$c-g$w.log"; fail "$c's gradient run at $w workers failed"; }
+        check_grads "$c-g$w" "$c" "$tmp/init/adapter_model.safetensors" || fail "$c at $w workers: gradients off the golden"
+    done
+}
+lora_case lora_dpo_sigmoid
+lora_case lora_dpo_robust --train.dpo_loss=robust --train.dpo_label_smoothing=0.1
+lora_case lora_dpo_ipo --train.dpo_loss=ipo
+lora_case lora_orpo --train.objective=orpo --train.orpo_lambda=0.1
+
+# ORPO, full fine-tune: the base's own tensors are where it starts
+full=(--train.type=full --train.objective=orpo)
+sed -i 's/"type": "lora", //; /"lora":/d' "$tmp/job.json"
+for w in 1 2; do
+    run "full-w$w" "$w" 1 "${full[@]}" || { cat "$tmp/full-w$w.log"; fail "full ORPO at $w workers failed"; }
+    echo "--- full_orpo, $w worker(s)"
+    check_steps "full-w$w" full_orpo || fail "full ORPO at $w workers: off the golden"
+    run "full-g$w" "$w" 1 "${full[@]}" --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 ||
+        { cat "$tmp/full-g$w.log"; fail "full ORPO's gradient run at $w workers failed"; }
+    check_grads "full-g$w" full_orpo "$golden/model.safetensors" || fail "full ORPO at $w workers: gradients off the golden"
+done
+
+# --- refusals -----------------------------------------------------------------------------------
+refused() { # NAME PATTERN OVERRIDES...
+    local name=$1 pattern=$2
+    shift 2
+    if run "$name" 1 1 "$@"; then fail "$name was accepted"; fi
+    grep -q "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: no '$pattern'"; }
+}
+refused fulldpo "'dpo' with a full fine-tune is not built yet" --train.objective=dpo
+refused packing "packing the pairs of train.objective 'orpo' is not built yet" "${full[@]}" --data.packing=true
+refused sftpairs "a cache of preference pairs, but train.objective is sft" --train.objective=sft
+refused dporows "no cache of pairs, but train.objective is a preference" "${full[@]}" --data.path="$tmp/rows.tokens"
+refused betasft "train.dpo_beta: 0.2 is set but train.objective is not dpo" --train.objective=sft --train.dpo_beta=0.2
+echo "preference objectives match TRL's golden at 1 and 2 workers"
