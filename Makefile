@@ -56,9 +56,16 @@ PROGRAMS    := $(BUILD)/fsdpctl $(if $(wildcard daemon/fsdpd_main.c),$(BUILD)/fs
 TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TESTS       := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
+# Test fixtures stored compressed (tests/fixtures/NAME.gz), unpacked into BUILD/fixtures/NAME.
+FIXTURES    := $(patsubst tests/fixtures/%.gz,$(BUILD)/fixtures/%,$(shell find tests/fixtures -name '*.gz'))
 
-.PHONY: FORCE all unit-tests test test-unit test-asan fuzz check-fuzz tiny clean
-all: $(PROGRAMS) $(TESTS)
+.PHONY: FORCE all unit-tests fixtures test test-unit test-asan fuzz check-fuzz tiny clean
+all: $(PROGRAMS) $(TESTS) fixtures
+
+fixtures: $(FIXTURES)
+$(BUILD)/fixtures/%: tests/fixtures/%.gz
+	@mkdir -p $(dir $@)
+	gzip -dc $< > $@.part && mv $@.part $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -100,7 +107,7 @@ $(BUILD)/fsdpctl: $(BUILD)/ctl/fsdpctl_main.o $(LIB)
 $(BUILD)/fsdp-worker: $(BUILD)/worker/worker_main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/tests/unit/fixtures.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
@@ -115,7 +122,7 @@ test-unit: all
 	tests/run.sh $(BUILD) unit
 
 # The unit-test binaries only (the programs are not run under the sanitizers).
-unit-tests: $(TESTS)
+unit-tests: $(TESTS) fixtures
 
 test-asan:
 	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 OPT="-O1 -g" unit-tests
@@ -140,7 +147,7 @@ build-fuzz/%: build-fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
 # process per target).
 FUZZ_SECONDS ?= 20
 FUZZ_JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
-check-fuzz: fuzz
+check-fuzz: fuzz fixtures
 	FUZZ_JOBS=$(FUZZ_JOBS) tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 
 # The embedded default: a generated arithmetic chat set (scripts/gen_chat_data.py) in the

@@ -14,7 +14,7 @@ set -u
 build=${1:-build}
 backend=${BACKEND:-cuda} model=${MODEL:-configs/models/llama2-7b.json}
 new=${NEW_TOKENS:-128} prompt_len=${PROMPT_LEN:-128} batches=${BATCHES:-1 16}
-golden=${GOLDEN:-../shared/golden/tiny-mha} margin=${MARGIN:-2e-2}
+golden=${GOLDEN:-tests/fixtures/golden/tiny-mha} margin=${MARGIN:-2e-2}
 fsdpctl=$build/fsdpctl
 work=$(mktemp -d /tmp/fsdp-generate.XXXXXX)
 trap 'rm -rf "$work"' EXIT

@@ -2,7 +2,7 @@
 # Tokenizer throughput, one thread each: fsdpd's data/tokenizer (bench/tokenizer_bench.c) beside
 # the Hugging Face tokenizers package's encode_batch (bench/tokenizer_bench.py, with
 # RAYON_NUM_THREADS=1), over the same ~MB megabytes of text, for both tokenizers of
-# ../shared/tokenizers.  The text is this machine's Python standard library sources and
+# tests/fixtures/tokenizers (llama3's as make unpacks it into BUILD/fixtures/).  The text is this machine's Python standard library sources and
 # license files (prose, code, some non-ASCII), repeated to size.  Prints figures; asserts
 # nothing.  The token counts of the two must agree (same ids, as the differential test checks).
 #
@@ -11,7 +11,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 mb=${2:-50}
-shared=${FSDP_SHARED:-../shared}
 venv=${FSDP_VENV:-/tmp/fsdp-venv}
 "$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
     { python3 -m venv "$venv" && "$venv/bin/pip" install -q tokenizers; }
@@ -37,8 +36,7 @@ with open(out, "wb") as f:
 PY
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), tokenizers" \
      "$("$venv/bin/python" -c 'import tokenizers; print(tokenizers.__version__)')"
-for family in sp32k llama3; do
-    "$build/tokenizer_bench" "$shared/tokenizers/$family-tokenizer.json" "$text"
-    RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false "$venv/bin/python" bench/tokenizer_bench.py \
-        "$shared/tokenizers/$family-tokenizer.json" "$text"
+for tok in tests/fixtures/tokenizers/sp32k-tokenizer.json "$build/fixtures/tokenizers/llama3-tokenizer.json"; do
+    "$build/tokenizer_bench" "$tok" "$text"
+    RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false "$venv/bin/python" bench/tokenizer_bench.py "$tok" "$text"
 done

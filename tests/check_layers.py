@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layering check (DESIGN.md, "Layout"): folders depend downward only.
+"""The layering check (docs/ARCHITECTURE.md, "Floors"; DESIGN.md's "Layout"): folders depend downward only.
 
 Reads every #include "..." of the product's C and CUDA files (.c, .h, .cu, .cuh) and fails when
   - a folder includes one it may not (the FLOORS table below is DESIGN.md's rule), or

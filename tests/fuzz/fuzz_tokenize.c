@@ -1,10 +1,11 @@
 /* libFuzzer target for the encoder: arbitrary bytes through the two real tokenizers of
- * ${FSDP_SHARED:-../shared}/tokenizers and two small ones of fuzz_tokenizer_json's corpus with
- * the F43 parts (NFC + Metaspace "first"; NFC + byte-level with Mistral's tekken pattern)
- * (loaded once), in every special-token mode.  Text that is not UTF-8 must be refused with a
- * message; any other must encode, and decode back: exactly for byte-level Llama 3, and for the
- * SentencePiece one when special tokens are plain text and the text holds no U+2581 (which
- * decodes to a space); NFC changes text, so the small ones only decode. */
+ * tests/fixtures/tokenizers (llama3's as make unpacks it into ${FSDP_BUILD:-build}/fixtures/)
+ * and two small ones of fuzz_tokenizer_json's corpus with the F43 parts (NFC + Metaspace
+ * "first"; NFC + byte-level with Mistral's tekken pattern) (loaded once), in every
+ * special-token mode.  Text that is not UTF-8 must be refused with a message; any other must
+ * encode, and decode back: exactly for byte-level Llama 3, and for the SentencePiece one when
+ * special tokens are plain text and the text holds no U+2581 (which decodes to a space); NFC
+ * changes text, so the small ones only decode. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,17 +19,17 @@ static tk_state *states[NTK];
 
 static void load_once(void) {
     if (tks[0]) return;
-    const char *shared = getenv("FSDP_SHARED");
+    const char *build = getenv("FSDP_BUILD");
     static const char *const files[NTK] = {
-        "%s/tokenizers/llama3-tokenizer.json", "%s/tokenizers/sp32k-tokenizer.json",
+        "%s/fixtures/tokenizers/llama3-tokenizer.json", "tests/fixtures/tokenizers/sp32k-tokenizer.json",
         "tests/fuzz/corpus/fuzz_tokenizer_json/nfc_metaspace.json",
         "tests/fuzz/corpus/fuzz_tokenizer_json/nfc_tekken_split.json"};
     for (int i = 0; i < NTK; i++) {
         char path[4096];
-        snprintf(path, sizeof path, files[i], shared && *shared ? shared : "../shared");
+        snprintf(path, sizeof path, files[i], build && *build ? build : "build");
         errbuf err = {{0}};
         if (!(tks[i] = tokenizer_load(path, &err)) || !(states[i] = tk_state_new(tks[i]))) {
-            fprintf(stderr, "fuzz_tokenize: %s (set FSDP_SHARED; run from the repository root)\n", err.msg);
+            fprintf(stderr, "fuzz_tokenize: %s (run from the repository root, after make)\n", err.msg);
             abort();
         }
     }

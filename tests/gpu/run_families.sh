@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # F43 on one GPU: fsdpctl reference --backend cuda against the transformers goldens of the other
-# families (../shared/golden/tiny-qwen2: q/k/v biases, tiny-qwen3: q/k norms and head_dim 24,
+# families (tests/fixtures/golden/tiny-qwen2: q/k/v biases, tiny-qwen3: q/k norms and head_dim 24,
 # tiny-mistral-sw: sliding window 12 over 33 tokens; logits, loss, every gradient and one AdamW
 # step, DESIGN.md's CUDA tolerance 2e-2), the same with a LoRA adapter on every linear (the
 # merged model's figures, tests/integration/lora_family_ref.py), and QLoRA's reference run of
@@ -9,11 +9,11 @@
 #
 #   tests/gpu/run_families.sh BUILD GOLDEN
 #
-# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; GOLDEN is ../shared/golden (or a
+# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; GOLDEN is tests/fixtures/golden (or a
 # copy carried to the device).  Needs python3 with numpy and safetensors.  Logs in $OUT; the
 # last lines list the failures, and the exit status is 1 when there was one.
 set -u
-build=${1:-build} golden=${2:-../shared/golden}
+build=${1:-build} golden=${2:-tests/fixtures/golden}
 out=${OUT:-/tmp/fsdp-gpu-out}
 backend=${BACKEND:-cuda}
 work=$(mktemp -d /tmp/fsdp-families.XXXXXX)

@@ -4,8 +4,8 @@
 #
 #   tests/gpu/run_h200.sh BUILD CARRY
 #
-# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds golden/tiny-mha
-# (a copy of ../shared/golden/tiny-mha) and peer_torch.py (../shared/bench/peer_torch.py).
+# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds peer_torch.py (the
+# team's PyTorch peer); the goldens are the working tree's tests/fixtures/golden/tiny-mha.
 # BIG_MODEL (default configs/models/llama-1.1b.json), BIG_SEQ (2048), BIG_STEPS (20) and
 # BACKEND (cuda) can be changed, e.g. to try the script on a CPU with a small model;
 # SKIP_BIG=1 leaves out the big model and the peer.  Every step runs even after one failed;
@@ -25,7 +25,7 @@ section "device"
 [ "$backend" != cuda ] || check "nvidia-smi" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 section "F12: GPU golden (fsdpctl reference --backend cuda vs transformers, rtol 2e-2)"
-g=$carry/golden/tiny-mha
+g=tests/fixtures/golden/tiny-mha
 check "golden: fsdpctl reference" timeout 120 "$fsdpctl" reference --backend "$backend" "$g" "$g/batch.safetensors" \
     --out "$work/golden.safetensors" --adamw 1e-3,0.9,0.95,1e-8,0.1 > "$out/golden.log" 2>&1 &&
     check "golden: fsdpctl compare" timeout 60 "$fsdpctl" compare "$work/golden.safetensors" "$g/expected.safetensors" \
@@ -33,7 +33,7 @@ check "golden: fsdpctl reference" timeout 120 "$fsdpctl" reference --backend "$b
 echo "golden: $(tail -1 "$out/golden_compare.txt" 2>/dev/null)"
 
 section "F16: the Trainer golden on the GPU (bf16 compute, fp32 masters: loss 2e-3, grad norm 2e-2, parameters 2e-2)"
-FSDP_BUILD="$build" FSDP_SHARED="$carry" FSDP_GOLDEN_BACKEND="$backend" timeout 240 \
+FSDP_BUILD="$build" FSDP_GOLDEN_BACKEND="$backend" timeout 240 \
     bash tests/integration/test_train_golden.sh > "$out/train_golden.log" 2>&1
 echo "train golden: exit $?"; grep -E "^---|^step|together|compared|FAIL|ok$" "$out/train_golden.log"
 

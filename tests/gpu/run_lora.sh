@@ -4,9 +4,9 @@
 #
 #   tests/gpu/run_lora.sh BUILD CARRY
 #
-# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds golden/tiny-mha (a
-# copy of ../shared/golden/tiny-mha) and bnb/site (bitsandbytes, for PEFT's QLoRA: see
-# bench/qlora.sh).  Needs torch, transformers, peft and safetensors (the device has them).
+# BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA; CARRY holds bnb/site
+# (bitsandbytes, for PEFT's QLoRA: see bench/qlora.sh); the goldens are the working tree's
+# tests/fixtures/golden/tiny-mha.  Needs torch, transformers, peft and safetensors (the device has them).
 # 1. `fsdpctl reference --backend cuda --adapter` against lora_expected (--quant nf4: against
 #    qlora_expected), rtol 2e-2;
 # 2. fsdpd trains LoRA and QLoRA adapters on CUDA (the tiny golden model, dropout 0.1) and
@@ -18,7 +18,7 @@ build=${1:-build} carry=${2:-dev-carry}
 out=${OUT:-/tmp/fsdp-gpu-out} backend=cuda
 work=$(mktemp -d /tmp/fsdp-lora.XXXXXX)
 mkdir -p "$out"
-fsdpd="$build/fsdpd" fsdpctl="$build/fsdpctl" g=$carry/golden/tiny-mha
+fsdpd="$build/fsdpd" fsdpctl="$build/fsdpctl" g=tests/fixtures/golden/tiny-mha
 export PYTHONPATH="$PWD/$carry/bnb/site${PYTHONPATH:+:$PYTHONPATH}"
 . tests/gpu/lib.sh
 

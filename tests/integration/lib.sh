@@ -5,7 +5,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${FSDP_BUILD:-build}
 fsdpd=$build/fsdpd
 fsdpctl=$build/fsdpctl
-shared=${FSDP_SHARED:-../shared}
 tmp=$(mktemp -d)
 bg_pids=()
 cleanup() {
@@ -27,6 +26,26 @@ skip_test() {
     fi
     echo "SKIP: $*"
     exit 77
+}
+
+# The test fixtures (tests/fixtures/README.md) are under $fixtures; `fixture REL` prints the
+# path of one: tests/fixtures/REL, or $build/fixtures/REL for one stored compressed (REL.gz,
+# unpacked there by make), failing when it is in neither place (assign it: v=$(fixture REL)).
+fixtures=tests/fixtures
+fixture() {
+    local p
+    for p in "$fixtures/$1" "$build/fixtures/$1"; do [ ! -e "$p" ] || { echo "$p"; return 0; }; done
+    echo "FAIL: no fixture $1: neither $fixtures/$1 nor $build/fixtures/$1 (make unpacks the .gz ones)" >&2
+    return 1
+}
+
+# large_fixture VAR REL: VAR set to $FSDP_SHARED/REL, a fixture of the large group (outside the
+# repository); the test skipped (77, with the reason; a failure under CI=true) when FSDP_SHARED
+# is unset or has no REL.
+large_fixture() {
+    [ -n "${FSDP_SHARED:-}" ] || skip_test "large fixture $2: FSDP_SHARED is not set (tests/fixtures/README.md)"
+    [ -r "$FSDP_SHARED/$2" ] || skip_test "large fixture $2: FSDP_SHARED=$FSDP_SHARED has no $2"
+    printf -v "$1" '%s' "$FSDP_SHARED/$2"
 }
 
 # venv_install REQUIREMENT...: $venv (${FSDP_VENV:-/tmp/fsdp-venv}) holding these PyPI

@@ -15,15 +15,15 @@ FSDP_VENV=$main_venv-mistral use_venv tokenizers==0.23.3 "transformers==5.17.0" 
 mistral_venv=$venv
 venv=$main_venv
 ref() { "$venv/bin/python" tests/integration/chat_data_ref.py "$@"; }
-sp=$shared/tokenizers/sp32k-tokenizer.json
-l3=$shared/tokenizers/llama3-tokenizer.json
+sp=$fixtures/tokenizers/sp32k-tokenizer.json
+l3=$(fixture tokenizers/llama3-tokenizer.json)
 ref gen "$tmp"
 
 # Model directories: llama3 with its tokenizer_config.json (template auto), sp32k alone, and
 # sp32k with ChatML's two tokens added.
 mkdir -p "$tmp/l3" "$tmp/sp" "$tmp/chatml"
 ln -s "$(realpath "$l3")" "$tmp/l3/tokenizer.json"
-ln -s "$(realpath "$shared/tokenizers/llama3-tokenizer_config.json")" "$tmp/l3/tokenizer_config.json"
+ln -s "$(realpath "$fixtures/tokenizers/llama3-tokenizer_config.json")" "$tmp/l3/tokenizer_config.json"
 ln -s "$(realpath "$sp")" "$tmp/sp/tokenizer.json"
 "$venv/bin/python" - "$sp" "$tmp/chatml/tokenizer.json" <<'PY'
 import json, sys
@@ -40,10 +40,10 @@ printf '%s' "$(cat "$tmp/chatml.jinja")" > "$tmp/chatml.jinja"
 
 tok() { "$fsdpctl" tokenize --seq-len 4096 "$@"; }
 tok --tokenizer "$tmp/l3" --data "$tmp/chat.jsonl" --format chat --dump-jsonl "$tmp/l3.dump" > /dev/null
-ref chat llama3 "$l3" "$shared/tokenizers/llama3-tokenizer_config.json" "<|begin_of_text|>" "<|end_of_text|>" \
+ref chat llama3 "$l3" "$fixtures/tokenizers/llama3-tokenizer_config.json" "<|begin_of_text|>" "<|end_of_text|>" \
     "$tmp/chat.jsonl" "$tmp/l3.dump" || fail "llama3: fsdpctl differs from apply_chat_template"
 tok --tokenizer "$tmp/sp" --data "$tmp/chat.jsonl" --format chat --template llama2 --dump-jsonl "$tmp/l2.dump" > /dev/null
-ref chat llama2 "$sp" "$shared/tokenizers/llama2-chat_template.jinja" "<s>" "</s>" \
+ref chat llama2 "$sp" "$fixtures/tokenizers/llama2-chat_template.jinja" "<s>" "</s>" \
     "$tmp/chat.jsonl" "$tmp/l2.dump" || fail "llama2: fsdpctl differs from apply_chat_template"
 tok --tokenizer "$tmp/chatml" --data "$tmp/chat.jsonl" --format chat --template chatml --dump-jsonl "$tmp/cm.dump" > /dev/null
 ref chat chatml "$tmp/chatml/tokenizer.json" "$tmp/chatml.jinja" "<s>" "</s>" \
@@ -70,7 +70,7 @@ mkdir -p "$tmp/mistral" "$tmp/llama2"
 ln -s "$(realpath "$sp")" "$tmp/mistral/tokenizer.json"
 ln -s "$(realpath "$sp")" "$tmp/llama2/tokenizer.json"
 files config "$tmp/mistral" "$templates/mistralai-Mistral-7B-Instruct-v0.2.jinja" "<s>" "</s>"
-files config "$tmp/llama2" "$shared/tokenizers/llama2-chat_template.jinja" "<s>" "</s>"
+files config "$tmp/llama2" "$fixtures/tokenizers/llama2-chat_template.jinja" "<s>" "</s>"
 for case in qwen2:chat qwen2.5:chat qwen3:chat qwen3:think mistral:chat mistral-v3:chat mistral-tekken:chat llama2:chat; do
     t=${case%:*} data=$tmp/${case#*:}.jsonl
     tok --tokenizer "$tmp/$t" --data "$data" --format chat --dump-jsonl "$tmp/$t.dump" > "$tmp/$t.out"
@@ -101,7 +101,7 @@ tok --tokenizer "$sp" --data "$tmp/text.jsonl" --format text --dump-jsonl "$tmp/
 ref text "$sp" "</s>" "$tmp/text.jsonl" "$tmp/text.dump" || fail "text: fsdpctl differs from tokenizers"
 
 # --show marks the loss-bearing text and prints the ids.
-tok --tokenizer "$tmp/sp" --data "$shared/data/chat.jsonl" --format chat --template llama2 --show 1 > "$tmp/show"
+tok --tokenizer "$tmp/sp" --data "$fixtures/data/chat.jsonl" --format chat --template llama2 --show 1 > "$tmp/show"
 grep -qF '<s> [INST] What is 3 + 4? [/INST]« 3 + 4 = 7. </s>»' "$tmp/show" || { cat "$tmp/show"; fail "--show"; }
 grep -qF 'input_ids: 1 733 16289 28793' "$tmp/show" || fail "--show prints no ids"
 

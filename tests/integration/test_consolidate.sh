@@ -7,7 +7,7 @@
 # peak RSS; a job started from a model directory gets its tokenizer files copied.  With
 # FSDP_PY_INTEROP=1 every file written is also read with the Python safetensors package.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 helper=$build/tests/test_consolidate
 
 # The small model with the golden batch's vocabulary (211), so that batch can be used.

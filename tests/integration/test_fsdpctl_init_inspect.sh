@@ -4,7 +4,7 @@
 # FSDP_PY_INTEROP=1 the written models are also read back with the Python safetensors
 # package (a venv at ${FSDP_VENV:-/tmp/fsdp-venv}, created on first use).
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 
 # field FILE NAME: the value of an inspect summary line ("tensors           21").
 field() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }

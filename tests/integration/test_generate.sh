@@ -7,7 +7,7 @@
 # chatml templates; and the bad input: a prompt past max_position_embeddings, an adapter for
 # another base, an unknown stop string, a temperature <= 0 with sampling.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 gen() { "$fsdpctl" generate "$@"; }
 
 # --- greedy against transformers ----------------------------------------------------------
@@ -98,7 +98,7 @@ expect_error 1 "--adapter $golden/lora: not an adapter for $tmp/other" gen "$tmp
 # --- text prompts and chat templates against transformers -----------------------------------
 use_venv "transformers==5.17.0" jinja2 tokenizers
 "$venv/bin/python" tests/integration/chat_data_ref.py gen "$tmp"
-cat "$shared/data/chat.jsonl" >> "$tmp/chat.jsonl"
+cat "$fixtures/data/chat.jsonl" >> "$tmp/chat.jsonl"
 tiny_model() { # DIR VOCAB TOKENIZER_JSON TOKENIZER_CONFIG [JINJA]
     sed "s/\"vocab_size\": 32000/\"vocab_size\": $2/; s/\"num_hidden_layers\": 4/\"num_hidden_layers\": 1/; s/\"hidden_size\": 256/\"hidden_size\": 64/; s/\"intermediate_size\": 688/\"intermediate_size\": 128/; s/\"head_dim\": 32/\"head_dim\": 16/" \
         configs/models/tiny.json > "$tmp/cfg.json"
@@ -112,10 +112,11 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 }
 printf '%s' "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}" > "$tmp/chatml.jinja"
-tiny_model "$tmp/l2" 32000 "$shared/tokenizers/sp32k-tokenizer.json" "$shared/tokenizers/sp32k-tokenizer_config.json" \
-    "$shared/tokenizers/llama2-chat_template.jinja"
-tiny_model "$tmp/l3" 128256 "$shared/tokenizers/llama3-tokenizer.json" "$shared/tokenizers/llama3-tokenizer_config.json"
-"$venv/bin/python" - "$shared/tokenizers/sp32k-tokenizer.json" "$tmp/cm-tokenizer.json" <<'PY'
+tiny_model "$tmp/l2" 32000 "$fixtures/tokenizers/sp32k-tokenizer.json" "$fixtures/tokenizers/sp32k-tokenizer_config.json" \
+    "$fixtures/tokenizers/llama2-chat_template.jinja"
+l3=$(fixture tokenizers/llama3-tokenizer.json)
+tiny_model "$tmp/l3" 128256 "$l3" "$fixtures/tokenizers/llama3-tokenizer_config.json"
+"$venv/bin/python" - "$fixtures/tokenizers/sp32k-tokenizer.json" "$tmp/cm-tokenizer.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
 for i, s in enumerate(["<|im_start|>", "<|im_end|>"]):
@@ -123,7 +124,7 @@ for i, s in enumerate(["<|im_start|>", "<|im_end|>"]):
                               "rstrip": False, "normalized": False, "special": True})
 json.dump(t, open(sys.argv[2], "w"))
 PY
-tiny_model "$tmp/cm" 32002 "$tmp/cm-tokenizer.json" "$shared/tokenizers/sp32k-tokenizer_config.json" "$tmp/chatml.jinja"
+tiny_model "$tmp/cm" 32002 "$tmp/cm-tokenizer.json" "$fixtures/tokenizers/sp32k-tokenizer_config.json" "$tmp/chatml.jinja"
 for m in l2 l3 cm; do
     template=$([ $m = cm ] && echo "--template chatml" || true)
     gen "$tmp/$m" --chat "$tmp/chat.jsonl" $template --max-new-tokens 2 --batch 16 --json | grep reply > "$tmp/$m.chat"

@@ -7,7 +7,7 @@
 #    fingerprint; a crash and a resume give the uninterrupted run's bits;
 #  - resuming with another base, or as a full fine-tune, is refused, naming why;
 #  - rsLoRA (lora.rslora, r 16, alpha 16): one step of the golden Llama from the golden's init
-#    gives PEFT's loss and adapters (../shared/golden/tiny-mha/rslora*, 1e-5).
+#    gives PEFT's loss and adapters (tests/fixtures/golden/tiny-mha/rslora*, 1e-5).
 source "$(dirname "$0")/lib.sh"
 
 write_base_job lora
@@ -128,7 +128,7 @@ run random -- --checkpoint.dir="$tmp/ckrand" --model.path= --model.init=random \
 must_succeed random
 grep -q '"base_fingerprint": "[0-9a-f]\{64\}"' "$tmp/ckrand/step-000002/manifest.json" || fail "no fingerprint for a random base"
 # --- rsLoRA against PEFT: one fsdpd step from rslora_expected's init.* ---------------------------
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 python3 - "$golden/rslora_expected.safetensors" "$tmp/rs-init" <<'PY'
 import json, os, struct, sys
 src, out = sys.argv[1:]

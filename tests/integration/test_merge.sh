@@ -7,7 +7,7 @@
 # adapter directory that the Python safetensors package reads with PEFT's names, shapes and
 # dtype, and into the same merged model with --merge; what is not built is refused.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 expected=$golden/lora_expected.safetensors
 helper=$build/tests/test_consolidate
 

@@ -14,7 +14,7 @@ source "$(dirname "$0")/lib.sh"
 use_venv "transformers==5.17.0" jinja2 tokenizers
 py() { "$venv/bin/python" "$@"; }
 "$venv/bin/python" tests/integration/chat_data_ref.py gen "$tmp"
-cat "$shared/data/chat.jsonl" >> "$tmp/chat.jsonl"
+cat "$fixtures/data/chat.jsonl" >> "$tmp/chat.jsonl"
 py - "$tmp/chat.jsonl" "$tmp/single.jsonl" <<'PY' # alpaca takes one user turn and its reply
 import json, sys
 with open(sys.argv[2], "w") as out:
@@ -25,16 +25,17 @@ PY
 
 # Tokenizer directories: llama3's, sp32k's, sp32k with ChatML's two tokens.
 mkdir -p "$tmp/tk-sp" "$tmp/tk-l3" "$tmp/tk-cm"
-cp "$shared/tokenizers/sp32k-tokenizer.json" "$tmp/tk-sp/tokenizer.json"
-cp "$shared/tokenizers/sp32k-tokenizer_config.json" "$tmp/tk-sp/tokenizer_config.json"
-cp "$shared/tokenizers/llama3-tokenizer.json" "$tmp/tk-l3/tokenizer.json"
-py - "$shared/tokenizers/llama3-tokenizer_config.json" "$tmp/tk-l3/tokenizer_config.json" <<'PY'
+cp "$fixtures/tokenizers/sp32k-tokenizer.json" "$tmp/tk-sp/tokenizer.json"
+cp "$fixtures/tokenizers/sp32k-tokenizer_config.json" "$tmp/tk-sp/tokenizer_config.json"
+l3=$(fixture tokenizers/llama3-tokenizer.json)
+cp "$l3" "$tmp/tk-l3/tokenizer.json"
+py - "$fixtures/tokenizers/llama3-tokenizer_config.json" "$tmp/tk-l3/tokenizer_config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c.pop("chat_template", None) # init --template writes its own
 json.dump(c, open(sys.argv[2], "w"))
 PY
 cp "$tmp/tk-sp/tokenizer_config.json" "$tmp/tk-cm/"
-py - "$shared/tokenizers/sp32k-tokenizer.json" "$tmp/tk-cm/tokenizer.json" <<'PY'
+py - "$fixtures/tokenizers/sp32k-tokenizer.json" "$tmp/tk-cm/tokenizer.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
 for i, s in enumerate(["<|im_start|>", "<|im_end|>"]):
@@ -154,8 +155,8 @@ check_output "$tmp/lora/merged" transformers
 [ -f "$tmp/lora/adapter_config.json" ] || fail "the LoRA output is not an adapter directory"
 grep -q "^base_model: $tmp/full$" "$tmp/lora/README.md" || fail "the adapter's card names no base"
 grep -q "AutoPeftModelForCausalLM" "$tmp/lora/README.md" || fail "the adapter's card does not say how to load it"
-"$fsdpctl" generate "$tmp/full" --chat "$shared/data/chat.jsonl" --max-new-tokens 4 --json 2> /dev/null | grep -c reply | grep -qx 3 ||
+"$fsdpctl" generate "$tmp/full" --chat "$fixtures/data/chat.jsonl" --max-new-tokens 4 --json 2> /dev/null | grep -c reply | grep -qx 3 ||
     fail "fsdpctl generate --chat on the output (template auto)"
-"$fsdpctl" generate "$tmp/full" --adapter "$tmp/lora" --chat "$shared/data/chat.jsonl" --max-new-tokens 4 --json 2> /dev/null |
+"$fsdpctl" generate "$tmp/full" --adapter "$tmp/lora" --chat "$fixtures/data/chat.jsonl" --max-new-tokens 4 --json 2> /dev/null |
     grep -c reply | grep -qx 3 || fail "fsdpctl generate --adapter on the LoRA output"
 echo "outputs ready to use: templates round-trip for llama3, llama2, chatml, alpaca; model cards; init --tokenizer"

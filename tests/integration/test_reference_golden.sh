@@ -5,7 +5,7 @@
 # 1e-4 relative per tensor (checked with fsdpctl compare); then compare's and reference's
 # refusals.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 
 # --- the golden comparison --------------------------------------------------------------
 "$fsdpctl" reference "$golden" "$golden/batch.safetensors" --out "$tmp/out.safetensors" \
@@ -19,7 +19,7 @@ grep -q '^44 tensors compared, .*: 0 problems$' "$tmp/compare.txt" || fail "not 
 # --- the other families -------------------------------------------------------------------
 # tensors: logits, loss, and a gradient and a step for each parameter
 for family in tiny-qwen2:27 tiny-qwen3:24 tiny-mistral-sw:21; do
-    dir=$shared/golden/${family%:*} params=${family#*:}
+    dir=$fixtures/golden/${family%:*} params=${family#*:}
     "$fsdpctl" reference "$dir" "$dir/batch.safetensors" --out "$tmp/$family.safetensors" \
         --adamw 1e-3,0.9,0.95,1e-8,0.1 > /dev/null
     "$fsdpctl" compare "$tmp/$family.safetensors" "$dir/expected.safetensors" --rtol 1e-4 \
@@ -29,15 +29,15 @@ for family in tiny-qwen2:27 tiny-qwen3:24 tiny-mistral-sw:21; do
         fail "${family%:*}: not every tensor was compared"
 done
 grep -q '^grad.model.layers.1.self_attn.v_proj.bias ' <("$fsdpctl" compare "$tmp/tiny-qwen2:27.safetensors" \
-    "$shared/golden/tiny-qwen2/expected.safetensors") || fail "qwen2: the biases' gradients were not compared"
+    "$fixtures/golden/tiny-qwen2/expected.safetensors") || fail "qwen2: the biases' gradients were not compared"
 grep -q '^adamw.model.layers.0.self_attn.k_norm.weight ' <("$fsdpctl" compare "$tmp/tiny-qwen3:24.safetensors" \
-    "$shared/golden/tiny-qwen3/expected.safetensors") || fail "qwen3: the q/k norms were not compared"
+    "$fixtures/golden/tiny-qwen3/expected.safetensors") || fail "qwen3: the q/k norms were not compared"
 # The window matters: the same Mistral without it is off the golden.
-mkdir -p "$tmp/nowindow" && cp "$shared/golden/tiny-mistral-sw/model.safetensors" "$tmp/nowindow/"
-sed 's/"sliding_window": 12/"sliding_window": null/' "$shared/golden/tiny-mistral-sw/config.json" > "$tmp/nowindow/config.json"
+mkdir -p "$tmp/nowindow" && cp "$fixtures/golden/tiny-mistral-sw/model.safetensors" "$tmp/nowindow/"
+sed 's/"sliding_window": 12/"sliding_window": null/' "$fixtures/golden/tiny-mistral-sw/config.json" > "$tmp/nowindow/config.json"
 grep -q '"sliding_window": null' "$tmp/nowindow/config.json" || fail "no window removed"
-"$fsdpctl" reference "$tmp/nowindow" "$shared/golden/tiny-mistral-sw/batch.safetensors" --out "$tmp/nowindow.safetensors" > /dev/null
-expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/nowindow.safetensors" "$shared/golden/tiny-mistral-sw/expected.safetensors" \
+"$fsdpctl" reference "$tmp/nowindow" "$fixtures/golden/tiny-mistral-sw/batch.safetensors" --out "$tmp/nowindow.safetensors" > /dev/null
+expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/nowindow.safetensors" "$fixtures/golden/tiny-mistral-sw/expected.safetensors" \
     --rtol 1e-4 --subset
 
 # --- compare catches differences ----------------------------------------------------------

@@ -6,7 +6,7 @@
 # 1e-4); rsLoRA (use_rslora, r 16, alpha 16: rslora_expected.safetensors, 1e-5), and the same
 # adapter read without use_rslora is off it.  Then --adapter's refusals.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 use_venv safetensors numpy
 
 # init_dir GOLDEN_FILE DIR [ADAPTER]: its init.* as a PEFT adapter directory (PEFT's saved
@@ -78,7 +78,7 @@ expect_status 1 "> rtol" "$fsdpctl" compare "$tmp/plain.safetensors" "$golden/ql
 
 # --- the other families ------------------------------------------------------------------------
 for family in tiny-qwen2 tiny-qwen3 tiny-mistral-sw; do
-    dir=$shared/golden/$family
+    dir=$fixtures/golden/$family
     "$venv/bin/python" tests/integration/lora_family_ref.py make "$dir" "$tmp/$family-lora" "$tmp/$family-merged"
     cp "$golden/lora/adapter_config.json" "$tmp/$family-lora/"
     "$fsdpctl" reference "$tmp/$family-merged" "$dir/batch.safetensors" --out "$tmp/$family-merged.safetensors" > /dev/null

@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 mkdir -p "$tmp/rand"
 sed 's/"num_hidden_layers": 4/"num_hidden_layers": 2/; s/"hidden_size": 256/"hidden_size": 64/; s/"intermediate_size": 688/"intermediate_size": 128/; s/"head_dim": 32/"head_dim": 16/' \
     configs/models/tiny-sp32k/config.json > "$tmp/rand/config.json"
-cp "$shared/tokenizers/sp32k-tokenizer.json" "$tmp/rand/tokenizer.json"
+cp "$fixtures/tokenizers/sp32k-tokenizer.json" "$tmp/rand/tokenizer.json"
 python3 - "$tmp/chat.jsonl" <<'PY' # 40 short conversations to train on
 import json, sys
 with open(sys.argv[1], "w") as out:
@@ -21,7 +21,7 @@ with open(sys.argv[1], "w") as out:
                                            {"role": "assistant", "content": f"{a} + {b} = {a + b}."}]}) + "\n")
 PY
 {
-    head -2 "$shared/data/chat.jsonl" # a chat (its reply taken off), a multi-turn chat
+    head -2 "$fixtures/data/chat.jsonl" # a chat (its reply taken off), a multi-turn chat
     echo '{"prompt": "What is 2 + 3?"}'
     echo '{"text": "Once upon a time"}'
 } > "$tmp/prompts.jsonl"

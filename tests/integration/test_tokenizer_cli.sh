@@ -4,8 +4,8 @@
 # refusals (a stray argument, --out without --data, bad ids, bad files, unsupported parts).
 source "$(dirname "$0")/lib.sh"
 
-sp=$shared/tokenizers/sp32k-tokenizer.json
-l3=$shared/tokenizers/llama3-tokenizer.json
+sp=$fixtures/tokenizers/sp32k-tokenizer.json
+l3=$(fixture tokenizers/llama3-tokenizer.json)
 want() { # WANT CMD...: CMD prints exactly WANT
     local got
     got=$("${@:2}") || fail "'${*:2}' failed"

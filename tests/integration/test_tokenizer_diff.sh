@@ -3,7 +3,7 @@
 # ${FSDP_VENV:-/tmp/fsdp-venv}, created or extended on first use): a few thousand seeded random
 # strings per tokenizer, in both special-token modes, with and without the post-processor, and
 # the decoding of every result (tests/integration/tokenizer_diff.py).  The tokenizers:
-# ../shared/tokenizers' sp32k (Llama 2's format; its vocabulary is Mistral v0.1's, checked here
+# tests/fixtures/tokenizers' sp32k (Llama 2's format; its vocabulary is Mistral v0.1's, checked here
 # against mistral-common's tokenizer.model.v1) and llama3; Qwen2.5's and Qwen3's, built from
 # dashscope's qwen.tiktoken; Mistral v0.3's SentencePiece model (mistral-common) as
 # transformers converts it, and Mistral Nemo's tekken (mistral-common's tekken_240718.json) as
@@ -32,7 +32,7 @@ py=$mistral_venv/bin/python files tekken "$tekken" "$tmp/tekken"
 # Mistral v0.1 32,000, v0.3 32,768, tekken 131,072 (1,000 special tokens first).
 # The Qwen tokenizer.json gives the ids of Qwen's own tokenizer (dashscope's: NFC, then
 # tiktoken with Qwen's pattern over qwen.tiktoken).
-"$venv/bin/python" - "$tmp" "$mistral_v1" "$shared/tokenizers/sp32k-tokenizer.json" "$qwen_tiktoken" <<'PY' || fail "the tokenizer files"
+"$venv/bin/python" - "$tmp" "$mistral_v1" "$fixtures/tokenizers/sp32k-tokenizer.json" "$qwen_tiktoken" <<'PY' || fail "the tokenizer files"
 import base64, json, random, sys, unicodedata
 import sentencepiece, tiktoken
 from tokenizers import Tokenizer
@@ -56,7 +56,8 @@ assert sp.get_piece_size() == len(vocab) == 32000, "sp32k is not Mistral v0.1's 
 assert all(vocab[sp.id_to_piece(i)] == i for i in range(32000)), "sp32k is not Mistral v0.1's vocabulary"
 PY
 
-for tok in "$shared/tokenizers/sp32k-tokenizer.json" "$shared/tokenizers/llama3-tokenizer.json" \
+l3=$(fixture tokenizers/llama3-tokenizer.json)
+for tok in "$fixtures/tokenizers/sp32k-tokenizer.json" "$l3" \
     "$tmp/qwen2.5/tokenizer.json" "$tmp/qwen3/tokenizer.json" "$tmp/mistral-v0.3/tokenizer.json" \
     "$tmp/tekken/tokenizer.json"; do
     "$venv/bin/python" tests/integration/tokenizer_diff.py "$fsdpctl" "$tok" "${TOKENIZER_DIFF_COUNT:-3000}" 24 "$tmp" ||

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training against transformers (F16): five optimizer steps of the tiny golden Llama as the
-# Hugging Face Trainer takes them (../shared/golden/tiny-mha/train_*: global batch 12,
+# Hugging Face Trainer takes them (tests/fixtures/golden/tiny-mha/train_*: global batch 12,
 # shifted labels, the loss normalised over the global batch, clipping on the global norm,
 # AdamW without decay on norm weights, warmup then cosine to min_lr, step 1 at lr 0).
 # fsdpd runs it at world sizes 1-4 with micro-batches that split the batch differently: the
@@ -10,7 +10,7 @@
 # FSDP_GOLDEN_BACKEND=cuda runs it on the GPU (tests/gpu/run_h200.sh): bf16 compute with
 # fp32 masters, at DESIGN.md's looser tolerances, on one GPU and on two workers sharing it.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
+golden=$fixtures/golden/tiny-mha
 backend=${FSDP_GOLDEN_BACKEND:-cpu}
 if [ "$backend" = cuda ]; then
     loss_rtol=2e-3 norm_rtol=2e-2 param_rtol=5e-2 total_rtol=2e-2

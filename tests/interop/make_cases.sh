@@ -9,7 +9,7 @@
 source "$(dirname "$0")/../integration/lib.sh"
 out=${1:?usage: make_cases.sh OUT_DIR}
 case "$out" in /*) ;; *) out="$OLDPWD/$out" ;; esac
-batch=$shared/golden/tiny-mha/batch.safetensors # input_ids, labels: int32 [2, 33], vocab 211
+batch=$fixtures/golden/tiny-mha/batch.safetensors # input_ids, labels: int32 [2, 33], vocab 211
 rm -rf "$out"
 mkdir -p "$out"
 

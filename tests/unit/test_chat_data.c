@@ -1,8 +1,8 @@
 /* Tests of data/jsonl, data/chat_template, data/sample and data/cache_build (F25): the ids
- * and labels of ../shared/data's conversations under the llama3 and llama2 templates (what
+ * and labels of tests/fixtures/data's conversations under the llama3 and llama2 templates (what
  * transformers' apply_chat_template and tokenizers give), special-token text in content kept
  * plain, template auto, truncation and dropped samples, the text and alpaca formats, and the
- * bad-record paths.  Run from the repository root (tests/run.sh does), or set FSDP_SHARED. */
+ * bad-record paths.  Run from the repository root (tests/run.sh does). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,13 +20,9 @@
 #include "data/cache_build.h"
 #include "data/chat_template.h"
 #include "data/sample.h"
+#include "tests/unit/fixtures.h"
 
 static char tmpdir[] = "/tmp/test_chat_data.XXXXXX";
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
 
 /* tmpdir/NAME: a model directory with the family's tokenizer.json (and its
  * tokenizer_config.json when with_config). */
@@ -36,11 +32,11 @@ static const char *model_dir(const char *family, int with_config) {
     snprintf(dir, sizeof dir, "%s/%s%s", tmpdir, family, with_config ? "-cfg" : "");
     if (access(dir, F_OK) == 0) return dir;
     if (mkdir(dir, 0755)) fail_msg("mkdir %s", dir);
-    snprintf(src, sizeof src, "%s/tokenizers/%s-tokenizer.json", shared_dir(), family);
+    fixture_path(src, sizeof src, "tokenizers/%s-tokenizer.json", family);
     snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
     if (!realpath(src, real) || symlink(real, dst)) fail_msg("link %s", src);
     if (with_config) {
-        snprintf(src, sizeof src, "%s/tokenizers/%s-tokenizer_config.json", shared_dir(), family);
+        fixture_path(src, sizeof src, "tokenizers/%s-tokenizer_config.json", family);
         snprintf(dst, sizeof dst, "%s/tokenizer_config.json", dir);
         if (!realpath(src, real) || symlink(real, dst)) fail_msg("link %s", src);
     }
@@ -67,7 +63,7 @@ static int sample_of(const sample_spec *s, sample_buf *b, const char *line, errb
 /* Every entry of chat-FAMILY-expected.json, as a JSONL line, gives its input_ids and labels. */
 static void check_golden(const char *expected, const char *dir, chat_template t) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/data/%s", shared_dir(), expected);
+    fixture_path(path, sizeof path, "data/%s", expected);
     json_error_t je;
     json_t *all = json_load_file(path, 0, &je);
     if (!all) fail_msg("%s: %s", path, je.text);
@@ -150,7 +146,7 @@ static void test_template_auto(void **state) {
     assert_int_equal(t, TPL_LLAMA2);
     char path[4096], *jinja;
     size_t len;
-    snprintf(path, sizeof path, "%s/tokenizers/llama2-chat_template.jinja", shared_dir());
+    fixture_path(path, sizeof path, "tokenizers/llama2-chat_template.jinja");
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     jinja = calloc(1, 1 << 16);
@@ -342,7 +338,7 @@ static void test_config_not_json(void **state) {
     char dir[700], src[4096], real[4096], path[800];
     snprintf(dir, sizeof dir, "%s/badcfg", tmpdir);
     assert_int_equal(mkdir(dir, 0755), 0);
-    snprintf(src, sizeof src, "%s/tokenizers/sp32k-tokenizer.json", shared_dir());
+    fixture_path(src, sizeof src, "tokenizers/sp32k-tokenizer.json");
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     assert_non_null(realpath(src, real));
     assert_int_equal(symlink(real, path), 0);

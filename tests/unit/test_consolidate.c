@@ -40,6 +40,7 @@
 #include "proto/model_config.h"
 #include "proto/peft.h"
 #include "proto/safetensors.h"
+#include "tests/unit/fixtures.h"
 
 /* Flat sizes that 3 divides and 5 does not (padding with 5 files). */
 static const char small_config[] =
@@ -743,11 +744,6 @@ static void test_bad_options(void **state) {
 
 /* ---- adapter checkpoints: a PEFT adapter directory, and the merged model ---- */
 
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
-
 /* An adapter checkpoint of the golden adapter (PEFT 0.21 wrote it) on the golden model. */
 static int setup_adapter(void **state) {
     fixture *f = calloc(1, sizeof *f);
@@ -758,8 +754,8 @@ static int setup_adapter(void **state) {
     assert_non_null(mkdtemp(f->root));
     snprintf(f->ckpt, sizeof f->ckpt, "%s/ckpt", f->root);
     snprintf(f->out, sizeof f->out, "%s/out", f->root);
-    snprintf(model, sizeof model, "%s/golden/tiny-mha", shared_dir());
-    snprintf(peft, sizeof peft, "%s/golden/tiny-mha/lora", shared_dir());
+    fixture_path(model, sizeof model, "golden/tiny-mha");
+    fixture_path(peft, sizeof peft, "golden/tiny-mha/lora");
     if (write_adapter_checkpoint(model, peft, f->ckpt, 3, &err)) fail_msg("%s", err.msg);
     snprintf(step_dir, sizeof step_dir, "%s/step-%06d", f->ckpt, STEP);
     assert_int_equal(ckpt_manifest_load(&f->m, step_dir, &err), 0);
@@ -775,9 +771,9 @@ static void assert_golden_adapter(const char *dir) {
     lora_layout lo, want_lo;
     float **units, **want;
     errbuf err = {{0}};
-    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/config.json", shared_dir());
+    fixture_path(golden, sizeof golden, "golden/tiny-mha/config.json");
     assert_int_equal(llama_config_load(&mc, golden, &err), 0);
-    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/lora", shared_dir());
+    fixture_path(golden, sizeof golden, "golden/tiny-mha/lora");
     if (peft_load(dir, &mc, &lo, &units, &err)) fail_msg("%s", err.msg);
     assert_int_equal(peft_load(golden, &mc, &want_lo, &want, &err), 0);
     assert_int_equal(lo.cfg.rank, 8);
@@ -830,7 +826,7 @@ static void test_adapter_bf16(void **state) {
     if (consolidate(&o, &err)) fail_msg("%s", err.msg);
     char path[4096], golden[4096];
     snprintf(path, sizeof path, "%s/%s", f->out, PEFT_WEIGHTS_NAME);
-    snprintf(golden, sizeof golden, "%s/golden/tiny-mha/lora/%s", shared_dir(), PEFT_WEIGHTS_NAME);
+    fixture_path(golden, sizeof golden, "golden/tiny-mha/lora/%s", PEFT_WEIGHTS_NAME);
     st_file file, want;
     assert_int_equal(st_open(&file, path, &err), 0);
     assert_int_equal(st_open(&want, golden, &err), 0);
@@ -891,7 +887,7 @@ static void test_adapter_merged(void **state) {
     st_model model;
     st_file expected;
     if (st_model_open(&model, merged, &err)) fail_msg("%s", err.msg);
-    snprintf(path, sizeof path, "%s/golden/tiny-mha/lora_expected.safetensors", shared_dir());
+    fixture_path(path, sizeof path, "golden/tiny-mha/lora_expected.safetensors");
     assert_int_equal(st_open(&expected, path, &err), 0);
     int compared = 0;
     for (int i = 0; i < expected.n_tensors; i++) {
@@ -956,7 +952,7 @@ static void test_merge_refusals(void **state) {
     assert_false(exists(f->root, "out.partial"));
 
     st_model base;
-    snprintf(bnb4, sizeof bnb4, "%s/golden/tiny-mha/bnb4", shared_dir());
+    fixture_path(bnb4, sizeof bnb4, "golden/tiny-mha/bnb4");
     assert_int_equal(st_model_open(&base, bnb4, &err), 0);
     st_model_fingerprint(&base, f->m.adapter.base_fingerprint);
     st_model_close(&base);
@@ -986,8 +982,8 @@ static void test_merge_directories(void **state) {
     char model[4096], peft[4096];
     consolidate_result r;
     errbuf err = {{0}};
-    snprintf(model, sizeof model, "%s/golden/tiny-mha", shared_dir());
-    snprintf(peft, sizeof peft, "%s/golden/tiny-mha/lora", shared_dir());
+    fixture_path(model, sizeof model, "golden/tiny-mha");
+    fixture_path(peft, sizeof peft, "golden/tiny-mha/lora");
     merge_options o = {.model_dir = model, .adapter_dir = peft, .out = f->out, .dtype = ST_BF16,
                        .shard_bytes = 100000, .threads = 2, .result = &r};
     if (consolidate_merge(&o, &err)) fail_msg("%s", err.msg);

@@ -19,14 +19,13 @@
 #include "model/llama_decode.h"
 #include "model/llama_generate.h"
 #include "proto/rng.h"
+#include "tests/unit/fixtures.h"
 
 static const char *golden = "tiny-mha"; /* the golden model the fixtures open */
 
 static const char *golden_dir(void) {
     static char dir[512];
-    const char *s = getenv("FSDP_SHARED");
-    snprintf(dir, sizeof dir, "%s/golden/%s", s && *s ? s : "../shared", golden);
-    return dir;
+    return fixture_path(dir, sizeof dir, "golden/%s", golden);
 }
 
 static void *xmalloc(size_t n) {

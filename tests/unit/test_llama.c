@@ -15,11 +15,7 @@
 
 #include "proto/rng.h"
 #include "model/llama.h"
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
+#include "tests/unit/fixtures.h"
 
 static double rel_error(const float *a, const float *b, size_t n) {
     double diff = 0.0, ref = 0.0;
@@ -77,7 +73,7 @@ static double check_golden(const st_file *expected, const char *name, const floa
 static void test_golden_tiny_mha(void **state) {
     (void)state;
     char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
     errbuf err = {{0}};
     llama_config cfg;
     if (llama_config_load(&cfg, dir, &err)) fail_msg("%s", err.msg);
@@ -161,7 +157,7 @@ static void test_golden_tiny_mha(void **state) {
 static void test_layout_matches_config_params(void **state) {
     (void)state;
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
     errbuf err = {{0}};
     llama_config cfg;
     if (llama_config_load(&cfg, dir, &err)) fail_msg("%s", err.msg);
@@ -860,7 +856,7 @@ static void test_bad_inputs(void **state) {
 
     /* A checkpoint that does not fit the config: a wrong shape, a missing layer. */
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
     llama_config cfg;
     st_model st;
     if (llama_config_load(&cfg, dir, &err) || st_model_open(&st, dir, &err))

@@ -1,5 +1,5 @@
 /* LoRA (model/llama with adapters, worker/fsdp with a frozen base) against PEFT's golden
- * outputs (../shared/golden/tiny-mha/lora_expected.safetensors: r 8, alpha 16 on every
+ * outputs (tests/fixtures/golden/tiny-mha/lora_expected.safetensors: r 8, alpha 16 on every
  * linear, dropout 0, lora_B random; rslora_expected.safetensors: the same with use_rslora,
  * r 16, alpha 16, so the scale alpha / sqrt(r) = 4 is not alpha / r = 1), and dropout (> 0)
  * on its own: reproducible, redrawn the same by a recomputation, and differentiated through
@@ -18,11 +18,7 @@
 #include "model/llama.h"
 #include "proto/model_image.h"
 #include "worker/fsdp.h"
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
+#include "tests/unit/fixtures.h"
 
 static double rel_error(const float *a, const float *b, size_t n) {
     double diff = 0.0, ref = 0.0;
@@ -55,7 +51,7 @@ typedef struct golden {
 static void golden_open_with(golden *g, const char *expected) {
     errbuf err = {{0}};
     char path[700];
-    snprintf(g->dir, sizeof g->dir, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(g->dir, sizeof g->dir, "golden/tiny-mha");
     if (kctx_init(&g->ctx, K_CPU, 0, &err) || llama_config_load(&g->cfg, g->dir, &err) ||
         st_model_open(&g->model, g->dir, &err))
         fail_msg("%s", err.msg);

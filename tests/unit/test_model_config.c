@@ -18,13 +18,9 @@
 
 #include "proto/model_config.h"
 #include "proto/safetensors.h"
+#include "tests/unit/fixtures.h"
 
 /* ---------- helpers ---------- */
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
 
 static void load_ok(llama_config *c, const char *path) {
     errbuf err = {{0}};
@@ -111,7 +107,7 @@ static void assert_configs_equal(const llama_config *a, const llama_config *b) {
 static void test_golden_config_matches_checkpoint(void **state) {
     (void)state;
     char dir[4096], file[4200];
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
     llama_config c;
     load_ok(&c, dir); /* a directory: reads dir/config.json */
     assert_int_equal(c.hidden_size, 64);
@@ -380,7 +376,7 @@ static void test_save_round_trip(void **state) {
     char dir[] = "/tmp/test_model_config.XXXXXX";
     assert_non_null(mkdtemp(dir));
     char golden[4096];
-    snprintf(golden, sizeof golden, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(golden, sizeof golden, "golden/tiny-mha");
     const char *sources[] = {golden, "configs/models/tiny.json", "configs/models/llama2-70b.json",
                              "configs/models/llama3.1-8b.json"};
     for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
@@ -482,7 +478,7 @@ static void test_golden_families(void **state) {
     };
     for (size_t i = 0; i < sizeof goldens / sizeof goldens[0]; i++) {
         char dir[4096], file[4200];
-        snprintf(dir, sizeof dir, "%s/golden/%s", shared_dir(), goldens[i].dir);
+        fixture_path(dir, sizeof dir, "golden/%s", goldens[i].dir);
         llama_config c;
         load_ok(&c, dir);
         assert_int_equal(c.family, goldens[i].family);

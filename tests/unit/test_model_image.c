@@ -19,6 +19,7 @@
 #include "daemon/model_shm.h"
 #include "proto/model_image.h"
 #include "proto/nf4.h"
+#include "tests/unit/fixtures.h"
 
 static const char small_config[] =
     "{\"model_type\": \"llama\", \"hidden_size\": 24, \"intermediate_size\": 40,"
@@ -36,11 +37,6 @@ static const char chunked_config[] =
     " \"initializer_range\": 0.02, \"tie_word_embeddings\": false}";
 
 static char dir[] = "/tmp/fsdp-test-image-XXXXXX";
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
@@ -286,7 +282,7 @@ static void test_nf4_image_is_whole_tensor_quantization(void **state) {
     st_model golden_st, chunked_st;
     errbuf err = {{0}};
     char path[700];
-    snprintf(path, sizeof path, "%s/golden/tiny-mha", shared_dir());
+    fixture_path(path, sizeof path, "golden/tiny-mha");
     if (llama_config_load(&cfg, path, &err) || llama_layout_init(&golden, &cfg, &err) ||
         st_model_open(&golden_st, path, &err))
         fail_msg("%s", err.msg);

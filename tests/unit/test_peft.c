@@ -17,14 +17,10 @@
 #include "base/fileio.h"
 #include "proto/peft.h"
 #include "proto/safetensors.h"
-
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
+#include "tests/unit/fixtures.h"
 
 static void golden_path(char *out, size_t n, const char *name) {
-    snprintf(out, n, "%s/golden/tiny-mha/%s", shared_dir(), name);
+    fixture_path(out, n, "golden/tiny-mha/%s", name);
 }
 
 static llama_config golden_model(void) {

@@ -18,6 +18,7 @@
 
 #include "base/bf16.h"
 #include "proto/safetensors.h"
+#include "tests/unit/fixtures.h"
 
 /* ---------- helpers ---------- */
 
@@ -578,9 +579,9 @@ static void test_open_errors(void **state) {
 
 static void test_golden(void **state) {
     (void)state;
-    const char *shared = getenv("FSDP_SHARED") ? getenv("FSDP_SHARED") : "../shared";
-    char *dir = join(shared, "golden/tiny-mha");
-    char *path = join(dir, "model.safetensors");
+    char dir[4096], path[4096];
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
+    fixture_path(path, sizeof path, "golden/tiny-mha/model.safetensors");
     st_file f;
     errbuf err = {{0}};
     if (st_open(&f, path, &err) < 0) fail_msg("%s", err.msg);
@@ -604,8 +605,6 @@ static void test_golden(void **state) {
     assert_non_null(st_model_find(&m, "model.embed_tokens.weight"));
     assert_non_null(st_model_find(&m, "model.norm.weight"));
     st_model_close(&m);
-    free(path);
-    free(dir);
 }
 
 /* ---------- conversions ---------- */

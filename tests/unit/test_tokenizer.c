@@ -1,9 +1,9 @@
-/* Tests of data/tokenizer: the two real tokenizers of ../shared/tokenizers against the ids
+/* Tests of data/tokenizer: the two real tokenizers of tests/fixtures/tokenizers against the ids
  * and decodings the Hugging Face tokenizers library gives (*-expected.json, with and without
  * special tokens), the split-special mode, a tiny tokenizer.json exercising byte fallback,
  * fuse_unk, ignore_merges, normalized added tokens, NFC, Metaspace and tokenizers' added-token ids (its
  * expected values come from tokenizers 0.23), tokenizer_config.json's add_bos/add_eos, and
- * every refusal.  Run from the repository root (tests/run.sh does), or set FSDP_SHARED. */
+ * every refusal.  Run from the repository root (tests/run.sh does). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,17 +18,13 @@
 #include <unistd.h>
 
 #include "data/tokenizer.h"
+#include "tests/unit/fixtures.h"
 
 /* ---------- helpers ---------- */
 
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
-
 static tokenizer *load_family(const char *family) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizers/%s-tokenizer.json", shared_dir(), family);
+    fixture_path(path, sizeof path, "tokenizers/%s-tokenizer.json", family);
     errbuf err = {{0}};
     tokenizer *tk = tokenizer_load(path, &err);
     if (!tk) fail_msg("%s", err.msg);
@@ -90,7 +86,7 @@ static int same_ids(const tk_ids *a, const tk_ids *b) {
 static void check_family(const char *family) {
     tokenizer *tk = load_family(family);
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizers/%s-expected.json", shared_dir(), family);
+    fixture_path(path, sizeof path, "tokenizers/%s-expected.json", family);
     json_error_t je;
     json_t *cases = json_load_file(path, 0, &je);
     if (!cases) fail_msg("%s: %s", path, je.text);
