@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Preference tuning through fsdpd (F49) against TRL's golden (tests/fixtures/dpo, TRL 1.16.0's
-# DPOTrainer and ORPOTrainer on ../shared/golden/tiny-mha): the golden's batch of 4 pairs as a
+# DPOTrainer and ORPOTrainer on tests/fixtures/golden/tiny-mha): the golden's batch of 4 pairs as a
 # cache of pairs (fsdpctl tokenize --from-safetensors --pairs), LoRA r 8, alpha 16 on q_proj
 # and v_proj from the golden's init (lora.init_from) or the whole model, at 1 and 2 workers
 # and micro-batches of 1 and 2 pairs:
@@ -11,15 +11,15 @@
 #  - refusals: DPO with a full fine-tune, packing, a pairs cache under SFT, SFT data under DPO.
 # FSDP_GOLDEN_BACKEND=cuda runs it on the GPU (bf16 compute, fp32 masters) at DESIGN.md's 2e-2.
 source "$(dirname "$0")/lib.sh"
-golden=$shared/golden/tiny-mha
-fixture=tests/fixtures/dpo
+golden=$(fixture golden/tiny-mha) || exit 1
+pref=$(fixture dpo) || exit 1
 backend=${FSDP_GOLDEN_BACKEND:-cpu}
 if [ "$backend" = cuda ]; then tol=2e-2; else tol=1e-4; fi
 use_venv safetensors numpy
 
 # The golden batch as pairs (rows 2i, 2i+1: TRL's rows i and 4 + i; labels the completion),
 # the LoRA init as a PEFT adapter directory (PEFT's saved names: no ".default").
-"$venv/bin/python" - "$fixture/dpo_golden.safetensors" "$golden/lora/adapter_config.json" "$tmp" <<'PY'
+"$venv/bin/python" - "$pref/dpo_golden.safetensors" "$golden/lora/adapter_config.json" "$tmp" <<'PY'
 import json, sys
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -81,7 +81,7 @@ run() {
 
 # check_steps NAME CASE: both steps' loss and metrics against cases.CASE (and its step2).
 check_steps() {
-    python3 - "$tmp/$1/metrics.jsonl" "$fixture/dpo_golden.json" "$2" "$tol" <<'PY'
+    python3 - "$tmp/$1/metrics.jsonl" "$pref/dpo_golden.json" "$2" "$tol" <<'PY'
 import json, sys
 tol = float(sys.argv[4])
 steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -104,7 +104,7 @@ PY
 
 # check_grads NAME CASE START: START - NAME's final parameters against CASE's gradients.
 check_grads() {
-    "$venv/bin/python" - "$tmp/$1.safetensors" "$fixture/dpo_golden.safetensors" "$2" "$3" "$tol" <<'PY'
+    "$venv/bin/python" - "$tmp/$1.safetensors" "$pref/dpo_golden.safetensors" "$2" "$3" "$tol" <<'PY'
 import sys
 import numpy as np
 from safetensors.numpy import load_file

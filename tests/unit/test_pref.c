@@ -1,5 +1,5 @@
 /* Preference objectives (worker/fsdp_pref) against TRL's golden (tests/fixtures/dpo: TRL
- * 1.16.0's DPOTrainer and ORPOTrainer on ../shared/golden/tiny-mha, a batch of 4 pairs, one
+ * 1.16.0's DPOTrainer and ORPOTrainer on tests/fixtures/golden/tiny-mha, a batch of 4 pairs, one
  * with a multi-turn prompt, truncated at 28 tokens): on one rank, from the golden's LoRA
  * init (r 8, alpha 16 on q_proj and v_proj) or the base (full), the loss, TRL's reward
  * metrics and every gradient of the first step at DESIGN.md's 1e-4, then one AdamW step
@@ -19,14 +19,11 @@
 
 #include "model/llama.h"
 #include "proto/model_image.h"
+#include "tests/unit/fixtures.h"
 #include "worker/fsdp.h"
 
 #define TOL 1e-4
 
-static const char *shared_dir(void) {
-    const char *s = getenv("FSDP_SHARED");
-    return s && *s ? s : "../shared";
-}
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
@@ -64,13 +61,15 @@ static const st_tensor *need(const st_file *f, const char *name) {
  * rejected (TRL's rows i and P + i), labels the completion's tokens. */
 static void golden_open(golden *g) {
     errbuf err = {{0}};
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/golden/tiny-mha", shared_dir());
+    char dir[512], st_path[512], json_path[512];
+    fixture_path(dir, sizeof dir, "golden/tiny-mha");
+    fixture_path(st_path, sizeof st_path, "dpo/dpo_golden.safetensors");
+    fixture_path(json_path, sizeof json_path, "dpo/dpo_golden.json");
     json_error_t je;
     if (kctx_init(&g->ctx, K_CPU, 0, &err) || llama_config_load(&g->cfg, dir, &err) ||
-        st_model_open(&g->model, dir, &err) || st_open(&g->st, "tests/fixtures/dpo/dpo_golden.safetensors", &err))
+        st_model_open(&g->model, dir, &err) || st_open(&g->st, st_path, &err))
         fail_msg("%s", err.msg);
-    if (!(g->json = json_load_file("tests/fixtures/dpo/dpo_golden.json", 0, &je))) fail_msg("%s", je.text);
+    if (!(g->json = json_load_file(json_path, 0, &je))) fail_msg("%s", je.text);
     const st_tensor *ids = need(&g->st, "batch.input_ids"), *mask = need(&g->st, "batch.completion_mask");
     g->B = (int)ids->shape[0], g->T = (int)ids->shape[1];
     int P = g->B / 2;
