@@ -120,6 +120,11 @@ static void job_train_settings(const job_config *j, ckpt_train_settings *t) {
                                .warmup_ratio = j->train.warmup_ratio};
     snprintf(t->schedule, sizeof t->schedule, "%s", job_schedule_name(j->train.schedule));
     snprintf(t->warmup_round, sizeof t->warmup_round, "%s", j->train.warmup_round == JOB_ROUND_DOWN ? "down" : "up");
+    snprintf(t->objective, sizeof t->objective, "%s", job_objective_name(j->train.objective));
+    snprintf(t->dpo_loss, sizeof t->dpo_loss, "%s", job_dpo_loss_name(j->train.dpo_loss));
+    t->dpo_beta = j->train.dpo_beta;
+    t->dpo_label_smoothing = j->train.dpo_label_smoothing;
+    t->orpo_lambda = j->train.orpo_lambda;
 }
 
 static void job_adapter(const job_config *j, const char *fingerprint, ckpt_adapter *a) {

@@ -497,11 +497,31 @@ int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
 /* ---- manifest ---- */
 
 static json_t *train_json(const ckpt_train_settings *t) {
-    return json_pack("{s:f, s:f, s:s, s:i, s:f, s:s, s:I, s:f, s:[f, f], s:f, s:f}", "lr", t->lr, "min_lr",
-                     t->min_lr, "schedule", t->schedule, "warmup_steps", t->warmup_steps,
+    return json_pack("{s:f, s:f, s:s, s:i, s:f, s:s, s:I, s:f, s:[f, f], s:f, s:f, s:s, s:f, s:s, s:f, s:f}",
+                     "lr", t->lr, "min_lr", t->min_lr, "schedule", t->schedule, "warmup_steps", t->warmup_steps,
                      "warmup_ratio", t->warmup_ratio, "warmup_round", t->warmup_round[0] ? t->warmup_round : "up",
                      "total_steps", (json_int_t)t->total_steps, "weight_decay", t->weight_decay,
-                     "betas", t->betas[0], t->betas[1], "eps", t->eps, "clip_norm", t->clip_norm);
+                     "betas", t->betas[0], t->betas[1], "eps", t->eps, "clip_norm", t->clip_norm,
+                     "objective", t->objective[0] ? t->objective : "sft", "dpo_beta", t->dpo_beta,
+                     "dpo_loss", t->dpo_loss[0] ? t->dpo_loss : "sigmoid",
+                     "dpo_label_smoothing", t->dpo_label_smoothing, "orpo_lambda", t->orpo_lambda);
+}
+
+/* The objective's keys of "train", each optional (manifests before F49): "sft" and the job
+ * defaults when absent; a key present must be of its type. */
+static int read_objective(ckpt_train_settings *t, const json_t *jt, const char *name, errbuf *err) {
+    snprintf(t->objective, sizeof t->objective, "sft");
+    snprintf(t->dpo_loss, sizeof t->dpo_loss, "sigmoid");
+    t->dpo_beta = 0.1;
+    t->dpo_label_smoothing = 0;
+    t->orpo_lambda = 0.1;
+    return (json_object_get(jt, "objective") && get_str(jt, "objective", t->objective, sizeof t->objective, name, err)) ||
+           (json_object_get(jt, "dpo_beta") && get_real(jt, "dpo_beta", &t->dpo_beta, name, err)) ||
+           (json_object_get(jt, "dpo_loss") && get_str(jt, "dpo_loss", t->dpo_loss, sizeof t->dpo_loss, name, err)) ||
+           (json_object_get(jt, "dpo_label_smoothing") &&
+            get_real(jt, "dpo_label_smoothing", &t->dpo_label_smoothing, name, err)) ||
+           (json_object_get(jt, "orpo_lambda") && get_real(jt, "orpo_lambda", &t->orpo_lambda, name, err))
+               ? -1 : 0;
 }
 
 static json_t *adapter_json(const ckpt_manifest *m) {
@@ -670,7 +690,8 @@ static int read_train(ckpt_train_settings *t, const json_t *jt, const char *name
         (json_object_get(jt, "warmup_round") &&
          get_str(jt, "warmup_round", t->warmup_round, sizeof t->warmup_round, name, err)) ||
         get_real(jt, "weight_decay", &t->weight_decay, name, err) ||
-        get_real(jt, "eps", &t->eps, name, err) || get_real(jt, "clip_norm", &t->clip_norm, name, err))
+        get_real(jt, "eps", &t->eps, name, err) || get_real(jt, "clip_norm", &t->clip_norm, name, err) ||
+        read_objective(t, jt, name, err))
         return -1;
     if (!json_is_array(betas) || json_array_size(betas) != 2 ||
         !json_is_number(json_array_get(betas, 0)) || !json_is_number(json_array_get(betas, 1)))
@@ -1047,6 +1068,11 @@ static void diff_train(differ *d, const ckpt_train_settings *c, const ckpt_train
     diff_num(d, "train.betas[1]", c->betas[1], j->betas[1], 0);
     diff_num(d, "train.eps", c->eps, j->eps, 0);
     diff_num(d, "train.clip_norm", c->clip_norm, j->clip_norm, 0);
+    diff_str(d, "train.objective", c->objective, j->objective);
+    diff_num(d, "train.dpo_beta", c->dpo_beta, j->dpo_beta, 0);
+    diff_str(d, "train.dpo_loss", c->dpo_loss, j->dpo_loss);
+    diff_num(d, "train.dpo_label_smoothing", c->dpo_label_smoothing, j->dpo_label_smoothing, 0);
+    diff_num(d, "train.orpo_lambda", c->orpo_lambda, j->orpo_lambda, 0);
 }
 
 int ckpt_identity_compare(const ckpt_manifest *m, const ckpt_identity *id, const ckpt_train_settings *train,

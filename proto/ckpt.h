@@ -62,7 +62,10 @@
  *     "n_files": the shard group's world, one file a member (no_shard 1, hybrid_shard a
  *     node's workers: node 0's ranks write them), "dtype": "f32",
  *     "train": {"lr", "min_lr", "schedule", "warmup_steps", "warmup_ratio", "total_steps", "weight_decay",
- *               "betas": [b1, b2], "eps", "clip_norm"},
+ *               "betas": [b1, b2], "eps", "clip_norm", "objective": "sft" | "dpo" | "orpo",
+ *               "dpo_beta", "dpo_loss", "dpo_label_smoothing", "orpo_lambda"} (the objective's
+ *               keys absent in manifests written before F49: "sft" and the defaults; a resume
+ *               refuses any change of them),
  *     "model_config": the model's Hugging Face config.json object,
  *     "model_path": the Hugging Face model directory the job started from (model.path, made
  *               absolute), "" for a job of model.init "random"; consolidation copies the
@@ -253,6 +256,11 @@ typedef struct ckpt_train_settings {
     double warmup_ratio; /* absent from manifests written before it: 0, "up" */
     char warmup_round[8]; /* "up" or "down" */
     int64_t total_steps;
+    /* train.objective and its settings (F49); absent from manifests written before them:
+     * "sft", the defaults */
+    char objective[8];    /* "sft", "dpo", "orpo" */
+    double dpo_beta, dpo_label_smoothing, orpo_lambda;
+    char dpo_loss[12];    /* "sigmoid", "robust", "ipo" */
 } ckpt_train_settings;
 
 typedef struct ckpt_file_entry {

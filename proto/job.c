@@ -223,6 +223,8 @@ const char *job_sharding_name(job_sharding s) { return choice_name(sharding_choi
 const char *job_data_format_name(job_data_format f) { return choice_name(format_choices, (int)f); }
 const char *job_train_type_name(job_train_type t) { return choice_name(train_type_choices, (int)t); }
 const char *job_schedule_name(job_schedule s) { return choice_name(schedule_choices, (int)s); }
+const char *job_objective_name(job_objective o) { return choice_name(objective_choices, (int)o); }
+const char *job_dpo_loss_name(job_dpo_loss l) { return choice_name(dpo_loss_choices, (int)l); }
 const char *job_profile_name(job_profile p) { return choice_name(profile_choices, (int)p); }
 
 int job_profile_from_name(const char *name, job_profile *out) {

@@ -217,6 +217,8 @@ const char *job_data_format_name(job_data_format f);
  * NULL for another value. */
 const char *job_train_type_name(job_train_type t);
 const char *job_schedule_name(job_schedule s);
+const char *job_objective_name(job_objective o);
+const char *job_dpo_loss_name(job_dpo_loss l);
 
 /* Sets every key to its default (the whole struct is zeroed first, so two configs built
  * the same way compare equal with memcmp). */

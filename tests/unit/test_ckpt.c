@@ -69,7 +69,8 @@ static void write_checkpoint(const char *dir, const ckpt_layout *lo, ckpt_manife
     strcpy(m->model_path, "/models/llama \"3.1\" 8B");
     m->train = (ckpt_train_settings){.lr = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1,
                                      .betas = {0.9, 0.95}, .eps = 1e-8, .clip_norm = 1.0,
-                                     .schedule = "cosine", .warmup_steps = 2, .warmup_round = "up", .total_steps = 20};
+                                     .schedule = "cosine", .warmup_steps = 2, .warmup_round = "up", .total_steps = 20,
+                                     .objective = "dpo", .dpo_beta = 0.25, .dpo_loss = "ipo", .orpo_lambda = 0.1};
     m->model_config = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "model_type",
                                 "llama", "hidden_size", 8, "intermediate_size", 16,
                                 "num_hidden_layers", 1, "num_attention_heads", 2,
@@ -294,6 +295,26 @@ static void test_identity(void **state) {
     assert_true(d[2].allowed);
     assert_string_equal(d[3].field, "train.lr");
     assert_string_equal(d[3].job, "0.002");
+    /* F49: the objective and its settings round-trip and are compared (never allowed) */
+    assert_string_equal(back.train.objective, "dpo");
+    assert_string_equal(back.train.dpo_loss, "ipo");
+    assert_float_equal(back.train.dpo_beta, 0.25, 0);
+    train = m.train;
+    strcpy(train.objective, "orpo");
+    train.orpo_lambda = 0.5;
+    assert_int_equal(ckpt_identity_compare(&back, &m.identity, &train, NULL, d), 2);
+    assert_string_equal(d[0].field, "train.objective");
+    assert_string_equal(d[0].checkpoint, "dpo");
+    assert_false(d[0].allowed);
+    assert_string_equal(d[1].field, "train.orpo_lambda");
+    ckpt_manifest_free(&back);
+    /* a manifest from before F49 (no objective keys) reads as SFT with the defaults */
+    char *old = strdup(text), *key = strstr(old, "\"objective\"");
+    assert_non_null(key);
+    memcpy(key, "\"objectivX\"", 11); /* "train" without its objective */
+    assert_int_equal(ckpt_manifest_parse(&back, old, strlen(old), "m", &err), 0);
+    assert_string_equal(back.train.objective, "sft");
+    free(old);
     ckpt_manifest_free(&back);
 
     /* strict: a bad value is refused naming the key; a manifest without it is unknown */
