@@ -2,6 +2,7 @@
 #include "tests/unit/fixtures.h"
 
 #include <setjmp.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,4 +45,13 @@ const char *large_fixture_path(char *out, size_t n, const char *rel, char *why, 
     if (access(out, R_OK) == 0) return out;
     snprintf(why, why_n, "large fixture %s: FSDP_SHARED=%s has no %s", rel, shared, rel);
     return NULL;
+}
+
+double rel_error(const float *a, const float *b, size_t n) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)b[i] * b[i];
+    }
+    return ref > 0 ? sqrt(diff / ref) : sqrt(diff);
 }

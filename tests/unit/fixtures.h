@@ -1,4 +1,5 @@
-/* Where a unit test finds its fixtures (tests/fixtures/README.md).  Tests run from the
+/* Where a unit test finds its fixtures (tests/fixtures/README.md), and how it measures a result
+ * against a golden one.  Tests run from the
  * repository root (tests/run.sh does). */
 #ifndef FSDP_TESTS_UNIT_FIXTURES_H
 #define FSDP_TESTS_UNIT_FIXTURES_H
@@ -16,5 +17,9 @@ const char *fixture_path(char *out, size_t n, const char *fmt, ...)
  * outside the repository); NULL, with WHY (WHY_N bytes) saying so, when FSDP_SHARED is unset
  * or has no REL: the caller skips (counted; a failure under CI=true, tests/run.sh). */
 const char *large_fixture_path(char *out, size_t n, const char *rel, char *why, size_t why_n);
+
+/* rel_error: sqrt(sum (a-b)^2 / sum b^2) over n floats, a tensor's error against its golden
+ * b (the absolute sqrt(sum (a-b)^2) where b is all zero). */
+double rel_error(const float *a, const float *b, size_t n);
 
 #endif

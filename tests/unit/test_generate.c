@@ -57,15 +57,6 @@ static void close_decoder(fixture *f) {
     kctx_destroy(&f->ctx);
 }
 
-static double rel_error(const float *a, const float *b, size_t n) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return sqrt(diff / ref);
-}
-
 /* ---- the KV-cache forward against transformers' logits ---- */
 
 /* Row 0 prefilled with 5 tokens, row 1 with 9, then both a token a pass at their own

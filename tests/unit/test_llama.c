@@ -17,15 +17,6 @@
 #include "model/llama.h"
 #include "tests/unit/fixtures.h"
 
-static double rel_error(const float *a, const float *b, size_t n) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return ref > 0 ? sqrt(diff / ref) : sqrt(diff);
-}
-
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     assert_non_null(p);

@@ -31,15 +31,6 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
-/* sqrt(sum (a-b)^2 / sum b^2), the tensor's relative error (absolute where b is all zero). */
-static double rel_error(const float *a, const float *b, size_t n) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return ref > 0 ? sqrt(diff / ref) : sqrt(diff);
-}
 
 typedef struct golden {
     kctx ctx;
