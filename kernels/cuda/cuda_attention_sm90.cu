@@ -22,8 +22,9 @@
 // Measured on the H200 (bench/NOTES.md, F30): at Llama-2-7B T=2048 the forward runs 443
 // TFLOP/s, forward+backward 358 (1.9x and 2.0x the mma.sync kernels, 0.84x and 0.80x cuDNN).
 //
-// The forward is a block per (query head, batch, 128 queries), as in cuda_attention.cu; the
-// backward a block per (kv head, batch, 128 keys) looping over the group's query heads, all
+// The forward is persistent, a block a multiprocessor over the items (query head, batch, 128
+// queries), taken a kv head's query heads at a time (fwd_item: its keys and values stay in
+// L2); the backward a block per (kv head, batch, 128 keys) looping over the group's query heads, all
 // five products in one kernel (see "backward" below).  Causal tiles past the diagonal are
 // skipped whole, and varlen tiles before a document's start (or after its end).  Every output
 // is summed in a fixed order (dQ's shares across blocks included): the same bits every run.
@@ -372,12 +373,13 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], const 
 constexpr uint32_t RING_BARS_BYTES = 8 * (1 + 4 * STAGES); // ring_bars
 
 // A block's shared memory: its ROWS query rows, then a ring of STAGES key tiles and STAGES
-// value tiles of BN rows, then the mbarriers.
+// value tiles of BN rows, then the mbarriers (the ring's, then the query rows' `read`: both
+// consumers are done with them).
 template <int HD, int BN> struct stream_smem {
     static constexpr uint32_t ROWS_BYTES = ROWS * HD * 2, KV_BYTES = BN * HD * 2;
     static constexpr uint32_t K = ROWS_BYTES, V = K + STAGES * KV_BYTES;
-    static constexpr uint32_t BARS = V + STAGES * KV_BYTES;
-    static constexpr size_t BYTES = BARS + RING_BARS_BYTES + 1024;
+    static constexpr uint32_t BARS = V + STAGES * KV_BYTES, Q_READ = BARS + RING_BARS_BYTES;
+    static constexpr size_t BYTES = Q_READ + 8 + 1024;
 };
 
 // The mbarriers at `at`: the fixed tiles landed (the forward's Q; the backward's K and V);
@@ -390,10 +392,10 @@ struct ring_bars {
     __device__ __forceinline__ uint32_t v_full(int s) const { return at + 8 * (1 + STAGES + s); }
     __device__ __forceinline__ uint32_t k_empty(int s) const { return at + 8 * (1 + 2 * STAGES + s); }
     __device__ __forceinline__ uint32_t v_empty(int s) const { return at + 8 * (1 + 3 * STAGES + s); }
-    // A consumer's first n key/value tiles, waited for and released unread (varlen: tiles
-    // before its documents that the other consumer reads).
-    __device__ __forceinline__ void skip(int n) const {
-        for (int it = 0; it < n; it++) {
+    // A consumer's n key/value tiles from ring position pos, waited for and released unread
+    // (varlen: tiles before its documents that the other consumer reads).
+    __device__ __forceinline__ void skip(int pos, int n) const {
+        for (int it = pos; it < pos + n; it++) {
             const int s = it % STAGES;
             mbar_wait(k_full(s), (it / STAGES) & 1);
             mbar_arrive(k_empty(s));
@@ -414,17 +416,20 @@ struct ring_bars {
     }
 };
 
-// The producer of the forward: rows q0.. of query head h once, then key/value tiles j0 ..
-// n_tiles-1 of kv head kvh.
+// The producer of the forward's item `done` (the block's items before it): rows q0.. of
+// query head h once (when the last item's are read), then key/value tiles j0 .. n_tiles-1 of
+// kv head kvh, from ring position pos on.
 template <int HD, int BN>
 __device__ void stream_produce(const CUtensorMap *q, const CUtensorMap *k, const CUtensorMap *v,
-                               uint32_t base, int h, int kvh, int b, int q0, int j0, int n_tiles) {
+                               uint32_t base, int h, int kvh, int b, int q0, int j0, int n_tiles,
+                               int done, int pos) {
     typedef stream_smem<HD, BN> L;
     const ring_bars bars = {base + L::BARS};
+    if (done > 0) mbar_wait(base + L::Q_READ, (done - 1) & 1);
     mbar_expect_bytes(bars.fixed_full(), L::ROWS_BYTES);
     tma_tile<ROWS, HD>(base, q, h, q0, b, bars.fixed_full());
-    for (int it = 0; it < n_tiles - j0; it++) {
-        const int s = it % STAGES, j = j0 + it;
+    for (int it = pos; it < pos + n_tiles - j0; it++) {
+        const int s = it % STAGES, j = j0 + it - pos;
         if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
         mbar_expect_bytes(bars.k_full(s), L::KV_BYTES);
         tma_tile<BN, HD>(base + L::K + s * L::KV_BYTES, k, kvh, j * BN, b, bars.k_full(s));
@@ -434,16 +439,10 @@ __device__ void stream_produce(const CUtensorMap *q, const CUtensorMap *k, const
     }
 }
 
-// A block's work (grid: heads, batch, tiles): tile-major, so that the longest tiles of every
-// head run first and the short ones fill the end.
+// A block's work: a (head, batch, query tile).
 struct block_work {
     int head, batch, tile;
 };
-
-__device__ __forceinline__ block_work block_of(bool longest_first) {
-    const int i = blockIdx.z;
-    return {(int)blockIdx.x, (int)blockIdx.y, longest_first ? (int)gridDim.z - 1 - i : i};
-}
 
 // ---- forward ----
 
@@ -452,9 +451,34 @@ struct fwd_tma {
     bf16 *out;
     float *lse;
     const int32_t *doc_start; // varlen only: [B, T]
-    int T, Hq, Hkv;
+    int B, T, Hq, Hkv;
     float scale_log2; // log2(e) / sqrt(hd)
 };
+
+// The forward's items (head, batch, query tile) in rank order: sections of one kv head's
+// query heads (of one batch row), in a section the longest tiles first, the heads inside.
+// The blocks running at once then read the key and value tiles of one or two kv heads, which
+// stay in L2: in the blocks' grid order (head fastest, then batch, then tile) 132 blocks read
+// 132 different heads' keys, and at Llama-2-7B T=8192 the forward read 17.6 GB from DRAM for
+// 0.5 GB of keys and values (L2 hit rate 27%, DRAM at 78% of its peak); in sections 1.4 GB
+// (88%), and 515 -> 563-597 TFLOP/s (bench/NOTES.md, F44).  Sections of as many kv heads as
+// fill half of L2 measured between the two.  Persistent: a block a multiprocessor takes an
+// item a round in a snake order, block i the round's i-th, then the next round's i-th from
+// the end, which evens out the blocks' sums.
+__device__ __forceinline__ int fwd_items(const fwd_tma &p) {
+    return p.Hq * p.B * ((p.T + ROWS - 1) / ROWS);
+}
+__device__ __forceinline__ int fwd_item_rank(int round, int items) {
+    const int g = (int)gridDim.x, i = (int)blockIdx.x;
+    if (g == items) return round ? items : i;
+    return round * g + (round % 2 ? g - 1 - i : i);
+}
+__device__ __forceinline__ block_work fwd_item(const fwd_tma &p, int rank) {
+    const int tiles = (p.T + ROWS - 1) / ROWS, group = p.Hq / p.Hkv;
+    const int sec = rank / (group * tiles), r = rank % (group * tiles);
+    const int bh = sec * group + r % group; // batch * Hq + head
+    return {bh % p.Hq, bh / p.Hq, tiles - 1 - r / group};
+}
 
 constexpr int FWD_KEYS = 128; // keys a tile
 static_assert(FWD_KEYS == ROWS, "every forward tile up to the diagonal has keys both warpgroups see");
@@ -515,10 +539,29 @@ __device__ __forceinline__ void rescale_rows(float (&o)[HD / 8][4], const float 
         for (int e = 0; e < 4; e++) o[dn][e] *= rescale[e / 2];
 }
 
-// A consumer warpgroup: its 64 query rows against every key tile the producer streams.
+// O (or any accumulator of rows) straight from the registers to global memory, scaled by
+// row: this lane's rows g and g + 8 of the warp's 16 from row_lo, two columns a store.
+template <int HD>
+__device__ __forceinline__ void store_acc(const float (&acc)[HD / 8][4], const float (&scale)[2],
+                                          bf16 *head, size_t stride, int row_lo, int T) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_lo + g + 8 * r;
+        if (row >= T) continue;
+        bf16 *at = head + (size_t)row * stride + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+            *reinterpret_cast<uint32_t *>(at + j * 8) =
+                pack_bf16(acc[j][2 * r] * scale[r], acc[j][2 * r + 1] * scale[r]);
+    }
+}
+
+// A consumer warpgroup: its 64 query rows of the block's item `done` against every key tile
+// the producer streams (from ring position pos).
 template <int HD, bool DOCS>
 __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q0, int j0,
-                            int n_tiles) {
+                            int n_tiles, int done, int pos) {
     typedef fwd_smem<HD> L;
     constexpr int BN = FWD_KEYS;
     const ring_bars bars = {base + L::BARS};
@@ -536,8 +579,8 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     float rescale[2] = {1.0f, 1.0f};
     uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
     zero_acc(o);
-    mbar_wait(bars.fixed_full(), 0);
-    bars.skip(jw - j0);
+    mbar_wait(bars.fixed_full(), done & 1);
+    bars.skip(pos, jw - j0);
     // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
     // second product does (O is rescaled, by tile j-1's factor, before it).
     // Both take the same number of turns: with documents the warpgroup whose first tile is
@@ -551,7 +594,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         }
     }
     { // the first tile: its S alone (a loop of uniform bodies keeps ptxas from serialising)
-        const int it = jw - j0, s = it % STAGES;
+        const int it = pos + jw - j0, s = it % STAGES;
         float sc[BN / 8][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
         turn_wait(wg);
@@ -561,13 +604,14 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_wait<0>();
         regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
+        if (jw == n_tiles - 1) mbar_arrive(base + L::Q_READ); // the last S: Q is free
         const bool masked = jw * BN + BN - 1 > row_lo || (DOCS && jw * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, jw * BN, row_lo,
                                masked, docs.first);
         acc_to_frags<BN>(pa, sc);
     }
     for (int j = jw + 1; j < n_tiles; j++) {
-        const int it = j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
+        const int it = pos + j - j0, s = it % STAGES, ps = (it + STAGES - 1) % STAGES;
         float sc[BN / 8][4];
         mbar_wait(bars.k_full(s), (it / STAGES) & 1);
         turn_wait(wg);
@@ -581,6 +625,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         wgmma_wait<1>();
         regs_fence(sc);
         mbar_arrive(bars.k_empty(s));
+        if (j == n_tiles - 1) mbar_arrive(base + L::Q_READ);
         const bool masked = j * BN + BN - 1 > row_lo || (DOCS && j * BN < docs.hi);
         softmax_tile<BN, DOCS>(sc, row_max, row_sum, rescale, p.scale_log2, j * BN, row_lo, masked,
                                docs.first);
@@ -591,7 +636,7 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         acc_to_frags<BN>(pa, sc);
     }
     {
-        const int it = n_tiles - 1 - j0, s = it % STAGES;
+        const int it = pos + n_tiles - 1 - j0, s = it % STAGES;
         rescale_rows<HD>(o, rescale);
         mbar_wait(bars.v_full(s), (it / STAGES) & 1);
         turn_wait(wg);
@@ -613,9 +658,8 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
         inv[r] = 1.0f / row_sum[r];
     }
     const size_t qs = (size_t)p.Hq * HD;
-    // The warpgroup's Q rows are free now (its last wgmma has completed): stage O there.
-    store_rows<HD>(o, inv, sQ, ROWS * SW, p.out + (size_t)b * T * qs + (size_t)h * HD, qs, wg_lo,
-                   T, wg);
+    // From the registers: the query rows' shared memory holds the next item's already.
+    store_acc<HD>(o, inv, p.out + (size_t)b * T * qs + (size_t)h * HD, qs, row_lo, T);
     if (lane % 4 == 0) {
         float *lse = p.lse + ((size_t)b * p.Hq + h) * T;
 #pragma unroll
@@ -626,23 +670,50 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     }
 }
 
+// The forward's item: its head, batch, first query row, key tiles j0 .. n_tiles - 1.
+struct fwd_work {
+    int h, b, kvh, q0, j0, n_tiles;
+};
+template <bool DOCS> __device__ __forceinline__ fwd_work fwd_work_of(const fwd_tma &p, int rank) {
+    const block_work w = fwd_item(p, rank);
+    fwd_work f;
+    f.h = w.head;
+    f.b = w.batch;
+    f.kvh = f.h / (p.Hq / p.Hkv);
+    f.q0 = w.tile * ROWS;
+    f.n_tiles = (imin(p.T, f.q0 + ROWS) - 1) / FWD_KEYS + 1; // up to the diagonal
+    f.j0 = DOCS ? p.doc_start[(size_t)f.b * p.T + f.q0] / FWD_KEYS : 0;
+    return f;
+}
+
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_constant__ fwd_tma p) {
+    typedef fwd_smem<HD> L;
     const uint32_t base = smem_base();
-    const block_work w = block_of(true);
-    const int h = w.head, b = w.batch, kvh = h / (p.Hq / p.Hkv), q0 = w.tile * ROWS;
-    const int n_tiles = (imin(p.T, q0 + ROWS) - 1) / FWD_KEYS + 1; // up to the diagonal
-    const int j0 = DOCS ? p.doc_start[(size_t)b * p.T + q0] / FWD_KEYS : 0;
-    if (threadIdx.x == 0) ring_bars{base + fwd_smem<HD>::BARS}.init();
+    if (threadIdx.x == 0) {
+        mbar_init(base + L::Q_READ, CONSUMERS * 128);
+        ring_bars{base + L::BARS}.init(); // and the fence after every init
+    }
     __syncthreads();
+    // Both roles walk the same items; pos: the ring position of an item's first key tile.
+    const int items = fwd_items(p);
     if (threadIdx.x / 128 == CONSUMERS) {
         regs_shrink<PRODUCER_REGS>();
-        if (threadIdx.x == CONSUMERS * 128)
-            stream_produce<HD, FWD_KEYS>(&p.q, &p.k, &p.v, base, h, kvh, b, q0, j0, n_tiles);
+        if (threadIdx.x != CONSUMERS * 128) return;
+        for (int done = 0, pos = 0, rank; (rank = fwd_item_rank(done, items)) < items; done++) {
+            const fwd_work f = fwd_work_of<DOCS>(p, rank);
+            stream_produce<HD, FWD_KEYS>(&p.q, &p.k, &p.v, base, f.h, f.kvh, f.b, f.q0, f.j0,
+                                         f.n_tiles, done, pos);
+            pos += f.n_tiles - f.j0;
+        }
         return;
     }
     regs_grow<CONSUMER_REGS>();
-    fwd_consume<HD, DOCS>(p, base, h, b, q0, j0, n_tiles);
+    for (int done = 0, pos = 0, rank; (rank = fwd_item_rank(done, items)) < items; done++) {
+        const fwd_work f = fwd_work_of<DOCS>(p, rank);
+        fwd_consume<HD, DOCS>(p, base, f.h, f.b, f.q0, f.j0, f.n_tiles, done, pos);
+        pos += f.n_tiles - f.j0;
+    }
 }
 
 // ---- backward ----
@@ -1204,10 +1275,11 @@ template <typename Kernel> static int allow_smem(kctx *c, Kernel kernel, size_t 
                            "attention (sm_90a): cudaFuncSetAttribute");
 }
 
-template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p, int B) {
+template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p) {
     const size_t smem = fwd_smem<HD>::BYTES;
     if (allow_smem(c, attention_fwd_sm90<HD, DOCS>, smem)) return;
-    dim3 grid(p.Hq, B, (p.T + ROWS - 1) / ROWS); // block_of
+    const int items = p.Hq * p.B * ((p.T + ROWS - 1) / ROWS); // fwd_items
+    const int sms = cuda_state(c)->sm_count, grid = items < sms ? items : sms; // persistent
     attention_fwd_sm90<HD, DOCS><<<grid, THREADS, smem, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention forward (sm_90a)");
 }
@@ -1289,14 +1361,15 @@ extern "C" void cuda_attention_sm90_fwd(kctx *c, void *out, float *lse, const vo
     p.out = (bf16 *)out;
     p.lse = lse;
     p.doc_start = docs ? docs->start : nullptr;
+    p.B = B;
     p.T = T;
     p.Hq = Hq;
     p.Hkv = Hkv;
     p.scale_log2 = LOG2E / sqrtf((float)hd);
     if (hd == 64)
-        docs ? launch_fwd<64, true>(c, p, B) : launch_fwd<64, false>(c, p, B);
+        docs ? launch_fwd<64, true>(c, p) : launch_fwd<64, false>(c, p);
     else
-        docs ? launch_fwd<128, true>(c, p, B) : launch_fwd<128, false>(c, p, B);
+        docs ? launch_fwd<128, true>(c, p) : launch_fwd<128, false>(c, p);
 }
 
 extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, const void *dout,

@@ -125,6 +125,9 @@ extern "C" int cuda_init(kctx *c, int device, errbuf *err) {
     if ((e = cudaDeviceGetAttribute(&s->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                     device)) != cudaSuccess)
         return init_failed(c, err, "reading the shared-memory limit", cudaGetErrorString(e));
+    if ((e = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device)) !=
+        cudaSuccess)
+        return init_failed(c, err, "reading the multiprocessor count", cudaGetErrorString(e));
     if (cuda_attention_sm90_setup(c, device, err)) {
         cuda_destroy(c);
         return -1;

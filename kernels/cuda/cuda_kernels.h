@@ -123,6 +123,7 @@ typedef struct cuda_impl {
     size_t scratch_bytes;
     cuda_input_error *error; /* device memory */
     int smem_optin;          /* the most dynamic shared memory a block may have */
+    int sm_count;            /* streaming multiprocessors (persistent kernels' grids) */
     int attention_sm90;      /* attention runs cuda_attention_sm90.cu's kernels (sm_90 device) */
     void *tensor_map_encode; /* the driver's cuTensorMapEncodeTiled, when attention_sm90 */
     cudaStream_t copy_stream; /* k_copy_h2d_start's, made on first use */
