@@ -136,8 +136,9 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
      * adapters, its frozen base always comes from the model memory (whose header says how
      * the base is quantized).  So does a full DPO's reference, the start weights, on a
-     * resume as at the start: the model memory is the start weights again, and keeping
-     * them in every checkpoint too would add a second model to each, for nothing. */
+     * resume as at the start: the model memory is the start weights again (the resume
+     * checks model.path's fingerprint against the checkpoint's: daemon/ckpt_commit.c), and
+     * keeping them in every checkpoint too would add a second model to each, for nothing. */
     int reference = !adapters && j->train.objective == JOB_OBJECTIVE_DPO;
     if (env->resume_dir && !adapters && !reference) {
         if (plan_memory(env, MODEL_IMAGE_PLAIN, &opt.recompute, err) ||
