@@ -294,7 +294,8 @@ static void test_plan_equals_fsdp_peak_offloaded(void **state) {
 
 /* Preference objectives: the span sums and gathered figures; DPO with a full fine-tune its
  * reference, a frozen copy of the model's shards loaded through the staging buffer (tied or
- * not, full_shard, no_shard, shard_grad_op), at world 1 and 2. */
+ * not, full_shard, no_shard, shard_grad_op, offloaded: offload_params streams it), at world
+ * 1 and 2. */
 static void test_plan_equals_fsdp_peak_pref(void **state) {
     (void)state;
     for (int world = 1; world <= 2; world++) {
@@ -308,6 +309,10 @@ static void test_plan_equals_fsdp_peak_pref(void **state) {
                                 .objective = JOB_OBJECTIVE_DPO});
     }
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE, .objective = JOB_OBJECTIVE_DPO});
+    for (int world = 1; world <= 2; world++) /* offloaded; offload_params streams the reference */
+        for (int params = 0; params <= 1; params++)
+            check_case(&(plan_case){.kind = FULL, .world = world, .sharding = JOB_SHARD_FULL, .cpu_offload = 1,
+                                    .offload_params = params, .objective = JOB_OBJECTIVE_DPO});
 }
 
 static memory_plan plan_of(const memory_plan_options *o) {
