@@ -168,7 +168,7 @@ full_case full_orpo --train.objective=orpo
 full_case full_dpo_sigmoid --train.objective=dpo
 
 # Full DPO resumed after step 1 (its reference read from the model files again, as at the
-# start): step 2's loss and metrics those of the uninterrupted run, to the digit.
+# start): step 2's loss and metrics those of the uninterrupted run.
 run full-dpo-first 2 1 --train.type=full --train.objective=dpo --train.max_steps=1 --checkpoint.save_final=true ||
     { cat "$tmp/full-dpo-first.log"; fail "full DPO's first step failed"; }
 FSDP_FAULTS="final_params=$tmp/full-dpo-resumed.safetensors" "$fsdpd" --job "$tmp/job.json" \
@@ -178,10 +178,21 @@ FSDP_FAULTS="final_params=$tmp/full-dpo-resumed.safetensors" "$fsdpd" --job "$tm
 grep -q "resuming from $tmp/full-dpo-first.ckpt/step-000001: step 1" "$tmp/full-dpo-resumed.log" ||
     { cat "$tmp/full-dpo-resumed.log"; fail "full DPO did not resume from step 1"; }
 [ "$(grep -c . "$tmp/full-dpo-resumed/metrics.jsonl")" -eq 1 ] || fail "the resumed full DPO should run step 2 only"
-step2() { grep '"step":2,' "$tmp/$1/metrics.jsonl" | grep -o '"\(loss\|rewards/[a-z]*\|logps/[a-z]*\)":[-0-9.e+]*'; }
-[ -n "$(step2 full_dpo_sigmoid-w2)" ] && [ "$(step2 full_dpo_sigmoid-w2)" = "$(step2 full-dpo-resumed)" ] ||
-    fail "full DPO resumed: step 2 $(step2 full-dpo-resumed | tr '\n' ' '), uninterrupted $(step2 full_dpo_sigmoid-w2 | tr '\n' ' ')"
-echo "--- full DPO resumed after step 1: step 2 identical: $(step2 full-dpo-resumed | head -1)"
+# the same digits on the CPU; on CUDA within 1e-3 (a reference that were not the start
+# weights moves step 2's loss by 3.6%)
+python3 - "$tmp/full_dpo_sigmoid-w2/metrics.jsonl" "$tmp/full-dpo-resumed/metrics.jsonl" "$backend" <<'PY' ||
+import json, sys
+want, got = ([json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+want, got = [s for s in want if s["step"] == 2][0], got[0]
+tol = 0 if sys.argv[3] == "cpu" else 1e-3
+keys = [k for k in want if k == "loss" or k.startswith(("rewards/", "logps/"))]
+bad = [f"{k}: {got.get(k)!r}, uninterrupted {want[k]!r}" for k in keys
+       if got["step"] != 2 or got.get(k) is None or abs(got[k] - want[k]) > tol * abs(want[k])]
+print("\n".join(bad) or f"step 2 loss {got['loss']!r}, uninterrupted {want['loss']!r}")
+sys.exit(1 if bad or len(keys) < 7 else 0)
+PY
+    fail "full DPO resumed after step 1: step 2 is not the uninterrupted run's"
+echo "--- full DPO resumed after step 1: step 2 as the uninterrupted run's"
 
 # --- refusals -----------------------------------------------------------------------------------
 refused() { # NAME PATTERN OVERRIDES...
