@@ -192,7 +192,8 @@ typedef struct fsdp {
 
     fsdp_pref pref; /* train.objective dpo / orpo (fsdp_pref.h); pref.cfg.objective 0: SFT */
     /* DPO's reference forward in progress: the gathers read the frozen units (a full
-     * fine-tune's frozen copy of its start weights, an adapter job's base) and no adapters. */
+     * fine-tune's frozen copy of its start weights, an adapter job's base), never the
+     * trainable ones (the forward leaves an adapter job's adapters unused). */
     int reference;
 
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
@@ -234,8 +235,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
               const fsdp_options *opt, errbuf *err);
 void fsdp_destroy(fsdp *f);
 
-/* Fills this rank's master shards (LoRA: frozen shards; full DPO: both) from the node's model image
- * (proto/model_image.h, checked against this model's layout, `bytes` long), copying only
+/* Fills this rank's master shards (LoRA: frozen shards; full DPO: both) from the node's
+ * model image (proto/model_image.h, checked against this model's layout, `bytes` long), copying only
  * this rank's slices.  With offload_params f keeps reading the image's frozen units, and
  * registers it with the device: it must stay mapped until fsdp_destroy. */
 int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err);
