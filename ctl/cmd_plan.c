@@ -142,6 +142,12 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
     llama_recompute_format(p->recompute, n_layers, recompute, sizeof recompute);
     printf("  activation checkpointing: %s\n", recompute);
     printf("  largest train.micro_batch that fits: %d (the job's: %d)\n", p->max_micro_batch, j->train.micro_batch);
+    if (j->train.objective != JOB_OBJECTIVE_SFT)
+        printf("  train.objective %s: a micro-batch of %d pair%s is %d rows%s\n", job_objective_name(j->train.objective),
+               j->train.micro_batch, j->train.micro_batch == 1 ? "" : "s", 2 * j->train.micro_batch,
+               j->train.objective != JOB_OBJECTIVE_DPO ? ""
+               : j->train.type == JOB_TRAIN_FULL ? "; the reference, a frozen copy of the start weights, is in the parameters"
+                                                  : "; the reference is the base, the adapters off");
     printf("host RAM a node: %.1f GiB: model memory %.1f, offloaded state %.1f, checkpoint staging %.1f, "
            "token cache %.1f, processes %.1f\n", gib(p->host_total), gib(p->host_model), gib(p->host_offload),
            gib(p->host_ckpt), gib(p->host_data), gib(p->host_processes));
@@ -156,12 +162,14 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
            "communication %.3f s of which %.3f exposed, offload exposed %.3f s, optimizer %.3f s\n",
            p->step_s, p->tokens_per_s, p->tokens_per_s / (a->nodes * w), p->gemm_s, p->attention_s,
            p->memory_s, p->comm_s, p->comm_exposed_s, p->offload_exposed_s, p->optimizer_s);
+    if (j->train.objective == JOB_OBJECTIVE_DPO)
+        printf("  of which DPO's reference forward (no backward) and its gathers: %.3f s\n", p->reference_s);
 }
 
 static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m) {
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
         "s:i, s:{s:i, s:s}}",
         "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
         "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
@@ -178,7 +186,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         "write_s", p->ckpt_write_s,
         "step", "seconds", p->step_s, "tokens_per_s", p->tokens_per_s, "gemm_s", p->gemm_s, "attention_s",
         p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
-        p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s,
+        p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s, "reference_s", p->reference_s,
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
         "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all");
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;

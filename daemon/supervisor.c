@@ -1100,9 +1100,10 @@ static int setup_checkpoints(supervisor *s, errbuf *err) {
 }
 
 /* The model, once for the node, in sealed shared memory the workers copy their slices from;
- * not needed when the workers of a full fine-tune resume from a checkpoint (an adapter
- * job's checkpoint holds no base).  Named after the job, the restart and the node, as
- * DESIGN.md asks of everything a requeued job could meet again. */
+ * not needed when the workers of a full fine-tune resume from a checkpoint, but for DPO (an
+ * adapter job's checkpoint holds no base, a full DPO's no reference: they read them from it
+ * again).  Named after the job, the restart and the node, as DESIGN.md asks of everything a
+ * requeued job could meet again. */
 /* Before anything is loaded: the job's worker must fit its GPU, or runtime.gpu_memory_limit
  * (model/step_plan.h), else the job is refused with what it needs and what would fit. */
 static int check_fits(supervisor *s, model_image_quant q, errbuf *err) {
@@ -1126,7 +1127,8 @@ static int report_start(supervisor *s, errbuf *err) {
 
 static int setup_model(supervisor *s, errbuf *err) {
     s->model_fd = -1;
-    if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL)
+    if (s->ckpt_start.resume_dir[0] && s->job.train.type == JOB_TRAIN_FULL &&
+        s->job.train.objective != JOB_OBJECTIVE_DPO)
         return check_fits(s, MODEL_IMAGE_PLAIN, err);
     const job_config *j = &s->job;
     llama_layout lo;

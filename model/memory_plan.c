@@ -23,6 +23,9 @@ typedef struct plan_rank_stats {
     int64_t vote[4];
 } plan_rank_stats;
 
+/* fsdp_pref.h's PREF_STATS: the figures of a preference step, doubles, one set a rank. */
+#define PLAN_PREF_STATS 9
+
 /* What every category's arithmetic reads. */
 typedef struct plan_in {
     const memory_plan_options *o;
@@ -157,15 +160,21 @@ static int check_options(const memory_plan_options *o, errbuf *err) {
 static void plan_all(const plan_in *in, memory_plan *p) {
     const memory_plan_options *o = in->o;
     size_t base_padded = 0, train_padded = 0;
+    int reference = !in->lora && o->objective == JOB_OBJECTIVE_DPO; /* the frozen start weights */
     memset(p, 0, sizeof *p);
-    if (in->lora) plan_frozen(in, p, &base_padded);
+    if (in->lora || reference) plan_frozen(in, p, &base_padded);
     plan_trainable(in, p, &train_padded);
     if (!in->lora) base_padded = train_padded;
     plan_slots(in, p, base_padded, train_padded);
+    /* from the first step on: gather_stats' statistics, fsdp_pref_buffers' span sums and
+     * gathered figures */
     size_t stats = o->world > 1 ? (size_t)o->world * sizeof(plan_rank_stats) : 0;
+    if (o->objective != JOB_OBJECTIVE_SFT)
+        stats += 2 * (size_t)o->micro_batch * sizeof(float) +
+                 (o->world > 1 ? (size_t)o->world * PLAN_PREF_STATS * sizeof(double) : 0);
     p->small = 2 * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
     p->activations = plan_activations(in);
-    p->load_staging = in->lora ? LOAD_STAGING_ELEMENTS * sizeof(float) : 0;
+    p->load_staging = in->lora || reference ? LOAD_STAGING_ELEMENTS * sizeof(float) : 0;
     size_t held = p->trainable + p->frozen + p->gather_slots + p->grad_slots + p->small - stats;
     size_t loading = held + p->load_staging, stepping = held + p->activations + stats;
     p->total = loading > stepping ? loading : stepping;
@@ -248,7 +257,8 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .lora = adapters ? lora : NULL, .quant = adapters ? quant : MODEL_IMAGE_PLAIN,
         .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
         .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
-        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params};
+        .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
+        .objective = j->train.objective};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
 }
@@ -290,8 +300,9 @@ llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t 
 int memory_plan_largest_micro_batch(const memory_plan_options *o, int rows, int most, size_t limit,
                                     size_t *total) {
     memory_plan_options alt = *o;
+    int per = o->objective == JOB_OBJECTIVE_SFT ? 1 : 2; /* rows a sample */
     for (int m = most; m >= 1; m--) {
-        alt.micro_batch = m;
+        alt.micro_batch = m * per;
         if (rows % m == 0 && fits(&alt, limit, total)) return m;
     }
     return 0;
@@ -330,7 +341,7 @@ static void suggest(const job_config *j, const memory_plan_options *o, const lor
     if ((o->recompute.layers < alt.recompute.layers || o->recompute.keep != LLAMA_KEEP_INPUT) &&
         fits(&alt, limit, &total))
         append(out, n, &at, "%sfsdp.activation_checkpointing=full (%.1f GiB)", at ? "; " : "", gib(total));
-    int m = memory_plan_largest_micro_batch(o, j->train.global_batch / o->world, o->micro_batch - 1,
+    int m = memory_plan_largest_micro_batch(o, j->train.global_batch / o->world, j->train.micro_batch - 1,
                                             limit, &total);
     if (m) append(out, n, &at, "%strain.micro_batch=%d (%.1f GiB)", at ? "; " : "", m, gib(total));
     int w = fitting_world(*o, limit, &total);

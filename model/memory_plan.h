@@ -35,6 +35,9 @@ typedef struct memory_plan_options {
     int micro_batch, seq_len;
     size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
     int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
+    job_objective objective;    /* train.objective: micro_batch counts rows, two a pair; a
+                                   preference objective's buffers; DPO with a full fine-tune
+                                   its reference, the frozen copy of the start weights */
 } memory_plan_options;
 
 /* Bytes per category.  Everything but load_staging is held from the first step on;
@@ -42,12 +45,14 @@ typedef struct memory_plan_options {
 typedef struct memory_plan {
     size_t trainable;    /* fp32 master, m, v and grad shards of what is trained (cpu_offload:
                             the grad shards and, unless offload_params, compute copies) */
-    size_t frozen;       /* adapters: the frozen base's shards (QLoRA: NF4 codes, absmax, norms) */
+    size_t frozen;       /* adapters: the frozen base's shards (QLoRA: NF4 codes, absmax, norms);
+                            a full DPO: its reference's shards */
     size_t gather_slots; /* gathered units (and adapters; NF4 codes and absmax when sharded) */
     size_t grad_slots;   /* full fp32 gradients being computed and reduced */
     size_t activations;  /* one micro-batch's (all layers', or one with checkpointing) */
-    size_t small;        /* RoPE frequencies, the step's scalars, every rank's statistics */
-    size_t load_staging; /* adapters: the staging buffer that loads the base */
+    size_t small;        /* RoPE frequencies, the step's scalars, every rank's statistics (and a
+                            preference objective's span sums and figures) */
+    size_t load_staging; /* adapters, a full DPO: the staging buffer that loads the frozen units */
     size_t total;        /* the peak: the most held at any time */
     size_t host_offload; /* not context memory: cpu_offload's pinned host shards (master, m,
                             v, the gradients' copy, the compute copies) */
@@ -80,8 +85,9 @@ llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t 
  * its q, k, v, o projections and attention; its MLP part: gate and up). */
 double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute r);
 
-/* The largest micro_batch up to `most` that divides `rows` (a rank's rows) and whose plan (o
- * with that micro_batch) fits in limit bytes, its total in *total; 0: none. */
+/* The largest micro_batch up to `most` that divides `rows` (a rank's samples: pairs for a
+ * preference objective, of two rows each) and whose plan (o with that many samples a
+ * micro-batch) fits in limit bytes, its total in *total; 0: none. */
 int memory_plan_largest_micro_batch(const memory_plan_options *o, int rows, int most, size_t limit,
                                     size_t *total);
 

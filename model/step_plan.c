@@ -219,6 +219,28 @@ static void head_and_embedding(tally *t, const rates *r, const model_shape *s) {
     if (!s->lora) moved(t, r, s->N * s->C * (cs + 8.0), r->t->elementwise_gbps);
 }
 
+/* The head's forward alone (llama_head_spans without the backward: the final norm, the logits
+ * 2048 rows at a time and their losses): a preference objective's span sums, and DPO's
+ * reference. */
+static void head_forward(tally *t, const rates *r, const model_shape *s) {
+    for (int at = 0; at < s->N; at += 2048) {
+        int rows = s->N - at < 2048 ? s->N - at : 2048;
+        gemm(t, r, rows, s->C, s->V, 0);
+        moved(t, r, (double)rows * s->V * s->cs, r->t->cross_entropy_gbps);
+    }
+    moved(t, r, 2.0 * s->N * s->C * s->cs, r->t->elementwise_gbps); /* final norm */
+}
+
+/* DPO's reference (fsdp's pref_reference): the micro-batch's forward through the frozen units
+ * (the start weights; with adapters the base, the adapters off), no backward. */
+static void reference_forward(tally *t, const rates *r, const model_shape *s) {
+    model_shape base = *s;
+    base.lora = NULL;
+    for (int l = 0; l < s->c->num_hidden_layers; l++) layer_forward(t, r, &base, LLAMA_ACTS_BOTH, 0);
+    head_forward(t, r, s);
+    moved(t, r, 2.0 * s->N * s->C * s->cs, r->t->elementwise_gbps); /* embedding */
+}
+
 /* ---- the plan ---- */
 
 static size_t image_bytes(const llama_config *cfg, const job_config *j, model_image_quant q, errbuf *err) {
@@ -273,16 +295,19 @@ static double tally_s(const tally *t, const rates *r) {
 static void step_time(const job_config *j, const model_shape *s, llama_recompute recompute,
                       const plan_machine *m, const rates *r, step_plan *p) {
     int L = s->c->num_hidden_layers, world = m->nodes * m->gpus_per_node;
-    int n_micro = j->train.global_batch / (world * j->train.micro_batch);
-    tally layer_f = {0}, layer_b = {0}, head = {0}, rec = {0}; /* rec: every layer's recomputation */
+    int n_micro = j->train.global_batch / (world * j->train.micro_batch); /* samples: pairs are 2 rows (s->B) */
+    int pref = j->train.objective != JOB_OBJECTIVE_SFT, dpo = j->train.objective == JOB_OBJECTIVE_DPO;
+    tally layer_f = {0}, layer_b = {0}, head = {0}, rec = {0}, ref = {0}; /* rec: every layer's recomputation */
     layer_forward(&layer_f, r, s, LLAMA_ACTS_BOTH, 0);
     layer_backward(&layer_b, r, s);
     head_and_embedding(&head, r, s);
+    if (pref) head_forward(&head, r, s); /* the span sums' forward before the one with the backward */
+    if (dpo) reference_forward(&ref, r, s);
     for (int l = 0; l < L; l++) layer_recompute(&rec, r, s, llama_backward_from(recompute, l, L));
     double f = tally_s(&layer_f, r), b = tally_s(&layer_b, r), h = tally_s(&head, r);
-    p->gemm_s = n_micro * (L * (layer_f.gemm + layer_b.gemm) + rec.gemm + head.gemm);
-    p->attention_s = n_micro * (L * (layer_f.attention + layer_b.attention) + rec.attention);
-    double micro_compute = L * (f + b) + tally_s(&rec, r) + h;
+    p->gemm_s = n_micro * (L * (layer_f.gemm + layer_b.gemm) + rec.gemm + head.gemm + ref.gemm);
+    p->attention_s = n_micro * (L * (layer_f.attention + layer_b.attention) + rec.attention + ref.attention);
+    double micro_compute = L * (f + b) + tally_s(&rec, r) + h + tally_s(&ref, r);
     p->memory_s = n_micro * micro_compute - p->gemm_s - p->attention_s; /* and the launches */
 
     /* communication, a layer at a time, each hidden behind the neighbouring layer's compute
@@ -305,15 +330,19 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
                                                 : 0;
     int regather = sh != JOB_SHARD_GRAD_OP;
     double fwd_unit = f, bwd_unit = tally_s(&rec, r) / L + b; /* a layer's compute in each pass */
-    p->comm_s = n_micro * L * ((1 + regather) * ag + rs + replica);
+    p->comm_s = n_micro * L * ((1 + regather + dpo) * ag + rs + replica);
     p->comm_exposed_s = n_micro * L * (fmax(0, ag - fwd_unit) + fmax(0, regather * ag + rs + replica - bwd_unit));
+    /* DPO's reference gathers each layer once more, a unit at a time: nothing hides them */
+    p->reference_s = n_micro * (tally_s(&ref, r) + dpo * L * ag);
+    p->comm_exposed_s += n_micro * dpo * L * ag;
 
     /* offload_params: the frozen base streamed from the host twice a micro-batch (forward,
      * backward), on its own stream */
     p->offload_exposed_s = 0;
     if (j->fsdp.offload_params && s->lora) {
         double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (r->t->registered_h2d_gbps * 1e9) * r->copy;
-        p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit));
+        p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit) + dpo * per_use);
+        p->reference_s += n_micro * L * dpo * per_use;
     }
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
      * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
@@ -329,7 +358,7 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
         p->offload_exposed_s += fmax(0, host - forward);
     }
     p->step_s = n_micro * micro_compute + p->comm_exposed_s + p->offload_exposed_s + p->optimizer_s;
-    p->tokens_per_s = (double)j->train.global_batch * j->data.seq_len / p->step_s;
+    p->tokens_per_s = (double)j->train.global_batch * job_rows_per_sample(j) * j->data.seq_len / p->step_s;
 }
 
 /* The per-GPU memory by what it holds. */
@@ -390,7 +419,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     p->host_total = p->host_model + p->host_offload + p->host_workers + p->host_ckpt + p->host_data +
                     p->host_processes;
 
-    model_shape s = {.c = cfg, .B = j->train.micro_batch, .T = j->data.seq_len, .C = cfg->hidden_size,
+    model_shape s = {.c = cfg, .B = j->train.micro_batch * job_rows_per_sample(j), .T = j->data.seq_len, .C = cfg->hidden_size,
                      .I = cfg->intermediate_size, .q = cfg->num_attention_heads * cfg->head_dim,
                      .kv = cfg->num_key_value_heads * cfg->head_dim, .V = cfg->vocab_size, .cs = (double)cs,
                      .lora = o.lora, .nf4 = o.lora && quant != MODEL_IMAGE_PLAIN};

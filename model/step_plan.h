@@ -15,6 +15,10 @@
  *     casts, dropout, NF4 dequantization, cross entropy, AdamW) at the table's rates, and a
  *     launch each;
  *   - activation checkpointing's recomputed forward;
+ *   - a preference objective: a micro-batch of train.micro_batch pairs is twice the rows, the
+ *     policy's head runs its forward twice (the span sums, then with the backward), and DPO
+ *     adds the reference's forward (no backward; with adapters the base alone) with its
+ *     gathers, a unit at a time, unhidden;
  *   - communication: each layer's all-gathers (two a micro-batch, one with shard_grad_op) and
  *     gradient reduce-scatter over the shard group (no_shard: an all-reduce), hybrid_shard's
  *     all-reduce of the shard across nodes, as rings at the link's bandwidth (NVLink inside
@@ -74,7 +78,8 @@ typedef struct step_plan {
     double ckpt_write_s;
     /* the step: compute (GEMMs, attention, the rest), exposed communication and offload */
     double gemm_s, attention_s, memory_s, comm_s, comm_exposed_s, offload_exposed_s, optimizer_s;
-    double step_s, tokens_per_s;
+    double step_s, tokens_per_s; /* tokens: of every row (a pair's two) */
+    double reference_s; /* DPO: the reference's forward and its gathers (and streams), a part of step_s */
     llama_recompute recompute; /* the activation checkpointing planned (auto: the one chosen) */
     int max_micro_batch; /* the largest micro_batch that fits the GPU (dividing the rows of a
                             rank); 0: none */

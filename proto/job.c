@@ -1396,9 +1396,6 @@ static int check_logging(const job_config *j, errbuf *err) {
 static int check_objective(const job_config *j, errbuf *err) {
     const char *name = choice_name(objective_choices, (int)j->train.objective);
     if (j->train.objective == JOB_OBJECTIVE_SFT) return 0;
-    if (j->train.objective == JOB_OBJECTIVE_DPO && j->train.type == JOB_TRAIN_FULL)
-        return errf(err, "train.objective: 'dpo' with a full fine-tune is not built yet (its reference, a frozen "
-                         "copy of the start weights); train.type lora or qlora uses the base, the adapters off");
     if (j->data.packing)
         return errf(err, "data.packing: packing the pairs of train.objective '%s' is not built yet", name);
     if (j->data.eval_fraction > 0)

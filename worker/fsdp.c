@@ -182,7 +182,7 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
 
 static int alloc_shards(fsdp *f, errbuf *err) {
     size_t base_padded = 0, train_padded = 0;
-    if (f->has_lora && alloc_frozen(f, &base_padded, err)) return -1;
+    if (f->frozen && alloc_frozen(f, &base_padded, err)) return -1;
     if (alloc_trainable(f, &train_padded, err)) return -1;
     if (!f->has_lora) base_padded = train_padded;
     if (alloc_slots(f, base_padded, train_padded, err)) return -1;
@@ -190,7 +190,8 @@ static int alloc_shards(fsdp *f, errbuf *err) {
     return f->scalars ? 0 : -1;
 }
 
-/* What is trained: the model's units, or (LoRA) the adapters'. */
+/* What is trained: the model's units, or (LoRA) the adapters'; what is frozen: the base of
+ * adapters, or a full fine-tune's DPO reference (its start weights). */
 static int set_trainable(fsdp *f, const fsdp_options *opt, errbuf *err) {
     const llama_layout *lo = &f->layout;
     if (opt->lora) {
@@ -199,9 +200,10 @@ static int set_trainable(fsdp *f, const fsdp_options *opt, errbuf *err) {
         f->lora = (llama_lora){.layout = &f->lora_layout, .scale = (float)lora_scale(opt->lora),
                                .dropout = (float)opt->lora->dropout, .seed = opt->seed};
         f->quant = opt->quant;
-        f->frozen = calloc((size_t)lo->n_units, sizeof *f->frozen);
-        if (!f->frozen) return errf(err, "fsdp: out of host memory");
     }
+    if ((opt->lora || opt->pref.objective == JOB_OBJECTIVE_DPO) &&
+        !(f->frozen = calloc((size_t)lo->n_units, sizeof *f->frozen)))
+        return errf(err, "fsdp: out of host memory");
     const llama_layout *t = f->has_lora ? (const llama_layout *)NULL : lo;
     f->n_train = t ? t->n_units : f->lora_layout.n_units;
     f->train_units = t ? t->units : f->lora_layout.units;
@@ -529,20 +531,33 @@ static int keep_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
     return 0;
 }
 
-int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
-    if (f->offload_params && keep_image(f, image, bytes, err)) return -1;
-    size_t max_shard = 0;
-    for (int u = 0; !f->has_lora && u < f->n_train; u++)
-        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
-    size_t n = f->has_lora ? IMAGE_CHUNK : max_shard;
-    float *host = malloc(n * sizeof *host);
+/* The frozen units (an adapter job's base, a full DPO's reference) through IMAGE_CHUNK
+ * elements of host and context memory; the master shards through one unit's shard. */
+static int load_frozen(fsdp *f, const void *image, errbuf *err) {
+    float *host = malloc(IMAGE_CHUNK * sizeof *host);
     if (!host) return errf(err, "fsdp: out of host memory");
-    float *staging = f->has_lora ? k_alloc(f->ctx, n * sizeof(float), err) : NULL;
-    int rc = f->has_lora ? (staging ? load_frozen_image(f, image, host, staging, err) : -1)
-                         : load_master_image(f, image, host, err);
+    float *staging = k_alloc(f->ctx, IMAGE_CHUNK * sizeof(float), err);
+    int rc = staging ? load_frozen_image(f, image, host, staging, err) : -1;
     if (staging) k_free(f->ctx, staging);
     free(host);
     return rc;
+}
+
+static int load_masters(fsdp *f, const void *image, errbuf *err) {
+    size_t max_shard = 0;
+    for (int u = 0; u < f->n_train; u++)
+        if (f->units[u].shard > max_shard) max_shard = f->units[u].shard;
+    float *host = malloc(max_shard * sizeof *host);
+    if (!host) return errf(err, "fsdp: out of host memory");
+    int rc = load_master_image(f, image, host, err);
+    free(host);
+    return rc;
+}
+
+int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
+    if (f->offload_params && keep_image(f, image, bytes, err)) return -1;
+    if (f->frozen && load_frozen(f, image, err)) return -1;
+    return f->has_lora ? 0 : load_masters(f, image, err);
 }
 
 /* Element i of adapter tensor t (a PEFT-initialised value: lora_B zero; lora_A uniform in
@@ -722,8 +737,8 @@ static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
     t[0] = t[1] = t[2] = 0;
     comm_set_unit(f->shard_comm, u);
     int rc = 0, a = train_index(f, u);
-    const fsdp_frozen *F = f->has_lora ? &f->frozen[u] : NULL;
-    if (!f->has_lora) {
+    const fsdp_frozen *F = f->frozen ? &f->frozen[u] : NULL;
+    if (!f->has_lora && !f->reference) {
         rc = gather_trainable(f, u, f->gathered[slot], &t[0], err);
     } else if (f->offload_params) {
         stream_frozen(f, u, slot);
@@ -779,13 +794,15 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
 }
 
 /* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
- * unit's own shard when one rank holds it whole. */
+ * unit's own shard (the base, or in DPO's reference forward the reference) when one rank
+ * holds it whole. */
 static void *unit_params(fsdp *f, int u, int slot) {
     if (is_nf4(f, u)) {
         dequantize_layer(f, u, slot);
         return f->dequant;
     }
-    return f->has_lora && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
+    int frozen = f->has_lora || f->reference;
+    return frozen && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
 }
 
 static void *gathered_params(fsdp *f, int k) {
@@ -912,8 +929,6 @@ static int pref_begin_step(fsdp *f, const fsdp_batch *b, errbuf *err) {
     int rows = b->n_micro * b->micro_batch;
     double mine, *all = NULL;
     if (b->doc_start) return errf(err, "preference objective: packed rows are not built yet");
-    if (p->cfg.objective == JOB_OBJECTIVE_DPO && !f->has_lora)
-        return errf(err, "train.objective dpo with a full fine-tune is not built yet (the frozen reference copy)");
     if (fsdp_pref_check_rows(b->labels, rows, b->micro_batch, b->T, &mine, err) ||
         fsdp_pref_buffers(p, f->ctx, b->micro_batch, f->world, err))
         return -1;
@@ -937,9 +952,10 @@ static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf
     return k_sync(f->ctx, err);
 }
 
-/* DPO's reference: the uploaded micro-batch forward with the adapters off (the frozen base
- * alone), each unit gathered into its plan slot, no backward; its row sums into pref.ref. */
-static int pref_reference(fsdp *f, errbuf *err) {
+/* DPO's reference: the uploaded micro-batch forward of the frozen units (an adapter job's
+ * base with the adapters off; a full fine-tune's copy of its start weights), each unit
+ * gathered into its plan slot, no backward; its row sums into pref.ref. */
+static int reference_forward(fsdp *f, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
     int L = lo->n_layers, k = 0;
@@ -962,6 +978,13 @@ static int pref_reference(fsdp *f, errbuf *err) {
         return -1;
     memcpy(f->pref.ref, f->pref.host_sums, (size_t)f->pref.rows * sizeof *f->pref.ref);
     return 0;
+}
+
+static int pref_reference(fsdp *f, errbuf *err) {
+    f->reference = 1;
+    int rc = reference_forward(f, err);
+    f->reference = 0;
+    return rc;
 }
 
 /* The policy's head: its forward over the spans, the weights on the host, its backward. */
@@ -1070,6 +1093,7 @@ typedef struct rank_stats {
     int64_t vote[FSDP_VOTES];
 } rank_stats;
 _Static_assert(FSDP_VOTES == 4, "model/memory_plan.c's plan_rank_stats counts FSDP_VOTES votes: change both");
+_Static_assert(PREF_STATS == 9, "model/memory_plan.c's PLAN_PREF_STATS counts PREF_STATS figures: change both");
 
 static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf *err) {
     if (f->world == 1) {

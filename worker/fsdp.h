@@ -8,6 +8,11 @@
  * backward re-gathers, recomputes the layer when activation checkpointing is on, and
  * reduce-scatters the unit's gradients into the gradient shards.
  *
+ * DPO with a full fine-tune (fsdp_options.pref): the reference is the start weights, a frozen
+ * copy of the model's units held as an adapter job's base is (fsdp_frozen, sharded, compute
+ * dtype, loaded by fsdp_load_image beside the masters), gathered only for the reference
+ * forward, never updated.
+ *
  * LoRA (fsdp_options.lora; DESIGN.md, LoRA and QLoRA): the model's units are frozen, held
  * sharded in the compute dtype (fsdp_frozen: no master, gradient or optimizer state) and
  * gathered as today (one rank uses its shards in place); the trainable flat parameters,
@@ -125,7 +130,7 @@ typedef struct fsdp {
     int has_lora;
     lora_layout lora_layout;
     llama_lora lora;
-    fsdp_frozen *frozen;
+    fsdp_frozen *frozen;        /* also a full fine-tune's DPO reference: the start weights */
     void *frozen_memory;        /* every frozen shard, one allocation */
     void *gathered_adapter[2];
     /* QLoRA: the base's quantization (the model image's), one layer's NF4 layout, and the
@@ -186,6 +191,10 @@ typedef struct fsdp {
     float *scalars;      /* [2] context memory: loss sum, squared-norm accumulator */
 
     fsdp_pref pref; /* train.objective dpo / orpo (fsdp_pref.h); pref.cfg.objective 0: SFT */
+    /* DPO's reference forward in progress: the gathers read the frozen units (a full
+     * fine-tune's frozen copy of its start weights, an adapter job's base), never the
+     * trainable ones (the forward leaves an adapter job's adapters unused). */
+    int reference;
 
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
@@ -226,8 +235,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
               const fsdp_options *opt, errbuf *err);
 void fsdp_destroy(fsdp *f);
 
-/* Fills this rank's master shards (LoRA: frozen shards) from the node's model image
- * (proto/model_image.h, checked against this model's layout, `bytes` long), copying only
+/* Fills this rank's master shards (LoRA: frozen shards; full DPO: both) from the node's
+ * model image (proto/model_image.h, checked against this model's layout, `bytes` long), copying only
  * this rank's slices.  With offload_params f keeps reading the image's frozen units, and
  * registers it with the device: it must stay mapped until fsdp_destroy. */
 int fsdp_load_image(fsdp *f, const void *image, size_t bytes, errbuf *err);

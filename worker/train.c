@@ -135,8 +135,12 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                                  .label_smoothing = j->train.dpo_label_smoothing}};
     /* A full fine-tune's checkpoint holds the whole model; an adapter job's only the
      * adapters, its frozen base always comes from the model memory (whose header says how
-     * the base is quantized). */
-    if (env->resume_dir && !adapters) {
+     * the base is quantized).  So does a full DPO's reference, the start weights, on a
+     * resume as at the start: the model memory is the start weights again (the resume
+     * checks model.path's fingerprint against the checkpoint's: daemon/ckpt_commit.c), and
+     * keeping them in every checkpoint too would add a second model to each, for nothing. */
+    int reference = !adapters && j->train.objective == JOB_OBJECTIVE_DPO;
+    if (env->resume_dir && !adapters && !reference) {
         if (plan_memory(env, MODEL_IMAGE_PLAIN, &opt.recompute, err) ||
             fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err))
             return -1;
@@ -158,8 +162,9 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);
     if (f->image) *image_out = (model_memory){image, bytes};
     else munmap((void *)image, bytes);
-    if (rc || !adapters) return rc;
+    if (rc) return rc;
     if (env->resume_dir) return resume(f, env, cfg, tokens_seen, err);
+    if (!adapters) return 0;
     return j->lora.init_from[0] ? adapters_from(f, j, cfg, err) : fsdp_init_adapters(f, err);
 }
 

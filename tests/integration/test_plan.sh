@@ -83,6 +83,27 @@ share = (4096 * 8192 - 4096 * 4095 / 2) / (8192 * 8193 / 2)
 if abs(b / a - share) > 1e-9: sys.exit(f"windowed attention {b} s, without {a} s: ratio {b / a}, not {share}")' \
     "$tmp/nowindow.json" "$tmp/window.json" || fail "the plan does not count the window"
 
+# a preference objective (F49): a micro-batch of pairs is twice the rows; full DPO's reference,
+# the frozen copy of the start weights, is in the parameters and its forward in the step
+pref=(--runtime.backend=cuda --gpus-per-node 2 --model.init=random --model.config=configs/models/llama2-7b.json
+      --data.seq_len=2048 --train.global_batch=4 --train.micro_batch=1 --train.type=full)
+"$fsdpctl" plan "$tmp/job.json" "${pref[@]}" --train.objective=dpo > "$tmp/dpo.txt" || { cat "$tmp/dpo.txt"; fail "DPO plan failed"; }
+for part in "train.objective dpo: a micro-batch of 1 pair is 2 rows; the reference, a frozen copy of the start weights" \
+            "of which DPO's reference forward (no backward) and its gathers:"; do
+    grep -qF -- "$part" "$tmp/dpo.txt" || { cat "$tmp/dpo.txt"; fail "the DPO plan lacks '$part'"; }
+done
+"$fsdpctl" plan "$tmp/job.json" "${pref[@]}" --train.objective=dpo --json > "$tmp/dpo.json"
+"$fsdpctl" plan "$tmp/job.json" "${pref[@]}" --train.micro_batch=2 --train.global_batch=8 --json > "$tmp/sft2.json"
+python3 - "$tmp/dpo.json" "$tmp/sft2.json" <<'PY' || fail "the DPO plan does not count its pairs and its reference"
+import json, sys
+d, s = (json.load(open(f)) for f in sys.argv[1:])
+assert d["gpu_memory"]["activations"] == s["gpu_memory"]["activations"], (d["gpu_memory"], s["gpu_memory"])
+assert d["gpu_memory"]["parameters"] > s["gpu_memory"]["parameters"] + 6 * 2**30 // 2, (d["gpu_memory"], s["gpu_memory"])
+assert s["step"]["reference_s"] == 0 and d["step"]["reference_s"] > 0, (d["step"], s["step"])
+assert d["step"]["seconds"] > s["step"]["seconds"] + d["step"]["reference_s"] * 0.9, (d["step"], s["step"])
+assert abs(d["step"]["tokens_per_s"] - 8 * 2048 / d["step"]["seconds"]) < 1e-6 * d["step"]["tokens_per_s"], d["step"]
+PY
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"

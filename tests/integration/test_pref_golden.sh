@@ -3,12 +3,14 @@
 # DPOTrainer and ORPOTrainer on tests/fixtures/golden/tiny-mha): the golden's batch of 4 pairs as a
 # cache of pairs (fsdpctl tokenize --from-safetensors --pairs), LoRA r 8, alpha 16 on q_proj
 # and v_proj from the golden's init (lora.init_from) or the whole model, at 1 and 2 workers
-# and micro-batches of 1 and 2 pairs:
+# and micro-batches of 1 and 2 pairs (a full DPO's reference: the frozen copy of the start weights):
 #  - two steps (AdamW lr 1e-2, betas 0.9/0.95): metrics.jsonl's loss and TRL's metrics
 #    (rewards/*, logps/*, ORPO's nll_loss, log_odds_*) of both against the golden, 1e-4 on the CPU;
 #  - every gradient: one step with eps 1e6 and lr 1e8 moves each parameter by -100 g / (1 +
 #    |g| 1e-6), so (start - end) / 100 is the gradient (to 1e-6 of it): against the golden's, 1e-4;
-#  - refusals: DPO with a full fine-tune, packing, a pairs cache under SFT, SFT data under DPO.
+#  - full DPO resumed after step 1: step 2 as the uninterrupted run's (the reference is the start
+#    weights again: read from the model files);
+#  - refusals: packing, a pairs cache under SFT, SFT data under DPO.
 # FSDP_GOLDEN_BACKEND=cuda runs it on the GPU (bf16 compute, fp32 masters) at DESIGN.md's 2e-2.
 source "$(dirname "$0")/lib.sh"
 golden=$(fixture golden/tiny-mha) || exit 1
@@ -147,17 +149,50 @@ lora_case lora_dpo_robust --train.dpo_loss=robust --train.dpo_label_smoothing=0.
 lora_case lora_dpo_ipo --train.dpo_loss=ipo
 lora_case lora_orpo --train.objective=orpo --train.orpo_lambda=0.1
 
-# ORPO, full fine-tune: the base's own tensors are where it starts
-full=(--train.type=full --train.objective=orpo)
+# Full fine-tunes, the base's own tensors where they start: ORPO, and DPO, whose reference is
+# the frozen copy of the start weights (step 2 matches the golden only if it stayed frozen).
 sed -i 's/"type": "lora", //; /"lora":/d' "$tmp/job.json"
-for w in 1 2; do
-    run "full-w$w" "$w" 1 "${full[@]}" || { cat "$tmp/full-w$w.log"; fail "full ORPO at $w workers failed"; }
-    echo "--- full_orpo, $w worker(s)"
-    check_steps "full-w$w" full_orpo || fail "full ORPO at $w workers: off the golden"
-    run "full-g$w" "$w" 1 "${full[@]}" --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 ||
-        { cat "$tmp/full-g$w.log"; fail "full ORPO's gradient run at $w workers failed"; }
-    check_grads "full-g$w" full_orpo "$golden/model.safetensors" || fail "full ORPO at $w workers: gradients off the golden"
-done
+full_case() { # CASE OVERRIDES...
+    local c=$1
+    shift
+    for w in 1 2; do
+        run "$c-w$w" "$w" 1 --train.type=full "$@" || { cat "$tmp/$c-w$w.log"; fail "$c at $w workers failed"; }
+        echo "--- $c, $w worker(s)"
+        check_steps "$c-w$w" "$c" || fail "$c at $w workers: off the golden"
+        run "$c-g$w" "$w" 1 --train.type=full "$@" --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 ||
+            { cat "$tmp/$c-g$w.log"; fail "$c's gradient run at $w workers failed"; }
+        check_grads "$c-g$w" "$c" "$golden/model.safetensors" || fail "$c at $w workers: gradients off the golden"
+    done
+}
+full_case full_orpo --train.objective=orpo
+full_case full_dpo_sigmoid --train.objective=dpo
+
+# Full DPO resumed after step 1 (its reference read from the model files again, as at the
+# start): step 2's loss and metrics those of the uninterrupted run.
+run full-dpo-first 2 1 --train.type=full --train.objective=dpo --train.max_steps=1 --checkpoint.save_final=true ||
+    { cat "$tmp/full-dpo-first.log"; fail "full DPO's first step failed"; }
+FSDP_FAULTS="final_params=$tmp/full-dpo-resumed.safetensors" "$fsdpd" --job "$tmp/job.json" \
+    --runtime.workers_per_node=2 --train.micro_batch=1 --train.type=full --train.objective=dpo \
+    --checkpoint.dir="$tmp/full-dpo-first.ckpt" --checkpoint.resume=auto --output.dir="$tmp/full-dpo-resumed" \
+    > "$tmp/full-dpo-resumed.log" 2>&1 || { cat "$tmp/full-dpo-resumed.log"; fail "full DPO's resume failed"; }
+grep -q "resuming from $tmp/full-dpo-first.ckpt/step-000001: step 1" "$tmp/full-dpo-resumed.log" ||
+    { cat "$tmp/full-dpo-resumed.log"; fail "full DPO did not resume from step 1"; }
+[ "$(grep -c . "$tmp/full-dpo-resumed/metrics.jsonl")" -eq 1 ] || fail "the resumed full DPO should run step 2 only"
+# the same digits on the CPU; on CUDA within 1e-3 (a reference that were not the start
+# weights moves step 2's loss by 3.6%)
+python3 - "$tmp/full_dpo_sigmoid-w2/metrics.jsonl" "$tmp/full-dpo-resumed/metrics.jsonl" "$backend" <<'PY' ||
+import json, sys
+want, got = ([json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+want, got = [s for s in want if s["step"] == 2][0], got[0]
+tol = 0 if sys.argv[3] == "cpu" else 1e-3
+keys = [k for k in want if k == "loss" or k.startswith(("rewards/", "logps/"))]
+bad = [f"{k}: {got.get(k)!r}, uninterrupted {want[k]!r}" for k in keys
+       if got["step"] != 2 or got.get(k) is None or abs(got[k] - want[k]) > tol * abs(want[k])]
+print("\n".join(bad) or f"step 2 loss {got['loss']!r}, uninterrupted {want['loss']!r}")
+sys.exit(1 if bad or len(keys) < 7 else 0)
+PY
+    fail "full DPO resumed after step 1: step 2 is not the uninterrupted run's"
+echo "--- full DPO resumed after step 1: step 2 as the uninterrupted run's"
 
 # --- refusals -----------------------------------------------------------------------------------
 refused() { # NAME PATTERN OVERRIDES...
@@ -166,9 +201,8 @@ refused() { # NAME PATTERN OVERRIDES...
     if run "$name" 1 1 "$@"; then fail "$name was accepted"; fi
     grep -q "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: no '$pattern'"; }
 }
-refused fulldpo "'dpo' with a full fine-tune is not built yet" --train.objective=dpo
-refused packing "packing the pairs of train.objective 'orpo' is not built yet" "${full[@]}" --data.packing=true
+refused packing "packing the pairs of train.objective 'orpo' is not built yet" --train.objective=orpo --data.packing=true
 refused sftpairs "a cache of preference pairs, but train.objective is sft" --train.objective=sft
-refused dporows "no cache of pairs, but train.objective is a preference" "${full[@]}" --data.path="$tmp/rows.tokens"
+refused dporows "no cache of pairs, but train.objective is a preference" --train.objective=orpo --data.path="$tmp/rows.tokens"
 refused betasft "train.dpo_beta: 0.2 is set but train.objective is not dpo" --train.objective=sft --train.dpo_beta=0.2
 echo "preference objectives match TRL's golden at 1 and 2 workers"

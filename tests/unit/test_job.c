@@ -334,7 +334,6 @@ static void test_objective_keys(void **state) {
     static const struct {
         const char *override, *want;
     } refused[] = {
-        {"--train.type=full", "train.objective: 'dpo' with a full fine-tune is not built yet"},
         {"--data.packing=true", "data.packing: packing the pairs of train.objective 'dpo' is not built yet"},
         {"--data.eval_fraction=0.1", "data.eval_fraction: the held-out loss of train.objective 'dpo' is not built yet"},
         {"--data.format=chat", "the JSONL preference format is not built yet"},
@@ -347,6 +346,12 @@ static void test_objective_keys(void **state) {
         assert_int_equal(resolve_and_validate(&k, 1, &err), -1);
         assert_contains(err.msg, refused[i].want);
     }
+    job_config full = j; /* a full fine-tune's reference: the frozen copy of its start weights */
+    must_override(&full, "--train.type=full");
+    if (resolve_and_validate(&full, 1, &err)) fail_msg("%s", err.msg);
+    must_override(&full, "--fsdp.cpu_offload=true");
+    assert_int_equal(resolve_and_validate(&full, 1, &err), -1);
+    assert_contains(err.msg, "fsdp.cpu_offload with train.objective 'dpo' is not built yet");
     must_override(&j, "--train.objective=orpo");
     assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "train.dpo_beta: 0.2 is set but train.objective is not dpo");

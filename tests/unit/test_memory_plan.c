@@ -63,6 +63,7 @@ typedef struct plan_case {
     job_sharding sharding;
     int cpu_offload, offload_params;
     llama_family family; /* F43: Qwen2's biases, Qwen3's q/k norms, Mistral's window */
+    job_objective objective; /* a preference objective: MICRO rows a micro-batch, pairs */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -84,7 +85,8 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
                                  .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
                                  .quant = quant_of(pc->kind), .recompute = recomputes[pc->ckpt],
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
-                                 .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params};
+                                 .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
+                                 .objective = pc->objective};
 }
 
 /* What one rank saw. */
@@ -120,8 +122,10 @@ static int train_one_step(fsdp *f, const plan_case *pc, int rank, void **image, 
         (pc->kind != FULL && fsdp_init_adapters(f, err)))
         return -1;
     int32_t ids[MICRO * N_MICRO * T], labels[MICRO * N_MICRO * T];
-    for (int i = 0; i < MICRO * N_MICRO * T; i++)
+    for (int i = 0; i < MICRO * N_MICRO * T; i++) {
         ids[i] = labels[i] = (int32_t)(rng_u64(9, (uint64_t)rank, (uint64_t)i) % (uint64_t)cfg->vocab_size);
+        if (pc->objective != JOB_OBJECTIVE_SFT && i % T < T / 2) labels[i] = K_IGNORE_INDEX; /* the prompt */
+    }
     fsdp_hparams hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_batch b = {.input_ids = ids, .labels = labels, .n_micro = N_MICRO, .micro_batch = MICRO, .T = T};
     fsdp_step_result res;
@@ -137,7 +141,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .forward_prefetch = 1, .backward_prefetch = 1,
                        .lora = o.lora, .seed = 42, .quant = o.quant,
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
-                       .offload_threads = 2};
+                       .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1}};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -288,6 +292,29 @@ static void test_plan_equals_fsdp_peak_offloaded(void **state) {
             }
 }
 
+/* Preference objectives: the span sums and gathered figures; DPO with a full fine-tune its
+ * reference, a frozen copy of the model's shards loaded through the staging buffer (tied or
+ * not, full_shard, no_shard, shard_grad_op, offloaded: offload_params streams it), at world
+ * 1 and 2. */
+static void test_plan_equals_fsdp_peak_pref(void **state) {
+    (void)state;
+    for (int world = 1; world <= 2; world++) {
+        for (int k = FULL; k <= LORA; k++)
+            for (int obj = JOB_OBJECTIVE_DPO; obj <= JOB_OBJECTIVE_ORPO; obj++)
+                check_case(&(plan_case){.kind = (kind)k, .world = world, .sharding = JOB_SHARD_FULL,
+                                        .objective = (job_objective)obj});
+        check_case(&(plan_case){.kind = FULL, .world = world, .tied = 1, .ckpt = 1, .sharding = JOB_SHARD_FULL,
+                                .objective = JOB_OBJECTIVE_DPO});
+        check_case(&(plan_case){.kind = FULL, .world = world, .sharding = JOB_SHARD_GRAD_OP,
+                                .objective = JOB_OBJECTIVE_DPO});
+    }
+    check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE, .objective = JOB_OBJECTIVE_DPO});
+    for (int world = 1; world <= 2; world++) /* offloaded; offload_params streams the reference */
+        for (int params = 0; params <= 1; params++)
+            check_case(&(plan_case){.kind = FULL, .world = world, .sharding = JOB_SHARD_FULL, .cpu_offload = 1,
+                                    .offload_params = params, .objective = JOB_OBJECTIVE_DPO});
+}
+
 static memory_plan plan_of(const memory_plan_options *o) {
     memory_plan p;
     errbuf err = {{0}};
@@ -340,6 +367,18 @@ static void test_hand_computed(void **state) {
     assert_int_equal(plan_of(&o).trainable, 27545 * 4);
     o.cpu_offload = o.offload_params = 0;
     assert_int_equal(plan_of(&o).host_offload, 0);
+    /* DPO with a full fine-tune: the reference's shards beside the same trainable ones (fp32
+     * here, each at a 256-byte boundary: 8540 -> 8704, 46480 -> 46592, 8680 -> 8704), loaded
+     * through the staging buffer; the span sums (2 rows of MICRO) from the first step */
+    memory_plan sft = plan_of(&o);
+    o.objective = JOB_OBJECTIVE_DPO;
+    assert_int_equal(plan_of(&o).trainable, sft.trainable);
+    assert_int_equal(plan_of(&o).frozen, 8704 + 2 * 46592 + 8704);
+    assert_int_equal(plan_of(&o).load_staging, (16u << 20) * 4);
+    assert_int_equal(plan_of(&o).small, sft.small + 2 * MICRO * 4);
+    o.objective = JOB_OBJECTIVE_ORPO; /* no reference */
+    assert_int_equal(plan_of(&o).frozen, 0);
+    o.objective = JOB_OBJECTIVE_SFT;
 
     /* LoRA rank 3 on every linear: per layer A [3, in] + B [out, 3] of q (35 -> 40), k, v
      * (35 -> 20), o (40 -> 35), gate, up (35 -> 70), down (70 -> 35) = 1725 elements */
@@ -594,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
         cmocka_unit_test(test_plan_equals_fsdp_peak_families),
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_pref),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),
         cmocka_unit_test(test_auto_recompute),

@@ -1,7 +1,8 @@
 /* Preference objectives (worker/fsdp_pref) against TRL's golden (tests/fixtures/dpo: TRL
  * 1.16.0's DPOTrainer and ORPOTrainer on tests/fixtures/golden/tiny-mha, a batch of 4 pairs, one
  * with a multi-turn prompt, truncated at 28 tokens): on one rank, from the golden's LoRA
- * init (r 8, alpha 16 on q_proj and v_proj) or the base (full), the loss, TRL's reward
+ * init (r 8, alpha 16 on q_proj and v_proj) or the base (full; DPO's reference its frozen
+ * copy of the start weights), the loss, TRL's reward
  * metrics and every gradient of the first step at DESIGN.md's 1e-4, then one AdamW step
  * (lr 1e-2, betas 0.9/0.95) and the second step's loss and metrics.  1 and 2 workers through
  * fsdpd: tests/integration/test_pref_golden.sh. */
@@ -172,8 +173,9 @@ static void set_lora_init(fsdp *f, const golden *g) {
     free(units);
 }
 
-/* Case `name` of the golden: two steps, micro-batches of `micro` rows. */
-static void check_case(const char *name, int micro) {
+/* Case `name` of the golden: two steps, micro-batches of `micro` rows; offload 1:
+ * cpu_offload, 2: with offload_params too (a full DPO's reference streamed from the image). */
+static void check_offloaded(const char *name, int micro, int offload) {
     golden g;
     golden_open(&g);
     errbuf err = {{0}};
@@ -191,7 +193,8 @@ static void check_case(const char *name, int micro) {
     lora_config lc = {.rank = 8, .alpha = 16, .targets = (1u << LORA_Q) | (1u << LORA_V)};
     int lora = !strcmp(mode, "lora");
     fsdp f;
-    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = lora ? &lc : NULL, .seed = 42, .pref = pc};
+    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = lora ? &lc : NULL, .seed = 42, .pref = pc,
+                        .cpu_offload = offload > 0, .offload_params = offload > 1, .offload_threads = 2};
     if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err)) fail_msg("%s", err.msg);
     size_t bytes = model_image_bytes(&f.layout, MODEL_IMAGE_F32);
     void *image = xcalloc(1, bytes);
@@ -202,7 +205,8 @@ static void check_case(const char *name, int micro) {
     fsdp_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = g.B / micro, .micro_batch = micro, .T = g.T};
     fsdp_step_result res;
-    printf("%s, micro-batches of %d rows: step 1\n", name, micro);
+    printf("%s, micro-batches of %d rows%s: step 1\n", name, micro,
+           offload ? offload > 1 ? ", cpu_offload and offload_params" : ", cpu_offload" : "");
     if (fsdp_train_step(&f, &b, &hp, &res, &err)) fail_msg("%s", err.msg);
     check_metrics(&res, c, orpo);
     check_grads(&f, &g, name);
@@ -213,6 +217,8 @@ static void check_case(const char *name, int micro) {
     fsdp_destroy(&f);
     golden_close(&g);
 }
+
+static void check_case(const char *name, int micro) { check_offloaded(name, micro, 0); }
 
 static void test_lora_dpo_sigmoid(void **state) {
     (void)state;
@@ -241,22 +247,22 @@ static void test_full_orpo(void **state) {
     check_case("full_orpo", 4);
 }
 
-/* A full fine-tune's DPO needs the frozen copy of the start weights: refused. */
-static void test_full_dpo_refused(void **state) {
+/* A full fine-tune's DPO: the reference is the frozen copy of the start weights; step 2
+ * (after an AdamW step moved every weight) matches the golden only if it stayed frozen. */
+static void test_full_dpo_sigmoid(void **state) {
     (void)state;
-    golden g;
-    golden_open(&g);
-    errbuf err = {{0}};
-    fsdp f;
-    fsdp_options opt = {.sharding = JOB_SHARD_FULL, .pref = {.objective = JOB_OBJECTIVE_DPO, .beta = 0.1}};
-    if (fsdp_init(&f, &g.cfg, &g.ctx, NULL, 0, 1, &opt, &err)) fail_msg("%s", err.msg);
-    fsdp_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
-    fsdp_batch b = {.input_ids = g.ids, .labels = g.labels, .n_micro = 1, .micro_batch = g.B, .T = g.T};
-    fsdp_step_result res;
-    assert_int_equal(fsdp_train_step(&f, &b, &hp, &res, &err), -1);
-    assert_non_null(strstr(err.msg, "not built yet"));
-    fsdp_destroy(&f);
-    golden_close(&g);
+    check_case("full_dpo_sigmoid", 8);
+    check_case("full_dpo_sigmoid", 2);
+}
+
+/* fsdp offloads a full DPO: cpu_offload (the reference stays in context memory), and
+ * offload_params (the reference streamed from the model image, like an adapter job's base).
+ * The job refuses fsdp.cpu_offload with a preference objective (proto/job.c: not built yet):
+ * this is the layer below, ready for it. */
+static void test_full_dpo_offloaded(void **state) {
+    (void)state;
+    check_offloaded("full_dpo_sigmoid", 4, 1);
+    check_offloaded("full_dpo_sigmoid", 4, 2);
 }
 
 int main(void) {
@@ -264,7 +270,8 @@ int main(void) {
         cmocka_unit_test(test_lora_dpo_sigmoid), cmocka_unit_test(test_lora_dpo_cdpo),
         cmocka_unit_test(test_lora_dpo_robust),  cmocka_unit_test(test_lora_dpo_ipo),
         cmocka_unit_test(test_lora_orpo),        cmocka_unit_test(test_full_orpo),
-        cmocka_unit_test(test_full_dpo_refused),
+        cmocka_unit_test(test_full_dpo_sigmoid),
+        cmocka_unit_test(test_full_dpo_offloaded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,6 +123,59 @@ static void test_lora(void **state) {
     near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.093);
 }
 
+/* Preference objectives: a micro-batch of 1 pair is 2 rows (every GEMM and attention at
+ * twice the tokens: twice the times), so the SFT plan of 2 rows is 2 x 114 = 228 ms; the
+ * policy's head adds its span sums' forward (2 ms); DPO the reference's forward, no backward:
+ * 2 layers x 24 ms + the head's 2 ms = 50 ms (LoRA: the base's, the adapters off, the same).
+ * Memory: the SFT plan of 2 rows', plus (full DPO) the frozen copy of the start weights. */
+static void test_preference(void **state) {
+    (void)state;
+    plan_rates r = table();
+    for (int lora = 0; lora <= 1; lora++) {
+        job_config sft = job(1);
+        sft.train.type = lora ? JOB_TRAIN_LORA : JOB_TRAIN_FULL;
+        sft.train.global_batch = sft.train.micro_batch = 2;
+        step_plan rows2 = plan(&sft, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+        near(rows2.step_s, lora ? 2 * 0.093 : 2 * 0.114);
+        job_config j = job(1);
+        j.train.type = sft.train.type;
+        j.train.objective = JOB_OBJECTIVE_ORPO;
+        step_plan orpo = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+        near(orpo.step_s, rows2.step_s + 0.002);
+        near(orpo.reference_s, 0);
+        j.train.objective = JOB_OBJECTIVE_DPO;
+        step_plan dpo = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+        near(dpo.step_s, rows2.step_s + 0.002 + 0.050);
+        near(dpo.reference_s, 0.050);
+        near(dpo.gemm_s, rows2.gemm_s + 0.002 + 2 * 7 * 0.002 + 0.002); /* heads, the layers' linears */
+        near(dpo.attention_s, rows2.attention_s + 2 * 0.010);
+        near(dpo.tokens_per_s, 2 * 16 / dpo.step_s); /* both rows' tokens */
+        assert_int_equal(dpo.mem.activations, rows2.mem.activations);
+        assert_int_equal(dpo.mem.trainable, rows2.mem.trainable);
+        /* bf16 shards of every unit, each at a 256-byte boundary: 256 -> 512, 592 -> 1280, 264 -> 768 */
+        assert_int_equal(dpo.mem.frozen, lora ? rows2.mem.frozen : 512 + 2 * 1280 + 768);
+        assert_int_equal(dpo.params, rows2.params + (lora ? 0 : dpo.mem.frozen));
+        assert_true(lora ? dpo.mem.total >= rows2.mem.total : dpo.mem.total > rows2.mem.total + dpo.mem.frozen);
+    }
+    /* two GPUs: the reference gathers each layer once more, unhidden */
+    job_config j = job(2);
+    j.train.objective = JOB_OBJECTIVE_DPO;
+    step_plan p = plan(&j, "h200", 2, MODEL_IMAGE_PLAIN, &r);
+    double ag = 592 * 2 * 0.5 / 400e9, rs = 592 * 4 * 0.5 / 400e9;
+    near(p.comm_s, 2 * (3 * ag + rs));
+    near(p.comm_exposed_s, 2 * ag);
+    near(p.reference_s, 0.050 + 2 * ag);
+    /* the largest micro_batch that fits counts pairs: a limit of 2 pairs' plan gets 2 (ORPO:
+     * the activations are its peak; a full DPO's is its loading, the staging buffer) */
+    j = job(1);
+    j.train.objective = JOB_OBJECTIVE_ORPO;
+    j.train.global_batch = 4;
+    j.train.micro_batch = 2;
+    j.runtime.gpu_memory_limit = (int64_t)plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).mem.total;
+    j.train.micro_batch = 1;
+    assert_int_equal(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).max_micro_batch, 2);
+}
+
 /* A missing shape takes the nearest row in log space, scaled by the FLOPs: down (16, 16, 8)
  * from a row of 1.5 times the tokens at 1.5 times the times (nearer than (16, 8, 8)). */
 static void test_nearest_shape(void **state) {
@@ -243,6 +296,7 @@ static void test_admit(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_fine_tune),  cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_preference),
         cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
         cmocka_unit_test(test_strategies),
         cmocka_unit_test(test_other_gpu),       cmocka_unit_test(test_memory_host_checkpoint),
