@@ -1,0 +1,66 @@
+"""A stand-in for the `datasets` package, which the GPU machine lacks (dpo_golden.py, peer_dpo.py).
+
+TRL 1.16 imports `datasets` at module load (trl.data_utils, trl.trainer.base_trainer,
+trl.trainer.dpo_trainer, trl.experimental.orpo). What the golden and the bench use of it is a
+list of rows that TRL's trainers `map` and `filter` while preparing the data: `Dataset` holds
+those rows (from_list, len, [i], [column], iteration, column_names, map over rows with
+fn_kwargs / with_indices and remove_columns, filter). `DatasetDict`, `IterableDataset` and
+`IterableDatasetDict` exist for TRL's isinstance checks only (nothing here builds one);
+`concatenate_datasets` and `fingerprint.Hasher` serve `precompute_ref_log_probs`, which neither
+script uses: they raise. There is no dist-info, so transformers' is_datasets_available() is False.
+"""
+
+
+class Dataset:
+    def __init__(self, rows):
+        self._rows = [dict(r) for r in rows]
+
+    @classmethod
+    def from_list(cls, rows):
+        return cls(rows)
+
+    def __len__(self):
+        return len(self._rows)
+
+    def __iter__(self):
+        return (dict(r) for r in self._rows)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return [r[key] for r in self._rows]
+        return dict(self._rows[key])
+
+    @property
+    def column_names(self):
+        return list(self._rows[0]) if self._rows else []
+
+    def map(self, function, fn_kwargs=None, with_indices=False, batched=False, remove_columns=None, **_):
+        if batched:
+            raise NotImplementedError("datasets stub: batched map is not provided")
+        out = []
+        for i, row in enumerate(self._rows):
+            args = (dict(row), i) if with_indices else (dict(row),)
+            new = function(*args, **(fn_kwargs or {}))
+            merged = {k: v for k, v in row.items() if k not in (remove_columns or [])}
+            merged.update(new)
+            out.append(merged)
+        return Dataset(out)
+
+    def filter(self, function, fn_kwargs=None, **_):
+        return Dataset([r for r in self._rows if function(dict(r), **(fn_kwargs or {}))])
+
+
+class DatasetDict(dict):
+    pass
+
+
+class IterableDataset:
+    pass
+
+
+class IterableDatasetDict(dict):
+    pass
+
+
+def concatenate_datasets(*_args, **_kwargs):
+    raise NotImplementedError("datasets stub: concatenate_datasets (precompute_ref_log_probs) is not provided")
