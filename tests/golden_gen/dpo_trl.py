@@ -16,6 +16,11 @@ import numpy as np
 
 import dpo_golden as G
 
+# nothing outside the GPU machine can be reached: no hub look-ups, no telemetry (read by
+# huggingface_hub when it is first imported, so before transformers, PEFT or TRL)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WHEELS = os.path.join(G.REPO, "dev-carry", "wheels", "trl-1.16.0-py3-none-any.whl")
 TRL_VERSION = "1.16.0"
