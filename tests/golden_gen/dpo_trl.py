@@ -86,6 +86,9 @@ def make_tokenizer(vocab_size):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=f"<{G.BOS}>", eos_token=f"<{G.EOS}>",
                                    pad_token=f"<{G.PAD}>", unk_token=f"<{G.PAD}>")
     fast.chat_template = CHAT_TEMPLATE
+    probe = fast("<1> <5> <2>")["input_ids"]
+    if list(probe) != [1, 5, 2]:
+        raise RuntimeError(f"the id-level tokenizer adds or changes tokens: '<1> <5> <2>' -> {probe}")
     return fast
 
 
