@@ -16,12 +16,14 @@ import numpy as np
 
 import dpo_golden as G
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 # nothing outside the GPU machine can be reached: no hub look-ups, no telemetry (read by
 # huggingface_hub when it is first imported, so before transformers, PEFT or TRL)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# the datasets stub first on the path, before transformers caches is_datasets_available()
+sys.path.insert(0, os.path.join(HERE, "datasets_stub"))
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WHEELS = os.path.join(G.REPO, "dev-carry", "wheels", "trl-1.16.0-py3-none-any.whl")
 TRL_VERSION = "1.16.0"
 
@@ -34,8 +36,7 @@ CHAT_TEMPLATE = (
 
 
 def import_trl():
-    """Import TRL with the datasets stub first on the path; from the carried wheel if needed."""
-    sys.path.insert(0, os.path.join(HERE, "datasets_stub"))
+    """Import TRL (the datasets stub is on the path already); from the carried wheel if needed."""
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -46,7 +47,7 @@ def import_trl():
         target = tempfile.mkdtemp(prefix="trl-wheel-")
         with zipfile.ZipFile(wheels[0]) as z:
             z.extractall(target)
-        sys.path.insert(1, target)
+        sys.path.insert(1, target)  # after the stub
         import trl  # noqa: F401
     import trl
 

@@ -7,8 +7,15 @@ those rows (from_list, len, [i], [column], iteration, column_names, map over row
 fn_kwargs / with_indices and remove_columns, filter). `DatasetDict`, `IterableDataset` and
 `IterableDatasetDict` exist for TRL's isinstance checks only (nothing here builds one);
 `concatenate_datasets` and `fingerprint.Hasher` serve `precompute_ref_log_probs`, which neither
-script uses: they raise. There is no dist-info, so transformers' is_datasets_available() is False.
+script uses: they raise.  On sys.path the stub makes transformers' is_datasets_available() true
+(it looks for the module, not its metadata), so transformers' Trainer treats a `Dataset` as a
+datasets one when it builds the peer's DataLoader: it reads `__version__` (the datasets API
+level TRL 1.16 asks for, >= 4.7.0) and calls `remove_columns` on the columns no forward takes.
+dpo_trl.py puts the stub on the path before anything of Hugging Face is imported, so that is
+so in every run.
 """
+
+__version__ = "4.7.0"
 
 
 class Dataset:
@@ -45,6 +52,10 @@ class Dataset:
             merged.update(new)
             out.append(merged)
         return Dataset(out)
+
+    def remove_columns(self, names):
+        names = [names] if isinstance(names, str) else list(names)
+        return Dataset([{k: v for k, v in r.items() if k not in names} for r in self._rows])
 
     def filter(self, function, fn_kwargs=None, **_):
         return Dataset([r for r in self._rows if function(dict(r), **(fn_kwargs or {}))])
