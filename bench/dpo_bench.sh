@@ -39,10 +39,6 @@ mkdir -p "$out"
 trap 'unsample; rm -rf "$work"' EXIT
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these machines (KINDS.md)
 [ "$steps" -gt "$warm" ] || { echo "dpo_bench.sh: STEPS must be more than $warm"; exit 1; }
-run_limit() {
-    local left=$((budget_end - SECONDS - 20))
-    if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
-}
 tokens_a_step=$((pairs * 2 * seq))
 section "DPO bench: $model, $pairs pairs a step of $prompt + $completion tokens ($tokens_a_step tokens a step, both rows), $steps steps, backend $backend"
 
