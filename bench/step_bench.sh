@@ -53,11 +53,6 @@ else
 fi
 [ "$steps" -gt "$warm" ] || { echo "step_bench.sh: STEPS must be more than $warm"; exit 1; }
 
-# run_limit WANT: WANT seconds, or what is left of the call's budget, whichever is less.
-run_limit() {
-    local left=$((budget_end - SECONDS - 20))
-    if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
-}
 # row_line ROW LABEL MODEL BATCH SIDE NAME WHAT STATUS: a line of $out/rows.tsv for the table.
 row_line() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$seq" "$5" "$6" "$7" "$8" >> "$out/rows.tsv"; }
 

@@ -34,6 +34,13 @@ finish() {
     exit 0
 }
 
+# run_limit WANT: WANT seconds, or what is left of the call's budget (until $budget_end, in
+# bash SECONDS, less 20 s kept for the table), whichever is less (bench/step_bench.sh, dpo_bench.sh).
+run_limit() {
+    local left=$((budget_end - SECONDS - 20))
+    if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+
 # job NAME WORKERS [overrides...]: a fsdpd run of configs/jobs/tiny-cpu.json plus the
 # overrides, its log in $out/NAME.log and its metrics in $out/NAME.jsonl.
 job() {
