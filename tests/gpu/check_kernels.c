@@ -10,7 +10,8 @@
  * Dropout is compared element by element instead: the same elements dropped as on the CPU
  * (one Philox, base/philox.h), and every value within one bf16 rounding of the CPU's.
  * NF4 dequantization is compared element by element: every value the CPU's fp32 product
- * rounded once to bf16, bit for bit.
+ * rounded once to bf16, bit for bit.  FP8 casts: every code and scale bit for bit; the FP8
+ * GEMM element by element within a bound derived from the formats (check_fp8_gemm).
  * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
  *
  * --cpu runs every check with the CPU backend standing in for CUDA (compute buffers are then
