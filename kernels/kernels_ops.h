@@ -222,6 +222,15 @@ K_OP(fp8_cast,
      (kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols, fp8_format fmt,
       k_fp8_scaling scaling),
      (c, out, scale_inv, in, rows, cols, fmt, scaling))
+/* k_fp8_cast_t: k_fp8_cast of in's transpose: out [cols, rows], out[j, i] = fp8_from_f32(
+ * in[i, j] * scale, fmt), amax over the whole tensor (K_FP8_TENSORWISE) or over each column of
+ * in, a row of out (K_FP8_ROWWISE); scale_inv fp32 [1] or [cols].  The operands of the
+ * backward's FP8 GEMMs (W^T for din, dout^T and in^T for dw: their contracting dimension is
+ * the rows of what the forward holds). */
+K_OP(fp8_cast_t,
+     (kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols, fp8_format fmt,
+      k_fp8_scaling scaling),
+     (c, out, scale_inv, in, rows, cols, fmt, scaling))
 /* k_fp8_gemm: out[M,N] (compute dtype, overwritten) = sa * sb * sum_k a[m,k] b[n,k], the "TN"
  * product of k_linear_fwd (a the input, b the weight, both K-contiguous) on fp8 codes, a in
  * format fa and b in fb (not both e5m2: cuBLASLt has no such product); sa, sb their inverse

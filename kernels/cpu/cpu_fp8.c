@@ -36,6 +36,28 @@ void cpu_fp8_cast(kctx *c, uint8_t *out, float *scale_inv, const void *in, int r
     }
 }
 
+void cpu_fp8_cast_t(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols,
+                    fp8_format fmt, k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_cast_t", fmt, fmt, scaling, 0) || rows <= 0 || cols <= 0) return;
+    const float *x = in;
+    size_t R = (size_t)rows, C = (size_t)cols;
+    float *scale = malloc(C * sizeof *scale);
+    if (!scale) {
+        k_fail(c, "fp8_cast_t: out of host memory (%d columns)", cols);
+        return;
+    }
+    float amax = scaling == K_FP8_TENSORWISE ? amax_of(x, R * C) : 0.0f;
+    for (size_t j = 0; j < C; j++) {
+        float m = amax;
+        for (size_t i = 0; scaling == K_FP8_ROWWISE && i < R; i++) m = fmaxf(m, fabsf(x[i * C + j]));
+        scale[j] = fp8_scale(m, fmt);
+        if (scaling == K_FP8_ROWWISE || j == 0) scale_inv[j] = fp8_inverse_scale(scale[j]);
+    }
+    for (size_t i = 0; i < R; i++)
+        for (size_t j = 0; j < C; j++) out[j * R + i] = fp8_from_f32(x[i * C + j] * scale[j], fmt);
+    free(scale);
+}
+
 /* n codes of format fmt decoded into a new fp32 buffer (NULL after a k_fail). */
 static float *decoded(kctx *c, const uint8_t *codes, size_t n, fp8_format fmt) {
     float *x = malloc(n * sizeof *x);

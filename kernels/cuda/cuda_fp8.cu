@@ -15,7 +15,8 @@
 // deterministic whatever the order) then the cast; the second reads bf16 again (from L2 where
 // the tensor fits in it).  A grid-wide barrier would save a launch, not the second read.
 // Rows whose length is a multiple of 8 on 16-byte aligned buffers go 8 values a thread (a
-// 16-byte load, an 8-byte store); anything else one value a thread.
+// 16-byte load, an 8-byte store); anything else one value a thread.  The transposed cast
+// (k_fp8_cast_t, for the backward's operands) is at the end.
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <cuda_fp8.h>
@@ -101,6 +102,23 @@ static unsigned grid(size_t items) {
     return (unsigned)(b < MAX_BLOCKS ? (b ? b : 1) : MAX_BLOCKS);
 }
 
+// `words` amax words in scratch, zeroed on the stream (NULL after a k_fail).
+static unsigned *amax_words(kctx *c, size_t words, const char *what) {
+    unsigned *amax = (unsigned *)cuda_scratch(c, words * sizeof(unsigned), what);
+    if (!amax || cuda_check_call(c, cudaMemsetAsync(amax, 0, words * sizeof *amax, cuda_stream(c)), what))
+        return NULL;
+    return amax;
+}
+
+// The whole tensor's amax (n values, VEC a thread) into one zeroed scratch word.
+template <int VEC> static unsigned *tensor_amax(kctx *c, const bf16 *x, size_t n, const char *what) {
+    unsigned *amax = amax_words(c, 1, what);
+    if (!amax) return NULL;
+    amax_kernel<VEC><<<grid(n / VEC), THREADS, 0, cuda_stream(c)>>>(amax, x, n / VEC);
+    cuda_check_launch(c, what);
+    return amax;
+}
+
 template <int VEC>
 static void cast(kctx *c, uint8_t *out, float *scale_inv, const bf16 *x, int rows, int cols,
                  fp8_format fmt, k_fp8_scaling scaling) {
@@ -111,12 +129,9 @@ static void cast(kctx *c, uint8_t *out, float *scale_inv, const bf16 *x, int row
         return;
     }
     size_t packs = (size_t)rows * (size_t)cols / VEC;
-    unsigned *amax = (unsigned *)cuda_scratch(c, sizeof(unsigned), "fp8_cast scratch");
-    if (!amax || cuda_check_call(c, cudaMemsetAsync(amax, 0, sizeof *amax, s), "fp8_cast (amax)"))
-        return;
-    amax_kernel<VEC><<<grid(packs), THREADS, 0, s>>>(amax, x, packs);
-    cuda_check_launch(c, "fp8_cast (amax)");
-    cast_tensor_kernel<VEC><<<grid(packs), THREADS, 0, s>>>(out, scale_inv, x, amax, fmt, packs);
+    unsigned *amax = tensor_amax<VEC>(c, x, (size_t)rows * (size_t)cols, "fp8_cast (amax)");
+    if (amax)
+        cast_tensor_kernel<VEC><<<grid(packs), THREADS, 0, s>>>(out, scale_inv, x, amax, fmt, packs);
 }
 
 extern "C" void cuda_fp8_cast(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows,
@@ -128,4 +143,63 @@ extern "C" void cuda_fp8_cast(kctx *c, uint8_t *out, float *scale_inv, const voi
     else
         cast<1>(c, out, scale_inv, x, rows, cols, fmt, scaling);
     cuda_check_launch(c, "fp8_cast");
+}
+
+// ---- the transposed cast (k_fp8_cast_t) ----
+//
+// Rowwise scales of the transpose are the columns' amaxes: a first kernel, a thread a column
+// over a slice of TILE_ROWS rows (reads coalesced along the row), folds each slice's max into
+// the column's scratch word with atomicMax (exact, deterministic); tensorwise takes the whole
+// tensor's amax as k_fp8_cast does.  Then 32 x 32 tiles through shared memory: read along in's
+// rows, written along out's rows, each value times its column's scale (or the tensor's).
+#define TILE 32
+#define TILE_ROWS 256
+
+__global__ void col_amax_kernel(unsigned *amax_bits, const bf16 *x, int rows, int cols) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    int i0 = blockIdx.y * TILE_ROWS, i1 = i0 + TILE_ROWS < rows ? i0 + TILE_ROWS : rows;
+    float m = 0.0f;
+    for (int i = i0; i < i1; i++) m = fmaxf(m, fabsf(__bfloat162float(x[(size_t)i * cols + j])));
+    atomicMax(amax_bits + j, __float_as_uint(m));
+}
+
+// amax_bits: one word (tensorwise, per_col 0) or one a column (per_col 1).
+__global__ void cast_t_kernel(uint8_t *out, float *scale_inv, const bf16 *x, const unsigned *amax_bits,
+                              int per_col, int rows, int cols, fp8_format fmt) {
+    __shared__ float tile[TILE][TILE + 1];
+    int i0 = blockIdx.y * TILE, j0 = blockIdx.x * TILE;
+    for (int r = threadIdx.y; r < TILE; r += blockDim.y) {
+        int i = i0 + r, j = j0 + threadIdx.x;
+        if (i < rows && j < cols) tile[r][threadIdx.x] = __bfloat162float(x[(size_t)i * cols + j]);
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < TILE; r += blockDim.y) {
+        int j = j0 + r, i = i0 + threadIdx.x; // out row j, column i
+        if (j >= cols) continue;
+        float scale = fp8_scale(__uint_as_float(amax_bits[per_col ? j : 0]), fmt);
+        if (blockIdx.y == 0 && threadIdx.x == 0 && (per_col || j == 0)) scale_inv[j] = fp8_inverse_scale(scale);
+        if (i < rows) out[(size_t)j * rows + i] = to_fp8(__fmul_rn(tile[threadIdx.x][r], scale), fmt);
+    }
+}
+
+extern "C" void cuda_fp8_cast_t(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows,
+                                int cols, fp8_format fmt, k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_cast_t", fmt, fmt, scaling, 0) || rows <= 0 || cols <= 0) return;
+    const bf16 *x = (const bf16 *)in;
+    cudaStream_t s = cuda_stream(c);
+    const char *what = "fp8_cast_t (amax)";
+    unsigned *amax;
+    if (scaling == K_FP8_ROWWISE) {
+        amax = amax_words(c, (size_t)cols, what);
+        if (!amax) return;
+        dim3 blocks((unsigned)((cols + THREADS - 1) / THREADS), (unsigned)((rows + TILE_ROWS - 1) / TILE_ROWS));
+        col_amax_kernel<<<blocks, THREADS, 0, s>>>(amax, x, rows, cols);
+        cuda_check_launch(c, what);
+    } else if (!(amax = tensor_amax<1>(c, x, (size_t)rows * (size_t)cols, what))) {
+        return;
+    }
+    dim3 tiles((unsigned)((cols + TILE - 1) / TILE), (unsigned)((rows + TILE - 1) / TILE));
+    cast_t_kernel<<<tiles, dim3(TILE, 8), 0, s>>>(out, scale_inv, x, amax, scaling == K_FP8_ROWWISE, rows, cols, fmt);
+    cuda_check_launch(c, "fp8_cast_t");
 }

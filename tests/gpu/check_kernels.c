@@ -905,6 +905,36 @@ static void compare_cast(const float *x, int rows, int cols, fp8_format f, k_fp8
     report_bool(fp8_name(f, s), shp, wrong == 0 && wrong_si == 0, measure);
 }
 
+/* The transposed cast: codes and scales bit for bit (columns scaled as check_fp8_cast's rows). */
+static void check_fp8_cast_t(int rows, int cols) {
+    seed(18);
+    size_t n = (size_t)rows * cols;
+    float *x = hrandom(n, 1.0f);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) x[(size_t)r * cols + c] *= ldexpf(1.0f, c % 41 - 20);
+    x[n / 3] = NAN;
+    void *dx = dcomp(x, n);
+    for (int f = 0; f < 2; f++)
+        for (int s = 0; s < 2; s++) {
+            size_t ns = s == K_FP8_ROWWISE ? (size_t)cols : 1;
+            uint8_t *want = host_bytes(n), *got = host_bytes(n), *dout = dev_bytes(n, 1);
+            float *want_si = hfloats(ns), *dsi = dpoison_f32(ns);
+            k_fp8_cast_t(&cpu, want, want_si, x, rows, cols, (fp8_format)f, (k_fp8_scaling)s);
+            poison(dout, n);
+            k_fp8_cast_t(&gpu, dout, dsi, dx, rows, cols, (fp8_format)f, (k_fp8_scaling)s);
+            k_copy_d2h(&gpu, got, dout, n);
+            size_t wrong = 0;
+            for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
+            size_t wrong_si = count_different(get_f32(dsi, ns), want_si, ns);
+            char op[40], measure[64];
+            snprintf(op, sizeof op, "%s (T)", fp8_name((fp8_format)f, (k_fp8_scaling)s));
+            snprintf(measure, sizeof measure, "%zu of %zu codes, %zu of %zu scales wrong", wrong,
+                     n, wrong_si, ns);
+            report_bool(op, shape("%dx%d", rows, cols), wrong == 0 && wrong_si == 0, measure);
+        }
+    release_all();
+}
+
 /* Random bf16 rows, row r scaled by 2^(r % 41 - 20) (so rows' scales differ and small rows
  * reach e4m3's and e5m2's subnormals under a tensorwise scale), a NaN (ignored by the amax,
  * cast to 0x7f) and a zero row (scale 1). */
@@ -1333,6 +1363,8 @@ static void run_bench(void) {
         snprintf(sh, sizeof sh, "%s N=%d C=%d", s ? "rowwise" : "tensorwise", N, C);
         BENCH("fp8_cast e4m3", sh, 3.0 * nc + 4.0 * (s ? N : 1), 0,
               k_fp8_cast(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s));
+        BENCH("fp8_cast_t e4m3", sh, 3.0 * nc + 4.0 * (s ? C : 1), 0,
+              k_fp8_cast_t(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s));
     }
     const int fp8_outs[2] = {C, I};
     for (int k = 0; k < 2; k++) {
@@ -1535,8 +1567,12 @@ int main(int argc, char **argv) {
     check_fp8_cast(8192, 11008);
     check_fp8_cast(333, 77);
     check_fp8_cast(1, 1);
+    check_fp8_cast_t(4096, 4096);  /* W^T of q_proj */
+    check_fp8_cast_t(8192, 11008); /* dout^T of gate_proj */
+    check_fp8_cast_t(333, 77);
     misalign = 1;
     check_fp8_cast(129, 4096);
+    check_fp8_cast_t(129, 100);
     misalign = 0;
     for (int s = 0; s < 2; s++) {
         check_fp8_gemm(8192, 4096, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);

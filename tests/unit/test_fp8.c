@@ -2,7 +2,7 @@
  * e5m2 decoded against values derived from the bit layout with ldexp; encoding the exact
  * inverse on every finite code; ties to even at every midpoint between neighbours; saturation,
  * NaN, signed zeros, the subnormal boundary; the scale rule; k_fp8_cast (tensorwise and
- * rowwise) against a loop of its own; k_fp8_gemm against a double sum over the decoded codes;
+ * rowwise) against a loop of its own; k_fp8_cast_t against k_fp8_cast of the transpose; k_fp8_gemm against a double sum over the decoded codes;
  * the refusals.  (All 2^16 bf16 inputs against ml_dtypes: tests/integration/test_fp8_table.sh.) */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -249,6 +249,36 @@ static void test_cast_op(void **state) {
     }
 }
 
+/* The transposed cast: column j of x (a row of the transpose) cast as k_fp8_cast casts a row. */
+static void check_cast_t(int rows, int cols, fp8_format f, k_fp8_scaling s) {
+    size_t n = (size_t)rows * cols;
+    float *x = randoms(n, 2.0f), *xt = malloc(n * sizeof *xt), si[64], want_si[64];
+    uint8_t *got = malloc(n), *want = malloc(n);
+    assert_true(xt && got && want && cols <= 64);
+    for (int i = 0; i < rows; i++) x[(size_t)i * cols + cols - 1] *= 1e-3f; /* a small column */
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) xt[(size_t)j * rows + i] = x[(size_t)i * cols + j];
+    k_fp8_cast_t(&cpu, got, si, x, rows, cols, f, s);
+    expect_ok();
+    k_fp8_cast(&cpu, want, want_si, xt, cols, rows, f, s);
+    expect_ok();
+    assert_memory_equal(got, want, n);
+    assert_memory_equal(si, want_si, (s == K_FP8_ROWWISE ? (size_t)cols : 1) * sizeof(float));
+    free(x);
+    free(xt);
+    free(got);
+    free(want);
+}
+
+static void test_cast_t_op(void **state) {
+    (void)state;
+    for (int f = 0; f < 2; f++)
+        for (int s = 0; s < 2; s++) {
+            check_cast_t(33, 7, (fp8_format)f, (k_fp8_scaling)s);
+            check_cast_t(1, 64, (fp8_format)f, (k_fp8_scaling)s);
+        }
+}
+
 static uint8_t *random_codes(size_t n, fp8_format f) {
     uint8_t *c = malloc(n);
     assert_non_null(c);
@@ -313,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_nan_zero_tiny),
         cmocka_unit_test(test_scale_rule),
         cmocka_unit_test(test_cast_op),
+        cmocka_unit_test(test_cast_t_op),
         cmocka_unit_test(test_gemm_op),
         cmocka_unit_test(test_refusals),
     };
