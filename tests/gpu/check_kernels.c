@@ -884,71 +884,51 @@ static const char *fp8_name(fp8_format f, k_fp8_scaling s) {
     return names[f][s];
 }
 
-/* x cast by both backends: every code and every inverse scale the same bits. */
+typedef void fp8_cast_fn(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows,
+                         int cols, fp8_format fmt, k_fp8_scaling scaling);
+
+/* x cast by both backends with k_fp8_cast (transposed 0) or k_fp8_cast_t (1): every code and
+ * every inverse scale the same bits. */
 static void compare_cast(const float *x, int rows, int cols, fp8_format f, k_fp8_scaling s,
-                         const char *shp) {
-    size_t n = (size_t)rows * cols, ns = s == K_FP8_ROWWISE ? (size_t)rows : 1;
+                         int transposed, const char *shp) {
+    fp8_cast_fn *cast = transposed ? k_fp8_cast_t : k_fp8_cast;
+    size_t n = (size_t)rows * cols;
+    size_t ns = s == K_FP8_ROWWISE ? (size_t)(transposed ? cols : rows) : 1;
     uint8_t *want = host_bytes(n), *got = host_bytes(n);
     float *want_si = hfloats(ns);
-    k_fp8_cast(&cpu, want, want_si, x, rows, cols, f, s);
+    cast(&cpu, want, want_si, x, rows, cols, f, s);
     uint8_t *dout = dev_bytes(n, 1);
     float *dsi = dpoison_f32(ns);
     poison(dout, n);
-    k_fp8_cast(&gpu, dout, dsi, dcomp(x, n), rows, cols, f, s);
+    cast(&gpu, dout, dsi, dcomp(x, n), rows, cols, f, s);
     k_copy_d2h(&gpu, got, dout, n);
     size_t wrong = 0;
     for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
     size_t wrong_si = count_different(get_f32(dsi, ns), want_si, ns);
-    char measure[64];
+    char op[40], measure[64];
+    snprintf(op, sizeof op, "%s%s", fp8_name(f, s), transposed ? " (T)" : "");
     snprintf(measure, sizeof measure, "%zu of %zu codes, %zu of %zu scales wrong", wrong, n,
              wrong_si, ns);
-    report_bool(fp8_name(f, s), shp, wrong == 0 && wrong_si == 0, measure);
+    report_bool(op, shp, wrong == 0 && wrong_si == 0, measure);
 }
 
-/* The transposed cast: codes and scales bit for bit (columns scaled as check_fp8_cast's rows). */
-static void check_fp8_cast_t(int rows, int cols) {
-    seed(18);
-    size_t n = (size_t)rows * cols;
-    float *x = hrandom(n, 1.0f);
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) x[(size_t)r * cols + c] *= ldexpf(1.0f, c % 41 - 20);
-    x[n / 3] = NAN;
-    void *dx = dcomp(x, n);
-    for (int f = 0; f < 2; f++)
-        for (int s = 0; s < 2; s++) {
-            size_t ns = s == K_FP8_ROWWISE ? (size_t)cols : 1;
-            uint8_t *want = host_bytes(n), *got = host_bytes(n), *dout = dev_bytes(n, 1);
-            float *want_si = hfloats(ns), *dsi = dpoison_f32(ns);
-            k_fp8_cast_t(&cpu, want, want_si, x, rows, cols, (fp8_format)f, (k_fp8_scaling)s);
-            poison(dout, n);
-            k_fp8_cast_t(&gpu, dout, dsi, dx, rows, cols, (fp8_format)f, (k_fp8_scaling)s);
-            k_copy_d2h(&gpu, got, dout, n);
-            size_t wrong = 0;
-            for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
-            size_t wrong_si = count_different(get_f32(dsi, ns), want_si, ns);
-            char op[40], measure[64];
-            snprintf(op, sizeof op, "%s (T)", fp8_name((fp8_format)f, (k_fp8_scaling)s));
-            snprintf(measure, sizeof measure, "%zu of %zu codes, %zu of %zu scales wrong", wrong,
-                     n, wrong_si, ns);
-            report_bool(op, shape("%dx%d", rows, cols), wrong == 0 && wrong_si == 0, measure);
-        }
-    release_all();
-}
-
-/* Random bf16 rows, row r scaled by 2^(r % 41 - 20) (so rows' scales differ and small rows
- * reach e4m3's and e5m2's subnormals under a tensorwise scale), a NaN (ignored by the amax,
- * cast to 0x7f) and a zero row (scale 1). */
-static void check_fp8_cast(int rows, int cols) {
+/* Random bf16 values, row r (transposed: column r) scaled by 2^(r % 41 - 20) (so the
+ * scales differ and small rows reach e4m3's and e5m2's subnormals under a tensorwise scale),
+ * a NaN (ignored by the amax, cast to 0x7f) and a zero row (a zero column when transposed:
+ * scale 1); cast plainly or transposed (k_fp8_cast_t). */
+static void check_fp8_cast(int rows, int cols, int transposed) {
     seed(16);
     size_t n = (size_t)rows * cols;
     float *x = hrandom(n, 1.0f);
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) x[(size_t)r * cols + c] *= ldexpf(1.0f, r % 41 - 20);
+        for (int c = 0; c < cols; c++)
+            x[(size_t)r * cols + c] *= ldexpf(1.0f, (transposed ? c : r) % 41 - 20);
+    if (!transposed && rows > 2) memset(x + (size_t)(rows / 2) * cols, 0, (size_t)cols * sizeof(float));
+    for (int r = 0; transposed && cols > 2 && r < rows; r++) x[(size_t)r * cols + cols / 2] = 0.0f;
     x[n / 3] = NAN;
-    if (rows > 2) memset(x + (size_t)(rows / 2) * cols, 0, (size_t)cols * sizeof(float));
     for (int f = 0; f < 2; f++)
         for (int s = 0; s < 2; s++)
-            compare_cast(x, rows, cols, (fp8_format)f, (k_fp8_scaling)s,
+            compare_cast(x, rows, cols, (fp8_format)f, (k_fp8_scaling)s, transposed,
                          shape("%dx%d", rows, cols));
     release_all();
 }
@@ -961,8 +941,9 @@ static void check_fp8_all_bf16(void) {
     float *x = hfloats(65536);
     for (uint32_t i = 0; i < 65536; i++) x[i] = bf16_value((uint16_t)i);
     for (int f = 0; f < 2; f++) {
-        compare_cast(x, 1, 65536, (fp8_format)f, K_FP8_TENSORWISE, "every bf16 value");
-        compare_cast(x, 256, 256, (fp8_format)f, K_FP8_ROWWISE, "every bf16 value, 256 rows");
+        compare_cast(x, 1, 65536, (fp8_format)f, K_FP8_TENSORWISE, 0, "every bf16 value");
+        compare_cast(x, 256, 256, (fp8_format)f, K_FP8_ROWWISE, 0, "every bf16 value, 256 rows");
+        compare_cast(x, 256, 256, (fp8_format)f, K_FP8_ROWWISE, 1, "every bf16 value, 256 rows");
     }
     release_all();
 }
@@ -1563,16 +1544,16 @@ int main(int argc, char **argv) {
      * unaligned buffers; the GEMM at the 7B shapes both scalings, a gradient's e5m2 on
      * either side, M not a multiple of 16 */
     check_fp8_all_bf16();
-    check_fp8_cast(4096, 4096);
-    check_fp8_cast(8192, 11008);
-    check_fp8_cast(333, 77);
-    check_fp8_cast(1, 1);
-    check_fp8_cast_t(4096, 4096);  /* W^T of q_proj */
-    check_fp8_cast_t(8192, 11008); /* dout^T of gate_proj */
-    check_fp8_cast_t(333, 77);
+    check_fp8_cast(4096, 4096, 0);
+    check_fp8_cast(8192, 11008, 0);
+    check_fp8_cast(333, 77, 0);
+    check_fp8_cast(1, 1, 0);
+    check_fp8_cast(4096, 4096, 1);  /* W^T of q_proj */
+    check_fp8_cast(8192, 11008, 1); /* dout^T of gate_proj */
+    check_fp8_cast(333, 77, 1);
     misalign = 1;
-    check_fp8_cast(129, 4096);
-    check_fp8_cast_t(129, 100);
+    check_fp8_cast(129, 4096, 0);
+    check_fp8_cast(129, 100, 1);
     misalign = 0;
     for (int s = 0; s < 2; s++) {
         check_fp8_gemm(8192, 4096, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
