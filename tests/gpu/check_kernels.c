@@ -997,6 +997,34 @@ static void check_fp8_gemm(int M, int N, int K, fp8_format fa, fp8_format fb, k_
     release_all();
 }
 
+/* The GEMM where no sum can round: codes of -1, 0 and 1 (e4m3), so every partial sum is an
+ * integer of at most K <= 4096 in magnitude, exact in any accumulator of 13 bits or more, and
+ * power-of-two scales (a different one a row when rowwise): both sides then round the same
+ * exact value to bf16 and must agree bit for bit.  What this isolates from check_fp8_gemm's
+ * bound: the layout (which operand is transposed), the scales' mapping onto rows and
+ * columns, the output's order. */
+static void check_fp8_gemm_exact(int M, int N, int K, k_fp8_scaling s) {
+    seed(19);
+    size_t na = (size_t)M * K, nb = (size_t)N * K, no = (size_t)M * N;
+    size_t nsa = s == K_FP8_ROWWISE ? (size_t)M : 1, nsb = s == K_FP8_ROWWISE ? (size_t)N : 1;
+    uint8_t *a = host_bytes(na), *b = host_bytes(nb);
+    for (size_t i = 0; i < na; i++) a[i] = fp8_from_f32((float)irand(3) - 1.0f, FP8_E4M3);
+    for (size_t i = 0; i < nb; i++) b[i] = fp8_from_f32((float)irand(3) - 1.0f, FP8_E4M3);
+    float *sa = hfloats(nsa), *sb = hfloats(nsb), *want = hfloats(no);
+    for (size_t i = 0; i < nsa; i++) sa[i] = ldexpf(1.0f, (int)(i % 7) - 3);
+    for (size_t i = 0; i < nsb; i++) sb[i] = ldexpf(1.0f, (int)(i % 5) - 6);
+    k_fp8_gemm(&cpu, want, a, sa, FP8_E4M3, b, sb, FP8_E4M3, M, N, K, s);
+    void *out = dpoison_comp(no);
+    k_fp8_gemm(&gpu, out, dbytes(a, na), df32(sa, nsa), FP8_E4M3, dbytes(b, nb), df32(sb, nsb),
+               FP8_E4M3, M, N, K, s);
+    size_t wrong = count_different(get_comp(out, no), want, no);
+    char measure[64];
+    snprintf(measure, sizeof measure, "%zu of %zu wrong", wrong, no);
+    report_bool(s == K_FP8_ROWWISE ? "fp8_gemm exact rows" : "fp8_gemm exact tensor",
+                shape("M=%d N=%d K=%d", M, N, K), wrong == 0, measure);
+    release_all();
+}
+
 /* ---- determinism: the same inputs twice give the same bits ---- */
 
 static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
@@ -1561,6 +1589,8 @@ int main(int argc, char **argv) {
         check_fp8_gemm(2046, 4096, 11008, FP8_E5M2, FP8_E4M3, (k_fp8_scaling)s);
         check_fp8_gemm(2046, 4096, 4096, FP8_E4M3, FP8_E5M2, (k_fp8_scaling)s);
         check_fp8_gemm(33, 48, 80, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
+        check_fp8_gemm_exact(2046, 1024, 4096, (k_fp8_scaling)s);
+        check_fp8_gemm_exact(33, 48, 80, (k_fp8_scaling)s);
     }
 
     printf("(%ld s)\n", (long)(time(NULL) - start));
