@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "base/errbuf.h"
+#include "base/fp8.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,10 @@ typedef enum k_backend { K_CPU = 0, K_CUDA = 1 } k_backend;
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 
 #define K_IGNORE_INDEX (-100)
+
+/* FP8 scaling (k_fp8_cast, k_fp8_gemm; base/fp8.h has the formats and the scale): one amax,
+ * scale and inverse scale for the whole tensor, or one for each row. */
+typedef enum k_fp8_scaling { K_FP8_TENSORWISE = 0, K_FP8_ROWWISE = 1 } k_fp8_scaling;
 
 /* The documents of a packed batch (k_rope, k_attention_fwd, k_attention_bwd): for each token
  * (b, t) of a [B, T] batch, row positions [start, end) of the document holding it, int32 [B*T]
@@ -60,6 +65,12 @@ size_t k_compute_size(const kctx *c); /* bytes per element of the compute dtype 
 void k_fail(kctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Reports and clears the sticky failure: 0 when none. */
 int k_check(kctx *c, errbuf *err);
+
+/* The checks both backends make of k_fp8_cast's and k_fp8_gemm's (gemm != 0) enums: a format
+ * or scaling that is none of the enum's, or (gemm) e5m2 on both sides, is recorded with k_fail
+ * naming op; nonzero then. */
+int k_fp8_bad_args(kctx *c, const char *op, fp8_format fa, fp8_format fb, k_fp8_scaling scaling,
+                   int gemm);
 
 #ifdef __cplusplus
 }

@@ -210,6 +210,41 @@ K_OP(nf4_dequant,
       float offset, size_t n),
      (c, out, packed, absmax, nested_absmax, offset, n))
 
+/* ---- FP8 (F45; base/fp8.h: the formats, their rounding and the scale) ---- */
+
+/* k_fp8_cast: in [rows, cols] (compute dtype) to fp8: out[i] = fp8_from_f32(in[i] * scale, fmt)
+ * (the product in fp32, one rounding to fp8, saturating), scale = fp8_scale(amax, fmt) and
+ * amax = max |in| (NaNs ignored) over the whole tensor (K_FP8_TENSORWISE) or over the row
+ * (K_FP8_ROWWISE); scale_inv[0] (tensorwise) or scale_inv[r] (rowwise) = fp8_inverse_scale
+ * (scale), what k_fp8_gemm multiplies by.  out: uint8 [rows * cols]; scale_inv: fp32 [1] or
+ * [rows]; context memory; both overwritten. */
+K_OP(fp8_cast,
+     (kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols, fp8_format fmt,
+      k_fp8_scaling scaling),
+     (c, out, scale_inv, in, rows, cols, fmt, scaling))
+/* k_fp8_cast_t: k_fp8_cast of in's transpose: out [cols, rows], out[j, i] = fp8_from_f32(
+ * in[i, j] * scale, fmt), amax over the whole tensor (K_FP8_TENSORWISE) or over each column of
+ * in, a row of out (K_FP8_ROWWISE); scale_inv fp32 [1] or [cols].  The operands of the
+ * backward's FP8 GEMMs (W^T for din, dout^T and in^T for dw: their contracting dimension is
+ * the rows of what the forward holds). */
+K_OP(fp8_cast_t,
+     (kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols, fp8_format fmt,
+      k_fp8_scaling scaling),
+     (c, out, scale_inv, in, rows, cols, fmt, scaling))
+/* k_fp8_gemm: out[M,N] (compute dtype, overwritten) = sa * sb * sum_k a[m,k] b[n,k], the "TN"
+ * product of k_linear_fwd (a the input, b the weight, both K-contiguous) on fp8 codes, a in
+ * format fa and b in fb (not both e5m2: cuBLASLt has no such product); sa, sb their inverse
+ * scales (k_fp8_cast): a_scale_inv[0] and b_scale_inv[0] (K_FP8_TENSORWISE) or a_scale_inv[m]
+ * and b_scale_inv[n] (K_FP8_ROWWISE).  Exact products, fp32 sums, the scaled sum rounded to
+ * bf16 on either backend (the CPU stores the bf16 value in fp32).  CUDA (cuBLASLt) needs
+ * K % 16 == 0 and N % 8 == 0 (16-byte leading dimensions) and 16-byte aligned a, b and out;
+ * anything else fails, naming what. */
+K_OP(fp8_gemm,
+     (kctx *c, void *out, const uint8_t *a, const float *a_scale_inv, fp8_format fa,
+      const uint8_t *b, const float *b_scale_inv, fp8_format fb, int M, int N, int K,
+      k_fp8_scaling scaling),
+     (c, out, a, a_scale_inv, fa, b, b_scale_inv, fb, M, N, K, scaling))
+
 /* ---- cross-entropy ---- */
 
 /* k_cross_entropy: targets[n] is the label for row n (already shifted) or K_IGNORE_INDEX.

@@ -69,6 +69,11 @@ typedef enum job_backend { JOB_BACKEND_AUTO, JOB_BACKEND_CPU, JOB_BACKEND_CUDA }
 typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE } job_on_usr1;
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 typedef enum job_round { JOB_ROUND_UP, JOB_ROUND_DOWN } job_round;
+/* train.precision (F45): the decoder linears' GEMMs in bf16 (today's) or FP8, and FP8's
+ * scaling (kernels' k_fp8_cast): one scale a tensor or one a row.  fp8 is refused for now. */
+typedef enum job_precision { JOB_PRECISION_BF16, JOB_PRECISION_FP8 } job_precision;
+typedef enum job_fp8_scaling { JOB_FP8_TENSORWISE, JOB_FP8_ROWWISE } job_fp8_scaling;
+
 /* train.objective (worker/fsdp_pref.h): supervised, or preference pairs; train.dpo_loss. */
 typedef enum job_objective { JOB_OBJECTIVE_SFT, JOB_OBJECTIVE_DPO, JOB_OBJECTIVE_ORPO } job_objective;
 typedef enum job_dpo_loss { JOB_DPO_SIGMOID, JOB_DPO_ROBUST, JOB_DPO_IPO } job_dpo_loss;
@@ -130,6 +135,8 @@ typedef struct job_config {
         job_dpo_loss dpo_loss;
         double dpo_label_smoothing;
         double orpo_lambda;
+        job_precision precision;     /* F45 */
+        job_fp8_scaling fp8_scaling; /* with precision fp8 */
         /* Not a job-file key: derived by job_resolve, global_batch / (micro_batch x world
          * size) (train.accumulation holds the same once resolved). */
         int grad_accum;

@@ -20,7 +20,7 @@
 /* cpu_<name> for every op of kernels_ops.h.  Where they are: cpu_memory.c (memory, copies,
  * the fp32 -> fp32 casts), cpu_elementwise.c (accumulate, add_f32, sumsq_f32, SwiGLU),
  * cpu_embedding.c, cpu_norm_rope.c (RMSNorm, RoPE), cpu_attention.c, cpu_linear.c,
- * cpu_loss_optim.c (cross-entropy, AdamW), cpu_nf4.c (NF4 dequantization),
+ * cpu_loss_optim.c (cross-entropy, AdamW), cpu_nf4.c (NF4 dequantization), cpu_fp8.c (FP8),
  * cpu_attention_kv.c (attention over a KV cache). */
 #define K_OP(name, params, args) void cpu_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret cpu_##name params;

@@ -41,8 +41,8 @@ void cuda_test_spin(void *stream, int *flag);
  * dropout),
  * cuda_embedding.cu, cuda_norm_rope.cu (RMSNorm, RoPE), cuda_attention.cu (head dim 64 or
  * 128; buffers 16-byte aligned; the others go to cuda_attention_generic.cu), cuda_linear.cu
- * (cuBLASLt), cuda_loss_optim.cu (cross-entropy, AdamW), cuda_nf4.cu (NF4 dequantization),
- * cuda_attention_kv.cu (attention over a KV cache). */
+ * (cuBLASLt; the FP8 GEMM too), cuda_fp8.cu (FP8 casts), cuda_loss_optim.cu (cross-entropy,
+ * AdamW), cuda_nf4.cu (NF4 dequantization), cuda_attention_kv.cu (attention over a KV cache). */
 #define K_OP(name, params, args) void cuda_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret cuda_##name params;
 #include "kernels/kernels_ops.h"
@@ -105,7 +105,8 @@ typedef struct cuda_input_error {
 typedef struct cuda_gemm {
     int used;
     int m, n, k, trans_a, trans_b, align_a, align_b, align_c;
-    cudaDataType_t out_type;
+    cudaDataType_t type_a, type_b, out_type; /* bf16 A and B, or fp8 (k_fp8_gemm) */
+    int scale_mode; /* fp8: the cublasLtMatmulMatrixScale_t of A and B; else -1 */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c;
     cublasLtMatmulAlgo_t algo;

@@ -8,6 +8,15 @@
 //   dw       dw[O,I] += dout^T[O,N] in[N,I] is  dw^T (I x O) += in^T (I x N) . dout (N x O)
 // dw is fp32 (C = D, beta = 1); out and din are bf16.  Each shape's descriptors and the
 // heuristic's algorithm are cached in the context (cuda_gemm).
+//
+// The FP8 GEMM (k_fp8_gemm, F45) is the forward's product, out[M,N] = a[M,K] b[N,K]^T, which
+// is cuBLASLt's "TN" layout (A = b transposed, B = a) that its FP8 kernels require, with
+// D = scale_A scale_B (A B): A's scale is b's inverse scale, B's is a's.  Tensorwise: one
+// fp32 scale each (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, the default); rowwise: the
+// outer-vector mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLASLt 12.9 and later: an
+// M-vector for A and an N-vector for B in cuBLASLt's names, here b's N scales and a's M).
+// Fast accumulation stays off (CUBLASLT_MATMUL_DESC_FAST_ACCUM 0: partial sums promoted to
+// fp32 by cuBLASLt).
 #include <string.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -60,10 +69,17 @@ static cuda_gemm *build_gemm(kctx *c, cuda_gemm *g, const char *what) {
     // Stored shapes: A is (k x m) when transposed else (m x k); B is (n x k) or (k x n).
     int a_rows = g->trans_a ? g->k : g->m, a_cols = g->trans_a ? g->m : g->k;
     int b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
-    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_a, CUDA_R_16BF, a_rows, a_cols, a_rows),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_a, g->type_a, a_rows, a_cols, a_rows),
              "MatrixLayoutCreate(A)");
-    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_b, CUDA_R_16BF, b_rows, b_cols, b_rows),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_b, g->type_b, b_rows, b_cols, b_rows),
              "MatrixLayoutCreate(B)");
+    if (g->scale_mode >= 0) {
+        int32_t mode = g->scale_mode;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                                sizeof mode), "set A_SCALE_MODE");
+        LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                                sizeof mode), "set B_SCALE_MODE");
+    }
     LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_c, g->out_type, g->m, g->n, g->m),
              "MatrixLayoutCreate(C)");
 
@@ -108,7 +124,9 @@ static cuda_gemm *find_gemm(kctx *c, const cuda_gemm *key, const char *what) {
         cuda_gemm *g = &s->gemms[i];
         if (g->used && g->m == key->m && g->n == key->n && g->k == key->k &&
             g->trans_a == key->trans_a && g->trans_b == key->trans_b &&
-            g->out_type == key->out_type && g->align_a == key->align_a &&
+            g->type_a == key->type_a && g->type_b == key->type_b &&
+            g->scale_mode == key->scale_mode && g->out_type == key->out_type &&
+            g->align_a == key->align_a &&
             g->align_b == key->align_b && g->align_c == key->align_c)
             return g;
     }
@@ -124,9 +142,11 @@ static cuda_gemm *find_gemm(kctx *c, const cuda_gemm *key, const char *what) {
     return build_gemm(c, slot, what);
 }
 
-// D (m x n, column-major, leading dimension m) = op(A) op(B) + beta D.
-static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, const void *a,
-                   int trans_a, const void *b, int trans_b, int m, int n, int k, float beta) {
+// The cached configuration of D (m x n, column-major) = op(A) op(B) (+ beta D), A and B of
+// types ta and tb (fp8 with scale_mode >= 0).
+static cuda_gemm *gemm_for(kctx *c, const char *what, const void *d, cudaDataType_t out_type,
+                           const void *a, cudaDataType_t ta, int trans_a, const void *b,
+                           cudaDataType_t tb, int trans_b, int m, int n, int k, int scale_mode) {
     cuda_gemm key;
     memset(&key, 0, sizeof key);
     key.m = m;
@@ -134,12 +154,18 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
     key.k = k;
     key.trans_a = trans_a;
     key.trans_b = trans_b;
+    key.type_a = ta;
+    key.type_b = tb;
+    key.scale_mode = scale_mode;
     key.out_type = out_type;
     key.align_a = alignment_of(a);
     key.align_b = alignment_of(b);
     key.align_c = alignment_of(d);
-    cuda_gemm *g = find_gemm(c, &key, what);
-    if (!g) return;
+    return find_gemm(c, &key, what);
+}
+
+static void run_gemm(kctx *c, const char *what, cuda_gemm *g, void *d, const void *a,
+                     const void *b, float beta) {
     cuda_impl *s = cuda_state(c);
     float alpha = 1.0f;
     cublasStatus_t st =
@@ -147,6 +173,14 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
                        g->layout_c, d, g->layout_c, &g->algo, s->workspace, s->workspace_bytes,
                        s->stream);
     if (st != CUBLAS_STATUS_SUCCESS) lt_failed(c, what, "Matmul", st);
+}
+
+// D (m x n, column-major, leading dimension m) = op(A) op(B) + beta D, A and B bf16.
+static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, const void *a,
+                   int trans_a, const void *b, int trans_b, int m, int n, int k, float beta) {
+    cuda_gemm *g = gemm_for(c, what, d, out_type, a, CUDA_R_16BF, trans_a, b, CUDA_R_16BF,
+                            trans_b, m, n, k, -1);
+    if (g) run_gemm(c, what, g, d, a, b, beta);
 }
 
 // out[N,O] = in[N,I] W[O,I]^T + beta out: beta 0 overwrites (linear_fwd), 1 adds (linear_fwd_acc,
@@ -174,6 +208,52 @@ extern "C" void cuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout,
         matmul(c, "linear_bwd (din)", din, CUDA_R_16BF, w, 0, dout, 0, I, N, O,
                accumulate_din ? 1.0f : 0.0f);
     if (dw) matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f);
+}
+
+// ---- FP8 (see the top) ----
+
+static cudaDataType_t fp8_type(fp8_format f) {
+    return f == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+// What cuBLASLt's FP8 kernels need that the op's contract cannot promise: 16-byte leading
+// dimensions (K bytes of a and b, 2N bytes of out) and 16-byte aligned operands.
+static int fp8_gemm_refused(kctx *c, const void *out, const void *a, const void *b, int N, int K) {
+    if (K % 16 || N % 8) {
+        k_fail(c, "fp8_gemm: cuBLASLt's FP8 GEMM needs K %% 16 == 0 and N %% 8 == 0, not "
+               "N=%d K=%d", N, K);
+        return 1;
+    }
+    if (!cuda_aligned(a, 16) || !cuda_aligned(b, 16) || !cuda_aligned(out, 16)) {
+        k_fail(c, "fp8_gemm: cuBLASLt's FP8 GEMM needs 16-byte aligned a, b and out");
+        return 1;
+    }
+    return 0;
+}
+
+extern "C" void cuda_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv,
+                              fp8_format fa, const uint8_t *b, const float *b_scale_inv,
+                              fp8_format fb, int M, int N, int K, k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_gemm", fa, fb, scaling, 1) || M <= 0 || N <= 0 || K <= 0 ||
+        fp8_gemm_refused(c, out, a, b, N, K))
+        return;
+    const char *what = "fp8_gemm";
+    int mode = scaling == K_FP8_ROWWISE ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                        : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    cuda_gemm *g = gemm_for(c, what, out, CUDA_R_16BF, b, fp8_type(fb), 1, a, fp8_type(fa), 0, N,
+                            M, K, mode);
+    if (!g) return;
+    const void *sa = b_scale_inv, *sb = a_scale_inv; // cuBLASLt's A is b, its B is a
+    cublasStatus_t st = cublasLtMatmulDescSetAttribute(
+        g->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
+                                            sizeof sb);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        lt_failed(c, what, "set A/B_SCALE_POINTER", st);
+        return;
+    }
+    run_gemm(c, what, g, out, b, a, 0.0f);
 }
 
 // ---- biases ----

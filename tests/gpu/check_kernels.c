@@ -10,7 +10,8 @@
  * Dropout is compared element by element instead: the same elements dropped as on the CPU
  * (one Philox, base/philox.h), and every value within one bf16 rounding of the CPU's.
  * NF4 dequantization is compared element by element: every value the CPU's fp32 product
- * rounded once to bf16, bit for bit.
+ * rounded once to bf16, bit for bit.  FP8 casts: every code and scale bit for bit; the FP8
+ * GEMM element by element within a bound derived from the formats (check_fp8_gemm).
  * One line per check; the last line is "N passed, N failed"; exit status 1 on any failure.
  *
  * --cpu runs every check with the CPU backend standing in for CUDA (compute buffers are then
@@ -875,6 +876,155 @@ static void check_nf4_dequant(size_t n, int double_quant) {
     release_all();
 }
 
+/* ---- FP8 (F45): casts bit for bit, the GEMM within a bound derived from the formats ---- */
+
+static const char *fp8_name(fp8_format f, k_fp8_scaling s) {
+    static const char *names[2][2] = {{"fp8_cast e4m3 tensorwise", "fp8_cast e4m3 rowwise"},
+                                      {"fp8_cast e5m2 tensorwise", "fp8_cast e5m2 rowwise"}};
+    return names[f][s];
+}
+
+typedef void fp8_cast_fn(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows,
+                         int cols, fp8_format fmt, k_fp8_scaling scaling);
+
+/* x cast by both backends with k_fp8_cast (transposed 0) or k_fp8_cast_t (1): every code and
+ * every inverse scale the same bits. */
+static void compare_cast(const float *x, int rows, int cols, fp8_format f, k_fp8_scaling s,
+                         int transposed, const char *shp) {
+    fp8_cast_fn *cast = transposed ? k_fp8_cast_t : k_fp8_cast;
+    size_t n = (size_t)rows * cols;
+    size_t ns = s == K_FP8_ROWWISE ? (size_t)(transposed ? cols : rows) : 1;
+    uint8_t *want = host_bytes(n), *got = host_bytes(n);
+    float *want_si = hfloats(ns);
+    cast(&cpu, want, want_si, x, rows, cols, f, s);
+    uint8_t *dout = dev_bytes(n, 1);
+    float *dsi = dpoison_f32(ns);
+    poison(dout, n);
+    cast(&gpu, dout, dsi, dcomp(x, n), rows, cols, f, s);
+    k_copy_d2h(&gpu, got, dout, n);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
+    size_t wrong_si = count_different(get_f32(dsi, ns), want_si, ns);
+    char op[40], measure[64];
+    snprintf(op, sizeof op, "%s%s", fp8_name(f, s), transposed ? " (T)" : "");
+    snprintf(measure, sizeof measure, "%zu of %zu codes, %zu of %zu scales wrong", wrong, n,
+             wrong_si, ns);
+    report_bool(op, shp, wrong == 0 && wrong_si == 0, measure);
+}
+
+/* Random bf16 values, row r (transposed: column r) scaled by 2^(r % 41 - 20) (so the
+ * scales differ and small rows reach e4m3's and e5m2's subnormals under a tensorwise scale),
+ * a NaN (ignored by the amax, cast to 0x7f) and a zero row (a zero column when transposed:
+ * scale 1); cast plainly or transposed (k_fp8_cast_t). */
+static void check_fp8_cast(int rows, int cols, int transposed) {
+    seed(16);
+    size_t n = (size_t)rows * cols;
+    float *x = hrandom(n, 1.0f);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            x[(size_t)r * cols + c] *= ldexpf(1.0f, (transposed ? c : r) % 41 - 20);
+    if (!transposed && rows > 2) memset(x + (size_t)(rows / 2) * cols, 0, (size_t)cols * sizeof(float));
+    for (int r = 0; transposed && cols > 2 && r < rows; r++) x[(size_t)r * cols + cols / 2] = 0.0f;
+    x[n / 3] = NAN;
+    for (int f = 0; f < 2; f++)
+        for (int s = 0; s < 2; s++)
+            compare_cast(x, rows, cols, (fp8_format)f, (k_fp8_scaling)s, transposed,
+                         shape("%dx%d", rows, cols));
+    release_all();
+}
+
+/* Every bf16 bit pattern: tensorwise, the infinities make amax infinite, so the scale is 1 and
+ * the codes are the plain conversions of all 65536 values (NaNs, infinities and overflow
+ * saturated, every tie, every subnormal); rowwise, 256 rows of 256 consecutive patterns (rows
+ * with an infinity or NaN exponent at scale 1, the others scaled). */
+static void check_fp8_all_bf16(void) {
+    float *x = hfloats(65536);
+    for (uint32_t i = 0; i < 65536; i++) x[i] = bf16_value((uint16_t)i);
+    for (int f = 0; f < 2; f++) {
+        compare_cast(x, 1, 65536, (fp8_format)f, K_FP8_TENSORWISE, 0, "every bf16 value");
+        compare_cast(x, 256, 256, (fp8_format)f, K_FP8_ROWWISE, 0, "every bf16 value, 256 rows");
+        compare_cast(x, 256, 256, (fp8_format)f, K_FP8_ROWWISE, 1, "every bf16 value, 256 rows");
+    }
+    release_all();
+}
+
+/* The GEMM's bound, element by element.  Both sides multiply the same codes by the same
+ * scales, and a product of two fp8 values is exact (at most 4 x 4 significant bits), so
+ * they differ only in how the K products are summed and rounded:
+ *   - the output rounding to bf16, on both sides: at most 2^-9 |y| each, 2^-8 |y| together;
+ *   - the CPU's fp32 sum (OpenBLAS): at most K 2^-24 S, S = sa sb sum_k |a_k b_k|;
+ *   - cuBLASLt's: Hopper's FP8 MMA adds its products into an accumulator of fewer bits than
+ *     fp32 (about 14 significant bits, as DeepSeek-V3 measured, section 3.3.2), which
+ *     cuBLASLt (fast accumulation off) promotes to fp32 every few k-blocks; taking at most 16
+ *     additions between promotions, each off by at most 2^-14 of a partial sum <= S, bounds
+ *     it by 16 2^-14 S = 2^-10 S (the fp32 sums after that add K/16 2^-24 S, inside it).
+ * So |gpu - cpu| <= 2^-8 |cpu| + 2^-10 S + K 2^-24 S, S from a CPU GEMM of the codes'
+ * magnitudes (rounded to bf16 itself: taken 1% larger).  A wrong scale, layout or format is
+ * off by far more: |y| and S are of one order where the terms do not cancel. */
+static void check_fp8_gemm(int M, int N, int K, fp8_format fa, fp8_format fb, k_fp8_scaling s) {
+    seed(17);
+    size_t na = (size_t)M * K, nb = (size_t)N * K, no = (size_t)M * N;
+    size_t nsa = s == K_FP8_ROWWISE ? (size_t)M : 1, nsb = s == K_FP8_ROWWISE ? (size_t)N : 1;
+    float *x = hrandom(na, 1.0f), *w = hrandom(nb, 0.02f);
+    uint8_t *a = host_bytes(na), *b = host_bytes(nb), *abs_a = host_bytes(na), *abs_b = host_bytes(nb);
+    float *sa = hfloats(nsa), *sb = hfloats(nsb), *want = hfloats(no), *mag = hfloats(no);
+    k_fp8_cast(&cpu, a, sa, x, M, K, fa, s);
+    k_fp8_cast(&cpu, b, sb, w, N, K, fb, s);
+    k_fp8_gemm(&cpu, want, a, sa, fa, b, sb, fb, M, N, K, s);
+    for (size_t i = 0; i < na; i++) abs_a[i] = a[i] & 0x7f;
+    for (size_t i = 0; i < nb; i++) abs_b[i] = b[i] & 0x7f;
+    k_fp8_gemm(&cpu, mag, abs_a, sa, fa, abs_b, sb, fb, M, N, K, s);
+
+    void *out = dpoison_comp(no);
+    k_fp8_gemm(&gpu, out, dbytes(a, na), df32(sa, nsa), fa, dbytes(b, nb), df32(sb, nsb), fb, M,
+               N, K, s);
+    float *got = get_comp(out, no);
+    size_t outside = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < no; i++) {
+        double S = 1.01 * mag[i];
+        double bound = ldexp(fabs(want[i]), -8) + ldexp(S, -10) + K * ldexp(S, -24);
+        double ratio = fabs((double)got[i] - want[i]) / bound;
+        if (!(ratio <= 1.0)) outside++; /* NaN counts */
+        if (ratio > worst || isnan(ratio)) worst = ratio;
+    }
+    char op[48], measure[64];
+    snprintf(op, sizeof op, "fp8_gemm %s*%s %s", fa == FP8_E4M3 ? "e4m3" : "e5m2",
+             fb == FP8_E4M3 ? "e4m3" : "e5m2", s == K_FP8_ROWWISE ? "rows" : "tensor");
+    snprintf(measure, sizeof measure, "%zu outside bound (worst %.2f)", outside, worst);
+    report_bool(op, shape("M=%d N=%d K=%d", M, N, K), outside == 0, measure);
+    report(op, shape("M=%d N=%d K=%d", M, N, K), got, want, no, TOL_GEMM);
+    release_all();
+}
+
+/* The GEMM where no sum can round: codes of -1, 0 and 1 (e4m3), so every partial sum is an
+ * integer of at most K <= 4096 in magnitude, exact in any accumulator of 13 bits or more, and
+ * power-of-two scales (a different one a row when rowwise): both sides then round the same
+ * exact value to bf16 and must agree bit for bit.  What this isolates from check_fp8_gemm's
+ * bound: the layout (which operand is transposed), the scales' mapping onto rows and
+ * columns, the output's order. */
+static void check_fp8_gemm_exact(int M, int N, int K, k_fp8_scaling s) {
+    seed(19);
+    size_t na = (size_t)M * K, nb = (size_t)N * K, no = (size_t)M * N;
+    size_t nsa = s == K_FP8_ROWWISE ? (size_t)M : 1, nsb = s == K_FP8_ROWWISE ? (size_t)N : 1;
+    uint8_t *a = host_bytes(na), *b = host_bytes(nb);
+    for (size_t i = 0; i < na; i++) a[i] = fp8_from_f32((float)irand(3) - 1.0f, FP8_E4M3);
+    for (size_t i = 0; i < nb; i++) b[i] = fp8_from_f32((float)irand(3) - 1.0f, FP8_E4M3);
+    float *sa = hfloats(nsa), *sb = hfloats(nsb), *want = hfloats(no);
+    for (size_t i = 0; i < nsa; i++) sa[i] = ldexpf(1.0f, (int)(i % 7) - 3);
+    for (size_t i = 0; i < nsb; i++) sb[i] = ldexpf(1.0f, (int)(i % 5) - 6);
+    k_fp8_gemm(&cpu, want, a, sa, FP8_E4M3, b, sb, FP8_E4M3, M, N, K, s);
+    void *out = dpoison_comp(no);
+    k_fp8_gemm(&gpu, out, dbytes(a, na), df32(sa, nsa), FP8_E4M3, dbytes(b, nb), df32(sb, nsb),
+               FP8_E4M3, M, N, K, s);
+    size_t wrong = count_different(get_comp(out, no), want, no);
+    char measure[64];
+    snprintf(measure, sizeof measure, "%zu of %zu wrong", wrong, no);
+    report_bool(s == K_FP8_ROWWISE ? "fp8_gemm exact rows" : "fp8_gemm exact tensor",
+                shape("M=%d N=%d K=%d", M, N, K), wrong == 0, measure);
+    release_all();
+}
+
 /* ---- determinism: the same inputs twice give the same bits ---- */
 
 static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
@@ -1001,6 +1151,11 @@ static void check_failures(void) {
     expect_failure("dropout", "dropout: probability 1 is outside [0, 1)");
 
     if (gpu.backend == K_CUDA) {
+        uint8_t *codes = dev_bytes(4096, 16);
+        k_fp8_gemm(&gpu, out, codes, p, FP8_E4M3, codes, p, FP8_E4M3, 4, 16, 100, K_FP8_TENSORWISE);
+        expect_failure("fp8_gemm", "needs K % 16 == 0 and N % 8 == 0, not N=16 K=100");
+        k_fp8_gemm(&gpu, out, codes + 1, p, FP8_E4M3, codes, p, FP8_E4M3, 4, 16, 64, K_FP8_TENSORWISE);
+        expect_failure("fp8_gemm", "needs 16-byte aligned a, b and out");
         k_attention_fwd(&gpu, out, p, out, out, out, NULL, 0, 1, 4, 2, 1, 300);
         expect_failure("attention_fwd", "head dim 300 is not supported");
         k_attention_bwd(&gpu, out, out, out, out, out, out, out, out, p, NULL, 0, 1, 4, 2, 1, 300);
@@ -1015,6 +1170,9 @@ static void check_failures(void) {
 #define WARMUP 3
 #define HBM_BYTES_PER_S 4.27e12
 #define BF16_FLOPS_PER_S 785e12
+#define FP8_FLOPS_PER_S (2 * BF16_FLOPS_PER_S) /* Hopper's FP8 peak is twice its bf16's */
+
+static double flops_floor = BF16_FLOPS_PER_S; /* the FLOP rate of the floor of the next lines */
 
 static cudaEvent_t events[REPS + 1];
 
@@ -1037,7 +1195,7 @@ static void bench_line(const char *op, const char *shp, double bytes, double flo
         cuda_or_die(cudaEventElapsedTime(&ms[r], events[r], events[r + 1]), "cudaEventElapsedTime");
     qsort(ms, REPS, sizeof ms[0], cmp_float);
     double s = (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2.0 / 1e3; /* median */
-    double floor_bytes = bytes / HBM_BYTES_PER_S, floor_flops = flops / BF16_FLOPS_PER_S;
+    double floor_bytes = bytes / HBM_BYTES_PER_S, floor_flops = flops / flops_floor;
     double floor = floor_bytes > floor_flops ? floor_bytes : floor_flops;
     char rate[32];
     if (flops > 0)
@@ -1203,6 +1361,37 @@ static void run_bench(void) {
               2.0 * ((double)N * lo + wi + (double)N * li) + 2.0 * ((double)N * lo + (double)N * li) +
                   8.0 * wi,
               2.0 * flops, k_linear_bwd(&gpu, dx, dW, y, x, W, N, li, lo, 0));
+    }
+
+    /* FP8 (F45): the fused cast of an activation [N, C] (bf16 in, codes and scales out), then
+     * the GEMMs at the 7B training shapes, bf16 (linear_fwd) beside fp8 tensorwise and rowwise;
+     * the fp8 floor at twice the bf16 rate */
+    uint8_t *a8 = dev_bytes(ni, 16), *w8 = dev_bytes((size_t)I * C, 16);
+    float *sa8 = bench_f32((size_t)N, 1.0f, 1), *sw8 = bench_f32((size_t)I, 1.0f, 1);
+    for (int s = 0; s < 2; s++) {
+        snprintf(sh, sizeof sh, "%s N=%d C=%d", s ? "rowwise" : "tensorwise", N, C);
+        BENCH("fp8_cast e4m3", sh, 3.0 * nc + 4.0 * (s ? N : 1), 0,
+              k_fp8_cast(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s));
+        BENCH("fp8_cast_t e4m3", sh, 3.0 * nc + 4.0 * (s ? C : 1), 0,
+              k_fp8_cast_t(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s));
+    }
+    const int fp8_outs[2] = {C, I};
+    for (int k = 0; k < 2; k++) {
+        int no8 = fp8_outs[k];
+        void *W = bench_bf16((size_t)no8 * C, 0.02f), *y = no8 == C ? out : gate;
+        double flops = 2.0 * N * C * no8, bytes16 = 2.0 * ((double)N * C + (double)no8 * C + (double)N * no8);
+        snprintf(sh, sizeof sh, "M=%d N=%d K=%d", N, no8, C);
+        BENCH("linear_fwd bf16", sh, bytes16, flops, k_linear_fwd(&gpu, y, a, W, N, C, no8));
+        flops_floor = FP8_FLOPS_PER_S;
+        for (int s = 0; s < 2; s++) {
+            k_fp8_cast(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s);
+            k_fp8_cast(&gpu, w8, sw8, W, no8, C, FP8_E4M3, (k_fp8_scaling)s);
+            BENCH(s ? "fp8_gemm rowwise" : "fp8_gemm tensorwise", sh,
+                  (double)N * C + (double)no8 * C + 2.0 * N * no8, flops,
+                  k_fp8_gemm(&gpu, y, a8, sa8, FP8_E4M3, w8, sw8, FP8_E4M3, N, no8, C,
+                             (k_fp8_scaling)s));
+        }
+        flops_floor = BF16_FLOPS_PER_S;
     }
 
     /* LoRA, rank 16, on a C -> C projection: A (C -> r), then B (r -> C) added onto the output */
@@ -1377,6 +1566,31 @@ int main(int argc, char **argv) {
         misalign = 1;
         check_nf4_dequant(257 * 64 + 33, dq);
         misalign = 0;
+    }
+
+    /* FP8: the 7B activations and weights (q_proj, gate_proj), odd sizes (one value a thread),
+     * unaligned buffers; the GEMM at the 7B shapes both scalings, a gradient's e5m2 on
+     * either side, M not a multiple of 16 */
+    check_fp8_all_bf16();
+    check_fp8_cast(4096, 4096, 0);
+    check_fp8_cast(8192, 11008, 0);
+    check_fp8_cast(333, 77, 0);
+    check_fp8_cast(1, 1, 0);
+    check_fp8_cast(4096, 4096, 1);  /* W^T of q_proj */
+    check_fp8_cast(8192, 11008, 1); /* dout^T of gate_proj */
+    check_fp8_cast(333, 77, 1);
+    misalign = 1;
+    check_fp8_cast(129, 4096, 0);
+    check_fp8_cast(129, 100, 1);
+    misalign = 0;
+    for (int s = 0; s < 2; s++) {
+        check_fp8_gemm(8192, 4096, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
+        check_fp8_gemm(2046, 11008, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
+        check_fp8_gemm(2046, 4096, 11008, FP8_E5M2, FP8_E4M3, (k_fp8_scaling)s);
+        check_fp8_gemm(2046, 4096, 4096, FP8_E4M3, FP8_E5M2, (k_fp8_scaling)s);
+        check_fp8_gemm(33, 48, 80, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
+        check_fp8_gemm_exact(2046, 1024, 4096, (k_fp8_scaling)s);
+        check_fp8_gemm_exact(33, 48, 80, (k_fp8_scaling)s);
     }
 
     printf("(%ld s)\n", (long)(time(NULL) - start));

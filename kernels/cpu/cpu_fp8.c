@@ -1,0 +1,94 @@
+/* CPU backend: FP8 casts with tensorwise or rowwise scaling, and the FP8 GEMM, the reference
+ * the CUDA kernels are checked against (base/fp8.h's rounding, bit for bit for the casts). */
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "base/bf16.h"
+
+static float amax_of(const float *x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i])); /* fmaxf drops NaNs */
+    return m;
+}
+
+/* out = fp8(in * scale) for n values; returns the inverse scale. */
+static float cast_scaled(uint8_t *out, const float *in, size_t n, float amax, fp8_format fmt) {
+    float scale = fp8_scale(amax, fmt);
+    for (size_t i = 0; i < n; i++) out[i] = fp8_from_f32(in[i] * scale, fmt);
+    return fp8_inverse_scale(scale);
+}
+
+void cpu_fp8_cast(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols,
+                  fp8_format fmt, k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_cast", fmt, fmt, scaling, 0) || rows <= 0 || cols <= 0) return;
+    const float *x = in;
+    size_t n = (size_t)rows * (size_t)cols;
+    if (scaling == K_FP8_TENSORWISE) {
+        scale_inv[0] = cast_scaled(out, x, n, amax_of(x, n), fmt);
+        return;
+    }
+    for (size_t r = 0; r < (size_t)rows; r++) {
+        const float *row = x + r * (size_t)cols;
+        scale_inv[r] = cast_scaled(out + r * (size_t)cols, row, (size_t)cols,
+                                   amax_of(row, (size_t)cols), fmt);
+    }
+}
+
+void cpu_fp8_cast_t(kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols,
+                    fp8_format fmt, k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_cast_t", fmt, fmt, scaling, 0) || rows <= 0 || cols <= 0) return;
+    const float *x = in;
+    size_t R = (size_t)rows, C = (size_t)cols;
+    float *scale = malloc(C * sizeof *scale);
+    if (!scale) {
+        k_fail(c, "fp8_cast_t: out of host memory (%d columns)", cols);
+        return;
+    }
+    float amax = scaling == K_FP8_TENSORWISE ? amax_of(x, R * C) : 0.0f;
+    for (size_t j = 0; j < C; j++) {
+        float m = amax;
+        for (size_t i = 0; scaling == K_FP8_ROWWISE && i < R; i++) m = fmaxf(m, fabsf(x[i * C + j]));
+        scale[j] = fp8_scale(m, fmt);
+        if (scaling == K_FP8_ROWWISE || j == 0) scale_inv[j] = fp8_inverse_scale(scale[j]);
+    }
+    for (size_t i = 0; i < R; i++)
+        for (size_t j = 0; j < C; j++) out[j * R + i] = fp8_from_f32(x[i * C + j] * scale[j], fmt);
+    free(scale);
+}
+
+/* n codes of format fmt decoded into a new fp32 buffer (NULL after a k_fail). */
+static float *decoded(kctx *c, const uint8_t *codes, size_t n, fp8_format fmt) {
+    float *x = malloc(n * sizeof *x);
+    if (!x) {
+        k_fail(c, "fp8_gemm: out of host memory (%zu values)", n);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) x[i] = fp8_to_f32(codes[i], fmt);
+    return x;
+}
+
+/* The products of two fp8 values are exact in fp32 (at most 4 x 4 significant bits), so the
+ * fp32 GEMM of the decoded codes (cpu_linear_fwd) sums exact terms; the scales come after,
+ * then one rounding to bf16 as the CUDA output's. */
+void cpu_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv, fp8_format fa,
+                  const uint8_t *b, const float *b_scale_inv, fp8_format fb, int M, int N, int K,
+                  k_fp8_scaling scaling) {
+    if (k_fp8_bad_args(c, "fp8_gemm", fa, fb, scaling, 1) || M <= 0 || N <= 0 || K <= 0) return;
+    float *da = decoded(c, a, (size_t)M * (size_t)K, fa);
+    float *db = da ? decoded(c, b, (size_t)N * (size_t)K, fb) : NULL;
+    if (db) {
+        float *o = out;
+        cpu_linear_fwd(c, o, da, db, M, K, N);
+        int row = scaling == K_FP8_ROWWISE;
+        for (size_t m = 0; m < (size_t)M; m++)
+            for (size_t n = 0; n < (size_t)N; n++) {
+                float s = a_scale_inv[row ? m : 0] * b_scale_inv[row ? n : 0];
+                float *y = o + m * (size_t)N + n;
+                *y = bf16_to_f32(bf16_from_f32(*y * s));
+            }
+    }
+    free(da);
+    free(db);
+}
