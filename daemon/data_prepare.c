@@ -51,6 +51,8 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
         len += snprintf(params + len, sizeof params - (size_t)len, " max%zu", o->max_record_bytes);
     if (o->format == JOB_DATA_TEXT && o->text_field && strcmp(o->text_field, "text"))
         len += snprintf(params + len, sizeof params - (size_t)len, " field %.40s", o->text_field);
+    if (o->format == JOB_DATA_PREFERENCE && o->truncation_mode == JOB_TRUNC_KEEP_END)
+        len += snprintf(params + len, sizeof params - (size_t)len, " keep_end");
     sha256_ctx c;
     sha256_init(&c);
     sha256_update(&c, data_hash, SHA256_BYTES);
@@ -67,8 +69,7 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
 static int build_cache(const cache_build_opts *o, const char *path, errbuf *err) {
     tok_writer w;
     cache_build_stats st;
-    log_event(-1, "tokenizing %s (format %s, template %s) into %s", o->data,
-              o->format == JOB_DATA_ALPACA ? "alpaca" : o->format == JOB_DATA_CHAT ? "chat" : "text",
+    log_event(-1, "tokenizing %s (format %s, template %s) into %s", o->data, job_data_format_name(o->format),
               chat_template_name(o->tpl), path);
     int rc = cache_build(o, &w, &st, err);
     /* Saved under a name of this host and process, then renamed: nodes sharing checkpoint.dir
@@ -100,6 +101,7 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
     cache_build_opts o = {.tokenizer = tk_dir, .data = j->data.path, .format = j->data.format,
                           .text_field = j->data.text_field,
                           .seq_len = j->data.seq_len, .truncate = j->data.truncate,
+                          .truncation_mode = j->data.truncation_mode,
                           .on_bad_record = j->data.on_bad_record,
                           .max_record_bytes = (size_t)j->data.max_record_bytes, .log = stderr,
                           .progress = isatty(2)};
@@ -157,7 +159,8 @@ static void cache_identity(const char *path, ckpt_data_identity *id) {
 
 static const char *source_format_name(uint32_t format) {
     return format == TOK_FORMAT_ALPACA ? "alpaca" : format == TOK_FORMAT_CHAT ? "chat"
-         : format == TOK_FORMAT_TEXT   ? "text"   : "token ids (no tokenizer)";
+         : format == TOK_FORMAT_TEXT   ? "text"   : format == TOK_FORMAT_PREFERENCE ? "preference"
+                                                  : "token ids (no tokenizer)";
 }
 
 int data_check(const job_config *j, errbuf *err) {
@@ -175,7 +178,7 @@ int data_check(const job_config *j, errbuf *err) {
     }
     if (kind == TOK_FILE_JSONL && j->data.format == JOB_DATA_TOKENS)
         return errf(err, "data.format: tokens, but data.path %s is JSONL (its first record starts with '{'), "
-                         "not a token cache: set data.format to alpaca, chat or text", j->data.path);
+                         "not a token cache: set data.format to alpaca, chat, text or preference", j->data.path);
     if (kind == TOK_FILE_JSON_ARRAY)
         return errf(err, "data.path: %s is a JSON array; data.format %s reads %s: %s", j->data.path, format,
                     j->data.format == JOB_DATA_TOKENS ? "a token cache" : "JSONL, one JSON object a line",
