@@ -125,12 +125,14 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
     return 0;
 }
 
-/* A cache made by a tokenizer must come from the model's (when the model names one).  A
- * file that is no cache is left to the workers, whose data loader reports it. */
+/* A cache made by a tokenizer must come from the model's (when the model names one; a cache
+ * of token ids, tokens or pairs, has no tokenizer).  A file that is no cache is left to the
+ * workers, whose data loader reports it. */
 static int check_cache(const job_config *j, const char *tk_dir, errbuf *err) {
     tok_source src;
     errbuf ignored;
-    if (tok_read_source(j->data.path, &src, &ignored) || src.format == TOK_FORMAT_TOKENS || !tk_dir[0])
+    if (tok_read_source(j->data.path, &src, &ignored) || src.format == TOK_FORMAT_TOKENS ||
+        src.format == TOK_FORMAT_PAIRS || !tk_dir[0]) /* ids of no tokenizer */
         return 0;
     uint8_t h[SHA256_BYTES];
     if (tokenizer_file_sha256(tk_dir, h, err)) return -1;

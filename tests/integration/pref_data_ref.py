@@ -4,8 +4,8 @@ torch).
 
     pref_data_ref.py gen DIR
         preference records of our own -> DIR/{text,conv,implicit_text,implicit_conv}.jsonl
-    pref_data_ref.py check DPO_TRAINER_PY MODEL_DIR DATA MAX_LENGTH MODE DUMP
-        DATA through TRL: DPOTrainer._prepare_dataset (extract_prompt where there is no prompt,
+    pref_data_ref.py check DPO_TRAINER_PY [MODEL_DIR DATA MAX_LENGTH MODE DUMP]...
+        each DATA through TRL: DPOTrainer._prepare_dataset (extract_prompt where there is no prompt,
         the EOS text for string records, tokenize_fn: _tokenize of the prompt with the generation
         prompt and of prompt + chosen / rejected, the completion after their common prefix, the
         keep_start filter) on a datasets.Dataset, then DataCollatorForPreference.torch_call's
@@ -109,10 +109,10 @@ def trl_functions(path):
     return env["_prepare_dataset"], env["truncate"]
 
 
-def check(dpo_py, model_dir, data, max_length, mode, dump):
+def check(prepare, truncate, model_dir, data, max_length, mode, dump):
+    """True when DUMP holds TRL's pairs of DATA."""
     import datasets
     from transformers import AutoTokenizer
-    prepare, truncate = trl_functions(dpo_py)
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(l) for l in open(data, encoding="utf-8") if l.strip()]
     args = types.SimpleNamespace(dataset_num_proc=None, max_length=max_length, truncation_mode=mode)
@@ -134,11 +134,13 @@ def check(dpo_py, model_dir, data, max_length, mode, dump):
             bad = True
             print(f"pair {k // 2} {'rejected' if k % 2 else 'chosen'}:\n  fsdpd {g}\n  TRL   {w}")
             break
-    sys.exit(1 if bad else 0)
+    return not bad
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "gen":
         gen(sys.argv[2])
     else:
-        check(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7])
+        fns, cases = trl_functions(sys.argv[2]), sys.argv[3:]
+        ok = [check(*fns, d, data, int(n), mode, dump) for d, data, n, mode, dump in zip(*[iter(cases)] * 5)]
+        sys.exit(0 if ok and all(ok) else 1)
