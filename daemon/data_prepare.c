@@ -160,9 +160,7 @@ static void cache_identity(const char *path, ckpt_data_identity *id) {
 }
 
 static const char *source_format_name(uint32_t format) {
-    return format == TOK_FORMAT_ALPACA ? "alpaca" : format == TOK_FORMAT_CHAT ? "chat"
-         : format == TOK_FORMAT_TEXT   ? "text"   : format == TOK_FORMAT_PREFERENCE ? "preference"
-                                                  : "token ids (no tokenizer)";
+    return format == TOK_FORMAT_TOKENS || format == TOK_FORMAT_PAIRS ? "token ids (no tokenizer)" : tok_format_name(format);
 }
 
 int data_check(const job_config *j, errbuf *err) {

@@ -42,6 +42,11 @@ static bool all_zero(const uint8_t *p, size_t n) {
     return true;
 }
 
+const char *tok_format_name(uint32_t format) {
+    static const char *const names[] = {"tokens", "alpaca", "chat", "text", "pairs", "preference"};
+    return format < sizeof names / sizeof names[0] ? names[format] : "unknown";
+}
+
 /* format, template and tokenizer hash go together; reserved bytes are zero. */
 static int check_source(const tok_header *h, const char *name, errbuf *err) {
     if (h->reserved0 || !all_zero(h->reserved, sizeof h->reserved))

@@ -53,6 +53,8 @@ enum { TOK_FORMAT_TOKENS = 0, TOK_FORMAT_ALPACA = 1, TOK_FORMAT_CHAT = 2, TOK_FO
 static inline int tok_format_pairs(uint32_t format) {
     return format == TOK_FORMAT_PAIRS || format == TOK_FORMAT_PREFERENCE;
 }
+/* "tokens", "alpaca", "chat", "text", "pairs", "preference" ("unknown" for another value). */
+const char *tok_format_name(uint32_t format);
 /* template: data/chat_template.h's values (1..10: llama3, llama2, chatml, alpaca, qwen2.5, qwen3,
  * mistral, mistral-v3, mistral-tekken, qwen2). */
 enum { TOK_TEMPLATE_NONE = 0, TOK_TEMPLATE_MAX = 10 };

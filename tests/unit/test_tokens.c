@@ -330,6 +330,10 @@ static void test_source_round_trip_and_strict(void **state) {
     memcpy(b + TOK_CRC_OFFSET, &crc, 4);
     expect_reject(b, len, "without a tokenizer hash");
     free(buf);
+    assert_string_equal(tok_format_name(TOK_FORMAT_CHAT), "chat");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PAIRS), "pairs");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PREFERENCE), "preference");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PREFERENCE + 1), "unknown");
 }
 
 static int setup(void **state) {
