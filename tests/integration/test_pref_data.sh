@@ -135,6 +135,9 @@ run() { # NAME OVERRIDES...
 run jsonl
 grep -q "tokenizing $tmp/conv.jsonl (format preference, template llama2)" "$tmp/jsonl.log" || { cat "$tmp/jsonl.log"; fail "no cache built from the JSONL"; }
 run cache --data.path="$tmp/pairs.tokens" --data.format=tokens
+run auto --data.format=auto --train.max_steps=1
+grep -q "data.format auto: preference (its first record has chosen and rejected)" "$tmp/auto.log" ||
+    { cat "$tmp/auto.log"; fail "data.format auto: not preference"; }
 "$venv/bin/python" - "$tmp/jsonl/metrics.jsonl" "$tmp/cache/metrics.jsonl" <<'PY' || fail "DPO on the JSONL differs from DPO on the cache of pairs"
 import json, sys
 a, b = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])

@@ -418,6 +418,12 @@ static void test_preference(void **state) {
     (void)state;
     pref_parses("{\"prompt\": \"Q\", \"chosen\": \" a\", \"rejected\": \"b\", \"x\": 1}", "Q", " a", "b");
     pref_parses("{\"chosen\": \"Hi there yes\", \"rejected\": \"Hi there no\"}", "Hi there", " yes", " no");
+    job_data_format guessed;
+    char why[96];
+    errbuf gerr = {{0}};
+    const char *implicit = "{\"chosen\": \"Q a\", \"rejected\": \"Q b\"}";
+    assert_int_equal(record_guess_format(implicit, strlen(implicit), "text", &guessed, why, sizeof why, &gerr), 0);
+    assert_int_equal(guessed, JOB_DATA_PREFERENCE);
     pref_parses("{\"chosen\": \"Hi yes\", \"rejected\": \"Hi yo\"}", "Hi y", "es", "o");
     pref_parses("{\"chosen\": \"x\u00e9\", \"rejected\": \"x\u00e8\"}", "x", "\u00e9", "\u00e8");
     pref_refused("{\"chosen\": \"\u00e9\", \"rejected\": \"\u00e8\"}", "differ from their first character");
