@@ -165,7 +165,8 @@ static int pref_string(const sample_spec *s, sample_buf *b, text_field side, boo
         run_put(b, at + side.len, e, ne))
         return errf(err, "out of memory");
     b->scratch.n = 0;
-    if (tokenizer_encode(s->tk, b->st, b->run, at + side.len + ne, TK_ADD_SPECIAL, &b->scratch, err)) return -1;
+    size_t n = at + side.len + ne;
+    if (tokenizer_encode(s->tk, b->st, b->run, n, TK_ADD_SPECIAL, &b->scratch, err)) return -1;
     for (size_t i = 0; i < b->scratch.n; i++)
         if (push_token(b, b->scratch.v[i], false)) return errf(err, "out of memory");
     return 0;
@@ -184,8 +185,8 @@ static int pref_side(const sample_spec *s, sample_buf *b, const int32_t *ids, si
     size_t lo = 0, hi = n, loss = 0, max = (size_t)s->seq_len;
     if (n > max) {
         if (!s->truncate)
-            return errf(err, "prompt + %s: %zu tokens, more than data.seq_len %d (data.truncate: true cuts it)",
-                        name, n, s->seq_len);
+            return errf(err, "prompt + %s: %zu tokens, more than data.seq_len %d (data.truncate: true "
+                             "cuts it)", name, n, s->seq_len);
         if (s->truncation_mode == JOB_TRUNC_KEEP_START) hi = max;
         else lo = n - max;
         b->truncated = true;
@@ -197,18 +198,27 @@ static int pref_side(const sample_spec *s, sample_buf *b, const int32_t *ids, si
     return loss ? SAMPLE_OK : SAMPLE_DROPPED;
 }
 
+static const char *pref_kind_name(bool conversational) { return conversational ? "conversational" : "string"; }
+
+/* Onto b->ids: k 0 the prompt, 1 prompt + chosen, 2 prompt + rejected. */
+static int pref_encode(const sample_spec *s, sample_buf *b, int k, errbuf *err) {
+    static const int conv[] = {PREF_PROMPT, PREF_CHOSEN, PREF_REJECTED};
+    const data_record *r = &b->rec;
+    if (r->pref_conversational) return pref_conversation(s, b, conv[k], err);
+    text_field side = k == 0 ? (text_field){"", 0} : k == 1 ? r->chosen : r->rejected;
+    return pref_string(s, b, side, k > 0, err);
+}
+
 static int pref_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len, errbuf *err) {
     data_record *r = &b->rec;
     if (record_parse(r, JOB_DATA_PREFERENCE, NULL, line, len, err)) return -1;
     if (r->pref_conversational != s->pref_conversational)
         return errf(err, "a %s record among %s ones (the file's first record decides, as a dataset's columns do)",
-                    r->pref_conversational ? "conversational" : "string", s->pref_conversational ? "conversational" : "string");
+                    pref_kind_name(r->pref_conversational), pref_kind_name(s->pref_conversational));
     size_t n[3];
-    for (int k = 0; k < 3; k++) { /* the prompt, prompt + chosen, prompt + rejected */
+    for (int k = 0; k < 3; k++) {
         size_t before = b->ids.n;
-        int rc = !r->pref_conversational ? pref_string(s, b, k == 0 ? (text_field){"", 0} : k == 1 ? r->chosen : r->rejected, k > 0, err)
-                                         : pref_conversation(s, b, k == 0 ? PREF_PROMPT : k - 1, err);
-        if (rc) return -1;
+        if (pref_encode(s, b, k, err)) return -1;
         n[k] = b->ids.n - before;
     }
     tk_ids three = b->ids; /* the three, kept; b->ids rebuilt as the pair */
@@ -223,7 +233,8 @@ static int pref_from_line(const sample_spec *s, sample_buf *b, const char *line,
     int rc = pref_side(s, b, c, n[1], plen, "chosen", err);
     b->split = b->ids.n;
     int rr = rc < 0 ? rc : pref_side(s, b, rj, n[2], plen, "rejected", err);
-    return rc < 0 || rr < 0 ? -1 : rc == SAMPLE_DROPPED || rr == SAMPLE_DROPPED ? SAMPLE_DROPPED : SAMPLE_OK;
+    if (rc < 0 || rr < 0) return -1;
+    return rc == SAMPLE_DROPPED || rr == SAMPLE_DROPPED ? SAMPLE_DROPPED : SAMPLE_OK;
 }
 
 int sample_from_line(const sample_spec *s, sample_buf *b, const char *line, size_t len,
