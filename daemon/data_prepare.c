@@ -182,7 +182,7 @@ int data_check(const job_config *j, errbuf *err) {
     if (kind == TOK_FILE_JSON_ARRAY)
         return errf(err, "data.path: %s is a JSON array; data.format %s reads %s: %s", j->data.path, format,
                     j->data.format == JOB_DATA_TOKENS ? "a token cache" : "JSONL, one JSON object a line",
-                    "write one record a line (jq -c '.[]' FILE) and set data.format to alpaca, chat or text");
+                    "write one record a line (jq -c '.[]' FILE) and set data.format to alpaca, chat, text or preference");
     if (kind == TOK_FILE_EMPTY || kind == TOK_FILE_OTHER)
         return errf(err, "data.path: %s is %s (data.format %s wants %s)", j->data.path, tok_file_kind_name(kind),
                     format, j->data.format == JOB_DATA_TOKENS ? "a token cache, made by fsdpctl tokenize"

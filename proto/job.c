@@ -1293,7 +1293,7 @@ static int check_data(const job_config *j, errbuf *err) {
                                             "mistral-v3", "mistral-tekken", "alpaca"};
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
-                         "JSONL file with data.format alpaca, chat or text)");
+                         "JSONL file with data.format alpaca, chat, text or preference)");
     for (size_t i = 0; i < COUNT(templates); i++)
         if (!strcmp(j->data.template_name, templates[i])) return 0;
     return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, "
@@ -1353,7 +1353,7 @@ static int check_unused(const job_config *j, errbuf *err) {
         else if (!strcmp(k->section, "data") && tokens &&
                  (!strcmp(k->name, "template") || !strcmp(k->name, "truncate") || !strcmp(k->name, "on_bad_record")))
             why = "data.format is tokens: a token cache was templated, truncated and filtered when it was "
-                  "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat or text)";
+                  "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat, text or preference)";
         else if (!strcmp(k->section, "data") && !strcmp(k->name, "truncation_mode") && j->data.format != JOB_DATA_PREFERENCE)
             why = "data.format is not preference (the key is TRL's truncation_mode, for pairs)";
         else if (!strcmp(k->section, "train") && !strncmp(k->name, "dpo_", 4) && j->train.objective != JOB_OBJECTIVE_DPO)
