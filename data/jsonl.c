@@ -232,6 +232,12 @@ static int pref_lists(data_record *r, json_t *prompt, json_t *chosen, json_t *re
 }
 
 static int parse_preference(data_record *r, json_t *root, errbuf *err) {
+    static const char *const unbuilt[] = {"tools", "chat_template_kwargs", "images", "image"};
+    for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++) {
+        json_t *v = json_object_get(root, unbuilt[i]);
+        if (v && !json_is_null(v)) /* TRL hands them to the template or the processor */
+            return errf(err, "\"%s\": preference records with it are not built yet", unbuilt[i]);
+    }
     json_t *prompt = NULL, *chosen, *rejected;
     bool lp = false, lc, lr;
     if (json_object_get(root, "prompt") && pref_field(root, "prompt", &prompt, &lp, err)) return -1;

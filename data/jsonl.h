@@ -11,7 +11,8 @@
  *           assistant turn.  Without "prompt" (TRL's implicit prompt), the prompt is what chosen
  *           and rejected share, as TRL's extract_prompt takes it: their common first messages,
  *           or of strings their common first characters less a last space; refused when they
- *           share nothing or one is the other's start.
+ *           share nothing or one is the other's start.  A record with "tools",
+ *           "chat_template_kwargs", "images" or "image" (not null) is refused: not built yet.
  *
  * Other fields are ignored.  Strings are UTF-8 without NUL characters.  A record's strings
  * point into its parsed JSON, valid until record_clear or the next record_parse. */

@@ -428,6 +428,8 @@ static void test_preference(void **state) {
     pref_parses("{\"chosen\": \"x\u00e9\", \"rejected\": \"x\u00e8\"}", "x", "\u00e9", "\u00e8");
     pref_refused("{\"chosen\": \"\u00e9\", \"rejected\": \"\u00e8\"}", "differ from their first character");
     pref_refused("{\"chosen\": \"ab\", \"rejected\": \"abc\"}", "do not differ");
+    pref_refused("{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"tools\": []}", "\"tools\": preference records with it are not built yet");
+    pref_parses("{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"tools\": null}", "Q", "a", "b");
     pref_refused("{\"prompt\": null, \"chosen\": \"a\", \"rejected\": \"b\"}", "\"prompt\" is neither a string nor a list");
     pref_refused("{\"prompt\": [], \"chosen\": [], \"rejected\": []}", "\"prompt\" is an empty list");
     pref_refused("{\"prompt\": [{\"role\": \"tool\", \"content\": \"x\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
