@@ -8,13 +8,16 @@
  * --no-add-special leaves out the post-processor's BOS/EOS; --split-special encodes special
  * token text as plain text (tokenizers' encode_special_tokens=True).
  *
- * --data FILE.jsonl --format alpaca|chat|text [--template T] --seq-len N: a user's JSONL file
+ * --data FILE.jsonl --format alpaca|chat|text|preference [--template T] --seq-len N: a user's JSONL file
  * into a cache (data/cache_build.h) on every core (--threads), a progress bar on stderr when it
  * is a terminal: --out CACHE writes it, --show K prints the first K samples as text with the
  * loss-bearing tokens between « and », with their ids and labels, --dump-jsonl OUT writes one
  * {"input_ids": [...], "labels": [...]} line a sample (labels -100 where no loss).
  * --no-truncate refuses a sample longer than --seq-len instead of cutting it;
  * --on-bad-record skip passes over bad records (counted) instead of stopping at the first.
+ * --format preference makes a cache of pairs (data/sample.h; --truncation-mode keep_start or
+ * keep_end, data.truncation_mode): --show K prints K pairs, each side with its prompt, and
+ * the counts are of pairs.
  *
  * --from-safetensors FILE: a batch file (proto/batch.h, the golden references' form) whose
  * rows become records, one a row, in order: every input id is a token, and a label either
@@ -52,13 +55,14 @@ static int tokenize_usage(void) {
                     "--jsonl FILE)\n"
                     "                        [--no-add-special] [--split-special] [--json]\n"
                     "       fsdpctl tokenize --tokenizer PATH --data FILE.jsonl --format "
-                    "alpaca|chat|text\n"
+                    "alpaca|chat|text|preference\n"
                     "                        [--template llama3|llama2|chatml|qwen2|qwen2.5|qwen3|mistral|\n"
                     "                        mistral-v3|mistral-tekken|alpaca|auto] "
                     "--seq-len N\n"
                     "                        [--out CACHE] [--show K] [--dump-jsonl OUT] "
                     "[--no-truncate]\n"
-                    "                        [--on-bad-record fail|skip] [--threads N]\n");
+                    "                        [--on-bad-record fail|skip] [--threads N]\n"
+                    "                        [--truncation-mode keep_start|keep_end] (preference)\n");
     return 2;
 }
 
@@ -256,7 +260,7 @@ static int tokenize_with(const tok_opts *o, errbuf *err) {
 typedef struct data_opts {
     const char *data, *format, *template_name, *out, *dump;
     int seq_len, show, threads;
-    bool truncate, skip_bad;
+    bool truncate, skip_bad, keep_end;
 } data_opts;
 
 /* The text of ids[from, to) as the prefix decodes grow (decoding a run alone would lose a
@@ -278,12 +282,18 @@ static void print_list(const char *name, const int32_t *ids, const uint8_t *mask
     putchar('\n');
 }
 
+/* Record r: "sample K", or in a cache of pairs "pair K, chosen" / "pair K, rejected" (the
+ * prompt is the text before the first «). */
 static int show_sample(const tokenizer *tk, const tok_writer *w, uint64_t r, errbuf *err) {
     const int32_t *ids = w->tokens + w->offsets[r];
     const uint8_t *mask = w->mask + w->offsets[r];
-    size_t n = w->offsets[r + 1] - w->offsets[r], loss = 0;
+    size_t n = w->offsets[r + 1] - w->offsets[r], loss = 0, prompt = 0;
     for (size_t i = 0; i < n; i++) loss += mask[i];
-    printf("sample %llu: %zu tokens, %zu with loss (between « and »)\n", (unsigned long long)r + 1, n, loss);
+    while (prompt < n && !mask[prompt]) prompt++;
+    if (tok_format_pairs(w->source.format))
+        printf("pair %llu, %s: %zu tokens, the prompt's %zu, %zu with loss (between « and »)\n",
+               (unsigned long long)r / 2 + 1, r % 2 ? "rejected" : "chosen", n, prompt, loss);
+    else printf("sample %llu: %zu tokens, %zu with loss (between « and »)\n", (unsigned long long)r + 1, n, loss);
     for (size_t i = 0; i < n;) {
         size_t j = i;
         while (j < n && mask[j] == mask[i]) j++;
@@ -318,7 +328,8 @@ static int show_and_save(const char *tk_path, const data_opts *d, const tok_writ
         tokenizer *tk = tokenizer_load(tk_path, err);
         if (!tk) return -1;
         int rc = 0;
-        for (uint64_t r = 0; rc == 0 && r < w->n_records && r < (uint64_t)d->show; r++)
+        uint64_t shown = (uint64_t)d->show * (tok_format_pairs(w->source.format) ? 2 : 1); /* --show K: K pairs */
+        for (uint64_t r = 0; rc == 0 && r < w->n_records && r < shown; r++)
             rc = show_sample(tk, w, r, err);
         tokenizer_free(tk);
         if (rc) return -1;
@@ -333,7 +344,7 @@ static int print_packing(const tok_writer *w, int seq_len, errbuf *err) {
     tok_cache view = {.path = "the samples", .n_records = w->n_records, .n_tokens = w->n_tokens,
                       .offsets = w->offsets, .tokens = w->tokens, .mask = w->mask};
     uint64_t *starts, rows, real;
-    if (w->n_records == 0) return 0;
+    if (w->n_records == 0 || tok_format_pairs(w->source.format)) return 0; /* pairs are not packed */
     if (rows_pack(&view, seq_len, &starts, &rows, &real, err)) return -1;
     free(starts);
     printf("packing (data.packing=true): %llu rows of %d, efficiency %.1f%% (real tokens / row tokens); "
@@ -350,7 +361,11 @@ static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
     if (!strcmp(d->format, "alpaca")) o.format = JOB_DATA_ALPACA;
     else if (!strcmp(d->format, "chat")) o.format = JOB_DATA_CHAT;
     else if (!strcmp(d->format, "text")) o.format = JOB_DATA_TEXT;
-    else return errf(err, "--format: '%s' is not alpaca, chat or text", d->format);
+    else if (!strcmp(d->format, "preference")) o.format = JOB_DATA_PREFERENCE;
+    else return errf(err, "--format: '%s' is not alpaca, chat, text or preference", d->format);
+    if (d->keep_end && o.format != JOB_DATA_PREFERENCE)
+        return errf(err, "--truncation-mode keep_end: for --format preference only");
+    o.truncation_mode = d->keep_end ? JOB_TRUNC_KEEP_END : JOB_TRUNC_KEEP_START;
     if (resolve_template(d->template_name ? d->template_name : "", o.format, tk_path, &o.tpl, err))
         return -1;
     tok_writer w;
@@ -358,9 +373,10 @@ static int tokenize_data(const char *tk_path, const data_opts *d, errbuf *err) {
     int rc = cache_build(&o, &w, &st, err);
     if (rc == 0) rc = show_and_save(tk_path, d, &w, err);
     if (rc == 0)
-        printf("%s%s: %llu samples (%llu tokens, %llu with loss) from %llu records; %llu skipped, "
+        printf("%s%s: %llu %s (%llu tokens, %llu with loss) from %llu records; %llu skipped, "
                "%llu dropped (no loss token), %llu truncated; format %s, template %s\n",
                d->out ? "wrote " : "", d->out ? d->out : d->data, (unsigned long long)st.samples,
+               o.format == JOB_DATA_PREFERENCE ? "pairs" : "samples",
                (unsigned long long)st.tokens, (unsigned long long)st.loss_tokens,
                (unsigned long long)st.lines, (unsigned long long)st.skipped,
                (unsigned long long)st.dropped, (unsigned long long)st.truncated, d->format,
@@ -396,6 +412,7 @@ int cmd_tokenize(int argc, char **argv) {
                                              {"no-truncate", no_argument, 0, 'N'},
                                              {"on-bad-record", required_argument, 0, 'B'},
                                              {"pairs", no_argument, 0, 'p'},
+                                             {"truncation-mode", required_argument, 0, 'M'},
                                              {0, 0, 0, 0}};
     data_opts d = {.truncate = true};
     bool pairs = false;
@@ -423,6 +440,8 @@ int cmd_tokenize(int argc, char **argv) {
         else if (opt == 'J') d.dump = optarg;
         else if (opt == 'N') d.truncate = false;
         else if (opt == 'p') pairs = true;
+        else if (opt == 'M' && (!strcmp(optarg, "keep_start") || !strcmp(optarg, "keep_end")))
+            d.keep_end = !strcmp(optarg, "keep_end");
         else if (opt == 'B' && (!strcmp(optarg, "skip") || !strcmp(optarg, "fail"))) d.skip_bad = !strcmp(optarg, "skip");
         else {
             if (opt == '?') ctl_flag_error("tokenize", argv);

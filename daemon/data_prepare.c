@@ -51,6 +51,8 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
         len += snprintf(params + len, sizeof params - (size_t)len, " max%zu", o->max_record_bytes);
     if (o->format == JOB_DATA_TEXT && o->text_field && strcmp(o->text_field, "text"))
         len += snprintf(params + len, sizeof params - (size_t)len, " field %.40s", o->text_field);
+    if (o->format == JOB_DATA_PREFERENCE && o->truncation_mode == JOB_TRUNC_KEEP_END)
+        len += snprintf(params + len, sizeof params - (size_t)len, " keep_end");
     sha256_ctx c;
     sha256_init(&c);
     sha256_update(&c, data_hash, SHA256_BYTES);
@@ -67,8 +69,7 @@ static int cache_name(const job_config *j, const cache_build_opts *o, const uint
 static int build_cache(const cache_build_opts *o, const char *path, errbuf *err) {
     tok_writer w;
     cache_build_stats st;
-    log_event(-1, "tokenizing %s (format %s, template %s) into %s", o->data,
-              o->format == JOB_DATA_ALPACA ? "alpaca" : o->format == JOB_DATA_CHAT ? "chat" : "text",
+    log_event(-1, "tokenizing %s (format %s, template %s) into %s", o->data, job_data_format_name(o->format),
               chat_template_name(o->tpl), path);
     int rc = cache_build(o, &w, &st, err);
     /* Saved under a name of this host and process, then renamed: nodes sharing checkpoint.dir
@@ -100,6 +101,7 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
     cache_build_opts o = {.tokenizer = tk_dir, .data = j->data.path, .format = j->data.format,
                           .text_field = j->data.text_field,
                           .seq_len = j->data.seq_len, .truncate = j->data.truncate,
+                          .truncation_mode = j->data.truncation_mode,
                           .on_bad_record = j->data.on_bad_record,
                           .max_record_bytes = (size_t)j->data.max_record_bytes, .log = stderr,
                           .progress = isatty(2)};
@@ -123,12 +125,14 @@ static int prepare_jsonl(job_config *j, const char *tk_dir, ckpt_data_identity *
     return 0;
 }
 
-/* A cache made by a tokenizer must come from the model's (when the model names one).  A
- * file that is no cache is left to the workers, whose data loader reports it. */
+/* A cache made by a tokenizer must come from the model's (when the model names one; a cache
+ * of token ids, tokens or pairs, has no tokenizer).  A file that is no cache is left to the
+ * workers, whose data loader reports it. */
 static int check_cache(const job_config *j, const char *tk_dir, errbuf *err) {
     tok_source src;
     errbuf ignored;
-    if (tok_read_source(j->data.path, &src, &ignored) || src.format == TOK_FORMAT_TOKENS || !tk_dir[0])
+    if (tok_read_source(j->data.path, &src, &ignored) || src.format == TOK_FORMAT_TOKENS ||
+        src.format == TOK_FORMAT_PAIRS || !tk_dir[0]) /* ids of no tokenizer */
         return 0;
     uint8_t h[SHA256_BYTES];
     if (tokenizer_file_sha256(tk_dir, h, err)) return -1;
@@ -156,8 +160,7 @@ static void cache_identity(const char *path, ckpt_data_identity *id) {
 }
 
 static const char *source_format_name(uint32_t format) {
-    return format == TOK_FORMAT_ALPACA ? "alpaca" : format == TOK_FORMAT_CHAT ? "chat"
-         : format == TOK_FORMAT_TEXT   ? "text"   : "token ids (no tokenizer)";
+    return format == TOK_FORMAT_TOKENS || format == TOK_FORMAT_PAIRS ? "token ids (no tokenizer)" : tok_format_name(format);
 }
 
 int data_check(const job_config *j, errbuf *err) {
@@ -175,11 +178,11 @@ int data_check(const job_config *j, errbuf *err) {
     }
     if (kind == TOK_FILE_JSONL && j->data.format == JOB_DATA_TOKENS)
         return errf(err, "data.format: tokens, but data.path %s is JSONL (its first record starts with '{'), "
-                         "not a token cache: set data.format to alpaca, chat or text", j->data.path);
+                         "not a token cache: set data.format to alpaca, chat, text or preference", j->data.path);
     if (kind == TOK_FILE_JSON_ARRAY)
         return errf(err, "data.path: %s is a JSON array; data.format %s reads %s: %s", j->data.path, format,
                     j->data.format == JOB_DATA_TOKENS ? "a token cache" : "JSONL, one JSON object a line",
-                    "write one record a line (jq -c '.[]' FILE) and set data.format to alpaca, chat or text");
+                    "write one record a line (jq -c '.[]' FILE) and set data.format to alpaca, chat, text or preference");
     if (kind == TOK_FILE_EMPTY || kind == TOK_FILE_OTHER)
         return errf(err, "data.path: %s is %s (data.format %s wants %s)", j->data.path, tok_file_kind_name(kind),
                     format, j->data.format == JOB_DATA_TOKENS ? "a token cache, made by fsdpctl tokenize"

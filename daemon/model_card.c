@@ -188,10 +188,6 @@ typedef struct data_facts {
     int format, tpl; /* the cache's TOK_FORMAT_* and chat template */
 } data_facts;
 
-static const char *format_name(int f) {
-    return f == TOK_FORMAT_ALPACA ? "alpaca" : f == TOK_FORMAT_CHAT ? "chat" : f == TOK_FORMAT_TEXT ? "text" : "tokens";
-}
-
 static void print_value(FILE *f, json_t *v) {
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
     fputs(s ? s : "?", f);
@@ -254,7 +250,7 @@ static char *card_text(const job_config *j, const data_facts *d, const run_recor
     if (adapter)
         fprintf(f, "Adapter: rank %lld, alpha %g (scale %g) on %d module kinds.\n\n", (long long)r->lora_rank,
                 r->lora_alpha, r->lora_scale, r->n_lora_targets);
-    fprintf(f, "## Data\n\n- file: `%s`\n- format: %s", d->file, format_name(d->format));
+    fprintf(f, "## Data\n\n- file: `%s`\n- format: %s", d->file, tok_format_name((uint32_t)d->format));
     if (d->tpl != TPL_NONE) fprintf(f, ", chat template %s", chat_template_name((chat_template)d->tpl));
     fprintf(f, "\n- records: %llu, tokens: %llu (sequence length %lld)\n\n", (unsigned long long)d->records,
             (unsigned long long)d->tokens, (long long)r->seq_len);

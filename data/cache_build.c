@@ -46,6 +46,7 @@ typedef struct build {
     const cache_build_opts *o;
     sample_spec spec;
     const char *text;
+    size_t len;
     line_ref *lines;
     size_t n_lines, n_chunks;
     chunk_out *out;
@@ -65,15 +66,16 @@ static int chunk_push(chunk_out *c, const sample_buf *b) {
         c->mask = m;
         c->mask_cap = cap;
     }
-    uint64_t *lens = realloc(c->lens, (c->n_samples + 1) * sizeof *lens);
+    uint64_t *lens = realloc(c->lens, (c->n_samples + 2) * sizeof *lens);
     if (!lens) return -1;
     c->lens = lens;
+    if (b->split) c->lens[c->n_samples++] = b->split; /* a pair: two records, one sample */
+    c->lens[c->n_samples++] = b->ids.n - b->split;
     memcpy(c->mask + c->ids.n, b->mask, b->ids.n);
     for (size_t i = 0; i < b->ids.n; i++) {
         if (tk_ids_push(&c->ids, b->ids.v[i])) return -1;
         c->stats.loss_tokens += b->mask[i];
     }
-    c->lens[c->n_samples++] = b->ids.n;
     c->stats.tokens += b->ids.n;
     c->stats.samples++;
     c->stats.truncated += b->truncated;
@@ -246,7 +248,25 @@ static int build_from_text(build *B, tok_writer *w, cache_build_stats *stats, si
 }
 
 static uint32_t format_code(job_data_format f) {
-    return f == JOB_DATA_ALPACA ? TOK_FORMAT_ALPACA : f == JOB_DATA_CHAT ? TOK_FORMAT_CHAT : TOK_FORMAT_TEXT;
+    return f == JOB_DATA_ALPACA ? TOK_FORMAT_ALPACA : f == JOB_DATA_CHAT ? TOK_FORMAT_CHAT
+         : f == JOB_DATA_PREFERENCE ? TOK_FORMAT_PREFERENCE : TOK_FORMAT_TEXT;
+}
+
+/* Preference: the first record that says decides the kind; conversational records need a
+ * template, string records use none (TRL tokenizes them as they are). */
+static int pref_kind(const build *B, chat_template *tpl, bool *conv, errbuf *err) {
+    jsonl_cursor cur;
+    const char *line;
+    size_t n;
+    *conv = false;
+    jsonl_cursor_init(&cur, B->text, B->len);
+    while (jsonl_next(&cur, &line, &n) && !record_pref_kind(line, n, conv)) {
+    }
+    if (*conv && *tpl == TPL_NONE)
+        return errf(err, "%s: conversational preference records need a chat template: set data.template "
+                         "(one of " CHAT_TEMPLATE_NAMES "; auto found none)", B->o->data);
+    if (!*conv) *tpl = TPL_NONE;
+    return 0;
 }
 
 int cache_build(const cache_build_opts *o, tok_writer *w, cache_build_stats *stats, errbuf *err) {
@@ -256,17 +276,21 @@ int cache_build(const cache_build_opts *o, tok_writer *w, cache_build_stats *sta
     if (!tk) return -1;
     tok_writer_init(w, (uint32_t)tokenizer_vocab_size(tk));
     w->source.format = format_code(o->format);
-    w->source.template_id = o->format == JOB_DATA_ALPACA ? TPL_ALPACA : (uint32_t)o->tpl;
     void *map = NULL;
     size_t len = 0;
+    chat_template tpl = o->tpl;
     int rc = tokenizer_file_sha256(o->tokenizer, w->source.tokenizer_sha256, err) ||
-             sample_spec_init(&B.spec, tk, o->format, o->tpl, o->seq_len, o->truncate, err) ||
              file_map_readonly(o->data, &map, &len, err);
+    B.text = map;
+    B.len = len;
+    bool conv = false;
+    if (rc == 0 && o->format == JOB_DATA_PREFERENCE) rc = pref_kind(&B, &tpl, &conv, err);
+    if (rc == 0) rc = sample_spec_init(&B.spec, tk, o->format, tpl, o->seq_len, o->truncate, err);
+    B.spec.pref_conversational = conv;
+    B.spec.truncation_mode = o->truncation_mode;
+    w->source.template_id = o->format == JOB_DATA_ALPACA ? TPL_ALPACA : (uint32_t)tpl;
     if (o->text_field) B.spec.text_field = o->text_field;
-    if (rc == 0) {
-        B.text = map;
-        rc = build_from_text(&B, w, stats, len, err);
-    }
+    if (rc == 0) rc = build_from_text(&B, w, stats, len, err);
     if (map && len) munmap(map, len);
     free_build(&B);
     tokenizer_free(tk);
@@ -296,9 +320,16 @@ int resolve_template(const char *name, job_data_format format, const char *token
                      chat_template *t, errbuf *err) {
     if (chat_template_parse(name, t, err)) return -1;
     bool automatic = !name[0] || !strcmp(name, "auto");
-    if (!automatic || format != JOB_DATA_CHAT) return 0;
+    if (!automatic || (format != JOB_DATA_CHAT && format != JOB_DATA_PREFERENCE)) return 0;
     struct stat st;
-    if (stat(tokenizer_path, &st) != 0 || !S_ISDIR(st.st_mode))
+    bool dir = stat(tokenizer_path, &st) == 0 && S_ISDIR(st.st_mode);
+    errbuf ignored;
+    if (format == JOB_DATA_PREFERENCE) /* cache_build refuses conversational records without one */
+    {
+        if (dir && chat_template_from_model(tokenizer_path, t, &ignored)) *t = TPL_NONE;
+        return 0;
+    }
+    if (!dir)
         return errf(err, "data.template: auto needs a model directory's tokenizer_config.json (%s "
                          "is a file); set data.template to one of " CHAT_TEMPLATE_NAMES,
                     tokenizer_path);

@@ -6,7 +6,9 @@
  * the build with its line and reason (on_bad_record fail) or is skipped and counted, the
  * first few logged with their line numbers (skip).  A sample with no loss token left after
  * truncation is dropped and counted.  The cache records the sha256 of tokenizer.json, the
- * format and the template. */
+ * format and the template.  Preference records (data/sample.h) make a cache of pairs
+ * (TOK_FORMAT_PREFERENCE: two records a pair, samples counting pairs); the first record that
+ * says decides whether they are conversational (the template's) or strings (no template). */
 #ifndef FSDP_DATA_CACHE_BUILD_H
 #define FSDP_DATA_CACHE_BUILD_H
 
@@ -22,11 +24,12 @@
 typedef struct cache_build_opts {
     const char *tokenizer;  /* a model directory or a tokenizer.json */
     const char *data;       /* the JSONL file */
-    job_data_format format; /* alpaca, chat or text */
+    job_data_format format; /* alpaca, chat, text or preference */
     const char *text_field; /* text's field; NULL: "text" */
     chat_template tpl;      /* TPL_NONE for text (alpaca: TPL_NONE or TPL_ALPACA) */
     int seq_len;
     bool truncate;
+    job_truncation_mode truncation_mode; /* preference */
     job_bad_record on_bad_record;
     size_t max_record_bytes; /* a longer line is a bad record; 0: JOB_MAX_RECORD_BYTES */
     int threads;            /* 0: every core */
@@ -44,7 +47,8 @@ int cache_build(const cache_build_opts *o, tok_writer *w, cache_build_stats *sta
 /* sha256 of the tokenizer.json at path (a model directory or the file). */
 int tokenizer_file_sha256(const char *path, uint8_t out[TOK_SHA256_BYTES], errbuf *err);
 /* The template data.template names for format, "auto" (or "") resolved from the
- * tokenizer's directory for chat: TPL_NONE for text and alpaca's default. */
+ * tokenizer's directory for chat (and for preference, TPL_NONE where there is none: string
+ * records need none): TPL_NONE for text and alpaca's default. */
 int resolve_template(const char *name, job_data_format format, const char *tokenizer_path,
                      chat_template *t, errbuf *err);
 

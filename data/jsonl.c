@@ -39,6 +39,9 @@ void record_clear(data_record *r) {
     memset(&r->input, 0, sizeof r->input);
     memset(&r->output, 0, sizeof r->output);
     memset(&r->text, 0, sizeof r->text);
+    r->pref_conversational = false;
+    r->prompt = r->chosen = r->rejected = (text_field){NULL, 0};
+    memset(r->conv, 0, sizeof r->conv);
 }
 
 void record_free(data_record *r) {
@@ -152,6 +155,110 @@ int record_parse_prompt(data_record *r, const char *line, size_t len, text_field
     return push_msg(r, ROLE_ASSISTANT, (text_field){"", 0}, err);
 }
 
+/* A preference field: a string (*list false) or a non-empty list of messages. */
+static int pref_field(json_t *root, const char *key, json_t **v, bool *list, errbuf *err) {
+    *v = json_object_get(root, key);
+    if (!*v) return errf(err, "no \"%s\" field", key);
+    *list = json_is_array(*v);
+    if (!*list && !json_is_string(*v))
+        return errf(err, "\"%s\" is neither a string nor a list of messages", key);
+    if (*list && !json_array_size(*v)) return errf(err, "\"%s\" is an empty list", key);
+    return 0;
+}
+
+static bool same_msg(const chat_msg *a, const chat_msg *b) {
+    return a->role == b->role && a->len == b->len && !memcmp(a->text, b->text, a->len);
+}
+
+/* The implicit prompt of two strings: extract_prompt's index, the first character where they
+ * differ, one less after a space; -1 when they do not differ, -2 when they differ at once. */
+static long string_prompt_end(text_field c, text_field r) {
+    size_t n = c.len < r.len ? c.len : r.len, i = 0;
+    while (i < n && c.s[i] == r.s[i]) i++;
+    if (i == n) return -1;
+    while (i > 0 && ((unsigned char)c.s[i] & 0xC0) == 0x80) i--; /* the differing code point's start */
+    if (i == 0) return -2;
+    return c.s[i - 1] == ' ' ? (long)i - 1 : (long)i;
+}
+
+/* Strings: prompt, chosen, rejected (split off chosen and rejected when implicit). */
+static int pref_strings(data_record *r, json_t *prompt, json_t *chosen, json_t *rejected, errbuf *err) {
+    r->chosen = (text_field){json_string_value(chosen), json_string_length(chosen)};
+    r->rejected = (text_field){json_string_value(rejected), json_string_length(rejected)};
+    if (prompt) {
+        r->prompt = (text_field){json_string_value(prompt), json_string_length(prompt)};
+        return 0;
+    }
+    long k = string_prompt_end(r->chosen, r->rejected);
+    if (k < 0)
+        return errf(err, "no \"prompt\", and chosen and rejected %s: no implicit prompt",
+                    k == -2 ? "differ from their first character" : "do not differ (one is the other's start)");
+    r->prompt = (text_field){r->chosen.s, (size_t)k};
+    r->chosen.s += k, r->chosen.len -= (size_t)k;
+    r->rejected.s += k, r->rejected.len -= (size_t)k;
+    return 0;
+}
+
+static int read_list(data_record *r, json_t *list, const char *key, errbuf *err) {
+    return read_turns(r, list, key, "role", "content", message_roles, false, err);
+}
+
+/* Lists: msgs = prompt, chosen, prompt, rejected (explicit) or chosen, rejected (implicit: the
+ * prompt their common first messages), then the prompt again and an empty assistant turn. */
+static int pref_lists(data_record *r, json_t *prompt, json_t *chosen, json_t *rejected, errbuf *err) {
+    size_t np = prompt ? json_array_size(prompt) : 0;
+    if ((prompt && read_list(r, prompt, "prompt", err)) || read_list(r, chosen, "chosen", err) ||
+        (prompt && read_list(r, prompt, "prompt", err)) || read_list(r, rejected, "rejected", err))
+        return -1;
+    size_t nc = json_array_size(chosen), nr = json_array_size(rejected);
+    if (!prompt) {
+        const chat_msg *c = r->msgs, *rj = r->msgs + nc;
+        while (np < nc && np < nr && same_msg(&c[np], &rj[np])) np++;
+        if (np == 0 || np == nc || np == nr)
+            return errf(err, "no \"prompt\", and chosen and rejected %s: no implicit prompt",
+                        np ? "do not differ (one is the other's start)" : "differ from their first message");
+        nc -= np, nr -= np;
+    }
+    r->conv[PREF_CHOSEN].start = 0, r->conv[PREF_CHOSEN].n = np + nc;
+    r->conv[PREF_REJECTED].start = np + nc, r->conv[PREF_REJECTED].n = np + nr;
+    r->conv[PREF_PROMPT].start = 2 * np + nc + nr, r->conv[PREF_PROMPT].n = np + 1;
+    if (r->msgs[np - 1].role != ROLE_USER) return errf(err, "the prompt does not end with a user turn");
+    if (r->msgs[np].role != ROLE_ASSISTANT || r->msgs[2 * np + nc].role != ROLE_ASSISTANT)
+        return errf(err, "%s does not start with an assistant turn",
+                    r->msgs[np].role != ROLE_ASSISTANT ? "chosen" : "rejected");
+    for (size_t i = 0; i < np; i++)
+        if (push_msg(r, r->msgs[i].role, (text_field){r->msgs[i].text, r->msgs[i].len}, err)) return -1;
+    return push_msg(r, ROLE_ASSISTANT, (text_field){"", 0}, err);
+}
+
+static int parse_preference(data_record *r, json_t *root, errbuf *err) {
+    static const char *const unbuilt[] = {"tools", "chat_template_kwargs", "images", "image"};
+    for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++) {
+        json_t *v = json_object_get(root, unbuilt[i]);
+        if (v && !json_is_null(v)) /* TRL hands them to the template or the processor */
+            return errf(err, "\"%s\": preference records with it are not built yet", unbuilt[i]);
+    }
+    json_t *prompt = NULL, *chosen, *rejected;
+    bool lp = false, lc, lr;
+    if (json_object_get(root, "prompt") && pref_field(root, "prompt", &prompt, &lp, err)) return -1;
+    if (pref_field(root, "chosen", &chosen, &lc, err) || pref_field(root, "rejected", &rejected, &lr, err))
+        return -1;
+    if (lc != lr || (prompt && lp != lc))
+        return errf(err, "%s is a %s but chosen is a %s: the three are all strings or all lists of messages",
+                    lc != lr ? "rejected" : "prompt", (lc != lr ? lr : lp) ? "list" : "string", lc ? "list" : "string");
+    r->pref_conversational = lc;
+    return lc ? pref_lists(r, prompt, chosen, rejected, err) : pref_strings(r, prompt, chosen, rejected, err);
+}
+
+int record_pref_kind(const char *line, size_t len, bool *conversational) {
+    json_t *root = json_loadb(line, len, 0, NULL);
+    json_t *chosen = json_object_get(root, "chosen");
+    int known = json_is_array(chosen) || json_is_string(chosen);
+    *conversational = json_is_array(chosen);
+    json_decref(root);
+    return known;
+}
+
 int record_parse(data_record *r, job_data_format format, const char *text_field, const char *line,
                  size_t len, errbuf *err) {
     if (load_object(r, line, len, err)) return -1;
@@ -165,6 +272,7 @@ int record_parse(data_record *r, job_data_format format, const char *text_field,
                    : 0;
     case JOB_DATA_CHAT: return parse_chat(r, root, true, err);
     case JOB_DATA_TEXT: return get_string(root, text_field, false, &r->text, "", err);
+    case JOB_DATA_PREFERENCE: return parse_preference(r, root, err);
     case JOB_DATA_TOKENS:
     case JOB_DATA_AUTO: break;
     }
@@ -181,6 +289,9 @@ int record_guess_format(const char *line, size_t len, const char *text_field, jo
     else if (json_object_get(root, "messages") || json_object_get(root, "conversations")) {
         *out = JOB_DATA_CHAT;
         snprintf(why, why_n, "its first record has %s", json_object_get(root, "messages") ? "messages" : "conversations");
+    } else if (json_object_get(root, "chosen") && json_object_get(root, "rejected")) {
+        *out = JOB_DATA_PREFERENCE;
+        snprintf(why, why_n, "its first record has chosen and rejected");
     } else if (json_object_get(root, "instruction") && json_object_get(root, "output")) {
         *out = JOB_DATA_ALPACA;
         snprintf(why, why_n, "its first record has instruction and output");
@@ -188,8 +299,9 @@ int record_guess_format(const char *line, size_t len, const char *text_field, jo
         *out = JOB_DATA_TEXT;
         snprintf(why, why_n, "its first record has %s", text_field);
     } else {
-        rc = errf(err, "the first record has none of messages, conversations, instruction + output, or %s: set "
-                       "data.format (alpaca, chat or text) and for text data.text_field", text_field);
+        rc = errf(err, "the first record has none of messages, conversations, chosen + rejected, instruction + "
+                       "output, or %s: set data.format (alpaca, chat, text or preference) and for text "
+                       "data.text_field", text_field);
     }
     json_decref(root);
     return rc;

@@ -11,6 +11,16 @@
  *   chat    the job's template
  *   text    the post-processor's leading ids (BOS), the text, EOS; loss on every token
  *
+ *   preference  a pair, as TRL 1.16.0's DPOTrainer makes one (data/README.md names the TRL
+ *           function of each step): the prompt, prompt + chosen and prompt + rejected
+ *           tokenized (strings: each with the post-processor's special tokens, chosen and
+ *           rejected ending with the EOS token's text unless they do; conversational: the
+ *           template's render, the prompt's with the generation prompt); the completion starts
+ *           where the prompt's ids and each side's first differ (the smaller of the two); the
+ *           loss on the completion; a side longer than seq_len keeps its first (keep_start) or
+ *           last (keep_end) seq_len tokens.  keep_start drops a pair whose prompt alone fills
+ *           seq_len (as TRL's filter); a pair with a side left without a loss token is dropped.
+ *
  * A sample longer than seq_len is cut to seq_len (truncate) or refused; one with no loss
  * token left is dropped (SAMPLE_DROPPED). */
 #ifndef FSDP_DATA_SAMPLE_H
@@ -34,6 +44,10 @@ typedef struct sample_spec {
     int seq_len;
     bool truncate;
     const char *text_field; /* data.format text's field: "text" unless set after init */
+    /* preference, set after init: the records are conversational (else strings; the other
+     * kind is a bad record), and which end of a long side is kept */
+    bool pref_conversational;
+    job_truncation_mode truncation_mode;
 } sample_spec;
 
 /* Checks that format and template go together and that the tokenizer has their tokens. */
@@ -51,6 +65,8 @@ typedef struct sample_buf {
     uint8_t *mask;
     size_t mask_cap;
     bool truncated; /* the last sample was cut to seq_len */
+    size_t split;   /* preference: ids[0, split) the chosen record, [split, n) the rejected */
+    tk_ids three;   /* preference: the prompt's, prompt + chosen's and prompt + rejected's ids */
 } sample_buf;
 
 int sample_buf_init(sample_buf *b, const tokenizer *tk, errbuf *err);

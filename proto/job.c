@@ -72,7 +72,9 @@ static const choice output_dtype_choices[] = {
     {"auto", JOB_DTYPE_AUTO}, {"bf16", JOB_DTYPE_BF16}, {"f32", JOB_DTYPE_F32}, {NULL, 0}};
 static const choice format_choices[] = {
     {"alpaca", JOB_DATA_ALPACA}, {"chat", JOB_DATA_CHAT}, {"text", JOB_DATA_TEXT},
-    {"tokens", JOB_DATA_TOKENS}, {"auto", JOB_DATA_AUTO}, {NULL, 0}};
+    {"tokens", JOB_DATA_TOKENS}, {"auto", JOB_DATA_AUTO}, {"preference", JOB_DATA_PREFERENCE}, {NULL, 0}};
+static const choice truncation_mode_choices[] = {
+    {"keep_start", JOB_TRUNC_KEEP_START}, {"keep_end", JOB_TRUNC_KEEP_END}, {NULL, 0}};
 static const choice round_choices[] = {{"up", JOB_ROUND_UP}, {"down", JOB_ROUND_DOWN}, {NULL, 0}};
 static const choice profile_choices[] = {
     {"fsdpd", JOB_PROFILE_FSDPD}, {"fsdp_qlora", JOB_PROFILE_FSDP_QLORA},
@@ -128,6 +130,7 @@ static const job_key keys[] = {
     OTHER("data", "shuffle", K_BOOL, data.shuffle),
     OTHER("data", "packing", K_BOOL, data.packing),
     OTHER("data", "truncate", K_BOOL, data.truncate),
+    CHOICE("data", "truncation_mode", data.truncation_mode, truncation_mode_choices),
     RANGE("data", "eval_fraction", K_DOUBLE, data.eval_fraction, 0, 1, false, true),
     CHOICE("data", "on_bad_record", data.on_bad_record, bad_record_choices),
     NUM("data", "max_record_bytes", K_SIZE, data.max_record_bytes, 1, INFINITY),
@@ -1299,7 +1302,7 @@ static int check_data(const job_config *j, errbuf *err) {
                                             "mistral-v3", "mistral-tekken", "alpaca"};
     if (!j->data.path[0])
         return errf(err, "data.path: required (a token cache, made by fsdpctl tokenize, or a "
-                         "JSONL file with data.format alpaca, chat or text)");
+                         "JSONL file with data.format alpaca, chat, text or preference)");
     for (size_t i = 0; i < COUNT(templates); i++)
         if (!strcmp(j->data.template_name, templates[i])) return 0;
     return errf(err, "data.template: '%s' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, "
@@ -1359,7 +1362,9 @@ static int check_unused(const job_config *j, errbuf *err) {
         else if (!strcmp(k->section, "data") && tokens &&
                  (!strcmp(k->name, "template") || !strcmp(k->name, "truncate") || !strcmp(k->name, "on_bad_record")))
             why = "data.format is tokens: a token cache was templated, truncated and filtered when it was "
-                  "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat or text)";
+                  "made (fsdpctl tokenize); the key applies to JSONL data (data.format alpaca, chat, text or preference)";
+        else if (!strcmp(k->section, "data") && !strcmp(k->name, "truncation_mode") && j->data.format != JOB_DATA_PREFERENCE)
+            why = "data.format is not preference (the key is TRL's truncation_mode, for pairs)";
         else if (!strcmp(k->section, "train") && !strncmp(k->name, "dpo_", 4) && j->train.objective != JOB_OBJECTIVE_DPO)
             why = "train.objective is not dpo";
         else if (!strcmp(k->section, "train") && !strcmp(k->name, "orpo_lambda") && j->train.objective != JOB_OBJECTIVE_ORPO)
@@ -1406,14 +1411,17 @@ static int check_logging(const job_config *j, errbuf *err) {
 /* Preference objectives (F49): what is built of them. */
 static int check_objective(const job_config *j, errbuf *err) {
     const char *name = choice_name(objective_choices, (int)j->train.objective);
+    if (j->train.objective == JOB_OBJECTIVE_SFT && j->data.format == JOB_DATA_PREFERENCE)
+        return errf(err, "data.format: preference records are pairs, for train.objective dpo or orpo (not sft)");
     if (j->train.objective == JOB_OBJECTIVE_SFT) return 0;
     if (j->data.packing)
         return errf(err, "data.packing: packing the pairs of train.objective '%s' is not built yet", name);
     if (j->data.eval_fraction > 0)
         return errf(err, "data.eval_fraction: the held-out loss of train.objective '%s' is not built yet", name);
-    if (j->data.format != JOB_DATA_TOKENS && j->data.format != JOB_DATA_AUTO)
-        return errf(err, "data.format: train.objective '%s' trains on pairs: a token cache of pairs (fsdpctl "
-                         "tokenize --from-safetensors FILE --pairs); the JSONL preference format is not built yet", name);
+    if (j->data.format != JOB_DATA_TOKENS && j->data.format != JOB_DATA_AUTO && j->data.format != JOB_DATA_PREFERENCE)
+        return errf(err, "data.format: train.objective '%s' trains on pairs: data.format preference (JSONL "
+                         "{prompt, chosen, rejected}) or a token cache of pairs, not %s records", name,
+                    job_data_format_name(j->data.format));
     if (j->fsdp.cpu_offload)
         return errf(err, "fsdp.cpu_offload with train.objective '%s' is not built yet", name);
     return 0;

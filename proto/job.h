@@ -47,8 +47,12 @@ typedef enum job_init { JOB_INIT_PRETRAINED, JOB_INIT_RANDOM } job_init;
 typedef enum job_dtype { JOB_DTYPE_AUTO, JOB_DTYPE_F32, JOB_DTYPE_BF16 } job_dtype;
 typedef enum job_data_format {
     JOB_DATA_TOKENS, JOB_DATA_ALPACA, JOB_DATA_CHAT, JOB_DATA_TEXT,
-    JOB_DATA_AUTO /* chosen from the file's content by the daemon (data_prepare) */
+    JOB_DATA_AUTO, /* chosen from the file's content by the daemon (data_prepare) */
+    JOB_DATA_PREFERENCE /* {prompt, chosen, rejected} pairs (train.objective dpo, orpo) */
 } job_data_format;
+
+/* data.truncation_mode (data.format preference): TRL's DPOConfig.truncation_mode. */
+typedef enum job_truncation_mode { JOB_TRUNC_KEEP_START, JOB_TRUNC_KEEP_END } job_truncation_mode;
 typedef enum job_bad_record { JOB_BAD_RECORD_FAIL, JOB_BAD_RECORD_SKIP } job_bad_record;
 typedef enum job_train_type { JOB_TRAIN_FULL, JOB_TRAIN_LORA, JOB_TRAIN_QLORA } job_train_type;
 typedef enum job_schedule {
@@ -100,6 +104,7 @@ typedef struct job_config {
         double eval_fraction;      /* held out for evaluation, chosen by sample index */
         job_bad_record on_bad_record;
         bool truncate;             /* cut samples longer than seq_len (false: a bad record) */
+        job_truncation_mode truncation_mode; /* preference: which end of a long side is kept */
         int64_t max_record_bytes;  /* a longer JSONL line is a bad record (its memory is bounded) */
     } data;
     struct {

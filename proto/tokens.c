@@ -42,11 +42,16 @@ static bool all_zero(const uint8_t *p, size_t n) {
     return true;
 }
 
+const char *tok_format_name(uint32_t format) {
+    static const char *const names[] = {"tokens", "alpaca", "chat", "text", "pairs", "preference"};
+    return format < sizeof names / sizeof names[0] ? names[format] : "unknown";
+}
+
 /* format, template and tokenizer hash go together; reserved bytes are zero. */
 static int check_source(const tok_header *h, const char *name, errbuf *err) {
     if (h->reserved0 || !all_zero(h->reserved, sizeof h->reserved))
         return errf(err, "%s: reserved header bytes are not zero", name);
-    if (h->format > TOK_FORMAT_PAIRS) return errf(err, "%s: unknown format %u", name, h->format);
+    if (h->format > TOK_FORMAT_PREFERENCE) return errf(err, "%s: unknown format %u", name, h->format);
     if (h->template_id > TOK_TEMPLATE_MAX)
         return errf(err, "%s: unknown template %u", name, h->template_id);
     bool no_hash = all_zero(h->tokenizer_sha256, TOK_SHA256_BYTES);
@@ -54,7 +59,7 @@ static int check_source(const tok_header *h, const char *name, errbuf *err) {
         return errf(err, "%s: format %u with%s a tokenizer hash", name, h->format,
                     no_hash ? "out" : "");
     bool templated = h->format == TOK_FORMAT_CHAT || h->format == TOK_FORMAT_ALPACA;
-    if (templated != (h->template_id != TOK_TEMPLATE_NONE))
+    if (h->format != TOK_FORMAT_PREFERENCE && templated != (h->template_id != TOK_TEMPLATE_NONE))
         return errf(err, "%s: format %u with template %u", name, h->format, h->template_id);
     return 0;
 }

@@ -44,11 +44,17 @@
 
 /* format: the job's data.format of the source (tokens: synthetic data or a batch file). */
 enum { TOK_FORMAT_TOKENS = 0, TOK_FORMAT_ALPACA = 1, TOK_FORMAT_CHAT = 2, TOK_FORMAT_TEXT = 3,
-       TOK_FORMAT_PAIRS = 4 };
+       TOK_FORMAT_PAIRS = 4, TOK_FORMAT_PREFERENCE = 5 };
 /* TOK_FORMAT_PAIRS (train.objective dpo, orpo; no tokenizer, like tokens): the records are
  * preference pairs, 2i prompt + chosen and 2i+1 prompt + rejected of pair i, the mask on the
- * completion; an even count of records. */
-static inline int tok_format_pairs(uint32_t format) { return format == TOK_FORMAT_PAIRS; }
+ * completion; an even count of records.  TOK_FORMAT_PREFERENCE: the same records, made by a
+ * tokenizer from data.format preference JSONL (its hash set; the template of conversational
+ * records, or none for string records). */
+static inline int tok_format_pairs(uint32_t format) {
+    return format == TOK_FORMAT_PAIRS || format == TOK_FORMAT_PREFERENCE;
+}
+/* "tokens", "alpaca", "chat", "text", "pairs", "preference" ("unknown" for another value). */
+const char *tok_format_name(uint32_t format);
 /* template: data/chat_template.h's values (1..10: llama3, llama2, chatml, alpaca, qwen2.5, qwen3,
  * mistral, mistral-v3, mistral-tekken, qwen2). */
 enum { TOK_TEMPLATE_NONE = 0, TOK_TEMPLATE_MAX = 10 };

@@ -33,7 +33,7 @@ expect_error 0 "following tokenizer_config.json" "$fsdpctl" tokenize --tokenizer
 expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" data.jsonl
 expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --out "$tmp/c.tokens" --text a
 expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --data data.jsonl --format chat --out "$tmp/c.tokens"
-expect_error 1 "--format: 'yaml' is not alpaca, chat or text" "$fsdpctl" tokenize --tokenizer "$sp" \
+expect_error 1 "--format: 'yaml' is not alpaca, chat, text or preference" "$fsdpctl" tokenize --tokenizer "$sp" \
     --data data.jsonl --format yaml --seq-len 8 --out "$tmp/c.tokens"
 expect_error 2 "usage" "$fsdpctl" tokenize --tokenizer "$sp" --text a --decode 1
 expect_error 1 "id 99999 is not in the vocabulary" "$fsdpctl" tokenize --tokenizer "$sp" --decode "1 99999"

@@ -388,6 +388,106 @@ static void test_jinja_recognised(void **state) {
     assert_null(chat_template_jinja(TPL_NONE));
 }
 
+static void pref_parses(const char *line, const char *prompt, const char *chosen, const char *rejected) {
+    data_record r = {0};
+    errbuf err = {{0}};
+    if (record_parse(&r, JOB_DATA_PREFERENCE, NULL, line, strlen(line), &err)) fail_msg("%s: %s", line, err.msg);
+    assert_false(r.pref_conversational);
+    const text_field got[] = {r.prompt, r.chosen, r.rejected};
+    const char *want[] = {prompt, chosen, rejected};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(got[i].len, strlen(want[i]));
+        assert_memory_equal(got[i].s, want[i], got[i].len);
+    }
+    record_free(&r);
+}
+
+static void pref_refused(const char *line, const char *needle) {
+    data_record r = {0};
+    errbuf err = {{0}};
+    assert_int_equal(record_parse(&r, JOB_DATA_PREFERENCE, NULL, line, strlen(line), &err), -1);
+    if (!strstr(err.msg, needle)) fail_msg("%s: '%s', not '%s'", line, err.msg, needle);
+    record_free(&r);
+}
+
+/* F49: preference records.  The implicit prompt as TRL's extract_prompt takes it (the first
+ * differing character, one less after a space; of UTF-8, whole code points), three
+ * conversations of a conversational record, and a cache of pairs: two records a pair, the
+ * prompt without loss, TRL's EOS text on string sides, keep_end keeping the ends. */
+static void test_preference(void **state) {
+    (void)state;
+    pref_parses("{\"prompt\": \"Q\", \"chosen\": \" a\", \"rejected\": \"b\", \"x\": 1}", "Q", " a", "b");
+    pref_parses("{\"chosen\": \"Hi there yes\", \"rejected\": \"Hi there no\"}", "Hi there", " yes", " no");
+    job_data_format guessed;
+    char why[96];
+    errbuf gerr = {{0}};
+    const char *implicit = "{\"chosen\": \"Q a\", \"rejected\": \"Q b\"}";
+    assert_int_equal(record_guess_format(implicit, strlen(implicit), "text", &guessed, why, sizeof why, &gerr), 0);
+    assert_int_equal(guessed, JOB_DATA_PREFERENCE);
+    pref_parses("{\"chosen\": \"Hi yes\", \"rejected\": \"Hi yo\"}", "Hi y", "es", "o");
+    pref_parses("{\"chosen\": \"x\u00e9\", \"rejected\": \"x\u00e8\"}", "x", "\u00e9", "\u00e8");
+    pref_refused("{\"chosen\": \"\u00e9\", \"rejected\": \"\u00e8\"}", "differ from their first character");
+    pref_refused("{\"chosen\": \"ab\", \"rejected\": \"abc\"}", "do not differ");
+    pref_refused("{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"tools\": []}", "\"tools\": preference records with it are not built yet");
+    pref_parses("{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"tools\": null}", "Q", "a", "b");
+    pref_refused("{\"prompt\": null, \"chosen\": \"a\", \"rejected\": \"b\"}", "\"prompt\" is neither a string nor a list");
+    pref_refused("{\"prompt\": [], \"chosen\": [], \"rejected\": []}", "\"prompt\" is an empty list");
+    pref_refused("{\"prompt\": [{\"role\": \"tool\", \"content\": \"x\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+                 "\"rejected\": [{\"role\": \"assistant\", \"content\": \"b\"}]}", "prompt[0].role: \"tool\" is not one of");
+
+    const char *u = "{\"role\": \"user\", \"content\": \"Q\"}", *a = "{\"role\": \"assistant\", \"content\": \"A\"}";
+    char line[1024];
+    snprintf(line, sizeof line, "{\"chosen\": [%s, %s, %s, {\"role\": \"assistant\", \"content\": \"yes\"}], "
+             "\"rejected\": [%s, %s, %s, {\"role\": \"assistant\", \"content\": \"no\"}, %s]}", u, a, u, u, a, u, u);
+    data_record r = {0};
+    errbuf err = {{0}};
+    if (record_parse(&r, JOB_DATA_PREFERENCE, NULL, line, strlen(line), &err)) fail_msg("%s", err.msg);
+    assert_true(r.pref_conversational);
+    assert_int_equal(r.conv[PREF_CHOSEN].n, 4);   /* Q A Q + yes */
+    assert_int_equal(r.conv[PREF_REJECTED].n, 5); /* Q A Q + no Q */
+    assert_int_equal(r.conv[PREF_PROMPT].n, 4);   /* Q A Q + the empty assistant turn */
+    const chat_msg *g = r.msgs + r.conv[PREF_PROMPT].start;
+    assert_true(g[2].role == ROLE_USER && g[3].role == ROLE_ASSISTANT && g[3].len == 0);
+    assert_memory_equal(r.msgs[r.conv[PREF_REJECTED].start + 3].text, "no", 2);
+    record_free(&r);
+
+    const char *data = write_file("pref.jsonl",
+        "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green</s>\"}\n"
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chosen\": [], \"rejected\": \"x\"}\n"
+        "{\"prompt\": \"A long prompt of many words\", \"chosen\": \" yes\", \"rejected\": \" no\"}\n");
+    cache_build_opts o = {.tokenizer = model_dir("sp32k", 0), .data = data, .format = JOB_DATA_PREFERENCE,
+                          .seq_len = 64, .truncate = true, .threads = 2, .on_bad_record = JOB_BAD_RECORD_SKIP};
+    tok_writer w;
+    cache_build_stats st;
+    if (cache_build(&o, &w, &st, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(st.samples, 2); /* pairs */
+    assert_int_equal(st.skipped, 1);
+    assert_int_equal(w.n_records, 4);
+    assert_int_equal(w.source.format, TOK_FORMAT_PREFERENCE);
+    assert_int_equal(w.source.template_id, TPL_NONE);
+    for (uint64_t k = 0; k < 4; k++) { /* BOS and the prompt without loss, the side with it, EOS last */
+        const int32_t *ids = w.tokens + w.offsets[k];
+        const uint8_t *m = w.mask + w.offsets[k];
+        size_t n = w.offsets[k + 1] - w.offsets[k];
+        assert_true(ids[0] == 1 && !m[0] && !m[1] && ids[n - 1] == 2 && m[n - 1]);
+        assert_memory_equal(ids, w.tokens + w.offsets[k ^ 1], 2);
+    }
+    size_t eos = 0; /* " green</s>" keeps its EOS: one, not two */
+    for (uint64_t i = w.offsets[1]; i < w.offsets[2]; i++) eos += w.tokens[i] == 2;
+    assert_int_equal(eos, 1);
+    tok_writer_free(&w);
+    o.seq_len = 4, o.truncation_mode = JOB_TRUNC_KEEP_END; /* the last 4 tokens: the prompt's end, the side */
+    if (cache_build(&o, &w, &st, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(st.truncated, 2);
+    assert_int_equal(w.offsets[4] - w.offsets[2], 8);
+    assert_true(w.tokens[w.offsets[3] - 1] == 2 && w.mask[w.offsets[3] - 1] && !w.mask[w.offsets[2]]);
+    tok_writer_free(&w);
+    o.truncation_mode = JOB_TRUNC_KEEP_START; /* the prompts fill 4 tokens: dropped, as TRL's filter */
+    assert_int_equal(cache_build(&o, &w, &st, &err), -1);
+    assert_non_null(strstr(err.msg, "2 with no loss token dropped"));
+    tok_writer_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama3),
@@ -401,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_record_bound),
         cmocka_unit_test(test_config_not_json),
         cmocka_unit_test(test_jinja_recognised),
+        cmocka_unit_test(test_preference),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -363,7 +363,8 @@ static void test_objective_keys(void **state) {
     } refused[] = {
         {"--data.packing=true", "data.packing: packing the pairs of train.objective 'dpo' is not built yet"},
         {"--data.eval_fraction=0.1", "data.eval_fraction: the held-out loss of train.objective 'dpo' is not built yet"},
-        {"--data.format=chat", "the JSONL preference format is not built yet"},
+        {"--data.format=chat", "trains on pairs: data.format preference (JSONL {prompt, chosen, rejected}) or a token cache of pairs, not chat records"},
+        {"--data.truncation_mode=keep_end", "data.truncation_mode: \"keep_end\" is set but data.format is not preference"},
         {"--fsdp.cpu_offload=true", "fsdp.cpu_offload with train.objective 'dpo' is not built yet"},
         {"--train.orpo_lambda=0.5", "train.orpo_lambda: 0.5 is set but train.objective is not orpo"},
     };
@@ -379,6 +380,18 @@ static void test_objective_keys(void **state) {
     must_override(&full, "--fsdp.cpu_offload=true");
     assert_int_equal(resolve_and_validate(&full, 1, &err), -1);
     assert_contains(err.msg, "fsdp.cpu_offload with train.objective 'dpo' is not built yet");
+    job_config p = j; /* the JSONL preference format, both truncation modes */
+    must_override(&p, "--data.format=preference");
+    must_override(&p, "--data.truncation_mode=keep_end");
+    if (resolve_and_validate(&p, 1, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(p.data.truncation_mode, JOB_TRUNC_KEEP_END);
+    override_fails(&p, "--data.truncation_mode=keep_middle", "data.truncation_mode");
+    must_override(&p, "--train.objective=sft");
+    must_override(&p, "--train.dpo_beta=0.1");
+    must_override(&p, "--train.dpo_loss=sigmoid");
+    must_override(&p, "--train.dpo_label_smoothing=0");
+    assert_int_equal(resolve_and_validate(&p, 1, &err), -1);
+    assert_contains(err.msg, "data.format: preference records are pairs, for train.objective dpo or orpo (not sft)");
     must_override(&j, "--train.objective=orpo");
     assert_int_equal(resolve_and_validate(&j, 1, &err), -1);
     assert_contains(err.msg, "train.dpo_beta: 0.2 is set but train.objective is not dpo");

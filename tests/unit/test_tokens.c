@@ -275,6 +275,7 @@ static void test_source_round_trip_and_strict(void **state) {
     int32_t t[] = {1, 2};
     uint8_t m[] = {0, 1};
     assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0);
+    assert_int_equal(tok_writer_add(&w, t, m, 2, &err), 0); /* two: a pair, below */
     w.source.format = TOK_FORMAT_CHAT;
     w.source.template_id = 2;
     memset(w.source.tokenizer_sha256, 0xab, TOK_SHA256_BYTES);
@@ -299,7 +300,8 @@ static void test_source_round_trip_and_strict(void **state) {
     b[48] ^= 1;
     struct { size_t off; uint8_t value; const char *needle; } bad[] = {
         {36, 0, "with a tokenizer hash"}, /* format tokens */
-        {36, 9, "unknown format"},
+        {36, 6, "unknown format"},
+        {36, TOK_FORMAT_PAIRS, "with a tokenizer hash"}, /* --pairs: no tokenizer */
         {40, 0, "with template 0"},     /* chat without a template */
         {40, 11, "unknown template"}, /* data/chat_template.h has 1..10 */
         {44, 1, "reserved"},
@@ -313,7 +315,25 @@ static void test_source_round_trip_and_strict(void **state) {
         expect_reject(b, len, bad[i].needle);
         b[bad[i].off] = keep;
     }
+    /* a cache of preference JSONL: a tokenizer hash, and a template or none (string records) */
+    for (uint8_t tpl = 0; tpl <= 2; tpl += 2) {
+        b[36] = TOK_FORMAT_PREFERENCE, b[40] = tpl;
+        uint32_t crc = tok_checksum(b, len);
+        memcpy(b + TOK_CRC_OFFSET, &crc, 4);
+        tok_cache p;
+        if (tok_parse(&p, b, len, "pref", &err)) fail_msg("%s", err.msg);
+        assert_true(tok_format_pairs(p.source.format));
+        tok_close(&p);
+    }
+    memset(b + 48, 0, TOK_SHA256_BYTES);
+    uint32_t crc = tok_checksum(b, len);
+    memcpy(b + TOK_CRC_OFFSET, &crc, 4);
+    expect_reject(b, len, "without a tokenizer hash");
     free(buf);
+    assert_string_equal(tok_format_name(TOK_FORMAT_CHAT), "chat");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PAIRS), "pairs");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PREFERENCE), "preference");
+    assert_string_equal(tok_format_name(TOK_FORMAT_PREFERENCE + 1), "unknown");
 }
 
 static int setup(void **state) {
