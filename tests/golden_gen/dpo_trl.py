@@ -135,15 +135,21 @@ def build_trainer(case, out_dir):
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
     from datasets import Dataset
 
-    data = Dataset.from_list(dataset_rows())
+    rows = dataset_rows()
     tok = make_tokenizer(211)
     peft = lora_config() if case["mode"] == "lora" else None
     if case["objective"] == "dpo":
         args = DPOConfig(**common_args(case, out_dir), loss_type=[case["loss_type"]],
                          label_smoothing=case.get("label_smoothing", 0.0), truncation_mode=G.TRUNCATION,
                          precompute_ref_log_probs=False)
-        return DPOTrainer(model=load_policy(), args=args, train_dataset=data, processing_class=tok,
-                          peft_config=peft)
+        trainer = DPOTrainer(model=load_policy(), args=args, train_dataset=Dataset.from_list(rows[:1]),
+                             processing_class=tok, peft_config=peft)
+        # DPOTrainer._prepare_dataset takes a dataset's kind (string or conversational: whether
+        # it adds EOS text) from its first record, and a real datasets.Dataset cannot hold both
+        # kinds in one column: each record is prepared alone, as a dataset of its own kind.
+        prepared = [trainer._prepare_dataset(Dataset.from_list([r]), tok, args, "train")[0] for r in rows]
+        trainer.train_dataset = Dataset.from_list(prepared)
+        return trainer
     args = ORPOConfig(**common_args(case, out_dir), remove_unused_columns=False)
     return ORPOTrainer(model=load_policy(), args=args, train_dataset=data, processing_class=tok,
                        peft_config=peft)
