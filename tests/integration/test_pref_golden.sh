@@ -81,6 +81,11 @@ run() {
         --checkpoint.dir="$tmp/$name.ckpt" --output.dir="$tmp/$name" "$@" > "$tmp/$name.log" 2>&1
 }
 
+# off_golden WHAT: a comparison off the golden, counted; every case still runs (what is off
+# where is the figure a CUDA run is for), and the test fails at the end.
+off=0
+off_golden() { echo "FAIL: $*: off the golden" >&2; off=$((off + 1)); }
+
 # check_steps NAME CASE: both steps' loss and metrics against cases.CASE (and its step2).
 check_steps() {
     python3 - "$tmp/$1/metrics.jsonl" "$pref/dpo_golden.json" "$2" "$tol" <<'PY'
@@ -122,9 +127,8 @@ for name, g in want.items():
     worst, n = max(worst, e), n + 1
     if not e <= tol:
         print(f"{case}: gradient {name} off by {e:.2e}")
-        sys.exit(1)
 print(f"{case}: {n} gradients, worst {worst:.2e}")
-sys.exit(0 if n == len(want) and n > 0 else 1)
+sys.exit(0 if worst <= tol and n == len(want) and n > 0 else 1)
 PY
 }
 
@@ -136,12 +140,12 @@ lora_case() { # CASE OVERRIDES...
         w=${wm%:*} m=${wm#*:}
         run "$c-w$w-m$m" "$w" "$m" "$@" || { cat "$tmp/$c-w$w-m$m.log"; fail "$c at $w workers failed"; }
         echo "--- $c, $w worker(s), micro-batch $m pair(s)"
-        check_steps "$c-w$w-m$m" "$c" || fail "$c at $w workers, micro-batch $m: off the golden"
+        check_steps "$c-w$w-m$m" "$c" || off_golden "$c at $w workers, micro-batch $m"
     done
     for w in 1 2; do
         run "$c-g$w" "$w" 1 --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 "$@" ||
             { cat "$tmp/$c-g$w.log"; fail "$c's gradient run at $w workers failed"; }
-        check_grads "$c-g$w" "$c" "$tmp/init/adapter_model.safetensors" || fail "$c at $w workers: gradients off the golden"
+        check_grads "$c-g$w" "$c" "$tmp/init/adapter_model.safetensors" || off_golden "$c at $w workers: gradients"
     done
 }
 lora_case lora_dpo_sigmoid
@@ -158,10 +162,10 @@ full_case() { # CASE OVERRIDES...
     for w in 1 2; do
         run "$c-w$w" "$w" 1 --train.type=full "$@" || { cat "$tmp/$c-w$w.log"; fail "$c at $w workers failed"; }
         echo "--- $c, $w worker(s)"
-        check_steps "$c-w$w" "$c" || fail "$c at $w workers: off the golden"
+        check_steps "$c-w$w" "$c" || off_golden "$c at $w workers"
         run "$c-g$w" "$w" 1 --train.type=full "$@" --train.max_steps=1 --train.lr=1e8 --train.eps=1e6 ||
             { cat "$tmp/$c-g$w.log"; fail "$c's gradient run at $w workers failed"; }
-        check_grads "$c-g$w" "$c" "$golden/model.safetensors" || fail "$c at $w workers: gradients off the golden"
+        check_grads "$c-g$w" "$c" "$golden/model.safetensors" || off_golden "$c at $w workers: gradients"
     done
 }
 full_case full_orpo --train.objective=orpo
@@ -193,6 +197,8 @@ sys.exit(1 if bad or len(keys) < 7 else 0)
 PY
     fail "full DPO resumed after step 1: step 2 is not the uninterrupted run's"
 echo "--- full DPO resumed after step 1: step 2 as the uninterrupted run's"
+
+[ "$off" -eq 0 ] || fail "$off comparison(s) off the golden (above)"
 
 # --- refusals -----------------------------------------------------------------------------------
 refused() { # NAME PATTERN OVERRIDES...

@@ -26,6 +26,10 @@ class Dataset:
     def from_list(cls, rows):
         return cls(rows)
 
+    # An in-memory dataset has no cache files (TRL's trainers read this at __init__, for the
+    # telemetry that HF_HUB_DISABLE_TELEMETRY then turns off).
+    cache_files = []
+
     def __len__(self):
         return len(self._rows)
 
