@@ -13,6 +13,9 @@ source of the cases TRL 1.16 has no loss type for (cdpo). Then one torch AdamW s
 trainable parameters and the same batch again (`step2`).
 
   python3 tests/golden_gen/dpo_golden.py --out DIR          # the whole golden (needs torch+TRL)
+  python3 tests/golden_gen/dpo_golden.py --lora-init tests/fixtures/dpo/dpo_golden.safetensors --out DIR
+      # the same, the adapters starting at the committed golden's init (the seeded draw of
+      # this script is not the one the committed golden was made with: its generator was lost)
   python3 tests/golden_gen/dpo_golden.py --formula-only --lora-init FILE --out DIR
       # numpy only: the formula figures, the batch and the formula-only cases' gradients, with
       # the adapter init read from FILE (an earlier golden's lora_init.*), for checking here.
@@ -281,6 +284,16 @@ def build_pairs():
     return pairs
 
 
+def read_lora_init(path):
+    """An earlier golden's adapter init: PEFT name -> array (its lora_init.* tensors)."""
+    from safetensors.numpy import load_file
+
+    init = {k[len("lora_init."):]: v for k, v in load_file(path).items() if k.startswith("lora_init.")}
+    if not init:
+        sys.exit(f"{path}: no lora_init.* tensors")
+    return init
+
+
 def formula_only(args):
     """The formula path of every case, without torch: `formula` figures, logps, the batch and
     the formula-only cases' loss and gradients (TRL cases keep none of TRL's figures)."""
@@ -288,10 +301,7 @@ def formula_only(args):
 
     pairs = build_pairs()
     batch = formula_batch(pairs)
-    init = {k[len("lora_init."):]: v for k, v in load_file(args.lora_init).items()
-            if k.startswith("lora_init.")}
-    if not init:
-        sys.exit(f"{args.lora_init}: no lora_init.* tensors")
+    init = read_lora_init(args.lora_init)
     weights = load_model_weights()
     results = {}
     for name, case in CASES:
@@ -310,7 +320,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (dpo_golden.json, dpo_golden.safetensors)")
     ap.add_argument("--formula-only", action="store_true", help="numpy formula path only (no torch)")
-    ap.add_argument("--lora-init", help="with --formula-only: a safetensors holding lora_init.* tensors")
+    ap.add_argument("--lora-init", help="a safetensors holding lora_init.* tensors (an earlier golden): the "
+                    "adapters start there instead of the seeded draw (to check a golden made again)")
     args = ap.parse_args()
     if args.formula_only:
         if not args.lora_init:

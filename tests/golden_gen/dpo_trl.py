@@ -107,8 +107,9 @@ def lora_config():
                       target_modules=list(G.LORA["target_modules"]), task_type="CAUSAL_LM")
 
 
-def init_adapters(model):
-    """dpo_golden.LORA['init']: A 0.1 N(0,1), B 0.05 N(0,1) from one generator, sorted names."""
+def init_adapters(model, given=None):
+    """dpo_golden.LORA['init']: A 0.1 N(0,1), B 0.05 N(0,1) from one generator, sorted names;
+    or, given (PEFT name -> array, an earlier golden's lora_init.*), those values."""
     import torch
 
     gen = torch.Generator().manual_seed(G.LORA_SEED)
@@ -116,11 +117,18 @@ def init_adapters(model):
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if ".lora_A." in name or ".lora_B." in name:
-                scale = 0.1 if ".lora_A." in name else 0.05
-                p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+                if given is not None:
+                    if name not in given:
+                        raise RuntimeError(f"--lora-init has no {name}")
+                    p.copy_(torch.from_numpy(np.asarray(given[name], dtype=np.float32)).reshape(p.shape))
+                else:
+                    scale = 0.1 if ".lora_A." in name else 0.05
+                    p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float32))
                 init[name] = p.detach().numpy().copy()
     if not init:
         raise RuntimeError("no LoRA adapter found in the trainer's model")
+    if given is not None and len(init) != len(given):
+        raise RuntimeError(f"--lora-init holds {len(given)} adapters, the model {len(init)}")
     return init
 
 
@@ -151,7 +159,7 @@ def build_trainer(case, out_dir):
         trainer.train_dataset = Dataset.from_list(prepared)
         return trainer
     args = ORPOConfig(**common_args(case, out_dir), remove_unused_columns=False)
-    return ORPOTrainer(model=load_policy(), args=args, train_dataset=data, processing_class=tok,
+    return ORPOTrainer(model=load_policy(), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                        peft_config=peft)
 
 
@@ -175,13 +183,13 @@ def last_metrics(trainer, case):
     return {k: float(v[-1]) for k, v in store.items()}
 
 
-def trl_case(case, out_dir):
+def trl_case(case, out_dir, given_init=None):
     """Loss, metrics and gradients through TRL, then one AdamW step and the same batch again."""
     import torch
 
     trainer = build_trainer(case, out_dir)
     model = trainer.model
-    init = init_adapters(model) if case["mode"] == "lora" else {}
+    init = init_adapters(model, given_init) if case["mode"] == "lora" else {}
     model.train()
     batch, seen = trl_batch(trainer, case)
     loss = trainer.compute_loss(model, batch)
@@ -212,10 +220,11 @@ def generate(args):
     pairs = G.build_pairs()
     batch = G.formula_batch(pairs)
     weights = G.load_model_weights()
+    given = G.read_lora_init(args.lora_init) if args.lora_init else None
     results, lora_init = {}, None
     with tempfile.TemporaryDirectory(prefix="dpo-golden-") as tmp:
         for name, case in G.CASES:
-            trl_res = None if case.get("formula_only") else trl_case(case, os.path.join(tmp, name))
+            trl_res = None if case.get("formula_only") else trl_case(case, os.path.join(tmp, name), given)
             if case["mode"] == "lora":
                 init = trl_res["init"] if trl_res else lora_init
                 if lora_init is None:
