@@ -119,15 +119,17 @@ end, golden, case = load_file(sys.argv[1]), load_file(sys.argv[2]), sys.argv[3]
 start, tol = load_file(sys.argv[4]), float(sys.argv[5])
 prefix = case + ".grad."
 want = {k[len(prefix):]: v for k, v in golden.items() if k.startswith(prefix)}
-worst, n = 0.0, 0
+worst, n, worst_name = 0.0, 0, ""
 for name, g in want.items():
     key = "base_model.model." + name.replace(".default.weight", ".weight") if "lora_" in name else name
     d = (start[key].astype(np.float64) - end[key]) / 100
     e = np.linalg.norm(d - g) / np.linalg.norm(g)
-    worst, n = max(worst, e), n + 1
+    if e > worst:
+        worst, worst_name = e, name
+    n += 1
     if not e <= tol:
         print(f"{case}: gradient {name} off by {e:.2e}")
-print(f"{case}: {n} gradients, worst {worst:.2e}")
+print(f"{case}: {n} gradients, worst {worst:.2e} ({worst_name})")
 sys.exit(0 if worst <= tol and n == len(want) and n > 0 else 1)
 PY
 }
