@@ -61,7 +61,8 @@ if side == "fsdpd":
     fig = dict(step_s=step_s, tokens_per_s=tok / step_s, own_peak_gib=max(r["mem_peak_bytes"] for r in rows) / 2**30,
                loss=rows[-1]["loss"], timed_steps=len(steady))
 else:
-    r = [json.loads(l) for l in open(base + ".log") if l.startswith("{")][-1]
+    # the peer's figures: its last JSON line (the Trainer also prints its logs as Python dicts)
+    r = [json.loads(l) for l in open(base + ".log") if l.startswith('{"')][-1]
     fig = dict(step_s=r["step_s"], tokens_per_s=r["tokens_per_s"], own_peak_gib=r["peak_mem_gib"], loss=r["loss"],
                timed_steps=r["timed_steps"])
     if r["tokens_a_step"] != tok:
