@@ -31,7 +31,8 @@ def bf16_case(name, case, golden, init, tmp):
     import torch
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    trainer = dpo_trl.build_trainer(case, tmp)
+    # on the GPU the trainer's own device too (ORPO moves its batch to the accelerator's)
+    trainer = dpo_trl.build_trainer(case, tmp, use_cpu=dev.type == "cpu")
     model = trainer.model
     if case["mode"] == "lora":
         dpo_trl.init_adapters(model, init)

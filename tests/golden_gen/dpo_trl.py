@@ -132,13 +132,13 @@ def init_adapters(model, given=None):
     return init
 
 
-def common_args(case, out_dir):
+def common_args(case, out_dir, use_cpu=True):
     return dict(output_dir=out_dir, per_device_train_batch_size=len(G.RECORDS), max_length=G.MAX_LENGTH,
-                beta=case["beta"], bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True,
+                beta=case["beta"], bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=use_cpu,
                 report_to="none", disable_dropout=True, seed=42)
 
 
-def build_trainer(case, out_dir):
+def build_trainer(case, out_dir, use_cpu=True):
     from trl import DPOConfig, DPOTrainer
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
     from datasets import Dataset
@@ -147,7 +147,7 @@ def build_trainer(case, out_dir):
     tok = make_tokenizer(211)
     peft = lora_config() if case["mode"] == "lora" else None
     if case["objective"] == "dpo":
-        args = DPOConfig(**common_args(case, out_dir), loss_type=[case["loss_type"]],
+        args = DPOConfig(**common_args(case, out_dir, use_cpu), loss_type=[case["loss_type"]],
                          label_smoothing=case.get("label_smoothing", 0.0), truncation_mode=G.TRUNCATION,
                          precompute_ref_log_probs=False)
         trainer = DPOTrainer(model=load_policy(), args=args, train_dataset=Dataset.from_list(rows[:1]),
@@ -158,7 +158,7 @@ def build_trainer(case, out_dir):
         prepared = [trainer._prepare_dataset(Dataset.from_list([r]), tok, args, "train")[0] for r in rows]
         trainer.train_dataset = Dataset.from_list(prepared)
         return trainer
-    args = ORPOConfig(**common_args(case, out_dir), remove_unused_columns=False)
+    args = ORPOConfig(**common_args(case, out_dir, use_cpu), remove_unused_columns=False)
     return ORPOTrainer(model=load_policy(), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                        peft_config=peft)
 
