@@ -40,8 +40,8 @@
 int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, float *dst,
                           errbuf *err);
 
-/* Checks a batch: token ids in [0, vocab), labels in [0, vocab) or -100, 0 < T <=
- * max_position_embeddings, B > 0; errors name the offending position.  labels may be NULL. */
+/* Checks a batch: token ids in [0, vocab), labels in [0, vocab) or -100, 0 < T <= the
+ * positions the config covers (llama_config_max_positions), B > 0; errors name the offending position.  labels may be NULL. */
 int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
                       int B, int T, errbuf *err);
 

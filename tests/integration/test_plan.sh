@@ -104,6 +104,18 @@ assert d["step"]["seconds"] > s["step"]["seconds"] + d["step"]["reference_s"] * 
 assert abs(d["step"]["tokens_per_s"] - 8 * 2048 / d["step"]["seconds"]) < 1e-6 * d["step"]["tokens_per_s"], d["step"]
 PY
 
+# data.seq_len past max_position_embeddings (F46): refused by plan and by fsdpd, naming both
+# numbers, unless the config's RoPE scaling covers it (yarn factor 2 from 64: 128 positions)
+expect_error 1 "data.seq_len 65 is longer than the 64 positions $tmp/model.json covers (max_position_embeddings 64" \
+    "$fsdpctl" plan "$tmp/job.json" --data.seq_len=65
+expect_status 1 "data.seq_len 65 is longer than the 64 positions" "$fsdpd" --job "$tmp/job.json" --data.seq_len=65
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/model.json" "$tmp/yarn.json"
+"$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/yarn.json" --data.seq_len=128 > "$tmp/yarn.txt" ||
+    { cat "$tmp/yarn.txt"; fail "yarn factor 2 does not cover 128 positions"; }
+expect_error 1 "data.seq_len 129 is longer than the 128 positions" \
+    "$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/yarn.json" --data.seq_len=129
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"
