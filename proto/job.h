@@ -151,6 +151,9 @@ typedef struct job_config {
         job_act_ckpt activation_checkpointing;
         bool cpu_offload;    /* master and AdamW state on the host, the step there */
         bool offload_params; /* parameter shards streamed from host memory at each use */
+        /* the layer inputs full recompute keeps that do not fit the device's budget in
+         * pinned host memory (model/memory_plan.h decides how many) */
+        bool offload_activations;
         bool forward_prefetch;
         bool backward_prefetch;
     } fsdp;

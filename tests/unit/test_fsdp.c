@@ -311,7 +311,9 @@ static void test_cpu_offload_same_bits(void **state) {
 /* Every activation checkpointing gives the bits of none (losses, norms, evaluation, master,
  * m and v), on 4 layers: full and selective recompute 3 a micro-batch (the last layer's
  * activations are still in place), 1 whole layer and the others' attention 2, 2 whole and
- * the others' inputs 1; and with cpu_offload as without. */
+ * the others' inputs 1; and with cpu_offload as without; and full recompute with 1, 2 or 3
+ * layer inputs offloaded (fsdp.offload_activations: the ring of two device buffers and the
+ * host copies), holding one device buffer of a layer input less for each. */
 static void test_recompute_same_bits(void **state) {
     (void)state;
     llama_config cfg = tiny_config();
@@ -322,10 +324,12 @@ static void test_recompute_same_bits(void **state) {
     static const struct {
         llama_recompute r;
         long recomputed; /* a micro-batch */
-        int cpu_offload;
-    } cases[] = {{{4, LLAMA_KEEP_INPUT}, 3, 0},     {{4, LLAMA_KEEP_ATTENTION}, 3, 0},
-                 {{3, LLAMA_KEEP_ATTENTION}, 2, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0},
-                 {{4, LLAMA_KEEP_ATTENTION}, 3, 1}};
+        int cpu_offload, offload_layers;
+    } cases[] = {{{4, LLAMA_KEEP_INPUT}, 3, 0, 0},     {{4, LLAMA_KEEP_ATTENTION}, 3, 0, 0},
+                 {{3, LLAMA_KEEP_ATTENTION}, 2, 0, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0, 0},
+                 {{4, LLAMA_KEEP_ATTENTION}, 3, 1, 0}, {{4, LLAMA_KEEP_INPUT}, 3, 0, 1},
+                 {{4, LLAMA_KEEP_INPUT}, 3, 0, 2},     {{4, LLAMA_KEEP_INPUT}, 3, 1, 3}};
+    size_t input_bytes = (size_t)OFF_ROWS / 2 * T * cfg.hidden_size * sizeof(float), full_in_use = 0;
     fsdp_options none = {.sharding = JOB_SHARD_FULL, .offload_threads = 2};
     offload_run a, b;
     run_offloaded(&cfg, image, bytes, &none, &a);
@@ -336,10 +340,11 @@ static void test_recompute_same_bits(void **state) {
         fsdp_options opt = none;
         opt.recompute = cases[i].r;
         opt.cpu_offload = cases[i].cpu_offload;
+        opt.offload_layers = cases[i].offload_layers;
         run_offloaded(&cfg, image, bytes, &opt, &b);
-        printf("recomputed layers %d, keep %d, cpu_offload %d: losses %.7f %.7f %.7f, %ld layer forwards\n",
-               cases[i].r.layers, (int)cases[i].r.keep, cases[i].cpu_offload, b.loss[0], b.loss[1],
-               b.loss[2], b.forwards);
+        printf("recomputed layers %d, keep %d, cpu_offload %d, %d layer inputs offloaded: losses %.7f %.7f %.7f, "
+               "%ld layer forwards\n", cases[i].r.layers, (int)cases[i].r.keep, cases[i].cpu_offload,
+               cases[i].offload_layers, b.loss[0], b.loss[1], b.loss[2], b.forwards);
         assert_memory_equal(a.loss, b.loss, sizeof a.loss);
         assert_memory_equal(a.norm, b.norm, sizeof a.norm);
         assert_true(a.eval == b.eval);
@@ -347,6 +352,9 @@ static void test_recompute_same_bits(void **state) {
         assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
         assert_int_equal(b.forwards, a.forwards + cases[i].recomputed * (micro + eval_micro));
         if (!cases[i].cpu_offload) assert_true(b.in_use < a.in_use); /* fewer activations kept */
+        if (i == 0) full_in_use = b.in_use;
+        if (cases[i].offload_layers && !cases[i].cpu_offload)
+            assert_int_equal(b.in_use, full_in_use - cases[i].offload_layers * input_bytes);
         free(b.state);
     }
     free(a.state);

@@ -182,6 +182,9 @@ static const bad_case bad_cases[] = {
     {"{\"fsdp\":{\"activation_checkpointing\":\"some\"}}", 1,
      "fsdp.activation_checkpointing: unknown choice 'some'", "none, full, selective, auto"},
     {"{" MD ",\"fsdp\":{\"offload_params\":true}}", 1, "fsdp.offload_params: a full fine-tune's parameters are its master shards", NULL},
+    {"{" MD ",\"fsdp\":{\"offload_activations\":true,\"activation_checkpointing\":\"selective\"}}", 1,
+     "fsdp.offload_activations: moves the layer inputs that full recompute keeps: it needs "
+     "fsdp.activation_checkpointing full", NULL},
     {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
      "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},
