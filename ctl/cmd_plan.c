@@ -138,6 +138,9 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
            gib(p->gathered), gib(p->activations), gib(p->workspace),
            p->mem.load_staging ? " (loading the base: +0.1 GiB of staging)" : "");
     if (p->mem.host_offload) printf("  offloaded to host memory: %.1f GiB a worker\n", gib(p->mem.host_offload));
+    if (j->fsdp.offload_activations)
+        printf("  fsdp.offload_activations: %d of %d layer inputs in host memory, %.1f GiB a worker\n",
+               p->offload_layers, n_layers, gib(p->mem.host_activations));
     char recompute[160];
     llama_recompute_format(p->recompute, n_layers, recompute, sizeof recompute);
     printf("  activation checkpointing: %s\n", recompute);
@@ -170,7 +173,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
-        "s:i, s:{s:i, s:s}}",
+        "s:i, s:{s:i, s:s}, s:{s:i, s:I}}",
         "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
         "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
         "fits", p->fits, "refused", p->fits ? NULL : p->verdict,
@@ -188,7 +191,8 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
         p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s, "reference_s", p->reference_s,
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
-        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all");
+        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all",
+        "offload_activations", "layers", p->offload_layers, "host_bytes", (json_int_t)p->mem.host_activations);
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     /* the CPU backend: no step time (the rates are a GPU's), no GPU */
     if (p->cpu && json_object_set_new(o, "step", json_null())) return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;

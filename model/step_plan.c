@@ -344,6 +344,13 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
         p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit) + dpo * per_use);
         p->reference_s += n_micro * L * dpo * per_use;
     }
+    /* offload_activations: each offloaded layer input to the host beside its layer's forward
+     * and back beside the next layer's backward, on the copy stream */
+    if (p->offload_layers) {
+        double input = (double)p->mem.host_activations / p->offload_layers;
+        double d2h = input / (r->t->d2h_gbps * 1e9) * r->copy, h2d = input / (r->t->h2d_gbps * 1e9) * r->copy;
+        p->offload_exposed_s += n_micro * p->offload_layers * (fmax(0, d2h - fwd_unit) + fmax(0, h2d - bwd_unit));
+    }
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
      * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
     double shard = p->mem.trainable_elems;
@@ -394,6 +401,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     p->validated = !cpu && table_gpu == m->gpu;
     p->gpu_bytes = p->mem.total + p->context;
     p->recompute = o.recompute;
+    p->offload_layers = o.offload_layers;
     by_kind(j, p, cs);
     /* The verdict is fsdpd's own admission check (step_plan_admit, as daemon/supervisor.c calls it):
      * the plan and fsdpd never disagree on whether a job fits. */
@@ -411,7 +419,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     /* host RAM of a node */
     if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
     int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final;
-    p->host_offload = p->mem.host_offload * (size_t)m->gpus_per_node;
+    p->host_offload = (p->mem.host_offload + p->mem.host_activations) * (size_t)m->gpus_per_node;
     p->host_workers = cpu ? p->mem.total * (size_t)m->gpus_per_node : 0;
     p->host_ckpt = saves ? 12 * p->mem.trainable_elems * (size_t)m->gpus_per_node : 0;
     p->host_data = m->data_bytes;
