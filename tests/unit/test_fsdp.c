@@ -199,6 +199,75 @@ static void test_grad_accum_normalised(void **state) {
     kctx_destroy(&c);
 }
 
+/* A long packed row (F46): one row of LONG_T = 4096 tokens holding 13 documents of 1 to
+ * 1500 tokens (one across the head's 2048-row chunk boundary), on a yarn model whose 1024
+ * positions its scaling stretches to 4096 (the worker's batch check admits it): each
+ * document's loss in the row (the row with only that document's labels) is its loss alone
+ * (a row of its own length, unpacked), and the documents' sum is the row's. */
+enum { LONG_T = 4096, LONG_DOCS = 13 };
+static const int long_lens[LONG_DOCS] = {1, 7, 100, 513, 1500, 2, 64, 900, 31, 250, 600, 127, 1};
+
+static double eval_row(fsdp *f, const int32_t *ids, const int32_t *labels, const int32_t *start,
+                       const int32_t *end, int T_row, int64_t *count) {
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .doc_start = start, .doc_end = end, .n_micro = 1,
+                    .micro_batch = 1, .T = T_row};
+    double sum;
+    errbuf err = {{0}};
+    if (fsdp_eval_loss(f, &b, &sum, count, &err)) fail_msg("%s", err.msg);
+    return sum;
+}
+
+static void test_long_packed_row_documents(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.max_position_embeddings = 1024;
+    cfg.rope = (rope_config){.type = ROPE_YARN, .theta = 100.0, .factor = 4.0, .original_max_position_embeddings = 1024,
+                             .beta_fast = 32, .beta_slow = 1, .truncate = 1};
+    assert_int_equal(llama_config_max_positions(&cfg), LONG_T);
+    kctx c;
+    fsdp f;
+    init_fsdp(&f, &c, &cfg);
+    static int32_t ids[LONG_T], labels[LONG_T], only[LONG_T], positions[LONG_T], start[LONG_T], end[LONG_T];
+    int at[LONG_DOCS + 1] = {0};
+    for (int d = 0; d < LONG_DOCS; d++) at[d + 1] = at[d] + long_lens[d];
+    assert_int_equal(at[LONG_DOCS], LONG_T);
+    for (int d = 0; d < LONG_DOCS; d++)
+        for (int i = 0; i < long_lens[d]; i++) {
+            int t = at[d] + i;
+            ids[t] = (int32_t)(rng_u64(13, 2, (uint64_t)t) % (uint64_t)cfg.vocab_size);
+            labels[t] = i == 0 ? K_IGNORE_INDEX : ids[t];
+            positions[t] = i;
+        }
+    errbuf err = {{0}};
+    if (llama_doc_bounds(positions, 1, LONG_T, start, end, &err)) fail_msg("%s", err.msg);
+    int64_t n_row, n;
+    double row = eval_row(&f, ids, labels, start, end, LONG_T, &n_row), sum = 0, worst = 0;
+    assert_int_equal(n_row, LONG_T - LONG_DOCS);
+    for (int d = 0; d < LONG_DOCS; d++) {
+        for (int t = 0; t < LONG_T; t++) only[t] = t >= at[d] && t < at[d + 1] ? labels[t] : K_IGNORE_INDEX;
+        int64_t n_in;
+        double in_row = eval_row(&f, ids, only, start, end, LONG_T, &n_in);
+        double alone = eval_row(&f, ids + at[d], labels + at[d], NULL, NULL, long_lens[d], &n);
+        assert_int_equal(n_in, long_lens[d] - 1);
+        assert_int_equal(n, n_in);
+        double rel = alone ? fabs(in_row - alone) / fabs(alone) : fabs(in_row);
+        if (rel > 1e-5) fail_msg("document %d (%d tokens from %d): %.9g in the row, %.9g alone", d, long_lens[d],
+                                 at[d], in_row, alone);
+        worst = rel > worst ? rel : worst;
+        sum += in_row;
+    }
+    printf("a packed row of %d tokens, %d documents: each one's loss as alone (worst rel %.2e), the row's sum "
+           "%.6f vs the documents' %.6f\n", LONG_T, LONG_DOCS, worst, row, sum);
+    assert_true(fabs(row - sum) <= 1e-5 * fabs(row));
+    /* unpacked (no bounds) the documents see each other and the positions run on: another loss */
+    int64_t n_cross;
+    double crossing = eval_row(&f, ids, labels, NULL, NULL, LONG_T, &n_cross);
+    printf("the same row unpacked: %.6f\n", crossing);
+    assert_true(fabs(crossing - row) > 1e-4 * fabs(row));
+    fsdp_destroy(&f);
+    kctx_destroy(&c);
+}
+
 /* ---- CPU offload ---- */
 
 enum { STEPS = 3, OFF_ROWS = 4 };
@@ -365,6 +434,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
         cmocka_unit_test(test_grad_accum_normalised),
+        cmocka_unit_test(test_long_packed_row_documents),
         cmocka_unit_test(test_cpu_offload_same_bits),
         cmocka_unit_test(test_recompute_same_bits),
     };
