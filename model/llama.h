@@ -94,6 +94,10 @@ typedef struct llama_layer_acts {
     float *rstd2; /* [N] */
     /* [N,rank] scale * A(dropout(x)) of each adapted module, in its module's part */
     void *lora_t[LORA_MODULES];
+    /* Rows gate, up, sw and the MLP adapters' lora_t hold: N, or fewer with fsdp.mlp_chunk
+     * (llama_layers_acts_carve), when the MLP runs that many rows at a time and its backward
+     * recomputes each chunk (ln2 and rstd2 stay [N]). */
+    int mlp_rows;
 } llama_layer_acts;
 
 /* What a decoder layer keeps from its forward to its backward (activation checkpointing). */
@@ -147,26 +151,32 @@ typedef struct llama_scratch {
     void *dk, *dv;           /* [N,KV] */
     void *lora_dt;           /* [N,rank] an adapter's inner gradient */
     void *lora_xd, *lora_dxd; /* [N,max in] a dropped-out input and its gradient (dropout > 0) */
+    int mlp_rows;             /* dsw's rows: N, or llama_layers_acts_carve's mlp_rows */
 } llama_scratch;
 
 /* lora: the adapters' layout, or NULL without adapters (no LoRA buffers).  _part carves
- * only the pointers of `part` (the others are left as they are). */
+ * only the pointers of `part` (the others are left as they are), its MLP buffers of
+ * mlp_rows rows (0 or >= N: N). */
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
                               const lora_layout *lora, size_t elem_size, int B, int T);
 size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_part part,
                                    const llama_layout *lo, const lora_layout *lora,
-                                   size_t elem_size, int B, int T);
+                                   size_t elem_size, int B, int T, int mlp_rows);
 /* Every decoder layer's activations under r, acts[n_layers]: each layer's own parts (what
  * it keeps), then one copy of each part that a layer recomputes, which those layers share.
  * acts may be NULL with mem NULL (the size only).  The shared parts hold, after a forward,
- * the last layer's that uses them: that layer's backward needs no recomputation. */
+ * the last layer's that uses them: that layer's backward needs no recomputation (but for its
+ * MLP in chunks).  mlp_rows (fsdp.mlp_chunk; 0: N): the shared MLP part's rows, when every
+ * layer recomputes its MLP (r full or selective over every layer) and no adapter drops out:
+ * the MLP then runs that many rows at a time in forward and backward (which recomputes each
+ * chunk), its [mlp_rows, intermediate] buffers in place of [N, intermediate]. */
 size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recompute r,
                                const llama_layout *lo, const lora_layout *lora,
-                               size_t elem_size, int B, int T);
+                               size_t elem_size, int B, int T, int mlp_rows);
 size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
                              size_t elem_size, int B, int T);
 size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
-                           const lora_layout *lora, size_t elem_size, int B, int T);
+                           const lora_layout *lora, size_t elem_size, int B, int T, int mlp_rows);
 
 /* ---- LoRA ----
  * What every decoder layer's adapters share (DESIGN.md, LoRA and QLoRA): each adapted

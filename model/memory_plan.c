@@ -129,9 +129,9 @@ static size_t plan_activations(const plan_in *in) {
     llama_head_acts head;
     llama_scratch scratch;
     size_t resid_bytes = carved(N * C * cs);
-    size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T));
+    size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T, in->o->mlp_chunk));
     size_t head_bytes = carved(llama_head_acts_carve(&head, NULL, lo, cs, B, T));
-    size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T));
+    size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T, in->o->mlp_chunk));
     size_t ids_bytes = carved(N * sizeof(int32_t)), samples_bytes = carved((size_t)B * sizeof(int64_t));
     return (size_t)(L + 2 - in->o->offload_layers) * resid_bytes + acts_bytes + head_bytes + scratch_bytes +
            4 * ids_bytes + samples_bytes;
@@ -158,6 +158,10 @@ static int check_options(const memory_plan_options *o, errbuf *err) {
         (o->offload_layers && (o->recompute.layers < L || o->recompute.keep != LLAMA_KEEP_INPUT)))
         return errf(err, "memory plan: %d of %d layer inputs offloaded (0 .. %d, with full recompute)",
                     o->offload_layers, L, L > 1 ? L - 1 : 0);
+    if (o->mlp_chunk < 0 || (o->mlp_chunk && (o->recompute.layers < L || o->recompute.keep == LLAMA_KEEP_ALL ||
+                                              (o->lora && o->lora->dropout > 0))))
+        return errf(err, "memory plan: mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout",
+                    o->mlp_chunk);
     return 0;
 }
 
@@ -267,7 +271,7 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
         .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
-        .objective = j->train.objective};
+        .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
     if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);

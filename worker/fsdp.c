@@ -291,6 +291,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
     f->offload_layers = opt->offload_layers;
+    f->mlp_rows = opt->mlp_chunk;
     f->pref.cfg = opt->pref;
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
@@ -302,6 +303,11 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
         (opt->offload_layers && (opt->recompute.layers < L || opt->recompute.keep != LLAMA_KEEP_INPUT)))
         return errf(err, "fsdp: %d of %d layer inputs offloaded (0 .. %d, with full recompute)",
                     opt->offload_layers, L, L > 1 ? L - 1 : 0);
+    if (opt->mlp_chunk < 0 ||
+        (opt->mlp_chunk && (opt->recompute.layers < L || opt->recompute.keep == LLAMA_KEEP_ALL ||
+                            (opt->lora && opt->lora->dropout > 0))))
+        return errf(err, "fsdp: mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout",
+                    opt->mlp_chunk);
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
@@ -429,9 +435,9 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     size_t cs = k_compute_size(f->ctx), N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size;
     size_t resid_bytes = round_up(N * C * cs, 256);
     const lora_layout *lora = f->has_lora ? &f->lora_layout : NULL;
-    size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T), 256);
+    size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T, f->mlp_rows), 256);
     size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
-    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T), 256);
+    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T, f->mlp_rows), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t samples_bytes = round_up((size_t)B * sizeof(int64_t), 256);
     size_t total = (size_t)(L + 2 - f->offload_layers) * resid_bytes + acts_bytes + head_bytes +
@@ -458,9 +464,9 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
         if (l >= ring || l < 2) f->resid[l] = mem, mem += resid_bytes;
         else f->resid[l] = f->resid[l % 2];
     f->dresid = mem, mem += resid_bytes;
-    llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T), mem += acts_bytes;
+    llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T, f->mlp_rows), mem += acts_bytes;
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
-    llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T), mem += scratch_bytes;
+    llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T, f->mlp_rows), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
     f->targets = (int32_t *)mem, mem += ids_bytes;
     f->doc_start = (int32_t *)mem, mem += ids_bytes;

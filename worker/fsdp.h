@@ -186,6 +186,7 @@ typedef struct fsdp {
      * stream as the forward goes and back one layer ahead in the backward; resid[0 ..
      * offload_layers + 1] share two device buffers (fsdp.c, "offloaded layer inputs"). */
     int offload_layers;
+    int mlp_rows; /* fsdp.mlp_chunk (fsdp_options.mlp_chunk): the MLP's rows at a time; 0: all */
     void *host_acts;
     void **host_resid;   /* [offload_layers] */
     llama_layer_acts *layer_acts; /* [L]: a layer's own parts or shared ones (llama_layers_acts_carve) */
@@ -228,6 +229,10 @@ typedef struct fsdp_options {
     /* fsdp.offload_activations: the first this many layers' inputs (0 .. L-1) on the host,
      * with full recompute (model/memory_plan.h's memory_plan_offload_layers decides it). */
     int offload_layers;
+    /* fsdp.mlp_chunk: each layer's MLP this many tokens at a time (forward, and backward
+     * recomputing each chunk; 0: all); needs every layer's MLP recomputed (full or
+     * selective) and adapters without dropout. */
+    int mlp_chunk;
     /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
      * size) and the replica group (this local rank on every node); NULL on one node, where
      * the world is the shard group. */

@@ -132,6 +132,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .backward_prefetch = j->fsdp.backward_prefetch,
                         .lora = adapters ? &j->lora.config : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
+                        .mlp_chunk = j->fsdp.mlp_chunk,
                         .offload_threads = offload_threads(j),
                         .shard_comm = env->shard_comm, .replica_comm = env->replica_comm,
                         .pref = {.objective = j->train.objective, .loss = j->train.dpo_loss,

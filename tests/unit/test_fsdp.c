@@ -430,6 +430,73 @@ static void test_recompute_same_bits(void **state) {
     free(image);
 }
 
+/* The largest relative difference of a[n] and b[n]. */
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)a[i]), 1e-3);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+/* fsdp.mlp_chunk (F46): each layer's MLP in chunks of rows (forward, and backward recomputing
+ * each chunk) against full recompute all at once, 2 micro-batches of 32 rows: chunks of 32 or
+ * more are the unchunked run, bit for bit; chunks of 5 (the last of 2) and 7, under full and
+ * selective recompute, with the inputs offloaded and with cpu_offload, split only the rows
+ * of GEMMs and row-wise kernels, so the forward (the first step's loss, and the evaluation's
+ * rows) is the same bits; the weights' gradients sum the chunks' partial products in
+ * another order, so the later steps agree to fp32 rounding; the context memory holds
+ * [chunk, intermediate] MLP buffers (gate, up, silu(gate) * up, and the scratch's gradient)
+ * instead of [32, intermediate]. */
+static void test_mlp_chunk(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.initializer_range = 0.3;
+    cfg.num_hidden_layers = 4;
+    size_t bytes, params;
+    void *image = random_image(&cfg, &bytes, &params);
+    static const struct {
+        int chunk;
+        llama_keep keep;
+        int offload_layers, cpu_offload;
+    } cases[] = {{32, LLAMA_KEEP_INPUT, 0, 0}, {100, LLAMA_KEEP_INPUT, 0, 0}, {5, LLAMA_KEEP_INPUT, 0, 0},
+                 {7, LLAMA_KEEP_ATTENTION, 0, 0}, {5, LLAMA_KEEP_INPUT, 3, 0}, {7, LLAMA_KEEP_INPUT, 0, 1}};
+    fsdp_options whole = {.sharding = JOB_SHARD_FULL, .offload_threads = 2, .recompute = {4, LLAMA_KEEP_INPUT}};
+    offload_run a, b;
+    size_t rows = OFF_ROWS / 2 * T, I = (size_t)cfg.intermediate_size, cs = sizeof(float);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_options base = whole, opt = whole;
+        base.recompute.keep = opt.recompute.keep = cases[i].keep;
+        base.offload_layers = opt.offload_layers = cases[i].offload_layers;
+        base.cpu_offload = opt.cpu_offload = cases[i].cpu_offload;
+        opt.mlp_chunk = cases[i].chunk;
+        run_offloaded(&cfg, image, bytes, &base, &a);
+        run_offloaded(&cfg, image, bytes, &opt, &b);
+        double state_rel = max_rel(a.state, b.state, a.n);
+        printf("mlp_chunk %d, keep %d, %d inputs offloaded, cpu_offload %d: losses %.9f %.9f %.9f vs %.9f %.9f "
+               "%.9f, state rel %.2e, context memory %zu -> %zu\n", cases[i].chunk, (int)cases[i].keep,
+               cases[i].offload_layers, cases[i].cpu_offload, a.loss[0], a.loss[1], a.loss[2], b.loss[0], b.loss[1],
+               b.loss[2], state_rel, a.in_use, b.in_use);
+        assert_true(a.loss[0] == b.loss[0]);
+        assert_int_equal(a.n, b.n);
+        if (cases[i].chunk >= (int)rows) {
+            assert_memory_equal(a.loss, b.loss, sizeof a.loss);
+            assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
+            assert_int_equal(a.in_use, b.in_use);
+        } else {
+            for (int s = 1; s < STEPS; s++) assert_true(fabs(a.loss[s] - b.loss[s]) <= 1e-5 * fabs(a.loss[s]));
+            assert_true(state_rel <= 1e-4);
+            if (!cases[i].cpu_offload) /* 3 shared [rows, I] buffers and the scratch's, 256-aligned */
+                assert_int_equal(a.in_use - b.in_use, 4 * ((rows * I * cs + 255) / 256 * 256 -
+                                                           ((size_t)cases[i].chunk * I * cs + 255) / 256 * 256));
+        }
+        free(a.state);
+        free(b.state);
+    }
+    free(image);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
@@ -437,6 +504,7 @@ int main(void) {
         cmocka_unit_test(test_long_packed_row_documents),
         cmocka_unit_test(test_cpu_offload_same_bits),
         cmocka_unit_test(test_recompute_same_bits),
+        cmocka_unit_test(test_mlp_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

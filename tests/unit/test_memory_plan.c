@@ -46,6 +46,7 @@ static llama_config small_config(int tied) {
 }
 
 static const lora_config small_lora = {.rank = 3, .alpha = 6, .dropout = 0.1, .targets = LORA_ALL_LINEAR};
+static const lora_config small_lora_no_dropout = {.rank = 3, .alpha = 6, .targets = LORA_ALL_LINEAR};
 
 typedef enum kind { FULL, LORA, QLORA, QLORA_SINGLE } kind;
 static const char *const kind_names[] = {"full", "lora", "qlora", "qlora (NF4, single quantization)"};
@@ -65,6 +66,7 @@ typedef struct plan_case {
     llama_family family; /* F43: Qwen2's biases, Qwen3's q/k norms, Mistral's window */
     job_objective objective; /* a preference objective: MICRO rows a micro-batch, pairs */
     int offload_layers;      /* fsdp.offload_activations' layer inputs on the host (full recompute) */
+    int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -83,11 +85,13 @@ static model_image_quant quant_of(kind k) {
 
 static memory_plan_options options_of(const plan_case *pc, const llama_config *cfg, int rank) {
     return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world, .group = pc->world,
-                                 .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
+                                 .rank = rank,
+                                 .lora = pc->kind == FULL ? NULL : pc->mlp_chunk ? &small_lora_no_dropout : &small_lora,
                                  .quant = quant_of(pc->kind), .recompute = recomputes[pc->ckpt],
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
-                                 .objective = pc->objective, .offload_layers = pc->offload_layers};
+                                 .objective = pc->objective, .offload_layers = pc->offload_layers,
+                                 .mlp_chunk = pc->mlp_chunk};
 }
 
 /* What one rank saw. */
@@ -143,7 +147,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .lora = o.lora, .seed = 42, .quant = o.quant,
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                        .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
-                       .offload_layers = pc->offload_layers};
+                       .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -425,6 +429,17 @@ static void test_hand_computed(void **state) {
 /* auto: no bound keeps everything; a budget of selective's plan gets selective (it
  * recomputes less than full), one byte less full; nothing fitting is full too.  The
  * recomputed FLOPs: the first layer's MLP (gate, up) and, for full, its attention. */
+/* fsdp.mlp_chunk: the MLP's buffers of 5 rows of 24 (the last chunk 4), full and selective
+ * recompute, every kind, world 1 and 2, with offloaded inputs. */
+static void test_plan_equals_fsdp_peak_mlp_chunk(void **state) {
+    (void)state;
+    for (int k = FULL; k <= QLORA; k++)
+        for (int world = 1; world <= 2; world++)
+            for (int ckpt = 1; ckpt <= 2; ckpt++)
+                check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL,
+                                        .mlp_chunk = 5, .offload_layers = ckpt == 1});
+}
+
 /* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that
  * make it fit (one input's bytes each), all but the last layer's when nothing fits; its host
  * bytes counted. */
@@ -679,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
         cmocka_unit_test(test_plan_equals_fsdp_peak_offload_activations),
         cmocka_unit_test(test_offload_layers),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_mlp_chunk),
         cmocka_unit_test(test_plan_equals_fsdp_peak_pref),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),
