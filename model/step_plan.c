@@ -303,7 +303,11 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     head_and_embedding(&head, r, s);
     if (pref) head_forward(&head, r, s); /* the span sums' forward before the one with the backward */
     if (dpo) reference_forward(&ref, r, s);
-    for (int l = 0; l < L; l++) layer_recompute(&rec, r, s, llama_backward_from(recompute, l, L));
+    for (int l = 0; l < L; l++) {
+        llama_keep k = llama_backward_from(recompute, l, L);
+        /* fsdp.mlp_chunk: the backward recomputes every layer's MLP, by chunk, the last one's too */
+        layer_recompute(&rec, r, s, j->fsdp.mlp_chunk && k == LLAMA_KEEP_ALL ? LLAMA_KEEP_ATTENTION : k);
+    }
     double f = tally_s(&layer_f, r), b = tally_s(&layer_b, r), h = tally_s(&head, r);
     p->gemm_s = n_micro * (L * (layer_f.gemm + layer_b.gemm) + rec.gemm + head.gemm + ref.gemm);
     p->attention_s = n_micro * (L * (layer_f.attention + layer_b.attention) + rec.attention + ref.attention);

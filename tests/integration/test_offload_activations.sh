@@ -8,7 +8,10 @@
 #    adapter job's peak on this small model is the base's loading (a 64 MiB staging buffer),
 #    which no offload lowers; tests/unit/test_lora.c runs LoRA and QLoRA offloaded;
 #  - its context memory is smaller by one layer input each, as the plan says;
-#  - fsdp_qlora's --use_activation_cpu_offload maps to it; without full recompute it is refused.
+#  - fsdp_qlora's --use_activation_cpu_offload maps to it; without full recompute it is refused;
+#  - fsdp.mlp_chunk (the MLP 7 tokens at a time, with the inputs offloaded too): the first
+#    step's loss the same bits, the others within fp32 rounding, less context memory, as the
+#    plan says.
 source "$(dirname "$0")/lib.sh"
 
 write_base_job full
@@ -72,4 +75,16 @@ grep -q "fsdp.offload_activations: 0 of 4 layer inputs in host memory" "$tmp/fla
 same_bits lora flag
 expect_status 2 "fsdp.offload_activations: moves the layer inputs that full recompute keeps" \
     "$fsdpd" --job "$tmp/job.json" --fsdp.offload_activations=true --fsdp.activation_checkpointing=selective
+
+run chunked --train.type=full --fsdp.mlp_chunk=7 --fsdp.offload_activations=true --runtime.gpu_memory_limit=$limit
+join "$tmp/full.loss" "$tmp/chunked.loss" > "$tmp/joined"
+[ "$(wc -l < "$tmp/joined")" -ge 6 ] || fail "too few common steps in full and chunked"
+awk 'NR == 1 && $2 != $3 { exit 1 } { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2) exit 1 }' "$tmp/joined" ||
+    { cat "$tmp/joined"; fail "fsdp.mlp_chunk changed the losses beyond fp32 rounding"; }
+read -r planned_chunked _ <<< "$(plan_json --train.type=full --fsdp.mlp_chunk=7 --fsdp.offload_activations=true \
+    --runtime.gpu_memory_limit=$limit)"
+c=$(mem_bytes chunked)
+[ "$c" -lt "$b" ] && [ "$c" -le "$planned_chunked" ] && [ "$planned_chunked" -lt "$planned" ] ||
+    fail "mlp_chunk: context memory $c (offloaded only: $b), planned $planned_chunked (offloaded only: $planned)"
+echo "mlp_chunk 7: the losses within fp32 rounding, context memory $b -> $c bytes"
 echo "offload_activations: ok"
