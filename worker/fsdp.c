@@ -419,11 +419,12 @@ static void offload_input(fsdp *f, int l) {
     if (l < f->offload_layers) k_copy_h2d_start(f->ctx, f->host_resid[l], f->resid[l], f->resid_bytes);
 }
 
-/* Backward, before layer l: resid[l] back (fetched one layer ago), resid[l - 1]'s fetch started. */
+/* Backward, before layer l: resid[l] back (fetched one layer ago: waited for, layer 0's
+ * too), resid[l - 1]'s fetch started. */
 static void fetch_input(fsdp *f, int l) {
-    if (l - 1 >= f->offload_layers || l == 0) return;
+    if (l > f->offload_layers || !f->offload_layers) return;
     k_copy_h2d_wait(f->ctx);
-    k_copy_h2d_start(f->ctx, f->resid[l - 1], f->host_resid[l - 1], f->resid_bytes);
+    if (l > 0) k_copy_h2d_start(f->ctx, f->resid[l - 1], f->host_resid[l - 1], f->resid_bytes);
 }
 
 /* Activations of one micro-batch of B sequences of T tokens, in one allocation. */

@@ -295,13 +295,15 @@ static void *random_image(const llama_config *cfg, size_t *bytes, size_t *params
 }
 
 /* STEPS steps of two micro-batches from the image, with weight decay, clipping (a small
- * clip_norm: every step is clipped) and an evaluation after the first. */
+ * clip_norm: every step is clipped) and an evaluation after the first.  The copy stream's
+ * copies run as late as a GPU may run them (k_cpu_defer_copies): a missing wait or a buffer
+ * reused too soon (offload_params' slots, offload_activations' ring) changes the bits. */
 static void run_offloaded(const llama_config *cfg, const void *image, size_t bytes,
                           const fsdp_options *opt, offload_run *r) {
     kctx c;
     fsdp f;
     errbuf err = {{0}};
-    if (kctx_init(&c, K_CPU, 0, &err) || fsdp_init(&f, cfg, &c, NULL, 0, 1, opt, &err) ||
+    if (kctx_init(&c, K_CPU, 0, &err) || k_cpu_defer_copies(&c, &err) || fsdp_init(&f, cfg, &c, NULL, 0, 1, opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err))
         fail_msg("%s", err.msg);
     int32_t ids[OFF_ROWS * T], labels[OFF_ROWS * T];

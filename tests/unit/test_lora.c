@@ -43,8 +43,10 @@ static void golden_open_with(golden *g, const char *expected) {
     errbuf err = {{0}};
     char path[700];
     fixture_path(g->dir, sizeof g->dir, "golden/tiny-mha");
-    if (kctx_init(&g->ctx, K_CPU, 0, &err) || llama_config_load(&g->cfg, g->dir, &err) ||
-        st_model_open(&g->model, g->dir, &err))
+    /* copies deferred as late as a GPU may run them (k_cpu_defer_copies): offload_params'
+     * streams and offload_activations' copies must wait for them */
+    if (kctx_init(&g->ctx, K_CPU, 0, &err) || k_cpu_defer_copies(&g->ctx, &err) ||
+        llama_config_load(&g->cfg, g->dir, &err) || st_model_open(&g->model, g->dir, &err))
         fail_msg("%s", err.msg);
     snprintf(path, sizeof path, "%s/batch.safetensors", g->dir);
     if (st_open(&g->batch, path, &err)) fail_msg("%s", err.msg);

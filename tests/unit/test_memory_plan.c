@@ -154,7 +154,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
     void *image = NULL;
     memset(&f, 0, sizeof f);
     int rc = memory_plan_compute(&o, &p, &err);
-    if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0) {
+    if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0 && (rc = k_cpu_defer_copies(&ctx, &err)) == 0) {
         rc = fsdp_init(&f, &cfg, &ctx, c, rank, pc->world, &fo, &err);
         if (rc == 0) rc = train_one_step(&f, pc, rank, &image, &err);
         r->peak = k_peak_bytes(&ctx);
