@@ -102,6 +102,17 @@ llama_keep llama_backward_from(llama_recompute r, int l, int L) {
     return l == (r.layers < L ? r.layers : L) - 1 ? LLAMA_KEEP_ALL : llama_keep_of(r, l);
 }
 
+int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int mlp_chunk, double dropout,
+                              errbuf *err) {
+    int most = L > 1 ? L - 1 : 0;
+    if (offload_layers < 0 || offload_layers > most ||
+        (offload_layers && (r.layers < L || r.keep != LLAMA_KEEP_INPUT)))
+        return errf(err, "%d of %d layer inputs offloaded (0 .. %d, with full recompute)", offload_layers, L, most);
+    if (mlp_chunk < 0 || (mlp_chunk && (r.layers < L || r.keep == LLAMA_KEEP_ALL || dropout > 0)))
+        return errf(err, "mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout", mlp_chunk);
+    return 0;
+}
+
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
     const char *keep = r.keep == LLAMA_KEEP_ATTENTION ? "their attention (the MLP recomputed)"
                                                       : "their input (recomputed)";

@@ -122,6 +122,12 @@ llama_keep llama_keep_of(llama_recompute r, int l);
  * activations, which still hold its forward (llama_layers_acts_carve). */
 llama_keep llama_backward_from(llama_recompute r, int l, int L);
 
+/* What fsdp.offload_activations and fsdp.mlp_chunk (F46) need, for L layers under r: 0 ..
+ * L-1 layer inputs offloaded, with full recompute; MLP chunks (mlp_chunk > 0) with every
+ * layer's MLP recomputed (full or selective) and no adapter dropout.  0, else -1 with why. */
+int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int mlp_chunk, double dropout,
+                              errbuf *err);
+
 /* "full: every layer recomputed from its input", "20 of 32 layers keep everything, the
  * others their attention (the MLP recomputed)", ... into out[n]. */
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n);

@@ -153,15 +153,9 @@ static int check_options(const memory_plan_options *o, errbuf *err) {
         return errf(err, "memory plan: micro-batch %d x %d tokens", o->micro_batch, o->seq_len);
     if (o->compute_size != 2 && o->compute_size != 4)
         return errf(err, "memory plan: a compute dtype of %zu bytes", o->compute_size);
-    int L = o->model->num_hidden_layers;
-    if (o->offload_layers < 0 || o->offload_layers > (L > 1 ? L - 1 : 0) ||
-        (o->offload_layers && (o->recompute.layers < L || o->recompute.keep != LLAMA_KEEP_INPUT)))
-        return errf(err, "memory plan: %d of %d layer inputs offloaded (0 .. %d, with full recompute)",
-                    o->offload_layers, L, L > 1 ? L - 1 : 0);
-    if (o->mlp_chunk < 0 || (o->mlp_chunk && (o->recompute.layers < L || o->recompute.keep == LLAMA_KEEP_ALL ||
-                                              (o->lora && o->lora->dropout > 0))))
-        return errf(err, "memory plan: mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout",
-                    o->mlp_chunk);
+    if (llama_check_long_settings(o->model->num_hidden_layers, o->recompute, o->offload_layers, o->mlp_chunk,
+                                  o->lora ? o->lora->dropout : 0, err))
+        return errprefix(err, "memory plan");
     return 0;
 }
 

@@ -298,16 +298,9 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
-    int L = cfg->num_hidden_layers;
-    if (opt->offload_layers < 0 || opt->offload_layers > (L > 1 ? L - 1 : 0) ||
-        (opt->offload_layers && (opt->recompute.layers < L || opt->recompute.keep != LLAMA_KEEP_INPUT)))
-        return errf(err, "fsdp: %d of %d layer inputs offloaded (0 .. %d, with full recompute)",
-                    opt->offload_layers, L, L > 1 ? L - 1 : 0);
-    if (opt->mlp_chunk < 0 ||
-        (opt->mlp_chunk && (opt->recompute.layers < L || opt->recompute.keep == LLAMA_KEEP_ALL ||
-                            (opt->lora && opt->lora->dropout > 0))))
-        return errf(err, "fsdp: mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout",
-                    opt->mlp_chunk);
+    if (llama_check_long_settings(cfg->num_hidden_layers, opt->recompute, opt->offload_layers, opt->mlp_chunk,
+                                  opt->lora ? opt->lora->dropout : 0, err))
+        return errprefix(err, "fsdp");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;

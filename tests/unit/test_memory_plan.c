@@ -469,6 +469,16 @@ static void test_offload_layers(void **state) {
     o.offload_layers = 1;
     o.recompute = recomputes[2];
     assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    /* fsdp.mlp_chunk: refused without the MLP recomputed, or with adapters' dropout */
+    o.offload_layers = 0;
+    o.mlp_chunk = 4;
+    o.recompute = (llama_recompute){0, LLAMA_KEEP_ALL};
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "memory plan: mlp_chunk 4 needs every layer's MLP recomputed and no adapter dropout"));
+    o.recompute = (llama_recompute){6, LLAMA_KEEP_ATTENTION};
+    assert_int_equal(memory_plan_compute(&o, &p, &err), 0);
+    o.lora = &small_lora; /* dropout 0.1 */
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
 }
 
 static void test_auto_recompute(void **state) {
