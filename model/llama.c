@@ -350,9 +350,12 @@ typedef struct mlp_chunk {
     int r0, n, B, T;    /* B x T: n rows as the adapters see them */
 } mlp_chunk;
 
+/* The MLP's rows at a time of a's N rows (a carved by llama_layer_acts_carve_part). */
+static int mlp_step(const llama_layer_acts *a, int N) { return (int)mlp_rows_of((size_t)N, a->mlp_rows); }
+
 static mlp_chunk mlp_chunk_at(kctx *c, const llama_layout *lo, const llama_layer_acts *a, int r0, int B, int T) {
     size_t at = (size_t)r0 * lo->cfg.hidden_size * k_compute_size(c);
-    int N = B * T, n = N - r0 < a->mlp_rows ? N - r0 : a->mlp_rows;
+    int N = B * T, step = mlp_step(a, N), n = N - r0 < step ? N - r0 : step;
     mlp_chunk ch = {.v = *a, .r0 = r0, .n = n, .B = n == N ? B : 1, .T = n == N ? T : n};
     ch.v.ln2 = (char *)a->ln2 + at;
     ch.v.h = (char *)a->h + at;
@@ -385,8 +388,8 @@ static void mlp_forward(kctx *c, const llama_layout *lo, const llama_layer_weigh
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size;
     k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, (float)cfg->rms_norm_eps);
-    if (!out && a->mlp_rows < N) return;
-    for (int r0 = 0; r0 < N; r0 += a->mlp_rows) {
+    if (!out && mlp_step(a, N) < N) return;
+    for (int r0 = 0; r0 < N; r0 += mlp_step(a, N)) {
         mlp_chunk ch = mlp_chunk_at(c, lo, a, r0, B, T);
         mlp_chunk_forward(c, lo, w, &ch, s, out);
     }
@@ -467,9 +470,9 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
 
     /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
-    for (int r0 = 0; r0 < N; r0 += a->mlp_rows) {
+    for (int r0 = 0; r0 < N; r0 += mlp_step(a, N)) {
         mlp_chunk ch = mlp_chunk_at(c, lo, a, r0, B, T);
-        if (a->mlp_rows < N) mlp_chunk_forward(c, lo, w, &ch, s, NULL); /* the chunk recomputed */
+        if (mlp_step(a, N) < N) mlp_chunk_forward(c, lo, w, &ch, s, NULL); /* the chunk recomputed */
         mlp_chunk_backward(c, lo, w, &ch, s, dresid);
     }
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
