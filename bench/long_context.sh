@@ -3,7 +3,7 @@
 # random NF4 base, batch 1) at each given length T, with full recompute, fsdp.offload_activations
 # (the layer inputs that do not fit go to pinned host memory) and fsdp.mlp_chunk (MLP_CHUNK
 # tokens at a time); for each T: what `fsdpctl plan` predicts (fits, device GiB, layer inputs
-# offloaded), then fsdpd's step (seconds, tokens/s, its peak allocated, nvidia-smi's peak), and
+# offloaded; at the end the longest length it admits, `--longest`), then fsdpd's step (seconds, tokens/s, its peak allocated, nvidia-smi's peak), and
 # with PEER=1 transformers + PEFT + bitsandbytes with gradient checkpointing at the same T in the
 # same call (bench/peer_qlora_long.py, a copy of ../shared/bench/peer_qlora.py that knows
 # Llama-3.1-8B and reports an out-of-memory step).  One line a run on stdout and in
@@ -119,4 +119,6 @@ PY
         row peer "$T" failed - - - "${dev:-0}" "$(tail -1 "$work/peer-$T.err" | cut -c1-160)"
     fi
 done
+# the longest length the plan admits for the last T's config (its rope factor covers that T)
+"$build/fsdpctl" plan "${common[@]:1}" --gpus-per-node 1 --longest 2>/dev/null | sed -n 's/^longest/plan   longest/p'
 exit $rc

@@ -116,6 +116,21 @@ json.dump(c, open(sys.argv[2], "w"))' "$tmp/model.json" "$tmp/yarn.json"
 expect_error 1 "data.seq_len 129 is longer than the 128 positions" \
     "$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/yarn.json" --data.seq_len=129
 
+# --longest (F46): the longest data.seq_len fsdpd admits, up to the positions the config covers:
+# all 64 without a limit; under the limit that a 32-token job's plan just fits, at least 32,
+# the plan at it fits and one token more does not
+"$fsdpctl" plan "$tmp/job.json" --longest > "$tmp/longest.txt" || { cat "$tmp/longest.txt"; fail "plan --longest failed"; }
+grep -q "^longest data.seq_len that fits: 64 (the config covers 64 positions)$" "$tmp/longest.txt" ||
+    { cat "$tmp/longest.txt"; fail "plan --longest without a limit is not the 64 positions"; }
+lim=$("$fsdpctl" plan "$tmp/job.json" --data.seq_len=32 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["gpu_memory"]["fsdp"])')
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --longest --json > "$tmp/longest.json"
+longest=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["longest_seq_len"])' "$tmp/longest.json")
+[ "$longest" -ge 32 ] && [ "$longest" -lt 64 ] || fail "plan --longest under a 32-token limit: $longest"
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --data.seq_len="$longest" | grep -q "DOES NOT FIT" &&
+    fail "the longest data.seq_len $longest does not fit"
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --data.seq_len=$((longest + 1)) | grep -q "DOES NOT FIT" ||
+    fail "one token past the longest data.seq_len $longest fits"
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"
