@@ -20,7 +20,7 @@
 
 static void plan_usage(FILE *f) {
     fprintf(f, "usage: fsdpctl plan JOB.json [--nodes N] [--gpus-per-node G] [--gpu NAME] [--rates FILE]\n"
-               "                    [--net-gbps X] [--json] [--section.key=value ...]\n"
+               "                    [--net-gbps X] [--longest] [--json] [--section.key=value ...]\n"
                "  the job's device memory a GPU, host RAM a node, checkpoint size and write time,\n"
                "  step time and tokens/s, and the largest micro_batch that fits, on N nodes of G\n"
                "  GPUs (default 1 x 8) of NAME (%s; default h200), with\n"
@@ -30,13 +30,15 @@ static void plan_usage(FILE *f) {
                "  FILE: the rates table (default configs/plan/h200.json beside this program's\n"
                "  build, measured by bench/plan_rates.c); other GPUs than its own are scaled from\n"
                "  datasheets and marked unvalidated.  X: a node's network bandwidth across nodes,\n"
-               "  GB/s (default 50: 400 Gb/s of EFA).  Overrides as fsdpd takes them.\n",
+               "  GB/s (default 50: 400 Gb/s of EFA).  --longest: also the longest data.seq_len\n"
+               "  fsdpd admits with the job's other settings, up to the positions the model's\n"
+               "  config covers.  Overrides as fsdpd takes them.\n",
             plan_gpu_names());
 }
 
 typedef struct plan_args {
     const char *job, *gpu, *rates;
-    int nodes, gpus, json;
+    int nodes, gpus, json, longest;
     double net_gbps;
     char **overrides;
     int n_overrides;
@@ -57,6 +59,9 @@ static int parse_args(int argc, char **argv, plan_args *a, int *status) {
             return -1;
         } else if (!strcmp(s, "--json")) {
             a->json = 1;
+            continue;
+        } else if (!strcmp(s, "--longest")) {
+            a->longest = 1;
             continue;
         } else if (!strcmp(s, "--nodes") && v) {
             bad = fsdpctl_parse_int(v, 1, 65536, &a->nodes);
@@ -112,6 +117,25 @@ static void default_rates(char *out, size_t n) {
 
 static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
 
+/* --longest: the longest data.seq_len, up to the positions cfg covers, whose plan fsdpd admits
+ * with j's other settings (what a worker needs grows with it: a binary search); 0: none. */
+static int longest_seq_len(const job_config *j, const llama_config *cfg, model_image_quant q, const plan_machine *m,
+                           const plan_rates *r) {
+    static job_config alt;
+    static step_plan p;
+    alt = *j;
+    int64_t covered = llama_config_max_positions(cfg);
+    int lo = 1, hi = covered < (1 << 20) ? (int)covered : 1 << 20;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        errbuf ignored;
+        alt.data.seq_len = mid;
+        if (step_plan_job(&alt, cfg, q, m, r, &p, &ignored) == 0 && p.fits) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo >= 2 ? lo : 0;
+}
+
 static void print_verdict(const step_plan *p) {
     if (!p->fits) printf("  fsdpd refuses it: %s\n", p->verdict);
 }
@@ -138,6 +162,9 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
            gib(p->gathered), gib(p->activations), gib(p->workspace),
            p->mem.load_staging ? " (loading the base: +0.1 GiB of staging)" : "");
     if (p->mem.host_offload) printf("  offloaded to host memory: %.1f GiB a worker\n", gib(p->mem.host_offload));
+    if (j->fsdp.offload_activations)
+        printf("  fsdp.offload_activations: %d of %d layer inputs in host memory, %.1f GiB a worker\n",
+               p->offload_layers, n_layers, gib(p->mem.host_activations));
     char recompute[160];
     llama_recompute_format(p->recompute, n_layers, recompute, sizeof recompute);
     printf("  activation checkpointing: %s\n", recompute);
@@ -166,11 +193,11 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
         printf("  of which DPO's reference forward (no backward) and its gathers: %.3f s\n", p->reference_s);
 }
 
-static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m) {
+static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m, int longest) {
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
-        "s:i, s:{s:i, s:s}}",
+        "s:i, s:{s:i, s:s}, s:{s:i, s:I}}",
         "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
         "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
         "fits", p->fits, "refused", p->fits ? NULL : p->verdict,
@@ -188,8 +215,11 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
         p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s, "reference_s", p->reference_s,
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
-        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all");
+        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all",
+        "offload_activations", "layers", p->offload_layers, "host_bytes", (json_int_t)p->mem.host_activations);
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
+    if (longest >= 0 && json_object_set_new(o, "longest_seq_len", json_integer(longest)))
+        return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     /* the CPU backend: no step time (the rates are a GPU's), no GPU */
     if (p->cpu && json_object_set_new(o, "step", json_null())) return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && printf("\n") > 0 ? 0 : 1;
@@ -253,9 +283,17 @@ int cmd_plan(int argc, char **argv) {
         m.data_bytes = data_bytes(&j);
         m.gpus_per_node = j.runtime.workers_per_node;
         if (cpu) m.gpu = NULL;
-        if (step_plan_job(&j, &cfg, q, &m, rates, &p, &err)) fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
-        else if (a.json) rc = print_json(&a, &p, &m);
-        else print_text(&a, &j, cfg.num_hidden_layers, rates, &p, &m), rc = 0;
+        int longest = -1; /* not asked */
+        if (step_plan_job(&j, &cfg, q, &m, rates, &p, &err)) {
+            fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
+        } else {
+            if (a.longest) longest = longest_seq_len(&j, &cfg, q, &m, rates);
+            if (a.json) rc = print_json(&a, &p, &m, longest);
+            else print_text(&a, &j, cfg.num_hidden_layers, rates, &p, &m), rc = 0;
+            if (!a.json && longest >= 0)
+                printf("longest data.seq_len that fits: %d (the config covers %lld positions)\n", longest,
+                       (long long)llama_config_max_positions(&cfg));
+        }
     }
     json_decref(config);
     plan_rates_free(&r);

@@ -53,6 +53,7 @@ int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg
     size_t len;
     if (file_read_all(path, CONFIG_MAX, &text, &len, err)) return -1;
     int rc = llama_config_parse(cfg, text, len, path, err);
+    if (rc == 0) rc = llama_config_check_seq_len(cfg, "data.seq_len", job->data.seq_len, path, err);
     json_error_t je;
     *obj = rc == 0 ? json_loadb(text, len, 0, &je) : NULL;
     free(text);

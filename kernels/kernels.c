@@ -27,8 +27,8 @@ typedef struct k_ops {
 } k_ops;
 
 static const k_ops cpu_ops = {
-    .sync = NULL,
-    .destroy = NULL,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
 #define K_OP(name, params, args) .name = cpu_##name,
 #define K_OP_BY_HAND(ret, name, params) .name = cpu_##name,
 #include "kernels/kernels_ops.h"
@@ -108,6 +108,11 @@ void kctx_destroy(kctx *c) {
 int k_sync(kctx *c, errbuf *err) {
     if (ops(c)->sync) ops(c)->sync(c);
     return k_check(c, err);
+}
+
+int k_cpu_defer_copies(kctx *c, errbuf *err) {
+    if (c->backend != K_CPU) return errf(err, "k_cpu_defer_copies: only the CPU backend defers copies");
+    return cpu_defer_copies(c, err);
 }
 
 /* ---- host helpers (the same for every backend) ---- */

@@ -55,6 +55,12 @@ size_t k_peak_bytes(const kctx *c);   /* the most of it at any time since kctx_i
  * k_alloc refuses, with a message naming the request, what is in use and the limit, an
  * allocation that would bring k_bytes_in_use past it. */
 void k_set_memory_limit(kctx *c, size_t bytes);
+/* Tests, the CPU backend: from here on k_copy_h2d_start's copies run at the next
+ * k_copy_h2d_wait or k_sync, as late as a GPU's copy stream may run them (the CPU otherwise
+ * copies at once), so that a consumer that does not wait reads stale data and a source
+ * overwritten before the wait is copied overwritten.  0, or -1 when out of memory or on
+ * another backend. */
+int k_cpu_defer_copies(kctx *c, errbuf *err);
 
 /* RoPE frequencies for k_rope, computed on the host as transformers' modeling_rope_utils
  * does: inv_freq[i] = theta^(-2i/hd), with the scaling of p->kind. */

@@ -40,7 +40,9 @@ K_OP(copy_h2d, (kctx *c, void *dst, const void *host_src, size_t bytes),
  * queued so far (which may still read dst), to overlap the compute queued next; compute
  * queued after the next k_copy_h2d_wait reads dst.  host_src must stay as it is until then,
  * and be pinned (k_host_alloc) or registered (k_host_register) for the copy to run
- * asynchronously.  The CPU backend copies at once. */
+ * asynchronously.  The CPU backend copies at once.  Either side may be host memory: it also
+ * copies device to pinned host memory (fsdp.offload_activations' layer inputs), and
+ * k_copy_h2d_wait waits for those too. */
 K_OP(copy_h2d_start, (kctx *c, void *dst, const void *host_src, size_t bytes),
      (c, dst, host_src, bytes))
 /* k_copy_h2d_wait: compute queued from here on waits for every k_copy_h2d_start so far. */

@@ -27,6 +27,11 @@ typedef struct dims {
     size_t N, C, I, Q, KV, V, heads, kv_heads;
 } dims;
 
+/* The MLP's rows at a time for N rows: mlp_rows, or N (0 or more than N). */
+static size_t mlp_rows_of(size_t N, int mlp_rows) {
+    return mlp_rows > 0 && (size_t)mlp_rows < N ? (size_t)mlp_rows : N;
+}
+
 static dims dims_of(const llama_layout *lo, int B, int T) {
     const llama_config *c = &lo->cfg;
     return (dims){
@@ -48,8 +53,9 @@ static llama_acts_part lora_part(int m) {
 
 size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_part part,
                                    const llama_layout *lo, const lora_layout *lora,
-                                   size_t elem_size, int B, int T) {
+                                   size_t elem_size, int B, int T, int mlp_rows) {
     dims d = dims_of(lo, B, T);
+    size_t rows = mlp_rows_of(d.N, mlp_rows);
     size_t e = elem_size;
     carver cv = {mem, 0};
     if (part & LLAMA_ACTS_ATTENTION) {
@@ -69,20 +75,23 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
     }
     if (part & LLAMA_ACTS_MLP) {
         a->ln2 = carve(&cv, d.N * d.C * e);
-        a->gate = carve(&cv, d.N * d.I * e);
-        a->up = carve(&cv, d.N * d.I * e);
-        a->sw = carve(&cv, d.N * d.I * e);
+        a->gate = carve(&cv, rows * d.I * e);
+        a->up = carve(&cv, rows * d.I * e);
+        a->sw = carve(&cv, rows * d.I * e);
         a->rstd2 = carve(&cv, d.N * sizeof(float));
+        a->mlp_rows = (int)rows;
     }
     for (int m = 0; m < LORA_MODULES; m++)
-        if (part & lora_part(m))
-            a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, d.N * (size_t)lora->cfg.rank * e) : NULL;
+        if (part & lora_part(m)) {
+            size_t n = lora_part(m) == LLAMA_ACTS_MLP ? rows : d.N;
+            a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, n * (size_t)lora->cfg.rank * e) : NULL;
+        }
     return cv.used;
 }
 
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
                               const lora_layout *lora, size_t elem_size, int B, int T) {
-    return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_BOTH, lo, lora, elem_size, B, T);
+    return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_BOTH, lo, lora, elem_size, B, T, 0);
 }
 
 llama_keep llama_keep_of(llama_recompute r, int l) {
@@ -91,6 +100,17 @@ llama_keep llama_keep_of(llama_recompute r, int l) {
 
 llama_keep llama_backward_from(llama_recompute r, int l, int L) {
     return l == (r.layers < L ? r.layers : L) - 1 ? LLAMA_KEEP_ALL : llama_keep_of(r, l);
+}
+
+int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int mlp_chunk, double dropout,
+                              errbuf *err) {
+    int most = L > 1 ? L - 1 : 0;
+    if (offload_layers < 0 || offload_layers > most ||
+        (offload_layers && (r.layers < L || r.keep != LLAMA_KEEP_INPUT)))
+        return errf(err, "%d of %d layer inputs offloaded (0 .. %d, with full recompute)", offload_layers, L, most);
+    if (mlp_chunk < 0 || (mlp_chunk && (r.layers < L || r.keep == LLAMA_KEEP_ALL || dropout > 0)))
+        return errf(err, "mlp_chunk %d needs every layer's MLP recomputed and no adapter dropout", mlp_chunk);
+    return 0;
 }
 
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
@@ -117,7 +137,7 @@ static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama
     }
     if (part & LLAMA_ACTS_MLP) {
         dst->ln2 = src->ln2, dst->gate = src->gate, dst->up = src->up, dst->sw = src->sw;
-        dst->rstd2 = src->rstd2;
+        dst->rstd2 = src->rstd2, dst->mlp_rows = src->mlp_rows;
     }
     for (int m = 0; m < LORA_MODULES; m++)
         if (part & lora_part(m)) dst->lora_t[m] = src->lora_t[m];
@@ -125,7 +145,7 @@ static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama
 
 size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recompute r,
                                const llama_layout *lo, const lora_layout *lora,
-                               size_t elem_size, int B, int T) {
+                               size_t elem_size, int B, int T, int mlp_rows) {
     int L = lo->n_layers;
     char *base = mem;
     size_t at = 0;
@@ -136,11 +156,11 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
         shared_parts |= LLAMA_ACTS_BOTH & ~own;
         if (own)
             at += llama_layer_acts_carve_part(acts ? &acts[l] : &unused, base ? base + at : NULL,
-                                              own, lo, lora, elem_size, B, T);
+                                              own, lo, lora, elem_size, B, T, 0);
     }
     if (shared_parts)
         at += llama_layer_acts_carve_part(&shared, base ? base + at : NULL, shared_parts, lo, lora,
-                                          elem_size, B, T);
+                                          elem_size, B, T, mlp_rows);
     for (int l = 0; acts && l < L; l++)
         share_part(&acts[l], &shared, LLAMA_ACTS_BOTH & ~owned_part(llama_keep_of(r, l)));
     return at;
@@ -160,11 +180,12 @@ size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *
 }
 
 size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
-                           const lora_layout *lora, size_t elem_size, int B, int T) {
+                           const lora_layout *lora, size_t elem_size, int B, int T, int mlp_rows) {
     dims d = dims_of(lo, B, T);
-    size_t e = elem_size;
+    size_t e = elem_size, rows = mlp_rows_of(d.N, mlp_rows);
     carver cv = {mem, 0};
-    s->dsw = carve(&cv, d.N * d.I * e);
+    s->mlp_rows = (int)rows;
+    s->dsw = carve(&cv, rows * d.I * e);
     s->dln = carve(&cv, d.N * d.C * e);
     s->datt = carve(&cv, d.N * d.Q * e);
     s->dq = carve(&cv, d.N * d.Q * e);
@@ -321,22 +342,57 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
 
-/* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h);
- * out NULL: up to silu(gate) * up and the down adapter's inner activation (a recomputation). */
+/* The MLP's rows [r0, r0 + n) of B x T (all of them, or a chunk of fsdp.mlp_chunk: rows
+ * r0.. of a's [N] buffers, gate, up, sw and the MLP adapters' lora_t from their row 0).
+ * Adapters' dropout is keyed by (row, position): a chunk is rows (1, n) only without it. */
+typedef struct mlp_chunk {
+    llama_layer_acts v; /* a, with ln2 and h at row r0 */
+    int r0, n, B, T;    /* B x T: n rows as the adapters see them */
+} mlp_chunk;
+
+/* The MLP's rows at a time of a's N rows (a carved by llama_layer_acts_carve_part). */
+static int mlp_step(const llama_layer_acts *a, int N) { return (int)mlp_rows_of((size_t)N, a->mlp_rows); }
+
+static mlp_chunk mlp_chunk_at(kctx *c, const llama_layout *lo, const llama_layer_acts *a, int r0, int B, int T) {
+    size_t at = (size_t)r0 * lo->cfg.hidden_size * k_compute_size(c);
+    int N = B * T, step = mlp_step(a, N), n = N - r0 < step ? N - r0 : step;
+    mlp_chunk ch = {.v = *a, .r0 = r0, .n = n, .B = n == N ? B : 1, .T = n == N ? T : n};
+    ch.v.ln2 = (char *)a->ln2 + at;
+    ch.v.h = (char *)a->h + at;
+    return ch;
+}
+
+/* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)) for chunk ch's rows (out at its row
+ * r0); out NULL: up to silu(gate) * up and the down adapter's inner activation (a
+ * recomputation). */
+static void mlp_chunk_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
+                              mlp_chunk *ch, llama_scratch *s, void *out) {
+    int n = ch->n, C = lo->cfg.hidden_size, I = lo->cfg.intermediate_size;
+    llama_layer_acts *a = &ch->v;
+    void *xd = s->lora_xd, *o = out ? (char *)out + (size_t)ch->r0 * C * k_compute_size(c) : NULL;
+    k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I);
+    lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, ch->B, ch->T);
+    k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), n, C, I);
+    lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, ch->B, ch->T);
+    k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)n * I);
+    if (o) k_linear_fwd(c, o, a->sw, LAYER_W(LLAMA_DOWN), n, I, C);
+    lora_forward(c, w, LORA_DOWN, a->sw, o, a, xd, ch->B, ch->T);
+    if (o) k_accumulate(c, o, a->h, (size_t)n * C);
+}
+
+/* out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h), a
+ * chunk of rows at a time; out NULL: a recomputation, up to silu(gate) * up and the down
+ * adapter's inner activation (in chunks: up to n, the backward recomputes each chunk). */
 static void mlp_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                         llama_layer_acts *a, llama_scratch *s, void *out, int B, int T) {
     const llama_config *cfg = &lo->cfg;
-    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
-    void *xd = s->lora_xd;
+    int N = B * T, C = cfg->hidden_size;
     k_rmsnorm_fwd(c, a->ln2, a->rstd2, a->h, LAYER_W(LLAMA_LN2), N, C, (float)cfg->rms_norm_eps);
-    k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I);
-    lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, B, T);
-    k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), N, C, I);
-    lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, B, T);
-    k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)N * I);
-    if (out) k_linear_fwd(c, out, a->sw, LAYER_W(LLAMA_DOWN), N, I, C);
-    lora_forward(c, w, LORA_DOWN, a->sw, out, a, xd, B, T);
-    if (out) k_accumulate(c, out, a->h, (size_t)N * C);
+    if (!out && mlp_step(a, N) < N) return;
+    for (int r0 = 0; r0 < N; r0 += mlp_step(a, N)) {
+        mlp_chunk ch = mlp_chunk_at(c, lo, a, r0, B, T);
+        mlp_chunk_forward(c, lo, w, &ch, s, out);
+    }
 }
 
 void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
@@ -385,24 +441,40 @@ static void attn_proj_backward(kctx *c, const llama_layout *lo, const llama_laye
     lora_backward(c, w, t, x, din, dy, a, s, B, T);
 }
 
+/* Backward of mlp_chunk_forward but the norm: its rows of dresid (d/d(out)) into the rows of
+ * s->dln (d/d(n)); the weights' gradients accumulate over the chunks. */
+static void mlp_chunk_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w, mlp_chunk *ch,
+                               llama_scratch *s, const void *dresid) {
+    int n = ch->n, C = lo->cfg.hidden_size, I = lo->cfg.intermediate_size;
+    size_t at = (size_t)ch->r0 * C * k_compute_size(c);
+    const llama_layer_acts *a = &ch->v;
+    const void *dy = (const char *)dresid + at;
+    void *dln = (char *)s->dln + at;
+    k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dy, a->sw, LAYER_W(LLAMA_DOWN), n, I, C, 0);
+    lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dy, a, s, ch->B, ch->T);
+    /* gate and up are consumed here: their gradients take their place (in place: no [n, I]
+     * scratch for them). */
+    void *dgate = a->gate, *dup = a->up;
+    k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)n * I);
+    k_linear_bwd(c, dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I, 0);
+    lora_backward(c, w, LORA_GATE, a->ln2, dln, dgate, a, s, ch->B, ch->T);
+    k_linear_bwd(c, dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), n, C, I, 1);
+    lora_backward(c, w, LORA_UP, a->ln2, dln, dup, a, s, ch->B, ch->T);
+}
+
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                           const float *inv_freq, const k_docs *docs, const void *x,
                           llama_layer_acts *a, llama_scratch *s, void *dresid, int B, int T) {
     const llama_config *cfg = &lo->cfg;
-    int N = B * T, C = cfg->hidden_size, I = cfg->intermediate_size, hd = cfg->head_dim;
+    int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
 
     /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
-    k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dresid, a->sw, LAYER_W(LLAMA_DOWN), N, I, C, 0);
-    lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dresid, a, s, B, T);
-    /* gate and up are consumed here: their gradients take their place (in place: no [N, I]
-     * scratch for them). */
-    void *dgate = a->gate, *dup = a->up;
-    k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)N * I);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), N, C, I, 0);
-    lora_backward(c, w, LORA_GATE, a->ln2, s->dln, dgate, a, s, B, T);
-    k_linear_bwd(c, s->dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), N, C, I, 1);
-    lora_backward(c, w, LORA_UP, a->ln2, s->dln, dup, a, s, B, T);
+    for (int r0 = 0; r0 < N; r0 += mlp_step(a, N)) {
+        mlp_chunk ch = mlp_chunk_at(c, lo, a, r0, B, T);
+        if (mlp_step(a, N) < N) mlp_chunk_forward(c, lo, w, &ch, s, NULL); /* the chunk recomputed */
+        mlp_chunk_backward(c, lo, w, &ch, s, dresid);
+    }
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
                   C);
 

@@ -40,8 +40,8 @@
 int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, float *dst,
                           errbuf *err);
 
-/* Checks a batch: token ids in [0, vocab), labels in [0, vocab) or -100, 0 < T <=
- * max_position_embeddings, B > 0; errors name the offending position.  labels may be NULL. */
+/* Checks a batch: token ids in [0, vocab), labels in [0, vocab) or -100, 0 < T <= the
+ * positions the config covers (llama_config_max_positions), B > 0; errors name the offending position.  labels may be NULL. */
 int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
                       int B, int T, errbuf *err);
 
@@ -94,6 +94,10 @@ typedef struct llama_layer_acts {
     float *rstd2; /* [N] */
     /* [N,rank] scale * A(dropout(x)) of each adapted module, in its module's part */
     void *lora_t[LORA_MODULES];
+    /* Rows gate, up, sw and the MLP adapters' lora_t hold: N, or fewer with fsdp.mlp_chunk
+     * (llama_layers_acts_carve), when the MLP runs that many rows at a time and its backward
+     * recomputes each chunk (ln2 and rstd2 stay [N]). */
+    int mlp_rows;
 } llama_layer_acts;
 
 /* What a decoder layer keeps from its forward to its backward (activation checkpointing). */
@@ -117,6 +121,12 @@ llama_keep llama_keep_of(llama_recompute r, int l);
  * kept, but LLAMA_KEEP_ALL (nothing to recompute) for the last layer that shares
  * activations, which still hold its forward (llama_layers_acts_carve). */
 llama_keep llama_backward_from(llama_recompute r, int l, int L);
+
+/* What fsdp.offload_activations and fsdp.mlp_chunk (F46) need, for L layers under r: 0 ..
+ * L-1 layer inputs offloaded, with full recompute; MLP chunks (mlp_chunk > 0) with every
+ * layer's MLP recomputed (full or selective) and no adapter dropout.  0, else -1 with why. */
+int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int mlp_chunk, double dropout,
+                              errbuf *err);
 
 /* "full: every layer recomputed from its input", "20 of 32 layers keep everything, the
  * others their attention (the MLP recomputed)", ... into out[n]. */
@@ -147,26 +157,32 @@ typedef struct llama_scratch {
     void *dk, *dv;           /* [N,KV] */
     void *lora_dt;           /* [N,rank] an adapter's inner gradient */
     void *lora_xd, *lora_dxd; /* [N,max in] a dropped-out input and its gradient (dropout > 0) */
+    int mlp_rows;             /* dsw's rows: N, or llama_layers_acts_carve's mlp_rows */
 } llama_scratch;
 
 /* lora: the adapters' layout, or NULL without adapters (no LoRA buffers).  _part carves
- * only the pointers of `part` (the others are left as they are). */
+ * only the pointers of `part` (the others are left as they are), its MLP buffers of
+ * mlp_rows rows (0 or >= N: N). */
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
                               const lora_layout *lora, size_t elem_size, int B, int T);
 size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_part part,
                                    const llama_layout *lo, const lora_layout *lora,
-                                   size_t elem_size, int B, int T);
+                                   size_t elem_size, int B, int T, int mlp_rows);
 /* Every decoder layer's activations under r, acts[n_layers]: each layer's own parts (what
  * it keeps), then one copy of each part that a layer recomputes, which those layers share.
  * acts may be NULL with mem NULL (the size only).  The shared parts hold, after a forward,
- * the last layer's that uses them: that layer's backward needs no recomputation. */
+ * the last layer's that uses them: that layer's backward needs no recomputation (but for its
+ * MLP in chunks).  mlp_rows (fsdp.mlp_chunk; 0: N): the shared MLP part's rows, when every
+ * layer recomputes its MLP (r full or selective over every layer) and no adapter drops out:
+ * the MLP then runs that many rows at a time in forward and backward (which recomputes each
+ * chunk), its [mlp_rows, intermediate] buffers in place of [N, intermediate]. */
 size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recompute r,
                                const llama_layout *lo, const lora_layout *lora,
-                               size_t elem_size, int B, int T);
+                               size_t elem_size, int B, int T, int mlp_rows);
 size_t llama_head_acts_carve(llama_head_acts *a, void *mem, const llama_layout *lo,
                              size_t elem_size, int B, int T);
 size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
-                           const lora_layout *lora, size_t elem_size, int B, int T);
+                           const lora_layout *lora, size_t elem_size, int B, int T, int mlp_rows);
 
 /* ---- LoRA ----
  * What every decoder layer's adapters share (DESIGN.md, LoRA and QLoRA): each adapted

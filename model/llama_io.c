@@ -15,9 +15,7 @@ int llama_read_tensor_f32(const llama_tensor_slot *slot, const st_model *st, flo
 int llama_check_batch(const llama_config *cfg, const int32_t *input_ids, const int32_t *labels,
                       int B, int T, errbuf *err) {
     if (B <= 0 || T <= 0) return errf(err, "batch: shape [%d, %d] is empty", B, T);
-    if (T > cfg->max_position_embeddings)
-        return errf(err, "batch: sequence length %d exceeds max_position_embeddings %d", T,
-                    cfg->max_position_embeddings);
+    if (llama_config_check_seq_len(cfg, "batch: sequence length", T, "the model", err)) return -1;
     int V = cfg->vocab_size;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {

@@ -156,7 +156,7 @@ static size_t carve_activations(llama_model *m, char *mem, int B, int T) {
     for (int l = 0; l < n_acts; l++)
         at += llama_layer_acts_carve(&m->layer_acts[l], AT(), lo, lora, e, B, T);
     at += llama_head_acts_carve(&m->head, AT(), lo, e, B, T);
-    at += llama_scratch_carve(&m->scratch, AT(), lo, lora, e, B, T);
+    at += llama_scratch_carve(&m->scratch, AT(), lo, lora, e, B, T, 0);
 
 #undef AT
     return at;

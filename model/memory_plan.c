@@ -119,7 +119,9 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
     }
 }
 
-/* ensure_activations: one micro-batch's, in one allocation. */
+/* ensure_activations: one micro-batch's, in one allocation: L + 1 layer inputs (the head's
+ * last) and dresid, of which offload_layers inputs live on the host, the device keeping
+ * two for them and the two after them (worker/fsdp.c, "offloaded layer inputs"). */
 static size_t plan_activations(const plan_in *in) {
     const llama_layout *lo = in->lo;
     int B = in->o->micro_batch, T = in->o->seq_len, L = lo->n_layers;
@@ -127,11 +129,11 @@ static size_t plan_activations(const plan_in *in) {
     llama_head_acts head;
     llama_scratch scratch;
     size_t resid_bytes = carved(N * C * cs);
-    size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T));
+    size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T, in->o->mlp_chunk));
     size_t head_bytes = carved(llama_head_acts_carve(&head, NULL, lo, cs, B, T));
-    size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T));
+    size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T, in->o->mlp_chunk));
     size_t ids_bytes = carved(N * sizeof(int32_t)), samples_bytes = carved((size_t)B * sizeof(int64_t));
-    return (size_t)(L + 2) * resid_bytes + acts_bytes + head_bytes + scratch_bytes +
+    return (size_t)(L + 2 - in->o->offload_layers) * resid_bytes + acts_bytes + head_bytes + scratch_bytes +
            4 * ids_bytes + samples_bytes;
 }
 
@@ -151,6 +153,9 @@ static int check_options(const memory_plan_options *o, errbuf *err) {
         return errf(err, "memory plan: micro-batch %d x %d tokens", o->micro_batch, o->seq_len);
     if (o->compute_size != 2 && o->compute_size != 4)
         return errf(err, "memory plan: a compute dtype of %zu bytes", o->compute_size);
+    if (llama_check_long_settings(o->model->num_hidden_layers, o->recompute, o->offload_layers, o->mlp_chunk,
+                                  o->lora ? o->lora->dropout : 0, err))
+        return errprefix(err, "memory plan");
     return 0;
 }
 
@@ -174,6 +179,8 @@ static void plan_all(const plan_in *in, memory_plan *p) {
                  (o->world > 1 ? (size_t)o->world * PLAN_PREF_STATS * sizeof(double) : 0);
     p->small = 2 * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
     p->activations = plan_activations(in);
+    p->host_activations = (size_t)o->offload_layers *
+                          carved((size_t)o->micro_batch * o->seq_len * (size_t)o->model->hidden_size * in->cs);
     p->load_staging = in->lora || reference ? LOAD_STAGING_ELEMENTS * sizeof(float) : 0;
     size_t held = p->trainable + p->frozen + p->gather_slots + p->grad_slots + p->small - stats;
     size_t loading = held + p->load_staging, stepping = held + p->activations + stats;
@@ -258,9 +265,19 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
         .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
-        .objective = j->train.objective};
+        .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
+    if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);
+}
+
+int memory_plan_offload_layers(const memory_plan_options *o, size_t budget) {
+    int most = o->model->num_hidden_layers - 1;
+    memory_plan_options alt = *o;
+    size_t total;
+    for (alt.offload_layers = 0; alt.offload_layers < most; alt.offload_layers++)
+        if (fits(&alt, budget, &total)) break;
+    return most > 0 ? alt.offload_layers : 0;
 }
 
 double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute r) {

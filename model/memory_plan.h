@@ -35,6 +35,9 @@ typedef struct memory_plan_options {
     int micro_batch, seq_len;
     size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
     int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
+    int mlp_chunk;              /* fsdp.mlp_chunk: the MLP's rows at a time (0: all) */
+    int offload_layers;         /* fsdp.offload_activations: the first this many layers' inputs in
+                                   pinned host memory (memory_plan_offload_layers), 0..L-1 */
     job_objective objective;    /* train.objective: micro_batch counts rows, two a pair; a
                                    preference objective's buffers; DPO with a full fine-tune
                                    its reference, the frozen copy of the start weights */
@@ -56,6 +59,7 @@ typedef struct memory_plan {
     size_t total;        /* the peak: the most held at any time */
     size_t host_offload; /* not context memory: cpu_offload's pinned host shards (master, m,
                             v, the gradients' copy, the compute copies) */
+    size_t host_activations; /* not context memory: offload_layers layer inputs, pinned */
     size_t trainable_elems; /* elements of this rank's trainable shards */
 } memory_plan;
 
@@ -71,7 +75,8 @@ void memory_plan_format(const memory_plan *p, char *out, size_t n);
  * at j->lora.config, job_resolve's, unless a full fine-tune: j must outlive out), the base's quantization
  * and the compute dtype's size.  fsdp.activation_checkpointing: none keeps every layer
  * whole, full their inputs only, selective their attention parts (the MLP is recomputed),
- * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound). */
+ * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound);
+ * fsdp.offload_activations the layer inputs memory_plan_offload_layers moves for it. */
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
                              model_image_quant quant, size_t compute_size, size_t budget,
                              memory_plan_options *out);
@@ -80,6 +85,10 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
  * recomputes the fewest FLOPs a micro-batch and whose plan (o with it) fits in budget
  * bytes, the smaller plan of two equal ones; full recompute when none fits. */
 llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t budget);
+
+/* fsdp.offload_activations: the fewest layer inputs (0 .. L-1) to keep in host memory for o's
+ * plan to fit in budget bytes ("offload only what must go"); L-1 when none fits. */
+int memory_plan_offload_layers(const memory_plan_options *o, size_t budget);
 
 /* The FLOPs a micro-batch's backward recomputes under r (a decoder layer's attention part:
  * its q, k, v, o projections and attention; its MLP part: gate and up). */

@@ -303,7 +303,11 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     head_and_embedding(&head, r, s);
     if (pref) head_forward(&head, r, s); /* the span sums' forward before the one with the backward */
     if (dpo) reference_forward(&ref, r, s);
-    for (int l = 0; l < L; l++) layer_recompute(&rec, r, s, llama_backward_from(recompute, l, L));
+    for (int l = 0; l < L; l++) {
+        llama_keep k = llama_backward_from(recompute, l, L);
+        /* fsdp.mlp_chunk: the backward recomputes every layer's MLP, by chunk, the last one's too */
+        layer_recompute(&rec, r, s, j->fsdp.mlp_chunk && k == LLAMA_KEEP_ALL ? LLAMA_KEEP_ATTENTION : k);
+    }
     double f = tally_s(&layer_f, r), b = tally_s(&layer_b, r), h = tally_s(&head, r);
     p->gemm_s = n_micro * (L * (layer_f.gemm + layer_b.gemm) + rec.gemm + head.gemm + ref.gemm);
     p->attention_s = n_micro * (L * (layer_f.attention + layer_b.attention) + rec.attention + ref.attention);
@@ -343,6 +347,13 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
         double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (r->t->registered_h2d_gbps * 1e9) * r->copy;
         p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit) + dpo * per_use);
         p->reference_s += n_micro * L * dpo * per_use;
+    }
+    /* offload_activations: each offloaded layer input to the host beside its layer's forward
+     * and back beside the next layer's backward, on the copy stream */
+    if (p->offload_layers) {
+        double input = (double)p->mem.host_activations / p->offload_layers;
+        double d2h = input / (r->t->d2h_gbps * 1e9) * r->copy, h2d = input / (r->t->h2d_gbps * 1e9) * r->copy;
+        p->offload_exposed_s += n_micro * p->offload_layers * (fmax(0, d2h - fwd_unit) + fmax(0, h2d - bwd_unit));
     }
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
      * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
@@ -394,6 +405,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     p->validated = !cpu && table_gpu == m->gpu;
     p->gpu_bytes = p->mem.total + p->context;
     p->recompute = o.recompute;
+    p->offload_layers = o.offload_layers;
     by_kind(j, p, cs);
     /* The verdict is fsdpd's own admission check (step_plan_admit, as daemon/supervisor.c calls it):
      * the plan and fsdpd never disagree on whether a job fits. */
@@ -411,7 +423,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     /* host RAM of a node */
     if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
     int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final;
-    p->host_offload = p->mem.host_offload * (size_t)m->gpus_per_node;
+    p->host_offload = (p->mem.host_offload + p->mem.host_activations) * (size_t)m->gpus_per_node;
     p->host_workers = cpu ? p->mem.total * (size_t)m->gpus_per_node : 0;
     p->host_ckpt = saves ? 12 * p->mem.trainable_elems * (size_t)m->gpus_per_node : 0;
     p->host_data = m->data_bytes;

@@ -26,7 +26,8 @@
  *     neighbouring layer's compute is exposed (prefetch);
  *   - offload: the gradients' copy to the host and the uploads (cpu_offload), the host's
  *     AdamW beyond the next step's forward, and offload_params' streams of the frozen base
- *     beyond each micro-batch's compute.
+ *     beyond each micro-batch's compute, and offload_activations' layer inputs (to the host
+ *     in forward, back in backward, each beside a layer's compute: what exceeds it).
  * Another GPU than the table's is scaled from datasheets (compute-bound rates by dense bf16
  * TFLOP/s, memory-bound by HBM bandwidth, copies by PCIe) and marked as unvalidated.  Not
  * modelled: several workers sharing one GPU, packed rows' shorter attention, power
@@ -81,6 +82,7 @@ typedef struct step_plan {
     double step_s, tokens_per_s; /* tokens: of every row (a pair's two) */
     double reference_s; /* DPO: the reference's forward and its gathers (and streams), a part of step_s */
     llama_recompute recompute; /* the activation checkpointing planned (auto: the one chosen) */
+    int offload_layers;        /* fsdp.offload_activations: layer inputs in host memory (a worker) */
     int max_micro_batch; /* the largest micro_batch that fits the GPU (dividing the rows of a
                             rank); 0: none */
     int validated;       /* the rates were measured on this GPU */

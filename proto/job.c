@@ -176,6 +176,8 @@ static const job_key keys[] = {
     CHOICE("fsdp", "activation_checkpointing", fsdp.activation_checkpointing, act_ckpt_choices),
     OTHER("fsdp", "cpu_offload", K_BOOL, fsdp.cpu_offload),
     OTHER("fsdp", "offload_params", K_BOOL, fsdp.offload_params),
+    OTHER("fsdp", "offload_activations", K_BOOL, fsdp.offload_activations),
+    NUM("fsdp", "mlp_chunk", K_INT, fsdp.mlp_chunk, 0, 1 << 20),
     OTHER("fsdp", "forward_prefetch", K_BOOL, fsdp.forward_prefetch),
     OTHER("fsdp", "backward_prefetch", K_BOOL, fsdp.backward_prefetch),
 
@@ -1314,6 +1316,16 @@ static int check_adapters(const job_config *j, errbuf *err) {
     bool adapters = j->train.type != JOB_TRAIN_FULL;
     if (!adapters && j->lora.init_from[0])
         return errf(err, "lora.init_from: only with train.type lora or qlora");
+    if (j->fsdp.mlp_chunk && j->fsdp.activation_checkpointing != JOB_ACT_CKPT_FULL &&
+        j->fsdp.activation_checkpointing != JOB_ACT_CKPT_SELECTIVE)
+        return errf(err, "fsdp.mlp_chunk: the MLP in chunks recomputes each chunk in the backward: it needs "
+                         "fsdp.activation_checkpointing full or selective (auto: not built yet)");
+    if (j->fsdp.mlp_chunk && adapters && j->lora.dropout > 0)
+        return errf(err, "fsdp.mlp_chunk with lora.dropout %g: not built yet (the adapters' dropout masks are "
+                         "drawn for whole rows); set lora.dropout 0", j->lora.dropout);
+    if (j->fsdp.offload_activations && j->fsdp.activation_checkpointing != JOB_ACT_CKPT_FULL)
+        return errf(err, "fsdp.offload_activations: moves the layer inputs that full recompute keeps: it needs "
+                         "fsdp.activation_checkpointing full");
     if (!adapters && j->fsdp.offload_params && !j->fsdp.cpu_offload)
         return errf(err, "fsdp.offload_params: a full fine-tune's parameters are its master shards: "
                          "it needs fsdp.cpu_offload, which keeps them on the host");

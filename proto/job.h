@@ -163,6 +163,12 @@ typedef struct job_config {
         job_act_ckpt activation_checkpointing;
         bool cpu_offload;    /* master and AdamW state on the host, the step there */
         bool offload_params; /* parameter shards streamed from host memory at each use */
+        /* the layer inputs full recompute keeps that do not fit the device's budget in
+         * pinned host memory (model/memory_plan.h decides how many) */
+        bool offload_activations;
+        /* each layer's MLP this many tokens at a time (0: all at once), with its MLP
+         * recomputed: the [tokens, intermediate] buffers become [mlp_chunk, intermediate] */
+        int mlp_chunk;
         bool forward_prefetch;
         bool backward_prefetch;
     } fsdp;

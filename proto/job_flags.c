@@ -382,9 +382,7 @@ static const flag flags[] = {
     {"dataset", QLORA, false, NULL, dataset, NULL},
     {"precision", QLORA, false, NULL, precision, NULL},
     {"use_cpu_offload", QLORA, true, NULL, cpu_offload, NULL},
-    {"use_activation_cpu_offload", QLORA, true, NULL, refuse_true,
-     "not built yet (F46: fsdp.offload_activations); the recompute of --use_gradient_checkpointing keeps one "
-     "layer's activations"},
+    {"use_activation_cpu_offload", QLORA, true, "fsdp.offload_activations", NULL, NULL},
     {"reentrant_checkpointing", QLORA, true, NULL, accept_with_note,
      "no meaning in fsdpd: it has no autograd to re-enter; what is recomputed is fsdp.activation_checkpointing "
      "(--use_gradient_checkpointing)"},

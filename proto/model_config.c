@@ -441,12 +441,13 @@ json_t *llama_config_eos_json(const llama_config *c) {
     return list;
 }
 
+static const char *const rope_names[] = {"default", "llama3", "linear", "yarn"};
+
 static json_t *rope_json(const rope_config *rope) {
-    static const char *const names[] = {"default", "llama3", "linear", "yarn"};
     json_t *o = json_object();
     if (!o) return NULL;
     int failed = json_object_set_new(o, "rope_theta", json_real(rope->theta));
-    failed |= json_object_set_new(o, "rope_type", json_string(names[rope->type]));
+    failed |= json_object_set_new(o, "rope_type", json_string(rope_names[rope->type]));
     if (rope->type != ROPE_DEFAULT) failed |= json_object_set_new(o, "factor", json_real(rope->factor));
     if (rope->type == ROPE_LLAMA3) {
         failed |= json_object_set_new(o, "low_freq_factor", json_real(rope->low_freq_factor));
@@ -484,6 +485,26 @@ double rope_attention_factor(const rope_config *rope) {
     if (rope->mscale != 0 && rope->mscale_all_dim != 0)
         return yarn_mscale(rope->factor, rope->mscale) / yarn_mscale(rope->factor, rope->mscale_all_dim);
     return yarn_mscale(rope->factor, 1.0);
+}
+
+int64_t llama_config_max_positions(const llama_config *c) {
+    const rope_config *r = &c->rope;
+    int64_t scaled = 0;
+    if (r->type == ROPE_LLAMA3 || r->type == ROPE_YARN)
+        scaled = (int64_t)(r->factor * r->original_max_position_embeddings);
+    return scaled > c->max_position_embeddings ? scaled : c->max_position_embeddings;
+}
+
+int llama_config_check_seq_len(const llama_config *c, const char *what, int64_t seq_len, const char *name,
+                               errbuf *err) {
+    int64_t covered = llama_config_max_positions(c);
+    if (seq_len <= covered) return 0;
+    return errf(err,
+                "%s %lld is longer than the %lld positions %s covers "
+                "(max_position_embeddings %d, rope_type %s): give config.json a rope_scaling that "
+                "covers it (yarn or llama3: factor x original_max_position_embeddings >= %lld)",
+                what, (long long)seq_len, (long long)covered, name, c->max_position_embeddings,
+                rope_names[c->rope.type], (long long)seq_len);
 }
 
 /* The keys a family's config class adds to Llama's (or has instead of them). */

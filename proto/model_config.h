@@ -100,6 +100,17 @@ int llama_config_save(const llama_config *c, const char *path, errbuf *err);
  * (null when -1).  New reference; NULL when out of memory. */
 json_t *llama_config_eos_json(const llama_config *c);
 
+/* The longest sequence the config's positions cover: max_position_embeddings, or what its RoPE
+ * scaling stretches the original length to, factor x original_max_position_embeddings (llama3
+ * and yarn, the types that name the length they were trained at; Qwen's 32k with yarn factor 4
+ * covers 128k), whichever is longer.  linear names no original length: its
+ * max_position_embeddings is taken as the scaled one (LongChat's 16384 with factor 8). */
+int64_t llama_config_max_positions(const llama_config *c);
+/* 0 when seq_len fits llama_config_max_positions; else an error naming both numbers, the
+ * quantity ("what": "data.seq_len") and the config ("name": its path). */
+int llama_config_check_seq_len(const llama_config *c, const char *what, int64_t seq_len, const char *name,
+                               errbuf *err);
+
 /* RoPE's attention factor, which multiplies cos and sin (so q.k by its square): yarn's
  * (given, or from factor, mscale and mscale_all_dim as transformers infers it), else 1. */
 double rope_attention_factor(const rope_config *rope);

@@ -290,12 +290,17 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->backward_prefetch = opt->backward_prefetch;
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
+    f->offload_layers = opt->offload_layers;
+    f->mlp_rows = opt->mlp_chunk;
     f->pref.cfg = opt->pref;
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
+    if (llama_check_long_settings(cfg->num_hidden_layers, opt->recompute, opt->offload_layers, opt->mlp_chunk,
+                                  opt->lora ? opt->lora->dropout : 0, err))
+        return errprefix(err, "fsdp");
     if (world > 1 && !comm) return errf(err, "fsdp: %d ranks need a communicator", world);
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
@@ -333,6 +338,10 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
 
 static void free_activations(fsdp *f) {
     if (f->act_memory) k_free(f->ctx, f->act_memory);
+    k_host_free(f->ctx, f->host_acts);
+    free(f->host_resid);
+    f->host_acts = NULL;
+    f->host_resid = NULL;
     f->samples = NULL;
     free(f->resid);
     free(f->layer_acts);
@@ -377,6 +386,40 @@ void fsdp_destroy(fsdp *f) {
     memset(f, 0, sizeof *f);
 }
 
+/* Offloaded layer inputs: resid[j] for j <= offload_layers + 1 lives in device buffer j % 2
+ * (the others in buffers of their own), and resid[j] for j < offload_layers also on the host.
+ * Forward: before layer l runs, the copy of resid[l - 1] to the host is waited for (layer l
+ * writes resid[l + 1] over it) and resid[l]'s started (it overlaps layer l).  Backward:
+ * before layer l runs, the fetch of resid[l] is waited for and resid[l - 1]'s started into
+ * the buffer layer l + 1 has finished with.  resid[offload_layers] and the one after are
+ * still on the device when the backward starts: they never go to the host. */
+static int host_resid_alloc(fsdp *f, size_t resid_bytes, errbuf *err) {
+    int n = f->offload_layers;
+    if (!n) return 0;
+    f->host_resid = calloc((size_t)n, sizeof *f->host_resid);
+    char *host = f->host_resid ? k_host_alloc(f->ctx, (size_t)n * resid_bytes, err) : NULL;
+    if (!host) return f->host_resid ? errprefix(err, "fsdp.offload_activations") : errf(err, "fsdp: out of host memory");
+    f->host_acts = host;
+    for (int l = 0; l < n; l++) f->host_resid[l] = host + (size_t)l * resid_bytes;
+    return 0;
+}
+
+/* Forward, before layer l: resid[l]'s copy to the host (see host_resid_alloc); layer
+ * offload_layers only waits for the last one. */
+static void offload_input(fsdp *f, int l) {
+    if (l > f->offload_layers || !f->offload_layers) return;
+    k_copy_h2d_wait(f->ctx);
+    if (l < f->offload_layers) k_copy_h2d_start(f->ctx, f->host_resid[l], f->resid[l], f->resid_bytes);
+}
+
+/* Backward, before layer l: resid[l] back (fetched one layer ago: waited for, layer 0's
+ * too), resid[l - 1]'s fetch started. */
+static void fetch_input(fsdp *f, int l) {
+    if (l > f->offload_layers || !f->offload_layers) return;
+    k_copy_h2d_wait(f->ctx);
+    if (l > 0) k_copy_h2d_start(f->ctx, f->resid[l - 1], f->host_resid[l - 1], f->resid_bytes);
+}
+
 /* Activations of one micro-batch of B sequences of T tokens, in one allocation. */
 static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     if (f->B == B && f->T == T) return 0;
@@ -386,12 +429,12 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     size_t cs = k_compute_size(f->ctx), N = (size_t)B * T, C = (size_t)lo->cfg.hidden_size;
     size_t resid_bytes = round_up(N * C * cs, 256);
     const lora_layout *lora = f->has_lora ? &f->lora_layout : NULL;
-    size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T), 256);
+    size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T, f->mlp_rows), 256);
     size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
-    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T), 256);
+    size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T, f->mlp_rows), 256);
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t samples_bytes = round_up((size_t)B * sizeof(int64_t), 256);
-    size_t total = (size_t)(L + 2) * resid_bytes + acts_bytes + head_bytes +
+    size_t total = (size_t)(L + 2 - f->offload_layers) * resid_bytes + acts_bytes + head_bytes +
                    scratch_bytes + 4 * ids_bytes + samples_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
     f->layer_acts = calloc((size_t)L, sizeof *f->layer_acts);
@@ -399,17 +442,25 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
         free_activations(f);
         return errf(err, "fsdp: out of host memory for activations");
     }
+    if (host_resid_alloc(f, resid_bytes, err)) {
+        free_activations(f);
+        return -1;
+    }
     char *mem = k_alloc(f->ctx, total, err);
     if (!mem) {
         free_activations(f);
         return errprefix(err, "fsdp: activations for micro-batch %d x %d", B, T);
     }
     f->act_memory = mem;
-    for (int l = 0; l <= L; l++) f->resid[l] = mem, mem += resid_bytes;
+    f->resid_bytes = resid_bytes;
+    int ring = f->offload_layers ? f->offload_layers + 2 : 0; /* resid[0 .. ring-1] share two */
+    for (int l = 0; l <= L; l++)
+        if (l >= ring || l < 2) f->resid[l] = mem, mem += resid_bytes;
+        else f->resid[l] = f->resid[l % 2];
     f->dresid = mem, mem += resid_bytes;
-    llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T), mem += acts_bytes;
+    llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T, f->mlp_rows), mem += acts_bytes;
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
-    llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T), mem += scratch_bytes;
+    llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T, f->mlp_rows), mem += scratch_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
     f->targets = (int32_t *)mem, mem += ids_bytes;
     f->doc_start = (int32_t *)mem, mem += ids_bytes;
@@ -1051,6 +1102,7 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
     for (int l = 0; l < L; l++) {
         if (!(g = gather_use(f, k, err))) return -1;
         llama_layer_weights w = layer_weights(f, l, k++, g, NULL);
+        offload_input(f, l);
         llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1],
                             &f->layer_acts[l], &f->scratch, B, T);
         f->layer_forwards++;
@@ -1064,6 +1116,7 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
         if (!(g = gather_use(f, k, err))) return -1;
         llama_layer_weights w = layer_weights(f, l, k++, g, grad_buffer(f, u, slot));
         llama_keep kept = llama_backward_from(f->recompute, l, L);
+        fetch_input(f, l);
         if (kept != LLAMA_KEEP_ALL) {
             llama_layer_recompute(c, lo, &w, f->inv_freq, docs, f->resid[l], kept, &f->layer_acts[l],
                                   &f->scratch, B, T);

@@ -181,10 +181,19 @@ typedef struct fsdp {
     int B, T;
     void *act_memory;
     void **resid;        /* [L+1] layer inputs, then the head's input */
+    /* fsdp.offload_activations (fsdp_options.offload_layers): the inputs of the first
+     * offload_layers layers in pinned host memory (host_resid[l]), copied there on the copy
+     * stream as the forward goes and back one layer ahead in the backward; resid[0 ..
+     * offload_layers + 1] share two device buffers (fsdp.c, "offloaded layer inputs"). */
+    int offload_layers;
+    int mlp_rows; /* fsdp.mlp_chunk (fsdp_options.mlp_chunk): the MLP's rows at a time; 0: all */
+    void *host_acts;
+    void **host_resid;   /* [offload_layers] */
     llama_layer_acts *layer_acts; /* [L]: a layer's own parts or shared ones (llama_layers_acts_carve) */
     llama_head_acts head;
     llama_scratch scratch;
     void *dresid;
+    size_t resid_bytes;  /* each of resid's buffers */
     int32_t *tokens, *targets;
     int32_t *doc_start, *doc_end; /* [N]: a packed micro-batch's document bounds (k_docs) */
     void *stats;         /* [world] per-rank step statistics, gathered (context memory) */
@@ -217,6 +226,13 @@ typedef struct fsdp_options {
      * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
      * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
     int cpu_offload, offload_params, offload_threads;
+    /* fsdp.offload_activations: the first this many layers' inputs (0 .. L-1) on the host,
+     * with full recompute (model/memory_plan.h's memory_plan_offload_layers decides it). */
+    int offload_layers;
+    /* fsdp.mlp_chunk: each layer's MLP this many tokens at a time (forward, and backward
+     * recomputing each chunk; 0: all); needs every layer's MLP recomputed (full or
+     * selective) and adapters without dropout. */
+    int mlp_chunk;
     /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
      * size) and the replica group (this local rank on every node); NULL on one node, where
      * the world is the shard group. */

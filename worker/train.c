@@ -93,11 +93,12 @@ static size_t recompute_budget(const train_env *env) {
 }
 
 /* This rank's memory plan (model/memory_plan.h), resolved once: the activation
- * checkpointing fsdp runs with (auto: decided here, and logged) and, under
+ * checkpointing fsdp runs with (auto: decided here, and logged), the layer inputs
+ * fsdp.offload_activations moves to the host (logged) and, under
  * runtime.gpu_memory_limit (which is then auto's budget too), the same plan checked against
  * the limit before fsdp allocates anything: a job that needs more stops here, saying what
  * would fit. */
-static int plan_memory(const train_env *env, model_image_quant quant, llama_recompute *recompute, errbuf *err) {
+static int plan_memory(const train_env *env, model_image_quant quant, fsdp_options *opt, errbuf *err) {
     const job_config *j = env->job;
     memory_plan_options o;
     memory_plan_job_options(j, env->model, env->world, env->rank, quant, k_compute_size(env->ctx),
@@ -107,7 +108,11 @@ static int plan_memory(const train_env *env, model_image_quant quant, llama_reco
         llama_recompute_format(o.recompute, env->model->num_hidden_layers, text, sizeof text);
         fprintf(stderr, "fsdp-worker rank 0: fsdp.activation_checkpointing auto: %s\n", text);
     }
-    *recompute = o.recompute;
+    if (j->fsdp.offload_activations && env->rank == 0)
+        fprintf(stderr, "fsdp-worker rank 0: fsdp.offload_activations: %d of %d layer inputs in host memory\n",
+                o.offload_layers, env->model->num_hidden_layers);
+    opt->recompute = o.recompute;
+    opt->offload_layers = o.offload_layers;
     int64_t limit = j->runtime.gpu_memory_limit;
     return limit > 0 ? memory_plan_check_options(j, &o, (size_t)limit, "runtime.gpu_memory_limit", err) : 0;
 }
@@ -127,6 +132,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .backward_prefetch = j->fsdp.backward_prefetch,
                         .lora = adapters ? &j->lora.config : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
+                        .mlp_chunk = j->fsdp.mlp_chunk,
                         .offload_threads = offload_threads(j),
                         .shard_comm = env->shard_comm, .replica_comm = env->replica_comm,
                         .pref = {.objective = j->train.objective, .loss = j->train.dpo_loss,
@@ -141,7 +147,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
      * keeping them in every checkpoint too would add a second model to each, for nothing. */
     int reference = !adapters && j->train.objective == JOB_OBJECTIVE_DPO;
     if (env->resume_dir && !adapters && !reference) {
-        if (plan_memory(env, MODEL_IMAGE_PLAIN, &opt.recompute, err) ||
+        if (plan_memory(env, MODEL_IMAGE_PLAIN, &opt, err) ||
             fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err))
             return -1;
         return resume(f, env, cfg, tokens_seen, err);
@@ -157,7 +163,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
     opt.quant = model_image_quant_of(image);
     if (opt.quant != MODEL_IMAGE_PLAIN && j->train.type != JOB_TRAIN_QLORA)
         rc = errf(err, "the model memory holds an NF4 base: only train.type qlora trains on it");
-    if (rc == 0) rc = plan_memory(env, opt.quant, &opt.recompute, err);
+    if (rc == 0) rc = plan_memory(env, opt.quant, &opt, err);
     if (rc == 0) rc = fsdp_init(f, cfg, env->ctx, env->comm, env->rank, env->world, &opt, err);
     if (rc == 0) rc = fsdp_load_image(f, image, bytes, err);
     if (f->image) *image_out = (model_memory){image, bytes};

@@ -26,4 +26,10 @@
 #define K_OP_BY_HAND(ret, name, params) ret cpu_##name params;
 #include "kernels/kernels_ops.h"
 
+/* k_cpu_defer_copies (cpu_memory.c): c->impl becomes the queue of deferred copies, run by
+ * cpu_copy_h2d_wait and cpu_sync, freed by cpu_destroy. */
+int cpu_defer_copies(kctx *c, errbuf *err);
+void cpu_sync(kctx *c);
+void cpu_destroy(kctx *c);
+
 #endif

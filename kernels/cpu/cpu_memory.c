@@ -31,12 +31,54 @@ void cpu_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     copy(dst, host_src, bytes);
 }
 
-void cpu_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
-    (void)c;
-    copy(dst, host_src, bytes);
+/* k_cpu_defer_copies' queue (c->impl; NULL: copies run at once). */
+typedef struct deferred_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} deferred_copy;
+typedef struct copy_queue {
+    deferred_copy *q;
+    size_t n, cap;
+} copy_queue;
+
+int cpu_defer_copies(kctx *c, errbuf *err) {
+    if (!c->impl && !(c->impl = calloc(1, sizeof(copy_queue)))) return errf(err, "k_cpu_defer_copies: out of memory");
+    return 0;
 }
 
-void cpu_copy_h2d_wait(kctx *c) { (void)c; }
+void cpu_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
+    copy_queue *cq = c->impl;
+    if (!cq) {
+        copy(dst, host_src, bytes);
+        return;
+    }
+    if (cq->n == cq->cap) {
+        size_t cap = cq->cap ? 2 * cq->cap : 16;
+        deferred_copy *q = realloc(cq->q, cap * sizeof *q);
+        if (!q) {
+            k_fail(c, "k_copy_h2d_start: out of memory deferring a copy");
+            return;
+        }
+        cq->q = q, cq->cap = cap;
+    }
+    cq->q[cq->n++] = (deferred_copy){dst, host_src, bytes};
+}
+
+void cpu_copy_h2d_wait(kctx *c) {
+    copy_queue *cq = c->impl;
+    for (size_t i = 0; cq && i < cq->n; i++) copy(cq->q[i].dst, cq->q[i].src, cq->q[i].bytes);
+    if (cq) cq->n = 0;
+}
+
+void cpu_sync(kctx *c) { cpu_copy_h2d_wait(c); }
+
+void cpu_destroy(kctx *c) {
+    copy_queue *cq = c->impl;
+    if (cq) free(cq->q);
+    free(cq);
+    c->impl = NULL;
+}
 
 void cpu_host_register(kctx *c, const void *p, size_t bytes) {
     (void)c, (void)p, (void)bytes;

@@ -7,8 +7,8 @@
 # fails (fake fsdpd and fsdpctl that always fail).
 source "$(dirname "$0")/lib.sh"
 
-for s in tests/gpu/lib.sh tests/gpu/run_h200.sh tests/gpu/run_multi.sh tests/gpu/run_70b.sh tests/gpu/run_families.sh \
-    bench/plan_accuracy.sh bench/generate_bench.sh; do
+for s in tests/gpu/lib.sh tests/gpu/run_h200.sh tests/gpu/run_multi.sh tests/gpu/run_70b.sh tests/gpu/run_families.sh tests/gpu/run_long.sh \
+    bench/plan_accuracy.sh bench/generate_bench.sh bench/long_context.sh; do
     bash -n "$s" || fail "$s does not parse"
 done
 

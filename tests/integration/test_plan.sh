@@ -104,6 +104,33 @@ assert d["step"]["seconds"] > s["step"]["seconds"] + d["step"]["reference_s"] * 
 assert abs(d["step"]["tokens_per_s"] - 8 * 2048 / d["step"]["seconds"]) < 1e-6 * d["step"]["tokens_per_s"], d["step"]
 PY
 
+# data.seq_len past max_position_embeddings (F46): refused by plan and by fsdpd, naming both
+# numbers, unless the config's RoPE scaling covers it (yarn factor 2 from 64: 128 positions)
+expect_error 1 "data.seq_len 65 is longer than the 64 positions $tmp/model.json covers (max_position_embeddings 64" \
+    "$fsdpctl" plan "$tmp/job.json" --data.seq_len=65
+expect_status 1 "data.seq_len 65 is longer than the 64 positions" "$fsdpd" --job "$tmp/job.json" --data.seq_len=65
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/model.json" "$tmp/yarn.json"
+"$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/yarn.json" --data.seq_len=128 > "$tmp/yarn.txt" ||
+    { cat "$tmp/yarn.txt"; fail "yarn factor 2 does not cover 128 positions"; }
+expect_error 1 "data.seq_len 129 is longer than the 128 positions" \
+    "$fsdpctl" plan "$tmp/job.json" --model.config="$tmp/yarn.json" --data.seq_len=129
+
+# --longest (F46): the longest data.seq_len fsdpd admits, up to the positions the config covers:
+# all 64 without a limit; under the limit that a 32-token job's plan just fits, at least 32,
+# the plan at it fits and one token more does not
+"$fsdpctl" plan "$tmp/job.json" --longest > "$tmp/longest.txt" || { cat "$tmp/longest.txt"; fail "plan --longest failed"; }
+grep -q "^longest data.seq_len that fits: 64 (the config covers 64 positions)$" "$tmp/longest.txt" ||
+    { cat "$tmp/longest.txt"; fail "plan --longest without a limit is not the 64 positions"; }
+lim=$("$fsdpctl" plan "$tmp/job.json" --data.seq_len=32 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["gpu_memory"]["fsdp"])')
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --longest --json > "$tmp/longest.json"
+longest=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["longest_seq_len"])' "$tmp/longest.json")
+[ "$longest" -ge 32 ] && [ "$longest" -lt 64 ] || fail "plan --longest under a 32-token limit: $longest"
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --data.seq_len="$longest" | grep -q "DOES NOT FIT" &&
+    fail "the longest data.seq_len $longest does not fit"
+"$fsdpctl" plan "$tmp/job.json" --runtime.gpu_memory_limit="$lim" --data.seq_len=$((longest + 1)) | grep -q "DOES NOT FIT" ||
+    fail "one token past the longest data.seq_len $longest fits"
+
 # plan and fsdpd give one verdict (F37): runtime.gpu_memory_limit of 1 byte does not fit, with
 # fsdpd's own reason, on the GPU and on the CPU backend; fsdpd refuses the same job the same way
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --runtime.gpu_memory_limit=1 > "$tmp/lim.txt"

@@ -199,6 +199,75 @@ static void test_grad_accum_normalised(void **state) {
     kctx_destroy(&c);
 }
 
+/* A long packed row (F46): one row of LONG_T = 4096 tokens holding 13 documents of 1 to
+ * 1500 tokens (one across the head's 2048-row chunk boundary), on a yarn model whose 1024
+ * positions its scaling stretches to 4096 (the worker's batch check admits it): each
+ * document's loss in the row (the row with only that document's labels) is its loss alone
+ * (a row of its own length, unpacked), and the documents' sum is the row's. */
+enum { LONG_T = 4096, LONG_DOCS = 13 };
+static const int long_lens[LONG_DOCS] = {1, 7, 100, 513, 1500, 2, 64, 900, 31, 250, 600, 127, 1};
+
+static double eval_row(fsdp *f, const int32_t *ids, const int32_t *labels, const int32_t *start,
+                       const int32_t *end, int T_row, int64_t *count) {
+    fsdp_batch b = {.input_ids = ids, .labels = labels, .doc_start = start, .doc_end = end, .n_micro = 1,
+                    .micro_batch = 1, .T = T_row};
+    double sum;
+    errbuf err = {{0}};
+    if (fsdp_eval_loss(f, &b, &sum, count, &err)) fail_msg("%s", err.msg);
+    return sum;
+}
+
+static void test_long_packed_row_documents(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.max_position_embeddings = 1024;
+    cfg.rope = (rope_config){.type = ROPE_YARN, .theta = 100.0, .factor = 4.0, .original_max_position_embeddings = 1024,
+                             .beta_fast = 32, .beta_slow = 1, .truncate = 1};
+    assert_int_equal(llama_config_max_positions(&cfg), LONG_T);
+    kctx c;
+    fsdp f;
+    init_fsdp(&f, &c, &cfg);
+    static int32_t ids[LONG_T], labels[LONG_T], only[LONG_T], positions[LONG_T], start[LONG_T], end[LONG_T];
+    int at[LONG_DOCS + 1] = {0};
+    for (int d = 0; d < LONG_DOCS; d++) at[d + 1] = at[d] + long_lens[d];
+    assert_int_equal(at[LONG_DOCS], LONG_T);
+    for (int d = 0; d < LONG_DOCS; d++)
+        for (int i = 0; i < long_lens[d]; i++) {
+            int t = at[d] + i;
+            ids[t] = (int32_t)(rng_u64(13, 2, (uint64_t)t) % (uint64_t)cfg.vocab_size);
+            labels[t] = i == 0 ? K_IGNORE_INDEX : ids[t];
+            positions[t] = i;
+        }
+    errbuf err = {{0}};
+    if (llama_doc_bounds(positions, 1, LONG_T, start, end, &err)) fail_msg("%s", err.msg);
+    int64_t n_row, n;
+    double row = eval_row(&f, ids, labels, start, end, LONG_T, &n_row), sum = 0, worst = 0;
+    assert_int_equal(n_row, LONG_T - LONG_DOCS);
+    for (int d = 0; d < LONG_DOCS; d++) {
+        for (int t = 0; t < LONG_T; t++) only[t] = t >= at[d] && t < at[d + 1] ? labels[t] : K_IGNORE_INDEX;
+        int64_t n_in;
+        double in_row = eval_row(&f, ids, only, start, end, LONG_T, &n_in);
+        double alone = eval_row(&f, ids + at[d], labels + at[d], NULL, NULL, long_lens[d], &n);
+        assert_int_equal(n_in, long_lens[d] - 1);
+        assert_int_equal(n, n_in);
+        double rel = alone ? fabs(in_row - alone) / fabs(alone) : fabs(in_row);
+        if (rel > 1e-5) fail_msg("document %d (%d tokens from %d): %.9g in the row, %.9g alone", d, long_lens[d],
+                                 at[d], in_row, alone);
+        worst = rel > worst ? rel : worst;
+        sum += in_row;
+    }
+    printf("a packed row of %d tokens, %d documents: each one's loss as alone (worst rel %.2e), the row's sum "
+           "%.6f vs the documents' %.6f\n", LONG_T, LONG_DOCS, worst, row, sum);
+    assert_true(fabs(row - sum) <= 1e-5 * fabs(row));
+    /* unpacked (no bounds) the documents see each other and the positions run on: another loss */
+    int64_t n_cross;
+    double crossing = eval_row(&f, ids, labels, NULL, NULL, LONG_T, &n_cross);
+    printf("the same row unpacked: %.6f\n", crossing);
+    assert_true(fabs(crossing - row) > 1e-4 * fabs(row));
+    fsdp_destroy(&f);
+    kctx_destroy(&c);
+}
+
 /* ---- CPU offload ---- */
 
 enum { STEPS = 3, OFF_ROWS = 4 };
@@ -226,13 +295,15 @@ static void *random_image(const llama_config *cfg, size_t *bytes, size_t *params
 }
 
 /* STEPS steps of two micro-batches from the image, with weight decay, clipping (a small
- * clip_norm: every step is clipped) and an evaluation after the first. */
+ * clip_norm: every step is clipped) and an evaluation after the first.  The copy stream's
+ * copies run as late as a GPU may run them (k_cpu_defer_copies): a missing wait or a buffer
+ * reused too soon (offload_params' slots, offload_activations' ring) changes the bits. */
 static void run_offloaded(const llama_config *cfg, const void *image, size_t bytes,
                           const fsdp_options *opt, offload_run *r) {
     kctx c;
     fsdp f;
     errbuf err = {{0}};
-    if (kctx_init(&c, K_CPU, 0, &err) || fsdp_init(&f, cfg, &c, NULL, 0, 1, opt, &err) ||
+    if (kctx_init(&c, K_CPU, 0, &err) || k_cpu_defer_copies(&c, &err) || fsdp_init(&f, cfg, &c, NULL, 0, 1, opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err))
         fail_msg("%s", err.msg);
     int32_t ids[OFF_ROWS * T], labels[OFF_ROWS * T];
@@ -311,7 +382,9 @@ static void test_cpu_offload_same_bits(void **state) {
 /* Every activation checkpointing gives the bits of none (losses, norms, evaluation, master,
  * m and v), on 4 layers: full and selective recompute 3 a micro-batch (the last layer's
  * activations are still in place), 1 whole layer and the others' attention 2, 2 whole and
- * the others' inputs 1; and with cpu_offload as without. */
+ * the others' inputs 1; and with cpu_offload as without; and full recompute with 1, 2 or 3
+ * layer inputs offloaded (fsdp.offload_activations: the ring of two device buffers and the
+ * host copies), holding one device buffer of a layer input less for each. */
 static void test_recompute_same_bits(void **state) {
     (void)state;
     llama_config cfg = tiny_config();
@@ -322,10 +395,12 @@ static void test_recompute_same_bits(void **state) {
     static const struct {
         llama_recompute r;
         long recomputed; /* a micro-batch */
-        int cpu_offload;
-    } cases[] = {{{4, LLAMA_KEEP_INPUT}, 3, 0},     {{4, LLAMA_KEEP_ATTENTION}, 3, 0},
-                 {{3, LLAMA_KEEP_ATTENTION}, 2, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0},
-                 {{4, LLAMA_KEEP_ATTENTION}, 3, 1}};
+        int cpu_offload, offload_layers;
+    } cases[] = {{{4, LLAMA_KEEP_INPUT}, 3, 0, 0},     {{4, LLAMA_KEEP_ATTENTION}, 3, 0, 0},
+                 {{3, LLAMA_KEEP_ATTENTION}, 2, 0, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0, 0},
+                 {{4, LLAMA_KEEP_ATTENTION}, 3, 1, 0}, {{4, LLAMA_KEEP_INPUT}, 3, 0, 1},
+                 {{4, LLAMA_KEEP_INPUT}, 3, 0, 2},     {{4, LLAMA_KEEP_INPUT}, 3, 1, 3}};
+    size_t input_bytes = (size_t)OFF_ROWS / 2 * T * cfg.hidden_size * sizeof(float), full_in_use = 0;
     fsdp_options none = {.sharding = JOB_SHARD_FULL, .offload_threads = 2};
     offload_run a, b;
     run_offloaded(&cfg, image, bytes, &none, &a);
@@ -336,10 +411,11 @@ static void test_recompute_same_bits(void **state) {
         fsdp_options opt = none;
         opt.recompute = cases[i].r;
         opt.cpu_offload = cases[i].cpu_offload;
+        opt.offload_layers = cases[i].offload_layers;
         run_offloaded(&cfg, image, bytes, &opt, &b);
-        printf("recomputed layers %d, keep %d, cpu_offload %d: losses %.7f %.7f %.7f, %ld layer forwards\n",
-               cases[i].r.layers, (int)cases[i].r.keep, cases[i].cpu_offload, b.loss[0], b.loss[1],
-               b.loss[2], b.forwards);
+        printf("recomputed layers %d, keep %d, cpu_offload %d, %d layer inputs offloaded: losses %.7f %.7f %.7f, "
+               "%ld layer forwards\n", cases[i].r.layers, (int)cases[i].r.keep, cases[i].cpu_offload,
+               cases[i].offload_layers, b.loss[0], b.loss[1], b.loss[2], b.forwards);
         assert_memory_equal(a.loss, b.loss, sizeof a.loss);
         assert_memory_equal(a.norm, b.norm, sizeof a.norm);
         assert_true(a.eval == b.eval);
@@ -347,9 +423,79 @@ static void test_recompute_same_bits(void **state) {
         assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
         assert_int_equal(b.forwards, a.forwards + cases[i].recomputed * (micro + eval_micro));
         if (!cases[i].cpu_offload) assert_true(b.in_use < a.in_use); /* fewer activations kept */
+        if (i == 0) full_in_use = b.in_use;
+        if (cases[i].offload_layers && !cases[i].cpu_offload)
+            assert_int_equal(b.in_use, full_in_use - cases[i].offload_layers * input_bytes);
         free(b.state);
     }
     free(a.state);
+    free(image);
+}
+
+/* The largest relative difference of a[n] and b[n]. */
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)a[i]), 1e-3);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+/* fsdp.mlp_chunk (F46): each layer's MLP in chunks of rows (forward, and backward recomputing
+ * each chunk) against full recompute all at once, 2 micro-batches of 32 rows: chunks of 32 or
+ * more are the unchunked run, bit for bit; chunks of 5 (the last of 2) and 7, under full and
+ * selective recompute, with the inputs offloaded and with cpu_offload, split only the rows
+ * of GEMMs and row-wise kernels, so the forward (the first step's loss, and the evaluation's
+ * rows) is the same bits; the weights' gradients sum the chunks' partial products in
+ * another order, so the later steps agree to fp32 rounding; the context memory holds
+ * [chunk, intermediate] MLP buffers (gate, up, silu(gate) * up, and the scratch's gradient)
+ * instead of [32, intermediate]. */
+static void test_mlp_chunk(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.initializer_range = 0.3;
+    cfg.num_hidden_layers = 4;
+    size_t bytes, params;
+    void *image = random_image(&cfg, &bytes, &params);
+    static const struct {
+        int chunk;
+        llama_keep keep;
+        int offload_layers, cpu_offload;
+    } cases[] = {{32, LLAMA_KEEP_INPUT, 0, 0}, {100, LLAMA_KEEP_INPUT, 0, 0}, {5, LLAMA_KEEP_INPUT, 0, 0},
+                 {7, LLAMA_KEEP_ATTENTION, 0, 0}, {5, LLAMA_KEEP_INPUT, 3, 0}, {7, LLAMA_KEEP_INPUT, 0, 1}};
+    fsdp_options whole = {.sharding = JOB_SHARD_FULL, .offload_threads = 2, .recompute = {4, LLAMA_KEEP_INPUT}};
+    offload_run a, b;
+    size_t rows = OFF_ROWS / 2 * T, I = (size_t)cfg.intermediate_size, cs = sizeof(float);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_options base = whole, opt = whole;
+        base.recompute.keep = opt.recompute.keep = cases[i].keep;
+        base.offload_layers = opt.offload_layers = cases[i].offload_layers;
+        base.cpu_offload = opt.cpu_offload = cases[i].cpu_offload;
+        opt.mlp_chunk = cases[i].chunk;
+        run_offloaded(&cfg, image, bytes, &base, &a);
+        run_offloaded(&cfg, image, bytes, &opt, &b);
+        double state_rel = max_rel(a.state, b.state, a.n);
+        printf("mlp_chunk %d, keep %d, %d inputs offloaded, cpu_offload %d: losses %.9f %.9f %.9f vs %.9f %.9f "
+               "%.9f, state rel %.2e, context memory %zu -> %zu\n", cases[i].chunk, (int)cases[i].keep,
+               cases[i].offload_layers, cases[i].cpu_offload, a.loss[0], a.loss[1], a.loss[2], b.loss[0], b.loss[1],
+               b.loss[2], state_rel, a.in_use, b.in_use);
+        assert_true(a.loss[0] == b.loss[0]);
+        assert_int_equal(a.n, b.n);
+        if (cases[i].chunk >= (int)rows) {
+            assert_memory_equal(a.loss, b.loss, sizeof a.loss);
+            assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
+            assert_int_equal(a.in_use, b.in_use);
+        } else {
+            for (int s = 1; s < STEPS; s++) assert_true(fabs(a.loss[s] - b.loss[s]) <= 1e-5 * fabs(a.loss[s]));
+            assert_true(state_rel <= 1e-4);
+            if (!cases[i].cpu_offload) /* 3 shared [rows, I] buffers and the scratch's, 256-aligned */
+                assert_int_equal(a.in_use - b.in_use, 4 * ((rows * I * cs + 255) / 256 * 256 -
+                                                           ((size_t)cases[i].chunk * I * cs + 255) / 256 * 256));
+        }
+        free(a.state);
+        free(b.state);
+    }
     free(image);
 }
 
@@ -357,8 +503,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step_equals_documents),
         cmocka_unit_test(test_grad_accum_normalised),
+        cmocka_unit_test(test_long_packed_row_documents),
         cmocka_unit_test(test_cpu_offload_same_bits),
         cmocka_unit_test(test_recompute_same_bits),
+        cmocka_unit_test(test_mlp_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -182,6 +182,16 @@ static const bad_case bad_cases[] = {
     {"{\"fsdp\":{\"activation_checkpointing\":\"some\"}}", 1,
      "fsdp.activation_checkpointing: unknown choice 'some'", "none, full, selective, auto"},
     {"{" MD ",\"fsdp\":{\"offload_params\":true}}", 1, "fsdp.offload_params: a full fine-tune's parameters are its master shards", NULL},
+    {"{" MD ",\"fsdp\":{\"mlp_chunk\":4096}}", 1,
+     "fsdp.mlp_chunk: the MLP in chunks recomputes each chunk in the backward: it needs "
+     "fsdp.activation_checkpointing full or selective (auto: not built yet)", NULL},
+    {"{" MD ",\"train\":{\"type\":\"lora\"},\"lora\":{\"dropout\":0.1},\"fsdp\":{\"mlp_chunk\":4096,"
+     "\"activation_checkpointing\":\"full\"}}", 1,
+     "fsdp.mlp_chunk with lora.dropout 0.1: not built yet", NULL},
+    {"{\"fsdp\":{\"mlp_chunk\":-1}}", 1, "fsdp.mlp_chunk: -1 is out of range", NULL},
+    {"{" MD ",\"fsdp\":{\"offload_activations\":true,\"activation_checkpointing\":\"selective\"}}", 1,
+     "fsdp.offload_activations: moves the layer inputs that full recompute keeps: it needs "
+     "fsdp.activation_checkpointing full", NULL},
     {"{\"fsdp\":{\"forward_prefetch\":1}}", 1,
      "fsdp.forward_prefetch: expected true or false, got an integer", NULL},
     {"{\"data\":{\"seq_len\":1}}", 1, "data.seq_len: 1 is out of range", "[2, 1048576]"},

@@ -255,7 +255,6 @@ static void test_refusals_and_notes(void **state) {
     fails("--precision fp32", "--precision fp32: not built yet");
     fails("--precision mp_fp16_autocast", "not built yet: fp16 needs loss scaling");
     fails("--precision fp8", "is none of fp32, bf16");
-    fails("--use_activation_cpu_offload true", "not built yet (F46: fsdp.offload_activations)");
     fails("--lr_scheduler_type cosine_with_restarts", "--lr_scheduler_type cosine_with_restarts: not built yet");
     fails("--lr_scheduler_type constant --warmup_steps 10", "use constant_with_warmup");
     fails("--grad_norm 0.5", "fsdp_qlora clips only with --apply_gradient_clipping true");
@@ -274,6 +273,9 @@ static void test_refusals_and_notes(void **state) {
     assert_true(noted(&notes, "--precision mp_bf16_buffers_autocast: fsdpd computes in bf16"));
     assert_true(noted(&notes, "--log_to stdout: fsdpd's step lines"));
     assert_int_equal(j.runtime.log_to, JOB_LOG_STDOUT);
+    assert_false(j.fsdp.offload_activations);
+    must_load("--use_activation_cpu_offload true", &j, NULL); /* F46: with fsdp_qlora's full recompute */
+    assert_true(j.fsdp.offload_activations && j.fsdp.activation_checkpointing == JOB_ACT_CKPT_FULL);
     must_load("--report_to tensorboard,mlflow --learning_rate 1e-4", &j, NULL);
     assert_int_equal(j.runtime.log_to, JOB_LOG_TENSORBOARD | JOB_LOG_MLFLOW);
     must_load("--report_to none --learning_rate 1e-4", &j, NULL);

@@ -161,6 +161,31 @@ static void test_context(void **state) {
     assert_non_null(strstr(err.msg, "unknown backend 7"));
 }
 
+/* k_cpu_defer_copies: copies started run at the next wait or sync, from the source as it is
+ * then (what a GPU's copy stream may do); without it, at once. */
+static void test_deferred_copies(void **state) {
+    (void)state;
+    kctx c;
+    errbuf err = {{0}};
+    float src[4] = {1, 2, 3, 4}, dst[4] = {0};
+    if (kctx_init(&c, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    k_copy_h2d_start(&c, dst, src, sizeof src);
+    assert_true(dst[3] == 4); /* at once */
+    if (k_cpu_defer_copies(&c, &err)) fail_msg("%s", err.msg);
+    memset(dst, 0, sizeof dst);
+    k_copy_h2d_start(&c, dst, src, sizeof src);
+    k_copy_h2d_start(&c, dst + 3, src, sizeof *src); /* in order: the later copy wins */
+    assert_true(dst[0] == 0 && dst[3] == 0);
+    src[0] = 9; /* overwritten before the wait: copied as it is then */
+    k_copy_h2d_wait(&c);
+    assert_true(dst[0] == 9 && dst[1] == 2 && dst[3] == 9);
+    k_copy_h2d_start(&c, dst, src + 1, sizeof *src);
+    assert_true(dst[0] == 9);
+    if (k_sync(&c, &err)) fail_msg("%s", err.msg); /* a sync runs them too */
+    assert_true(dst[0] == 2);
+    kctx_destroy(&c);
+}
+
 static void test_memory(void **state) {
     (void)state;
     kctx c;
@@ -1436,6 +1461,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_context),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_deferred_copies),
         cmocka_unit_test(test_memory_count),
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_elementwise),

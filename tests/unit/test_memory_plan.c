@@ -46,6 +46,7 @@ static llama_config small_config(int tied) {
 }
 
 static const lora_config small_lora = {.rank = 3, .alpha = 6, .dropout = 0.1, .targets = LORA_ALL_LINEAR};
+static const lora_config small_lora_no_dropout = {.rank = 3, .alpha = 6, .targets = LORA_ALL_LINEAR};
 
 typedef enum kind { FULL, LORA, QLORA, QLORA_SINGLE } kind;
 static const char *const kind_names[] = {"full", "lora", "qlora", "qlora (NF4, single quantization)"};
@@ -64,6 +65,8 @@ typedef struct plan_case {
     int cpu_offload, offload_params;
     llama_family family; /* F43: Qwen2's biases, Qwen3's q/k norms, Mistral's window */
     job_objective objective; /* a preference objective: MICRO rows a micro-batch, pairs */
+    int offload_layers;      /* fsdp.offload_activations' layer inputs on the host (full recompute) */
+    int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -82,11 +85,13 @@ static model_image_quant quant_of(kind k) {
 
 static memory_plan_options options_of(const plan_case *pc, const llama_config *cfg, int rank) {
     return (memory_plan_options){.model = cfg, .sharding = pc->sharding, .world = pc->world, .group = pc->world,
-                                 .rank = rank, .lora = pc->kind == FULL ? NULL : &small_lora,
+                                 .rank = rank,
+                                 .lora = pc->kind == FULL ? NULL : pc->mlp_chunk ? &small_lora_no_dropout : &small_lora,
                                  .quant = quant_of(pc->kind), .recompute = recomputes[pc->ckpt],
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
-                                 .objective = pc->objective};
+                                 .objective = pc->objective, .offload_layers = pc->offload_layers,
+                                 .mlp_chunk = pc->mlp_chunk};
 }
 
 /* What one rank saw. */
@@ -141,14 +146,15 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .forward_prefetch = 1, .backward_prefetch = 1,
                        .lora = o.lora, .seed = 42, .quant = o.quant,
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
-                       .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1}};
+                       .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
+                       .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk};
     memory_plan p;
     kctx ctx;
     fsdp f;
     void *image = NULL;
     memset(&f, 0, sizeof f);
     int rc = memory_plan_compute(&o, &p, &err);
-    if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0) {
+    if (rc == 0 && (rc = kctx_init(&ctx, K_CPU, 0, &err)) == 0 && (rc = k_cpu_defer_copies(&ctx, &err)) == 0) {
         rc = fsdp_init(&f, &cfg, &ctx, c, rank, pc->world, &fo, &err);
         if (rc == 0) rc = train_one_step(&f, pc, rank, &image, &err);
         r->peak = k_peak_bytes(&ctx);
@@ -221,9 +227,9 @@ static void check_case(const plan_case *pc) {
         const char *what = kind_names[pc->kind];
         if (!rep[r].ok)
             fail_msg("%s, world %d, checkpointing %d, rank %d: %s", what, pc->world, pc->ckpt, r, rep[r].msg);
-        printf("%-32s world %d%s ckpt %d tied %d offload %d/%d rank %d: plan %zu, fsdp's peak %zu\n",
+        printf("%-32s world %d%s ckpt %d tied %d offload %d/%d/%d rank %d: plan %zu, fsdp's peak %zu\n",
                what, pc->world, pc->sharding == JOB_SHARD_NONE ? " no_shard" : pc->sharding == JOB_SHARD_GRAD_OP ? " grad_op" : "", pc->ckpt, pc->tied,
-               pc->cpu_offload, pc->offload_params, r, rep[r].planned, rep[r].peak);
+               pc->cpu_offload, pc->offload_params, pc->offload_layers, r, rep[r].planned, rep[r].peak);
         if (rep[r].planned != rep[r].peak)
             fail_msg("%s, world %d, checkpointing %d, tied %d, rank %d: the plan says %zu bytes, fsdp "
                      "allocated at most %zu", what, pc->world, pc->ckpt, pc->tied, r, rep[r].planned,
@@ -290,6 +296,17 @@ static void test_plan_equals_fsdp_peak_offloaded(void **state) {
                 if (k == FULL && mode == 2) continue; /* refused: nothing frozen to stream */
                 check_case(&pc);
             }
+}
+
+/* fsdp.offload_activations: the first layer's input on the host, every kind, world 1 and 2,
+ * alone and with cpu_offload (the host's copies are not context memory). */
+static void test_plan_equals_fsdp_peak_offload_activations(void **state) {
+    (void)state;
+    for (int k = FULL; k <= QLORA; k++)
+        for (int world = 1; world <= 2; world++)
+            for (int cpu = 0; cpu <= 1; cpu++)
+                check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = 1, .sharding = JOB_SHARD_FULL,
+                                        .cpu_offload = cpu, .offload_layers = 1});
 }
 
 /* Preference objectives: the span sums and gathered figures; DPO with a full fine-tune its
@@ -412,6 +429,58 @@ static void test_hand_computed(void **state) {
 /* auto: no bound keeps everything; a budget of selective's plan gets selective (it
  * recomputes less than full), one byte less full; nothing fitting is full too.  The
  * recomputed FLOPs: the first layer's MLP (gate, up) and, for full, its attention. */
+/* fsdp.mlp_chunk: the MLP's buffers of 5 rows of 24 (the last chunk 4), full and selective
+ * recompute, every kind, world 1 and 2, with offloaded inputs. */
+static void test_plan_equals_fsdp_peak_mlp_chunk(void **state) {
+    (void)state;
+    for (int k = FULL; k <= QLORA; k++)
+        for (int world = 1; world <= 2; world++)
+            for (int ckpt = 1; ckpt <= 2; ckpt++)
+                check_case(&(plan_case){.kind = (kind)k, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL,
+                                        .mlp_chunk = 5, .offload_layers = ckpt == 1});
+}
+
+/* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that
+ * make it fit (one input's bytes each), all but the last layer's when nothing fits; its host
+ * bytes counted. */
+static void test_offload_layers(void **state) {
+    (void)state;
+    llama_config cfg = small_config(0);
+    cfg.num_hidden_layers = 6;
+    memory_plan_options o = options_of(&(plan_case){.kind = FULL, .world = 1, .ckpt = 1, .sharding = JOB_SHARD_FULL},
+                                       &cfg, 0); /* no staging buffer: the step is the peak */
+    o.recompute = (llama_recompute){6, LLAMA_KEEP_INPUT};
+    size_t full = plan_of(&o).total, input = ((size_t)MICRO * T * 35 * sizeof(float) + 255) / 256 * 256;
+    assert_int_equal(memory_plan_offload_layers(&o, SIZE_MAX), 0);
+    assert_int_equal(memory_plan_offload_layers(&o, full), 0);
+    assert_int_equal(memory_plan_offload_layers(&o, full - 1), 1);
+    assert_int_equal(memory_plan_offload_layers(&o, full - input), 1);
+    assert_int_equal(memory_plan_offload_layers(&o, full - 3 * input - 1), 4);
+    assert_int_equal(memory_plan_offload_layers(&o, 1), 5);
+    o.offload_layers = 4;
+    memory_plan p = plan_of(&o);
+    assert_int_equal(p.total, full - 4 * input);
+    assert_int_equal(p.host_activations, 4 * input);
+    /* refused: more than L - 1, or without full recompute */
+    errbuf err = {{0}};
+    o.offload_layers = 6;
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "6 of 6 layer inputs offloaded (0 .. 5, with full recompute)"));
+    o.offload_layers = 1;
+    o.recompute = recomputes[2];
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    /* fsdp.mlp_chunk: refused without the MLP recomputed, or with adapters' dropout */
+    o.offload_layers = 0;
+    o.mlp_chunk = 4;
+    o.recompute = (llama_recompute){0, LLAMA_KEEP_ALL};
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "memory plan: mlp_chunk 4 needs every layer's MLP recomputed and no adapter dropout"));
+    o.recompute = (llama_recompute){6, LLAMA_KEEP_ATTENTION};
+    assert_int_equal(memory_plan_compute(&o, &p, &err), 0);
+    o.lora = &small_lora; /* dropout 0.1 */
+    assert_int_equal(memory_plan_compute(&o, &p, &err), -1);
+}
+
 static void test_auto_recompute(void **state) {
     (void)state;
     llama_config cfg = small_config(0);
@@ -633,6 +702,9 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_variants),
         cmocka_unit_test(test_plan_equals_fsdp_peak_families),
         cmocka_unit_test(test_plan_equals_fsdp_peak_offloaded),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_offload_activations),
+        cmocka_unit_test(test_offload_layers),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_mlp_chunk),
         cmocka_unit_test(test_plan_equals_fsdp_peak_pref),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),

@@ -316,6 +316,50 @@ static void test_rope_spellings(void **state) {
     assert_true(c.rope.theta == 10000.0);
 }
 
+/* data.seq_len above max_position_embeddings: only where the RoPE scaling covers it, the
+ * refusal naming both numbers. */
+static void assert_seq_len(const llama_config *c, int64_t covered) {
+    errbuf err = {{0}};
+    assert_int_equal(llama_config_max_positions(c), covered);
+    if (llama_config_check_seq_len(c, "data.seq_len", covered, "test.json", &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(llama_config_check_seq_len(c, "data.seq_len", covered + 1, "test.json", &err), -1);
+    char want[128];
+    snprintf(want, sizeof want, "data.seq_len %lld is longer than the %lld positions test.json covers "
+             "(max_position_embeddings %d", (long long)covered + 1, (long long)covered,
+             c->max_position_embeddings);
+    if (!strstr(err.msg, want)) fail_msg("'%s' lacks '%s'", err.msg, want);
+}
+
+static void test_seq_len_policy(void **state) {
+    (void)state;
+    llama_config c;
+    errbuf err = {{0}};
+    if (parse_text(&c, base_json, &err) < 0) fail_msg("%s", err.msg);
+    assert_seq_len(&c, 64); /* no scaling: max_position_embeddings */
+    /* yarn factor 4 from the config's 64 (Qwen's 32k to 128k), or from a given original */
+    if (parse_with(&c, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_seq_len(&c, 256);
+    if (parse_with(&c, "rope_scaling", "{\"type\": \"yarn\", \"factor\": 2.5,"
+                   " \"original_max_position_embeddings\": 40}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_seq_len(&c, 100);
+    /* linear names no original length: max_position_embeddings is the scaled one */
+    if (parse_with(&c, "rope_scaling", "{\"type\": \"linear\", \"factor\": 8.0}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_seq_len(&c, 64);
+    /* llama3 factor 32 from 8192 (Llama 3.2) goes past max_position_embeddings 64 */
+    if (parse_with(&c, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
+                   " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8}", &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_seq_len(&c, 256);
+    load_ok(&c, "configs/models/llama3.1-8b.json"); /* 8 x 8192 is less than its 131072 */
+    assert_seq_len(&c, 131072);
+    assert_int_equal(llama_config_check_seq_len(&c, "data.seq_len", 400000, "llama3.1-8b", &err), -1);
+    assert_non_null(strstr(err.msg, "rope_type llama3"));
+}
+
 static void test_defaults(void **state) {
     (void)state;
     llama_config c;
@@ -780,6 +824,7 @@ int main(void) {
         cmocka_unit_test(test_model_file_values),
         cmocka_unit_test(test_param_list_order_and_shapes),
         cmocka_unit_test(test_rope_spellings),
+        cmocka_unit_test(test_seq_len_policy),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_save_round_trip),
         cmocka_unit_test(test_golden_families),

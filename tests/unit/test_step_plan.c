@@ -273,6 +273,34 @@ static void test_memory_host_checkpoint(void **state) {
     assert_int_equal(p.max_micro_batch, 1);
 }
 
+/* F46 under full recompute (125 ms): fsdp.offload_activations under a limit one byte short
+ * moves one layer input (16 x 8 bf16, 256 bytes) to the host, counted in host RAM; at 256
+ * bytes in 20 ms each way, the copy to the host exceeds a layer's forward (12 ms) by 8 ms, the
+ * fetch hides behind a layer's backward (42 ms + its share of the recompute): 133 ms.
+ * fsdp.mlp_chunk recomputes the last layer's MLP too (gate and up, 2 ms): 127 ms. */
+static void test_long_sequences(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
+    step_plan full = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    near(full.step_s, 0.125);
+    j.fsdp.offload_activations = true;
+    j.runtime.gpu_memory_limit = (int64_t)full.mem.total - 1;
+    r.h2d_gbps = r.d2h_gbps = 256 / 0.020 / 1e9;
+    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(p.offload_layers, 1);
+    assert_int_equal(p.mem.host_activations, 256);
+    assert_int_equal(p.mem.total, full.mem.total - 256);
+    assert_int_equal(p.host_offload, 256);
+    near(p.offload_exposed_s, 0.008);
+    near(p.step_s, 0.133);
+    j.fsdp.offload_activations = false;
+    j.runtime.gpu_memory_limit = 0;
+    j.fsdp.mlp_chunk = 4;
+    near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.127);
+}
+
 /* fsdpd's admission: a GPU one byte short of the worker's need, the context and the margin
  * refuses the job, naming both; exactly enough passes; the CPU backend (no GPU) passes. */
 static void test_admit(void **state) {
@@ -300,7 +328,7 @@ int main(void) {
         cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
         cmocka_unit_test(test_strategies),
         cmocka_unit_test(test_other_gpu),       cmocka_unit_test(test_memory_host_checkpoint),
-        cmocka_unit_test(test_admit),
+        cmocka_unit_test(test_admit),           cmocka_unit_test(test_long_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
