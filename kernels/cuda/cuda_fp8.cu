@@ -43,7 +43,8 @@ static __device__ inline float block_max(float v) {
     return v;
 }
 
-// max |x| over this thread's packs p0, p0 + step, ... < packs (fmaxf drops NaNs, as the CPU).
+// max |x| over this thread's packs p0, p0 + step, ... < packs (fmaxf, max.f32, drops every NaN,
+// quiet or signaling, as the CPU's max_abs).
 template <int VEC>
 static __device__ inline float thread_amax(const bf16 *x, size_t p0, size_t step, size_t packs) {
     float m = 0.0f;

@@ -231,6 +231,22 @@ static int fp8_gemm_refused(kctx *c, const void *out, const void *a, const void 
     return 0;
 }
 
+// cuBLASLt's outer-vector scales (the rowwise mode) exist on sm_100 and later only: cuBLASLt
+// 13 on an H200 (sm_90) answers AlgoGetHeuristic with CUBLAS_STATUS_INVALID_VALUE.  Refused
+// there by name until the sm_90 way (unit scales, fp32 D, one fused pass that multiplies row i
+// by sa[i], column j by sb[j] and rounds once to bf16) is built.
+static int fp8_outer_vec_scales(kctx *c) {
+    int dev, major;
+    if (cuda_check_call(c, cudaGetDevice(&dev), "fp8_gemm (cudaGetDevice)") ||
+        cuda_check_call(c, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                        "fp8_gemm (compute capability)"))
+        return 0;
+    if (major >= 10) return 1;
+    k_fail(c, "fp8_gemm: rowwise FP8 scaling needs cuBLASLt's outer-vector scales (sm_100 and "
+              "later): not built yet below sm_100 (this device: compute capability %d.x)", major);
+    return 0;
+}
+
 extern "C" void cuda_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv,
                               fp8_format fa, const uint8_t *b, const float *b_scale_inv,
                               fp8_format fb, int M, int N, int K, k_fp8_scaling scaling) {
@@ -238,6 +254,7 @@ extern "C" void cuda_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float 
         fp8_gemm_refused(c, out, a, b, N, K))
         return;
     const char *what = "fp8_gemm";
+    if (scaling == K_FP8_ROWWISE && !fp8_outer_vec_scales(c)) return;
     int mode = scaling == K_FP8_ROWWISE ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
                                         : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     cuda_gemm *g = gemm_for(c, what, out, CUDA_R_16BF, b, fp8_type(fb), 1, a, fp8_type(fa), 0, N,

@@ -41,7 +41,7 @@
 #define TOL_GEMM 2e-2
 
 static kctx cpu, gpu;
-static int n_passed, n_failed;
+static int n_passed, n_failed, n_skipped;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -266,6 +266,13 @@ static void verdict(const char *op, const char *shp, const char *measure, int ok
         n_passed++;
     else
         n_failed++;
+}
+
+/* A check that cannot run on this device: printed and counted, never a pass. */
+static void skip(const char *op, const char *shp, const char *why) {
+    printf("%-27s %-40s %-26s SKIP  %s\n", op, shp, "not run", why);
+    fflush(stdout);
+    n_skipped++;
 }
 
 /* ||got - want|| / ||want|| (the plain norm of the difference when want is all zeros). */
@@ -904,12 +911,16 @@ static void compare_cast(const float *x, int rows, int cols, fp8_format f, k_fp8
     k_copy_d2h(&gpu, got, dout, n);
     size_t wrong = 0;
     for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
-    size_t wrong_si = count_different(get_f32(dsi, ns), want_si, ns);
+    float *got_si = get_f32(dsi, ns);
+    size_t wrong_si = count_different(got_si, want_si, ns);
     char op[40], measure[64];
     snprintf(op, sizeof op, "%s%s", fp8_name(f, s), transposed ? " (T)" : "");
     snprintf(measure, sizeof measure, "%zu of %zu codes, %zu of %zu scales wrong", wrong, n,
              wrong_si, ns);
     report_bool(op, shp, wrong == 0 && wrong_si == 0, measure);
+    for (size_t i = 0, shown = 0; i < ns && shown < 4; i++) /* the first few, to diagnose */
+        if (memcmp(&got_si[i], &want_si[i], sizeof got_si[i]))
+            printf("    scale_inv[%zu]: got %a, want %a\n", i, got_si[i], want_si[i]), shown++;
 }
 
 /* Random bf16 values, row r (transposed: column r) scaled by 2^(r % 41 - 20) (so the
@@ -948,18 +959,39 @@ static void check_fp8_all_bf16(void) {
     release_all();
 }
 
+/* Why the GPU refuses the rowwise FP8 GEMM ("not built yet" on devices without cuBLASLt's
+ * outer-vector scales, sm_90), or NULL where it runs: one 16x16x16 product probes it. */
+static const char *fp8_rowwise_refused(void) {
+    static errbuf err;
+    static int probed;
+    if (probed) return err.msg[0] ? err.msg : NULL;
+    probed = 1;
+    uint8_t *codes = dev_bytes(256, 16);
+    float *one = df32((float[16]){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 16);
+    k_fp8_gemm(&gpu, dpoison_comp(256), codes, one, FP8_E4M3, codes, one, FP8_E4M3, 16, 16, 16,
+               K_FP8_ROWWISE);
+    if (!k_sync(&gpu, &err) || !strstr(err.msg, "not built yet")) err.msg[0] = '\0';
+    return err.msg[0] ? err.msg : NULL;
+}
+
 /* The GEMM's bound, element by element.  Both sides multiply the same codes by the same
  * scales, and a product of two fp8 values is exact (at most 4 x 4 significant bits), so
  * they differ only in how the K products are summed and rounded:
- *   - the output rounding to bf16, on both sides: at most 2^-9 |y| each, 2^-8 |y| together;
+ *   - the output rounding to bf16, on both sides: bf16 has 8 significant bits, so a rounding
+ *     to nearest is off by at most half an ulp, 2^-8 |y| (not 2^-9: the H200 found one
+ *     element of M=33 N=48 K=80 at 1.02 of a bound built on 2^-9, where K is too small for
+ *     the sum terms to hide it); 2^-7 |y| together, |y| the unrounded value, at most
+ *     (1 + 2^-7) |want|;
  *   - the CPU's fp32 sum (OpenBLAS): at most K 2^-24 S, S = sa sb sum_k |a_k b_k|;
  *   - cuBLASLt's: Hopper's FP8 MMA adds its products into an accumulator of fewer bits than
  *     fp32 (about 14 significant bits, as DeepSeek-V3 measured, section 3.3.2), which
  *     cuBLASLt (fast accumulation off) promotes to fp32 every few k-blocks; taking at most 16
  *     additions between promotions, each off by at most 2^-14 of a partial sum <= S, bounds
  *     it by 16 2^-14 S = 2^-10 S (the fp32 sums after that add K/16 2^-24 S, inside it).
- * So |gpu - cpu| <= 2^-8 |cpu| + 2^-10 S + K 2^-24 S, S from a CPU GEMM of the codes'
- * magnitudes (rounded to bf16 itself: taken 1% larger).  A wrong scale, layout or format is
+ * So |gpu - cpu| <= (1 + 2^-7) (2^-7 |cpu| + 2^-10 S + K 2^-24 S) (the GPU's rounding acts on
+ * its own sum, off from the CPU's by the sum terms: the 2^-8 of those folds into the first
+ * factor), S from a CPU GEMM of the codes' magnitudes (rounded to bf16 itself: taken 1%
+ * larger).  A wrong scale, layout or format is
  * off by far more: |y| and S are of one order where the terms do not cancel. */
 static void check_fp8_gemm(int M, int N, int K, fp8_format fa, fp8_format fb, k_fp8_scaling s) {
     seed(17);
@@ -983,7 +1015,8 @@ static void check_fp8_gemm(int M, int N, int K, fp8_format fa, fp8_format fb, k_
     double worst = 0.0;
     for (size_t i = 0; i < no; i++) {
         double S = 1.01 * mag[i];
-        double bound = ldexp(fabs(want[i]), -8) + ldexp(S, -10) + K * ldexp(S, -24);
+        double bound = (1.0 + ldexp(1.0, -7)) *
+                       (ldexp(fabs(want[i]), -7) + ldexp(S, -10) + K * ldexp(S, -24));
         double ratio = fabs((double)got[i] - want[i]) / bound;
         if (!(ratio <= 1.0)) outside++; /* NaN counts */
         if (ratio > worst || isnan(ratio)) worst = ratio;
@@ -1386,6 +1419,10 @@ static void run_bench(void) {
         for (int s = 0; s < 2; s++) {
             k_fp8_cast(&gpu, a8, sa8, a, N, C, FP8_E4M3, (k_fp8_scaling)s);
             k_fp8_cast(&gpu, w8, sw8, W, no8, C, FP8_E4M3, (k_fp8_scaling)s);
+            if (s == K_FP8_ROWWISE && fp8_rowwise_refused()) {
+                printf("%-22s %-28s not run: %s\n", "fp8_gemm rowwise", sh, fp8_rowwise_refused());
+                continue;
+            }
             BENCH(s ? "fp8_gemm rowwise" : "fp8_gemm tensorwise", sh,
                   (double)N * C + (double)no8 * C + 2.0 * N * no8, flops,
                   k_fp8_gemm(&gpu, y, a8, sa8, FP8_E4M3, w8, sw8, FP8_E4M3, N, no8, C,
@@ -1584,6 +1621,10 @@ int main(int argc, char **argv) {
     check_fp8_cast(129, 100, 1);
     misalign = 0;
     for (int s = 0; s < 2; s++) {
+        if (s == K_FP8_ROWWISE && fp8_rowwise_refused()) {
+            skip("fp8_gemm rows (7 cases)", "all shapes", fp8_rowwise_refused());
+            continue;
+        }
         check_fp8_gemm(8192, 4096, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
         check_fp8_gemm(2046, 11008, 4096, FP8_E4M3, FP8_E4M3, (k_fp8_scaling)s);
         check_fp8_gemm(2046, 4096, 11008, FP8_E5M2, FP8_E4M3, (k_fp8_scaling)s);
@@ -1594,6 +1635,7 @@ int main(int argc, char **argv) {
     }
 
     printf("(%ld s)\n", (long)(time(NULL) - start));
+    if (n_skipped) printf("%d skipped (not runnable on this device, see SKIP above)\n", n_skipped);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     kctx_destroy(&gpu);
     kctx_destroy(&cpu);

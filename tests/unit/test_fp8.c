@@ -333,6 +333,25 @@ static void test_refusals(void **state) {
     k_fp8_cast(&cpu, codes, si, x, 2, 8, FP8_E4M3, (k_fp8_scaling)5);
     expect_failure("fp8 scaling 5");
 }
+/* A signaling NaN (bf16 0x7f81, as the H200's every-bf16 check holds) is dropped from the
+ * amax like a quiet one, as CUDA's max.f32 drops it, rowwise and per column. */
+static void test_signaling_nan_dropped(void **state) {
+    (void)state;
+    float snan = fp8_bits_f32(0x7f810000u), qnan = fp8_bits_f32(0x7fc00000u);
+    /* each NaN last in its fold: a later number would hide a NaN amax */
+    float x[8] = {1.0f, 3.0f, 2.0f, snan, 0.5f, qnan, snan, 1.0f};
+    uint8_t codes[8];
+    float si[4];
+    k_fp8_cast(&cpu, codes, si, x, 2, 4, FP8_E4M3, K_FP8_ROWWISE);
+    expect_ok();
+    assert_true(si[0] == fp8_inverse_scale(fp8_scale(3.0f, FP8_E4M3)));
+    assert_true(si[1] == fp8_inverse_scale(fp8_scale(1.0f, FP8_E4M3)));
+    assert_int_equal(codes[3], FP8_NAN);
+    k_fp8_cast_t(&cpu, codes, si, x, 2, 4, FP8_E4M3, K_FP8_ROWWISE);
+    expect_ok();
+    assert_true(si[1] == fp8_inverse_scale(fp8_scale(3.0f, FP8_E4M3)));
+    assert_true(si[2] == fp8_inverse_scale(fp8_scale(2.0f, FP8_E4M3)));
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -345,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_cast_op),
         cmocka_unit_test(test_cast_t_op),
         cmocka_unit_test(test_gemm_op),
+        cmocka_unit_test(test_signaling_nan_dropped),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
