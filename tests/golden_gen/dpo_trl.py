@@ -124,7 +124,7 @@ def init_adapters(model, given=None):
                 else:
                     scale = 0.1 if ".lora_A." in name else 0.05
                     p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float32))
-                init[name] = p.detach().numpy().copy()
+                init[name] = p.detach().cpu().numpy().copy()
     if not init:
         raise RuntimeError("no LoRA adapter found in the trainer's model")
     if given is not None and len(init) != len(given):
