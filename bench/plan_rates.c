@@ -6,7 +6,8 @@
  * For every model config and micro-batch token count N: each linear's three GEMMs (forward,
  * the input gradient, the weight gradient) at its shape, the head's, the LoRA A and B
  * projections at rank 64 (skinny, memory-bound), and attention forward and backward at
- * B = N / 2048 rows of 2048 tokens (and N / 4096 of 4096 where N allows).  Then the rates of
+ * B = N / 2048 rows of 2048 tokens (and N / 4096 of 4096 where N allows), and once a model one
+ * row of 8192, 16384, 32768 and 65536 tokens (long sequences).  Then the rates of
  * the memory-bound ops (SwiGLU's, as GB/s of bytes moved), NF4 dequantization, cross
  * entropy, AdamW, pinned host copies both ways, the CPU backend's AdamW on every core (the
  * host optimizer of fsdp.cpu_offload), a launch, the memory a CUDA context with its
@@ -180,6 +181,15 @@ static void measure_model(const llama_config *c, int N) {
         if (N % T == 0) measure_attention(N / T, T, c->num_attention_heads, c->num_key_value_heads, hd);
 }
 
+/* One row of T = 8192 ... LONG_ATTENTION_T a model (once, whatever the token counts): the
+ * rate long sequences (fsdp.offload_activations' 400k) are predicted from, where attention
+ * is most of the step and runs faster per FLOP than at 2048. */
+#define LONG_ATTENTION_T 65536
+static void measure_long_attention(const llama_config *c) {
+    for (int T = 8192; T <= LONG_ATTENTION_T; T *= 2)
+        measure_attention(1, T, c->num_attention_heads, c->num_key_value_heads, c->head_dim);
+}
+
 /* ---- bandwidths ---- */
 
 typedef struct mem_case {
@@ -342,6 +352,7 @@ int main(int argc, char **argv) {
         llama_config c;
         if (llama_config_load(&c, argv[a], &err)) die("%s", err.msg);
         for (int t = 0; t < n_tokens; t++) measure_model(&c, tokens[t]);
+        measure_long_attention(&c);
     }
 
     double r[8];
