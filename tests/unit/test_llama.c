@@ -227,9 +227,9 @@ typedef struct fixture {
     double **p;
 } fixture;
 
-static void fixture_init(fixture *f, uint64_t seed, int checkpoint) {
+static void fixture_init_config(fixture *f, const llama_config *cfg, uint64_t seed, int checkpoint) {
     errbuf err = {{0}};
-    f->cfg = small_config();
+    f->cfg = *cfg;
     if (kctx_init(&f->ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
     if (llama_model_init(&f->m, &f->cfg, &f->ctx, checkpoint, &err)) fail_msg("%s", err.msg);
     const llama_layout *lo = &f->m.layout;
@@ -253,6 +253,11 @@ static void fixture_init(fixture *f, uint64_t seed, int checkpoint) {
         for (size_t j = 0; j < s->numel; j++) f->p[i][j] = w[j];
         free(w);
     }
+}
+
+static void fixture_init(fixture *f, uint64_t seed, int checkpoint) {
+    llama_config c = small_config();
+    fixture_init_config(f, &c, seed, checkpoint);
 }
 
 static void fixture_free(fixture *f) {
@@ -688,6 +693,80 @@ static void test_packed_equals_documents(void **state) {
     check_packed_equals_documents(1);
 }
 
+/* (6b) A packed row of 64k tokens (F46's long sequences; a data.pack row of many documents):
+ * each document's loss and token count are those of the document run alone in a row of its
+ * own length, and the row's summed loss and every gradient the sums over the documents.  The
+ * documents are 1 to LONG_DOC tokens (a one-token document has no label).  Each document's
+ * own loss out of the packed row: the row again with every other document's labels -100. */
+enum { LONG_T = 65536, LONG_DOC = 256 };
+
+static void test_packed_long_row(void **state) {
+    (void)state;
+    llama_config cfg = small_config();
+    cfg.max_position_embeddings = LONG_T; /* a model whose RoPE covers the row (llama3, 8 x 8192) */
+    cfg.rope.original_max_position_embeddings = LONG_T / 8;
+    fixture packed, alone;
+    fixture_init_config(&packed, &cfg, 41, 0);
+    fixture_init_config(&alone, &cfg, 41, 0);
+    size_t bytes = LONG_T * sizeof(int32_t);
+    int32_t *ids = xmalloc(bytes), *labels = xmalloc(bytes), *positions = xmalloc(bytes);
+    int32_t *start = xmalloc(bytes), *end = xmalloc(bytes), *only = xmalloc(bytes);
+    int *lens = xmalloc(LONG_T * sizeof *lens), n_docs = 0, longest = 0;
+    random_batch(1, LONG_T, cfg.vocab_size, 12, ids, labels);
+    for (int t = 0; t < LONG_T; t += lens[n_docs++]) {
+        int len = 1 + (int)(rng_u64(13, 1, (uint64_t)n_docs) % LONG_DOC);
+        lens[n_docs] = len < LONG_T - t ? len : LONG_T - t;
+        for (int i = 0; i < lens[n_docs]; i++) positions[t + i] = i;
+        labels[t] = K_IGNORE_INDEX;
+        if (lens[n_docs] > lens[longest]) longest = n_docs;
+    }
+    errbuf err = {{0}};
+    float loss;
+    int64_t count;
+    if (llama_doc_bounds(positions, 1, LONG_T, start, end, &err) ||
+        llama_model_forward_backward_packed(&packed.m, ids, labels, start, end, 1, LONG_T, 1.0f,
+                                            &loss, &count, NULL, &err))
+        fail_msg("%s", err.msg);
+
+    double loss_sum = 0.0;
+    int64_t count_sum = 0;
+    float *doc_loss = xmalloc((size_t)n_docs * sizeof *doc_loss);
+    int64_t *doc_count = xmalloc((size_t)n_docs * sizeof *doc_count);
+    for (int d = 0, t = 0; d < n_docs; t += lens[d++]) {
+        forward_backward(&alone.m, ids + t, labels + t, 1, lens[d], 1.0f, &doc_loss[d], &doc_count[d], NULL);
+        loss_sum += doc_loss[d];
+        count_sum += doc_count[d];
+    }
+    size_t n;
+    float *g_packed = all_grads(&packed.m, &n), *g_alone = all_grads(&alone.m, &n);
+    double e = rel_error(g_packed, g_alone, n);
+    printf("a packed row of %d tokens, %d documents: loss %.3f vs %.3f, gradients rel %.2e\n",
+           LONG_T, n_docs, loss, loss_sum, e);
+    assert_true(n_docs > 300);
+    assert_int_equal(count, count_sum);
+    assert_true(fabs(loss - loss_sum) <= 1e-5 * loss_sum);
+    assert_true(e <= 1e-5);
+
+    const int check[] = {0, longest, n_docs - 1};
+    for (size_t k = 0; k < sizeof check / sizeof check[0]; k++) {
+        int d = check[k], t = 0;
+        for (int i = 0; i < d; i++) t += lens[i];
+        for (int i = 0; i < LONG_T; i++) only[i] = i >= t && i < t + lens[d] ? labels[i] : K_IGNORE_INDEX;
+        float l;
+        int64_t c;
+        if (llama_model_forward_backward_packed(&packed.m, ids, only, start, end, 1, LONG_T, 0.0f, &l,
+                                                &c, NULL, &err))
+            fail_msg("%s", err.msg);
+        printf("document %d (%d tokens at %d): loss %.6f, alone %.6f\n", d, lens[d], t, l, doc_loss[d]);
+        assert_int_equal(c, doc_count[d]);
+        assert_true(fabs(l - doc_loss[d]) <= 1e-5 * fabs(doc_loss[d]) + 1e-6);
+    }
+    free(g_packed), free(g_alone), free(doc_loss), free(doc_count), free(lens);
+    free(ids), free(labels), free(positions), free(start), free(end), free(only);
+    fixture_free(&packed);
+    fixture_free(&alone);
+}
+
 /* Positions must restart at 0 or count up by one; and one document a row is the unpacked batch. */
 static void test_packed_positions(void **state) {
     (void)state;
@@ -882,6 +961,7 @@ int main(void) {
         cmocka_unit_test(test_activation_checkpointing),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_packed_equals_documents),
+        cmocka_unit_test(test_packed_long_row),
         cmocka_unit_test(test_packed_positions),
         cmocka_unit_test(test_yarn_attention_factor),
     };
