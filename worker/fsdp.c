@@ -880,8 +880,8 @@ static void *gather_use(fsdp *f, int k, errbuf *err) {
     if (f->next_gather <= k && plan_start(f, k, err)) return NULL;
     if (gather_wait(f, g->unit, g->slot, err)) return NULL;
     int next = k + 1;
-    int prefetch = next < f->n_plan &&
-                   (next < f->n_forward_plan ? f->forward_prefetch : f->backward_prefetch);
+    int prefetch = next < f->n_plan && (next < f->n_forward_plan ? f->forward_prefetch
+                                                                  : f->backward_prefetch && !f->forward_only);
     if (prefetch && plan_start(f, next, err)) return NULL;
     return gathered_params(f, k);
 }
@@ -1003,30 +1003,50 @@ static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf
     return k_sync(f->ctx, err);
 }
 
-/* DPO's reference: the uploaded micro-batch forward of the frozen units (an adapter job's
- * base with the adapters off; a full fine-tune's copy of its start weights), each unit
- * gathered into its plan slot, no backward; its row sums into pref.ref. */
-static int reference_forward(fsdp *f, errbuf *err) {
+/* What decoder layer l's compute reads from plan entry k and accumulates into (grads: its
+ * trainable gradient buffer, the base's or with LoRA the adapters'). */
+static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *params, float *grads) {
+    if (!f->has_lora) return (llama_layer_weights){.params = params, .grads = grads, .layer = l};
+    return (llama_layer_weights){.params = params, .lora = &f->lora,
+                                 .adapters = f->gathered_adapter[f->plan[k].slot],
+                                 .adapter_grads = grads, .layer = l};
+}
+
+/* The uploaded micro-batch's forward alone, no backward (DPO's reference; evaluation): the
+ * forward's plan entries, prefetched as in training but never past the forward's end (no
+ * gather is left in flight for a backward that does not come), no layer input offloaded.
+ * With f->reference the frozen units with the adapters off (an adapter job's base, a full
+ * fine-tune's copy of its start weights), else the trained model.  *head and *embed (tied
+ * embeddings, else NULL): the head's parameters, gathered, for the caller's loss. */
+static int forward_only(fsdp *f, const k_docs *docs, const void **head, const void **embed, errbuf *err) {
     const llama_layout *lo = &f->layout;
     kctx *c = f->ctx;
-    int L = lo->n_layers, k = 0;
-    void *adapters;
-    const void *g = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err);
-    if (!g) return -1;
+    int L = lo->n_layers, k = 0, rc = -1;
+    const void *g;
+    f->forward_only = 1;
+    f->next_gather = 0;
+    *embed = NULL;
+    if (!(g = gather_use(f, k++, err))) goto out;
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], f->B * f->T);
-    for (int l = 0; l < L; l++) {
-        if (!(g = fsdp_gather_unit(f, llama_layer_unit(l), f->plan[k++].slot, &adapters, err))) return -1;
-        llama_layer_weights w = {.params = g, .layer = l}; /* .lora NULL: no adapters */
-        llama_layer_forward(c, lo, &w, f->inv_freq, NULL, f->resid[l], f->resid[l + 1], &f->layer_acts[l],
+    for (int l = 0; l < L; l++, k++) {
+        if (!(g = gather_use(f, k, err))) goto out;
+        llama_layer_weights w = f->reference ? (llama_layer_weights){.params = g, .layer = l} /* no adapters */
+                                             : layer_weights(f, l, k, g, NULL);
+        llama_layer_forward(c, lo, &w, f->inv_freq, docs, f->resid[l], f->resid[l + 1], &f->layer_acts[l],
                             &f->scratch, f->B, f->T);
+        f->layer_forwards++;
     }
-    const void *embed = NULL;
-    if (lo->cfg.tie_word_embeddings &&
-        !(embed = fsdp_gather_unit(f, LLAMA_EMBED_UNIT, f->plan[k++].slot, &adapters, err)))
-        return -1;
-    if (!(g = fsdp_gather_unit(f, llama_head_unit(lo), f->plan[k].slot, &adapters, err)) ||
-        span_sums(f, g, embed, err))
-        return -1;
+    if (is_tied(f) && !(*embed = gather_use(f, k++, err))) goto out;
+    if ((*head = gather_use(f, k, err))) rc = 0;
+out:
+    f->forward_only = 0;
+    return rc;
+}
+
+/* DPO's reference: the forward of the frozen units; its row sums into pref.ref. */
+static int reference_forward(fsdp *f, errbuf *err) {
+    const void *head, *embed;
+    if (forward_only(f, NULL, &head, &embed, err) || span_sums(f, head, embed, err)) return -1;
     memcpy(f->pref.ref, f->pref.host_sums, (size_t)f->pref.rows * sizeof *f->pref.ref);
     return 0;
 }
@@ -1079,15 +1099,6 @@ static int head_pass(fsdp *f, int k, float dscale, errbuf *err) {
                                 f->resid[lo->n_layers], &f->head, &f->scratch, f->targets, B, T,
                                 dscale, &f->scalars[0], NULL, f->dresid);
     return reduce_start(f, head, 0, err) ? -1 : k;
-}
-
-/* What decoder layer l's compute reads from plan entry k and accumulates into (grads: its
- * trainable gradient buffer, the base's or with LoRA the adapters'). */
-static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *params, float *grads) {
-    if (!f->has_lora) return (llama_layer_weights){.params = params, .grads = grads, .layer = l};
-    return (llama_layer_weights){.params = params, .lora = &f->lora,
-                                 .adapters = f->gathered_adapter[f->plan[k].slot],
-                                 .adapter_grads = grads, .layer = l};
 }
 
 static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *err) {
@@ -1233,9 +1244,21 @@ static void upload_samples(fsdp *f, const fsdp_batch *b, int mb) {
     }
 }
 
+/* Evaluation's pass over the uploaded micro-batch: the forward alone, then the head's loss
+ * (one span, the whole micro-batch) into scalars[0]; no gradient touched. */
+static int eval_forward(fsdp *f, const k_docs *docs, errbuf *err) {
+    const void *head, *embed;
+    if (forward_only(f, docs, &head, &embed, err)) return -1;
+    const llama_span all = {.start = 0, .n = f->B * f->T, .slot = 0, .dscale = 0.0f};
+    llama_head_spans(f->ctx, &f->layout, head, NULL, embed, NULL, f->resid[f->layout.n_layers], &f->head,
+                     &f->scratch, f->targets, f->B, f->T, &all, 1, f->scalars, 0, NULL);
+    return 0;
+}
+
 /* Every micro-batch's forward and backward, the loss sum accumulating in scalars[0] (zeroed
- * here) and the gradients, scaled by dscale, reduced into the grad shards. */
-static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf *err) {
+ * here) and the gradients, scaled by dscale, reduced into the grad shards; evaluating, the
+ * forwards alone (eval_forward). */
+static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, int evaluating, errbuf *err) {
     kctx *c = f->ctx;
     int T = b->T, rc = 0;
     k_zero(c, f->scalars, 2 * sizeof(float));
@@ -1256,7 +1279,8 @@ static int run_micro_batches(fsdp *f, const fsdp_batch *b, float dscale, errbuf 
         }
         if (f->has_lora) upload_samples(f, b, mb);
         if (rc == 0 && f->pref.cfg.objective == JOB_OBJECTIVE_DPO) rc = pref_reference(f, err);
-        if (rc == 0) rc = forward_backward(f, b->doc_start ? &docs : NULL, dscale, err);
+        const k_docs *d = b->doc_start ? &docs : NULL;
+        if (rc == 0) rc = evaluating ? eval_forward(f, d, err) : forward_backward(f, d, dscale, err);
     }
     free(targets);
     return rc;
@@ -1279,7 +1303,7 @@ int fsdp_eval_loss(fsdp *f, const fsdp_batch *b, double *loss_sum, int64_t *coun
     rank_stats *all = calloc((size_t)f->world, sizeof *all);
     float dropout = f->lora.dropout;
     f->lora.dropout = 0; /* evaluation: no dropout, as model.eval() */
-    int rc = all ? run_micro_batches(f, b, 0.0f, err) : errf(err, "fsdp: out of host memory");
+    int rc = all ? run_micro_batches(f, b, 0.0f, 1, err) : errf(err, "fsdp: out of host memory");
     f->lora.dropout = dropout;
     float scalars[2];
     if (rc == 0) k_copy_d2h(f->ctx, scalars, f->scalars, sizeof scalars);
@@ -1320,7 +1344,7 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
         for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
     int pref = f->pref.cfg.objective != JOB_OBJECTIVE_SFT;
     if (rc == 0 && pref) rc = pref_begin_step(f, b, err);
-    if (rc == 0) rc = run_micro_batches(f, b, dscale, err);
+    if (rc == 0) rc = run_micro_batches(f, b, dscale, 0, err);
     if (rc == 0 && pref) rc = pref_end_step(f, res->pref, err);
     if (rc == 0 && pref) /* this rank's share of the loss, summed over the ranks below */
         k_copy_h2d(c, f->scalars, &(float){(float)f->pref.stats[PREF_LOSS]}, sizeof(float));

@@ -204,6 +204,7 @@ typedef struct fsdp {
      * fine-tune's frozen copy of its start weights, an adapter job's base), never the
      * trainable ones (the forward leaves an adapter job's adapters unused). */
     int reference;
+    int forward_only; /* a pass without backward (evaluation, the reference): no backward prefetch */
 
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
