@@ -204,6 +204,25 @@ size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
     return cv.used;
 }
 
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+size_t llama_fp8_carve(llama_fp8 *f, void *mem, const llama_layout *lo, size_t elem_size, int B, int T,
+                       int mlp_rows) {
+    dims d = dims_of(lo, B, T);
+    size_t rows = mlp_rows_of(d.N, mlp_rows), side = max_size(max_size(d.C, d.Q), max_size(d.KV, d.I));
+    /* a: x, dy or dy^T, [tokens, a projection's side]; b: W, W^T or x^T */
+    size_t acts = max_size(d.N * max_size(d.C, d.Q), rows * max_size(d.C, d.I));
+    size_t weight = d.C * max_size(max_size(d.Q, d.KV), d.I), b = max_size(acts, weight);
+    carver cv = {mem, 0};
+    f->a = carve(&cv, acts);
+    f->b = carve(&cv, b);
+    f->sa = carve(&cv, max_size(d.N, side) * sizeof(float));
+    f->sb = carve(&cv, max_size(d.N, side) * sizeof(float));
+    f->product = carve(&cv, b * elem_size);
+    f->product_f32 = carve(&cv, weight * sizeof(float));
+    return cv.used;
+}
+
 /* ---- tensors inside a unit's flat buffers ---- */
 
 static const llama_tensor_slot *unit_slot(const llama_layout *lo, int unit, int index) {
@@ -225,6 +244,46 @@ static float *grad_at(const llama_layout *lo, float *grads, int unit, int index)
  * llama_layer_tensor the layer has (model_layout.h: the extras only in their families). */
 #define LAYER_W(t) param_at(c, lo, w->params, llama_layer_unit(0), lo->layer_index[t])
 #define LAYER_DW(t) grad_at(lo, w->grads, llama_layer_unit(0), lo->layer_index[t])
+
+/* ---- a decoder projection: the compute dtype's GEMM, or FP8's (llama_fp8) ---- */
+
+/* y = x W^T (overwritten). */
+static void proj_fwd(kctx *c, const llama_layer_weights *w, void *y, const void *x, const void *W, int N,
+                     int in, int out) {
+    const llama_fp8 *f = w->fp8;
+    if (!f) {
+        k_linear_fwd(c, y, x, W, N, in, out);
+        return;
+    }
+    k_fp8_cast(c, f->a, f->sa, x, N, in, FP8_E4M3, f->scaling);
+    k_fp8_cast(c, f->b, f->sb, W, out, in, FP8_E4M3, f->scaling);
+    k_fp8_gemm(c, y, f->a, f->sa, FP8_E4M3, f->b, f->sb, FP8_E4M3, N, out, in, f->scaling);
+}
+
+/* k_linear_bwd's: din = dy W (accumulate: din +=), dW += dy^T x; each skipped when NULL. */
+static void proj_bwd(kctx *c, const llama_layer_weights *w, void *din, float *dW, const void *dy,
+                     const void *x, const void *W, int N, int in, int out, int accumulate) {
+    const llama_fp8 *f = w->fp8;
+    if (!f) {
+        k_linear_bwd(c, din, dW, dy, x, W, N, in, out, accumulate);
+        return;
+    }
+    fp8_format g = f->grad_format;
+    if (din) { /* dy [N, out] by W^T [in, out] */
+        void *to = accumulate ? f->product : din;
+        k_fp8_cast(c, f->a, f->sa, dy, N, out, g, f->scaling);
+        k_fp8_cast_t(c, f->b, f->sb, W, out, in, FP8_E4M3, f->scaling);
+        k_fp8_gemm(c, to, f->a, f->sa, g, f->b, f->sb, FP8_E4M3, N, in, out, f->scaling);
+        if (accumulate) k_accumulate(c, din, f->product, (size_t)N * in);
+    }
+    if (dW) { /* dy^T [out, N] by x^T [in, N] */
+        k_fp8_cast_t(c, f->a, f->sa, dy, N, out, g, f->scaling);
+        k_fp8_cast_t(c, f->b, f->sb, x, N, in, FP8_E4M3, f->scaling);
+        k_fp8_gemm(c, f->product, f->a, f->sa, g, f->b, f->sb, FP8_E4M3, out, in, N, f->scaling);
+        k_compute_to_f32(c, f->product_f32, f->product, (size_t)out * in);
+        k_add_f32(c, dW, f->product_f32, (size_t)out * in);
+    }
+}
 
 /* ---- LoRA: y += scale * B(A(dropout(x))) on module m (nothing when m has no adapter) ---- */
 
@@ -301,7 +360,7 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 static void attn_proj_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               int t, int bias, const void *x, void *y, llama_layer_acts *a,
                               void *xd, int N, int in, int out, int B, int T) {
-    k_linear_fwd(c, y, x, LAYER_W(t), N, in, out);
+    proj_fwd(c, w, y, x, LAYER_W(t), N, in, out);
     if (lo->cfg.attention_bias) k_bias_fwd(c, y, LAYER_W(bias), N, out);
     lora_forward(c, w, t, x, y, a, xd, B, T);
 }
@@ -337,7 +396,7 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
                     Hkv, hd);
-    k_linear_fwd(c, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
+    proj_fwd(c, w, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
     lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
@@ -370,12 +429,12 @@ static void mlp_chunk_forward(kctx *c, const llama_layout *lo, const llama_layer
     int n = ch->n, C = lo->cfg.hidden_size, I = lo->cfg.intermediate_size;
     llama_layer_acts *a = &ch->v;
     void *xd = s->lora_xd, *o = out ? (char *)out + (size_t)ch->r0 * C * k_compute_size(c) : NULL;
-    k_linear_fwd(c, a->gate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I);
+    proj_fwd(c, w, a->gate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I);
     lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, ch->B, ch->T);
-    k_linear_fwd(c, a->up, a->ln2, LAYER_W(LLAMA_UP), n, C, I);
+    proj_fwd(c, w, a->up, a->ln2, LAYER_W(LLAMA_UP), n, C, I);
     lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, ch->B, ch->T);
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)n * I);
-    if (o) k_linear_fwd(c, o, a->sw, LAYER_W(LLAMA_DOWN), n, I, C);
+    if (o) proj_fwd(c, w, o, a->sw, LAYER_W(LLAMA_DOWN), n, I, C);
     lora_forward(c, w, LORA_DOWN, a->sw, o, a, xd, ch->B, ch->T);
     if (o) k_accumulate(c, o, a->h, (size_t)n * C);
 }
@@ -437,7 +496,7 @@ static void attn_proj_backward(kctx *c, const llama_layout *lo, const llama_laye
     int N = B * T;
     float *dbias = lo->cfg.attention_bias ? LAYER_DW(bias) : NULL;
     if (dbias) k_bias_bwd(c, dbias, dy, N, out);
-    k_linear_bwd(c, din, LAYER_DW(t), dy, x, LAYER_W(t), N, in, out, accumulate);
+    proj_bwd(c, w, din, LAYER_DW(t), dy, x, LAYER_W(t), N, in, out, accumulate);
     lora_backward(c, w, t, x, din, dy, a, s, B, T);
 }
 
@@ -450,15 +509,15 @@ static void mlp_chunk_backward(kctx *c, const llama_layout *lo, const llama_laye
     const llama_layer_acts *a = &ch->v;
     const void *dy = (const char *)dresid + at;
     void *dln = (char *)s->dln + at;
-    k_linear_bwd(c, s->dsw, LAYER_DW(LLAMA_DOWN), dy, a->sw, LAYER_W(LLAMA_DOWN), n, I, C, 0);
+    proj_bwd(c, w, s->dsw, LAYER_DW(LLAMA_DOWN), dy, a->sw, LAYER_W(LLAMA_DOWN), n, I, C, 0);
     lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dy, a, s, ch->B, ch->T);
     /* gate and up are consumed here: their gradients take their place (in place: no [n, I]
      * scratch for them). */
     void *dgate = a->gate, *dup = a->up;
     k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)n * I);
-    k_linear_bwd(c, dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I, 0);
+    proj_bwd(c, w, dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I, 0);
     lora_backward(c, w, LORA_GATE, a->ln2, dln, dgate, a, s, ch->B, ch->T);
-    k_linear_bwd(c, dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), n, C, I, 1);
+    proj_bwd(c, w, dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), n, C, I, 1);
     lora_backward(c, w, LORA_UP, a->ln2, dln, dup, a, s, ch->B, ch->T);
 }
 
@@ -479,8 +538,7 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
                   C);
 
     /* Attention: dresid now holds d/d(h), which also passes to x unchanged. */
-    k_linear_bwd(c, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C,
-                 0);
+    proj_bwd(c, w, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C, 0);
     lora_backward(c, w, LORA_O, a->att, s->datt, dresid, a, s, B, T);
     k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs,
                     cfg->sliding_window, B, T, Hq, Hkv, hd);

@@ -198,6 +198,27 @@ typedef struct llama_lora {
 } llama_lora;
 
 /* What a decoder layer's compute reads and accumulates into. */
+/* FP8 linears (train.precision fp8, F45): a decoder layer's seven projections in float8 with
+ * dynamic scaling, each GEMM's operands cast (amax and cast, k_fp8_cast / k_fp8_cast_t) just
+ * before it: forward y = x W^T with x and W in e4m3; backward din = dy W with dy in
+ * grad_format and W^T in e4m3, dW += dy^T x with dy^T in grad_format and x^T in e4m3; the
+ * products rounded to bf16 (k_fp8_gemm), the weight gradient then added to the fp32 one.
+ * Scales tensorwise or rowwise (one a row of each operand's GEMM layout).  The buffers are
+ * scratch, used one GEMM at a time (llama_fp8_carve). */
+typedef struct llama_fp8 {
+    k_fp8_scaling scaling;
+    fp8_format grad_format;
+    uint8_t *a, *b;  /* the GEMM's two operands' codes */
+    float *sa, *sb;  /* their inverse scales */
+    void *product;   /* compute dtype: a product added afterwards (accumulated din, dW) */
+    float *product_f32; /* dW's product in fp32, added to the gradient */
+} llama_fp8;
+
+/* The bytes of llama_fp8's buffers for B x T tokens (MLP rows mlp_rows at a time, as
+ * llama_scratch_carve), carved from mem when not NULL. */
+size_t llama_fp8_carve(llama_fp8 *f, void *mem, const llama_layout *lo, size_t elem_size, int B, int T,
+                       int mlp_rows);
+
 typedef struct llama_layer_weights {
     const void *params;     /* the layer's unit, gathered (compute dtype) */
     float *grads;           /* its fp32 gradient (+=); NULL: a frozen base, none computed */
@@ -205,6 +226,7 @@ typedef struct llama_layer_weights {
     const void *adapters;   /* the layer's adapter unit, gathered (compute dtype) */
     float *adapter_grads;   /* its fp32 gradient (+=) */
     int layer;              /* the decoder layer's index (dropout sites) */
+    const llama_fp8 *fp8;   /* NULL: the projections in the compute dtype */
 } llama_layer_weights;
 
 /* ---- per-unit compute ----

@@ -132,9 +132,11 @@ static size_t plan_activations(const plan_in *in) {
     size_t acts_bytes = carved(llama_layers_acts_carve(NULL, NULL, in->o->recompute, lo, in->lora, cs, B, T, in->o->mlp_chunk));
     size_t head_bytes = carved(llama_head_acts_carve(&head, NULL, lo, cs, B, T));
     size_t scratch_bytes = carved(llama_scratch_carve(&scratch, NULL, lo, in->lora, cs, B, T, in->o->mlp_chunk));
+    llama_fp8 fp8;
+    size_t fp8_bytes = in->o->fp8 ? carved(llama_fp8_carve(&fp8, NULL, lo, cs, B, T, in->o->mlp_chunk)) : 0;
     size_t ids_bytes = carved(N * sizeof(int32_t)), samples_bytes = carved((size_t)B * sizeof(int64_t));
     return (size_t)(L + 2 - in->o->offload_layers) * resid_bytes + acts_bytes + head_bytes + scratch_bytes +
-           4 * ids_bytes + samples_bytes;
+           fp8_bytes + 4 * ids_bytes + samples_bytes;
 }
 
 static int check_options(const memory_plan_options *o, errbuf *err) {
@@ -265,7 +267,8 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .recompute = recompute_of(j->fsdp.activation_checkpointing, cfg->num_hidden_layers),
         .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
-        .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk};
+        .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk,
+        .fp8 = j->train.precision == JOB_PRECISION_FP8};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
     if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);

@@ -1439,12 +1439,15 @@ static int check_objective(const job_config *j, errbuf *err) {
     return 0;
 }
 
-/* train.precision (F45): the FP8 kernels are built (kernels' k_fp8_cast and k_fp8_gemm), the
- * model's use of them is not. */
+/* train.precision (F45): FP8 decoder projections for full fine-tunes of the SFT objective
+ * (an adapter's frozen base and DPO's bf16 reference are not built with them). */
 static int check_precision(const job_config *j, errbuf *err) {
-    if (j->train.precision == JOB_PRECISION_FP8)
-        return errf(err, "train.precision fp8: FP8 training is not built yet (the FP8 kernels exist; the "
-                         "decoder linears' use of them is F45's next step); train.precision bf16 trains today");
+    if (j->train.precision != JOB_PRECISION_FP8) return 0;
+    if (j->train.type != JOB_TRAIN_FULL)
+        return errf(err, "train.precision fp8 with train.type '%s' is not built yet (a full fine-tune trains in FP8)",
+                    j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
+    if (j->train.objective != JOB_OBJECTIVE_SFT)
+        return errf(err, "train.precision fp8 with a preference objective is not built yet");
     return 0;
 }
 

@@ -74,7 +74,7 @@ typedef enum job_on_usr1 { JOB_USR1_AUTO, JOB_USR1_CHECKPOINT, JOB_USR1_REQUEUE 
 typedef enum job_preflight { JOB_PREFLIGHT_AUTO, JOB_PREFLIGHT_ON, JOB_PREFLIGHT_OFF } job_preflight;
 typedef enum job_round { JOB_ROUND_UP, JOB_ROUND_DOWN } job_round;
 /* train.precision (F45): the decoder linears' GEMMs in bf16 (today's) or FP8, and FP8's
- * scaling (kernels' k_fp8_cast): one scale a tensor or one a row.  fp8 is refused for now. */
+ * scaling (kernels' k_fp8_cast): one scale a tensor or one a row.  fp8: full fine-tunes, SFT. */
 typedef enum job_precision { JOB_PRECISION_BF16, JOB_PRECISION_FP8 } job_precision;
 typedef enum job_fp8_scaling { JOB_FP8_TENSORWISE, JOB_FP8_ROWWISE } job_fp8_scaling;
 

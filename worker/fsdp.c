@@ -293,6 +293,12 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->offload_layers = opt->offload_layers;
     f->mlp_rows = opt->mlp_chunk;
     f->pref.cfg = opt->pref;
+    f->fp8 = opt->fp8;
+    f->fp8_linears = (llama_fp8){.scaling = opt->fp8_scaling, .grad_format = opt->fp8_grad_format};
+    if (opt->fp8 && opt->lora) return errf(err, "fsdp: FP8 linears with adapters are not built yet");
+    if (opt->fp8 && cfg->num_hidden_layers < 3)
+        return errf(err, "train.precision fp8 keeps the first and the last decoder layer in bf16: a model of %d "
+                         "layers has none to run in FP8", cfg->num_hidden_layers);
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
@@ -432,10 +438,11 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     size_t acts_bytes = round_up(llama_layers_acts_carve(NULL, NULL, f->recompute, lo, lora, cs, B, T, f->mlp_rows), 256);
     size_t head_bytes = round_up(llama_head_acts_carve(&f->head, NULL, lo, cs, B, T), 256);
     size_t scratch_bytes = round_up(llama_scratch_carve(&f->scratch, NULL, lo, lora, cs, B, T, f->mlp_rows), 256);
+    size_t fp8_bytes = f->fp8 ? round_up(llama_fp8_carve(&f->fp8_linears, NULL, lo, cs, B, T, f->mlp_rows), 256) : 0;
     size_t ids_bytes = round_up(N * sizeof(int32_t), 256);
     size_t samples_bytes = round_up((size_t)B * sizeof(int64_t), 256);
     size_t total = (size_t)(L + 2 - f->offload_layers) * resid_bytes + acts_bytes + head_bytes +
-                   scratch_bytes + 4 * ids_bytes + samples_bytes;
+                   scratch_bytes + fp8_bytes + 4 * ids_bytes + samples_bytes;
     f->resid = calloc((size_t)L + 1, sizeof *f->resid);
     f->layer_acts = calloc((size_t)L, sizeof *f->layer_acts);
     if (!f->resid || !f->layer_acts) {
@@ -461,6 +468,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
     llama_layers_acts_carve(f->layer_acts, mem, f->recompute, lo, lora, cs, B, T, f->mlp_rows), mem += acts_bytes;
     llama_head_acts_carve(&f->head, mem, lo, cs, B, T), mem += head_bytes;
     llama_scratch_carve(&f->scratch, mem, lo, lora, cs, B, T, f->mlp_rows), mem += scratch_bytes;
+    if (f->fp8) llama_fp8_carve(&f->fp8_linears, mem, lo, cs, B, T, f->mlp_rows), mem += fp8_bytes;
     f->tokens = (int32_t *)mem, mem += ids_bytes;
     f->targets = (int32_t *)mem, mem += ids_bytes;
     f->doc_start = (int32_t *)mem, mem += ids_bytes;
@@ -1006,7 +1014,10 @@ static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf
 /* What decoder layer l's compute reads from plan entry k and accumulates into (grads: its
  * trainable gradient buffer, the base's or with LoRA the adapters'). */
 static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *params, float *grads) {
-    if (!f->has_lora) return (llama_layer_weights){.params = params, .grads = grads, .layer = l};
+    /* FP8: every layer but the first and the last (F45's recipe, after torchao's) */
+    int fp8 = f->fp8 && l > 0 && l < f->layout.n_layers - 1;
+    if (!f->has_lora)
+        return (llama_layer_weights){.params = params, .grads = grads, .layer = l, .fp8 = fp8 ? &f->fp8_linears : NULL};
     return (llama_layer_weights){.params = params, .lora = &f->lora,
                                  .adapters = f->gathered_adapter[f->plan[k].slot],
                                  .adapter_grads = grads, .layer = l};

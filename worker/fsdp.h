@@ -205,6 +205,8 @@ typedef struct fsdp {
      * trainable ones (the forward leaves an adapter job's adapters unused). */
     int reference;
     int forward_only; /* a pass without backward (evaluation, the reference): no backward prefetch */
+    int fp8;          /* fsdp_options' fp8: fp8's buffers are carved with the activations */
+    llama_fp8 fp8_linears;
 
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
@@ -234,6 +236,12 @@ typedef struct fsdp_options {
      * recomputing each chunk; 0: all); needs every layer's MLP recomputed (full or
      * selective) and adapters without dropout. */
     int mlp_chunk;
+    /* train.precision fp8 (F45): the decoder projections of every layer but the first and
+     * the last in FP8 (llama_fp8), scaled fp8_scaling, the gradients' operands in
+     * fp8_grad_format; a full fine-tune only. */
+    int fp8;
+    k_fp8_scaling fp8_scaling;
+    fp8_format fp8_grad_format;
     /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
      * size) and the replica group (this local rank on every node); NULL on one node, where
      * the world is the shard group. */

@@ -111,6 +111,11 @@ static int plan_memory(const train_env *env, model_image_quant quant, fsdp_optio
     if (j->fsdp.offload_activations && env->rank == 0)
         fprintf(stderr, "fsdp-worker rank 0: fsdp.offload_activations: %d of %d layer inputs in host memory\n",
                 o.offload_layers, env->model->num_hidden_layers);
+    if (j->train.precision == JOB_PRECISION_FP8 && env->rank == 0)
+        fprintf(stderr, "fsdp-worker rank 0: train.precision fp8: the projections of layers 1-%d of %d in FP8 "
+                        "(e4m3, %s scales; the first and the last layer, attention, norms and the head in the "
+                        "compute dtype)\n", env->model->num_hidden_layers - 2, env->model->num_hidden_layers,
+                j->train.fp8_scaling == JOB_FP8_ROWWISE ? "rowwise" : "tensorwise");
     opt->recompute = o.recompute;
     opt->offload_layers = o.offload_layers;
     int64_t limit = j->runtime.gpu_memory_limit;
@@ -133,6 +138,9 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .lora = adapters ? &j->lora.config : NULL, .seed = (uint64_t)j->train.seed,
                         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
                         .mlp_chunk = j->fsdp.mlp_chunk,
+                        .fp8 = j->train.precision == JOB_PRECISION_FP8,
+                        .fp8_scaling = j->train.fp8_scaling == JOB_FP8_ROWWISE ? K_FP8_ROWWISE : K_FP8_TENSORWISE,
+                        .fp8_grad_format = FP8_E4M3, /* torchao's recipes' too; e5m2 unmeasured */
                         .offload_threads = offload_threads(j),
                         .shard_comm = env->shard_comm, .replica_comm = env->replica_comm,
                         .pref = {.objective = j->train.objective, .loss = j->train.dpo_loss,

@@ -342,9 +342,14 @@ static void test_precision_keys(void **state) {
     assert_contains(err.msg, "train.fp8_scaling: \"rowwise\" is set but train.precision is not fp8");
     must_override(&k, "--train.precision=fp8");
     assert_int_equal(k.train.precision, JOB_PRECISION_FP8);
-    assert_int_equal(resolve_and_validate(&k, 1, &err), -1);
-    assert_contains(err.msg, "train.precision fp8: FP8 training is not built yet (the FP8 kernels exist; "
-                             "the decoder linears' use of them is F45's next step)");
+    if (resolve_and_validate(&k, 1, &err)) fail_msg("%s", err.msg); /* a full fine-tune, SFT */
+    job_config lora = k, dpo = k;
+    must_override(&lora, "--train.type=lora");
+    assert_int_equal(resolve_and_validate(&lora, 1, &err), -1);
+    assert_contains(err.msg, "train.precision fp8 with train.type 'lora' is not built yet");
+    must_override(&dpo, "--train.objective=dpo");
+    assert_int_equal(resolve_and_validate(&dpo, 1, &err), -1);
+    assert_contains(err.msg, "train.precision fp8 with a preference objective is not built yet");
 }
 
 /* F49: train.objective and its settings, strictly read; what is not built refused. */

@@ -67,6 +67,7 @@ typedef struct plan_case {
     job_objective objective; /* a preference objective: MICRO rows a micro-batch, pairs */
     int offload_layers;      /* fsdp.offload_activations' layer inputs on the host (full recompute) */
     int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
+    int fp8;                 /* train.precision fp8 (a full fine-tune of 3 layers: the middle one's) */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -76,6 +77,7 @@ static llama_config config_of(const plan_case *pc) {
     c.attention_bias = pc->family == FAMILY_QWEN2;
     c.qk_norm = pc->family == FAMILY_QWEN3;
     c.sliding_window = pc->family == FAMILY_MISTRAL ? 5 : 0;
+    if (pc->fp8) c.num_hidden_layers = 3; /* the first and the last stay in the compute dtype */
     return c;
 }
 
@@ -91,7 +93,7 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                                  .objective = pc->objective, .offload_layers = pc->offload_layers,
-                                 .mlp_chunk = pc->mlp_chunk};
+                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8};
 }
 
 /* What one rank saw. */
@@ -147,7 +149,8 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .lora = o.lora, .seed = 42, .quant = o.quant,
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                        .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
-                       .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk};
+                       .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk,
+                       .fp8 = pc->fp8, .fp8_scaling = K_FP8_TENSORWISE, .fp8_grad_format = FP8_E4M3};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -440,6 +443,15 @@ static void test_plan_equals_fsdp_peak_mlp_chunk(void **state) {
                                         .mlp_chunk = 5, .offload_layers = ckpt == 1});
 }
 
+/* train.precision fp8: the FP8 projections' operand, scale and product buffers, under every
+ * checkpointing of the list, world 1 and 2. */
+static void test_plan_equals_fsdp_peak_fp8(void **state) {
+    (void)state;
+    for (int world = 1; world <= 2; world++)
+        for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
+            check_case(&(plan_case){.kind = FULL, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL, .fp8 = 1});
+}
+
 /* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that
  * make it fit (one input's bytes each), all but the last layer's when nothing fits; its host
  * bytes counted. */
@@ -705,6 +717,7 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_offload_activations),
         cmocka_unit_test(test_offload_layers),
         cmocka_unit_test(test_plan_equals_fsdp_peak_mlp_chunk),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_fp8),
         cmocka_unit_test(test_plan_equals_fsdp_peak_pref),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
         cmocka_unit_test(test_hand_computed),
