@@ -15,7 +15,8 @@
 # refuses a data.seq_len beyond what the config's positions cover; the throughput does not
 # depend on the factor).  MLP_CHUNK (16384; 0: off), OFFLOAD (true), PEER (1 with the 8B),
 # PEER_SCRIPT (bench/peer_qlora_long.py), BNB_SITE (dev-carry/bnb/site, first on PYTHONPATH for
-# the peer, as bench/qlora.sh), TIMEOUT_S (a run's limit, 540: a step longer than that, as
+# the peer, as bench/qlora.sh), EXTRA (more fsdpd overrides, split on spaces: e.g.
+# --runtime.gpu_memory_limit=125GiB to keep headroom under the plan), TIMEOUT_S (a run's limit, 540: a step longer than that, as
 # `fsdpctl plan` predicts for the 8B at 400k, shows as "timeout" with the device peak it
 # reached).  BACKEND=cpu MODEL=... tries the
 # logic on a CPU (no peer, no nvidia-smi).
@@ -68,7 +69,7 @@ PY
     "$build/fsdpctl" synth --out "$work/data.tokens" --seq-len "$T" --records 2 --vocab 32000 --alphabet 64 > /dev/null ||
         { echo "synth failed at T=$T"; exit 2; }
     common=("${job[@]}" --model.config="$work/model.json" --data.path="$work/data.tokens" --data.seq_len="$T"
-            --checkpoint.dir="$work/ckpt-$T" --output.dir="$work/out-$T")
+            --checkpoint.dir="$work/ckpt-$T" --output.dir="$work/out-$T" ${EXTRA:-})
     "$build/fsdpctl" plan "${common[@]:1}" --gpus-per-node 1 --json > "$work/plan.json" 2> "$work/plan.err" ||
         { echo "plan failed at T=$T: $(tail -1 "$work/plan.err")"; }
     python3 - "$work/plan.json" "$T" >> "$work/plan.lines" <<'PY' 2>/dev/null && tail -1 "$work/plan.lines"
