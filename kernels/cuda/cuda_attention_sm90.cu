@@ -1125,13 +1125,18 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) 
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
-                    float pr = ex2(fmaf(st[jn][e], p.scale_log2, -lse2[col]));
-                    if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
-                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
-                    st[jn][e] = pr;
-                }
+                for (int e = 0; e < 4; e++)
+                    st[jn][e] = ex2(fmaf(st[jn][e], p.scale_log2, -lse2[jn * 8 + 2 * t4 + e % 2]));
+            if (masked) { // warp-uniform: the compares only on the tiles that need them (the forward's)
+#pragma unroll
+                for (int jn = 0; jn < BQ / 8; jn++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
+                        if (q0 + col < key || q0 + col >= T || (DOCS && q0 + col >= docs.end[e / 2]))
+                            st[jn][e] = 0.0f; // before the key, past the row, another document
+                    }
+            }
             uint32_t pf[BQ / 16][4];
             acc_to_frags<BQ>(pf, st);
             gemm_rs<HD, BQ>(dv, pf, sdO, BQ * SW); // runs while dS^T is computed
