@@ -469,7 +469,11 @@ __device__ __forceinline__ int fwd_items(const fwd_tma &p) {
     return p.Hq * p.B * ((p.T + ROWS - 1) / ROWS);
 }
 __device__ __forceinline__ int fwd_item_rank(int round, int items) {
-    const int g = (int)gridDim.x, i = (int)blockIdx.x;
+    // Read again each round (asm volatile: not hoisted out of the loops): with docs, ptxas
+    // kept them across the producer's loop, in its 24 registers, by spilling them.
+    int g, i;
+    asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(g));
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(i));
     if (g == items) return round ? items : i;
     return round * g + (round % 2 ? g - 1 - i : i);
 }
@@ -495,21 +499,30 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 8][4], float (&row_
                                              float scale_log2, int key0, int row_lo, bool masked,
                                              const int (&first)[2]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    // The mask behind a branch (masked is warp-uniform): folded into the loop below, as
+    // selects, it cost every tile its per-key compares (varlen: two compares, a predicate
+    // combine and a select a score, ~30% of the loop's instructions), masked or not.
+    if (masked) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = row_lo + g + 8 * r;
+#pragma unroll
+            for (int jn = 0; jn < BN / 8; jn++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = key0 + jn * 8 + 2 * t4 + e;
+                    if (key > row || (DOCS && key < first[r])) // past the row, another document
+                        s[jn][2 * r + e] = -INFINITY;
+                }
+        }
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int row = row_lo + g + 8 * r;
         float top = -INFINITY;
 #pragma unroll
         for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float x = s[jn][2 * r + e];
-                const int key = key0 + jn * 8 + 2 * t4 + e;
-                if (masked && key > row) x = -INFINITY;
-                if (DOCS && masked && key < first[r]) x = -INFINITY; // another document
-                s[jn][2 * r + e] = x;
-                top = fmaxf(top, x);
-            }
+            for (int e = 0; e < 2; e++) top = fmaxf(top, s[jn][2 * r + e]);
         top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)); // the row's 4 lanes
         top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
         const float new_max = fmaxf(row_max[r], top);
@@ -574,7 +587,10 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     const uint32_t sK = base + L::K, sV = base + L::V;
     // The warpgroup's first tile with keys of its documents (without docs, j0); tiles from
     // there to the diagonal all have keys its rows see (FWD_KEYS == ROWS).
-    const int jw = DOCS ? imax(j0, docs.lo / BN) : j0;
+    // (docs.lo, a load, broadcast from lane 0: ptxas then knows it, and so the ring
+    // positions and the descriptors built from them, warp-uniform, and keeps them in uniform
+    // registers as without docs.)
+    const int jw = DOCS ? imax(j0, __shfl_sync(0xffffffffu, docs.lo, 0) / BN) : j0;
     float o[HD / 8][4], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     float rescale[2] = {1.0f, 1.0f};
     uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
@@ -710,7 +726,8 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
     }
     regs_grow<CONSUMER_REGS>();
     for (int done = 0, pos = 0, rank; (rank = fwd_item_rank(done, items)) < items; done++) {
-        const fwd_work f = fwd_work_of<DOCS>(p, rank);
+        fwd_work f = fwd_work_of<DOCS>(p, rank);
+        if (DOCS) f.j0 = __shfl_sync(0xffffffffu, f.j0, 0); // a load: warp-uniform (see jw)
         fwd_consume<HD, DOCS>(p, base, f.h, f.b, f.q0, f.j0, f.n_tiles, done, pos);
         pos += f.n_tiles - f.j0;
     }
@@ -1108,13 +1125,18 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) 
 #pragma unroll
             for (int jn = 0; jn < BQ / 8; jn++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
-                    float pr = ex2(fmaf(st[jn][e], p.scale_log2, -lse2[col]));
-                    if (masked && (q0 + col < key || q0 + col >= T)) pr = 0.0f;
-                    if (DOCS && masked && q0 + col >= docs.end[e / 2]) pr = 0.0f; // another document
-                    st[jn][e] = pr;
-                }
+                for (int e = 0; e < 4; e++)
+                    st[jn][e] = ex2(fmaf(st[jn][e], p.scale_log2, -lse2[jn * 8 + 2 * t4 + e % 2]));
+            if (masked) { // warp-uniform: the compares only on the tiles that need them (the forward's)
+#pragma unroll
+                for (int jn = 0; jn < BQ / 8; jn++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k_lo + g + 8 * (e / 2), col = jn * 8 + 2 * t4 + e % 2;
+                        if (q0 + col < key || q0 + col >= T || (DOCS && q0 + col >= docs.end[e / 2]))
+                            st[jn][e] = 0.0f; // before the key, past the row, another document
+                    }
+            }
             uint32_t pf[BQ / 16][4];
             acc_to_frags<BQ>(pf, st);
             gemm_rs<HD, BQ>(dv, pf, sdO, BQ * SW); // runs while dS^T is computed
