@@ -3,7 +3,8 @@
 # base/fp8.h), 2 workers, a 4-layer model at a Llama-like init: the log says which layers
 # run in FP8; 30 steps with tensorwise and with rowwise scales end within 1% of the bf16 run's
 # loss (the compute dtype: fp32 on the CPU) without being its bits; a resumed FP8 run gives the
-# uninterrupted one's bits (no scaling state outside the checkpoint); refused: adapters, a
+# uninterrupted one's bits (no scaling state outside the checkpoint); `fsdpctl plan` says its step
+# time is at bf16's GEMM rates; refused: adapters, a
 # preference objective, a model without a middle layer.
 source "$(dirname "$0")/lib.sh"
 cat > "$tmp/model.json" <<JSON
@@ -44,6 +45,12 @@ FSDP_FAULTS="worker=0:exit:12" "$fsdpd" "${common[@]}" --train.precision=fp8 --c
     --output.dir="$tmp/out-resume" --runtime.metrics="$tmp/resume.jsonl" > "$tmp/resume2.log" 2>&1 ||
     { tail -5 "$tmp/resume2.log"; fail "the FP8 resume failed"; }
 [ "$(last_loss resume)" = "$(last_loss tensorwise)" ] || fail "resumed: $(last_loss resume), uninterrupted $(last_loss tensorwise)"
+# the plan says what its step time leaves out
+"$fsdpctl" plan configs/jobs/tiny-chat.json "${common[@]}" --data.template= --train.precision=fp8 --runtime.backend=cuda --runtime.workers_per_node=1 \
+    --checkpoint.dir="$tmp/ck-plan" --output.dir="$tmp/out-plan" --gpus-per-node 1 > "$tmp/plan.txt" 2>&1 ||
+    { cat "$tmp/plan.txt"; fail "plan of an FP8 job failed"; }
+grep -q "train.precision fp8: the step is predicted at bf16's GEMM rates" "$tmp/plan.txt" ||
+    { cat "$tmp/plan.txt"; fail "the plan does not say its FP8 step time is bf16's"; }
 # refusals
 refused() { # WHAT overrides...
     local what=$1
