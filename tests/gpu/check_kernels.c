@@ -1616,6 +1616,8 @@ int main(int argc, char **argv) {
     check_fp8_cast(4096, 4096, 1);  /* W^T of q_proj */
     check_fp8_cast(8192, 11008, 1); /* dout^T of gate_proj */
     check_fp8_cast(333, 77, 1);
+    check_fp8_cast(200, 72, 1); /* multiples of 8 (the 64 x 64 tiles' kernel), partial tiles */
+    check_fp8_cast(8, 8, 1);
     misalign = 1;
     check_fp8_cast(129, 4096, 0);
     check_fp8_cast(129, 100, 1);
