@@ -42,7 +42,7 @@ int k_sync(kctx *c, errbuf *err);
  *   k_accumulate k_add_f32 k_sumsq_f32 k_embedding_fwd k_embedding_bwd k_rmsnorm_fwd
  *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_attention_kv k_swiglu_fwd
  *   k_swiglu_bwd k_linear_fwd k_linear_bwd k_bias_fwd k_bias_bwd k_linear_fwd_acc k_scale k_dropout
- *   k_nf4_dequant k_fp8_cast k_fp8_cast_t k_fp8_gemm k_cross_entropy k_adamw */
+ *   k_nf4_dequant k_fp8_cast k_fp8_cast_t k_fp8_amax_f32 k_fp8_cast_f32 k_fp8_transpose k_fp8_gemm k_cross_entropy k_adamw */
 #define K_OP(name, params, args) void k_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret k_##name params;
 #include "kernels_ops.h"

@@ -33,7 +33,8 @@ K_OP_BY_HAND(void *, host_alloc, (kctx *c, size_t bytes, errbuf *err))
 K_OP_BY_HAND(void, host_free, (kctx *c, void *p))
 /* k_copy_h2d: from pageable host memory the copy has consumed the source when it returns; from
  * pinned memory (k_host_alloc) it has not: keep the source until k_sync.  Either side of
- * k_copy_h2d and k_copy_d2h may also be host memory (CPU offload keeps shards there). */
+ * k_copy_h2d and k_copy_d2h may also be host memory (CPU offload keeps shards there), and
+ * k_copy_h2d's both sides context memory (a copy ordered with the compute, fsdp's FP8 gathers). */
 K_OP(copy_h2d, (kctx *c, void *dst, const void *host_src, size_t bytes),
      (c, dst, host_src, bytes))
 /* k_copy_h2d_start: queues dst = host_src on the context's copy stream, after the compute
@@ -233,6 +234,21 @@ K_OP(fp8_cast_t,
      (kctx *c, uint8_t *out, float *scale_inv, const void *in, int rows, int cols, fp8_format fmt,
       k_fp8_scaling scaling),
      (c, out, scale_inv, in, rows, cols, fmt, scaling))
+/* FP8 gathers (train.fp8_all_gather, worker/fsdp.c): a weight cast straight from its fp32
+ * master shard, with a tensorwise scale fixed once a step over the whole tensor.
+ * k_fp8_amax_f32: amax[0] = max |x[i]| over n values as the compute dtype holds them
+ * (rounded as k_f32_to_compute rounds: bf16 on CUDA, fp32 itself on the CPU), NaNs ignored,
+ * 0 when n is 0: k_fp8_cast's amax of the tensor that k_f32_to_compute(x) would give.  amax:
+ * fp32 [1], context memory, overwritten. */
+K_OP(fp8_amax_f32, (kctx *c, float *amax, const float *x, size_t n), (c, amax, x, n))
+/* k_fp8_cast_f32: out[i] = fp8_from_f32(compute(x[i]) * scale[0], fmt), compute() the
+ * rounding of k_fp8_amax_f32 and scale[0] (context memory) what fp8_scale gives: the codes
+ * k_fp8_cast writes for k_f32_to_compute(x) under the same scale. */
+K_OP(fp8_cast_f32, (kctx *c, uint8_t *out, const float *x, size_t n, const float *scale, fp8_format fmt),
+     (c, out, x, n, scale, fmt))
+/* k_fp8_transpose: out [cols, rows] = in [rows, cols]'s transpose, bytes (codes under one
+ * tensorwise scale: the transposed cast's codes, without reading the compute dtype again). */
+K_OP(fp8_transpose, (kctx *c, uint8_t *out, const uint8_t *in, int rows, int cols), (c, out, in, rows, cols))
 /* k_fp8_gemm: out[M,N] (compute dtype, overwritten) = sa * sb * sum_k a[m,k] b[n,k], the "TN"
  * product of k_linear_fwd (a the input, b the weight, both K-contiguous) on fp8 codes, a in
  * format fa and b in fb (not both e5m2: cuBLASLt has no such product); sa, sb their inverse

@@ -247,33 +247,45 @@ static float *grad_at(const llama_layout *lo, float *grads, int unit, int index)
 
 /* ---- a decoder projection: the compute dtype's GEMM, or FP8's (llama_fp8) ---- */
 
-/* y = x W^T (overwritten). */
-static void proj_fwd(kctx *c, const llama_layer_weights *w, void *y, const void *x, const void *W, int N,
-                     int in, int out) {
+/* Projection t's FP8 weight, when the layer was gathered as FP8 codes (w->codes): its codes
+ * [out, in] and their scale and inverse scale (w->code_scales[2 t], [2 t + 1]). */
+static const uint8_t *codes_at(const llama_layout *lo, const llama_layer_weights *w, int t) {
+    return w->codes + unit_slot(lo, llama_layer_unit(0), lo->layer_index[t])->offset;
+}
+
+/* y = x W_t^T (overwritten), W_t projection t of the layer. */
+static void proj_fwd(kctx *c, const llama_layout *lo, const llama_layer_weights *w, void *y, const void *x, int t,
+                     int N, int in, int out) {
     const llama_fp8 *f = w->fp8;
     if (!f) {
-        k_linear_fwd(c, y, x, W, N, in, out);
+        k_linear_fwd(c, y, x, LAYER_W(t), N, in, out);
         return;
     }
     k_fp8_cast(c, f->a, f->sa, x, N, in, FP8_E4M3, f->scaling);
-    k_fp8_cast(c, f->b, f->sb, W, out, in, FP8_E4M3, f->scaling);
-    k_fp8_gemm(c, y, f->a, f->sa, FP8_E4M3, f->b, f->sb, FP8_E4M3, N, out, in, f->scaling);
+    const uint8_t *W = w->codes ? codes_at(lo, w, t) : f->b;
+    const float *sw = w->codes ? w->code_scales + 2 * t + 1 : f->sb;
+    if (!w->codes) k_fp8_cast(c, f->b, f->sb, LAYER_W(t), out, in, FP8_E4M3, f->scaling);
+    k_fp8_gemm(c, y, f->a, f->sa, FP8_E4M3, W, sw, FP8_E4M3, N, out, in, f->scaling);
 }
 
-/* k_linear_bwd's: din = dy W (accumulate: din +=), dW += dy^T x; each skipped when NULL. */
-static void proj_bwd(kctx *c, const llama_layer_weights *w, void *din, float *dW, const void *dy,
-                     const void *x, const void *W, int N, int in, int out, int accumulate) {
+/* k_linear_bwd's for projection t: din = dy W_t (accumulate: din +=), dW_t += dy^T x; each
+ * skipped when NULL (dW_t: a frozen layer). */
+static void proj_bwd(kctx *c, const llama_layout *lo, const llama_layer_weights *w, void *din, int t,
+                     const void *dy, const void *x, int N, int in, int out, int accumulate) {
     const llama_fp8 *f = w->fp8;
+    float *dW = LAYER_DW(t);
     if (!f) {
-        k_linear_bwd(c, din, dW, dy, x, W, N, in, out, accumulate);
+        k_linear_bwd(c, din, dW, dy, x, LAYER_W(t), N, in, out, accumulate);
         return;
     }
     fp8_format g = f->grad_format;
-    if (din) { /* dy [N, out] by W^T [in, out] */
+    if (din) { /* dy [N, out] by W^T [in, out]: under one tensorwise scale, W's codes transposed */
         void *to = accumulate ? f->product : din;
         k_fp8_cast(c, f->a, f->sa, dy, N, out, g, f->scaling);
-        k_fp8_cast_t(c, f->b, f->sb, W, out, in, FP8_E4M3, f->scaling);
-        k_fp8_gemm(c, to, f->a, f->sa, g, f->b, f->sb, FP8_E4M3, N, in, out, f->scaling);
+        if (w->codes) k_fp8_transpose(c, f->b, codes_at(lo, w, t), out, in);
+        else k_fp8_cast_t(c, f->b, f->sb, LAYER_W(t), out, in, FP8_E4M3, f->scaling);
+        const float *sw = w->codes ? w->code_scales + 2 * t + 1 : f->sb;
+        k_fp8_gemm(c, to, f->a, f->sa, g, f->b, sw, FP8_E4M3, N, in, out, f->scaling);
         if (accumulate) k_accumulate(c, din, f->product, (size_t)N * in);
     }
     if (dW) { /* dy^T [out, N] by x^T [in, N] */
@@ -360,7 +372,7 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 static void attn_proj_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               int t, int bias, const void *x, void *y, llama_layer_acts *a,
                               void *xd, int N, int in, int out, int B, int T) {
-    proj_fwd(c, w, y, x, LAYER_W(t), N, in, out);
+    proj_fwd(c, lo, w, y, x, t, N, in, out);
     if (lo->cfg.attention_bias) k_bias_fwd(c, y, LAYER_W(bias), N, out);
     lora_forward(c, w, t, x, y, a, xd, B, T);
 }
@@ -396,7 +408,7 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
                     Hkv, hd);
-    proj_fwd(c, w, a->h, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C);
+    proj_fwd(c, lo, w, a->h, a->att, LLAMA_O, N, Hq * hd, C);
     lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
@@ -429,12 +441,12 @@ static void mlp_chunk_forward(kctx *c, const llama_layout *lo, const llama_layer
     int n = ch->n, C = lo->cfg.hidden_size, I = lo->cfg.intermediate_size;
     llama_layer_acts *a = &ch->v;
     void *xd = s->lora_xd, *o = out ? (char *)out + (size_t)ch->r0 * C * k_compute_size(c) : NULL;
-    proj_fwd(c, w, a->gate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I);
+    proj_fwd(c, lo, w, a->gate, a->ln2, LLAMA_GATE, n, C, I);
     lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, ch->B, ch->T);
-    proj_fwd(c, w, a->up, a->ln2, LAYER_W(LLAMA_UP), n, C, I);
+    proj_fwd(c, lo, w, a->up, a->ln2, LLAMA_UP, n, C, I);
     lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, ch->B, ch->T);
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)n * I);
-    if (o) proj_fwd(c, w, o, a->sw, LAYER_W(LLAMA_DOWN), n, I, C);
+    if (o) proj_fwd(c, lo, w, o, a->sw, LLAMA_DOWN, n, I, C);
     lora_forward(c, w, LORA_DOWN, a->sw, o, a, xd, ch->B, ch->T);
     if (o) k_accumulate(c, o, a->h, (size_t)n * C);
 }
@@ -496,7 +508,7 @@ static void attn_proj_backward(kctx *c, const llama_layout *lo, const llama_laye
     int N = B * T;
     float *dbias = lo->cfg.attention_bias ? LAYER_DW(bias) : NULL;
     if (dbias) k_bias_bwd(c, dbias, dy, N, out);
-    proj_bwd(c, w, din, LAYER_DW(t), dy, x, LAYER_W(t), N, in, out, accumulate);
+    proj_bwd(c, lo, w, din, t, dy, x, N, in, out, accumulate);
     lora_backward(c, w, t, x, din, dy, a, s, B, T);
 }
 
@@ -509,15 +521,15 @@ static void mlp_chunk_backward(kctx *c, const llama_layout *lo, const llama_laye
     const llama_layer_acts *a = &ch->v;
     const void *dy = (const char *)dresid + at;
     void *dln = (char *)s->dln + at;
-    proj_bwd(c, w, s->dsw, LAYER_DW(LLAMA_DOWN), dy, a->sw, LAYER_W(LLAMA_DOWN), n, I, C, 0);
+    proj_bwd(c, lo, w, s->dsw, LLAMA_DOWN, dy, a->sw, n, I, C, 0);
     lora_backward(c, w, LORA_DOWN, a->sw, s->dsw, dy, a, s, ch->B, ch->T);
     /* gate and up are consumed here: their gradients take their place (in place: no [n, I]
      * scratch for them). */
     void *dgate = a->gate, *dup = a->up;
     k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)n * I);
-    proj_bwd(c, w, dln, LAYER_DW(LLAMA_GATE), dgate, a->ln2, LAYER_W(LLAMA_GATE), n, C, I, 0);
+    proj_bwd(c, lo, w, dln, LLAMA_GATE, dgate, a->ln2, n, C, I, 0);
     lora_backward(c, w, LORA_GATE, a->ln2, dln, dgate, a, s, ch->B, ch->T);
-    proj_bwd(c, w, dln, LAYER_DW(LLAMA_UP), dup, a->ln2, LAYER_W(LLAMA_UP), n, C, I, 1);
+    proj_bwd(c, lo, w, dln, LLAMA_UP, dup, a->ln2, n, C, I, 1);
     lora_backward(c, w, LORA_UP, a->ln2, dln, dup, a, s, ch->B, ch->T);
 }
 
@@ -538,7 +550,7 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
                   C);
 
     /* Attention: dresid now holds d/d(h), which also passes to x unchanged. */
-    proj_bwd(c, w, s->datt, LAYER_DW(LLAMA_O), dresid, a->att, LAYER_W(LLAMA_O), N, Hq * hd, C, 0);
+    proj_bwd(c, lo, w, s->datt, LLAMA_O, dresid, a->att, N, Hq * hd, C, 0);
     lora_backward(c, w, LORA_O, a->att, s->datt, dresid, a, s, B, T);
     k_attention_bwd(c, s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, docs,
                     cfg->sliding_window, B, T, Hq, Hkv, hd);

@@ -164,6 +164,7 @@ static const job_key keys[] = {
     RANGE("train", "orpo_lambda", K_DOUBLE, train.orpo_lambda, 0, INFINITY, true, false),
     CHOICE("train", "precision", train.precision, precision_choices),
     CHOICE("train", "fp8_scaling", train.fp8_scaling, fp8_scaling_choices),
+    OTHER("train", "fp8_all_gather", K_BOOL, train.fp8_all_gather),
 
     NUM("lora", "rank", K_INT, lora.rank, 1, 65536),
     RANGE("lora", "alpha", K_DOUBLE, lora.alpha, 0, INFINITY, true, false),
@@ -299,6 +300,7 @@ void job_defaults(job_config *j) {
     j->train.orpo_lambda = 0.1; /* TRL's ORPOConfig.beta */
     j->train.precision = JOB_PRECISION_BF16;
     j->train.fp8_scaling = JOB_FP8_TENSORWISE;
+    j->train.fp8_all_gather = true;
 
     j->lora.rank = 8;
     j->lora.alpha = 16;
@@ -1381,7 +1383,7 @@ static int check_unused(const job_config *j, errbuf *err) {
             why = "train.objective is not dpo";
         else if (!strcmp(k->section, "train") && !strcmp(k->name, "orpo_lambda") && j->train.objective != JOB_OBJECTIVE_ORPO)
             why = "train.objective is not orpo";
-        else if (!strcmp(k->section, "train") && !strcmp(k->name, "fp8_scaling") && j->train.precision != JOB_PRECISION_FP8)
+        else if (!strcmp(k->section, "train") && !strncmp(k->name, "fp8_", 4) && j->train.precision != JOB_PRECISION_FP8)
             why = "train.precision is not fp8";
         else if (!strcmp(k->section, "runtime") && !strncmp(k->name, "mlflow_", 7) && !(j->runtime.log_to & JOB_LOG_MLFLOW))
             why = "runtime.log_to has no mlflow";
@@ -1448,6 +1450,12 @@ static int check_precision(const job_config *j, errbuf *err) {
                     j->train.type == JOB_TRAIN_LORA ? "lora" : "qlora");
     if (j->train.objective != JOB_OBJECTIVE_SFT)
         return errf(err, "train.precision fp8 with a preference objective is not built yet");
+    if (j->train.fp8_all_gather && j->train.fp8_scaling == JOB_FP8_ROWWISE)
+        return errf(err, "train.fp8_all_gather with train.fp8_scaling rowwise is not built yet (the gathered codes "
+                         "carry one scale a tensor): set train.fp8_all_gather false");
+    if (j->train.fp8_all_gather && j->fsdp.cpu_offload)
+        return errf(err, "train.fp8_all_gather with fsdp.cpu_offload is not built yet (the codes are cast from "
+                         "masters in GPU memory): set train.fp8_all_gather false");
     return 0;
 }
 

@@ -142,6 +142,7 @@ typedef struct job_config {
         double orpo_lambda;
         job_precision precision;     /* F45 */
         job_fp8_scaling fp8_scaling; /* with precision fp8 */
+        bool fp8_all_gather;         /* with precision fp8: the FP8 layers gathered as e4m3 codes */
         /* Not a job-file key: derived by job_resolve, global_batch / (micro_batch x world
          * size) (train.accumulation holds the same once resolved). */
         int grad_accum;

@@ -36,6 +36,56 @@ static int is_nf4(const fsdp *f, int u) {
     return f->quant != MODEL_IMAGE_PLAIN && u >= 1 && u <= f->layout.n_layers;
 }
 
+/* ---- FP8 gathers (train.fp8_all_gather) ----
+ *
+ * An FP8 layer (llama_fp8_layer) is gathered one byte a parameter: each rank casts its shard
+ * of the seven projections from the fp32 masters to e4m3 codes (k_fp8_cast_f32) under the
+ * tensor's scale, and the codes are all-gathered into the slot at their element offsets
+ * (bytes [0, padded)): half the bytes of the compute dtype's gather, and no cast of the
+ * weight at each GEMM.  The rest of the unit, its plain part [P, numel) after the projections
+ * (norms; Qwen's biases and q/k norms), stays in the compute dtype at its usual place, bytes
+ * [P cs, numel cs) of the slot, past the codes (check_fp8_slots: P cs >= padded + staging).
+ * With several ranks it is a second all-gather, of a chunk of n_plain values a rank (its own
+ * values at their places, zero elsewhere) into the staging space between the two, from which
+ * gather_wait copies each rank's own values into place (fp8_place_plain).
+ * The scales are tensorwise, of the whole tensor, fixed once a step (fp8_refresh_scales):
+ * each rank's amax of its part, all-gathered, the largest.  They are those k_fp8_cast finds
+ * on the gathered compute-dtype weight, and the codes transposed under one scale are the
+ * transposed cast's: the bits of fp8_all_gather off (tests/unit/test_fsdp.c). */
+
+typedef struct fp8_slot_layout {
+    size_t plain, n_plain; /* the plain part's first element and its count */
+    size_t staging;        /* the byte offset of the ranks' plain chunks (several ranks) */
+} fp8_slot_layout;
+
+/* Whether model unit u is gathered as FP8 codes (a trained FP8 layer). */
+static int fp8_gathered(const fsdp *f, int u) {
+    int L = f->layout.n_layers;
+    return f->fp8_gather && !f->has_lora && !f->reference && u >= 1 && u <= L && llama_fp8_layer(u - 1, L);
+}
+
+/* Every decoder layer has layer 0's offsets and size. */
+static fp8_slot_layout fp8_layout(const fsdp *f) {
+    const llama_layout *lo = &f->layout;
+    int u = llama_layer_unit(0);
+    size_t numel = lo->units[u].numel, padded, shard, off;
+    shard_of(f, numel, &padded, &shard, &off);
+    size_t plain = lo->tensors[lo->units[u].first + lo->layer_index[LLAMA_LN1]].offset;
+    return (fp8_slot_layout){.plain = plain, .n_plain = numel - plain, .staging = round_up(padded, 256)};
+}
+
+/* The codes, the ranks' plain chunks and the plain part must not overlap in a slot. */
+static int check_fp8_slots(const fsdp *f, errbuf *err) {
+    if (!f->fp8_gather) return 0;
+    fp8_slot_layout s = fp8_layout(f);
+    size_t cs = k_compute_size(f->ctx), chunks = f->group > 1 ? (size_t)f->group * s.n_plain * cs : 0;
+    if (s.staging + chunks > s.plain * cs)
+        return errf(err, "train.fp8_all_gather: a decoder layer of %zu projection values and %zu others is too "
+                         "small to hold its codes beside them over %d ranks (set train.fp8_all_gather false)",
+                    s.plain, s.n_plain, f->group);
+    return 0;
+}
+
 /* A byte flat of `bytes`, each rank's shard a multiple of `align` bytes (whole 64-value
  * blocks of codes: 32 bytes; of absmax: any multiple of its element size). */
 static void bytes_of(const fsdp *f, fsdp_bytes *b, size_t bytes, size_t align) {
@@ -186,8 +236,13 @@ static int alloc_shards(fsdp *f, errbuf *err) {
     if (alloc_trainable(f, &train_padded, err)) return -1;
     if (!f->has_lora) base_padded = train_padded;
     if (alloc_slots(f, base_padded, train_padded, err)) return -1;
-    f->scalars = k_alloc(f->ctx, 2 * sizeof(float), err);
-    return f->scalars ? 0 : -1;
+    /* the step's two sums, then an FP8 gather's amaxes and scales */
+    size_t fp8_words = (size_t)(f->group + 2) * (size_t)f->fp8_scale_count;
+    f->scalars = k_alloc(f->ctx, (2 + fp8_words) * sizeof(float), err);
+    if (!f->scalars) return -1;
+    f->fp8_amax = fp8_words ? f->scalars + 2 : NULL;
+    f->fp8_scales = fp8_words ? f->fp8_amax + (size_t)f->group * (size_t)f->fp8_scale_count : NULL;
+    return 0;
 }
 
 /* What is trained: the model's units, or (LoRA) the adapters'; what is frozen: the base of
@@ -276,6 +331,27 @@ static int set_hybrid(fsdp *f, const fsdp_options *opt, errbuf *err) {
     return 0;
 }
 
+/* train.precision fp8 and its gathers (fsdp_options' fp8, fp8_all_gather): what is built. */
+static int set_fp8(fsdp *f, const llama_config *cfg, const fsdp_options *opt, errbuf *err) {
+    f->fp8 = opt->fp8;
+    f->fp8_linears = (llama_fp8){.scaling = opt->fp8_scaling, .grad_format = opt->fp8_grad_format};
+    f->fp8_gather = opt->fp8 && opt->fp8_all_gather;
+    f->fp8_scales_step = -1;
+    if (!opt->fp8 && opt->fp8_all_gather) return errf(err, "fsdp: fp8_all_gather without FP8 linears");
+    if (opt->fp8 && opt->lora) return errf(err, "fsdp: FP8 linears with adapters are not built yet");
+    if (opt->fp8 && cfg->num_hidden_layers < 3)
+        return errf(err, "train.precision fp8 keeps the first and the last decoder layer in bf16: a model of %d "
+                         "layers has none to run in FP8", cfg->num_hidden_layers);
+    if (f->fp8_gather && opt->fp8_scaling != K_FP8_TENSORWISE)
+        return errf(err, "train.fp8_all_gather with rowwise scales is not built yet (the gathered codes carry one "
+                         "scale a tensor; set train.fp8_all_gather false)");
+    if (f->fp8_gather && opt->cpu_offload)
+        return errf(err, "train.fp8_all_gather with fsdp.cpu_offload is not built yet (the codes are cast from "
+                         "masters in GPU memory; set train.fp8_all_gather false)");
+    f->fp8_scale_count = f->fp8_gather ? LLAMA_FP8_PROJECTIONS * (cfg->num_hidden_layers - 2) : 0;
+    return 0;
+}
+
 int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank, int world,
               const fsdp_options *opt, errbuf *err) {
     memset(f, 0, sizeof *f);
@@ -293,12 +369,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->offload_layers = opt->offload_layers;
     f->mlp_rows = opt->mlp_chunk;
     f->pref.cfg = opt->pref;
-    f->fp8 = opt->fp8;
-    f->fp8_linears = (llama_fp8){.scaling = opt->fp8_scaling, .grad_format = opt->fp8_grad_format};
-    if (opt->fp8 && opt->lora) return errf(err, "fsdp: FP8 linears with adapters are not built yet");
-    if (opt->fp8 && cfg->num_hidden_layers < 3)
-        return errf(err, "train.precision fp8 keeps the first and the last decoder layer in bf16: a model of %d "
-                         "layers has none to run in FP8", cfg->num_hidden_layers);
+    if (set_fp8(f, cfg, opt, err)) return -1;
     if (opt->sharding == JOB_SHARD_GRAD_OP && (opt->lora || opt->cpu_offload))
         return errf(err, "fsdp: shard_grad_op with adapters or cpu_offload is not built yet");
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
@@ -311,7 +382,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
     if (opt->sharding == JOB_SHARD_HYBRID && set_hybrid(f, opt, err)) return -1;
-    if (llama_layout_init(&f->layout, cfg, err)) return -1;
+    if (llama_layout_init(&f->layout, cfg, err) || check_fp8_slots(f, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
     f->n_slots = fsdp_slots(opt->sharding, cfg->num_hidden_layers);
@@ -319,7 +390,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->gathered = calloc((size_t)f->n_slots, sizeof *f->gathered);
     f->gather_ticket = calloc((size_t)f->n_slots, sizeof *f->gather_ticket);
     f->streamed = calloc((size_t)f->n_slots, sizeof *f->streamed);
-    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket || !f->streamed;
+    f->slot_codes = calloc((size_t)f->n_slots, sizeof *f->slot_codes);
+    int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket || !f->streamed || !f->slot_codes;
     if (no_memory || set_trainable(f, opt, err)) {
         free(inv_freq);
         if (no_memory) errf(err, "fsdp: out of host memory");
@@ -386,6 +458,7 @@ void fsdp_destroy(fsdp *f) {
     free(f->gathered);
     free(f->gather_ticket);
     free(f->streamed);
+    free(f->slot_codes);
     free(f->optim_tasks);
     llama_layout_free(&f->layout);
     lora_layout_free(&f->lora_layout);
@@ -485,6 +558,7 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
 /* After the master shards were written (loaded, initialised, resumed): with cpu_offload the
  * compute copies follow them, and each unit is uploaded again at its next gather. */
 static int masters_changed(fsdp *f, errbuf *err) {
+    f->fp8_scales_step = -1; /* FP8 gathers: the scales of the new masters at the next gather */
     if (!f->cpu_offload) return 0;
     if (fsdp_wait_optimizer(f, err)) return -1;
     for (int u = 0; u < f->n_train; u++) {
@@ -752,6 +826,88 @@ static const void *offloaded_params(fsdp *f, int a, errbuf *err) {
     return U->dev_param;
 }
 
+/* The FP8 layers' tensorwise scales for the masters of this step (once a step, at its first
+ * FP8 gather: a collective every rank reaches at the same plan entry): each projection's
+ * amax over this rank's part, all-gathered over the shard group, the largest; fp8_scale of
+ * it and its inverse, uploaded.  The host computes what the kernels' fp8_scale would. */
+static int fp8_refresh_scales(fsdp *f, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    size_t n = (size_t)f->fp8_scale_count, G = (size_t)f->group;
+    float *mine = f->fp8_amax + (size_t)f->group_rank * n;
+    for (int l = 1, i = 0; l < lo->n_layers - 1; l++) {
+        const fsdp_unit *U = &f->units[llama_layer_unit(l)];
+        for (int k = 0; k < LLAMA_FP8_PROJECTIONS; k++, i++) {
+            size_t a, b;
+            tensor_in_shard(U, &lo->tensors[lo->units[llama_layer_unit(l)].first + k], &a, &b);
+            k_fp8_amax_f32(f->ctx, mine + i, U->master + (a - U->shard_off), b > a ? b - a : 0);
+        }
+    }
+    float *host = malloc((G + 2) * n * sizeof *host), *scales = host ? host + G * n : NULL;
+    if (!host) return errf(err, "fsdp: out of host memory for the FP8 scales");
+    comm_set_unit(f->shard_comm, -1);
+    int rc = k_check(f->ctx, err) ||
+             (G > 1 && comm_all_gather(f->shard_comm, mine, f->fp8_amax, n, COMM_F32, err));
+    if (rc == 0) {
+        k_copy_d2h(f->ctx, host, f->fp8_amax, G * n * sizeof *host);
+        for (size_t i = 0; i < n; i++) {
+            float amax = 0.0f;
+            for (size_t r = 0; r < G; r++) amax = host[r * n + i] > amax ? host[r * n + i] : amax;
+            scales[2 * i] = fp8_scale(amax, FP8_E4M3);
+            scales[2 * i + 1] = fp8_inverse_scale(scales[2 * i]);
+        }
+        k_copy_h2d(f->ctx, f->fp8_scales, scales, 2 * n * sizeof *scales); /* pageable: consumed on return */
+        rc = k_check(f->ctx, err);
+    }
+    free(host);
+    if (rc) return errprefix(err, "the FP8 scales");
+    f->fp8_scales_step = f->step;
+    return 0;
+}
+
+/* Layer l's scales in fp8_scales (llama_layer_weights.code_scales). */
+static const float *fp8_layer_scales(const fsdp *f, int l) {
+    return f->fp8_scales + 2 * (size_t)LLAMA_FP8_PROJECTIONS * (size_t)(l - 1);
+}
+
+/* Starts gathering FP8 layer unit u into dst as codes and its plain part (t[0], t[1]). */
+static int gather_codes(fsdp *f, int u, char *dst, comm_ticket *t, errbuf *err) {
+    const llama_layout *lo = &f->layout;
+    const fsdp_unit *U = &f->units[u];
+    size_t cs = k_compute_size(f->ctx), off = U->shard_off, end = off + U->shard;
+    fp8_slot_layout s = fp8_layout(f);
+    if (f->fp8_scales_step != f->step && fp8_refresh_scales(f, err)) return -1;
+    const float *scales = fp8_layer_scales(f, u - 1);
+    for (int k = 0; k < LLAMA_FP8_PROJECTIONS; k++) {
+        size_t a, b;
+        tensor_in_shard(U, &lo->tensors[lo->units[u].first + k], &a, &b);
+        if (b > a) k_fp8_cast_f32(f->ctx, (uint8_t *)dst + a, U->master + (a - off), b - a, scales + 2 * k, FP8_E4M3);
+    }
+    size_t a = off > s.plain ? off : s.plain, b = end < s.plain + s.n_plain ? end : s.plain + s.n_plain;
+    if (f->group == 1) { /* no collective: the plain part straight into its place */
+        k_f32_to_compute(f->ctx, dst + s.plain * cs, U->master + s.plain, s.n_plain);
+        return 0;
+    }
+    if (end > a) k_zero(f->ctx, dst + a, end - a); /* the codes' bytes of the plain part and padding */
+    char *chunk = dst + s.staging + (size_t)f->group_rank * s.n_plain * cs;
+    k_zero(f->ctx, chunk, s.n_plain * cs);
+    if (b > a) k_f32_to_compute(f->ctx, chunk + (a - s.plain) * cs, U->master + (a - off), b - a);
+    return k_check(f->ctx, err) ||
+           comm_all_gather_start(f->shard_comm, dst + off, dst, U->shard, COMM_BYTE, &t[0], err) ||
+           comm_all_gather_start(f->shard_comm, chunk, dst + s.staging, s.n_plain * cs, COMM_BYTE, &t[1], err);
+}
+
+/* After an FP8 layer's gather (several ranks): each rank's own plain values from its chunk
+ * into their place. */
+static void fp8_place_plain(fsdp *f, char *dst) {
+    fp8_slot_layout s = fp8_layout(f);
+    size_t cs = k_compute_size(f->ctx), shard = f->units[llama_layer_unit(0)].shard;
+    for (size_t r = 0; r < (size_t)f->group; r++) {
+        size_t a = r * shard > s.plain ? r * shard : s.plain;
+        size_t b = (r + 1) * shard < s.plain + s.n_plain ? (r + 1) * shard : s.plain + s.n_plain;
+        if (b > a) k_copy_h2d(f->ctx, dst + a * cs, dst + s.staging + (r * s.n_plain + a - s.plain) * cs, (b - a) * cs);
+    }
+}
+
 /* Starts gathering trainable unit a into dst (compute dtype, in place: this rank's shard is
  * cast, or with cpu_offload copied, into its own place of dst). */
 static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *err) {
@@ -791,13 +947,17 @@ static void stream_frozen(fsdp *f, int u, int slot) {
  * unit's straight from its compute-dtype shard, an NF4 layer's codes and absmax as bytes;
  * nothing to do for one rank, which reads its shards in place) and, with LoRA, its layer's
  * adapters into the adapter slot. */
-static int gather_start(fsdp *f, int u, int slot, errbuf *err) {
+static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
     comm_ticket *t = f->gather_ticket[slot];
     t[0] = t[1] = t[2] = 0;
     comm_set_unit(f->shard_comm, u);
     int rc = 0, a = train_index(f, u);
     const fsdp_frozen *F = f->frozen ? &f->frozen[u] : NULL;
-    if (!f->has_lora && !f->reference) {
+    f->slot_codes[slot] = (unsigned char)codes;
+    if (codes) {
+        rc = gather_codes(f, u, f->gathered[slot], t, err);
+        comm_set_unit(f->shard_comm, u);
+    } else if (!f->has_lora && !f->reference) {
         rc = gather_trainable(f, u, f->gathered[slot], &t[0], err);
     } else if (f->offload_params) {
         stream_frozen(f, u, slot);
@@ -828,6 +988,8 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
         f->gather_ticket[slot][i] = 0;
         if (t && comm_wait(f->shard_comm, t, err)) return errprefix(err, "unit %d", u);
     }
+    if (f->slot_codes[slot] && f->group > 1) fp8_place_plain(f, f->gathered[slot]);
+    f->slot_codes[slot] = 0;
     return 0;
 }
 
@@ -869,7 +1031,7 @@ static void *gathered_params(fsdp *f, int k) {
 }
 
 void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
-    if (gather_start(f, u, slot, err) || gather_wait(f, u, slot, err)) return NULL;
+    if (gather_start(f, u, slot, 0, err) || gather_wait(f, u, slot, err)) return NULL;
     *adapters = f->has_lora && train_index(f, u) >= 0 ? f->gathered_adapter[slot] : NULL;
     return unit_params(f, u, slot);
 }
@@ -880,7 +1042,7 @@ void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
 static int plan_start(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
     f->next_gather = k + 1;
-    return g->kept ? 0 : gather_start(f, g->unit, g->slot, err);
+    return g->kept ? 0 : gather_start(f, g->unit, g->slot, fp8_gathered(f, g->unit), err);
 }
 
 static void *gather_use(fsdp *f, int k, errbuf *err) {
@@ -1014,10 +1176,10 @@ static int span_sums(fsdp *f, const void *head_params, const void *embed, errbuf
 /* What decoder layer l's compute reads from plan entry k and accumulates into (grads: its
  * trainable gradient buffer, the base's or with LoRA the adapters'). */
 static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *params, float *grads) {
-    /* FP8: every layer but the first and the last (F45's recipe, after torchao's) */
-    int fp8 = f->fp8 && l > 0 && l < f->layout.n_layers - 1;
+    int fp8 = f->fp8 && llama_fp8_layer(l, f->layout.n_layers), codes = fp8_gathered(f, llama_layer_unit(l));
     if (!f->has_lora)
-        return (llama_layer_weights){.params = params, .grads = grads, .layer = l, .fp8 = fp8 ? &f->fp8_linears : NULL};
+        return (llama_layer_weights){.params = params, .grads = grads, .layer = l, .fp8 = fp8 ? &f->fp8_linears : NULL,
+                                     .codes = codes ? params : NULL, .code_scales = codes ? fp8_layer_scales(f, l) : NULL};
     return (llama_layer_weights){.params = params, .lora = &f->lora,
                                  .adapters = f->gathered_adapter[f->plan[k].slot],
                                  .adapter_grads = grads, .layer = l};

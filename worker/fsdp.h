@@ -207,6 +207,15 @@ typedef struct fsdp {
     int forward_only; /* a pass without backward (evaluation, the reference): no backward prefetch */
     int fp8;          /* fsdp_options' fp8: fp8's buffers are carved with the activations */
     llama_fp8 fp8_linears;
+    /* fsdp_options' fp8_all_gather: the FP8 layers (llama_fp8_layer) are gathered as e4m3
+     * codes (fsdp.c, "FP8 gathers"), under tensorwise scales fixed once a step from the whole
+     * tensors' amax: fp8_amax [group x fp8_scale_count] (each rank's, gathered), fp8_scales
+     * [2 x fp8_scale_count] (scale, inverse; llama_layer_weights.code_scales), both in the
+     * `scalars` allocation, and fp8_scales_step the f->step they were computed at (-1: none);
+     * slot_codes[slot]: the slot's gather in flight is of codes (its norms to be put in place). */
+    int fp8_gather, fp8_scale_count, fp8_scales_step;
+    float *fp8_amax, *fp8_scales;
+    unsigned char *slot_codes;
 
     long layer_forwards; /* decoder-layer forward passes and recomputations (full or partial) run */
     long param_gathers;  /* units all-gathered over the shard group (shard_grad_op halves it) */
@@ -242,6 +251,10 @@ typedef struct fsdp_options {
     int fp8;
     k_fp8_scaling fp8_scaling;
     fp8_format fp8_grad_format;
+    /* train.fp8_all_gather: the FP8 layers gathered as codes (half the bytes, each weight cast
+     * once a gather from its master instead of at each GEMM); tensorwise, masters in context
+     * memory (not cpu_offload). */
+    int fp8_all_gather;
     /* hybrid_shard over several nodes: the shard group (this node's ranks, rank r is r % its
      * size) and the replica group (this local rank on every node); NULL on one node, where
      * the world is the shard group. */

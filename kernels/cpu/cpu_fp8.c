@@ -100,3 +100,21 @@ void cpu_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv
     free(da);
     free(db);
 }
+
+/* ---- FP8 gathers: from fp32 masters (the CPU's compute dtype is fp32: no rounding) ---- */
+
+void cpu_fp8_amax_f32(kctx *c, float *amax, const float *x, size_t n) {
+    (void)c;
+    amax[0] = amax_of(x, n);
+}
+
+void cpu_fp8_cast_f32(kctx *c, uint8_t *out, const float *x, size_t n, const float *scale, fp8_format fmt) {
+    if (k_fp8_bad_args(c, "fp8_cast_f32", fmt, fmt, K_FP8_TENSORWISE, 0)) return;
+    for (size_t i = 0; i < n; i++) out[i] = fp8_from_f32(x[i] * scale[0], fmt);
+}
+
+void cpu_fp8_transpose(kctx *c, uint8_t *out, const uint8_t *in, int rows, int cols) {
+    (void)c;
+    for (size_t i = 0; i < (size_t)(rows > 0 ? rows : 0); i++)
+        for (size_t j = 0; j < (size_t)(cols > 0 ? cols : 0); j++) out[j * (size_t)rows + i] = in[i * (size_t)cols + j];
+}

@@ -245,3 +245,92 @@ extern "C" void cuda_fp8_cast_t(kctx *c, uint8_t *out, float *scale_inv, const v
     }
     cuda_check_launch(c, "fp8_cast_t");
 }
+
+// ---- FP8 gathers: casts from fp32 masters, with a scale fixed beforehand ----
+//
+// compute(x) is k_f32_to_compute's rounding to bf16 (round to nearest even), so the amax and
+// the codes are those of k_fp8_cast on the bf16 copy of the same values.
+
+static __device__ inline float as_compute(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <int VEC> __global__ void amax_f32_kernel(unsigned *amax_bits, const float *x, size_t packs) {
+    float m = 0.0f;
+    CUDA_FOR_EACH_PACK(p, packs) {
+        float v[VEC];
+        load_floats<VEC>(v, x + p * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) m = fmaxf(m, fabsf(as_compute(v[j])));
+    }
+    m = block_max(m);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
+extern "C" void cuda_fp8_amax_f32(kctx *c, float *amax, const float *x, size_t n) {
+    cudaStream_t s = cuda_stream(c);
+    if (cuda_check_call(c, cudaMemsetAsync(amax, 0, sizeof *amax, s), "fp8_amax_f32") || !n) return;
+    unsigned *bits = reinterpret_cast<unsigned *>(amax); // non-negative floats order as their bits
+    if (n % 4 == 0 && cuda_aligned(x, 16))
+        amax_f32_kernel<4><<<grid(n / 4), THREADS, 0, s>>>(bits, x, n / 4);
+    else
+        amax_f32_kernel<1><<<grid(n), THREADS, 0, s>>>(bits, x, n);
+    cuda_check_launch(c, "fp8_amax_f32");
+}
+
+template <int VEC>
+__global__ void cast_f32_kernel(uint8_t *out, const float *x, const float *scale, fp8_format fmt, size_t packs) {
+    float sc = *scale;
+    CUDA_FOR_EACH_PACK(p, packs) {
+        float v[VEC];
+        load_floats<VEC>(v, x + p * VEC);
+        cuda_pack<uint8_t, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) o.v[j] = to_fp8(__fmul_rn(as_compute(v[j]), sc), fmt);
+        *reinterpret_cast<cuda_pack<uint8_t, VEC> *>(out + p * VEC) = o;
+    }
+}
+
+extern "C" void cuda_fp8_cast_f32(kctx *c, uint8_t *out, const float *x, size_t n, const float *scale,
+                                  fp8_format fmt) {
+    if (k_fp8_bad_args(c, "fp8_cast_f32", fmt, fmt, K_FP8_TENSORWISE, 0) || !n) return;
+    if (n % 4 == 0 && cuda_aligned(x, 16) && cuda_aligned(out, 4))
+        CUDA_LAUNCH_PACKS(cast_f32_kernel, 4, n, out, x, scale, fmt);
+    else
+        CUDA_LAUNCH_PACKS(cast_f32_kernel, 1, n, out, x, scale, fmt);
+    cuda_check_launch(c, "fp8_cast_f32");
+}
+
+// The byte transpose: 64 x 64 tiles through shared memory, 4 bytes a thread each way where
+// rows and columns are multiples of 4 (every projection's), one byte a thread otherwise.
+template <int VEC>
+__global__ void __launch_bounds__(256) transpose_kernel(uint8_t *out, const uint8_t *in, int rows, int cols) {
+    __shared__ uint8_t tile[VTILE][VTILE + 4];
+    const int per_line = VTILE / VEC, lines = 256 / per_line;
+    int i0 = blockIdx.y * VTILE, j0 = blockIdx.x * VTILE;
+    int part = threadIdx.x % per_line, line = threadIdx.x / per_line;
+    for (int r = line; r < VTILE; r += lines) {
+        int i = i0 + r, j = j0 + part * VEC;
+        if (i >= rows || j >= cols) continue;
+        cuda_pack<uint8_t, VEC> v = *reinterpret_cast<const cuda_pack<uint8_t, VEC> *>(in + (size_t)i * cols + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) tile[r][part * VEC + k] = v.v[k];
+    }
+    __syncthreads();
+    for (int r = line; r < VTILE; r += lines) {
+        int j = j0 + r, i = i0 + part * VEC; // out row j, columns i .. i + VEC - 1
+        if (j >= cols || i >= rows) continue;
+        cuda_pack<uint8_t, VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) o.v[k] = tile[part * VEC + k][r];
+        *reinterpret_cast<cuda_pack<uint8_t, VEC> *>(out + (size_t)j * rows + i) = o;
+    }
+}
+
+extern "C" void cuda_fp8_transpose(kctx *c, uint8_t *out, const uint8_t *in, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    dim3 tiles((unsigned)((cols + VTILE - 1) / VTILE), (unsigned)((rows + VTILE - 1) / VTILE));
+    if (rows % 4 == 0 && cols % 4 == 0 && cuda_aligned(in, 4) && cuda_aligned(out, 4))
+        transpose_kernel<4><<<tiles, 256, 0, cuda_stream(c)>>>(out, in, rows, cols);
+    else
+        transpose_kernel<1><<<tiles, 256, 0, cuda_stream(c)>>>(out, in, rows, cols);
+    cuda_check_launch(c, "fp8_transpose");
+}

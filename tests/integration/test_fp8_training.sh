@@ -2,10 +2,12 @@
 # train.precision fp8 (F45) end to end on the CPU backend (FP8's rounding emulated exactly,
 # base/fp8.h), 2 workers, a 4-layer model at a Llama-like init: the log says which layers
 # run in FP8; 30 steps with tensorwise and with rowwise scales end within 1% of the bf16 run's
-# loss (the compute dtype: fp32 on the CPU) without being its bits; a resumed FP8 run gives the
+# loss (the compute dtype: fp32 on the CPU) without being its bits; the FP8 layers gathered as
+# codes (train.fp8_all_gather, the default) give the bits of gathering them in the compute dtype
+# and casting at each GEMM, over half the bytes; a resumed FP8 run gives the
 # uninterrupted one's bits (no scaling state outside the checkpoint); `fsdpctl plan` says its step
 # time is at bf16's GEMM rates; refused: adapters, a
-# preference objective, a model without a middle layer.
+# preference objective, a model without a middle layer, FP8 gathers with rowwise scales.
 source "$(dirname "$0")/lib.sh"
 cat > "$tmp/model.json" <<JSON
 {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
@@ -27,9 +29,15 @@ run() { # NAME overrides...
 last_loss() { tail -1 "$tmp/$1.jsonl" | sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p'; }
 run bf16
 run tensorwise --train.precision=fp8
-run rowwise --train.precision=fp8 --train.fp8_scaling=rowwise
+run gathered_bf16 --train.precision=fp8 --train.fp8_all_gather=false
+run rowwise --train.precision=fp8 --train.fp8_scaling=rowwise --train.fp8_all_gather=false
 grep -q "train.precision fp8: the projections of layers 1-2 of 4 in FP8 (e4m3, tensorwise scales" "$tmp/tensorwise.log" ||
     fail "the FP8 layers are not logged"
+grep -q "their weights gathered as e4m3 codes" "$tmp/tensorwise.log" || fail "the FP8 gathers are not logged"
+grep -q "their weights gathered in the compute dtype" "$tmp/gathered_bf16.log" || fail "train.fp8_all_gather false is not logged"
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$tmp/$1.jsonl" | tr '\n' ' '; }
+[ -n "$(losses tensorwise)" ] && [ "$(losses tensorwise)" = "$(losses gathered_bf16)" ] ||
+    fail "FP8 gathers: losses $(losses tensorwise), gathered in the compute dtype $(losses gathered_bf16)"
 grep -q "rowwise scales" "$tmp/rowwise.log" || fail "rowwise scales are not logged"
 for s in tensorwise rowwise; do
     echo "30 steps: bf16 $(last_loss bf16), $s $(last_loss $s)"
@@ -60,6 +68,7 @@ refused() { # WHAT overrides...
     grep -q "$what" "$tmp/bad.log" || { tail -3 "$tmp/bad.log"; fail "$*: no '$what'"; }
 }
 refused "train.precision fp8 with train.type 'lora' is not built yet" --train.type=lora
+refused "train.fp8_all_gather with train.fp8_scaling rowwise is not built yet" --train.fp8_scaling=rowwise
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 2
 json.dump(c, open(sys.argv[2], "w"))' "$tmp/model.json" "$tmp/two.json"
 refused "a model of 2 layers has none to run in FP8" --model.config="$tmp/two.json"
