@@ -179,7 +179,10 @@ static void plan_all(const plan_in *in, memory_plan *p) {
     if (o->objective != JOB_OBJECTIVE_SFT)
         stats += 2 * (size_t)o->micro_batch * sizeof(float) +
                  (o->world > 1 ? (size_t)o->world * PLAN_PREF_STATS * sizeof(double) : 0);
-    p->small = 2 * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
+    /* alloc_shards' scalars: the step's two sums, an FP8 gather's amaxes (each rank's) and scales */
+    size_t fp8_words = o->fp8 && o->fp8_all_gather ? (size_t)(in->group + 2) * LLAMA_FP8_PROJECTIONS *
+                                                         (size_t)(o->model->num_hidden_layers - 2) : 0;
+    p->small = (2 + fp8_words) * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
     p->activations = plan_activations(in);
     p->host_activations = (size_t)o->offload_layers *
                           carved((size_t)o->micro_batch * o->seq_len * (size_t)o->model->hidden_size * in->cs);
@@ -268,7 +271,8 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .micro_batch = j->train.micro_batch * job_rows_per_sample(j), .seq_len = j->data.seq_len, .compute_size = compute_size,
         .cpu_offload = j->fsdp.cpu_offload, .offload_params = j->fsdp.offload_params,
         .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk,
-        .fp8 = j->train.precision == JOB_PRECISION_FP8};
+        .fp8 = j->train.precision == JOB_PRECISION_FP8,
+        .fp8_all_gather = j->train.precision == JOB_PRECISION_FP8 && j->train.fp8_all_gather};
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
     if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);

@@ -37,6 +37,7 @@ typedef struct memory_plan_options {
     int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
     int mlp_chunk;              /* fsdp.mlp_chunk: the MLP's rows at a time (0: all) */
     int fp8;                    /* train.precision fp8: the FP8 projections' buffers (llama_fp8) */
+    int fp8_all_gather;         /* train.fp8_all_gather: the FP8 scales and amaxes (fsdp's scalars) */
     int offload_layers;         /* fsdp.offload_activations: the first this many layers' inputs in
                                    pinned host memory (memory_plan_offload_layers), 0..L-1 */
     job_objective objective;    /* train.objective: micro_batch counts rows, two a pair; a

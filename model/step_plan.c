@@ -255,6 +255,7 @@ static size_t image_bytes(const llama_config *cfg, const job_config *j, model_im
 /* Units' elements: the model's, a layer's, and (for communication) the trained ones. */
 typedef struct unit_sizes {
     double embed, layer, head, trained_layer, trained_total;
+    double layer_linears;   /* the seven projections' values of a layer */
     double layer_nf4_bytes; /* an NF4 layer's codes and absmax */
 } unit_sizes;
 
@@ -268,6 +269,7 @@ static void unit_sizes_of(const model_shape *s, unit_sizes *u) {
     }
     u->embed = (double)s->V * s->C;
     u->layer = (double)llama_config_layer_params(s->c); /* with its norms, biases, q/k norms */
+    u->layer_linears = lin;
     u->head = (s->c->tie_word_embeddings ? 0.0 : (double)s->V * s->C) + s->C;
     u->layer_nf4_bytes = lin / 2 + lin / 64;
     u->trained_layer = s->lora ? lora : u->layer;
@@ -325,6 +327,10 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     double gather_bytes = s->lora ? (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) + u.trained_layer * s->cs
                                   : u.layer * s->cs;
     if (j->fsdp.offload_params) gather_bytes = s->lora ? u.trained_layer * s->cs : gather_bytes;
+    /* train.fp8_all_gather: layers 1 .. L-2 gathered as codes (a byte a projection value, the
+     * rest in the compute dtype), the first and the last as before: the mean a layer */
+    if (!s->lora && j->train.precision == JOB_PRECISION_FP8 && j->train.fp8_all_gather && L >= 3)
+        gather_bytes = (2 * gather_bytes + (L - 2) * (u.layer_linears + (u.layer - u.layer_linears) * s->cs)) / L;
     double reduce_bytes = 4.0 * u.trained_layer;
     double ag = ring_s(gather_bytes, group, link_of(m, group));
     double rs = group > 1 ? ring_s(reduce_bytes, group, link_of(m, group))

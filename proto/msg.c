@@ -122,6 +122,7 @@ static const field metrics_fields[] = {
     I64(msg_metrics, "mem_peak_bytes", mem_peak_bytes, 0),
     I64(msg_metrics, "all_gathers", all_gathers, 0),
     I64(msg_metrics, "replica_collectives", replica_collectives, 0),
+    I64(msg_metrics, "gathered_bytes", gathered_bytes, 0),
     OPT_SUB(msg_metrics, "checkpoint", checkpoint, ckpt_note_info),
     OPT_F64(msg_metrics, "eval_loss", eval_loss),
     OPT_F64(msg_metrics, "rewards/chosen", rewards_chosen),

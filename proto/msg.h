@@ -177,6 +177,7 @@ typedef struct msg_metrics {
     /* rank 0's collectives so far: units all-gathered (fsdp's param_gathers), and every
      * collective on the replica communicator (hybrid_shard's across the nodes; 0 without) */
     int64_t all_gathers, replica_collectives;
+    int64_t gathered_bytes; /* rank 0's bytes sent into all-gathers on its shard communicator */
     bool has_checkpoint;
     msg_ckpt_note checkpoint;
     bool has_eval_loss;

@@ -27,6 +27,7 @@ int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_opt
     atomic_init(&c->aborted, 0);
     c->dead = 0;
     c->ncalls = 0;
+    c->gathered_bytes = 0;
     c->progress = opt->progress;
     c->unit = -1;
     return 0;
@@ -54,6 +55,8 @@ static void finished(comm *c, uint64_t t) {
 
 int comm_rank(const comm *c) { return c->rank; }
 unsigned long long comm_calls(const comm *c) { return c ? c->ncalls : 0; }
+
+unsigned long long comm_gathered_bytes(const comm *c) { return c ? c->gathered_bytes : 0; }
 int comm_world(const comm *c) { return c->world; }
 
 size_t comm_dtype_size(comm_dtype dt) {
@@ -131,6 +134,7 @@ static int all_gather(comm *c, const void *send, void *recv, size_t count, comm_
                              : c->ops->all_gather(c, send, recv, count, dt, err))))
         return fail(c, name, err);
     if (!split) finished(c, c->ncalls);
+    c->gathered_bytes += count * comm_dtype_size(dt);
     return 0;
 }
 

@@ -94,6 +94,10 @@ int comm_tcp_split(comm *parent, const comm_options *opt, const char *bind_host,
 /* The collectives started on c so far (its sequence number), every kind; 0 for NULL. */
 unsigned long long comm_calls(const comm *c);
 
+/* The bytes this rank has sent into all-gathers on c so far (each call's count times its
+ * dtype's size: what it contributes; the ring carries world - 1 times that a rank); 0 for NULL. */
+unsigned long long comm_gathered_bytes(const comm *c);
+
 /* Makes *c (a host-memory backend such as TCP) accept buffers in ctx's memory (device
  * memory on CUDA): each collective copies its input to pinned host memory, runs there and
  * copies the result back, synchronously.  For several workers sharing one GPU, where NCCL

@@ -46,6 +46,7 @@ struct comm {
     int dead;
     char dead_reason[sizeof(errbuf)]; /* the error that killed it */
     uint64_t ncalls;  /* collectives started */
+    uint64_t gathered_bytes; /* what this rank has contributed to all-gathers (comm_gathered_bytes) */
     comm_progress *progress; /* comm_options.progress */
     int unit;         /* comm_set_unit */
 };

@@ -354,6 +354,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
                                     .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
                                     .all_gathers = f->param_gathers,
                                     .replica_collectives = (long)comm_calls(f->replica),
+                                    .gathered_bytes = (int64_t)comm_gathered_bytes(f->shard_comm),
                                     .mem_bytes = (int64_t)k_bytes_in_use(f->ctx),
                                     .mem_peak_bytes = (int64_t)k_peak_bytes(f->ctx),
                                     .tokens_seen = tokens_seen, .ckpt = ckpt, .has_eval = has_eval,

@@ -30,6 +30,7 @@ typedef struct train_step_info {
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
     long all_gathers;         /* units all-gathered so far on this rank (fsdp.param_gathers) */
     long replica_collectives; /* collectives on the replica communicator so far (hybrid_shard) */
+    int64_t gathered_bytes;   /* bytes sent into all-gathers on the shard communicator so far */
     int64_t mem_bytes, mem_peak_bytes; /* this rank's context memory (k_bytes_in_use, k_peak_bytes) */
     int64_t tokens_seen;      /* unmasked targets trained on, whole job, resumed runs included */
     int has_eval;             /* an evaluation followed this step (train.eval_interval, the last) */

@@ -410,6 +410,7 @@ static void on_step(void *arg, const train_step_info *s) {
                                .grad_norm = s->grad_norm, .tokens = s->tokens, .tokens_seen = s->tokens_seen,
                                .seconds = s->seconds, .layer_forwards = s->layer_forwards,
                                .all_gathers = s->all_gathers, .replica_collectives = s->replica_collectives,
+                               .gathered_bytes = s->gathered_bytes,
                                .mem_bytes = s->mem_bytes, .mem_peak_bytes = s->mem_peak_bytes,
                                .has_eval_loss = s->has_eval != 0, .eval_loss = s->eval_loss}};
         static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",

@@ -38,6 +38,21 @@ grep -q "their weights gathered in the compute dtype" "$tmp/gathered_bf16.log" |
 losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$tmp/$1.jsonl" | tr '\n' ' '; }
 [ -n "$(losses tensorwise)" ] && [ "$(losses tensorwise)" = "$(losses gathered_bf16)" ] ||
     fail "FP8 gathers: losses $(losses tensorwise), gathered in the compute dtype $(losses gathered_bf16)"
+# The bytes: a layer is 36,864 projection values and 128 norm values, a rank's shard 18,496 values;
+# an FP8 layer's gather sends them as codes (1 byte, not the CPU's 4) and the norms as a chunk of
+# 128 values; layers 1 and 2, each gathered twice (forward, backward) in the one micro-batch a
+# rank takes a step; the scales' gather adds 14 amaxes (4 bytes) a step: 30 x (4 x (18,496 x 3 -
+# 128 x 4) - 14 x 4) fewer bytes than gathering the compute dtype.
+gathered() { tail -1 "$tmp/$1.jsonl" | sed -n 's/.*"gathered_bytes":\([0-9]*\).*/\1/p'; }
+want=$((30 * (4 * (18496 * 3 - 128 * 4) - 14 * 4)))
+echo "gathered a rank, 30 steps: $(gathered tensorwise) bytes as FP8 codes, $(gathered gathered_bf16) in the compute dtype"
+[ $(($(gathered gathered_bf16) - $(gathered tensorwise))) = "$want" ] ||
+    fail "FP8 gathers sent $(gathered tensorwise) bytes, the compute dtype's $(gathered gathered_bf16): not $want fewer"
+# 3 workers: other shard bounds, the same bits either way
+run w3 --train.precision=fp8 --runtime.workers_per_node=3 --train.global_batch=12
+run w3_bf16 --train.precision=fp8 --runtime.workers_per_node=3 --train.global_batch=12 --train.fp8_all_gather=false
+[ -n "$(losses w3)" ] && [ "$(losses w3)" = "$(losses w3_bf16)" ] ||
+    fail "3 workers, FP8 gathers: losses $(losses w3), gathered in the compute dtype $(losses w3_bf16)"
 grep -q "rowwise scales" "$tmp/rowwise.log" || fail "rowwise scales are not logged"
 for s in tensorwise rowwise; do
     echo "30 steps: bf16 $(last_loss bf16), $s $(last_loss $s)"

@@ -472,13 +472,39 @@ static void test_fp8_linears(void **state) {
     size_t fp8_bytes = llama_fp8_carve(&f8, NULL, &lo, sizeof(float), OFF_ROWS / 2, T, 0);
     llama_layout_free(&lo);
     assert_int_equal(t.in_use - a.in_use, (fp8_bytes + 255) / 256 * 256);
+    /* the layers gathered as codes (fp8_all_gather): the bits of the cast at each GEMM, with
+     * shard_grad_op's kept slots too; the amaxes and scales of the two FP8 layers beside */
+    fsdp_options gathered = tensorwise;
+    gathered.fp8_all_gather = 1;
+    for (int kept = 0; kept < 2; kept++) {
+        offload_run g, want;
+        gathered.sharding = tensorwise.sharding = kept ? JOB_SHARD_GRAD_OP : JOB_SHARD_FULL;
+        run_offloaded(&cfg, image, bytes, &gathered, &g);
+        if (kept) run_offloaded(&cfg, image, bytes, &tensorwise, &want);
+        const offload_run *w = kept ? &want : &t;
+        for (int s = 0; s < STEPS; s++) {
+            assert_true(g.loss[s] == w->loss[s]);
+            assert_true(g.norm[s] == w->norm[s]);
+        }
+        assert_true(g.eval == w->eval);
+        assert_int_equal(g.n, w->n);
+        assert_memory_equal(g.state, w->state, g.n * sizeof *g.state);
+        assert_int_equal(g.in_use - w->in_use, 3 * 2 * LLAMA_FP8_PROJECTIONS * sizeof(float));
+        free(g.state);
+        if (kept) free(want.state);
+    }
+    tensorwise.sharding = JOB_SHARD_FULL;
+    gathered.fp8_scaling = K_FP8_ROWWISE;
+    kctx c;
+    fsdp f;
+    if (kctx_init(&c, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(fsdp_init(&f, &cfg, &c, NULL, 0, 1, &gathered, &err), -1);
+    assert_non_null(strstr(err.msg, "train.fp8_all_gather with rowwise scales is not built yet"));
+    fsdp_destroy(&f);
     free(a.state), free(t.state), free(r.state);
     free(image);
 
     cfg.num_hidden_layers = 2;
-    kctx c;
-    fsdp f;
-    if (kctx_init(&c, K_CPU, 0, &err)) fail_msg("%s", err.msg);
     assert_int_equal(fsdp_init(&f, &cfg, &c, NULL, 0, 1, &tensorwise, &err), -1);
     assert_non_null(strstr(err.msg, "a model of 2 layers has none to run in FP8"));
     fsdp_destroy(&f);

@@ -320,8 +320,9 @@ static void test_data_keys(void **state) {
     assert_contains(err.msg, "data.template: 'vicuna' is not one of llama3, llama2, chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v3, mistral-tekken, alpaca, auto");
 }
 
-/* F45: train.precision and train.fp8_scaling, strictly read; fp8 refused as not built, the
- * scaling refused without it. */
+/* F45: train.precision, train.fp8_scaling and train.fp8_all_gather, strictly read; fp8
+ * refused where not built, the FP8 keys refused without it, FP8 gathers with rowwise scales or
+ * cpu_offload refused. */
 static void test_precision_keys(void **state) {
     (void)state;
     errbuf err;
@@ -342,7 +343,21 @@ static void test_precision_keys(void **state) {
     assert_contains(err.msg, "train.fp8_scaling: \"rowwise\" is set but train.precision is not fp8");
     must_override(&k, "--train.precision=fp8");
     assert_int_equal(k.train.precision, JOB_PRECISION_FP8);
+    assert_true(k.train.fp8_all_gather); /* the default */
+    assert_int_equal(resolve_and_validate(&k, 1, &err), -1);
+    assert_contains(err.msg, "train.fp8_all_gather with train.fp8_scaling rowwise is not built yet");
+    must_override(&k, "--train.fp8_all_gather=false");
     if (resolve_and_validate(&k, 1, &err)) fail_msg("%s", err.msg); /* a full fine-tune, SFT */
+    job_config off = j, gathers = k;
+    must_override(&off, "--train.fp8_all_gather=false");
+    assert_int_equal(resolve_and_validate(&off, 1, &err), -1);
+    assert_contains(err.msg, "train.fp8_all_gather: false is set but train.precision is not fp8");
+    must_override(&gathers, "--train.fp8_scaling=tensorwise");
+    must_override(&gathers, "--train.fp8_all_gather=true");
+    if (resolve_and_validate(&gathers, 1, &err)) fail_msg("%s", err.msg);
+    must_override(&gathers, "--fsdp.cpu_offload=true");
+    assert_int_equal(resolve_and_validate(&gathers, 1, &err), -1);
+    assert_contains(err.msg, "train.fp8_all_gather with fsdp.cpu_offload is not built yet");
     job_config lora = k, dpo = k;
     must_override(&lora, "--train.type=lora");
     assert_int_equal(resolve_and_validate(&lora, 1, &err), -1);

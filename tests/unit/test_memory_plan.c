@@ -67,7 +67,8 @@ typedef struct plan_case {
     job_objective objective; /* a preference objective: MICRO rows a micro-batch, pairs */
     int offload_layers;      /* fsdp.offload_activations' layer inputs on the host (full recompute) */
     int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
-    int fp8;                 /* train.precision fp8 (a full fine-tune of 3 layers: the middle one's) */
+    int fp8;                 /* train.precision fp8 (a full fine-tune of 3 layers: the middle one's); 2:
+                                with train.fp8_all_gather */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -93,7 +94,7 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                                  .objective = pc->objective, .offload_layers = pc->offload_layers,
-                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8};
+                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8 != 0, .fp8_all_gather = pc->fp8 == 2};
 }
 
 /* What one rank saw. */
@@ -150,7 +151,8 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                        .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
                        .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk,
-                       .fp8 = pc->fp8, .fp8_scaling = K_FP8_TENSORWISE, .fp8_grad_format = FP8_E4M3};
+                       .fp8 = pc->fp8 != 0, .fp8_scaling = K_FP8_TENSORWISE, .fp8_grad_format = FP8_E4M3,
+                       .fp8_all_gather = pc->fp8 == 2};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -444,12 +446,16 @@ static void test_plan_equals_fsdp_peak_mlp_chunk(void **state) {
 }
 
 /* train.precision fp8: the FP8 projections' operand, scale and product buffers, under every
- * checkpointing of the list, world 1 and 2. */
+ * checkpointing of the list, world 1 and 2, without and with FP8 gathers (their amaxes and
+ * scales); the gathers under shard_grad_op and no_shard too. */
 static void test_plan_equals_fsdp_peak_fp8(void **state) {
     (void)state;
-    for (int world = 1; world <= 2; world++)
-        for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
-            check_case(&(plan_case){.kind = FULL, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL, .fp8 = 1});
+    for (int fp8 = 1; fp8 <= 2; fp8++)
+        for (int world = 1; world <= 2; world++)
+            for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
+                check_case(&(plan_case){.kind = FULL, .world = world, .ckpt = ckpt, .sharding = JOB_SHARD_FULL, .fp8 = fp8});
+    check_case(&(plan_case){.kind = FULL, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_GRAD_OP, .fp8 = 2});
+    check_case(&(plan_case){.kind = FULL, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_NONE, .fp8 = 2});
 }
 
 /* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that

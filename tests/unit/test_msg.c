@@ -607,7 +607,7 @@ static void test_strict_decoder(void **state) {
                            "\"write_s\":0,\"units\":3}", "field 'units' must be an array or object");
     static const char metrics[] = "{\"step\":1,\"total_steps\":1,\"loss\":1,\"lr\":0,\"grad_norm\":0,\"tokens\":1,"
                                   "\"tokens_seen\":1,\"seconds\":0,\"layer_forwards\":0,\"mem_bytes\":0,"
-                                  "\"mem_peak_bytes\":0,\"all_gathers\":0,\"replica_collectives\":0,"
+                                  "\"mem_peak_bytes\":0,\"all_gathers\":0,\"replica_collectives\":0,\"gathered_bytes\":0,"
                                   "\"checkpoint\":%s}";
     char text[512];
     snprintf(text, sizeof text, metrics, "{\"step\":1,\"attempt\":1,\"mode\":\"later\",\"request\":0}");

@@ -227,6 +227,16 @@ static void test_strategies(void **state) {
     j.fsdp.sharding = JOB_SHARD_FULL; /* one ring of 4 across the nodes, at 25 GB/s */
     if (step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err)) fail_msg("%s", err.msg);
     near(p.comm_s, 2 * (2 * 592 * 2 * 0.75 / 25e9 + 592 * 4 * 0.75 / 25e9));
+    /* FP8 gathers: of 4 layers, the middle two's 576 projection values as a byte each, their 16
+     * norm values and the outer two layers as bf16: 896 bytes a layer on the mean (1,184 bf16) */
+    c.num_hidden_layers = 4;
+    j.train.precision = JOB_PRECISION_FP8;
+    j.train.fp8_all_gather = false;
+    if (step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err)) fail_msg("%s", err.msg);
+    near(p.comm_s, 4 * (2 * 592 * 2 * 0.75 / 25e9 + 592 * 4 * 0.75 / 25e9));
+    j.train.fp8_all_gather = true;
+    if (step_plan_job(&j, &c, MODEL_IMAGE_PLAIN, &m, &r, &p, &err)) fail_msg("%s", err.msg);
+    near(p.comm_s, 4 * (2 * 896 * 0.75 / 25e9 + 592 * 4 * 0.75 / 25e9));
 }
 
 /* Another GPU than the table's: compute-bound times x 989 / 312 (A100), unvalidated. */
