@@ -255,7 +255,8 @@ K_OP(fp8_transpose, (kctx *c, uint8_t *out, const uint8_t *in, int rows, int col
  * scales (k_fp8_cast): a_scale_inv[0] and b_scale_inv[0] (K_FP8_TENSORWISE) or a_scale_inv[m]
  * and b_scale_inv[n] (K_FP8_ROWWISE).  Exact products, fp32 sums, the scaled sum rounded to
  * bf16 on either backend (the CPU stores the bf16 value in fp32).  CUDA (cuBLASLt) needs
- * K % 16 == 0 and N % 8 == 0 (16-byte leading dimensions) and 16-byte aligned a, b and out;
+ * K % 16 == 0 and N % 8 == 0 (16-byte leading dimensions) and 16-byte aligned a, b, out and
+ * scales;
  * anything else fails, naming what. */
 K_OP(fp8_gemm,
      (kctx *c, void *out, const uint8_t *a, const float *a_scale_inv, fp8_format fa,

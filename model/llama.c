@@ -248,7 +248,7 @@ static float *grad_at(const llama_layout *lo, float *grads, int unit, int index)
 /* ---- a decoder projection: the compute dtype's GEMM, or FP8's (llama_fp8) ---- */
 
 /* Projection t's FP8 weight, when the layer was gathered as FP8 codes (w->codes): its codes
- * [out, in] and their scale and inverse scale (w->code_scales[2 t], [2 t + 1]). */
+ * [out, in] (its inverse scale: w->code_scales[LLAMA_FP8_SCALE_STRIDE t + 4]). */
 static const uint8_t *codes_at(const llama_layout *lo, const llama_layer_weights *w, int t) {
     return w->codes + unit_slot(lo, llama_layer_unit(0), lo->layer_index[t])->offset;
 }
@@ -263,7 +263,7 @@ static void proj_fwd(kctx *c, const llama_layout *lo, const llama_layer_weights 
     }
     k_fp8_cast(c, f->a, f->sa, x, N, in, FP8_E4M3, f->scaling);
     const uint8_t *W = w->codes ? codes_at(lo, w, t) : f->b;
-    const float *sw = w->codes ? w->code_scales + 2 * t + 1 : f->sb;
+    const float *sw = w->codes ? w->code_scales + LLAMA_FP8_SCALE_STRIDE * t + 4 : f->sb;
     if (!w->codes) k_fp8_cast(c, f->b, f->sb, LAYER_W(t), out, in, FP8_E4M3, f->scaling);
     k_fp8_gemm(c, y, f->a, f->sa, FP8_E4M3, W, sw, FP8_E4M3, N, out, in, f->scaling);
 }
@@ -284,7 +284,7 @@ static void proj_bwd(kctx *c, const llama_layout *lo, const llama_layer_weights 
         k_fp8_cast(c, f->a, f->sa, dy, N, out, g, f->scaling);
         if (w->codes) k_fp8_transpose(c, f->b, codes_at(lo, w, t), out, in);
         else k_fp8_cast_t(c, f->b, f->sb, LAYER_W(t), out, in, FP8_E4M3, f->scaling);
-        const float *sw = w->codes ? w->code_scales + 2 * t + 1 : f->sb;
+        const float *sw = w->codes ? w->code_scales + LLAMA_FP8_SCALE_STRIDE * t + 4 : f->sb;
         k_fp8_gemm(c, to, f->a, f->sa, g, f->b, sw, FP8_E4M3, N, in, out, f->scaling);
         if (accumulate) k_accumulate(c, din, f->product, (size_t)N * in);
     }

@@ -230,8 +230,9 @@ typedef struct llama_layer_weights {
     /* With fp8: NULL, each weight cast at each GEMM; else the layer gathered as FP8 (train.
      * fp8_all_gather, worker/fsdp.c): the seven projections' e4m3 codes at their element
      * offsets of the unit (params then holds the norms and the rest, compute dtype, at theirs)
-     * and code_scales [2 x 7] (context memory): projection t's scale and inverse scale at
-     * [2 t] and [2 t + 1], tensorwise, the backward's W^T the codes transposed. */
+     * and code_scales (context memory): projection t's scale and inverse scale at
+     * [LLAMA_FP8_SCALE_STRIDE t] and 4 floats after it (each 16-byte aligned, as cuBLASLt's
+     * scale pointers must be), tensorwise, the backward's W^T the codes transposed. */
     const uint8_t *codes;
     const float *code_scales;
 } llama_layer_weights;
@@ -239,6 +240,7 @@ typedef struct llama_layer_weights {
 /* train.precision fp8's recipe (after torchao's): the projections of every decoder layer but
  * the first and the last in FP8. */
 #define LLAMA_FP8_PROJECTIONS 7 /* LLAMA_Q .. LLAMA_DOWN, the first seven of a layer's tensors */
+#define LLAMA_FP8_SCALE_STRIDE 8 /* floats a projection's scale pair takes in code_scales */
 static inline int llama_fp8_layer(int l, int n_layers) { return l > 0 && l < n_layers - 1; }
 
 /* ---- per-unit compute ----

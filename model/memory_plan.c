@@ -179,10 +179,11 @@ static void plan_all(const plan_in *in, memory_plan *p) {
     if (o->objective != JOB_OBJECTIVE_SFT)
         stats += 2 * (size_t)o->micro_batch * sizeof(float) +
                  (o->world > 1 ? (size_t)o->world * PLAN_PREF_STATS * sizeof(double) : 0);
-    /* alloc_shards' scalars: the step's two sums, an FP8 gather's amaxes (each rank's) and scales */
-    size_t fp8_words = o->fp8 && o->fp8_all_gather ? (size_t)(in->group + 2) * LLAMA_FP8_PROJECTIONS *
-                                                         (size_t)(o->model->num_hidden_layers - 2) : 0;
-    p->small = (2 + fp8_words) * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
+    /* alloc_shards' scalars: the step's two sums; FP8 gathers: 16 bytes on, the scales (a
+     * stride each), each rank's amaxes */
+    size_t n = o->fp8 && o->fp8_all_gather ? LLAMA_FP8_PROJECTIONS * (size_t)(o->model->num_hidden_layers - 2) : 0;
+    size_t scalars = n ? 4 + (LLAMA_FP8_SCALE_STRIDE + (size_t)in->group) * n : 2;
+    p->small = scalars * sizeof(float) + (size_t)(o->model->head_dim / 2) * sizeof(float) + stats;
     p->activations = plan_activations(in);
     p->host_activations = (size_t)o->offload_layers *
                           carved((size_t)o->micro_batch * o->seq_len * (size_t)o->model->hidden_size * in->cs);

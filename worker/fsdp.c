@@ -236,12 +236,13 @@ static int alloc_shards(fsdp *f, errbuf *err) {
     if (alloc_trainable(f, &train_padded, err)) return -1;
     if (!f->has_lora) base_padded = train_padded;
     if (alloc_slots(f, base_padded, train_padded, err)) return -1;
-    /* the step's two sums, then an FP8 gather's amaxes and scales */
-    size_t fp8_words = (size_t)(f->group + 2) * (size_t)f->fp8_scale_count;
-    f->scalars = k_alloc(f->ctx, (2 + fp8_words) * sizeof(float), err);
+    /* the step's two sums; FP8 gathers: 16 bytes on, the scales (each scale and inverse at a
+     * 16-byte boundary: cuBLASLt's scale pointers), then each rank's amaxes */
+    size_t n = (size_t)f->fp8_scale_count, words = n ? 4 + (LLAMA_FP8_SCALE_STRIDE + (size_t)f->group) * n : 2;
+    f->scalars = k_alloc(f->ctx, words * sizeof(float), err);
     if (!f->scalars) return -1;
-    f->fp8_amax = fp8_words ? f->scalars + 2 : NULL;
-    f->fp8_scales = fp8_words ? f->fp8_amax + (size_t)f->group * (size_t)f->fp8_scale_count : NULL;
+    f->fp8_scales = n ? f->scalars + 4 : NULL;
+    f->fp8_amax = n ? f->fp8_scales + LLAMA_FP8_SCALE_STRIDE * n : NULL;
     return 0;
 }
 
@@ -842,7 +843,8 @@ static int fp8_refresh_scales(fsdp *f, errbuf *err) {
             k_fp8_amax_f32(f->ctx, mine + i, U->master + (a - U->shard_off), b > a ? b - a : 0);
         }
     }
-    float *host = malloc((G + 2) * n * sizeof *host), *scales = host ? host + G * n : NULL;
+    size_t S = LLAMA_FP8_SCALE_STRIDE;
+    float *host = calloc((G + S) * n, sizeof *host), *scales = host ? host + G * n : NULL;
     if (!host) return errf(err, "fsdp: out of host memory for the FP8 scales");
     comm_set_unit(f->shard_comm, -1);
     int rc = k_check(f->ctx, err) ||
@@ -852,10 +854,10 @@ static int fp8_refresh_scales(fsdp *f, errbuf *err) {
         for (size_t i = 0; i < n; i++) {
             float amax = 0.0f;
             for (size_t r = 0; r < G; r++) amax = host[r * n + i] > amax ? host[r * n + i] : amax;
-            scales[2 * i] = fp8_scale(amax, FP8_E4M3);
-            scales[2 * i + 1] = fp8_inverse_scale(scales[2 * i]);
+            scales[S * i] = fp8_scale(amax, FP8_E4M3);
+            scales[S * i + 4] = fp8_inverse_scale(scales[S * i]);
         }
-        k_copy_h2d(f->ctx, f->fp8_scales, scales, 2 * n * sizeof *scales); /* pageable: consumed on return */
+        k_copy_h2d(f->ctx, f->fp8_scales, scales, S * n * sizeof *scales); /* pageable: consumed on return */
         rc = k_check(f->ctx, err);
     }
     free(host);
@@ -866,7 +868,7 @@ static int fp8_refresh_scales(fsdp *f, errbuf *err) {
 
 /* Layer l's scales in fp8_scales (llama_layer_weights.code_scales). */
 static const float *fp8_layer_scales(const fsdp *f, int l) {
-    return f->fp8_scales + 2 * (size_t)LLAMA_FP8_PROJECTIONS * (size_t)(l - 1);
+    return f->fp8_scales + LLAMA_FP8_SCALE_STRIDE * (size_t)LLAMA_FP8_PROJECTIONS * (size_t)(l - 1);
 }
 
 /* Starts gathering FP8 layer unit u into dst as codes and its plain part (t[0], t[1]). */
@@ -880,7 +882,9 @@ static int gather_codes(fsdp *f, int u, char *dst, comm_ticket *t, errbuf *err) 
     for (int k = 0; k < LLAMA_FP8_PROJECTIONS; k++) {
         size_t a, b;
         tensor_in_shard(U, &lo->tensors[lo->units[u].first + k], &a, &b);
-        if (b > a) k_fp8_cast_f32(f->ctx, (uint8_t *)dst + a, U->master + (a - off), b - a, scales + 2 * k, FP8_E4M3);
+        if (b > a)
+            k_fp8_cast_f32(f->ctx, (uint8_t *)dst + a, U->master + (a - off), b - a, scales + LLAMA_FP8_SCALE_STRIDE * k,
+                           FP8_E4M3);
     }
     size_t a = off > s.plain ? off : s.plain, b = end < s.plain + s.n_plain ? end : s.plain + s.n_plain;
     if (f->group == 1) { /* no collective: the plain part straight into its place */

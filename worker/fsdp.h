@@ -210,7 +210,7 @@ typedef struct fsdp {
     /* fsdp_options' fp8_all_gather: the FP8 layers (llama_fp8_layer) are gathered as e4m3
      * codes (fsdp.c, "FP8 gathers"), under tensorwise scales fixed once a step from the whole
      * tensors' amax: fp8_amax [group x fp8_scale_count] (each rank's, gathered), fp8_scales
-     * [2 x fp8_scale_count] (scale, inverse; llama_layer_weights.code_scales), both in the
+     * [LLAMA_FP8_SCALE_STRIDE x fp8_scale_count] (llama_layer_weights.code_scales), both in the
      * `scalars` allocation, and fp8_scales_step the f->step they were computed at (-1: none);
      * slot_codes[slot]: the slot's gather in flight is of codes (its norms to be put in place). */
     int fp8_gather, fp8_scale_count, fp8_scales_step;

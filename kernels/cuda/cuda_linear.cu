@@ -255,6 +255,11 @@ extern "C" void cuda_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float 
         return;
     const char *what = "fp8_gemm";
     if (scaling == K_FP8_ROWWISE && !fp8_outer_vec_scales(c)) return;
+    if (!cuda_aligned(a_scale_inv, 16) || !cuda_aligned(b_scale_inv, 16)) {
+        // cublasLtMatmul answers "not supported" for a scale at a 4-byte boundary (the H200)
+        k_fail(c, "fp8_gemm: cuBLASLt's FP8 GEMM needs 16-byte aligned scales");
+        return;
+    }
     int mode = scaling == K_FP8_ROWWISE ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
                                         : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     cuda_gemm *g = gemm_for(c, what, out, CUDA_R_16BF, b, fp8_type(fb), 1, a, fp8_type(fa), 0, N,

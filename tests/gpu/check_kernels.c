@@ -944,6 +944,64 @@ static void check_fp8_cast(int rows, int cols, int transposed) {
     release_all();
 }
 
+/* The FP8 gathers' casts from fp32 masters (k_fp8_amax_f32, k_fp8_cast_f32): the GPU rounds each
+ * fp32 value to bf16 first, the CPU (fp32 compute) takes them as they are: so the CPU is given
+ * the bf16 roundings of the GPU's raw fp32 inputs (fp32 with low bits set, ties among them) and
+ * both must give the same amax and the same codes under fp8_scale of it, each format; n odd
+ * (the value-a-thread path) or a multiple of 4 (4 a thread). */
+static void check_fp8_master(size_t n) {
+    seed(18);
+    float *raw = hfloats(n), *rounded = hfloats(n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        float v = frand() * ldexpf(1.0f, (int)(i % 23) - 11);
+        memcpy(&u, &v, sizeof u);
+        u = (u & ~0xffffu) | (uint32_t)(i % 3 == 0 ? 0x8000u : (i * 2654435761u) & 0xffffu); /* ties too */
+        memcpy(&raw[i], &u, sizeof u);
+        rounded[i] = round_bf16(raw[i]);
+    }
+    raw[n / 2] = NAN, rounded[n / 2] = NAN;
+    float want_amax, got_amax;
+    k_fp8_amax_f32(&cpu, &want_amax, rounded, n);
+    float *damax = dpoison_f32(1), *draw = df32(raw, n);
+    k_fp8_amax_f32(&gpu, damax, draw, n);
+    k_copy_d2h(&gpu, &got_amax, damax, sizeof got_amax);
+    char measure[96];
+    snprintf(measure, sizeof measure, "amax %a, want %a", got_amax, want_amax);
+    report_bool("fp8_amax_f32", shape("%zu", n), memcmp(&got_amax, &want_amax, sizeof got_amax) == 0, measure);
+    for (int f = 0; f < 2; f++) {
+        float scale = fp8_scale(want_amax, (fp8_format)f);
+        uint8_t *want = host_bytes(n), *got = host_bytes(n), *dout = dev_bytes(n, 1);
+        k_fp8_cast_f32(&cpu, want, rounded, n, &scale, (fp8_format)f);
+        poison(dout, n);
+        k_fp8_cast_f32(&gpu, dout, draw, n, df32(&scale, 1), (fp8_format)f);
+        k_copy_d2h(&gpu, got, dout, n);
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
+        snprintf(measure, sizeof measure, "%zu of %zu codes wrong", wrong, n);
+        report_bool(f ? "fp8_cast_f32 e5m2" : "fp8_cast_f32 e4m3", shape("%zu", n), wrong == 0, measure);
+    }
+    release_all();
+}
+
+/* k_fp8_transpose: every byte in its place, 4 bytes a thread (multiples of 4) or one. */
+static void check_fp8_transpose(int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    uint8_t *in = host_bytes(n), *want = host_bytes(n), *got = host_bytes(n), *din = dev_bytes(n, 1), *dout = dev_bytes(n, 1);
+    for (size_t i = 0; i < n; i++) in[i] = (uint8_t)(i * 2654435761u >> 13);
+    k_fp8_transpose(&cpu, want, in, rows, cols);
+    k_copy_h2d(&gpu, din, in, n);
+    poison(dout, n);
+    k_fp8_transpose(&gpu, dout, din, rows, cols);
+    k_copy_d2h(&gpu, got, dout, n);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
+    char measure[64];
+    snprintf(measure, sizeof measure, "%zu of %zu bytes wrong", wrong, n);
+    report_bool("fp8_transpose", shape("%dx%d", rows, cols), wrong == 0, measure);
+    release_all();
+}
+
 /* Every bf16 bit pattern: tensorwise, the infinities make amax infinite, so the scale is 1 and
  * the codes are the plain conversions of all 65536 values (NaNs, infinities and overflow
  * saturated, every tie, every subnormal); rowwise, 256 rows of 256 consecutive patterns (rows
@@ -1618,8 +1676,15 @@ int main(int argc, char **argv) {
     check_fp8_cast(333, 77, 1);
     check_fp8_cast(200, 72, 1); /* multiples of 8 (the 64 x 64 tiles' kernel), partial tiles */
     check_fp8_cast(8, 8, 1);
+    check_fp8_master(4096 * 4096 + 4); /* q_proj's size: 4 a thread */
+    check_fp8_master(100003);
+    check_fp8_transpose(4096, 11008); /* gate_proj's W */
+    check_fp8_transpose(200, 72);
+    check_fp8_transpose(33, 70);
     misalign = 1;
     check_fp8_cast(129, 4096, 0);
+    check_fp8_master(4096);
+    check_fp8_transpose(64, 64);
     check_fp8_cast(129, 100, 1);
     misalign = 0;
     for (int s = 0; s < 2; s++) {

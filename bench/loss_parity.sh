@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# train.precision fp8 against bf16 on real text from the same start (F45 item 4): the chat
+# data of `make tiny` (scripts/gen_chat_data.py, N records), tokenized by fsdpd (the sp32k
+# tokenizer, packed rows of SEQ tokens), a random-init MODEL (default Llama-1.1B) trained for
+# STEPS steps of BATCH rows in bf16, then in FP8 (tensorwise, FP8 gathers): both loss curves
+# (metrics and SVGs, fsdpctl plot), the mean loss of the last 20 steps of each and their
+# relative difference (the goal: within 1%).
+#   OUT=$OUT bash bench/loss_parity.sh BUILD [MODEL.json]
+# BACKEND=cpu SEQ=64 BATCH=2 STEPS=20 N=400 ... configs/models/tiny.json tries it on a CPU.
+set -u
+build=${1:?usage: bench/loss_parity.sh BUILD [MODEL.json]}
+model=${2:-configs/models/llama-1.1b.json}
+out=${OUT:-/tmp/fsdp-loss-parity} work=$(mktemp -d /tmp/fsdp-parity.XXXXXX)
+seq=${SEQ:-1024} batch=${BATCH:-8} steps=${STEPS:-300}
+mkdir -p "$out"
+trap 'rm -rf "$work"' EXIT
+export NCCL_NVLS_ENABLE=0
+python3 scripts/gen_chat_data.py --out "$work/chat.jsonl" --n "${N:-60000}" > /dev/null || exit 1
+"$build/fsdpctl" tokenize --tokenizer configs/models/tiny-sp32k --data "$work/chat.jsonl" --format chat \
+    --template llama2 --seq-len "$seq" --out "$work/chat.tokens" | tail -2 || exit 1
+for p in bf16 fp8; do
+    t0=$(date +%s)
+    "$build/fsdpd" --job configs/jobs/tiny-chat.json --model.path= --model.init=random --model.config="$model" \
+        --model.dtype=bf16 --data.path="$work/chat.tokens" --data.format=tokens --data.template= --data.packing=true \
+        --data.seq_len="$seq" --train.global_batch="$batch" --train.micro_batch="$batch" --train.max_steps="$steps" \
+        --train.warmup_steps=$((steps / 10)) --train.lr=3e-4 --train.min_lr=3e-5 --train.seed=7 \
+        --train.precision="$p" --fsdp.activation_checkpointing=full --runtime.backend="${BACKEND:-cuda}" \
+        --runtime.workers_per_node=1 --checkpoint.dir="$work/ckpt-$p" --checkpoint.resume=never \
+        --checkpoint.save_final=false --output.consolidate=false --output.dir="$work/out-$p" \
+        --runtime.metrics="$out/parity_$p.jsonl" > "$out/parity_$p.log" 2>&1 ||
+        { tail -5 "$out/parity_$p.log"; echo "$p: the run failed"; exit 1; }
+    echo "$p: $steps steps in $(($(date +%s) - t0)) s"
+    "$build/fsdpctl" plot "$out/parity_$p.jsonl" --out "$out/parity_$p.svg" > /dev/null
+done
+python3 - "$out/parity_bf16.jsonl" "$out/parity_fp8.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+ma, mb = sum(a[-20:]) / len(a[-20:]), sum(b[-20:]) / len(b[-20:])
+print("step  " + "  ".join(f"{s:>5}" for s in range(0, len(a), max(1, len(a) // 10))))
+for name, x in (("bf16", a), ("fp8 ", b)):
+    print(name + "  " + "  ".join(f"{x[s]:5.3f}" for s in range(0, len(x), max(1, len(x) // 10))))
+print(f"mean loss of the last 20 steps: bf16 {ma:.4f}, fp8 {mb:.4f}: fp8 {100 * (mb - ma) / ma:+.2f}% "
+      f"({'within' if abs(mb - ma) <= 0.01 * ma else 'NOT within'} 1%)")
+PY
