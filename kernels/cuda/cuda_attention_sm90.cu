@@ -596,18 +596,19 @@ __device__ void fwd_consume(const fwd_tma &p, uint32_t base, int h, int b, int q
     uint32_t pa[BN / 16][4]; // the previous tile's probabilities, bf16
     zero_acc(o);
     mbar_wait(bars.fixed_full(), done & 1);
-    bars.skip(pos, jw - j0);
     // Tile j's S = Q K^T is issued, then tile j-1's O += P V: the softmax of j runs while the
     // second product does (O is rescaled, by tile j-1's factor, before it).
     // Both take the same number of turns: with documents the warpgroup whose first tile is
-    // later takes the difference idle first (the other's first tile: its first row's).
+    // later (warpgroup 1: warpgroup 0's first tile is the item's, j0) takes one idle turn a
+    // tile before it, and releases that tile in it, unread.  Released all before its first
+    // turn, the ring's fourth tile would wait for a slot that warpgroup 0 frees only after
+    // a turn of warpgroup 1's: both stalled, the kernel never ended (Llama-1.1B on packed
+    // text, a document starting 4 key tiles past its item's first; check_attention --stress).
     if (wg == 1) turn_pass(wg);
-    if (DOCS) {
-        const int other_lo = p.doc_start[(size_t)b * T + imin(q0 + (1 - wg) * 64, T - 1)];
-        for (int idle = jw - imax(j0, other_lo / BN); idle > 0; idle--) {
-            turn_wait(wg);
-            turn_pass(wg);
-        }
+    for (int i = 0; i < jw - j0; i++) {
+        turn_wait(wg);
+        bars.skip(pos + i, 1);
+        turn_pass(wg);
     }
     { // the first tile: its S alone (a loop of uniform bodies keeps ptxas from serialising)
         const int it = pos + jw - j0, s = it % STAGES;

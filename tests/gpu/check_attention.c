@@ -22,6 +22,9 @@
  *
  * --quick: the small shapes only (for compute-sanitizer).  --cpu: the CPU backend stands in
  * for CUDA (a test of this program on any machine; the quick shapes).
+ * --stress [CACHE T]: random document layouts at Llama-1.1B, 7B and 70B shapes (or the packed
+ * rows of a token cache, 8 at a time), the sm_90a kernels beside the mma.sync ones.  In every
+ * mode, kernels that do not finish within 60 s are a failure (exit 3, naming the check).
  * --bench: forward, backward and forward+backward at Llama-2-7B and 70B shapes, the median of
  * 10 timed runs (CUDA events, after 3 warm-up runs) on random data; then packed rows (one
  * document a row, which costs what the unpacked row does plus the varlen masking, and
@@ -30,6 +33,7 @@
  * products); forward+backward 3.5x. */
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,7 +44,9 @@
 
 #include <cuda_runtime.h>
 
+#include "data/rows.h"
 #include "kernels/kernels.h"
+#include "proto/tokens.h"
 
 #define TOL_BF16 2e-2
 #define DETERMINISM_RUNS 10 /* runs after the first that must give its bits */
@@ -270,6 +276,25 @@ static void report_bool(const char *op, const char *shp, int ok, const char *mea
     verdict(op, shp, measure, ok && !failure, failure ? failure : "");
 }
 
+/* ---- stalls ---- */
+
+/* Kernels that do not finish within STALL_S of being queued are a failure, not a hang that
+ * waits for the caller's timeout: the alarm prints which check and exits with status 3. */
+#define STALL_S 60
+static char stall_note[512];
+static void on_stall(int sig) {
+    (void)sig;
+    static const char head[] = "\nFAIL attention stall: the kernels did not finish in 60 s: ";
+    if (write(STDOUT_FILENO, head, sizeof head - 1) < 0 ||
+        write(STDOUT_FILENO, stall_note, strlen(stall_note)) < 0 || write(STDOUT_FILENO, "\n", 1) < 0)
+        _exit(4);
+    _exit(3);
+}
+static void stall_watch(const char *what) {
+    snprintf(stall_note, sizeof stall_note, "%s", what);
+    alarm(STALL_S);
+}
+
 /* ---- the CPU reference, one query head per task, on every core ---- */
 
 typedef struct reference {
@@ -431,6 +456,7 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
     float *want_dk = hfloats(nkv), *want_dv = hfloats(nkv);
     run_reference(&r, want_dk, want_dv);
 
+    stall_watch(shp);
     void *dq_in = dcomp(q, nq), *dk_in = dcomp(k, nkv), *dv_in = dcomp(v, nkv);
     void *ddout = dcomp(dout, nq);
     void *out = dpoisoned(nq * esize);
@@ -480,6 +506,7 @@ static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk,
         snprintf(runs, sizeof runs, "dq, dk, dv: the same bits %d more times", DETERMINISM_RUNS);
         report_bool("deterministic bwd", shp, bwd_same, runs);
     }
+    alarm(0);
     release_all();
 }
 
@@ -732,14 +759,135 @@ static void run_bench(void) {
     bench_shape_band("w", 4, 8192, 32, 8, 128, 0, 4096); /* Mistral 7B v0.1's window */
 }
 
+/* ---- stress: document layouts at a model's shape, sm_90a beside mma.sync ---- */
+
+/* One batch of rows with the documents start/end (host [B*T]), forward and backward on the
+ * sm_90a kernels and on the mma.sync ones from the same inputs, within the mma's tolerance;
+ * name says where the batch came from. */
+static void check_layout(const int32_t *start, const int32_t *end, int B, int T, int Hq, int Hkv,
+                         int hd, const char *name) {
+    size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
+    int32_t *dstart = dev_bytes((size_t)B * T * sizeof *dstart);
+    int32_t *dend = dev_bytes((size_t)B * T * sizeof *dend);
+    k_copy_h2d(&gpu, dstart, start, (size_t)B * T * sizeof *start);
+    k_copy_h2d(&gpu, dend, end, (size_t)B * T * sizeof *end);
+    const k_docs docs = {dstart, dend};
+    void *q = bench_bf16(nq, 2.0f), *k = bench_bf16(nkv, 2.0f), *v = bench_bf16(nkv, 1.0f);
+    void *dout = bench_bf16(nq, 1.0f);
+    void *out[2], *dq[2], *dk[2], *dv[2];
+    float *lse[2];
+    kctx *ctx[2] = {&gpu, &mma};
+    stall_watch(name);
+    for (int i = 0; i < 2; i++) {
+        out[i] = dpoisoned(nq * 2), dq[i] = dpoisoned(nq * 2);
+        dk[i] = dpoisoned(nkv * 2), dv[i] = dpoisoned(nkv * 2);
+        lse[i] = dpoisoned(nl * sizeof(float));
+        k_attention_fwd(ctx[i], out[i], lse[i], q, k, v, &docs, 0, B, T, Hq, Hkv, hd);
+        k_attention_bwd(ctx[i], dq[i], dk[i], dv[i], dout, q, k, v, out[i], lse[i], &docs, 0, B,
+                        T, Hq, Hkv, hd);
+        errbuf err;
+        if (k_sync(ctx[i], &err)) die("%s: %s", name, err.msg);
+    }
+    alarm(0);
+    char shp[160];
+    snprintf(shp, sizeof shp, "B=%d T=%d Hq=%d Hkv=%d hd=%d %s", B, T, Hq, Hkv, hd, name);
+    report("sm90 fwd out ~ mma.sync", shp, get_comp(out[0], nq), get_comp(out[1], nq), nq, TOL_BF16, 0.0);
+    report("sm90 bwd dq ~ mma.sync", shp, get_comp(dq[0], nq), get_comp(dq[1], nq), nq, TOL_BF16, 0.0);
+    report("sm90 bwd dk ~ mma.sync", shp, get_comp(dk[0], nkv), get_comp(dk[1], nkv), nkv, TOL_BF16, 0.0);
+    report("sm90 bwd dv ~ mma.sync", shp, get_comp(dv[0], nkv), get_comp(dv[1], nkv), nkv, TOL_BF16, 0.0);
+    release_all();
+}
+
+/* Row b of start/end from document lengths lens[0..n-1] (summing to T). */
+static void lay_out_row(int32_t *start, int32_t *end, const int *lens, int n) {
+    for (int i = 0, t = 0; i < n; t += lens[i++])
+        for (int u = t; u < t + lens[i]; u++) start[u] = t, end[u] = t + lens[i];
+}
+
+/* Random layouts as packing makes them: documents of 1-8, 9-300 and 300-T tokens, cut
+ * where the row ends; some rows of documents ending on tile edges. */
+static void stress_random(int batches, int B, int T, int Hq, int Hkv, int hd) {
+    int *lens = malloc((size_t)T * sizeof *lens);
+    if (!lens) die("out of host memory");
+    for (int i = 0; i < batches; i++) {
+        /* fresh each batch: check_layout's release_all frees them */
+        int32_t *start = hints((size_t)B * T), *end = hints((size_t)B * T);
+        for (int b = 0; b < B; b++) {
+            int n = 0;
+            for (int t = 0; t < T;) {
+                float r = 0.5f * (frand() + 1.0f);
+                int len = r < 0.3f   ? 1 + (int)(8 * r / 0.3f)
+                          : r < 0.6f ? 9 + (int)(291 * (r - 0.3f) / 0.3f)
+                                     : 300 + (int)((T - 300) * (r - 0.6f) / 0.4f);
+                if ((i + b) % 7 == 0) len = 64 * (1 + (int)(4 * r)); /* tile edges */
+                if (len > T - t) len = T - t;
+                lens[n++] = len;
+                t += len;
+            }
+            lay_out_row(start + (size_t)b * T, end + (size_t)b * T, lens, n);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "random layout %d", i);
+        check_layout(start, end, B, T, Hq, Hkv, hd, name);
+    }
+    free(lens);
+}
+
+/* The packed rows of a token cache (data/rows.h), B at a time in file order. */
+static void stress_cache(const char *path, int T, int B, int Hq, int Hkv, int hd) {
+    errbuf err;
+    tok_cache c;
+    uint64_t *row_start, n_rows;
+    if (tok_open(&c, path, &err) || rows_pack(&c, T, &row_start, &n_rows, NULL, &err))
+        die("%s: %s", path, err.msg);
+    int32_t *ids = malloc((size_t)T * sizeof *ids), *labels = malloc((size_t)T * sizeof *labels);
+    if (!ids || !labels) die("out of host memory");
+    for (uint64_t r0 = 0; r0 + (uint64_t)B <= n_rows; r0 += (uint64_t)B) {
+        int32_t *start = hints((size_t)B * T), *end = hints((size_t)B * T);
+        for (int b = 0; b < B; b++)
+            row_fill_packed(&c, row_start, r0 + (uint64_t)b, T, ids, labels, start + (size_t)b * T,
+                            end + (size_t)b * T);
+        char name[96];
+        snprintf(name, sizeof name, "rows %llu-%llu", (unsigned long long)r0,
+                 (unsigned long long)(r0 + (uint64_t)B - 1));
+        check_layout(start, end, B, T, Hq, Hkv, hd, name);
+    }
+    free(ids);
+    free(labels);
+    free(row_start);
+    tok_close(&c);
+}
+
 /* ---- main ---- */
 
+/* --stress [CACHE T]: layouts of documents at the models' shapes, sm_90a beside mma.sync;
+ * with CACHE, the packed rows of that token cache at T tokens a row (Llama-1.1B's heads). */
+static int run_stress(int argc, char **argv) {
+    open_mma_context();
+    if (!have_mma) die("--stress: needs the sm_90a kernels (a compute capability 9.0 device)");
+    seed(2026);
+    if (argc == 4) {
+        int T = atoi(argv[3]);
+        if (T < 64 || T > 65536) die("--stress %s %s: T from 64 to 65536", argv[2], argv[3]);
+        stress_cache(argv[2], T, 8, 32, 4, 64);
+    } else {
+        stress_random(40, 8, 1024, 32, 4, 64);   /* Llama-1.1B: GQA 8:1, hd 64 */
+        stress_random(10, 2, 2048, 64, 8, 128);  /* 70B: GQA 8:1, hd 128 */
+        stress_random(10, 2, 2048, 32, 32, 128); /* 7B: MHA, hd 128 */
+        stress_random(10, 4, 1000, 12, 4, 64);   /* partial tiles */
+    }
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    kctx_destroy(&mma);
+    kctx_destroy(&gpu);
+    return n_failed ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
-    const char *mode = argc == 2 ? argv[1] : "";
+    const char *mode = argc >= 2 ? argv[1] : "";
     int bench = !strcmp(mode, "--bench"), self_test = !strcmp(mode, "--cpu");
-    int quick = self_test || !strcmp(mode, "--quick");
-    if (argc > 2 || (argc == 2 && !bench && !quick)) {
-        fprintf(stderr, "usage: %s [--quick | --bench | --cpu]\n", argv[0]);
+    int quick = self_test || !strcmp(mode, "--quick"), stress = !strcmp(mode, "--stress");
+    if ((argc > 2 && !(stress && argc == 4)) || (argc == 2 && !bench && !quick && !stress)) {
+        fprintf(stderr, "usage: %s [--quick | --bench | --cpu | --stress [CACHE T]]\n", argv[0]);
         return 2;
     }
     errbuf err;
@@ -750,6 +898,8 @@ int main(int argc, char **argv) {
         if (kctx_init(&gpu, K_CUDA, 0, &err)) die("%s", err.msg);
     }
     esize = k_compute_size(&gpu);
+    if (signal(SIGALRM, on_stall) == SIG_ERR) die("signal(SIGALRM) failed");
+    if (stress) return run_stress(argc, argv);
     if (bench) {
         run_bench();
         kctx_destroy(&gpu);
@@ -777,6 +927,11 @@ int main(int argc, char **argv) {
     check_attention_docs(2, 4, 1, 128, small, 5, 1);
     check_attention_docs(2, 6, 2, 64, small, 5, 0);
     check_attention_docs(2, 4, 2, 32, small, 5, 1); /* the plain path */
+    /* a document starting 4 and 6 key tiles past its query tile's first (warpgroup 1 of the
+     * sm_90a forward skips more tiles than its ring holds: once a kernel that never ended) */
+    static const int late[] = {513, 511}, later[] = {788, 236};
+    check_attention_docs(2, 8, 1, 64, late, 2, 0);
+    check_attention_docs(2, 4, 2, 128, later, 2, 1);
     /* Mistral's sliding window (F43): the band across tile edges, key tiles before it skipped
      * (forward, dQ) and query tiles after it (dK/dV), alone and inside packed documents, on
      * the tensor-core paths (hd 128, 64) and the plain one (hd 32); a window of 1 (a token
