@@ -18,7 +18,7 @@ static const struct point_spec {
     [FAULT_NAN_LOSS] = {"nan_loss", "RN", NULL},
     [FAULT_NAN_GRAD] = {"nan_grad", "RN", NULL},
     [FAULT_FINAL_PARAMS] = {"final_params", "P", NULL},
-    [FAULT_WORKER] = {"worker", "RAn", "exit hang_on_stop"},
+    [FAULT_WORKER] = {"worker", "RAn", "exit hang hang_on_stop"},
     [FAULT_CKPT_WRITE] = {"ckpt_write", "RAn", "stall die"},
     [FAULT_CKPT_REQUEST] = {"ckpt_request", "N", NULL},
     [FAULT_COMM_STALL] = {"comm_stall", "RNS", NULL},

@@ -6,7 +6,9 @@
  *   nan_loss=RANK:STEP            that rank's loss is NaN at that optimizer step
  *   nan_grad=RANK:STEP            one gradient element of that rank is NaN at that step
  *   final_params=PATH             rank 0 writes the final parameters (fp32) to PATH
- *   worker=RANK:ACTION[:STEP]     exit (at STEP), hang_on_stop (never exits after STOP)
+ *   worker=RANK:ACTION[:STEP]     exit (at STEP), hang (the training thread stops for good
+ *                                 after step STEP: a GPU kernel that never finishes),
+ *                                 hang_on_stop (never exits after STOP)
  *   ckpt_write=RANK:ACTION[:STEP] stall or die halfway through a shard file (the STEP-th
  *                                 save's, else the first)
  *   ckpt_request=STEP             fsdpd requests a checkpoint once step STEP is reported

@@ -61,6 +61,9 @@ typedef struct worker {
     int has_coll;            /* its collectives, from its heartbeats (daemon/locator.h) */
     msg_coll coll;
     double coll_changed_at;  /* when they last moved */
+    long long work_done;     /* its training's progress, from its heartbeats (0: not begun) */
+    long long work_step;     /* and its step then */
+    double work_at;          /* when work_done last moved (the stall watch) */
     int has_net;             /* its network, from its ready heartbeat */
     msg_net net;
 } worker;
@@ -749,6 +752,11 @@ static int check_net(supervisor *s, worker *w, const msg_net *net) {
 
 static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
     if (h->has_mem_bytes) w->mem_bytes = h->mem_bytes;
+    if (h->has_progress && h->progress != w->work_done) {
+        w->work_done = h->progress;
+        w->work_step = h->has_step ? h->step : 0;
+        w->work_at = clock_now_s();
+    }
     if (h->has_coll && (!w->has_coll || memcmp(&h->coll, &w->coll, sizeof h->coll) != 0)) {
         w->has_coll = 1;
         w->coll = h->coll;
@@ -988,10 +996,17 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     supervisor *s = arg;
     int hb = s->job.runtime.heartbeat_s;
     double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = clock_now_s();
+    /* the stall watch: a rank alive (heartbeats) whose training stopped moving */
+    double stall = job_stall_timeout_s(&s->job);
     for (int r = 0; r < s->opt->workers; r++) {
         worker *w = &s->workers[r];
         if (!w->exited && w->bev && now - w->last_seen > limit)
             fail(s, "rank %d sent nothing for %.0f s (heartbeat every %d s)", r, now - w->last_seen, hb);
+        else if (!w->exited && s->phase == PHASE_TRAINING && w->work_done > 0 && now - w->work_at > stall)
+            fail(s, "rank %d made no progress for %.0f s after step %lld (runtime.stall_timeout_s %d s), "
+                    "though its heartbeats still come: a GPU kernel or a call that never returns",
+                 w->rank, now - w->work_at, w->work_step,
+                 (int)stall);
     }
 }
 

@@ -209,6 +209,7 @@ static const job_key keys[] = {
     NUM("runtime", "node_timeout_s", K_INT, runtime.node_timeout_s, 2, INT_MAX),
     STR("runtime", "metrics", runtime.metrics, 0),
     NUM("runtime", "comm_timeout_s", K_INT, runtime.comm_timeout_s, 1, INT_MAX),
+    NUM("runtime", "stall_timeout_s", K_INT, runtime.stall_timeout_s, 0, INT_MAX),
     NUM("runtime", "log_every", K_INT, runtime.log_every, 1, INT_MAX),
     NUM("runtime", "gpu_memory_limit", K_SIZE, runtime.gpu_memory_limit, 0, INFINITY),
     OTHER("runtime", "log_to", K_LOG_TO, runtime.log_to),
@@ -1257,6 +1258,33 @@ static int resolve_checkpoint_dir(job_config *j, errbuf *err) {
     return 0;
 }
 
+/* The waits a healthy step may hold a rank for: a collective, a synchronous save. */
+static int longest_healthy_wait_s(const job_config *j) {
+    return j->runtime.comm_timeout_s > j->checkpoint.timeout_s ? j->runtime.comm_timeout_s
+                                                                : j->checkpoint.timeout_s;
+}
+
+int job_stall_timeout_s(const job_config *j) {
+    if (j->runtime.stall_timeout_s > 0) return j->runtime.stall_timeout_s;
+    int wait = longest_healthy_wait_s(j);
+    return wait > INT_MAX - 300 ? INT_MAX : wait + 300;
+}
+
+/* A stall timeout given must outlast what a healthy step may wait for, and a heartbeat. */
+static int check_stall_timeout(const job_config *j, errbuf *err) {
+    int given = j->runtime.stall_timeout_s, wait = longest_healthy_wait_s(j);
+    if (given == 0) return 0;
+    if (given <= wait)
+        return errf(err, "runtime.stall_timeout_s: %d s is not longer than a healthy step may wait "
+                         "(runtime.comm_timeout_s %d s for a collective, checkpoint.timeout_s %d s "
+                         "for a synchronous save)", given, j->runtime.comm_timeout_s, j->checkpoint.timeout_s);
+    if (given <= 2 * j->runtime.heartbeat_s)
+        return errf(err, "runtime.stall_timeout_s: %d s is not longer than two heartbeats "
+                         "(runtime.heartbeat_s %d s), which carry the progress it watches", given,
+                    j->runtime.heartbeat_s);
+    return 0;
+}
+
 int job_warmup_steps(const job_config *j, long long total_steps) {
     if (j->train.warmup_steps > 0 || j->train.warmup_ratio <= 0) return j->train.warmup_steps;
     double x = j->train.warmup_ratio * (double)total_steps;
@@ -1472,7 +1500,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
-    if (check_data(j, err)) return -1;
+    if (check_data(j, err) || check_stall_timeout(j, err)) return -1;
     if (j->runtime.node_timeout_s <= j->runtime.heartbeat_s)
         return errf(err, "runtime.node_timeout_s: %d s is not longer than runtime.heartbeat_s (%d s), the "
                     "period of the heartbeats it waits for", j->runtime.node_timeout_s, j->runtime.heartbeat_s);

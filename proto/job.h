@@ -204,6 +204,7 @@ typedef struct job_config {
         int node_timeout_s;           /* a node's daemon not heard from for this long is dead */
         char metrics[JOB_PATH_MAX];               /* "": output.dir/metrics.jsonl */
         int comm_timeout_s;
+        int stall_timeout_s;      /* 0: job_stall_timeout_s's default */
     int log_every;            /* the step line every N steps (the last and eval steps always) */
         int64_t gpu_memory_limit; /* bytes of context memory per worker; 0: none */
         unsigned log_to;          /* JOB_LOG_* bits */
@@ -277,6 +278,12 @@ const char *job_nearest_key(const char *word, int *distance);
 int job_typo_distance(const char *word, const char *candidate);
 /* true/false, True/False, TRUE/FALSE, 1/0, yes/no into *out; -1 for another word. */
 int job_parse_bool(const char *text, bool *out);
+
+/* runtime.stall_timeout_s in effect: a rank whose training makes no progress (no step, no
+ * evaluation batch, no sample reply) for this long is hung (a GPU kernel that does not finish:
+ * one GPU has no collective to time out), and the job stops.  0 (the default): 300 s more than
+ * the longest wait that is not a hang, max(runtime.comm_timeout_s, checkpoint.timeout_s). */
+int job_stall_timeout_s(const job_config *j);
 
 /* Warm-up steps of a run of total_steps optimizer steps: train.warmup_steps, or with it 0,
  * train.warmup_ratio x total_steps rounded as train.warmup_round says (up: transformers'

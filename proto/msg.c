@@ -94,6 +94,7 @@ static const body_info net_info = {net_fields, COUNT(net_fields), NULL};
 static const field heartbeat_fields[] = {
     BOOL(msg_heartbeat, "ready", ready),
     OPT_I64(msg_heartbeat, "step", step, 0),
+    OPT_I64(msg_heartbeat, "progress", progress, 0),
     OPT_I64(msg_heartbeat, "mem_bytes", mem_bytes, 0),
     OPT_SUB(msg_heartbeat, "coll", coll, coll_info),
     OPT_SUB(msg_heartbeat, "net", net, net_info),

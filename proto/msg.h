@@ -152,6 +152,9 @@ typedef struct msg_heartbeat {
     bool ready;         /* set once: connected to the peers, ready to START */
     bool has_step;
     int64_t step;       /* optimizer steps done */
+    bool has_progress;
+    int64_t progress;   /* units of training done (steps, evaluation batches, sample replies;
+                         * 1 once the loop has begun): the daemon's stall watch */
     bool has_mem_bytes;
     int64_t mem_bytes;  /* context memory in use after the last step */
     bool has_coll;

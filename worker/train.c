@@ -253,6 +253,10 @@ static int eval_due(const job_config *j, const row_source *d, long done, long to
     return done == total || (j->train.eval_interval > 0 && done % j->train.eval_interval == 0);
 }
 
+static void progress(const train_env *env) {
+    if (env->hooks.on_progress) env->hooks.on_progress(env->hooks.arg);
+}
+
 /* The mean token loss over the held-out samples: whole global batches, each rank its share,
  * in the training step's micro-batches. */
 static int evaluate(fsdp *f, row_source *d, const train_env *env, row_batch *rows,
@@ -266,6 +270,7 @@ static int evaluate(fsdp *f, row_source *d, const train_env *env, row_batch *row
         uint64_t first = b * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)rows->n;
         row_source_fill_eval(d, first, rows);
         if (fsdp_eval_loss(f, batch, &s, &n, err)) return -1;
+        progress(env);
         sum += s;
         count += n;
     }
@@ -325,6 +330,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
     const fault *delay = fault_get(FAULT_STEP_DELAY, env->rank);
+    progress(env); /* the loop has begun: the stall watch starts */
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
         if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
@@ -342,6 +348,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
         fsdp_step_result res;
         rc = fsdp_train_step(f, &batch, &hp, &res, err);
         if (rc) break;
+        progress(env);
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
         train_ckpt_action ckpt = ckpt_due(env, step + 1, total, &res, &served);
@@ -367,6 +374,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
         if (ckpt == TRAIN_CKPT_ASYNC || ckpt == TRAIN_CKPT_SYNC)
             rc = ckpt_writer_save(env->writer, f, step + 1, env->ckpt_attempt, ckpt == TRAIN_CKPT_SYNC,
                                   tokens_seen, err);
+        progress(env); /* the samples and the save, when there were */
     }
     row_batch_free(&rb);
     free(samples);

@@ -53,6 +53,10 @@ typedef struct train_hooks {
     void *arg;
     /* After every optimizer step. */
     void (*on_step)(void *arg, const train_step_info *info);
+    /* After each unit of training work: the loop's start, each step, each evaluation batch,
+     * the sample replies, a save (the daemon's stall watch, runtime.stall_timeout_s).  NULL:
+     * none. */
+    void (*on_progress)(void *arg);
     /* Polled before every step and voted: when it is non-zero on any rank, every rank stops
      * cleanly after that step; TRAIN_STOP_SAVE on any rank: after a synchronous checkpoint of
      * that step (SIGTERM: no save left in the background, no step after it). */

@@ -55,6 +55,7 @@ typedef struct worker {
     llama_config model;
     atomic_int stop_requested; /* 0, TRAIN_STOP or TRAIN_STOP_SAVE */
     atomic_long step;
+    atomic_llong work_done;    /* train_hooks.on_progress calls, for the heartbeats */
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
     atomic_llong ckpt_sync_request; /* the newest that asked for a synchronous save */
@@ -309,6 +310,7 @@ static void *heartbeat_loop(void *arg) {
         long long mem = atomic_load(&w->mem_bytes);
         msg beat = {.type = MSG_HEARTBEAT,
                     .u.heartbeat = {.has_step = true, .step = atomic_load(&w->step),
+                                    .has_progress = true, .progress = atomic_load(&w->work_done),
                                     .has_mem_bytes = mem >= 0, .mem_bytes = mem,
                                     .has_coll = atomic_load(&w->have_comm) != 0}};
         if (beat.u.heartbeat.has_coll) {
@@ -425,6 +427,12 @@ static void on_step(void *arg, const train_step_info *s) {
         if (send(w, &m, &err)) _exit(1);
     }
     if (w->fault && !strcmp(w->fault->action, "exit") && s->step == w->fault->n) _exit(3);
+    if (w->fault && !strcmp(w->fault->action, "hang") && s->step == w->fault->n) fault_hang();
+}
+
+static void on_progress(void *arg) {
+    worker *w = arg;
+    atomic_fetch_add(&w->work_done, 1);
 }
 
 /* Rank 0's replies to the sample prompts, to fsdpd (which writes samples.jsonl). */
@@ -479,7 +487,7 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0) {
         train_env env = {.job = &w->job, .model = &w->model, .rank = w->rank, .world = w->world, .comm = c,
                          .shard_comm = p.shard, .replica_comm = p.replica, .ctx = &ctx,
-                         .hooks = {.arg = w, .on_step = on_step, .should_stop = should_stop,
+                         .hooks = {.arg = w, .on_step = on_step, .on_progress = on_progress, .should_stop = should_stop,
                                    .ckpt_request = ckpt_request, .ckpt_sync_request = ckpt_sync_request,
                                    .on_sample = on_sample},
                          .samples = w->samples.n ? &w->samples : NULL,

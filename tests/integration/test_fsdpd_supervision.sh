@@ -2,7 +2,8 @@
 # fsdpd spawning and stopping its workers (F3): a job that succeeds (under SLURM on one node
 # too); bad job files; SLURM environments that do not hold together, and what several nodes
 # cannot do yet (checkpoints, F21); a worker
-# that exits non-zero, one killed by SIGKILL, one that hangs when told to stop: fsdpd exits
+# that exits non-zero, one killed by SIGKILL, one that hangs when told to stop, one whose
+# training stops moving while its heartbeats go on (runtime.stall_timeout_s): fsdpd exits
 # non-zero within 10 s naming the cause and leaves no process behind; SIGKILL to fsdpd: its
 # workers are gone within 5 s.
 source "$(dirname "$0")/lib.sh"
@@ -72,6 +73,28 @@ grep -q "rank 0 exited with status 3" "$tmp/hang.log" || { cat "$tmp/hang.log"; 
 grep -q "killing them" "$tmp/hang.log" || { cat "$tmp/hang.log"; fail "the hung worker was not killed"; }
 assert_gone $(worker_pids "$tmp/hang.log")
 echo "hung worker: fsdpd stopped in ${elapsed} ms"
+
+# --- a lone worker whose training stops moving (a GPU kernel that never ends: no collective
+# times out on one GPU), its heartbeats still coming: the stall watch stops the job ----------
+stall=(--runtime.workers_per_node=1 --runtime.heartbeat_s=1 --runtime.comm_timeout_s=1
+       --checkpoint.timeout_s=1 --runtime.stall_timeout_s=4 --train.max_steps=1000)
+start=$(date +%s)
+FSDP_FAULTS=worker=0:hang:2 "$fsdpd" --job "$tmp/job.json" "${stall[@]}" > "$tmp/stall.log" 2>&1 &
+pid=$!
+bg_pids+=("$pid")
+wait_for 20 sh -c "! kill -0 $pid 2>/dev/null"
+status=0
+wait "$pid" || status=$?
+[ "$status" -ne 0 ] || { cat "$tmp/stall.log"; fail "fsdpd exited 0 after a stalled step"; }
+grep -q "rank 0 made no progress for [4-9] s after step 2 (runtime.stall_timeout_s 4 s)" "$tmp/stall.log" ||
+    { cat "$tmp/stall.log"; fail "the stall was not named"; }
+assert_gone $(worker_pids "$tmp/stall.log")
+echo "stalled worker: fsdpd stopped $(( $(date +%s) - start )) s after the start"
+# a job that only runs slowly is not stalled: steps of 1.5 s under a 4 s watch
+FSDP_FAULTS=step_delay=0:1.5 "$fsdpd" --job "$tmp/job.json" "${stall[@]}" --train.max_steps=5 > "$tmp/slow.log" 2>&1 ||
+    { cat "$tmp/slow.log"; fail "a slow job was stopped"; }
+expect_status 2 "runtime.stall_timeout_s: 4 s is not longer than a healthy step may wait" \
+    "$fsdpd" --job "$tmp/job.json" "${stall[@]}" --runtime.comm_timeout_s=5
 
 # --- a worker killed by SIGKILL ------------------------------------------------------------
 env "$fsdpd" --job "$tmp/job.json" --train.max_steps=1000 > "$tmp/kill.log" 2>&1 &

@@ -24,7 +24,8 @@ static void refused(const char *spec, const char *want) {
 
 static void test_lookups(void **state) {
     (void)state;
-    must("worker=0:exit:2;worker=1:hang_on_stop;final_params=/tmp/a:b;comm_stall=1:2:0.5;nccl_hang=3;step_delay=2:0.25");
+    must("worker=0:exit:2;worker=1:hang_on_stop;worker=3:hang:4;final_params=/tmp/a:b;comm_stall=1:2:0.5;nccl_hang=3;"
+         "step_delay=2:0.25");
     const fault *f = fault_get(FAULT_WORKER, 0);
     assert_non_null(f);
     assert_string_equal(f->action, "exit");
@@ -33,6 +34,8 @@ static void test_lookups(void **state) {
     assert_string_equal(f->action, "hang_on_stop");
     assert_int_equal(f->n, 0);
     assert_null(fault_get(FAULT_WORKER, 2));
+    assert_string_equal(fault_get(FAULT_WORKER, 3)->action, "hang");
+    assert_int_equal(fault_get(FAULT_WORKER, 3)->n, 4);
     assert_string_equal(fault_get(FAULT_FINAL_PARAMS, 5)->path, "/tmp/a:b"); /* no rank: any */
     assert_true(fault_get(FAULT_COMM_STALL, 1)->seconds == 0.5);
     assert_int_equal(fault_get(FAULT_COMM_STALL, 1)->n, 2);
@@ -60,8 +63,8 @@ static void test_refusals(void **state) {
     refused("nan_loss=1:2:3", "nan_loss: too many fields");
     refused("nan_loss=x:2", "nan_loss: 'x' is not a rank");
     refused("nan_loss=1:0", "nan_loss: '0' is not a positive integer");
-    refused("worker=1:explode", "worker: 'explode' is not one of: exit hang_on_stop");
-    refused("worker=1:hang", "is not one of");
+    refused("worker=1:explode", "worker: 'explode' is not one of: exit hang hang_on_stop");
+    refused("worker=1:hang_on", "is not one of");
     refused("comm_stall=1:2:-1", "comm_stall: '-1' is not a number of seconds");
     refused("final_params=", "final_params: a path is needed");
     refused("nan_loss=0:1;bogus=1", "'bogus' is not a fault point");

@@ -57,6 +57,13 @@ static void test_defaults_are_valid(void **state) {
     assert_true(j.output.consolidate);
     assert_string_equal(j.checkpoint.dir, ""); /* job_resolve: OUTPUT_DIR.checkpoints */
     assert_int_equal(j.checkpoint.max_failed_saves, 3);
+    /* the stall watch: 300 s past the longest healthy wait unless given */
+    assert_int_equal(job_stall_timeout_s(&j), 900);
+    j.checkpoint.timeout_s = 1200;
+    assert_int_equal(job_stall_timeout_s(&j), 1500);
+    j.runtime.stall_timeout_s = 2000;
+    assert_int_equal(job_stall_timeout_s(&j), 2000);
+    j.runtime.stall_timeout_s = 0, j.checkpoint.timeout_s = 600;
     /* Packing is off unless asked for; no evaluation split unless asked for. */
     assert_false(j.data.packing);
     assert_true(j.data.eval_fraction == 0);
@@ -215,6 +222,15 @@ static const bad_case bad_cases[] = {
     {"{\"runtime\":{\"gpu_memory_limit\":1.5}}", 1, "runtime.gpu_memory_limit: expected a size", NULL},
     {"{\"output\":{\"dtype\":\"f16\"}}", 1, "output.dtype: unknown choice 'f16'", "auto, bf16, f32"},
     {"{\"runtime\":{\"heartbeat_s\":0}}", 1, "runtime.heartbeat_s: 0 is out of range", NULL},
+    {"{\"runtime\":{\"stall_timeout_s\":-1}}", 1, "runtime.stall_timeout_s: -1 is out of range", NULL},
+    {"{" MD ",\"runtime\":{\"stall_timeout_s\":600}}", 1,
+     "runtime.stall_timeout_s: 600 s is not longer than a healthy step may wait",
+     "runtime.comm_timeout_s 600 s for a collective, checkpoint.timeout_s 600 s"},
+    {"{" MD ",\"runtime\":{\"stall_timeout_s\":700,\"comm_timeout_s\":800}}", 1,
+     "runtime.stall_timeout_s: 700 s is not longer", "comm_timeout_s 800 s"},
+    {"{" MD ",\"runtime\":{\"stall_timeout_s\":12,\"heartbeat_s\":6,\"comm_timeout_s\":5},"
+     "\"checkpoint\":{\"timeout_s\":5}}", 1,
+     "runtime.stall_timeout_s: 12 s is not longer than two heartbeats", "runtime.heartbeat_s 6 s"},
     {"{\"runtime\":{\"status_socket\":\"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"}}", 1,
      "runtime.status_socket: ", "is too long (at most 107)"},

@@ -484,7 +484,8 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_HELLO, .u.hello = {.pid = 77}},
         {.type = MSG_START},
         {.type = MSG_HEARTBEAT, .u.heartbeat = {.ready = true}},
-        {.type = MSG_HEARTBEAT, .u.heartbeat = {.has_step = true, .step = 5, .has_mem_bytes = true, .mem_bytes = 1 << 20}},
+        {.type = MSG_HEARTBEAT, .u.heartbeat = {.has_step = true, .step = 5, .has_progress = true, .progress = 12,
+                                                .has_mem_bytes = true, .mem_bytes = 1 << 20}},
         {.type = MSG_HEARTBEAT, .u.heartbeat = {.has_coll = true, .coll = {.started = 9, .finished = 8, .op = "all_gather", .unit = -1},
                                                 .has_net = true, .net = {"Socket", true, 12.5}}},
         {.type = MSG_METRICS, .u.metrics = {.step = 3, .total_steps = 9, .loss = 2.5, .lr = 1e-4, .grad_norm = 0.75,
@@ -536,9 +537,11 @@ static void test_every_type_round_trips(void **state) {
     msg back;
     through_wire(&all[3], &back);
     assert_true(back.u.heartbeat.has_step && back.u.heartbeat.step == 5 && !back.u.heartbeat.ready);
+    assert_true(back.u.heartbeat.has_progress && back.u.heartbeat.progress == 12);
     msg_free(&back);
     through_wire(&all[2], &back);
     assert_false(back.u.heartbeat.has_step);
+    assert_false(back.u.heartbeat.has_progress);
     msg_free(&back);
     through_wire(&all[6], &back);
     assert_true(back.u.metrics.has_checkpoint);
