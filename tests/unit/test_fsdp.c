@@ -567,13 +567,17 @@ static void test_recompute_same_bits(void **state) {
 }
 
 /* The largest relative difference of a[n] and b[n]. */
-static double max_rel(const float *a, const float *b, size_t n) {
-    double worst = 0;
+/* max |a - b| over max |a|: the difference against the state's scale (an element near zero
+ * after Adam's steps, 5e-4 where the masters are 0.3, differs by a few ulps of the large ones:
+ * against itself, relative to a 1e-3 floor, it failed on one machine's BLAS). */
+static double max_scaled_diff(const float *a, const float *b, size_t n) {
+    double worst = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)a[i]), 1e-3);
+        double d = fabs((double)a[i] - b[i]);
         worst = d > worst ? d : worst;
+        scale = fabs((double)a[i]) > scale ? fabs((double)a[i]) : scale;
     }
-    return worst;
+    return scale > 0 ? worst / scale : worst;
 }
 
 /* fsdp.mlp_chunk (F46): each layer's MLP in chunks of rows (forward, and backward recomputing
@@ -609,7 +613,7 @@ static void test_mlp_chunk(void **state) {
         opt.mlp_chunk = cases[i].chunk;
         run_offloaded(&cfg, image, bytes, &base, &a);
         run_offloaded(&cfg, image, bytes, &opt, &b);
-        double state_rel = max_rel(a.state, b.state, a.n);
+        double state_rel = max_scaled_diff(a.state, b.state, a.n);
         printf("mlp_chunk %d, keep %d, %d inputs offloaded, cpu_offload %d: losses %.9f %.9f %.9f vs %.9f %.9f "
                "%.9f, state rel %.2e, context memory %zu -> %zu\n", cases[i].chunk, (int)cases[i].keep,
                cases[i].offload_layers, cases[i].cpu_offload, a.loss[0], a.loss[1], a.loss[2], b.loss[0], b.loss[1],
