@@ -11,6 +11,12 @@
 # configs/models/qwen2.5-7b.json, qwen3-8b.json, mistral-7b-v0.3.json: Qwen2's q/k/v biases,
 # Qwen3's q/k norms); tie_word_embeddings false everywhere.
 #
+# --float8 (F45): torchao's float8 training on the decoder layers' linears but the first and
+# the last layer's (fsdpd's train.precision fp8 layers), tensorwise dynamic scaling, the FP8
+# all-gather of weights (enable_fsdp_float8_all_gather, the scales precomputed after each
+# optimizer step, as torchtitan does); --compile: each decoder layer under torch.compile (torchao
+# fuses its casts there; eager, each cast is its own kernels).
+#
 # Rank 0 prints one JSON line: step time, tokens/s in all and per GPU, MFU (the formula of
 # ../shared/bench/peer_torch.py), peak memory of rank 0 (max_memory_allocated).
 import argparse
@@ -78,7 +84,24 @@ def built_rope_type(model, cfg):
     return "default"
 
 
-def build(name, seq, ckpt):
+def to_float8(model, n_layers):
+    """torchao's float8 linears in decoder layers 1 .. n_layers - 2 (the head and the first and
+    last layers stay bf16, as fsdpd's train.precision fp8 keeps them)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def chosen(mod, fqn):
+        parts = fqn.split(".")
+        if not isinstance(mod, torch.nn.Linear) or "layers" not in parts:
+            return False
+        layer = int(parts[parts.index("layers") + 1])
+        return 1 <= layer <= n_layers - 2
+
+    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
+                               module_filter_fn=chosen)
+    return sum(isinstance(m, torch.nn.Linear) and type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def build(name, seq, ckpt, float8=False, compile_layers=False):
     shape = dict(CFG[name])
     rope = shape.pop("rope", None)
     config_class, model_class = classes(shape.pop("family", "Llama"))
@@ -93,11 +116,14 @@ def build(name, seq, ckpt):
         raise SystemExit(f"{name}: transformers built RoPE '{rope_type}', not {rope}")
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_float8 = to_float8(model, cfg.num_hidden_layers) if float8 else 0
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
+        if compile_layers:
+            layer.compile()
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    return cfg, model, n_total
+    return cfg, model, n_total, n_float8
 
 
 def main():
@@ -108,6 +134,8 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing")
+    ap.add_argument("--float8", action="store_true", help="torchao float8 training (tensorwise, FP8 all-gather)")
+    ap.add_argument("--compile", action="store_true", help="each decoder layer under torch.compile")
     a = ap.parse_args()
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -115,7 +143,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg, model, n_total = build(a.model, a.seq, not a.no_ckpt)
+    cfg, model, n_total, n_float8 = build(a.model, a.seq, not a.no_ckpt, a.float8, a.compile)
+    if a.float8:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
     opt_kind = "fused"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
@@ -125,6 +155,8 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if a.float8:  # the weights' scales for the next step's FP8 all-gather
+            precompute_float8_dynamic_scale_for_fsdp(model)
         return loss
 
     try:
@@ -149,7 +181,8 @@ def main():
     flops_tok = 6 * (n_total - cfg.vocab_size * d) + 12 * L * d * a.seq
     if rank == 0:
         print(json.dumps(dict(peer="torch fully_shard", model=a.model, model_class=type(model).__name__, gpus=world, batch_per_gpu=a.batch,
-                              seq=a.seq, activation_checkpointing=not a.no_ckpt, optimizer=opt_kind, params_b=n_total / 1e9, step_s=dt,
+                              seq=a.seq, activation_checkpointing=not a.no_ckpt, optimizer=opt_kind,
+                              float8_linears=n_float8, compiled=a.compile, params_b=n_total / 1e9, step_s=dt,
                               tokens_per_s=tok, tokens_per_s_per_gpu=tok / world,
                               mfu=flops_tok * tok / world / 989e12,
                               peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,

@@ -108,6 +108,7 @@ static const choice precision_choices[] = {
     {"bf16", JOB_PRECISION_BF16}, {"fp8", JOB_PRECISION_FP8}, {NULL, 0}};
 static const choice fp8_scaling_choices[] = {
     {"tensorwise", JOB_FP8_TENSORWISE}, {"rowwise", JOB_FP8_ROWWISE}, {NULL, 0}};
+static const choice fp8_format_choices[] = {{"e4m3", JOB_FP8_E4M3}, {"e5m2", JOB_FP8_E5M2}, {NULL, 0}};
 
 static const char *const lora_modules[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -165,6 +166,7 @@ static const job_key keys[] = {
     CHOICE("train", "precision", train.precision, precision_choices),
     CHOICE("train", "fp8_scaling", train.fp8_scaling, fp8_scaling_choices),
     OTHER("train", "fp8_all_gather", K_BOOL, train.fp8_all_gather),
+    CHOICE("train", "fp8_grad_format", train.fp8_grad_format, fp8_format_choices),
 
     NUM("lora", "rank", K_INT, lora.rank, 1, 65536),
     RANGE("lora", "alpha", K_DOUBLE, lora.alpha, 0, INFINITY, true, false),
@@ -302,6 +304,7 @@ void job_defaults(job_config *j) {
     j->train.precision = JOB_PRECISION_BF16;
     j->train.fp8_scaling = JOB_FP8_TENSORWISE;
     j->train.fp8_all_gather = true;
+    j->train.fp8_grad_format = JOB_FP8_E4M3;
 
     j->lora.rank = 8;
     j->lora.alpha = 16;

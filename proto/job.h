@@ -77,6 +77,7 @@ typedef enum job_round { JOB_ROUND_UP, JOB_ROUND_DOWN } job_round;
  * scaling (kernels' k_fp8_cast): one scale a tensor or one a row.  fp8: full fine-tunes, SFT. */
 typedef enum job_precision { JOB_PRECISION_BF16, JOB_PRECISION_FP8 } job_precision;
 typedef enum job_fp8_scaling { JOB_FP8_TENSORWISE, JOB_FP8_ROWWISE } job_fp8_scaling;
+typedef enum job_fp8_format { JOB_FP8_E4M3, JOB_FP8_E5M2 } job_fp8_format;
 
 /* train.objective (worker/fsdp_pref.h): supervised, or preference pairs; train.dpo_loss. */
 typedef enum job_objective { JOB_OBJECTIVE_SFT, JOB_OBJECTIVE_DPO, JOB_OBJECTIVE_ORPO } job_objective;
@@ -143,6 +144,7 @@ typedef struct job_config {
         job_precision precision;     /* F45 */
         job_fp8_scaling fp8_scaling; /* with precision fp8 */
         bool fp8_all_gather;         /* with precision fp8: the FP8 layers gathered as e4m3 codes */
+        job_fp8_format fp8_grad_format; /* with precision fp8: the output gradients' format */
         /* Not a job-file key: derived by job_resolve, global_batch / (micro_batch x world
          * size) (train.accumulation holds the same once resolved). */
         int grad_accum;

@@ -113,9 +113,9 @@ static int plan_memory(const train_env *env, model_image_quant quant, fsdp_optio
                 o.offload_layers, env->model->num_hidden_layers);
     if (j->train.precision == JOB_PRECISION_FP8 && env->rank == 0)
         fprintf(stderr, "fsdp-worker rank 0: train.precision fp8: the projections of layers 1-%d of %d in FP8 "
-                        "(e4m3, %s scales; the first and the last layer, attention, norms and the head in the "
+                        "(e4m3, gradients %s, %s scales; the first and the last layer, attention, norms and the head in the "
                         "compute dtype; %s)\n", env->model->num_hidden_layers - 2, env->model->num_hidden_layers,
-                j->train.fp8_scaling == JOB_FP8_ROWWISE ? "rowwise" : "tensorwise",
+                j->train.fp8_grad_format == JOB_FP8_E5M2 ? "e5m2" : "e4m3", j->train.fp8_scaling == JOB_FP8_ROWWISE ? "rowwise" : "tensorwise",
                 j->train.fp8_all_gather ? "their weights gathered as e4m3 codes, cast once a gather"
                                         : "their weights gathered in the compute dtype, cast at each GEMM");
     opt->recompute = o.recompute;
@@ -142,7 +142,7 @@ static int load_model(fsdp *f, const train_env *env, model_memory *image_out, in
                         .mlp_chunk = j->fsdp.mlp_chunk,
                         .fp8 = j->train.precision == JOB_PRECISION_FP8,
                         .fp8_scaling = j->train.fp8_scaling == JOB_FP8_ROWWISE ? K_FP8_ROWWISE : K_FP8_TENSORWISE,
-                        .fp8_grad_format = FP8_E4M3, /* torchao's recipes' too; e5m2 unmeasured */
+                        .fp8_grad_format = j->train.fp8_grad_format == JOB_FP8_E5M2 ? FP8_E5M2 : FP8_E4M3,
                         .fp8_all_gather = j->train.precision == JOB_PRECISION_FP8 && j->train.fp8_all_gather,
                         .offload_threads = offload_threads(j),
                         .shard_comm = env->shard_comm, .replica_comm = env->replica_comm,

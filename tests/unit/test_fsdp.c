@@ -431,17 +431,20 @@ static void test_fp8_linears(void **state) {
     fsdp_options none = {.sharding = JOB_SHARD_FULL};
     fsdp_options tensorwise = {.sharding = JOB_SHARD_FULL, .fp8 = 1, .fp8_scaling = K_FP8_TENSORWISE,
                                .fp8_grad_format = FP8_E4M3};
-    fsdp_options rowwise = tensorwise;
+    fsdp_options rowwise = tensorwise, e5m2 = tensorwise;
     rowwise.fp8_scaling = K_FP8_ROWWISE;
-    offload_run a, t, r;
+    e5m2.fp8_grad_format = FP8_E5M2; /* train.fp8_grad_format */
+    offload_run a, t, r, e;
     run_offloaded(&cfg, image, bytes, &none, &a);
     run_offloaded(&cfg, image, bytes, &tensorwise, &t);
     run_offloaded(&cfg, image, bytes, &rowwise, &r);
-    const offload_run *fp8[] = {&t, &r};
-    for (int k = 0; k < 2; k++)
+    run_offloaded(&cfg, image, bytes, &e5m2, &e);
+    const offload_run *fp8[] = {&t, &r, &e};
+    static const char *const names[] = {"tensorwise", "rowwise", "tensorwise, e5m2 gradients"};
+    for (int k = 0; k < 3; k++)
         for (int s = 0; s < STEPS; s++) {
             const offload_run *x = fp8[k];
-            printf("%s step %d: loss %.7f (fp32 %.7f), grad norm %.7f (%.7f)\n", k ? "rowwise" : "tensorwise", s + 1,
+            printf("%s step %d: loss %.7f (fp32 %.7f), grad norm %.7f (%.7f)\n", names[k], s + 1,
                    x->loss[s], a.loss[s], x->norm[s], a.norm[s]);
             assert_true(x->loss[s] != a.loss[s]);
             assert_true(fabs(x->loss[s] - a.loss[s]) <= 2e-3 * a.loss[s]);
@@ -464,6 +467,9 @@ static void test_fp8_linears(void **state) {
     }
     for (int u = 0; u < UNITS; u++) free(g32[u]);
     assert_true(t.loss[1] != r.loss[1]);
+    /* the gradients' format: the first forward is e4m3's, the first update is not */
+    assert_true(e.loss[0] == t.loss[0] && e.loss[1] != t.loss[1] && e.norm[0] != t.norm[0]);
+    free(e.state);
     assert_true(t.eval != a.eval && fabs(t.eval - a.eval) <= 1e-2 * a.eval);
     llama_layout lo;
     llama_fp8 f8;

@@ -348,6 +348,8 @@ static void test_precision_keys(void **state) {
     assert_int_equal(j.train.fp8_scaling, JOB_FP8_TENSORWISE);
     override_fails(&j, "--train.precision=fp16", "train.precision");
     override_fails(&j, "--train.fp8_scaling=blockwise", "train.fp8_scaling");
+    assert_int_equal(j.train.fp8_grad_format, JOB_FP8_E4M3);
+    override_fails(&j, "--train.fp8_grad_format=e3m4", "train.fp8_grad_format");
     strcpy(j.model.path, "models/llama");
     strcpy(j.data.path, "data.jsonl");
     must_override(&j, "--train.precision=bf16");
@@ -364,6 +366,13 @@ static void test_precision_keys(void **state) {
     assert_contains(err.msg, "train.fp8_all_gather with train.fp8_scaling rowwise is not built yet");
     must_override(&k, "--train.fp8_all_gather=false");
     if (resolve_and_validate(&k, 1, &err)) fail_msg("%s", err.msg); /* a full fine-tune, SFT */
+    job_config e5 = k, e5_bf16 = j;
+    must_override(&e5, "--train.fp8_grad_format=e5m2");
+    assert_int_equal(e5.train.fp8_grad_format, JOB_FP8_E5M2);
+    if (resolve_and_validate(&e5, 1, &err)) fail_msg("%s", err.msg);
+    must_override(&e5_bf16, "--train.fp8_grad_format=e5m2");
+    assert_int_equal(resolve_and_validate(&e5_bf16, 1, &err), -1);
+    assert_contains(err.msg, "train.fp8_grad_format: \"e5m2\" is set but train.precision is not fp8");
     job_config off = j, gathers = k;
     must_override(&off, "--train.fp8_all_gather=false");
     assert_int_equal(resolve_and_validate(&off, 1, &err), -1);
