@@ -25,6 +25,7 @@ static const struct point_spec {
     [FAULT_NCCL_HANG] = {"nccl_hang", "N", NULL},
     [FAULT_STEP_DELAY] = {"step_delay", "RS", NULL},
     [FAULT_FABRIC_ROOT] = {"fabric_root", "P", NULL},
+    [FAULT_HOST_MEMORY] = {"host_memory", "N", NULL},
 };
 
 static fault table[MAX_FAULTS];

@@ -17,6 +17,8 @@
  *                                 enough for a test to act on it mid-training)
  *   fabric_root=PATH              the fabric probe looks for /sys and /opt under PATH (a fake
  *                                 EFA or InfiniBand machine, daemon/fabric.h)
+ *   host_memory=BYTES             fsdpd reads the node's available memory as BYTES
+ *                                 (daemon/host_memory.h)
  *   nccl_hang=CALL                this process's CALL-th NCCL collective waits behind a
  *                                 kernel spinning on a host flag
  *
@@ -40,6 +42,7 @@ typedef enum fault_point {
     FAULT_NCCL_HANG,
     FAULT_STEP_DELAY,
     FAULT_FABRIC_ROOT,
+    FAULT_HOST_MEMORY,
     FAULT_POINTS
 } fault_point;
 

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "base/fileio.h"
 #include "base/path.h"
 #include "daemon/ckpt_commit.h"
+#include "daemon/host_memory.h"
 #include "daemon/log.h"
 #include "daemon/model_shm.h"
 #include "kernels/kernels.h"
@@ -60,6 +62,26 @@ static int count_params(run_record *r, const job_config *j, const llama_config *
     return 0;
 }
 
+/* The pinned host memory this node's workers will hold (fsdp.cpu_offload's shards,
+ * fsdp.offload_activations' inputs), against what the node has left: refused now when it
+ * cannot fit, not in a worker's allocation after the model has loaded. */
+static int check_host_memory(const memory_plan *p, int workers, errbuf *err) {
+    uint64_t each = p->host_offload + p->host_activations, need = (uint64_t)workers * each, have;
+    const char *source;
+    if (need == 0) return 0;
+    if (host_memory_available(&have, &source, err)) return errprefix(err, "this node's memory");
+    if (need <= have) return 0;
+    const char *what = !p->host_offload ? "offloaded layer inputs"
+                       : p->host_activations ? "fsdp.cpu_offload's masters, AdamW state and gradients, and offloaded layer inputs"
+                                             : "fsdp.cpu_offload's masters, AdamW state and gradients";
+    const double g = (double)(1ull << 30);
+    return errf(err, "not enough host memory: %d worker%s on this node would pin %.1f GiB (%" PRIu64 " bytes; "
+                     "%.1f GiB each: %s), and the node has %.1f GiB (%" PRIu64 " bytes) available (%s); spread "
+                     "the job over more GPUs or nodes (the shards shrink with the world) or run fewer workers a "
+                     "node", workers, workers == 1 ? "" : "s", (double)need / g, need, (double)each / g, what,
+                (double)have / g, have, source);
+}
+
 /* The memory plan's peak a worker and its activation checkpointing, as the worker will plan
  * them (auto: within the GPU's memory, or runtime.gpu_memory_limit). */
 static int plan_memory(run_record *r, const job_config *j, const llama_config *cfg, model_image_quant q,
@@ -78,7 +100,7 @@ static int plan_memory(run_record *r, const job_config *j, const llama_config *c
     }
     r->peak_gpu_bytes = (int64_t)p.total;
     llama_recompute_format(o.recompute, cfg->num_hidden_layers, r->recompute, sizeof r->recompute);
-    return 0;
+    return check_host_memory(&p, (int)r->workers_per_node, err);
 }
 
 static void set_dtypes(run_record *r, const job_config *j, model_image_quant q) {

@@ -5,7 +5,8 @@
 #    for a full fine-tune, LoRA and QLoRA (fsdp.offload_params: the frozen base streamed from
 #    fsdpd's model memory at each use);
 #  - an offloaded run's checkpoint resumes, offloaded or not, to the uninterrupted run's bits;
-#  - what cannot work is refused, naming why.
+#  - what cannot work is refused, naming why (pinned host memory past the node's: before the
+#    model loads).
 source "$(dirname "$0")/lib.sh"
 
 write_base_job full
@@ -81,4 +82,9 @@ run params_full -- --fsdp.offload_params=true
 run params_bf16 -- --train.type=lora --fsdp.offload_params=true --model.dtype=bf16
 [ "$status" -ne 0 ] && grep -q 'it is streamed as it is: set model.dtype to fp32' "$tmp/params_bf16.log" ||
     { cat "$tmp/params_bf16.log"; fail "a model memory in another dtype than the compute's was streamed"; }
+# pinned host memory beyond what the node has: refused before the model loads, the figures named
+run host_mem host_memory=1000 -- --fsdp.cpu_offload=true
+[ "$status" -ne 0 ] && grep -q "not enough host memory: 2 workers on this node would pin .* bytes; .* GiB each: fsdp.cpu_offload's masters, AdamW state and gradients), and the node has 0.0 GiB (1000 bytes) available (FSDP_FAULTS host_memory)" \
+    "$tmp/host_mem.log" || { cat "$tmp/host_mem.log"; fail "pinned host memory past the node's was not refused"; }
+! grep -q "started, pid" "$tmp/host_mem.log" || fail "workers started before the host memory was checked"
 echo "offload: ok"
