@@ -1,24 +1,22 @@
 /* host_memory: see host_memory.h. */
 #include "daemon/host_memory.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/fault.h"
 
-/* MemAvailable of /proc/meminfo, in bytes; -1 when absent. */
-static int meminfo_available(uint64_t *bytes) {
-    FILE *f = fopen("/proc/meminfo", "r");
+long long proc_kib_field(const char *path, const char *field) {
+    FILE *f = fopen(path, "re");
     if (!f) return -1;
-    char line[256];
-    int rc = -1;
-    unsigned long long kb;
-    while (rc && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *bytes = (uint64_t)kb * 1024, rc = 0;
+    char line[256], want[64];
+    snprintf(want, sizeof want, "%s: %%lld kB", field);
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, want, &kib) == 1) break;
     fclose(f);
-    return rc;
+    return kib < 0 ? -1 : kib * 1024;
 }
 
 /* One unsigned number from file dir/name; -1 when unreadable or "max" (no limit). */
@@ -69,8 +67,10 @@ int host_memory_available(uint64_t *bytes, const char **source, errbuf *err) {
         *source = "FSDP_FAULTS host_memory";
         return 0;
     }
-    uint64_t avail, cg;
-    int have_avail = meminfo_available(&avail) == 0, have_cg = cgroup_headroom(&cg) == 0;
+    uint64_t cg;
+    long long meminfo = proc_kib_field("/proc/meminfo", "MemAvailable");
+    uint64_t avail = meminfo < 0 ? 0 : (uint64_t)meminfo;
+    int have_avail = meminfo >= 0, have_cg = cgroup_headroom(&cg) == 0;
     if (!have_avail && !have_cg) return errf(err, "neither /proc/meminfo's MemAvailable nor a cgroup limit can be read");
     if (have_cg && (!have_avail || cg < avail)) {
         *bytes = cg;

@@ -11,11 +11,14 @@
 #ifndef FSDP_HOST_MEMORY_H
 #define FSDP_HOST_MEMORY_H
 
-#include <stddef.h>
 #include <stdint.h>
 
 #include "base/errbuf.h"
 
 int host_memory_available(uint64_t *bytes, const char **source, errbuf *err);
+
+/* Field `field` ("MemAvailable", "VmRSS") of a /proc file of "Name:   N kB" lines, in bytes;
+ * -1 when the file or the field cannot be read. */
+long long proc_kib_field(const char *path, const char *field);
 
 #endif

@@ -62,6 +62,8 @@ static int count_params(run_record *r, const job_config *j, const llama_config *
     return 0;
 }
 
+static double gib(int64_t b) { return (double)b / (double)(1ll << 30); }
+
 /* The pinned host memory this node's workers will hold (fsdp.cpu_offload's shards,
  * fsdp.offload_activations' inputs), against what the node has left: refused now when it
  * cannot fit, not in a worker's allocation after the model has loaded. */
@@ -74,12 +76,11 @@ static int check_host_memory(const memory_plan *p, int workers, errbuf *err) {
     const char *what = !p->host_offload ? "offloaded layer inputs"
                        : p->host_activations ? "fsdp.cpu_offload's masters, AdamW state and gradients, and offloaded layer inputs"
                                              : "fsdp.cpu_offload's masters, AdamW state and gradients";
-    const double g = (double)(1ull << 30);
     return errf(err, "not enough host memory: %d worker%s on this node would pin %.1f GiB (%" PRIu64 " bytes; "
                      "%.1f GiB each: %s), and the node has %.1f GiB (%" PRIu64 " bytes) available (%s); spread "
                      "the job over more GPUs or nodes (the shards shrink with the world) or run fewer workers a "
-                     "node", workers, workers == 1 ? "" : "s", (double)need / g, need, (double)each / g, what,
-                (double)have / g, have, source);
+                     "node", workers, workers == 1 ? "" : "s", gib((int64_t)need), need, gib((int64_t)each), what,
+                gib((int64_t)have), have, source);
 }
 
 /* The memory plan's peak a worker and its activation checkpointing, as the worker will plan
@@ -185,7 +186,6 @@ static int log_sections(const job_config *j, errbuf *err) {
     return 0;
 }
 
-static double gib(int64_t b) { return (double)b / (double)(1ll << 30); }
 
 static void log_derived(const run_record *r, const job_config *j) {
     log_event(-1, "run: world size %lld = %lld node%s x %lld worker%s, backend %s", (long long)r->world_size,

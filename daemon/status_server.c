@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/host_memory.h"
 #include "daemon/log.h"
 #include "proto/ckpt.h"
 
@@ -380,15 +381,9 @@ typedef struct job_binding {
 
 /* VmRSS of /proc/PID/status in bytes, -1 when it cannot be read (the process is gone). */
 static long long rss_bytes(int pid) {
-    char path[64], line[256];
+    char path[64];
     snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "re");
-    if (!f) return -1;
-    long long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %lld kB", &kib) == 1) break;
-    fclose(f);
-    return kib < 0 ? -1 : kib * 1024;
+    return proc_kib_field(path, "VmRSS");
 }
 
 static json_t *json_count_or_null(long long v) {
