@@ -251,6 +251,10 @@ int main(int argc, char **argv) {
      * (the second query block of each row starts in a document that starts past key 64) */
     const packed_docs mixed(2, 200, {1, 17, 100, 5, 77});
     check(2, 200, 4, 2, 64, &mixed);
+    /* a document starting 4 key tiles into its query block (the layout that hung the sm_90a
+     * forward: its skipped tiles outnumbered the ring's) */
+    const packed_docs late(1, 300, {257, 43});
+    check(1, 300, 2, 1, 64, &late);
     /* sliding window: a band across tile edges, whole key tiles before it skipped (the second
      * query block's band starts at key 92), and the band inside packed documents */
     check(2, 200, 4, 2, 64, NULL, 37);
