@@ -5,7 +5,8 @@
 # loss (the compute dtype: fp32 on the CPU) without being its bits; the FP8 layers gathered as
 # codes (train.fp8_all_gather, the default) give the bits of gathering them in the compute dtype
 # and casting at each GEMM, over half the bytes; a resumed FP8 run gives the
-# uninterrupted one's bits (no scaling state outside the checkpoint); `fsdpctl plan` says its step
+# uninterrupted one's bits (no scaling state outside the checkpoint); e5m2 gradients
+# (train.fp8_grad_format) logged, and another run; `fsdpctl plan` says its step
 # time is at bf16's GEMM rates; refused: adapters, a
 # preference objective, a model without a middle layer, FP8 gathers with rowwise scales.
 source "$(dirname "$0")/lib.sh"
@@ -31,7 +32,10 @@ run bf16
 run tensorwise --train.precision=fp8
 run gathered_bf16 --train.precision=fp8 --train.fp8_all_gather=false
 run rowwise --train.precision=fp8 --train.fp8_scaling=rowwise --train.fp8_all_gather=false
-grep -q "train.precision fp8: the projections of layers 1-2 of 4 in FP8 (e4m3, tensorwise scales" "$tmp/tensorwise.log" ||
+run e5m2 --train.precision=fp8 --train.fp8_grad_format=e5m2
+grep -q "(e4m3, gradients e5m2, tensorwise scales" "$tmp/e5m2.log" || fail "e5m2 gradients are not logged"
+[ "$(last_loss e5m2)" != "$(last_loss tensorwise)" ] || fail "e5m2 gradients trained e4m3's bits"
+grep -q "train.precision fp8: the projections of layers 1-2 of 4 in FP8 (e4m3, gradients e4m3, tensorwise scales" "$tmp/tensorwise.log" ||
     fail "the FP8 layers are not logged"
 grep -q "their weights gathered as e4m3 codes" "$tmp/tensorwise.log" || fail "the FP8 gathers are not logged"
 grep -q "their weights gathered in the compute dtype" "$tmp/gathered_bf16.log" || fail "train.fp8_all_gather false is not logged"
