@@ -364,6 +364,10 @@ static void print_status(const json_t *r) {
         print_bytes(get(v, "host_rss_bytes"));
         printf("  gpu ");
         print_bytes(get(v, "gpu_bytes"));
+        const json_t *progress = get(v, "progress");
+        if (json_is_object(progress))
+            printf("  step %lld, progress %.1f s ago", json_integer_value(get(progress, "step")),
+                   json_number_value(get(progress, "still_s")));
         printf("\n");
     }
     const char *fabric = json_string_value(get(r, "fabric"));

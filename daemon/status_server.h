@@ -77,7 +77,9 @@ json_t *status_rank_rows(const json_t *ranks, int cuda);
  *                "ranks": [{"rank", "pid", "running", "host_rss_bytes" (VmRSS of
  *                /proc/PID/status), "gpu_bytes" (CUDA: the device memory its
  *                allocations held at its last heartbeat; null on the CPU backend and
- *                before the first report)}],
+ *                before the first report), "progress" (once training has begun: {"work":
+ *                units of training done, "step", "still_s": seconds since "work" last
+ *                moved, what runtime.stall_timeout_s is held against})}],
  *                "checkpoint": {"dir", "last": {"step", "path"} or null, "in_flight":
  *                [{"step", "path"}]}, "restarts", "last_error", "backend", "fabric"
  *                ("nccl" or "tcp": how the workers were connected; "none" for one worker; null before), "socket"}

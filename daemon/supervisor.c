@@ -563,6 +563,10 @@ static json_t *local_rank_rows(const supervisor *s) {
                                                        "unit", w->coll.unit));
             json_object_set_new(row, "coll_still_s", json_real(clock_now_s() - w->coll_changed_at));
         }
+        if (row && w->work_done > 0) /* the stall watch's figures (on_heartbeat_check) */
+            json_object_set_new(row, "progress", json_pack("{s:I, s:I, s:f}", "work", (json_int_t)w->work_done, "step",
+                                                           (json_int_t)w->work_step, "still_s",
+                                                           clock_now_s() - w->work_at));
         if (row && w->has_net)
             json_object_set_new(row, "net", json_pack("{s:s, s:o}", "transport", w->net.transport, "busbw_gbps",
                                                       w->net.measured ? json_real(w->net.busbw_gbps) : json_null()));

@@ -68,8 +68,17 @@ assert close(r["tokens_per_s"], m["tokens"] / m["seconds"]), (r["tokens_per_s"],
 assert close(r["eta_s"], (m["total_steps"] - m["step"]) * m["seconds"]), (r["eta_s"], (m["total_steps"] - m["step"]) * m["seconds"])
 print("status at step %d: %.0f tokens/s, ETA %.0f s, as its metrics record says" % (r["step"], r["tokens_per_s"], r["eta_s"]))
 EOF
+# every rank's progress (the stall watch's: runtime.stall_timeout_s), once a heartbeat carried it
+progress_ok() {
+    "$fsdpctl" status --json --socket "$sock" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["ranks"]
+assert all(x["progress"]["work"] > 1 and 0 <= x["progress"]["still_s"] < 5 and x["progress"]["step"] >= 1 for x in r), r' 2>/dev/null
+}
+wait_for 10 progress_ok
 # Human-readable, and found with no option: the only job answering in $TMPDIR.
 expect_status 0 "): training" "$fsdpctl" status
+grep -q "rank 1  pid .*  step [0-9]*, progress [0-9.]* s ago" "$tmp/cmd.out" || { cat "$tmp/cmd.out"; fail "status shows no progress"; }
 grep -q "^step [0-9]*/100000 .*loss .*tokens/s  ETA" "$tmp/cmd.out" || fail "no progress line: $(cat "$tmp/cmd.out")"
 grep -q "rank 1  pid [0-9]*  running  host [0-9.]* MB" "$tmp/cmd.out" || fail "no rank line: $(cat "$tmp/cmd.out")"
 
