@@ -454,6 +454,17 @@ static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf 
             return errf(err, "%s: ranks[%zu].net must be {\"transport\", \"busbw_gbps\"}", type, i);
         known++;
     }
+    const json_t *progress = json_object_get(row, "progress");
+    if (progress) { /* the stall watch's figures (fsdpd's supervisor) */
+        const json_t *work = json_object_get(progress, "work"), *step = json_object_get(progress, "step");
+        const json_t *moved = json_object_get(progress, "still_s");
+        if (!json_is_object(progress) || json_object_size(progress) != 3 || !json_is_integer(work) ||
+            json_integer_value(work) < 1 || !json_is_integer(step) || json_integer_value(step) < 0 ||
+            !json_is_number(moved) || json_number_value(moved) < 0)
+            return errf(err, "%s: ranks[%zu].progress must be {\"work\" >= 1, \"step\" >= 0, \"still_s\" >= 0}",
+                        type, i);
+        known++;
+    }
     if (json_object_size(row) != known) return errf(err, "%s: ranks[%zu] has an unknown member", type, i);
     return 0;
 }

@@ -472,8 +472,9 @@ static void test_every_type_round_trips(void **state) {
     json_t *settings = json_pack("{s:{s:f}, s:n}", "train", "lr", 1e-4, "model_config");
     int32_t reply[] = {5, 0, 2};
     json_t *reply_ids = msg_ids_json(reply, 3);
-    json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n}]", "rank", 4, "pid", 99, "running", 1, "host_rss_bytes",
-                             (json_int_t)1 << 30, "gpu_bytes");
+    json_t *rows = json_pack("[{s:i, s:i, s:b, s:I, s:n, s:{s:i, s:i, s:f}}]", "rank", 4, "pid", 99, "running", 1,
+                             "host_rss_bytes", (json_int_t)1 << 30, "gpu_bytes", "progress", "work", 12, "step", 5,
+                             "still_s", 0.5);
     /* the leader's progress: a METRICS body (msg_to_json of one) */
     msg rank0 = {.type = MSG_METRICS, .u.metrics = {.step = 7, .total_steps = 9, .loss = 2.0, .lr = 1e-4, .tokens = 5,
                                                     .tokens_seen = 35, .seconds = 0.5}};
@@ -596,6 +597,9 @@ static void test_strict_decoder(void **state) {
                                 "\"gpu_bytes\":-4}]}", "NODE_HEARTBEAT: ranks[0].gpu_bytes must be a byte count or null");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":[{\"rank\":2,\"pid\":3,\"running\":true,"
                                 "\"cpu\":1}]}", "NODE_HEARTBEAT: ranks[0] has an unknown member");
+    refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":[{\"rank\":2,\"pid\":3,\"running\":true,"
+                                "\"progress\":{\"work\":0,\"step\":1,\"still_s\":2}}]}",
+            "NODE_HEARTBEAT: ranks[0].progress must be {\"work\" >= 1, \"step\" >= 0, \"still_s\" >= 0}");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":{}}", "NODE_HEARTBEAT: field 'ranks' must be an array");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":0,\"state\":\"t\",\"progress\":{\"step\":1}}",
             "NODE_HEARTBEAT: field 'progress': METRICS");
