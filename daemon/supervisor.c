@@ -1001,7 +1001,7 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     int hb = s->job.runtime.heartbeat_s;
     double limit = 3.0 * hb > hb + 10.0 ? 3.0 * hb : hb + 10.0, now = clock_now_s();
     /* the stall watch: a rank alive (heartbeats) whose training stopped moving */
-    double stall = job_stall_timeout_s(&s->job);
+    int stall = job_stall_timeout_s(&s->job);
     for (int r = 0; r < s->opt->workers; r++) {
         worker *w = &s->workers[r];
         if (!w->exited && w->bev && now - w->last_seen > limit)
@@ -1009,8 +1009,7 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
         else if (!w->exited && s->phase == PHASE_TRAINING && w->work_done > 0 && now - w->work_at > stall)
             fail(s, "rank %d made no progress for %.0f s after step %lld (runtime.stall_timeout_s %d s), "
                     "though its heartbeats still come: a GPU kernel or a call that never returns",
-                 w->rank, now - w->work_at, w->work_step,
-                 (int)stall);
+                 w->rank, now - w->work_at, w->work_step, stall);
     }
 }
 
