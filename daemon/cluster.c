@@ -36,6 +36,7 @@ typedef struct node_link {
     struct bufferevent *bev; /* NULL once closed */
     msg_decoder dec;
     int done;                /* it sent NODE_DONE, or it is gone */
+    int lost;                /* it is gone: its link closed, or it fell silent */
     double last_seen;        /* when it last sent anything */
     int heard;               /* it has sent a heartbeat: its loop runs */
     char state[16];          /* the leader's view of a follower: its last heartbeat */
@@ -44,7 +45,8 @@ typedef struct node_link {
 } node_link;
 
 struct cluster {
-    int node, nodes, workers;
+    int node, nodes, workers; /* this node's index in the run, the run's node count */
+    msg_nodes members;        /* the run's nodes by SLURM node index (node i is SLURM node id[i]) */
     char host[MSG_ADDR_MAX];
     char secret_hex[2 * MSG_SECRET_BYTES + 1];
     unsigned char secret[MSG_SECRET_BYTES];
@@ -60,6 +62,8 @@ struct cluster {
     msg_peers table;
     int n_addrs, n_ready, n_done, failed, finished;
     int leader_stopped; /* a follower: the leader's STOP came */
+    int permanent;      /* the failure told to the others (or by them) is one no restart cures */
+    int told_leader;    /* a follower: its NODE_DONE went */
 };
 
 int cluster_node(const cluster *c) { return c->node; }
@@ -67,6 +71,8 @@ int cluster_nodes(const cluster *c) { return c->nodes; }
 const char *cluster_host(const cluster *c) { return c->host; }
 const char *cluster_secret_hex(const cluster *c) { return c->secret_hex; }
 static int is_leader(const cluster *c) { return c->node == 0; }
+/* Node i of the run as the log names it: its SLURM node index. */
+static int slurm_node(const cluster *c, int i) { return c->members.id[i]; }
 
 static int random_bytes(unsigned char *out, size_t n, errbuf *err) {
     if (getrandom(out, n, 0) != (ssize_t)n) return errf(err, "getrandom: %s", strerror(errno));
@@ -135,23 +141,42 @@ static void remove_stale_rendezvous(const cluster *c, const slurm_env *env, cons
     if (d) closedir(d);
 }
 
-static int publish(cluster *c, int port, const slurm_env *env, int attempt, const char *nonce, errbuf *err) {
-    msg m = {.type = MSG_RENDEZVOUS,
-             .u.rendezvous = {.port = port, .nodes = c->nodes, .restart = env->restart_count, .attempt = attempt}};
-    msg_rendezvous *r = &m.u.rendezvous;
-    snprintf(r->host, sizeof r->host, "%s", c->host);
-    snprintf(r->job_id, sizeof r->job_id, "%s", env->job_id);
-    strcpy(r->secret, pmix_join_active() ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
-    strcpy(r->nonce, nonce);
-    launch_name(r->launch, sizeof r->launch, env, attempt);
-    json_t *o = msg_to_json(&m, err);
+static int write_rendezvous(const char *path, const msg *m, errbuf *err) {
+    json_t *o = msg_to_json(m, err);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (!text) return errf(err, "%s: cannot encode the rendezvous file", c->file);
+    if (!text) return errf(err, "%s: cannot encode the rendezvous file", path);
     file_chunk chunk = {text, strlen(text)};
-    int rc = file_write_atomic_mode(c->file, &chunk, 1, 0600, err);
+    int rc = file_write_atomic_mode(path, &chunk, 1, 0600, err);
     free(text);
     return rc;
+}
+
+static msg rendezvous_of(const slurm_env *env, int attempt) {
+    msg m = {.type = MSG_RENDEZVOUS, .u.rendezvous = {.restart = env->restart_count, .attempt = attempt}};
+    snprintf(m.u.rendezvous.job_id, sizeof m.u.rendezvous.job_id, "%s", env->job_id);
+    launch_name(m.u.rendezvous.launch, sizeof m.u.rendezvous.launch, env, attempt);
+    return m;
+}
+
+static int publish(cluster *c, int port, const slurm_env *env, int attempt, const char *nonce, errbuf *err) {
+    msg m = rendezvous_of(env, attempt);
+    msg_rendezvous *r = &m.u.rendezvous;
+    r->port = port;
+    r->nodes = c->nodes;
+    snprintf(r->host, sizeof r->host, "%s", c->host);
+    strcpy(r->secret, pmix_join_active() ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
+    strcpy(r->nonce, nonce);
+    r->members = c->members;
+    return write_rendezvous(c->file, &m, err);
+}
+
+int cluster_end_launch(const slurm_env *env, const job_config *job, int attempt, const char *why, errbuf *err) {
+    msg m = rendezvous_of(env, attempt);
+    m.u.rendezvous.nodes = m.u.rendezvous.members.n = 1;
+    snprintf(m.u.rendezvous.ended, sizeof m.u.rendezvous.ended, "%s", why[0] ? why : "the job ended");
+    char path[PATH_BYTES];
+    return rendezvous_path(path, env, job, attempt, err) || write_rendezvous(path, &m, err) ? -1 : 0;
 }
 
 /* One look at the leader's file: 1 with it in *out; 0 when it is not there for this launch
@@ -191,6 +216,7 @@ static int read_rendezvous(const char *path, const char *launch, msg_rendezvous 
     char why[PATH_BYTES + 512];
     for (;;) {
         int rc = look_for_rendezvous(path, launch, out, why, sizeof why, err);
+        if (rc > 0 && out->ended[0]) return errf(err, "the leader ended the job without this run: %s", out->ended);
         if (rc) return rc > 0 ? 0 : -1;
         if (clock_now_s() > deadline) return errf(err, "%s", why);
         clock_sleep_s(0.1);
@@ -303,7 +329,7 @@ static int read_join(admission *a, pending *p, int *node, int *fatal, errbuf *wh
     if (rc == 0) {
         *node = m.u.join.node;
         snprintf(a->c->hosts[*node], sizeof a->c->hosts[*node], "%s", m.u.join.host);
-        log_event(-1, "node %d (%s) joined", *node, m.u.join.host);
+        log_event(-1, "node %d (%s) joined", slurm_node(a->c, *node), m.u.join.host);
     }
     msg_free(&m);
     return 1;
@@ -364,7 +390,7 @@ static void missing_nodes(const cluster *c, char *out, size_t n) {
     size_t at = 0;
     out[0] = '\0';
     for (int i = 1; i < c->nodes && at < n; i++)
-        if (c->fds[i] < 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", i);
+        if (c->fds[i] < 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", slurm_node(c, i));
 }
 
 /* One round: every connection whose handshake ran out is dropped, then poll() until the
@@ -476,8 +502,8 @@ static int find_leader(cluster *c, const slurm_env *env, const job_config *job, 
         r->port = ep->port;
         strcpy(r->secret, ep->secret_hex);
     }
-    if (r->nodes != c->nodes)
-        return errf(err, "%s: the leader runs %d nodes, this node was told %d", path, r->nodes, c->nodes);
+    if (r->members.n != c->members.n || memcmp(r->members.id, c->members.id, (size_t)c->members.n * sizeof(int)))
+        return errf(err, "%s: the leader's nodes changed within one attempt", path);
     if (hex_decode(r->secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
     strcpy(c->secret_hex, r->secret);
     return 0;
@@ -513,15 +539,39 @@ static int follow(cluster *c, const slurm_env *env, const job_config *job, int a
     if (fd < 0) return -1;
     c->fds[0] = fd;
     snprintf(c->hosts[0], sizeof c->hosts[0], "%s:%d", r.host, r.port);
-    log_event(-1, "node %d joined the leader at %s:%d", c->node, r.host, r.port);
+    log_event(-1, "node %d joined the leader at %s:%d (node %d of the run's %d)", slurm_node(c, c->node), r.host,
+              r.port, c->node, c->nodes);
     return 0;
 }
 
-int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int attempt, errbuf *err) {
+int cluster_members(const slurm_env *env, const job_config *job, int attempt, msg_nodes *out, errbuf *err) {
+    char path[PATH_BYTES], launch[128];
+    msg_rendezvous r;
+    launch_name(launch, sizeof launch, env, attempt);
+    if (rendezvous_path(path, env, job, attempt, err) ||
+        read_rendezvous(path, launch, &r, clock_now_s() + job->runtime.join_timeout_s, err))
+        return errprefix(err, "joining the nodes");
+    *out = r.members;
+    return 0;
+}
+
+/* This node's index in the run: where members lists its SLURM node index. */
+static int index_in(const msg_nodes *members, int slurm_id) {
+    for (int i = 0; i < members->n; i++)
+        if (members->id[i] == slurm_id) return i;
+    return -1;
+}
+
+int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members, int attempt,
+                 errbuf *err) {
+    int node = index_in(members, env->node_id);
+    if (node < 0 || members->id[0] != 0)
+        return errf(err, "joining the nodes: SLURM node %d is not one of this run's nodes", env->node_id);
     cluster *c = calloc(1, sizeof *c);
     if (!c) return errf(err, "out of memory");
-    c->node = env->node_id;
-    c->nodes = env->nnodes;
+    c->members = *members;
+    c->node = node;
+    c->nodes = members->n;
     c->workers = job->runtime.workers_per_node;
     c->heartbeat_s = job->runtime.heartbeat_s;
     c->node_timeout_s = job->runtime.node_timeout_s;
@@ -644,19 +694,22 @@ static void send_now(node_link *l, const msg *m) {
 
 /* A failure of the job seen by the cluster: the others are stopped (the leader tells them). */
 static void stop_followers(cluster *c, const char *reason, int failed) {
-    msg stop = {.type = MSG_STOP, .u.stop = {.failed = failed != 0}};
+    msg stop = {.type = MSG_STOP, .u.stop = {.failed = failed != 0, .permanent = failed && c->permanent}};
     snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     to_followers(c, &stop);
 }
 
 /* A failure seen after the first is still told to the supervisor, which logs it beside the
  * job's reason: a node's own failure is often the consequence of another's (a worker noticing
- * a dead peer before its daemon hears of it), which must then still be named. */
-static void cluster_stop(cluster *c, const char *reason) {
-    int first = !c->failed;
+ * a dead peer before its daemon hears of it), which must then still be named.  A failure no
+ * restart cures, after one a restart would, is told to the followers again: every node must
+ * take the same decision, to restart or not. */
+static void cluster_stop(cluster *c, const char *reason, int permanent) {
+    int tell = !c->failed || (permanent && !c->permanent);
     c->failed = 1;
-    if (first && is_leader(c)) stop_followers(c, reason, 1);
-    c->hooks.stop(c->hooks.arg, reason, 1);
+    if (permanent) c->permanent = 1;
+    if (tell && is_leader(c)) stop_followers(c, reason, 1);
+    c->hooks.stop(c->hooks.arg, reason, 1, permanent);
 }
 
 static void close_link(node_link *l) {
@@ -676,9 +729,10 @@ static void count_done(cluster *c, node_link *l) {
 static void lose(cluster *c, node_link *l, const char *what) {
     char why[MSG_TEXT_MAX + 3 * MSG_ADDR_MAX];
     close_link(l);
-    if (is_leader(c)) snprintf(why, sizeof why, "node %d (%s) %s", l->node, c->hosts[l->node], what);
+    l->lost = 1;
+    if (is_leader(c)) snprintf(why, sizeof why, "node %d (%s) %s", slurm_node(c, l->node), c->hosts[l->node], what);
     else snprintf(why, sizeof why, "the leader (node 0, %s) %s", c->hosts[0], what);
-    cluster_stop(c, why);
+    cluster_stop(c, why, 0);
     if (is_leader(c)) count_done(c, l);
 }
 
@@ -728,16 +782,17 @@ static void leader_on(cluster *c, node_link *l, const msg *m) {
         return;
     case MSG_CKPT_REQUEST: c->hooks.ckpt_request(c->hooks.arg, &m->u.ckpt_request); return;
     case MSG_NODE_DONE:
-        if (!m->u.node_done.ok) {
-            snprintf(why, sizeof why, "node %d (%s) failed: %s", l->node, c->hosts[l->node], m->u.node_done.error);
-            cluster_stop(c, why);
+        if (!m->u.node_done.ok && m->u.node_done.error[0]) {
+            snprintf(why, sizeof why, "node %d (%s) failed: %s", slurm_node(c, l->node), c->hosts[l->node],
+                     m->u.node_done.error);
+            cluster_stop(c, why, m->u.node_done.permanent);
         }
         count_done(c, l);
         return;
     default: break;
     }
-    snprintf(why, sizeof why, "node %d sent an unexpected %s message", l->node, msg_type_name(m->type));
-    cluster_stop(c, why);
+    snprintf(why, sizeof why, "node %d sent an unexpected %s message", slurm_node(c, l->node), msg_type_name(m->type));
+    cluster_stop(c, why, 0);
 }
 
 static void follower_on(cluster *c, const msg *m) {
@@ -753,12 +808,13 @@ static void follower_on(cluster *c, const msg *m) {
         snprintf(why, sizeof why, "stopped by the leader: %s", m->u.stop.reason);
         c->leader_stopped = 1;
         if (m->u.stop.failed) c->failed = 1;
-        c->hooks.stop(c->hooks.arg, why, m->u.stop.failed);
+        if (m->u.stop.failed && m->u.stop.permanent) c->permanent = 1; /* told: not said back */
+        c->hooks.stop(c->hooks.arg, why, m->u.stop.failed, m->u.stop.failed && m->u.stop.permanent);
         return;
     default: break;
     }
     snprintf(why, sizeof why, "the leader sent an unexpected %s message", msg_type_name(m->type));
-    cluster_stop(c, why);
+    cluster_stop(c, why, 0);
 }
 
 static void on_link_readable(struct bufferevent *bev, void *arg) {
@@ -908,23 +964,34 @@ void cluster_stop_all(cluster *c, const char *reason) {
     if (is_leader(c) && !c->failed) stop_followers(c, reason, 0);
 }
 
-void cluster_fail(cluster *c, const char *reason) {
-    if (c->failed) return;
+void cluster_fail(cluster *c, const char *reason, int permanent) {
+    if (c->failed && (!permanent || c->permanent)) return;
     c->failed = 1;
+    if (permanent) c->permanent = 1;
     if (is_leader(c)) {
         stop_followers(c, reason, 1);
         return;
     }
-    msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false}};
+    /* a second NODE_DONE, after a first that a restart could cure, makes it permanent */
+    msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = false, .permanent = permanent != 0}};
+    c->told_leader = 1;
     snprintf(m.u.node_done.error, sizeof m.u.node_done.error, "%s", reason);
     send_to(to_leader(c), &m);
+}
+
+void cluster_lost(const cluster *c, msg_nodes *out) {
+    out->n = 0;
+    for (int i = 0; c->links && i < c->nodes; i++)
+        if (c->links[i].lost) out->id[out->n++] = slurm_node(c, i);
 }
 
 int cluster_done(cluster *c) {
     c->finished = 1;
     if (!is_leader(c)) {
-        msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = true}};
-        send_now(to_leader(c), c->failed ? NULL : &m); /* a failure's NODE_DONE went before */
+        /* A failure of its own was told before (cluster_fail); one the leader told it is
+         * answered with an empty error: done, not lost (the leader re-plans without the lost). */
+        msg m = {.type = MSG_NODE_DONE, .u.node_done = {.node = c->node, .ok = !c->failed}};
+        send_now(to_leader(c), c->told_leader ? NULL : &m);
         return 1;
     }
     return c->n_done == c->nodes;

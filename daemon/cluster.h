@@ -59,8 +59,9 @@ typedef struct cluster_hooks {
     void (*peers)(void *arg, const msg_peers *table); /* every rank's address, global order */
     void (*nccl_id)(void *arg, const msg *id);        /* the id of global rank 0 */
     void (*start)(void *arg);                         /* every node is ready */
-    /* failed: another node failed, or a link; else the leader stops the job gracefully */
-    void (*stop)(void *arg, const char *reason, int failed);
+    /* failed: another node failed, or a link; else the leader stops the job gracefully;
+     * permanent: a failure no restart cures (every node then fails without restarting) */
+    void (*stop)(void *arg, const char *reason, int failed, int permanent);
     /* a follower: the leader's CKPT_BEGIN (for every worker) or CKPT_ABORT (for its rank) */
     void (*to_workers)(void *arg, const msg *m);
     /* the leader: a follower's worker's CKPT_DONE; a request made on a follower */
@@ -77,8 +78,17 @@ typedef struct cluster_hooks {
 
 typedef struct cluster cluster;
 
-/* Joins this node's daemon to the others (see above); attempt is fsdpd's own run count. */
-int cluster_join(cluster **out, const slurm_env *env, const job_config *job, int attempt, errbuf *err);
+/* Joins this node's daemon to the others (see above); attempt is fsdpd's own run count,
+ * members the run's nodes (node 0 first; the leader decides them, a follower takes them from
+ * cluster_members).  This node must be one of them. */
+int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members, int attempt,
+                 errbuf *err);
+/* A follower, before cluster_join: the nodes of the attempt's run, from the leader's rendezvous
+ * file (waited for up to runtime.join_timeout_s). */
+int cluster_members(const slurm_env *env, const job_config *job, int attempt, msg_nodes *out, errbuf *err);
+/* The leader, when a failed run is not restarted on several nodes: the attempt's rendezvous
+ * file says so (why), and the followers waiting for it stop at once, not at join_timeout_s. */
+int cluster_end_launch(const slurm_env *env, const job_config *job, int attempt, const char *why, errbuf *err);
 void cluster_free(cluster *c);
 
 int cluster_node(const cluster *c);
@@ -113,8 +123,13 @@ void cluster_to_followers(cluster *c, const msg *m);
 void cluster_to_rank(cluster *c, int rank, const msg *m);
 /* The leader: a graceful stop of every other node (their workers get STOP). */
 void cluster_stop_all(cluster *c, const char *reason);
-/* This node failed (the reason): the leader stops every node. */
-void cluster_fail(cluster *c, const char *reason);
+/* This node failed (the reason): the leader stops every node.  Called again with permanent
+ * after a failure that was not, it tells the others that no restart cures it. */
+void cluster_fail(cluster *c, const char *reason, int permanent);
+/* After the loop: the nodes (SLURM node indices) this run lost — links that closed before
+ * their node reported, or fell silent: the leader's view of every follower, a follower's of
+ * the leader. */
+void cluster_lost(const cluster *c, msg_nodes *out);
 /* This node's workers have all exited.  Returns 1 when the loop may end (a follower: at
  * once, its report written; the leader: once every node has reported, else the cluster
  * breaks the loop when the last one does). */

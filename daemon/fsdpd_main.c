@@ -50,14 +50,6 @@ static int find_worker(char *out, size_t n) {
     return snprintf(out, n, "%s/fsdp-worker", dirname(self)) < (int)n ? 0 : -1;
 }
 
-/* What several nodes cannot do yet: fsdpd's own restarts (every daemon would have to come
- * back and join again); a relaunch of the job (SLURM's requeue) resumes from `latest`. */
-static int check_multi_node(const job_config *j, int nodes, errbuf *err) {
-    if (nodes == 1 || j->runtime.max_restarts == 0) return 0;
-    return errf(err, "runtime.max_restarts: restarts inside one launch across %d nodes are not built yet "
-                "(set it to 0: a relaunch of the job resumes from the latest checkpoint on every node)", nodes);
-}
-
 /* output.consolidate: the last checkpoint (the final save is synchronous, so it is the end of
  * training) into output.dir as Hugging Face safetensors, with the source model's tokenizer;
  * an adapter job's as a PEFT adapter directory, and with output.merge the merged model in
@@ -124,13 +116,77 @@ static int ended(int code, const char *status) {
     return code;
 }
 
-/* One run: the nodes joined, then the workers supervised to the end. */
-static int run_once(supervisor_options *opt, const slurm_env *slurm, int attempt, errbuf *err) {
-    if (cluster_join(&opt->cluster, slurm, opt->job, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
+/* One run on the given nodes: joined, then the workers supervised to the end; *lost, the
+ * nodes it lost (daemon/cluster.h: cluster_lost). */
+static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_nodes *members, int attempt,
+                    msg_nodes *lost, errbuf *err) {
+    lost->n = 0;
+    if (cluster_join(&opt->cluster, slurm, opt->job, members, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
     int rc = supervisor_run(opt, err);
+    cluster_lost(opt->cluster, lost);
     cluster_free(opt->cluster);
     opt->cluster = NULL;
     return rc;
+}
+
+static void list_nodes(const msg_nodes *n, char *out, size_t size) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n->n && at < size; i++) at += (size_t)snprintf(out + at, size - at, "%s%d", i ? ", " : "", n->id[i]);
+}
+
+/* The leader's next run after one that lost nodes: without them when runtime.allow_shrink
+ * lets it and the global batch still divides among the ranks left (the accumulation grows),
+ * else no restart (a node whose daemon is gone cannot rejoin). */
+static int shrink(const job_config *job, msg_nodes *members, const msg_nodes *lost, errbuf *err) {
+    char gone[256];
+    list_nodes(lost, gone, sizeof gone);
+    if (!job->runtime.allow_shrink)
+        return errf(err, "node(s) %s gone, and runtime.allow_shrink is false (set it to true to go on without them)",
+                    gone);
+    msg_nodes left = {0};
+    for (int i = 0; i < members->n; i++) {
+        int dropped = 0;
+        for (int k = 0; k < lost->n; k++) dropped |= members->id[i] == lost->id[k];
+        if (!dropped) left.id[left.n++] = members->id[i];
+    }
+    static job_config smaller; /* large: off the stack */
+    smaller = *job;
+    int world = job->runtime.workers_per_node * left.n;
+    if (job_resolve(&smaller, world, err))
+        return errprefix(err, "node(s) %s gone; runtime.allow_shrink cannot go on with %d node(s)", gone, left.n);
+    log_event(-1, "node(s) %s gone: going on with %d of %d nodes, %d ranks, accumulation %d (runtime.allow_shrink)",
+              gone, left.n, members->n, world, smaller.train.grad_accum);
+    *members = left;
+    return 0;
+}
+
+/* The nodes of the next run after a failed one that may restart.  The leader keeps them, or
+ * drops the lost (shrink); a follower that lost the leader does not restart (only the leader
+ * restarts a job across nodes; a relaunch resumes it), and takes the next run's nodes from the
+ * leader's rendezvous file: a node it left out stops. */
+static int next_members(const job_config *job, const slurm_env *slurm, int attempt, const msg_nodes *lost,
+                        msg_nodes *members, errbuf *err) {
+    if (slurm->node_id == 0) return lost->n ? shrink(job, members, lost, err) : 0;
+    if (lost->n) return errf(err, "this node lost the leader, which alone restarts a job across nodes");
+    if (cluster_members(slurm, job, attempt, members, err)) return -1;
+    for (int i = 0; i < members->n; i++)
+        if (members->id[i] == slurm->node_id) return 0;
+    char ids[256];
+    list_nodes(members, ids, sizeof ids);
+    return errf(err, "the leader goes on without this node (SLURM node %d): its next run has nodes %s",
+                slurm->node_id, ids);
+}
+
+/* A failed run not restarted: on several nodes with restarts on, the leader tells the
+ * followers waiting for the next attempt (cluster_end_launch). */
+static int give_up(const job_config *job, const slurm_env *slurm, int attempt, const char *why, const char *reason) {
+    fprintf(stderr, "fsdpd: job failed%s: %s\n", why, reason);
+    errbuf err;
+    if (slurm->node_id == 0 && slurm->nnodes > 1 && job->runtime.max_restarts > 0 &&
+        cluster_end_launch(slurm, job, attempt, reason, &err))
+        fprintf(stderr, "fsdpd: cannot tell the other nodes: %s\n", err.msg);
+    return ended(1, "FAILED");
 }
 
 int main(int argc, char **argv) {
@@ -150,13 +206,19 @@ int main(int argc, char **argv) {
     if (argc == 1) return usage(); /* nothing asked: say how to ask */
     static slurm_env slurm;
     if (fault_init(&err) || slurm_env_read(&slurm, &err)) goto bad_job;
+    if (slurm.nnodes > MSG_NODES_MAX) {
+        errf(&err, "SLURM_NNODES %d: fsdpd runs on at most %d nodes", slurm.nnodes, MSG_NODES_MAX);
+        goto bad_job;
+    }
     log_set_node(slurm.node_id);
     if (job_args_load(&job, &args, &notes, &err)) goto bad_job;
     for (int i = 0; i < notes.n; i++) log_event(-1, "note: %s", notes.line[i]);
+    if (slurm.nnodes > 1 && slurm.job_id[0] && job.runtime.allow_shrink)
+        log_event(-1, "note: runtime.allow_shrink: srun must let the other nodes run on when one node's fsdpd exits "
+                      "(srun --kill-on-bad-exit=0; slurm/launch.slurm: FSDP_SRUN_KILL_ON_BAD_EXIT=0)");
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err) ||
-        check_multi_node(&job, slurm.nnodes, &err))
+    if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err))
         goto bad_job;
     if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
     static ckpt_data_identity data_identity;
@@ -198,17 +260,25 @@ int main(int argc, char **argv) {
                               .mlflow = mlflow, .samples = samples.p.n ? &samples : NULL};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
-     * error no restart can cure (a corrupt checkpoint, a missing file). */
+     * error no restart can cure (a corrupt checkpoint, a missing file).  On several nodes every
+     * node takes the same decision: the leader tells the others whether the failure is one a
+     * restart cures, and re-plans the nodes (next_members). */
     int64_t start_step = requeue_start_step(&job); /* a requeue needs a checkpoint past it */
+    static msg_nodes members, lost;
+    members.n = slurm.nnodes;
+    for (int i = 0; i < members.n; i++) members.id[i] = i;
     int rc;
-    for (int restarts = 0; opt.restart = restarts, (rc = run_once(&opt, &slurm, restarts, &err)) < 0; restarts++) {
-        if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts) {
-            fprintf(stderr, "fsdpd: job failed (not restarted: a restart cannot cure this): %s\n", err.msg);
-            return ended(1, "FAILED");
-        }
-        if (restarts >= job.runtime.max_restarts) {
-            fprintf(stderr, "fsdpd: job failed%s: %s\n", restarts ? " after its restarts" : "", err.msg);
-            return ended(1, "FAILED");
+    for (int restarts = 0;
+         opt.restart = restarts, (rc = run_once(&opt, &slurm, &members, restarts, &lost, &err)) < 0; restarts++) {
+        errbuf next;
+        if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts)
+            return give_up(&job, &slurm, restarts + 1, " (not restarted: a restart cannot cure this)", err.msg);
+        if (restarts >= job.runtime.max_restarts)
+            return give_up(&job, &slurm, restarts + 1, restarts ? " after its restarts" : "", err.msg);
+        if (next_members(&job, &slurm, restarts + 1, &lost, &members, &next)) {
+            char why[sizeof next.msg + 32];
+            snprintf(why, sizeof why, " (not restarted: %s)", next.msg);
+            return give_up(&job, &slurm, restarts + 1, why, err.msg);
         }
         log_event(-1, "restart %d of %d after: %s", restarts + 1, job.runtime.max_restarts, err.msg);
         job.checkpoint.resume = JOB_RESUME_AUTO;

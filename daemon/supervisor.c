@@ -200,7 +200,7 @@ static void record_failure(supervisor *s, failure_kind kind, const char *fmt, ..
         errf(&s->reason, "%s", msg);
     }
     if (!s->behind && s->phase == PHASE_TRAINING && !is_follower(s)) locate_hung(s);
-    if (multi_node(s)) cluster_fail(s->opt->cluster, msg); /* the leader stops every node */
+    if (multi_node(s)) cluster_fail(s->opt->cluster, msg, s->reason_permanent); /* the leader stops every node */
     begin_stop(s, msg);
 }
 #define fail(s, ...) record_failure(s, FAILURE_REPORTED, __VA_ARGS__)
@@ -678,9 +678,9 @@ static void start_training(void *arg) {
 
 /* Another node failed, or the link to it: this node stops too; or the leader stops the job
  * gracefully. */
-static void cluster_stopped(void *arg, const char *reason, int failed) {
+static void cluster_stopped(void *arg, const char *reason, int failed, int permanent) {
     supervisor *s = arg;
-    if (failed) fail(s, "%s", reason);
+    if (failed) record_failure(s, permanent ? FAILURE_PERMANENT : FAILURE_REPORTED, "%s", reason);
     else begin_stop(s, reason);
 }
 

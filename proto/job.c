@@ -203,6 +203,7 @@ static const job_key keys[] = {
     NUM("runtime", "workers_per_node", K_INT, runtime.workers_per_node, 0, 1024),
     NUM("runtime", "heartbeat_s", K_INT, runtime.heartbeat_s, 1, INT_MAX),
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
+    OTHER("runtime", "allow_shrink", K_BOOL, runtime.allow_shrink),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
     CHOICE("runtime", "on_usr1", runtime.on_usr1, on_usr1_choices),
     STR("runtime", "status_socket", runtime.status_socket, 0),

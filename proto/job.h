@@ -198,6 +198,7 @@ typedef struct job_config {
         int workers_per_node; /* 0: one per GPU, or 2 on the CPU backend */
         int heartbeat_s;
         int max_restarts;
+        bool allow_shrink;    /* a restart goes on without the nodes a failure took away */
         int stop_grace_s;
         job_on_usr1 on_usr1;
         char status_socket[JOB_SOCKET_PATH_MAX]; /* "": chosen by the daemon */

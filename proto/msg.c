@@ -20,6 +20,7 @@ typedef enum field_kind {
     F_JOB,    /* job_config */
     F_MODEL,  /* llama_config */
     F_ADDRS,  /* msg_peers: a list of addresses */
+    F_NODES,  /* msg_nodes: distinct node indices */
 } field_kind;
 
 typedef struct body_info body_info;
@@ -167,7 +168,8 @@ static const field ckpt_abort_fields[] = {
     INT(msg_ckpt_abort, "rank", rank, 0, INT_MAX),
 };
 
-static const field stop_fields[] = {STR(msg_stop, "reason", reason), BOOL(msg_stop, "failed", failed)};
+static const field stop_fields[] = {STR(msg_stop, "reason", reason), BOOL(msg_stop, "failed", failed),
+                                    BOOL(msg_stop, "permanent", permanent)};
 static const field fatal_fields[] = {
     STR(msg_fatal, "message", message),
     BOOL(msg_fatal, "permanent", permanent),
@@ -185,9 +187,10 @@ static const field join_fields[] = {
     {"settings", F_JSON, offsetof(msg_join, settings), sizeof(json_t *), 0, 0, false, 0, NULL},
 };
 
+static int check_rendezvous(void *body, const char *type, errbuf *err);
 static const field rendezvous_fields[] = {
     STR(msg_rendezvous, "host", host),
-    INT(msg_rendezvous, "port", port, 1, 65535),
+    INT(msg_rendezvous, "port", port, 0, 65535),
     INT(msg_rendezvous, "nodes", nodes, 1, INT_MAX),
     STR(msg_rendezvous, "job_id", job_id),
     INT(msg_rendezvous, "restart", restart, 0, INT_MAX),
@@ -195,6 +198,8 @@ static const field rendezvous_fields[] = {
     STR(msg_rendezvous, "secret", secret),
     STR(msg_rendezvous, "nonce", nonce),
     STR(msg_rendezvous, "launch", launch),
+    OF(msg_rendezvous, "members", members, F_NODES),
+    STR(msg_rendezvous, "ended", ended),
 };
 
 static const field refused_fields[] = {STR(msg_refused, "reason", reason)};
@@ -217,6 +222,7 @@ static const field node_ready_fields[] = {INT(msg_node, "node", node, 0, INT_MAX
 static const field node_done_fields[] = {
     INT(msg_node_done, "node", node, 0, INT_MAX),
     BOOL(msg_node_done, "ok", ok),
+    BOOL(msg_node_done, "permanent", permanent),
     STR(msg_node_done, "error", error),
 };
 
@@ -260,7 +266,7 @@ static const body_info bodies[MSG_TYPE_END] = {
     [MSG_NODE_HEARTBEAT] = {node_heartbeat_fields, COUNT(node_heartbeat_fields), check_node_heartbeat},
     [MSG_CKPT_REQUEST] = {ckpt_request_fields, COUNT(ckpt_request_fields), check_ckpt_request},
     [MSG_PLAN] = BODY(plan_fields),
-    [MSG_RENDEZVOUS] = BODY(rendezvous_fields),
+    [MSG_RENDEZVOUS] = {rendezvous_fields, COUNT(rendezvous_fields), check_rendezvous},
     [MSG_NODE_ADDRS] = BODY(node_addrs_fields),
     [MSG_NODE_READY] = BODY(node_ready_fields),
     [MSG_NODE_DONE] = BODY(node_done_fields),
@@ -406,6 +412,15 @@ static int check_join(void *body, const char *type, errbuf *err) {
     return 0;
 }
 
+static int check_rendezvous(void *body, const char *type, errbuf *err) {
+    const msg_rendezvous *r = body;
+    if (r->members.n != r->nodes)
+        return errf(err, "%s: field 'members' lists %d nodes, field 'nodes' says %d", type, r->members.n, r->nodes);
+    if (r->members.id[0] != 0) return errf(err, "%s: field 'members' must begin with node 0, the leader", type);
+    if (!r->ended[0] && r->port == 0) return errf(err, "%s: field 'port' is 0, and the launch has not ended", type);
+    return 0;
+}
+
 static int check_ckpt_mode(void *body, const char *type, errbuf *err) {
     const char *mode = ((msg_ckpt_note *)body)->mode;
     if (strcmp(mode, "async") && strcmp(mode, "sync") && strcmp(mode, "skipped"))
@@ -525,6 +540,13 @@ static json_t *addrs_json(const msg_peers *p) {
     return a;
 }
 
+static json_t *nodes_json(const msg_nodes *p) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < p->n; i++)
+        if (json_array_append_new(a, json_integer(p->id[i]))) a = (json_decref(a), NULL);
+    return a;
+}
+
 static json_t *body_json(const body_info *info, const void *body, errbuf *err);
 
 static json_t *field_json(const field *f, const void *body, errbuf *err) {
@@ -540,6 +562,7 @@ static json_t *field_json(const field *f, const void *body, errbuf *err) {
     case F_JOB: return job_to_object((const job_config *)at, err);
     case F_MODEL: return llama_config_to_json((const llama_config *)at);
     case F_ADDRS: return addrs_json((const msg_peers *)at);
+    case F_NODES: return nodes_json((const msg_nodes *)at);
     }
     return NULL;
 }
@@ -643,6 +666,23 @@ static int read_addrs(msg_peers *p, const json_t *v, const char *type, errbuf *e
     return 0;
 }
 
+/* 1 to MSG_NODES_MAX distinct node indices >= 0. */
+static int read_nodes(msg_nodes *p, const field *f, const json_t *v, const char *type, errbuf *err) {
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n == 0 || n > MSG_NODES_MAX)
+        return errf(err, "%s: field '%s' must be an array of 1 to %d node indices", type, f->name, MSG_NODES_MAX);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT_MAX)
+            return errf(err, "%s: %s[%zu] is not a node index (an integer >= 0)", type, f->name, i);
+        p->id[i] = (int)json_integer_value(x);
+        for (size_t k = 0; k < i; k++)
+            if (p->id[k] == p->id[i]) return errf(err, "%s: %s lists node %d twice", type, f->name, p->id[i]);
+    }
+    p->n = (int)n;
+    return 0;
+}
+
 static int field_from_json(const field *f, void *body, const json_t *v, const char *type,
                            const char *prefix, errbuf *err) {
     char *at = (char *)body + f->off;
@@ -688,6 +728,8 @@ static int field_from_json(const field *f, void *body, const json_t *v, const ch
         return llama_config_from_json((llama_config *)at, v, "field 'model'", err) ? errprefix(err, "%s", type) : 0;
     case F_ADDRS:
         return read_addrs((msg_peers *)at, v, type, err);
+    case F_NODES:
+        return read_nodes((msg_nodes *)at, f, v, type, err);
     }
     return errf(err, "%s: field '%s%s' has no decoder", type, prefix, f->name);
 }

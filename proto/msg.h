@@ -45,6 +45,7 @@
 #define MSG_ADDR_MAX 80        /* "host:port" of a listener, room for "[ipv6%scope]:port" */
 #define MSG_TEXT_MAX 1024      /* reasons and error messages */
 #define MSG_NONCE_HEX 33       /* 16 random bytes as hex, with the NUL */
+#define MSG_NODES_MAX 1024     /* the nodes one job may run on */
 
 /* w = worker, d = daemon, D = another node's daemon.  The numbers are on the wire: new
  * types go at the end. */
@@ -227,6 +228,7 @@ typedef struct msg_ckpt_abort {
 typedef struct msg_stop {
     char reason[MSG_TEXT_MAX];
     bool failed;        /* the job failed (between daemons: the receiver fails too) */
+    bool permanent;     /* and no restart can cure it (between daemons; a worker ignores it) */
 } msg_stop;
 
 typedef struct msg_fatal {
@@ -251,6 +253,13 @@ typedef struct msg_join {
     json_t *settings;   /* the node's resolved job as every node must share it (job_shared_settings) */
 } msg_join;
 
+/* The nodes of one run, by SLURM node index (SLURM_NODEID), in the run's node order: node
+ * i of the run is SLURM node id[i]; id[0] is 0, the leader. */
+typedef struct msg_nodes {
+    int n;
+    int id[MSG_NODES_MAX];
+} msg_nodes;
+
 typedef struct msg_rendezvous {
     char host[MSG_ADDR_MAX];  /* the leader's address and port */
     int port;
@@ -260,6 +269,10 @@ typedef struct msg_rendezvous {
     char launch[128];         /* the launch it was written for: job, step, restart, attempt */
     char secret[2 * MSG_SECRET_BYTES + 1]; /* hex; the file is 0600 */
     char nonce[MSG_NONCE_HEX];
+    msg_nodes members;        /* the run's nodes (n == nodes; after a shrink, not every node) */
+    /* Not "": no run of this attempt comes, the leader ended the launch (why; port may be 0):
+     * the followers waiting for it stop at once. */
+    char ended[MSG_TEXT_MAX];
 } msg_rendezvous;
 
 typedef struct msg_node_addrs {
@@ -274,7 +287,8 @@ typedef struct msg_node {
 typedef struct msg_node_done {
     int node;
     bool ok;
-    char error[MSG_TEXT_MAX];
+    bool permanent;     /* not ok, and no restart can cure it */
+    char error[MSG_TEXT_MAX]; /* not ok: the node's failure; "" when it stopped for the leader's */
 } msg_node_done;
 
 /* NODE_HEARTBEAT.  ranks: a follower's rows for the leader's status, each

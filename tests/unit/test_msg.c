@@ -507,6 +507,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1, .rank = 5}},
         {.type = MSG_STOP, .u.stop = {"done", false}},
         {.type = MSG_STOP, .u.stop = {"node 2 failed", true}},
+        {.type = MSG_STOP, .u.stop = {"rank 3: a corrupt checkpoint", true, true}},
         {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
@@ -514,11 +515,15 @@ static void test_every_type_round_trips(void **state) {
                                       .settings = settings}},
         {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
                                                   .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd",
-                                                  .launch = "job 77 step 0 restart 1 attempt 0"}},
+                                                  .launch = "job 77 step 0 restart 1 attempt 0",
+                                                  .members = {.n = 2, .id = {0, 3}}}},
+        {.type = MSG_RENDEZVOUS, .u.rendezvous = {.nodes = 1, .job_id = "77", .launch = "job 77 step 0 restart 0 attempt 2",
+                                                  .members = {.n = 1}, .ended = "node(s) 2 gone"}},
         {.type = MSG_REFUSED, .u.refused = {"JOIN from a second node 1"}},
         {.type = MSG_NODE_ADDRS, .u.node_addrs = {.node = 1, .list = {.n = 2, .addrs = addrs}}},
         {.type = MSG_NODE_READY, .u.node_ready = {.node = 1}},
         {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .error = "rank 3 failed"}},
+        {.type = MSG_NODE_DONE, .u.node_done = {.node = 1, .ok = false, .permanent = true, .error = "bad shard"}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training"}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 2, .state = "setup", .ranks = rows}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training", .progress = progress}},
@@ -548,7 +553,7 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[17], &back);
+    through_wire(&all[18], &back);
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
@@ -589,6 +594,24 @@ static void test_strict_decoder(void **state) {
             "ADDR: field 'addr' must be a string of fewer than 80 bytes");
     refused(MSG_STOP, "{\"reason\":\"a\\u0000b\"}", "STOP: body is not JSON");
     refused(MSG_STOP, "{\"reason\":\"x\"}", "STOP: field 'failed' is missing");
+    refused(MSG_STOP, "{\"reason\":\"x\",\"failed\":true}", "STOP: field 'permanent' is missing");
+    static const char rendezvous[] = "{\"host\":\"h\",\"port\":1,\"nodes\":%d,\"job_id\":\"1\",\"restart\":0,"
+                                     "\"attempt\":0,\"secret\":\"\",\"nonce\":\"\",\"launch\":\"l\",\"members\":%s,"
+                                     "\"ended\":\"\"}";
+    char r[512];
+    snprintf(r, sizeof r, rendezvous, 2, "[0,2,2]");
+    refused(MSG_RENDEZVOUS, r, "RENDEZVOUS: members lists node 2 twice");
+    snprintf(r, sizeof r, rendezvous, 3, "[0,1]");
+    refused(MSG_RENDEZVOUS, r, "RENDEZVOUS: field 'members' lists 2 nodes, field 'nodes' says 3");
+    snprintf(r, sizeof r, rendezvous, 2, "[1,0]");
+    refused(MSG_RENDEZVOUS, r, "RENDEZVOUS: field 'members' must begin with node 0, the leader");
+    snprintf(r, sizeof r, rendezvous, 1, "[]");
+    refused(MSG_RENDEZVOUS, r, "RENDEZVOUS: field 'members' must be an array of 1 to 1024 node indices");
+    snprintf(r, sizeof r, rendezvous, 2, "[0,-1]");
+    refused(MSG_RENDEZVOUS, r, "RENDEZVOUS: members[1] is not a node index");
+    refused(MSG_RENDEZVOUS, "{\"host\":\"h\",\"port\":0,\"nodes\":1,\"job_id\":\"1\",\"restart\":0,\"attempt\":0,"
+                            "\"secret\":\"\",\"nonce\":\"\",\"launch\":\"l\",\"members\":[0],\"ended\":\"\"}",
+            "RENDEZVOUS: field 'port' is 0, and the launch has not ended");
     refused(MSG_CKPT_REQUEST, "{\"kind\":\"later\",\"why\":\"x\"}",
             "CKPT_REQUEST: field 'kind' is \"later\", not checkpoint, stop or stop_sync");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"training\",\"ranks\":[{\"rank\":2,\"pid\":3}]}",
