@@ -370,6 +370,14 @@ static void print_status(const json_t *r) {
                    json_number_value(get(progress, "still_s")));
         printf("\n");
     }
+    json_array_foreach(get(r, "stragglers"), i, v) {
+        printf("straggler: rank %lld on node %lld, phase %s: %.3f s a step of its own against the ranks' median %.3f s "
+               "(in collectives %.3f s, median %.3f s), %.3f s a step, for %lld steps\n",
+               json_integer_value(get(v, "rank")), json_integer_value(get(v, "node")), json_string_value(get(v, "phase")),
+               json_number_value(get(v, "own_s")), json_number_value(get(v, "median_own_s")),
+               json_number_value(get(v, "comm_s")), json_number_value(get(v, "median_comm_s")),
+               json_number_value(get(v, "step_s")), json_integer_value(get(v, "steps")));
+    }
     const char *fabric = json_string_value(get(r, "fabric"));
     printf("backend %s, fabric %s, restarts %lld\n", json_string_value(get(r, "backend")), fabric ? fabric : "-",
            json_integer_value(get(r, "restarts")));

@@ -484,6 +484,7 @@ static json_t *job_status(job_binding *b) {
         json_object_set(reply, "fabric", json_object_get(sup, "fabric"));
         json_object_set(reply, "fabric_found", json_object_get(sup, "fabric_found"));
         json_object_set(reply, "behind", json_object_get(sup, "behind"));
+        if (json_object_get(sup, "stragglers")) json_object_set(reply, "stragglers", json_object_get(sup, "stragglers"));
         json_object_set(reply, "eval", json_object_get(sup, "eval"));
         json_object_set_new(reply, "socket", json_string(b->path));
     }

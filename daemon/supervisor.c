@@ -33,6 +33,7 @@
 #include "daemon/run_report.h"
 #include "daemon/sample_prompts.h"
 #include "daemon/status_server.h"
+#include "daemon/straggler.h"
 #include "daemon/tensorboard.h"
 #include "kernels/kernels.h"
 #include "model/step_plan.h"
@@ -64,6 +65,8 @@ typedef struct worker {
     long long work_done;     /* its training's progress, from its heartbeats (0: not begun) */
     long long work_step;     /* and its step then */
     double work_at;          /* when work_done last moved (the stall watch) */
+    int has_timing;          /* its steps' times, from its heartbeats (daemon/straggler.h) */
+    msg_timing timing;
     int has_net;             /* its network, from its ready heartbeat */
     msg_net net;
 } worker;
@@ -102,6 +105,7 @@ struct supervisor {
     char stop_why[256];
     int signalled; /* the signal that stopped the job, 0 when none */
     json_t *behind; /* what the hung-rank locator found at the first failure (NULL: not run) */
+    straggler_watch *stragglers; /* the leader's, runtime.straggler_factor > 0 (NULL: none) */
     struct event *sigchld, *sigint, *sigterm, *sigusr1, *term_deadline, *grace, *heartbeat;
 };
 
@@ -567,6 +571,10 @@ static json_t *local_rank_rows(const supervisor *s) {
             json_object_set_new(row, "progress", json_pack("{s:I, s:I, s:f}", "work", (json_int_t)w->work_done, "step",
                                                            (json_int_t)w->work_step, "still_s",
                                                            clock_now_s() - w->work_at));
+        if (row && w->has_timing)
+            json_object_set_new(row, "timing", json_pack("{s:I, s:f, s:f, s:f}", "steps", (json_int_t)w->timing.steps,
+                                                         "step_s", w->timing.step_s, "comm_s", w->timing.comm_s,
+                                                         "data_s", w->timing.data_s));
         if (row && w->has_net)
             json_object_set_new(row, "net", json_pack("{s:s, s:o}", "transport", w->net.transport, "busbw_gbps",
                                                       w->net.measured ? json_real(w->net.busbw_gbps) : json_null()));
@@ -630,6 +638,7 @@ static void status_of(void *arg, json_t *out) {
     json_object_set_new(out, "last_error", s->failed ? json_string(s->reason.msg) : json_null());
     json_object_set_new(out, "fabric", s->fabric ? json_string(s->fabric) : json_null());
     json_object_set(out, "behind", s->behind ? s->behind : json_null());
+    if (s->stragglers) json_object_set_new(out, "stragglers", straggler_watch_status(s->stragglers));
     json_object_set_new(out, "eval", s->has_eval ? json_pack("{s:f, s:I}", "loss", s->eval_loss, "step",
                                                               (json_int_t)s->eval_step)
                                                   : json_null());
@@ -760,6 +769,10 @@ static void on_heartbeat(supervisor *s, worker *w, const msg_heartbeat *h) {
         w->work_done = h->progress;
         w->work_step = h->has_step ? h->step : 0;
         w->work_at = clock_now_s();
+    }
+    if (h->has_timing) {
+        w->has_timing = 1;
+        w->timing = h->timing;
     }
     if (h->has_coll && (!w->has_coll || memcmp(&h->coll, &w->coll, sizeof h->coll) != 0)) {
         w->has_coll = 1;
@@ -995,6 +1008,21 @@ static void on_checkpoint_signal(evutil_socket_t sig, short what, void *arg) {
     else if (id == 0) log_event(-1, "SIGUSR1: not training yet, no checkpoint to take");
 }
 
+/* The leader, at every heartbeat check while training: every rank's step times so far
+ * (this node's from their heartbeats, the others' from their nodes') to the stragglers' watch,
+ * what it finds logged. */
+static void watch_stragglers(supervisor *s) {
+    if (!s->stragglers || s->phase != PHASE_TRAINING) return;
+    json_t *now = json_object();
+    add_ranks(s, now);
+    json_t *news = straggler_watch_look(s->stragglers, json_object_get(now, "ranks"));
+    json_decref(now);
+    size_t i;
+    json_t *line;
+    json_array_foreach(news, i, line) log_event(-1, "%s", json_string_value(line));
+    json_decref(news);
+}
+
 static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     supervisor *s = arg;
@@ -1011,6 +1039,7 @@ static void on_heartbeat_check(evutil_socket_t fd, short what, void *arg) {
                     "though its heartbeats still come: a GPU kernel or a call that never returns",
                  w->rank, now - w->work_at, w->work_step, stall);
     }
+    watch_stragglers(s);
 }
 
 /* ---- set-up and tear-down ---- */
@@ -1060,6 +1089,7 @@ static void teardown(supervisor *s) {
     status_server_free(s->status);
     json_decref(s->last_metrics);
     json_decref(s->behind);
+    straggler_watch_free(s->stragglers);
     ckpt_coord_free(s->ckpt);
     json_decref(s->ckpt_start.model_config);
     for (int r = 0; s->workers && r < s->opt->workers; r++) {
@@ -1099,6 +1129,14 @@ static int plan_checkpoints(supervisor *s, errbuf *err) {
         return -1;
     }
     return rc;
+}
+
+/* The leader's stragglers' watch, when there are ranks to compare and the job asks for it. */
+static int setup_stragglers(supervisor *s, errbuf *err) {
+    int world = s->opt->workers * cluster_nodes(s->opt->cluster);
+    if (is_follower(s) || world < 2 || s->job.runtime.straggler_factor == 0) return 0;
+    s->stragglers = straggler_watch_new(s->job.runtime.straggler_factor, s->job.runtime.straggler_steps);
+    return s->stragglers ? 0 : errf(err, "out of memory");
 }
 
 /* The job resolved again for what the checkpoint fixed, and the leader's coordinator. */
@@ -1191,6 +1229,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
                               .request_stop = status_request_stop};
     if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
+    if (rc == 0) rc = setup_stragglers(&s, err);
     if (rc == 0) rc = report_start(&s, err);
     if (rc == 0) rc = open_tensorboard(&s, err);
     if (rc == 0) rc = setup_model(&s, err);

@@ -204,6 +204,8 @@ static const job_key keys[] = {
     NUM("runtime", "heartbeat_s", K_INT, runtime.heartbeat_s, 1, INT_MAX),
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
     OTHER("runtime", "allow_shrink", K_BOOL, runtime.allow_shrink),
+    NUM("runtime", "straggler_factor", K_DOUBLE, runtime.straggler_factor, 0, 1000),
+    NUM("runtime", "straggler_steps", K_INT, runtime.straggler_steps, 1, INT_MAX),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),
     CHOICE("runtime", "on_usr1", runtime.on_usr1, on_usr1_choices),
     STR("runtime", "status_socket", runtime.status_socket, 0),
@@ -343,6 +345,8 @@ void job_defaults(job_config *j) {
     j->runtime.log_every = 1;
     j->runtime.join_timeout_s = 300;
     j->runtime.node_timeout_s = 60;
+    j->runtime.straggler_factor = 1.5;
+    j->runtime.straggler_steps = 10;
     strcpy(j->runtime.mlflow_experiment, "Default"); /* the one every MLflow server has */
     j->fabric.require = true;
     lora_config_of(j, &j->lora.config); /* the defaults' own, as job_resolve derives it */
@@ -1505,6 +1509,9 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
         check_schedule(j, err))
         return -1;
     if (check_data(j, err) || check_stall_timeout(j, err)) return -1;
+    if (j->runtime.straggler_factor != 0 && j->runtime.straggler_factor <= 1)
+        return errf(err, "runtime.straggler_factor: %g is not above 1 (a rank that many times the median's step "
+                    "time is a straggler; 0 turns the watch off)", j->runtime.straggler_factor);
     if (j->runtime.node_timeout_s <= j->runtime.heartbeat_s)
         return errf(err, "runtime.node_timeout_s: %d s is not longer than runtime.heartbeat_s (%d s), the "
                     "period of the heartbeats it waits for", j->runtime.node_timeout_s, j->runtime.heartbeat_s);

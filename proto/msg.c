@@ -92,6 +92,15 @@ static const field net_fields[] = {
 };
 static const body_info net_info = {net_fields, COUNT(net_fields), NULL};
 
+static const field timing_fields[] = {
+    I64(msg_timing, "steps", steps, 1),
+    F64(msg_timing, "step_s", step_s),
+    F64(msg_timing, "comm_s", comm_s),
+    F64(msg_timing, "data_s", data_s),
+};
+static int check_timing(void *body, const char *type, errbuf *err);
+static const body_info timing_info = {timing_fields, COUNT(timing_fields), check_timing};
+
 static const field heartbeat_fields[] = {
     BOOL(msg_heartbeat, "ready", ready),
     OPT_I64(msg_heartbeat, "step", step, 0),
@@ -99,6 +108,7 @@ static const field heartbeat_fields[] = {
     OPT_I64(msg_heartbeat, "mem_bytes", mem_bytes, 0),
     OPT_SUB(msg_heartbeat, "coll", coll, coll_info),
     OPT_SUB(msg_heartbeat, "net", net, net_info),
+    OPT_SUB(msg_heartbeat, "timing", timing, timing_info),
 };
 
 static int check_ckpt_mode(void *body, const char *type, errbuf *err);
@@ -421,6 +431,13 @@ static int check_rendezvous(void *body, const char *type, errbuf *err) {
     return 0;
 }
 
+static int check_timing(void *body, const char *type, errbuf *err) {
+    const msg_timing *t = body;
+    if (!(t->step_s >= 0 && t->comm_s >= 0 && t->data_s >= 0))
+        return errf(err, "%s: field 'timing' needs step_s, comm_s and data_s >= 0", type);
+    return 0;
+}
+
 static int check_ckpt_mode(void *body, const char *type, errbuf *err) {
     const char *mode = ((msg_ckpt_note *)body)->mode;
     if (strcmp(mode, "async") && strcmp(mode, "sync") && strcmp(mode, "skipped"))
@@ -467,6 +484,21 @@ static int check_rank_row(const json_t *row, size_t i, const char *type, errbuf 
         if (!json_is_object(net) || json_object_size(net) != 2 || !json_is_string(json_object_get(net, "transport")) ||
             !(json_is_null(bw) || json_is_number(bw)))
             return errf(err, "%s: ranks[%zu].net must be {\"transport\", \"busbw_gbps\"}", type, i);
+        known++;
+    }
+    const json_t *timing = json_object_get(row, "timing");
+    if (timing) { /* the stragglers' watch's figures: msg_timing's */
+        static const char *const seconds[] = {"step_s", "comm_s", "data_s"};
+        const json_t *steps = json_object_get(timing, "steps");
+        int bad = !json_is_object(timing) || json_object_size(timing) != 4 || !json_is_integer(steps) ||
+                  json_integer_value(steps) < 1;
+        for (int k = 0; !bad && k < 3; k++) {
+            const json_t *v = json_object_get(timing, seconds[k]);
+            bad = !json_is_number(v) || json_number_value(v) < 0;
+        }
+        if (bad)
+            return errf(err, "%s: ranks[%zu].timing must be {\"steps\" >= 1, \"step_s\", \"comm_s\", \"data_s\" >= 0}",
+                        type, i);
         known++;
     }
     const json_t *progress = json_object_get(row, "progress");

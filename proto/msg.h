@@ -149,6 +149,14 @@ typedef struct msg_net {
     double busbw_gbps;
 } msg_net;
 
+/* A rank's time over its steps so far (this run), summed: each step from its loop's top to
+ * its end, of that the time in collectives (on NCCL their device time) and in filling the
+ * batch.  The stragglers' watch (daemon/straggler.h) compares the ranks' own time, the rest. */
+typedef struct msg_timing {
+    int64_t steps;
+    double step_s, comm_s, data_s;
+} msg_timing;
+
 typedef struct msg_heartbeat {
     bool ready;         /* set once: connected to the peers, ready to START */
     bool has_step;
@@ -162,6 +170,8 @@ typedef struct msg_heartbeat {
     msg_coll coll;
     bool has_net;
     msg_net net;
+    bool has_timing;
+    msg_timing timing;
 } msg_heartbeat;
 
 /* The checkpoint a step triggers, announced before it is written. */

@@ -127,6 +127,11 @@ static const reply_field rank_fields[] = {{"rank", R_INT, 0, 0, NULL},          
                                           {"pid", R_INT, 0, 0, NULL},           {"running", R_BOOL, 0, 0, NULL},
                                           {"host_rss_bytes", R_INT, 1, 1, NULL}, {"gpu_bytes", R_INT, 1, 1, NULL},
                                           END};
+static const reply_field straggler_fields[] = {{"rank", R_INT, 0, 0, NULL},   {"node", R_INT, 0, 0, NULL},
+                                               {"phase", R_STR, 0, 0, NULL},  {"own_s", R_NUM, 0, 0, NULL},
+                                               {"median_own_s", R_NUM, 0, 0, NULL}, {"comm_s", R_NUM, 0, 0, NULL},
+                                               {"median_comm_s", R_NUM, 0, 0, NULL}, {"step_s", R_NUM, 0, 0, NULL},
+                                               {"steps", R_INT, 0, 0, NULL},  END};
 static const reply_field status_fields[] = {
     {"job", R_OBJ, 0, 0, job_fields},        {"state", R_STR, 0, 0, NULL},
     {"stop_requested", R_BOOL, 0, 0, NULL},  {"step", R_INT, 1, 0, NULL},
@@ -137,6 +142,7 @@ static const reply_field status_fields[] = {
     {"nodes", R_ARR, 0, 1, node_fields},     {"ranks", R_ARR, 0, 0, rank_fields},
     {"backend", R_STR, 0, 0, NULL},          {"fabric", R_STR, 1, 0, NULL},
     {"restarts", R_INT, 0, 0, NULL},         {"last_error", R_STR, 1, 0, NULL},
+    {"stragglers", R_ARR, 0, 1, straggler_fields},
     END};
 /* "request" and "checkpoint_request" are null when a follower forwarded the request to the
  * leader (whose id it does not know), or when a stop needs no checkpoint */

@@ -30,6 +30,8 @@ int comm_setup(comm *c, const comm_ops *ops, int rank, int world, const comm_opt
     c->gathered_bytes = 0;
     c->progress = opt->progress;
     c->unit = -1;
+    c->busy_s = 0;
+    c->device_timed = 0;
     return 0;
 }
 
@@ -57,6 +59,13 @@ int comm_rank(const comm *c) { return c->rank; }
 unsigned long long comm_calls(const comm *c) { return c ? c->ncalls : 0; }
 
 unsigned long long comm_gathered_bytes(const comm *c) { return c ? c->gathered_bytes : 0; }
+double comm_busy_s(const comm *c) { return c ? c->busy_s : 0; }
+
+/* The host's time in a call since t0, for a backend that does not time itself. */
+static int timed(comm *c, double t0, int rc) {
+    if (c && !c->device_timed) c->busy_s += clock_now_s() - t0;
+    return rc;
+}
 int comm_world(const comm *c) { return c->world; }
 
 size_t comm_dtype_size(comm_dtype dt) {
@@ -174,34 +183,40 @@ static int all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op o
 
 int comm_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                     errbuf *err) {
-    return all_gather(c, send, recv, count, dt, NULL, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, all_gather(c, send, recv, count, dt, NULL, err));
 }
 
 int comm_reduce_scatter(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                         comm_op op, errbuf *err) {
-    return reduce_scatter(c, send, recv, count, dt, op, NULL, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, reduce_scatter(c, send, recv, count, dt, op, NULL, err));
 }
 
 int comm_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, errbuf *err) {
-    return all_reduce(c, buf, count, dt, op, NULL, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, all_reduce(c, buf, count, dt, op, NULL, err));
 }
 
 int comm_all_gather_start(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                           comm_ticket *t, errbuf *err) {
-    return all_gather(c, send, recv, count, dt, t, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, all_gather(c, send, recv, count, dt, t, err));
 }
 
 int comm_reduce_scatter_start(comm *c, const void *send, void *recv, size_t count,
                               comm_dtype dt, comm_op op, comm_ticket *t, errbuf *err) {
-    return reduce_scatter(c, send, recv, count, dt, op, t, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, reduce_scatter(c, send, recv, count, dt, op, t, err));
 }
 
 int comm_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
                           comm_ticket *t, errbuf *err) {
-    return all_reduce(c, buf, count, dt, op, t, err);
+    double t0 = clock_now_s();
+    return timed(c, t0, all_reduce(c, buf, count, dt, op, t, err));
 }
 
-int comm_wait(comm *c, comm_ticket t, errbuf *err) {
+static int wait_for(comm *c, comm_ticket t, errbuf *err) {
     errbuf local;
     if (!err) err = &local;
     if (!c) return errf(err, "wait: no communicator");
@@ -216,7 +231,7 @@ int comm_wait(comm *c, comm_ticket t, errbuf *err) {
     return 0;
 }
 
-int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err) {
+static int broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err) {
     const char *name = "broadcast";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
@@ -232,7 +247,7 @@ int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, er
     return 0;
 }
 
-int comm_barrier(comm *c, errbuf *err) {
+static int barrier(comm *c, errbuf *err) {
     const char *name = "barrier";
     errbuf local;
     if (!err) err = &local; /* the cause is kept for the calls that come after */
@@ -240,6 +255,21 @@ int comm_barrier(comm *c, errbuf *err) {
     if (c->ops->barrier(c, err)) return fail(c, name, err);
     finished(c, c->ncalls);
     return 0;
+}
+
+int comm_wait(comm *c, comm_ticket t, errbuf *err) {
+    double t0 = clock_now_s();
+    return timed(c, t0, wait_for(c, t, err));
+}
+
+int comm_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root, errbuf *err) {
+    double t0 = clock_now_s();
+    return timed(c, t0, broadcast(c, buf, count, dt, root, err));
+}
+
+int comm_barrier(comm *c, errbuf *err) {
+    double t0 = clock_now_s();
+    return timed(c, t0, barrier(c, err));
 }
 
 void comm_abort(comm *c) {

@@ -98,6 +98,12 @@ unsigned long long comm_calls(const comm *c);
  * dtype's size: what it contributes; the ring carries world - 1 times that a rank); 0 for NULL. */
 unsigned long long comm_gathered_bytes(const comm *c);
 
+/* The seconds this rank has spent in collectives on c so far; 0 for NULL.  On the host
+ * backends the time it was blocked in comm calls; on NCCL the collectives' time on the
+ * device (events around each: from when its stream reached it to its end).  A rank that
+ * others wait for spends the least time in them: the stragglers' watch (daemon/straggler.h). */
+double comm_busy_s(const comm *c);
+
 /* Makes *c (a host-memory backend such as TCP) accept buffers in ctx's memory (device
  * memory on CUDA): each collective copies its input to pinned host memory, runs there and
  * copies the result back, synchronously.  For several workers sharing one GPU, where NCCL

@@ -49,6 +49,10 @@ struct comm {
     uint64_t gathered_bytes; /* what this rank has contributed to all-gathers (comm_gathered_bytes) */
     comm_progress *progress; /* comm_options.progress */
     int unit;         /* comm_set_unit */
+    /* comm_busy_s: the seconds this rank spent in collectives.  comm.c adds the host's time in
+     * each call unless device_timed: the backend adds its collectives' device time itself. */
+    double busy_s;
+    int device_timed;
 };
 
 /* Fills the common part (checks the options). */

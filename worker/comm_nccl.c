@@ -36,7 +36,7 @@
 typedef struct nccl_pending {
     uint64_t ticket;  /* comm.ncalls of the collective */
     const char *name; /* for errors: "all_gather" ... */
-    cudaEvent_t done; /* recorded on the comm stream after it */
+    cudaEvent_t begin, done; /* recorded on the comm stream before and after it */
 } nccl_pending;
 
 typedef struct nccl_comm {
@@ -47,7 +47,7 @@ typedef struct nccl_comm {
                              so that the two run in the order they were queued (hybrid_shard's
                              all-reduce of a reduce-scattered shard) */
     int owns_stream;
-    cudaEvent_t ready, done;
+    cudaEvent_t ready, begin, done; /* begin, done: around a plain collective */
     int *hang_flag;     /* mapped pinned memory the spinning kernel reads */
     nccl_pending pending[NCCL_INFLIGHT]; /* a ring, oldest at [head] */
     int head, inflight;
@@ -97,6 +97,13 @@ static int wait_event(nccl_comm *n, cudaEvent_t ev, const char *name, errbuf *er
     return e == cudaSuccess ? 0 : errf(err, "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
 }
 
+/* A collective's device time, from when its stream reached it to its end (comm_busy_s).  A
+ * pair that cannot be timed is left out: the figure is for the stragglers' watch. */
+static void count_device_time(nccl_comm *n, cudaEvent_t begin, cudaEvent_t end) {
+    float ms;
+    if (cudaEventElapsedTime(&ms, begin, end) == cudaSuccess) n->base.busy_s += ms / 1e3;
+}
+
 /* Checks what NCCL said when the collective was enqueued and waits until it is queued. */
 static int enqueued(nccl_comm *n, ncclResult_t r, errbuf *err) {
     if (r != ncclSuccess && r != ncclInProgress) return errf(err, "NCCL: %s", ncclGetErrorString(r));
@@ -110,7 +117,9 @@ static int finish(nccl_comm *n, ncclResult_t r, errbuf *err) {
     cudaError_t e = cudaEventRecord(n->done, n->stream);
     if (e != cudaSuccess) return errf(err, "cudaEventRecord: %s", cudaGetErrorString(e));
     if (wait_event(n, n->done, "", err)) return -1;
-    n->inflight = 0;
+    count_device_time(n, n->begin, n->done);
+    for (; n->inflight > 0; n->inflight--, n->head = (n->head + 1) % NCCL_INFLIGHT) /* done before it */
+        count_device_time(n, n->pending[n->head].begin, n->pending[n->head].done);
     return 0;
 }
 
@@ -120,6 +129,7 @@ static int retire_oldest(nccl_comm *n, errbuf *err) {
     char name[40];
     snprintf(name, sizeof name, "%s: ", p->name);
     if (wait_event(n, p->done, name, err)) return -1;
+    count_device_time(n, p->begin, p->done);
     n->head = (n->head + 1) % NCCL_INFLIGHT;
     n->inflight--;
     return 0;
@@ -145,10 +155,12 @@ static int nccl_wait(comm *c, uint64_t t, errbuf *err) {
 }
 
 /* Before each collective: its stream waits for the compute queued so far (the input's
- * producer); and the nccl_hang fault may park it behind a spinning kernel. */
-static int before_collective(nccl_comm *n, errbuf *err) {
+ * producer), then records `begin`; and the nccl_hang fault may park it behind a spinning
+ * kernel. */
+static int before_collective(nccl_comm *n, cudaEvent_t begin, errbuf *err) {
     cudaError_t e = cudaEventRecord(n->ready, n->compute);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
+    if (e == cudaSuccess) e = cudaEventRecord(begin, n->stream);
     if (e != cudaSuccess) return errf(err, "ordering after the compute: %s", cudaGetErrorString(e));
     const fault *hang = fault_get(FAULT_NCCL_HANG, n->base.rank);
     if (hang && n->base.ncalls == (uint64_t)hang->n) cuda_test_spin(n->stream, n->hang_flag);
@@ -164,14 +176,14 @@ static ncclRedOp_t nccl_op(comm_op op) { return op == COMM_AVG ? ncclAvg : ncclS
 static int nccl_all_gather(comm *c, const void *send, void *recv, size_t count, comm_dtype dt,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    if (before_collective(n, err)) return -1;
+    if (before_collective(n, n->begin, err)) return -1;
     return finish(n, ncclAllGather(send, recv, count, nccl_type(dt), n->nccl, n->stream), err);
 }
 
 /* A split-phase start first makes room in the ring of events. */
 static int make_room(nccl_comm *n, errbuf *err) {
     if (n->inflight == NCCL_INFLIGHT && retire_oldest(n, err)) return -1;
-    return before_collective(n, err);
+    return before_collective(n, n->pending[(n->head + n->inflight) % NCCL_INFLIGHT].begin, err);
 }
 
 static int nccl_all_gather_start(comm *c, const void *send, void *recv, size_t count,
@@ -201,7 +213,7 @@ static int nccl_all_reduce_start(comm *c, void *buf, size_t count, comm_dtype dt
 static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t count,
                                comm_dtype dt, comm_op op, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    if (before_collective(n, err)) return -1;
+    if (before_collective(n, n->begin, err)) return -1;
     return finish(n, ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->nccl,
                                        n->stream), err);
 }
@@ -209,7 +221,7 @@ static int nccl_reduce_scatter(comm *c, const void *send, void *recv, size_t cou
 static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op,
                            errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    if (before_collective(n, err)) return -1;
+    if (before_collective(n, n->begin, err)) return -1;
     return finish(n, ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->nccl,
                                    n->stream), err);
 }
@@ -217,14 +229,14 @@ static int nccl_all_reduce(comm *c, void *buf, size_t count, comm_dtype dt, comm
 static int nccl_broadcast(comm *c, void *buf, size_t count, comm_dtype dt, int root,
                           errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    if (before_collective(n, err)) return -1;
+    if (before_collective(n, n->begin, err)) return -1;
     return finish(n, ncclBroadcast(buf, buf, count, nccl_type(dt), root, n->nccl, n->stream), err);
 }
 
 /* A one-byte all-reduce on a scratch byte: returns once every rank has reached it. */
 static int nccl_barrier(comm *c, errbuf *err) {
     nccl_comm *n = as_nccl(c);
-    if (before_collective(n, err)) return -1;
+    if (before_collective(n, n->begin, err)) return -1;
     return finish(n, ncclAllReduce(n->hang_flag + 1, n->hang_flag + 1, 1, ncclUint8, ncclSum,
                                    n->nccl, n->stream), err);
 }
@@ -240,9 +252,12 @@ static void nccl_abort(comm *c) {
 static void nccl_destroy(comm *c) {
     nccl_comm *n = as_nccl(c);
     nccl_abort(c); /* ends whatever split-phase collective is still in flight */
-    for (int i = 0; i < NCCL_INFLIGHT; i++)
+    for (int i = 0; i < NCCL_INFLIGHT; i++) {
         if (n->pending[i].done) cudaEventDestroy(n->pending[i].done);
+        if (n->pending[i].begin) cudaEventDestroy(n->pending[i].begin);
+    }
     if (n->done) cudaEventDestroy(n->done);
+    if (n->begin) cudaEventDestroy(n->begin);
     if (n->ready) cudaEventDestroy(n->ready);
     if (n->stream && n->owns_stream) cudaStreamDestroy(n->stream);
     if (n->hang_flag) cudaFreeHost(n->hang_flag);
@@ -275,6 +290,7 @@ static int nccl_new(nccl_comm **out, const comm_options *opt, int rank, int worl
         free(n);
         return -1;
     }
+    n->base.device_timed = 1;
     n->compute = (cudaStream_t)ctx->stream;
     n->stream = stream;
     n->owns_stream = !stream;
@@ -285,9 +301,13 @@ static int nccl_new(nccl_comm **out, const comm_options *opt, int rank, int worl
     if (e == cudaSuccess && !stream) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
     if (e == cudaSuccess && !stream) e = cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
-    for (int i = 0; i < NCCL_INFLIGHT && e == cudaSuccess; i++)
-        e = cudaEventCreateWithFlags(&n->pending[i].done, cudaEventDisableTiming);
+    /* timed: the collectives' device time (comm_busy_s) */
+    if (e == cudaSuccess) e = cudaEventCreate(&n->begin);
+    if (e == cudaSuccess) e = cudaEventCreate(&n->done);
+    for (int i = 0; i < NCCL_INFLIGHT && e == cudaSuccess; i++) {
+        e = cudaEventCreate(&n->pending[i].done);
+        if (e == cudaSuccess) e = cudaEventCreate(&n->pending[i].begin);
+    }
     /* Mapped pinned memory: [0] the test hang flag, [1] the barrier's byte (device-visible). */
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&n->hang_flag, 2 * sizeof(int), cudaHostAllocMapped);
     if (e != cudaSuccess) {

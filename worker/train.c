@@ -309,6 +309,12 @@ static int answer_samples(fsdp *f, const train_env *env, long step, errbuf *err)
     return rc ? errprefix(err, "samples after step %ld", step) : 0;
 }
 
+/* The seconds this rank has spent in collectives, on each of its communicators. */
+static double comm_seconds(const fsdp *f) {
+    return comm_busy_s(f->comm) + (f->shard_comm != f->comm ? comm_busy_s(f->shard_comm) : 0) +
+           comm_busy_s(f->replica);
+}
+
 static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t tokens_seen, errbuf *err) {
     const job_config *j = env->job;
     const train_hooks *h = &env->hooks;
@@ -332,10 +338,12 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
     const fault *delay = fault_get(FAULT_STEP_DELAY, env->rank);
     progress(env); /* the loop has begun: the stall watch starts */
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
+        double top = clock_now_s(), comm0 = comm_seconds(f);
         if (delay) clock_sleep_s(delay->seconds);
         double t0 = clock_now_s();
         uint64_t first = (uint64_t)step * (uint64_t)j->train.global_batch + (uint64_t)env->rank * (uint64_t)share;
         row_source_fill(d, first, &rb);
+        double data_s = clock_now_s() - t0;
         for (int r = 0; r < rows; r++) samples[r] = (int64_t)(first * (uint64_t)per + (uint64_t)r); /* dropout keys */
         hp.lr = schedule_lr(j, step, total);
         /* Stopping is voted too: every rank leaves after the same step (one leaving alone
@@ -348,6 +356,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
         fsdp_step_result res;
         rc = fsdp_train_step(f, &batch, &hp, &res, err);
         if (rc) break;
+        double iter_s = clock_now_s() - top, comm_s = comm_seconds(f) - comm0;
         progress(env);
         stop = res.vote_max[VOTE_STOP] != 0;
         tokens_seen += res.tokens;
@@ -358,7 +367,8 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
         if (h->on_step) {
             train_step_info info = {.step = step + 1, .total_steps = total, .loss = res.loss,
                                     .lr = hp.lr, .grad_norm = res.grad_norm, .tokens = res.tokens,
-                                    .seconds = clock_now_s() - t0, .layer_forwards = f->layer_forwards,
+                                    .seconds = clock_now_s() - t0, .iter_s = iter_s, .comm_s = comm_s,
+                                    .data_s = data_s, .layer_forwards = f->layer_forwards,
                                     .all_gathers = f->param_gathers,
                                     .replica_collectives = (long)comm_calls(f->replica),
                                     .gathered_bytes = (int64_t)comm_gathered_bytes(f->shard_comm),

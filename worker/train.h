@@ -27,6 +27,9 @@ typedef struct train_step_info {
     double loss, lr, grad_norm;
     int64_t tokens;           /* unmasked targets of the global batch */
     double seconds;           /* wall time of the step */
+    /* For the stragglers' watch (daemon/straggler.h): the iteration from the loop's top to the
+     * step's end, of it the time in collectives (comm_busy_s) and in filling the batch. */
+    double iter_s, comm_s, data_s;
     long layer_forwards;      /* decoder-layer forwards so far on this rank */
     long all_gathers;         /* units all-gathered so far on this rank (fsdp.param_gathers) */
     long replica_collectives; /* collectives on the replica communicator so far (hybrid_shard) */

@@ -57,6 +57,8 @@ typedef struct worker {
     atomic_long step;
     atomic_llong work_done;    /* train_hooks.on_progress calls, for the heartbeats */
     atomic_llong mem_bytes;    /* context memory in use after the last step (-1: none yet) */
+    pthread_mutex_t timing_lock;
+    msg_timing timing;         /* its steps' times so far, for the heartbeats (under timing_lock) */
     atomic_llong ckpt_request; /* the newest checkpoint request received */
     atomic_llong ckpt_sync_request; /* the newest that asked for a synchronous save */
     comm_progress progress;    /* its collectives, for the heartbeats (the locator) */
@@ -313,6 +315,10 @@ static void *heartbeat_loop(void *arg) {
                                     .has_progress = true, .progress = atomic_load(&w->work_done),
                                     .has_mem_bytes = mem >= 0, .mem_bytes = mem,
                                     .has_coll = atomic_load(&w->have_comm) != 0}};
+        pthread_mutex_lock(&w->timing_lock);
+        beat.u.heartbeat.timing = w->timing;
+        pthread_mutex_unlock(&w->timing_lock);
+        beat.u.heartbeat.has_timing = beat.u.heartbeat.timing.steps > 0;
         if (beat.u.heartbeat.has_coll) {
             msg_coll *c = &beat.u.heartbeat.coll;
             c->started = (int64_t)atomic_load(&w->progress.started);
@@ -405,6 +411,12 @@ static void on_step(void *arg, const train_step_info *s) {
     worker *w = arg;
     atomic_store(&w->step, s->step);
     atomic_store(&w->mem_bytes, s->mem_bytes);
+    pthread_mutex_lock(&w->timing_lock);
+    w->timing.steps++;
+    w->timing.step_s += s->iter_s;
+    w->timing.comm_s += s->comm_s;
+    w->timing.data_s += s->data_s;
+    pthread_mutex_unlock(&w->timing_lock);
     if (w->rank == 0) {
         errbuf err;
         msg m = {.type = MSG_METRICS,
@@ -514,7 +526,8 @@ int main(int argc, char **argv) {
     signal(SIGUSR1, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
     static worker w = {.fd = -1, .send_lock = PTHREAD_MUTEX_INITIALIZER,
-                       .writer_lock = PTHREAD_MUTEX_INITIALIZER, .mem_bytes = -1};
+                       .writer_lock = PTHREAD_MUTEX_INITIALIZER, .timing_lock = PTHREAD_MUTEX_INITIALIZER,
+                       .mem_bytes = -1};
     if (argc == 3 && !strcmp(argv[1], "--ctl-fd")) w.fd = atoi(argv[2]);
     if (w.fd < 0) {
         fprintf(stderr, "usage: fsdp-worker --ctl-fd FD (fsdpd starts workers; run fsdpd)\n");

@@ -107,7 +107,8 @@ def fake_leader(path, host, nodes, launch, plan_json):
     lsock.listen(4)
     secret = secrets.token_bytes(32)
     record = {"host": host, "port": lsock.getsockname()[1], "nodes": int(nodes), "job_id": "x", "restart": 0,
-              "attempt": 0, "secret": secret.hex(), "nonce": secrets.token_hex(16), "launch": launch}
+              "attempt": 0, "secret": secret.hex(), "nonce": secrets.token_hex(16), "launch": launch,
+              "members": list(range(int(nodes))), "ended": ""}
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.write(fd, json.dumps(record).encode())

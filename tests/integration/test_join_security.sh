@@ -77,7 +77,7 @@ echo "1: 10 strangers dropped after 5 s each, the job joined and trained"
 forged() { # NAME MODE OWNER: a follower alone, facing a forged file; it fails at once
     local file
     file=$(rendezvous "$1")
-    echo '{"host":"10.0.0.9","port":9,"nodes":2,"job_id":"x","restart":0,"attempt":0,"secret":"'"$(printf 'ab%.0s' {1..32})"'","nonce":"00","launch":"job '"$1"' step - restart 0 attempt 0"}' > "$file"
+    echo '{"host":"10.0.0.9","port":9,"nodes":2,"job_id":"x","restart":0,"attempt":0,"secret":"'"$(printf 'ab%.0s' {1..32})"'","nonce":"00","launch":"job '"$1"' step - restart 0 attempt 0","members":[0,1],"ended":""}' > "$file"
     chmod "$2" "$file"
     chown "$3" "$file"
     node 1 2 "$1" -- --runtime.join_timeout_s=4
