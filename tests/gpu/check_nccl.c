@@ -143,6 +143,25 @@ static void check_split_phase(kctx *k, comm *c) {
     if (dev) k_free(k, dev);
 }
 
+/* comm_busy_s on NCCL: the collectives' device time (events around each), plain and started:
+ * more than nothing, and no more than the wall time they took. */
+static void check_device_time(kctx *k, comm *c) {
+    errbuf err;
+    size_t n = 16u << 20; /* 64 MB of f32 */
+    float *dev = k_alloc(k, n * sizeof(float), &err);
+    double busy0 = comm_busy_s(c), t0 = now_s();
+    int rc = dev ? 0 : -1;
+    for (int i = 0; rc == 0 && i < 8; i++) rc = comm_all_reduce(c, dev, n, COMM_F32, COMM_SUM, &err);
+    comm_ticket t = 0;
+    for (int i = 0; rc == 0 && i < 12; i++) rc = comm_all_reduce_start(c, dev, n, COMM_F32, COMM_SUM, &t, &err);
+    if (rc == 0) rc = comm_wait(c, t, &err);
+    double wall = now_s() - t0, busy = comm_busy_s(c) - busy0;
+    char detail[160];
+    snprintf(detail, sizeof detail, "%.4f s of device time in %.4f s of wall time", busy, wall);
+    check(rc == 0 && busy > 0 && busy <= wall * 1.01 + 1e-3, "nccl collectives' device time (comm_busy_s)", rc ? err.msg : detail);
+    k_free(k, dev);
+}
+
 static void check_nccl_world1(void) {
     fprintf(stderr, "check_nccl: NCCL world 1...\n");
     kctx k;
@@ -158,6 +177,7 @@ static void check_nccl_world1(void) {
     check(run_collectives(&k, c, detail, sizeof detail) == 0, "nccl collectives on device buffers", detail);
     check(comm_barrier(c, &err) == 0, "nccl barrier", err.msg);
     check_split_phase(&k, c);
+    check_device_time(&k, c);
     comm_destroy(c);
 
     /* The watchdog: the 2nd collective waits behind a spinning kernel. */
