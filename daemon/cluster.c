@@ -37,6 +37,7 @@ typedef struct node_link {
     msg_decoder dec;
     int done;                /* it sent NODE_DONE, or it is gone */
     int lost;                /* it is gone: its link closed, or it fell silent */
+    int joined;              /* it had a link in this run */
     double last_seen;        /* when it last sent anything */
     int heard;               /* it has sent a heartbeat: its loop runs */
     char state[16];          /* the leader's view of a follower: its last heartbeat */
@@ -47,6 +48,8 @@ typedef struct node_link {
 struct cluster {
     int node, nodes, workers; /* this node's index in the run, the run's node count */
     msg_nodes members;        /* the run's nodes by SLURM node index (node i is SLURM node id[i]) */
+    msg_nodes spares;         /* the leader: the spare nodes it expects (runtime.spare_nodes) */
+    int total;                /* links: the run's nodes, then the spares' (index nodes + k) */
     char host[MSG_ADDR_MAX];
     char secret_hex[2 * MSG_SECRET_BYTES + 1];
     unsigned char secret[MSG_SECRET_BYTES];
@@ -62,6 +65,7 @@ struct cluster {
     msg_peers table;
     int n_addrs, n_ready, n_done, failed, finished;
     int leader_stopped; /* a follower: the leader's STOP came */
+    int standby;        /* a spare's cluster (cluster_stand_by): node is nodes, its SLURM index spares.id[0] */
     int permanent;      /* the failure told to the others (or by them) is one no restart cures */
     int told_leader;    /* a follower: its NODE_DONE went */
 };
@@ -71,8 +75,14 @@ int cluster_nodes(const cluster *c) { return c->nodes; }
 const char *cluster_host(const cluster *c) { return c->host; }
 const char *cluster_secret_hex(const cluster *c) { return c->secret_hex; }
 static int is_leader(const cluster *c) { return c->node == 0; }
-/* Node i of the run as the log names it: its SLURM node index. */
-static int slurm_node(const cluster *c, int i) { return c->members.id[i]; }
+/* Node i of the run (or spare i - nodes) as the log names it: its SLURM node index. */
+static int slurm_node(const cluster *c, int i) { return i < c->nodes ? c->members.id[i] : c->spares.id[i - c->nodes]; }
+static int is_spare_link(const cluster *c, int i) { return i >= c->nodes; }
+
+/* PMIx carries the leader's address and the secret at a launch's first run, when every node
+ * of the allocation takes part in its fence; a restart's run, perhaps without a node that is
+ * gone, meets through the rendezvous file alone (0600, the secret in it). */
+static int use_pmix(int attempt) { return pmix_join_active() && attempt == 0; }
 
 static int random_bytes(unsigned char *out, size_t n, errbuf *err) {
     if (getrandom(out, n, 0) != (ssize_t)n) return errf(err, "getrandom: %s", strerror(errno));
@@ -94,7 +104,7 @@ static int node_address(cluster *c, const slurm_env *env, const job_config *job,
     if (rc) return errf(err, "this node's address: %s: %s", name, gai_strerror(rc));
     struct sockaddr_in a = *(struct sockaddr_in *)res->ai_addr;
     freeaddrinfo(res);
-    if (c->nodes > 1 && is_loopback(&a))
+    if (c->total > 1 && is_loopback(&a))
         return errf(err, "this node's address: %s is %s, a loopback address: the other nodes cannot reach "
                     "it (set runtime.bind_addr)", name, inet_ntoa(a.sin_addr));
     snprintf(c->host, sizeof c->host, "%s", inet_ntoa(a.sin_addr));
@@ -165,7 +175,7 @@ static int publish(cluster *c, int port, const slurm_env *env, int attempt, cons
     r->port = port;
     r->nodes = c->nodes;
     snprintf(r->host, sizeof r->host, "%s", c->host);
-    strcpy(r->secret, pmix_join_active() ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
+    strcpy(r->secret, use_pmix(attempt) ? "" : c->secret_hex); /* with PMIx, the secret goes through it */
     strcpy(r->nonce, nonce);
     r->members = c->members;
     return write_rendezvous(c->file, &m, err);
@@ -262,7 +272,7 @@ typedef struct admission {
     json_t *settings; /* this node's job_shared_settings */
     pending p[MAX_PENDING];
     int n;
-    int joined;
+    int joined, spares_joined;
 } admission;
 
 /* Tells a node that authenticated why it is turned away (best effort: it closes next). */
@@ -273,10 +283,24 @@ static void send_refusal(int fd, const char *reason) {
     msg_send(fd, &m, &ignored);
 }
 
-/* A JOIN from a node that proved the secret: 0 it fits (admitted), -1 it does not (why: a
- * node of this job misconfigured, or of another run; the join goes on), -2 it runs another
- * job (why: the whole job stops, every node told). */
-static int judge_join(admission *a, const msg_join *j, errbuf *why) {
+/* A spare's JOIN: its link index (nodes + k), or -1 with why. */
+static int judge_spare(admission *a, const msg_join *j, errbuf *why) {
+    cluster *c = a->c;
+    if (j->workers != c->workers)
+        return errf(why, "JOIN from spare SLURM node %d: %d workers, the leader has %d", j->slurm_node, j->workers,
+                    c->workers);
+    if (strcmp(j->nonce, a->nonce) != 0)
+        return errf(why, "JOIN from spare SLURM node %d: it did not read this run's rendezvous file", j->slurm_node);
+    int k = 0;
+    while (k < c->spares.n && c->spares.id[k] != j->slurm_node) k++;
+    if (k == c->spares.n)
+        return errf(why, "JOIN from %s as a spare: SLURM node %d is not a spare this run expects", j->host, j->slurm_node);
+    if (c->fds[c->nodes + k] >= 0) return errf(why, "JOIN from a second spare SLURM node %d (%s)", j->slurm_node, j->host);
+    return c->nodes + k;
+}
+
+/* A member's JOIN: its link index (its node index), or -1 with why. */
+static int judge_member(admission *a, const msg_join *j, errbuf *why) {
     cluster *c = a->c;
     if (j->nodes != c->nodes || j->node < 1 || j->node >= c->nodes)
         return errf(why, "JOIN from %s: node %d of %d, but this job has %d nodes (its leader is node 0)", j->host,
@@ -288,10 +312,21 @@ static int judge_join(admission *a, const msg_join *j, errbuf *why) {
     if (c->fds[j->node] >= 0)
         return errf(why, "JOIN from a second node %d (%s): node %d already joined from %s", j->node, j->host,
                     j->node, c->hosts[j->node]);
+    if (j->slurm_node != c->members.id[j->node])
+        return errf(why, "JOIN from node %d (%s): SLURM node %d, but node %d of this run is SLURM node %d", j->node,
+                    j->host, j->slurm_node, j->node, c->members.id[j->node]);
+    return j->node;
+}
+
+/* A JOIN from a node that proved the secret: 0 it fits (*link: where it goes), -1 it does
+ * not (why: a node of this job misconfigured, or of another run; the join goes on), -2 it
+ * runs another job (why: the whole job stops, every node told). */
+static int judge_join(admission *a, const msg_join *j, int *link, errbuf *why) {
+    if ((*link = j->standby ? judge_spare(a, j, why) : judge_member(a, j, why)) < 0) return -1;
     job_difference d;
     if (job_settings_diff(a->settings, j->settings, &d)) {
-        errf(why, "node %d (%s) runs another job: %s is %s on the leader, %s on node %d", j->node, j->host, d.key,
-             d.a, d.b, j->node);
+        errf(why, "node %d (%s) runs another job: %s is %s on the leader, %s on node %d", j->slurm_node, j->host,
+             d.key, d.a, d.b, j->slurm_node);
         return -2;
     }
     return 0;
@@ -324,12 +359,14 @@ static int read_join(admission *a, pending *p, int *node, int *fatal, errbuf *wh
     msg_frame_free(&f);
     if (rc) return errprefix(why, "its JOIN"), 1;
     if (m.type != MSG_JOIN) rc = errf(why, "expected JOIN, got %s", msg_type_name(m.type));
-    else rc = judge_join(a, &m.u.join, why);
+    else rc = judge_join(a, &m.u.join, node, why);
     *fatal = rc == -2;
     if (rc == 0) {
-        *node = m.u.join.node;
         snprintf(a->c->hosts[*node], sizeof a->c->hosts[*node], "%s", m.u.join.host);
-        log_event(-1, "node %d (%s) joined", slurm_node(a->c, *node), m.u.join.host);
+        log_event(-1, "%snode %d (%s) joined", is_spare_link(a->c, *node) ? "spare " : "", slurm_node(a->c, *node),
+                  m.u.join.host);
+    } else {
+        *node = 0;
     }
     msg_free(&m);
     return 1;
@@ -351,7 +388,8 @@ static int step_pending(admission *a, int i, errbuf *err) {
     if (node > 0 && set_blocking(p->fd) == 0) {
         a->c->fds[node] = p->fd;
         p->fd = -1;
-        a->joined++;
+        if (is_spare_link(a->c, node)) a->spares_joined++;
+        else a->joined++;
         drop_pending(a, i, NULL);
         return 0;
     }
@@ -420,7 +458,7 @@ static int admit_round(admission *a, int lfd, double deadline, errbuf *err) {
 
 /* The leader could not start the job: every node that joined hears why. */
 static void refuse_joined(cluster *c, const char *reason) {
-    for (int i = 1; i < c->nodes; i++)
+    for (int i = 1; i < c->total; i++)
         if (c->fds[i] >= 0) send_refusal(c->fds[i], reason);
 }
 
@@ -432,7 +470,14 @@ static int admit_nodes(cluster *c, const job_config *job, int lfd, const char *n
     if (ckpt_job_model_config(job, &model, &ignored, err) || !(a.settings = job_shared_settings(job, model, err)))
         rc = -1;
     json_decref(model);
-    while (rc == 0 && a.joined < c->nodes) {
+    while (rc == 0 && (a.joined < c->nodes || a.spares_joined < c->spares.n)) {
+        if (clock_now_s() >= deadline && a.joined == c->nodes) { /* the spares missing: without them */
+            for (int k = 0; k < c->spares.n; k++)
+                if (c->fds[c->nodes + k] < 0)
+                    log_event(-1, "spare node %d never joined within runtime.join_timeout_s = %d s: it is no spare",
+                              c->spares.id[k], job->runtime.join_timeout_s);
+            break;
+        }
         if (clock_now_s() >= deadline) {
             char missing[256];
             missing_nodes(c, missing, sizeof missing);
@@ -459,7 +504,7 @@ static int lead(cluster *c, const slurm_env *env, const job_config *job, int att
     if (rc == 0) rc = rendezvous_path(c->file, env, job, attempt, err);
     if (rc == 0) remove_stale_rendezvous(c, env, job->checkpoint.dir);
     if (rc == 0) rc = publish(c, port, env, attempt, nonce, err);
-    if (rc == 0 && pmix_join_active())
+    if (rc == 0 && use_pmix(attempt))
         rc = pmix_join_lead(c->host, port, c->secret_hex, attempt, job->runtime.join_timeout_s, err);
     if (rc == 0) log_event(-1, "leading %d nodes from %s:%d (rendezvous file %s)", c->nodes, c->host, port, c->file);
     if (rc == 0) rc = admit_nodes(c, job, lfd, nonce, deadline, err);
@@ -476,8 +521,9 @@ static int join_leader(cluster *c, const msg_rendezvous *r, const json_t *settin
     if (inet_pton(AF_INET, r->host, &a.sin_addr) != 1) return errf(why, "leader address '%s' is not IPv4", r->host);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return errf(why, "socket: %s", strerror(errno));
-    msg join = {.type = MSG_JOIN, .u.join = {.node = c->node, .nodes = c->nodes, .workers = c->workers,
-                                             .settings = (json_t *)settings}};
+    msg join = {.type = MSG_JOIN, .u.join = {.node = c->standby ? 0 : c->node, .nodes = c->nodes,
+                                             .slurm_node = slurm_node(c, c->node), .standby = c->standby != 0,
+                                             .workers = c->workers, .settings = (json_t *)settings}};
     snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
     strcpy(join.u.join.nonce, r->nonce);
     int rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errf(why, "%s", strerror(errno));
@@ -513,8 +559,8 @@ static int find_leader(cluster *c, const slurm_env *env, const job_config *job, 
  * leader may replace a dead one's file (another port, another secret) at any moment. */
 static int follow(cluster *c, const slurm_env *env, const job_config *job, int attempt, double deadline, errbuf *err) {
     pmix_join_endpoint ep; /* with PMIx: the leader's address and the secret, before the file exists */
-    int pmix = pmix_join_active();
-    if (pmix && pmix_join_follow(&ep, c->node, attempt, job->runtime.join_timeout_s, err)) return -1;
+    int pmix = use_pmix(attempt);
+    if (pmix && pmix_join_follow(&ep, env->node_id, attempt, job->runtime.join_timeout_s, err)) return -1;
     json_t *model = NULL, *settings = NULL;
     llama_config ignored;
     if (ckpt_job_model_config(job, &model, &ignored, err) == 0) settings = job_shared_settings(job, model, err);
@@ -539,8 +585,11 @@ static int follow(cluster *c, const slurm_env *env, const job_config *job, int a
     if (fd < 0) return -1;
     c->fds[0] = fd;
     snprintf(c->hosts[0], sizeof c->hosts[0], "%s:%d", r.host, r.port);
-    log_event(-1, "node %d joined the leader at %s:%d (node %d of the run's %d)", slurm_node(c, c->node), r.host,
-              r.port, c->node, c->nodes);
+    if (c->standby)
+        log_event(-1, "node %d joined the leader at %s:%d as a spare", slurm_node(c, c->node), r.host, r.port);
+    else
+        log_event(-1, "node %d joined the leader at %s:%d (node %d of the run's %d)", slurm_node(c, c->node), r.host,
+                  r.port, c->node, c->nodes);
     return 0;
 }
 
@@ -562,29 +611,42 @@ static int index_in(const msg_nodes *members, int slurm_id) {
     return -1;
 }
 
-int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members, int attempt,
-                 errbuf *err) {
-    int node = index_in(members, env->node_id);
-    if (node < 0 || members->id[0] != 0)
-        return errf(err, "joining the nodes: SLURM node %d is not one of this run's nodes", env->node_id);
+/* A cluster of the run's members and spares, its links not made; NULL when out of memory. */
+static cluster *cluster_new(const job_config *job, const msg_nodes *members, const msg_nodes *spares) {
     cluster *c = calloc(1, sizeof *c);
-    if (!c) return errf(err, "out of memory");
+    if (!c) return NULL;
     c->members = *members;
-    c->node = node;
+    if (spares) c->spares = *spares;
     c->nodes = members->n;
+    c->total = c->nodes + c->spares.n;
     c->workers = job->runtime.workers_per_node;
     c->heartbeat_s = job->runtime.heartbeat_s;
     c->node_timeout_s = job->runtime.node_timeout_s;
     c->join_timeout_s = job->runtime.join_timeout_s;
-    c->fds = malloc((size_t)c->nodes * sizeof *c->fds);
-    c->hosts = calloc((size_t)c->nodes, sizeof *c->hosts);
-    int rc = c->fds && c->hosts ? 0 : errf(err, "out of memory");
-    for (int i = 0; rc == 0 && i < c->nodes; i++) c->fds[i] = -1;
-    if (rc == 0 && c->nodes == 1) {
+    c->fds = malloc((size_t)c->total * sizeof *c->fds);
+    c->hosts = calloc((size_t)c->total, sizeof *c->hosts);
+    if (!c->fds || !c->hosts) {
+        cluster_free(c);
+        return NULL;
+    }
+    for (int i = 0; i < c->total; i++) c->fds[i] = -1;
+    return c;
+}
+
+int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members,
+                 const msg_nodes *spares, int attempt, errbuf *err) {
+    int node = index_in(members, env->node_id);
+    if (node < 0 || members->id[0] != 0)
+        return errf(err, "joining the nodes: SLURM node %d is not one of this run's nodes", env->node_id);
+    cluster *c = cluster_new(job, members, node == 0 ? spares : NULL);
+    if (!c) return errf(err, "out of memory");
+    c->node = node;
+    int rc = 0;
+    if (c->total == 1) {
         const char *host = job->runtime.bind_addr[0] ? job->runtime.bind_addr : "127.0.0.1";
         if ((size_t)snprintf(c->host, sizeof c->host, "%s", host) >= sizeof c->host)
             rc = errf(err, "runtime.bind_addr '%.64s...' is too long", host);
-    } else if (rc == 0) {
+    } else {
         rc = node_address(c, env, job, err);
     }
     if (rc == 0) snprintf(c->hosts[c->node], sizeof c->hosts[c->node], "%s", c->host);
@@ -593,7 +655,7 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, con
         hex_encode(c->secret, sizeof c->secret, c->secret_hex);
     }
     double deadline = clock_now_s() + job->runtime.join_timeout_s;
-    if (rc == 0 && c->nodes > 1)
+    if (rc == 0 && c->total > 1)
         rc = is_leader(c) ? lead(c, env, job, attempt, deadline, err) : follow(c, env, job, attempt, deadline, err);
     if (rc) {
         cluster_free(c);
@@ -603,10 +665,92 @@ int cluster_join(cluster **out, const slurm_env *env, const job_config *job, con
     return 0;
 }
 
+/* ---- a spare ---- */
+
+/* One of the leader's messages to a spare: 0 (failed) or 2 (ended) for STOP, -2 to go on
+ * waiting, -1 (err) for anything a spare is not sent. */
+static int spare_on(const msg *m, errbuf *err) {
+    switch (m->type) {
+    case MSG_NODE_HEARTBEAT: return -2;
+    case MSG_STOP:
+        log_event(-1, "the run %s: %s", m->u.stop.failed ? "failed" : "ended", m->u.stop.reason);
+        return m->u.stop.failed ? 0 : 2;
+    case MSG_REFUSED: return errf(err, "the leader refused this node: %s", m->u.refused.reason);
+    default: return errf(err, "the leader sent a spare an unexpected %s message", msg_type_name(m->type));
+    }
+}
+
+/* A spare joined: heartbeats the leader every heartbeat_s and reads it until its STOP, or
+ * until it is lost (closed, silent for node_timeout_s). */
+static int wait_as_spare(cluster *c, errbuf *err) {
+    int fd = c->fds[0], rc = -2;
+    msg_decoder dec;
+    msg_decoder_init(&dec);
+    double heard = clock_now_s(), beat = 0;
+    while (rc == -2) {
+        double now = clock_now_s();
+        errbuf why;
+        if (now - heard > c->node_timeout_s) {
+            rc = errf(err, "the leader (node 0, %s) sent nothing for %.0f s (runtime.node_timeout_s = %d s)",
+                      c->hosts[0], now - heard, c->node_timeout_s);
+            break;
+        }
+        if (now >= beat) {
+            msg hb = {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = slurm_node(c, c->node), .state = "spare"}};
+            if (msg_send(fd, &hb, &why)) {
+                rc = errf(err, "the leader (node 0, %s): %s", c->hosts[0], why.msg);
+                break;
+            }
+            beat = now + c->heartbeat_s;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, clock_poll_ms(beat));
+        if (n < 0 && errno != EINTR) rc = errf(err, "poll: %s", strerror(errno));
+        if (n <= 0) continue;
+        unsigned char chunk[4096];
+        ssize_t got = recv(fd, chunk, sizeof chunk, 0);
+        if (got <= 0) {
+            rc = errf(err, "the leader (node 0, %s) closed its connection (its daemon died?)", c->hosts[0]);
+            break;
+        }
+        heard = clock_now_s();
+        msg_frame f;
+        int more = msg_decoder_feed(&dec, chunk, (size_t)got, &why) ? -1 : 1;
+        while (rc == -2 && more > 0 && (more = msg_decoder_next(&dec, &f, &why)) > 0) {
+            msg m;
+            int bad = msg_decode(&f, &m, &why);
+            msg_frame_free(&f);
+            if (bad) more = -1;
+            else rc = spare_on(&m, err), msg_free(&m);
+        }
+        if (more < 0) rc = errf(err, "the leader (node 0, %s) broke the protocol: %s", c->hosts[0], why.msg);
+    }
+    msg_decoder_free(&dec);
+    return rc;
+}
+
+int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, msg_nodes *members, errbuf *err) {
+    if (cluster_members(env, job, attempt, members, err)) return -1;
+    if (index_in(members, env->node_id) >= 0) return 1;
+    msg_nodes self = {.n = 1, .id = {env->node_id}};
+    cluster *c = cluster_new(job, members, &self);
+    if (!c) return errf(err, "out of memory");
+    c->node = c->nodes; /* its link's index on the leader's side */
+    c->standby = 1;
+    int rc = node_address(c, env, job, err);
+    if (rc == 0) {
+        snprintf(c->hosts[c->node], sizeof c->hosts[c->node], "%s", c->host);
+        rc = follow(c, env, job, attempt, clock_now_s() + job->runtime.join_timeout_s, err);
+    }
+    if (rc == 0) rc = wait_as_spare(c, err);
+    cluster_free(c);
+    return rc < 0 ? errprefix(err, "a spare node") : rc;
+}
+
 void cluster_detach(cluster *c) {
     if (c->heartbeat) event_free(c->heartbeat);
     c->heartbeat = NULL;
-    for (int i = 0; c->links && i < c->nodes; i++) {
+    for (int i = 0; c->links && i < c->total; i++) {
         if (c->links[i].bev) bufferevent_free(c->links[i].bev);
         c->links[i].bev = NULL;
         msg_decoder_free(&c->links[i].dec);
@@ -620,7 +764,7 @@ void cluster_detach(cluster *c) {
 void cluster_free(cluster *c) {
     if (!c) return;
     cluster_detach(c);
-    for (int i = 0; c->fds && i < c->nodes; i++)
+    for (int i = 0; c->fds && i < c->total; i++)
         if (c->fds[i] >= 0) close(c->fds[i]);
     if (c->file[0]) unlink(c->file);
     free(c->fds);
@@ -667,6 +811,10 @@ static void to_followers(cluster *c, const msg *m) {
     for (int i = 1; i < c->nodes; i++) send_to(&c->links[i], m);
 }
 
+static void to_spares(cluster *c, const msg *m) {
+    for (int i = c->nodes; c->links && i < c->total; i++) send_to(&c->links[i], m);
+}
+
 static node_link *to_leader(cluster *c) { return &c->links[0]; }
 
 const json_t *cluster_leader_progress(const cluster *c) {
@@ -697,6 +845,7 @@ static void stop_followers(cluster *c, const char *reason, int failed) {
     msg stop = {.type = MSG_STOP, .u.stop = {.failed = failed != 0, .permanent = failed && c->permanent}};
     snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", reason);
     to_followers(c, &stop);
+    to_spares(c, &stop); /* a failure: they wait for the next attempt, where one may be needed */
 }
 
 /* A failure seen after the first is still told to the supervisor, which logs it beside the
@@ -719,7 +868,7 @@ static void close_link(node_link *l) {
 
 /* The leader's loop ends once every node has reported (or is gone). */
 static void count_done(cluster *c, node_link *l) {
-    if (l->done) return;
+    if (l->done || is_spare_link(c, l->node)) return;
     l->done = 1;
     c->n_done++;
     if (c->finished && c->n_done == c->nodes) event_base_loopbreak(c->base);
@@ -730,6 +879,10 @@ static void lose(cluster *c, node_link *l, const char *what) {
     char why[MSG_TEXT_MAX + 3 * MSG_ADDR_MAX];
     close_link(l);
     l->lost = 1;
+    if (is_leader(c) && is_spare_link(c, l->node)) { /* no rank of the job's: it is no spare any more */
+        log_event(-1, "spare node %d (%s) %s: no longer a spare", slurm_node(c, l->node), c->hosts[l->node], what);
+        return;
+    }
     if (is_leader(c)) snprintf(why, sizeof why, "node %d (%s) %s", slurm_node(c, l->node), c->hosts[l->node], what);
     else snprintf(why, sizeof why, "the leader (node 0, %s) %s", c->hosts[0], what);
     cluster_stop(c, why, 0);
@@ -755,6 +908,11 @@ static void on_heartbeat_from(node_link *l, const msg_node_heartbeat *h) {
 
 static void leader_on(cluster *c, node_link *l, const msg *m) {
     char why[MSG_TEXT_MAX + 64];
+    if (is_spare_link(c, l->node)) {
+        if (m->type == MSG_NODE_HEARTBEAT) l->heard = 1;
+        else lose(c, l, "sent a message a spare does not send");
+        return;
+    }
     switch (m->type) {
     case MSG_NODE_ADDRS:
         if (m->u.node_addrs.node != l->node || m->u.node_addrs.list.n != c->workers) break;
@@ -854,7 +1012,8 @@ static void on_link_event(struct bufferevent *bev, short events, void *arg) {
     if (!l->bev) return;
     /* It had finished; or this follower had, and the leader ended the job (a follower that
      * failed on its own hears of a leader that died meanwhile: that may be why). */
-    if (l->done || (c->finished && !is_leader(c) && (!c->failed || c->leader_stopped))) {
+    if (l->done || (c->finished && !is_leader(c) && (!c->failed || c->leader_stopped)) ||
+        (is_spare_link(c, l->node) && (c->finished || c->failed))) { /* a spare moving on to the next attempt */
         close_link(l);
         return;
     }
@@ -880,12 +1039,12 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg) {
     snprintf(hb.u.node_heartbeat.state, sizeof hb.u.node_heartbeat.state, "%s", c->hooks.state(c->hooks.arg));
     if (!is_leader(c)) hb.u.node_heartbeat.ranks = c->hooks.ranks(c->hooks.arg);
     else if (c->hooks.progress) hb.u.node_heartbeat.progress = c->hooks.progress(c->hooks.arg);
-    if (is_leader(c)) to_followers(c, &hb);
+    if (is_leader(c)) to_followers(c, &hb), to_spares(c, &hb);
     else send_to(to_leader(c), &hb);
     json_decref(hb.u.node_heartbeat.ranks);
     json_decref(hb.u.node_heartbeat.progress);
     double now = clock_now_s();
-    for (int i = 0; i < c->nodes; i++) {
+    for (int i = 0; i < c->total; i++) {
         node_link *l = &c->links[i];
         if (!l->bev || l->done || i == c->node) continue;
         int limit = l->heard ? c->node_timeout_s : c->join_timeout_s;
@@ -901,12 +1060,12 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg) {
 int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hooks, errbuf *err) {
     c->hooks = *hooks;
     c->base = base;
-    c->links = calloc((size_t)c->nodes, sizeof *c->links);
+    c->links = calloc((size_t)c->total, sizeof *c->links);
     c->table.n = c->nodes * c->workers;
     c->table.addrs = calloc((size_t)c->table.n, sizeof *c->table.addrs);
     if (!c->links || !c->table.addrs) return errf(err, "out of memory");
     c->n_done = 1; /* this node's own report is cluster_done */
-    for (int i = 0; i < c->nodes; i++) {
+    for (int i = 0; i < c->total; i++) {
         node_link *l = &c->links[i];
         *l = (node_link){.c = c, .node = i, .last_seen = clock_now_s()};
         msg_decoder_init(&l->dec);
@@ -915,10 +1074,11 @@ int cluster_attach(cluster *c, struct event_base *base, const cluster_hooks *hoo
         l->bev = bufferevent_socket_new(base, c->fds[i], BEV_OPT_CLOSE_ON_FREE);
         if (!l->bev) return errf(err, "node %d: cannot create its connection", i);
         c->fds[i] = -1; /* the bufferevent owns it */
+        l->joined = 1;
         bufferevent_setcb(l->bev, on_link_readable, NULL, on_link_event, l);
         if (bufferevent_enable(l->bev, EV_READ | EV_WRITE)) return errf(err, "node %d: cannot read its connection", i);
     }
-    if (c->nodes == 1) return 0;
+    if (c->total == 1) return 0;
     struct timeval every = {c->heartbeat_s, 0};
     c->heartbeat = event_new(base, -1, EV_PERSIST, on_heartbeat, c);
     if (!c->heartbeat || event_add(c->heartbeat, &every))
@@ -985,8 +1145,19 @@ void cluster_lost(const cluster *c, msg_nodes *out) {
         if (c->links[i].lost) out->id[out->n++] = slurm_node(c, i);
 }
 
-int cluster_done(cluster *c) {
+void cluster_spares_alive(const cluster *c, msg_nodes *out) {
+    out->n = 0;
+    for (int i = c->nodes; c->links && i < c->total; i++)
+        if (c->links[i].joined && !c->links[i].lost) out->id[out->n++] = slurm_node(c, i);
+}
+
+int cluster_done(cluster *c, int failed) {
     c->finished = 1;
+    if (is_leader(c) && !c->failed) { /* the spares: the run ended (a failure told them before) */
+        msg stop = {.type = MSG_STOP, .u.stop = {.failed = failed != 0}};
+        snprintf(stop.u.stop.reason, sizeof stop.u.stop.reason, "%s", failed ? "the run failed" : "the run ended");
+        for (int i = c->nodes; i < c->total; i++) send_now(&c->links[i], &stop);
+    }
     if (!is_leader(c)) {
         /* A failure of its own was told before (cluster_fail); one the leader told it is
          * answered with an empty error: done, not lost (the leader re-plans without the lost). */

@@ -80,9 +80,11 @@ typedef struct cluster cluster;
 
 /* Joins this node's daemon to the others (see above); attempt is fsdpd's own run count,
  * members the run's nodes (node 0 first; the leader decides them, a follower takes them from
- * cluster_members).  This node must be one of them. */
-int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members, int attempt,
-                 errbuf *err);
+ * cluster_members).  This node must be one of them.  spares (the leader's; NULL: none): the
+ * spare nodes it admits too, waited for up to join_timeout_s (one that does not come is no
+ * spare), kept on links of their own: heartbeats, and STOP when the run fails or ends. */
+int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members,
+                 const msg_nodes *spares, int attempt, errbuf *err);
 /* A follower, before cluster_join: the nodes of the attempt's run, from the leader's rendezvous
  * file (waited for up to runtime.join_timeout_s). */
 int cluster_members(const slurm_env *env, const job_config *job, int attempt, msg_nodes *out, errbuf *err);
@@ -130,10 +132,18 @@ void cluster_fail(cluster *c, const char *reason, int permanent);
  * their node reported, or fell silent: the leader's view of every follower, a follower's of
  * the leader. */
 void cluster_lost(const cluster *c, msg_nodes *out);
-/* This node's workers have all exited.  Returns 1 when the loop may end (a follower: at
+/* The leader, after the loop: the spare nodes still joined (SLURM node indices). */
+void cluster_spares_alive(const cluster *c, msg_nodes *out);
+/* A spare (runtime.spare_nodes), before each attempt: reads the attempt's rendezvous file;
+ * 1 when this node is one of its nodes now (*members, then cluster_join), else it joins the
+ * leader as a spare and waits, heartbeating, for the run's end: 0 when it failed (the next
+ * attempt may need this node), 2 when it ended otherwise (the job is over for a spare);
+ * -1 (err) when the leader is lost or refuses it, or ended the launch. */
+int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, msg_nodes *members, errbuf *err);
+/* This node's workers have all exited (failed: the run failed here).  Returns 1 when the loop may end (a follower: at
  * once, its report written; the leader: once every node has reported, else the cluster
  * breaks the loop when the last one does). */
-int cluster_done(cluster *c);
+int cluster_done(cluster *c, int failed);
 
 /* The nodes for the status socket: the leader lists every node ({"node", "host", "role",
  * "connected", "state", "last_heard_s", "ranks"}, the others' ranks from their last

@@ -118,12 +118,13 @@ static int ended(int code, const char *status) {
 
 /* One run on the given nodes: joined, then the workers supervised to the end; *lost, the
  * nodes it lost (daemon/cluster.h: cluster_lost). */
-static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_nodes *members, int attempt,
-                    msg_nodes *lost, errbuf *err) {
+static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_nodes *members, msg_nodes *spares,
+                    int attempt, msg_nodes *lost, errbuf *err) {
     lost->n = 0;
-    if (cluster_join(&opt->cluster, slurm, opt->job, members, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
+    if (cluster_join(&opt->cluster, slurm, opt->job, members, spares, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
     int rc = supervisor_run(opt, err);
     cluster_lost(opt->cluster, lost);
+    if (slurm->node_id == 0) cluster_spares_alive(opt->cluster, spares); /* the spares that can still be used */
     cluster_free(opt->cluster);
     opt->cluster = NULL;
     return rc;
@@ -135,10 +136,30 @@ static void list_nodes(const msg_nodes *n, char *out, size_t size) {
     for (int i = 0; i < n->n && at < size; i++) at += (size_t)snprintf(out + at, size - at, "%s%d", i ? ", " : "", n->id[i]);
 }
 
-/* The leader's next run after one that lost nodes: without them when runtime.allow_shrink
- * lets it and the global batch still divides among the ranks left (the accumulation grows),
- * else no restart (a node whose daemon is gone cannot rejoin). */
-static int shrink(const job_config *job, msg_nodes *members, const msg_nodes *lost, errbuf *err) {
+/* The lost nodes' places taken by spares (in their order, each at the lost one's index: the
+ * same ranks); *lost keeps the ones no spare was left for. */
+static void swap_in_spares(msg_nodes *members, msg_nodes *spares, msg_nodes *lost) {
+    msg_nodes left = {0};
+    for (int k = 0; k < lost->n; k++) {
+        int i = 0;
+        while (i < members->n && members->id[i] != lost->id[k]) i++;
+        if (i == members->n || spares->n == 0) {
+            left.id[left.n++] = lost->id[k];
+            continue;
+        }
+        log_event(-1, "node %d gone: spare node %d takes its place (runtime.spare_nodes)", lost->id[k], spares->id[0]);
+        members->id[i] = spares->id[0];
+        memmove(spares->id, spares->id + 1, (size_t)(--spares->n) * sizeof spares->id[0]);
+    }
+    *lost = left;
+}
+
+/* The leader's next run after one that lost nodes: spares in their places, else without them
+ * when runtime.allow_shrink lets it and the global batch still divides among the ranks left
+ * (the accumulation grows), else no restart (a node whose daemon is gone cannot rejoin). */
+static int replan(const job_config *job, msg_nodes *members, msg_nodes *spares, msg_nodes *lost, errbuf *err) {
+    swap_in_spares(members, spares, lost);
+    if (lost->n == 0) return 0;
     char gone[256];
     list_nodes(lost, gone, sizeof gone);
     if (!job->runtime.allow_shrink)
@@ -162,12 +183,12 @@ static int shrink(const job_config *job, msg_nodes *members, const msg_nodes *lo
 }
 
 /* The nodes of the next run after a failed one that may restart.  The leader keeps them, or
- * drops the lost (shrink); a follower that lost the leader does not restart (only the leader
+ * replaces or drops the lost (replan); a follower that lost the leader does not restart (only the leader
  * restarts a job across nodes; a relaunch resumes it), and takes the next run's nodes from the
  * leader's rendezvous file: a node it left out stops. */
-static int next_members(const job_config *job, const slurm_env *slurm, int attempt, const msg_nodes *lost,
-                        msg_nodes *members, errbuf *err) {
-    if (slurm->node_id == 0) return lost->n ? shrink(job, members, lost, err) : 0;
+static int next_members(const job_config *job, const slurm_env *slurm, int attempt, msg_nodes *lost,
+                        msg_nodes *members, msg_nodes *spares, errbuf *err) {
+    if (slurm->node_id == 0) return lost->n ? replan(job, members, spares, lost, err) : 0;
     if (lost->n) return errf(err, "this node lost the leader, which alone restarts a job across nodes");
     if (cluster_members(slurm, job, attempt, members, err)) return -1;
     for (int i = 0; i < members->n; i++)
@@ -183,10 +204,28 @@ static int next_members(const job_config *job, const slurm_env *slurm, int attem
 static int give_up(const job_config *job, const slurm_env *slurm, int attempt, const char *why, const char *reason) {
     fprintf(stderr, "fsdpd: job failed%s: %s\n", why, reason);
     errbuf err;
-    if (slurm->node_id == 0 && slurm->nnodes > 1 && job->runtime.max_restarts > 0 &&
+    if (slurm->node_id == 0 && slurm->nnodes > 1 && (job->runtime.max_restarts > 0 || job->runtime.spare_nodes > 0) &&
         cluster_end_launch(slurm, job, attempt, reason, &err))
         fprintf(stderr, "fsdpd: cannot tell the other nodes: %s\n", err.msg);
     return ended(1, "FAILED");
+}
+
+/* A spare (runtime.spare_nodes) waits out the runs that do not need it: 1 once it is one of
+ * an attempt's nodes (*attempt, *members), 2 when the job ended without it, -1 (err). */
+static int stand_by(const job_config *job, const slurm_env *slurm, int *attempt, msg_nodes *members, errbuf *err) {
+    log_event(-1, "a spare node (runtime.spare_nodes = %d): joined, no ranks, until a node is gone",
+              job->runtime.spare_nodes);
+    int rc;
+    while ((rc = cluster_stand_by(slurm, job, *attempt, members, err)) == 0) ++*attempt;
+    return rc;
+}
+
+/* runtime.spare_nodes: the allocation's last nodes; at least one node trains. */
+static int check_spares(const job_config *job, const slurm_env *slurm, errbuf *err) {
+    int k = job->runtime.spare_nodes;
+    if (k > 0 && k >= slurm->nnodes)
+        return errf(err, "runtime.spare_nodes: %d spare(s) of %d node(s) leave none to train", k, slurm->nnodes);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -218,8 +257,9 @@ int main(int argc, char **argv) {
                       "(srun --kill-on-bad-exit=0; slurm/launch.slurm: FSDP_SRUN_KILL_ON_BAD_EXIT=0)");
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
-    if (job_resolve(&job, workers * slurm.nnodes, &err) || job_validate(&job, workers * slurm.nnodes, &err))
-        goto bad_job;
+    if (check_spares(&job, &slurm, &err)) goto bad_job;
+    int active = slurm.nnodes - job.runtime.spare_nodes; /* the nodes that train */
+    if (job_resolve(&job, workers * active, &err) || job_validate(&job, workers * active, &err)) goto bad_job;
     if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
     static ckpt_data_identity data_identity;
     static char data_file[JOB_PATH_MAX]; /* data.path as given: data_prepare names the cache there */
@@ -264,18 +304,26 @@ int main(int argc, char **argv) {
      * node takes the same decision: the leader tells the others whether the failure is one a
      * restart cures, and re-plans the nodes (next_members). */
     int64_t start_step = requeue_start_step(&job); /* a requeue needs a checkpoint past it */
-    static msg_nodes members, lost;
-    members.n = slurm.nnodes;
-    for (int i = 0; i < members.n; i++) members.id[i] = i;
-    int rc;
-    for (int restarts = 0;
-         opt.restart = restarts, (rc = run_once(&opt, &slurm, &members, restarts, &lost, &err)) < 0; restarts++) {
+    static msg_nodes members, lost, spares;
+    for (int i = 0; i < slurm.nnodes; i++) {
+        msg_nodes *to = i < active ? &members : &spares;
+        to->id[to->n++] = i;
+    }
+    int rc, restarts = 0;
+    if (slurm.node_id >= active && (rc = stand_by(&job, &slurm, &restarts, &members, &err)) != 1) {
+        if (rc < 0) fprintf(stderr, "fsdpd: %s\n", err.msg);
+        else log_event(-1, "the job ended without needing this spare node");
+        return rc < 0 ? 1 : 0;
+    }
+    if (restarts > 0) job.checkpoint.resume = JOB_RESUME_AUTO; /* a spare taking a place: as every restart */
+    for (; opt.restart = restarts, (rc = run_once(&opt, &slurm, &members, &spares, restarts, &lost, &err)) < 0;
+         restarts++) {
         errbuf next;
         if (rc == SUPERVISOR_FAILED_PERMANENTLY && restarts < job.runtime.max_restarts)
             return give_up(&job, &slurm, restarts + 1, " (not restarted: a restart cannot cure this)", err.msg);
         if (restarts >= job.runtime.max_restarts)
             return give_up(&job, &slurm, restarts + 1, restarts ? " after its restarts" : "", err.msg);
-        if (next_members(&job, &slurm, restarts + 1, &lost, &members, &next)) {
+        if (next_members(&job, &slurm, restarts + 1, &lost, &members, &spares, &next)) {
             char why[sizeof next.msg + 32];
             snprintf(why, sizeof why, " (not restarted: %s)", next.msg);
             return give_up(&job, &slurm, restarts + 1, why, err.msg);

@@ -251,7 +251,7 @@ static void maybe_finish(worker *w) {
         log_event(w->rank, "exited");
     }
     /* The leader's loop also waits for every other node's report; the cluster ends it. */
-    if (s->n_finished == s->opt->workers && cluster_done(s->opt->cluster)) event_base_loopbreak(s->base);
+    if (s->n_finished == s->opt->workers && cluster_done(s->opt->cluster, s->failed)) event_base_loopbreak(s->base);
 }
 
 static void send_msg(worker *w, const msg *m) {

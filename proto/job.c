@@ -204,6 +204,7 @@ static const job_key keys[] = {
     NUM("runtime", "heartbeat_s", K_INT, runtime.heartbeat_s, 1, INT_MAX),
     NUM("runtime", "max_restarts", K_INT, runtime.max_restarts, 0, INT_MAX),
     OTHER("runtime", "allow_shrink", K_BOOL, runtime.allow_shrink),
+    NUM("runtime", "spare_nodes", K_INT, runtime.spare_nodes, 0, INT_MAX),
     NUM("runtime", "straggler_factor", K_DOUBLE, runtime.straggler_factor, 0, 1000),
     NUM("runtime", "straggler_steps", K_INT, runtime.straggler_steps, 1, INT_MAX),
     NUM("runtime", "stop_grace_s", K_INT, runtime.stop_grace_s, 0, INT_MAX),

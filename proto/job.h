@@ -199,6 +199,7 @@ typedef struct job_config {
         int heartbeat_s;
         int max_restarts;
         bool allow_shrink;    /* a restart goes on without the nodes a failure took away */
+        int spare_nodes;      /* the last nodes of the allocation, joined but idle until one is needed */
         double straggler_factor; /* a rank this many times the median's own step time is slow (0: off) */
         int straggler_steps;     /* for this many steps in a row: a straggler, named */
         int stop_grace_s;

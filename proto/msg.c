@@ -191,6 +191,8 @@ static int check_join(void *body, const char *type, errbuf *err);
 static const field join_fields[] = {
     INT(msg_join, "node", node, 0, INT_MAX),
     INT(msg_join, "nodes", nodes, 1, INT_MAX),
+    INT(msg_join, "slurm_node", slurm_node, 0, INT_MAX),
+    BOOL(msg_join, "standby", standby),
     STR(msg_join, "host", host),
     INT(msg_join, "workers", workers, 1, INT_MAX),
     STR(msg_join, "nonce", nonce),

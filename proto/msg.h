@@ -256,7 +256,9 @@ typedef struct msg_peers {
 } msg_peers;
 
 typedef struct msg_join {
-    int node, nodes;    /* this node's index and the node count it was told */
+    int node, nodes;    /* this node's index and the node count it was told (a spare: 0, the count) */
+    int slurm_node;     /* its SLURM node index (SLURM_NODEID) */
+    bool standby;       /* a spare node (runtime.spare_nodes): joined, no ranks, until it is needed */
     char host[MSG_ADDR_MAX];
     int workers;
     char nonce[MSG_NONCE_HEX]; /* the rendezvous file's: proof that checkpoint.dir is shared */

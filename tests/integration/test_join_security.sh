@@ -167,7 +167,7 @@ node 1 3 admit; one=$NETNS_PID
 wait_for 20 grep -q "node 1 (${NETNS_ADDRS[1]}) joined" "$tmp/admit-n0.log"
 refusal() { # NEEDLE JOIN_FIELDS
     netns_exec 2 python3 "$peer" join "$leader_addr" "$port" "$secret" \
-        '{"host": "n2", "settings": {}, '"$2"'}' > "$tmp/refusal.out"
+        '{"host": "n2", "settings": {}, "slurm_node": 2, "standby": false, '"$2"'}' > "$tmp/refusal.out"
     grep -q "^REFUSED .*$1" "$tmp/refusal.out" || { cat "$tmp/refusal.out"; fail "no REFUSED saying: $1"; }
     must_say "$tmp/admit-n0.log" "$1"
 }

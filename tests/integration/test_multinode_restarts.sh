@@ -15,7 +15,10 @@
 #   checkpoint resumed on one node of 2 ranks;
 # - node 2 stopped (SIGSTOP, its daemon and worker), allow_shrink=true: the leader finds it
 #   silent (runtime.node_timeout_s) and goes on without it; once node 2 runs again it stops,
-#   naming the lost leader, and nothing is left running.
+#   naming the lost leader, and nothing is left running;
+# - a spare (runtime.spare_nodes=1, node 2): joined and idle through a run, which has the bits
+#   of 2 ranks; and, node 1's daemon killed, it takes node 1's place (the same ranks) and the
+#   job ends with the bits of an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
 netns_available || skip_test "$NETNS_WHY"
@@ -161,4 +164,28 @@ kill -CONT $victims
 expect_exit ss 2 nonzero
 grep -q "not restarted: this node lost the leader" "$tmp/ss-n2.log" || { cat "$tmp/ss-n2.log"; fail "ss: node 2 did not stop naming the lost leader"; }
 nothing_left ss
+
+# --- a spare node (runtime.spare_nodes=1: nodes 0 and 1 train, node 2 waits) ------------------
+FSDP_FAULTS="final_params=$tmp/ref2.safetensors" "$fsdpd" --job "$tmp/job.json" "${common[@]}" \
+    --runtime.workers_per_node=2 --checkpoint.dir="$tmp/ref2.ckpt" --output.dir="$tmp/ref2.out" \
+    > "$tmp/ref2.log" 2>&1 || { cat "$tmp/ref2.log"; fail "the one-node reference of 2 ranks failed"; }
+start_nodes sq --runtime.spare_nodes=1
+for i in 0 1 2; do expect_exit sq "$i" 0; done
+grep -q "spare node 2 (${NETNS_ADDRS[2]}) joined" "$tmp/sq-n0.log" || { cat "$tmp/sq-n0.log"; fail "sq: the spare did not join"; }
+grep -q "the job ended without needing this spare node" "$tmp/sq-n2.log" || { cat "$tmp/sq-n2.log"; fail "sq: the spare did not end with the job"; }
+[ -z "$(worker_pids "$tmp/sq-n2.log")" ] || fail "sq: the spare started workers"
+cmp "$tmp/ref2.safetensors" "$tmp/sq.final.safetensors" || fail "sq: 2 nodes and a spare: not the bits of 2 ranks"
+nothing_left sq
+
+start_nodes sp --runtime.spare_nodes=1 --runtime.max_restarts=1
+wait_for 30 has_latest sp
+kill -KILL "${NODE_PIDS[1]}"
+expect_exit sp 0 0
+expect_exit sp 2 0
+grep -q "node 1 gone: spare node 2 takes its place (runtime.spare_nodes)" "$tmp/sp-n0.log" ||
+    { cat "$tmp/sp-n0.log"; fail "sp: the spare did not take node 1's place"; }
+[ "$(worker_pids "$tmp/sp-n2.log" | wc -l)" -eq 1 ] || fail "sp: the spare did not start one worker"
+cmp "$tmp/ref2.safetensors" "$tmp/sp.final.safetensors" || fail "sp: the final parameters differ from an uninterrupted run's"
+nothing_left sp
+echo "sq, sp: a spare waits out a run, and takes a lost node's place: the bits of an uninterrupted run"
 echo "multinode_restarts: ok"

@@ -511,8 +511,10 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_FATAL, .u.fatal = {"rank 1 fell over", true}},
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
-        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .host = "node-b", .workers = 8, .nonce = "00ff",
-                                      .settings = settings}},
+        {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .slurm_node = 1, .host = "node-b", .workers = 8,
+                                      .nonce = "00ff", .settings = settings}},
+        {.type = MSG_JOIN, .u.join = {.node = 0, .nodes = 2, .slurm_node = 3, .standby = true, .host = "node-d",
+                                      .workers = 8, .nonce = "00ff", .settings = settings}},
         {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
                                                   .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd",
                                                   .launch = "job 77 step 0 restart 1 attempt 0",
@@ -577,9 +579,9 @@ static void test_strict_decoder(void **state) {
     (void)state;
     refused(MSG_HELLO, "{\"pid\":1,\"rank\":0}", "HELLO: unknown field 'rank'");
     refused(MSG_HELLO, "{}", "HELLO: field 'pid' is missing");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":[]}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":[]}",
             "JOIN: field 'settings' must be an object");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\"}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\"}",
             "JOIN: field 'settings' is missing");
     refused(MSG_HELLO, "{\"pid\":\"12\"}", "HELLO: field 'pid' must be an integer, got a string");
     refused(MSG_HELLO, "{\"pid\":0}", "HELLO: field 'pid' = 0 is out of range [1, 2147483647]");
