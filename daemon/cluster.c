@@ -909,7 +909,7 @@ static void on_heartbeat_from(node_link *l, const msg_node_heartbeat *h) {
 static void leader_on(cluster *c, node_link *l, const msg *m) {
     char why[MSG_TEXT_MAX + 64];
     if (is_spare_link(c, l->node)) {
-        if (m->type == MSG_NODE_HEARTBEAT) l->heard = 1;
+        if (m->type == MSG_NODE_HEARTBEAT) l->heard = 1, strcpy(l->state, "spare");
         else lose(c, l, "sent a message a spare does not send");
         return;
     }
@@ -1173,12 +1173,13 @@ int cluster_done(cluster *c, int failed) {
 json_t *cluster_status(const cluster *c, json_t *local_ranks, const char *local_state) {
     json_t *nodes = json_array();
     double now = clock_now_s();
-    for (int i = 0; i < c->nodes; i++) {
+    for (int i = 0; i < (is_leader(c) ? c->total : c->nodes); i++) {
         if (!is_leader(c) && i != 0 && i != c->node) continue;
         const node_link *l = c->links ? &c->links[i] : NULL;
         int self = i == c->node;
-        json_t *row = json_pack("{s:i, s:s, s:s, s:b}", "node", i, "host", c->hosts[i], "role",
-                                i == 0 ? "leader" : "follower", "connected", self || (l && l->bev));
+        const char *role = i == 0 ? "leader" : is_spare_link(c, i) ? "spare" : "follower";
+        json_t *row = json_pack("{s:i, s:i, s:s, s:s, s:b}", "node", i, "slurm_node", slurm_node(c, i), "host",
+                                c->hosts[i], "role", role, "connected", self || (l && l->bev));
         if (!row) continue;
         json_object_set_new(row, "state", json_string(self ? local_state : l && l->state[0] ? l->state : "unknown"));
         json_object_set_new(row, "last_heard_s", self || !l ? json_null() : json_real(now - l->last_seen));

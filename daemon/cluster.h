@@ -24,6 +24,9 @@
  *     the directory is shared).  A failed attempt (a dead leader's port, a stale file) reads
  *     the file again until the deadline.  The leader's PLAN may resume only from a committed
  *     step of this job's checkpoint.dir (ckpt_adopt).
+ * Each attempt of fsdpd's restarts joins anew: the leader decides the run's nodes (members,
+ * in the file: after a node is gone, a spare in its place or fewer nodes) and admits its
+ * spares too (runtime.spare_nodes: links of their own, no ranks, cluster_stand_by).
  * One node (or none of SLURM) joins nobody: the secret is drawn and kept.
  *
  * Before the loop the leader prepares the checkpoints (ckpt_prepare) and sends every node

@@ -252,9 +252,10 @@ int main(int argc, char **argv) {
     log_set_node(slurm.node_id);
     if (job_args_load(&job, &args, &notes, &err)) goto bad_job;
     for (int i = 0; i < notes.n; i++) log_event(-1, "note: %s", notes.line[i]);
-    if (slurm.nnodes > 1 && slurm.job_id[0] && job.runtime.allow_shrink)
-        log_event(-1, "note: runtime.allow_shrink: srun must let the other nodes run on when one node's fsdpd exits "
-                      "(srun --kill-on-bad-exit=0; slurm/launch.slurm: FSDP_SRUN_KILL_ON_BAD_EXIT=0)");
+    if (slurm.nnodes > 1 && slurm.job_id[0] && (job.runtime.allow_shrink || job.runtime.spare_nodes > 0))
+        log_event(-1, "note: runtime.%s: srun must let the other nodes run on when one node's fsdpd exits "
+                      "(srun --kill-on-bad-exit=0; slurm/launch.slurm: FSDP_SRUN_KILL_ON_BAD_EXIT=0)",
+                  job.runtime.spare_nodes > 0 ? "spare_nodes" : "allow_shrink");
     if (job_resolve_runtime(&job, k_cuda_available(), &err)) goto bad_job;
     int workers = job.runtime.workers_per_node;
     if (check_spares(&job, &slurm, &err)) goto bad_job;

@@ -34,8 +34,9 @@ expect_status 2 "usage" "$fsdpd"
 # --- under SLURM on more than one node: refused, not one independent world a node ------------
 expect_status 2 "SLURM_NNODES is set but SLURM_JOB_ID is not" env SLURM_NNODES=2 "$fsdpd" --job "$tmp/job.json"
 slurm2=(SLURM_JOB_ID=77 SLURM_NODEID=0 SLURM_JOB_NODELIST="n[0-1]")
-expect_status 2 "runtime.max_restarts: restarts inside one launch across 2 nodes are not built yet" \
-    env -u SLURM_NNODES "${slurm2[@]}" SLURM_JOB_NUM_NODES=2 "$fsdpd" --job "$tmp/job.json" --runtime.max_restarts=1
+# (SLURM_JOB_NUM_NODES counts the nodes when SLURM_NNODES is unset)
+expect_status 2 "runtime.spare_nodes: 2 spare(s) of 2 node(s) leave none to train" \
+    env -u SLURM_NNODES "${slurm2[@]}" SLURM_JOB_NUM_NODES=2 "$fsdpd" --job "$tmp/job.json" --runtime.spare_nodes=2
 expect_status 2 "SLURM_NNODES 'two' is not an integer >= 1" env "${slurm2[@]}" SLURM_NNODES=two "$fsdpd" --job "$tmp/job.json"
 expect_status 2 "SLURM_JOB_NODELIST names 2 hosts but SLURM_NNODES is 3" env "${slurm2[@]}" SLURM_NNODES=3 "$fsdpd" --job "$tmp/job.json"
 

@@ -72,6 +72,11 @@ resumed_from() { # LOG: the step its last resume started from
     sed -n 's/.*resuming from .*step-0*\([0-9][0-9]*\).*/\1/p' "$1" | tail -n 1
 }
 
+expect_error 2 "runtime.spare_nodes: 1 spare(s) of 1 node(s) leave none to train" "$fsdpd" --job "$tmp/job.json" \
+    --runtime.spare_nodes=1
+expect_error 2 "runtime.spare_nodes: 3 spare(s) of 3 node(s) leave none to train" env SLURM_JOB_ID=x SLURM_NNODES=3 \
+    SLURM_NODEID=0 SLURM_JOB_NODELIST="n[0-2]" "$fsdpd" --job "$tmp/job.json" --runtime.spare_nodes=3
+
 netns_up 3
 
 # --- the reference: one node of 3 ranks, uninterrupted ----------------------------------------
