@@ -215,8 +215,14 @@ static int give_up(const job_config *job, const slurm_env *slurm, int attempt, c
 static int stand_by(const job_config *job, const slurm_env *slurm, int *attempt, msg_nodes *members, errbuf *err) {
     log_event(-1, "a spare node (runtime.spare_nodes = %d): joined, no ranks, until a node is gone",
               job->runtime.spare_nodes);
+    /* It follows the leader: a preemption's SIGTERM (or SIGINT) stops the job there, whose
+     * end reaches this node as STOP; dying of the signal would make srun end the others. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     int rc;
     while ((rc = cluster_stand_by(slurm, job, *attempt, members, err)) == 0) ++*attempt;
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
     return rc;
 }
 

@@ -625,6 +625,14 @@ static void locate_hung(supervisor *s) {
     size_t i;
     json_t *line;
     json_array_foreach(s->behind, i, line) log_event(-1, "hung-rank locator: %s", json_string_value(line));
+    /* the ranks that were slow before it: often where a hang or a crash began */
+    json_t *slow = s->stragglers ? straggler_watch_status(s->stragglers) : NULL;
+    json_array_foreach(slow, i, line)
+        log_event(-1, "at the failure, rank %d on node %d was a straggler (phase %s, %.3f s a step of its own against "
+                      "the others' %.3f s)", (int)json_integer_value(json_object_get(line, "rank")),
+                  (int)json_integer_value(json_object_get(line, "node")), json_string_value(json_object_get(line, "phase")),
+                  json_number_value(json_object_get(line, "own_s")), json_number_value(json_object_get(line, "median_own_s")));
+    json_decref(slow);
 }
 
 static void status_of(void *arg, json_t *out) {

@@ -16,8 +16,8 @@
 # - node 2 stopped (SIGSTOP, its daemon and worker), allow_shrink=true: the leader finds it
 #   silent (runtime.node_timeout_s) and goes on without it; once node 2 runs again it stops,
 #   naming the lost leader, and nothing is left running;
-# - a spare (runtime.spare_nodes=1, node 2): joined and idle through a run, which has the bits
-#   of 2 ranks; and, node 1's daemon killed, it takes node 1's place (the same ranks) and the
+# - a spare (runtime.spare_nodes=1, node 2): joined and idle through a run (a SIGTERM of its
+#   own ignored: it follows the leader), which has the bits of 2 ranks; and, node 1's daemon killed, it takes node 1's place (the same ranks) and the
 #   job ends with the bits of an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
@@ -175,6 +175,8 @@ FSDP_FAULTS="final_params=$tmp/ref2.safetensors" "$fsdpd" --job "$tmp/job.json" 
     --runtime.workers_per_node=2 --checkpoint.dir="$tmp/ref2.ckpt" --output.dir="$tmp/ref2.out" \
     > "$tmp/ref2.log" 2>&1 || { cat "$tmp/ref2.log"; fail "the one-node reference of 2 ranks failed"; }
 start_nodes sq --runtime.spare_nodes=1
+wait_for 30 has_latest sq
+kill -TERM "${NODE_PIDS[2]}" # a spare follows the leader: a signal of its own ends nothing
 for i in 0 1 2; do expect_exit sq "$i" 0; done
 grep -q "spare node 2 (${NETNS_ADDRS[2]}) joined" "$tmp/sq-n0.log" || { cat "$tmp/sq-n0.log"; fail "sq: the spare did not join"; }
 grep -q "the job ended without needing this spare node" "$tmp/sq-n2.log" || { cat "$tmp/sq-n2.log"; fail "sq: the spare did not end with the job"; }

@@ -5,6 +5,7 @@
 # - one node of 3 ranks, rank 1 slower by 0.25 s a step (fault step_delay): named, phase
 #   compute, by the log and by `fsdpctl status` while it trains; the other ranks are not;
 # - the same delay on every rank: nobody is named (the watch compares the ranks);
+# - a rank dying after the straggler was named: the failure's log names the straggler;
 # - runtime.straggler_factor 0: the watch is off;
 # - two nodes of one rank (netns hosts), the slow rank on node 1: the leader names it from its
 #   node's heartbeats (the rank rows' timing, through the strict decoder).
@@ -47,6 +48,14 @@ assert s[0]["own_s"] > 0.2 and s[0]["median_own_s"] < 0.1 and s[0]["steps"] >= 4
 PY
 grep -q "straggler: rank 1 on node 0, phase compute" "$tmp/slow.status.txt" || { cat "$tmp/slow.status.txt"; fail "slow: fsdpctl status does not print the straggler"; }
 echo "slow: rank 1 named a compute straggler, in the log and the status"
+
+# --- a failure after a straggler was named: the failure's log names it too --------------------
+run failed "step_delay=1:0.25;worker=2:exit:16"
+status=0
+wait "$pid" || status=$?
+[ "$status" -ne 0 ] || fail "failed: the job with a dying rank exited 0"
+grep -q "at the failure, rank 1 on node 0 was a straggler (phase compute" "$tmp/failed.log" ||
+    { grep -i "straggler\|failed" "$tmp/failed.log"; fail "failed: the failure does not name the straggler"; }
 
 # --- every rank as slow: nobody ------------------------------------------------------------------
 run even "step_delay=0:0.25;step_delay=1:0.25;step_delay=2:0.25"
