@@ -170,6 +170,21 @@ netns_exec_private_dir() { netns_private_dir "${FUNCNAME[0]}" "$2"; netns_run "$
 # netns_spawn_private_dir I DIR LOG CMD...: netns_spawn, with an empty private DIR.
 netns_spawn_private_dir() { netns_private_dir "${FUNCNAME[0]}" "$2"; netns_run_bg "$1" "$2" "$3" "${@:4}"; }
 
+# The multi-node tests' helpers (a job JOB checkpoints in $tmp/JOB.ckpt):
+# nothing_left NAME: no process runs in any host (every daemon and worker is gone), and no
+# shared memory of fsdpd's is left in /dev/shm.
+nothing_left() {
+    local ns left
+    for ns in "${NETNS_NAMES[@]}"; do
+        left=$(ip netns pids "$ns" | tr '\n' ' ')
+        [ -z "$left" ] || { ps -o pid,stat,cmd -p ${left// /,} || true; fail "$1: processes left in $ns: $left"; }
+    done
+    [ -z "$(ls /dev/shm | grep fsdp)" ] || fail "$1: shared memory left in /dev/shm: $(ls /dev/shm | grep fsdp)"
+}
+# latest_step JOB: the step its checkpoint directory's `latest` names ("" none); has_latest JOB.
+latest_step() { readlink "$tmp/$1.ckpt/latest" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p'; }
+has_latest() { [ -n "$(latest_step "$1")" ]; }
+
 # netns_down: kills what still runs in the hosts, removes their namespaces, the switch and
 # /etc/netns/<ns>.  Safe to call twice.
 netns_down() {

@@ -89,18 +89,6 @@ wait_exit() {
     wait "$pid"
 }
 
-# nothing_left: no process runs in any host (every daemon and worker is gone).
-nothing_left() {
-    local ns left
-    for ns in "${NETNS_NAMES[@]}"; do
-        left=$(ip netns pids "$ns" | tr '\n' ' ')
-        [ -z "$left" ] || { ps -o pid,stat,cmd -p ${left// /,} || true; fail "$1: processes left in $ns: $left"; }
-    done
-    [ -z "$(ls /dev/shm | grep fsdp)" ] || fail "$1: shared memory left in /dev/shm: $(ls /dev/shm | grep fsdp)"
-}
-
-latest_step() { readlink "$tmp/$1.ckpt/latest" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p'; }
-has_latest() { [ -n "$(latest_step "$1")" ]; }
 same_file() { cmp "$1" "$2" || fail "$3"; }
 
 # the relaunch of JOB on N nodes: resumes from latest and ends with the reference's bits

@@ -56,18 +56,9 @@ expect_exit() {
         [ "$status" -ne 0 ] || { tail -n 12 "$tmp/$1-n$2.log"; fail "$1: node $2 exited 0"; }
     fi
 }
-latest_step() { readlink "$tmp/$1.ckpt/latest" 2>/dev/null | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p'; }
-has_latest() { [ -n "$(latest_step "$1")" ]; }
 # pid_of_rank LOG N: the pid of the N-th worker that node started (1: the first run's).
 pid_of_rank() { worker_pids "$1" | sed -n "${2}p"; }
 workers_started() { [ "$(worker_pids "$1" | wc -l)" -ge "$2" ]; } # LOG N
-nothing_left() {
-    local ns left
-    for ns in "${NETNS_NAMES[@]}"; do
-        left=$(ip netns pids "$ns" | tr '\n' ' ')
-        [ -z "$left" ] || { ps -o pid,stat,cmd -p ${left// /,} || true; fail "$1: processes left in $ns: $left"; }
-    done
-}
 resumed_from() { # LOG: the step its last resume started from
     sed -n 's/.*resuming from .*step-0*\([0-9][0-9]*\).*/\1/p' "$1" | tail -n 1
 }
