@@ -39,6 +39,7 @@ static void plan_usage(FILE *f) {
 typedef struct plan_args {
     const char *job, *gpu, *rates;
     int nodes, gpus, json, longest;
+    int spares; /* of --nodes, the job's runtime.spare_nodes (nodes: the ones that train) */
     double net_gbps;
     char **overrides;
     int n_overrides;
@@ -143,6 +144,8 @@ static void print_verdict(const step_plan *p) {
 static void print_text(const plan_args *a, const job_config *j, int n_layers, const plan_rates *r,
                        const step_plan *p, const plan_machine *m) {
     int w = m->gpus_per_node;
+    if (a->spares) printf("fsdpctl plan: %d of the %d nodes train; %d wait as spares (runtime.spare_nodes)\n", a->nodes,
+                          a->nodes + a->spares, a->spares);
     if (p->cpu) {
         printf("fsdpctl plan: %s on %d node%s x %d worker%s, CPU backend (memory and host RAM; no step time)\n",
                a->job, a->nodes, a->nodes == 1 ? "" : "s", w, w == 1 ? "" : "s");
@@ -223,6 +226,8 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     if (longest >= 0 && json_object_set_new(o, "longest_seq_len", json_integer(longest)))
         return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
+    if (json_object_set_new(o, "spare_nodes", json_integer(a->spares)))
+        return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     /* the CPU backend: no step time (the rates are a GPU's), no GPU */
     if (p->cpu && json_object_set_new(o, "step", json_null())) return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && printf("\n") > 0 ? 0 : 1;
@@ -233,7 +238,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
 /* The job as fsdpd would run it on a.nodes nodes of a.gpus GPUs: its runtime.backend (auto: cuda,
  * the machine planned has GPUs) and runtime.workers_per_node (0: one a GPU; 2 on cpu), resolved
  * by job_resolve_runtime as fsdpd resolves them; its data file checked as fsdpd checks it. */
-static int load_job(const plan_args *a, job_config *j, errbuf *err) {
+static int load_job(plan_args *a, job_config *j, errbuf *err) {
     if (job_load(j, a->job, err)) return -1;
     for (int i = 0; i < a->n_overrides; i++)
         if (job_apply_override(j, a->overrides[i], err)) return -1;
@@ -244,6 +249,11 @@ static int load_job(const plan_args *a, job_config *j, errbuf *err) {
         return errf(err, "runtime.workers_per_node: %d workers on %d GPUs a node share them, which the plan does "
                          "not model (plan at most one worker a GPU: --gpus-per-node)", j->runtime.workers_per_node,
                     a->gpus);
+    if (j->runtime.spare_nodes >= a->nodes)
+        return errf(err, "runtime.spare_nodes: %d spare(s) of --nodes %d leave none to train", j->runtime.spare_nodes,
+                    a->nodes);
+    a->spares = j->runtime.spare_nodes;
+    a->nodes -= a->spares; /* the spares hold no rank */
     int world = a->nodes * j->runtime.workers_per_node;
     if (job_resolve(j, world, err) || job_validate(j, world, err) || data_check(j, err)) return -1;
     return 0;
@@ -283,6 +293,7 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "fsdpctl plan: %s\n", err.msg);
     } else {
         const plan_rates *rates = cpu && !a.rates ? NULL : &r;
+        m.nodes = a.nodes;
         m.data_bytes = data_bytes(&j);
         m.gpus_per_node = j.runtime.workers_per_node;
         if (cpu) m.gpu = NULL;

@@ -118,6 +118,7 @@ static int node_address(cluster *c, const slurm_env *env, const job_config *job,
  * the real nodes join beside it. */
 #define HANDSHAKE_S 5.0
 #define MAX_PENDING 32 /* connections authenticating at once; past it the oldest is dropped */
+#define SPARE_WAIT_S 30.0 /* a spare that has not joined this long after the run's nodes is none */
 #define RENDEZVOUS_MAX (1 << 16)
 
 static int rendezvous_path(char *out, const slurm_env *env, const job_config *job, int attempt, errbuf *err) {
@@ -470,12 +471,14 @@ static int admit_nodes(cluster *c, const job_config *job, int lfd, const char *n
     if (ckpt_job_model_config(job, &model, &ignored, err) || !(a.settings = job_shared_settings(job, model, err)))
         rc = -1;
     json_decref(model);
+    double spares_by = 0; /* once every node has joined, the spares get SPARE_WAIT_S more */
     while (rc == 0 && (a.joined < c->nodes || a.spares_joined < c->spares.n)) {
-        if (clock_now_s() >= deadline && a.joined == c->nodes) { /* the spares missing: without them */
+        if (a.joined == c->nodes && spares_by == 0)
+            spares_by = clock_now_s() + SPARE_WAIT_S < deadline ? clock_now_s() + SPARE_WAIT_S : deadline;
+        if (spares_by > 0 && clock_now_s() >= spares_by) { /* the spares missing: without them */
             for (int k = 0; k < c->spares.n; k++)
                 if (c->fds[c->nodes + k] < 0)
-                    log_event(-1, "spare node %d never joined within runtime.join_timeout_s = %d s: it is no spare",
-                              c->spares.id[k], job->runtime.join_timeout_s);
+                    log_event(-1, "spare node %d did not join with the others: it is no spare", c->spares.id[k]);
             break;
         }
         if (clock_now_s() >= deadline) {
@@ -485,7 +488,7 @@ static int admit_nodes(cluster *c, const job_config *job, int lfd, const char *n
                       job->runtime.join_timeout_s);
             break;
         }
-        rc = admit_round(&a, lfd, deadline, err);
+        rc = admit_round(&a, lfd, spares_by > 0 ? spares_by : deadline, err);
     }
     while (a.n > 0) drop_pending(&a, a.n - 1, rc ? "the leader gave up the join" : "every node had joined");
     json_decref(a.settings);
@@ -549,7 +552,8 @@ static int find_leader(cluster *c, const slurm_env *env, const job_config *job, 
         strcpy(r->secret, ep->secret_hex);
     }
     if (r->members.n != c->members.n || memcmp(r->members.id, c->members.id, (size_t)c->members.n * sizeof(int)))
-        return errf(err, "%s: the leader's nodes changed within one attempt", path);
+        return errf(err, "%s: the leader runs %d node(s), this node expected %d (its SLURM_NNODES, less "
+                    "runtime.spare_nodes, or the attempt's nodes)", path, r->members.n, c->members.n);
     if (hex_decode(r->secret, c->secret, sizeof c->secret)) return errf(err, "%s: a malformed secret", path);
     strcpy(c->secret_hex, r->secret);
     return 0;
@@ -1010,10 +1014,13 @@ static void on_link_event(struct bufferevent *bev, short events, void *arg) {
     if (!(events & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
     on_link_readable(l->bev, l);
     if (!l->bev) return;
-    /* It had finished; or this follower had, and the leader ended the job (a follower that
-     * failed on its own hears of a leader that died meanwhile: that may be why). */
-    if (l->done || (c->finished && !is_leader(c) && (!c->failed || c->leader_stopped)) ||
-        (is_spare_link(c, l->node) && (c->finished || c->failed))) { /* a spare moving on to the next attempt */
+    /* It had finished; or the leader had stopped this follower (the leader's run may end, and
+     * close, before this node's workers have all exited: it counts a failed node done at its
+     * report), or this follower had finished and the leader ended the job (a follower that
+     * failed on its own hears of a leader that died meanwhile: that may be why); or a spare
+     * moves on to the next attempt. */
+    if (l->done || (!is_leader(c) && (c->leader_stopped || (c->finished && !c->failed))) ||
+        (is_spare_link(c, l->node) && (c->finished || c->failed))) {
         close_link(l);
         return;
     }

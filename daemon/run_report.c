@@ -188,9 +188,13 @@ static int log_sections(const job_config *j, errbuf *err) {
 
 
 static void log_derived(const run_record *r, const job_config *j) {
-    log_event(-1, "run: world size %lld = %lld node%s x %lld worker%s, backend %s", (long long)r->world_size,
+    char spares[96] = "";
+    if (j->runtime.spare_nodes > 0)
+        snprintf(spares, sizeof spares, " (and %d spare node%s at the start: runtime.spare_nodes)", j->runtime.spare_nodes,
+                 j->runtime.spare_nodes == 1 ? "" : "s");
+    log_event(-1, "run: world size %lld = %lld node%s x %lld worker%s%s, backend %s", (long long)r->world_size,
               (long long)r->nodes, r->nodes == 1 ? "" : "s", (long long)r->workers_per_node,
-              r->workers_per_node == 1 ? "" : "s", r->backend);
+              r->workers_per_node == 1 ? "" : "s", spares, r->backend);
     log_event(-1, "run: batch: micro-batch %lld x accumulation %lld x %lld ranks = global batch %lld sequences, "
               "%lld tokens a step (seq_len %lld)", (long long)r->micro_batch, (long long)r->grad_accum,
               (long long)r->world_size, (long long)r->global_batch, (long long)r->tokens_per_step,

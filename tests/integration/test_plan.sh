@@ -29,6 +29,20 @@ assert p["max_micro_batch"] == 6, p["max_micro_batch"]
 assert p["checkpoint"]["bytes"] > 0 and p["host_memory"]["total"] >= p["host_memory"]["model"] > 0, p
 PY
 
+# spare nodes hold no rank: 3 nodes of which 1 a spare plan 2 nodes' world
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --nodes 3 --runtime.backend=cuda --runtime.spare_nodes=1 --json \
+    > "$tmp/plan-spare.json"
+python3 - "$tmp/plan-spare.json" "$tmp/plan.json" <<'PY'
+import json, sys
+p, one = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert p["nodes"] == 2 and p["spare_nodes"] == 1 and one["spare_nodes"] == 0, p
+PY
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --nodes 3 --runtime.backend=cuda --runtime.spare_nodes=1 > "$tmp/plan-spare.txt"
+grep -q "fsdpctl plan: 2 of the 3 nodes train; 1 wait as spares (runtime.spare_nodes)" "$tmp/plan-spare.txt" ||
+    { cat "$tmp/plan-spare.txt"; fail "the plan does not say the spares"; }
+expect_error 1 "runtime.spare_nodes: 3 spare(s) of --nodes 3 leave none to train" "$fsdpctl" plan "$tmp/job.json" \
+    --gpus-per-node 2 --nodes 3 --runtime.spare_nodes=3
+
 # a real model: Llama-2-70B QLoRA on one 24 GB card with both offloads fits; a full fine-tune
 # does not, and nothing of it does
 cat > "$tmp/q70.json" <<JSON
