@@ -426,10 +426,10 @@ static void accept_pending(admission *a, int lfd) {
 }
 
 static void missing_nodes(const cluster *c, char *out, size_t n) {
-    size_t at = 0;
-    out[0] = '\0';
-    for (int i = 1; i < c->nodes && at < n; i++)
-        if (c->fds[i] < 0) at += (size_t)snprintf(out + at, n - at, "%s%d", at ? ", " : "", slurm_node(c, i));
+    msg_nodes missing = {0};
+    for (int i = 1; i < c->nodes; i++)
+        if (c->fds[i] < 0) missing.id[missing.n++] = slurm_node(c, i);
+    msg_nodes_list(&missing, out, n);
 }
 
 /* One round: every connection whose handshake ran out is dropped, then poll() until the

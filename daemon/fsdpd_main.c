@@ -130,12 +130,6 @@ static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_n
     return rc;
 }
 
-static void list_nodes(const msg_nodes *n, char *out, size_t size) {
-    size_t at = 0;
-    out[0] = '\0';
-    for (int i = 0; i < n->n && at < size; i++) at += (size_t)snprintf(out + at, size - at, "%s%d", i ? ", " : "", n->id[i]);
-}
-
 /* The lost nodes' places taken by spares (in their order, each at the lost one's index: the
  * same ranks); *lost keeps the ones no spare was left for. */
 static void swap_in_spares(msg_nodes *members, msg_nodes *spares, msg_nodes *lost) {
@@ -161,7 +155,7 @@ static int replan(const job_config *job, msg_nodes *members, msg_nodes *spares, 
     swap_in_spares(members, spares, lost);
     if (lost->n == 0) return 0;
     char gone[256];
-    list_nodes(lost, gone, sizeof gone);
+    msg_nodes_list(lost, gone, sizeof gone);
     if (!job->runtime.allow_shrink)
         return errf(err, "node(s) %s gone, and runtime.allow_shrink is false (set it to true to go on without them)",
                     gone);
@@ -194,7 +188,7 @@ static int next_members(const job_config *job, const slurm_env *slurm, int attem
     for (int i = 0; i < members->n; i++)
         if (members->id[i] == slurm->node_id) return 0;
     char ids[256];
-    list_nodes(members, ids, sizeof ids);
+    msg_nodes_list(members, ids, sizeof ids);
     return errf(err, "the leader goes on without this node (SLURM node %d): its next run has nodes %s",
                 slurm->node_id, ids);
 }

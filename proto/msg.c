@@ -4,6 +4,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -572,6 +573,12 @@ static json_t *addrs_json(const msg_peers *p) {
     for (int i = 0; a && i < p->n; i++)
         if (json_array_append_new(a, json_string(p->addrs[i]))) a = (json_decref(a), NULL);
     return a;
+}
+
+void msg_nodes_list(const msg_nodes *n, char *out, size_t size) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n->n && at < size; i++) at += (size_t)snprintf(out + at, size - at, "%s%d", i ? ", " : "", n->id[i]);
 }
 
 static json_t *nodes_json(const msg_nodes *p) {

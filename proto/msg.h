@@ -272,6 +272,9 @@ typedef struct msg_nodes {
     int id[MSG_NODES_MAX];
 } msg_nodes;
 
+/* Writes "0, 2, 5" (n's indices) into out[size], cut short to fit. */
+void msg_nodes_list(const msg_nodes *n, char *out, size_t size);
+
 typedef struct msg_rendezvous {
     char host[MSG_ADDR_MAX];  /* the leader's address and port */
     int port;

@@ -70,10 +70,13 @@ expect_error 2 "runtime.spare_nodes: 3 spare(s) of 3 node(s) leave none to train
 
 netns_up 3
 
-# --- the reference: one node of 3 ranks, uninterrupted ----------------------------------------
-FSDP_FAULTS="final_params=$tmp/ref3.safetensors" "$fsdpd" --job "$tmp/job.json" "${common[@]}" \
-    --runtime.workers_per_node=3 --checkpoint.dir="$tmp/ref3.ckpt" --output.dir="$tmp/ref3.out" \
-    > "$tmp/ref3.log" 2>&1 || { cat "$tmp/ref3.log"; fail "the one-node reference failed"; }
+# reference R: one node of R ranks, uninterrupted: its final parameters in $tmp/refR.safetensors
+reference() {
+    FSDP_FAULTS="final_params=$tmp/ref$1.safetensors" "$fsdpd" --job "$tmp/job.json" "${common[@]}" \
+        --runtime.workers_per_node="$1" --checkpoint.dir="$tmp/ref$1.ckpt" --output.dir="$tmp/ref$1.out" \
+        > "$tmp/ref$1.log" 2>&1 || { cat "$tmp/ref$1.log"; fail "the one-node reference of $1 ranks failed"; }
+}
+reference 3
 
 # --- a worker killed on node 2, then one on node 1 during the recovery: the same world, twice --
 start_nodes rw --runtime.max_restarts=2
@@ -166,9 +169,7 @@ grep -q "not restarted: this node lost the leader" "$tmp/ss-n2.log" || { cat "$t
 nothing_left ss
 
 # --- a spare node (runtime.spare_nodes=1: nodes 0 and 1 train, node 2 waits) ------------------
-FSDP_FAULTS="final_params=$tmp/ref2.safetensors" "$fsdpd" --job "$tmp/job.json" "${common[@]}" \
-    --runtime.workers_per_node=2 --checkpoint.dir="$tmp/ref2.ckpt" --output.dir="$tmp/ref2.out" \
-    > "$tmp/ref2.log" 2>&1 || { cat "$tmp/ref2.log"; fail "the one-node reference of 2 ranks failed"; }
+reference 2
 start_nodes sq --runtime.spare_nodes=1
 wait_for 30 has_latest sq
 kill -TERM "${NODE_PIDS[2]}" # a spare follows the leader: a signal of its own ends nothing
