@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +263,19 @@ int file_private_dir(const char *path, int create, errbuf *err) {
         return errf(err, "%s: not a private directory: %s (owner uid %u, mode %04o; it must be a directory of uid %u "
                     "with mode 0700)", path, why, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
                     (unsigned)geteuid());
+    return 0;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+int file_remove_tree(const char *path, errbuf *err) {
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return errf(err, "%s: cannot remove: %s", path, strerror(errno));
     return 0;
 }
 

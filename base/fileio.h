@@ -50,6 +50,8 @@ int file_fsync_dir(const char *path, int is_dir, errbuf *err);
  * uid (or root), with no group or other permissions; else an error naming its owner and mode
  * (another user made it first).  A missing one (without create) is an error saying so. */
 int file_private_dir(const char *path, int create, errbuf *err);
+/* rm -rf (symbolic links removed, never followed); a missing path is fine. */
+int file_remove_tree(const char *path, errbuf *err);
 /* mkdir that accepts an existing directory. */
 int file_mkdir(const char *path, errbuf *err);
 /* mkdir -p: the directory and any missing parents. */

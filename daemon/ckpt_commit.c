@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,26 +18,12 @@
 #include "base/fileio.h"
 #include "base/sha256.h"
 #include "daemon/log.h"
+#include "daemon/memory_ckpt.h"
 #include "proto/ckpt.h"
 #include "proto/model_config.h"
 
 #define CONFIG_MAX (1u << 20)
 
-/* ---- file system helpers ---- */
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)ftw;
-    return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-/* rm -rf; a missing path is fine. */
-static int remove_tree(const char *path, errbuf *err) {
-    struct stat st;
-    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
-    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return errf(err, "%s: cannot remove: %s", path, strerror(errno));
-    return 0;
-}
 
 /* ---- before the workers start ---- */
 
@@ -77,7 +62,7 @@ static int clear_partials(const char *dir, int *attempt, errbuf *err) {
         rc = path_join(path, sizeof path, dir, e->d_name, err);
         if (rc == 0) {
             log_event(-1, "removing %s, left by an earlier run", path);
-            rc = remove_tree(path, err);
+            rc = file_remove_tree(path, err);
         }
     }
     closedir(d);
@@ -233,6 +218,7 @@ static int identify(const job_config *job, const ckpt_data_identity *data, ckpt_
 /* Checks the checkpoint at out->resume_dir fits the job and is its own (data NULL: a
  * follower, the leader compared the identities), and takes its global_batch and seed. */
 static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
+    /* A node holds only its own ranks' memory images, checked when it said it holds them. */
     ckpt_manifest m;
     char name[PATH_BYTES];
     const char *path = out->resume_dir;
@@ -242,7 +228,7 @@ static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_st
     if (rc == 0) rc = ckpt_manifest_check_model(&m, &out->model, name, err);
     if (rc == 0) rc = check_adapter(job, &m, name, err);
     if (rc == 0 && data) rc = check_identity(job, &m, out, name, err);
-    if (rc == 0) rc = ckpt_verify(path, &m, 0, err);
+    if (rc == 0 && !out->from_memory) rc = ckpt_verify(path, &m, 0, err);
     if (rc == 0 && !known_sharding(m.sharding))
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
@@ -284,7 +270,26 @@ static int supersede_later(const char *dir, long long from, errbuf *err) {
     return rc;
 }
 
-int ckpt_prepare(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
+/* Resumes from the in-memory checkpoint instead of out->resume_dir (found: 1 when that is
+ * set) when every node holds one at least as new: 1 when it does, 0 when not, -1 (err). */
+static int take_memory(const job_config *job, const ckpt_memory *memory, int found, ckpt_start *out, errbuf *err) {
+    int64_t disk = -1;
+    const char *slash = strrchr(out->resume_dir, '/');
+    if (!memory || memory->step < 0 || job->checkpoint.resume != JOB_RESUME_AUTO) return 0;
+    if (found == 1 && !ckpt_parse_step_name(slash ? slash + 1 : out->resume_dir, &disk)) return 0;
+    if (memory->step < disk) return 0;
+    if (memory_ckpt_prepare_resume(job, memory->dir, memory->step, memory->node, err)) return -1;
+    snprintf(out->resume_dir, sizeof out->resume_dir, "%s", memory->dir);
+    out->from_memory = 1;
+    char was[64] = "none";
+    if (disk >= 0) snprintf(was, sizeof was, "step %lld", (long long)disk);
+    log_event(-1, "resuming from the in-memory checkpoint of step %lld, which every node holds (latest on disk: %s)",
+              (long long)memory->step, was);
+    return 1;
+}
+
+int ckpt_prepare(job_config *job, const ckpt_data_identity *data, const ckpt_memory *memory, ckpt_start *out,
+                 errbuf *err) {
     memset(out, 0, sizeof *out);
     const char *dir = job->checkpoint.dir;
     if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
@@ -293,6 +298,7 @@ int ckpt_prepare(job_config *job, const ckpt_data_identity *data, ckpt_start *ou
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
                                        out->resume_dir, sizeof out->resume_dir, err)
                         : -1;
+    if (found >= 0 && take_memory(job, memory, found, out, err)) found = out->from_memory ? 1 : -1;
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
     if (found == 0) rc = identify(job, data, out, err);
@@ -327,12 +333,18 @@ static int check_leaders_resume(const job_config *job, const char *resume_dir, e
     return 0;
 }
 
-int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err) {
+int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, const ckpt_memory *memory, ckpt_start *out,
+               errbuf *err) {
     memset(out, 0, sizeof *out);
     out->attempt = attempt;
+    if (memory->step >= 0) { /* the leader's plan: every node's memory, this one's own */
+        if (memory_ckpt_prepare_resume(job, memory->dir, memory->step, memory->node, err)) return -1;
+        resume_dir = memory->dir;
+        out->from_memory = 1;
+    }
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)
         return errf(err, "the leader's checkpoint path is too long");
-    if (resume_dir[0] && check_leaders_resume(job, resume_dir, err)) return -1;
+    if (resume_dir[0] && !out->from_memory && check_leaders_resume(job, resume_dir, err)) return -1;
     if (ckpt_job_model_config(job, &out->model_config, &out->model, err)) return -1;
     /* No data identity: the leader compared the checkpoint's identity with the job's. */
     if (resume_dir[0] ? check_resume(job, NULL, out, err) : identify(job, NULL, out, err)) {
@@ -374,6 +386,9 @@ struct ckpt_coord {
     const job_config *job;
     int n_files;
     commit *commits;         /* oldest first */
+    commit *memory;          /* the newest in-memory save being reported (no deadline, no
+                              * directory: the images are in the nodes' memory) */
+    long long memory_step;   /* the memory manifest's step, -1 for none yet */
     long long requests;      /* request ids handed out */
     long long latest_step;   /* what `latest` points to, -1 for nothing yet */
     long long total_steps;   /* of the training run, from rank 0's METRICS */
@@ -382,22 +397,15 @@ struct ckpt_coord {
     char last_error[768];    /* the last failed save's reason ("" for none) */
 };
 
-/* The shard files of a checkpoint: one a rank of the shard group, which writes them (no_shard:
- * rank 0; hybrid_shard: node 0's ranks, the other replicas hold the same state). */
-static int ckpt_shard_files(const job_config *j, int world) {
-    if (j->fsdp.sharding == JOB_SHARD_NONE) return 1;
-    int per_node = j->runtime.workers_per_node;
-    if (j->fsdp.sharding == JOB_SHARD_HYBRID && per_node > 0 && per_node < world) return per_node;
-    return world;
-}
 
 int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err) {
     ckpt_coord *c = calloc(1, sizeof *c);
     if (!c) return errf(err, "out of memory");
     c->opt = *opt;
     c->job = opt->job;
-    c->n_files = ckpt_shard_files(opt->job, opt->world);
+    c->n_files = ckpt_n_files(opt->job, opt->world);
     c->latest_step = -1;
+    c->memory_step = -1;
     *out = c;
     return 0;
 }
@@ -418,12 +426,13 @@ static void free_commit(commit *m) {
 void ckpt_coord_free(ckpt_coord *c) {
     if (!c) return;
     while (c->commits) free_commit(c->commits);
+    if (c->memory) free_commit(c->memory);
     free(c);
 }
 
 static void remove_partial(commit *m) {
     errbuf err;
-    if (remove_tree(m->partial, &err)) log_event(-1, "%s", err.msg);
+    if (file_remove_tree(m->partial, &err)) log_event(-1, "%s", err.msg);
 }
 
 /* "rank 1", "ranks 1, 3": the writers that have not reported. */
@@ -654,11 +663,11 @@ static int write_manifest(const commit *m, errbuf *err) {
 static int move_into_place(const char *partial, const char *final, errbuf *err) {
     if (rename(partial, final) == 0) return 0;
     if (errno != EEXIST && errno != ENOTEMPTY) return errf(err, "rename %s -> %s: %s", partial, final, strerror(errno));
-    if (renameat2(AT_FDCWD, partial, AT_FDCWD, final, RENAME_EXCHANGE) == 0) return remove_tree(partial, err);
+    if (renameat2(AT_FDCWD, partial, AT_FDCWD, final, RENAME_EXCHANGE) == 0) return file_remove_tree(partial, err);
     if (errno != EINVAL && errno != ENOSYS)
         return errf(err, "exchange %s <-> %s: %s", partial, final, strerror(errno));
     /* A file system without RENAME_EXCHANGE: a short window without step-N. */
-    if (remove_tree(final, err)) return -1;
+    if (file_remove_tree(final, err)) return -1;
     if (rename(partial, final) != 0) return errf(err, "rename %s -> %s: %s", partial, final, strerror(errno));
     return 0;
 }
@@ -694,7 +703,7 @@ static void prune(ckpt_coord *c) {
         if (steps[i] == c->latest_step || ckpt_step_name(name, sizeof name, steps[i]) ||
             path_join(path, sizeof path, dir, name, &err))
             continue;
-        if (remove_tree(path, &err)) log_event(-1, "%s", err.msg);
+        if (file_remove_tree(path, &err)) log_event(-1, "%s", err.msg);
         else log_event(-1, "removed %s (checkpoint.keep = %d)", path, c->job->checkpoint.keep);
     }
     free(steps);
@@ -738,19 +747,12 @@ void ckpt_coord_on_metrics(ckpt_coord *c, const msg_metrics *metrics) {
     open_commit(c, ck->step, ck->attempt, !strcmp(ck->mode, "sync"));
 }
 
-void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
-    long long step = b->step;
-    if (b->attempt != c->opt.attempt || rank >= c->n_files) {
-        log_event(rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
-                  b->attempt, c->opt.attempt, c->n_files);
-        return;
-    }
-    commit *m = open_commit(c, step, b->attempt, b->sync);
-    if (!m) return;
+/* Takes rank's report into m: 0, or -1 when it reported already. */
+static int record_report(commit *m, int rank, const msg_ckpt_done *b) {
     rank_report *r = &m->ranks[rank];
     if (r->reported) {
-        log_event(rank, "ignoring a second CKPT_DONE for step %lld", step);
-        return;
+        log_event(rank, "ignoring a second CKPT_DONE%s for step %lld", b->memory ? " (memory)" : "", m->step);
+        return -1;
     }
     r->reported = 1;
     m->n_reported++;
@@ -758,14 +760,81 @@ void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     snprintf(r->file, sizeof r->file, "%s", b->file);
     r->bytes = (uint64_t)b->bytes;
     r->header_crc = (uint32_t)b->header_crc32c;
-    if (r->ok)
-        log_event(rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
-                  (double)r->bytes / 1e6, b->stage_s, b->write_s);
     if (rank == 0 && r->ok) {
         m->units = json_incref(b->units);
         m->optimizer_step = b->optimizer_step;
         m->tokens_seen = b->tokens_seen;
     }
+    return 0;
+}
+
+/* The memory manifest (memory_ckpt.h) of a memory save every rank sealed: in checkpoint.dir,
+ * replacing the one before (tmp + rename). */
+static int write_memory_manifest(const commit *m, errbuf *err) {
+    ckpt_manifest man;
+    char *text = NULL, path[PATH_BYTES];
+    int rc = build_manifest(m, &man, err);
+    if (rc == 0) rc = ckpt_manifest_to_json(&man, &text, err);
+    ckpt_manifest_free(&man);
+    if (rc == 0) rc = path_join(path, sizeof path, m->coord->job->checkpoint.dir, CKPT_MEMORY_MANIFEST, err);
+    if (rc == 0) {
+        file_chunk chunks[] = {{text, strlen(text)}, {"\n", 1}};
+        rc = file_write_atomic(path, chunks, 2, err);
+    }
+    free(text);
+    return rc;
+}
+
+/* A rank's image in memory holds step b->step, sealed (every save sends one of these first). */
+static void on_memory_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
+    commit *m = c->memory;
+    if (!b->ok || (m && m->step > b->step) || b->step <= c->memory_step) return; /* an older one, late */
+    if (m && m->step < b->step) { /* a rank is on to the next: this one will never be whole */
+        free_commit(m);
+        m = c->memory = NULL;
+    }
+    if (!m) {
+        m = c->memory = calloc(1, sizeof *m);
+        if (m && !(m->ranks = calloc((size_t)c->n_files, sizeof *m->ranks))) {
+            free(m);
+            m = c->memory = NULL;
+        }
+        if (!m) {
+            c->opt.hooks.fatal(c->opt.hooks.arg, "checkpoint coordinator: out of memory");
+            return;
+        }
+        *m = (commit){.coord = c, .step = b->step, .attempt = b->attempt, .ranks = m->ranks};
+    }
+    if (record_report(m, rank, b) || m->n_reported < c->n_files) return;
+    errbuf err;
+    if (write_memory_manifest(m, &err)) log_event(-1, "in-memory checkpoint of step %lld not kept: %s", m->step, err.msg);
+    else {
+        if (c->memory_step < 0)
+            log_event(-1, "in-memory checkpoint of step %lld: every rank's image sealed (the next ones are not logged)",
+                      m->step);
+        c->memory_step = m->step;
+    }
+    free_commit(m);
+    c->memory = NULL;
+}
+
+void ckpt_coord_on_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
+    long long step = b->step;
+    if (b->attempt != c->opt.attempt || rank >= c->n_files) {
+        log_event(rank, "ignoring a CKPT_DONE of attempt %d (this run's is %d; %d shard files)",
+                  b->attempt, c->opt.attempt, c->n_files);
+        return;
+    }
+    if (b->memory) {
+        on_memory_done(c, rank, b);
+        return;
+    }
+    commit *m = open_commit(c, step, b->attempt, b->sync);
+    if (!m || record_report(m, rank, b)) return;
+    rank_report *r = &m->ranks[rank];
+    if (r->ok)
+        log_event(rank, "wrote %s of step %lld: %.1f MB (staged in %.3f s, written in %.3f s)", b->file, step,
+                  (double)r->bytes / 1e6, b->stage_s, b->write_s);
     if (m->abandoned) {
         if (m->n_reported == c->n_files) {
             log_event(-1, "removing %s: its writers have stopped", m->partial);

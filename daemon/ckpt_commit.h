@@ -58,6 +58,7 @@ typedef struct ckpt_start {
     int attempt;                  /* this run's attempt number (partial directory names) */
     char resume_dir[JOB_PATH_MAX]; /* the checkpoint to resume from, "" for none */
     long long resume_step;
+    int from_memory;              /* resume_dir is this node's in-memory checkpoint */
     json_t *model_config;         /* the job's config.json object (new reference) */
     llama_config model;           /* the same, parsed: config.json is read here only */
     char base_fingerprint[ST_FINGERPRINT_HEX]; /* model.path's (st_model_fingerprint): the
@@ -72,11 +73,23 @@ typedef struct ckpt_start {
  * checked and its global_batch and seed taken, as here).  An adapter job's checkpoint must
  * hold adapters of the job's settings for the same base (its fingerprint, computed here);
  * a full fine-tune's must hold a whole model. */
-int ckpt_prepare(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err);
+/* An in-memory checkpoint every node of the run holds (daemon/memory_ckpt.h): its step (-1:
+ * none) and this node's directory of them.  ckpt_prepare resumes from it instead of disk when
+ * checkpoint.resume is auto (every restart's) and it is at least as new as `latest`; ckpt_adopt
+ * when the leader's plan says so. */
+typedef struct ckpt_memory {
+    int64_t step;
+    const char *dir;
+    int node;      /* this node's index in the run */
+} ckpt_memory;
+
+int ckpt_prepare(job_config *job, const ckpt_data_identity *data, const ckpt_memory *memory, ckpt_start *out,
+                 errbuf *err);
 /* The job's model config.json (model.path's, or model.config with model.init random), as JSON
  * (for the manifest) and parsed. */
 int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err);
-int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, ckpt_start *out, errbuf *err);
+int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, const ckpt_memory *memory, ckpt_start *out,
+               errbuf *err);
 
 typedef struct ckpt_coord_hooks {
     void *arg;

@@ -68,6 +68,9 @@ struct cluster {
     int standby;        /* a spare's cluster (cluster_stand_by): node is nodes, its SLURM index spares.id[0] */
     int permanent;      /* the failure told to the others (or by them) is one no restart cures */
     int told_leader;    /* a follower: its NODE_DONE went */
+    /* the in-memory checkpoint each node of the run holds (msg_join.memory_step; the leader
+     * knows every node's, a follower its own), -1 for none */
+    int64_t memory_steps[MSG_NODES_MAX];
 };
 
 int cluster_node(const cluster *c) { return c->node; }
@@ -363,6 +366,7 @@ static int read_join(admission *a, pending *p, int *node, int *fatal, errbuf *wh
     else rc = judge_join(a, &m.u.join, node, why);
     *fatal = rc == -2;
     if (rc == 0) {
+        if (*node < a->c->nodes) a->c->memory_steps[*node] = m.u.join.memory_step;
         snprintf(a->c->hosts[*node], sizeof a->c->hosts[*node], "%s", m.u.join.host);
         log_event(-1, "%snode %d (%s) joined", is_spare_link(a->c, *node) ? "spare " : "", slurm_node(a->c, *node),
                   m.u.join.host);
@@ -526,7 +530,8 @@ static int join_leader(cluster *c, const msg_rendezvous *r, const json_t *settin
     if (fd < 0) return errf(why, "socket: %s", strerror(errno));
     msg join = {.type = MSG_JOIN, .u.join = {.node = c->standby ? 0 : c->node, .nodes = c->nodes,
                                              .slurm_node = slurm_node(c, c->node), .standby = c->standby != 0,
-                                             .workers = c->workers, .settings = (json_t *)settings}};
+                                             .workers = c->workers, .settings = (json_t *)settings,
+                                             .memory_step = c->standby ? -1 : c->memory_steps[c->node]}};
     snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
     strcpy(join.u.join.nonce, r->nonce);
     int rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errf(why, "%s", strerror(errno));
@@ -634,17 +639,19 @@ static cluster *cluster_new(const job_config *job, const msg_nodes *members, con
         return NULL;
     }
     for (int i = 0; i < c->total; i++) c->fds[i] = -1;
+    for (int i = 0; i < MSG_NODES_MAX; i++) c->memory_steps[i] = -1;
     return c;
 }
 
 int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members,
-                 const msg_nodes *spares, int attempt, errbuf *err) {
+                 const msg_nodes *spares, int attempt, int64_t memory_step, errbuf *err) {
     int node = index_in(members, env->node_id);
     if (node < 0 || members->id[0] != 0)
         return errf(err, "joining the nodes: SLURM node %d is not one of this run's nodes", env->node_id);
     cluster *c = cluster_new(job, members, node == 0 ? spares : NULL);
     if (!c) return errf(err, "out of memory");
     c->node = node;
+    c->memory_steps[node] = memory_step;
     int rc = 0;
     if (c->total == 1) {
         const char *host = job->runtime.bind_addr[0] ? job->runtime.bind_addr : "127.0.0.1";
@@ -763,6 +770,12 @@ void cluster_detach(cluster *c) {
         json_decref(c->links[i].progress);
         c->links[i].progress = NULL;
     }
+}
+
+int64_t cluster_memory_step(const cluster *c) {
+    for (int i = 1; i < c->nodes; i++)
+        if (c->memory_steps[i] != c->memory_steps[0]) return -1;
+    return c->memory_steps[0];
 }
 
 void cluster_free(cluster *c) {

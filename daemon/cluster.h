@@ -85,9 +85,14 @@ typedef struct cluster cluster;
  * members the run's nodes (node 0 first; the leader decides them, a follower takes them from
  * cluster_members).  This node must be one of them.  spares (the leader's; NULL: none): the
  * spare nodes it admits too, waited for up to join_timeout_s (one that does not come is no
- * spare), kept on links of their own: heartbeats, and STOP when the run fails or ends. */
+ * spare), kept on links of their own: heartbeats, and STOP when the run fails or ends.
+ * memory_step: the in-memory checkpoint this node holds for the run (memory_ckpt_held), -1
+ * for none; sent in JOIN. */
 int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members,
-                 const msg_nodes *spares, int attempt, errbuf *err);
+                 const msg_nodes *spares, int attempt, int64_t memory_step, errbuf *err);
+/* The leader, once joined: the in-memory checkpoint every node of the run holds, -1 when
+ * not every node holds the same one. */
+int64_t cluster_memory_step(const cluster *c);
 /* A follower, before cluster_join: the nodes of the attempt's run, from the leader's rendezvous
  * file (waited for up to runtime.join_timeout_s). */
 int cluster_members(const slurm_env *env, const job_config *job, int attempt, msg_nodes *out, errbuf *err);

@@ -21,6 +21,7 @@
 #include "daemon/data_prepare.h"
 #include "daemon/dir_lock.h"
 #include "daemon/log.h"
+#include "daemon/memory_ckpt.h"
 #include "daemon/mlflow_log.h"
 #include "daemon/model_card.h"
 #include "daemon/requeue.h"
@@ -99,6 +100,10 @@ static int probe_fabric(const job_config *job, fabric_found *f, char *found, siz
 static dir_lock ckpt_lock = {.fd = -1};
 static void release_ckpt_lock(void) { dir_lock_release(&ckpt_lock); }
 
+/* This node's in-memory checkpoints (daemon/memory_ckpt.h), freed at exit. */
+static char memory_dir[JOB_PATH_MAX];
+static void free_memory_ckpts(void) { memory_ckpt_close(memory_dir); }
+
 static int lock_checkpoint_dir(const job_config *job, const slurm_env *slurm, errbuf *err) {
     if (slurm->node_id != 0) return 0; /* the other nodes write only their own files */
     if (file_mkdir_p(job->checkpoint.dir, err) || dir_lock_acquire(&ckpt_lock, job->checkpoint.dir, slurm->job_id, err))
@@ -121,7 +126,13 @@ static int ended(int code, const char *status) {
 static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_nodes *members, msg_nodes *spares,
                     int attempt, msg_nodes *lost, errbuf *err) {
     lost->n = 0;
-    if (cluster_join(&opt->cluster, slurm, opt->job, members, spares, attempt, err)) return SUPERVISOR_FAILED_PERMANENTLY;
+    int node = 0;
+    while (node < members->n && members->id[node] != slurm->node_id) node++;
+    /* A launch's first run has no memory to resume: memory_ckpt_open cleared it. */
+    int workers = opt->job->runtime.workers_per_node;
+    int64_t held = attempt > 0 ? memory_ckpt_held(opt->job, opt->memory_dir, node, workers, workers * members->n) : -1;
+    if (cluster_join(&opt->cluster, slurm, opt->job, members, spares, attempt, held, err))
+        return SUPERVISOR_FAILED_PERMANENTLY;
     int rc = supervisor_run(opt, err);
     cluster_lost(opt->cluster, lost);
     if (slurm->node_id == 0) cluster_spares_alive(opt->cluster, spares); /* the spares that can still be used */
@@ -262,6 +273,8 @@ int main(int argc, char **argv) {
     int active = slurm.nnodes - job.runtime.spare_nodes; /* the nodes that train */
     if (job_resolve(&job, workers * active, &err) || job_validate(&job, workers * active, &err)) goto bad_job;
     if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
+    if (memory_ckpt_open(&job, slurm.node_id, memory_dir, sizeof memory_dir, &err)) goto bad_job;
+    atexit(free_memory_ckpts);
     static ckpt_data_identity data_identity;
     static char data_file[JOB_PATH_MAX]; /* data.path as given: data_prepare names the cache there */
     snprintf(data_file, sizeof data_file, "%s", job.data.path);
@@ -298,7 +311,8 @@ int main(int argc, char **argv) {
     supervisor_options opt = {.job = &job, .workers = workers, .worker_path = worker_path,
                               .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
                               .data_identity = &data_identity, .record = &record, .progress = &progress,
-                              .mlflow = mlflow, .samples = samples.p.n ? &samples : NULL};
+                              .mlflow = mlflow, .samples = samples.p.n ? &samples : NULL,
+                              .memory_dir = memory_dir};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file).  On several nodes every

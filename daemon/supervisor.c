@@ -27,6 +27,7 @@
 #include "daemon/cluster.h"
 #include "daemon/locator.h"
 #include "daemon/log.h"
+#include "daemon/memory_ckpt.h"
 #include "daemon/mlflow_log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
@@ -75,6 +76,7 @@ struct supervisor {
     const supervisor_options *opt;
     job_config job;      /* opt->job with the resumed checkpoint's global_batch and seed */
     ckpt_start ckpt_start;
+    int memory_slots;    /* images a rank keeps in opt->memory_dir (daemon/memory_ckpt.h) */
     int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
     struct event_base *base;
@@ -673,6 +675,8 @@ static void send_config(supervisor *s, worker *w) {
     snprintf(c->bind_host, sizeof c->bind_host, "%s", cluster_host(s->opt->cluster));
     strcpy(c->secret, cluster_secret_hex(s->opt->cluster));
     strcpy(c->resume_dir, s->ckpt_start.resume_dir);
+    snprintf(c->memory_dir, sizeof c->memory_dir, "%s", s->opt->memory_dir ? s->opt->memory_dir : "");
+    c->memory_slots = c->memory_dir[0] ? s->memory_slots : 0;
     const sample_prompts *sp = s->opt->samples;
     if (sp && sp->p.n && !(c->samples = msg_sample_prompts_json(&sp->p))) {
         fail(s, "rank %d: out of memory for its CONFIG", w->rank);
@@ -1121,15 +1125,19 @@ static void teardown(supervisor *s) {
  * sends the other nodes its plan, which they adopt.  Before the links go on the loop. */
 static int plan_checkpoints(supervisor *s, errbuf *err) {
     cluster *c = s->opt->cluster;
+    const char *memory_dir = s->opt->memory_dir ? s->opt->memory_dir : "";
     if (is_follower(s)) {
         msg_plan plan;
         if (cluster_recv_plan(c, &plan, err)) return -1;
-        return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &s->ckpt_start, err);
+        ckpt_memory memory = {.step = plan.memory_step, .dir = memory_dir, .node = cluster_node(c)};
+        return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &memory, &s->ckpt_start, err);
     }
-    int rc = ckpt_prepare(&s->job, s->opt->data_identity, &s->ckpt_start, err);
+    ckpt_memory memory = {.step = memory_dir[0] ? cluster_memory_step(c) : -1, .dir = memory_dir, .node = 0};
+    int rc = ckpt_prepare(&s->job, s->opt->data_identity, &memory, &s->ckpt_start, err);
     if (!multi_node(s)) return rc;
-    msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt};
+    msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt, .memory_step = -1};
     if (rc) snprintf(plan.error, sizeof plan.error, "%s", err->msg);
+    else if (s->ckpt_start.from_memory) plan.memory_step = s->ckpt_start.resume_step;
     else snprintf(plan.resume_dir, sizeof plan.resume_dir, "%s", s->ckpt_start.resume_dir);
     errbuf why;
     if (cluster_send_plan(c, &plan, &why)) {
@@ -1238,6 +1246,9 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0) rc = status_server_open(&s.status, s.base, &hooks, &s.job, cluster_node(opt->cluster), err);
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_stragglers(&s, err);
+    if (rc == 0)
+        rc = memory_ckpt_slots(&s.job, &s.ckpt_start.model, opt->memory_dir ? opt->memory_dir : "",
+                               opt->workers * cluster_nodes(opt->cluster), &s.memory_slots, err);
     if (rc == 0) rc = report_start(&s, err);
     if (rc == 0) rc = open_tensorboard(&s, err);
     if (rc == 0) rc = setup_model(&s, err);

@@ -20,7 +20,7 @@
 typedef struct plan_rank_stats {
     double loss_sum, sumsq;
     int64_t count;
-    int64_t vote[4];
+    int64_t vote[6];
 } plan_rank_stats;
 
 /* fsdp_pref.h's PREF_STATS: the figures of a preference step, doubles, one set a rank. */

@@ -50,6 +50,21 @@ int ckpt_file_name(char *out, size_t n, int rank, int n_files) {
     return fits(snprintf(out, n, "rank-%05d-of-%05d.bin", rank, n_files), n) ? 0 : -1;
 }
 
+/* The shard files of a checkpoint: one a rank of the shard group, which writes them (no_shard:
+ * rank 0; hybrid_shard: node 0's ranks, the other replicas hold the same state). */
+int ckpt_n_files(const job_config *j, int world) {
+    if (j->fsdp.sharding == JOB_SHARD_NONE) return 1;
+    int per_node = j->runtime.workers_per_node;
+    if (j->fsdp.sharding == JOB_SHARD_HYBRID && per_node > 0 && per_node < world) return per_node;
+    return world;
+}
+
+int ckpt_memory_file_name(char *out, size_t n, int rank, int n_files, int slot) {
+    if (ckpt_file_name(out, n, rank, n_files)) return -1;
+    size_t len = strlen(out);
+    return slot == 0 ? 0 : snprintf(out + len, n - len, ".%d", slot) >= (int)(n - len) ? -1 : 0;
+}
+
 /* Reads a run of 1..18 decimal digits at *p; advances *p past it. */
 static int read_digits(const char **p, int64_t *value) {
     const char *s = *p;
@@ -449,21 +464,21 @@ static void write_behind(int fd, uint64_t waited, uint64_t started, uint64_t wri
                         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
 }
 
-int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
-                     ckpt_progress_fn progress, void *arg, errbuf *err) {
-    uint8_t *img = image;
+/* Writes image to path in file order; with crc, each section's CRC is computed just before
+ * its bytes are written (while they are in cache) and the header, which holds the CRCs, is
+ * encoded and written last; without, the image is sealed already (ckpt_seal_image). */
+static int write_image(const char *path, uint8_t *img, ckpt_file_header *h, int crc, ckpt_progress_fn progress,
+                       void *arg, errbuf *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
     uint64_t written = h->header_block, started = written, waited = written;
     int rc = 0;
-    /* Sections (and the zero gaps between them) in file order, each CRC'd just before its
-     * bytes are written, while they are in cache; the header, which holds the CRCs, last. */
     for (int i = 0; i < h->n_sections && rc == 0; i++) {
         ckpt_section *s = &h->sections[i];
         if (s->offset > written)
             rc = file_pwrite_full(fd, img + written, s->offset - written, (off_t)written, path, err);
         written = s->offset;
-        s->crc = 0;
+        if (crc) s->crc = 0;
         for (uint64_t at = 0; at < s->bytes && rc == 0; at += WRITE_CHUNK) {
             size_t n = s->bytes - at < WRITE_CHUNK ? (size_t)(s->bytes - at) : WRITE_CHUNK;
             if (progress && progress(arg, written, h->file_bytes)) {
@@ -471,7 +486,7 @@ int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
                           (unsigned long long)written, (unsigned long long)h->file_bytes);
                 break;
             }
-            s->crc = crc32c(s->crc, img + s->offset + at, n);
+            if (crc) s->crc = crc32c(s->crc, img + s->offset + at, n);
             rc = file_pwrite_full(fd, img + s->offset + at, n, (off_t)(s->offset + at), path, err);
             written += n;
             if (rc == 0 && written - started >= WRITE_CHUNK) {
@@ -485,13 +500,40 @@ int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
         rc = errf(err, "%s: abandoned after %llu of %llu bytes", path, (unsigned long long)written,
                   (unsigned long long)h->file_bytes);
     if (rc == 0) {
-        ckpt_encode_header(h, img);
+        if (crc) ckpt_encode_header(h, img);
         rc = file_pwrite_full(fd, img, h->header_block, 0, path, err);
     }
     if (rc == 0 && fsync(fd) != 0) rc = errf(err, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) != 0 && rc == 0) rc = errf(err, "%s: close: %s", path, strerror(errno));
     if (rc != 0) unlink(path);
     return rc;
+}
+
+int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
+                     ckpt_progress_fn progress, void *arg, errbuf *err) {
+    return write_image(path, image, h, 1, progress, arg, err);
+}
+
+int ckpt_write_sealed(const char *path, const void *image, const ckpt_file_header *h,
+                      ckpt_progress_fn progress, void *arg, errbuf *err) {
+    return write_image(path, (uint8_t *)image, (ckpt_file_header *)h, 0, progress, arg, err);
+}
+
+void ckpt_unseal_image(void *image) {
+    memset(image, 0, sizeof CKPT_MAGIC - 1);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void ckpt_seal_image(void *image, ckpt_file_header *h) {
+    uint8_t *img = image;
+    for (int i = 0; i < h->n_sections; i++) {
+        ckpt_section *s = &h->sections[i];
+        s->crc = crc32c(0, img + s->offset, (size_t)s->bytes);
+    }
+    /* The sections' bytes before the header that vouches for them (ckpt_unseal_image). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    ckpt_encode_header(h, img);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 /* ---- manifest ---- */

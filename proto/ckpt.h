@@ -9,6 +9,9 @@
  *     CKPT/superseded/step-000800/  a committed step moved aside by a run that started from an
  *                                   earlier one (never pruned, never resumed by `latest`)
  *     CKPT/fsdpd.lock               the leader's lock (proto/ckpt_lock.h)
+ *     CKPT/memory-manifest.json     the manifest of the newest in-memory checkpoint, whose
+ *                                   shard files are in the nodes' memory (daemon/memory_ckpt.h);
+ *                                   of this launch only, never a checkpoint by itself
  *
  * Only a directory named step-N that holds manifest.json is a checkpoint.  Step numbers have
  * at least six digits (ckpt_step_name).  The attempt number is unique per fsdpd run, so a late
@@ -132,6 +135,7 @@
 #define CKPT_MANIFEST "manifest.json"
 #define CKPT_LATEST "latest"
 #define CKPT_SUPERSEDED "superseded" /* committed steps a resume from an earlier one moved aside */
+#define CKPT_MEMORY_MANIFEST "memory-manifest.json" /* the newest in-memory checkpoint's manifest */
 #define CKPT_MANIFEST_MAX (256u << 20)
 #define CKPT_NAME_MAX 64
 #define CKPT_TENSOR_NAME_MAX 96
@@ -153,6 +157,12 @@ const char *ckpt_kind_name(int kind);
 int ckpt_step_name(char *out, size_t n, int64_t step);
 int ckpt_partial_name(char *out, size_t n, int64_t step, int attempt);
 int ckpt_file_name(char *out, size_t n, int rank, int n_files);
+/* The shard files of a job's checkpoint at world size `world`: one a rank of the shard group,
+ * which writes them (no_shard: rank 0; hybrid_shard: node 0's ranks). */
+int ckpt_n_files(const job_config *j, int world);
+/* In-memory image `slot` of a rank (daemon/memory_ckpt.h): slot 0 under ckpt_file_name,
+ * slot 1 with ".1" after it. */
+int ckpt_memory_file_name(char *out, size_t n, int rank, int n_files, int slot);
 /* 1 and the numbers when name has that form, else 0. */
 int ckpt_parse_step_name(const char *name, int64_t *step);
 int ckpt_parse_partial_name(const char *name, int64_t *step, int *attempt);
@@ -246,6 +256,16 @@ int ckpt_read_header(ckpt_file_header *h, int fd, const char *path, errbuf *err)
 typedef int (*ckpt_progress_fn)(void *arg, uint64_t written, uint64_t total);
 int ckpt_write_image(const char *path, void *image, ckpt_file_header *h,
                      ckpt_progress_fn progress, void *arg, errbuf *err);
+/* In-memory checkpoints (F48; daemon/memory_ckpt.h): an image in shared memory is a shard
+ * file in place.  ckpt_unseal_image breaks its magic before its sections are overwritten;
+ * ckpt_seal_image computes every section's CRC (into h) and then encodes the header, magic
+ * last in effect: a process killed anywhere between the two leaves an image whose header
+ * does not decode, never a header over torn sections.  ckpt_write_sealed writes a sealed
+ * image to path as ckpt_write_image does, without computing the CRCs again. */
+void ckpt_unseal_image(void *image);
+void ckpt_seal_image(void *image, ckpt_file_header *h);
+int ckpt_write_sealed(const char *path, const void *image, const ckpt_file_header *h,
+                      ckpt_progress_fn progress, void *arg, errbuf *err);
 
 /* ---- manifest ---- */
 

@@ -192,6 +192,7 @@ static const job_key keys[] = {
     NUM("checkpoint", "timeout_s", K_INT, checkpoint.timeout_s, 1, INT_MAX),
     OTHER("checkpoint", "resume", K_RESUME, checkpoint.resume),
     NUM("checkpoint", "max_failed_saves", K_INT, checkpoint.max_failed_saves, 1, INT_MAX),
+    NUM("checkpoint", "memory_interval_steps", K_INT, checkpoint.memory_interval_steps, -1, INT_MAX),
 
     STR("output", "dir", output.dir, 1),
     CHOICE("output", "dtype", output.dtype, output_dtype_choices),
@@ -330,6 +331,7 @@ void job_defaults(job_config *j) {
     j->checkpoint.timeout_s = 600;
     j->checkpoint.resume = JOB_RESUME_AUTO;
     j->checkpoint.max_failed_saves = 3;
+    j->checkpoint.memory_interval_steps = -1;
 
     strcpy(j->output.dir, "output");
     j->output.dtype = JOB_DTYPE_AUTO; /* a model bf16, an adapter f32 (PEFT's) */
@@ -1301,10 +1303,26 @@ int job_warmup_steps(const job_config *j, long long total_steps) {
     return w > INT_MAX ? INT_MAX : (int)w;
 }
 
+/* Whether every rank's shard file is written on the rank's own node, as an in-memory
+ * checkpoint needs (each node keeps its own ranks' files): not so for no_shard and
+ * hybrid_shard on several nodes, whose files node 0's ranks alone write. */
+static int files_on_own_node(const job_config *j, int world_size) {
+    int one_node = j->runtime.workers_per_node == 0 || world_size <= j->runtime.workers_per_node;
+    return one_node || j->fsdp.sharding == JOB_SHARD_FULL || j->fsdp.sharding == JOB_SHARD_GRAD_OP;
+}
+
+/* checkpoint.memory_interval_steps auto: on when a failure can be recovered inside the job. */
+static void resolve_memory(job_config *j, int world_size) {
+    if (j->checkpoint.memory_interval_steps >= 0) return;
+    int recovers = j->runtime.max_restarts > 0 || j->runtime.spare_nodes > 0;
+    j->checkpoint.memory_interval_steps = recovers && files_on_own_node(j, world_size) ? 1 : 0;
+}
+
 int job_resolve(job_config *j, int world_size, errbuf *err) {
     if (check_world(world_size, err) || resolve_batch(j, world_size, err) ||
         resolve_metrics(j, err) || resolve_checkpoint_dir(j, err))
         return -1;
+    resolve_memory(j, world_size);
     lora_config_of(j, &j->lora.config);
     return 0;
 }
@@ -1497,6 +1515,15 @@ static int check_precision(const job_config *j, errbuf *err) {
 }
 
 /* Strategies built for part of the jobs only. */
+static int check_memory(const job_config *j, int world_size, errbuf *err) {
+    if (j->checkpoint.memory_interval_steps < 0)
+        return errf(err, "checkpoint.memory_interval_steps: not resolved (job_resolve first)");
+    if (j->checkpoint.memory_interval_steps > 0 && !files_on_own_node(j, world_size))
+        return errf(err, "checkpoint.memory_interval_steps with fsdp.sharding '%s' on several nodes is not built "
+                    "yet (its shard files are written on node 0 alone)", job_sharding_name(j->fsdp.sharding));
+    return 0;
+}
+
 static int check_sharding(const job_config *j, errbuf *err) {
     if (j->fsdp.sharding == JOB_SHARD_GRAD_OP && (j->train.type != JOB_TRAIN_FULL || j->fsdp.cpu_offload))
         return errf(err, "fsdp.sharding: 'shard_grad_op' with %s is not built yet",
@@ -1509,7 +1536,7 @@ int job_validate(const job_config *j, int world_size, errbuf *err) {
         check_batch_divides(j, world_size, err) || check_resolved(j, world_size, err) ||
         check_schedule(j, err))
         return -1;
-    if (check_data(j, err) || check_stall_timeout(j, err)) return -1;
+    if (check_data(j, err) || check_stall_timeout(j, err) || check_memory(j, world_size, err)) return -1;
     if (j->runtime.straggler_factor != 0 && j->runtime.straggler_factor <= 1)
         return errf(err, "runtime.straggler_factor: %g is not above 1 (a rank that many times the median's step "
                     "time is a straggler; 0 turns the watch off)", j->runtime.straggler_factor);

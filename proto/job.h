@@ -185,6 +185,10 @@ typedef struct job_config {
         job_resume resume;
         int64_t resume_step; /* for JOB_RESUME_STEP ("step-N") */
         int max_failed_saves; /* consecutive failed saves that stop the job */
+        /* In-memory checkpoints (daemon/memory_ckpt.h): every N steps at most (and never past
+         * 1% of the time in the copy), 0 off; -1 auto, which job_resolve sets: 1 with
+         * runtime.max_restarts or runtime.spare_nodes, else 0. */
+        int memory_interval_steps;
     } checkpoint;
     struct {
         char dir[JOB_PATH_MAX];

@@ -74,6 +74,8 @@ static const field config_fields[] = {
     OF(msg_config, "model", model, F_MODEL),
     INT(msg_config, "ckpt_attempt", ckpt_attempt, 1, INT_MAX),
     STR(msg_config, "resume_dir", resume_dir),
+    STR(msg_config, "memory_dir", memory_dir),
+    INT(msg_config, "memory_slots", memory_slots, 0, 2),
     INT(msg_config, "model_fd", model_fd, -1, INT_MAX),
     {"samples", F_JSON, offsetof(msg_config, samples), sizeof(json_t *), 0, 0, true, 0, NULL},
 };
@@ -162,6 +164,7 @@ static const field ckpt_done_fields[] = {
     BOOL(msg_ckpt_done, "sync", sync),
     BOOL(msg_ckpt_done, "ok", ok),
     BOOL(msg_ckpt_done, "aborted", aborted),
+    BOOL(msg_ckpt_done, "memory", memory),
     STR(msg_ckpt_done, "error", error),
     STR(msg_ckpt_done, "file", file),
     I64(msg_ckpt_done, "bytes", bytes, 0),
@@ -197,6 +200,7 @@ static const field join_fields[] = {
     STR(msg_join, "host", host),
     INT(msg_join, "workers", workers, 1, INT_MAX),
     STR(msg_join, "nonce", nonce),
+    I64(msg_join, "memory_step", memory_step, -1),
     {"settings", F_JSON, offsetof(msg_join, settings), sizeof(json_t *), 0, 0, false, 0, NULL},
 };
 
@@ -256,6 +260,7 @@ static const field ckpt_request_fields[] = {
 static const field plan_fields[] = {
     INT(msg_plan, "attempt", attempt, 1, INT_MAX),
     STR(msg_plan, "resume_dir", resume_dir),
+    I64(msg_plan, "memory_step", memory_step, -1),
     STR(msg_plan, "error", error),
 };
 

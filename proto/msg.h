@@ -93,6 +93,10 @@ typedef struct msg_config {
     llama_config model;                    /* the model's config.json, as fsdpd read it */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];         /* "" to start afresh */
+    /* This node's directory of in-memory checkpoints (daemon/memory_ckpt.h): the rank maps
+     * its shard file there and saves into it; "" when checkpoint.memory_interval_steps is 0 */
+    char memory_dir[JOB_PATH_MAX];
+    int memory_slots;                      /* images a rank keeps there: 0 (none), 1 or 2 */
     int model_fd;                          /* fsdpd's model memory, -1 for none */
     /* train.sample_prompts, tokenized by fsdpd (msg_sample_prompts_json); NULL: none */
     json_t *samples;
@@ -216,6 +220,9 @@ typedef struct msg_ckpt_done {
     int64_t step;
     int attempt, rank;
     bool sync, ok, aborted;
+    /* An in-memory save: the rank's image in the node's memory (msg_config.memory_dir) holds
+     * this step, sealed; no file was written.  A disk save sends one of these first. */
+    bool memory;
     char error[MSG_TEXT_MAX]; /* "" when ok */
     char file[CKPT_NAME_MAX]; /* the shard file's name in the checkpoint directory */
     int64_t bytes;
@@ -262,6 +269,9 @@ typedef struct msg_join {
     char host[MSG_ADDR_MAX];
     int workers;
     char nonce[MSG_NONCE_HEX]; /* the rendezvous file's: proof that checkpoint.dir is shared */
+    /* The in-memory checkpoint this node holds whole for its ranks of the run (the step of
+     * checkpoint.dir's memory manifest, its files checked), -1 for none */
+    int64_t memory_step;
     json_t *settings;   /* the node's resolved job as every node must share it (job_shared_settings) */
 } msg_join;
 
@@ -334,6 +344,9 @@ typedef struct msg_refused {
 typedef struct msg_plan {
     int attempt;
     char resume_dir[JOB_PATH_MAX];
+    /* >= 0: resume instead from the in-memory checkpoint of this step, which every node said
+     * it holds (msg_join.memory_step); resume_dir is then "" */
+    int64_t memory_step;
     char error[MSG_TEXT_MAX];
 } msg_plan;
 

@@ -2,16 +2,20 @@
 #include "worker/ckpt_writer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/fault.h"
 #include "base/fileio.h"
+#include "base/path.h"
 
 /* Runs the ckpt_write fault halfway through the file (the save of its STEP, else the first),
  * and says whether to stop writing. */
@@ -33,13 +37,30 @@ static int on_progress(void *arg, uint64_t written, uint64_t total) {
     return atomic_load(&w->abort);
 }
 
+/* Seals the memory image and reports it (memory_ckpt.h). */
+static void seal_memory(ckpt_writer *w) {
+    double t0 = clock_now_s();
+    ckpt_seal_image(w->image, &w->plan);
+    w->slot_step[w->slot] = w->job.step;
+    ckpt_report sealed = w->job;
+    sealed.memory = sealed.ok = 1;
+    sealed.bytes = w->plan.file_bytes;
+    sealed.header_crc = w->plan.crc;
+    sealed.write_s = clock_now_s() - t0;
+    w->report(w->arg, &sealed);
+}
+
 /* Writes the staged image and reports, in whichever thread runs it. */
 static void write_staged(ckpt_writer *w) {
     ckpt_report *job = &w->job;
     errbuf err;
-    double t0 = clock_now_s();
     w->plan.step = (uint64_t)job->step;
-    if (ckpt_write_image(w->path, w->image, &w->plan, on_progress, w, &err) == 0) {
+    if (w->slots) seal_memory(w);
+    if (w->memory_only) return;
+    double t0 = clock_now_s();
+    int rc = w->slots ? ckpt_write_sealed(w->path, w->image, &w->plan, on_progress, w, &err)
+                              : ckpt_write_image(w->path, w->image, &w->plan, on_progress, w, &err);
+    if (rc == 0) {
         job->ok = 1;
         job->bytes = w->plan.file_bytes;
         job->header_crc = w->plan.crc;
@@ -72,6 +93,11 @@ int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err
     memset(w, 0, sizeof *w);
     if (snprintf(w->dir, sizeof w->dir, "%s", opt->dir) >= (int)sizeof w->dir)
         return errf(err, "%s: path too long", opt->dir);
+    const char *mem = opt->memory_slots > 0 && opt->memory_dir ? opt->memory_dir : "";
+    if (snprintf(w->memory_dir, sizeof w->memory_dir, "%s", mem) >= (int)sizeof w->memory_dir)
+        return errf(err, "%s: path too long", mem);
+    if (opt->memory_slots < 0 || opt->memory_slots > 2) return errf(err, "memory images: %d, not 0, 1 or 2", opt->memory_slots);
+    w->slots = mem[0] ? opt->memory_slots : 0;
     w->rank = opt->rank;
     w->timeout_s = opt->timeout_s;
     w->report = opt->report;
@@ -101,7 +127,9 @@ void ckpt_writer_destroy(ckpt_writer *w, int abort) {
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->lock);
-    free(w->image);
+    for (int i = 0; i < w->slots; i++)
+        if (w->slot_image[i]) munmap(w->slot_image[i], w->plan.file_bytes);
+    if (!w->slots) free(w->image);
     ckpt_file_header_free(&w->plan);
     ckpt_layout_free(&w->layout);
     memset(w, 0, sizeof *w);
@@ -110,6 +138,13 @@ void ckpt_writer_destroy(ckpt_writer *w, int abort) {
 int ckpt_writer_busy(ckpt_writer *w) {
     pthread_mutex_lock(&w->lock);
     int busy = w->busy;
+    pthread_mutex_unlock(&w->lock);
+    return busy;
+}
+
+int ckpt_writer_busy_disk(ckpt_writer *w) {
+    pthread_mutex_lock(&w->lock);
+    int busy = w->busy && !w->memory_only;
     pthread_mutex_unlock(&w->lock);
     return busy;
 }
@@ -126,6 +161,56 @@ void ckpt_writer_abort(ckpt_writer *w, int64_t step, int attempt) {
     pthread_mutex_unlock(&w->lock);
 }
 
+/* The image as the rank's file in the memory directory, mapped shared, its memory reserved
+ * (a full tmpfs is an error here, not a SIGBUS later).  A file of the right size is kept as it
+ * is: a restarted rank has just read its state from it. */
+/* The step an image holds sealed (ckpt_seal_image), -1 when it holds none. */
+static int64_t sealed_step(const void *image, uint64_t bytes) {
+    ckpt_file_header h;
+    errbuf ignored;
+    if (ckpt_decode_header(&h, image, (size_t)bytes, "image", &ignored)) return -1;
+    int64_t step = (int64_t)h.step;
+    ckpt_file_header_free(&h);
+    return step;
+}
+
+/* The next save overwrites the image that holds the older step (or none), never the newest. */
+static void pick_slot(ckpt_writer *w) {
+    w->slot = w->slots == 2 && w->slot_step[1] < w->slot_step[0];
+    w->image = w->slot_image[w->slot];
+}
+
+static int map_memory_image(ckpt_writer *w, int slot, errbuf *err) {
+    char name[CKPT_NAME_MAX], path[PATH_BYTES];
+    uint64_t bytes = w->plan.file_bytes;
+    if (ckpt_memory_file_name(name, sizeof name, w->rank, w->layout.n_files, slot) ||
+        path_join(path, sizeof path, w->memory_dir, name, err))
+        return errf(err, "%s: path too long", w->memory_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 ? 0 : errf(err, "%s: fstat: %s", path, strerror(errno));
+    if (rc == 0 && (uint64_t)st.st_size != bytes && ftruncate(fd, 0) != 0)
+        rc = errf(err, "%s: ftruncate: %s", path, strerror(errno));
+    int e = rc == 0 ? posix_fallocate(fd, 0, (off_t)bytes) : 0;
+    if (e) rc = errf(err, "%s: reserving %llu bytes: %s", path, (unsigned long long)bytes, strerror(e));
+    void *p = rc == 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+    if (rc == 0 && p == MAP_FAILED) rc = errf(err, "%s: mmap: %s", path, strerror(errno));
+    close(fd);
+    if (rc) return errprefix(err, "the in-memory checkpoint");
+    w->slot_image[slot] = p;
+    w->slot_step[slot] = sealed_step(p, bytes);
+    return 0;
+}
+
+/* The images, and the one the next save goes into. */
+static int map_memory_images(ckpt_writer *w, errbuf *err) {
+    for (int i = 0; i < w->slots; i++)
+        if (map_memory_image(w, i, err)) return -1;
+    pick_slot(w);
+    return 0;
+}
+
 /* The state's shape never changes: one layout, plan and image serve every save. */
 int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err) {
     if (w->image || w->rank >= f->group) return 0;
@@ -133,21 +218,27 @@ int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err) {
         ckpt_layout_free(&w->layout);
         return -1;
     }
-    w->image = malloc(w->plan.file_bytes);
-    if (!w->image) {
+    int rc = 0;
+    if (w->slots) rc = map_memory_images(w, err);
+    else if (!(w->image = malloc(w->plan.file_bytes)))
+        rc = errf(err, "out of memory for a %llu-byte checkpoint image", (unsigned long long)w->plan.file_bytes);
+    else memset(w->image, 0, w->plan.file_bytes); /* the gaps stay zero; the pages are mapped now */
+    if (rc) {
         ckpt_file_header_free(&w->plan);
         ckpt_layout_free(&w->layout);
-        return errf(err, "out of memory for a %llu-byte checkpoint image",
-                    (unsigned long long)w->plan.file_bytes);
     }
-    memset(w->image, 0, w->plan.file_bytes); /* the gaps stay zero; the pages are mapped now */
-    return 0;
+    return rc;
 }
 
 /* Copies every unit's master, m and v shard to its section of the image (once the host
  * optimizer, with cpu_offload, has finished writing them). */
 static int stage(ckpt_writer *w, fsdp *f, errbuf *err) {
     if (fsdp_wait_optimizer(f, err)) return -1;
+    if (w->slots) {
+        pick_slot(w);
+        w->slot_step[w->slot] = -1;
+        ckpt_unseal_image(w->image);
+    }
     for (int u = 0; u < w->layout.n_units; u++) {
         const fsdp_unit *U = &f->units[u];
         const float *src[CKPT_KINDS] = {U->master, U->m, U->v};
@@ -159,16 +250,46 @@ static int stage(ckpt_writer *w, fsdp *f, errbuf *err) {
     return k_sync(f->ctx, err);
 }
 
-int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int sync,
+/* The staged save written: by the thread (async), or here. */
+static void hand_over(ckpt_writer *w, int memory_only, int sync) {
+    pthread_mutex_lock(&w->lock);
+    w->busy = 1; /* from here on ckpt_writer_abort may stop it */
+    w->memory_only = memory_only;
+    w->pending = !sync;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    if (!sync) return;
+    write_staged(w);
+    pthread_mutex_lock(&w->lock);
+    w->busy = 0;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* A memory save: staged into the image, sealed (here, or on the thread when async). */
+static int save_memory(ckpt_writer *w, fsdp *f, int sync, errbuf *err) {
+    double t0 = clock_now_s();
+    int rc = ckpt_file_name(w->job.file, sizeof w->job.file, w->rank, f->group) ? errf(err, "name too long") : 0;
+    if (rc == 0) rc = ckpt_writer_prepare(w, f, err);
+    if (rc == 0) rc = stage(w, f, err);
+    if (rc) return errprefix(err, "the in-memory checkpoint of step %lld", (long long)w->job.step);
+    w->job.stage_s = clock_now_s() - t0;
+    hand_over(w, 1, sync);
+    return 0;
+}
+
+int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int sync, int memory_only,
                      int64_t tokens_seen, errbuf *err) {
     if (w->rank >= f->group) return 0; /* another rank writes this state */
+    if (memory_only && !w->slots) return 0; /* this node keeps none (the others' go on: their manifest never completes) */
     ckpt_writer_wait(w);
     double t0 = clock_now_s();
     ckpt_report *job = &w->job;
     *job = (ckpt_report){.step = step, .attempt = attempt, .rank = w->rank, .sync = sync,
                          .optimizer_step = f->step, .tokens_seen = tokens_seen, .layout = &w->layout};
-    w->saves++;
     atomic_store(&w->abort, 0);
+    if (memory_only) return save_memory(w, f, sync, err);
+    w->saves++;
     char partial[256];
     errbuf why;
     int rc = ckpt_partial_name(partial, sizeof partial, step, attempt) ||
@@ -189,17 +310,6 @@ int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int syn
     }
     if (stage(w, f, err)) return errprefix(err, "staging the checkpoint of step %lld", (long long)step);
     job->stage_s = clock_now_s() - t0;
-    pthread_mutex_lock(&w->lock);
-    w->busy = 1; /* from here on ckpt_writer_abort may stop it */
-    w->pending = !sync;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    if (sync) {
-        write_staged(w);
-        pthread_mutex_lock(&w->lock);
-        w->busy = 0;
-        pthread_cond_broadcast(&w->cond);
-        pthread_mutex_unlock(&w->lock);
-    }
+    hand_over(w, 0, sync);
     return 0;
 }

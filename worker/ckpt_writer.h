@@ -9,6 +9,15 @@
  * (worker/train.c skips or waits).  An abort request for the save in flight stops its write
  * at the next 64 MiB chunk; the file is removed and the report says "aborted".
  *
+ * With in-memory checkpoints (a memory directory, daemon/memory_ckpt.h) the image is the
+ * rank's file there, mapped shared: it outlives the worker.  With two images a save goes
+ * into the one holding the older step, so the newest sealed step survives a failure in the
+ * middle of a save.  A save first breaks the image's
+ * seal (ckpt_unseal_image), stages into it, then seals it (ckpt_seal_image) and reports it
+ * (`memory` set) — a memory save ends there; a disk save then writes the sealed image to its
+ * file (ckpt_write_sealed) and reports that as before.  One image serves both: the state is
+ * in host memory once.
+ *
  * Only ranks below the shard group size write (with no_shard every rank holds the same
  * state: rank 0 writes it); for the others every call is a no-op.
  *
@@ -35,7 +44,8 @@ typedef struct ckpt_report {
     int attempt;
     int rank;
     int sync;
-    int ok;            /* the file is written and fsynced */
+    int memory;        /* this report is of the sealed image in memory, not of a file */
+    int ok;            /* the file is written and fsynced (memory: the image sealed) */
     int aborted;       /* stopped by ckpt_writer_abort (ok is 0) */
     char error[1024];  /* why not ok */
     char file[CKPT_NAME_MAX];
@@ -51,6 +61,8 @@ typedef void (*ckpt_report_fn)(void *arg, const ckpt_report *r);
 
 typedef struct ckpt_writer_options {
     const char *dir;  /* checkpoint.dir */
+    const char *memory_dir; /* the node's in-memory checkpoints, NULL or "" for none */
+    int memory_slots;       /* images there a rank keeps: 1, or 2 (a save overwrites the older) */
     int rank;         /* this rank; it writes file `rank` when rank < the shard group size */
     int timeout_s;    /* checkpoint.timeout_s (for the stall fault) */
     ckpt_report_fn report;
@@ -59,6 +71,7 @@ typedef struct ckpt_writer_options {
 
 typedef struct ckpt_writer {
     char dir[PATH_BYTES];
+    char memory_dir[PATH_BYTES]; /* "" for none */
     int rank;
     int timeout_s;
     ckpt_report_fn report;
@@ -68,7 +81,11 @@ typedef struct ckpt_writer {
 
     ckpt_layout layout;         /* built at the first save */
     ckpt_file_header plan;
-    uint8_t *image;             /* plan.file_bytes bytes */
+    uint8_t *image;             /* plan.file_bytes bytes: malloc'd, or slot_image[slot] */
+    int slots;                  /* memory images (0: none, the image is malloc'd) */
+    uint8_t *slot_image[2];     /* mapped from memory_dir (ckpt_memory_file_name) */
+    int64_t slot_step[2];       /* the step each holds sealed, -1 for none */
+    int slot;                   /* the one the save in flight uses */
 
     pthread_t thread;
     int thread_started;
@@ -76,6 +93,7 @@ typedef struct ckpt_writer {
     pthread_cond_t cond;
     int pending;                /* a staged save waits for the thread */
     int busy;                   /* a save is staged or being written */
+    int memory_only;            /* the save in flight writes no file */
     int quit;
     atomic_int abort;           /* stop the save in flight */
     ckpt_report job;            /* the save in flight */
@@ -87,8 +105,9 @@ int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err
  * everything. */
 void ckpt_writer_destroy(ckpt_writer *w, int abort);
 
-/* Whether an async save is still being written. */
+/* Whether an async save is still being sealed or written; _disk: whether a file is. */
 int ckpt_writer_busy(ckpt_writer *w);
+int ckpt_writer_busy_disk(ckpt_writer *w);
 /* Waits until no save is in flight. */
 void ckpt_writer_wait(ckpt_writer *w);
 /* Asks the save of (step, attempt), if it is the one in flight, to stop. */
@@ -99,11 +118,12 @@ void ckpt_writer_abort(ckpt_writer *w, int64_t step, int attempt);
 int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err);
 
 /* Saves f's state as of optimizer step `step` into attempt `attempt`'s partial directory
- * (created if needed), first waiting for a save in flight.  Returns once the state is staged
+ * (created if needed), first waiting for a save in flight; memory_only: into the memory
+ * image alone (a memory directory is needed).  Returns once the state is staged
  * (async) or written (sync).  A save that fails (no memory for the image, a write error)
  * says so in its report; -1 only when copying the state off the device fails, which training
  * cannot survive either. */
-int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int sync,
+int ckpt_writer_save(ckpt_writer *w, fsdp *f, int64_t step, int attempt, int sync, int memory_only,
                      int64_t tokens_seen, errbuf *err);
 
 #endif

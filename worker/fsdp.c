@@ -1333,7 +1333,7 @@ typedef struct rank_stats {
     int64_t count;
     int64_t vote[FSDP_VOTES];
 } rank_stats;
-_Static_assert(FSDP_VOTES == 4, "model/memory_plan.c's plan_rank_stats counts FSDP_VOTES votes: change both");
+_Static_assert(FSDP_VOTES == 6, "model/memory_plan.c's plan_rank_stats counts FSDP_VOTES votes: change both");
 _Static_assert(PREF_STATS == 9, "model/memory_plan.c's PLAN_PREF_STATS counts PREF_STATS figures: change both");
 
 static int gather_stats(fsdp *f, const rank_stats *mine, rank_stats *all, errbuf *err) {

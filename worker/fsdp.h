@@ -51,7 +51,7 @@
  * carries their maximum over the ranks (fsdp_step_result.vote_max), so the ranks take a
  * decision together, at the same step, without another collective.  The checkpoint trigger
  * and the stop use them (worker/train.c). */
-#define FSDP_VOTES 4
+#define FSDP_VOTES 6
 
 typedef struct fsdp_unit {
     size_t numel;     /* elements of the unit's flat parameter */

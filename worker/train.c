@@ -25,7 +25,27 @@
 #include "worker/schedule.h"
 
 /* Votes every rank casts before a step (fsdp.vote). */
-enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP, VOTE_SYNC };
+enum { VOTE_REQUEST, VOTE_WRITING, VOTE_STOP, VOTE_SYNC, VOTE_MEMORY, VOTE_BUSY };
+
+/* In-memory saves stall training at most this share of the time (train.h). */
+#define MEMORY_SAVE_BUDGET 0.01
+
+/* The pace of this rank's saves into memory: the step and end of the last save of any kind,
+ * and what its staging cost. */
+typedef struct memory_pace {
+    long step;
+    double at, stall_s;
+} memory_pace;
+
+static int memory_on(const train_env *env) {
+    return env->writer && env->writer->memory_dir[0] && env->job->checkpoint.memory_interval_steps > 0;
+}
+
+/* This rank's vote for a memory save after step `done`. */
+static int memory_vote(const train_env *env, const memory_pace *p, long done) {
+    if (!memory_on(env) || done - p->step < env->job->checkpoint.memory_interval_steps) return 0;
+    return clock_now_s() - p->at >= p->stall_s / MEMORY_SAVE_BUDGET;
+}
 
 /* fsdpd's model memory, mapped. */
 typedef struct model_memory {
@@ -232,7 +252,8 @@ static train_ckpt_action ckpt_due(const train_env *env, long done, long total,
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
     }
-    if (!requested && !interval) return TRAIN_CKPT_NONE;
+    if (!requested && !interval)
+        return res->vote_max[VOTE_MEMORY] && !res->vote_max[VOTE_BUSY] ? TRAIN_CKPT_MEMORY : TRAIN_CKPT_NONE;
     if (done == total) { /* the process ends after this step: no save in the background */
         *served = res->vote_max[VOTE_REQUEST];
         return TRAIN_CKPT_SYNC;
@@ -336,6 +357,7 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
                        .weight_decay = j->train.weight_decay, .clip_norm = j->train.clip_norm};
     int stop = 0;
     const fault *delay = fault_get(FAULT_STEP_DELAY, env->rank);
+    memory_pace pace = {.step = f->step, .at = clock_now_s()};
     progress(env); /* the loop has begun: the stall watch starts */
     for (long step = f->step; rc == 0 && !stop && step < total; step++) {
         double top = clock_now_s(), comm0 = comm_seconds(f);
@@ -352,7 +374,9 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
         f->vote[VOTE_STOP] = h->should_stop ? h->should_stop(h->arg) : 0;
         f->vote[VOTE_REQUEST] = h->ckpt_request ? h->ckpt_request(h->arg) : 0;
         f->vote[VOTE_SYNC] = h->ckpt_sync_request ? h->ckpt_sync_request(h->arg) : 0;
-        f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy(env->writer);
+        f->vote[VOTE_WRITING] = env->writer && ckpt_writer_busy_disk(env->writer);
+        f->vote[VOTE_BUSY] = env->writer && ckpt_writer_busy(env->writer);
+        f->vote[VOTE_MEMORY] = memory_vote(env, &pace, step + 1);
         fsdp_step_result res;
         rc = fsdp_train_step(f, &batch, &hp, &res, err);
         if (rc) break;
@@ -381,9 +405,12 @@ static int run_steps(fsdp *f, row_source *d, const train_env *env, int64_t token
             h->on_step(h->arg, &info);
         }
         if (samples_due(env, d, step + 1, total) && (rc = answer_samples(f, env, step + 1, err)) != 0) break;
-        if (ckpt == TRAIN_CKPT_ASYNC || ckpt == TRAIN_CKPT_SYNC)
+        if (ckpt == TRAIN_CKPT_ASYNC || ckpt == TRAIN_CKPT_SYNC || ckpt == TRAIN_CKPT_MEMORY) {
+            double s0 = clock_now_s();
             rc = ckpt_writer_save(env->writer, f, step + 1, env->ckpt_attempt, ckpt == TRAIN_CKPT_SYNC,
-                                  tokens_seen, err);
+                                  ckpt == TRAIN_CKPT_MEMORY, tokens_seen, err);
+            pace = (memory_pace){.step = step + 1, .at = clock_now_s(), .stall_s = clock_now_s() - s0};
+        }
         progress(env); /* the samples and the save, when there were */
     }
     row_batch_free(&rb);

@@ -9,7 +9,14 @@
  * decided by every rank alike from the votes all-gathered with the step's statistics
  * (fsdp.vote).  While a rank still writes an async save, a save due is skipped on every rank:
  * an interval save is lost (the next interval tries again), a request stays pending until a
- * step where no rank writes.  A job resumed from a checkpoint starts after its step. */
+ * step where no rank writes.  A job resumed from a checkpoint starts after its step.
+ *
+ * In-memory checkpoints (a writer with a memory directory, daemon/memory_ckpt.h): after a
+ * step with no disk save, a memory save follows when checkpoint.memory_interval_steps steps
+ * have passed since the last save of any kind and, on some rank, the copy that last stalled
+ * training (the staging) would stay within 1% of the time since (so a large state is saved
+ * less often than the interval says: the pace adapts to its cost), unless a rank still seals
+ * or writes.  Every save, disk or memory, refreshes the memory image. */
 #ifndef FSDP_TRAIN_H
 #define FSDP_TRAIN_H
 
@@ -47,7 +54,8 @@ typedef struct train_step_info {
 } train_step_info;
 
 typedef enum train_ckpt_action {
-    TRAIN_CKPT_NONE, TRAIN_CKPT_ASYNC, TRAIN_CKPT_SYNC, TRAIN_CKPT_SKIPPED
+    TRAIN_CKPT_NONE, TRAIN_CKPT_ASYNC, TRAIN_CKPT_SYNC, TRAIN_CKPT_SKIPPED,
+    TRAIN_CKPT_MEMORY /* into the node's memory alone (checkpoint.memory_interval_steps) */
 } train_ckpt_action;
 
 enum { TRAIN_STOP = 1, TRAIN_STOP_SAVE = 2 }; /* should_stop's answers (0: go on) */

@@ -65,6 +65,8 @@ typedef struct worker {
     atomic_int have_comm;      /* progress is tracked: a communicator exists */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];
+    char memory_dir[JOB_PATH_MAX]; /* the node's in-memory checkpoints, "" for none */
+    int memory_slots;              /* images a rank keeps there */
     ckpt_writer writer;
     pthread_mutex_t writer_lock; /* the control thread uses the writer only while writer_live */
     int writer_live;
@@ -106,6 +108,8 @@ static int read_config(worker *w, errbuf *err) {
     w->model = c->model;
     strcpy(w->bind_host, c->bind_host);
     strcpy(w->resume_dir, c->resume_dir);
+    strcpy(w->memory_dir, c->memory_dir);
+    w->memory_slots = c->memory_slots;
     rc = hex_decode(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
     if (rc == 0 && c->samples && msg_sample_prompts_read(c->samples, c->model.vocab_size, &w->samples, err))
         rc = errprefix(err, "CONFIG: samples");
@@ -379,7 +383,7 @@ static void report_ckpt(void *arg, const ckpt_report *r) {
     msg m = {.type = MSG_CKPT_DONE};
     msg_ckpt_done *d = &m.u.ckpt_done;
     *d = (msg_ckpt_done){.step = r->step, .attempt = r->attempt, .rank = r->rank, .sync = r->sync,
-                         .ok = r->ok, .aborted = r->aborted, .bytes = (int64_t)r->bytes,
+                         .memory = r->memory, .ok = r->ok, .aborted = r->aborted, .bytes = (int64_t)r->bytes,
                          .header_crc32c = r->header_crc, .stage_s = r->stage_s, .write_s = r->write_s};
     snprintf(d->error, sizeof d->error, "%s", r->error);
     snprintf(d->file, sizeof d->file, "%s", r->file);
@@ -430,7 +434,7 @@ static void on_step(void *arg, const train_step_info *s) {
         static const char *const modes[] = {[TRAIN_CKPT_ASYNC] = "async", [TRAIN_CKPT_SYNC] = "sync",
                                             [TRAIN_CKPT_SKIPPED] = "skipped"};
         msg_metrics *mm = &m.u.metrics;
-        if (s->ckpt != TRAIN_CKPT_NONE) {
+        if (s->ckpt != TRAIN_CKPT_NONE && s->ckpt != TRAIN_CKPT_MEMORY) { /* memory saves are not announced */
             mm->has_checkpoint = true;
             mm->checkpoint = (msg_ckpt_note){.step = s->step, .attempt = s->ckpt_attempt, .request = s->ckpt_request};
             snprintf(mm->checkpoint.mode, sizeof mm->checkpoint.mode, "%s", modes[s->ckpt]);
@@ -489,7 +493,8 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0 && c) rc = describe_net(w, &ctx, c, uses_nccl(w, &ctx, gpus), &ready.u.heartbeat.net, err);
     if (rc == 0) rc = send(w, &ready, err);
     if (rc == 0 && (rc = expect(w, MSG_START, &start, err)) == 0) msg_free(&start);
-    ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .rank = w->rank,
+    ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .memory_dir = w->memory_dir,
+                                .memory_slots = w->memory_slots, .rank = w->rank,
                                 .timeout_s = w->job.checkpoint.timeout_s, .report = report_ckpt, .arg = w};
     int have_writer = rc == 0 && ckpt_writer_init(&w->writer, &wopt, err) == 0;
     if (rc == 0 && !have_writer) rc = -1;

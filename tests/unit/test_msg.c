@@ -503,6 +503,8 @@ static void test_every_type_round_trips(void **state) {
                                                 .bytes = 4096, .header_crc32c = 0xfffffffful, .stage_s = 0.5,
                                                 .has_optimizer_step = true, .optimizer_step = 4,
                                                 .has_tokens_seen = true, .tokens_seen = 99, .units = units}},
+        {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 5, .attempt = 2, .rank = 1, .ok = true, .memory = true,
+                                                .file = "rank-00001-of-00002.bin", .bytes = 8192, .write_s = 0.25}},
         {.type = MSG_CKPT_DONE, .u.ckpt_done = {.step = 4, .attempt = 1, .rank = 1, .aborted = true, .error = "disk full"}},
         {.type = MSG_CKPT_ABORT, .u.ckpt_abort = {.step = 4, .attempt = 1, .rank = 5}},
         {.type = MSG_STOP, .u.stop = {"done", false}},
@@ -512,9 +514,9 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_ADDR, .u.addr = {"127.0.0.1:4000"}},
         {.type = MSG_PEERS, .u.peers = {.n = 2, .addrs = addrs}},
         {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .slurm_node = 1, .host = "node-b", .workers = 8,
-                                      .nonce = "00ff", .settings = settings}},
+                                      .nonce = "00ff", .memory_step = 12, .settings = settings}},
         {.type = MSG_JOIN, .u.join = {.node = 0, .nodes = 2, .slurm_node = 3, .standby = true, .host = "node-d",
-                                      .workers = 8, .nonce = "00ff", .settings = settings}},
+                                      .workers = 8, .nonce = "00ff", .memory_step = -1, .settings = settings}},
         {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
                                                   .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd",
                                                   .launch = "job 77 step 0 restart 1 attempt 0",
@@ -530,8 +532,9 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 2, .state = "setup", .ranks = rows}},
         {.type = MSG_NODE_HEARTBEAT, .u.node_heartbeat = {.node = 0, .state = "training", .progress = progress}},
         {.type = MSG_CKPT_REQUEST, .u.ckpt_request = {.kind = "stop_sync", .why = "SIGTERM on node 1"}},
-        {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8"}},
-        {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest"}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8", .memory_step = -1}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 4, .memory_step = 13}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest", .memory_step = -1}},
         {.type = MSG_SAMPLE, .u.sample = {.step = 4, .prompt_index = 1, .reply_ids = reply_ids, .stop = "stop"}},
     };
     int seen[MSG_TYPE_END] = {0};
@@ -555,7 +558,7 @@ static void test_every_type_round_trips(void **state) {
     assert_true(back.u.metrics.has_checkpoint);
     assert_string_equal(back.u.metrics.checkpoint.mode, "sync");
     msg_free(&back);
-    through_wire(&all[18], &back);
+    through_wire(&all[19], &back); /* PEERS */
     assert_int_equal(back.u.peers.n, 2);
     assert_string_equal(back.u.peers.addrs[1], "127.0.0.1:4001");
     msg_free(&back);
@@ -579,10 +582,14 @@ static void test_strict_decoder(void **state) {
     (void)state;
     refused(MSG_HELLO, "{\"pid\":1,\"rank\":0}", "HELLO: unknown field 'rank'");
     refused(MSG_HELLO, "{}", "HELLO: field 'pid' is missing");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":[]}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1,\"settings\":[]}",
             "JOIN: field 'settings' must be an object");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\"}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1}",
             "JOIN: field 'settings' is missing");
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":{}}",
+            "JOIN: field 'memory_step' is missing");
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-2,\"settings\":{}}",
+            "JOIN: field 'memory_step' = -2 is out of range");
     refused(MSG_HELLO, "{\"pid\":\"12\"}", "HELLO: field 'pid' must be an integer, got a string");
     refused(MSG_HELLO, "{\"pid\":0}", "HELLO: field 'pid' = 0 is out of range [1, 2147483647]");
     refused(MSG_HELLO, "{\"pid\":4294967296}", "out of range");
@@ -628,15 +635,19 @@ static void test_strict_decoder(void **state) {
     refused(MSG_NODE_HEARTBEAT, "{\"node\":1,\"state\":\"t\",\"ranks\":{}}", "NODE_HEARTBEAT: field 'ranks' must be an array");
     refused(MSG_NODE_HEARTBEAT, "{\"node\":0,\"state\":\"t\",\"progress\":{\"step\":1}}",
             "NODE_HEARTBEAT: field 'progress': METRICS");
-    refused(MSG_PLAN, "{\"attempt\":0,\"resume_dir\":\"\",\"error\":\"\"}", "PLAN: field 'attempt' = 0 is out of range");
+    refused(MSG_PLAN, "{\"attempt\":0,\"resume_dir\":\"\",\"memory_step\":-1,\"error\":\"\"}", "PLAN: field 'attempt' = 0 is out of range");
+    refused(MSG_PLAN, "{\"attempt\":1,\"resume_dir\":\"\",\"error\":\"\"}", "PLAN: field 'memory_step' is missing");
     refused(MSG_PEERS, "{\"addrs\":[]}", "PEERS: field 'addrs' must be a non-empty array of strings");
     refused(MSG_PEERS, "{\"addrs\":[\"a\",2]}", "PEERS: addrs[1] must be a string");
-    refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,"
+    refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,\"memory\":false,"
                            "\"error\":\"\",\"file\":\"f\",\"bytes\":1,\"header_crc32c\":4294967296,\"stage_s\":0,"
                            "\"write_s\":0}", "field 'header_crc32c' = 4294967296 is out of range");
-    refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,"
+    refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,\"memory\":false,"
                            "\"error\":\"\",\"file\":\"f\",\"bytes\":1,\"header_crc32c\":1,\"stage_s\":0,"
                            "\"write_s\":0,\"units\":3}", "field 'units' must be an array or object");
+    refused(MSG_CKPT_DONE, "{\"step\":1,\"attempt\":1,\"rank\":0,\"sync\":false,\"ok\":true,\"aborted\":false,"
+                           "\"error\":\"\",\"file\":\"f\",\"bytes\":1,\"header_crc32c\":1,\"stage_s\":0,"
+                           "\"write_s\":0}", "CKPT_DONE: field 'memory' is missing");
     static const char metrics[] = "{\"step\":1,\"total_steps\":1,\"loss\":1,\"lr\":0,\"grad_norm\":0,\"tokens\":1,"
                                   "\"tokens_seen\":1,\"seconds\":0,\"layer_forwards\":0,\"mem_bytes\":0,"
                                   "\"mem_peak_bytes\":0,\"all_gathers\":0,\"replica_collectives\":0,\"gathered_bytes\":0,"
@@ -672,9 +683,13 @@ static void test_config(void **state) {
                                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":211,"
                                "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-5}";
     if (llama_config_parse(&c->model, tiny, strlen(tiny), "tiny", &err)) fail_msg("%s", err.msg);
+    strcpy(c->memory_dir, "/dev/shm/fsdpd-1000/77-n0");
+    c->memory_slots = 2;
     through_wire(&m, &back);
     assert_same_body(&m, &back);
     assert_memory_equal(&back.u.config.model, &c->model, sizeof c->model);
+    assert_string_equal(back.u.config.memory_dir, "/dev/shm/fsdpd-1000/77-n0");
+    assert_int_equal(back.u.config.memory_slots, 2);
     assert_int_equal(back.u.config.job.train.global_batch, 4);
     assert_int_equal(back.u.config.job.train.grad_accum, 2); /* not carried: recomputed */
     assert_string_equal(back.u.config.job.data.path, "data.tokens");
