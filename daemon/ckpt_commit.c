@@ -218,11 +218,14 @@ static int identify(const job_config *job, const ckpt_data_identity *data, ckpt_
 /* Checks the checkpoint at out->resume_dir fits the job and is its own (data NULL: a
  * follower, the leader compared the identities), and takes its global_batch and seed. */
 static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_start *out, errbuf *err) {
-    /* A node holds only its own ranks' memory images, checked when it said it holds them. */
     ckpt_manifest m;
     char name[PATH_BYTES];
     const char *path = out->resume_dir;
-    if (path_join(name, sizeof name, path, CKPT_MANIFEST, err) || ckpt_manifest_load(&m, path, err)) return -1;
+    /* From memory: the memory manifest in checkpoint.dir (resume_dir), its files in the nodes'
+     * images, which each node checked (memory_ckpt_check). */
+    if (path_join(name, sizeof name, path, out->from_memory ? CKPT_MEMORY_MANIFEST : CKPT_MANIFEST, err) ||
+        ckpt_manifest_load_file(&m, name, err))
+        return -1;
     take_fixed(job, &m, name);
     int rc = identify(job, data, out, err);
     if (rc == 0) rc = ckpt_manifest_check_model(&m, &out->model, name, err);
@@ -233,7 +236,7 @@ static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_st
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         out->resume_step = m.step;
-        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", path,
+        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", name,
                   (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
     }
     ckpt_manifest_free(&m);
@@ -278,8 +281,8 @@ static int take_memory(const job_config *job, const ckpt_memory *memory, int fou
     if (!memory || memory->step < 0 || job->checkpoint.resume != JOB_RESUME_AUTO) return 0;
     if (found == 1 && !ckpt_parse_step_name(slash ? slash + 1 : out->resume_dir, &disk)) return 0;
     if (memory->step < disk) return 0;
-    if (memory_ckpt_prepare_resume(job, memory->dir, memory->step, memory->node, err)) return -1;
-    snprintf(out->resume_dir, sizeof out->resume_dir, "%s", memory->dir);
+    if (memory_ckpt_check(job, memory->images, memory->node, memory->world, memory->step, err)) return -1;
+    snprintf(out->resume_dir, sizeof out->resume_dir, "%s", job->checkpoint.dir);
     out->from_memory = 1;
     char was[64] = "none";
     if (disk >= 0) snprintf(was, sizeof was, "step %lld", (long long)disk);
@@ -338,8 +341,9 @@ int ckpt_adopt(job_config *job, int attempt, const char *resume_dir, const ckpt_
     memset(out, 0, sizeof *out);
     out->attempt = attempt;
     if (memory->step >= 0) { /* the leader's plan: every node's memory, this one's own */
-        if (memory_ckpt_prepare_resume(job, memory->dir, memory->step, memory->node, err)) return -1;
-        resume_dir = memory->dir;
+        if (memory_ckpt_check(job, memory->images, memory->node, memory->world, memory->step, err))
+            return errprefix(err, "the leader's plan resumes from memory");
+        resume_dir = job->checkpoint.dir;
         out->from_memory = 1;
     }
     if (snprintf(out->resume_dir, sizeof out->resume_dir, "%s", resume_dir) >= (int)sizeof out->resume_dir)

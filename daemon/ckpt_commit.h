@@ -58,7 +58,8 @@ typedef struct ckpt_start {
     int attempt;                  /* this run's attempt number (partial directory names) */
     char resume_dir[JOB_PATH_MAX]; /* the checkpoint to resume from, "" for none */
     long long resume_step;
-    int from_memory;              /* resume_dir is this node's in-memory checkpoint */
+    int from_memory;              /* from the in-memory checkpoint (daemon/memory_ckpt.h) whose
+                                   * manifest is resume_dir's (checkpoint.dir's) memory manifest */
     json_t *model_config;         /* the job's config.json object (new reference) */
     llama_config model;           /* the same, parsed: config.json is read here only */
     char base_fingerprint[ST_FINGERPRINT_HEX]; /* model.path's (st_model_fingerprint): the
@@ -74,13 +75,14 @@ typedef struct ckpt_start {
  * hold adapters of the job's settings for the same base (its fingerprint, computed here);
  * a full fine-tune's must hold a whole model. */
 /* An in-memory checkpoint every node of the run holds (daemon/memory_ckpt.h): its step (-1:
- * none) and this node's directory of them.  ckpt_prepare resumes from it instead of disk when
+ * none) and this node's images.  ckpt_prepare resumes from it instead of disk when
  * checkpoint.resume is auto (every restart's) and it is at least as new as `latest`; ckpt_adopt
- * when the leader's plan says so. */
+ * when the leader's plan says so.  Each checks this node's images again (memory_ckpt_check). */
+struct memory_images;
 typedef struct ckpt_memory {
     int64_t step;
-    const char *dir;
-    int node;      /* this node's index in the run */
+    const struct memory_images *images; /* this node's */
+    int node, world;                    /* this node's index in the run, the run's ranks */
 } ckpt_memory;
 
 int ckpt_prepare(job_config *job, const ckpt_data_identity *data, const ckpt_memory *memory, ckpt_start *out,

@@ -100,9 +100,8 @@ static int probe_fabric(const job_config *job, fabric_found *f, char *found, siz
 static dir_lock ckpt_lock = {.fd = -1};
 static void release_ckpt_lock(void) { dir_lock_release(&ckpt_lock); }
 
-/* This node's in-memory checkpoints (daemon/memory_ckpt.h), freed at exit. */
-static char memory_dir[JOB_PATH_MAX];
-static void free_memory_ckpts(void) { memory_ckpt_close(memory_dir); }
+/* This node's in-memory checkpoint images (daemon/memory_ckpt.h), for the launch. */
+static memory_images memory;
 
 static int lock_checkpoint_dir(const job_config *job, const slurm_env *slurm, errbuf *err) {
     if (slurm->node_id != 0) return 0; /* the other nodes write only their own files */
@@ -128,9 +127,9 @@ static int run_once(supervisor_options *opt, const slurm_env *slurm, const msg_n
     lost->n = 0;
     int node = 0;
     while (node < members->n && members->id[node] != slurm->node_id) node++;
-    /* A launch's first run has no memory to resume: memory_ckpt_open cleared it. */
+    /* A launch's first run has no memory to resume (memory_ckpt_open removed the manifest). */
     int workers = opt->job->runtime.workers_per_node;
-    int64_t held = attempt > 0 ? memory_ckpt_held(opt->job, opt->memory_dir, node, workers, workers * members->n) : -1;
+    int64_t held = attempt > 0 ? memory_ckpt_held(opt->job, opt->memory, node, workers * members->n) : -1;
     if (cluster_join(&opt->cluster, slurm, opt->job, members, spares, attempt, held, err))
         return SUPERVISOR_FAILED_PERMANENTLY;
     int rc = supervisor_run(opt, err);
@@ -273,8 +272,7 @@ int main(int argc, char **argv) {
     int active = slurm.nnodes - job.runtime.spare_nodes; /* the nodes that train */
     if (job_resolve(&job, workers * active, &err) || job_validate(&job, workers * active, &err)) goto bad_job;
     if (lock_checkpoint_dir(&job, &slurm, &err) || file_mkdir_p(job.output.dir, &err)) goto bad_job;
-    if (memory_ckpt_open(&job, slurm.node_id, memory_dir, sizeof memory_dir, &err)) goto bad_job;
-    atexit(free_memory_ckpts);
+    if (memory_ckpt_open(&job, slurm.node_id, job.runtime.workers_per_node, &memory, &err)) goto bad_job;
     static ckpt_data_identity data_identity;
     static char data_file[JOB_PATH_MAX]; /* data.path as given: data_prepare names the cache there */
     snprintf(data_file, sizeof data_file, "%s", job.data.path);
@@ -312,7 +310,7 @@ int main(int argc, char **argv) {
                               .fabric_kind = fabric_kind(&fabric), .fabric_found = found,
                               .data_identity = &data_identity, .record = &record, .progress = &progress,
                               .mlflow = mlflow, .samples = samples.p.n ? &samples : NULL,
-                              .memory_dir = memory_dir};
+                              .memory = &memory};
     /* A failed run starts again from the newest committed checkpoint, up to max_restarts
      * times; a run stopped on request (a signal, `fsdpctl stop`) does not, nor one whose
      * error no restart can cure (a corrupt checkpoint, a missing file).  On several nodes every

@@ -43,6 +43,7 @@
 
 #define WORKER_CTL_FD 3
 #define WORKER_MODEL_FD 4
+#define WORKER_MEMORY_FD 5 /* the node's in-memory images, 2 a worker place (daemon/memory_ckpt.h) */
 
 typedef enum phase { PHASE_SETUP, PHASE_TRAINING, PHASE_STOPPING } phase; /* supervisor.h draws them */
 
@@ -76,7 +77,7 @@ struct supervisor {
     const supervisor_options *opt;
     job_config job;      /* opt->job with the resumed checkpoint's global_batch and seed */
     ckpt_start ckpt_start;
-    int memory_slots;    /* images a rank keeps in opt->memory_dir (daemon/memory_ckpt.h) */
+    int memory_slots;    /* images a rank keeps this run (daemon/memory_ckpt.h) */
     int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
     struct event_base *base;
@@ -128,6 +129,7 @@ static void locate_hung(supervisor *s);
 static int multi_node(const supervisor *s) { return cluster_nodes(s->opt->cluster) > 1; }
 /* On several nodes the leader's coordinator commits every save; the others relay to it. */
 static int is_follower(const supervisor *s) { return cluster_node(s->opt->cluster) != 0; }
+static int has_images(const supervisor *s) { return s->opt->memory && s->opt->memory->fd; }
 /* The local worker of a global rank, NULL for another node's. */
 static worker *local_worker(supervisor *s, int rank) {
     int first = cluster_node(s->opt->cluster) * s->opt->workers;
@@ -675,8 +677,9 @@ static void send_config(supervisor *s, worker *w) {
     snprintf(c->bind_host, sizeof c->bind_host, "%s", cluster_host(s->opt->cluster));
     strcpy(c->secret, cluster_secret_hex(s->opt->cluster));
     strcpy(c->resume_dir, s->ckpt_start.resume_dir);
-    snprintf(c->memory_dir, sizeof c->memory_dir, "%s", s->opt->memory_dir ? s->opt->memory_dir : "");
-    c->memory_slots = c->memory_dir[0] ? s->memory_slots : 0;
+    c->memory_fd = has_images(s) ? WORKER_MEMORY_FD : -1;
+    c->memory_slots = has_images(s) ? s->memory_slots : 0;
+    c->memory_resume = s->ckpt_start.from_memory != 0;
     const sample_prompts *sp = s->opt->samples;
     if (sp && sp->p.n && !(c->samples = msg_sample_prompts_json(&sp->p))) {
         fail(s, "rank %d: out of memory for its CONFIG", w->rank);
@@ -893,14 +896,20 @@ static void on_connection_event(struct bufferevent *bev, short events, void *arg
  * forks: PR_SET_PDEATHSIG follows the thread that forked. */
 static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    int images = has_images(s) ? 2 * s->opt->memory->workers : 0;
+    int *parked = malloc((size_t)(images + 1) * sizeof *parked); /* the child's: no malloc after fork */
+    if (!parked) return errf(err, "out of memory");
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        free(parked);
         return errf(err, "socketpair: %s", strerror(errno));
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
         close(sv[0]);
         close(sv[1]);
+        free(parked);
         return errf(err, "fork: %s", strerror(e));
     }
     if (pid == 0) {
@@ -909,17 +918,23 @@ static int spawn_worker(supervisor *s, worker *w, errbuf *err) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        /* Park both descriptors above the targets first, so neither placement can clobber
-         * the other; dup2 leaves the placed copies open across exec. */
-        int ctl = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
-        int model = s->model_fd >= 0 ? fcntl(s->model_fd, F_DUPFD_CLOEXEC, 10) : -1;
+        /* Park every descriptor above the targets first, so that no placement can clobber
+         * another's source; dup2 leaves the placed copies open across exec. */
+        int above = WORKER_MEMORY_FD + images + 1;
+        int ctl = fcntl(sv[1], F_DUPFD_CLOEXEC, above);
+        int model = s->model_fd >= 0 ? fcntl(s->model_fd, F_DUPFD_CLOEXEC, above) : -1;
+        for (int i = 0; i < images; i++)
+            if ((parked[i] = fcntl(s->opt->memory->fd[i], F_DUPFD_CLOEXEC, above)) < 0) _exit(126);
         if (ctl < 0 || dup2(ctl, WORKER_CTL_FD) < 0 || (s->model_fd >= 0 && model < 0) ||
             (model >= 0 && dup2(model, WORKER_MODEL_FD) < 0))
             _exit(126);
+        for (int i = 0; i < images; i++)
+            if (dup2(parked[i], WORKER_MEMORY_FD + i) < 0) _exit(126);
         execl(s->opt->worker_path, "fsdp-worker", "--ctl-fd", "3", (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
+    free(parked);
     w->pid = pid;
     w->last_seen = clock_now_s();
     w->mem_bytes = -1;
@@ -1125,14 +1140,14 @@ static void teardown(supervisor *s) {
  * sends the other nodes its plan, which they adopt.  Before the links go on the loop. */
 static int plan_checkpoints(supervisor *s, errbuf *err) {
     cluster *c = s->opt->cluster;
-    const char *memory_dir = s->opt->memory_dir ? s->opt->memory_dir : "";
+    int world = s->opt->workers * cluster_nodes(c);
     if (is_follower(s)) {
         msg_plan plan;
         if (cluster_recv_plan(c, &plan, err)) return -1;
-        ckpt_memory memory = {.step = plan.memory_step, .dir = memory_dir, .node = cluster_node(c)};
+        ckpt_memory memory = {.step = plan.memory_step, .images = s->opt->memory, .node = cluster_node(c), .world = world};
         return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &memory, &s->ckpt_start, err);
     }
-    ckpt_memory memory = {.step = memory_dir[0] ? cluster_memory_step(c) : -1, .dir = memory_dir, .node = 0};
+    ckpt_memory memory = {.step = has_images(s) ? cluster_memory_step(c) : -1, .images = s->opt->memory, .world = world};
     int rc = ckpt_prepare(&s->job, s->opt->data_identity, &memory, &s->ckpt_start, err);
     if (!multi_node(s)) return rc;
     msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt, .memory_step = -1};
@@ -1247,8 +1262,9 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
     if (rc == 0) rc = setup_checkpoints(&s, err);
     if (rc == 0) rc = setup_stragglers(&s, err);
     if (rc == 0)
-        rc = memory_ckpt_slots(&s.job, &s.ckpt_start.model, opt->memory_dir ? opt->memory_dir : "",
-                               opt->workers * cluster_nodes(opt->cluster), &s.memory_slots, err);
+        rc = has_images(&s) ? memory_ckpt_slots(&s.job, &s.ckpt_start.model, opt->memory,
+                                                opt->workers * cluster_nodes(opt->cluster), &s.memory_slots, err)
+                            : 0;
     if (rc == 0) rc = report_start(&s, err);
     if (rc == 0) rc = open_tensorboard(&s, err);
     if (rc == 0) rc = setup_model(&s, err);

@@ -59,10 +59,11 @@ typedef struct supervisor_options {
     /* train.sample_prompts (daemon/sample_prompts.h), sent in CONFIG; rank 0's SAMPLE replies
      * go to the log and OUTPUT_DIR/samples.jsonl.  NULL: none. */
     const struct sample_prompts *samples;
-    /* This node's in-memory checkpoints (daemon/memory_ckpt.h), "" for none: the workers save
-     * into it; the leader resumes from it when every node holds the same step (the cluster's
-     * JOINs), a follower when the leader's plan says so. */
-    const char *memory_dir;
+    /* This node's in-memory checkpoints (daemon/memory_ckpt.h; NULL, or no images: none): the
+     * workers inherit the images and save into their own; the leader resumes from them when
+     * every node holds the same step (the cluster's JOINs), a follower when the leader's plan
+     * says so. */
+    const struct memory_images *memory;
 } supervisor_options;
 
 typedef struct supervisor supervisor;

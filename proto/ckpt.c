@@ -841,12 +841,16 @@ out:
 
 int ckpt_manifest_load(ckpt_manifest *m, const char *ckpt_path, errbuf *err) {
     char path[PATH_BYTES];
+    memset(m, 0, sizeof *m);
+    if (path_join(path, sizeof path, ckpt_path, CKPT_MANIFEST, err)) return -1;
+    return ckpt_manifest_load_file(m, path, err);
+}
+
+int ckpt_manifest_load_file(ckpt_manifest *m, const char *path, errbuf *err) {
     char *text;
     size_t len;
     memset(m, 0, sizeof *m);
-    if (path_join(path, sizeof path, ckpt_path, CKPT_MANIFEST, err) ||
-        file_read_all(path, CKPT_MANIFEST_MAX, &text, &len, err))
-        return -1;
+    if (file_read_all(path, CKPT_MANIFEST_MAX, &text, &len, err)) return -1;
     int rc = ckpt_manifest_parse(m, text, len, path, err);
     free(text);
     return rc;
@@ -899,19 +903,12 @@ int ckpt_manifest_check_model(const ckpt_manifest *m, const llama_config *cfg, c
 /* ---- verification and reading ---- */
 
 /* Opens file `file` and checks its header against the manifest and the planned layout. */
-static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file, int *fd_out,
-                        ckpt_file_header *h, errbuf *err) {
+/* fd (named path) holds file `file` of m: its header read into h and checked against the
+ * manifest's layout, step, size and header CRC. */
+static int check_file(int fd, const char *path, const ckpt_manifest *m, int file, ckpt_file_header *h, errbuf *err) {
     const ckpt_file_entry *f = &m->files[file];
-    char path[PATH_BYTES];
-    *fd_out = -1;
-    if (path_join(path, sizeof path, ckpt_path, f->name, err)) return -1;
-    int fd = file_open_regular(path, err);
-    if (fd < 0) return access(path, F_OK) != 0 ? errf(err, "%s: missing", path) : -1;
     ckpt_file_header plan;
-    if (ckpt_read_header(h, fd, path, err)) {
-        close(fd);
-        return -1;
-    }
+    if (ckpt_read_header(h, fd, path, err)) return -1;
     int rc = ckpt_plan(&plan, &m->layout, file, m->step, err);
     if (rc == 0 && (h->rank != plan.rank || h->n_files != plan.n_files || h->n_units != plan.n_units))
         rc = errf(err, "%s: header says rank %u of %u files, %u units; the manifest says rank %d of %d, "
@@ -927,12 +924,49 @@ static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file,
     if (rc == 0 && h->crc != f->header_crc)
         rc = errf(err, "%s: header CRC32C %08x, the manifest says %08x", path, h->crc, f->header_crc);
     ckpt_file_header_free(&plan);
-    if (rc) {
-        ckpt_file_header_free(h);
+    if (rc) ckpt_file_header_free(h);
+    return rc;
+}
+
+static int open_checked(const char *ckpt_path, const ckpt_manifest *m, int file, int *fd_out,
+                        ckpt_file_header *h, errbuf *err) {
+    char path[PATH_BYTES];
+    *fd_out = -1;
+    if (path_join(path, sizeof path, ckpt_path, m->files[file].name, err)) return -1;
+    int fd = file_open_regular(path, err);
+    if (fd < 0) return access(path, F_OK) != 0 ? errf(err, "%s: missing", path) : -1;
+    if (check_file(fd, path, m, file, h, err)) {
         close(fd);
         return -1;
     }
     *fd_out = fd;
+    return 0;
+}
+
+int ckpt_check_fd(int fd, const char *name, const ckpt_manifest *m, int file, errbuf *err) {
+    ckpt_file_header h;
+    if (check_file(fd, name, m, file, &h, err)) return -1;
+    ckpt_file_header_free(&h);
+    return 0;
+}
+
+int ckpt_find_image(const int fd[2], const ckpt_manifest *m, int file, errbuf *err) {
+    char name[CKPT_NAME_MAX + 16];
+    errbuf first;
+    snprintf(name, sizeof name, "the image of %s", m->files[file].name);
+    if (ckpt_check_fd(fd[0], name, m, file, &first) == 0) return 0;
+    if (ckpt_check_fd(fd[1], name, m, file, err) == 0) return 1;
+    char second[sizeof err->msg];
+    snprintf(second, sizeof second, "%s", err->msg);
+    errf(err, "%s (its other image: %s)", first.msg, second);
+    return -1;
+}
+
+int ckpt_reader_adopt(ckpt_reader *r, int file, int fd, const char *name, errbuf *err) {
+    if (file < 0 || file >= r->m->layout.n_files || r->fds[file] >= 0)
+        return errf(err, "%s: file %d cannot be read from it", name, file);
+    if (check_file(fd, name, r->m, file, &r->headers[file], err)) return -1;
+    r->fds[file] = fd;
     return 0;
 }
 

@@ -340,8 +340,9 @@ int ckpt_manifest_to_json(const ckpt_manifest *m, char **text, errbuf *err);
  * arithmetic, one file per rank with the planned size). */
 int ckpt_manifest_parse(ckpt_manifest *m, const char *text, size_t len, const char *name,
                         errbuf *err);
-/* Reads CKPT_PATH/manifest.json. */
+/* Reads CKPT_PATH/manifest.json; _file: the manifest at path (the memory manifest). */
 int ckpt_manifest_load(ckpt_manifest *m, const char *ckpt_path, errbuf *err);
+int ckpt_manifest_load_file(ckpt_manifest *m, const char *path, errbuf *err);
 void ckpt_manifest_free(ckpt_manifest *m);
 /* The manifest's model is cfg: same sizes, heads, vocabulary, norm epsilon, RoPE and tying;
  * otherwise an error naming the first difference. */
@@ -371,6 +372,12 @@ int ckpt_identity_compare(const ckpt_manifest *m, const ckpt_identity *id, const
  * check_data, also every section's CRC32C (reads the whole file). */
 int ckpt_verify_file(const char *ckpt_path, const ckpt_manifest *m, int file, int check_data,
                      errbuf *err);
+/* The open fd (named `name` in messages) holds file `file` of m: its header decodes, matches
+ * the plan, and has the manifest's size, step and header CRC (an in-memory image). */
+int ckpt_check_fd(int fd, const char *name, const ckpt_manifest *m, int file, errbuf *err);
+/* Which of a rank's two in-memory images (fd[0], fd[1]) holds file `file` of m (as
+ * ckpt_check_fd checks): 0 or 1, or -1 with why for both. */
+int ckpt_find_image(const int fd[2], const ckpt_manifest *m, int file, errbuf *err);
 /* ckpt_verify_file for every file. */
 int ckpt_verify(const char *ckpt_path, const ckpt_manifest *m, int check_data, errbuf *err);
 
@@ -393,6 +400,9 @@ int ckpt_reader_open(ckpt_reader *r, const char *ckpt_path, const ckpt_manifest 
  * whole and CRC-checked the first time it is touched; errors name the file and section. */
 int ckpt_read_range(ckpt_reader *r, int kind, int unit, uint64_t first, uint64_t n, float *dst,
                     errbuf *err);
+/* File `file` is read from fd (checked as ckpt_check_fd does; the reader closes it), not
+ * from the directory: an in-memory image. */
+int ckpt_reader_adopt(ckpt_reader *r, int file, int fd, const char *name, errbuf *err);
 void ckpt_reader_close(ckpt_reader *r);
 
 /* ---- the checkpoint directory ---- */

@@ -74,8 +74,9 @@ static const field config_fields[] = {
     OF(msg_config, "model", model, F_MODEL),
     INT(msg_config, "ckpt_attempt", ckpt_attempt, 1, INT_MAX),
     STR(msg_config, "resume_dir", resume_dir),
-    STR(msg_config, "memory_dir", memory_dir),
+    INT(msg_config, "memory_fd", memory_fd, -1, INT_MAX),
     INT(msg_config, "memory_slots", memory_slots, 0, 2),
+    BOOL(msg_config, "memory_resume", memory_resume),
     INT(msg_config, "model_fd", model_fd, -1, INT_MAX),
     {"samples", F_JSON, offsetof(msg_config, samples), sizeof(json_t *), 0, 0, true, 0, NULL},
 };

@@ -93,10 +93,13 @@ typedef struct msg_config {
     llama_config model;                    /* the model's config.json, as fsdpd read it */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];         /* "" to start afresh */
-    /* This node's directory of in-memory checkpoints (daemon/memory_ckpt.h): the rank maps
-     * its shard file there and saves into it; "" when checkpoint.memory_interval_steps is 0 */
-    char memory_dir[JOB_PATH_MAX];
-    int memory_slots;                      /* images a rank keeps there: 0 (none), 1 or 2 */
+    /* The node's in-memory checkpoint images (daemon/memory_ckpt.h), inherited: worker place
+     * k's image s at memory_fd + 2k + s; -1 for none.  The rank saves into its first
+     * memory_slots (0: none this run, 1 or 2); memory_resume: it resumes from them (the manifest
+     * is resume_dir's memory manifest) */
+    int memory_fd;
+    int memory_slots;
+    bool memory_resume;
     int model_fd;                          /* fsdpd's model memory, -1 for none */
     /* train.sample_prompts, tokenized by fsdpd (msg_sample_prompts_json); NULL: none */
     json_t *samples;

@@ -93,11 +93,9 @@ int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err
     memset(w, 0, sizeof *w);
     if (snprintf(w->dir, sizeof w->dir, "%s", opt->dir) >= (int)sizeof w->dir)
         return errf(err, "%s: path too long", opt->dir);
-    const char *mem = opt->memory_slots > 0 && opt->memory_dir ? opt->memory_dir : "";
-    if (snprintf(w->memory_dir, sizeof w->memory_dir, "%s", mem) >= (int)sizeof w->memory_dir)
-        return errf(err, "%s: path too long", mem);
     if (opt->memory_slots < 0 || opt->memory_slots > 2) return errf(err, "memory images: %d, not 0, 1 or 2", opt->memory_slots);
-    w->slots = mem[0] ? opt->memory_slots : 0;
+    w->slots = opt->memory_fd >= 0 ? opt->memory_slots : 0;
+    w->memory_fd = opt->memory_fd;
     w->rank = opt->rank;
     w->timeout_s = opt->timeout_s;
     w->report = opt->report;
@@ -180,24 +178,21 @@ static void pick_slot(ckpt_writer *w) {
     w->image = w->slot_image[w->slot];
 }
 
+/* Image `slot` (the daemon's memory file, inherited) mapped shared at the file's size, its
+ * memory reserved now (no SIGBUS later).  One of the right size is kept as it is: a restarted
+ * rank has just read its state from it. */
 static int map_memory_image(ckpt_writer *w, int slot, errbuf *err) {
-    char name[CKPT_NAME_MAX], path[PATH_BYTES];
     uint64_t bytes = w->plan.file_bytes;
-    if (ckpt_memory_file_name(name, sizeof name, w->rank, w->layout.n_files, slot) ||
-        path_join(path, sizeof path, w->memory_dir, name, err))
-        return errf(err, "%s: path too long", w->memory_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) return errf(err, "%s: %s", path, strerror(errno));
+    int fd = w->memory_fd + slot;
     struct stat st;
-    int rc = fstat(fd, &st) == 0 ? 0 : errf(err, "%s: fstat: %s", path, strerror(errno));
+    int rc = fstat(fd, &st) == 0 ? 0 : errf(err, "fd %d: fstat: %s", fd, strerror(errno));
     if (rc == 0 && (uint64_t)st.st_size != bytes && ftruncate(fd, 0) != 0)
-        rc = errf(err, "%s: ftruncate: %s", path, strerror(errno));
+        rc = errf(err, "fd %d: ftruncate: %s", fd, strerror(errno));
     int e = rc == 0 ? posix_fallocate(fd, 0, (off_t)bytes) : 0;
-    if (e) rc = errf(err, "%s: reserving %llu bytes: %s", path, (unsigned long long)bytes, strerror(e));
+    if (e) rc = errf(err, "reserving %llu bytes: %s", (unsigned long long)bytes, strerror(e));
     void *p = rc == 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
-    if (rc == 0 && p == MAP_FAILED) rc = errf(err, "%s: mmap: %s", path, strerror(errno));
-    close(fd);
-    if (rc) return errprefix(err, "the in-memory checkpoint");
+    if (rc == 0 && p == MAP_FAILED) rc = errf(err, "mmap of %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
+    if (rc) return errprefix(err, "in-memory checkpoint image %d", slot);
     w->slot_image[slot] = p;
     w->slot_step[slot] = sealed_step(p, bytes);
     return 0;

@@ -9,8 +9,8 @@
  * (worker/train.c skips or waits).  An abort request for the save in flight stops its write
  * at the next 64 MiB chunk; the file is removed and the report says "aborted".
  *
- * With in-memory checkpoints (a memory directory, daemon/memory_ckpt.h) the image is the
- * rank's file there, mapped shared: it outlives the worker.  With two images a save goes
+ * With in-memory checkpoints (daemon/memory_ckpt.h) the image is the rank's memory file of the
+ * node's daemon, inherited and mapped shared: it outlives the worker.  With two images a save goes
  * into the one holding the older step, so the newest sealed step survives a failure in the
  * middle of a save.  A save first breaks the image's
  * seal (ckpt_unseal_image), stages into it, then seals it (ckpt_seal_image) and reports it
@@ -61,8 +61,8 @@ typedef void (*ckpt_report_fn)(void *arg, const ckpt_report *r);
 
 typedef struct ckpt_writer_options {
     const char *dir;  /* checkpoint.dir */
-    const char *memory_dir; /* the node's in-memory checkpoints, NULL or "" for none */
-    int memory_slots;       /* images there a rank keeps: 1, or 2 (a save overwrites the older) */
+    int memory_fd;          /* this rank's in-memory images (daemon/memory_ckpt.h) at memory_fd + s, -1: none */
+    int memory_slots;       /* how many it uses: 1, or 2 (a save overwrites the older) */
     int rank;         /* this rank; it writes file `rank` when rank < the shard group size */
     int timeout_s;    /* checkpoint.timeout_s (for the stall fault) */
     ckpt_report_fn report;
@@ -71,7 +71,7 @@ typedef struct ckpt_writer_options {
 
 typedef struct ckpt_writer {
     char dir[PATH_BYTES];
-    char memory_dir[PATH_BYTES]; /* "" for none */
+    int memory_fd;              /* the first image's fd, -1 for none */
     int rank;
     int timeout_s;
     ckpt_report_fn report;
@@ -83,7 +83,7 @@ typedef struct ckpt_writer {
     ckpt_file_header plan;
     uint8_t *image;             /* plan.file_bytes bytes: malloc'd, or slot_image[slot] */
     int slots;                  /* memory images (0: none, the image is malloc'd) */
-    uint8_t *slot_image[2];     /* mapped from memory_dir (ckpt_memory_file_name) */
+    uint8_t *slot_image[2];     /* mapped from memory_fd + slot */
     int64_t slot_step[2];       /* the step each holds sealed, -1 for none */
     int slot;                   /* the one the save in flight uses */
 

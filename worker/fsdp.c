@@ -1618,7 +1618,8 @@ static int check_same_tensors(const fsdp *f, const ckpt_layout *saved, const cha
     return 0;
 }
 
-int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err) {
+int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, fsdp_adopt_fn adopt, void *arg,
+                         errbuf *err) {
     if (check_same_tensors(f, &m->layout, dir, err) || fsdp_wait_optimizer(f, err)) return -1;
     if (m->optimizer_step > INT32_MAX) return errf(err, "%s: optimizer step out of range", dir);
     size_t max_shard = 0;
@@ -1628,6 +1629,11 @@ int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbu
     ckpt_reader r;
     if (!host) return errf(err, "fsdp: out of host memory");
     if (ckpt_reader_open(&r, dir, m, err)) {
+        free(host);
+        return -1;
+    }
+    if (adopt && adopt(arg, &r, err)) {
+        ckpt_reader_close(&r);
         free(host);
         return -1;
     }

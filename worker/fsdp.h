@@ -334,8 +334,11 @@ int fsdp_ckpt_layout(const fsdp *f, ckpt_layout *lo, errbuf *err);
 /* Fills this rank's master, m and v shards from the committed checkpoint in dir (manifest m,
  * written at any world size: re-sliced through ckpt_read_range, every section it touches
  * CRC-checked) and sets f->step to its optimizer step.  The checkpoint must hold this model:
- * the same units and tensors. */
-int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, errbuf *err);
+ * the same units and tensors.  adopt (NULL: none) may give the reader files of its own before
+ * it reads (ckpt_reader_adopt: in-memory images). */
+typedef int (*fsdp_adopt_fn)(void *arg, ckpt_reader *r, errbuf *err);
+int fsdp_load_checkpoint(fsdp *f, const ckpt_manifest *m, const char *dir, fsdp_adopt_fn adopt, void *arg,
+                         errbuf *err);
 
 /* Gathers model unit u whole into gather slot `slot` (0, 1 or 2; collective over the shard
  * group) and returns its parameters in the compute dtype, as a training forward reads them,

@@ -1,6 +1,8 @@
 /* train: one worker's training loop: data, steps, schedule, checkpoint triggers; see train.h. */
 #include "worker/train.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +40,7 @@ typedef struct memory_pace {
 } memory_pace;
 
 static int memory_on(const train_env *env) {
-    return env->writer && env->writer->memory_dir[0] && env->job->checkpoint.memory_interval_steps > 0;
+    return env->writer && env->writer->slots && env->job->checkpoint.memory_interval_steps > 0;
 }
 
 /* This rank's vote for a memory save after step `done`. */
@@ -58,19 +60,38 @@ static void unmap_model(model_memory *m) {
     m->data = NULL;
 }
 
+/* The reader takes each shard file of this node's ranks from the image of it that holds the
+ * manifest's step (rank f writes file f: its place f - node * workers). */
+static int adopt_images(void *arg, ckpt_reader *r, errbuf *err) {
+    const train_env *env = arg;
+    int workers = env->memory.workers, node = env->memory.node;
+    for (int k = 0; k < workers && node * workers + k < r->m->layout.n_files; k++) {
+        const int *images = (const int[2]){env->memory.fd + 2 * k, env->memory.fd + 2 * k + 1};
+        int file = node * workers + k, s = ckpt_find_image(images, r->m, file, err);
+        int fd = s < 0 ? -1 : fcntl(images[s], F_DUPFD_CLOEXEC, 0);
+        if (s >= 0 && fd < 0) errf(err, "the image of %s: dup: %s", r->m->files[file].name, strerror(errno));
+        if (fd < 0 || ckpt_reader_adopt(r, file, fd, r->m->files[file].name, err)) {
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* This rank's state from a committed checkpoint: parameters, AdamW state, step, tokens. */
 static int resume(fsdp *f, const train_env *env, const llama_config *cfg, int64_t *tokens_seen,
                   errbuf *err) {
     const job_config *j = env->job;
     ckpt_manifest m;
     char name[PATH_BYTES];
-    snprintf(name, sizeof name, "%s/%s", env->resume_dir, CKPT_MANIFEST);
-    if (ckpt_manifest_load(&m, env->resume_dir, err)) return -1;
+    int memory = env->memory.fd >= 0;
+    snprintf(name, sizeof name, "%s/%s", env->resume_dir, memory ? CKPT_MEMORY_MANIFEST : CKPT_MANIFEST);
+    if (ckpt_manifest_load_file(&m, name, err)) return -1;
     int rc = ckpt_manifest_check_model(&m, cfg, name, err);
     if (rc == 0 && (m.global_batch != j->train.global_batch || m.seed != j->train.seed))
         rc = errf(err, "%s: global_batch %d and seed %lld, but the job has %d and %lld", name,
                   m.global_batch, (long long)m.seed, j->train.global_batch, (long long)j->train.seed);
-    if (rc == 0) rc = fsdp_load_checkpoint(f, &m, env->resume_dir, err);
+    if (rc == 0) rc = fsdp_load_checkpoint(f, &m, env->resume_dir, memory ? adopt_images : NULL, (void *)env, err);
     if (rc == 0 && f->step != m.step)
         rc = errf(err, "%s: optimizer step %lld differs from step %lld", name,
                   (long long)m.optimizer_step, (long long)m.step);

@@ -97,6 +97,12 @@ typedef struct train_env {
     struct ckpt_writer *writer; /* NULL: no checkpoints */
     int ckpt_attempt;           /* in partial directory names (proto/ckpt.h) */
     const char *resume_dir;     /* a committed checkpoint to start from, or NULL */
+    /* Resuming from the node's in-memory images (daemon/memory_ckpt.h) instead: place k's
+     * image s at fd + 2k + s (fd -1: not), the node's `workers` places, this rank's node; the
+     * manifest is resume_dir's memory manifest. */
+    struct {
+        int fd, workers, node;
+    } memory;
     int model_fd;               /* fsdpd's model image (proto/model_image.h), when not resuming */
     /* train.sample_prompts as token ids and the stop ids (NULL: none): every rank generates
      * the replies together (fsdp_generate) every train.sample_every steps, else at each

@@ -65,8 +65,8 @@ typedef struct worker {
     atomic_int have_comm;      /* progress is tracked: a communicator exists */
     int ckpt_attempt;
     char resume_dir[JOB_PATH_MAX];
-    char memory_dir[JOB_PATH_MAX]; /* the node's in-memory checkpoints, "" for none */
-    int memory_slots;              /* images a rank keeps there */
+    int memory_fd, memory_slots;   /* the node's in-memory images (msg_config) */
+    bool memory_resume;
     ckpt_writer writer;
     pthread_mutex_t writer_lock; /* the control thread uses the writer only while writer_live */
     int writer_live;
@@ -108,8 +108,9 @@ static int read_config(worker *w, errbuf *err) {
     w->model = c->model;
     strcpy(w->bind_host, c->bind_host);
     strcpy(w->resume_dir, c->resume_dir);
-    strcpy(w->memory_dir, c->memory_dir);
+    w->memory_fd = c->memory_fd;
     w->memory_slots = c->memory_slots;
+    w->memory_resume = c->memory_resume;
     rc = hex_decode(c->secret, w->secret, MSG_SECRET_BYTES) ? errf(err, "CONFIG: a malformed secret") : 0;
     if (rc == 0 && c->samples && msg_sample_prompts_read(c->samples, c->model.vocab_size, &w->samples, err))
         rc = errprefix(err, "CONFIG: samples");
@@ -493,7 +494,8 @@ static int run(worker *w, errbuf *err) {
     if (rc == 0 && c) rc = describe_net(w, &ctx, c, uses_nccl(w, &ctx, gpus), &ready.u.heartbeat.net, err);
     if (rc == 0) rc = send(w, &ready, err);
     if (rc == 0 && (rc = expect(w, MSG_START, &start, err)) == 0) msg_free(&start);
-    ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir, .memory_dir = w->memory_dir,
+    ckpt_writer_options wopt = {.dir = w->job.checkpoint.dir,
+                                .memory_fd = w->memory_fd >= 0 ? w->memory_fd + 2 * w->local_rank : -1,
                                 .memory_slots = w->memory_slots, .rank = w->rank,
                                 .timeout_s = w->job.checkpoint.timeout_s, .report = report_ckpt, .arg = w};
     int have_writer = rc == 0 && ckpt_writer_init(&w->writer, &wopt, err) == 0;
@@ -510,6 +512,9 @@ static int run(worker *w, errbuf *err) {
                          .samples = w->samples.n ? &w->samples : NULL,
                          .writer = &w->writer, .ckpt_attempt = w->ckpt_attempt,
                          .resume_dir = w->resume_dir[0] ? w->resume_dir : NULL,
+                         .memory = {.fd = w->memory_resume ? w->memory_fd : -1,
+                                    .workers = w->job.runtime.workers_per_node,
+                                    .node = w->rank / w->job.runtime.workers_per_node},
                          .model_fd = w->model_fd};
         rc = train_run(&env, err);
         w->permanent = rc == TRAIN_ERR_SETUP;

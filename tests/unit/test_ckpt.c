@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "base/crc32c.h"
@@ -608,6 +609,70 @@ static void test_write_abandoned(void **state) {
     ckpt_layout_free(&lo);
 }
 
+/* An image sealed in place (in-memory checkpoints) is the file ckpt_write_image writes: the
+ * same bytes through ckpt_write_sealed; unsealed, its header no longer decodes; a section
+ * changed after the seal fails its CRC. */
+static void test_sealed_image(void **state) {
+    (void)state;
+    ckpt_layout lo;
+    ckpt_file_header h, back;
+    errbuf err;
+    make_layout(&lo, 2);
+    assert_int_equal(ckpt_plan(&h, &lo, 1, 9, &err), 0);
+    uint8_t *image = calloc(1, h.file_bytes), *copy = malloc(h.file_bytes);
+    assert_non_null(image);
+    assert_non_null(copy);
+    for (int i = 0; i < h.n_sections; i++)
+        for (uint64_t b = 0; b < h.sections[i].bytes; b++) image[h.sections[i].offset + b] = (uint8_t)(b * 7 + (uint64_t)i);
+    memcpy(copy, image, h.file_bytes);
+    assert_int_not_equal(ckpt_decode_header(&back, image, h.file_bytes, "image", &err), 0); /* never sealed */
+    ckpt_seal_image(image, &h);
+    uint32_t crc = h.crc;
+    assert_int_equal(ckpt_decode_header(&back, image, h.file_bytes, "image", &err), 0);
+    assert_int_equal(back.step, 9);
+    assert_int_equal(back.crc, crc);
+    ckpt_file_header_free(&back);
+    const char *sealed = in_tmp("sealed.bin"), *written = in_tmp("written.bin");
+    unlink(sealed);
+    unlink(written);
+    assert_int_equal(ckpt_write_sealed(sealed, image, &h, NULL, NULL, &err), 0);
+    assert_int_equal(ckpt_write_image(written, copy, &h, NULL, NULL, &err), 0);
+    assert_int_equal(h.crc, crc);
+    void *a, *b;
+    size_t na, nb;
+    assert_int_equal(file_map_readonly(sealed, &a, &na, &err), 0);
+    assert_int_equal(file_map_readonly(written, &b, &nb, &err), 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    munmap(a, na);
+    munmap(b, nb);
+    ckpt_unseal_image(image);
+    assert_int_not_equal(ckpt_decode_header(&back, image, h.file_bytes, "image", &err), 0);
+    assert_non_null(strstr(err.msg, "magic"));
+    free(image);
+    free(copy);
+    ckpt_file_header_free(&h);
+    ckpt_layout_free(&lo);
+}
+
+static void test_memory_file_names(void **state) {
+    (void)state;
+    char name[CKPT_NAME_MAX], tiny[8];
+    assert_int_equal(ckpt_memory_file_name(name, sizeof name, 3, 16, 0), 0);
+    assert_string_equal(name, "rank-00003-of-00016.bin");
+    assert_int_equal(ckpt_memory_file_name(name, sizeof name, 3, 16, 1), 0);
+    assert_string_equal(name, "rank-00003-of-00016.bin.1");
+    assert_int_equal(ckpt_memory_file_name(tiny, sizeof tiny, 3, 16, 1), -1);
+    job_config j;
+    job_defaults(&j);
+    j.runtime.workers_per_node = 4;
+    assert_int_equal(ckpt_n_files(&j, 8), 8);
+    j.fsdp.sharding = JOB_SHARD_HYBRID;
+    assert_int_equal(ckpt_n_files(&j, 8), 4);
+    j.fsdp.sharding = JOB_SHARD_NONE;
+    assert_int_equal(ckpt_n_files(&j, 8), 1);
+}
+
 static void test_resolve_and_list(void **state) {
     (void)state;
     ckpt_layout lo;
@@ -698,6 +763,8 @@ int main(void) {
         cmocka_unit_test(test_read_range_reslices),
         cmocka_unit_test(test_read_range_checks_crc),
         cmocka_unit_test(test_write_abandoned),
+        cmocka_unit_test(test_sealed_image),
+        cmocka_unit_test(test_memory_file_names),
         cmocka_unit_test(test_resolve_and_list),
         cmocka_unit_test(test_identity),
         cmocka_unit_test(test_lock_file),

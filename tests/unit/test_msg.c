@@ -683,13 +683,13 @@ static void test_config(void **state) {
                                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":211,"
                                "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-5}";
     if (llama_config_parse(&c->model, tiny, strlen(tiny), "tiny", &err)) fail_msg("%s", err.msg);
-    strcpy(c->memory_dir, "/dev/shm/fsdpd-1000/77-n0");
-    c->memory_slots = 2;
+    c->memory_fd = 5, c->memory_slots = 2, c->memory_resume = true;
     through_wire(&m, &back);
     assert_same_body(&m, &back);
     assert_memory_equal(&back.u.config.model, &c->model, sizeof c->model);
-    assert_string_equal(back.u.config.memory_dir, "/dev/shm/fsdpd-1000/77-n0");
+    assert_int_equal(back.u.config.memory_fd, 5);
     assert_int_equal(back.u.config.memory_slots, 2);
+    assert_true(back.u.config.memory_resume);
     assert_int_equal(back.u.config.job.train.global_batch, 4);
     assert_int_equal(back.u.config.job.train.grad_accum, 2); /* not carried: recomputed */
     assert_string_equal(back.u.config.job.data.path, "data.tokens");
