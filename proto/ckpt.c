@@ -59,12 +59,6 @@ int ckpt_n_files(const job_config *j, int world) {
     return world;
 }
 
-int ckpt_memory_file_name(char *out, size_t n, int rank, int n_files, int slot) {
-    if (ckpt_file_name(out, n, rank, n_files)) return -1;
-    size_t len = strlen(out);
-    return slot == 0 ? 0 : snprintf(out + len, n - len, ".%d", slot) >= (int)(n - len) ? -1 : 0;
-}
-
 /* Reads a run of 1..18 decimal digits at *p; advances *p past it. */
 static int read_digits(const char **p, int64_t *value) {
     const char *s = *p;

@@ -160,9 +160,6 @@ int ckpt_file_name(char *out, size_t n, int rank, int n_files);
 /* The shard files of a job's checkpoint at world size `world`: one a rank of the shard group,
  * which writes them (no_shard: rank 0; hybrid_shard: node 0's ranks). */
 int ckpt_n_files(const job_config *j, int world);
-/* In-memory image `slot` of a rank (daemon/memory_ckpt.h): slot 0 under ckpt_file_name,
- * slot 1 with ".1" after it. */
-int ckpt_memory_file_name(char *out, size_t n, int rank, int n_files, int slot);
 /* 1 and the numbers when name has that form, else 0. */
 int ckpt_parse_step_name(const char *name, int64_t *step);
 int ckpt_parse_partial_name(const char *name, int64_t *step, int *attempt);

@@ -461,6 +461,56 @@ static void test_objective_keys(void **state) {
 
 /* F37: a value whose feature the job does not use is refused naming the key and why; the
  * same key at its default (spelled out in the file, or never named) is not "set". */
+/* checkpoint.memory_interval_steps: auto is on (1) only when a failure is recovered inside the
+ * job; a value of the user's stays; with the shard files on node 0 alone (no_shard,
+ * hybrid_shard on several nodes) auto is off and a value is refused as not built. */
+static void test_memory_interval(void **state) {
+    (void)state;
+    errbuf err = {""};
+    static const struct {
+        const char *override;
+        int world, want;
+    } cases[] = {
+        {NULL, 4, 0},
+        {"--runtime.max_restarts=2", 4, 1},
+        {"--runtime.spare_nodes=1", 4, 1},
+        {"--checkpoint.memory_interval_steps=5", 4, 5},
+        {"--checkpoint.memory_interval_steps=0", 4, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        job_config j;
+        job_defaults(&j);
+        strcpy(j.model.path, "models/llama");
+        strcpy(j.data.path, "data.tokens");
+        j.runtime.workers_per_node = 2;
+        assert_int_equal(j.checkpoint.memory_interval_steps, -1);
+        if (cases[i].override) must_override(&j, cases[i].override);
+        if (resolve_and_validate(&j, cases[i].world, &err)) fail_msg("%s: %s", cases[i].override, err.msg);
+        if (j.checkpoint.memory_interval_steps != cases[i].want)
+            fail_msg("%s: %d, want %d", cases[i].override, j.checkpoint.memory_interval_steps, cases[i].want);
+    }
+    job_config j;
+    job_defaults(&j);
+    strcpy(j.model.path, "models/llama");
+    strcpy(j.data.path, "data.tokens");
+    j.runtime.workers_per_node = 2;
+    must_override(&j, "--runtime.max_restarts=1");
+    must_override(&j, "--fsdp.sharding=hybrid_shard");
+    if (resolve_and_validate(&j, 4, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(j.checkpoint.memory_interval_steps, 0); /* two nodes: off */
+    job_defaults(&j);
+    strcpy(j.model.path, "models/llama");
+    strcpy(j.data.path, "data.tokens");
+    j.runtime.workers_per_node = 2;
+    must_override(&j, "--fsdp.sharding=no_shard");
+    must_override(&j, "--checkpoint.memory_interval_steps=1");
+    if (resolve_and_validate(&j, 2, &err)) fail_msg("one node: %s", err.msg);
+    assert_int_equal(resolve_and_validate(&j, 4, &err), -1);
+    assert_contains(err.msg, "checkpoint.memory_interval_steps with fsdp.sharding 'no_shard' on several nodes is not "
+                             "built yet");
+    override_fails(&j, "--checkpoint.memory_interval_steps=-2", "checkpoint.memory_interval_steps");
+}
+
 static void test_unused_values_refused(void **state) {
     (void)state;
     static const struct {
@@ -995,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_data_keys),
         cmocka_unit_test(test_unused_values_refused),
+        cmocka_unit_test(test_memory_interval),
         cmocka_unit_test(test_objective_keys),
         cmocka_unit_test(test_precision_keys),
         cmocka_unit_test(test_aliases),
