@@ -19,6 +19,9 @@
 # - a spare (runtime.spare_nodes=1, node 2): joined and idle through a run (a SIGTERM of its
 #   own ignored: it follows the leader), which has the bits of 2 ranks; and, node 1's daemon killed, it takes node 1's place (the same ranks) and the
 #   job ends with the bits of an uninterrupted run.
+# In-memory checkpoints (on with max_restarts or spares): the two restarts of the first case
+# resume from memory on every node; a smaller world or a spare in a node's place (no memory of
+# its ranks), from disk.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
 netns_available || skip_test "$NETNS_WHY"
@@ -97,6 +100,13 @@ for i in 1 2; do
     grep -q "restart 2 of 2 after: " "$tmp/rw-n$i.log" || { cat "$tmp/rw-n$i.log"; fail "rw: node $i did not restart twice"; }
 done
 [ "$(worker_pids "$tmp/rw-n2.log" | wc -l)" -eq 3 ] || fail "rw: node 2 did not start its worker three times"
+# both restarts from the in-memory checkpoint (runtime.max_restarts turns it on), on every node
+[ "$(grep -c "resuming from the in-memory checkpoint of step" "$tmp/rw-n0.log")" -eq 2 ] ||
+    { cat "$tmp/rw-n0.log"; fail "rw: the leader did not resume twice from memory"; }
+for i in 1 2; do
+    [ "$(grep -c "resuming from .*/memory-manifest.json: step" "$tmp/rw-n$i.log")" -eq 2 ] ||
+        { cat "$tmp/rw-n$i.log"; fail "rw: node $i did not resume twice from memory"; }
+done
 cmp "$tmp/ref3.safetensors" "$tmp/rw.final.safetensors" || fail "rw: the final parameters differ from an uninterrupted run's"
 nothing_left rw
 echo "rw: two failures, two restarts of every node, the bits of an uninterrupted run"
@@ -141,6 +151,8 @@ grep -q "node(s) 2 gone: going on with 2 of 3 nodes, 2 ranks, accumulation 6 (ru
     { cat "$tmp/sd-n0.log"; fail "sd: the leader did not shrink to 2 nodes"; }
 from=$(resumed_from "$tmp/sd-n1.log")
 [ -n "$from" ] || { cat "$tmp/sd-n1.log"; fail "sd: node 1 did not resume"; }
+grep -q "the in-memory checkpoint of step [0-9]* was written by 3 ranks (3 files), this run has 2" "$tmp/sd-n1.log" ||
+    { cat "$tmp/sd-n1.log"; fail "sd: node 1 does not say why the memory of 3 ranks does not serve 2"; }
 mkdir -p "$tmp/sdref.ckpt"
 cp -a "$tmp/sd.ckpt/step-$(printf %06d "$from")" "$tmp/sdref.ckpt/"
 ln -s "step-$(printf %06d "$from")" "$tmp/sdref.ckpt/latest"
@@ -190,6 +202,10 @@ expect_exit sp 2 0
 grep -q "node 1 gone: spare node 2 takes its place (runtime.spare_nodes)" "$tmp/sp-n0.log" ||
     { cat "$tmp/sp-n0.log"; fail "sp: the spare did not take node 1's place"; }
 [ "$(worker_pids "$tmp/sp-n2.log" | wc -l)" -eq 1 ] || fail "sp: the spare did not start one worker"
+# the spare has no memory of node 1's ranks: every node resumes from disk
+grep -q "no in-memory checkpoint to resume on this node: the in-memory checkpoint of step [0-9]*: the image of rank-00001-of-00002.bin" \
+    "$tmp/sp-n2.log" || { cat "$tmp/sp-n2.log"; fail "sp: the spare does not say it holds no memory of node 1's rank"; }
+[ -n "$(resumed_from "$tmp/sp-n2.log")" ] || { cat "$tmp/sp-n2.log"; fail "sp: the spare did not resume from disk"; }
 cmp "$tmp/ref2.safetensors" "$tmp/sp.final.safetensors" || fail "sp: the final parameters differ from an uninterrupted run's"
 nothing_left sp
 echo "sq, sp: a spare waits out a run, and takes a lost node's place: the bits of an uninterrupted run"
