@@ -385,7 +385,7 @@ int main(int argc, char **argv) {
     if (image == MAP_FAILED) die("mmap of %zu bytes failed", m.n);
     memset(image, 0x3c, m.n);
     if (mprotect(image, m.n, PROT_READ)) die("mprotect failed");
-    k_host_register(&gpu, image, m.n);
+    k_host_register(&gpu, image, m.n, 0);
     if (k_check(&gpu, &err)) die("%s", err.msg);
     k_host_free(&gpu, m.host);
     m.kind = MEM_REGISTERED;

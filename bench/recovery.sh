@@ -30,7 +30,7 @@ start() { # JOB [ARGS...]: every node in the background, pids in NODE_PIDS
     shift
     NODE_PIDS=()
     for i in 0 1 2; do
-        netns_spawn "$i" "$tmp/$1-n$i.log" env SLURM_JOB_ID="$1" SLURM_NNODES=3 SLURM_NODEID="$i" \
+        netns_spawn "$i" "$tmp/$job-n$i.log" env SLURM_JOB_ID="$job" SLURM_NNODES=3 SLURM_NODEID="$i" \
             SLURM_JOB_NODELIST="n[0-2]" SLURMD_NODENAME="n$i" SLURM_TASKS_PER_NODE="1(x3)" \
             FSDP_FAULTS="step_delay=0:$DELAY;final_params=$tmp/$job.safetensors" "$fsdpd" --job "$tmp/job.json" \
             "${common[@]}" --checkpoint.dir="$tmp/$job.ckpt" --output.dir="$tmp/$job.out" \
@@ -39,7 +39,7 @@ start() { # JOB [ARGS...]: every node in the background, pids in NODE_PIDS
     done
 }
 finish() { local p; for p in "${NODE_PIDS[@]}"; do wait "$p" || { tail -n 5 "$tmp/$1"-n*.log; exit 1; }; done; }
-lines() { cat "$1" 2>/dev/null | grep -c . || true; }
+last_step() { { tail -n 1 "$1" 2>/dev/null || true; } | sed -n 's/.*"step":\([0-9]*\),.*/\1/p' | grep . || echo 0; }
 now() { date +%s.%N; }
 
 t0=$(now)
@@ -55,11 +55,11 @@ faulty() {
     start "$job" "$@"
     for ((k = 1; k <= FAILURES; k++)); do
         at=$((STEPS * k / (FAILURES + 1) + INTERVAL / 2)) # mid-interval: the disk's steps since its checkpoint are lost
-        while [ "$(lines "$tmp/$job-n0.jsonl")" -lt "$at" ]; do sleep 0.02; done
+        while [ "$(last_step "$tmp/$job-n0.jsonl")" -lt "$at" ]; do sleep 0.02; done
         node=$((k % 2 == 1 ? 2 : 1))
         victim=$(worker_pids "$tmp/$job-n$node.log" | tail -n 1)
         before=$(grep -c '"run_start"' "$tmp/$job-n0.jsonl")
-        reached=$(tail -n 1 "$tmp/$job-n0.jsonl" | sed -n 's/.*"step":\([0-9]*\),.*/\1/p')
+        reached=$(last_step "$tmp/$job-n0.jsonl")
         kill -KILL "$victim"
         killed=$(now)
         # the restarted run's first step: a metrics line with a run_start after this one

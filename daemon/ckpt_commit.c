@@ -366,6 +366,7 @@ typedef struct rank_report {
     char file[CKPT_NAME_MAX];
     uint64_t bytes;
     uint32_t header_crc;
+    double stage_s, write_s;
 } rank_report;
 
 typedef struct commit {
@@ -393,6 +394,8 @@ struct ckpt_coord {
     commit *memory;          /* the newest in-memory save being reported (no deadline, no
                               * directory: the images are in the nodes' memory) */
     long long memory_step;   /* the memory manifest's step, -1 for none yet */
+    long long memory_saves;  /* in-memory saves kept since the last line about them */
+    double memory_logged;    /* when that line was */
     long long requests;      /* request ids handed out */
     long long latest_step;   /* what `latest` points to, -1 for nothing yet */
     long long total_steps;   /* of the training run, from rank 0's METRICS */
@@ -764,6 +767,8 @@ static int record_report(commit *m, int rank, const msg_ckpt_done *b) {
     snprintf(r->file, sizeof r->file, "%s", b->file);
     r->bytes = (uint64_t)b->bytes;
     r->header_crc = (uint32_t)b->header_crc32c;
+    r->stage_s = b->stage_s;
+    r->write_s = b->write_s;
     if (rank == 0 && r->ok) {
         m->units = json_incref(b->units);
         m->optimizer_step = b->optimizer_step;
@@ -787,6 +792,22 @@ static int write_memory_manifest(const commit *m, errbuf *err) {
     }
     free(text);
     return rc;
+}
+
+/* The first in-memory save kept, then one line a minute at most: how many since, the newest,
+ * and what the last cost (its longest staging: training's stall; its longest sealing). */
+static void log_memory_save(ckpt_coord *c, const commit *m) {
+    double now = clock_now_s(), stage = 0, seal = 0;
+    c->memory_saves++;
+    if (c->memory_step >= 0 && now - c->memory_logged < 60) return;
+    for (int r = 0; r < c->n_files; r++) {
+        if (m->ranks[r].stage_s > stage) stage = m->ranks[r].stage_s;
+        if (m->ranks[r].write_s > seal) seal = m->ranks[r].write_s;
+    }
+    log_event(-1, "in-memory checkpoint of step %lld kept (%lld since the last line; every rank's image sealed: "
+                  "staged in %.3f s, sealed in %.3f s)", m->step, c->memory_saves, stage, seal);
+    c->memory_saves = 0;
+    c->memory_logged = now;
 }
 
 /* A rank's image in memory holds step b->step, sealed (every save sends one of these first). */
@@ -813,9 +834,7 @@ static void on_memory_done(ckpt_coord *c, int rank, const msg_ckpt_done *b) {
     errbuf err;
     if (write_memory_manifest(m, &err)) log_event(-1, "in-memory checkpoint of step %lld not kept: %s", m->step, err.msg);
     else {
-        if (c->memory_step < 0)
-            log_event(-1, "in-memory checkpoint of step %lld: every rank's image sealed (the next ones are not logged)",
-                      m->step);
+        log_memory_save(c, m);
         c->memory_step = m->step;
     }
     free_commit(m);

@@ -102,14 +102,16 @@ int memory_ckpt_slots(const job_config *job, const llama_config *cfg, const memo
         return errprefix(err, "planning the in-memory checkpoints");
     uint64_t node = (uint64_t)mine * each;
     have += held_bytes(im);
-    *slots = 2 * node <= have / 4 ? 2 : node <= have / 2 ? 1 : 0;
+    /* One image is the one a disk save stages into anyway (worker/ckpt_writer.h); a second
+     * only where it is cheap. */
+    *slots = 4 * node <= have ? 2 : 5 * node <= 4 * have ? 1 : 0;
     if (*slots)
         log_event(-1, "in-memory checkpoints: %d image%s a rank, %.3f GiB on this node (%d rank%s x %.3f GiB); "
                       "%.1f GiB free (%s)%s", *slots, *slots == 1 ? "" : "s", gib((uint64_t)*slots * node), mine,
                   mine == 1 ? "" : "s", gib(each), gib(have), source,
                   *slots == 1 ? ": one image, so a rank that fails while it saves leaves the disk to resume from" : "");
     else
-        log_event(-1, "in-memory checkpoints: none on this node: its ranks' images (%.2f GiB) would take more than half "
+        log_event(-1, "in-memory checkpoints: none on this node: its ranks' images (%.2f GiB) would take more than 80%% "
                       "of the %.1f GiB free (%s); a restart resumes from disk", gib(node), gib(have), source);
     return 0;
 }

@@ -47,9 +47,10 @@ int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_
 void memory_ckpt_close(memory_images *im);
 
 /* How many images each rank keeps this run (*slots): 2 when twice the images of the node's
- * ranks fit in a quarter of the memory the node has free (the images it holds already
- * counted as free), 1 when once fits in half, else 0 (off on this node: the other nodes'
- * never complete, a restart resumes from disk); logged.  0 without images. */
+ * ranks fit in half the memory the node has free (the images it holds already counted as
+ * free), 1 when once fits in 80% of it (one image is what a disk save stages into anyway: it
+ * replaces that buffer), else 0 (off on this node: the other nodes' never complete, a restart
+ * resumes from disk); logged.  0 without images. */
 int memory_ckpt_slots(const job_config *job, const llama_config *cfg, const memory_images *im, int world,
                       int *slots, errbuf *err);
 

@@ -48,11 +48,12 @@ K_OP(copy_h2d_start, (kctx *c, void *dst, const void *host_src, size_t bytes),
      (c, dst, host_src, bytes))
 /* k_copy_h2d_wait: compute queued from here on waits for every k_copy_h2d_start so far. */
 K_OP(copy_h2d_wait, (kctx *c), (c))
-/* k_host_register: host memory [p, p + bytes) that is only read (a mapped model image)
- * becomes a copy source as fast as pinned memory until k_host_unregister(p); a failure (a
- * device that cannot register read-only memory) is recorded, and copies from p still work,
- * staged by the driver.  Nothing to do on the CPU backend. */
-K_OP(host_register, (kctx *c, const void *p, size_t bytes), (c, p, bytes))
+/* k_host_register: host memory [p, p + bytes) becomes a copy source (writable: and a copy
+ * destination, k_copy_d2h's) as fast as pinned memory until k_host_unregister(p).  Memory only
+ * read (a mapped model image) is registered read-only; a failure (a device that cannot
+ * register read-only memory) is recorded, and copies from p still work, staged by the driver.
+ * Nothing to do on the CPU backend. */
+K_OP(host_register, (kctx *c, const void *p, size_t bytes, int writable), (c, p, bytes, writable))
 K_OP(host_unregister, (kctx *c, const void *p), (c, p))
 /* k_copy_d2h: synchronous, host_dst holds the data on return. */
 K_OP(copy_d2h, (kctx *c, void *host_dst, const void *src, size_t bytes),

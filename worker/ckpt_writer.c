@@ -125,8 +125,10 @@ void ckpt_writer_destroy(ckpt_writer *w, int abort) {
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->lock);
-    for (int i = 0; i < w->slots; i++)
+    for (int i = 0; i < w->slots; i++) {
+        if (i < w->pinned) k_host_unregister(w->ctx, w->slot_image[i]);
         if (w->slot_image[i]) munmap(w->slot_image[i], w->plan.file_bytes);
+    }
     if (!w->slots) free(w->image);
     ckpt_file_header_free(&w->plan);
     ckpt_layout_free(&w->layout);
@@ -198,10 +200,16 @@ static int map_memory_image(ckpt_writer *w, int slot, errbuf *err) {
     return 0;
 }
 
-/* The images, and the one the next save goes into. */
-static int map_memory_images(ckpt_writer *w, errbuf *err) {
-    for (int i = 0; i < w->slots; i++)
+/* The images, pinned for the device's copies (a GPU's staging at full speed), and the one the
+ * next save goes into. */
+static int map_memory_images(ckpt_writer *w, kctx *ctx, errbuf *err) {
+    for (int i = 0; i < w->slots; i++) {
         if (map_memory_image(w, i, err)) return -1;
+        k_host_register(ctx, w->slot_image[i], w->plan.file_bytes, 1);
+        if (k_check(ctx, err)) return errprefix(err, "pinning in-memory checkpoint image %d", i);
+        w->ctx = ctx;
+        w->pinned = i + 1;
+    }
     pick_slot(w);
     return 0;
 }
@@ -214,7 +222,7 @@ int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err) {
         return -1;
     }
     int rc = 0;
-    if (w->slots) rc = map_memory_images(w, err);
+    if (w->slots) rc = map_memory_images(w, f->ctx, err);
     else if (!(w->image = malloc(w->plan.file_bytes)))
         rc = errf(err, "out of memory for a %llu-byte checkpoint image", (unsigned long long)w->plan.file_bytes);
     else memset(w->image, 0, w->plan.file_bytes); /* the gaps stay zero; the pages are mapped now */

@@ -86,6 +86,8 @@ typedef struct ckpt_writer {
     uint8_t *slot_image[2];     /* mapped from memory_fd + slot */
     int64_t slot_step[2];       /* the step each holds sealed, -1 for none */
     int slot;                   /* the one the save in flight uses */
+    kctx *ctx;                  /* the context images [0, pinned) are registered with */
+    int pinned;
 
     pthread_t thread;
     int thread_started;
@@ -102,7 +104,7 @@ typedef struct ckpt_writer {
 
 int ckpt_writer_init(ckpt_writer *w, const ckpt_writer_options *opt, errbuf *err);
 /* Waits for a save in flight to finish (or aborts it first when abort is set), then frees
- * everything. */
+ * everything (the context the images are pinned with must still be alive). */
 void ckpt_writer_destroy(ckpt_writer *w, int abort);
 
 /* Whether an async save is still being sealed or written; _disk: whether a file is. */

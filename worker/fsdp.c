@@ -659,7 +659,7 @@ static int keep_image(fsdp *f, const void *image, size_t bytes, errbuf *err) {
                     dt == MODEL_IMAGE_BF16 ? "bf16" : "fp32", want == MODEL_IMAGE_BF16 ? "bf16" : "fp32",
                     want == MODEL_IMAGE_BF16 ? "bf16" : "fp32");
     if (f->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(&f->layout, dt, f->quant, &f->image_nl);
-    k_host_register(f->ctx, image, bytes);
+    k_host_register(f->ctx, image, bytes, 0);
     if (k_check(f->ctx, err)) return errprefix(err, "fsdp.offload_params: registering the model memory");
     f->image = image;
     return 0;

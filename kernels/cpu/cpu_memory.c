@@ -80,8 +80,8 @@ void cpu_destroy(kctx *c) {
     c->impl = NULL;
 }
 
-void cpu_host_register(kctx *c, const void *p, size_t bytes) {
-    (void)c, (void)p, (void)bytes;
+void cpu_host_register(kctx *c, const void *p, size_t bytes, int writable) {
+    (void)c, (void)p, (void)bytes, (void)writable;
 }
 
 void cpu_host_unregister(kctx *c, const void *p) { (void)c, (void)p; }

@@ -261,7 +261,11 @@ extern "C" void cuda_copy_h2d_wait(kctx *c) {
     cuda_check_call(c, cudaStreamWaitEvent(s->stream, s->copy_done, 0), "copy wait");
 }
 
-extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes) {
+extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes, int writable) {
+    if (writable) {
+        cuda_check_call(c, cudaHostRegister((void *)p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+        return;
+    }
     int read_only = 0;
     if (cuda_check_call(c, cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported,
                                                   c->device),

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <cuda_runtime.h>
@@ -340,7 +341,7 @@ static void check_copy_stream(size_t n) {
     for (size_t i = 0; i < n; i++) image[i] = frand();
     if (mprotect(image, mapped, PROT_READ)) die("mprotect failed");
     errbuf err = {{0}};
-    k_host_register(&gpu, image, mapped);
+    k_host_register(&gpu, image, mapped, 0);
     int registered = k_check(&gpu, &err) == 0;
     report_bool("k_host_register (read-only)", shape("bytes=%zu", mapped), registered, registered ? "registered" : err.msg);
     float *dst = dev_bytes(bytes, sizeof(float)), *sum = dev_bytes(bytes, sizeof(float));
@@ -360,6 +361,35 @@ static void check_copy_stream(size_t n) {
     if (registered) k_host_unregister(&gpu, image);
     report_bool("k_host_unregister", shape("bytes=%zu", mapped), k_check(&gpu, &err) == 0, "no error");
     munmap(image, mapped);
+    release_all();
+}
+
+/* An in-memory checkpoint image (worker/ckpt_writer.h): a memory file mapped shared and
+ * registered writable, the destination of k_copy_d2h: the device's bits land in it, seen
+ * through a second mapping of the same file (what a restarted rank reads). */
+static void check_shared_image(size_t n) {
+    seed(17);
+    size_t bytes = n * sizeof(float), page = 4096, mapped = (bytes + page - 1) / page * page;
+    int fd = memfd_create("check-image", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)mapped) != 0) die("memfd of %zu bytes failed", mapped);
+    float *image = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    float *other = mmap(NULL, mapped, PROT_READ, MAP_SHARED, fd, 0);
+    if (image == MAP_FAILED || other == MAP_FAILED) die("mmap of %zu bytes failed", mapped);
+    errbuf err = {{0}};
+    k_host_register(&gpu, image, mapped, 1);
+    int registered = k_check(&gpu, &err) == 0;
+    report_bool("k_host_register (writable, a shared memory file)", shape("bytes=%zu", mapped), registered,
+                registered ? "registered" : err.msg);
+    float *src = hrandom(n, 1.0f), *dev = dev_bytes(bytes, sizeof(float));
+    k_copy_h2d(&gpu, dev, src, bytes);
+    k_copy_d2h(&gpu, image, dev, bytes);
+    report_bool("k_copy_d2h into a registered shared image", shape("n=%zu", n),
+                k_sync(&gpu, &err) == 0 && memcmp(other, src, bytes) == 0, "same bits through the file");
+    if (registered) k_host_unregister(&gpu, image);
+    report_bool("k_host_unregister (writable)", shape("bytes=%zu", mapped), k_check(&gpu, &err) == 0, "no error");
+    munmap(image, mapped);
+    munmap(other, mapped);
+    close(fd);
     release_all();
 }
 
@@ -1563,6 +1593,7 @@ int main(int argc, char **argv) {
 
     check_memory(((size_t)1 << 20) + 3);
     check_copy_stream(((size_t)64 << 20) + 5);
+    check_shared_image(((size_t)32 << 20) + 3);
     check_failures();
     for (misalign = 0; misalign <= 1; misalign++) {
         size_t n = misalign ? 12345 : (size_t)2046 * 4096;

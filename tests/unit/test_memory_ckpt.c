@@ -159,8 +159,8 @@ static void test_held(void **state) {
     assert_int_equal(memory_ckpt_held(&off, &none, 1, 4), -1);
 }
 
-/* Two images a rank while twice the node's fit in a quarter of its free memory, one while
- * once fits in half, none past that. */
+/* Two images a rank while twice the node's fit in half its free memory, one while once fits
+ * in 80% of it, none past that. */
 static void test_slots(void **state) {
     fixture *x = *state;
     errbuf err = {""};
@@ -180,7 +180,7 @@ static void test_slots(void **state) {
     assert_true(held >= node / 2);
     char spec[64];
     int want[] = {2, 1, 1, 0};
-    uint64_t have[] = {8 * node, 8 * node - 4096, 2 * node, 2 * node - 4096};
+    uint64_t have[] = {4 * node, 4 * node - 4096, 5 * node / 4 + 4, 5 * node / 4 - 4096};
     for (int i = 0; i < 4; i++) {
         snprintf(spec, sizeof spec, "host_memory=%llu", (unsigned long long)(have[i] - held));
         assert_int_equal(fault_configure(spec, &err), 0);
