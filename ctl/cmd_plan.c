@@ -182,6 +182,10 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
            "token cache %.1f, processes %.1f\n", gib(p->host_total), gib(p->host_model), gib(p->host_offload),
            gib(p->host_ckpt), gib(p->host_data), gib(p->host_processes));
     if (p->cpu) printf("  the workers' memory: %.1f GiB (included)\n", gib(p->host_workers));
+    if (p->host_memory_ckpt)
+        printf("  in-memory checkpoints (checkpoint.memory_interval_steps %d): the staging is their first image; "
+               "a second, %.1f GiB, where it fits in half the node's free memory\n",
+               j->checkpoint.memory_interval_steps, gib(p->host_memory_ckpt));
     if (r)
         printf("checkpoint: %.1f GB in all, %.1f GB a node, %.1f s to write at %.2f GB/s\n", p->ckpt_bytes / 1e9,
                p->ckpt_node_bytes / 1e9, p->ckpt_write_s, r->disk_gbps);
@@ -202,7 +206,7 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
 static int print_json(const plan_args *a, const step_plan *p, const plan_machine *m, int longest) {
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
         "s:i, s:{s:i, s:s}, s:{s:i, s:I}}",
         "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
         "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
@@ -214,7 +218,8 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         (json_int_t)p->mem.load_staging, "offloaded", (json_int_t)p->mem.host_offload,
         "host_memory", "total", (json_int_t)p->host_total, "model", (json_int_t)p->host_model, "offloaded",
         (json_int_t)p->host_offload, "workers", (json_int_t)p->host_workers, "checkpoint_staging",
-        (json_int_t)p->host_ckpt, "token_cache", (json_int_t)p->host_data, "processes", (json_int_t)p->host_processes,
+        (json_int_t)p->host_ckpt, "memory_checkpoint_second_image", (json_int_t)p->host_memory_ckpt,
+        "token_cache", (json_int_t)p->host_data, "processes", (json_int_t)p->host_processes,
         "checkpoint", "bytes", (json_int_t)p->ckpt_bytes, "node_bytes", (json_int_t)p->ckpt_node_bytes,
         "write_s", p->ckpt_write_s,
         "step", "seconds", p->step_s, "tokens_per_s", p->tokens_per_s, "gemm_s", p->gemm_s, "attention_s",

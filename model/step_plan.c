@@ -428,10 +428,12 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
 
     /* host RAM of a node */
     if (!(p->host_model = image_bytes(cfg, j, o.lora ? quant : MODEL_IMAGE_PLAIN, err))) return errprefix(err, "plan");
-    int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final;
+    int memory = j->checkpoint.memory_interval_steps > 0;
+    int saves = j->checkpoint.interval_steps > 0 || j->checkpoint.save_final || memory;
     p->host_offload = (p->mem.host_offload + p->mem.host_activations) * (size_t)m->gpus_per_node;
     p->host_workers = cpu ? p->mem.total * (size_t)m->gpus_per_node : 0;
     p->host_ckpt = saves ? 12 * p->mem.trainable_elems * (size_t)m->gpus_per_node : 0;
+    p->host_memory_ckpt = memory ? p->host_ckpt : 0;
     p->host_data = m->data_bytes;
     p->host_processes = (size_t)m->gpus_per_node * ((size_t)600 << 20); /* measured: 0.5 to 1 GiB a worker */
     p->host_total = p->host_model + p->host_offload + p->host_workers + p->host_ckpt + p->host_data +

@@ -74,6 +74,10 @@ typedef struct step_plan {
     size_t params, grads, optimizer, gathered, activations, workspace;
     /* host RAM of a node (host_workers: on the CPU backend, the workers' memory above) */
     size_t host_model, host_offload, host_workers, host_ckpt, host_data, host_processes, host_total;
+    /* in-memory checkpoints (daemon/memory_ckpt.h): their first image is host_ckpt's staging
+     * buffer; a second of this many bytes a node where it fits in half the free memory (the
+     * node decides at the start of a run: not in host_total) */
+    size_t host_memory_ckpt;
     /* the checkpoint: all of it, a node's part, the seconds a node writes it */
     size_t ckpt_bytes, ckpt_node_bytes;
     double ckpt_write_s;

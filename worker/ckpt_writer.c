@@ -174,9 +174,12 @@ static int64_t sealed_step(const void *image, uint64_t bytes) {
     return step;
 }
 
-/* The next save overwrites the image that holds the older step (or none), never the newest. */
-static void pick_slot(ckpt_writer *w) {
-    w->slot = w->slots == 2 && w->slot_step[1] < w->slot_step[0];
+/* The image the save of `step` overwrites: one that holds no step, or a step at or past this
+ * one (left by a run that resumed from an older step: never to be resumed again), else the
+ * older; never the newest step before this one. */
+static void pick_slot(ckpt_writer *w, int64_t step) {
+    int stale1 = w->slot_step[1] < 0 || w->slot_step[1] >= step, stale0 = w->slot_step[0] < 0 || w->slot_step[0] >= step;
+    w->slot = w->slots == 2 && !stale0 && (stale1 || w->slot_step[1] < w->slot_step[0]);
     w->image = w->slot_image[w->slot];
 }
 
@@ -210,7 +213,7 @@ static int map_memory_images(ckpt_writer *w, kctx *ctx, errbuf *err) {
         w->ctx = ctx;
         w->pinned = i + 1;
     }
-    pick_slot(w);
+    pick_slot(w, 0);
     return 0;
 }
 
@@ -238,7 +241,7 @@ int ckpt_writer_prepare(ckpt_writer *w, const fsdp *f, errbuf *err) {
 static int stage(ckpt_writer *w, fsdp *f, errbuf *err) {
     if (fsdp_wait_optimizer(f, err)) return -1;
     if (w->slots) {
-        pick_slot(w);
+        pick_slot(w, w->job.step);
         w->slot_step[w->slot] = -1;
         ckpt_unseal_image(w->image);
     }
@@ -269,7 +272,12 @@ static void hand_over(ckpt_writer *w, int memory_only, int sync) {
     pthread_mutex_unlock(&w->lock);
 }
 
-/* A memory save: staged into the image, sealed (here, or on the thread when async). */
+/* Images up to this size are sealed at once (a few ms at most): handed to the thread, a seal
+ * still running when the ranks vote on the next step's save (microseconds later) would make
+ * them skip it, and a small job would keep only every other step. */
+#define SEAL_INLINE_BYTES ((uint64_t)16 << 20)
+
+/* A memory save: staged into the image, sealed (here, or on the thread when async and large). */
 static int save_memory(ckpt_writer *w, fsdp *f, int sync, errbuf *err) {
     double t0 = clock_now_s();
     int rc = ckpt_file_name(w->job.file, sizeof w->job.file, w->rank, f->group) ? errf(err, "name too long") : 0;
@@ -277,7 +285,7 @@ static int save_memory(ckpt_writer *w, fsdp *f, int sync, errbuf *err) {
     if (rc == 0) rc = stage(w, f, err);
     if (rc) return errprefix(err, "the in-memory checkpoint of step %lld", (long long)w->job.step);
     w->job.stage_s = clock_now_s() - t0;
-    hand_over(w, 1, sync);
+    hand_over(w, 1, sync || w->plan.file_bytes <= SEAL_INLINE_BYTES);
     return 0;
 }
 

@@ -275,6 +275,15 @@ static void test_memory_host_checkpoint(void **state) {
     assert_int_equal(p.host_ckpt, 12 * p.mem.trainable_elems);
     assert_int_equal(p.host_processes, (size_t)600 << 20);
     assert_int_equal(p.host_total, p.host_model + p.host_ckpt + p.host_processes);
+    assert_int_equal(p.host_memory_ckpt, 0);
+    j.checkpoint.memory_interval_steps = 1; /* a second image where it fits: outside the total */
+    j.checkpoint.save_final = false;
+    step_plan q = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(q.host_ckpt, p.host_ckpt);
+    assert_int_equal(q.host_memory_ckpt, p.host_ckpt);
+    assert_int_equal(q.host_total, p.host_total);
+    j.checkpoint.memory_interval_steps = 0;
+    j.checkpoint.save_final = true;
     near(p.ckpt_write_s, p.ckpt_bytes / 2e9);
     /* the kinds add up to fsdp's categories */
     assert_int_equal(p.params + p.grads + p.optimizer + p.gathered + p.activations + p.workspace - p.context,
