@@ -26,6 +26,7 @@
 #include "base/path.h"
 #include "daemon/ckpt_commit.h"
 #include "daemon/log.h"
+#include "daemon/replica.h"
 #include "daemon/pmix_join.h"
 
 #define AUTH_CONTEXT "fsdpd daemons"
@@ -71,6 +72,8 @@ struct cluster {
     /* the in-memory checkpoint each node of the run holds (msg_join.memory_step; the leader
      * knows every node's, a follower its own), -1 for none */
     int64_t memory_steps[MSG_NODES_MAX];
+    int *replica_ports;  /* [total]: the leader: each spare's (msg_join.replica_port) */
+    int replica_port;    /* a spare's own, sent in its JOIN */
 };
 
 int cluster_node(const cluster *c) { return c->node; }
@@ -367,6 +370,7 @@ static int read_join(admission *a, pending *p, int *node, int *fatal, errbuf *wh
     *fatal = rc == -2;
     if (rc == 0) {
         if (*node < a->c->nodes) a->c->memory_steps[*node] = m.u.join.memory_step;
+        a->c->replica_ports[*node] = m.u.join.replica_port;
         snprintf(a->c->hosts[*node], sizeof a->c->hosts[*node], "%s", m.u.join.host);
         log_event(-1, "%snode %d (%s) joined", is_spare_link(a->c, *node) ? "spare " : "", slurm_node(a->c, *node),
                   m.u.join.host);
@@ -531,7 +535,8 @@ static int join_leader(cluster *c, const msg_rendezvous *r, const json_t *settin
     msg join = {.type = MSG_JOIN, .u.join = {.node = c->standby ? 0 : c->node, .nodes = c->nodes,
                                              .slurm_node = slurm_node(c, c->node), .standby = c->standby != 0,
                                              .workers = c->workers, .settings = (json_t *)settings,
-                                             .memory_step = c->standby ? -1 : c->memory_steps[c->node]}};
+                                             .memory_step = c->standby ? -1 : c->memory_steps[c->node],
+                                             .replica_port = c->replica_port}};
     snprintf(join.u.join.host, sizeof join.u.join.host, "%s", c->host);
     strcpy(join.u.join.nonce, r->nonce);
     int rc = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errf(why, "%s", strerror(errno));
@@ -634,7 +639,8 @@ static cluster *cluster_new(const job_config *job, const msg_nodes *members, con
     c->join_timeout_s = job->runtime.join_timeout_s;
     c->fds = malloc((size_t)c->total * sizeof *c->fds);
     c->hosts = calloc((size_t)c->total, sizeof *c->hosts);
-    if (!c->fds || !c->hosts) {
+    c->replica_ports = calloc((size_t)c->total, sizeof *c->replica_ports);
+    if (!c->fds || !c->hosts || !c->replica_ports) {
         cluster_free(c);
         return NULL;
     }
@@ -740,7 +746,8 @@ static int wait_as_spare(cluster *c, errbuf *err) {
     return rc;
 }
 
-int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, msg_nodes *members, errbuf *err) {
+int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, replica_sink *sink, msg_nodes *members,
+                     errbuf *err) {
     if (cluster_members(env, job, attempt, members, err)) return -1;
     if (index_in(members, env->node_id) >= 0) return 1;
     msg_nodes self = {.n = 1, .id = {env->node_id}};
@@ -748,11 +755,13 @@ int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, m
     if (!c) return errf(err, "out of memory");
     c->node = c->nodes; /* its link's index on the leader's side */
     c->standby = 1;
+    c->replica_port = sink ? replica_sink_port(sink) : 0;
     int rc = node_address(c, env, job, err);
     if (rc == 0) {
         snprintf(c->hosts[c->node], sizeof c->hosts[c->node], "%s", c->host);
         rc = follow(c, env, job, attempt, clock_now_s() + job->runtime.join_timeout_s, err);
     }
+    if (rc == 0 && sink) replica_sink_secret(sink, c->secret, sizeof c->secret); /* this run's */
     if (rc == 0) rc = wait_as_spare(c, err);
     cluster_free(c);
     return rc < 0 ? errprefix(err, "a spare node") : rc;
@@ -772,6 +781,16 @@ void cluster_detach(cluster *c) {
     }
 }
 
+int cluster_replica_targets(const cluster *c, msg_peers *out, errbuf *err) {
+    out->n = 0;
+    out->addrs = calloc((size_t)c->total, sizeof *out->addrs);
+    if (!out->addrs) return errf(err, "out of memory");
+    for (int i = c->nodes; i < c->total; i++)
+        if (c->fds[i] >= 0 && c->replica_ports[i] > 0)
+            snprintf(out->addrs[out->n++], sizeof out->addrs[0], "%s:%d", c->hosts[i], c->replica_ports[i]);
+    return 0;
+}
+
 int64_t cluster_memory_step(const cluster *c) {
     for (int i = 1; i < c->nodes; i++)
         if (c->memory_steps[i] != c->memory_steps[0]) return -1;
@@ -786,6 +805,7 @@ void cluster_free(cluster *c) {
     if (c->file[0]) unlink(c->file);
     free(c->fds);
     free(c->hosts);
+    free(c->replica_ports);
     free(c->links);
     free(c->table.addrs);
     free(c);
@@ -808,7 +828,10 @@ int cluster_recv_plan(cluster *c, msg_plan *plan, errbuf *err) {
     if (m.type == MSG_REFUSED) rc = errf(err, "the leader refused this node: %s", m.u.refused.reason);
     else if (m.type != MSG_PLAN) rc = errf(err, "the leader sent %s, not its PLAN", msg_type_name(m.type));
     else if (m.u.plan.error[0]) rc = errf(err, "the leader cannot run the job: %s", m.u.plan.error);
-    else *plan = m.u.plan;
+    else {
+        *plan = m.u.plan;
+        m.u.plan.replicas = (msg_peers){0}; /* the plan owns them now */
+    }
     msg_free(&m);
     return rc;
 }

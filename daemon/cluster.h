@@ -57,6 +57,8 @@
 #include "proto/job.h"
 #include "proto/msg.h"
 
+struct replica_sink;
+
 typedef struct cluster_hooks {
     void *arg;
     void (*peers)(void *arg, const msg_peers *table); /* every rank's address, global order */
@@ -90,6 +92,9 @@ typedef struct cluster cluster;
  * for none; sent in JOIN. */
 int cluster_join(cluster **out, const slurm_env *env, const job_config *job, const msg_nodes *members,
                  const msg_nodes *spares, int attempt, int64_t memory_step, errbuf *err);
+/* The leader, once joined: the spares' "host:port" that take copies of the in-memory
+ * checkpoints (daemon/replica.h; out->addrs malloc'd, out->n 0 for none). */
+int cluster_replica_targets(const cluster *c, msg_peers *out, errbuf *err);
 /* The leader, once joined: the in-memory checkpoint every node of the run holds, -1 when
  * not every node holds the same one. */
 int64_t cluster_memory_step(const cluster *c);
@@ -147,7 +152,10 @@ void cluster_spares_alive(const cluster *c, msg_nodes *out);
  * leader as a spare and waits, heartbeating, for the run's end: 0 when it failed (the next
  * attempt may need this node), 2 when it ended otherwise (the job is over for a spare);
  * -1 (err) when the leader is lost or refuses it, or ended the launch. */
-int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, msg_nodes *members, errbuf *err);
+/* sink (NULL: none): the spare's copies of the nodes' in-memory checkpoints (daemon/replica.h):
+ * its port goes in the JOIN, the run's secret to it once joined. */
+int cluster_stand_by(const slurm_env *env, const job_config *job, int attempt, struct replica_sink *sink,
+                     msg_nodes *members, errbuf *err);
 /* This node's workers have all exited (failed: the run failed here).  Returns 1 when the loop may end (a follower: at
  * once, its report written; the leader: once every node has reported, else the cluster
  * breaks the loop when the last one does). */

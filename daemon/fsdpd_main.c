@@ -22,6 +22,7 @@
 #include "daemon/dir_lock.h"
 #include "daemon/log.h"
 #include "daemon/memory_ckpt.h"
+#include "daemon/replica.h"
 #include "daemon/mlflow_log.h"
 #include "daemon/model_card.h"
 #include "daemon/requeue.h"
@@ -216,7 +217,8 @@ static int give_up(const job_config *job, const slurm_env *slurm, int attempt, c
 
 /* A spare (runtime.spare_nodes) waits out the runs that do not need it: 1 once it is one of
  * an attempt's nodes (*attempt, *members), 2 when the job ended without it, -1 (err). */
-static int stand_by(const job_config *job, const slurm_env *slurm, int *attempt, msg_nodes *members, errbuf *err) {
+static int stand_by(const job_config *job, const slurm_env *slurm, int *attempt, msg_nodes *members, replica_sink *sink,
+                    errbuf *err) {
     log_event(-1, "a spare node (runtime.spare_nodes = %d): joined, no ranks, until a node is gone",
               job->runtime.spare_nodes);
     /* It follows the leader: a preemption's SIGTERM (or SIGINT) stops the job there, whose
@@ -224,9 +226,26 @@ static int stand_by(const job_config *job, const slurm_env *slurm, int *attempt,
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
     int rc;
-    while ((rc = cluster_stand_by(slurm, job, *attempt, members, err)) == 0) ++*attempt;
+    while ((rc = cluster_stand_by(slurm, job, *attempt, sink, members, err)) == 0) ++*attempt;
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
+    return rc;
+}
+
+/* A spare node's life: standing by (with in-memory checkpoints, taking the active nodes'
+ * copies: daemon/replica.h) until a run needs it, as stand_by says; once one does, the copy of
+ * the node whose place it takes becomes its own images. */
+static int spare(const job_config *job, const slurm_env *slurm, int *attempt, msg_nodes *members, errbuf *err) {
+    replica_sink *sink = NULL;
+    errbuf why;
+    if (memory.fd && replica_sink_open(&sink, job->runtime.workers_per_node, &why))
+        log_event(-1, "this spare takes no copies of the in-memory checkpoints: %s", why.msg);
+    int rc = stand_by(job, slurm, attempt, members, sink, err);
+    int node = 0;
+    while (node < members->n && members->id[node] != slurm->node_id) node++;
+    if (rc == 1 && sink && replica_sink_adopt(sink, node, &memory, &why))
+        log_event(-1, "%s: a restart resumes from disk", why.msg);
+    replica_sink_close(sink);
     return rc;
 }
 
@@ -323,7 +342,7 @@ int main(int argc, char **argv) {
         to->id[to->n++] = i;
     }
     int rc, restarts = 0;
-    if (slurm.node_id >= active && (rc = stand_by(&job, &slurm, &restarts, &members, &err)) != 1) {
+    if (slurm.node_id >= active && (rc = spare(&job, &slurm, &restarts, &members, &err)) != 1) {
         if (rc < 0) fprintf(stderr, "fsdpd: %s\n", err.msg);
         else log_event(-1, "the job ended without needing this spare node");
         return rc < 0 ? 1 : 0;

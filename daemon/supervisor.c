@@ -27,7 +27,9 @@
 #include "daemon/cluster.h"
 #include "daemon/locator.h"
 #include "daemon/log.h"
+#include "base/bytes.h"
 #include "daemon/memory_ckpt.h"
+#include "daemon/replica.h"
 #include "daemon/mlflow_log.h"
 #include "daemon/model_shm.h"
 #include "daemon/requeue.h"
@@ -78,6 +80,10 @@ struct supervisor {
     job_config job;      /* opt->job with the resumed checkpoint's global_batch and seed */
     ckpt_start ckpt_start;
     int memory_slots;    /* images a rank keeps this run (daemon/memory_ckpt.h) */
+    msg_peers replicas;  /* the spares that take copies of them (daemon/replica.h) */
+    replica_source *source;
+    long long sealed_step; /* the memory step this node's workers reported last, and how many */
+    int sealed;
     int model_fd; /* the sealed model image the workers load from; -1 when resuming */
     ckpt_coord *ckpt;
     struct event_base *base;
@@ -455,8 +461,23 @@ static void ckpt_broadcast(void *arg, const msg *m) {
     if (multi_node(s)) cluster_to_followers(s->opt->cluster, m);
 }
 
+/* This node's shard files (rank f writes file f: the node's first places). */
+static int local_files(const supervisor *s) {
+    int first = cluster_node(s->opt->cluster) * s->opt->workers;
+    int n = ckpt_n_files(&s->job, s->opt->workers * cluster_nodes(s->opt->cluster)) - first;
+    return n < 0 ? 0 : n < s->opt->workers ? n : s->opt->workers;
+}
+
+/* Once every file of this node is sealed at a memory step, its copies go to the spares. */
+static void note_sealed(supervisor *s, const msg_ckpt_done *d) {
+    if (!s->source || !d->memory || !d->ok || d->step < s->sealed_step) return;
+    if (d->step > s->sealed_step) s->sealed_step = d->step, s->sealed = 0;
+    if (++s->sealed == local_files(s)) replica_source_push(s->source, d->step);
+}
+
 /* A worker's CKPT_DONE: to the coordinator, the leader's on several nodes. */
 static void on_ckpt_done(supervisor *s, const msg *m) {
+    note_sealed(s, &m->u.ckpt_done);
     if (is_follower(s)) cluster_to_leader(s->opt->cluster, m);
     else ckpt_coord_on_done(s->ckpt, m->u.ckpt_done.rank, &m->u.ckpt_done);
 }
@@ -1116,6 +1137,8 @@ static void teardown(supervisor *s) {
     status_server_free(s->status);
     json_decref(s->last_metrics);
     json_decref(s->behind);
+    replica_source_stop(s->source);
+    free(s->replicas.addrs);
     straggler_watch_free(s->stragglers);
     ckpt_coord_free(s->ckpt);
     json_decref(s->ckpt_start.model_config);
@@ -1144,13 +1167,16 @@ static int plan_checkpoints(supervisor *s, errbuf *err) {
     if (is_follower(s)) {
         msg_plan plan;
         if (cluster_recv_plan(c, &plan, err)) return -1;
+        s->replicas = plan.replicas;
         ckpt_memory memory = {.step = plan.memory_step, .images = s->opt->memory, .node = cluster_node(c), .world = world};
         return ckpt_adopt(&s->job, plan.attempt, plan.resume_dir, &memory, &s->ckpt_start, err);
     }
+    if (has_images(s) && multi_node(s) && cluster_replica_targets(c, &s->replicas, err)) return -1;
     ckpt_memory memory = {.step = has_images(s) ? cluster_memory_step(c) : -1, .images = s->opt->memory, .world = world};
     int rc = ckpt_prepare(&s->job, s->opt->data_identity, &memory, &s->ckpt_start, err);
     if (!multi_node(s)) return rc;
-    msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt, .memory_step = -1};
+    msg_plan plan = {.attempt = rc ? 1 : s->ckpt_start.attempt, .memory_step = -1, .has_replicas = s->replicas.n > 0,
+                     .replicas = s->replicas};
     if (rc) snprintf(plan.error, sizeof plan.error, "%s", err->msg);
     else if (s->ckpt_start.from_memory) plan.memory_step = s->ckpt_start.resume_step;
     else snprintf(plan.resume_dir, sizeof plan.resume_dir, "%s", s->ckpt_start.resume_dir);
@@ -1160,6 +1186,17 @@ static int plan_checkpoints(supervisor *s, errbuf *err) {
         return -1;
     }
     return rc;
+}
+
+/* The copies of this node's in-memory checkpoint images to the spares, when there are some. */
+static int start_replicas(supervisor *s, errbuf *err) {
+    unsigned char secret[MSG_SECRET_BYTES];
+    s->sealed_step = -1;
+    if (hex_decode(cluster_secret_hex(s->opt->cluster), secret, sizeof secret)) return errf(err, "a malformed secret");
+    if (s->replicas.n)
+        log_event(-1, "in-memory checkpoints copied to %d spare(s), the first %s", s->replicas.n, s->replicas.addrs[0]);
+    return replica_source_start(&s->source, s->opt->memory, cluster_node(s->opt->cluster), cluster_nodes(s->opt->cluster),
+                                local_files(s), &s->replicas, secret, sizeof secret, err);
 }
 
 /* The leader's stragglers' watch, when there are ranks to compare and the job asks for it. */
@@ -1265,6 +1302,7 @@ int supervisor_run(const supervisor_options *opt, errbuf *err) {
         rc = has_images(&s) ? memory_ckpt_slots(&s.job, &s.ckpt_start.model, opt->memory,
                                                 opt->workers * cluster_nodes(opt->cluster), &s.memory_slots, err)
                             : 0;
+    if (rc == 0 && s.memory_slots) rc = start_replicas(&s, err);
     if (rc == 0) rc = report_start(&s, err);
     if (rc == 0) rc = open_tensorboard(&s, err);
     if (rc == 0) rc = setup_model(&s, err);

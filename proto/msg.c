@@ -202,6 +202,7 @@ static const field join_fields[] = {
     INT(msg_join, "workers", workers, 1, INT_MAX),
     STR(msg_join, "nonce", nonce),
     I64(msg_join, "memory_step", memory_step, -1),
+    INT(msg_join, "replica_port", replica_port, 0, 65535),
     {"settings", F_JSON, offsetof(msg_join, settings), sizeof(json_t *), 0, 0, false, 0, NULL},
 };
 
@@ -262,6 +263,7 @@ static const field plan_fields[] = {
     INT(msg_plan, "attempt", attempt, 1, INT_MAX),
     STR(msg_plan, "resume_dir", resume_dir),
     I64(msg_plan, "memory_step", memory_step, -1),
+    {"replicas", F_ADDRS, offsetof(msg_plan, replicas), sizeof(msg_peers), 0, 0, true, offsetof(msg_plan, has_replicas), NULL},
     STR(msg_plan, "error", error),
 };
 

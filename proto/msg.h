@@ -275,6 +275,9 @@ typedef struct msg_join {
     /* The in-memory checkpoint this node holds whole for its ranks of the run (the step of
      * checkpoint.dir's memory manifest, its files checked), -1 for none */
     int64_t memory_step;
+    /* A spare: the port its copies of the in-memory checkpoints come to (daemon/replica.h),
+     * 0 for none */
+    int replica_port;
     json_t *settings;   /* the node's resolved job as every node must share it (job_shared_settings) */
 } msg_join;
 
@@ -350,6 +353,10 @@ typedef struct msg_plan {
     /* >= 0: resume instead from the in-memory checkpoint of this step, which every node said
      * it holds (msg_join.memory_step); resume_dir is then "" */
     int64_t memory_step;
+    /* The spares' "host:port" the nodes copy their in-memory checkpoint images to (absent:
+     * none) */
+    bool has_replicas;
+    msg_peers replicas;
     char error[MSG_TEXT_MAX];
 } msg_plan;
 

@@ -20,8 +20,8 @@
 #   own ignored: it follows the leader), which has the bits of 2 ranks; and, node 1's daemon killed, it takes node 1's place (the same ranks) and the
 #   job ends with the bits of an uninterrupted run.
 # In-memory checkpoints (on with max_restarts or spares): the two restarts of the first case
-# resume from memory on every node; a smaller world or a spare in a node's place (no memory of
-# its ranks), from disk.
+# resume from memory on every node, and so does the spare in node 1's place (the nodes copy
+# their images to the spares: daemon/replica.h); a smaller world from disk.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/netns.sh"
 netns_available || skip_test "$NETNS_WHY"
@@ -202,10 +202,12 @@ expect_exit sp 2 0
 grep -q "node 1 gone: spare node 2 takes its place (runtime.spare_nodes)" "$tmp/sp-n0.log" ||
     { cat "$tmp/sp-n0.log"; fail "sp: the spare did not take node 1's place"; }
 [ "$(worker_pids "$tmp/sp-n2.log" | wc -l)" -eq 1 ] || fail "sp: the spare did not start one worker"
-# the spare has no memory of node 1's ranks: every node resumes from disk
-grep -q "no in-memory checkpoint to resume on this node: the in-memory checkpoint of step [0-9]*: the image of rank-00001-of-00002.bin" \
-    "$tmp/sp-n2.log" || { cat "$tmp/sp-n2.log"; fail "sp: the spare does not say it holds no memory of node 1's rank"; }
-[ -n "$(resumed_from "$tmp/sp-n2.log")" ] || { cat "$tmp/sp-n2.log"; fail "sp: the spare did not resume from disk"; }
+# the spare took copies of the nodes' in-memory checkpoints: node 1's become its own, and
+# every node resumes from memory
+grep -q "this spare's copy of node 1's in-memory checkpoint images becomes its own" "$tmp/sp-n2.log" ||
+    { cat "$tmp/sp-n2.log"; fail "sp: the spare did not take node 1's copy as its own"; }
+grep -q "resuming from the in-memory checkpoint of step" "$tmp/sp-n0.log" ||
+    { cat "$tmp/sp-n0.log" "$tmp/sp-n2.log"; fail "sp: the leader did not resume from memory"; }
 cmp "$tmp/ref2.safetensors" "$tmp/sp.final.safetensors" || fail "sp: the final parameters differ from an uninterrupted run's"
 nothing_left sp
 echo "sq, sp: a spare waits out a run, and takes a lost node's place: the bits of an uninterrupted run"

@@ -516,7 +516,8 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_JOIN, .u.join = {.node = 1, .nodes = 2, .slurm_node = 1, .host = "node-b", .workers = 8,
                                       .nonce = "00ff", .memory_step = 12, .settings = settings}},
         {.type = MSG_JOIN, .u.join = {.node = 0, .nodes = 2, .slurm_node = 3, .standby = true, .host = "node-d",
-                                      .workers = 8, .nonce = "00ff", .memory_step = -1, .settings = settings}},
+                                      .workers = 8, .nonce = "00ff", .memory_step = -1, .replica_port = 40123,
+                                      .settings = settings}},
         {.type = MSG_RENDEZVOUS, .u.rendezvous = {.host = "10.0.0.1", .port = 40001, .nodes = 2, .job_id = "77",
                                                   .restart = 1, .attempt = 0, .secret = "ab", .nonce = "cd",
                                                   .launch = "job 77 step 0 restart 1 attempt 0",
@@ -534,6 +535,7 @@ static void test_every_type_round_trips(void **state) {
         {.type = MSG_CKPT_REQUEST, .u.ckpt_request = {.kind = "stop_sync", .why = "SIGTERM on node 1"}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 3, .resume_dir = "/ckpt/step-8", .memory_step = -1}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 4, .memory_step = 13}},
+        {.type = MSG_PLAN, .u.plan = {.attempt = 5, .memory_step = -1, .has_replicas = true, .replicas = {.n = 2, .addrs = addrs}}},
         {.type = MSG_PLAN, .u.plan = {.attempt = 1, .error = "corrupt manifest", .memory_step = -1}},
         {.type = MSG_SAMPLE, .u.sample = {.step = 4, .prompt_index = 1, .reply_ids = reply_ids, .stop = "stop"}},
     };
@@ -582,14 +584,16 @@ static void test_strict_decoder(void **state) {
     (void)state;
     refused(MSG_HELLO, "{\"pid\":1,\"rank\":0}", "HELLO: unknown field 'rank'");
     refused(MSG_HELLO, "{}", "HELLO: field 'pid' is missing");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1,\"settings\":[]}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1,\"replica_port\":0,\"settings\":[]}",
             "JOIN: field 'settings' must be an object");
-    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1}",
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1,\"replica_port\":0}",
             "JOIN: field 'settings' is missing");
     refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"settings\":{}}",
             "JOIN: field 'memory_step' is missing");
     refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":false,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-2,\"settings\":{}}",
             "JOIN: field 'memory_step' = -2 is out of range");
+    refused(MSG_JOIN, "{\"node\":1,\"nodes\":2,\"slurm_node\":1,\"standby\":true,\"host\":\"h\",\"workers\":1,\"nonce\":\"0\",\"memory_step\":-1,\"replica_port\":65536,\"settings\":{}}",
+            "JOIN: field 'replica_port' = 65536 is out of range");
     refused(MSG_HELLO, "{\"pid\":\"12\"}", "HELLO: field 'pid' must be an integer, got a string");
     refused(MSG_HELLO, "{\"pid\":0}", "HELLO: field 'pid' = 0 is out of range [1, 2147483647]");
     refused(MSG_HELLO, "{\"pid\":4294967296}", "out of range");
