@@ -22,10 +22,12 @@
  * world is the run's and each file of its ranks is whole in one of the images of the rank
  * that writes it (size, step, header and its CRC against the manifest).  A restart resumes
  * from memory only when every node holds the same step (msg_join.memory_step), at least as
- * new as `latest` on disk (daemon/ckpt_commit.h), else from disk as before.  What it cannot
- * cover: a node whose fsdpd is gone (its memory goes with it; a spare in its place has none),
- * a smaller world (runtime.allow_shrink), a rank killed between staging and sealing a save
- * when it keeps one image, a failure of the leader (the requeue path): then the disk. */
+ * new as `latest` on disk (daemon/ckpt_commit.h), else from disk as before.  A node whose
+ * fsdpd is gone takes its memory with it: with spare nodes, every node copies its images to
+ * them (daemon/replica.h) and the spare in its place adopts its copy.  What it cannot cover: a
+ * smaller world (runtime.allow_shrink: the files would need re-slicing), a lost node without a
+ * spare holding its copy, a rank killed between staging and sealing a save when it keeps one
+ * image, a failure of the leader (the requeue path): then the disk. */
 #ifndef FSDP_MEMORY_CKPT_H
 #define FSDP_MEMORY_CKPT_H
 
