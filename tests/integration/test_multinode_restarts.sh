@@ -196,6 +196,12 @@ nothing_left sq
 
 start_nodes sp --runtime.spare_nodes=1 --runtime.max_restarts=1
 wait_for 30 has_latest sp
+# mid-step (0.4 s), once the spare takes copies: a step's seal and its copy are done within
+# milliseconds of its end, so node 1 does not die with its newest copy on the way
+wait_for 30 grep -q "replicas of the in-memory checkpoints" "$tmp/sp-n2.log"
+steps=$(grep -c . "$tmp/sp-n0.jsonl")
+wait_for 30 sh -c "[ \$(grep -c . '$tmp/sp-n0.jsonl') -gt $steps ]"
+sleep 0.2
 kill -KILL "${NODE_PIDS[1]}"
 expect_exit sp 0 0
 expect_exit sp 2 0
