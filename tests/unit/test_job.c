@@ -461,6 +461,17 @@ static void test_objective_keys(void **state) {
 
 /* F37: a value whose feature the job does not use is refused naming the key and why; the
  * same key at its default (spelled out in the file, or never named) is not "set". */
+/* A job of 2 workers a node over a model and a token cache, with overrides a and b (NULL: none). */
+static void two_worker_job(job_config *j, const char *a, const char *b) {
+    job_defaults(j);
+    strcpy(j->model.path, "models/llama");
+    strcpy(j->data.path, "data.tokens");
+    j->runtime.workers_per_node = 2;
+    assert_int_equal(j->checkpoint.memory_interval_steps, -1);
+    if (a) must_override(j, a);
+    if (b) must_override(j, b);
+}
+
 /* checkpoint.memory_interval_steps: auto is on (1) only when a failure is recovered inside the
  * job; a value of the user's stays; with the shard files on node 0 alone (no_shard,
  * hybrid_shard on several nodes) auto is off and a value is refused as not built. */
@@ -479,31 +490,16 @@ static void test_memory_interval(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         job_config j;
-        job_defaults(&j);
-        strcpy(j.model.path, "models/llama");
-        strcpy(j.data.path, "data.tokens");
-        j.runtime.workers_per_node = 2;
-        assert_int_equal(j.checkpoint.memory_interval_steps, -1);
-        if (cases[i].override) must_override(&j, cases[i].override);
+        two_worker_job(&j, cases[i].override, NULL);
         if (resolve_and_validate(&j, cases[i].world, &err)) fail_msg("%s: %s", cases[i].override, err.msg);
         if (j.checkpoint.memory_interval_steps != cases[i].want)
             fail_msg("%s: %d, want %d", cases[i].override, j.checkpoint.memory_interval_steps, cases[i].want);
     }
     job_config j;
-    job_defaults(&j);
-    strcpy(j.model.path, "models/llama");
-    strcpy(j.data.path, "data.tokens");
-    j.runtime.workers_per_node = 2;
-    must_override(&j, "--runtime.max_restarts=1");
-    must_override(&j, "--fsdp.sharding=hybrid_shard");
+    two_worker_job(&j, "--runtime.max_restarts=1", "--fsdp.sharding=hybrid_shard");
     if (resolve_and_validate(&j, 4, &err)) fail_msg("%s", err.msg);
     assert_int_equal(j.checkpoint.memory_interval_steps, 0); /* two nodes: off */
-    job_defaults(&j);
-    strcpy(j.model.path, "models/llama");
-    strcpy(j.data.path, "data.tokens");
-    j.runtime.workers_per_node = 2;
-    must_override(&j, "--fsdp.sharding=no_shard");
-    must_override(&j, "--checkpoint.memory_interval_steps=1");
+    two_worker_job(&j, "--fsdp.sharding=no_shard", "--checkpoint.memory_interval_steps=1");
     if (resolve_and_validate(&j, 2, &err)) fail_msg("one node: %s", err.msg);
     assert_int_equal(resolve_and_validate(&j, 4, &err), -1);
     assert_contains(err.msg, "checkpoint.memory_interval_steps with fsdp.sharding 'no_shard' on several nodes is not "
