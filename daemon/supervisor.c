@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "base/clock.h"
 #include "base/fileio.h"
 #include "base/fault.h"
@@ -27,11 +28,10 @@
 #include "daemon/cluster.h"
 #include "daemon/locator.h"
 #include "daemon/log.h"
-#include "base/bytes.h"
 #include "daemon/memory_ckpt.h"
-#include "daemon/replica.h"
 #include "daemon/mlflow_log.h"
 #include "daemon/model_shm.h"
+#include "daemon/replica.h"
 #include "daemon/requeue.h"
 #include "daemon/run_report.h"
 #include "daemon/sample_prompts.h"
