@@ -101,7 +101,7 @@ echo '{}' > "$tmp/evil/step-000004/manifest.json"
 ln -s "$tmp/evil/step-000004" "$tmp/ckpt/step-000009"
 for plan in "$tmp/evil/step-000004" "$tmp/ckpt/step-000009"; do
     netns_exec 0 python3 "$peer" fake-leader "$(rendezvous fake)" "$leader_addr" 2 "job fake step - restart 0 attempt 0" \
-        '{"attempt": 1, "resume_dir": "'"$plan"'", "error": ""}' > "$tmp/fake.out" &
+        '{"attempt": 1, "resume_dir": "'"$plan"'", "memory_step": -1, "error": ""}' > "$tmp/fake.out" &
     fake=$!
     node 1 2 fake -- --runtime.join_timeout_s=10
     expect_exit 1 "$NETNS_PID" "$tmp/fake-n1.log"
@@ -167,7 +167,7 @@ node 1 3 admit; one=$NETNS_PID
 wait_for 20 grep -q "node 1 (${NETNS_ADDRS[1]}) joined" "$tmp/admit-n0.log"
 refusal() { # NEEDLE JOIN_FIELDS
     netns_exec 2 python3 "$peer" join "$leader_addr" "$port" "$secret" \
-        '{"host": "n2", "settings": {}, "slurm_node": 2, "standby": false, '"$2"'}' > "$tmp/refusal.out"
+        '{"host": "n2", "settings": {}, "slurm_node": 2, "standby": false, "memory_step": -1, "replica_port": 0, '"$2"'}' > "$tmp/refusal.out"
     grep -q "^REFUSED .*$1" "$tmp/refusal.out" || { cat "$tmp/refusal.out"; fail "no REFUSED saying: $1"; }
     must_say "$tmp/admit-n0.log" "$1"
 }
