@@ -236,7 +236,7 @@ static int check_resume(job_config *job, const ckpt_data_identity *data, ckpt_st
         rc = errf(err, "%s: sharding '%s' cannot be read", name, m.sharding);
     if (rc == 0) {
         out->resume_step = m.step;
-        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", name,
+        log_event(-1, "resuming from %s: step %lld, %lld samples, written by %d ranks (%s)", out->from_memory ? name : path,
                   (long long)m.step, (long long)m.global_sample, m.world_size, m.sharding);
     }
     ckpt_manifest_free(&m);

@@ -193,11 +193,13 @@ static int log_params(mlflow_log *m, const job_config *j, errbuf *err) {
     json_t *job = job_to_object(j, err);
     if (!job) return -1;
     int rc = 0, retry;
-    for (size_t first = 0, next = 1; rc == 0 && next > first; first = next) {
+    size_t first, next = 0;
+    do { /* MLFLOW_MAX_PARAMS a request, until one would be empty */
+        first = next;
         char *body = mlflow_params_body(m->run_id, job, first, &next, err);
         rc = body ? (next > first ? request(m, "runs/log-batch", NULL, body, &retry, err) : 0) : -1;
         free(body);
-    }
+    } while (rc == 0 && next > first);
     json_decref(job);
     return rc;
 }
