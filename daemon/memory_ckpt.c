@@ -28,6 +28,10 @@ int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_
     if (slurm_node == 0 && (manifest_path(job, manifest, sizeof manifest, err) ||
                             (unlink(manifest) != 0 && errno != ENOENT && errf(err, "%s: %s", manifest, strerror(errno)))))
         return -1;
+    if (slurm_node == 0) {
+        snprintf(manifest_at_exit, sizeof manifest_at_exit, "%s", manifest);
+        atexit(remove_manifest);
+    }
     out->fd = malloc((size_t)(2 * workers) * sizeof *out->fd);
     if (!out->fd) return errf(err, "out of memory");
     for (int i = 0; i < 2 * workers; i++) out->fd[i] = -1;
@@ -44,6 +48,11 @@ int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_
               job->checkpoint.memory_interval_steps == 1 ? "" : "s");
     return 0;
 }
+
+/* The leader's memory manifest, removed at its exit: it names memory that goes with the
+ * processes (a kill leaves it, and the next launch's leader removes it). */
+static char manifest_at_exit[PATH_BYTES];
+static void remove_manifest(void) { unlink(manifest_at_exit); }
 
 void memory_ckpt_close(memory_images *im) {
     for (int i = 0; im->fd && i < 2 * im->workers; i++)

@@ -44,7 +44,7 @@ typedef struct memory_images {
 } memory_images;
 
 /* The node's images (none when checkpoint.memory_interval_steps is 0); the leader (SLURM
- * node 0) removes an earlier launch's memory manifest. */
+ * node 0) removes an earlier launch's memory manifest, and its own when fsdpd exits. */
 int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_images *out, errbuf *err);
 void memory_ckpt_close(memory_images *im);
 

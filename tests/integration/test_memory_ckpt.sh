@@ -56,6 +56,7 @@ step=$(memory_step "$tmp/mem.log")
 grep -q "in-memory checkpoints: 2 images a rank" "$tmp/mem.log" || { cat "$tmp/mem.log"; fail "mem: the images are not said"; }
 grep -q "latest on disk: step 10)" "$tmp/mem.log" || { cat "$tmp/mem.log"; fail "mem: the disk's latest is not said"; }
 cmp "$tmp/full.ref.safetensors" "$tmp/mem.safetensors" || fail "mem: the final parameters differ from an uninterrupted run's"
+[ ! -e "$tmp/mem.ckpt/memory-manifest.json" ] || fail "mem: the memory manifest outlived the job"
 echo "mem: rank 1 killed, resumed from memory at step $step (disk: 10), the bits of an uninterrupted run"
 
 killed disk "" --checkpoint.memory_interval_steps=0
