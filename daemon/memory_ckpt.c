@@ -20,6 +20,11 @@ static int manifest_path(const job_config *job, char *out, size_t n, errbuf *err
     return path_join(out, n, job->checkpoint.dir, CKPT_MEMORY_MANIFEST, err);
 }
 
+/* The leader's memory manifest, removed at its exit: it names memory that goes with the
+ * processes (a kill leaves it, and the next launch's leader removes it). */
+static char manifest_at_exit[PATH_BYTES];
+static void remove_manifest(void) { unlink(manifest_at_exit); }
+
 int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_images *out, errbuf *err) {
     *out = (memory_images){.workers = workers};
     if (job->checkpoint.memory_interval_steps == 0) return 0;
@@ -48,11 +53,6 @@ int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_
               job->checkpoint.memory_interval_steps == 1 ? "" : "s");
     return 0;
 }
-
-/* The leader's memory manifest, removed at its exit: it names memory that goes with the
- * processes (a kill leaves it, and the next launch's leader removes it). */
-static char manifest_at_exit[PATH_BYTES];
-static void remove_manifest(void) { unlink(manifest_at_exit); }
 
 void memory_ckpt_close(memory_images *im) {
     for (int i = 0; im->fd && i < 2 * im->workers; i++)
