@@ -335,7 +335,17 @@ struct replica_source {
     int quit;
 };
 
-/* A connection to target t that proved the secret, or -1 with why. */
+/* The thread sets fds[t] under the lock, so that replica_source_stop's shutdown never meets
+ * a descriptor being closed. */
+static void set_fd(replica_source *s, int t, int fd) {
+    pthread_mutex_lock(&s->lock);
+    if (s->fds[t] >= 0) close(s->fds[t]);
+    s->fds[t] = fd;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* fds[t]: a connection to target t that proved the secret (0), or -1 with why.  The socket is
+ * in fds[t] from its start, so that replica_source_stop ends a connect or a handshake too. */
 static int connect_target(replica_source *s, int t, errbuf *err) {
     char host[MSG_ADDR_MAX];
     snprintf(host, sizeof host, "%s", s->targets[t]);
@@ -347,13 +357,18 @@ static int connect_target(replica_source *s, int t, errbuf *err) {
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return errf(err, "%s: not an IPv4 address", s->targets[t]);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return errf(err, "socket: %s", strerror(errno));
-    struct timeval tv = {.tv_sec = 30};
-    int rc = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0 ? 0 : errf(err, "setsockopt: %s", strerror(errno));
+    set_fd(s, t, fd);
+    /* A spare that stops reading is given up after 30 s; one that cannot be reached at once. */
+    struct timeval tv = {.tv_sec = 30}, connect_tv = {.tv_sec = (time_t)REPLICA_HANDSHAKE_S};
+    int rc = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &connect_tv, sizeof connect_tv) == 0 ? 0
+             : errf(err, "setsockopt: %s", strerror(errno));
     if (rc == 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) rc = errf(err, "connect: %s", strerror(errno));
     if (rc == 0) rc = auth_handshake(fd, s->secret, sizeof s->secret, 1, REPLICA_AUTH_CONTEXT,
                                      clock_now_s() + REPLICA_HANDSHAKE_S, err);
-    if (rc) close(fd);
-    return rc ? -1 : fd;
+    if (rc == 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        rc = errf(err, "setsockopt: %s", strerror(errno));
+    if (rc) set_fd(s, t, -1);
+    return rc;
 }
 
 /* Place k's image that holds `step` to fd: 0, or -1 when the connection broke (1: no image of
@@ -386,27 +401,14 @@ static int send_image(replica_source *s, int fd, int k, int64_t step, void *chun
     return send_full(fd, whole ? REPLICA_DONE : REPLICA_TORN, REPLICA_TRAILER);
 }
 
-/* The thread sets fds[t] under the lock, so that replica_source_stop's shutdown never meets
- * a descriptor being closed. */
-static void set_fd(replica_source *s, int t, int fd) {
-    pthread_mutex_lock(&s->lock);
-    if (s->fds[t] >= 0) close(s->fds[t]);
-    s->fds[t] = fd;
-    pthread_mutex_unlock(&s->lock);
-}
-
 static void send_step(replica_source *s, int64_t step, void *chunk) {
     for (int t = 0; t < s->n_targets; t++) {
         errbuf err = {""};
-        if (s->fds[t] < 0) {
-            int fd = connect_target(s, t, &err);
-            if (fd < 0) {
-                if (!s->warned[t]++)
-                    log_event(-1, "cannot copy the in-memory checkpoint to spare %s (tried again at each step): %s",
-                              s->targets[t], err.msg);
-                continue;
-            }
-            set_fd(s, t, fd);
+        if (s->fds[t] < 0 && connect_target(s, t, &err)) {
+            if (!s->warned[t]++)
+                log_event(-1, "cannot copy the in-memory checkpoint to spare %s (tried again at each step): %s",
+                          s->targets[t], err.msg);
+            continue;
         }
         for (int k = 0; k < s->files; k++) {
             if (send_image(s, s->fds[t], k, step, chunk) >= 0) continue;
