@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -133,10 +136,39 @@ static void test_copies(void **state) {
     for (int j = 0; j < 2; j++) close(fds[j]), close(spare.fd[j]);
 }
 
+/* A spare that accepts and never answers: the handshake waits, and a stop ends it at once. */
+static void test_stop_mid_handshake(void **state) {
+    (void)state;
+    errbuf err = {""};
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(l >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(l, 4), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&a, &len), 0);
+    char addr[MSG_ADDR_MAX];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    msg_peers targets = {.n = 1, .addrs = &addr};
+    int fds[2] = {sealed_image(3), sealed_image(2)};
+    memory_images im = {.workers = 1, .fd = fds};
+    unsigned char secret[MSG_SECRET_BYTES] = {1};
+    replica_source *src;
+    assert_int_equal(replica_source_start(&src, &im, 0, 1, 1, &targets, secret, sizeof secret, &err), 0);
+    replica_source_push(src, 3);
+    clock_sleep_s(0.3); /* in the handshake by now (REPLICA_HANDSHAKE_S: 5 s) */
+    double t0 = clock_now_s();
+    replica_source_stop(src);
+    assert_true(clock_now_s() - t0 < 2.0);
+    close(l);
+    close(fds[0]), close(fds[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_header),
         cmocka_unit_test(test_copies),
+        cmocka_unit_test(test_stop_mid_handshake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
