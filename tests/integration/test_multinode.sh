@@ -62,8 +62,10 @@ same_bits 6 job3
 # --- a stranger at the leader's port is refused; the job goes on ----------------------------
 slurm_node 0 2 job4
 leader=$NETNS_PID
-wait_for 10 sh -c "ls '$tmp'/ckpt/fsdpd-rendezvous-job4-* > /dev/null 2>&1"
-port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$tmp"/ckpt/fsdpd-rendezvous-job4-*)
+# the file itself, not its temporary twin of the atomic write (gone once renamed)
+rendezvous="$tmp/ckpt/fsdpd-rendezvous-job4-r0-a0.json"
+wait_for 10 test -f "$rendezvous"
+port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$rendezvous")
 netns_exec 1 python3 -c '
 import socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
@@ -71,7 +73,7 @@ s.sendall(b"FSDPAUTH" + bytes(72))  # a hello and a proof without the secret
 time.sleep(0.5)
 s.close()' "${NETNS_ADDRS[0]}" "$port"
 wait_for 10 grep -q "refused a connection" "$tmp/job4-n0.log"
-[ "$(stat -c %a "$tmp"/ckpt/fsdpd-rendezvous-job4-*)" = 600 ] || fail "the rendezvous file is not 0600"
+[ "$(stat -c %a "$rendezvous")" = 600 ] || fail "the rendezvous file is not 0600"
 slurm_node 1 2 job4
 follower=$NETNS_PID
 wait "$leader" || { cat "$tmp/job4-n0.log"; fail "job4: the leader failed after a stranger"; }
