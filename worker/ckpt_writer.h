@@ -86,8 +86,8 @@ typedef struct ckpt_writer {
     uint8_t *slot_image[2];     /* mapped from memory_fd + slot */
     int64_t slot_step[2];       /* the step each holds sealed, -1 for none */
     int slot;                   /* the one the save in flight uses */
-    kctx *ctx;                  /* the context images [0, pinned) are registered with */
-    int pinned;
+    kctx *ctx;                  /* the context the pinned images are registered with */
+    int pinned;                 /* bit i: image i is */
 
     pthread_t thread;
     int thread_started;
