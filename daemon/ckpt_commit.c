@@ -24,7 +24,6 @@
 
 #define CONFIG_MAX (1u << 20)
 
-
 /* ---- before the workers start ---- */
 
 int ckpt_job_model_config(const job_config *job, json_t **obj, llama_config *cfg, errbuf *err) {
@@ -301,7 +300,8 @@ int ckpt_prepare(job_config *job, const ckpt_data_identity *data, const ckpt_mem
     int found = rc == 0 ? ckpt_resolve(dir, job->checkpoint.resume, job->checkpoint.resume_step,
                                        out->resume_dir, sizeof out->resume_dir, err)
                         : -1;
-    if (found >= 0 && take_memory(job, memory, found, out, err)) found = out->from_memory ? 1 : -1;
+    int memory_found = found >= 0 ? take_memory(job, memory, found, out, err) : 0;
+    if (memory_found) found = memory_found; /* 1: from memory; -1: its check failed */
     if (found < 0) rc = -1;
     if (found == 0) out->resume_dir[0] = '\0';
     if (found == 0) rc = identify(job, data, out, err);
@@ -403,7 +403,6 @@ struct ckpt_coord {
     int retry_pending;       /* a save failed: the next one to settle is its retry */
     char last_error[768];    /* the last failed save's reason ("" for none) */
 };
-
 
 int ckpt_coord_new(ckpt_coord **out, const ckpt_coord_options *opt, errbuf *err) {
     ckpt_coord *c = calloc(1, sizeof *c);

@@ -100,6 +100,10 @@ static uint64_t held_bytes(const memory_images *im) {
 
 static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
 
+int memory_ckpt_images_fit(uint64_t bytes, uint64_t have) {
+    return 4 * bytes <= have ? 2 : 5 * bytes <= 4 * have ? 1 : 0;
+}
+
 int memory_ckpt_slots(const job_config *job, const llama_config *cfg, const memory_images *im, int world,
                       int *slots, errbuf *err) {
     *slots = 0;
@@ -111,9 +115,7 @@ int memory_ckpt_slots(const job_config *job, const llama_config *cfg, const memo
         return errprefix(err, "planning the in-memory checkpoints");
     uint64_t node = (uint64_t)mine * each;
     have += held_bytes(im);
-    /* One image is the one a disk save stages into anyway (worker/ckpt_writer.h); a second
-     * only where it is cheap. */
-    *slots = 4 * node <= have ? 2 : 5 * node <= 4 * have ? 1 : 0;
+    *slots = memory_ckpt_images_fit(node, have);
     if (*slots)
         log_event(-1, "in-memory checkpoints: %d image%s a rank, %.3f GiB on this node (%d rank%s x %.3f GiB); "
                       "%.1f GiB free (%s)%s", *slots, *slots == 1 ? "" : "s", gib((uint64_t)*slots * node), mine,

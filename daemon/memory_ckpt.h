@@ -48,6 +48,10 @@ typedef struct memory_images {
 int memory_ckpt_open(const job_config *job, int slurm_node, int workers, memory_images *out, errbuf *err);
 void memory_ckpt_close(memory_images *im);
 
+/* How many images of `bytes` each (all of a node's, or all a spare takes) fit in `have` bytes
+ * of free memory: 2 when twice fit in half, 1 when once fits in 80% (one image is what a disk
+ * save stages into anyway), else 0. */
+int memory_ckpt_images_fit(uint64_t bytes, uint64_t have);
 /* How many images each rank keeps this run (*slots): 2 when twice the images of the node's
  * ranks fit in half the memory the node has free (the images it holds already counted as
  * free), 1 when once fits in 80% of it (one image is what a disk save stages into anyway: it

@@ -105,7 +105,7 @@ static int take_image(replica_sink *s, const replica_header *h, int *slot) {
         const char *source;
         errbuf err;
         if (host_memory_available(&have, &source, &err)) have = 0;
-        s->slots = 4 * all <= have ? 2 : 5 * all <= 4 * have ? 1 : 0;
+        s->slots = memory_ckpt_images_fit(all, have);
         log_event(-1, "replicas of the in-memory checkpoints: %d node(s) x %d place(s) x %d image(s) of %.3f GiB "
                       "(%.1f GiB free: %s)", s->nodes, s->places, s->slots, (double)h->bytes / (1ull << 30),
                   (double)have / (1ull << 30), source);

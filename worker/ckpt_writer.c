@@ -15,7 +15,6 @@
 #include "base/clock.h"
 #include "base/fault.h"
 #include "base/fileio.h"
-#include "base/path.h"
 
 /* Runs the ckpt_write fault halfway through the file (the save of its STEP, else the first),
  * and says whether to stop writing. */
@@ -161,9 +160,6 @@ void ckpt_writer_abort(ckpt_writer *w, int64_t step, int attempt) {
     pthread_mutex_unlock(&w->lock);
 }
 
-/* The image as the rank's file in the memory directory, mapped shared, its memory reserved
- * (a full tmpfs is an error here, not a SIGBUS later).  A file of the right size is kept as it
- * is: a restarted rank has just read its state from it. */
 /* The step an image holds sealed (ckpt_seal_image), -1 when it holds none. */
 static int64_t sealed_step(const void *image, uint64_t bytes) {
     ckpt_file_header h;
