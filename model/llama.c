@@ -81,12 +81,34 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
         a->rstd2 = carve(&cv, d.N * sizeof(float));
         a->mlp_rows = (int)rows;
     }
-    for (int m = 0; m < LORA_MODULES; m++)
-        if (part & lora_part(m)) {
-            size_t n = lora_part(m) == LLAMA_ACTS_MLP ? rows : d.N;
-            a->lora_t[m] = lora && lora->site[m].on ? carve(&cv, n * (size_t)lora->cfg.rank * e) : NULL;
-        }
+    for (int m = 0; m < LORA_MODULES; m++) {
+        if (!(part & lora_part(m))) continue;
+        llama_lora_group g = lora ? llama_lora_group_of(&lora->cfg, m) : (llama_lora_group){.column = 0};
+        if (g.column > 0) continue; /* carved with its group's first */
+        a->lora_t[m] = NULL;
+        if (!lora || !lora->site[m].on) continue;
+        size_t n = lora_part(m) == LLAMA_ACTS_MLP ? rows : d.N, r = (size_t)lora->cfg.rank;
+        char *t = carve(&cv, n * (size_t)g.n * r * e);
+        for (int j = 0; j < g.n; j++) a->lora_t[g.member[j]] = t ? t + (size_t)j * r * e : NULL;
+    }
     return cv.used;
+}
+
+llama_lora_group llama_lora_group_of(const lora_config *cfg, int m) {
+    static const int groups[][3] = {{LORA_Q, LORA_K, LORA_V}, {LORA_GATE, LORA_UP, -1}};
+    llama_lora_group alone = {.n = 1, .member = {m, -1, -1}, .column = 0};
+    if (cfg->dropout > 0 || !(cfg->targets >> m & 1u)) return alone;
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        llama_lora_group g = {.n = 0, .member = {-1, -1, -1}, .column = -1};
+        for (int j = 0; j < 3; j++) {
+            int k = groups[i][j];
+            if (k < 0 || !(cfg->targets >> k & 1u)) continue;
+            if (k == m) g.column = g.n;
+            g.member[g.n++] = k;
+        }
+        if (g.column >= 0) return g.n > 1 ? g : alone;
+    }
+    return alone;
 }
 
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
@@ -191,11 +213,20 @@ size_t llama_scratch_carve(llama_scratch *s, void *mem, const llama_layout *lo,
     s->dq = carve(&cv, d.N * d.Q * e);
     s->dk = carve(&cv, d.N * d.KV * e);
     s->dv = carve(&cv, d.N * d.KV * e);
-    s->lora_dt = s->lora_xd = s->lora_dxd = NULL;
+    s->lora_dt = s->lora_xd = s->lora_dxd = s->lora_a = NULL;
+    s->lora_da = NULL;
     if (lora) {
-        size_t max_in = d.C > d.I ? d.C : d.I;
+        size_t max_in = d.C > d.I ? d.C : d.I, widest = 1, r = (size_t)lora->cfg.rank;
         max_in = max_in > d.Q ? max_in : d.Q;
-        s->lora_dt = carve(&cv, d.N * (size_t)lora->cfg.rank * e);
+        for (int m = 0; m < LORA_MODULES; m++) {
+            size_t n = (size_t)llama_lora_group_of(&lora->cfg, m).n;
+            widest = n > widest ? n : widest;
+        }
+        s->lora_dt = carve(&cv, d.N * widest * r * e);
+        if (widest > 1) { /* a group's inputs are the hidden size wide */
+            s->lora_a = carve(&cv, widest * r * d.C * e);
+            s->lora_da = carve(&cv, widest * r * d.C * sizeof(float));
+        }
         if (lora->cfg.dropout > 0) {
             s->lora_xd = carve(&cv, d.N * max_in * e);
             s->lora_dxd = carve(&cv, d.N * max_in * e);
@@ -353,6 +384,84 @@ static void lora_backward(kctx *c, const llama_layer_weights *w, int m, const vo
               st->in, L->dropout, 1);
 }
 
+/* A fused group's A matrices one after another in s->lora_a: [n rank, in]. */
+static const void *lora_group_a(kctx *c, const llama_layer_weights *w, const llama_lora_group *g,
+                                llama_scratch *s) {
+    const lora_layout *L = w->lora->layout;
+    size_t cs = k_compute_size(c), bytes = (size_t)L->cfg.rank * L->site[g->member[0]].in * cs;
+    for (int j = 0; j < g->n; j++)
+        k_copy_h2d(c, (char *)s->lora_a + j * bytes, (const char *)w->adapters + L->site[g->member[j]].a_off * cs,
+                   bytes);
+    return s->lora_a;
+}
+
+/* Forward of fused group g on its input x: t = scale * x [A_1; ...; A_n]^T, one GEMM into the
+ * group's [N, n rank] inner activation, then each member's y_j += t_j B_j^T. */
+static void lora_group_forward(kctx *c, const llama_layer_weights *w, const llama_lora_group *g,
+                               const void *x, void *const ys[], llama_layer_acts *a, llama_scratch *s, int B,
+                               int T) {
+    const lora_layout *L = w->lora->layout;
+    int N = B * T, r = L->cfg.rank, ld = g->n * r;
+    size_t cs = k_compute_size(c);
+    void *t = a->lora_t[g->member[0]];
+    k_linear_fwd(c, t, x, lora_group_a(c, w, g, s), N, L->site[g->member[0]].in, ld);
+    k_scale(c, t, w->lora->scale, (size_t)N * ld);
+    for (int j = 0; j < g->n; j++) {
+        const lora_site *st = &L->site[g->member[j]];
+        k_linear_fwd_acc_ld(c, ys[j], a->lora_t[g->member[j]], ld, (const char *)w->adapters + st->b_off * cs, N, r,
+                            st->out);
+    }
+}
+
+/* The adapters of modules first .. first + count - 1 (which share input x) onto their base
+ * outputs ys[m - first]: a fused group at once, the others one by one. */
+static void lora_inputs_forward(kctx *c, const llama_layer_weights *w, int first, int count, const void *x,
+                                void *const ys[], llama_layer_acts *a, llama_scratch *s, int B, int T) {
+    for (int m = first; m < first + count; m++) {
+        if (!lora_on(w, m)) continue;
+        llama_lora_group g = llama_lora_group_of(&w->lora->layout->cfg, m);
+        if (g.n == 1) {
+            lora_forward(c, w, m, x, ys[m - first], a, s->lora_xd, B, T);
+        } else if (g.column == 0) {
+            void *gy[3];
+            for (int j = 0; j < g.n; j++) gy[j] = ys[g.member[j] - first];
+            lora_group_forward(c, w, &g, x, gy, a, s, B, T);
+        }
+    }
+}
+
+/* Whether module m's adapter runs in a fused group (its backward then comes after the bases'). */
+static int lora_fused(const llama_layer_weights *w, int m) {
+    return lora_on(w, m) && llama_lora_group_of(&w->lora->layout->cfg, m).n > 1;
+}
+
+/* Backward of the fused group of modules first .. first + count - 1 (nothing when they are not
+ * fused), their output gradients dys[m - first]: each member's dB_j += dy_j^T t_j and
+ * dt_j = scale * dy_j B_j into its columns of dt, then dx += dt [A_1; ...; A_n] and
+ * [dA_1; ...; dA_n] += dt^T x, one GEMM each. */
+static void lora_inputs_backward(kctx *c, const llama_layer_weights *w, int first, int count, const void *x,
+                                 void *dx, const void *const dys[], const llama_layer_acts *a, llama_scratch *s,
+                                 int B, int T) {
+    int m0 = first;
+    while (m0 < first + count && !lora_on(w, m0)) m0++;
+    if (m0 == first + count || !lora_fused(w, m0)) return;
+    const lora_layout *L = w->lora->layout;
+    llama_lora_group g = llama_lora_group_of(&L->cfg, m0);
+    int N = B * T, r = L->cfg.rank, ld = g.n * r, in = L->site[m0].in;
+    size_t cs = k_compute_size(c);
+    for (int j = 0; j < g.n; j++) {
+        const lora_site *st = &L->site[g.member[j]];
+        k_linear_bwd_ld(c, (char *)s->lora_dt + (size_t)j * r * cs, w->adapter_grads + st->b_off,
+                        dys[g.member[j] - first], a->lora_t[g.member[j]], ld, (const char *)w->adapters + st->b_off * cs,
+                        N, r, st->out, 0);
+    }
+    k_scale(c, s->lora_dt, w->lora->scale, (size_t)N * ld);
+    k_zero(c, s->lora_da, (size_t)ld * in * sizeof(float));
+    k_linear_bwd(c, dx, s->lora_da, s->lora_dt, x, lora_group_a(c, w, &g, s), N, in, ld, 1);
+    for (int j = 0; j < g.n; j++)
+        k_add_f32(c, w->adapter_grads + L->site[g.member[j]].a_off, s->lora_da + (size_t)j * r * in, (size_t)r * in);
+}
+
 /* ---- embedding ---- */
 
 void llama_embed_forward(kctx *c, const llama_layout *lo, const void *params,
@@ -367,14 +476,12 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 
 /* ---- decoder layer ---- */
 
-/* y = x W_t^T (+ bias, Qwen2's q/k/v) (+ the adapter of module m), for a projection of
- * the attention. */
+/* y = x W_t^T (+ bias, Qwen2's q/k/v), for a projection of the attention (its adapter: by
+ * lora_inputs_forward). */
 static void attn_proj_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
-                              int t, int bias, const void *x, void *y, llama_layer_acts *a,
-                              void *xd, int N, int in, int out, int B, int T) {
+                              int t, int bias, const void *x, void *y, int N, int in, int out) {
     proj_fwd(c, lo, w, y, x, t, N, in, out);
     if (lo->cfg.attention_bias) k_bias_fwd(c, y, LAYER_W(bias), N, out);
-    lora_forward(c, w, t, x, y, a, xd, B, T);
 }
 
 /* q or k from its projection: Qwen3's per-head RMSNorm (pre -> x, rstd saved) when the
@@ -401,9 +508,10 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     void *xd = s->lora_xd; /* a dropped-out adapter input, used at once */
     void *q = cfg->qk_norm ? a->q_pre : a->q, *k = cfg->qk_norm ? a->k_pre : a->k;
     k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, (float)cfg->rms_norm_eps);
-    attn_proj_forward(c, lo, w, LLAMA_Q, LLAMA_Q_BIAS, a->ln1, q, a, xd, N, C, Hq * hd, B, T);
-    attn_proj_forward(c, lo, w, LLAMA_K, LLAMA_K_BIAS, a->ln1, k, a, xd, N, C, Hkv * hd, B, T);
-    attn_proj_forward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, a->v, a, xd, N, C, Hkv * hd, B, T);
+    attn_proj_forward(c, lo, w, LLAMA_Q, LLAMA_Q_BIAS, a->ln1, q, N, C, Hq * hd);
+    attn_proj_forward(c, lo, w, LLAMA_K, LLAMA_K_BIAS, a->ln1, k, N, C, Hkv * hd);
+    attn_proj_forward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, a->v, N, C, Hkv * hd);
+    if (w->lora) lora_inputs_forward(c, w, LORA_Q, 3, a->ln1, (void *[]){q, k, a->v}, a, s, B, T);
     qk_forward(c, lo, w, LLAMA_Q_NORM, inv_freq, docs, q, a->q, a->rstd_q, B, T, Hq);
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
@@ -442,9 +550,8 @@ static void mlp_chunk_forward(kctx *c, const llama_layout *lo, const llama_layer
     llama_layer_acts *a = &ch->v;
     void *xd = s->lora_xd, *o = out ? (char *)out + (size_t)ch->r0 * C * k_compute_size(c) : NULL;
     proj_fwd(c, lo, w, a->gate, a->ln2, LLAMA_GATE, n, C, I);
-    lora_forward(c, w, LORA_GATE, a->ln2, a->gate, a, xd, ch->B, ch->T);
     proj_fwd(c, lo, w, a->up, a->ln2, LLAMA_UP, n, C, I);
-    lora_forward(c, w, LORA_UP, a->ln2, a->up, a, xd, ch->B, ch->T);
+    if (w->lora) lora_inputs_forward(c, w, LORA_GATE, 2, a->ln2, (void *[]){a->gate, a->up}, a, s, ch->B, ch->T);
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)n * I);
     if (o) proj_fwd(c, lo, w, o, a->sw, LLAMA_DOWN, n, I, C);
     lora_forward(c, w, LORA_DOWN, a->sw, o, a, xd, ch->B, ch->T);
@@ -509,7 +616,7 @@ static void attn_proj_backward(kctx *c, const llama_layout *lo, const llama_laye
     float *dbias = lo->cfg.attention_bias ? LAYER_DW(bias) : NULL;
     if (dbias) k_bias_bwd(c, dbias, dy, N, out);
     proj_bwd(c, lo, w, din, t, dy, x, N, in, out, accumulate);
-    lora_backward(c, w, t, x, din, dy, a, s, B, T);
+    if (!lora_fused(w, t)) lora_backward(c, w, t, x, din, dy, a, s, B, T);
 }
 
 /* Backward of mlp_chunk_forward but the norm: its rows of dresid (d/d(out)) into the rows of
@@ -528,9 +635,10 @@ static void mlp_chunk_backward(kctx *c, const llama_layout *lo, const llama_laye
     void *dgate = a->gate, *dup = a->up;
     k_swiglu_bwd(c, dgate, dup, s->dsw, a->gate, a->up, (size_t)n * I);
     proj_bwd(c, lo, w, dln, LLAMA_GATE, dgate, a->ln2, n, C, I, 0);
-    lora_backward(c, w, LORA_GATE, a->ln2, dln, dgate, a, s, ch->B, ch->T);
+    if (!lora_fused(w, LORA_GATE)) lora_backward(c, w, LORA_GATE, a->ln2, dln, dgate, a, s, ch->B, ch->T);
     proj_bwd(c, lo, w, dln, LLAMA_UP, dup, a->ln2, n, C, I, 1);
-    lora_backward(c, w, LORA_UP, a->ln2, dln, dup, a, s, ch->B, ch->T);
+    if (!lora_fused(w, LORA_UP)) lora_backward(c, w, LORA_UP, a->ln2, dln, dup, a, s, ch->B, ch->T);
+    if (w->lora) lora_inputs_backward(c, w, LORA_GATE, 2, a->ln2, dln, (const void *[]){dgate, dup}, a, s, ch->B, ch->T);
 }
 
 void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
@@ -564,6 +672,7 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
                        Hkv * hd, B, T);
     attn_proj_backward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, s->dln, s->dv, a, s, 1, C,
                        Hkv * hd, B, T);
+    if (w->lora) lora_inputs_backward(c, w, LORA_Q, 3, a->ln1, s->dln, (const void *[]){dq, dk, s->dv}, a, s, B, T);
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN1), s->dln, x, LAYER_W(LLAMA_LN1), a->rstd1, N, C);
 }
 

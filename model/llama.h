@@ -155,8 +155,10 @@ typedef struct llama_scratch {
     void *dln;               /* [N,C] gradient of a norm's output */
     void *datt, *dq;         /* [N,Q] */
     void *dk, *dv;           /* [N,KV] */
-    void *lora_dt;           /* [N,rank] an adapter's inner gradient */
+    void *lora_dt;           /* [N,n rank] an adapter's (or a fused group's) inner gradient */
     void *lora_xd, *lora_dxd; /* [N,max in] a dropped-out input and its gradient (dropout > 0) */
+    void *lora_a;            /* [n rank,C] a fused group's A, gathered (NULL: no group) */
+    float *lora_da;          /* [n rank,C] a fused group's dA, before it is added to each */
     int mlp_rows;             /* dsw's rows: N, or llama_layers_acts_carve's mlp_rows */
 } llama_scratch;
 
@@ -196,6 +198,20 @@ typedef struct llama_lora {
     uint64_t seed;          /* train.seed: the dropout streams' key */
     const int64_t *samples; /* [B] context memory: each row's global sample index */
 } llama_lora;
+
+/* The adapters that share module m's input and run as one (F47): without dropout, the adapted
+ * modules among q, k, v (input_layernorm's output) or gate, up (post_attention_layernorm's), when
+ * two or more are.  Their A projections are one GEMM into one [rows, n rank] inner activation
+ * (member j's rank columns at j rank, rows n rank apart: lora_t of each member points at its
+ * columns), their dt one [rows, n rank] and their input gradient one GEMM of depth n rank.
+ * With dropout each module keeps a mask of its own (as PEFT: one nn.Dropout a module), so
+ * nothing is fused.  n 1: m alone (not adapted, not in a group, or not fused). */
+typedef struct llama_lora_group {
+    int n;         /* members */
+    int member[3]; /* their modules, in order */
+    int column;    /* m's place among them */
+} llama_lora_group;
+llama_lora_group llama_lora_group_of(const lora_config *cfg, int m);
 
 /* What a decoder layer's compute reads and accumulates into. */
 /* FP8 linears (train.precision fp8, F45): a decoder layer's seven projections in float8 with

@@ -144,10 +144,14 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
         int down = k == 6 && recompute; /* only the adapter's inner activation */
         if (!down) gemm(t, r, s->N, in[k], out[k], 0);
         if (s->lora && (s->lora->targets >> k & 1u)) {
+            llama_lora_group g = llama_lora_group_of(s->lora, k);
             int rk = s->lora->rank;
             if (s->lora->dropout > 0) moved(t, r, 2 * N * in[k] * cs, ew);
-            gemm(t, r, s->N, in[k], rk, 0);
-            moved(t, r, 2 * N * rk * cs, ew); /* scale */
+            if (g.column == 0) { /* a fused group's A at once (llama_lora_group_of) */
+                gemm(t, r, s->N, in[k], g.n * rk, 0);
+                moved(t, r, 2 * N * g.n * rk * cs, ew); /* scale */
+                if (g.n > 1) moved(t, r, 2.0 * g.n * rk * in[k] * cs, ew); /* the A's gathered */
+            }
             if (!down) gemm(t, r, s->N, rk, out[k], 0); /* accumulated onto the base's output */
         }
     }
@@ -184,12 +188,16 @@ static void layer_backward(tally *t, const rates *r, const model_shape *s) {
         gemm(t, r, s->N, in[k], out[k], 1);
         if (!s->lora) gemm(t, r, s->N, in[k], out[k], 2);
         if (s->lora && (s->lora->targets >> k & 1u)) {
+            llama_lora_group g = llama_lora_group_of(s->lora, k);
             int rk = s->lora->rank;
             gemm(t, r, s->N, rk, out[k], 1); /* B: d(lora_t) and dB */
             gemm(t, r, s->N, rk, out[k], 2);
-            moved(t, r, 2 * N * rk * cs, ew);
-            gemm(t, r, s->N, in[k], rk, 1);  /* A: dx and dA */
-            gemm(t, r, s->N, in[k], rk, 2);
+            if (g.column == 0) { /* A: dx and dA, a fused group's at once */
+                moved(t, r, 2 * N * g.n * rk * cs, ew);
+                gemm(t, r, s->N, in[k], g.n * rk, 1);
+                gemm(t, r, s->N, in[k], g.n * rk, 2);
+                if (g.n > 1) moved(t, r, g.n * rk * in[k] * (2 * cs + 12.0), ew); /* A gathered, dA added */
+            }
             if (s->lora->dropout > 0) moved(t, r, 3 * N * in[k] * cs, ew);
         }
     }

@@ -13,26 +13,26 @@ void cpu_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, in
                 0.0f, out, n_out);
 }
 
-/* out[N,O] += in[N,I] W[O,I]^T */
-void cpu_linear_fwd_acc(kctx *c, void *out, const void *in, const void *w, int N, int n_in,
-                        int n_out) {
+/* out[N,O] += in[N,I] W[O,I]^T, in's rows ld apart */
+void cpu_linear_fwd_acc_ld(kctx *c, void *out, const void *in, int ld, const void *w, int N,
+                           int n_in, int n_out) {
     (void)c;
     if (N <= 0 || n_in <= 0 || n_out <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, in, n_in, w, n_in,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, in, ld, w, n_in,
                 1.0f, out, n_out);
 }
 
-/* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] += dout[N,O]^T in[N,I]. */
-void cpu_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
-                    const void *w, int N, int n_in, int n_out, int accumulate_din) {
+/* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] += dout[N,O]^T in[N,I]; in and din rows ld apart. */
+void cpu_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const void *in, int ld,
+                       const void *w, int N, int n_in, int n_out, int accumulate_din) {
     (void)c;
     if (N <= 0 || n_in <= 0 || n_out <= 0) return;
     if (din)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, n_in, n_out, 1.0f, dout, n_out,
-                    w, n_in, accumulate_din ? 1.0f : 0.0f, din, n_in);
+                    w, n_in, accumulate_din ? 1.0f : 0.0f, din, ld);
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f, dout, n_out,
-                    in, n_in, 1.0f, dw, n_in);
+                    in, ld, 1.0f, dw, n_in);
 }
 
 /* out[n,:] += bias */

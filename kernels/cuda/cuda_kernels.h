@@ -105,6 +105,7 @@ typedef struct cuda_input_error {
 typedef struct cuda_gemm {
     int used;
     int m, n, k, trans_a, trans_b, align_a, align_b, align_c;
+    int ld_a, ld_b, ld_c; /* leading dimensions (column-major): packed, or a slice's */
     cudaDataType_t type_a, type_b, out_type; /* bf16 A and B, or fp8 (k_fp8_gemm) */
     int scale_mode; /* fp8: the cublasLtMatmulMatrixScale_t of A and B; else -1 */
     cublasLtMatmulDesc_t desc;

@@ -69,9 +69,9 @@ static cuda_gemm *build_gemm(kctx *c, cuda_gemm *g, const char *what) {
     // Stored shapes: A is (k x m) when transposed else (m x k); B is (n x k) or (k x n).
     int a_rows = g->trans_a ? g->k : g->m, a_cols = g->trans_a ? g->m : g->k;
     int b_rows = g->trans_b ? g->n : g->k, b_cols = g->trans_b ? g->k : g->n;
-    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_a, g->type_a, a_rows, a_cols, a_rows),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_a, g->type_a, a_rows, a_cols, g->ld_a),
              "MatrixLayoutCreate(A)");
-    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_b, g->type_b, b_rows, b_cols, b_rows),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_b, g->type_b, b_rows, b_cols, g->ld_b),
              "MatrixLayoutCreate(B)");
     if (g->scale_mode >= 0) {
         int32_t mode = g->scale_mode;
@@ -80,7 +80,7 @@ static cuda_gemm *build_gemm(kctx *c, cuda_gemm *g, const char *what) {
         LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                                 sizeof mode), "set B_SCALE_MODE");
     }
-    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_c, g->out_type, g->m, g->n, g->m),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&g->layout_c, g->out_type, g->m, g->n, g->ld_c),
              "MatrixLayoutCreate(C)");
 
     cublasLtMatmulPreference_t pref;
@@ -126,8 +126,9 @@ static cuda_gemm *find_gemm(kctx *c, const cuda_gemm *key, const char *what) {
             g->trans_a == key->trans_a && g->trans_b == key->trans_b &&
             g->type_a == key->type_a && g->type_b == key->type_b &&
             g->scale_mode == key->scale_mode && g->out_type == key->out_type &&
-            g->align_a == key->align_a &&
-            g->align_b == key->align_b && g->align_c == key->align_c)
+            g->align_a == key->align_a && g->align_b == key->align_b &&
+            g->align_c == key->align_c && g->ld_a == key->ld_a && g->ld_b == key->ld_b &&
+            g->ld_c == key->ld_c)
             return g;
     }
     cuda_gemm *slot = NULL;
@@ -142,11 +143,17 @@ static cuda_gemm *find_gemm(kctx *c, const cuda_gemm *key, const char *what) {
     return build_gemm(c, slot, what);
 }
 
+// Leading dimensions of a product's operands; 0: packed (A's and B's stored rows, D's m).
+typedef struct gemm_lds {
+    int a, b, d;
+} gemm_lds;
+
 // The cached configuration of D (m x n, column-major) = op(A) op(B) (+ beta D), A and B of
-// types ta and tb (fp8 with scale_mode >= 0).
+// types ta and tb (fp8 with scale_mode >= 0), leading dimensions ld.
 static cuda_gemm *gemm_for(kctx *c, const char *what, const void *d, cudaDataType_t out_type,
                            const void *a, cudaDataType_t ta, int trans_a, const void *b,
-                           cudaDataType_t tb, int trans_b, int m, int n, int k, int scale_mode) {
+                           cudaDataType_t tb, int trans_b, int m, int n, int k, int scale_mode,
+                           gemm_lds ld) {
     cuda_gemm key;
     memset(&key, 0, sizeof key);
     key.m = m;
@@ -161,6 +168,9 @@ static cuda_gemm *gemm_for(kctx *c, const char *what, const void *d, cudaDataTyp
     key.align_a = alignment_of(a);
     key.align_b = alignment_of(b);
     key.align_c = alignment_of(d);
+    key.ld_a = ld.a ? ld.a : trans_a ? k : m;
+    key.ld_b = ld.b ? ld.b : trans_b ? n : k;
+    key.ld_c = ld.d ? ld.d : m;
     return find_gemm(c, &key, what);
 }
 
@@ -175,39 +185,42 @@ static void run_gemm(kctx *c, const char *what, cuda_gemm *g, void *d, const voi
     if (st != CUBLAS_STATUS_SUCCESS) lt_failed(c, what, "Matmul", st);
 }
 
-// D (m x n, column-major, leading dimension m) = op(A) op(B) + beta D, A and B bf16.
+// D (m x n, column-major) = op(A) op(B) + beta D, A and B bf16, leading dimensions ld.
 static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, const void *a,
-                   int trans_a, const void *b, int trans_b, int m, int n, int k, float beta) {
+                   int trans_a, const void *b, int trans_b, int m, int n, int k, float beta,
+                   gemm_lds ld) {
     cuda_gemm *g = gemm_for(c, what, d, out_type, a, CUDA_R_16BF, trans_a, b, CUDA_R_16BF,
-                            trans_b, m, n, k, -1);
+                            trans_b, m, n, k, -1, ld);
     if (g) run_gemm(c, what, g, d, a, b, beta);
 }
 
-// out[N,O] = in[N,I] W[O,I]^T + beta out: beta 0 overwrites (linear_fwd), 1 adds (linear_fwd_acc,
-// the sum taken in fp32 and rounded once).
-static void linear_forward(kctx *c, const char *what, void *out, const void *in, const void *w,
-                           int N, int I, int O, float beta) {
+// out[N,O] = in[N,I] W[O,I]^T + beta out, in's rows ld apart: beta 0 overwrites (linear_fwd), 1
+// adds (linear_fwd_acc_ld, the sum taken in fp32 and rounded once).
+static void linear_forward(kctx *c, const char *what, void *out, const void *in, int ld,
+                           const void *w, int N, int I, int O, float beta) {
     if (N <= 0 || I <= 0 || O <= 0) return;
-    matmul(c, what, out, CUDA_R_16BF, w, 1, in, 0, O, N, I, beta);
+    matmul(c, what, out, CUDA_R_16BF, w, 1, in, 0, O, N, I, beta, gemm_lds{0, ld, 0});
 }
 
 extern "C" void cuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
                                 int O) {
-    linear_forward(c, "linear_fwd", out, in, w, N, I, O, 0.0f);
+    linear_forward(c, "linear_fwd", out, in, I, w, N, I, O, 0.0f);
 }
 
-extern "C" void cuda_linear_fwd_acc(kctx *c, void *out, const void *in, const void *w, int N,
-                                    int I, int O) {
-    linear_forward(c, "linear_fwd_acc", out, in, w, N, I, O, 1.0f);
+extern "C" void cuda_linear_fwd_acc_ld(kctx *c, void *out, const void *in, int ld, const void *w,
+                                       int N, int I, int O) {
+    linear_forward(c, "linear_fwd_acc", out, in, ld, w, N, I, O, 1.0f);
 }
 
-extern "C" void cuda_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
-                                const void *w, int N, int I, int O, int accumulate_din) {
+extern "C" void cuda_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const void *in,
+                                   int ld, const void *w, int N, int I, int O, int accumulate_din) {
     if (N <= 0 || I <= 0 || O <= 0) return;
     if (din)
         matmul(c, "linear_bwd (din)", din, CUDA_R_16BF, w, 0, dout, 0, I, N, O,
-               accumulate_din ? 1.0f : 0.0f);
-    if (dw) matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f);
+               accumulate_din ? 1.0f : 0.0f, gemm_lds{0, 0, ld});
+    if (dw)
+        matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f,
+               gemm_lds{ld, 0, 0});
 }
 
 // ---- FP8 (see the top) ----
@@ -263,7 +276,7 @@ extern "C" void cuda_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float 
     int mode = scaling == K_FP8_ROWWISE ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
                                         : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     cuda_gemm *g = gemm_for(c, what, out, CUDA_R_16BF, b, fp8_type(fb), 1, a, fp8_type(fa), 0, N,
-                            M, K, mode);
+                            M, K, mode, gemm_lds{0, 0, 0});
     if (!g) return;
     const void *sa = b_scale_inv, *sb = a_scale_inv; // cuBLASLt's A is b, its B is a
     cublasStatus_t st = cublasLtMatmulDescSetAttribute(

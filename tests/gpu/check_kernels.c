@@ -738,6 +738,35 @@ static void check_linear(int N, int I, int O) {
     release_all();
 }
 
+/* The _ld ops on columns [at, at + I) of a wide [N, ld] matrix (a fused LoRA group's inner
+ * activations: B's input, dB's input, dt's output), against the CPU's on the same layout; the
+ * other columns of the output stay as they were. */
+static void check_linear_ld(int N, int I, int O, int ld, int at) {
+    seed(10);
+    size_t nw = (size_t)N * ld, no = (size_t)N * O, oi = (size_t)O * I;
+    float *wide = hrandom(nw, 1.0f), *w = hrandom(oi, 1.0f), *dout = hrandom(no, 1.0f);
+    void *dwide = dcomp(wide, nw), *dw_ = dcomp(w, oi), *ddout = dcomp(dout, no);
+    const char *shp = shape("N=%d I=%d O=%d ld=%d at=%d", N, I, O, ld, at);
+    char shp_copy[128];
+    snprintf(shp_copy, sizeof shp_copy, "%s", shp);
+
+    float *out0 = hrandom(no, sqrtf((float)I) / 3.0f), *want = hcopy(out0, no);
+    k_linear_fwd_acc_ld(&cpu, want, wide + at, ld, w, N, I, O);
+    void *out = dcomp(out0, no);
+    k_linear_fwd_acc_ld(&gpu, out, (char *)dwide + (size_t)at * 2, ld, dw_, N, I, O);
+    report("linear_fwd_acc_ld (+=)", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
+
+    float *dw0 = hrandom(oi, sqrtf((float)N) / 3.0f), *want_dw = hcopy(dw0, oi), *want_wide = hcopy(wide, nw);
+    k_linear_bwd_ld(&cpu, want_wide + at, want_dw, dout, wide + at, ld, w, N, I, O, 0);
+    float *dw = df32(dw0, oi);
+    void *dwide_out = dcomp(wide, nw);
+    k_linear_bwd_ld(&gpu, (char *)dwide_out + (size_t)at * 2, dw, ddout, (char *)dwide + (size_t)at * 2, ld, dw_, N,
+                    I, O, 0);
+    report("linear_bwd_ld dw (+=)", shp_copy, get_f32(dw, oi), want_dw, oi, TOL_GEMM);
+    report("linear_bwd_ld din (=, its columns)", shp_copy, get_comp(dwide_out, nw), want_wide, nw, TOL_GEMM);
+    release_all();
+}
+
 /* ---- dropout ---- */
 
 /* Elements zero on one side only (the masks differ) and elements further from the CPU's fp32
@@ -1639,6 +1668,8 @@ int main(int argc, char **argv) {
     check_linear(65, 4096, 32001);    /* a vocabulary with an added token */
     check_linear(2046, 4096, 16);     /* LoRA A, rank 16 */
     check_linear(2046, 16, 4096);     /* LoRA B */
+    check_linear_ld(2046, 64, 4096, 192, 64); /* a fused q/k/v group's k: B, dB, dt */
+    check_linear_ld(67, 8, 40, 24, 16);
     misalign = 1;
     check_linear(33, 100, 77);
     check_bias(4096, 3584 + 2 * 512); /* Qwen2.5-7B's q, k and v biases side by side */

@@ -1273,6 +1273,41 @@ static void test_linear_fwd_acc(void **state) {
     kctx_destroy(&c);
 }
 
+/* The _ld ops on a column slice of a wider matrix (rows LD apart, the fused LoRA inner
+ * activations' layout) give the packed ops' results, and leave the other columns alone. */
+static void test_linear_ld(void **state) {
+    (void)state;
+    kctx c;
+    init_cpu(&c);
+    seed(16);
+    enum { N = 7, I = 4, O = 5, LD = 13, AT = 6 };
+    float *wide = random_floats(N * LD, 1.0f), *w = random_floats(O * I, 1.0f);
+    float *dout = random_floats(N * O, 1.0f), packed[N * I];
+    for (int n = 0; n < N; n++) memcpy(packed + n * I, wide + n * LD + AT, I * sizeof *packed);
+    float *base = random_floats(N * O, 1.0f), want[N * O], got[N * O];
+    memcpy(want, base, sizeof want);
+    memcpy(got, base, sizeof got);
+    k_linear_fwd_acc(&c, want, packed, w, N, I, O);
+    k_linear_fwd_acc_ld(&c, got, wide + AT, LD, w, N, I, O);
+    assert_memory_equal(got, want, sizeof got);
+
+    float dw_want[O * I] = {0}, dw_got[O * I] = {0}, din_want[N * I], before[N * LD];
+    memcpy(before, wide, sizeof before);
+    k_linear_bwd(&c, din_want, dw_want, dout, packed, w, N, I, O, 0);
+    k_linear_bwd_ld(&c, NULL, dw_got, dout, wide + AT, LD, w, N, I, O, 0);
+    assert_memory_equal(dw_got, dw_want, sizeof dw_got);
+    k_linear_bwd_ld(&c, wide + AT, NULL, dout, NULL, LD, w, N, I, O, 0);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < LD; j++) {
+            float v = wide[n * LD + j];
+            if (j >= AT && j < AT + I) assert_true(v == din_want[n * I + j - AT]);
+            else assert_true(v == before[n * LD + j]);
+        }
+    expect_ok(&c);
+    free(wide), free(w), free(dout), free(base);
+    kctx_destroy(&c);
+}
+
 /* ---- cross-entropy ---- */
 
 static void test_cross_entropy_value(void **state) {
@@ -1494,6 +1529,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_fwd_acc),
+        cmocka_unit_test(test_linear_ld),
         cmocka_unit_test(test_cross_entropy_value),
         cmocka_unit_test(test_cross_entropy_grad),
         cmocka_unit_test(test_cross_entropy_bad_target),

@@ -249,6 +249,60 @@ static void test_dropout_reproducible(void **state) {
     golden_close(&g);
 }
 
+/* (2b) Adapters on some modules: q and v one group of two (k between them not adapted), gate
+ * and up one, k alone, up alone.  Each against the every-linear model whose other adapters'
+ * lora_B are zero (they add nothing, and their dt is zero): the same logits and the same
+ * gradients of the adapted modules, so each member reads and writes its own columns of the
+ * group's inner activations. */
+static void check_partial_targets(golden *g, unsigned targets) {
+    errbuf err = {{0}};
+    llama_model part, all;
+    lora_config lc = golden_lora(0.0);
+    lc.targets = targets;
+    golden_model_with(&part, g, lc, 1);
+    golden_model(&all, g, 0.0, 1);
+    const lora_layout *la = &all.lora_layout;
+    for (int i = 0; i < la->n_tensors; i++) {
+        const llama_tensor_slot *s = &la->tensors[i];
+        int which, module = lora_tensor_module(la, s, &which);
+        if (which != 1 || (targets >> module & 1u)) continue;
+        float *zero = xcalloc(s->numel, sizeof *zero);
+        if (llama_model_set_param(&all, s->name, zero, s->numel, &err)) fail_msg("%s", err.msg);
+        free(zero);
+    }
+    size_t NV = (size_t)g->B * g->T * (size_t)g->cfg.vocab_size;
+    float *lp = xcalloc(NV, sizeof *lp), *la_logits = xcalloc(NV, sizeof *la_logits), loss_p, loss_a;
+    run(&part, g, &loss_p, lp);
+    run(&all, g, &loss_a, la_logits);
+    check("partial logits", lp, la_logits, NV, 1e-6);
+    const lora_layout *lpart = &part.lora_layout;
+    double worst = 0;
+    for (int i = 0; i < lpart->n_tensors; i++) {
+        const llama_tensor_slot *s = &lpart->tensors[i];
+        float *gp = xcalloc(s->numel, sizeof *gp), *ga = xcalloc(s->numel, sizeof *ga);
+        if (llama_model_get_grad(&part, s->name, gp, s->numel, &err) ||
+            llama_model_get_grad(&all, s->name, ga, s->numel, &err))
+            fail_msg("%s", err.msg);
+        double e = check(s->name, gp, ga, s->numel, 1e-5);
+        worst = e > worst ? e : worst;
+        free(gp), free(ga);
+    }
+    printf("targets 0x%02x: %d adapter tensors, worst gradient %.2e against every linear\n", targets,
+           lpart->n_tensors, worst);
+    free(lp), free(la_logits);
+    llama_model_destroy(&part);
+    llama_model_destroy(&all);
+}
+
+static void test_partial_targets(void **state) {
+    (void)state;
+    golden g;
+    golden_open(&g);
+    check_partial_targets(&g, 1u << LORA_Q | 1u << LORA_V | 1u << LORA_UP | 1u << LORA_DOWN);
+    check_partial_targets(&g, 1u << LORA_K | 1u << LORA_GATE | 1u << LORA_UP | 1u << LORA_O);
+    golden_close(&g);
+}
+
 /* (3) The gradient through dropped-out inputs is the loss's: central differences on the
  * largest-gradient element of each adapted module's lora_A of layer 0 (whose input is what
  * dropout masks). */
@@ -578,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_golden_lora),
         cmocka_unit_test(test_golden_rslora),
         cmocka_unit_test(test_dropout_reproducible),
+        cmocka_unit_test(test_partial_targets),
         cmocka_unit_test(test_dropout_gradient),
         cmocka_unit_test(test_fsdp_lora_step),
         cmocka_unit_test(test_fsdp_rslora_step),
