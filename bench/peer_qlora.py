@@ -16,6 +16,7 @@ CFG = {"llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_l
                                num_key_value_heads=8, head_dim=128, vocab_size=32768, sliding_window=None, rope_theta=1000000.0)}
 ap = argparse.ArgumentParser(); ap.add_argument("--model", default="llama2-7b"); ap.add_argument("--batch", type=int, default=4)
 ap.add_argument("--seq", type=int, default=2048); ap.add_argument("--rank", type=int, default=64); ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--no-ckpt", action="store_true", help="without gradient checkpointing (PEFT's fastest setting, where it fits)")
 a = ap.parse_args()
 shape = dict(CFG[a.model]); family = shape.pop("family", "Llama"); theta = shape.pop("rope_theta", None)
 Config, Model = getattr(transformers, family + "Config"), getattr(transformers, family + "ForCausalLM")
@@ -36,7 +37,8 @@ for layer in model.model.layers:
             setattr(parent, n, q); del lin
 torch.cuda.empty_cache()
 for p in model.parameters(): p.requires_grad_(False)
-model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}); model.enable_input_require_grads()
+if not a.no_ckpt: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+model.enable_input_require_grads()
 model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=16, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"))
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 torch.cuda.reset_peak_memory_stats()
@@ -49,6 +51,6 @@ for s in range(a.steps):
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize(); times.append(time.time() - t)
 st = sum(times[3:]) / len(times[3:])
-print(json.dumps({"peer": "transformers+peft+bitsandbytes qlora", "model": a.model, "model_class": Model.__name__, "rank": a.rank, "batch": a.batch, "seq": a.seq,
+print(json.dumps({"peer": "transformers+peft+bitsandbytes qlora", "model": a.model, "model_class": Model.__name__, "rank": a.rank, "batch": a.batch, "seq": a.seq, "ckpt": not a.no_ckpt,
                   "step_s": st, "tokens_per_s": a.batch * a.seq / st, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
                   "loss": float(loss), "bnb": bnb.__version__}), flush=True)

@@ -41,22 +41,26 @@ int k_sync(kctx *c, errbuf *err);
  *   k_host_register k_host_unregister k_copy_d2h k_zero k_f32_to_compute k_compute_to_f32
  *   k_accumulate k_add_f32 k_sumsq_f32 k_embedding_fwd k_embedding_bwd k_rmsnorm_fwd
  *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_attention_kv k_swiglu_fwd
- *   k_swiglu_bwd k_linear_fwd k_linear_bwd_ld k_bias_fwd k_bias_bwd k_linear_fwd_acc_ld k_scale
- *   k_dropout k_nf4_dequant k_fp8_cast k_fp8_cast_t k_fp8_amax_f32 k_fp8_cast_f32 k_fp8_transpose k_fp8_gemm k_cross_entropy k_adamw */
+ *   k_swiglu_bwd k_linear_fwd_ld k_linear_bwd_ld k_bias_fwd k_bias_bwd k_scale k_dropout
+ *   k_nf4_dequant k_fp8_cast k_fp8_cast_t k_fp8_amax_f32 k_fp8_cast_f32 k_fp8_transpose k_fp8_gemm k_cross_entropy k_adamw */
 #define K_OP(name, params, args) void k_##name params;
 #define K_OP_BY_HAND(ret, name, params) ret k_##name params;
 #include "kernels_ops.h"
 
 /* ---- what is not a backend op ---- */
 
-/* The linear ops on packed operands (rows I apart). */
-static inline void k_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
-                                const void *w, int N, int I, int O, int accumulate_din) {
-    k_linear_bwd_ld(c, din, dw, dout, in, I, w, N, I, O, accumulate_din);
+/* The linear ops on packed operands (rows I apart): out = in W^T, out += in W^T, and the
+ * backward. */
+static inline void k_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I, int O) {
+    k_linear_fwd_ld(c, out, in, I, w, N, I, O, 0);
 }
 static inline void k_linear_fwd_acc(kctx *c, void *out, const void *in, const void *w, int N, int I,
                                     int O) {
-    k_linear_fwd_acc_ld(c, out, in, I, w, N, I, O);
+    k_linear_fwd_ld(c, out, in, I, w, N, I, O, 1);
+}
+static inline void k_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
+                                const void *w, int N, int I, int O, int accumulate_din) {
+    k_linear_bwd_ld(c, din, dw, dout, in, I, w, N, I, O, accumulate_din);
 }
 
 size_t k_bytes_in_use(const kctx *c); /* context memory allocated now (k_alloc, not freed) */

@@ -156,9 +156,12 @@ K_OP(swiglu_bwd,
 
 /* ---- linear layers (GEMM): out[N,O] = in[N,I] W[O,I]^T ---- */
 
-/* k_linear_fwd: out = in W^T (overwrites out). */
-K_OP(linear_fwd, (kctx *c, void *out, const void *in, const void *w, int N, int I, int O),
-     (c, out, in, w, N, I, O))
+/* k_linear_fwd_ld: out = in W^T (accumulate: out += in W^T, the sum taken in fp32 and rounded
+ * once), in's rows ld >= I apart (a column slice of a wider matrix: a fused LoRA group's inner
+ * activations); k_linear_fwd and k_linear_fwd_acc (kernels.h) are packed (ld = I). */
+K_OP(linear_fwd_ld,
+     (kctx *c, void *out, const void *in, int ld, const void *w, int N, int I, int O, int accumulate),
+     (c, out, in, ld, w, N, I, O, accumulate))
 /* k_linear_bwd_ld: din = dout W (accumulate_din: din += ...), skipped when din is NULL;
  * dw += dout^T in, skipped when dw is NULL.  in and din are [N, I] with rows ld >= I apart
  * (a column slice of a wider matrix: the fused LoRA A's inner activations); k_linear_bwd
@@ -178,12 +181,6 @@ K_OP(bias_bwd, (kctx *c, float *dbias, const void *dout, int N, int O), (c, dbia
 
 /* ---- LoRA (DESIGN.md, LoRA and QLoRA): y = x W^T + scale * B(A(dropout(x))) ---- */
 
-/* k_linear_fwd_acc_ld: out += in W^T (the adapter's B projection added onto the base's
- * output); shapes as k_linear_fwd, in's rows ld >= I apart; k_linear_fwd_acc (kernels.h) is
- * ld = I. */
-K_OP(linear_fwd_acc_ld,
-     (kctx *c, void *out, const void *in, int ld, const void *w, int N, int I, int O),
-     (c, out, in, ld, w, N, I, O))
 /* k_scale: x *= s elementwise, compute dtype, in place (one rounding). */
 K_OP(scale, (kctx *c, void *x, float s, size_t n), (c, x, s, n))
 /* k_dropout: in and out are [B, T, cols] (compute dtype); out = in * keep / (1 - p), or with

@@ -284,19 +284,21 @@ static const uint8_t *codes_at(const llama_layout *lo, const llama_layer_weights
     return w->codes + unit_slot(lo, llama_layer_unit(0), lo->layer_index[t])->offset;
 }
 
-/* y = x W_t^T (overwritten), W_t projection t of the layer. */
+/* y = x W_t^T (accumulate: y +=, onto the adapter's term the module's adapter wrote first), W_t
+ * projection t of the layer. */
 static void proj_fwd(kctx *c, const llama_layout *lo, const llama_layer_weights *w, void *y, const void *x, int t,
-                     int N, int in, int out) {
+                     int N, int in, int out, int accumulate) {
     const llama_fp8 *f = w->fp8;
     if (!f) {
-        k_linear_fwd(c, y, x, LAYER_W(t), N, in, out);
+        k_linear_fwd_ld(c, y, x, in, LAYER_W(t), N, in, out, accumulate);
         return;
     }
     k_fp8_cast(c, f->a, f->sa, x, N, in, FP8_E4M3, f->scaling);
     const uint8_t *W = w->codes ? codes_at(lo, w, t) : f->b;
     const float *sw = w->codes ? w->code_scales + LLAMA_FP8_SCALE_STRIDE * t + 4 : f->sb;
     if (!w->codes) k_fp8_cast(c, f->b, f->sb, LAYER_W(t), out, in, FP8_E4M3, f->scaling);
-    k_fp8_gemm(c, y, f->a, f->sa, FP8_E4M3, W, sw, FP8_E4M3, N, out, in, f->scaling);
+    k_fp8_gemm(c, accumulate ? f->product : y, f->a, f->sa, FP8_E4M3, W, sw, FP8_E4M3, N, out, in, f->scaling);
+    if (accumulate) k_accumulate(c, y, f->product, (size_t)N * out);
 }
 
 /* k_linear_bwd's for projection t: din = dy W_t (accumulate: din +=), dW_t += dy^T x; each
@@ -344,8 +346,9 @@ static const void *lora_input(kctx *c, const llama_layer_weights *w, int m, cons
     return xd;
 }
 
-/* Forward: t = scale * A(dropout(x)) (saved), y += t B^T; y NULL: t only (a recomputation
- * whose output is not needed). */
+/* Forward: t = scale * A(dropout(x)) (saved), y = t B^T, the base's GEMM then adding x W^T onto
+ * it (its epilogue reads y: the adapter's term costs a write of y, not a read and a write); y
+ * NULL: t only (a recomputation whose output is not needed). */
 static void lora_forward(kctx *c, const llama_layer_weights *w, int m, const void *x, void *y,
                          llama_layer_acts *a, void *xd, int B, int T) {
     if (!lora_on(w, m)) return;
@@ -356,7 +359,7 @@ static void lora_forward(kctx *c, const llama_layer_weights *w, int m, const voi
     const void *Bw = (const char *)w->adapters + st->b_off * cs;
     k_linear_fwd(c, a->lora_t[m], lora_input(c, w, m, x, xd, B, T), A, N, st->in, r);
     k_scale(c, a->lora_t[m], w->lora->scale, (size_t)N * r);
-    if (y) k_linear_fwd_acc(c, y, a->lora_t[m], Bw, N, r, st->out);
+    if (y) k_linear_fwd(c, y, a->lora_t[m], Bw, N, r, st->out);
 }
 
 /* Backward of lora_forward: dB += dy^T t, dt = scale * dy B, dA += dt^T dropout(x),
@@ -396,7 +399,7 @@ static const void *lora_group_a(kctx *c, const llama_layer_weights *w, const lla
 }
 
 /* Forward of fused group g on its input x: t = scale * x [A_1; ...; A_n]^T, one GEMM into the
- * group's [N, n rank] inner activation, then each member's y_j += t_j B_j^T. */
+ * group's [N, n rank] inner activation, then each member's y_j = t_j B_j^T (lora_forward). */
 static void lora_group_forward(kctx *c, const llama_layer_weights *w, const llama_lora_group *g,
                                const void *x, void *const ys[], llama_layer_acts *a, llama_scratch *s, int B,
                                int T) {
@@ -408,13 +411,14 @@ static void lora_group_forward(kctx *c, const llama_layer_weights *w, const llam
     k_scale(c, t, w->lora->scale, (size_t)N * ld);
     for (int j = 0; j < g->n; j++) {
         const lora_site *st = &L->site[g->member[j]];
-        k_linear_fwd_acc_ld(c, ys[j], a->lora_t[g->member[j]], ld, (const char *)w->adapters + st->b_off * cs, N, r,
-                            st->out);
+        k_linear_fwd_ld(c, ys[j], a->lora_t[g->member[j]], ld, (const char *)w->adapters + st->b_off * cs, N, r,
+                        st->out, 0);
     }
 }
 
-/* The adapters of modules first .. first + count - 1 (which share input x) onto their base
- * outputs ys[m - first]: a fused group at once, the others one by one. */
+/* The adapters of modules first .. first + count - 1 (which share input x) into their outputs
+ * ys[m - first], before the bases add onto them: a fused group at once, the others one by
+ * one. */
 static void lora_inputs_forward(kctx *c, const llama_layer_weights *w, int first, int count, const void *x,
                                 void *const ys[], llama_layer_acts *a, llama_scratch *s, int B, int T) {
     for (int m = first; m < first + count; m++) {
@@ -476,11 +480,11 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 
 /* ---- decoder layer ---- */
 
-/* y = x W_t^T (+ bias, Qwen2's q/k/v), for a projection of the attention (its adapter: by
- * lora_inputs_forward). */
+/* y = x W_t^T (+ bias, Qwen2's q/k/v), for a projection of the attention, onto its adapter's
+ * term when it has one (lora_inputs_forward, first). */
 static void attn_proj_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               int t, int bias, const void *x, void *y, int N, int in, int out) {
-    proj_fwd(c, lo, w, y, x, t, N, in, out);
+    proj_fwd(c, lo, w, y, x, t, N, in, out, lora_on(w, t));
     if (lo->cfg.attention_bias) k_bias_fwd(c, y, LAYER_W(bias), N, out);
 }
 
@@ -508,16 +512,16 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     void *xd = s->lora_xd; /* a dropped-out adapter input, used at once */
     void *q = cfg->qk_norm ? a->q_pre : a->q, *k = cfg->qk_norm ? a->k_pre : a->k;
     k_rmsnorm_fwd(c, a->ln1, a->rstd1, x, LAYER_W(LLAMA_LN1), N, C, (float)cfg->rms_norm_eps);
+    if (w->lora) lora_inputs_forward(c, w, LORA_Q, 3, a->ln1, (void *[]){q, k, a->v}, a, s, B, T);
     attn_proj_forward(c, lo, w, LLAMA_Q, LLAMA_Q_BIAS, a->ln1, q, N, C, Hq * hd);
     attn_proj_forward(c, lo, w, LLAMA_K, LLAMA_K_BIAS, a->ln1, k, N, C, Hkv * hd);
     attn_proj_forward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, a->v, N, C, Hkv * hd);
-    if (w->lora) lora_inputs_forward(c, w, LORA_Q, 3, a->ln1, (void *[]){q, k, a->v}, a, s, B, T);
     qk_forward(c, lo, w, LLAMA_Q_NORM, inv_freq, docs, q, a->q, a->rstd_q, B, T, Hq);
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
                     Hkv, hd);
-    proj_fwd(c, lo, w, a->h, a->att, LLAMA_O, N, Hq * hd, C);
     lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
+    proj_fwd(c, lo, w, a->h, a->att, LLAMA_O, N, Hq * hd, C, lora_on(w, LORA_O));
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
 
@@ -549,12 +553,12 @@ static void mlp_chunk_forward(kctx *c, const llama_layout *lo, const llama_layer
     int n = ch->n, C = lo->cfg.hidden_size, I = lo->cfg.intermediate_size;
     llama_layer_acts *a = &ch->v;
     void *xd = s->lora_xd, *o = out ? (char *)out + (size_t)ch->r0 * C * k_compute_size(c) : NULL;
-    proj_fwd(c, lo, w, a->gate, a->ln2, LLAMA_GATE, n, C, I);
-    proj_fwd(c, lo, w, a->up, a->ln2, LLAMA_UP, n, C, I);
     if (w->lora) lora_inputs_forward(c, w, LORA_GATE, 2, a->ln2, (void *[]){a->gate, a->up}, a, s, ch->B, ch->T);
+    proj_fwd(c, lo, w, a->gate, a->ln2, LLAMA_GATE, n, C, I, lora_on(w, LORA_GATE));
+    proj_fwd(c, lo, w, a->up, a->ln2, LLAMA_UP, n, C, I, lora_on(w, LORA_UP));
     k_swiglu_fwd(c, a->sw, a->gate, a->up, (size_t)n * I);
-    if (o) proj_fwd(c, lo, w, o, a->sw, LLAMA_DOWN, n, I, C);
     lora_forward(c, w, LORA_DOWN, a->sw, o, a, xd, ch->B, ch->T);
+    if (o) proj_fwd(c, lo, w, o, a->sw, LLAMA_DOWN, n, I, C, lora_on(w, LORA_DOWN));
     if (o) k_accumulate(c, o, a->h, (size_t)n * C);
 }
 

@@ -152,7 +152,7 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
                 moved(t, r, 2 * N * g.n * rk * cs, ew); /* scale */
                 if (g.n > 1) moved(t, r, 2.0 * g.n * rk * in[k] * cs, ew); /* the A's gathered */
             }
-            if (!down) gemm(t, r, s->N, rk, out[k], 0); /* accumulated onto the base's output */
+            if (!down) gemm(t, r, s->N, rk, out[k], 0); /* written: the base's GEMM adds onto it */
         }
     }
     if (part & LLAMA_ACTS_ATTENTION) {

@@ -78,7 +78,7 @@ static float *decoded(kctx *c, const uint8_t *codes, size_t n, fp8_format fmt) {
 }
 
 /* The products of two fp8 values are exact in fp32 (at most 4 x 4 significant bits), so the
- * fp32 GEMM of the decoded codes (cpu_linear_fwd) sums exact terms; the scales come after,
+ * fp32 GEMM of the decoded codes (cpu_linear_fwd_ld) sums exact terms; the scales come after,
  * then one rounding to bf16 as the CUDA output's. */
 void cpu_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv, fp8_format fa,
                   const uint8_t *b, const float *b_scale_inv, fp8_format fb, int M, int N, int K,
@@ -88,7 +88,7 @@ void cpu_fp8_gemm(kctx *c, void *out, const uint8_t *a, const float *a_scale_inv
     float *db = da ? decoded(c, b, (size_t)N * (size_t)K, fb) : NULL;
     if (db) {
         float *o = out;
-        cpu_linear_fwd(c, o, da, db, M, K, N);
+        cpu_linear_fwd_ld(c, o, da, K, db, M, K, N, 0);
         int row = scaling == K_FP8_ROWWISE;
         for (size_t m = 0; m < (size_t)M; m++)
             for (size_t n = 0; n < (size_t)N; n++) {

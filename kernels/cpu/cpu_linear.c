@@ -4,22 +4,13 @@
 
 #include <cblas.h>
 
-/* out[N,O] = in[N,I] W[O,I]^T */
-void cpu_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int n_in,
-                    int n_out) {
-    (void)c;
-    if (N <= 0 || n_in <= 0 || n_out <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, in, n_in, w, n_in,
-                0.0f, out, n_out);
-}
-
-/* out[N,O] += in[N,I] W[O,I]^T, in's rows ld apart */
-void cpu_linear_fwd_acc_ld(kctx *c, void *out, const void *in, int ld, const void *w, int N,
-                           int n_in, int n_out) {
+/* out[N,O] (+)= in[N,I] W[O,I]^T, in's rows ld apart */
+void cpu_linear_fwd_ld(kctx *c, void *out, const void *in, int ld, const void *w, int N, int n_in,
+                       int n_out, int accumulate) {
     (void)c;
     if (N <= 0 || n_in <= 0 || n_out <= 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, in, ld, w, n_in,
-                1.0f, out, n_out);
+                accumulate ? 1.0f : 0.0f, out, n_out);
 }
 
 /* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] += dout[N,O]^T in[N,I]; in and din rows ld apart. */

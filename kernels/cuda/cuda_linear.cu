@@ -3,7 +3,7 @@
 // cuBLASLt is column-major; a row-major matrix X[r, c] is the column-major matrix X^T with
 // leading dimension c, so every product below is written for the transposes:
 //   forward  out[N,O] = in[N,I] W[O,I]^T   is  out^T (O x N) = W^T^T (O x I) . in^T (I x N)
-//            (linear_fwd_acc: out +=, beta = 1)
+//            (linear_fwd_ld with accumulate: out +=, beta = 1)
 //   din      din[N,I] = dout[N,O] W[O,I]   is  din^T (I x N) = W^T (I x O) . dout^T (O x N)
 //   dw       dw[O,I] += dout^T[O,N] in[N,I] is  dw^T (I x O) += in^T (I x N) . dout (N x O)
 // dw is fp32 (C = D, beta = 1); out and din are bf16.  Each shape's descriptors and the
@@ -194,22 +194,13 @@ static void matmul(kctx *c, const char *what, void *d, cudaDataType_t out_type, 
     if (g) run_gemm(c, what, g, d, a, b, beta);
 }
 
-// out[N,O] = in[N,I] W[O,I]^T + beta out, in's rows ld apart: beta 0 overwrites (linear_fwd), 1
-// adds (linear_fwd_acc_ld, the sum taken in fp32 and rounded once).
-static void linear_forward(kctx *c, const char *what, void *out, const void *in, int ld,
-                           const void *w, int N, int I, int O, float beta) {
+// out[N,O] = in[N,I] W[O,I]^T (+ out: beta 1, the sum taken in fp32 and rounded once), in's rows
+// ld apart.
+extern "C" void cuda_linear_fwd_ld(kctx *c, void *out, const void *in, int ld, const void *w, int N,
+                                   int I, int O, int accumulate) {
     if (N <= 0 || I <= 0 || O <= 0) return;
-    matmul(c, what, out, CUDA_R_16BF, w, 1, in, 0, O, N, I, beta, gemm_lds{0, ld, 0});
-}
-
-extern "C" void cuda_linear_fwd(kctx *c, void *out, const void *in, const void *w, int N, int I,
-                                int O) {
-    linear_forward(c, "linear_fwd", out, in, I, w, N, I, O, 0.0f);
-}
-
-extern "C" void cuda_linear_fwd_acc_ld(kctx *c, void *out, const void *in, int ld, const void *w,
-                                       int N, int I, int O) {
-    linear_forward(c, "linear_fwd_acc", out, in, ld, w, N, I, O, 1.0f);
+    matmul(c, accumulate ? "linear_fwd (+=)" : "linear_fwd", out, CUDA_R_16BF, w, 1, in, 0, O, N, I,
+           accumulate ? 1.0f : 0.0f, gemm_lds{0, ld, 0});
 }
 
 extern "C" void cuda_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const void *in,

@@ -751,10 +751,10 @@ static void check_linear_ld(int N, int I, int O, int ld, int at) {
     snprintf(shp_copy, sizeof shp_copy, "%s", shp);
 
     float *out0 = hrandom(no, sqrtf((float)I) / 3.0f), *want = hcopy(out0, no);
-    k_linear_fwd_acc_ld(&cpu, want, wide + at, ld, w, N, I, O);
+    k_linear_fwd_ld(&cpu, want, wide + at, ld, w, N, I, O, 1);
     void *out = dcomp(out0, no);
-    k_linear_fwd_acc_ld(&gpu, out, (char *)dwide + (size_t)at * 2, ld, dw_, N, I, O);
-    report("linear_fwd_acc_ld (+=)", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
+    k_linear_fwd_ld(&gpu, out, (char *)dwide + (size_t)at * 2, ld, dw_, N, I, O, 1);
+    report("linear_fwd_ld (+=)", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
 
     float *dw0 = hrandom(oi, sqrtf((float)N) / 3.0f), *want_dw = hcopy(dw0, oi), *want_wide = hcopy(wide, nw);
     k_linear_bwd_ld(&cpu, want_wide + at, want_dw, dout, wide + at, ld, w, N, I, O, 0);

@@ -1288,7 +1288,7 @@ static void test_linear_ld(void **state) {
     memcpy(want, base, sizeof want);
     memcpy(got, base, sizeof got);
     k_linear_fwd_acc(&c, want, packed, w, N, I, O);
-    k_linear_fwd_acc_ld(&c, got, wide + AT, LD, w, N, I, O);
+    k_linear_fwd_ld(&c, got, wide + AT, LD, w, N, I, O, 1);
     assert_memory_equal(got, want, sizeof got);
 
     float dw_want[O * I] = {0}, dw_got[O * I] = {0}, din_want[N * I], before[N * LD];
