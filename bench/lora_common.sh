@@ -11,8 +11,9 @@ smi_peak() { smi_stop; sort -n "$work/$1.smi" 2>/dev/null | tail -1; }
 
 # ours TYPE: fsdpd training TYPE (lora or qlora) adapters of r 64 (alpha 16, dropout 0) on every
 # linear of a random base, one worker, activation checkpointing CKPT (default full; auto,
-# selective, none), on synthetic tokens; prints tokens/s after the first two steps and the
-# peaks (metrics' mem_peak_bytes, nvidia-smi's).
+# selective, none) and EXTRA (more --section.key=value flags, e.g. runtime.gpu_memory_limit),
+# on synthetic tokens; prints tokens/s after the first two steps and the peaks (metrics'
+# mem_peak_bytes, nvidia-smi's).
 ours() {
     "$build/fsdpctl" synth --out "$work/data.tokens" --seq-len "$seq" --records $((batch * (steps + 2))) \
         --vocab 32000 --alphabet 64 > /dev/null || return 1
@@ -23,7 +24,7 @@ ours() {
         --train.max_steps="$steps" --train.warmup_steps=1 --train.lr=1e-5 --train.min_lr=0 --fsdp.activation_checkpointing="${CKPT:-full}" \
         --runtime.backend="$backend" --runtime.workers_per_node=1 --checkpoint.dir="$work/ckpt" \
         --checkpoint.resume=never --checkpoint.save_final=false --output.consolidate=false \
-        --output.dir="$work/out" --runtime.metrics="$work/ours.jsonl" --runtime.heartbeat_s=30 \
+        --output.dir="$work/out" --runtime.metrics="$work/ours.jsonl" --runtime.heartbeat_s=30 ${EXTRA:-} \
         > "$work/ours.log" 2>&1 || { smi_stop; tail -5 "$work/ours.log"; echo "$1 bench: fsdpd failed"; return 1; }
     local ours_smi
     ours_smi=$(smi_peak ours)

@@ -6,6 +6,8 @@
 #   tests/gpu/run_70b.sh BUILD [one|two|offload7b ...]
 #
 #   one        1 worker, no cap: tokens/s, peak GPU memory, host RAM;
+#   one-auto   the same with fsdp.activation_checkpointing=auto (a 70B NF4 base leaves room to
+#              keep activations: what the plan picks);
 #   two        2 workers sharing the GPU (fsdp_qlora's two 24 GB cards), each capped at
 #              runtime.gpu_memory_limit=22GiB, with fsdp.cpu_offload and fsdp.offload_params:
 #              peak GPU memory a worker, host RAM, the loss falling.  NCCL refuses two ranks
@@ -30,6 +32,10 @@ for r in $runs; do
     one)
         section "70B QLoRA, 1 worker, no cap"
         measured_run one configs/models/llama2-70b.json qlora 1 8 2 560 ;;
+    one-auto)
+        section "70B QLoRA, 1 worker, no cap, activation checkpointing auto"
+        measured_run one-auto configs/models/llama2-70b.json qlora 1 8 2 560 --fsdp.activation_checkpointing=auto
+        grep -m1 "activation checkpointing" "$out/one-auto.log" | cut -c1-200 ;;
     two)
         section "70B QLoRA, 2 workers on one GPU, runtime.gpu_memory_limit=22GiB each, offloaded"
         measured_run two configs/models/llama2-70b.json qlora 2 8 2 580 --runtime.gpu_memory_limit=22GiB \
