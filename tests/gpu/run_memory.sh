@@ -19,7 +19,7 @@ export NCCL_NVLS_ENABLE=0
 job=(--job configs/jobs/tiny-chat.json --model.path= --model.init=random --model.config=configs/models/llama-1.1b.json
      --model.dtype=bf16 --data.path="$work/data.tokens" --data.format=tokens --data.template= --data.seq_len=2048
      --train.type=full --train.global_batch=4 --train.micro_batch=4 --train.max_steps=30 --train.warmup_steps=1
-     --train.lr=2e-4 --fsdp.activation_checkpointing=full --runtime.backend=cuda --runtime.workers_per_node=1
+     --train.lr=2e-4 --train.min_lr=0 --fsdp.activation_checkpointing=full --runtime.backend=cuda --runtime.workers_per_node=1
      --checkpoint.interval_steps=10 --output.consolidate=false --runtime.heartbeat_s=5)
 
 FSDP_FAULTS="final_params=$work/ref.safetensors" timeout 240 "$build/fsdpd" "${job[@]}" --checkpoint.dir="$work/ref.ckpt" \
