@@ -17,13 +17,15 @@
 
 typedef struct progress_state {
     double start, last;
+    int finished; /* the line for done == total is printed (the fill's own end reports it again) */
 } progress_state;
 
 static void print_progress(void *arg, size_t done, size_t total) {
     progress_state *p = arg;
     double t = clock_now_s();
-    if (total < PROGRESS_MIN_BYTES || (t - p->last < 1.0 && done < total)) return;
+    if (total < PROGRESS_MIN_BYTES || p->finished || (t - p->last < 1.0 && done < total)) return;
     p->last = t;
+    p->finished = done >= total;
     double rate = done / 1e9 / (t - p->start > 1e-9 ? t - p->start : 1e-9);
     fprintf(stderr, "\rfsdpd: loading the model into shared memory: %3.0f%% (%.1f / %.1f GB, %.2f GB/s)%s",
             100.0 * (double)done / (double)total, done / 1e9, total / 1e9, rate,
@@ -50,7 +52,7 @@ int model_shm_quant(const job_config *job, const json_t *config, model_image_qua
 
 static int fill(void *image, const job_config *job, const llama_layout *lo, model_image_dtype dt,
                 model_image_quant q, int bnb, errbuf *err) {
-    progress_state p = {clock_now_s(), 0};
+    progress_state p = {.start = clock_now_s()};
     uint64_t seed = (uint64_t)job->train.seed;
     if (job->model.init == JOB_INIT_RANDOM)
         return q == MODEL_IMAGE_PLAIN

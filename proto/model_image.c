@@ -201,7 +201,9 @@ static int fill_image(void *image, const llama_layout *lo, model_image_dtype dt,
     fill_chunks(&job, progress, arg); /* fewer threads than asked for only makes it slower */
     for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
     free(job.chunks);
-    return atomic_load(&job.failed) ? -1 : 0;
+    if (atomic_load(&job.failed)) return -1;
+    if (progress) progress(arg, model_image_bytes(lo, dt), model_image_bytes(lo, dt)); /* the end, whoever filled it */
+    return 0;
 }
 
 static int fill_from_checkpoint(const llama_layout *lo, int slot, size_t first, size_t n,
@@ -451,5 +453,7 @@ int model_image_fill_nf4(void *image, const llama_layout *lo, model_image_dtype 
     while (started < n_threads && pthread_create(&threads[started], NULL, nf4_fill_thread, &f) == 0) started++;
     nf4_fill_tensors(&f, progress, arg); /* fewer threads than asked for only makes it slower */
     for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
-    return atomic_load(&f.failed) ? -1 : 0;
+    if (atomic_load(&f.failed)) return -1;
+    if (progress) progress(arg, f.total, f.total); /* the end, whoever filled it */
+    return 0;
 }

@@ -64,7 +64,8 @@ void model_image_nf4_layer_of(const llama_layout *lo, model_image_dtype dt, mode
 size_t model_image_bytes(const llama_layout *lo, model_image_dtype dt);
 size_t model_image_bytes_q(const llama_layout *lo, model_image_dtype dt, model_image_quant q);
 
-/* Called now and then while filling, with the bytes done so far. */
+/* Called now and then while filling, with the bytes done so far (never fewer than before), and
+ * once at the end, after a fill that succeeded, with all of them. */
 typedef void (*model_image_progress)(void *arg, size_t done, size_t total);
 
 /* Write the header, then every tensor: from a Hugging Face checkpoint (F32/BF16/F16/F64
