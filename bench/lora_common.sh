@@ -28,6 +28,7 @@ ours() {
         > "$work/ours.log" 2>&1 || { smi_stop; tail -5 "$work/ours.log"; echo "$1 bench: fsdpd failed"; return 1; }
     local ours_smi
     ours_smi=$(smi_peak ours)
+    [ -z "${METRICS_OUT:-}" ] || cp "$work/ours.jsonl" "$METRICS_OUT" # each step's figures, for a caller to compare
     python3 - "$work/ours.jsonl" "$ours_smi" "$batch" "$seq" "$1" "${CKPT:-full}" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
