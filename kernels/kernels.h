@@ -38,7 +38,7 @@ int k_sync(kctx *c, errbuf *err);
  * The ops it declares (for grep and ctags, which do not expand the rows; tests/integration/
  * test_layers.sh checks this list against kernels_ops.h):
  *   k_alloc k_free k_host_alloc k_host_free k_copy_h2d k_copy_h2d_start k_copy_h2d_wait
- *   k_host_register k_host_unregister k_side_begin k_side_end k_side_wait k_copy_d2h k_zero k_f32_to_compute k_compute_to_f32
+ *   k_host_register k_host_unregister k_copy_d2h k_zero k_f32_to_compute k_compute_to_f32
  *   k_accumulate k_add_f32 k_sumsq_f32 k_embedding_fwd k_embedding_bwd k_rmsnorm_fwd
  *   k_rmsnorm_bwd k_rope k_attention_fwd k_attention_bwd k_attention_kv k_swiglu_fwd
  *   k_swiglu_bwd k_linear_fwd_ld k_linear_bwd_ld k_bias_fwd k_bias_bwd k_scale k_dropout

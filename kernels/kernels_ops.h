@@ -55,16 +55,6 @@ K_OP(copy_h2d_wait, (kctx *c), (c))
  * Nothing to do on the CPU backend. */
 K_OP(host_register, (kctx *c, const void *p, size_t bytes, int writable), (c, p, bytes, writable))
 K_OP(host_unregister, (kctx *c, const void *p), (c, p))
-/* k_side_begin: the ops queued from here to k_side_end run on the context's side stream, in
- * order after the compute queued so far and the copies started so far (k_copy_h2d_start), and
- * beside the compute queued next (fsdp's next NF4 layer dequantized while this one computes).
- * Side ops must not use what the compute queued meanwhile reads or writes.  The CPU backend
- * runs them at once (after any deferred copies). */
-K_OP(side_begin, (kctx *c), (c))
-/* k_side_end: ops are queued on the compute stream again. */
-K_OP(side_end, (kctx *c), (c))
-/* k_side_wait: compute queued from here on waits for every side op queued so far. */
-K_OP(side_wait, (kctx *c), (c))
 /* k_copy_d2h: synchronous, host_dst holds the data on return. */
 K_OP(copy_d2h, (kctx *c, void *host_dst, const void *src, size_t bytes),
      (c, host_dst, src, bytes))

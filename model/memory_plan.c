@@ -74,8 +74,7 @@ static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
                      (dq ? carved(nl.n_nested * sizeof(float)) : 0) + carved(nl.n_plain * sizeof(float));
     }
     if (in->quant == MODEL_IMAGE_PLAIN) return;
-    p->gather_slots += (size_t)(1 + (in->o->dequant_ahead != 0)) * padded_of(in, lo->units[llama_layer_unit(0)].numel) *
-                       in->cs; /* the dequantized layers */
+    p->gather_slots += padded_of(in, lo->units[llama_layer_unit(0)].numel) * in->cs; /* dequant */
     if (in->group > 1 || in->o->offload_params) p->gather_slots += 2 * (packed + absmax);
 }
 
@@ -275,15 +274,9 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
         .objective = j->train.objective, .mlp_chunk = j->fsdp.mlp_chunk,
         .fp8 = j->train.precision == JOB_PRECISION_FP8,
         .fp8_all_gather = j->train.precision == JOB_PRECISION_FP8 && j->train.fp8_all_gather};
-    out->dequant_ahead = out->quant != MODEL_IMAGE_PLAIN && out->group == 1;
-    for (;;) {
-        if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
-            out->recompute = memory_plan_auto_recompute(out, budget);
-        if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);
-        size_t total;
-        if (!out->dequant_ahead || fits(out, budget, &total)) return;
-        out->dequant_ahead = 0; /* it would not fit: dequantized in turn, and planned again */
-    }
+    if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
+        out->recompute = memory_plan_auto_recompute(out, budget);
+    if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);
 }
 
 int memory_plan_offload_layers(const memory_plan_options *o, size_t budget) {

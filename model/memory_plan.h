@@ -40,9 +40,6 @@ typedef struct memory_plan_options {
     int fp8_all_gather;         /* train.fp8_all_gather: the FP8 scales and amaxes (fsdp's scalars) */
     int offload_layers;         /* fsdp.offload_activations: the first this many layers' inputs in
                                    pinned host memory (memory_plan_offload_layers), 0..L-1 */
-    int dequant_ahead;          /* QLoRA, one rank a shard group: a second dequantized layer, the
-                                   next NF4 layer's, dequantized while the one before computes
-                                   (memory_plan_job_options: where the budget holds it) */
     job_objective objective;    /* train.objective: micro_batch counts rows, two a pair; a
                                    preference objective's buffers; DPO with a full fine-tune
                                    its reference, the frozen copy of the start weights */
@@ -81,9 +78,7 @@ void memory_plan_format(const memory_plan *p, char *out, size_t n);
  * and the compute dtype's size.  fsdp.activation_checkpointing: none keeps every layer
  * whole, full their inputs only, selective their attention parts (the MLP is recomputed),
  * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound);
- * fsdp.offload_activations the layer inputs memory_plan_offload_layers moves for it; QLoRA on
- * one rank a shard group dequant_ahead, unless the plan with it does not fit the budget (auto
- * then picks again without it). */
+ * fsdp.offload_activations the layer inputs memory_plan_offload_layers moves for it. */
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
                              model_image_quant quant, size_t compute_size, size_t budget,
                              memory_plan_options *out);

@@ -131,9 +131,8 @@ static size_t lay_out_frozen(fsdp *f, char *mem, size_t *max_plain) {
 }
 
 /* LoRA: the frozen model units' shards, in one allocation; QLoRA: the layer that NF4 layers
- * are dequantized into (the compute stream orders its uses; with dequant_ahead a second, the
- * next layer's) and, unless one rank reads its own shards in place, two layers' gathered (or
- * streamed) codes and absmax. */
+ * are dequantized into (one: the compute stream orders its uses) and, unless one rank reads
+ * its own shards in place, two layers' gathered (or streamed) codes and absmax. */
 static int alloc_frozen(fsdp *f, size_t *max_plain, errbuf *err) {
     if (f->quant != MODEL_IMAGE_PLAIN) model_image_nf4_layer_of(&f->layout, MODEL_IMAGE_F32, f->quant, &f->nl);
     size_t bytes = lay_out_frozen(f, NULL, max_plain);
@@ -141,8 +140,7 @@ static int alloc_frozen(fsdp *f, size_t *max_plain, errbuf *err) {
     lay_out_frozen(f, f->frozen_memory, max_plain);
     if (f->quant == MODEL_IMAGE_PLAIN) return 0;
     const fsdp_frozen *F = &f->frozen[llama_layer_unit(0)];
-    for (int b = 0; b < 1 + f->dequant_ahead; b++)
-        if (!(f->dequant[b] = k_alloc(f->ctx, F->padded * k_compute_size(f->ctx), err))) return -1;
+    if (!(f->dequant = k_alloc(f->ctx, F->padded * k_compute_size(f->ctx), err))) return -1;
     if (f->group == 1 && !f->offload_params) return 0;
     for (int slot = 0; slot < 2; slot++)
         if (!(f->gathered_packed[slot] = k_alloc(f->ctx, F->packed.padded, err)) ||
@@ -370,7 +368,6 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->cpu_offload = opt->cpu_offload;
     f->offload_params = opt->offload_params;
     f->offload_layers = opt->offload_layers;
-    f->ahead_k = -1;
     f->mlp_rows = opt->mlp_chunk;
     f->pref.cfg = opt->pref;
     if (set_fp8(f, cfg, opt, err)) return -1;
@@ -386,7 +383,6 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
     if (opt->sharding == JOB_SHARD_HYBRID && set_hybrid(f, opt, err)) return -1;
-    f->dequant_ahead = opt->dequant_ahead && opt->lora && opt->quant != MODEL_IMAGE_PLAIN && f->group == 1;
     if (llama_layout_init(&f->layout, cfg, err) || check_fp8_slots(f, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
@@ -453,7 +449,7 @@ void fsdp_destroy(fsdp *f) {
         void *bufs[] = {f->full_grad[0], f->full_grad[1], f->full_grad[2], f->inv_freq, f->scalars, f->stats,
                         f->gathered_adapter[0], f->gathered_adapter[1], f->frozen_memory,
                         f->gathered_packed[0], f->gathered_packed[1], f->gathered_absmax[0],
-                        f->gathered_absmax[1], f->dequant[0], f->dequant[1]};
+                        f->gathered_absmax[1], f->dequant};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) k_free(f->ctx, bufs[i]);
     }
@@ -1001,9 +997,10 @@ static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
     return 0;
 }
 
-/* An NF4 layer, gathered or streamed into slot (or one rank's own), dequantized into dst in
- * the compute dtype at the unit's usual offsets: its seven linears, then its norms. */
-static void dequantize_layer(fsdp *f, int u, int slot, char *dst) {
+/* An NF4 layer, gathered or streamed into slot (or one rank's own), dequantized into
+ * f->dequant in the compute dtype at the unit's usual offsets: its seven linears, then its
+ * norms. */
+static void dequantize_layer(fsdp *f, int u, int slot) {
     const fsdp_frozen *F = &f->frozen[u];
     const model_image_nf4_layer *nl = &f->nl;
     const llama_tensor_slot *t = &f->layout.tensors[f->layout.units[u].first];
@@ -1012,6 +1009,7 @@ static void dequantize_layer(fsdp *f, int u, int slot, char *dst) {
     const uint8_t *absmax = in_slot ? f->gathered_absmax[slot] : F->absmax.data;
     int dq = f->quant == MODEL_IMAGE_NF4_DQ;
     size_t cs = k_compute_size(f->ctx);
+    char *dst = f->dequant;
     for (int k = 0; k < MODEL_IMAGE_LINEARS; k++)
         k_nf4_dequant(f->ctx, dst + t[k].offset * cs, packed + nl->t_packed[k],
                       absmax + nl->t_block[k] * (dq ? 1 : sizeof(float)),
@@ -1020,50 +1018,26 @@ static void dequantize_layer(fsdp *f, int u, int slot, char *dst) {
     k_f32_to_compute(f->ctx, dst + t[MODEL_IMAGE_LINEARS].offset * cs, F->norms, nl->n_plain);
 }
 
-/* Plan entry k's NF4 layer dequantized: by dequant_layer_ahead on the side stream (the compute
- * queued next waits for it), or now, into the buffer no side dequantization writes (any still
- * in flight finished first). */
-static void *dequantized(fsdp *f, int k, int u, int slot) {
-    int ahead = k >= 0 && f->ahead_k == k;
-    f->ahead_k = -1;
-    if (f->dequant_ahead) k_side_wait(f->ctx);
-    if (ahead) return f->dequant[f->ahead_buf];
-    f->ahead_buf = f->dequant_ahead ? 1 - f->ahead_buf : 0; /* the other buffer is the next's */
-    dequantize_layer(f, u, slot, f->dequant[f->ahead_buf]);
-    return f->dequant[f->ahead_buf];
-}
-
-/* dequant_ahead: plan entry k's NF4 layer, once its codes are here or on their way (one
- * rank's own, or streamed by a started prefetch), dequantized on the side stream into the
- * buffer the entry before k's compute does not read, while that compute runs. */
-static void dequant_layer_ahead(fsdp *f, int k) {
-    if (!f->dequant_ahead || k >= f->n_plan || f->plan[k].kept || !is_nf4(f, f->plan[k].unit) ||
-        (f->offload_params && f->next_gather <= k))
-        return;
-    f->ahead_buf = 1 - f->ahead_buf;
-    f->ahead_k = k;
-    k_side_begin(f->ctx);
-    dequantize_layer(f, f->plan[k].unit, f->plan[k].slot, f->dequant[f->ahead_buf]);
-    k_side_end(f->ctx);
-}
-
-/* Plan entry k's parameters once gathered (k -1: a unit gathered outside the plan): its slot,
- * the dequantized NF4 layer, or a frozen unit's own shard (the base, or in DPO's reference
- * forward the reference) when one rank holds it whole. */
-static void *unit_params(fsdp *f, int k, int u, int slot) {
-    if (is_nf4(f, u)) return dequantized(f, k, u, slot);
+/* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
+ * unit's own shard (the base, or in DPO's reference forward the reference) when one rank
+ * holds it whole. */
+static void *unit_params(fsdp *f, int u, int slot) {
+    if (is_nf4(f, u)) {
+        dequantize_layer(f, u, slot);
+        return f->dequant;
+    }
     int frozen = f->has_lora || f->reference;
     return frozen && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
 }
 
 static void *gathered_params(fsdp *f, int k) {
-    return unit_params(f, k, f->plan[k].unit, f->plan[k].slot);
+    return unit_params(f, f->plan[k].unit, f->plan[k].slot);
 }
 
 void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
     if (gather_start(f, u, slot, 0, err) || gather_wait(f, u, slot, err)) return NULL;
     *adapters = f->has_lora && train_index(f, u) >= 0 ? f->gathered_adapter[slot] : NULL;
-    return unit_params(f, -1, u, slot);
+    return unit_params(f, u, slot);
 }
 
 /* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
@@ -1083,9 +1057,7 @@ static void *gather_use(fsdp *f, int k, errbuf *err) {
     int prefetch = next < f->n_plan && (next < f->n_forward_plan ? f->forward_prefetch
                                                                   : f->backward_prefetch && !f->forward_only);
     if (prefetch && plan_start(f, next, err)) return NULL;
-    void *params = gathered_params(f, k);
-    dequant_layer_ahead(f, next); /* queued before entry k's compute, beside it */
-    return params;
+    return gathered_params(f, k);
 }
 
 /* Finishes the reduction reading full_grad[slot], if one is in flight: this rank's part of
@@ -1230,7 +1202,6 @@ static int forward_only(fsdp *f, const k_docs *docs, const void **head, const vo
     const void *g;
     f->forward_only = 1;
     f->next_gather = 0;
-    f->ahead_k = -1;
     *embed = NULL;
     if (!(g = gather_use(f, k++, err))) goto out;
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], f->B * f->T);
@@ -1314,7 +1285,6 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
     void *g;
 
     f->next_gather = 0;
-    f->ahead_k = -1;
     if (!(g = gather_use(f, k++, err))) return -1;
     llama_embed_forward(c, lo, g, f->tokens, f->resid[0], N);
     for (int l = 0; l < L; l++) {

@@ -138,10 +138,7 @@ typedef struct fsdp {
     model_image_quant quant;
     model_image_nf4_layer nl;
     uint8_t *gathered_packed[2], *gathered_absmax[2];
-    /* [a layer's padded] compute dtype: the layer in use, and with dequant_ahead the next
-     * (plan entry ahead_k's, dequantized on the side stream into dequant[ahead_buf]; -1: none) */
-    void *dequant[2];
-    int dequant_ahead, ahead_k, ahead_buf;
+    void *dequant; /* [a layer's padded] compute dtype */
 
     /* Offload (fsdp_options.cpu_offload, offload_params).  cpu_offload: the trainable
      * units' master, m, v and compute copies in one pinned host allocation (host_state),
@@ -244,10 +241,6 @@ typedef struct fsdp_options {
     /* fsdp.offload_activations: the first this many layers' inputs (0 .. L-1) on the host,
      * with full recompute (model/memory_plan.h's memory_plan_offload_layers decides it). */
     int offload_layers;
-    /* QLoRA with one rank a shard group: the next NF4 layer dequantized on the side stream
-     * while the one before computes, into a second dequantized layer (memory_plan_options'
-     * dequant_ahead decides it). */
-    int dequant_ahead;
     /* fsdp.mlp_chunk: each layer's MLP this many tokens at a time (forward, and backward
      * recomputing each chunk; 0: all); needs every layer's MLP recomputed (full or
      * selective) and adapters without dropout. */

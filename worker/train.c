@@ -159,15 +159,8 @@ static int plan_memory(const train_env *env, model_image_quant quant, fsdp_optio
                 j->train.fp8_grad_format == JOB_FP8_E5M2 ? "e5m2" : "e4m3", j->train.fp8_scaling == JOB_FP8_ROWWISE ? "rowwise" : "tensorwise",
                 j->train.fp8_all_gather ? "their weights gathered as e4m3 codes, cast once a gather"
                                         : "their weights gathered in the compute dtype, cast at each GEMM");
-    if (o.quant != MODEL_IMAGE_PLAIN && o.group == 1 && env->rank == 0)
-        fprintf(stderr, "fsdp-worker rank 0: QLoRA: %s\n",
-                o.dequant_ahead ? "each NF4 layer dequantized on a side stream while the layer before computes "
-                                  "(two dequantized layers in memory)"
-                                : "each NF4 layer dequantized as it is used (a second dequantized layer, to "
-                                  "dequantize the next while one computes, would not fit)");
     opt->recompute = o.recompute;
     opt->offload_layers = o.offload_layers;
-    opt->dequant_ahead = o.dequant_ahead;
     int64_t limit = j->runtime.gpu_memory_limit;
     return limit > 0 ? memory_plan_check_options(j, &o, (size_t)limit, "runtime.gpu_memory_limit", err) : 0;
 }

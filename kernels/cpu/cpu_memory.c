@@ -71,11 +71,6 @@ void cpu_copy_h2d_wait(kctx *c) {
     if (cq) cq->n = 0;
 }
 
-/* Side ops run at once, after the copies started so far (which a deferring context holds). */
-void cpu_side_begin(kctx *c) { cpu_copy_h2d_wait(c); }
-void cpu_side_end(kctx *c) { (void)c; }
-void cpu_side_wait(kctx *c) { (void)c; }
-
 void cpu_sync(kctx *c) { cpu_copy_h2d_wait(c); }
 
 void cpu_destroy(kctx *c) {

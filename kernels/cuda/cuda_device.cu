@@ -65,8 +65,6 @@ extern "C" void cuda_sync(kctx *c) {
     cuda_input_error report;
     if ((s->copy_stream &&
          cuda_check_call(c, cudaStreamSynchronize(s->copy_stream), "copy stream synchronize")) ||
-        (s->side_stream &&
-         cuda_check_call(c, cudaStreamSynchronize(s->side_stream), "side stream synchronize")) ||
         cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
         cuda_check_call(c,
                         cudaMemcpyAsync(&report, s->error, sizeof report, cudaMemcpyDeviceToHost,
@@ -92,13 +90,6 @@ extern "C" void cuda_destroy(kctx *c) {
         (void)cudaStreamDestroy(s->copy_stream);
         (void)cudaEventDestroy(s->copy_ready);
         (void)cudaEventDestroy(s->copy_done);
-    }
-    if (s->main_stream) s->stream = s->main_stream; // destroyed between k_side_begin and _end
-    if (s->side_stream) {
-        (void)cudaStreamSynchronize(s->side_stream);
-        (void)cudaStreamDestroy(s->side_stream);
-        (void)cudaEventDestroy(s->side_ready);
-        (void)cudaEventDestroy(s->side_done);
     }
     cuda_gemm_cache_clear(s);
     if (s->lt) (void)cublasLtDestroy(s->lt);
@@ -268,49 +259,6 @@ extern "C" void cuda_copy_h2d_wait(kctx *c) {
     cuda_impl *s = cuda_state(c);
     if (!s->copy_stream) return; // nothing was ever started
     cuda_check_call(c, cudaStreamWaitEvent(s->stream, s->copy_done, 0), "copy wait");
-}
-
-// The side stream of k_side_begin, made on first use: `ready` orders it after the compute
-// queued so far, `done` (re-recorded at each k_side_end) is what k_side_wait waits for.
-static int side_stream(kctx *c) {
-    cuda_impl *s = cuda_state(c);
-    if (s->side_stream) return 0;
-    if (cuda_check_call(c, cudaStreamCreateWithFlags(&s->side_stream, cudaStreamNonBlocking),
-                        "creating the side stream") ||
-        cuda_check_call(c, cudaEventCreateWithFlags(&s->side_ready, cudaEventDisableTiming),
-                        "creating the side events") ||
-        cuda_check_call(c, cudaEventCreateWithFlags(&s->side_done, cudaEventDisableTiming),
-                        "creating the side events"))
-        return -1;
-    return 0;
-}
-
-// A failure leaves the ops on the compute stream (in order: correct, not overlapped) and is
-// reported by the next k_check.
-extern "C" void cuda_side_begin(kctx *c) {
-    cuda_impl *s = cuda_state(c);
-    if (s->main_stream || side_stream(c)) return;
-    if (cuda_check_call(c, cudaEventRecord(s->side_ready, s->stream), "side begin: event") ||
-        cuda_check_call(c, cudaStreamWaitEvent(s->side_stream, s->side_ready, 0), "side begin: wait") ||
-        (s->copy_stream &&
-         cuda_check_call(c, cudaStreamWaitEvent(s->side_stream, s->copy_done, 0), "side begin: wait for the copies")))
-        return;
-    s->main_stream = s->stream;
-    s->stream = s->side_stream;
-}
-
-extern "C" void cuda_side_end(kctx *c) {
-    cuda_impl *s = cuda_state(c);
-    if (!s->main_stream) return;
-    s->stream = s->main_stream;
-    s->main_stream = NULL;
-    cuda_check_call(c, cudaEventRecord(s->side_done, s->side_stream), "side end: event");
-}
-
-extern "C" void cuda_side_wait(kctx *c) {
-    cuda_impl *s = cuda_state(c);
-    if (!s->side_stream) return; // nothing was ever queued there
-    cuda_check_call(c, cudaStreamWaitEvent(s->stream, s->side_done, 0), "side wait");
 }
 
 extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes, int writable) {

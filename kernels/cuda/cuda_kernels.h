@@ -130,10 +130,6 @@ typedef struct cuda_impl {
     void *tensor_map_encode; /* the driver's cuTensorMapEncodeTiled, when attention_sm90 */
     cudaStream_t copy_stream; /* k_copy_h2d_start's, made on first use */
     cudaEvent_t copy_ready, copy_done;
-    /* k_side_begin's stream (made on first use), its events, and the compute stream while
-     * `stream` is the side stream (NULL otherwise) */
-    cudaStream_t side_stream, main_stream;
-    cudaEvent_t side_ready, side_done;
     cuda_gemm gemms[CUDA_GEMM_CACHE];
     int next_evict;
 } cuda_impl;

@@ -533,14 +533,14 @@ static int append_adapter(const llama_tensor_slot *slot, const float *data, void
 
 static void run_adapters(golden *g, const void *image, size_t bytes, model_image_quant q,
                          int cpu_offload, int offload_params, llama_recompute recompute,
-                         int offload_layers, int mlp_chunk, int ahead, double *losses, flat_adapters *out) {
+                         int offload_layers, int mlp_chunk, double *losses, flat_adapters *out) {
     errbuf err = {{0}};
     lora_config lc = golden_lora(mlp_chunk ? 0.0 : 0.1); /* fsdp.mlp_chunk: without dropout */
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = q,
                         .cpu_offload = cpu_offload, .offload_params = offload_params,
                         .recompute = recompute, .offload_threads = 2, .offload_layers = offload_layers,
-                        .mlp_chunk = mlp_chunk, .dequant_ahead = ahead};
+                        .mlp_chunk = mlp_chunk};
     if (fsdp_init(&f, &g->cfg, &g->ctx, NULL, 0, 1, &opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err) || fsdp_init_adapters(&f, &err))
         fail_msg("%s", err.msg);
@@ -579,33 +579,22 @@ static void test_fsdp_offload_same_bits(void **state) {
             fail_msg("%s", err.msg);
         double want[4], got[4];
         flat_adapters a, b;
-        run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){0}, 0, 0, 0, want, &a);
+        run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){0}, 0, 0, want, &a);
         assert_true(want[2] < want[0]); /* it trains */
         /* offload, then activation checkpointing: full, selective, and (auto's mix) the last
          * layer whole and the other's attention (the MLP recomputed: with the down adapter's
          * inner activation, without down_proj); then full with the first layer's input on
-         * the host (fsdp.offload_activations), alone and with offload_params; QLoRA: then with
-         * the next layer dequantized ahead (dequant_ahead), its codes resident or streamed
-         * (offload_params), under each checkpointing */
+         * the host (fsdp.offload_activations), alone and with offload_params */
         static const llama_recompute recomputes[] = {{2, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_ATTENTION},
                                                      {1, LLAMA_KEEP_ATTENTION}};
         assert_int_equal(g.cfg.num_hidden_layers, 2);
-        for (int mode = 1; mode < (qi ? 17 : 9); mode++) {
-            int ahead = mode >= 9, offload, inputs = 0;
-            llama_recompute r = {0};
-            if (!ahead) {
-                r = mode < 4 ? (llama_recompute){0} : recomputes[mode < 7 ? mode - 4 : 0];
-                offload = mode < 4 ? mode : mode == 8 ? 2 : 0;
-                inputs = mode >= 7;
-            } else { /* 9..16: codes resident, then streamed; no checkpointing, then each of recomputes */
-                int c = (mode - 9) % 4;
-                r = c ? recomputes[c - 1] : (llama_recompute){0};
-                offload = mode >= 13 ? 2 : 0;
-            }
-            run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, inputs, 0, ahead, got, &b);
-            printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d, %d layer input offloaded, dequant "
-                   "ahead %d: losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1,
-                   r.layers, (int)r.keep, inputs, ahead, got[0], got[1], got[2], got[3]);
+        for (int mode = 1; mode < 9; mode++) {
+            llama_recompute r = mode < 4 ? (llama_recompute){0} : recomputes[mode < 7 ? mode - 4 : 0];
+            int offload = mode < 4 ? mode : mode == 8 ? 2 : 0, inputs = mode >= 7;
+            run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, inputs, 0, got, &b);
+            printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d, %d layer input offloaded: losses "
+                   "%.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1, r.layers,
+                   (int)r.keep, inputs, got[0], got[1], got[2], got[3]);
             assert_memory_equal(want, got, sizeof want);
             assert_int_equal(a.n, b.n);
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
@@ -618,8 +607,8 @@ static void test_fsdp_offload_same_bits(void **state) {
          * summed chunk by chunk) */
         for (int keep = LLAMA_KEEP_INPUT; keep <= LLAMA_KEEP_ATTENTION; keep++) {
             llama_recompute r = {2, (llama_keep)keep};
-            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 1 << 20, 0, want, &a);
-            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 3, 0, got, &b);
+            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 1 << 20, want, &a);
+            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 3, got, &b);
             printf("%s, mlp_chunk 3, recompute 2 x %d: losses %.7f %.7f %.7f vs %.7f %.7f %.7f\n", qi ? "qlora" : "lora",
                    keep, want[0], want[1], want[2], got[0], got[1], got[2]);
             assert_true(want[0] == got[0]);

@@ -69,7 +69,6 @@ typedef struct plan_case {
     int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
     int fp8;                 /* train.precision fp8 (a full fine-tune of 3 layers: the middle one's); 2:
                                 with train.fp8_all_gather */
-    int ahead;               /* QLoRA at world 1: dequant_ahead (a second dequantized layer) */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -95,8 +94,7 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                                  .objective = pc->objective, .offload_layers = pc->offload_layers,
-                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8 != 0, .fp8_all_gather = pc->fp8 == 2,
-                                 .dequant_ahead = pc->ahead};
+                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8 != 0, .fp8_all_gather = pc->fp8 == 2};
 }
 
 /* What one rank saw. */
@@ -154,7 +152,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
                        .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk,
                        .fp8 = pc->fp8 != 0, .fp8_scaling = K_FP8_TENSORWISE, .fp8_grad_format = FP8_E4M3,
-                       .fp8_all_gather = pc->fp8 == 2, .dequant_ahead = pc->ahead};
+                       .fp8_all_gather = pc->fp8 == 2};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -264,11 +262,6 @@ static void test_plan_equals_fsdp_peak_variants(void **state) {
     }
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_NONE});
     check_case(&(plan_case){.kind = LORA, .world = 2, .sharding = JOB_SHARD_NONE});
-    /* QLoRA on one rank with the next layer dequantized ahead (resident and streamed codes) */
-    for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
-        for (int streamed = 0; streamed <= 1; streamed++)
-            check_case(&(plan_case){.kind = QLORA, .world = 1, .ckpt = ckpt, .sharding = JOB_SHARD_FULL,
-                                    .offload_params = streamed, .ahead = 1});
     /* hybrid_shard on one node: the node is the shard group */
     check_case(&(plan_case){.kind = FULL, .world = 2, .sharding = JOB_SHARD_HYBRID});
 }
