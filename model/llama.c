@@ -97,7 +97,9 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
 llama_lora_group llama_lora_group_of(const lora_config *cfg, int m) {
     static const int groups[][3] = {{LORA_Q, LORA_K, LORA_V}, {LORA_GATE, LORA_UP, -1}};
     llama_lora_group alone = {.n = 1, .member = {m, -1, -1}, .column = 0};
-    if (cfg->dropout > 0 || !(cfg->targets >> m & 1u)) return alone;
+    /* a member's columns start 16 bytes apart at a rank of 8 or a multiple (bf16): the layouts
+     * cuBLASLt was checked with (check_kernels); other ranks run module by module */
+    if (cfg->dropout > 0 || cfg->rank % 8 || !(cfg->targets >> m & 1u)) return alone;
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
         llama_lora_group g = {.n = 0, .member = {-1, -1, -1}, .column = -1};
         for (int j = 0; j < 3; j++) {

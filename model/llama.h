@@ -205,7 +205,8 @@ typedef struct llama_lora {
  * (member j's rank columns at j rank, rows n rank apart: lora_t of each member points at its
  * columns), their dt one [rows, n rank] and their input gradient one GEMM of depth n rank.
  * With dropout each module keeps a mask of its own (as PEFT: one nn.Dropout a module), so
- * nothing is fused.  n 1: m alone (not adapted, not in a group, or not fused). */
+ * nothing is fused; nor at a rank that is no multiple of 8.  n 1: m alone (not adapted, not in
+ * a group, or not fused). */
 typedef struct llama_lora_group {
     int n;         /* members */
     int member[3]; /* their modules, in order */

@@ -294,6 +294,35 @@ static void check_partial_targets(golden *g, unsigned targets) {
     llama_model_destroy(&all);
 }
 
+/* Which adapters run as one: q/k/v and gate/up among the adapted, without dropout, at a rank
+ * of 8 or a multiple. */
+static void test_lora_groups(void **state) {
+    (void)state;
+    lora_config all = golden_lora(0.0);
+    llama_lora_group g = llama_lora_group_of(&all, LORA_K);
+    assert_int_equal(g.n, 3);
+    assert_int_equal(g.column, 1);
+    assert_int_equal(g.member[2], LORA_V);
+    g = llama_lora_group_of(&all, LORA_UP);
+    assert_int_equal(g.n, 2);
+    assert_int_equal(g.column, 1);
+    assert_int_equal(llama_lora_group_of(&all, LORA_O).n, 1);
+    assert_int_equal(llama_lora_group_of(&all, LORA_DOWN).n, 1);
+    lora_config qv = all;
+    qv.targets = 1u << LORA_Q | 1u << LORA_V | 1u << LORA_GATE;
+    g = llama_lora_group_of(&qv, LORA_V);
+    assert_int_equal(g.n, 2);
+    assert_int_equal(g.column, 1);
+    assert_int_equal(g.member[0], LORA_Q);
+    assert_int_equal(llama_lora_group_of(&qv, LORA_GATE).n, 1); /* up not adapted */
+    assert_int_equal(llama_lora_group_of(&qv, LORA_K).n, 1);    /* not adapted itself */
+    lora_config dropped = all, odd = all;
+    dropped.dropout = 0.1;
+    odd.rank = 12;
+    assert_int_equal(llama_lora_group_of(&dropped, LORA_Q).n, 1);
+    assert_int_equal(llama_lora_group_of(&odd, LORA_Q).n, 1);
+}
+
 static void test_partial_targets(void **state) {
     (void)state;
     golden g;
@@ -632,6 +661,7 @@ int main(void) {
         cmocka_unit_test(test_golden_lora),
         cmocka_unit_test(test_golden_rslora),
         cmocka_unit_test(test_dropout_reproducible),
+        cmocka_unit_test(test_lora_groups),
         cmocka_unit_test(test_partial_targets),
         cmocka_unit_test(test_dropout_gradient),
         cmocka_unit_test(test_fsdp_lora_step),
