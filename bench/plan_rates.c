@@ -221,8 +221,7 @@ static void run_mem(void *arg) {
         for (int i = 0; i < 1000; i++) k_zero(&gpu, m->a, 4);
         break;
     case MEM_REGISTERED: /* as fsdp.offload_params streams the model memory */
-        k_copy_h2d_start(&gpu, m->a, m->host, m->n);
-        k_copy_h2d_wait(&gpu);
+        k_copy_h2d_wait(&gpu, K_COPY_PARAMS, k_copy_h2d_start(&gpu, K_COPY_PARAMS, m->a, m->host, m->n));
         break;
     }
 }

@@ -26,6 +26,11 @@ typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 
 #define K_IGNORE_INDEX (-100)
 
+/* k_copy_h2d_start's lanes: in-order copy streams independent of each other (fsdp's streamed
+ * parameters, its offloaded activations); K_COPY_ALL: every copy of a lane so far. */
+enum { K_COPY_PARAMS = 0, K_COPY_ACTIVATIONS = 1, K_COPY_LANES = 2 };
+#define K_COPY_ALL UINT64_MAX
+
 /* FP8 scaling (k_fp8_cast, k_fp8_gemm; base/fp8.h has the formats and the scale): one amax,
  * scale and inverse scale for the whole tensor, or one for each row. */
 typedef enum k_fp8_scaling { K_FP8_TENSORWISE = 0, K_FP8_ROWWISE = 1 } k_fp8_scaling;

@@ -249,6 +249,21 @@ void *k_host_alloc(kctx *c, size_t bytes, errbuf *err) {
 void k_host_free(kctx *c, void *p) {
     if (p) ops(c)->host_free(c, p);
 }
+
+/* The copy lanes are checked here, so the backends index their lanes without. */
+static int bad_lane(kctx *c, const char *op, int lane) {
+    if (lane >= 0 && lane < K_COPY_LANES) return 0;
+    k_fail(c, "%s: copy lane %d (the lanes are 0..%d)", op, lane, K_COPY_LANES - 1);
+    return 1;
+}
+
+uint64_t k_copy_h2d_start(kctx *c, int lane, void *dst, const void *host_src, size_t bytes) {
+    return bad_lane(c, "k_copy_h2d_start", lane) ? 0 : ops(c)->copy_h2d_start(c, lane, dst, host_src, bytes);
+}
+
+void k_copy_h2d_wait(kctx *c, int lane, uint64_t upto) {
+    if (!bad_lane(c, "k_copy_h2d_wait", lane)) ops(c)->copy_h2d_wait(c, lane, upto);
+}
 size_t k_bytes_in_use(const kctx *c) { return c->bytes_in_use; }
 size_t k_peak_bytes(const kctx *c) { return c->peak_bytes; }
 

@@ -37,17 +37,20 @@ K_OP_BY_HAND(void, host_free, (kctx *c, void *p))
  * k_copy_h2d's both sides context memory (a copy ordered with the compute, fsdp's FP8 gathers). */
 K_OP(copy_h2d, (kctx *c, void *dst, const void *host_src, size_t bytes),
      (c, dst, host_src, bytes))
-/* k_copy_h2d_start: queues dst = host_src on the context's copy stream, after the compute
- * queued so far (which may still read dst), to overlap the compute queued next; compute
- * queued after the next k_copy_h2d_wait reads dst.  host_src must stay as it is until then,
- * and be pinned (k_host_alloc) or registered (k_host_register) for the copy to run
- * asynchronously.  The CPU backend copies at once.  Either side may be host memory: it also
- * copies device to pinned host memory (fsdp.offload_activations' layer inputs), and
- * k_copy_h2d_wait waits for those too. */
-K_OP(copy_h2d_start, (kctx *c, void *dst, const void *host_src, size_t bytes),
-     (c, dst, host_src, bytes))
-/* k_copy_h2d_wait: compute queued from here on waits for every k_copy_h2d_start so far. */
-K_OP(copy_h2d_wait, (kctx *c), (c))
+/* k_copy_h2d_start: queues dst = host_src on copy lane `lane` (K_COPY_PARAMS or
+ * K_COPY_ACTIVATIONS: a copy stream each, in order within a lane, independent of the other),
+ * after the compute queued so far (which may still read dst), to overlap the compute queued
+ * next; compute queued after a k_copy_h2d_wait that covers it reads dst.  host_src must stay
+ * as it is until then, and be pinned (k_host_alloc) or registered (k_host_register) for the
+ * copy to run asynchronously.  Returns the copy's ticket, what k_copy_h2d_wait takes: the
+ * lane's copies started so far (1, 2, ...), or 0 where the copy has run already (the CPU
+ * backend copies at once, unless k_cpu_defer_copies).  Either side
+ * may be host memory: it also copies device to pinned host memory (fsdp.offload_activations'
+ * layer inputs). */
+K_OP_BY_HAND(uint64_t, copy_h2d_start, (kctx *c, int lane, void *dst, const void *host_src, size_t bytes))
+/* k_copy_h2d_wait: compute queued from here on waits for lane's copies up to ticket `upto`
+ * (K_COPY_ALL: every one so far; 0: none), not for the ones started after it. */
+K_OP_BY_HAND(void, copy_h2d_wait, (kctx *c, int lane, uint64_t upto))
 /* k_host_register: host memory [p, p + bytes) becomes a copy source (writable: and a copy
  * destination, k_copy_d2h's) as fast as pinned memory until k_host_unregister(p).  Memory only
  * read (a mapped model image) is registered read-only; a failure (a device that cannot

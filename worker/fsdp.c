@@ -393,6 +393,7 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->streamed = calloc((size_t)f->n_slots, sizeof *f->streamed);
     f->slot_codes = calloc((size_t)f->n_slots, sizeof *f->slot_codes);
     int no_memory = !inv_freq || !f->plan || !f->gathered || !f->gather_ticket || !f->streamed || !f->slot_codes;
+    for (int i = 0; !no_memory && i < f->n_slots; i++) f->streamed[i].ahead = -1;
     if (no_memory || set_trainable(f, opt, err)) {
         free(inv_freq);
         if (no_memory) errf(err, "fsdp: out of host memory");
@@ -488,16 +489,16 @@ static int host_resid_alloc(fsdp *f, size_t resid_bytes, errbuf *err) {
  * offload_layers only waits for the last one. */
 static void offload_input(fsdp *f, int l) {
     if (l > f->offload_layers || !f->offload_layers) return;
-    k_copy_h2d_wait(f->ctx);
-    if (l < f->offload_layers) k_copy_h2d_start(f->ctx, f->host_resid[l], f->resid[l], f->resid_bytes);
+    k_copy_h2d_wait(f->ctx, K_COPY_ACTIVATIONS, K_COPY_ALL);
+    if (l < f->offload_layers) k_copy_h2d_start(f->ctx, K_COPY_ACTIVATIONS, f->host_resid[l], f->resid[l], f->resid_bytes);
 }
 
 /* Backward, before layer l: resid[l] back (fetched one layer ago: waited for, layer 0's
  * too), resid[l - 1]'s fetch started. */
 static void fetch_input(fsdp *f, int l) {
     if (l > f->offload_layers || !f->offload_layers) return;
-    k_copy_h2d_wait(f->ctx);
-    if (l > 0) k_copy_h2d_start(f->ctx, f->resid[l - 1], f->host_resid[l - 1], f->resid_bytes);
+    k_copy_h2d_wait(f->ctx, K_COPY_ACTIVATIONS, K_COPY_ALL);
+    if (l > 0) k_copy_h2d_start(f->ctx, K_COPY_ACTIVATIONS, f->resid[l - 1], f->host_resid[l - 1], f->resid_bytes);
 }
 
 /* Activations of one micro-batch of B sequences of T tokens, in one allocation. */
@@ -933,18 +934,20 @@ static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *e
 }
 
 /* offload_params: frozen unit u, whole, from the model image into slot's buffers (an NF4
- * layer's codes and absmax; its small parts are kept), on the copy stream: no collective,
- * since every node has the image. */
+ * layer's codes and absmax; its small parts are kept), on the parameters' copy lane: no
+ * collective, since every node has the image. */
 static void stream_frozen(fsdp *f, int u, int slot) {
     const unsigned char *src = model_image_unit(f->image, &f->layout, u);
     const model_image_nf4_layer *nl = &f->image_nl;
+    fsdp_stream *st = &f->streamed[slot];
     if (is_nf4(f, u)) {
-        k_copy_h2d_start(f->ctx, f->gathered_packed[slot], src + nl->packed, nl->packed_bytes);
-        k_copy_h2d_start(f->ctx, f->gathered_absmax[slot], src + nl->absmax, nl->absmax_bytes);
+        k_copy_h2d_start(f->ctx, K_COPY_PARAMS, f->gathered_packed[slot], src + nl->packed, nl->packed_bytes);
+        st->ticket = k_copy_h2d_start(f->ctx, K_COPY_PARAMS, f->gathered_absmax[slot], src + nl->absmax, nl->absmax_bytes);
     } else {
-        k_copy_h2d_start(f->ctx, f->gathered[slot], src, f->frozen[u].numel * k_compute_size(f->ctx));
+        st->ticket = k_copy_h2d_start(f->ctx, K_COPY_PARAMS, f->gathered[slot], src,
+                                      f->frozen[u].numel * k_compute_size(f->ctx));
     }
-    f->streamed[slot] = 1;
+    st->ahead = -1; /* stream_ahead marks its own */
 }
 
 /* Starts gathering the whole of model unit u into slot `slot`: its parameters (a frozen
@@ -964,7 +967,8 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
     } else if (!f->has_lora && !f->reference) {
         rc = gather_trainable(f, u, f->gathered[slot], &t[0], err);
     } else if (f->offload_params) {
-        stream_frozen(f, u, slot);
+        if (f->streamed[slot].ahead != u) stream_frozen(f, u, slot);
+        f->streamed[slot].ahead = -1;
     } else if (f->group > 1 && is_nf4(f, u)) {
         rc = comm_all_gather_start(f->shard_comm, F->packed.data, f->gathered_packed[slot], F->packed.shard,
                                    COMM_BYTE, &t[0], err);
@@ -983,9 +987,9 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
 
 /* Waits for slot's all-gathers (of unit u); compute queued from here on reads the unit. */
 static int gather_wait(fsdp *f, int u, int slot, errbuf *err) {
-    if (f->streamed[slot]) {
-        f->streamed[slot] = 0;
-        k_copy_h2d_wait(f->ctx); /* the copies after it are not started yet */
+    if (f->streamed[slot].ticket) { /* this slot's copy, not the one streamed ahead into the other */
+        k_copy_h2d_wait(f->ctx, K_COPY_PARAMS, f->streamed[slot].ticket);
+        f->streamed[slot].ticket = 0;
     }
     for (int i = 0; i < 3; i++) {
         comm_ticket t = f->gather_ticket[slot][i];
@@ -1040,8 +1044,6 @@ void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
     return unit_params(f, u, slot);
 }
 
-/* The parameters of plan entry k, gathered, for the compute queued next; starts entry k+1
- * when prefetching is on for its pass. */
 /* Starts plan entry k's all-gathers (none for a kept unit, which is in its slot already). */
 static int plan_start(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
@@ -1049,15 +1051,46 @@ static int plan_start(fsdp *f, int k, errbuf *err) {
     return g->kept ? 0 : gather_start(f, g->unit, g->slot, fp8_gathered(f, g->unit), err);
 }
 
+/* Whether plan entry k is prefetched: started when the entry before it is used (never past
+ * the forward's end in a pass without backward). */
+static int prefetched(const fsdp *f, int k) {
+    return k < f->n_plan && (k < f->n_forward_plan ? f->forward_prefetch : f->backward_prefetch && !f->forward_only);
+}
+
+/* Whether plan entry k's gather streams a frozen unit from the image (gather_start). */
+static int plan_streams(const fsdp *f, int k) {
+    const fsdp_gather *g = &f->plan[k];
+    return f->offload_params && (f->has_lora || f->reference) && !g->kept && !fp8_gathered(f, g->unit);
+}
+
+/* offload_params, once plan entry k's parameters are queued for use: entry k + 2's frozen
+ * unit streamed now, an entry before its gather starts, so the copy lane runs two layers
+ * ahead of the compute.  With one, each layer's copy (0.45 GB at 70B, 8.3 ms on an H200) could
+ * start only once the layer before the one computing was done, and had that one layer's
+ * compute (8.6 ms) to hide behind (bench/NOTES.md, F29).  Only into a slot that no compute
+ * queued from here on reads: never entry k + 1's (consecutive entries have different slots:
+ * see the plan above), and entry k's only where entry k's compute does not read what the
+ * stream writes: an NF4 layer is read by its dequantization, queued by now, and a slot's NF4
+ * codes and its compute-dtype buffer are apart. */
+static void stream_ahead(fsdp *f, int k) {
+    int j = k + 2;
+    if (!prefetched(f, j) || !plan_streams(f, j)) return;
+    const fsdp_gather *g = &f->plan[j], *now = &f->plan[k];
+    if (g->slot == now->slot && !is_nf4(f, now->unit) && !is_nf4(f, g->unit)) return;
+    stream_frozen(f, g->unit, g->slot);
+    f->streamed[g->slot].ahead = g->unit;
+}
+
+/* The parameters of plan entry k, gathered, for the compute queued next; starts entry k + 1
+ * when it is prefetched (and streams entry k + 2's ahead). */
 static void *gather_use(fsdp *f, int k, errbuf *err) {
     const fsdp_gather *g = &f->plan[k];
     if (f->next_gather <= k && plan_start(f, k, err)) return NULL;
     if (gather_wait(f, g->unit, g->slot, err)) return NULL;
-    int next = k + 1;
-    int prefetch = next < f->n_plan && (next < f->n_forward_plan ? f->forward_prefetch
-                                                                  : f->backward_prefetch && !f->forward_only);
-    if (prefetch && plan_start(f, next, err)) return NULL;
-    return gathered_params(f, k);
+    if (prefetched(f, k + 1) && plan_start(f, k + 1, err)) return NULL;
+    void *params = gathered_params(f, k);
+    stream_ahead(f, k);
+    return params;
 }
 
 /* Finishes the reduction reading full_grad[slot], if one is in flight: this rank's part of

@@ -102,6 +102,14 @@ typedef struct fsdp_reduce {
     comm_ticket replica_ticket; /* hybrid_shard: the all-reduce over the replicas (0: none) */
 } fsdp_reduce;
 
+/* offload_params: a slot's copy from the model image (fsdp.c's stream_frozen): its ticket on
+ * the K_COPY_PARAMS lane (0: nothing to wait for), and the unit streamed into the slot ahead of
+ * its plan entry's start (stream_ahead; -1: none). */
+typedef struct fsdp_stream {
+    uint64_t ticket;
+    int ahead;
+} fsdp_stream;
+
 typedef struct fsdp {
     kctx *ctx;
     comm *comm;       /* the world's: the step's statistics */
@@ -155,7 +163,7 @@ typedef struct fsdp {
     int n_optim_tasks;
     const void *image; /* offload_params: the model image the gathers read (registered) */
     model_image_nf4_layer image_nl; /* where the image keeps an NF4 layer's parts */
-    int *streamed; /* [n_slots]: a copy from the image into the slot is in flight */
+    fsdp_stream *streamed; /* [n_slots]: offload_params' copies from the image into each slot */
     int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 

@@ -31,15 +31,22 @@ void cpu_copy_h2d(kctx *c, void *dst, const void *host_src, size_t bytes) {
     copy(dst, host_src, bytes);
 }
 
-/* k_cpu_defer_copies' queue (c->impl; NULL: copies run at once). */
+/* The copy lanes: each lane's count of copies started (its last ticket) and, once
+ * k_cpu_defer_copies is on, the queue of its copies not run yet, oldest first (c->impl;
+ * NULL: copies run at once and no ticket is counted, so waits have nothing to do). */
 typedef struct deferred_copy {
     void *dst;
     const void *src;
     size_t bytes;
+    uint64_t ticket;
 } deferred_copy;
-typedef struct copy_queue {
+typedef struct copy_lane {
     deferred_copy *q;
-    size_t n, cap;
+    size_t head, n, cap; /* q[head .. n) are waiting */
+    uint64_t started;
+} copy_lane;
+typedef struct copy_queue {
+    copy_lane lanes[K_COPY_LANES];
 } copy_queue;
 
 int cpu_defer_copies(kctx *c, errbuf *err) {
@@ -47,35 +54,43 @@ int cpu_defer_copies(kctx *c, errbuf *err) {
     return 0;
 }
 
-void cpu_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
+uint64_t cpu_copy_h2d_start(kctx *c, int lane, void *dst, const void *host_src, size_t bytes) {
     copy_queue *cq = c->impl;
     if (!cq) {
         copy(dst, host_src, bytes);
-        return;
+        return 0;
     }
-    if (cq->n == cq->cap) {
-        size_t cap = cq->cap ? 2 * cq->cap : 16;
-        deferred_copy *q = realloc(cq->q, cap * sizeof *q);
+    copy_lane *l = &cq->lanes[lane];
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        deferred_copy *q = realloc(l->q, cap * sizeof *q);
         if (!q) {
             k_fail(c, "k_copy_h2d_start: out of memory deferring a copy");
-            return;
+            return l->started;
         }
-        cq->q = q, cq->cap = cap;
+        l->q = q, l->cap = cap;
     }
-    cq->q[cq->n++] = (deferred_copy){dst, host_src, bytes};
+    l->q[l->n++] = (deferred_copy){dst, host_src, bytes, ++l->started};
+    return l->started;
 }
 
-void cpu_copy_h2d_wait(kctx *c) {
+/* Runs lane's waiting copies up to ticket upto, in order. */
+void cpu_copy_h2d_wait(kctx *c, int lane, uint64_t upto) {
     copy_queue *cq = c->impl;
-    for (size_t i = 0; cq && i < cq->n; i++) copy(cq->q[i].dst, cq->q[i].src, cq->q[i].bytes);
-    if (cq) cq->n = 0;
+    if (!cq) return;
+    copy_lane *l = &cq->lanes[lane];
+    for (; l->head < l->n && l->q[l->head].ticket <= upto; l->head++)
+        copy(l->q[l->head].dst, l->q[l->head].src, l->q[l->head].bytes);
+    if (l->head == l->n) l->head = l->n = 0;
 }
 
-void cpu_sync(kctx *c) { cpu_copy_h2d_wait(c); }
+void cpu_sync(kctx *c) {
+    for (int lane = 0; lane < K_COPY_LANES; lane++) cpu_copy_h2d_wait(c, lane, K_COPY_ALL);
+}
 
 void cpu_destroy(kctx *c) {
     copy_queue *cq = c->impl;
-    if (cq) free(cq->q);
+    for (int lane = 0; cq && lane < K_COPY_LANES; lane++) free(cq->lanes[lane].q);
     free(cq);
     c->impl = NULL;
 }

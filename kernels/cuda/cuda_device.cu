@@ -63,9 +63,11 @@ static void fail_on_kernel_report(kctx *c, const cuda_input_error *e) {
 extern "C" void cuda_sync(kctx *c) {
     cuda_impl *s = cuda_state(c);
     cuda_input_error report;
-    if ((s->copy_stream &&
-         cuda_check_call(c, cudaStreamSynchronize(s->copy_stream), "copy stream synchronize")) ||
-        cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
+    for (int lane = 0; lane < K_COPY_LANES; lane++)
+        if (s->copy_lanes[lane].stream &&
+            cuda_check_call(c, cudaStreamSynchronize(s->copy_lanes[lane].stream), "copy stream synchronize"))
+            return;
+    if (cuda_check_call(c, cudaStreamSynchronize(s->stream), "stream synchronize") ||
         cuda_check_call(c,
                         cudaMemcpyAsync(&report, s->error, sizeof report, cudaMemcpyDeviceToHost,
                                         s->stream),
@@ -85,12 +87,13 @@ extern "C" void cuda_destroy(kctx *c) {
     if (!s) return;
     // Teardown: errors here have nobody left to report to.
     if (s->stream) (void)cudaStreamSynchronize(s->stream);
-    if (s->copy_stream) {
-        (void)cudaStreamSynchronize(s->copy_stream);
-        (void)cudaStreamDestroy(s->copy_stream);
-        (void)cudaEventDestroy(s->copy_ready);
-        (void)cudaEventDestroy(s->copy_done);
+    for (int lane = 0; lane < K_COPY_LANES; lane++) {
+        cuda_copy_lane *l = &s->copy_lanes[lane];
+        if (l->stream) (void)cudaStreamSynchronize(l->stream), (void)cudaStreamDestroy(l->stream);
+        for (int i = 0; i < COPY_EVENTS; i++)
+            if (l->done[i]) (void)cudaEventDestroy(l->done[i]);
     }
+    if (s->copy_ready) (void)cudaEventDestroy(s->copy_ready);
     cuda_gemm_cache_clear(s);
     if (s->lt) (void)cublasLtDestroy(s->lt);
     if (s->workspace) (void)cudaFree(s->workspace);
@@ -228,37 +231,44 @@ extern "C" void cuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t b
                     "copy host to device");
 }
 
-// The copy stream of k_copy_h2d_start, made on first use: `ready` orders it after the compute
-// queued so far, `done` (re-recorded after every copy) is what k_copy_h2d_wait waits for.
-static int copy_stream(kctx *c) {
+// Lane `lane` of k_copy_h2d_start, its stream and events made on first use; `copy_ready`
+// (one for every lane) orders a copy after the compute queued before it.
+static cuda_copy_lane *copy_lane(kctx *c, int lane) {
     cuda_impl *s = cuda_state(c);
-    if (s->copy_stream) return 0;
-    if (cuda_check_call(c, cudaStreamCreateWithFlags(&s->copy_stream, cudaStreamNonBlocking),
-                        "creating the copy stream") ||
-        cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_ready, cudaEventDisableTiming),
-                        "creating the copy events") ||
-        cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_done, cudaEventDisableTiming),
-                        "creating the copy events"))
-        return -1;
-    return 0;
+    cuda_copy_lane *l = &s->copy_lanes[lane];
+    if (l->stream) return l;
+    if (!s->copy_ready && cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_ready, cudaEventDisableTiming),
+                                          "creating the copy events"))
+        return NULL;
+    for (int i = 0; i < COPY_EVENTS; i++)
+        if (cuda_check_call(c, cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming),
+                            "creating the copy events"))
+            return NULL;
+    if (cuda_check_call(c, cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking), "creating a copy stream"))
+        return NULL;
+    return l;
 }
 
-extern "C" void cuda_copy_h2d_start(kctx *c, void *dst, const void *host_src, size_t bytes) {
+extern "C" uint64_t cuda_copy_h2d_start(kctx *c, int lane, void *dst, const void *host_src, size_t bytes) {
     cuda_impl *s = cuda_state(c);
-    if (!bytes || copy_stream(c)) return;
+    cuda_copy_lane *l = copy_lane(c, lane);
+    if (!l) return 0;
+    if (!bytes) return l->started;
     if (cuda_check_call(c, cudaEventRecord(s->copy_ready, s->stream), "copy start: event") ||
-        cuda_check_call(c, cudaStreamWaitEvent(s->copy_stream, s->copy_ready, 0),
-                        "copy start: wait") ||
-        cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, s->copy_stream),
-                        "copy host to device (copy stream)"))
-        return;
-    cuda_check_call(c, cudaEventRecord(s->copy_done, s->copy_stream), "copy start: event");
+        cuda_check_call(c, cudaStreamWaitEvent(l->stream, s->copy_ready, 0), "copy start: wait") ||
+        cuda_check_call(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, l->stream),
+                        "copy host to device (copy stream)") ||
+        cuda_check_call(c, cudaEventRecord(l->done[l->started % COPY_EVENTS], l->stream), "copy start: event"))
+        return l->started;
+    return ++l->started;
 }
 
-extern "C" void cuda_copy_h2d_wait(kctx *c) {
+extern "C" void cuda_copy_h2d_wait(kctx *c, int lane, uint64_t upto) {
     cuda_impl *s = cuda_state(c);
-    if (!s->copy_stream) return; // nothing was ever started
-    cuda_check_call(c, cudaStreamWaitEvent(s->stream, s->copy_done, 0), "copy wait");
+    const cuda_copy_lane *l = &s->copy_lanes[lane];
+    const uint64_t t = upto < l->started ? upto : l->started;
+    if (t == 0) return; // nothing started (or asked for)
+    cuda_check_call(c, cudaStreamWaitEvent(s->stream, l->done[(t - 1) % COPY_EVENTS], 0), "copy wait");
 }
 
 extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes, int writable) {
@@ -281,9 +291,10 @@ extern "C" void cuda_host_register(kctx *c, const void *p, size_t bytes, int wri
 
 extern "C" void cuda_host_unregister(kctx *c, const void *p) {
     cuda_check_call(c, cudaStreamSynchronize(cuda_stream(c)), "host unregister: synchronize");
-    if (cuda_state(c)->copy_stream)
-        cuda_check_call(c, cudaStreamSynchronize(cuda_state(c)->copy_stream),
-                        "host unregister: synchronize the copies");
+    for (int lane = 0; lane < K_COPY_LANES; lane++)
+        if (cuda_state(c)->copy_lanes[lane].stream)
+            cuda_check_call(c, cudaStreamSynchronize(cuda_state(c)->copy_lanes[lane].stream),
+                            "host unregister: synchronize the copies");
     cuda_check_call(c, cudaHostUnregister((void *)p), "cudaHostUnregister");
 }
 

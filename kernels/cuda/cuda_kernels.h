@@ -116,6 +116,16 @@ typedef struct cuda_gemm {
 #define CUDA_GEMM_CACHE 64
 
 /* The backend state behind kctx.impl. */
+/* A copy lane (k_copy_h2d_start): its stream and, for the last COPY_EVENTS copies, an event
+ * recorded after each (copy t's is done[(t - 1) % COPY_EVENTS]).  A wait for a copy older
+ * than that waits for the newer copy now recorded in its event: later, never too early. */
+#define COPY_EVENTS 8
+typedef struct cuda_copy_lane {
+    cudaStream_t stream;
+    cudaEvent_t done[COPY_EVENTS];
+    uint64_t started;
+} cuda_copy_lane;
+
 typedef struct cuda_impl {
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -128,8 +138,8 @@ typedef struct cuda_impl {
     int sm_count;            /* streaming multiprocessors (persistent kernels' grids) */
     int attention_sm90;      /* attention runs cuda_attention_sm90.cu's kernels (sm_90 device) */
     void *tensor_map_encode; /* the driver's cuTensorMapEncodeTiled, when attention_sm90 */
-    cudaStream_t copy_stream; /* k_copy_h2d_start's, made on first use */
-    cudaEvent_t copy_ready, copy_done;
+    cuda_copy_lane copy_lanes[K_COPY_LANES]; /* k_copy_h2d_start's, made on first use */
+    cudaEvent_t copy_ready;
     cuda_gemm gemms[CUDA_GEMM_CACHE];
     int next_evict;
 } cuda_impl;

@@ -345,13 +345,28 @@ static void check_copy_stream(size_t n) {
     int registered = k_check(&gpu, &err) == 0;
     report_bool("k_host_register (read-only)", shape("bytes=%zu", mapped), registered, registered ? "registered" : err.msg);
     float *dst = dev_bytes(bytes, sizeof(float)), *sum = dev_bytes(bytes, sizeof(float));
-    k_copy_h2d(&gpu, dst, first, bytes);       /* queued on the compute stream */
-    k_copy_h2d_start(&gpu, dst, image, bytes); /* after it, on the copy stream */
-    k_copy_h2d_wait(&gpu);
-    k_add_f32(&gpu, sum, dst, n);              /* compute after the wait reads the image */
+    k_copy_h2d(&gpu, dst, first, bytes);                      /* queued on the compute stream */
+    uint64_t t = k_copy_h2d_start(&gpu, K_COPY_PARAMS, dst, image, bytes); /* after it, on a lane */
+    k_copy_h2d_wait(&gpu, K_COPY_PARAMS, t);
+    k_add_f32(&gpu, sum, dst, n); /* compute after the wait reads the image */
     float *got = get_f32(sum, n);
     report_bool("k_copy_h2d_start, k_copy_h2d_wait", shape("n=%zu", n),
                 memcmp(got, image, bytes) == 0, "same bits, in order");
+    /* two lanes, tickets: a wait for the first of two copies on a lane, then for the other
+     * lane's copy; every copy COPY_EVENTS + 1 copies back (its event reused) still waited for */
+    float *other = dev_bytes(bytes, sizeof(float));
+    k_zero(&gpu, dst, bytes);
+    uint64_t first_t = k_copy_h2d_start(&gpu, K_COPY_PARAMS, dst, image, bytes);
+    for (int i = 0; i < 9; i++) k_copy_h2d_start(&gpu, K_COPY_PARAMS, other, first, bytes);
+    uint64_t act = k_copy_h2d_start(&gpu, K_COPY_ACTIVATIONS, sum, first, bytes);
+    k_copy_h2d_wait(&gpu, K_COPY_PARAMS, first_t);
+    k_copy_h2d_wait(&gpu, K_COPY_ACTIVATIONS, act);
+    k_add_f32(&gpu, sum, dst, n); /* first + image */
+    float *want = hfloats(n);
+    for (size_t i = 0; i < n; i++) want[i] = first[i] + image[i];
+    got = get_f32(sum, n);
+    report_bool("k_copy_h2d_start lanes and tickets", shape("n=%zu", n),
+                t + 1 == first_t && act == 1 && memcmp(got, want, bytes) == 0, "the tickets' copies waited for");
     float *host_dst = hfloats(n);
     k_copy_h2d(&gpu, host_dst, image, bytes); /* host to host */
     k_copy_d2h(&gpu, got, dst, bytes);

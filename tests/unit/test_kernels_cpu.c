@@ -161,28 +161,39 @@ static void test_context(void **state) {
     assert_non_null(strstr(err.msg, "unknown backend 7"));
 }
 
-/* k_cpu_defer_copies: copies started run at the next wait or sync, from the source as it is
- * then (what a GPU's copy stream may do); without it, at once. */
+/* k_cpu_defer_copies: copies started run at the wait that covers their ticket, or a sync,
+ * from the source as it is then (what a GPU's copy stream may do), each lane on its own;
+ * without it, at once. */
 static void test_deferred_copies(void **state) {
     (void)state;
     kctx c;
     errbuf err = {{0}};
-    float src[4] = {1, 2, 3, 4}, dst[4] = {0};
+    float src[4] = {1, 2, 3, 4}, dst[4] = {0}, other[2] = {0};
     if (kctx_init(&c, K_CPU, 0, &err)) fail_msg("%s", err.msg);
-    k_copy_h2d_start(&c, dst, src, sizeof src);
+    assert_int_equal(k_copy_h2d_start(&c, K_COPY_PARAMS, dst, src, sizeof src), 0); /* run already */
     assert_true(dst[3] == 4); /* at once */
     if (k_cpu_defer_copies(&c, &err)) fail_msg("%s", err.msg);
     memset(dst, 0, sizeof dst);
-    k_copy_h2d_start(&c, dst, src, sizeof src);
-    k_copy_h2d_start(&c, dst + 3, src, sizeof *src); /* in order: the later copy wins */
-    assert_true(dst[0] == 0 && dst[3] == 0);
+    uint64_t t1 = k_copy_h2d_start(&c, K_COPY_PARAMS, dst, src, sizeof src);
+    uint64_t t2 = k_copy_h2d_start(&c, K_COPY_PARAMS, dst + 3, src, sizeof *src); /* in order: the later copy wins */
+    uint64_t a1 = k_copy_h2d_start(&c, K_COPY_ACTIVATIONS, other, src + 2, sizeof *src);
+    assert_true(t1 == 1 && t2 == 2 && a1 == 1);
+    assert_true(dst[0] == 0 && dst[3] == 0 && other[0] == 0);
     src[0] = 9; /* overwritten before the wait: copied as it is then */
-    k_copy_h2d_wait(&c);
-    assert_true(dst[0] == 9 && dst[1] == 2 && dst[3] == 9);
-    k_copy_h2d_start(&c, dst, src + 1, sizeof *src);
-    assert_true(dst[0] == 9);
-    if (k_sync(&c, &err)) fail_msg("%s", err.msg); /* a sync runs them too */
-    assert_true(dst[0] == 2);
+    k_copy_h2d_wait(&c, K_COPY_PARAMS, t1); /* the first only, and not the other lane's */
+    assert_true(dst[0] == 9 && dst[1] == 2 && dst[3] == 4 && other[0] == 0);
+    k_copy_h2d_wait(&c, K_COPY_PARAMS, K_COPY_ALL);
+    assert_true(dst[3] == 9 && other[0] == 0);
+    k_copy_h2d_wait(&c, K_COPY_ACTIVATIONS, a1);
+    assert_true(other[0] == 3);
+    k_copy_h2d_start(&c, K_COPY_PARAMS, dst, src + 1, sizeof *src);
+    k_copy_h2d_start(&c, K_COPY_ACTIVATIONS, other + 1, src + 1, sizeof *src);
+    assert_true(dst[0] == 9 && other[1] == 0);
+    if (k_sync(&c, &err)) fail_msg("%s", err.msg); /* a sync runs every lane's */
+    assert_true(dst[0] == 2 && other[1] == 2);
+    k_copy_h2d_start(&c, K_COPY_LANES, dst, src, sizeof *src); /* no such lane */
+    assert_int_equal(k_check(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "copy lane 2"));
     kctx_destroy(&c);
 }
 

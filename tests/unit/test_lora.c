@@ -569,7 +569,7 @@ static void run_adapters(golden *g, const void *image, size_t bytes, model_image
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = q,
                         .cpu_offload = cpu_offload, .offload_params = offload_params,
                         .recompute = recompute, .offload_threads = 2, .offload_layers = offload_layers,
-                        .mlp_chunk = mlp_chunk};
+                        .mlp_chunk = mlp_chunk, .forward_prefetch = 1, .backward_prefetch = 1}; /* the jobs' defaults */
     if (fsdp_init(&f, &g->cfg, &g->ctx, NULL, 0, 1, &opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err) || fsdp_init_adapters(&f, &err))
         fail_msg("%s", err.msg);
@@ -617,13 +617,21 @@ static void test_fsdp_offload_same_bits(void **state) {
         static const llama_recompute recomputes[] = {{2, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_ATTENTION},
                                                      {1, LLAMA_KEEP_ATTENTION}};
         assert_int_equal(g.cfg.num_hidden_layers, 2);
-        for (int mode = 1; mode < 9; mode++) {
-            llama_recompute r = mode < 4 ? (llama_recompute){0} : recomputes[mode < 7 ? mode - 4 : 0];
-            int offload = mode < 4 ? mode : mode == 8 ? 2 : 0, inputs = mode >= 7;
+        /* each with the copies deferred (as late as a GPU's copy lanes may run them: a
+         * missing wait reads stale data) and, where anything is copied, run at once (as early
+         * as they may: a copy into a buffer compute still reads changes it) */
+        for (int mode = 1; mode < 9 * 2; mode++) {
+            int at_once = mode >= 9, m = mode % 9;
+            if (m == 0 || (at_once && m != 2 && m != 3 && m != 7 && m != 8)) continue;
+            llama_recompute r = m < 4 ? (llama_recompute){0} : recomputes[m < 7 ? m - 4 : 0];
+            int offload = m < 4 ? m : m == 8 ? 2 : 0, inputs = m >= 7;
+            kctx deferred = g.ctx;
+            if (at_once && kctx_init(&g.ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
             run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, inputs, 0, got, &b);
-            printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d, %d layer input offloaded: losses "
-                   "%.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1, r.layers,
-                   (int)r.keep, inputs, got[0], got[1], got[2], got[3]);
+            if (at_once) kctx_destroy(&g.ctx), g.ctx = deferred;
+            printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d, %d layer input offloaded, copies %s: "
+                   "losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1, r.layers,
+                   (int)r.keep, inputs, at_once ? "at once" : "deferred", got[0], got[1], got[2], got[3]);
             assert_memory_equal(want, got, sizeof want);
             assert_int_equal(a.n, b.n);
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
