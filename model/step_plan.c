@@ -355,20 +355,23 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     p->comm_exposed_s += n_micro * dpo * L * ag;
 
     /* offload_params: the frozen base streamed from the host twice a micro-batch (forward,
-     * backward), on its own stream */
-    p->offload_exposed_s = 0;
-    if (j->fsdp.offload_params && s->lora) {
-        double per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (r->t->registered_h2d_gbps * 1e9) * r->copy;
-        p->offload_exposed_s += n_micro * L * (fmax(0, per_use - fwd_unit) + fmax(0, per_use - bwd_unit) + dpo * per_use);
-        p->reference_s += n_micro * L * dpo * per_use;
+     * backward) on its own copy lane, two layers ahead of use; offload_activations: each
+     * offloaded layer input to the host beside its layer's forward and back beside the next
+     * layer's backward, on another lane.  The lanes run at once: in the forward they copy in
+     * opposite directions, in the backward both from the host, so an offloaded layer's two
+     * copies share the host-to-device bandwidth there. */
+    double per_use = 0, d2h = 0, h2d = 0;
+    int off = p->offload_layers;
+    if (j->fsdp.offload_params && s->lora)
+        per_use = (s->nf4 ? u.layer_nf4_bytes : u.layer * s->cs) / (r->t->registered_h2d_gbps * 1e9) * r->copy;
+    if (off) {
+        double input = (double)p->mem.host_activations / off;
+        d2h = input / (r->t->d2h_gbps * 1e9) * r->copy, h2d = input / (r->t->h2d_gbps * 1e9) * r->copy;
     }
-    /* offload_activations: each offloaded layer input to the host beside its layer's forward
-     * and back beside the next layer's backward, on the copy stream */
-    if (p->offload_layers) {
-        double input = (double)p->mem.host_activations / p->offload_layers;
-        double d2h = input / (r->t->d2h_gbps * 1e9) * r->copy, h2d = input / (r->t->h2d_gbps * 1e9) * r->copy;
-        p->offload_exposed_s += n_micro * p->offload_layers * (fmax(0, d2h - fwd_unit) + fmax(0, h2d - bwd_unit));
-    }
+    p->offload_exposed_s = n_micro * (L * fmax(0, per_use - fwd_unit) + off * fmax(0, d2h - fwd_unit) +
+                                      off * fmax(0, per_use + h2d - bwd_unit) + (L - off) * fmax(0, per_use - bwd_unit) +
+                                      L * dpo * per_use);
+    p->reference_s += n_micro * L * dpo * per_use;
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
      * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
     double shard = p->mem.trainable_elems;

@@ -231,22 +231,28 @@ extern "C" void cuda_copy_h2d(kctx *c, void *dst, const void *host_src, size_t b
                     "copy host to device");
 }
 
-// Lane `lane` of k_copy_h2d_start, its stream and events made on first use; `copy_ready`
-// (one for every lane) orders a copy after the compute queued before it.
+// Lane `lane` of k_copy_h2d_start, its stream and events made on first use (all or none);
+// `copy_ready` (one for every lane) orders a copy after the compute queued before it.
 static cuda_copy_lane *copy_lane(kctx *c, int lane) {
     cuda_impl *s = cuda_state(c);
-    cuda_copy_lane *l = &s->copy_lanes[lane];
+    cuda_copy_lane *l = &s->copy_lanes[lane], made = {};
     if (l->stream) return l;
     if (!s->copy_ready && cuda_check_call(c, cudaEventCreateWithFlags(&s->copy_ready, cudaEventDisableTiming),
                                           "creating the copy events"))
         return NULL;
+    int ok = cuda_check_call(c, cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking),
+                             "creating a copy stream") == 0;
+    for (int i = 0; ok && i < COPY_EVENTS; i++)
+        ok = cuda_check_call(c, cudaEventCreateWithFlags(&made.done[i], cudaEventDisableTiming),
+                             "creating the copy events") == 0;
+    if (ok) {
+        *l = made;
+        return l;
+    }
     for (int i = 0; i < COPY_EVENTS; i++)
-        if (cuda_check_call(c, cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming),
-                            "creating the copy events"))
-            return NULL;
-    if (cuda_check_call(c, cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking), "creating a copy stream"))
-        return NULL;
-    return l;
+        if (made.done[i]) (void)cudaEventDestroy(made.done[i]);
+    if (made.stream) (void)cudaStreamDestroy(made.stream);
+    return NULL;
 }
 
 extern "C" uint64_t cuda_copy_h2d_start(kctx *c, int lane, void *dst, const void *host_src, size_t bytes) {

@@ -320,6 +320,34 @@ static void test_long_sequences(void **state) {
     near(plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r).step_s, 0.127);
 }
 
+/* F47: offload_params' base streamed (30 ms a layer each way through the step) beside
+ * offload_activations' inputs (20 ms a copy), LoRA on q, full recompute: a layer's forward
+ * 14 ms, its backward 37.5 ms (31 and half of the recompute: the first layer's forward but
+ * down_proj, 13 ms).  The base alone: 2 x (30 - 14) = 32 ms exposed, its backward copies
+ * hidden.  With the first layer's input offloaded too, its copy to the host (the other
+ * direction) exceeds that layer's forward by 6 ms, and in the backward its fetch and the
+ * base's copy share the host-to-device bandwidth: 30 + 20 - 37.5 = 12.5 ms more. */
+static void test_offload_lanes(void **state) {
+    (void)state;
+    plan_rates r = table();
+    job_config j = job(1);
+    j.train.type = JOB_TRAIN_LORA;
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
+    j.fsdp.offload_params = true;
+    size_t layer_bytes = (size_t)(4 * 64 + 3 * 128 - 2 * 32 + 2 * 8) * 2; /* q k v o gate up down, 2 norms, bf16 */
+    r.registered_h2d_gbps = layer_bytes / 0.030 / 1e9;
+    step_plan base = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(base.offload_layers, 0);
+    near(base.offload_exposed_s, 0.032);
+    j.fsdp.offload_activations = true;
+    j.runtime.gpu_memory_limit = (int64_t)base.mem.total - 1;
+    r.h2d_gbps = r.d2h_gbps = 256 / 0.020 / 1e9;
+    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(p.offload_layers, 1);
+    near(p.offload_exposed_s, 0.032 + 0.006 + 0.0125);
+    near(p.step_s, base.step_s + 0.0185);
+}
+
 /* fsdpd's admission: a GPU one byte short of the worker's need, the context and the margin
  * refuses the job, naming both; exactly enough passes; the CPU backend (no GPU) passes. */
 static void test_admit(void **state) {
@@ -342,7 +370,7 @@ static void test_admit(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full_fine_tune),  cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_full_fine_tune),  cmocka_unit_test(test_lora), cmocka_unit_test(test_offload_lanes),
         cmocka_unit_test(test_preference),
         cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
         cmocka_unit_test(test_strategies),
