@@ -292,6 +292,17 @@ static void test_memory_host_checkpoint(void **state) {
     assert_int_equal(p.max_micro_batch, 1);
 }
 
+/* fsdp.offload_activations under a limit one byte short of plan `without`: one layer input
+ * (16 x 8 bf16, 256 bytes) to the host, 20 ms a copy each way. */
+static step_plan with_one_input_offloaded(job_config *j, plan_rates *r, const step_plan *without) {
+    j->fsdp.offload_activations = true;
+    j->runtime.gpu_memory_limit = (int64_t)without->mem.total - 1;
+    r->h2d_gbps = r->d2h_gbps = 256 / 0.020 / 1e9;
+    step_plan p = plan(j, "h200", 1, MODEL_IMAGE_PLAIN, r);
+    assert_int_equal(p.offload_layers, 1);
+    return p;
+}
+
 /* F46 under full recompute (125 ms): fsdp.offload_activations under a limit one byte short
  * moves one layer input (16 x 8 bf16, 256 bytes) to the host, counted in host RAM; at 256
  * bytes in 20 ms each way, the copy to the host exceeds a layer's forward (12 ms) by 8 ms, the
@@ -304,11 +315,7 @@ static void test_long_sequences(void **state) {
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
     step_plan full = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     near(full.step_s, 0.125);
-    j.fsdp.offload_activations = true;
-    j.runtime.gpu_memory_limit = (int64_t)full.mem.total - 1;
-    r.h2d_gbps = r.d2h_gbps = 256 / 0.020 / 1e9;
-    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
-    assert_int_equal(p.offload_layers, 1);
+    step_plan p = with_one_input_offloaded(&j, &r, &full);
     assert_int_equal(p.mem.host_activations, 256);
     assert_int_equal(p.mem.total, full.mem.total - 256);
     assert_int_equal(p.host_offload, 256);
@@ -339,11 +346,7 @@ static void test_offload_lanes(void **state) {
     step_plan base = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     assert_int_equal(base.offload_layers, 0);
     near(base.offload_exposed_s, 0.032);
-    j.fsdp.offload_activations = true;
-    j.runtime.gpu_memory_limit = (int64_t)base.mem.total - 1;
-    r.h2d_gbps = r.d2h_gbps = 256 / 0.020 / 1e9;
-    step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
-    assert_int_equal(p.offload_layers, 1);
+    step_plan p = with_one_input_offloaded(&j, &r, &base);
     near(p.offload_exposed_s, 0.032 + 0.006 + 0.0125);
     near(p.step_s, base.step_s + 0.0185);
 }
