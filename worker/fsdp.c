@@ -914,15 +914,23 @@ static void fp8_place_plain(fsdp *f, char *dst) {
 }
 
 /* Starts gathering trainable unit a into dst (compute dtype, in place: this rank's shard is
- * cast, or with cpu_offload copied, into its own place of dst). */
-static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, errbuf *err) {
+ * cast, or with cpu_offload copied, into its own place of dst).  With offload_params on one
+ * rank the copy from the host runs on the parameters' lane beside the compute, its ticket
+ * raising *lane (the slot's, which gather_wait waits for; NULL: on the compute stream). */
+static int gather_trainable(fsdp *f, int a, char *dst, comm_ticket *t, uint64_t *lane, errbuf *err) {
     const fsdp_unit *U = &f->units[a];
     char *mine = f->group == 1 ? dst : dst + U->shard_off * k_compute_size(f->ctx);
+    size_t bytes = U->shard * k_compute_size(f->ctx);
     *t = 0;
     if (f->cpu_offload) {
         const void *src = offloaded_params(f, a, err);
         if (!src) return -1;
-        k_copy_h2d(f->ctx, mine, src, U->shard * k_compute_size(f->ctx));
+        if (lane && f->offload_params && f->group == 1) { /* pinned host memory, no collective next */
+            uint64_t ticket = k_copy_h2d_start(f->ctx, K_COPY_PARAMS, mine, src, bytes);
+            *lane = ticket > *lane ? ticket : *lane;
+        } else {
+            k_copy_h2d(f->ctx, mine, src, bytes);
+        }
     } else {
         k_f32_to_compute(f->ctx, mine, U->master, U->shard);
     }
@@ -965,7 +973,7 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
         rc = gather_codes(f, u, f->gathered[slot], t, err);
         comm_set_unit(f->shard_comm, u);
     } else if (!f->has_lora && !f->reference) {
-        rc = gather_trainable(f, u, f->gathered[slot], &t[0], err);
+        rc = gather_trainable(f, u, f->gathered[slot], &t[0], &f->streamed[slot].ticket, err);
     } else if (f->offload_params) {
         if (f->streamed[slot].ahead != u) stream_frozen(f, u, slot);
         f->streamed[slot].ahead = -1;
@@ -980,7 +988,7 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
                                    compute_comm_dtype(f->ctx), &t[0], err);
     }
     if (rc == 0 && f->has_lora && a >= 0)
-        rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], err);
+        rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], &f->streamed[slot].ticket, err);
     f->param_gathers += t[0] || t[1] || t[2];
     return rc ? errprefix(err, "unit %d", u) : 0;
 }
@@ -1712,7 +1720,7 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     for (int u = 0; u < f->n_train && rc == 0; u++) {
         comm_ticket t;
         comm_set_unit(f->shard_comm, u);
-        rc = gather_trainable(f, u, slot, &t, err);
+        rc = gather_trainable(f, u, slot, &t, NULL, err);
         if (rc == 0 && t) rc = comm_wait(f->shard_comm, t, err);
         if (rc) break;
         k_copy_d2h(f->ctx, copy, slot, f->units[u].padded * k_compute_size(f->ctx));

@@ -102,9 +102,10 @@ typedef struct fsdp_reduce {
     comm_ticket replica_ticket; /* hybrid_shard: the all-reduce over the replicas (0: none) */
 } fsdp_reduce;
 
-/* offload_params: a slot's copy from the model image (fsdp.c's stream_frozen): its ticket on
- * the K_COPY_PARAMS lane (0: nothing to wait for), and the unit streamed into the slot ahead of
- * its plan entry's start (stream_ahead; -1: none). */
+/* offload_params: a slot's copies on the K_COPY_PARAMS lane (fsdp.c's stream_frozen, the
+ * frozen unit from the model image; gather_trainable, a trained unit's compute copy from the
+ * host): the last one's ticket (0: nothing to wait for), and the unit streamed into the slot
+ * ahead of its plan entry's start (stream_ahead; -1: none). */
 typedef struct fsdp_stream {
     uint64_t ticket;
     int ahead;
@@ -163,7 +164,7 @@ typedef struct fsdp {
     int n_optim_tasks;
     const void *image; /* offload_params: the model image the gathers read (registered) */
     model_image_nf4_layer image_nl; /* where the image keeps an NF4 layer's parts */
-    fsdp_stream *streamed; /* [n_slots]: offload_params' copies from the image into each slot */
+    fsdp_stream *streamed; /* [n_slots]: offload_params' copies into each slot */
     int64_t *samples; /* [B] context memory, in the activations' allocation */
     int64_t vote[FSDP_VOTES]; /* this rank's votes for the next step */
 
