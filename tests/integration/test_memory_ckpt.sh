@@ -35,13 +35,18 @@ killed() {
     local pid=$!
     bg_pids+=("$pid")
     wait_for 60 grep -q '"step":15,' "$tmp/$name.out/metrics.jsonl"
+    local victim
+    victim=$(worker_pids "$tmp/$name.log" | sed -n 2p)
     if [ "$brk" = break ]; then
+        # stopped first, so that no save of its own rewrites an image between the break and
+        # the kill (saves come every step: on a loaded machine two could land in that time)
+        kill -STOP "$victim"
         local fd
         for fd in $(ls -l "/proc/$pid/fd" | sed -n 's/.* \([0-9]*\) -> .memfd:fsdpd-ckpt-w1\..*/\1/p'); do
             printf '\0\0\0\0\0\0\0\0' | dd of="/proc/$pid/fd/$fd" bs=8 count=1 conv=notrunc status=none
         done
     fi
-    kill -KILL "$(worker_pids "$tmp/$name.log" | sed -n 2p)"
+    kill -KILL "$victim"
     wait "$pid" || status=$?
     [ "$status" -eq 0 ] || { cat "$tmp/$name.log"; fail "$name: exited $status"; }
     grep -q "restart 1 of 1 after: rank 1 was killed by signal 9" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: no restart"; }
