@@ -25,10 +25,11 @@
  * --stress [CACHE T]: random document layouts at Llama-1.1B, 7B and 70B shapes (or the packed
  * rows of a token cache, 8 at a time), the sm_90a kernels beside the mma.sync ones.  In every
  * mode, kernels that do not finish within 60 s are a failure (exit 3, naming the check).
- * --bench: forward, backward and forward+backward at Llama-2-7B and 70B shapes, the median of
- * 10 timed runs (CUDA events, after 3 warm-up runs) on random data; then packed rows (one
- * document a row, which costs what the unpacked row does plus the varlen masking, and
- * documents of 1024 and 512 tokens).  FLOPs of the causal
+ * --bench [MODEL T]: forward, backward and forward+backward at Llama-2-7B and 70B shapes, the
+ * median of 10 timed runs (CUDA events, after 3 warm-up runs) on random data; then packed rows
+ * (one document a row, which costs what the unpacked row does plus the varlen masking, and
+ * documents of 1024 and 512 tokens).  With MODEL and T, only the rows of that model and
+ * length (for a profiler: `ncu ... check_attention --bench 70B 2048`).  FLOPs of the causal
  * forward: 4 B Hq T^2 hd / 2 (two products, half the scores); backward 2.5x that (five
  * products); forward+backward 3.5x. */
 #include <math.h>
@@ -689,8 +690,13 @@ static double bench_ms(const bench_case *c, bench_kind kind) {
 /* doc > 0: rows packed with documents of doc tokens (T a multiple of it); window > 0: a
  * sliding window over whole rows.  FLOPs count the work inside the documents or the band
  * only. */
+/* --bench MODEL T: the rows to run (NULL: all). */
+static const char *bench_only_model;
+static int bench_only_T;
+
 static void bench_shape_band(const char *model, int B, int T, int Hq, int Hkv, int hd, int doc,
                              int window) {
+    if (bench_only_model && (strcmp(model, bench_only_model) || T != bench_only_T)) return;
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd;
     bench_case c = {.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .window = window};
     packing pk;
@@ -886,9 +892,16 @@ int main(int argc, char **argv) {
     const char *mode = argc >= 2 ? argv[1] : "";
     int bench = !strcmp(mode, "--bench"), self_test = !strcmp(mode, "--cpu");
     int quick = self_test || !strcmp(mode, "--quick"), stress = !strcmp(mode, "--stress");
-    if ((argc > 2 && !(stress && argc == 4)) || (argc == 2 && !bench && !quick && !stress)) {
-        fprintf(stderr, "usage: %s [--quick | --bench | --cpu | --stress [CACHE T]]\n", argv[0]);
+    if ((argc > 2 && !((stress || bench) && argc == 4)) ||
+        (argc == 2 && !bench && !quick && !stress)) {
+        fprintf(stderr, "usage: %s [--quick | --bench [MODEL T] | --cpu | --stress [CACHE T]]\n",
+                argv[0]);
         return 2;
+    }
+    if (bench && argc == 4) {
+        bench_only_model = argv[2];
+        if ((bench_only_T = atoi(argv[3])) <= 0)
+            die("--bench %s %s: T must be a positive length", argv[2], argv[3]);
     }
     errbuf err;
     if (self_test) {
