@@ -749,16 +749,27 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     counts the shares added so far; a block waits for its turn (how far below the diagonal
 //     it is) and counts itself once its share has landed.  The same additions in the same
 //     order every run: the same bits;
-//   - the schedule keeps the waits away and the longest blocks first (walk_of).  Up: every
-//     block walks its query tiles up from its diagonal (the group's heads inside), the
-//     diagonal's share of a tile first, so a block reaches a tile after every block above it
-//     has (they start no later and reach it sooner); a (batch, head)'s key blocks are launched
-//     together, from the last one down, which keeps the accumulators they add to in L2.  Down
-//     (GQA, whose blocks are group times longer): every block walks down from its last tile,
-//     the first key block's share first; all the blocks of a (batch, head) reach a tile at the
-//     same step, each one add behind the one before, and the first key blocks of every
-//     (batch, head), the longest, are launched first.  Either way no block waits on one that
-//     has not started.
+//   - the schedule keeps the waits away, and the query tiles and accumulators a share reads
+//     and adds to in L2 (bwd_item).  MHA (up): a block per key block walks its
+//     query tiles up from its diagonal, the diagonal's share of a tile first, so a block
+//     reaches a tile after every block above it has (they start no later and reach it
+//     sooner); a (batch, head)'s key blocks are launched together, from the last one down: a
+//     head's tiles (2 MB at T 2048) are what its blocks read, from L2.  GQA (down, group times
+//     longer blocks over group times the tiles): the first key block's share first, and
+//     persistent blocks in lockstep (bwd_item): a (batch, kv head)'s key blocks are laid out
+//     in rows of `width` blocks, a block a persistent block, snaking (row 0 left to right,
+//     row 1 right to left, ...); even rows walk down from the last tile, odd rows up from
+//     their diagonals.  With two rows, block k and block NB-1-k share a persistent block, and
+//     every persistent block has the same work, so every row starts at once, and the blocks
+//     of a row are all at the same tile at the same time (down: last - t/group; up, the
+//     rows' lengths cancelling: t/group - 2 for whole tiles): the Q, dO and accumulator tiles
+//     that a row's blocks share stay in L2 between the blocks' reads and adds.  (Launched a
+//     block a key block, the first key blocks first, the later waves started as earlier
+//     blocks ended, tens of steps apart: at Llama-2-70B T 2048 the backward read 2.8 GB and
+//     wrote 1.5 GB to DRAM for 0.3 GB of inputs, L2 hit rate 54%; bench/NOTES.md, F44.)
+//     Either way a block waits only on blocks of lower key block, which are running or ran
+//     before it in its persistent block (rows in order), so no wait is ever on a block that
+//     cannot start.
 
 struct bwd_tma {
     CUtensorMap q, dout, k, v; // boxes: BQ rows of q and dout, ROWS rows of k and v
@@ -769,7 +780,8 @@ struct bwd_tma {
     const int32_t *doc_start, *doc_end; // varlen only: [B, T]
     int B, T, Hq, Hkv, Tp;
     int kv0, n_kv; // the launch's kv heads: kv0 .. kv0 + n_kv - 1 (dq_accum's budget)
-    int down;      // the blocks' walk (bwd_walk, walk_of)
+    int down;      // GQA: the first key block's share first, persistent blocks (bwd_item)
+    int width;     // down: key blocks a row, a persistent block each (launch_bwd)
     float scale, scale_log2;
 };
 
@@ -785,7 +797,8 @@ template <int HD> struct dq_split {
 // K and V (ROWS rows each), a ring of STAGES steps (Q, dO: BQ rows), a ring of two dS
 // (BQ x ROWS bf16, K-major: a query's keys along its row, 64-key chunks), the step's dQ share
 // (BQ x HD fp32, as the accumulators lie: see stage_at), the steps' statistics (lse2, delta),
-// the mbarriers (the steps' ring_bars, then dS's).
+// the mbarriers (the steps' ring_bars, then dS's, then the block's K and V free for the next
+// item's).
 template <int HD> struct dkv_smem {
     static constexpr uint32_t KV_BYTES = ROWS * HD * 2, TILE = BQ * HD * 2;
     static constexpr uint32_t STEP = 2 * TILE, DS_BYTES = BQ * ROWS * 2;
@@ -796,7 +809,8 @@ template <int HD> struct dkv_smem {
     static constexpr uint32_t STATS = DQ + DQ_BYTES;
     static constexpr uint32_t BARS = STATS + STAGES * STATS_STEP;
     static constexpr uint32_t DS_BARS = BARS + RING_BARS_BYTES;
-    static constexpr size_t BYTES = DS_BARS + 4 * 8 + 1024;
+    static constexpr uint32_t KV_FREE = DS_BARS + 4 * 8; // both consumers done with K and V
+    static constexpr size_t BYTES = KV_FREE + 8 + 1024;
     static_assert(TILE % 1024 == 0 && DS_BYTES % 1024 == 0, "tiles start on 1024 bytes");
 };
 
@@ -879,58 +893,138 @@ __device__ __forceinline__ void release_count(int *p) {
 // A backward block's work and the order of its steps: the group's query heads inside, the
 // query tiles that see its keys (first, the diagonal's, .. last) outside, walked up from the
 // diagonal or down to it (bwd_tma::down).
+struct bwd_walk {
+    int kvh, b, n, first, last, group;
+    int walk_down; // the walk: from the last tile down (else from the diagonal up)
+    __device__ __forceinline__ int steps() const { return group * (last - first + 1); }
+};
+// A walk's step: query head and tile, moved on a step at a time (no division by the group
+// size, a runtime value: in the producer's and the writer's 24 registers its temporaries
+// were what spilled).
 struct bwd_step {
     int head, tile;
-};
-struct bwd_walk {
-    int kvh, b, n, first, last, group, down;
-    __device__ __forceinline__ int steps() const { return group * (last - first + 1); }
-    __device__ __forceinline__ bwd_step at(int it) const {
-        const int i = it / group;
-        return {kvh * group + it % group, down ? last - i : first + i};
+    __device__ __forceinline__ static bwd_step start(const bwd_walk &w) {
+        return {w.kvh * w.group, w.walk_down ? w.last : w.first};
+    }
+    __device__ __forceinline__ void next(const bwd_walk &w) {
+        if (++head == (w.kvh + 1) * w.group) {
+            head = w.kvh * w.group;
+            tile += w.walk_down ? -1 : 1;
+        }
     }
 };
 
-// The dK/dV producer: K and V once, then every step's Q, dO and statistics.
-template <int HD>
-__device__ void dkv_produce(const bwd_tma &p, uint32_t base, const bwd_walk &w) {
-    typedef dkv_smem<HD> L;
-    const ring_bars bars = {base + L::BARS};
-    const int kvh = w.kvh, b = w.b, k0 = w.n * ROWS, n_steps = w.steps();
-    mbar_expect_bytes(bars.fixed_full(), 2 * L::KV_BYTES);
-    tma_tile<ROWS, HD>(base + L::K, &p.k, kvh, k0, b, bars.fixed_full());
-    tma_tile<ROWS, HD>(base + L::V, &p.v, kvh, k0, b, bars.fixed_full());
-    for (int it = 0; it < n_steps; it++) {
-        const bwd_step st = w.at(it);
-        const int s = it % STAGES;
-        const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
-        const uint32_t stats = base + L::STATS + s * L::STATS_STEP;
-        if (it >= STAGES) mbar_wait(bars.k_empty(s), (it / STAGES - 1) & 1);
-        mbar_expect_bytes(full, 2 * L::TILE + L::STATS_STEP);
-        tma_tile<BQ, HD>(step, &p.q, st.head, st.tile * BQ, b, full);
-        tma_tile<BQ, HD>(step + L::TILE, &p.dout, st.head, st.tile * BQ, b, full);
-        const size_t at = ((size_t)b * p.Hq + st.head) * p.Tp + (size_t)st.tile * BQ; // padded
-        bulk_load(stats, p.lse2 + at, BQ * 4, full);
-        bulk_load(stats + BQ * 4, p.delta + at, BQ * 4, full);
-    }
+// The query tiles of key block w.n: from its diagonal to the row's end, or (varlen) to the end
+// of its last key's document.
+template <bool DOCS> __device__ __forceinline__ void walk_tiles(const bwd_tma &p, bwd_walk &w) {
+    const int k0 = w.n * ROWS;
+    const int q_end = DOCS ? p.doc_end[(size_t)w.b * p.T + imin(k0 + ROWS, p.T) - 1] : p.T;
+    w.first = k0 / BQ;
+    w.last = (q_end - 1) / BQ;
 }
 
-// The dQ writer (one warp): every step, once the consumers have staged the share, waits for
-// the tile's semaphore to reach this block's turn, adds the share (the first stores it),
-// frees the stage, and counts the share once it has landed.
+// Item idx (0, 1, ..) of this block: BWD_ITEM (w set), BWD_SKIP (a row's slot past the last
+// key block) or BWD_END.  MHA: one, the grid's (key blocks, kv heads of the launch, batch),
+// a (batch, head)'s key blocks neighbours, the last one first.  GQA: the grid is `lanes` x
+// width persistent blocks; round r gives lane l the (batch, kv head) pair r * lanes + l, whose
+// key blocks the lane's blocks take a row at a time (see "backward" above).
+enum { BWD_END, BWD_ITEM, BWD_SKIP };
+template <bool DOCS> __device__ __forceinline__ int bwd_item(const bwd_tma &p, int idx, bwd_walk &w) {
+    w.group = p.Hq / p.Hkv;
+    if (!p.down) {
+        if (idx > 0) return BWD_END;
+        w.kvh = p.kv0 + (int)blockIdx.y;
+        w.b = (int)blockIdx.z;
+        w.n = (int)(gridDim.x - 1 - blockIdx.x);
+        w.walk_down = 0;
+        walk_tiles<DOCS>(p, w);
+        return BWD_ITEM;
+    }
+    // The grid's size and this block's index read again each item (asm volatile: not hoisted),
+    // as fwd_item_rank's: kept across the producer's loop they would spill its 24 registers.
+    int grid, block;
+    asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(grid));
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(block));
+    const int nb = (p.T + ROWS - 1) / ROWS, rows = (nb + p.width - 1) / p.width;
+    const int lanes = grid / p.width, slot = block % p.width;
+    const int row = idx % rows, pair = idx / rows * lanes + block / p.width;
+    if (pair >= p.B * p.n_kv) return BWD_END;
+    w.n = row * p.width + (row % 2 ? p.width - 1 - slot : slot);
+    if (w.n >= nb) return BWD_SKIP;
+    w.kvh = p.kv0 + pair % p.n_kv;
+    w.b = pair / p.n_kv;
+    // Odd rows walk up only without documents: with them (a sliding window's band too) the
+    // blocks' tiles no longer end where the rows' lengths cancel, and up, each block would
+    // reach a tile before the block whose share goes first (a window of 4096: 12% slower).
+    w.walk_down = DOCS || row % 2 == 0;
+    walk_tiles<DOCS>(p, w);
+    return BWD_ITEM;
+}
+
+// An item's K and V, once the consumers are done with the last item's (done: the block's
+// items so far).
+template <int HD>
+__device__ __forceinline__ void dkv_load_kv(const bwd_tma &p, uint32_t base, const bwd_walk &w,
+                                            int done) {
+    typedef dkv_smem<HD> L;
+    const ring_bars bars = {base + L::BARS};
+    if (done > 0) mbar_wait(base + L::KV_FREE, (done - 1) & 1);
+    mbar_expect_bytes(bars.fixed_full(), 2 * L::KV_BYTES);
+    tma_tile<ROWS, HD>(base + L::K, &p.k, w.kvh, w.n * ROWS, w.b, bars.fixed_full());
+    tma_tile<ROWS, HD>(base + L::V, &p.v, w.kvh, w.n * ROWS, w.b, bars.fixed_full());
+}
+
+// Step g's Q, dO and statistics into the ring, once its slot is free.
+template <int HD>
+__device__ __forceinline__ void dkv_load_step(const bwd_tma &p, uint32_t base, int b,
+                                              const bwd_step &st, int g) {
+    typedef dkv_smem<HD> L;
+    const ring_bars bars = {base + L::BARS};
+    const int s = g % STAGES;
+    const uint32_t step = base + L::STEPS + s * L::STEP, full = bars.k_full(s);
+    const uint32_t stats = base + L::STATS + s * L::STATS_STEP;
+    if (g >= STAGES) mbar_wait(bars.k_empty(s), (g / STAGES - 1) & 1);
+    mbar_expect_bytes(full, 2 * L::TILE + L::STATS_STEP);
+    tma_tile<BQ, HD>(step, &p.q, st.head, st.tile * BQ, b, full);
+    tma_tile<BQ, HD>(step + L::TILE, &p.dout, st.head, st.tile * BQ, b, full);
+    const size_t at = ((size_t)b * p.Hq + st.head) * p.Tp + (size_t)st.tile * BQ; // padded
+    bulk_load(stats, p.lse2 + at, BQ * 4, full);
+    bulk_load(stats + BQ * 4, p.delta + at, BQ * 4, full);
+}
+
+// The dK/dV producer, for an item: K and V, and every step's Q, dO and statistics.  done: the
+// block's items so far; pos: their steps (the ring's position).  After the first item, K and
+// V wait for the consumers to end the last one (its dK and dV go out through K's and V's
+// shared memory): the first steps' Q and dO, whose slots are free by then, load before them.
+template <int HD>
+__device__ void dkv_produce_item(const bwd_tma &p, uint32_t base, const bwd_walk &w, int done,
+                                 int pos) {
+    const int end = pos + w.steps(), early = done > 0 ? imin(pos + STAGES, end) : pos;
+    bwd_step st = bwd_step::start(w);
+    int g = pos;
+    for (; g < early; g++, st.next(w)) dkv_load_step<HD>(p, base, w.b, st, g);
+    dkv_load_kv<HD>(p, base, w, done);
+    for (; g < end; g++, st.next(w)) dkv_load_step<HD>(p, base, w.b, st, g);
+}
+
+// The dQ writer's (one warp's) work for an item: every step, once the consumers have staged
+// the share, it waits for the tile's semaphore to reach this block's turn, adds the share
+// (the first stores it), frees the stage, and counts the share once it has landed.
 template <bool DOCS> __device__ __forceinline__ int dq_turn(const bwd_tma &p, const bwd_walk &w, int tile) {
-    if (!w.down) return tile * BQ / ROWS - w.n;
+    if (!p.down) return tile * BQ / ROWS - w.n;
     // the first key block the tile's first query sees (its document's) goes first
     const int lo = DOCS ? p.doc_start[(size_t)w.b * p.T + tile * BQ] / ROWS : 0;
     return w.n - lo;
 }
 
-template <int HD, bool DOCS> __device__ void dq_write(const bwd_tma &p, uint32_t base, const bwd_walk &w) {
+// An item's steps (from the block's step pos on; total: the block's steps, all items).
+template <int HD, bool DOCS>
+__device__ void dq_write_item(const bwd_tma &p, uint32_t base, const bwd_walk &w, int pos,
+                              int total) {
     typedef dkv_smem<HD> L;
     const int lane = threadIdx.x % 32, tiles = p.Tp / BQ, n_steps = w.steps();
-    bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
-    for (int it = 0; it < n_steps; it++) {
-        const bwd_step st = w.at(it);
+    bwd_step st = bwd_step::start(w);
+    for (int it = 0; it < n_steps; it++, st.next(w)) {
         const size_t tile =
             ((size_t)w.b * p.n_kv * w.group + (st.head - p.kv0 * w.group)) * tiles + st.tile;
         bar_sync(BAR_DQ_FULL, DQ_BAR_THREADS);
@@ -948,7 +1042,7 @@ template <int HD, bool DOCS> __device__ void dq_write(const bwd_tma &p, uint32_t
             bulk_wait_read();
         }
         __syncwarp();
-        if (it + 1 < n_steps) bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+        if (pos + it + 1 < total) bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
         if (lane == 0) {
             bulk_wait_done();
             release_count(p.dq_sem + tile);
@@ -1042,15 +1136,16 @@ __device__ __forceinline__ void ds_put(uint32_t base, const uint32_t (&df)[BQ / 
 
 // Issues the dQ share of step it from slot it % 2 (once both consumers' dS are there): at head
 // dim 128 this warpgroup's 64 columns over the block's keys, at 64 every column over its keys.
+// (real false: an item's first step, whose product of nothing is issued all the same, so that
+// ptxas keeps the products asynchronous, and dropped: step g = pos - 1's slot, never waited.)
 template <int HD>
-__device__ __forceinline__ void dq_issue(float (&dq)[8][4], uint32_t base, int wg, int it) {
+__device__ __forceinline__ void dq_issue(float (&dq)[8][4], uint32_t base, int wg, int g,
+                                         bool real) {
     typedef dkv_smem<HD> L;
     const ds_bars bars = {base + L::DS_BARS};
-    // it -1 (the first step's, unconditional so that ptxas keeps the products asynchronous):
-    // slot 1 unwritten, its product never staged
-    const int s = (it + 2) % 2;
+    const int s = (g + 2) % 2; // g >= -1
     const uint32_t ds = base + L::DS + s * L::DS_BYTES;
-    if (it >= 0) mbar_wait(bars.full(s), (it / 2) & 1);
+    if (real) mbar_wait(bars.full(s), (g / 2) & 1);
     if (dq_split<HD>::N)
         gemm_ss_mn64<ROWS>(dq, ds, BQ * SW, base + L::K + wg * ROWS * SW, ROWS * SW);
     else
@@ -1086,10 +1181,11 @@ __device__ __forceinline__ const float *smem_floats(uint32_t at) {
     return reinterpret_cast<const float *>(sm90_smem + (at - smem_u32(sm90_smem)));
 }
 
-// A consumer warpgroup: its 64 keys against every step; dK and dV in registers, dQ's shares
-// a step behind (ds_put, dq_issue, dq_stage).
+// A consumer warpgroup, an item: its 64 keys against every step; dK and dV in registers, dQ's
+// shares a step behind (ds_put, dq_issue, dq_stage); then dK and dV out, and K and V freed.
 template <int HD, bool DOCS>
-__device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) {
+__device__ void dkv_consume_item(const bwd_tma &p, uint32_t base, const bwd_walk &w, int done,
+                                 int pos) {
     typedef dkv_smem<HD> L;
     const ring_bars bars = {base + L::BARS};
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -1104,13 +1200,14 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) 
     zero_acc(dv);
     // The consumers take turns issuing S^T and dP^T (pingpong), a turn a step.
     if (wg == 1) turn_pass(wg);
-    mbar_wait(bars.fixed_full(), 0);
-    for (int it = 0; it < n_steps; it++) {
-        const int s = it % STAGES, q0 = w.at(it).tile * BQ;
+    mbar_wait(bars.fixed_full(), done & 1);
+    bwd_step st = bwd_step::start(w);
+    for (int it = 0; it < n_steps; it++, st.next(w)) {
+        const int gs = pos + it, s = gs % STAGES, q0 = st.tile * BQ;
         const uint32_t sQ = base + L::STEPS + s * L::STEP, sdO = sQ + L::TILE;
         const float *lse2 = smem_floats(base + L::STATS + s * L::STATS_STEP), *delta = lse2 + BQ;
         uint32_t df[BQ / 16][4];
-        mbar_wait(bars.k_full(s), (it / STAGES) & 1);
+        mbar_wait(bars.k_full(s), (gs / STAGES) & 1);
         // else every query is before the warpgroup's keys, or (varlen) past their documents
         if (q0 + BQ - 1 >= wg_lo && (!DOCS || q0 < docs.hi)) {
             float st[BQ / 8][4], dpt[BQ / 8][4]; // S^T then P^T then dS^T; dP^T: rows are keys
@@ -1164,24 +1261,24 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) 
         // dS of this step to shared memory; the previous step's dQ share (its dS has been
         // there since then, so the other consumer's half is rarely waited for: the two stay
         // half a step apart, the pingpong)
-        ds_put<HD>(base, df, wg, it);
+        ds_put<HD>(base, df, wg, gs);
         float dq[8][4];
-        dq_issue<HD>(dq, base, wg, it - 1); // it 0: a product of nothing, dropped
+        dq_issue<HD>(dq, base, wg, gs - 1, it > 0); // it 0: a product of nothing, dropped
         wgmma_wait<0>();
         regs_fence(dk);
         regs_fence(df);
         if (it > 0) {
             regs_fence(dq);
-            dq_stage<HD>(dq, base, wg, it - 1);
+            dq_stage<HD>(dq, base, wg, gs - 1);
         }
         mbar_arrive(bars.k_empty(s));
     }
     { // the last step's share
         float dq[8][4];
-        dq_issue<HD>(dq, base, wg, n_steps - 1);
+        dq_issue<HD>(dq, base, wg, pos + n_steps - 1, true);
         wgmma_wait<0>();
         regs_fence(dq);
-        dq_stage<HD>(dq, base, wg, n_steps - 1);
+        dq_stage<HD>(dq, base, wg, pos + n_steps - 1);
     }
     if (wg == 0) turn_wait(wg); // warpgroup 1's last signal
     // Both consumers' products are done with K (the N split reads the other's rows): stage
@@ -1191,48 +1288,59 @@ __device__ void dkv_consume(const bwd_tma &p, uint32_t base, const bwd_walk &w) 
     const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
     store_rows<HD>(dk, dk_scale, sK, ROWS * SW, p.dk + at, kvs, wg_lo, T, wg);
     store_rows<HD>(dv, one, sV, ROWS * SW, p.dv + at, kvs, wg_lo, T, wg);
+    fence_async_smem(); // the next item's K and V come by TMA
+    mbar_arrive(base + L::KV_FREE);
 }
 
-// A backward block's walk.  Up (the diagonal's share of a tile first), grid (key blocks, kv
-// heads of the launch, batch): a (batch, head)'s key blocks are neighbours, the last one
-// first, so every block a share waits for has started.  Down (the first key block's share of a
-// tile first), grid (kv heads, batch, key blocks): the first key blocks, the longest, of every
-// (batch, head) first, then the next ones, which never wait on a block not started either.
-template <bool DOCS> __device__ __forceinline__ bwd_walk walk_of(const bwd_tma &p) {
+// Each role walks the block's items (bwd_item); done: items so far, pos: their steps.
+#define FOR_EACH_BWD_ITEM(w, done, pos)                                                     \
+    for (int idx_ = 0, done = 0, pos = 0, got_;                                             \
+         (got_ = bwd_item<DOCS>(p, idx_, w)) != BWD_END;                                    \
+         idx_++, done += got_ == BWD_ITEM, pos += got_ == BWD_ITEM ? w.steps() : 0)          \
+        if (got_ == BWD_ITEM)
+
+template <int HD, bool DOCS> __device__ void dkv_produce(const bwd_tma &p, uint32_t base) {
     bwd_walk w;
-    w.down = p.down;
-    w.kvh = p.kv0 + (int)(w.down ? blockIdx.x : blockIdx.y);
-    w.b = (int)(w.down ? blockIdx.y : blockIdx.z);
-    w.n = (int)(w.down ? blockIdx.z : gridDim.x - 1 - blockIdx.x);
-    w.group = p.Hq / p.Hkv;
-    const int k0 = w.n * ROWS;
-    // query tiles from the diagonal to the row's end, or (varlen) the last key's document's
-    const int q_end = DOCS ? p.doc_end[(size_t)w.b * p.T + imin(k0 + ROWS, p.T) - 1] : p.T;
-    w.first = k0 / BQ;
-    w.last = (q_end - 1) / BQ;
-    return w;
+    FOR_EACH_BWD_ITEM(w, done, pos) dkv_produce_item<HD>(p, base, w, done, pos);
 }
+
+// The dQ writer (one warp): the stage free at first, then freed each step once read while a
+// later step will fill it (total: the block's steps).
+template <int HD, bool DOCS> __device__ void dq_write(const bwd_tma &p, uint32_t base) {
+    bwd_walk w;
+    int total = 0;
+    FOR_EACH_BWD_ITEM(w, done, pos) total = pos + w.steps();
+    if (total > 0) bar_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+    FOR_EACH_BWD_ITEM(w, done, pos) dq_write_item<HD, DOCS>(p, base, w, pos, total);
+}
+
+template <int HD, bool DOCS> __device__ void dkv_consume(const bwd_tma &p, uint32_t base) {
+    bwd_walk w;
+    FOR_EACH_BWD_ITEM(w, done, pos) dkv_consume_item<HD, DOCS>(p, base, w, done, pos);
+}
+#undef FOR_EACH_BWD_ITEM
 
 template <int HD, bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1) attention_bwd_sm90(const __grid_constant__ bwd_tma p) {
+    typedef dkv_smem<HD> L;
     const uint32_t base = smem_base();
-    const bwd_walk w = walk_of<DOCS>(p);
     if (threadIdx.x == 0) {
-        ds_bars{base + dkv_smem<HD>::DS_BARS}.init();
-        ring_bars{base + dkv_smem<HD>::BARS}.init();
+        mbar_init(base + L::KV_FREE, CONSUMERS * 128);
+        ds_bars{base + L::DS_BARS}.init();
+        ring_bars{base + L::BARS}.init(); // and the fence after every init
     }
     __syncthreads();
     if (threadIdx.x / 128 == CONSUMERS) {
         regs_shrink<PRODUCER_REGS>();
         const int warp = threadIdx.x / 32;
         if (threadIdx.x == CONSUMERS * 128)
-            dkv_produce<HD>(p, base, w);
+            dkv_produce<HD, DOCS>(p, base);
         else if (warp == WRITER_WARP)
-            dq_write<HD, DOCS>(p, base, w);
+            dq_write<HD, DOCS>(p, base);
         return;
     }
     regs_grow<CONSUMER_REGS>();
-    dkv_consume<HD, DOCS>(p, base, w);
+    dkv_consume<HD, DOCS>(p, base);
 }
 
 // dQ = scale * dq_accum as bf16, a thread per float4 of the launch's accumulators (the layout
@@ -1309,14 +1417,28 @@ template <int HD, bool DOCS> static void launch_fwd(kctx *c, const fwd_tma &p) {
 
 // The backward for the kv heads kv0 .. kv0 + n_kv - 1: the semaphores zeroed, the kernel,
 // then dQ from the accumulators.
-template <int HD, bool DOCS> static void launch_bwd(kctx *c, const bwd_tma &p) {
+// GQA's rows (bwd_item): a key block a persistent block, all at once, if they fit the device;
+// else two rows (key block k beside nb - 1 - k: every persistent block the same work), or
+// rows of a device's width at the longest.  Sets p.width; returns the lanes, the (batch, kv
+// head) pairs a round.
+static int bwd_lanes(bwd_tma &p, int sms) {
+    const int nb = (p.T + ROWS - 1) / ROWS, pairs = p.B * p.n_kv;
+    if ((long)pairs * nb <= sms) p.width = nb;
+    else p.width = (nb + 1) / 2 <= sms ? (nb + 1) / 2 : sms;
+    const int lanes = sms / p.width;
+    return lanes < pairs ? lanes : pairs;
+}
+
+template <int HD, bool DOCS> static void launch_bwd(kctx *c, bwd_tma p) {
     if (allow_smem(c, attention_bwd_sm90<HD, DOCS>, dkv_smem<HD>::BYTES)) return;
     const size_t tiles = (size_t)p.B * p.n_kv * (p.Hq / p.Hkv) * (p.Tp / BQ);
     if (cuda_check_call(c, cudaMemsetAsync(p.dq_sem, 0, tiles * sizeof(int), cuda_stream(c)),
                         "attention backward (sm_90a): zeroing the dQ semaphores"))
         return;
+
     const unsigned key_blocks = (p.T + ROWS - 1) / ROWS;
-    const dim3 grid = p.down ? dim3(p.n_kv, p.B, key_blocks) : dim3(key_blocks, p.n_kv, p.B); // walk_of
+    const int lanes = p.down ? bwd_lanes(p, cuda_state(c)->sm_count) : 0; // sets p.width
+    const dim3 grid = p.down ? dim3(lanes * p.width) : dim3(key_blocks, p.n_kv, p.B); // bwd_item
     attention_bwd_sm90<HD, DOCS><<<grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (sm_90a)");
     const size_t float4s = tiles * BQ * HD / 4;
@@ -1331,9 +1453,13 @@ static size_t dq_accum_bytes_per_kv(int B, int Tp, int Hq, int Hkv, int hd) {
     return (size_t)B * (Hq / Hkv) * Tp * hd * sizeof(float);
 }
 
+// As many as fit, spread evenly over the launches they take (at Llama-2-7B B 4 T 8192, 15 fit:
+// 11, 11 and 10, not 15, 15 and 2, whose last launch is mostly its blocks' tail).
 static int kv_heads_a_launch(int B, int Tp, int Hq, int Hkv, int hd) {
     size_t n = DQ_ACCUM_BUDGET / dq_accum_bytes_per_kv(B, Tp, Hq, Hkv, hd);
-    return n < 1 ? 1 : n > (size_t)Hkv ? Hkv : (int)n;
+    const int fit = n < 1 ? 1 : n > (size_t)Hkv ? Hkv : (int)n;
+    const int launches = (Hkv + fit - 1) / fit;
+    return (Hkv + launches - 1) / launches;
 }
 
 extern "C" size_t cuda_attention_sm90_bwd_scratch(int B, int Tp, int Hq, int Hkv, int hd) {
@@ -1421,7 +1547,11 @@ extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, c
     // GQA walks down: its blocks are group times longer, and down launches the longest first
     // (H200, 70B T 2048/8192: 327/388 TFLOP/s down, 248/282 up); MHA up (325/418 against
     // 268/367 down at 7B), where the accumulators stay in L2 (bench/NOTES.md).
+#ifdef BWD_ALL_SNAKE
+    p.down = 1;
+#else
     p.down = Hq > Hkv;
+#endif
     p.B = B;
     p.T = T;
     p.Hq = Hq;

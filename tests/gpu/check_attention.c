@@ -767,17 +767,22 @@ static void run_bench(void) {
 
 /* ---- stress: document layouts at a model's shape, sm_90a beside mma.sync ---- */
 
-/* One batch of rows with the documents start/end (host [B*T]), forward and backward on the
- * sm_90a kernels and on the mma.sync ones from the same inputs, within the mma's tolerance;
- * name says where the batch came from. */
+/* One batch of rows with the documents start/end (host [B*T]; NULL: whole rows), forward and
+ * backward on the sm_90a kernels and on the mma.sync ones from the same inputs, within the
+ * mma's tolerance; name says where the batch came from.  determinism: the sm_90a backward
+ * DETERMINISM_RUNS more times, each the first's bits. */
 static void check_layout(const int32_t *start, const int32_t *end, int B, int T, int Hq, int Hkv,
-                         int hd, const char *name) {
+                         int hd, const char *name, int determinism) {
     size_t nq = (size_t)B * T * Hq * hd, nkv = (size_t)B * T * Hkv * hd, nl = (size_t)B * Hq * T;
-    int32_t *dstart = dev_bytes((size_t)B * T * sizeof *dstart);
-    int32_t *dend = dev_bytes((size_t)B * T * sizeof *dend);
-    k_copy_h2d(&gpu, dstart, start, (size_t)B * T * sizeof *start);
-    k_copy_h2d(&gpu, dend, end, (size_t)B * T * sizeof *end);
-    const k_docs docs = {dstart, dend};
+    k_docs docs_dev = {NULL, NULL};
+    if (start) {
+        int32_t *dstart = dev_bytes((size_t)B * T * sizeof *dstart);
+        int32_t *dend = dev_bytes((size_t)B * T * sizeof *dend);
+        k_copy_h2d(&gpu, dstart, start, (size_t)B * T * sizeof *start);
+        k_copy_h2d(&gpu, dend, end, (size_t)B * T * sizeof *end);
+        docs_dev = (k_docs){dstart, dend};
+    }
+    const k_docs *docs = start ? &docs_dev : NULL;
     void *q = bench_bf16(nq, 2.0f), *k = bench_bf16(nkv, 2.0f), *v = bench_bf16(nkv, 1.0f);
     void *dout = bench_bf16(nq, 1.0f);
     void *out[2], *dq[2], *dk[2], *dv[2];
@@ -788,8 +793,8 @@ static void check_layout(const int32_t *start, const int32_t *end, int B, int T,
         out[i] = dpoisoned(nq * 2), dq[i] = dpoisoned(nq * 2);
         dk[i] = dpoisoned(nkv * 2), dv[i] = dpoisoned(nkv * 2);
         lse[i] = dpoisoned(nl * sizeof(float));
-        k_attention_fwd(ctx[i], out[i], lse[i], q, k, v, &docs, 0, B, T, Hq, Hkv, hd);
-        k_attention_bwd(ctx[i], dq[i], dk[i], dv[i], dout, q, k, v, out[i], lse[i], &docs, 0, B,
+        k_attention_fwd(ctx[i], out[i], lse[i], q, k, v, docs, 0, B, T, Hq, Hkv, hd);
+        k_attention_bwd(ctx[i], dq[i], dk[i], dv[i], dout, q, k, v, out[i], lse[i], docs, 0, B,
                         T, Hq, Hkv, hd);
         errbuf err;
         if (k_sync(ctx[i], &err)) die("%s: %s", name, err.msg);
@@ -801,6 +806,21 @@ static void check_layout(const int32_t *start, const int32_t *end, int B, int T,
     report("sm90 bwd dq ~ mma.sync", shp, get_comp(dq[0], nq), get_comp(dq[1], nq), nq, TOL_BF16, 0.0);
     report("sm90 bwd dk ~ mma.sync", shp, get_comp(dk[0], nkv), get_comp(dk[1], nkv), nkv, TOL_BF16, 0.0);
     report("sm90 bwd dv ~ mma.sync", shp, get_comp(dv[0], nkv), get_comp(dv[1], nkv), nkv, TOL_BF16, 0.0);
+    if (determinism) {
+        void *dq2 = dpoisoned(nq * 2), *dk2 = dpoisoned(nkv * 2), *dv2 = dpoisoned(nkv * 2);
+        int same = 1;
+        stall_watch(name);
+        for (int run = 0; run < DETERMINISM_RUNS; run++) {
+            k_attention_bwd(&gpu, dq2, dk2, dv2, dout, q, k, v, out[0], lse[0], docs, 0, B, T, Hq,
+                            Hkv, hd);
+            same &= same_bits(dq[0], dq2, nq * 2) && same_bits(dk[0], dk2, nkv * 2) &&
+                    same_bits(dv[0], dv2, nkv * 2);
+        }
+        alarm(0);
+        char runs[64];
+        snprintf(runs, sizeof runs, "dq, dk, dv: the same bits %d more times", DETERMINISM_RUNS);
+        report_bool("deterministic bwd", shp, same, runs);
+    }
     release_all();
 }
 
@@ -808,6 +828,20 @@ static void check_layout(const int32_t *start, const int32_t *end, int B, int T,
 static void lay_out_row(int32_t *start, int32_t *end, const int *lens, int n) {
     for (int i = 0, t = 0; i < n; t += lens[i++])
         for (int u = t; u < t + lens[i]; u++) start[u] = t, end[u] = t + lens[i];
+}
+
+/* The sm_90a backward's GQA schedule (cuda_attention_sm90.cu, bwd_item) beside mma.sync at the
+ * shapes that take its other layouts on a device of 132 (H100, H200) or more multiprocessors:
+ * two rows a (batch, kv head) in two rounds (32 pairs of 16 key blocks), with documents too;
+ * rows of the device's width (266 key blocks, the third row partial). */
+static void check_gqa_schedule(void) {
+    if (!have_mma) return; /* the mma.sync context is CUDA's; --cpu has none */
+    check_layout(NULL, NULL, 4, 2048, 16, 8, 128, "rows of 8, 2 rounds", 1);
+    static const int lens[] = {1000, 1048};
+    int32_t *start = hints(4 * 2048), *end = hints(4 * 2048);
+    for (int b = 0; b < 4; b++) lay_out_row(start + b * 2048, end + b * 2048, lens, 2);
+    check_layout(start, end, 4, 2048, 16, 8, 64, "rows of 8, 2 rounds, documents 1000 1048", 1);
+    check_layout(NULL, NULL, 1, 34000, 2, 1, 64, "rows of the device's width", 1);
 }
 
 /* Random layouts as packing makes them: documents of 1-8, 9-300 and 300-T tokens, cut
@@ -834,7 +868,7 @@ static void stress_random(int batches, int B, int T, int Hq, int Hkv, int hd) {
         }
         char name[64];
         snprintf(name, sizeof name, "random layout %d", i);
-        check_layout(start, end, B, T, Hq, Hkv, hd, name);
+        check_layout(start, end, B, T, Hq, Hkv, hd, name, 0);
     }
     free(lens);
 }
@@ -856,7 +890,7 @@ static void stress_cache(const char *path, int T, int B, int Hq, int Hkv, int hd
         char name[96];
         snprintf(name, sizeof name, "rows %llu-%llu", (unsigned long long)r0,
                  (unsigned long long)(r0 + (uint64_t)B - 1));
-        check_layout(start, end, B, T, Hq, Hkv, hd, name);
+        check_layout(start, end, B, T, Hq, Hkv, hd, name, 0);
     }
     free(ids);
     free(labels);
@@ -970,6 +1004,7 @@ int main(int argc, char **argv) {
         check_attention(2, 2048, 8, 2, 64, 0);
         check_attention(1, 4097, 4, 1, 64, 1);
     }
+    check_gqa_schedule();
     printf("(%.0f s, %.0f s of it the CPU reference)\n", now() - start, reference_seconds);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     if (have_mma) kctx_destroy(&mma);
