@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     persistent blocks in lockstep (bwd_item): a (batch, kv head)'s key blocks are laid out
 //     in rows of `width` blocks, a block a persistent block, snaking (row 0 left to right,
 //     row 1 right to left, ...); even rows walk down from the last tile, odd rows up from
-//     their diagonals.  With two rows, block k and block NB-1-k share a persistent block, and
+//     their diagonals (with documents down too).  With two rows, block k and block NB-1-k share a persistent block, and
 //     every persistent block has the same work, so every row starts at once, and the blocks
 //     of a row are all at the same tile at the same time (down: last - t/group; up, the
 //     rows' lengths cancelling: t/group - 2 for whole tiles): the Q, dO and accumulator tiles
@@ -767,9 +767,10 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     block a key block, the first key blocks first, the later waves started as earlier
 //     blocks ended, tens of steps apart: at Llama-2-70B T 2048 the backward read 2.8 GB and
 //     wrote 1.5 GB to DRAM for 0.3 GB of inputs, L2 hit rate 54%; bench/NOTES.md, F44.)
-//     Either way a block waits only on blocks of lower key block, which are running or ran
-//     before it in its persistent block (rows in order), so no wait is ever on a block that
-//     cannot start.
+//     Either way a block waits only on blocks whose shares come before its own: MHA's were
+//     launched before it; GQA's are lower key blocks, which ran earlier in its persistent
+//     block's rows or run in another persistent block (at most one a multiprocessor), so no
+//     wait is ever on a block that cannot start.
 
 struct bwd_tma {
     CUtensorMap q, dout, k, v; // boxes: BQ rows of q and dout, ROWS rows of k and v
