@@ -1545,14 +1545,12 @@ extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, c
     p.delta = delta;
     p.doc_start = docs ? docs->start : nullptr;
     p.doc_end = docs ? docs->end : nullptr;
-    // GQA walks down: its blocks are group times longer, and down launches the longest first
-    // (H200, 70B T 2048/8192: 327/388 TFLOP/s down, 248/282 up); MHA up (325/418 against
-    // 268/367 down at 7B), where the accumulators stay in L2 (bench/NOTES.md).
-#ifdef BWD_ALL_SNAKE
-    p.down = 1;
-#else
+    // GQA: the first key block's share first, in lockstep rows (bwd_item; H100, 70B T
+    // 2048/8192: 365/455 TFLOP/s, against 280/381 launched a block a key block, the first
+    // key blocks first, and 248/282 on an H200 walking up); MHA up (325/418 against 268/367
+    // down at 7B on an H200, launched a block a key block), where a head's accumulators stay
+    // in L2 (bench/NOTES.md).
     p.down = Hq > Hkv;
-#endif
     p.B = B;
     p.T = T;
     p.Hq = Hq;
