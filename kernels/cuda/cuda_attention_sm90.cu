@@ -1008,9 +1008,7 @@ __device__ void dkv_produce_item(const bwd_tma &p, uint32_t base, const bwd_walk
     for (; g < end; g++, st.next(w)) dkv_load_step<HD>(p, base, w.b, st, g);
 }
 
-// The dQ writer's (one warp's) work for an item: every step, once the consumers have staged
-// the share, it waits for the tile's semaphore to reach this block's turn, adds the share
-// (the first stores it), frees the stage, and counts the share once it has landed.
+// This block's place in the order of a query tile's dQ shares.
 template <bool DOCS> __device__ __forceinline__ int dq_turn(const bwd_tma &p, const bwd_walk &w, int tile) {
     if (!p.down) return tile * BQ / ROWS - w.n;
     // the first key block the tile's first query sees (its document's) goes first
@@ -1018,7 +1016,10 @@ template <bool DOCS> __device__ __forceinline__ int dq_turn(const bwd_tma &p, co
     return w.n - lo;
 }
 
-// An item's steps (from the block's step pos on; total: the block's steps, all items).
+// The dQ writer's (one warp's) work for an item: every step, once the consumers have staged
+// the share, it waits for the tile's semaphore to reach this block's turn, adds the share
+// (the first stores it), frees the stage (unless the block has no later step: total, from pos,
+// this item's first), and counts the share once it has landed.
 template <int HD, bool DOCS>
 __device__ void dq_write_item(const bwd_tma &p, uint32_t base, const bwd_walk &w, int pos,
                               int total) {
