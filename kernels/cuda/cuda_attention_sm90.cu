@@ -759,11 +759,12 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     persistent blocks in lockstep (bwd_item): a (batch, kv head)'s key blocks are laid out
 //     in rows of `width` blocks, a block a persistent block, snaking (row 0 left to right,
 //     row 1 right to left, ...); even rows walk down from the last tile, odd rows up from
-//     their diagonals (with documents down too).  With two rows, block k and block NB-1-k share a persistent block, and
-//     every persistent block has the same work, so every row starts at once, and the blocks
-//     of a row are all at the same tile at the same time (down: last - t/group; up, the
-//     rows' lengths cancelling: t/group - 2 for whole tiles): the Q, dO and accumulator tiles
-//     that a row's blocks share stay in L2 between the blocks' reads and adds.  (Launched a
+//     their diagonals (with documents down too).  With two rows, block k and block NB-1-k
+//     share a persistent block, and every persistent block has the same work, so every row
+//     starts at once, and the blocks of a row are all at the same tile at the same time
+//     (down: last - t/group; up, the rows' lengths cancelling: t/group - 2 for whole
+//     tiles): the Q, dO and accumulator tiles that a row's blocks share stay in L2 between
+//     the blocks' reads and adds.  (Launched a
 //     block a key block, the first key blocks first, the later waves started as earlier
 //     blocks ended, tens of steps apart: at Llama-2-70B T 2048 the backward read 2.8 GB and
 //     wrote 1.5 GB to DRAM for 0.3 GB of inputs, L2 hit rate 54%; bench/NOTES.md, F44.)
@@ -893,7 +894,7 @@ __device__ __forceinline__ void release_count(int *p) {
 
 // A backward block's work and the order of its steps: the group's query heads inside, the
 // query tiles that see its keys (first, the diagonal's, .. last) outside, walked up from the
-// diagonal or down to it (bwd_tma::down).
+// diagonal or down to it (walk_down; bwd_item chooses).
 struct bwd_walk {
     int kvh, b, n, first, last, group;
     int walk_down; // the walk: from the last tile down (else from the diagonal up)
