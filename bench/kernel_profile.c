@@ -5,7 +5,10 @@
  * buffer and at exit, so a process that is killed still leaves its last table.  Only
  * kernels are recorded (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: they keep their real
  * overlap); KPROF_SKIP_S (default 0) leaves out what ran in the first seconds after
- * CUDA's start (initialisation, a model's random fill).
+ * CUDA's start (initialisation, a model's random fill).  The table also gives where the GPU
+ * sat idle: every gap of at least GAP_MIN_NS between the recorded kernels' merged intervals,
+ * summed by the pair of kernels around it ("# gap" lines: count, total ns, the kernel before
+ * and the kernel after), so a step's idle time names the host work that left it idle.
  *
  * Built and run by bench/kernel_profile.sh on a machine with CUPTI (it is not part of the
  * product or of `make`); KERNEL_RECORD names the CUpti_ActivityKernelN that this CUPTI
@@ -25,17 +28,34 @@
 
 #define BUFFER_BYTES (1u << 20)
 #define MAX_KERNELS 4096
+#define GAP_MIN_NS 10000 /* 10 us: shorter gaps are the launch's own */
+#define MAX_GAPS 512
 
 typedef struct kernel_sum {
     char *name;
     uint64_t count, ns;
 } kernel_sum;
 
+/* A recorded kernel's interval; name: its index in sums. */
+typedef struct span {
+    uint64_t start, end;
+    int name;
+} span;
+
+typedef struct gap_sum {
+    int before, after; /* indices in sums */
+    uint64_t count, ns;
+} gap_sum;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's thread and exit's */
 static kernel_sum sums[MAX_KERNELS];
 static int n_sums, overflowed;
 static uint64_t skip_before_ns; /* GPU timestamps before this are left out */
 static uint64_t first_ns, last_ns; /* the recorded kernels' span */
+static span *spans;                /* every recorded kernel, for the gaps */
+static size_t n_spans, cap_spans;
+static gap_sum gaps[MAX_GAPS];
+static int n_gaps;
 
 static kernel_sum *sum_of(const char *name) {
     for (int i = 0; i < n_sums; i++)
@@ -50,6 +70,37 @@ static kernel_sum *sum_of(const char *name) {
     return &sums[n_sums++];
 }
 
+static int by_start(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static void add_gap(int before, int after, uint64_t ns) {
+    for (int i = 0; i < n_gaps; i++)
+        if (gaps[i].before == before && gaps[i].after == after) {
+            gaps[i].count++;
+            gaps[i].ns += ns;
+            return;
+        }
+    if (n_gaps < MAX_GAPS) gaps[n_gaps++] = (gap_sum){before, after, 1, ns};
+}
+
+/* The gaps between the spans' merged intervals, recounted from every span so far. */
+static void count_gaps(void) {
+    n_gaps = 0;
+    if (n_spans == 0) return;
+    qsort(spans, n_spans, sizeof *spans, by_start);
+    uint64_t busy_end = spans[0].end;
+    int last = spans[0].name; /* the kernel that ends the busy interval */
+    for (size_t i = 1; i < n_spans; i++) {
+        if (spans[i].start >= busy_end + GAP_MIN_NS) add_gap(last, spans[i].name, spans[i].start - busy_end);
+        if (spans[i].end > busy_end) {
+            busy_end = spans[i].end;
+            last = spans[i].name;
+        }
+    }
+}
+
 static void write_table(void) {
     const char *prefix = getenv("KPROF_OUT");
     char path[4096], tmp[4200];
@@ -62,6 +113,10 @@ static void write_table(void) {
     for (int i = 0; i < n_sums; i++)
         fprintf(f, "%llu\t%llu\t%s\n", (unsigned long long)sums[i].count, (unsigned long long)sums[i].ns,
                 sums[i].name);
+    count_gaps();
+    for (int i = 0; i < n_gaps; i++)
+        fprintf(f, "# gap\t%llu\t%llu\t%s\t%s\n", (unsigned long long)gaps[i].count,
+                (unsigned long long)gaps[i].ns, sums[gaps[i].before].name, sums[gaps[i].after].name);
     if (fclose(f) == 0) rename(tmp, path);
 }
 
@@ -85,6 +140,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
         if (!s) continue;
         s->count++;
         s->ns += k->end - k->start;
+        if (n_spans == cap_spans) {
+            size_t cap = cap_spans ? 2 * cap_spans : 65536;
+            span *grown = realloc(spans, cap * sizeof *spans);
+            if (grown) spans = grown, cap_spans = cap;
+        }
+        if (n_spans < cap_spans) spans[n_spans++] = (span){k->start, k->end, (int)(s - sums)};
         if (!first_ns || k->start < first_ns) first_ns = k->start;
         if (k->end > last_ns) last_ns = k->end;
     }

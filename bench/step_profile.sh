@@ -9,13 +9,15 @@
 #
 # BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA.  ACT (full): both sides'
 # activation checkpointing (full or none; none takes 2 sequences, as step_bench.sh's row e);
+# TYPE (full): fsdpd's train.type; lora or qlora (r 64 on every linear, as bench/lora.sh) profile
+# our side alone (the FSDP2 peer trains every weight: no peer for an adapter's table);
 # STEPS (12) steps of each, the first SKIP_S (14) seconds of each process's CUDA life left
 # out (the model's loading and the first steps).  Needs CUPTI (kernel_profile.sh says where
 # it looks) and a C compiler; the exit status is 1 when something failed.
 set -u
 build=${1:-build}
 out=${OUT:-/tmp/fsdp-profile-out}
-act=${ACT:-full} steps=${STEPS:-12} skip=${SKIP_S:-14}
+act=${ACT:-full} steps=${STEPS:-12} skip=${SKIP_S:-14} type=${TYPE:-full}
 batch=4
 [ "$act" = none ] && batch=2
 work=$(mktemp -d /tmp/fsdp-step-profile.XXXXXX)
@@ -26,14 +28,19 @@ export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these machines (KINDS.
 lib=$(bash bench/kernel_profile.sh "$work") || { failed "no CUPTI collector"; finish; exit 1; }
 collect() { echo CUDA_INJECTION64_PATH="$lib" KPROF_OUT="$work/$1" KPROF_SKIP_S="$skip"; }
 
-section "fsdpd: Llama-2-7B, $batch x 2048 tokens, activation_checkpointing=$act, $steps steps, under CUPTI"
+section "fsdpd: Llama-2-7B $type, $batch x 2048 tokens, activation_checkpointing=$act, $steps steps, under CUPTI"
 wrap=(env $(collect fsdpd))
-if SEQ=2048 WARM=3 measured_run prof_fsdpd configs/models/llama2-7b.json full 1 "$steps" "$batch" 300 \
+if SEQ=2048 WARM=3 measured_run prof_fsdpd configs/models/llama2-7b.json "$type" 1 "$steps" "$batch" 300 \
     --fsdp.activation_checkpointing="$act"; then
     step=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['step_s'])" "$out/prof_fsdpd.fig")
     check "fsdpd's kernel table" python3 bench/step_table.py cupti "$step" 25 "$work"/fsdpd.*.tsv
 fi
 unset wrap
+if [ "$type" != full ]; then
+    echo "no peer for train.type=$type (the FSDP2 peer trains every weight)"
+    finish
+    exit
+fi
 
 section "PyTorch FSDP2 (bench/peer_fsdp.py): the same, under CUPTI"
 flags=()

@@ -166,17 +166,20 @@ def cupti(paths, step_s, top):
     top ones, as shares of the recorded span and ms a step (share x the run's step time)."""
     tables = []
     for path in paths:
-        span, rows = 0, []
+        span, rows, gaps = 0, [], []
         for line in open(path):
             if line.startswith("# span_ns"):
                 span = int(line.split("\t")[1])
+            elif line.startswith("# gap\t"):
+                count, ns, before, after = line.rstrip("\n").split("\t")[1:5]
+                gaps.append((int(ns), int(count), before, after))
             elif line.startswith("#"):
                 print(path + ": " + line[2:].strip())
             elif line.strip():
                 count, ns, name = line.rstrip("\n").split("\t", 2)
                 rows.append((int(count), int(ns), name))
-        tables.append((sum(r[1] for r in rows), span, rows, path))
-    busy, span, rows, path = max(tables)
+        tables.append((sum(r[1] for r in rows), span, rows, path, gaps))
+    busy, span, rows, path, gaps = max(tables)
     if not rows or span <= 0:
         sys.exit(f"{path}: no kernels recorded")
     per_step = step_s * 1e3 / span  # ms a step per ns of the span
@@ -195,6 +198,11 @@ def cupti(paths, step_s, top):
     print(f"the top {min(top, len(rows))} kernels:")
     for count, ns, name in sorted(rows, key=lambda r: -r[1])[:top]:
         print(f"{ns * per_step:8.2f} ms a step {100 * ns / span:5.1f}% {count:7d} calls  {name[:100]}")
+    if gaps:
+        print(f"GPU idle in gaps of 10 us or more: {sum(g[0] for g in gaps) * per_step:.1f} ms a step; "
+              f"the largest by the kernels around them (before -> after):")
+        for ns, count, before, after in sorted(gaps, reverse=True)[:12]:
+            print(f"{ns * per_step:8.2f} ms a step {count:7d} gaps  {before[:60]} -> {after[:60]}")
     return 0
 
 

@@ -18,6 +18,15 @@ flops llama2-7b | grep -qF "6738415616 parameters, 42.865 GFLOP" || fail "7B: $(
 flops llama3.1-8b | grep -qF "8030261248 parameters, 48.251 GFLOP" || fail "8B: $(flops llama3.1-8b)"
 flops tiny | grep -qF "19286272 parameters" || fail "tiny: $(flops tiny)"
 
+# bench/kernel_profile.c's table (CUPTI only on the device): the categories in ms a step, and the
+# idle gaps summed by the kernels around them, largest first.
+printf '# span_ns\t1000000\n10\t500000\tgemm_a\n5\t300000\tswiglu_fwd\n# gap\t1\t20000\tgemm_a\tswiglu_fwd\n# gap\t3\t60000\tadamw_kernel\tgemm_a\n' > "$tmp/k.tsv"
+cupti=$(python3 bench/step_table.py cupti 0.5 5 "$tmp/k.tsv") || fail "step_table.py cupti: $cupti"
+echo "$cupti" | grep -qE '^ +GPU idle +100\.0 +20\.0' || fail "the idle share: $cupti"
+echo "$cupti" | grep -qF "gaps of 10 us or more: 40.0 ms a step" || fail "the gaps' sum: $cupti"
+echo "$cupti" | grep -A1 "before -> after" | grep -qE '30\.00 ms a step +3 gaps +adamw_kernel -> gemm_a' ||
+    fail "the largest gap first: $cupti"
+
 fake=$tmp/fake
 mkdir -p "$fake/bin" "$fake/py/torch/distributed"
 cat > "$fake/bin/nvidia-smi" <<'SH'
