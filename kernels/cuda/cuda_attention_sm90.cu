@@ -759,7 +759,10 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     persistent blocks in lockstep (bwd_item): a (batch, kv head)'s key blocks are laid out
 //     in rows of `width` blocks, a block a persistent block, snaking (row 0 left to right,
 //     row 1 right to left, ...); even rows walk down from the last tile, odd rows up from
-//     their diagonals (with documents down too).  With two rows, block k and block NB-1-k
+//     their diagonals.  (With documents, packed text or a sliding window's band, the key
+//     blocks' walks differ in length, so paired rows were unbalanced: a window of 4096 ran
+//     14% slower in rows; there a block a key block, the first key blocks first, walking
+//     down, as before the rows.)  With two rows, block k and block NB-1-k
 //     share a persistent block, and every persistent block has the same work, so every row
 //     starts at once, and the blocks of a row are all at the same tile at the same time
 //     (down: last - t/group; up, the rows' lengths cancelling: t/group - 2 for whole
@@ -927,18 +930,20 @@ template <bool DOCS> __device__ __forceinline__ void walk_tiles(const bwd_tma &p
 
 // Item idx (0, 1, ..) of this block: BWD_ITEM (w set), BWD_SKIP (a row's slot past the last
 // key block) or BWD_END.  MHA: one, the grid's (key blocks, kv heads of the launch, batch),
-// a (batch, head)'s key blocks neighbours, the last one first.  GQA: the grid is `lanes` x
-// width persistent blocks; round r gives lane l the (batch, kv head) pair r * lanes + l, whose
-// key blocks the lane's blocks take a row at a time (see "backward" above).
+// a (batch, head)'s key blocks neighbours, the last one first.  GQA with documents: one, the
+// grid's (kv heads, batch, key blocks), the first key blocks of every pair first, walking
+// down.  GQA: the grid is `lanes` x width persistent blocks; round r gives lane l the (batch,
+// kv head) pair r * lanes + l, whose key blocks the lane's blocks take a row at a time (see
+// "backward" above).
 enum { BWD_END, BWD_ITEM, BWD_SKIP };
 template <bool DOCS> __device__ __forceinline__ int bwd_item(const bwd_tma &p, int idx, bwd_walk &w) {
     w.group = p.Hq / p.Hkv;
-    if (!p.down) {
+    if (!p.down || DOCS) {
         if (idx > 0) return BWD_END;
-        w.kvh = p.kv0 + (int)blockIdx.y;
-        w.b = (int)blockIdx.z;
-        w.n = (int)(gridDim.x - 1 - blockIdx.x);
-        w.walk_down = 0;
+        w.kvh = p.kv0 + (int)(p.down ? blockIdx.x : blockIdx.y);
+        w.b = (int)(p.down ? blockIdx.y : blockIdx.z);
+        w.n = (int)(p.down ? blockIdx.z : gridDim.x - 1 - blockIdx.x);
+        w.walk_down = p.down;
         walk_tiles<DOCS>(p, w);
         return BWD_ITEM;
     }
@@ -955,10 +960,7 @@ template <bool DOCS> __device__ __forceinline__ int bwd_item(const bwd_tma &p, i
     if (w.n >= nb) return BWD_SKIP;
     w.kvh = p.kv0 + pair % p.n_kv;
     w.b = pair / p.n_kv;
-    // Odd rows walk up only without documents: with them (a sliding window's band too) the
-    // blocks' tiles no longer end where the rows' lengths cancel, and up, each block would
-    // reach a tile before the block whose share goes first (a window of 4096: 12% slower).
-    w.walk_down = DOCS || row % 2 == 0;
+    w.walk_down = row % 2 == 0;
     walk_tiles<DOCS>(p, w);
     return BWD_ITEM;
 }
@@ -1440,8 +1442,10 @@ template <int HD, bool DOCS> static void launch_bwd(kctx *c, bwd_tma p) {
         return;
 
     const unsigned key_blocks = (p.T + ROWS - 1) / ROWS;
-    const int lanes = p.down ? bwd_lanes(p, cuda_state(c)->sm_count) : 0; // sets p.width
-    const dim3 grid = p.down ? dim3(lanes * p.width) : dim3(key_blocks, p.n_kv, p.B); // bwd_item
+    const bool rows = p.down && !DOCS; // bwd_item
+    const int lanes = rows ? bwd_lanes(p, cuda_state(c)->sm_count) : 0; // sets p.width
+    const dim3 grid = rows ? dim3(lanes * p.width)
+                           : p.down ? dim3(p.n_kv, p.B, key_blocks) : dim3(key_blocks, p.n_kv, p.B);
     attention_bwd_sm90<HD, DOCS><<<grid, THREADS, dkv_smem<HD>::BYTES, cuda_stream(c)>>>(p);
     cuda_check_launch(c, "attention backward (sm_90a)");
     const size_t float4s = tiles * BQ * HD / 4;

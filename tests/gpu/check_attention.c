@@ -841,15 +841,16 @@ static void lay_out_row(int32_t *start, int32_t *end, const int *lens, int n) {
 
 /* The sm_90a backward's GQA schedule (cuda_attention_sm90.cu, bwd_item) beside mma.sync at the
  * shapes that take its other layouts on a device of 132 (H100, H200) or more multiprocessors:
- * two rows a (batch, kv head) in two rounds (32 pairs of 16 key blocks), with documents too;
- * rows of the device's width (266 key blocks, the third row partial). */
+ * two rows a (batch, kv head) in two rounds (32 pairs of 16 key blocks); the same with
+ * documents (a block a key block, the first key blocks first); rows of the device's width
+ * (266 key blocks, the third row partial). */
 static void check_gqa_schedule(void) {
     if (!have_mma) return; /* the mma.sync context is CUDA's; --cpu has none */
     check_layout(NULL, NULL, 4, 2048, 16, 8, 128, "rows of 8, 2 rounds", 1);
     static const int lens[] = {1000, 1048};
     int32_t *start = hints(4 * 2048), *end = hints(4 * 2048);
     for (int b = 0; b < 4; b++) lay_out_row(start + b * 2048, end + b * 2048, lens, 2);
-    check_layout(start, end, 4, 2048, 16, 8, 64, "rows of 8, 2 rounds, documents 1000 1048", 1);
+    check_layout(start, end, 4, 2048, 16, 8, 64, "documents 1000 1048: a block a key block", 1);
     check_layout(NULL, NULL, 1, 34000, 2, 1, 64, "rows of the device's width", 1);
 }
 
