@@ -5,7 +5,9 @@
  * buffer and at exit, so a process that is killed still leaves its last table.  Only
  * kernels are recorded (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: they keep their real
  * overlap); KPROF_SKIP_S (default 0) leaves out what ran in the first seconds after
- * CUDA's start (initialisation, a model's random fill).  The table also gives where the GPU
+ * CUDA's start (initialisation, a model's random fill), and KPROF_START_FILE, when set,
+ * everything before that file exists (a thread looks for it every 20 ms): a caller that sees
+ * training steps go by creates it, however long the load before them took.  The table also gives where the GPU
  * sat idle: every gap of at least GAP_MIN_NS between the recorded kernels' merged intervals,
  * summed by the pair of kernels around it ("# gap" lines: count, total ns, the kernel before
  * and the kernel after), so a step's idle time names the host work that left it idle.
@@ -51,6 +53,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's thread and e
 static kernel_sum sums[MAX_KERNELS];
 static int n_sums, overflowed;
 static uint64_t skip_before_ns; /* GPU timestamps before this are left out */
+static const char *start_file;  /* KPROF_START_FILE */
+static uint64_t started_ns;     /* when start_file was seen (atomic; 0: not yet) */
 static uint64_t first_ns, last_ns; /* the recorded kernels' span */
 static span *spans;                /* every recorded kernel, for the gaps */
 static size_t n_spans, cap_spans;
@@ -130,12 +134,14 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
                                       size_t valid) {
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *record = NULL;
+    const uint64_t started = __atomic_load_n(&started_ns, __ATOMIC_ACQUIRE);
+    const uint64_t from = started > skip_before_ns ? started : skip_before_ns;
     pthread_mutex_lock(&lock);
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
         if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
             continue;
         const KERNEL_RECORD *k = (const KERNEL_RECORD *)record;
-        if (k->start < skip_before_ns || !k->name) continue;
+        if ((start_file && !started) || k->start < from || !k->name) continue;
         kernel_sum *s = sum_of(k->name);
         if (!s) continue;
         s->count++;
@@ -161,12 +167,24 @@ static void at_exit(void) {
     pthread_mutex_unlock(&lock);
 }
 
+static void *watch_start_file(void *arg) {
+    (void)arg;
+    while (access(start_file, F_OK) != 0) usleep(20000);
+    uint64_t now = 0;
+    if (cuptiGetTimestamp(&now) == CUPTI_SUCCESS) __atomic_store_n(&started_ns, now, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 /* Called by the CUDA driver when CUDA_INJECTION64_PATH names this library. */
 int InitializeInjection(void) {
     const char *skip = getenv("KPROF_SKIP_S");
     uint64_t now = 0;
     if (cuptiGetTimestamp(&now) != CUPTI_SUCCESS) return 0;
     skip_before_ns = now + (uint64_t)((skip ? atof(skip) : 0.0) * 1e9);
+    start_file = getenv("KPROF_START_FILE");
+    pthread_t watcher;
+    if (start_file && (pthread_create(&watcher, NULL, watch_start_file, NULL) != 0 || pthread_detach(watcher) != 0))
+        return 0;
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)
         return 0;

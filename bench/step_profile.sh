@@ -11,8 +11,9 @@
 # activation checkpointing (full or none; none takes 2 sequences, as step_bench.sh's row e);
 # TYPE (full): fsdpd's train.type; lora or qlora (r 64 on every linear, as bench/lora.sh) profile
 # our side alone (the FSDP2 peer trains every weight: no peer for an adapter's table);
-# STEPS (12) steps of each, the first SKIP_S (14) seconds of each process's CUDA life left
-# out (the model's loading and the first steps).  Needs CUPTI (kernel_profile.sh says where
+# STEPS (12) steps of each; fsdpd's kernels from its third step's metrics line on (the
+# collector's KPROF_START_FILE, created then), the peer's after the first SKIP_S (14) seconds
+# of each process's CUDA life (the model's loading and the first steps).  Needs CUPTI (kernel_profile.sh says where
 # it looks) and a C compiler; the exit status is 1 when something failed.
 set -u
 build=${1:-build}
@@ -29,13 +30,19 @@ lib=$(bash bench/kernel_profile.sh "$work") || { failed "no CUPTI collector"; fi
 collect() { echo CUDA_INJECTION64_PATH="$lib" KPROF_OUT="$work/$1" KPROF_SKIP_S="$skip"; }
 
 section "fsdpd: Llama-2-7B $type, $batch x 2048 tokens, activation_checkpointing=$act, $steps steps, under CUPTI"
-wrap=(env $(collect fsdpd))
+# The collector starts once three steps are done (a load of any length left out).
+rm -f "$out/prof_fsdpd.jsonl"
+(until [ "$({ wc -l < "$out/prof_fsdpd.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ]; do sleep 0.2; done
+ touch "$work/started") &
+starter=$!
+wrap=(env $(collect fsdpd) KPROF_SKIP_S=0 KPROF_START_FILE="$work/started")
 if SEQ=2048 WARM=3 measured_run prof_fsdpd configs/models/llama2-7b.json "$type" 1 "$steps" "$batch" 300 \
     --fsdp.activation_checkpointing="$act"; then
     step=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['step_s'])" "$out/prof_fsdpd.fig")
     check "fsdpd's kernel table" python3 bench/step_table.py cupti "$step" 25 "$work"/fsdpd.*.tsv
 fi
 unset wrap
+kill "$starter" 2>/dev/null
 if [ "$type" != full ]; then
     echo "no peer for train.type=$type (the FSDP2 peer trains every weight)"
     finish
