@@ -7,10 +7,11 @@
  * overlap); KPROF_SKIP_S (default 0) leaves out what ran in the first seconds after
  * CUDA's start (initialisation, a model's random fill), and KPROF_START_FILE, when set,
  * everything before that file exists (a thread looks for it every 20 ms): a caller that sees
- * training steps go by creates it, however long the load before them took.  The table also gives where the GPU
- * sat idle: every gap of at least GAP_MIN_NS between the recorded kernels' merged intervals,
- * summed by the pair of kernels around it ("# gap" lines: count, total ns, the kernel before
- * and the kernel after), so a step's idle time names the host work that left it idle.
+ * training steps go by creates it, however long the load before them took.  The table also
+ * gives where the GPU sat idle: every gap of at least GAP_MIN_NS between the recorded
+ * kernels' merged intervals, summed by the pair of kernels around it ("# gap" lines: count,
+ * total ns, the kernel before and the kernel after), so a step's idle time names the host
+ * work that left it idle.
  *
  * Built and run by bench/kernel_profile.sh on a machine with CUPTI (it is not part of the
  * product or of `make`); KERNEL_RECORD names the CUpti_ActivityKernelN that this CUPTI
@@ -51,7 +52,7 @@ typedef struct gap_sum {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's thread and exit's */
 static kernel_sum sums[MAX_KERNELS];
-static int n_sums, overflowed;
+static int n_sums, overflowed, spans_lost; /* spans_lost: out of memory for the gaps */
 static uint64_t skip_before_ns; /* GPU timestamps before this are left out */
 static const char *start_file;  /* KPROF_START_FILE */
 static uint64_t started_ns;     /* when start_file was seen (atomic; 0: not yet) */
@@ -114,6 +115,7 @@ static void write_table(void) {
     if (!f) return;
     fprintf(f, "# span_ns\t%llu\n", (unsigned long long)(last_ns > first_ns ? last_ns - first_ns : 0));
     if (overflowed) fprintf(f, "# more than %d kernel names: the rest are not counted\n", MAX_KERNELS);
+    if (spans_lost) fprintf(f, "# out of memory for the kernels' intervals: the gaps are partial\n");
     for (int i = 0; i < n_sums; i++)
         fprintf(f, "%llu\t%llu\t%s\n", (unsigned long long)sums[i].count, (unsigned long long)sums[i].ns,
                 sums[i].name);
@@ -152,6 +154,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
             if (grown) spans = grown, cap_spans = cap;
         }
         if (n_spans < cap_spans) spans[n_spans++] = (span){k->start, k->end, (int)(s - sums)};
+        else spans_lost = 1;
         if (!first_ns || k->start < first_ns) first_ns = k->start;
         if (k->end > last_ns) last_ns = k->end;
     }

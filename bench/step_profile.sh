@@ -9,12 +9,13 @@
 #
 # BUILD holds fsdpd, fsdp-worker and fsdpctl built with CUDA.  ACT (full): both sides'
 # activation checkpointing (full or none; none takes 2 sequences, as step_bench.sh's row e);
-# TYPE (full): fsdpd's train.type; lora or qlora (r 64 on every linear, as bench/lora.sh) profile
-# our side alone (the FSDP2 peer trains every weight: no peer for an adapter's table);
+# TYPE (full): fsdpd's train.type; lora or qlora (r 64 on every linear, as bench/lora.sh)
+# profile our side alone (the FSDP2 peer trains every weight: no peer for an adapter's table);
 # STEPS (12) steps of each; fsdpd's kernels from its third step's metrics line on (the
 # collector's KPROF_START_FILE, created then), the peer's after the first SKIP_S (14) seconds
-# of each process's CUDA life (the model's loading and the first steps).  Needs CUPTI (kernel_profile.sh says where
-# it looks) and a C compiler; the exit status is 1 when something failed.
+# of each process's CUDA life (the model's loading and the first steps).  Needs CUPTI
+# (kernel_profile.sh says where it looks) and a C compiler; the exit status is 1 when
+# something failed.
 set -u
 build=${1:-build}
 out=${OUT:-/tmp/fsdp-profile-out}

@@ -1402,8 +1402,6 @@ static int64_t count_targets(const int32_t *labels, int rows, int T) {
     return n;
 }
 
-/* AdamW on unit u's shard, tensor by tensor so norm weights skip weight decay; the
- * padding past the last tensor is left alone (its gradient is zero). */
 /* AdamW over elements [a, b) of unit U's shard (offsets in the unit). */
 static void adamw_range(fsdp *f, const fsdp_unit *U, size_t a, size_t b, int decays, const fsdp_hparams *hp,
                         float grad_scale) {
@@ -1412,12 +1410,13 @@ static void adamw_range(fsdp *f, const fsdp_unit *U, size_t a, size_t b, int dec
             (float)hp->beta2, (float)hp->eps, decays ? (float)hp->weight_decay : 0.0f, f->step, grad_scale);
 }
 
-/* AdamW over unit u's tensors in this rank's shard, one launch a run of adjacent tensors
- * that decay alike (an adapter layer's 14 tensors are one: a launch each was launch-bound). */
+/* AdamW on unit u's shard: norm weights skip weight decay, the padding past the last tensor
+ * is left alone (its gradient is zero); one launch a run of adjacent tensors that decay alike
+ * (an adapter layer's 14 tensors are one: a launch each was launch-bound). */
 static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale) {
     const fsdp_unit *U = &f->units[u];
     const llama_unit *lu = &f->train_units[u];
-    size_t run_a = 0, run_b = 0; /* the run so far: empty when run_a == run_b */
+    size_t run_a = 0, run_b = 0; /* the run so far, [run_a, run_b): none when empty */
     int run_decays = 0;
     for (int i = lu->first; i < lu->first + lu->count; i++) {
         const llama_tensor_slot *s = &f->train_tensors[i];
@@ -1425,14 +1424,14 @@ static void adamw_unit(fsdp *f, int u, const fsdp_hparams *hp, float grad_scale)
         tensor_in_shard(U, s, &a, &b);
         if (a >= b) continue;
         int decays = llama_tensor_decays(s);
-        if (run_a < run_b && (a != run_b || decays != run_decays)) {
-            adamw_range(f, U, run_a, run_b, run_decays, hp, grad_scale);
-            run_a = run_b;
+        if (run_b > run_a && a == run_b && decays == run_decays) {
+            run_b = b;
+            continue;
         }
-        if (run_a == run_b) run_a = a, run_decays = decays;
-        run_b = b;
+        if (run_b > run_a) adamw_range(f, U, run_a, run_b, run_decays, hp, grad_scale);
+        run_a = a, run_b = b, run_decays = decays;
     }
-    if (run_a < run_b) adamw_range(f, U, run_a, run_b, run_decays, hp, grad_scale);
+    if (run_b > run_a) adamw_range(f, U, run_a, run_b, run_decays, hp, grad_scale);
 }
 
 /* cpu_offload: the step's gradients to the host, and AdamW started there (the next step's
