@@ -197,6 +197,8 @@ slurm_wait_end() {
         sleep 0.5
     done
     slurm_cmd scontrol show job "$1" >&2 || true
+    slurm_cmd scontrol show nodes >&2 || true # a job left pending: the nodes' states and
+    slurm_dump_logs                           # the daemons' logs say why
     fail "slurm: job $1 is still $state after $2 s"
 }
 
