@@ -759,22 +759,21 @@ __global__ void __launch_bounds__(THREADS, 1) attention_fwd_sm90(const __grid_co
 //     persistent blocks in lockstep (bwd_item): a (batch, kv head)'s key blocks are laid out
 //     in rows of `width` blocks, a block a persistent block, snaking (row 0 left to right,
 //     row 1 right to left, ...); even rows walk down from the last tile, odd rows up from
-//     their diagonals.  (With documents, packed text or a sliding window's band, the key
-//     blocks' walks differ in length, so paired rows were unbalanced: a window of 4096 ran
-//     14% slower in rows; there a block a key block, the first key blocks first, walking
-//     down, as before the rows.)  With two rows, block k and block NB-1-k
-//     share a persistent block, and every persistent block has the same work, so every row
-//     starts at once, and the blocks of a row are all at the same tile at the same time
-//     (down: last - t/group; up, the rows' lengths cancelling: t/group - 2 for whole
-//     tiles): the Q, dO and accumulator tiles that a row's blocks share stay in L2 between
-//     the blocks' reads and adds.  (Launched a
-//     block a key block, the first key blocks first, the later waves started as earlier
-//     blocks ended, tens of steps apart: at Llama-2-70B T 2048 the backward read 2.8 GB and
-//     wrote 1.5 GB to DRAM for 0.3 GB of inputs, L2 hit rate 54%; bench/NOTES.md, F44.)
+//     their diagonals.  With two rows, block k and block NB-1-k share a persistent block,
+//     and every persistent block has the same work, so every row starts at once, and the
+//     blocks of a row are all at the same tile at the same time (down: last - t/group; up,
+//     the rows' lengths cancelling: t/group - 2 for whole tiles): the Q, dO and accumulator
+//     tiles that a row's blocks share stay in L2 between the blocks' reads and adds.
+//     (Launched a block a key block, the first key blocks first, the later waves started as
+//     earlier blocks ended, tens of steps apart: at Llama-2-70B T 2048 the backward read
+//     2.8 GB and wrote 1.5 GB to DRAM for 0.3 GB of inputs, L2 hit rate 54%; bench/NOTES.md,
+//     F44.)  GQA with documents (packed text, a sliding window's band) runs that launch, a
+//     block a key block walking down: its key blocks' walks differ in length, so paired rows
+//     were unbalanced (a window of 4096: 14% slower in rows).
 //     Either way a block waits only on blocks whose shares come before its own: MHA's were
-//     launched before it; GQA's are lower key blocks, which ran earlier in its persistent
-//     block's rows or run in another persistent block (at most one a multiprocessor), so no
-//     wait is ever on a block that cannot start.
+//     launched before it; GQA's are lower key blocks, launched before it (with documents),
+//     or run earlier in its persistent block's rows or in another persistent block (at most
+//     one a multiprocessor), so no wait is ever on a block that cannot start.
 
 struct bwd_tma {
     CUtensorMap q, dout, k, v; // boxes: BQ rows of q and dout, ROWS rows of k and v
@@ -785,10 +784,16 @@ struct bwd_tma {
     const int32_t *doc_start, *doc_end; // varlen only: [B, T]
     int B, T, Hq, Hkv, Tp;
     int kv0, n_kv; // the launch's kv heads: kv0 .. kv0 + n_kv - 1 (dq_accum's budget)
-    int down;      // GQA: the first key block's share first, persistent blocks (bwd_item)
-    int width;     // down: key blocks a row, a persistent block each (launch_bwd)
+    int down;      // GQA: the first key block's share first (dq_turn); rows: bwd_rows
+    int width;     // rows: key blocks a row, a persistent block each (launch_bwd)
     float scale, scale_log2;
 };
+
+// Whether the backward runs GQA's persistent rows (bwd_item, launch_bwd): the kernel's items
+// and the launch's grid are chosen by this one test.
+template <bool DOCS> __host__ __device__ __forceinline__ bool bwd_rows(const bwd_tma &p) {
+    return p.down && !DOCS;
+}
 
 constexpr int BQ = 64; // queries a step
 
@@ -938,7 +943,7 @@ template <bool DOCS> __device__ __forceinline__ void walk_tiles(const bwd_tma &p
 enum { BWD_END, BWD_ITEM, BWD_SKIP };
 template <bool DOCS> __device__ __forceinline__ int bwd_item(const bwd_tma &p, int idx, bwd_walk &w) {
     w.group = p.Hq / p.Hkv;
-    if (!p.down || DOCS) {
+    if (!bwd_rows<DOCS>(p)) {
         if (idx > 0) return BWD_END;
         w.kvh = p.kv0 + (int)(p.down ? blockIdx.x : blockIdx.y);
         w.b = (int)(p.down ? blockIdx.y : blockIdx.z);
@@ -1442,7 +1447,7 @@ template <int HD, bool DOCS> static void launch_bwd(kctx *c, bwd_tma p) {
         return;
 
     const unsigned key_blocks = (p.T + ROWS - 1) / ROWS;
-    const bool rows = p.down && !DOCS; // bwd_item
+    const bool rows = bwd_rows<DOCS>(p);
     const int lanes = rows ? bwd_lanes(p, cuda_state(c)->sm_count) : 0; // sets p.width
     const dim3 grid = rows ? dim3(lanes * p.width)
                            : p.down ? dim3(p.n_kv, p.B, key_blocks) : dim3(key_blocks, p.n_kv, p.B);
@@ -1551,9 +1556,9 @@ extern "C" void cuda_attention_sm90_bwd(kctx *c, void *dq, void *dk, void *dv, c
     p.delta = delta;
     p.doc_start = docs ? docs->start : nullptr;
     p.doc_end = docs ? docs->end : nullptr;
-    // GQA: the first key block's share first, in lockstep rows (bwd_item; H100, 70B T
-    // 2048/8192: 365/455 TFLOP/s, against 280/381 launched a block a key block, the first
-    // key blocks first, and 248/282 on an H200 walking up); MHA up (325/418 against 268/367
+    // GQA: the first key block's share first, in lockstep rows without documents (bwd_item;
+    // H100, 70B T 2048/8192: 365/455 TFLOP/s, against 280/381 launched a block a key block,
+    // the first key blocks first, and 248/282 on an H200 walking up); MHA up (325/418 against 268/367
     // down at 7B on an H200, launched a block a key block), where a head's accumulators stay
     // in L2 (bench/NOTES.md).
     p.down = Hq > Hkv;

@@ -435,8 +435,6 @@ static int pack_rows(packing *pk, int B, const int *lens, int n) {
     return T;
 }
 
-/* One shape; pk NULL: whole causal rows, else the packed rows of pk (made for B, T); window
- * > 0: Mistral's sliding window (the band mask), 0: none. */
 /* The backward on the CUDA context DETERMINISM_RUNS more times into fresh buffers (nq, nkv
  * elements of esize bytes): 1 if every run gave the bits of dq, dk, dv. */
 static int bwd_same_bits_again(const void *dq, const void *dk, const void *dv, const void *dout,
@@ -455,6 +453,8 @@ static int bwd_same_bits_again(const void *dq, const void *dk, const void *dv, c
     return same;
 }
 
+/* One shape; pk NULL: whole causal rows, else the packed rows of pk (made for B, T); window
+ * > 0: Mistral's sliding window (the band mask), 0: none. */
 static void check_case(int B, int T, int Hq, int Hkv, int hd, const packing *pk, int window,
                        int determinism) {
     seed((uint64_t)T * 1000003u + (uint64_t)Hq * 101u + (uint64_t)hd);
