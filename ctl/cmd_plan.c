@@ -171,6 +171,10 @@ static void print_text(const plan_args *a, const job_config *j, int n_layers, co
     char recompute[160];
     llama_recompute_format(p->recompute, n_layers, recompute, sizeof recompute);
     printf("  activation checkpointing: %s\n", recompute);
+    if (p->compute_copies)
+        printf("  compute copies: the trained weights in %s beside their masters (%.1f GiB a worker), "
+               "written by AdamW: no cast at each use\n", p->cpu ? "fp32" : "bf16",
+               gib(p->mem.trainable_elems * (p->cpu ? 4 : 2)));
     printf("  largest train.micro_batch that fits: %d (the job's: %d)\n", p->max_micro_batch, j->train.micro_batch);
     if (j->train.objective != JOB_OBJECTIVE_SFT)
         printf("  train.objective %s: a micro-batch of %d pair%s is %d rows%s\n", job_objective_name(j->train.objective),
@@ -207,7 +211,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:s?, s:b, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, "
-        "s:i, s:{s:i, s:s}, s:{s:i, s:I}}",
+        "s:i, s:{s:i, s:s}, s:{s:i, s:I}, s:b}",
         "job", a->job, "backend", p->cpu ? "cpu" : "cuda", "nodes", a->nodes, "gpus_per_node", p->cpu ? 0 : a->gpus,
         "workers_per_node", m->gpus_per_node, "gpu", p->cpu ? NULL : m->gpu->name, "validated", p->validated,
         "fits", p->fits, "refused", p->fits ? NULL : p->verdict,
@@ -227,7 +231,8 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s, "reference_s", p->reference_s,
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
         "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all",
-        "offload_activations", "layers", p->offload_layers, "host_bytes", (json_int_t)p->mem.host_activations);
+        "offload_activations", "layers", p->offload_layers, "host_bytes", (json_int_t)p->mem.host_activations,
+        "compute_copies", p->compute_copies);
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;
     if (longest >= 0 && json_object_set_new(o, "longest_seq_len", json_integer(longest)))
         return json_decref(o), fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;

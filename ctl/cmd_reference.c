@@ -102,7 +102,7 @@ static int adamw_step(llama_model *m, const adamw_settings *a, output *o, errbuf
         if (!rc) {
             k_compute_to_f32(c, p, lo->params[u], n);
             k_adamw(c, p, lo->grads[u], mom, var, n, a->lr, a->beta1, a->beta2, a->eps,
-                    a->weight_decay, 1, 1.0f);
+                    a->weight_decay, 1, 1.0f, NULL);
         }
         for (int i = 0; !rc && i < lo->units[u].count; i++) {
             const llama_tensor_slot *s = &lo->tensors[lo->units[u].first + i];

@@ -285,11 +285,13 @@ K_OP(cross_entropy,
 
 /* k_adamw: g_eff = grad * grad_scale; p -= lr*wd*p; m = b1 m + (1-b1) g_eff;
  * v = b2 v + (1-b2) g_eff^2; p -= (lr / (1-b1^step)) * m / (sqrt(v)/sqrt(1-b2^step) + eps).
- * step counts from 1. */
+ * step counts from 1.  out: NULL, or [n] in the compute dtype that receives the new p as
+ * k_f32_to_compute(out, p, n) would write it (fsdp's compute copies: the cast in the same
+ * pass, not a second read of p). */
 K_OP(adamw,
      (kctx *c, float *p, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-      float beta2, float eps, float weight_decay, int step, float grad_scale),
-     (c, p, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale))
+      float beta2, float eps, float weight_decay, int step, float grad_scale, void *out),
+     (c, p, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, out))
 
 #undef K_OP
 #undef K_OP_BY_HAND

@@ -78,9 +78,10 @@ static void plan_frozen(const plan_in *in, memory_plan *p, size_t *max_padded) {
     if (in->group > 1 || in->o->offload_params) p->gather_slots += 2 * (packed + absmax);
 }
 
-/* alloc_trainable: master, m, v and grad of every trainable unit's shard, fp32; with
- * cpu_offload (alloc_offloaded) the grads and, unless offload_params, the compute copies,
- * the rest pinned on the host.  *max_padded: the largest trainable unit, padded. */
+/* alloc_trainable: master, m, v and grad of every trainable unit's shard, fp32, and with
+ * compute_copies their copies; with cpu_offload (alloc_offloaded) the grads and, unless
+ * offload_params, the compute copies, the rest pinned on the host.  *max_padded: the
+ * largest trainable unit, padded. */
 static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded) {
     int n = in->lora ? in->lora->n_units : in->lo->n_units;
     const llama_unit *units = in->lora ? in->lora->units : in->lo->units;
@@ -93,7 +94,7 @@ static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded
     }
     p->trainable_elems = elements;
     if (!in->o->cpu_offload) {
-        p->trainable = 4 * elements * sizeof(float);
+        p->trainable = 4 * elements * sizeof(float) + (in->o->compute_copies ? elements * in->cs : 0);
         return;
     }
     p->trainable = elements * sizeof(float) + (in->o->offload_params ? 0 : elements * in->cs);
@@ -108,7 +109,7 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
     int has_lora = in->lora != NULL, tied = lo->cfg.tie_word_embeddings;
     int kept = in->o->sharding == JOB_SHARD_GRAD_OP;
     size_t embed_padded = padded_of(in, lo->units[LLAMA_EMBED_UNIT].numel);
-    int base_slots = !has_lora || in->group > 1 || in->o->offload_params;
+    int base_slots = (!has_lora && !in->o->compute_copies) || in->group > 1 || in->o->offload_params;
     if (kept) p->gather_slots += (size_t)(lo->n_layers + 2 - 3) * base_padded * in->cs;
     for (int slot = 0; slot < 3; slot++) {
         size_t n = slot < 2 || kept ? base_padded : tied ? embed_padded : 0;
@@ -250,6 +251,13 @@ static int fits(const memory_plan_options *o, size_t limit, size_t *total) {
     return *total && *total <= limit;
 }
 
+/* Whether fsdp builds compute copies for o (fsdp_init's refusals): a full fine-tune, the
+ * whole model on each rank, no shard_grad_op, cpu_offload or FP8 gathers. */
+static int copies_built(const memory_plan_options *o) {
+    return !o->lora && group_of(o) == 1 && o->sharding != JOB_SHARD_GRAD_OP && !o->cpu_offload &&
+           !(o->fp8 && o->fp8_all_gather);
+}
+
 /* fsdp.activation_checkpointing but auto, for L layers. */
 static llama_recompute recompute_of(job_act_ckpt a, int L) {
     switch (a) {
@@ -277,6 +285,12 @@ void memory_plan_job_options(const job_config *j, const llama_config *cfg, int w
     if (j->fsdp.activation_checkpointing == JOB_ACT_CKPT_AUTO)
         out->recompute = memory_plan_auto_recompute(out, budget);
     if (j->fsdp.offload_activations) out->offload_layers = memory_plan_offload_layers(out, budget);
+    if (copies_built(out)) {
+        memory_plan_options with = *out;
+        size_t total;
+        with.compute_copies = 1;
+        out->compute_copies = fits(&with, budget, &total);
+    }
 }
 
 int memory_plan_offload_layers(const memory_plan_options *o, size_t budget) {

@@ -35,6 +35,7 @@ typedef struct memory_plan_options {
     int micro_batch, seq_len;
     size_t compute_size;        /* bytes per element of the compute dtype (k_compute_size) */
     int cpu_offload, offload_params; /* fsdp.cpu_offload, fsdp.offload_params */
+    int compute_copies;         /* fsdp_options.compute_copies (memory_plan_job_options decides) */
     int mlp_chunk;              /* fsdp.mlp_chunk: the MLP's rows at a time (0: all) */
     int fp8;                    /* train.precision fp8: the FP8 projections' buffers (llama_fp8) */
     int fp8_all_gather;         /* train.fp8_all_gather: the FP8 scales and amaxes (fsdp's scalars) */
@@ -48,7 +49,8 @@ typedef struct memory_plan_options {
 /* Bytes per category.  Everything but load_staging is held from the first step on;
  * load_staging only while fsdp_load_image runs (before the activations exist). */
 typedef struct memory_plan {
-    size_t trainable;    /* fp32 master, m, v and grad shards of what is trained (cpu_offload:
+    size_t trainable;    /* fp32 master, m, v and grad shards of what is trained and with
+                            compute_copies their copies in the compute dtype (cpu_offload:
                             the grad shards and, unless offload_params, compute copies) */
     size_t frozen;       /* adapters: the frozen base's shards (QLoRA: NF4 codes, absmax, norms);
                             a full DPO: its reference's shards */
@@ -78,7 +80,9 @@ void memory_plan_format(const memory_plan *p, char *out, size_t n);
  * and the compute dtype's size.  fsdp.activation_checkpointing: none keeps every layer
  * whole, full their inputs only, selective their attention parts (the MLP is recomputed),
  * auto what memory_plan_auto_recompute picks for `budget` bytes (SIZE_MAX: no bound);
- * fsdp.offload_activations the layer inputs memory_plan_offload_layers moves for it. */
+ * fsdp.offload_activations the layer inputs memory_plan_offload_layers moves for it; then
+ * compute_copies where fsdp builds them and the plan with them still fits in budget (kept
+ * activations first: a layer's recompute saved is worth more a byte than the casts). */
 void memory_plan_job_options(const job_config *j, const llama_config *cfg, int world, int rank,
                              model_image_quant quant, size_t compute_size, size_t budget,
                              memory_plan_options *out);

@@ -375,7 +375,9 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     /* the optimizer: AdamW on the device over this rank's shards, or with cpu_offload the
      * gradients to the host, the host's AdamW (beside the next forward) and the uploads */
     double shard = p->mem.trainable_elems;
-    if (!j->fsdp.cpu_offload) {
+    if (p->compute_copies) { /* AdamW writes the copies in its pass: no casts at the gathers */
+        p->optimizer_s = bytes_s(r, 30.0 * shard, r->t->adamw_gbps);
+    } else if (!j->fsdp.cpu_offload) {
         p->optimizer_s = bytes_s(r, 28.0 * shard, r->t->adamw_gbps) +
                          bytes_s(r, 6.0 * shard * 2 * n_micro, r->t->elementwise_gbps); /* casts */
     } else {
@@ -395,7 +397,7 @@ static void by_kind(const job_config *j, step_plan *p, size_t cs) {
     size_t e = m->trainable_elems;
     p->grads = 4 * e + m->grad_slots;
     p->optimizer = j->fsdp.cpu_offload ? 0 : 12 * e; /* master, m, v */
-    p->params = m->frozen + (j->fsdp.cpu_offload && !j->fsdp.offload_params ? cs * e : 0);
+    p->params = m->frozen + (p->compute_copies || (j->fsdp.cpu_offload && !j->fsdp.offload_params) ? cs * e : 0);
     p->gathered = m->gather_slots;
     p->activations = m->activations;
     p->workspace = m->small + p->context;
@@ -423,6 +425,7 @@ int step_plan_job(const job_config *j, const llama_config *cfg, model_image_quan
     p->gpu_bytes = p->mem.total + p->context;
     p->recompute = o.recompute;
     p->offload_layers = o.offload_layers;
+    p->compute_copies = o.compute_copies;
     by_kind(j, p, cs);
     /* The verdict is fsdpd's own admission check (step_plan_admit, as daemon/supervisor.c calls it):
      * the plan and fsdpd never disagree on whether a job fits. */

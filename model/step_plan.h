@@ -87,6 +87,7 @@ typedef struct step_plan {
     double reference_s; /* DPO: the reference's forward and its gathers (and streams), a part of step_s */
     llama_recompute recompute; /* the activation checkpointing planned (auto: the one chosen) */
     int offload_layers;        /* fsdp.offload_activations: layer inputs in host memory (a worker) */
+    int compute_copies;        /* the trained weights kept in the compute dtype (memory_plan_job_options) */
     int max_micro_batch; /* the largest micro_batch that fits the GPU (dividing the rows of a
                             rank); 0: none */
     int validated;       /* the rates were measured on this GPU */

@@ -177,8 +177,8 @@ static int alloc_offloaded(fsdp *f, size_t total, errbuf *err) {
     return 0;
 }
 
-/* The trainable units' fp32 shards (master, m, v, grad), in one allocation (cpu_offload:
- * alloc_offloaded). */
+/* The trainable units' fp32 shards (master, m, v, grad) and their compute copies, in one
+ * allocation (cpu_offload: alloc_offloaded). */
 static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
     size_t total = 0;
     *max_padded = 0;
@@ -190,14 +190,17 @@ static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
         if (U->padded > *max_padded) *max_padded = U->padded;
     }
     if (f->cpu_offload) return alloc_offloaded(f, total, err);
-    float *mem = k_alloc(f->ctx, 4 * total * sizeof(float), err);
+    size_t cs = k_compute_size(f->ctx), copies = f->compute_copies ? total * cs : 0;
+    float *mem = k_alloc(f->ctx, 4 * total * sizeof(float) + copies, err);
     if (!mem) return -1;
+    char *copy = (char *)(mem + 4 * total);
     for (int u = 0; u < f->n_train; u++) {
         fsdp_unit *U = &f->units[u];
         U->master = mem, mem += U->shard;
         U->m = mem, mem += U->shard;
         U->v = mem, mem += U->shard;
         U->grad = mem, mem += U->shard;
+        if (copies) U->copy = copy, copy += U->shard * cs;
     }
     return 0;
 }
@@ -210,7 +213,7 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
     size_t cs = k_compute_size(f->ctx);
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
                                       : f->units[LLAMA_EMBED_UNIT].padded;
-    int base_slots = !f->has_lora || f->group > 1 || f->offload_params;
+    int base_slots = (!f->has_lora && !f->compute_copies) || f->group > 1 || f->offload_params;
     /* shard_grad_op: a slot a unit kept from forward to backward, each of the largest unit
      * (fsdp_gather_params reuses slot 0 for every unit). */
     for (int slot = 3; slot < f->n_slots; slot++)
@@ -376,6 +379,10 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     if (opt->offload_params && !opt->lora && !opt->cpu_offload)
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
+    f->compute_copies = opt->compute_copies;
+    if (opt->compute_copies && (opt->lora || opt->cpu_offload || f->fp8_gather || opt->sharding == JOB_SHARD_GRAD_OP))
+        return errf(err, "fsdp: compute copies need a full fine-tune without shard_grad_op, cpu_offload or FP8 "
+                         "gathers");
     if (llama_check_long_settings(cfg->num_hidden_layers, opt->recompute, opt->offload_layers, opt->mlp_chunk,
                                   opt->lora ? opt->lora->dropout : 0, err))
         return errprefix(err, "fsdp");
@@ -383,6 +390,9 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
     f->group = opt->sharding == JOB_SHARD_NONE ? 1 : world;
     f->group_rank = opt->sharding == JOB_SHARD_NONE ? 0 : rank;
     if (opt->sharding == JOB_SHARD_HYBRID && set_hybrid(f, opt, err)) return -1;
+    if (opt->compute_copies && f->group > 1)
+        return errf(err, "fsdp: compute copies need the whole model on each rank (a shard group of %d ranks)",
+                    f->group);
     if (llama_layout_init(&f->layout, cfg, err) || check_fp8_slots(f, err)) return -1;
     size_t half = (size_t)cfg->head_dim / 2;
     float *inv_freq = malloc(half * sizeof *inv_freq);
@@ -557,10 +567,14 @@ static int ensure_activations(fsdp *f, int B, int T, errbuf *err) {
 
 /* ---- initial parameters ---- */
 
-/* After the master shards were written (loaded, initialised, resumed): with cpu_offload the
- * compute copies follow them, and each unit is uploaded again at its next gather. */
+/* After the master shards were written (loaded, initialised, resumed): the compute copies
+ * follow them (with cpu_offload on the host, each unit uploaded again at its next gather). */
 static int masters_changed(fsdp *f, errbuf *err) {
     f->fp8_scales_step = -1; /* FP8 gathers: the scales of the new masters at the next gather */
+    if (f->compute_copies) {
+        for (int u = 0; u < f->n_train; u++) k_f32_to_compute(f->ctx, f->units[u].copy, f->units[u].master, f->units[u].shard);
+        return k_check(f->ctx, err);
+    }
     if (!f->cpu_offload) return 0;
     if (fsdp_wait_optimizer(f, err)) return -1;
     for (int u = 0; u < f->n_train; u++) {
@@ -972,7 +986,7 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
     if (codes) {
         rc = gather_codes(f, u, f->gathered[slot], t, err);
         comm_set_unit(f->shard_comm, u);
-    } else if (!f->has_lora && !f->reference) {
+    } else if (!f->has_lora && !f->reference && !f->compute_copies) {
         rc = gather_trainable(f, u, f->gathered[slot], &t[0], &f->streamed[slot].ticket, err);
     } else if (f->offload_params) {
         if (f->streamed[slot].ahead != u) stream_frozen(f, u, slot);
@@ -1030,15 +1044,16 @@ static void dequantize_layer(fsdp *f, int u, int slot) {
     k_f32_to_compute(f->ctx, dst + t[MODEL_IMAGE_LINEARS].offset * cs, F->norms, nl->n_plain);
 }
 
-/* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or a frozen
- * unit's own shard (the base, or in DPO's reference forward the reference) when one rank
- * holds it whole. */
+/* Plan entry k's parameters once gathered: its slot, the dequantized NF4 layer, or when one
+ * rank holds it whole a frozen unit's own shard (the base, or in DPO's reference forward the
+ * reference) or a trained unit's compute copy. */
 static void *unit_params(fsdp *f, int u, int slot) {
     if (is_nf4(f, u)) {
         dequantize_layer(f, u, slot);
         return f->dequant;
     }
     int frozen = f->has_lora || f->reference;
+    if (f->compute_copies && !frozen) return f->units[u].copy;
     return frozen && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
 }
 
@@ -1406,8 +1421,9 @@ static int64_t count_targets(const int32_t *labels, int rows, int T) {
 static void adamw_range(fsdp *f, const fsdp_unit *U, size_t a, size_t b, int decays, const fsdp_hparams *hp,
                         float grad_scale) {
     size_t at = a - U->shard_off;
+    void *copy = U->copy ? (char *)U->copy + at * k_compute_size(f->ctx) : NULL;
     k_adamw(f->ctx, U->master + at, U->grad + at, U->m + at, U->v + at, b - a, (float)hp->lr, (float)hp->beta1,
-            (float)hp->beta2, (float)hp->eps, decays ? (float)hp->weight_decay : 0.0f, f->step, grad_scale);
+            (float)hp->beta2, (float)hp->eps, decays ? (float)hp->weight_decay : 0.0f, f->step, grad_scale, copy);
 }
 
 /* AdamW on unit u's shard: norm weights skip weight decay, the padding past the last tensor
@@ -1733,12 +1749,12 @@ int fsdp_gather_params(fsdp *f, fsdp_tensor_fn fn, void *arg, errbuf *err) {
     void *slot = f->has_lora ? f->gathered_adapter[0] : f->gathered[0];
     int rc = 0;
     for (int u = 0; u < f->n_train && rc == 0; u++) {
-        comm_ticket t;
+        comm_ticket t = 0;
         comm_set_unit(f->shard_comm, u);
-        rc = gather_trainable(f, u, slot, &t, NULL, err);
+        if (!f->compute_copies) rc = gather_trainable(f, u, slot, &t, NULL, err);
         if (rc == 0 && t) rc = comm_wait(f->shard_comm, t, err);
         if (rc) break;
-        k_copy_d2h(f->ctx, copy, slot, f->units[u].padded * k_compute_size(f->ctx));
+        k_copy_d2h(f->ctx, copy, f->compute_copies ? f->units[u].copy : slot, f->units[u].padded * k_compute_size(f->ctx));
         rc = k_sync(f->ctx, err);
         if (rc == 0) compute_to_host_f32(f, host, copy, f->units[u].padded);
         const llama_unit *lu = &f->train_units[u];

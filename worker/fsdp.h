@@ -65,6 +65,10 @@ typedef struct fsdp_unit {
      * (dev_param; NULL with offload_params, whose gathers read host_param itself). */
     void *host_param, *dev_param;
     int uploaded_step; /* the f->step dev_param holds (-1: none yet) */
+    /* compute_copies: the shard (the whole unit: one rank) in the compute dtype, context
+     * memory, written with the master by AdamW and by masters_changed; the forward and
+     * backward read it in place (no gather, no cast a use).  NULL otherwise. */
+    void *copy;
 } fsdp_unit;
 
 /* A flat parameter of bytes (a frozen NF4 layer's codes or absmax), sharded like the others:
@@ -157,6 +161,7 @@ typedef struct fsdp {
      * the whole unit from the node's model image (registered with the device), on the copy
      * stream, ahead of use (no collective: every node has the image). */
     int cpu_offload, offload_params;
+    int compute_copies; /* fsdp_options.compute_copies: fsdp_unit.copy */
     void *host_state;
     float *host_grad;
     host_optim *optim;
@@ -247,6 +252,13 @@ typedef struct fsdp_options {
      * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
      * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
     int cpu_offload, offload_params, offload_threads;
+    /* A full fine-tune whose shard group is one rank (the model whole on every rank): keep
+     * the trained weights in the compute dtype beside their fp32 masters, written by AdamW in
+     * the same pass (fsdp_unit.copy), so no unit is cast from its master at each gather
+     * (twice a step: forward and backward).  model/memory_plan.h's
+     * memory_plan_job_options decides it (where the plan has room); refused with
+     * adapters, several ranks to a shard group, shard_grad_op, cpu_offload or FP8 gathers. */
+    int compute_copies;
     /* fsdp.offload_activations: the first this many layers' inputs (0 .. L-1) on the host,
      * with full recompute (model/memory_plan.h's memory_plan_offload_layers decides it). */
     int offload_layers;

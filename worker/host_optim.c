@@ -43,7 +43,7 @@ void host_optim_cast(k_dtype compute, void *dst, const float *src, size_t n) {
 
 static int run_task(worker *w, const host_optim_task *t, const host_optim_step *s, errbuf *err) {
     k_adamw(&w->cpu, t->master, t->grad, t->m, t->v, t->n, s->lr, s->beta1, s->beta2, s->eps,
-            t->decay ? s->weight_decay : 0.0f, s->step, s->grad_scale);
+            t->decay ? s->weight_decay : 0.0f, s->step, s->grad_scale, NULL);
     if (k_check(&w->cpu, err)) return -1;
     host_optim_cast(w->o->compute, t->param, t->master, t->n);
     return 0;

@@ -159,8 +159,14 @@ static int plan_memory(const train_env *env, model_image_quant quant, fsdp_optio
                 j->train.fp8_grad_format == JOB_FP8_E5M2 ? "e5m2" : "e4m3", j->train.fp8_scaling == JOB_FP8_ROWWISE ? "rowwise" : "tensorwise",
                 j->train.fp8_all_gather ? "their weights gathered as e4m3 codes, cast once a gather"
                                         : "their weights gathered in the compute dtype, cast at each GEMM");
+    memory_plan planned;
+    if (o.compute_copies && env->rank == 0 && memory_plan_compute(&o, &planned, err) == 0)
+        fprintf(stderr, "fsdp-worker rank 0: compute copies: the trained weights kept in the compute dtype beside "
+                        "their masters (%zu bytes a rank), written by AdamW: no cast at each use\n",
+                planned.trainable_elems * k_compute_size(env->ctx));
     opt->recompute = o.recompute;
     opt->offload_layers = o.offload_layers;
+    opt->compute_copies = o.compute_copies;
     int64_t limit = j->runtime.gpu_memory_limit;
     return limit > 0 ? memory_plan_check_options(j, &o, (size_t)limit, "runtime.gpu_memory_limit", err) : 0;
 }

@@ -42,7 +42,7 @@ void cpu_cross_entropy(kctx *c, float *loss_sum, void *dlogits, const void *logi
 /* torch.optim.AdamW (not amsgrad, not fused), in double per element. */
 void cpu_adamw(kctx *c, float *p, const float *grad, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int step,
-               float grad_scale) {
+               float grad_scale, void *out) {
     if (step < 1) {
         k_fail(c, "adamw: step %d must count from 1", step);
         return;
@@ -61,4 +61,5 @@ void cpu_adamw(kctx *c, float *p, const float *grad, float *m, float *v, size_t 
         v[i] = (float)vi;
         p[i] = (float)pi;
     }
+    if (out) cpu_f32_to_compute(c, out, p, n);
 }

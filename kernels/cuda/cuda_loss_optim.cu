@@ -251,8 +251,9 @@ extern "C" void cuda_cross_entropy(kctx *c, float *loss_sum, void *dlogits, cons
 
 // torch.optim.AdamW (not amsgrad), in fp32 per element; the bias corrections come from the
 // host: step_size = lr / (1 - beta1^step), bc2_sqrt = sqrt(1 - beta2^step), decay = 1 - lr wd.
+// out (NULL: none) receives bf16(p) as f32_to_bf16_kernel rounds it.
 template <int VEC>
-__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, float beta1,
+__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, bf16 *out, float beta1,
                              float beta2, float eps, float decay, float step_size, float bc2_sqrt,
                              float grad_scale, size_t packs) {
     CUDA_FOR_EACH_PACK(k, packs) {
@@ -272,12 +273,13 @@ __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, fl
         store_floats<VEC>(p + at, pv);
         store_floats<VEC>(m + at, mv);
         store_floats<VEC>(v + at, vv);
+        if (out) store_floats<VEC>(out + at, pv);
     }
 }
 
 extern "C" void cuda_adamw(kctx *c, float *p, const float *grad, float *m, float *v, size_t n,
                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                           int step, float grad_scale) {
+                           int step, float grad_scale, void *out) {
     if (step < 1) {
         k_fail(c, "adamw: step %d must count from 1", step);
         return;
@@ -286,12 +288,13 @@ extern "C" void cuda_adamw(kctx *c, float *p, const float *grad, float *m, float
     float step_size = (float)(lr / (1.0 - pow((double)beta1, step)));
     float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, step));
     float decay = (float)(1.0 - (double)lr * weight_decay);
+    bf16 *o = (bf16 *)out;
     if (n % 4 == 0 && cuda_aligned(p, 16) && cuda_aligned(grad, 16) && cuda_aligned(m, 16) &&
-        cuda_aligned(v, 16))
-        CUDA_LAUNCH_PACKS(adamw_kernel, 4, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
+        cuda_aligned(v, 16) && (!o || cuda_aligned(o, 8)))
+        CUDA_LAUNCH_PACKS(adamw_kernel, 4, n, p, grad, m, v, o, beta1, beta2, eps, decay, step_size,
                           bc2_sqrt, grad_scale);
     else
-        CUDA_LAUNCH_PACKS(adamw_kernel, 1, n, p, grad, m, v, beta1, beta2, eps, decay, step_size,
+        CUDA_LAUNCH_PACKS(adamw_kernel, 1, n, p, grad, m, v, o, beta1, beta2, eps, decay, step_size,
                           bc2_sqrt, grad_scale);
     cuda_check_launch(c, "adamw");
 }

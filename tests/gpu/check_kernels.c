@@ -887,6 +887,14 @@ static void check_cross_entropy(int N, int V) {
     release_all();
 }
 
+/* Whether the device buffers hold the same bytes. */
+static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
+    unsigned char *a = host_bytes(bytes), *b = host_bytes(bytes);
+    k_copy_d2h(&gpu, a, dev_a, bytes);
+    k_copy_d2h(&gpu, b, dev_b, bytes);
+    return memcmp(a, b, bytes) == 0;
+}
+
 static void check_adamw(size_t n, int step) {
     seed(11);
     float *p = hfloats(n), *g = hfloats(n), *m = hfloats(n), *v = hfloats(n);
@@ -899,14 +907,18 @@ static void check_adamw(size_t n, int step) {
     }
     float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
     float *dp = df32(p, n), *dg = df32(g, n), *dm = df32(m, n), *dv = df32(v, n);
-    k_adamw(&cpu, p, g, m, v, n, lr, b1, b2, eps, wd, step, gs);
-    k_adamw(&gpu, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, step, gs);
+    k_adamw(&cpu, p, g, m, v, n, lr, b1, b2, eps, wd, step, gs, NULL);
+    void *out = dev_bytes(n * esize, esize), *cast = dev_bytes(n * esize, esize);
+    k_adamw(&gpu, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, step, gs, out);
+    k_f32_to_compute(&gpu, cast, dp, n);
     const char *shp = shape("n=%zu step=%d", n, step);
     char shp_copy[128];
     snprintf(shp_copy, sizeof shp_copy, "%s", shp);
     report("adamw p", shp_copy, get_f32(dp, n), p, n, TOL_F32);
     report("adamw m", shp_copy, get_f32(dm, n), m, n, TOL_F32);
     report("adamw v", shp_copy, get_f32(dv, n), v, n, TOL_F32);
+    /* the compute copy it writes: f32_to_compute's bits of the new p */
+    report_bool("adamw out", shp_copy, same_bits(out, cast, n * esize), "same bits as f32_to_compute(p)");
     release_all();
 }
 
@@ -1190,14 +1202,7 @@ static void check_fp8_gemm_exact(int M, int N, int K, k_fp8_scaling s) {
     release_all();
 }
 
-/* ---- determinism: the same inputs twice give the same bits ---- */
-
-static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
-    unsigned char *a = host_bytes(bytes), *b = host_bytes(bytes);
-    k_copy_d2h(&gpu, a, dev_a, bytes);
-    k_copy_d2h(&gpu, b, dev_b, bytes);
-    return memcmp(a, b, bytes) == 0;
-}
+/* ---- determinism: the same inputs twice give the same bits (same_bits) ---- */
 
 /* cross_entropy in place twice on the same logits: the same loss and dlogits bits. */
 static void check_ce_determinism(int N, int V) {
@@ -1306,7 +1311,7 @@ static void check_failures(void) {
     expect_failure("cross_entropy", "target 1001 at row 4 is outside the vocabulary");
 
     float *p = dev_bytes(64 * 4, 4);
-    k_adamw(&gpu, p, p, p, p, 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f);
+    k_adamw(&gpu, p, p, p, p, 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL);
     expect_failure("adamw", "step 0 must count from 1");
 
     k_rope(&gpu, out, p, NULL, 1, 2, 2, 127, 0);
@@ -1456,7 +1461,7 @@ static void run_bench(void) {
     BENCH("sumsq_f32", ls, 4.0 * layer, 0, k_sumsq_f32(&gpu, sum, g, layer));
     fill(m, layer, 0, 0.1f, 0);
     BENCH("adamw", ls, 28.0 * layer, 0,
-          k_adamw(&gpu, p, g, m, v, layer, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f));
+          k_adamw(&gpu, p, g, m, v, layer, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f, NULL));
 
     /* activations [N, C] */
     void *a = bench_bf16(nc, 1.0f), *b = bench_bf16(nc, 1.0f), *out = bench_bf16(nc, 1.0f);

@@ -330,6 +330,8 @@ static void run_offloaded(const llama_config *cfg, const void *image, size_t byt
         const fsdp_unit *U = &f.units[u];
         const float *kinds[3] = {U->master, U->m, U->v};
         for (int k = 0; k < 3; k++, at += U->shard) memcpy(at, kinds[k], U->shard * sizeof *at);
+        /* compute copies: the master's cast, fp32 on the CPU (its bits) */
+        if (opt->compute_copies) assert_memory_equal(U->copy, U->master, U->shard * sizeof *U->master);
     }
     r->in_use = k_bytes_in_use(&c);
     r->forwards = f.layer_forwards;
@@ -374,6 +376,42 @@ static void test_cpu_offload_same_bits(void **state) {
     free(a.state);
     free(b.state);
     free(c.state);
+    free(image);
+}
+
+/* Compute copies (AdamW writing the compute dtype's weights in its pass, the forward and
+ * backward reading them in place) give the bits of the casts at each gather: losses, gradient
+ * norms, the evaluation and the state; the copies are the masters' cast (the CPU's compute
+ * dtype is fp32: the masters' bits); context memory holds the copies (4 bytes a parameter
+ * here) and no gather slots (two of the largest unit). */
+static void test_compute_copies_same_bits(void **state) {
+    (void)state;
+    llama_config cfg = tiny_config();
+    cfg.initializer_range = 0.3;
+    size_t bytes, params;
+    void *image = random_image(&cfg, &bytes, &params);
+    fsdp_options cast = {.sharding = JOB_SHARD_FULL}, copies = {.sharding = JOB_SHARD_FULL, .compute_copies = 1};
+    offload_run a, b;
+    run_offloaded(&cfg, image, bytes, &cast, &a);
+    run_offloaded(&cfg, image, bytes, &copies, &b);
+    for (int s = 0; s < STEPS; s++) {
+        printf("step %d: loss %.7f, grad norm %.7f; with copies %.7f, %.7f\n", s + 1, a.loss[s], a.norm[s], b.loss[s],
+               b.norm[s]);
+        assert_true(a.loss[s] == b.loss[s] && a.norm[s] == b.norm[s]);
+    }
+    assert_true(a.loss[STEPS - 1] != a.loss[0]); /* the steps changed the model */
+    assert_true(a.eval == b.eval);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.state, b.state, a.n * sizeof *a.state);
+    size_t largest = 0;
+    llama_layout lo;
+    errbuf err = {{0}};
+    if (llama_layout_init(&lo, &cfg, &err)) fail_msg("%s", err.msg);
+    for (int u = 0; u < lo.n_units; u++) largest = lo.units[u].numel > largest ? lo.units[u].numel : largest;
+    llama_layout_free(&lo);
+    assert_int_equal(b.in_use - a.in_use, 4 * params - 2 * 4 * largest);
+    free(a.state);
+    free(b.state);
     free(image);
 }
 
@@ -649,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_grad_accum_normalised),
         cmocka_unit_test(test_long_packed_row_documents),
         cmocka_unit_test(test_cpu_offload_same_bits),
+        cmocka_unit_test(test_compute_copies_same_bits),
         cmocka_unit_test(test_fp8_linears),
         cmocka_unit_test(test_recompute_same_bits),
         cmocka_unit_test(test_mlp_chunk),

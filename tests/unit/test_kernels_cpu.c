@@ -1444,17 +1444,19 @@ static void test_adamw(void **state) {
     double rp[n], rm[n] = {0}, rv[n] = {0};
     for (int i = 0; i < n; i++) rp[i] = p[i];
     for (int step = 1; step <= 2; step++) {
-        float *grad = random_floats(n, 1.0f);
-        k_adamw(&c, p, grad, m, v, n, lr, b1, b2, eps, wd, step, gs);
+        float *grad = random_floats(n, 1.0f), out[n];
+        k_adamw(&c, p, grad, m, v, n, lr, b1, b2, eps, wd, step, gs, step == 2 ? out : NULL);
         adamw_reference(rp, grad, rm, rv, n, lr, b1, b2, eps, wd, step, gs);
         expect_close(step == 1 ? "adamw p, step 1" : "adamw p, step 2", p, rp, n, 1e-6);
+        /* the compute copy (fp32 here): the new p's bits */
+        if (step == 2) assert_memory_equal(out, p, sizeof out);
         expect_close("adamw m", m, rm, n, 1e-6);
         expect_close("adamw v", v, rv, n, 1e-6);
         free(grad);
     }
     /* the first step moves each parameter by about lr (m / sqrt(v) = sign(g)) */
     float q[1] = {1.0f}, g1[1] = {-4.0f}, m1[1] = {0}, v1[1] = {0};
-    k_adamw(&c, q, g1, m1, v1, 1, lr, b1, b2, eps, 0.0f, 1, 1.0f);
+    k_adamw(&c, q, g1, m1, v1, 1, lr, b1, b2, eps, 0.0f, 1, 1.0f, NULL);
     assert_true(fabsf(q[0] - (1.0f + lr)) < 1e-6f);
     expect_ok(&c);
     free(p);

@@ -123,7 +123,7 @@ static void test_golden_tiny_mha(void **state) {
         if (llama_model_get_param(&m, s->name, p, s->numel, &err)) fail_msg("%s", err.msg);
         memset(mom, 0, s->numel * sizeof *mom);
         memset(var, 0, s->numel * sizeof *var);
-        k_adamw(&ctx, p, g, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+        k_adamw(&ctx, p, g, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f, NULL);
         if (k_check(&ctx, &err)) fail_msg("%s", err.msg);
         snprintf(name, sizeof name, "adamw.%s", s->name);
         e = check_golden(&expected, name, p, s->numel, &worst, worst_name);

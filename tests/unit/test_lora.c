@@ -186,7 +186,7 @@ static void check_golden_model(const char *expected, lora_config lc) {
             fail_msg("%s", err.msg);
         double e = check(s->name, grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel, 1e-5);
         worst_grad = e > worst_grad ? e : worst_grad;
-        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f, NULL);
         e = check(s->name, p, expected_adapter(&g, "adamw.", s->name, s->numel), s->numel, 1e-5);
         worst_adamw = e > worst_adamw ? e : worst_adamw;
         free(grad), free(p), free(mom), free(var);
@@ -525,7 +525,7 @@ static void test_fsdp_qlora_step(void **state) {
         float *p = units[s->unit] + s->offset, *mom = xcalloc(s->numel, sizeof *mom);
         float *var = xcalloc(s->numel, sizeof *var), *grad = xcalloc(s->numel, sizeof *grad);
         memcpy(grad, expected_adapter(&g, "grad.", s->name, s->numel), s->numel * sizeof *grad);
-        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+        k_adamw(&g.ctx, p, grad, mom, var, s->numel, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f, NULL);
         free(mom), free(var), free(grad);
     }
     qlora_check q = {.units = units, .worst = &worst};

@@ -69,6 +69,7 @@ typedef struct plan_case {
     int mlp_chunk;           /* fsdp.mlp_chunk (the adapters without dropout) */
     int fp8;                 /* train.precision fp8 (a full fine-tune of 3 layers: the middle one's); 2:
                                 with train.fp8_all_gather */
+    int copies;              /* fsdp_options.compute_copies */
 } plan_case;
 
 /* The model of a case: small_config in the case's family. */
@@ -94,7 +95,8 @@ static memory_plan_options options_of(const plan_case *pc, const llama_config *c
                                  .micro_batch = MICRO, .seq_len = T, .compute_size = sizeof(float),
                                  .cpu_offload = pc->cpu_offload, .offload_params = pc->offload_params,
                                  .objective = pc->objective, .offload_layers = pc->offload_layers,
-                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8 != 0, .fp8_all_gather = pc->fp8 == 2};
+                                 .mlp_chunk = pc->mlp_chunk, .fp8 = pc->fp8 != 0, .fp8_all_gather = pc->fp8 == 2,
+                                 .compute_copies = pc->copies};
 }
 
 /* What one rank saw. */
@@ -152,7 +154,7 @@ static void run_rank(const plan_case *pc, int rank, comm *c, rank_report *r) {
                        .offload_threads = 2, .pref = {.objective = pc->objective, .beta = 0.1},
                        .offload_layers = pc->offload_layers, .mlp_chunk = pc->mlp_chunk,
                        .fp8 = pc->fp8 != 0, .fp8_scaling = K_FP8_TENSORWISE, .fp8_grad_format = FP8_E4M3,
-                       .fp8_all_gather = pc->fp8 == 2};
+                       .fp8_all_gather = pc->fp8 == 2, .compute_copies = pc->copies};
     memory_plan p;
     kctx ctx;
     fsdp f;
@@ -458,6 +460,21 @@ static void test_plan_equals_fsdp_peak_fp8(void **state) {
     check_case(&(plan_case){.kind = FULL, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_NONE, .fp8 = 2});
 }
 
+/* Compute copies (a full fine-tune, the whole model on each rank): the copies in, the
+ * trained units' gather slots out, under every checkpointing, tied or not, no_shard on two
+ * ranks, FP8 linears (their weights cast at each GEMM from the copies). */
+static void test_plan_equals_fsdp_peak_compute_copies(void **state) {
+    (void)state;
+    for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
+        for (int tied = 0; tied <= 1; tied++)
+            check_case(&(plan_case){.kind = FULL, .world = 1, .ckpt = ckpt, .tied = tied, .sharding = JOB_SHARD_FULL,
+                                    .copies = 1});
+    check_case(&(plan_case){.kind = FULL, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_NONE, .copies = 1});
+    check_case(&(plan_case){.kind = FULL, .world = 1, .ckpt = 1, .sharding = JOB_SHARD_FULL, .fp8 = 1, .copies = 1});
+    check_case(&(plan_case){.kind = FULL, .world = 1, .sharding = JOB_SHARD_FULL, .objective = JOB_OBJECTIVE_DPO,
+                            .copies = 1});
+}
+
 /* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that
  * make it fit (one input's bytes each), all but the last layer's when nothing fits; its host
  * bytes counted. */
@@ -617,6 +634,62 @@ static void check_refused(const job_config *j, const llama_config *cfg, const ch
     assert_true(strlen(err.msg) < sizeof err.msg - 1); /* nothing cut off */
 }
 
+/* memory_plan_job_options takes compute copies where fsdp builds them and the plan with them
+ * fits the budget (after auto's activations), and fsdp refuses them elsewhere. */
+static void test_compute_copies_decided(void **state) {
+    (void)state;
+    llama_config cfg = medium_config();
+    job_config j = small_job(0);
+    memory_plan_options o;
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
+    assert_int_equal(o.compute_copies, 1);
+    memory_plan copies = plan_of(&o);
+    size_t with = copies.total;
+    o.compute_copies = 0;
+    memory_plan without = plan_of(&o);
+    /* the copies (2 bytes an element) in, the gather slots out */
+    assert_true(without.gather_slots > 0);
+    assert_int_equal(copies.gather_slots, 0);
+    assert_int_equal(copies.trainable - without.trainable, 2 * without.trainable_elems);
+    assert_int_equal(with - without.total, 2 * without.trainable_elems - without.gather_slots);
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, with, &o);
+    assert_int_equal(o.compute_copies, 1);
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, with - 1, &o);
+    assert_int_equal(o.compute_copies, 0);
+    /* auto keeps activations first: at the budget of everything kept without copies, no copies */
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_AUTO;
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, without.total, &o);
+    assert_int_equal(o.recompute.layers, 0);
+    assert_int_equal(o.compute_copies, 0);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_NONE;
+    /* none where fsdp does not build them */
+    memory_plan_job_options(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o); /* full_shard on 2 */
+    assert_int_equal(o.compute_copies, 0);
+    j.fsdp.sharding = JOB_SHARD_NONE;
+    memory_plan_job_options(&j, &cfg, 2, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
+    assert_int_equal(o.compute_copies, 1);
+    j.fsdp.sharding = JOB_SHARD_FULL;
+    j.fsdp.cpu_offload = true;
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
+    assert_int_equal(o.compute_copies, 0);
+    j.fsdp.cpu_offload = false;
+    j.train.type = JOB_TRAIN_LORA;
+    memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
+    assert_int_equal(o.compute_copies, 0);
+    /* fsdp_init's refusals */
+    kctx ctx;
+    errbuf err = {{0}};
+    fsdp f;
+    if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
+    fsdp_options fo = {.sharding = JOB_SHARD_FULL, .recompute = recomputes[0], .compute_copies = 1, .lora = &small_lora};
+    assert_int_equal(fsdp_init(&f, &cfg, &ctx, NULL, 0, 1, &fo, &err), -1);
+    assert_non_null(strstr(err.msg, "compute copies need a full fine-tune"));
+    fo.lora = NULL;
+    fo.sharding = JOB_SHARD_GRAD_OP;
+    assert_int_equal(fsdp_init(&f, &cfg, &ctx, NULL, 0, 1, &fo, &err), -1);
+    kctx_destroy(&ctx);
+}
+
 /* memory_plan_check_job: a job that fits passes, one byte less fails naming what it needs and
  * the limit; each suggestion is the plan of that change alone, and is made exactly when it
  * fits. */
@@ -726,6 +799,8 @@ int main(void) {
         cmocka_unit_test(test_plan_equals_fsdp_peak_fp8),
         cmocka_unit_test(test_plan_equals_fsdp_peak_pref),
         cmocka_unit_test(test_plan_equals_fsdp_peak_grad_op),
+        cmocka_unit_test(test_plan_equals_fsdp_peak_compute_copies),
+        cmocka_unit_test(test_compute_copies_decided),
         cmocka_unit_test(test_hand_computed),
         cmocka_unit_test(test_auto_recompute),
         cmocka_unit_test(test_bad_options),
