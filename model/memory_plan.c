@@ -103,7 +103,7 @@ static void plan_trainable(const plan_in *in, memory_plan *p, size_t *max_padded
 
 /* alloc_slots: gathered[0..2] (shard_grad_op: one slot of the largest unit for each of
  * the embedding, every layer and the head, kept from forward to backward), gathered_adapter
- * [0..1] and full_grad[0..2]. */
+ * [0..1] (neither for trained units with compute copies) and full_grad[0..2]. */
 static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, size_t train_padded) {
     const llama_layout *lo = in->lo;
     int has_lora = in->lora != NULL, tied = lo->cfg.tie_word_embeddings;
@@ -114,7 +114,7 @@ static void plan_slots(const plan_in *in, memory_plan *p, size_t base_padded, si
     for (int slot = 0; slot < 3; slot++) {
         size_t n = slot < 2 || kept ? base_padded : tied ? embed_padded : 0;
         if (base_slots) p->gather_slots += n * in->cs;
-        if (has_lora && slot < 2) p->gather_slots += train_padded * in->cs;
+        if (has_lora && slot < 2 && !in->o->compute_copies) p->gather_slots += train_padded * in->cs;
         size_t g = slot < 2 ? train_padded : tied && !has_lora ? embed_padded : 0;
         if (in->o->world > 1) p->grad_slots += g * sizeof(float);
     }
@@ -251,11 +251,10 @@ static int fits(const memory_plan_options *o, size_t limit, size_t *total) {
     return *total && *total <= limit;
 }
 
-/* Whether fsdp builds compute copies for o (fsdp_init's refusals): a full fine-tune, the
- * whole model on each rank, no shard_grad_op, cpu_offload or FP8 gathers. */
+/* Whether fsdp builds compute copies for o (fsdp_init's refusals): what is trained whole on
+ * each rank, no shard_grad_op, cpu_offload or FP8 gathers. */
 static int copies_built(const memory_plan_options *o) {
-    return !o->lora && group_of(o) == 1 && o->sharding != JOB_SHARD_GRAD_OP && !o->cpu_offload &&
-           !(o->fp8 && o->fp8_all_gather);
+    return group_of(o) == 1 && o->sharding != JOB_SHARD_GRAD_OP && !o->cpu_offload && !(o->fp8 && o->fp8_all_gather);
 }
 
 /* fsdp.activation_checkpointing but auto, for L layers. */

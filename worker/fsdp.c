@@ -208,7 +208,8 @@ static int alloc_trainable(fsdp *f, size_t *max_padded, errbuf *err) {
 /* The gather and gradient slots.  Full fine-tune: gathered[0..1] and full_grad[0..1] of the
  * largest unit, slot 2 for a tied head's embedding.  LoRA: the adapters' slots beside, and
  * the frozen units' gathered[] (of the largest plain unit: NF4 layers go to their byte slots
- * and `dequant`) only when sharded or streamed: one rank reads its shards in place. */
+ * and `dequant`) only when sharded or streamed: one rank reads its shards in place.  With
+ * compute copies no trained unit has a gather slot (they are read in place). */
 static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf *err) {
     size_t cs = k_compute_size(f->ctx);
     size_t embed_padded = f->has_lora ? f->frozen[LLAMA_EMBED_UNIT].padded
@@ -221,7 +222,7 @@ static int alloc_slots(fsdp *f, size_t base_padded, size_t train_padded, errbuf 
     for (int slot = 0; slot < 3; slot++) {
         size_t n = slot < 2 || f->sharding == JOB_SHARD_GRAD_OP ? base_padded : is_tied(f) ? embed_padded : 0;
         if (n && base_slots && !(f->gathered[slot] = k_alloc(f->ctx, n * cs, err))) return -1;
-        if (f->has_lora && slot < 2 &&
+        if (f->has_lora && slot < 2 && !f->compute_copies &&
             !(f->gathered_adapter[slot] = k_alloc(f->ctx, train_padded * cs, err)))
             return -1;
         /* Gradients exist for trainable units only; one rank accumulates straight into its
@@ -380,9 +381,8 @@ int fsdp_init(fsdp *f, const llama_config *cfg, kctx *ctx, comm *comm, int rank,
         return errf(err, "fsdp: offload_params in a full fine-tune needs cpu_offload (its "
                          "parameters are the master shards)");
     f->compute_copies = opt->compute_copies;
-    if (opt->compute_copies && (opt->lora || opt->cpu_offload || f->fp8_gather || opt->sharding == JOB_SHARD_GRAD_OP))
-        return errf(err, "fsdp: compute copies need a full fine-tune without shard_grad_op, cpu_offload or FP8 "
-                         "gathers");
+    if (opt->compute_copies && (opt->cpu_offload || f->fp8_gather || opt->sharding == JOB_SHARD_GRAD_OP))
+        return errf(err, "fsdp: compute copies with shard_grad_op, cpu_offload or FP8 gathers are not built");
     if (llama_check_long_settings(cfg->num_hidden_layers, opt->recompute, opt->offload_layers, opt->mlp_chunk,
                                   opt->lora ? opt->lora->dropout : 0, err))
         return errprefix(err, "fsdp");
@@ -1001,7 +1001,7 @@ static int gather_start(fsdp *f, int u, int slot, int codes, errbuf *err) {
         rc = comm_all_gather_start(f->shard_comm, F->param, f->gathered[slot], F->shard,
                                    compute_comm_dtype(f->ctx), &t[0], err);
     }
-    if (rc == 0 && f->has_lora && a >= 0)
+    if (rc == 0 && f->has_lora && a >= 0 && !f->compute_copies)
         rc = gather_trainable(f, a, f->gathered_adapter[slot], &t[2], &f->streamed[slot].ticket, err);
     f->param_gathers += t[0] || t[1] || t[2];
     return rc ? errprefix(err, "unit %d", u) : 0;
@@ -1057,13 +1057,18 @@ static void *unit_params(fsdp *f, int u, int slot) {
     return frozen && f->group == 1 && !f->offload_params ? f->frozen[u].param : f->gathered[slot];
 }
 
+/* Model unit u's adapters (LoRA) once gathered into slot: the slot, or their compute copy. */
+static void *adapter_params(fsdp *f, int u, int slot) {
+    return f->compute_copies ? f->units[train_index(f, u)].copy : f->gathered_adapter[slot];
+}
+
 static void *gathered_params(fsdp *f, int k) {
     return unit_params(f, f->plan[k].unit, f->plan[k].slot);
 }
 
 void *fsdp_gather_unit(fsdp *f, int u, int slot, void **adapters, errbuf *err) {
     if (gather_start(f, u, slot, 0, err) || gather_wait(f, u, slot, err)) return NULL;
-    *adapters = f->has_lora && train_index(f, u) >= 0 ? f->gathered_adapter[slot] : NULL;
+    *adapters = f->has_lora && train_index(f, u) >= 0 ? adapter_params(f, u, slot) : NULL;
     return unit_params(f, u, slot);
 }
 
@@ -1241,7 +1246,7 @@ static llama_layer_weights layer_weights(fsdp *f, int l, int k, const void *para
         return (llama_layer_weights){.params = params, .grads = grads, .layer = l, .fp8 = fp8 ? &f->fp8_linears : NULL,
                                      .codes = codes ? params : NULL, .code_scales = codes ? fp8_layer_scales(f, l) : NULL};
     return (llama_layer_weights){.params = params, .lora = &f->lora,
-                                 .adapters = f->gathered_adapter[f->plan[k].slot],
+                                 .adapters = adapter_params(f, llama_layer_unit(l), f->plan[k].slot),
                                  .adapter_grads = grads, .layer = l};
 }
 

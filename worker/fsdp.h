@@ -252,12 +252,12 @@ typedef struct fsdp_options {
      * (offload_threads threads, 0: one a core); fsdp.offload_params: frozen units streamed
      * from the model image (needs adapters; the image must stay mapped until fsdp_destroy). */
     int cpu_offload, offload_params, offload_threads;
-    /* A full fine-tune whose shard group is one rank (the model whole on every rank): keep
-     * the trained weights in the compute dtype beside their fp32 masters, written by AdamW in
-     * the same pass (fsdp_unit.copy), so no unit is cast from its master at each gather
-     * (twice a step: forward and backward).  model/memory_plan.h's
-     * memory_plan_job_options decides it (where the plan has room); refused with
-     * adapters, several ranks to a shard group, shard_grad_op, cpu_offload or FP8 gathers. */
+    /* A shard group of one rank (what is trained whole on every rank): keep the trained
+     * weights (the model's, or the adapters') in the compute dtype beside their fp32 masters,
+     * written by AdamW in the same pass (fsdp_unit.copy), so no unit is cast from its master
+     * at each gather (twice a micro-batch: forward and backward).  model/memory_plan.h's
+     * memory_plan_job_options decides it (where the plan has room); refused with several
+     * ranks to a shard group, shard_grad_op, cpu_offload or FP8 gathers. */
     int compute_copies;
     /* fsdp.offload_activations: the first this many layers' inputs (0 .. L-1) on the host,
      * with full recompute (model/memory_plan.h's memory_plan_offload_layers decides it). */

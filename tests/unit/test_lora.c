@@ -562,14 +562,15 @@ static int append_adapter(const llama_tensor_slot *slot, const float *data, void
 
 static void run_adapters(golden *g, const void *image, size_t bytes, model_image_quant q,
                          int cpu_offload, int offload_params, llama_recompute recompute,
-                         int offload_layers, int mlp_chunk, double *losses, flat_adapters *out) {
+                         int offload_layers, int mlp_chunk, int copies, double *losses, flat_adapters *out) {
     errbuf err = {{0}};
     lora_config lc = golden_lora(mlp_chunk ? 0.0 : 0.1); /* fsdp.mlp_chunk: without dropout */
     fsdp f;
     fsdp_options opt = {.sharding = JOB_SHARD_FULL, .lora = &lc, .seed = 42, .quant = q,
                         .cpu_offload = cpu_offload, .offload_params = offload_params,
                         .recompute = recompute, .offload_threads = 2, .offload_layers = offload_layers,
-                        .mlp_chunk = mlp_chunk, .forward_prefetch = 1, .backward_prefetch = 1}; /* the jobs' defaults */
+                        .mlp_chunk = mlp_chunk, .forward_prefetch = 1, .backward_prefetch = 1, /* the jobs' defaults */
+                        .compute_copies = copies};
     if (fsdp_init(&f, &g->cfg, &g->ctx, NULL, 0, 1, &opt, &err) ||
         fsdp_load_image(&f, image, bytes, &err) || fsdp_init_adapters(&f, &err))
         fail_msg("%s", err.msg);
@@ -608,7 +609,7 @@ static void test_fsdp_offload_same_bits(void **state) {
             fail_msg("%s", err.msg);
         double want[4], got[4];
         flat_adapters a, b;
-        run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){0}, 0, 0, want, &a);
+        run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){0}, 0, 0, 0, want, &a);
         assert_true(want[2] < want[0]); /* it trains */
         /* offload, then activation checkpointing: full, selective, and (auto's mix) the last
          * layer whole and the other's attention (the MLP recomputed: with the down adapter's
@@ -627,11 +628,23 @@ static void test_fsdp_offload_same_bits(void **state) {
             int offload = m < 4 ? m : m == 8 ? 2 : 0, inputs = m >= 7;
             kctx deferred = g.ctx;
             if (at_once && kctx_init(&g.ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
-            run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, inputs, 0, got, &b);
+            run_adapters(&g, image, bytes, q, offload & 1, offload >> 1, r, inputs, 0, 0, got, &b);
             if (at_once) kctx_destroy(&g.ctx), g.ctx = deferred;
             printf("%s, cpu_offload %d, offload_params %d, recompute %d x %d, %d layer input offloaded, copies %s: "
                    "losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", offload & 1, offload >> 1, r.layers,
                    (int)r.keep, inputs, at_once ? "at once" : "deferred", got[0], got[1], got[2], got[3]);
+            assert_memory_equal(want, got, sizeof want);
+            assert_int_equal(a.n, b.n);
+            assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
+            free(b.data);
+        }
+        /* compute copies (the adapters' AdamW writing them, read in place): alone, with the
+         * base streamed, with full recompute */
+        for (int c = 0; c < 3; c++) {
+            run_adapters(&g, image, bytes, q, 0, c == 1, c == 2 ? recomputes[0] : (llama_recompute){0}, 0, 0, 1, got,
+                         &b);
+            printf("%s, compute copies, offload_params %d, recompute %d: losses %.7f %.7f %.7f, eval %.7f\n",
+                   qi ? "qlora" : "lora", c == 1, c == 2, got[0], got[1], got[2], got[3]);
             assert_memory_equal(want, got, sizeof want);
             assert_int_equal(a.n, b.n);
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
@@ -644,8 +657,8 @@ static void test_fsdp_offload_same_bits(void **state) {
          * summed chunk by chunk) */
         for (int keep = LLAMA_KEEP_INPUT; keep <= LLAMA_KEEP_ATTENTION; keep++) {
             llama_recompute r = {2, (llama_keep)keep};
-            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 1 << 20, want, &a);
-            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 3, got, &b);
+            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 1 << 20, 0, want, &a);
+            run_adapters(&g, image, bytes, q, 0, 0, r, 0, 3, 0, got, &b);
             printf("%s, mlp_chunk 3, recompute 2 x %d: losses %.7f %.7f %.7f vs %.7f %.7f %.7f\n", qi ? "qlora" : "lora",
                    keep, want[0], want[1], want[2], got[0], got[1], got[2]);
             assert_true(want[0] == got[0]);

@@ -460,9 +460,10 @@ static void test_plan_equals_fsdp_peak_fp8(void **state) {
     check_case(&(plan_case){.kind = FULL, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_NONE, .fp8 = 2});
 }
 
-/* Compute copies (a full fine-tune, the whole model on each rank): the copies in, the
- * trained units' gather slots out, under every checkpointing, tied or not, no_shard on two
- * ranks, FP8 linears (their weights cast at each GEMM from the copies). */
+/* Compute copies (what is trained whole on each rank): the copies in, the trained units'
+ * gather slots out, under every checkpointing, tied or not, no_shard on two ranks, FP8
+ * linears (their weights cast at each GEMM from the copies), a full DPO, and adapters (LoRA,
+ * QLoRA, the base streamed or not). */
 static void test_plan_equals_fsdp_peak_compute_copies(void **state) {
     (void)state;
     for (int ckpt = 0; ckpt < N_RECOMPUTES; ckpt++)
@@ -473,6 +474,14 @@ static void test_plan_equals_fsdp_peak_compute_copies(void **state) {
     check_case(&(plan_case){.kind = FULL, .world = 1, .ckpt = 1, .sharding = JOB_SHARD_FULL, .fp8 = 1, .copies = 1});
     check_case(&(plan_case){.kind = FULL, .world = 1, .sharding = JOB_SHARD_FULL, .objective = JOB_OBJECTIVE_DPO,
                             .copies = 1});
+    /* adapters: their copies in, their slots out (the base as before) */
+    for (int k = LORA; k <= QLORA; k++)
+        for (int ckpt = 0; ckpt <= 1; ckpt++) {
+            check_case(&(plan_case){.kind = (kind)k, .world = 1, .ckpt = ckpt, .sharding = JOB_SHARD_FULL, .copies = 1});
+            check_case(&(plan_case){.kind = (kind)k, .world = 1, .ckpt = ckpt, .sharding = JOB_SHARD_FULL,
+                                    .offload_params = 1, .copies = 1});
+        }
+    check_case(&(plan_case){.kind = LORA, .world = 2, .ckpt = 1, .sharding = JOB_SHARD_NONE, .copies = 1});
 }
 
 /* memory_plan_offload_layers: none when everything fits, else the fewest layer inputs that
@@ -673,18 +682,18 @@ static void test_compute_copies_decided(void **state) {
     memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
     assert_int_equal(o.compute_copies, 0);
     j.fsdp.cpu_offload = false;
-    j.train.type = JOB_TRAIN_LORA;
+    j.train.type = JOB_TRAIN_LORA; /* the adapters' copies */
     memory_plan_job_options(&j, &cfg, 1, 0, MODEL_IMAGE_PLAIN, 2, SIZE_MAX, &o);
-    assert_int_equal(o.compute_copies, 0);
+    assert_int_equal(o.compute_copies, 1);
     /* fsdp_init's refusals */
     kctx ctx;
     errbuf err = {{0}};
     fsdp f;
     if (kctx_init(&ctx, K_CPU, 0, &err)) fail_msg("%s", err.msg);
-    fsdp_options fo = {.sharding = JOB_SHARD_FULL, .recompute = recomputes[0], .compute_copies = 1, .lora = &small_lora};
+    fsdp_options fo = {.sharding = JOB_SHARD_FULL, .recompute = recomputes[0], .compute_copies = 1, .cpu_offload = 1};
     assert_int_equal(fsdp_init(&f, &cfg, &ctx, NULL, 0, 1, &fo, &err), -1);
-    assert_non_null(strstr(err.msg, "compute copies need a full fine-tune"));
-    fo.lora = NULL;
+    assert_non_null(strstr(err.msg, "compute copies with shard_grad_op, cpu_offload or FP8 gathers are not built"));
+    fo.cpu_offload = 0;
     fo.sharding = JOB_SHARD_GRAD_OP;
     assert_int_equal(fsdp_init(&f, &cfg, &ctx, NULL, 0, 1, &fo, &err), -1);
     kctx_destroy(&ctx);
