@@ -213,7 +213,7 @@ static void run_mem(void *arg) {
     }
     case MEM_ADAMW:
         k_adamw(&gpu, (float *)m->a, (float *)m->b, (float *)m->c, (float *)m->c + m->n, m->n, 1e-4f, 0.9f,
-                0.95f, 1e-8f, 0.0f, 1, 1.0f);
+                0.95f, 1e-8f, 0.0f, 1, 1.0f, NULL);
         break;
     case MEM_H2D: k_copy_h2d(&gpu, m->a, m->host, m->n); break;
     case MEM_D2H: k_copy_d2h(&gpu, m->host, m->a, m->n); break;
@@ -243,7 +243,7 @@ static void *host_adamw_thread(void *arg) {
     kctx cpu;
     errbuf err = {{0}};
     if (kctx_init(&cpu, K_CPU, 0, &err)) return NULL;
-    k_adamw(&cpu, h->p, h->g, h->m, h->v, h->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+    k_adamw(&cpu, h->p, h->g, h->m, h->v, h->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f, NULL);
     kctx_destroy(&cpu);
     return NULL;
 }
