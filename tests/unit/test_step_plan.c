@@ -292,11 +292,23 @@ static void test_memory_host_checkpoint(void **state) {
     assert_int_equal(p.max_micro_batch, 1);
 }
 
-/* fsdp.offload_activations under a limit one byte short of plan `without`: one layer input
- * (16 x 8 bf16, 256 bytes) to the host, 20 ms a copy each way. */
-static step_plan with_one_input_offloaded(job_config *j, plan_rates *r, const step_plan *without) {
+/* The least a worker of job j needs: its plan with a budget of nothing (no compute copies,
+ * which the plan takes only where they fit). */
+static size_t least_total(const job_config *j) {
+    llama_config c = tiny();
+    memory_plan_options o;
+    memory_plan m;
+    errbuf err = {{0}};
+    memory_plan_job_options(j, &c, 1, 0, MODEL_IMAGE_PLAIN, 2, 0, &o);
+    if (memory_plan_compute(&o, &m, &err)) fail_msg("%s", err.msg);
+    return m.total;
+}
+
+/* fsdp.offload_activations under a limit one byte short of what job j needs without it: one
+ * layer input (16 x 8 bf16, 256 bytes) to the host, 20 ms a copy each way. */
+static step_plan with_one_input_offloaded(job_config *j, plan_rates *r) {
+    j->runtime.gpu_memory_limit = (int64_t)least_total(j) - 1;
     j->fsdp.offload_activations = true;
-    j->runtime.gpu_memory_limit = (int64_t)without->mem.total - 1;
     r->h2d_gbps = r->d2h_gbps = 256 / 0.020 / 1e9;
     step_plan p = plan(j, "h200", 1, MODEL_IMAGE_PLAIN, r);
     assert_int_equal(p.offload_layers, 1);
@@ -315,9 +327,10 @@ static void test_long_sequences(void **state) {
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
     step_plan full = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     near(full.step_s, 0.125);
-    step_plan p = with_one_input_offloaded(&j, &r, &full);
+    size_t least = least_total(&j);
+    step_plan p = with_one_input_offloaded(&j, &r);
     assert_int_equal(p.mem.host_activations, 256);
-    assert_int_equal(p.mem.total, full.mem.total - 256);
+    assert_int_equal(p.mem.total, least - 256);
     assert_int_equal(p.host_offload, 256);
     near(p.offload_exposed_s, 0.008);
     near(p.step_s, 0.133);
@@ -346,21 +359,43 @@ static void test_offload_lanes(void **state) {
     step_plan base = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     assert_int_equal(base.offload_layers, 0);
     near(base.offload_exposed_s, 0.032);
-    step_plan p = with_one_input_offloaded(&j, &r, &base);
+    step_plan p = with_one_input_offloaded(&j, &r);
     near(p.offload_exposed_s, 0.032 + 0.006 + 0.0125);
     near(p.step_s, base.step_s + 0.0185);
 }
 
-/* fsdpd's admission: a GPU one byte short of the worker's need, the context and the margin
- * refuses the job, naming both; exactly enough passes; the CPU backend (no GPU) passes. */
+/* Compute copies: AdamW's pass writes them (30 bytes a trained element: master, m, v read
+ * and written, the gradient read, the copy written), and no gather casts a unit (6 bytes an
+ * element, twice a micro-batch): 30 against 28 + 12 bytes, at equal rates; the copies count
+ * as parameters.  Under a limit they do not fit, neither. */
+static void test_compute_copies(void **state) {
+    (void)state;
+    plan_rates r = table();
+    r.adamw_gbps = r.elementwise_gbps = 1;
+    job_config j = job(1);
+    step_plan with = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    j.runtime.gpu_memory_limit = (int64_t)least_total(&j);
+    step_plan without = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(with.compute_copies, 1);
+    assert_int_equal(without.compute_copies, 0);
+    assert_true(without.optimizer_s > 0);
+    near(with.optimizer_s / without.optimizer_s, 30.0 / 40.0);
+    assert_int_equal(with.params - without.params, 2 * with.mem.trainable_elems);
+}
+
+/* fsdpd's admission: a GPU one byte short of the worker's need (without the compute copies it
+ * takes only where they fit), the context and the margin refuses the job, naming both;
+ * exactly enough passes; the CPU backend (no GPU) passes. */
 static void test_admit(void **state) {
     (void)state;
     plan_rates r = table();
     job_config j = job(1);
     step_plan p = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(p.compute_copies, 1); /* on the H200 there is room for them */
     llama_config c = tiny();
     errbuf err = {{0}};
-    size_t need = p.mem.total + 4096 + PLAN_MARGIN_BYTES;
+    size_t need = least_total(&j) + 4096 + PLAN_MARGIN_BYTES;
+    assert_true(need < p.mem.total + 4096 + PLAN_MARGIN_BYTES);
     assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, need, 4096, &err), 0);
     assert_int_equal(step_plan_admit(&j, &c, 1, MODEL_IMAGE_PLAIN, 2, need - 1, 4096, &err), -1);
     assert_non_null(strstr(err.msg, "the GPU's memory"));
@@ -378,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_nearest_shape),   cmocka_unit_test(test_communication),
         cmocka_unit_test(test_strategies),
         cmocka_unit_test(test_other_gpu),       cmocka_unit_test(test_memory_host_checkpoint),
+        cmocka_unit_test(test_compute_copies),
         cmocka_unit_test(test_admit),           cmocka_unit_test(test_long_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
