@@ -29,6 +29,19 @@ assert p["max_micro_batch"] == 6, p["max_micro_batch"]
 assert p["checkpoint"]["bytes"] > 0 and p["host_memory"]["total"] >= p["host_memory"]["model"] > 0, p
 PY
 
+# compute copies: one GPU's whole model keeps its bf16 copy where it fits (said, and in the
+# JSON); two GPUs sharding it do not, nor a limit that leaves no room for them
+grep -q "compute copies" "$tmp/plan.txt" && { cat "$tmp/plan.txt"; fail "2 sharding workers planned compute copies"; }
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 1 --runtime.workers_per_node=1 --runtime.backend=cuda > "$tmp/plan1.txt"
+grep -q "compute copies: the trained weights in bf16 beside their masters" "$tmp/plan1.txt" ||
+    { cat "$tmp/plan1.txt"; fail "one GPU's plan has no compute copies"; }
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 1 --runtime.workers_per_node=1 --runtime.backend=cuda --json |
+    python3 -c 'import json, sys; p = json.load(sys.stdin); assert p["compute_copies"] is True, p' ||
+    fail "the JSON plan lacks compute_copies"
+"$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --runtime.backend=cuda --json |
+    python3 -c 'import json, sys; p = json.load(sys.stdin); assert p["compute_copies"] is False, p' ||
+    fail "the JSON plan of 2 sharding workers has compute_copies"
+
 # spare nodes hold no rank: 3 nodes of which 1 a spare plan 2 nodes' world
 "$fsdpctl" plan "$tmp/job.json" --gpus-per-node 2 --nodes 3 --runtime.backend=cuda --runtime.spare_nodes=1 --json \
     > "$tmp/plan-spare.json"
