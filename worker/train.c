@@ -160,7 +160,7 @@ static int plan_memory(const train_env *env, model_image_quant quant, fsdp_optio
                 j->train.fp8_all_gather ? "their weights gathered as e4m3 codes, cast once a gather"
                                         : "their weights gathered in the compute dtype, cast at each GEMM");
     memory_plan planned;
-    errbuf unplanned; /* options the plan refuses fsdp_init refuses too, saying why: here only the line goes */
+    errbuf unplanned; /* not written: compute_copies is set only where this plan fitted */
     if (o.compute_copies && env->rank == 0 && memory_plan_compute(&o, &planned, &unplanned) == 0)
         fprintf(stderr, "fsdp-worker rank 0: compute copies: the trained weights kept in the compute dtype beside "
                         "their masters (%zu bytes a rank), written by AdamW: no cast at each use\n",
