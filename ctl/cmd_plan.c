@@ -230,7 +230,7 @@ static int print_json(const plan_args *a, const step_plan *p, const plan_machine
         p->attention_s, "other_kernels_s", p->memory_s, "communication_s", p->comm_s, "communication_exposed_s",
         p->comm_exposed_s, "offload_exposed_s", p->offload_exposed_s, "optimizer_s", p->optimizer_s, "reference_s", p->reference_s,
         "max_micro_batch", p->max_micro_batch, "activation_checkpointing", "recomputed_layers", p->recompute.layers,
-        "they_keep", p->recompute.keep == LLAMA_KEEP_ATTENTION ? "attention" : p->recompute.keep == LLAMA_KEEP_INPUT ? "input" : "all",
+        "they_keep", llama_keep_name(p->recompute.keep),
         "offload_activations", "layers", p->offload_layers, "host_bytes", (json_int_t)p->mem.host_activations,
         "compute_copies", p->compute_copies);
     if (!o) return fprintf(stderr, "fsdpctl plan: out of memory\n"), 1;

@@ -64,7 +64,6 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
         a->k = carve(&cv, d.N * d.KV * e);
         a->v = carve(&cv, d.N * d.KV * e);
         a->att = carve(&cv, d.N * d.Q * e);
-        a->h = carve(&cv, d.N * d.C * e);
         a->rstd1 = carve(&cv, d.N * sizeof(float));
         a->lse = carve(&cv, d.N * d.heads * sizeof(float));
         int qk = lo->cfg.qk_norm;
@@ -73,6 +72,7 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
         a->rstd_q = qk ? carve(&cv, d.N * d.heads * sizeof(float)) : NULL;
         a->rstd_k = qk ? carve(&cv, d.N * d.kv_heads * sizeof(float)) : NULL;
     }
+    if (part & LLAMA_ACTS_RESIDUAL) a->h = carve(&cv, d.N * d.C * e);
     if (part & LLAMA_ACTS_MLP) {
         a->ln2 = carve(&cv, d.N * d.C * e);
         a->gate = carve(&cv, rows * d.I * e);
@@ -115,7 +115,16 @@ llama_lora_group llama_lora_group_of(const lora_config *cfg, int m) {
 
 size_t llama_layer_acts_carve(llama_layer_acts *a, void *mem, const llama_layout *lo,
                               const lora_layout *lora, size_t elem_size, int B, int T) {
-    return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_BOTH, lo, lora, elem_size, B, T, 0);
+    return llama_layer_acts_carve_part(a, mem, LLAMA_ACTS_ALL, lo, lora, elem_size, B, T, 0);
+}
+
+const char *llama_keep_name(llama_keep k) {
+    switch (k) {
+    case LLAMA_KEEP_INPUT: return "input";
+    case LLAMA_KEEP_RESIDUAL: return "residual";
+    case LLAMA_KEEP_ATTENTION: return "attention";
+    default: return "all";
+    }
 }
 
 llama_keep llama_keep_of(llama_recompute r, int l) {
@@ -139,26 +148,35 @@ int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int 
 
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
     const char *keep = r.keep == LLAMA_KEEP_ATTENTION ? "their attention (the MLP recomputed)"
-                                                      : "their input (recomputed)";
+                       : r.keep == LLAMA_KEEP_RESIDUAL ? "their input and attention's output h (recomputed but o_proj)"
+                                                       : "their input (recomputed)";
     if (r.layers <= 0 || r.keep == LLAMA_KEEP_ALL) snprintf(out, n, "none: every layer keeps its activations");
     else if (r.layers >= L && r.keep == LLAMA_KEEP_INPUT) snprintf(out, n, "full: every layer recomputed from its input");
+    else if (r.layers >= L && r.keep == LLAMA_KEEP_RESIDUAL)
+        snprintf(out, n, "every layer keeps its input and attention's output h, recomputed but o_proj");
     else if (r.layers >= L) snprintf(out, n, "selective: every layer keeps its attention, its MLP recomputed");
     else snprintf(out, n, "%d of %d layers keep everything, the others %s", L - r.layers, L, keep);
 }
 
 /* The parts a layer that keeps k owns (the rest it shares). */
 static llama_acts_part owned_part(llama_keep k) {
-    return k == LLAMA_KEEP_ALL ? LLAMA_ACTS_BOTH : k == LLAMA_KEEP_ATTENTION ? LLAMA_ACTS_ATTENTION : 0;
+    switch (k) {
+    case LLAMA_KEEP_ALL: return LLAMA_ACTS_ALL;
+    case LLAMA_KEEP_ATTENTION: return LLAMA_ACTS_ATTENTION | LLAMA_ACTS_RESIDUAL;
+    case LLAMA_KEEP_RESIDUAL: return LLAMA_ACTS_RESIDUAL;
+    default: return 0;
+    }
 }
 
 /* dst's pointers of `part` from src. */
 static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama_acts_part part) {
     if (part & LLAMA_ACTS_ATTENTION) {
         dst->ln1 = src->ln1, dst->q = src->q, dst->k = src->k, dst->v = src->v;
-        dst->att = src->att, dst->h = src->h, dst->rstd1 = src->rstd1, dst->lse = src->lse;
+        dst->att = src->att, dst->rstd1 = src->rstd1, dst->lse = src->lse;
         dst->q_pre = src->q_pre, dst->k_pre = src->k_pre;
         dst->rstd_q = src->rstd_q, dst->rstd_k = src->rstd_k;
     }
+    if (part & LLAMA_ACTS_RESIDUAL) dst->h = src->h;
     if (part & LLAMA_ACTS_MLP) {
         dst->ln2 = src->ln2, dst->gate = src->gate, dst->up = src->up, dst->sw = src->sw;
         dst->rstd2 = src->rstd2, dst->mlp_rows = src->mlp_rows;
@@ -177,7 +195,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
     llama_acts_part shared_parts = 0;
     for (int l = 0; l < L; l++) {
         llama_acts_part own = owned_part(llama_keep_of(r, l));
-        shared_parts |= LLAMA_ACTS_BOTH & ~own;
+        shared_parts |= LLAMA_ACTS_ALL & ~own;
         if (own)
             at += llama_layer_acts_carve_part(acts ? &acts[l] : &unused, base ? base + at : NULL,
                                               own, lo, lora, elem_size, B, T, 0);
@@ -186,7 +204,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
         at += llama_layer_acts_carve_part(&shared, base ? base + at : NULL, shared_parts, lo, lora,
                                           elem_size, B, T, mlp_rows);
     for (int l = 0; acts && l < L; l++)
-        share_part(&acts[l], &shared, LLAMA_ACTS_BOTH & ~owned_part(llama_keep_of(r, l)));
+        share_part(&acts[l], &shared, LLAMA_ACTS_ALL & ~owned_part(llama_keep_of(r, l)));
     return at;
 }
 
@@ -504,10 +522,11 @@ static void qk_forward(kctx *c, const llama_layout *lo, const llama_layer_weight
     if (af != 1.0) k_scale(c, x, (float)af, (size_t)B * T * H * hd);
 }
 
-/* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x) */
+/* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x); to_h 0: up to
+ * attention's output and o_proj's adapter's inner activation (a recomputation that kept h). */
 static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               const float *inv_freq, const k_docs *docs, const void *x,
-                              llama_layer_acts *a, llama_scratch *s, int B, int T) {
+                              llama_layer_acts *a, llama_scratch *s, int to_h, int B, int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
@@ -522,7 +541,8 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
     k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
                     Hkv, hd);
-    lora_forward(c, w, LORA_O, a->att, a->h, a, xd, B, T);
+    lora_forward(c, w, LORA_O, a->att, to_h ? a->h : NULL, a, xd, B, T);
+    if (!to_h) return;
     proj_fwd(c, lo, w, a->h, a->att, LLAMA_O, N, Hq * hd, C, lora_on(w, LORA_O));
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
@@ -582,7 +602,7 @@ static void mlp_forward(kctx *c, const llama_layout *lo, const llama_layer_weigh
 void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
                          llama_layer_acts *a, llama_scratch *s, int B, int T) {
-    attention_forward(c, lo, w, inv_freq, docs, x, a, s, B, T);
+    attention_forward(c, lo, w, inv_freq, docs, x, a, s, 1, B, T);
     mlp_forward(c, lo, w, a, s, out, B, T);
 }
 
@@ -590,7 +610,8 @@ void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_we
                            const float *inv_freq, const k_docs *docs, const void *x,
                            llama_keep kept, llama_layer_acts *a, llama_scratch *s, int B, int T) {
     if (kept == LLAMA_KEEP_ALL) return;
-    if (kept == LLAMA_KEEP_INPUT) attention_forward(c, lo, w, inv_freq, docs, x, a, s, B, T);
+    if (kept == LLAMA_KEEP_INPUT || kept == LLAMA_KEEP_RESIDUAL)
+        attention_forward(c, lo, w, inv_freq, docs, x, a, s, kept == LLAMA_KEEP_INPUT, B, T);
     mlp_forward(c, lo, w, a, s, NULL, B, T);
 }
 

@@ -127,7 +127,8 @@ static void linear_shapes(const model_shape *s, int in[7], int out[7]) {
 }
 
 /* One decoder layer's forward (llama_layer_forward) of the parts in `part`; recompute: as
- * llama_layer_recompute runs it (no down_proj, no residual add after it). */
+ * llama_layer_recompute runs it (no down_proj, no residual add after it; the attention
+ * without LLAMA_ACTS_RESIDUAL: no o_proj, no residual add after it, as with h kept). */
 static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_acts_part part,
                           int recompute) {
     int in[7], out[7];
@@ -141,7 +142,8 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
     }
     for (int k = 0; k < 7; k++) {
         if (!(part & (k < 4 ? LLAMA_ACTS_ATTENTION : LLAMA_ACTS_MLP))) continue;
-        int down = k == 6 && recompute; /* only the adapter's inner activation */
+        /* only the adapter's inner activation */
+        int down = (k == 6 && recompute) || (k == 3 && !(part & LLAMA_ACTS_RESIDUAL));
         if (!down) gemm(t, r, s->N, in[k], out[k], 0);
         if (s->lora && (s->lora->targets >> k & 1u)) {
             llama_lora_group g = llama_lora_group_of(s->lora, k);
@@ -161,7 +163,7 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
         t->launches++;
         moved(t, r, 2 * N * s->C * cs, ew);           /* RMSNorm */
         moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE on q and k */
-        moved(t, r, 3 * N * s->C * cs, ew);           /* the residual add */
+        if (part & LLAMA_ACTS_RESIDUAL) moved(t, r, 3 * N * s->C * cs, ew); /* the residual add */
         if (s->c->attention_bias) moved(t, r, 2 * N * (s->q + 2 * s->kv) * cs, ew); /* q/k/v biases */
         if (s->c->qk_norm) moved(t, r, 2 * N * (s->q + s->kv) * cs, ew);          /* q/k norms */
     }
@@ -174,7 +176,8 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
 
 /* What a layer that keeps k recomputes: its forward but for what it kept. */
 static void layer_recompute(tally *t, const rates *r, const model_shape *s, llama_keep k) {
-    if (k == LLAMA_KEEP_INPUT) layer_forward(t, r, s, LLAMA_ACTS_BOTH, 1);
+    if (k == LLAMA_KEEP_INPUT) layer_forward(t, r, s, LLAMA_ACTS_ALL, 1);
+    else if (k == LLAMA_KEEP_RESIDUAL) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_MLP, 1);
     else if (k == LLAMA_KEEP_ATTENTION) layer_forward(t, r, s, LLAMA_ACTS_MLP, 1);
 }
 
@@ -244,7 +247,7 @@ static void head_forward(tally *t, const rates *r, const model_shape *s) {
 static void reference_forward(tally *t, const rates *r, const model_shape *s) {
     model_shape base = *s;
     base.lora = NULL;
-    for (int l = 0; l < s->c->num_hidden_layers; l++) layer_forward(t, r, &base, LLAMA_ACTS_BOTH, 0);
+    for (int l = 0; l < s->c->num_hidden_layers; l++) layer_forward(t, r, &base, LLAMA_ACTS_ALL, 0);
     head_forward(t, r, s);
     moved(t, r, 2.0 * s->N * s->C * s->cs, r->t->elementwise_gbps); /* embedding */
 }
@@ -308,7 +311,7 @@ static void step_time(const job_config *j, const model_shape *s, llama_recompute
     int n_micro = j->train.global_batch / (world * j->train.micro_batch); /* samples: pairs are 2 rows (s->B) */
     int pref = j->train.objective != JOB_OBJECTIVE_SFT, dpo = j->train.objective == JOB_OBJECTIVE_DPO;
     tally layer_f = {0}, layer_b = {0}, head = {0}, rec = {0}, ref = {0}; /* rec: every layer's recomputation */
-    layer_forward(&layer_f, r, s, LLAMA_ACTS_BOTH, 0);
+    layer_forward(&layer_f, r, s, LLAMA_ACTS_ALL, 0);
     layer_backward(&layer_b, r, s);
     head_and_embedding(&head, r, s);
     if (pref) head_forward(&head, r, s); /* the span sums' forward before the one with the backward */

@@ -650,8 +650,19 @@ static void test_fsdp_offload_same_bits(void **state) {
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
             free(b.data);
         }
+        /* every layer, or the first, keeping its input and h: recomputed but o_proj (its
+         * adapter's inner activation alone) */
+        for (int layers = 1; layers <= 2; layers++) {
+            run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){layers, LLAMA_KEEP_RESIDUAL}, 0, 0, 0, got, &b);
+            printf("%s, recompute %d x residual: losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", layers,
+                   got[0], got[1], got[2], got[3]);
+            assert_memory_equal(want, got, sizeof want);
+            assert_int_equal(a.n, b.n);
+            assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
+            free(b.data);
+        }
         free(a.data);
-        /* fsdp.mlp_chunk (dropout 0): the MLP in chunks of 3 rows, full and selective recompute,
+        /* fsdp.mlp_chunk (dropout 0): the MLP in chunks of 3 rows, full, h kept and selective recompute,
          * against chunks of every row (all at once: mlp_chunk >= the rows, dropout 0 as
          * well): the first forward the same bits, then fp32 rounding (the weights' gradients
          * summed chunk by chunk) */

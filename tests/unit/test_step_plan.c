@@ -79,6 +79,8 @@ static step_plan plan(const job_config *j, const char *gpu, int gpus, model_imag
     return p;
 }
 
+static size_t least_total(const job_config *j);
+
 static void near(double got, double want) {
     if (fabs(got - want) > 1e-9 + 1e-9 * fabs(want)) fail_msg("got %.12g, want %.12g", got, want);
 }
@@ -106,6 +108,17 @@ static void test_full_fine_tune(void **state) {
     step_plan a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     near(a.step_s, 0.114);
     assert_int_equal(a.recompute.layers, 0);
+    /* auto a byte short of selective: every layer keeps its input and h, the first layer's
+     * forward recomputed but down_proj and o_proj, 10 ms */
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_SELECTIVE;
+    size_t selective = least_total(&j);
+    j.fsdp.activation_checkpointing = JOB_ACT_CKPT_AUTO;
+    j.runtime.gpu_memory_limit = (int64_t)selective - 1;
+    a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(a.recompute.layers, 2);
+    assert_int_equal(a.recompute.keep, LLAMA_KEEP_RESIDUAL);
+    near(a.step_s, 0.124);
+    j.runtime.gpu_memory_limit = 0;
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_FULL;
     /* two micro-batches: twice the compute */
     j.train.global_batch = 2;
