@@ -63,14 +63,16 @@ size_t llama_layer_acts_carve_part(llama_layer_acts *a, void *mem, llama_acts_pa
         a->q = carve(&cv, d.N * d.Q * e);
         a->k = carve(&cv, d.N * d.KV * e);
         a->v = carve(&cv, d.N * d.KV * e);
-        a->att = carve(&cv, d.N * d.Q * e);
         a->rstd1 = carve(&cv, d.N * sizeof(float));
-        a->lse = carve(&cv, d.N * d.heads * sizeof(float));
         int qk = lo->cfg.qk_norm;
         a->q_pre = qk ? carve(&cv, d.N * d.Q * e) : NULL;
         a->k_pre = qk ? carve(&cv, d.N * d.KV * e) : NULL;
         a->rstd_q = qk ? carve(&cv, d.N * d.heads * sizeof(float)) : NULL;
         a->rstd_k = qk ? carve(&cv, d.N * d.kv_heads * sizeof(float)) : NULL;
+    }
+    if (part & LLAMA_ACTS_CONTEXT) {
+        a->att = carve(&cv, d.N * d.Q * e);
+        a->lse = carve(&cv, d.N * d.heads * sizeof(float));
     }
     if (part & LLAMA_ACTS_RESIDUAL) a->h = carve(&cv, d.N * d.C * e);
     if (part & LLAMA_ACTS_MLP) {
@@ -122,6 +124,7 @@ const char *llama_keep_name(llama_keep k) {
     switch (k) {
     case LLAMA_KEEP_INPUT: return "input";
     case LLAMA_KEEP_RESIDUAL: return "residual";
+    case LLAMA_KEEP_CONTEXT: return "context";
     case LLAMA_KEEP_ATTENTION: return "attention";
     default: return "all";
     }
@@ -149,11 +152,14 @@ int llama_check_long_settings(int L, llama_recompute r, int offload_layers, int 
 void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
     const char *keep = r.keep == LLAMA_KEEP_ATTENTION ? "their attention (the MLP recomputed)"
                        : r.keep == LLAMA_KEEP_RESIDUAL ? "their input and attention's output h (recomputed but o_proj)"
-                                                       : "their input (recomputed)";
+                       : r.keep == LLAMA_KEEP_CONTEXT ? "their input, h and the attention's output (q, k, v and the MLP recomputed)"
+                                                      : "their input (recomputed)";
     if (r.layers <= 0 || r.keep == LLAMA_KEEP_ALL) snprintf(out, n, "none: every layer keeps its activations");
     else if (r.layers >= L && r.keep == LLAMA_KEEP_INPUT) snprintf(out, n, "full: every layer recomputed from its input");
     else if (r.layers >= L && r.keep == LLAMA_KEEP_RESIDUAL)
         snprintf(out, n, "every layer keeps its input and attention's output h, recomputed but o_proj");
+    else if (r.layers >= L && r.keep == LLAMA_KEEP_CONTEXT)
+        snprintf(out, n, "every layer keeps its input, h and the attention's output, q, k, v and the MLP recomputed");
     else if (r.layers >= L) snprintf(out, n, "selective: every layer keeps its attention, its MLP recomputed");
     else snprintf(out, n, "%d of %d layers keep everything, the others %s", L - r.layers, L, keep);
 }
@@ -162,7 +168,8 @@ void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
 static llama_acts_part owned_part(llama_keep k) {
     switch (k) {
     case LLAMA_KEEP_ALL: return LLAMA_ACTS_ALL;
-    case LLAMA_KEEP_ATTENTION: return LLAMA_ACTS_ATTENTION | LLAMA_ACTS_RESIDUAL;
+    case LLAMA_KEEP_ATTENTION: return LLAMA_ACTS_ATTENTION | LLAMA_ACTS_CONTEXT | LLAMA_ACTS_RESIDUAL;
+    case LLAMA_KEEP_CONTEXT: return LLAMA_ACTS_CONTEXT | LLAMA_ACTS_RESIDUAL;
     case LLAMA_KEEP_RESIDUAL: return LLAMA_ACTS_RESIDUAL;
     default: return 0;
     }
@@ -172,10 +179,11 @@ static llama_acts_part owned_part(llama_keep k) {
 static void share_part(llama_layer_acts *dst, const llama_layer_acts *src, llama_acts_part part) {
     if (part & LLAMA_ACTS_ATTENTION) {
         dst->ln1 = src->ln1, dst->q = src->q, dst->k = src->k, dst->v = src->v;
-        dst->att = src->att, dst->rstd1 = src->rstd1, dst->lse = src->lse;
+        dst->rstd1 = src->rstd1;
         dst->q_pre = src->q_pre, dst->k_pre = src->k_pre;
         dst->rstd_q = src->rstd_q, dst->rstd_k = src->rstd_k;
     }
+    if (part & LLAMA_ACTS_CONTEXT) dst->att = src->att, dst->lse = src->lse;
     if (part & LLAMA_ACTS_RESIDUAL) dst->h = src->h;
     if (part & LLAMA_ACTS_MLP) {
         dst->ln2 = src->ln2, dst->gate = src->gate, dst->up = src->up, dst->sw = src->sw;
@@ -522,11 +530,13 @@ static void qk_forward(kctx *c, const llama_layout *lo, const llama_layer_weight
     if (af != 1.0) k_scale(c, x, (float)af, (size_t)B * T * H * hd);
 }
 
-/* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x); to_h 0: up to
- * attention's output and o_proj's adapter's inner activation (a recomputation that kept h). */
+/* h = x + o_proj(attention(rope(q), rope(k), v)) over input_layernorm(x), but for what a
+ * layer that kept `kept` still holds (a recomputation; the forward: LLAMA_KEEP_INPUT): with
+ * h, o_proj and the add are skipped (its adapter's inner activation made), with the
+ * attention's output the attention too. */
 static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                               const float *inv_freq, const k_docs *docs, const void *x,
-                              llama_layer_acts *a, llama_scratch *s, int to_h, int B, int T) {
+                              llama_layer_acts *a, llama_scratch *s, llama_keep kept, int B, int T) {
     const llama_config *cfg = &lo->cfg;
     int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
@@ -539,10 +549,10 @@ static void attention_forward(kctx *c, const llama_layout *lo, const llama_layer
     attn_proj_forward(c, lo, w, LLAMA_V, LLAMA_V_BIAS, a->ln1, a->v, N, C, Hkv * hd);
     qk_forward(c, lo, w, LLAMA_Q_NORM, inv_freq, docs, q, a->q, a->rstd_q, B, T, Hq);
     qk_forward(c, lo, w, LLAMA_K_NORM, inv_freq, docs, k, a->k, a->rstd_k, B, T, Hkv);
-    k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq,
-                    Hkv, hd);
-    lora_forward(c, w, LORA_O, a->att, to_h ? a->h : NULL, a, xd, B, T);
-    if (!to_h) return;
+    if (kept < LLAMA_KEEP_CONTEXT)
+        k_attention_fwd(c, a->att, a->lse, a->q, a->k, a->v, docs, cfg->sliding_window, B, T, Hq, Hkv, hd);
+    lora_forward(c, w, LORA_O, a->att, kept == LLAMA_KEEP_INPUT ? a->h : NULL, a, xd, B, T);
+    if (kept != LLAMA_KEEP_INPUT) return;
     proj_fwd(c, lo, w, a->h, a->att, LLAMA_O, N, Hq * hd, C, lora_on(w, LORA_O));
     k_accumulate(c, a->h, x, (size_t)N * C);
 }
@@ -602,7 +612,7 @@ static void mlp_forward(kctx *c, const llama_layout *lo, const llama_layer_weigh
 void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
                          llama_layer_acts *a, llama_scratch *s, int B, int T) {
-    attention_forward(c, lo, w, inv_freq, docs, x, a, s, 1, B, T);
+    attention_forward(c, lo, w, inv_freq, docs, x, a, s, LLAMA_KEEP_INPUT, B, T);
     mlp_forward(c, lo, w, a, s, out, B, T);
 }
 
@@ -610,8 +620,7 @@ void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_we
                            const float *inv_freq, const k_docs *docs, const void *x,
                            llama_keep kept, llama_layer_acts *a, llama_scratch *s, int B, int T) {
     if (kept == LLAMA_KEEP_ALL) return;
-    if (kept == LLAMA_KEEP_INPUT || kept == LLAMA_KEEP_RESIDUAL)
-        attention_forward(c, lo, w, inv_freq, docs, x, a, s, kept == LLAMA_KEEP_INPUT, B, T);
+    if (kept < LLAMA_KEEP_ATTENTION) attention_forward(c, lo, w, inv_freq, docs, x, a, s, kept, B, T);
     mlp_forward(c, lo, w, a, s, NULL, B, T);
 }
 

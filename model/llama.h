@@ -105,6 +105,8 @@ typedef enum llama_keep {
     LLAMA_KEEP_INPUT,     /* its input only: the attention and MLP parts are recomputed */
     LLAMA_KEEP_RESIDUAL,  /* its input and h = x + attn(x): the attention recomputed up to
                              o_proj's input (o_proj itself and the add not), the MLP too */
+    LLAMA_KEEP_CONTEXT,   /* also the attention's output (att, lse): q, k and v recomputed,
+                             not the attention itself; the MLP too */
     LLAMA_KEEP_ATTENTION, /* its input and attention part: the MLP part is recomputed */
     LLAMA_KEEP_ALL,       /* everything: nothing is recomputed */
 } llama_keep;
@@ -117,7 +119,7 @@ typedef struct llama_recompute {
     llama_keep keep;
 } llama_recompute;
 
-/* "input", "residual", "attention" or "all" (fsdpctl plan --json's they_keep). */
+/* "input", "residual", "context", "attention" or "all" (fsdpctl plan --json's they_keep). */
 const char *llama_keep_name(llama_keep k);
 /* What layer l keeps under r. */
 llama_keep llama_keep_of(llama_recompute r, int l);
@@ -138,10 +140,11 @@ void llama_recompute_format(llama_recompute r, int L, char *out, size_t n);
 
 /* The parts of llama_layer_acts. */
 typedef enum llama_acts_part {
-    LLAMA_ACTS_ATTENTION = 1, /* but h */
+    LLAMA_ACTS_ATTENTION = 1, /* but the next two */
     LLAMA_ACTS_MLP = 2,
     LLAMA_ACTS_RESIDUAL = 4,  /* h */
-    LLAMA_ACTS_ALL = 7,
+    LLAMA_ACTS_CONTEXT = 8,   /* att, lse: the attention's output */
+    LLAMA_ACTS_ALL = 15,
 } llama_acts_part;
 
 /* Rows of logits the head computes at a time. */
@@ -285,11 +288,11 @@ void llama_embed_backward(kctx *c, const llama_layout *lo, float *grads, const i
 void llama_layer_forward(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                          const float *inv_freq, const k_docs *docs, const void *x, void *out,
                          llama_layer_acts *a, llama_scratch *s, int B, int T);
-/* Rebuilds in a what a layer that kept `kept` did not keep, from its input x (and with
- * LLAMA_KEEP_ATTENTION its attention part; with it and LLAMA_KEEP_RESIDUAL a->h): the
- * forward again as far as its backward needs, which stops before down_proj (its output is
- * not needed) and, with h kept, before o_proj (only its adapter's inner activation).
- * Nothing for LLAMA_KEEP_ALL. */
+/* Rebuilds in a what a layer that kept `kept` did not keep, from its input x (and what it
+ * kept: llama_keep): the forward again as far as its backward needs, which stops before
+ * down_proj (its output is not needed), with h kept before o_proj (only its adapter's inner
+ * activation), with the attention's output kept q, k and v but not the attention.  Nothing
+ * for LLAMA_KEEP_ALL. */
 void llama_layer_recompute(kctx *c, const llama_layout *lo, const llama_layer_weights *w,
                            const float *inv_freq, const k_docs *docs, const void *x,
                            llama_keep kept, llama_layer_acts *a, llama_scratch *s, int B, int T);

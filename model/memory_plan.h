@@ -97,7 +97,8 @@ llama_recompute memory_plan_auto_recompute(const memory_plan_options *o, size_t 
 int memory_plan_offload_layers(const memory_plan_options *o, size_t budget);
 
 /* The FLOPs a micro-batch's backward recomputes under r (a decoder layer's attention part:
- * its q, k, v, o projections and attention, but o with h kept; its MLP part: gate and up). */
+ * its q, k, v, o projections and attention, but o with h kept and the attention with its
+ * output kept; its MLP part: gate and up). */
 double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute r);
 
 /* The largest micro_batch up to `most` that divides `rows` (a rank's samples: pairs for a

@@ -128,7 +128,8 @@ static void linear_shapes(const model_shape *s, int in[7], int out[7]) {
 
 /* One decoder layer's forward (llama_layer_forward) of the parts in `part`; recompute: as
  * llama_layer_recompute runs it (no down_proj, no residual add after it; the attention
- * without LLAMA_ACTS_RESIDUAL: no o_proj, no residual add after it, as with h kept). */
+ * without LLAMA_ACTS_RESIDUAL: no o_proj, no residual add after it, as with h kept; without
+ * LLAMA_ACTS_CONTEXT no attention itself, as with its output kept). */
 static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_acts_part part,
                           int recompute) {
     int in[7], out[7];
@@ -158,9 +159,11 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
         }
     }
     if (part & LLAMA_ACTS_ATTENTION) {
-        t->attention += attention_s(r, s->B, s->T, s->c->sliding_window, s->c->num_attention_heads,
-                                    s->c->num_key_value_heads, s->c->head_dim, 0);
-        t->launches++;
+        if (part & LLAMA_ACTS_CONTEXT) {
+            t->attention += attention_s(r, s->B, s->T, s->c->sliding_window, s->c->num_attention_heads,
+                                        s->c->num_key_value_heads, s->c->head_dim, 0);
+            t->launches++;
+        }
         moved(t, r, 2 * N * s->C * cs, ew);           /* RMSNorm */
         moved(t, r, 2 * N * (s->q + s->kv) * cs, ew); /* RoPE on q and k */
         if (part & LLAMA_ACTS_RESIDUAL) moved(t, r, 3 * N * s->C * cs, ew); /* the residual add */
@@ -177,7 +180,8 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
 /* What a layer that keeps k recomputes: its forward but for what it kept. */
 static void layer_recompute(tally *t, const rates *r, const model_shape *s, llama_keep k) {
     if (k == LLAMA_KEEP_INPUT) layer_forward(t, r, s, LLAMA_ACTS_ALL, 1);
-    else if (k == LLAMA_KEEP_RESIDUAL) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_MLP, 1);
+    else if (k == LLAMA_KEEP_RESIDUAL) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_CONTEXT | LLAMA_ACTS_MLP, 1);
+    else if (k == LLAMA_KEEP_CONTEXT) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_MLP, 1);
     else if (k == LLAMA_KEEP_ATTENTION) layer_forward(t, r, s, LLAMA_ACTS_MLP, 1);
 }
 

@@ -578,9 +578,10 @@ static void test_recompute_same_bits(void **state) {
                  {{3, LLAMA_KEEP_ATTENTION}, 2, 0, 0}, {{2, LLAMA_KEEP_INPUT}, 1, 0, 0},
                  {{4, LLAMA_KEEP_ATTENTION}, 3, 1, 0}, {{4, LLAMA_KEEP_INPUT}, 3, 0, 1},
                  {{4, LLAMA_KEEP_INPUT}, 3, 0, 2},     {{4, LLAMA_KEEP_INPUT}, 3, 1, 3},
-                 {{4, LLAMA_KEEP_RESIDUAL}, 3, 0, 0},  {{2, LLAMA_KEEP_RESIDUAL}, 1, 0, 0}};
+                 {{4, LLAMA_KEEP_RESIDUAL}, 3, 0, 0},  {{2, LLAMA_KEEP_RESIDUAL}, 1, 0, 0},
+                 {{4, LLAMA_KEEP_CONTEXT}, 3, 0, 0},   {{3, LLAMA_KEEP_CONTEXT}, 2, 0, 0}};
     size_t input_bytes = (size_t)OFF_ROWS / 2 * T * cfg.hidden_size * sizeof(float), full_in_use = 0;
-    size_t selective_in_use = 0;
+    size_t selective_in_use = 0, residual_in_use = 0;
     fsdp_options none = {.sharding = JOB_SHARD_FULL, .offload_threads = 2};
     offload_run a, b;
     run_offloaded(&cfg, image, bytes, &none, &a);
@@ -610,7 +611,10 @@ static void test_recompute_same_bits(void **state) {
         if (i == 8) {
             assert_int_equal(b.in_use, full_in_use + 3 * input_bytes);
             assert_true(b.in_use < selective_in_use);
+            residual_in_use = b.in_use;
         }
+        /* the attention's output kept too: more than h alone, less than selective */
+        if (i == 10) assert_true(residual_in_use < b.in_use && b.in_use < selective_in_use);
         if (cases[i].offload_layers && !cases[i].cpu_offload)
             assert_int_equal(b.in_use, full_in_use - cases[i].offload_layers * input_bytes);
         free(b.state);
@@ -655,7 +659,7 @@ static void test_mlp_chunk(void **state) {
         int offload_layers, cpu_offload;
     } cases[] = {{32, LLAMA_KEEP_INPUT, 0, 0}, {100, LLAMA_KEEP_INPUT, 0, 0}, {5, LLAMA_KEEP_INPUT, 0, 0},
                  {7, LLAMA_KEEP_ATTENTION, 0, 0}, {5, LLAMA_KEEP_INPUT, 3, 0}, {7, LLAMA_KEEP_INPUT, 0, 1},
-                 {5, LLAMA_KEEP_RESIDUAL, 0, 0}};
+                 {5, LLAMA_KEEP_RESIDUAL, 0, 0}, {5, LLAMA_KEEP_CONTEXT, 0, 0}};
     fsdp_options whole = {.sharding = JOB_SHARD_FULL, .offload_threads = 2, .recompute = {4, LLAMA_KEEP_INPUT}};
     offload_run a, b;
     size_t rows = OFF_ROWS / 2 * T, I = (size_t)cfg.intermediate_size, cs = sizeof(float);

@@ -650,12 +650,15 @@ static void test_fsdp_offload_same_bits(void **state) {
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);
             free(b.data);
         }
-        /* every layer, or the first, keeping its input and h: recomputed but o_proj (its
-         * adapter's inner activation alone) */
-        for (int layers = 1; layers <= 2; layers++) {
-            run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){layers, LLAMA_KEEP_RESIDUAL}, 0, 0, 0, got, &b);
-            printf("%s, recompute %d x residual: losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", layers,
-                   got[0], got[1], got[2], got[3]);
+        /* every layer, or the first, keeping its input and h (recomputed but o_proj: its
+         * adapter's inner activation alone), or also the attention's output (recomputed but
+         * the attention and o_proj) */
+        for (int k = 0; k < 4; k++) {
+            int layers = 1 + k % 2;
+            llama_keep keep = k < 2 ? LLAMA_KEEP_RESIDUAL : LLAMA_KEEP_CONTEXT;
+            run_adapters(&g, image, bytes, q, 0, 0, (llama_recompute){layers, keep}, 0, 0, 0, got, &b);
+            printf("%s, recompute %d x %s: losses %.7f %.7f %.7f, eval %.7f\n", qi ? "qlora" : "lora", layers,
+                   llama_keep_name(keep), got[0], got[1], got[2], got[3]);
             assert_memory_equal(want, got, sizeof want);
             assert_int_equal(a.n, b.n);
             assert_memory_equal(a.data, b.data, a.n * sizeof *a.data);

@@ -53,10 +53,11 @@ static const char *const kind_names[] = {"full", "lora", "qlora", "qlora (NF4, s
 
 /* Activation checkpointing of a case (ckpt): none, full, selective, the two mixes of auto
  * on the 2-layer model (the last layer whole, the first its attention or its input), and
- * every layer or the first keeping its input and h. */
+ * every layer or the first keeping its input and h, or also the attention's output. */
 static const llama_recompute recomputes[] = {
     {0, LLAMA_KEEP_ALL}, {2, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_ATTENTION},
-    {1, LLAMA_KEEP_ATTENTION}, {1, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_RESIDUAL}, {1, LLAMA_KEEP_RESIDUAL}};
+    {1, LLAMA_KEEP_ATTENTION}, {1, LLAMA_KEEP_INPUT}, {2, LLAMA_KEEP_RESIDUAL}, {1, LLAMA_KEEP_RESIDUAL},
+    {2, LLAMA_KEEP_CONTEXT}, {1, LLAMA_KEEP_CONTEXT}};
 #define N_RECOMPUTES ((int)(sizeof recomputes / sizeof recomputes[0]))
 
 typedef struct plan_case {
@@ -542,8 +543,13 @@ static void test_auto_recompute(void **state) {
     assert_int_equal(r.keep, LLAMA_KEEP_ATTENTION);
     o.recompute = recomputes[5];
     size_t residual = plan_of(&o).total;
-    assert_true(full < residual && residual < selective);
+    o.recompute = recomputes[7];
+    size_t context = plan_of(&o).total;
+    assert_true(full < residual && residual < context && context < selective);
     r = memory_plan_auto_recompute(&o, selective - 1);
+    assert_int_equal(r.keep, LLAMA_KEEP_CONTEXT);
+    assert_int_equal(r.layers, 2);
+    r = memory_plan_auto_recompute(&o, context - 1);
     assert_int_equal(r.keep, LLAMA_KEEP_RESIDUAL);
     assert_int_equal(r.layers, 2);
     r = memory_plan_auto_recompute(&o, residual - 1);
@@ -553,10 +559,12 @@ static void test_auto_recompute(void **state) {
     assert_int_equal(r.keep, LLAMA_KEEP_INPUT);
     assert_int_equal(r.layers, 2);
     double N = MICRO * T, mlp = 2 * N * 2 * 35 * 70;
-    double o_proj = 2 * N * 40 * 35, attention = 2 * N * (35 * 40 + 2 * 35 * 20) + o_proj + 2.0 * MICRO * 4 * T * T * 10;
+    double o_proj = 2 * N * 40 * 35, core = 2.0 * MICRO * 4 * T * T * 10;
+    double attention = 2 * N * (35 * 40 + 2 * 35 * 20) + o_proj + core;
     assert_true(memory_plan_recompute_flops(&o, recomputes[2]) == mlp);
     assert_true(memory_plan_recompute_flops(&o, recomputes[1]) == mlp + attention);
     assert_true(memory_plan_recompute_flops(&o, recomputes[5]) == mlp + attention - o_proj);
+    assert_true(memory_plan_recompute_flops(&o, recomputes[7]) == mlp + attention - o_proj - core);
     assert_true(memory_plan_recompute_flops(&o, recomputes[0]) == 0);
 }
 

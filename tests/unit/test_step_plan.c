@@ -80,6 +80,7 @@ static step_plan plan(const job_config *j, const char *gpu, int gpus, model_imag
 }
 
 static size_t least_total(const job_config *j);
+static size_t total_with(const job_config *j, llama_recompute r);
 
 static void near(double got, double want) {
     if (fabs(got - want) > 1e-9 + 1e-9 * fabs(want)) fail_msg("got %.12g, want %.12g", got, want);
@@ -108,12 +109,18 @@ static void test_full_fine_tune(void **state) {
     step_plan a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     near(a.step_s, 0.114);
     assert_int_equal(a.recompute.layers, 0);
-    /* auto a byte short of selective: every layer keeps its input and h, the first layer's
-     * forward recomputed but down_proj and o_proj, 10 ms */
+    /* auto a byte short of selective: every layer keeps its input, h and the attention's
+     * output, the first layer's q, k, v, gate and up recomputed, 5 ms; a byte short of that,
+     * its input and h: its forward recomputed but down_proj and o_proj, 10 ms */
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_SELECTIVE;
     size_t selective = least_total(&j);
     j.fsdp.activation_checkpointing = JOB_ACT_CKPT_AUTO;
     j.runtime.gpu_memory_limit = (int64_t)selective - 1;
+    a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
+    assert_int_equal(a.recompute.layers, 2);
+    assert_int_equal(a.recompute.keep, LLAMA_KEEP_CONTEXT);
+    near(a.step_s, 0.119);
+    j.runtime.gpu_memory_limit = (int64_t)total_with(&j, a.recompute) - 1;
     a = plan(&j, "h200", 1, MODEL_IMAGE_PLAIN, &r);
     assert_int_equal(a.recompute.layers, 2);
     assert_int_equal(a.recompute.keep, LLAMA_KEEP_RESIDUAL);
@@ -305,16 +312,26 @@ static void test_memory_host_checkpoint(void **state) {
     assert_int_equal(p.max_micro_batch, 1);
 }
 
-/* The least a worker of job j needs: its plan with a budget of nothing (no compute copies,
- * which the plan takes only where they fit). */
-static size_t least_total(const job_config *j) {
+/* What a worker of job j needs under r (no compute copies, which the plan takes only where
+ * they fit). */
+static size_t total_with(const job_config *j, llama_recompute r) {
     llama_config c = tiny();
     memory_plan_options o;
     memory_plan m;
     errbuf err = {{0}};
     memory_plan_job_options(j, &c, 1, 0, MODEL_IMAGE_PLAIN, 2, 0, &o);
+    o.recompute = r;
     if (memory_plan_compute(&o, &m, &err)) fail_msg("%s", err.msg);
     return m.total;
+}
+
+/* The least a worker of job j needs: its plan with a budget of nothing (auto: full
+ * recompute; no compute copies). */
+static size_t least_total(const job_config *j) {
+    llama_config c = tiny();
+    memory_plan_options o;
+    memory_plan_job_options(j, &c, 1, 0, MODEL_IMAGE_PLAIN, 2, 0, &o);
+    return total_with(j, o.recompute);
 }
 
 /* fsdp.offload_activations under a limit one byte short of what job j needs without it: one
