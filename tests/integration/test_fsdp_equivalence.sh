@@ -90,14 +90,24 @@ need=$(sed -n 's/.*each worker needs [0-9.]* GiB (\([0-9]*\) bytes).*/\1/p' "$tm
 run autofull2 2 3 --fsdp.activation_checkpointing=auto --runtime.gpu_memory_limit="$need"
 grep -q "fsdp.activation_checkpointing auto: full: every layer recomputed from its input" "$tmp/autofull2.log" ||
     { cat "$tmp/autofull2.log"; fail "auto at full's need did not recompute as full"; }
-for r in ac2 sel2 auto2 autofull2; do
+# a byte short of selective's need: auto keeps each layer's input, h and the attention's
+# output (q, k, v and the MLP recomputed), and says so
+"$fsdpd" --job "$tmp/job.json" --runtime.workers_per_node=2 --train.micro_batch=3 \
+    --fsdp.activation_checkpointing=selective --runtime.gpu_memory_limit=1 > "$tmp/needsel.log" 2>&1 &&
+    fail "a 1-byte limit trained"
+needsel=$(sed -n 's/.*each worker needs [0-9.]* GiB (\([0-9]*\) bytes).*/\1/p' "$tmp/needsel.log" | head -1)
+[ -n "$needsel" ] || { cat "$tmp/needsel.log"; fail "no need in selective's refusal"; }
+run autoctx2 2 3 --fsdp.activation_checkpointing=auto --runtime.gpu_memory_limit=$((needsel - 1))
+grep -q "fsdp.activation_checkpointing auto: every layer keeps its input, h and the attention's output" "$tmp/autoctx2.log" ||
+    { cat "$tmp/autoctx2.log"; fail "auto a byte short of selective did not keep the attention's output"; }
+for r in ac2 sel2 auto2 autofull2 autoctx2; do
     same_losses w2m2 "$r"
     cmp "$tmp/w2m2.safetensors" "$tmp/$r.safetensors" || fail "$r changed the parameters' bits"
 done
 fwd() { tail -1 "$tmp/$1.jsonl" | sed -n 's/.*"layer_forwards": *\([0-9]*\).*/\1/p'; }
 # 2 layers x 2 micro-batches x 4 steps = 16 forwards without, and 8 recomputations of the
-# first layer with full, selective (its MLP) and auto at full's need.
-for r in w2m2:16 auto2:16 ac2:24 sel2:24 autofull2:24; do
+# first layer with full, selective (its MLP), auto at full's need and a byte short of selective's.
+for r in w2m2:16 auto2:16 ac2:24 sel2:24 autofull2:24 autoctx2:24; do
     [ "$(fwd "${r%:*}")" -eq "${r#*:}" ] || fail "${r%:*}: expected ${r#*:} layer forwards, got $(fwd "${r%:*}")"
 done
 
