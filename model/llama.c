@@ -164,8 +164,7 @@ void llama_recompute_format(llama_recompute r, int L, char *out, size_t n) {
     else snprintf(out, n, "%d of %d layers keep everything, the others %s", L - r.layers, L, keep);
 }
 
-/* The parts a layer that keeps k owns (the rest it shares). */
-static llama_acts_part owned_part(llama_keep k) {
+llama_acts_part llama_kept_parts(llama_keep k) {
     switch (k) {
     case LLAMA_KEEP_ALL: return LLAMA_ACTS_ALL;
     case LLAMA_KEEP_ATTENTION: return LLAMA_ACTS_ATTENTION | LLAMA_ACTS_CONTEXT | LLAMA_ACTS_RESIDUAL;
@@ -202,7 +201,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
     llama_layer_acts shared = {0}, unused;
     llama_acts_part shared_parts = 0;
     for (int l = 0; l < L; l++) {
-        llama_acts_part own = owned_part(llama_keep_of(r, l));
+        llama_acts_part own = llama_kept_parts(llama_keep_of(r, l));
         shared_parts |= LLAMA_ACTS_ALL & ~own;
         if (own)
             at += llama_layer_acts_carve_part(acts ? &acts[l] : &unused, base ? base + at : NULL,
@@ -212,7 +211,7 @@ size_t llama_layers_acts_carve(llama_layer_acts *acts, void *mem, llama_recomput
         at += llama_layer_acts_carve_part(&shared, base ? base + at : NULL, shared_parts, lo, lora,
                                           elem_size, B, T, mlp_rows);
     for (int l = 0; acts && l < L; l++)
-        share_part(&acts[l], &shared, LLAMA_ACTS_ALL & ~owned_part(llama_keep_of(r, l)));
+        share_part(&acts[l], &shared, LLAMA_ACTS_ALL & ~llama_kept_parts(llama_keep_of(r, l)));
     return at;
 }
 

@@ -147,6 +147,9 @@ typedef enum llama_acts_part {
     LLAMA_ACTS_ALL = 15,
 } llama_acts_part;
 
+/* The parts a layer that keeps k owns (the rest it shares, and a recomputation rebuilds). */
+llama_acts_part llama_kept_parts(llama_keep k);
+
 /* Rows of logits the head computes at a time. */
 #define LLAMA_HEAD_ROWS 2048
 

@@ -306,17 +306,14 @@ double memory_plan_recompute_flops(const memory_plan_options *o, llama_recompute
     int L = c->num_hidden_layers;
     double N = (double)o->micro_batch * o->seq_len, C = c->hidden_size, I = c->intermediate_size;
     double Q = (double)c->num_attention_heads * c->head_dim, KV = (double)c->num_key_value_heads * c->head_dim;
-    double o_proj = 2 * N * Q * C;
+    /* what rebuilding each part takes: q, k and v; the attention itself; o_proj; gate and up */
+    double qkv = 2 * N * (C * Q + 2 * C * KV), o_proj = 2 * N * Q * C, mlp = 2 * N * 2 * C * I;
     double core = 2.0 * o->micro_batch * c->num_attention_heads * (double)o->seq_len * o->seq_len * c->head_dim;
-    double attention = 2 * N * (C * Q + 2 * C * KV) + o_proj + core;
-    double mlp = 2 * N * 2 * C * I;
     double flops = 0;
     for (int l = 0; l < L; l++) {
-        llama_keep k = llama_backward_from(r, l, L);
-        flops += k == LLAMA_KEEP_INPUT ? attention + mlp
-                 : k == LLAMA_KEEP_RESIDUAL ? attention - o_proj + mlp
-                 : k == LLAMA_KEEP_CONTEXT ? attention - o_proj - core + mlp
-                 : k == LLAMA_KEEP_ATTENTION ? mlp : 0;
+        llama_acts_part kept = llama_kept_parts(llama_backward_from(r, l, L));
+        flops += (kept & LLAMA_ACTS_ATTENTION ? 0 : qkv) + (kept & LLAMA_ACTS_CONTEXT ? 0 : core) +
+                 (kept & LLAMA_ACTS_RESIDUAL ? 0 : o_proj) + (kept & LLAMA_ACTS_MLP ? 0 : mlp);
     }
     return flops;
 }

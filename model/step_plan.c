@@ -179,10 +179,7 @@ static void layer_forward(tally *t, const rates *r, const model_shape *s, llama_
 
 /* What a layer that keeps k recomputes: its forward but for what it kept. */
 static void layer_recompute(tally *t, const rates *r, const model_shape *s, llama_keep k) {
-    if (k == LLAMA_KEEP_INPUT) layer_forward(t, r, s, LLAMA_ACTS_ALL, 1);
-    else if (k == LLAMA_KEEP_RESIDUAL) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_CONTEXT | LLAMA_ACTS_MLP, 1);
-    else if (k == LLAMA_KEEP_CONTEXT) layer_forward(t, r, s, LLAMA_ACTS_ATTENTION | LLAMA_ACTS_MLP, 1);
-    else if (k == LLAMA_KEEP_ATTENTION) layer_forward(t, r, s, LLAMA_ACTS_MLP, 1);
+    if (k != LLAMA_KEEP_ALL) layer_forward(t, r, s, LLAMA_ACTS_ALL & ~llama_kept_parts(k), 1);
 }
 
 /* One decoder layer's backward (llama_layer_backward): input gradients always, weight
