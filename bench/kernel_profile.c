@@ -106,6 +106,51 @@ static void count_gaps(void) {
     }
 }
 
+/* NCCL's kernels: ncclKernel_..., ncclDevKernel_... */
+static int is_comm(int name) {
+    return strncmp(sums[name].name, "nccl", 4) == 0;
+}
+
+/* The merged intervals of the spans (sorted by start) whose is_comm is `comm`, into out;
+ * their count. */
+static size_t merged(int comm, span *out) {
+    size_t n = 0;
+    for (size_t i = 0; i < n_spans; i++) {
+        if (is_comm(spans[i].name) != comm) continue;
+        if (n && spans[i].start <= out[n - 1].end) {
+            if (spans[i].end > out[n - 1].end) out[n - 1].end = spans[i].end;
+        } else {
+            out[n++] = spans[i];
+        }
+    }
+    return n;
+}
+
+/* The communication kernels' busy time and the part of it no other kernel overlaps (after
+ * count_gaps sorted the spans); both 0 when out of memory (said in the table). */
+static int comm_time(uint64_t *busy, uint64_t *exposed) {
+    *busy = *exposed = 0;
+    span *c = malloc((n_spans + 1) * sizeof *c), *k = malloc((n_spans + 1) * sizeof *k);
+    if (!c || !k) {
+        free(c), free(k);
+        return -1;
+    }
+    size_t nc = merged(1, c), nk = merged(0, k), j = 0;
+    for (size_t i = 0; i < nc; i++) {
+        uint64_t len = c[i].end - c[i].start, covered = 0;
+        while (j < nk && k[j].end <= c[i].start) j++;
+        for (size_t m = j; m < nk && k[m].start < c[i].end; m++) {
+            uint64_t lo = k[m].start > c[i].start ? k[m].start : c[i].start;
+            uint64_t hi = k[m].end < c[i].end ? k[m].end : c[i].end;
+            covered += hi - lo;
+        }
+        *busy += len;
+        *exposed += len - covered;
+    }
+    free(c), free(k);
+    return 0;
+}
+
 static void write_table(void) {
     const char *prefix = getenv("KPROF_OUT");
     char path[4096], tmp[4200];
@@ -123,6 +168,11 @@ static void write_table(void) {
     for (int i = 0; i < n_gaps; i++)
         fprintf(f, "# gap\t%llu\t%llu\t%s\t%s\n", (unsigned long long)gaps[i].count,
                 (unsigned long long)gaps[i].ns, sums[gaps[i].before].name, sums[gaps[i].after].name);
+    uint64_t busy, exposed;
+    if (comm_time(&busy, &exposed) == 0)
+        fprintf(f, "# comm\t%llu\t%llu\n", (unsigned long long)busy, (unsigned long long)exposed);
+    else
+        fprintf(f, "# out of memory for the communication's intervals\n");
     if (fclose(f) == 0) rename(tmp, path);
 }
 

@@ -11,6 +11,9 @@
   step_table.py cupti STEP_S TOP TSV...  the largest process's kernel table of
                                          bench/kernel_profile.c by category and its top
                                          kernels, in ms a step of STEP_S seconds
+  step_table.py comm STEP_S TSV...       NCCL's time a step and its exposed part (no other
+                                         kernel beside it) in the kernel_profile.c table of
+                                         the process with the most exposed: one JSON object
 
 FLOPs a token as ../shared/bench/peer_torch.py and bench/peer_fsdp.py count them (the PaLM
 convention): 6 (N - N_embedding) + 12 L d T, N every parameter, N_embedding the input
@@ -161,25 +164,51 @@ CATEGORIES = [("attention", r"attention|flash|fmha|sdpa|attn"),
               ("other", r".")]
 
 
+def profile_table(path):
+    """One process's table of bench/kernel_profile.c: its span (ns), kernels (count, ns, name),
+    gaps (ns, count, before, after) and communication (NCCL's busy ns, exposed ns; None when
+    the table has no "# comm" line); its other "#" lines (the collector's warnings) go to
+    stderr."""
+    span, rows, gaps, comm = 0, [], [], None
+    for line in open(path):
+        f = line.rstrip("\n").split("\t")
+        if f[0] == "# span_ns":
+            span = int(f[1])
+        elif f[0] == "# gap":
+            gaps.append((int(f[2]), int(f[1]), f[3], f[4]))
+        elif f[0] == "# comm":
+            comm = (int(f[1]), int(f[2]))
+        elif line.startswith("#"):
+            print(path + ": " + line[2:].strip(), file=sys.stderr)
+        elif line.strip():
+            count, ns, name = line.rstrip("\n").split("\t", 2)
+            rows.append((int(count), int(ns), name))
+    return span, rows, gaps, comm
+
+
+def comm(paths, step_s):
+    """NCCL's ms a step and its exposed part, from the process whose exposed share of its span
+    is the largest (the rank the collectives held up most)."""
+    shares = []
+    for path in paths:
+        span, _, _, c = profile_table(path)
+        if span > 0 and c is not None:
+            shares.append((c[1] / span, c[0] / span))
+    if not shares:
+        sys.exit("no kernel_profile table with a span and a '# comm' line in " + " ".join(paths))
+    exposed, busy = max(shares)
+    print(json.dumps(dict(comm_ms=1e3 * step_s * busy, exposed_ms=1e3 * step_s * exposed)))
+    return 0
+
+
 def cupti(paths, step_s, top):
     """The largest process's table of bench/kernel_profile.c: its kernels by category and the
     top ones, as shares of the recorded span and ms a step (share x the run's step time)."""
     tables = []
     for path in paths:
-        span, rows, gaps = 0, [], []
-        for line in open(path):
-            if line.startswith("# span_ns"):
-                span = int(line.split("\t")[1])
-            elif line.startswith("# gap\t"):
-                count, ns, before, after = line.rstrip("\n").split("\t")[1:5]
-                gaps.append((int(ns), int(count), before, after))
-            elif line.startswith("#"):
-                print(path + ": " + line[2:].strip())
-            elif line.strip():
-                count, ns, name = line.rstrip("\n").split("\t", 2)
-                rows.append((int(count), int(ns), name))
-        tables.append((sum(r[1] for r in rows), span, rows, path, gaps))
-    busy, span, rows, path, gaps = max(tables)
+        span, rows, gaps, c = profile_table(path)
+        tables.append((sum(r[1] for r in rows), span, rows, path, gaps, c))
+    busy, span, rows, path, gaps, c = max(tables)
     if not rows or span <= 0:
         sys.exit(f"{path}: no kernels recorded")
     per_step = step_s * 1e3 / span  # ms a step per ns of the span
@@ -195,6 +224,8 @@ def cupti(paths, step_s, top):
             print(f"{cat:>14} {cats[cat] * per_step:10.1f} {100 * cats[cat] / span:10.1f}")
     idle = max(0, span - busy)
     print(f"{'GPU idle':>14} {idle * per_step:10.1f} {100 * idle / span:10.1f}  (or overlapped streams)")
+    if c is not None:
+        print(f"NCCL's kernels {c[0] * per_step:.1f} ms a step, {c[1] * per_step:.1f} of it with no other kernel beside them")
     print(f"the top {min(top, len(rows))} kernels:")
     for count, ns, name in sorted(rows, key=lambda r: -r[1])[:top]:
         print(f"{ns * per_step:8.2f} ms a step {100 * ns / span:5.1f}% {count:7d} calls  {name[:100]}")
@@ -219,6 +250,8 @@ def main(argv):
         return table(argv[1])
     if len(argv) >= 4 and argv[0] == "cupti":
         return cupti(argv[3:], float(argv[1]), int(argv[2]))
+    if len(argv) >= 3 and argv[0] == "comm":
+        return comm(argv[2:], float(argv[1]))
     if len(argv) in (3, 4) and argv[0] == "kernels":
         return kernels(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 15)
     sys.exit(__doc__)
