@@ -85,19 +85,13 @@ profiled() {
 
 # peer NAME PEER_MODEL G [--float8]: peer_fsdp.py on G GPUs; a line of runs.tsv.
 peer() {
-    local name=$1 peer_model=$2 g=$3 rc=0
+    local name=$1 peer_model=$2 g=$3
     shift 3
-    sample "$name"
-    PYTHONUNBUFFERED=1 timeout "$run_s" python3 -m torch.distributed.run --standalone --nproc_per_node="$g" \
-        bench/peer_fsdp.py --model "$peer_model" --batch "$batch" --seq "$seq" --steps $((steps - warm)) \
-        --warm "$warm" "$@" > "$out/$name.log" 2>&1 || rc=$?
-    unsample
-    if [ $rc -eq 0 ] && python3 bench/step_table.py peer-fig "$out/$name.log" "$(gpu_peaks "$name")" > "$out/$name.fig"; then
-        grep '^{' "$out/$name.log" | tail -1 | cut -c1-300
+    if peer_fsdp_run "$name" "$g" "$run_s" --model "$peer_model" --batch "$batch" --seq "$seq" \
+        --steps $((steps - warm)) --warm "$warm" "$@"; then
         printf '%s\t%s\t%s\tpeer\t-\n' "$name" "$peer_model" "$g" >> "$out/runs.tsv"
     else
-        tail -5 "$out/$name.log"
-        failed "$name (the PyTorch peer): exit $rc"
+        failed "$name (the PyTorch peer): exit $?"
     fi
 }
 

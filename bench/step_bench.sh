@@ -78,7 +78,7 @@ peer_runs=() # "MODEL BATCH ACT=NAME ROW" of each peer run so far, for row c to 
 # peer ROW LABEL MODEL PEER_MODEL BATCH ACT LIMIT WHAT: bench/peer_fsdp.py on one GPU (ACT full
 # or none), its figures in $out/NAME.fig as measured_run writes them.
 peer() {
-    local row=$1 label=$2 model=$3 peer_model=$4 batch=$5 act=$6 what=$8 name="$1_peer_$6" lim rc=0 p
+    local row=$1 label=$2 model=$3 peer_model=$4 batch=$5 act=$6 what=$8 name="$1_peer_$6" lim p
     if [ "$backend" = cpu ] && [ "${PEER:-0}" != 1 ]; then
         skipped "$name: the PyTorch peer needs CUDA (BACKEND=cpu)"
         row_line "$row" "$label" "$model" "$batch" peer "$name" "$what" "skipped (BACKEND=cpu)"
@@ -100,19 +100,12 @@ peer() {
     fi
     local flags=()
     [ "$act" = none ] && flags=(--no-ckpt)
-    rm -f "$out/$name.fig"
-    sample "$name"
-    PYTHONUNBUFFERED=1 timeout "$lim" python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
-        bench/peer_fsdp.py --model "$peer_model" --batch "$batch" --seq "$seq" --steps $((steps - warm)) \
-        --warm "$warm" "${flags[@]+"${flags[@]}"}" > "$out/$name.log" 2>&1 || rc=$?
-    unsample
-    if [ "$rc" -eq 0 ] && python3 bench/step_table.py peer-fig "$out/$name.log" "$(gpu_peaks "$name")" > "$out/$name.fig"; then
-        grep '^{' "$out/$name.log" | tail -1
+    if peer_fsdp_run "$name" 1 "$lim" --model "$peer_model" --batch "$batch" --seq "$seq" \
+        --steps $((steps - warm)) --warm "$warm" "${flags[@]+"${flags[@]}"}"; then
         peer_runs+=("$peer_model/$batch/$act $name")
         row_line "$row" "$label" "$model" "$batch" peer "$name" "$what" ran
     else
-        tail -5 "$out/$name.log"
-        failed "$name (the PyTorch peer): exit $rc"
+        failed "$name (the PyTorch peer): exit $?"
         row_line "$row" "$label" "$model" "$batch" peer "$name" "$what" failed
     fi
 }

@@ -183,3 +183,24 @@ json.dump(dict(tokens_per_s=tok / sec, step_s=sec / len(steady), timed_steps=len
 PY
         { failed "$name: no figures from $out/$name.jsonl"; return 1; }
 }
+
+# peer_fsdp_run NAME GPUS LIMIT [peer_fsdp.py args...]: bench/peer_fsdp.py (PyTorch FSDP2) on
+# GPUS processes under LIMIT seconds, its log in $out/NAME.log and, when it ran, its figures
+# with nvidia-smi's peaks in $out/NAME.fig (step_table.py peer-fig: measured_run's keys);
+# prints its JSON line.  Returns non-zero, with the log's tail printed, when it failed (the
+# caller counts it).  Expects $out.
+peer_fsdp_run() {
+    local name=$1 gpus=$2 limit=$3 rc=0
+    shift 3
+    rm -f "$out/$name.fig"
+    sample "$name"
+    PYTHONUNBUFFERED=1 timeout "$limit" python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
+        bench/peer_fsdp.py "$@" > "$out/$name.log" 2>&1 || rc=$?
+    unsample
+    if [ "$rc" -eq 0 ] && python3 bench/step_table.py peer-fig "$out/$name.log" "$(gpu_peaks "$name")" > "$out/$name.fig"; then
+        grep '^{' "$out/$name.log" | tail -1
+        return 0
+    fi
+    tail -5 "$out/$name.log"
+    return "$(( rc ? rc : 1 ))"
+}
