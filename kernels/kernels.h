@@ -60,7 +60,7 @@ static inline void k_linear_fwd_acc(kctx *c, void *out, const void *in, const vo
 }
 static inline void k_linear_bwd(kctx *c, void *din, float *dw, const void *dout, const void *in,
                                 const void *w, int N, int I, int O, int accumulate_din) {
-    k_linear_bwd_ld(c, din, dw, dout, in, I, w, N, I, O, accumulate_din);
+    k_linear_bwd_ld(c, din, dw, dout, in, I, w, N, I, O, accumulate_din, 1);
 }
 
 size_t k_bytes_in_use(const kctx *c); /* context memory allocated now (k_alloc, not freed) */

@@ -166,13 +166,14 @@ K_OP(linear_fwd_ld,
      (kctx *c, void *out, const void *in, int ld, const void *w, int N, int I, int O, int accumulate),
      (c, out, in, ld, w, N, I, O, accumulate))
 /* k_linear_bwd_ld: din = dout W (accumulate_din: din += ...), skipped when din is NULL;
- * dw += dout^T in, skipped when dw is NULL.  in and din are [N, I] with rows ld >= I apart
- * (a column slice of a wider matrix: the fused LoRA A's inner activations); k_linear_bwd
- * (kernels.h) is ld = I. */
+ * dw += dout^T in (accumulate_dw 0: dw = ..., its old contents never read: whatever was
+ * there, a NaN too, is gone), skipped when dw is NULL.  in and din are [N, I] with rows
+ * ld >= I apart (a column slice of a wider matrix: the fused LoRA A's inner activations);
+ * k_linear_bwd (kernels.h) is ld = I and dw +=. */
 K_OP(linear_bwd_ld,
      (kctx *c, void *din, float *dw, const void *dout, const void *in, int ld, const void *w,
-      int N, int I, int O, int accumulate_din),
-     (c, din, dw, dout, in, ld, w, N, I, O, accumulate_din))
+      int N, int I, int O, int accumulate_din, int accumulate_dw),
+     (c, din, dw, dout, in, ld, w, N, I, O, accumulate_din, accumulate_dw))
 
 /* ---- biases (Qwen2's q, k and v projections) ---- */
 

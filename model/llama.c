@@ -328,14 +328,14 @@ static void proj_fwd(kctx *c, const llama_layout *lo, const llama_layer_weights 
     if (accumulate) k_accumulate(c, y, f->product, (size_t)N * out);
 }
 
-/* k_linear_bwd's for projection t: din = dy W_t (accumulate: din +=), dW_t += dy^T x; each
- * skipped when NULL (dW_t: a frozen layer). */
+/* k_linear_bwd's for projection t: din = dy W_t (accumulate: din +=), dW_t += dy^T x (= with
+ * w->grads_fresh); each skipped when NULL (dW_t: a frozen layer). */
 static void proj_bwd(kctx *c, const llama_layout *lo, const llama_layer_weights *w, void *din, int t,
                      const void *dy, const void *x, int N, int in, int out, int accumulate) {
     const llama_fp8 *f = w->fp8;
     float *dW = LAYER_DW(t);
     if (!f) {
-        k_linear_bwd(c, din, dW, dy, x, LAYER_W(t), N, in, out, accumulate);
+        k_linear_bwd_ld(c, din, dW, dy, x, in, LAYER_W(t), N, in, out, accumulate, !w->grads_fresh);
         return;
     }
     fp8_format g = f->grad_format;
@@ -352,8 +352,8 @@ static void proj_bwd(kctx *c, const llama_layout *lo, const llama_layer_weights 
         k_fp8_cast_t(c, f->a, f->sa, dy, N, out, g, f->scaling);
         k_fp8_cast_t(c, f->b, f->sb, x, N, in, FP8_E4M3, f->scaling);
         k_fp8_gemm(c, f->product, f->a, f->sa, g, f->b, f->sb, FP8_E4M3, out, in, N, f->scaling);
-        k_compute_to_f32(c, f->product_f32, f->product, (size_t)out * in);
-        k_add_f32(c, dW, f->product_f32, (size_t)out * in);
+        k_compute_to_f32(c, w->grads_fresh ? dW : f->product_f32, f->product, (size_t)out * in);
+        if (!w->grads_fresh) k_add_f32(c, dW, f->product_f32, (size_t)out * in);
     }
 }
 
@@ -484,11 +484,10 @@ static void lora_inputs_backward(kctx *c, const llama_layer_weights *w, int firs
         const lora_site *st = &L->site[g.member[j]];
         k_linear_bwd_ld(c, (char *)s->lora_dt + (size_t)j * r * cs, w->adapter_grads + st->b_off,
                         dys[g.member[j] - first], a->lora_t[g.member[j]], ld, (const char *)w->adapters + st->b_off * cs,
-                        N, r, st->out, 0);
+                        N, r, st->out, 0, 1);
     }
     k_scale(c, s->lora_dt, w->lora->scale, (size_t)N * ld);
-    k_zero(c, s->lora_da, (size_t)ld * in * sizeof(float));
-    k_linear_bwd(c, dx, s->lora_da, s->lora_dt, x, lora_group_a(c, w, &g, s), N, in, ld, 1);
+    k_linear_bwd_ld(c, dx, s->lora_da, s->lora_dt, x, in, lora_group_a(c, w, &g, s), N, in, ld, 1, 0);
     for (int j = 0; j < g.n; j++)
         k_add_f32(c, w->adapter_grads + L->site[g.member[j]].a_off, s->lora_da + (size_t)j * r * in, (size_t)r * in);
 }
@@ -683,11 +682,14 @@ void llama_layer_backward(kctx *c, const llama_layout *lo, const llama_layer_wei
     int N = B * T, C = cfg->hidden_size, hd = cfg->head_dim;
     int Hq = cfg->num_attention_heads, Hkv = cfg->num_key_value_heads;
 
-    /* MLP: dresid holds d/d(out); the residual passes it to h unchanged. */
+    /* MLP: dresid holds d/d(out); the residual passes it to h unchanged.  Fresh gradients
+     * are written by the first chunk, added to by the others. */
+    llama_layer_weights chunks = *w;
     for (int r0 = 0; r0 < N; r0 += mlp_step(a, N)) {
         mlp_chunk ch = mlp_chunk_at(c, lo, a, r0, B, T);
         if (mlp_step(a, N) < N) mlp_chunk_forward(c, lo, w, &ch, s, NULL); /* the chunk recomputed */
-        mlp_chunk_backward(c, lo, w, &ch, s, dresid);
+        mlp_chunk_backward(c, lo, &chunks, &ch, s, dresid);
+        chunks.grads_fresh = 0;
     }
     k_rmsnorm_bwd(c, dresid, LAYER_DW(LLAMA_LN2), s->dln, a->h, LAYER_W(LLAMA_LN2), a->rstd2, N,
                   C);

@@ -250,6 +250,10 @@ size_t llama_fp8_carve(llama_fp8 *f, void *mem, const llama_layout *lo, size_t e
 typedef struct llama_layer_weights {
     const void *params;     /* the layer's unit, gathered (compute dtype) */
     float *grads;           /* its fp32 gradient (+=); NULL: a frozen base, none computed */
+    /* With grads: its seven projections' part (before LLAMA_LN1's offset) holds nothing yet
+     * (the caller left it unzeroed, the rest of the unit zero): the backward writes those
+     * gradients rather than adding to them (the MLP's first chunk; later chunks add). */
+    int grads_fresh;
     const llama_lora *lora; /* NULL: no adapters */
     const void *adapters;   /* the layer's adapter unit, gathered (compute dtype) */
     float *adapter_grads;   /* its fp32 gradient (+=) */

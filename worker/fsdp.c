@@ -64,13 +64,17 @@ static int fp8_gathered(const fsdp *f, int u) {
     return f->fp8_gather && !f->has_lora && !f->reference && u >= 1 && u <= L && llama_fp8_layer(u - 1, L);
 }
 
-/* Every decoder layer has layer 0's offsets and size. */
-static fp8_slot_layout fp8_layout(const fsdp *f) {
+/* A decoder layer's plain part: its first element after the seven projections (LLAMA_LN1's
+ * offset; every decoder layer has layer 0's offsets and size). */
+static size_t layer_plain(const fsdp *f) {
     const llama_layout *lo = &f->layout;
     int u = llama_layer_unit(0);
-    size_t numel = lo->units[u].numel, padded, shard, off;
+    return lo->tensors[lo->units[u].first + lo->layer_index[LLAMA_LN1]].offset;
+}
+
+static fp8_slot_layout fp8_layout(const fsdp *f) {
+    size_t numel = f->layout.units[llama_layer_unit(0)].numel, padded, shard, off, plain = layer_plain(f);
     shard_of(f, numel, &padded, &shard, &off);
-    size_t plain = lo->tensors[lo->units[u].first + lo->layer_index[LLAMA_LN1]].offset;
     return (fp8_slot_layout){.plain = plain, .n_plain = numel - plain, .staging = round_up(padded, 256)};
 }
 
@@ -1177,13 +1181,30 @@ static float *grad_buffer(fsdp *f, int u, int slot) {
     return f->world == 1 ? f->units[t].grad : f->full_grad[slot];
 }
 
+/* Whether model unit u's backward writes its projections' gradients rather than adding them
+ * to zeros (llama_layer_weights.grads_fresh: the seven weight-gradient GEMMs with beta 0), so
+ * that only the unit's plain part is zeroed: a decoder layer of a full fine-tune.  Saved: the
+ * zeroing of the projections' fp32 gradients, 4 bytes a parameter (27 GB a step at 7B), and
+ * the GEMMs' reads of those zeros. */
+static int writes_grads(const fsdp *f, int u) {
+    return !f->has_lora && u >= 1 && u <= f->layout.n_layers;
+}
+
+/* Whether unit u's next backward writes its projections' gradients: with several ranks
+ * every backward's (prepare_grad_slot zeroed the rest of its slot), with one the step's first
+ * (fsdp_train_step zeroed the rest of the unit's gradient). */
+static int grads_fresh(const fsdp *f, int u) {
+    return writes_grads(f, u) && (f->world > 1 || f->units[u].grad_unwritten);
+}
+
 /* Before unit u's backward accumulates into full_grad[slot]: the slot's previous reduction
- * is finished and the slot zeroed. */
+ * is finished and the slot zeroed (but the projections' part a fresh backward writes). */
 static int prepare_grad_slot(fsdp *f, int u, int slot, errbuf *err) {
     int t = train_index(f, u);
     if (f->world == 1 || t < 0) return 0;
     if (reduce_finish(f, slot, err)) return -1;
-    k_zero(f->ctx, f->full_grad[slot], f->units[t].padded * sizeof(float));
+    size_t from = writes_grads(f, u) ? layer_plain(f) : 0;
+    k_zero(f->ctx, f->full_grad[slot] + from, (f->units[t].padded - from) * sizeof(float));
     return 0;
 }
 
@@ -1372,8 +1393,10 @@ static int forward_backward(fsdp *f, const k_docs *docs, float dscale, errbuf *e
             f->layer_forwards++;
         }
         if (prepare_grad_slot(f, u, slot, err)) return -1;
+        w.grads_fresh = w.grads && grads_fresh(f, u);
         llama_layer_backward(c, lo, &w, f->inv_freq, docs, f->resid[l], &f->layer_acts[l],
                              &f->scratch, f->dresid, B, T);
+        if (w.grads_fresh && f->world == 1) f->units[u].grad_unwritten = 0;
         if (reduce_start(f, u, slot, err)) return -1;
     }
 
@@ -1595,7 +1618,11 @@ int fsdp_train_step(fsdp *f, const fsdp_batch *b, const fsdp_hparams *hp, fsdp_s
     float dscale = count > 0 ? 1.0f / (float)count : 0.0f;
 
     if (f->group == 1) /* sharded, the first micro-batch's reduction overwrites them */
-        for (int u = 0; u < f->n_train; u++) k_zero(c, f->units[u].grad, f->units[u].shard * sizeof(float));
+        for (int u = 0; u < f->n_train; u++) { /* one rank: a fresh backward writes the projections' */
+            size_t from = f->world == 1 && writes_grads(f, u) ? layer_plain(f) : 0;
+            f->units[u].grad_unwritten = from > 0;
+            k_zero(c, f->units[u].grad + from, (f->units[u].shard - from) * sizeof(float));
+        }
     int pref = f->pref.cfg.objective != JOB_OBJECTIVE_SFT;
     if (rc == 0 && pref) rc = pref_begin_step(f, b, err);
     if (rc == 0) rc = run_micro_batches(f, b, dscale, 0, err);

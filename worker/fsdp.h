@@ -69,6 +69,9 @@ typedef struct fsdp_unit {
      * memory, written with the master by AdamW and by masters_changed; the forward and
      * backward read it in place (no gather, no cast a use).  NULL otherwise. */
     void *copy;
+    /* One rank, a decoder layer of a full fine-tune (writes_grads): this step's backward has
+     * not yet written its projections' part of grad, left unzeroed at the step's start. */
+    int grad_unwritten;
 } fsdp_unit;
 
 /* A flat parameter of bytes (a frozen NF4 layer's codes or absmax), sharded like the others:

@@ -13,9 +13,10 @@ void cpu_linear_fwd_ld(kctx *c, void *out, const void *in, int ld, const void *w
                 accumulate ? 1.0f : 0.0f, out, n_out);
 }
 
-/* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] += dout[N,O]^T in[N,I]; in and din rows ld apart. */
+/* din[N,I] (+)= dout[N,O] W[O,I];  dw[O,I] (+)= dout[N,O]^T in[N,I] (beta 0: BLAS reads no
+ * dw); in and din rows ld apart. */
 void cpu_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const void *in, int ld,
-                       const void *w, int N, int n_in, int n_out, int accumulate_din) {
+                       const void *w, int N, int n_in, int n_out, int accumulate_din, int accumulate_dw) {
     (void)c;
     if (N <= 0 || n_in <= 0 || n_out <= 0) return;
     if (din)
@@ -23,7 +24,7 @@ void cpu_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const vo
                     w, n_in, accumulate_din ? 1.0f : 0.0f, din, ld);
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f, dout, n_out,
-                    in, ld, 1.0f, dw, n_in);
+                    in, ld, accumulate_dw ? 1.0f : 0.0f, dw, n_in);
 }
 
 /* out[n,:] += bias */

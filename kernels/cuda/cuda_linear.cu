@@ -203,15 +203,18 @@ extern "C" void cuda_linear_fwd_ld(kctx *c, void *out, const void *in, int ld, c
            accumulate ? 1.0f : 0.0f, gemm_lds{0, ld, 0});
 }
 
+// dw with beta 0 (accumulate_dw 0): cuBLASLt reads no C, and the same algorithm (beta is no
+// part of the cached configuration) gives the sums of beta 1 onto zeros.
 extern "C" void cuda_linear_bwd_ld(kctx *c, void *din, float *dw, const void *dout, const void *in,
-                                   int ld, const void *w, int N, int I, int O, int accumulate_din) {
+                                   int ld, const void *w, int N, int I, int O, int accumulate_din,
+                                   int accumulate_dw) {
     if (N <= 0 || I <= 0 || O <= 0) return;
     if (din)
         matmul(c, "linear_bwd (din)", din, CUDA_R_16BF, w, 0, dout, 0, I, N, O,
                accumulate_din ? 1.0f : 0.0f, gemm_lds{0, 0, ld});
     if (dw)
-        matmul(c, "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1, I, O, N, 1.0f,
-               gemm_lds{ld, 0, 0});
+        matmul(c, accumulate_dw ? "linear_bwd (dw +=)" : "linear_bwd (dw)", dw, CUDA_R_32F, in, 0, dout, 1,
+               I, O, N, accumulate_dw ? 1.0f : 0.0f, gemm_lds{ld, 0, 0});
 }
 
 // ---- FP8 (see the top) ----

@@ -753,6 +753,14 @@ static void check_linear(int N, int I, int O) {
     release_all();
 }
 
+/* Whether the device buffers hold the same bytes. */
+static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
+    unsigned char *a = host_bytes(bytes), *b = host_bytes(bytes);
+    k_copy_d2h(&gpu, a, dev_a, bytes);
+    k_copy_d2h(&gpu, b, dev_b, bytes);
+    return memcmp(a, b, bytes) == 0;
+}
+
 /* The _ld ops on columns [at, at + I) of a wide [N, ld] matrix (a fused LoRA group's inner
  * activations: B's input, dB's input, dt's output), against the CPU's on the same layout; the
  * other columns of the output stay as they were. */
@@ -772,13 +780,21 @@ static void check_linear_ld(int N, int I, int O, int ld, int at) {
     report("linear_fwd_ld (+=)", shp_copy, get_comp(out, no), want, no, TOL_GEMM);
 
     float *dw0 = hrandom(oi, sqrtf((float)N) / 3.0f), *want_dw = hcopy(dw0, oi), *want_wide = hcopy(wide, nw);
-    k_linear_bwd_ld(&cpu, want_wide + at, want_dw, dout, wide + at, ld, w, N, I, O, 0);
+    k_linear_bwd_ld(&cpu, want_wide + at, want_dw, dout, wide + at, ld, w, N, I, O, 0, 1);
     float *dw = df32(dw0, oi);
     void *dwide_out = dcomp(wide, nw);
     k_linear_bwd_ld(&gpu, (char *)dwide_out + (size_t)at * 2, dw, ddout, (char *)dwide + (size_t)at * 2, ld, dw_, N,
-                    I, O, 0);
+                    I, O, 0, 1);
     report("linear_bwd_ld dw (+=)", shp_copy, get_f32(dw, oi), want_dw, oi, TOL_GEMM);
     report("linear_bwd_ld din (=, its columns)", shp_copy, get_comp(dwide_out, nw), want_wide, nw, TOL_GEMM);
+    /* accumulate_dw 0 writes dw (beta 0): the bits of adding onto zeros, whatever it held */
+    float *nans = hcopy(dw0, oi), *zeros = hcopy(dw0, oi);
+    for (size_t i = 0; i < oi; i++) nans[i] = NAN, zeros[i] = 0.0f;
+    float *dw_set = df32(nans, oi), *dw_add = df32(zeros, oi);
+    k_linear_bwd_ld(&gpu, NULL, dw_set, ddout, (char *)dwide + (size_t)at * 2, ld, dw_, N, I, O, 0, 0);
+    k_linear_bwd_ld(&gpu, NULL, dw_add, ddout, (char *)dwide + (size_t)at * 2, ld, dw_, N, I, O, 0, 1);
+    report_bool("linear_bwd_ld dw (=)", shp_copy, same_bits(dw_set, dw_add, oi * sizeof(float)),
+                "the bits of += onto zeros, over NaNs");
     release_all();
 }
 
@@ -885,14 +901,6 @@ static void check_cross_entropy(int N, int V) {
     k_cross_entropy(&gpu, loss3, NULL, dcomp(logits, nv), dtargets, N, V, dscale);
     report("cross_entropy loss only", shp_copy, get_f32(loss3, 1), &want_loss, 1, TOL_F32);
     release_all();
-}
-
-/* Whether the device buffers hold the same bytes. */
-static int same_bits(const void *dev_a, const void *dev_b, size_t bytes) {
-    unsigned char *a = host_bytes(bytes), *b = host_bytes(bytes);
-    k_copy_d2h(&gpu, a, dev_a, bytes);
-    k_copy_d2h(&gpu, b, dev_b, bytes);
-    return memcmp(a, b, bytes) == 0;
 }
 
 static void check_adamw(size_t n, int step) {

@@ -1305,9 +1305,13 @@ static void test_linear_ld(void **state) {
     float dw_want[O * I] = {0}, dw_got[O * I] = {0}, din_want[N * I], before[N * LD];
     memcpy(before, wide, sizeof before);
     k_linear_bwd(&c, din_want, dw_want, dout, packed, w, N, I, O, 0);
-    k_linear_bwd_ld(&c, NULL, dw_got, dout, wide + AT, LD, w, N, I, O, 0);
+    k_linear_bwd_ld(&c, NULL, dw_got, dout, wide + AT, LD, w, N, I, O, 0, 1);
     assert_memory_equal(dw_got, dw_want, sizeof dw_got);
-    k_linear_bwd_ld(&c, wide + AT, NULL, dout, NULL, LD, w, N, I, O, 0);
+    /* accumulate_dw 0 writes dw: the bits of adding onto zeros, whatever dw held (NaN) */
+    for (int i = 0; i < O * I; i++) dw_got[i] = NAN;
+    k_linear_bwd_ld(&c, NULL, dw_got, dout, wide + AT, LD, w, N, I, O, 0, 0);
+    assert_memory_equal(dw_got, dw_want, sizeof dw_got);
+    k_linear_bwd_ld(&c, wide + AT, NULL, dout, NULL, LD, w, N, I, O, 0, 1);
     for (int n = 0; n < N; n++)
         for (int j = 0; j < LD; j++) {
             float v = wide[n * LD + j];
