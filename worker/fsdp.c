@@ -1184,7 +1184,7 @@ static float *grad_buffer(fsdp *f, int u, int slot) {
 /* Whether model unit u's backward writes its projections' gradients rather than adding them
  * to zeros (llama_layer_weights.grads_fresh: the seven weight-gradient GEMMs with beta 0), so
  * that only the unit's plain part is zeroed: a decoder layer of a full fine-tune.  Saved: the
- * zeroing of the projections' fp32 gradients, 4 bytes a parameter (27 GB a step at 7B), and
+ * zeroing of the projections' fp32 gradients, 4 bytes a parameter (26 GB a step at 7B), and
  * the GEMMs' reads of those zeros. */
 static int writes_grads(const fsdp *f, int u) {
     return !f->has_lora && u >= 1 && u <= f->layout.n_layers;
