@@ -66,9 +66,8 @@ profiled() {
     local name=$1 model=$2 g=$3
     shift 3
     rm -f "$out/$name.jsonl" "$work/started-$name"
-    (until [ "$({ wc -l < "$out/$name.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ]; do sleep 0.2; done
-     touch "$work/started-$name") &
-    local starter=$!
+    local starter
+    touch_after_steps "$out/$name.jsonl" "$work/started-$name"
     wrap=(env CUDA_INJECTION64_PATH="$lib" KPROF_OUT="$work/kprof/$name" KPROF_START_FILE="$work/started-$name")
     SEQ=$seq WARM=3 measured_run "$name" "$model" full "$g" "${PROFILE_STEPS:-10}" "$batch" "$run_s" \
         --train.precision=fp8 "$@" > /dev/null

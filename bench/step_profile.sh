@@ -33,9 +33,7 @@ collect() { echo CUDA_INJECTION64_PATH="$lib" KPROF_OUT="$work/$1" KPROF_SKIP_S=
 section "fsdpd: Llama-2-7B $type, $batch x 2048 tokens, activation_checkpointing=$act, $steps steps, under CUPTI"
 # The collector starts once three steps are done (a load of any length left out).
 rm -f "$out/prof_fsdpd.jsonl"
-(until [ "$({ wc -l < "$out/prof_fsdpd.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ]; do sleep 0.2; done
- touch "$work/started") &
-starter=$!
+touch_after_steps "$out/prof_fsdpd.jsonl" "$work/started"
 wrap=(env $(collect fsdpd) KPROF_SKIP_S=0 KPROF_START_FILE="$work/started")
 if SEQ=2048 WARM=3 measured_run prof_fsdpd configs/models/llama2-7b.json "$type" 1 "$steps" "$batch" 300 \
     --fsdp.activation_checkpointing="$act"; then

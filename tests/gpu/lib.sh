@@ -204,3 +204,12 @@ peer_fsdp_run() {
     tail -5 "$out/$name.log"
     return "$(( rc ? rc : 1 ))"
 }
+
+# touch_after_steps JSONL FILE: in the background, creates FILE once the metrics file JSONL has
+# three step lines (the CUPTI collector's KPROF_START_FILE: a load of any length left out of
+# the table); its pid in $starter, for the caller to kill after the run.
+touch_after_steps() {
+    (until [ "$({ wc -l < "$1"; } 2>/dev/null || echo 0)" -ge 3 ]; do sleep 0.2; done
+     touch "$2") &
+    starter=$!
+}
